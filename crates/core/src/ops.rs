@@ -1,0 +1,193 @@
+//! The [`Backend`] trait: every op a model forward needs, with its exact semantics.
+//!
+//! The CPU backend's implementation of each op is the reference; a GPU op is correct when it
+//! matches it on fresh random inputs (tests in `ts-cuda`). Shapes below use `Rows` notation:
+//! `x: [n, w]` means `n` rows of `w` values.
+
+use crate::{BatchMeta, Result, Rows, TensorData};
+
+/// How rotary embedding pairs elements within the rotated part of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Consecutive pairs `(2i, 2i+1)` (ggml "normal": llama GGUF, deepseek2).
+    Normal,
+    /// Halves `(i, i + d/2)` (ggml "neox": gemma3, HF llama layout).
+    Neox,
+}
+
+/// Rotary embedding, precomputed at open: pair `i` at position `p` rotates by angle
+/// `p * freqs[i]`, and both outputs are multiplied by `mscale`.
+#[derive(Debug, Clone)]
+pub struct RopeSpec {
+    pub mode: RopeMode,
+    /// Rotated dimensions per head (even); `freqs.len() == dim / 2`.
+    pub dim: usize,
+    /// Per-pair angular frequency in radians per position (YaRN already folded in).
+    pub freqs: Vec<f32>,
+    /// Magnitude applied to cos and sin (1.0 except for YaRN with mscale != mscale_all_dim).
+    pub mscale: f32,
+}
+
+/// Multi-head attention over a (K, V) cache with grouped-query heads.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnParams {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    /// Width of one q/k head.
+    pub head_dim: usize,
+    /// Width of one v head.
+    pub v_dim: usize,
+    /// Multiplies q·k before the softmax.
+    pub scale: f32,
+    /// Sliding window: token at position `p` sees positions `> p - window` only. `None` = global.
+    pub window: Option<u32>,
+    /// Score soft-capping `cap * tanh(s / cap)` (applied after `scale`). `None` = off.
+    pub softcap: Option<f32>,
+}
+
+/// Absorbed multi-head latent attention (DeepSeek-V2 MLA) over the compressed cache.
+#[derive(Debug, Clone, Copy)]
+pub struct MlaParams {
+    pub n_heads: usize,
+    /// Latent width (`kv_lora_rank`); cache rows are `[c (kv_lora) ; k_pe (rope_dim)]`.
+    pub kv_lora: usize,
+    pub rope_dim: usize,
+    /// Multiplies the score `q_abs·c + q_pe·k_pe` before the softmax.
+    pub scale: f32,
+}
+
+/// Gated linear unit activation for FFNs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Glu {
+    /// `silu(g) * u` (llama, deepseek2).
+    SwiGlu,
+    /// `gelu_tanh(g) * u` (gemma).
+    GeGluTanh,
+}
+
+/// Expert scoring function of a MoE router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    Softmax,
+    Sigmoid,
+}
+
+/// Mixture-of-experts routing and expert FFN parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeParams {
+    pub n_experts: usize,
+    /// Experts used per token (top-k).
+    pub k: usize,
+    pub gating: Gating,
+    /// Renormalise the k selected weights to sum to 1.
+    pub norm_topk: bool,
+    /// Multiplies the (possibly renormalised) weights (`routed_scaling_factor`).
+    pub scale: f32,
+    /// Group-limited greedy (DeepSeek-V2 236B): experts in `n_group` groups, only the
+    /// `topk_group` groups with the highest max score are eligible. `n_group == 1` = plain top-k.
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub glu: Glu,
+}
+
+/// How a weight will be used, so a backend may choose its storage layout at upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightUse {
+    /// `y = W x` (matrix rows are `shape[1]`, each of `shape[0]` values; 3-D = a stack of them).
+    Matmul,
+    /// Rows gathered by token id.
+    Embedding,
+    /// A vector applied element-wise (norm weights).
+    Vector,
+}
+
+/// The expert matrices of one MoE layer: 3-D weights `[in, out, n_experts]` (GGML order).
+pub struct Experts<'a, W> {
+    /// `[H, ff, E]`
+    pub gate: &'a W,
+    /// `[H, ff, E]`
+    pub up: &'a W,
+    /// `[ff, H, E]`
+    pub down: &'a W,
+}
+
+/// A device weight: its dtype and GGML-order shape as uploaded.
+pub trait WeightInfo {
+    fn dtype(&self) -> crate::GgmlType;
+    fn shape(&self) -> &[usize];
+    /// Bytes it occupies on the device.
+    fn bytes(&self) -> usize;
+}
+
+/// The ops a forward needs. All ops are enqueued in order; [`Backend::read`] waits for them.
+pub trait Backend: Send + Sync {
+    /// An f32 activation buffer (a cheap handle; clones share storage).
+    type Buf: Clone + Send + Sync;
+    /// A KV cache buffer: `rows` of `width` values in the backend's cache precision.
+    type Cache: Send + Sync;
+    /// A weight in the backend's storage layout.
+    type Weight: WeightInfo + Send + Sync;
+    /// A batch description resident on the device.
+    type Batch: Send + Sync;
+    /// A precomputed rope table.
+    type Rope: Send + Sync;
+
+    /// Short name for messages ("cpu", "cuda:0 NVIDIA H200").
+    fn name(&self) -> String;
+
+    // ---- memory -------------------------------------------------------------------------
+    /// A zeroed f32 buffer of `len` elements.
+    fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// A zeroed cache of `rows * width` values.
+    fn alloc_cache(&self, rows: usize, width: usize) -> Result<Self::Cache>;
+    fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<Self::Weight>;
+    fn upload_rope(&self, spec: &RopeSpec) -> Result<Self::Rope>;
+    /// An empty batch handle with room for `max_tokens` tokens.
+    fn alloc_batch(&self, max_tokens: usize) -> Result<Self::Batch>;
+    /// Make `meta` the content of `batch` (`meta.len() <= max_tokens`).
+    fn upload_batch(&self, meta: &BatchMeta, batch: &mut Self::Batch) -> Result<()>;
+    /// Host -> device: `src` into `dst` at element offset `off`.
+    fn write(&self, dst: &Self::Buf, off: usize, src: &[f32]) -> Result<()>;
+    /// Device -> host: `rows` of `buf` packed into `dst` (`dst.len() == rows.n * rows.width`).
+    /// Waits for all enqueued work.
+    fn read(&self, buf: &Self::Buf, rows: Rows, dst: &mut [f32]) -> Result<()>;
+
+    // ---- ops ----------------------------------------------------------------------------
+    /// `out[t] = table[batch.token[t]] * scale` (dequantised). `out: [n_tokens, dim]`.
+    fn embed(&self, table: &Self::Weight, batch: &Self::Batch, scale: f32, out: &Self::Buf, o: Rows);
+    /// `out[r] = x[r] / rms(x[r]) * w` with `rms = sqrt(mean(x^2) + eps)`; `w: [width]` or none.
+    /// In place allowed.
+    fn rms_norm(&self, x: &Self::Buf, xr: Rows, w: Option<&Self::Weight>, eps: f32, out: &Self::Buf, o: Rows);
+    /// `out[r] = W x[r]` for a 2-D weight `[in, out]`: `x: [n, in]`, `out: [n, out]`.
+    fn matmul(&self, x: &Self::Buf, xr: Rows, w: &Self::Weight, out: &Self::Buf, o: Rows);
+    /// Per-head matmul with a 3-D weight `[in, out, G]`: row `r` uses matrix `r % G`
+    /// (rows are token-major, head-minor).
+    fn matmul_grouped(&self, x: &Self::Buf, xr: Rows, w: &Self::Weight, out: &Self::Buf, o: Rows);
+    /// `out = a + b`. In place allowed (`out` == `a` or `b`).
+    fn add(&self, a: &Self::Buf, ar: Rows, b: &Self::Buf, br: Rows, out: &Self::Buf, o: Rows);
+    /// `x *= s`. In place.
+    fn scale(&self, x: &Self::Buf, xr: Rows, s: f32);
+    /// `out = act(gate) * up`. In place allowed (`out` == `gate`).
+    fn glu(&self, kind: Glu, gate: &Self::Buf, gr: Rows, up: &Self::Buf, ur: Rows, out: &Self::Buf, o: Rows);
+    /// `x = cap * tanh(x / cap)`. In place.
+    fn softcap(&self, x: &Self::Buf, xr: Rows, cap: f32);
+    /// `dst = src`.
+    fn copy(&self, src: &Self::Buf, sr: Rows, dst: &Self::Buf, dr: Rows);
+    /// Rotate the first `rope.dim` values of each row in place. `xr` has one row per head,
+    /// `heads_per_token` consecutive rows per batch token, whose position gives the angle.
+    fn rope(&self, x: &Self::Buf, xr: Rows, heads_per_token: usize, batch: &Self::Batch, rope: &Self::Rope);
+    /// Write row `t` of `src` (`[n_tokens, cache width]`) to cache row `slot * slot_len + pos`.
+    fn cache_write(&self, cache: &Self::Cache, src: &Self::Buf, sr: Rows, batch: &Self::Batch);
+    /// Causal GQA attention: `q: [n_tokens, n_heads*head_dim]`, caches of
+    /// `n_kv_heads*head_dim` / `n_kv_heads*v_dim` wide rows, `out: [n_tokens, n_heads*v_dim]`.
+    /// Query head `h` uses kv head `h / (n_heads / n_kv_heads)`.
+    fn attention(&self, q: &Self::Buf, qr: Rows, k: &Self::Cache, v: &Self::Cache, batch: &Self::Batch, p: &AttnParams, out: &Self::Buf, o: Rows);
+    /// Absorbed MLA: `q: [n_tokens*n_heads, kv_lora + rope_dim]` (`[q_abs ; q_pe]` per head),
+    /// cache rows `[c ; k_pe]`; `out: [n_tokens*n_heads, kv_lora] = softmax(scale * q·row) · c`.
+    fn mla_attention(&self, q: &Self::Buf, qr: Rows, cache: &Self::Cache, batch: &Self::Batch, p: &MlaParams, out: &Self::Buf, o: Rows);
+    /// Routed experts: from router `logits: [n, E]` pick `k` experts per row with weights
+    /// (per `p`), and write `out[r] = sum_e w_e * down_e(glu(gate_e x, up_e x))`. `x: [n, H]`.
+    fn moe(&self, x: &Self::Buf, xr: Rows, logits: &Self::Buf, lr: Rows, experts: Experts<'_, Self::Weight>, p: &MoeParams, out: &Self::Buf, o: Rows);
+    /// Wait for all enqueued work.
+    fn synchronize(&self) -> Result<()>;
+}
