@@ -155,6 +155,39 @@ impl TensorData<'_> {
     }
 }
 
+/// Opens a model: a directory is read as a Hugging Face folder ([`hf::HfFolder`]), a file that
+/// starts with the GGUF magic as a GGUF file ([`gguf::GgufFile`]). Anything else, or a missing
+/// path, is an error naming the path.
+pub fn open_model(path: &std::path::Path) -> Result<Box<dyn TensorSource>> {
+    use std::io::Read;
+    let shown = path.display().to_string();
+    let io = |source| FormatError::Io { path: shown.clone(), source };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.is_dir() {
+        return Ok(Box::new(hf::HfFolder::open(path)?));
+    }
+    let mut magic = [0u8; 4];
+    let mut got = 0;
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    while got < magic.len() {
+        match file.read(&mut magic[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io(e)),
+        }
+    }
+    if got == magic.len() && magic == gguf::GGUF_MAGIC {
+        return Ok(Box::new(gguf::GgufFile::open(path)?));
+    }
+    Err(FormatError::Corrupt {
+        path: shown,
+        what: "not a GGUF file or a Hugging Face folder (expected a file starting with the magic \"GGUF\" \
+               or a directory with config.json and *.safetensors weights)"
+            .into(),
+    })
+}
+
 /// Anything that hands out named tensors and metadata: a GGUF file or an HF folder.
 pub trait TensorSource: Send + Sync {
     /// Path shown in error messages.
