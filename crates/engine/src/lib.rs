@@ -1,1 +1,18 @@
-//! placeholder
+//! # ts-engine — the text side of the runtime
+//!
+//! * [`tokenizer`] — GGUF vocabularies (byte-level BPE, SentencePiece-style, none) on the HF
+//!   `tokenizers` crate, plus a UTF-8-safe streaming detokenizer.
+//! * [`chat`]      — chat templates (`tokenizer.chat_template`) rendered with minijinja, sandboxed.
+//! * [`sampler`]   — llama.cpp-style sampling (penalties, top-k, temperature, top-p, min-p).
+//! * [`hub`]       — the model cache: known models fetched with pip, sha256-checked.
+//! * [`session`]   — one sequence over a model's cache slot: chunked prefill, decode, logits.
+
+pub mod chat;
+pub mod hub;
+pub mod session;
+pub mod sampler;
+pub mod tokenizer;
+
+
+
+pub use tokenizer::{test_model_path, StreamDecoder, Tokenizer};

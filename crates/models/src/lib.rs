@@ -1,1 +1,110 @@
-//! placeholder
+//! # ts-models — model families, each written once against [`ts_core::Backend`]
+//!
+//! A family file reads top to bottom as config → weights → forward. Config comes from GGUF
+//! metadata or an HF `config.json` (seen as `hf.*` keys, see `ts_formats::hf`) and is validated
+//! at open; every tensor the forward uses is bound at open with its expected shape, so nothing is
+//! discovered missing at token 1.
+//!
+//! * [`llama`]     — llama family (SmolLM2, Llama 2/3 …): RMSNorm, GQA, rope, SwiGLU.
+//! * [`deepseek2`] — DeepSeek-V2 / V2-Lite / V2.5: MLA with a compressed cache, MoE, YaRN.
+//!
+//! The engine drives a model through the object-safe [`Model`] trait.
+
+pub mod bind;
+pub mod deepseek2;
+pub mod llama;
+pub mod meta;
+
+use std::sync::Arc;
+
+use ts_core::{Backend, BatchMeta};
+use ts_formats::TensorSource;
+
+/// Errors at open (config, tensors) and during a forward.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: {what}")]
+    Config { path: String, what: String },
+    #[error("{path}: tensor '{tensor}': {what}")]
+    Tensor { path: String, tensor: String, what: String },
+    #[error(transparent)]
+    Backend(#[from] ts_core::BackendError),
+    #[error("{0}")]
+    Run(String),
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// How much runtime state to size at open.
+#[derive(Debug, Clone, Copy)]
+pub struct RuntimeOptions {
+    /// Context length of one sequence (rows per cache slot).
+    pub ctx: usize,
+    /// Sequences that can be live at once (cache slots).
+    pub n_slots: usize,
+    /// Most tokens one forward may carry (prefill chunk size / decode batch).
+    pub max_batch: usize,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions { ctx: 4096, n_slots: 1, max_batch: 512 }
+    }
+}
+
+/// What a loaded model is, for `inspect`, the CLI and the server.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// `general.architecture` ("llama", "deepseek2", …).
+    pub arch: String,
+    /// `general.name` when present.
+    pub name: String,
+    pub n_vocab: usize,
+    /// Context length the model was trained for.
+    pub n_ctx_train: usize,
+    pub n_layers: usize,
+    pub n_embd: usize,
+    /// Parameters (elements of every bound tensor).
+    pub n_params: u64,
+    /// Bytes of weights as stored on the backend.
+    pub weight_bytes: u64,
+    /// Bytes of KV cache per token of context (all layers).
+    pub cache_bytes_per_token: u64,
+    /// Extra human lines for `inspect` (geometry, experts …).
+    pub details: Vec<(String, String)>,
+}
+
+/// A loaded model with its cache and scratch, ready to run forwards.
+pub trait Model: Send {
+    fn info(&self) -> &ModelInfo;
+    fn options(&self) -> RuntimeOptions;
+    /// Run one batch. Writes the logits of `batch.outputs` (in that order) into `logits`,
+    /// `[outputs.len(), n_vocab]`. The cache rows of every token in the batch are written.
+    fn forward(&mut self, batch: &BatchMeta, logits: &mut [f32]) -> Result<()>;
+}
+
+/// [`load`], calling `progress(bytes_done, bytes_total)` as tensors are uploaded.
+pub fn load_with_progress<B: Backend + 'static>(
+    src: &dyn TensorSource,
+    be: Arc<B>,
+    opts: RuntimeOptions,
+    progress: Box<dyn FnMut(u64, u64)>,
+) -> Result<Box<dyn Model>> {
+    bind::PROGRESS.with(|p| *p.borrow_mut() = Some(progress));
+    let r = load(src, be, opts);
+    bind::PROGRESS.with(|p| *p.borrow_mut() = None);
+    r
+}
+
+/// Open the family named by the source's `general.architecture` on backend `be`.
+pub fn load<B: Backend + 'static>(src: &dyn TensorSource, be: Arc<B>, opts: RuntimeOptions) -> Result<Box<dyn Model>> {
+    let arch = meta::architecture(src)?;
+    match arch.as_str() {
+        "llama" => Ok(Box::new(llama::Llama::open(src, be, opts)?)),
+        "deepseek2" | "deepseek_v2" => Ok(Box::new(deepseek2::DeepSeek2::open(src, be, opts)?)),
+        other => Err(ModelError::Config {
+            path: src.path().to_string(),
+            what: format!("architecture '{other}' is not supported (supported: llama, deepseek2)"),
+        }),
+    }
+}

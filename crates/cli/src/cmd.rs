@@ -1,0 +1,586 @@
+//! The subcommands.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ts_engine::hub;
+use ts_engine::sampler::{Sampler, SamplerParams};
+use ts_engine::session::Session;
+use ts_engine::tokenizer::{StreamDecoder, Tokenizer};
+use ts_formats::GgmlType;
+
+use crate::load::{self, Loaded};
+use crate::ModelOpts;
+
+/// Sampling flags, named as llama.cpp names them.
+#[derive(Args, Clone, Debug)]
+pub struct SampleOpts {
+    /// Temperature; 0 = greedy (always the most likely token).
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability sums to P (1.0 = off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely one (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalise tokens seen in the last --repeat-last-n tokens (1.0 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens --repeat-penalty looks at.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed; the same seed gives the same text (default: random).
+    #[arg(short = 's', long = "seed")]
+    pub seed: Option<u64>,
+}
+
+impl SampleOpts {
+    fn params(&self) -> SamplerParams {
+        SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+            ..SamplerParams::default()
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub m: ModelOpts,
+    #[command(flatten)]
+    pub s: SampleOpts,
+    /// Tokens to generate (generation also stops at the model's end-of-generation token).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n_predict: usize,
+    /// Do not stop at end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Read the prompt from a file instead.
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// The prompt, used raw (no chat template; see `chat` for that).
+    pub prompt: Option<String>,
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub m: ModelOpts,
+    #[command(flatten)]
+    pub s: SampleOpts,
+    /// System prompt.
+    #[arg(long = "system")]
+    pub system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 1024)]
+    pub n_predict: usize,
+}
+
+#[derive(Args)]
+pub struct TokenizeArgs {
+    #[command(flatten)]
+    pub m: ModelOpts,
+    /// Do not add BOS even when the model asks for it.
+    #[arg(long)]
+    pub no_bos: bool,
+    pub text: String,
+}
+
+#[derive(Args)]
+pub struct LogitsArgs {
+    #[command(flatten)]
+    pub m: ModelOpts,
+    /// Comma-separated token ids, e.g. 1,2,3.
+    #[arg(long, value_delimiter = ',', conflicts_with = "text")]
+    pub tokens: Option<Vec<u32>>,
+    /// Or text to tokenise (BOS as the model says).
+    #[arg(long)]
+    pub text: Option<String>,
+    /// Output .npy file (float32 [n_tokens, vocab]).
+    #[arg(short = 'o', long)]
+    pub output: PathBuf,
+}
+
+#[derive(Args)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub m: ModelOpts,
+    /// Text file to score.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Stop after this many windows (default: all).
+    #[arg(long)]
+    pub chunks: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub m: ModelOpts,
+    /// Prompt tokens to process (pp test); 0 skips it.
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Tokens to generate one at a time (tg test); 0 skips it.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Context already in the cache before the tg test (decode at depth).
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
+    /// Repetitions (the median is reported).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub reps: usize,
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    /// Model: a .gguf file, an HF folder, or a known name.
+    pub model: String,
+    /// Print every tensor (default: the first 40).
+    #[arg(long)]
+    pub all: bool,
+    /// Also load the model and print its geometry (default: metadata only).
+    #[arg(long)]
+    pub load: bool,
+}
+
+#[derive(Args)]
+pub struct SynthArgs {
+    /// Shape preset: deepseek-v2-lite or tiny.
+    #[arg(long, default_value = "deepseek-v2-lite")]
+    pub preset: String,
+    /// Weight type of the matrices: q8_0, bf16, f16 or f32 (norms and the router stay f32).
+    #[arg(long, default_value = "q8_0")]
+    pub quant: String,
+    /// Output .gguf file (or a folder with --hf).
+    #[arg(short = 'o', long)]
+    pub output: PathBuf,
+    /// Write a Hugging Face folder (config.json + model.safetensors) instead of GGUF.
+    #[arg(long)]
+    pub hf: bool,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
+
+fn tokenizer_of(l: &Loaded) -> Result<Tokenizer> {
+    Tokenizer::from_gguf_metadata(l.src.metadata()).with_context(|| format!("{}: tokenizer", l.path.display()))
+}
+
+/// Streams generated tokens to stdout; returns (generated count, seconds spent generating).
+fn generate(sess: &mut Session, tok: &Tokenizer, sampler: &mut Sampler, n: usize, ignore_eos: bool, out: &mut dyn Write) -> Result<(usize, f64)> {
+    let mut dec = StreamDecoder::new(tok);
+    let t0 = Instant::now();
+    let mut count = 0;
+    for _ in 0..n {
+        if sess.pos >= sess.ctx() {
+            eprintln!("\nturbospark: context full ({} tokens)", sess.ctx());
+            break;
+        }
+        let id = sampler.sample(&sess.logits, &sess.tokens);
+        if !ignore_eos && tok.is_eog(id) {
+            break;
+        }
+        count += 1;
+        let text = dec.push(id);
+        if !text.is_empty() {
+            out.write_all(text.as_bytes())?;
+            out.flush()?;
+        }
+        sess.feed(&[id])?;
+    }
+    let rest = dec.flush();
+    out.write_all(rest.as_bytes())?;
+    out.flush()?;
+    Ok((count, t0.elapsed().as_secs_f64()))
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let prompt = match (&a.prompt, &a.file) {
+        (Some(p), None) => p.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?,
+        (Some(_), Some(_)) => bail!("give the prompt either as an argument or with -f, not both"),
+        (None, None) => bail!("no prompt: turbospark run \"your prompt\" (or -f FILE)"),
+    };
+    let mut l = load::load(&a.m, Some(&hub::SMOLLM2), 1)?;
+    let tok = tokenizer_of(&l)?;
+    let ids = tok.encode(&prompt, true)?;
+    if ids.is_empty() {
+        bail!("the prompt is empty after tokenisation");
+    }
+    let ctx = l.model.options().ctx;
+    if ids.len() >= ctx {
+        bail!("the prompt is {} tokens but the context holds {ctx} (raise --ctx-size)", ids.len());
+    }
+    let mut sampler = Sampler::new(a.s.params());
+    let mut sess = Session::new(l.model.as_mut(), 0);
+    let t0 = Instant::now();
+    sess.feed(&ids)?;
+    let pp = t0.elapsed().as_secs_f64();
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(prompt.as_bytes())?;
+    let (n, tg) = generate(&mut sess, &tok, &mut sampler, a.n_predict, a.ignore_eos, &mut stdout)?;
+    writeln!(stdout)?;
+    eprintln!(
+        "turbospark: prompt {} tokens in {:.2}s ({:.1} tok/s), generated {} tokens in {:.2}s ({:.1} tok/s)",
+        ids.len(),
+        pp,
+        ids.len() as f64 / pp.max(1e-9),
+        n,
+        tg,
+        n as f64 / tg.max(1e-9)
+    );
+    Ok(())
+}
+
+pub fn chat(a: ChatArgs) -> Result<()> {
+    use ts_engine::chat::{ChatMessage, ChatTemplate};
+    let mut l = load::load(&a.m, Some(&hub::SMOLLM2), 1)?;
+    let tok = tokenizer_of(&l)?;
+    let tmpl = ChatTemplate::from_gguf_metadata(l.src.metadata(), &tok)?;
+    let mut sampler = Sampler::new(a.s.params());
+    let mut history: Vec<ChatMessage> = Vec::new();
+    if let Some(s) = &a.system {
+        history.push(ChatMessage::new("system", s));
+    }
+    let mut rl = rustyline::DefaultEditor::new()?;
+    eprintln!("turbospark chat: type a message; Ctrl-D or /exit quits, /reset clears the history.");
+    let mut sess = Session::new(l.model.as_mut(), 0);
+    loop {
+        let line = match rl.readline("> ") {
+            Ok(l) => l,
+            Err(rustyline::error::ReadlineError::Interrupted) => continue,
+            Err(_) => break,
+        };
+        let line = line.trim().to_string();
+        if line.is_empty() {
+            continue;
+        }
+        let _ = rl.add_history_entry(&line);
+        if line == "/exit" || line == "/quit" {
+            break;
+        }
+        if line == "/reset" {
+            history.retain(|m| m.role == "system");
+            sess.reset();
+            continue;
+        }
+        history.push(ChatMessage::new("user", &line));
+        // Render the whole conversation and re-use the cache for the longest common token prefix.
+        let rendered = tmpl.render(&history, true)?;
+        let ids = tok.encode_with(&rendered, tok.add_bos(), true)?;
+        if ids.len() + 1 >= sess.ctx() {
+            eprintln!("turbospark: the conversation no longer fits the context ({} tokens); history cleared", sess.ctx());
+            history.retain(|m| m.role == "system");
+            sess.reset();
+            continue;
+        }
+        let common = sess.tokens.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
+        sess.rewind(common);
+        sess.feed(&ids[common..])?;
+        let mut out = Vec::new();
+        let mut tee = Tee { buf: &mut out, inner: std::io::stdout() };
+        let (n, secs) = generate(&mut sess, &tok, &mut sampler, a.n_predict, false, &mut tee)?;
+        println!();
+        eprintln!("[{n} tokens, {:.1} tok/s]", n as f64 / secs.max(1e-9));
+        history.push(ChatMessage::new("assistant", &String::from_utf8_lossy(&out)));
+    }
+    Ok(())
+}
+
+/// Writes to stdout and keeps a copy.
+struct Tee<'a> {
+    buf: &'a mut Vec<u8>,
+    inner: std::io::Stdout,
+}
+impl Write for Tee<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        self.inner.write_all(b)?;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+pub fn tokenize(a: TokenizeArgs) -> Result<()> {
+    let path = load::resolve(a.m.model.as_deref(), Some(&hub::SMOLLM2))?;
+    let src = load::open_source(&path)?;
+    let tok = Tokenizer::from_gguf_metadata(src.metadata()).with_context(|| format!("{}: tokenizer", path.display()))?;
+    let ids = tok.encode(&a.text, !a.no_bos)?;
+    println!("{}", serde_json::to_string(&ids)?);
+    Ok(())
+}
+
+pub fn logits(a: LogitsArgs) -> Result<()> {
+    let mut l = load::load(&a.m, None, 1)?;
+    let ids = match (&a.tokens, &a.text) {
+        (Some(t), _) => t.clone(),
+        (None, Some(text)) => tokenizer_of(&l)?.encode(text, true)?,
+        (None, None) => bail!("give --tokens 1,2,3 or --text \"...\""),
+    };
+    if ids.is_empty() {
+        bail!("no tokens");
+    }
+    let nv = l.model.info().n_vocab;
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= nv) {
+        bail!("token id {bad} is outside the vocabulary ({nv})");
+    }
+    let ctx = l.model.options().ctx;
+    if ids.len() > ctx {
+        bail!("{} tokens do not fit the context of {ctx} (raise --ctx-size)", ids.len());
+    }
+    let mut out = vec![0f32; ids.len() * nv];
+    let mut sess = Session::new(l.model.as_mut(), 0);
+    sess.feed_all_logits(&ids, &mut out)?;
+    write_npy(&a.output, &out, ids.len(), nv)?;
+    eprintln!("turbospark: wrote {} x {} logits to {}", ids.len(), nv, a.output.display());
+    Ok(())
+}
+
+/// A float32 C-order .npy file (format 1.0). Written by hand: the format is a 10-byte preamble
+/// and a Python-dict header, and no well-kept crate writes it without pulling in ndarray.
+pub fn write_npy(path: &std::path::Path, data: &[f32], rows: usize, cols: usize) -> Result<()> {
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
+    let total = 10 + header.len() + 1;
+    header.push_str(&" ".repeat((64 - total % 64) % 64));
+    header.push('\n');
+    let mut bytes = Vec::with_capacity(10 + header.len() + data.len() * 4);
+    bytes.extend_from_slice(b"\x93NUMPY\x01\x00");
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for v in data {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    let tmp = path.with_extension("npy.tmp");
+    std::fs::write(&tmp, &bytes).with_context(|| format!("{}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("{}", path.display()))?;
+    Ok(())
+}
+
+pub fn perplexity(a: PerplexityArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("{}", a.file.display()))?;
+    let mut l = load::load(&a.m, None, 1)?;
+    let tok = tokenizer_of(&l)?;
+    let ids = tok.encode(&text, false)?;
+    let n_ctx = l.model.options().ctx;
+    if n_ctx < 8 {
+        bail!("--ctx-size {n_ctx} is too small for perplexity");
+    }
+    let n_chunks = (ids.len() / n_ctx).min(a.chunks.unwrap_or(usize::MAX));
+    if n_chunks == 0 {
+        bail!("{}: {} tokens is less than one window of {n_ctx} (lower --ctx-size)", a.file.display(), ids.len());
+    }
+    let nv = l.model.info().n_vocab;
+    let first = n_ctx / 2;
+    let mut logits = vec![0f32; n_ctx * nv];
+    let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
+    let t0 = Instant::now();
+    eprintln!("turbospark: perplexity over {n_chunks} windows of {n_ctx} tokens, scoring the second half of each");
+    for c in 0..n_chunks {
+        let mut w: Vec<u32> = ids[c * n_ctx..(c + 1) * n_ctx].to_vec();
+        // As llama.cpp: the window starts with BOS when the model uses one.
+        if tok.add_bos() {
+            if let Some(b) = tok.bos() {
+                w[0] = b;
+            }
+        }
+        let mut sess = Session::new(l.model.as_mut(), 0);
+        sess.feed_all_logits(&w, &mut logits)?;
+        for i in first..n_ctx - 1 {
+            let row = &logits[i * nv..(i + 1) * nv];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+            let lp = row[w[i + 1] as usize] as f64 - lse;
+            nll -= lp;
+            nll2 += lp * lp;
+            count += 1;
+        }
+        let ppl = (nll / count as f64).exp();
+        eprint!("[{}]{:.4} ", c + 1, ppl);
+    }
+    eprintln!();
+    let mean = nll / count as f64;
+    let var = (nll2 / count as f64 - mean * mean).max(0.0);
+    let ppl = mean.exp();
+    let err = ppl * (var / (count as f64 - 1.0).max(1.0)).sqrt();
+    println!("Final estimate: PPL = {ppl:.4} +/- {err:.5}");
+    eprintln!("turbospark: {count} tokens scored in {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    let mut m = a.m.clone();
+    let need = a.depth + a.n_prompt.max(1) + a.n_gen;
+    if m.ctx_size.is_none() {
+        m.ctx_size = Some(need.max(512));
+    }
+    let mut l = load::load(&m, None, 1)?;
+    let ctx = l.model.options().ctx;
+    if a.depth + a.n_prompt > ctx || a.depth + a.n_gen > ctx {
+        bail!("the test needs {need} tokens of context; raise --ctx-size");
+    }
+    let nv = l.model.info().n_vocab as u32;
+    let info = l.model.info().clone();
+    let reps = a.reps.max(1);
+    // Deterministic pseudo-random tokens (as llama-bench, the text does not matter).
+    let mut x = 0x9E3779B97F4A7C15u64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % nv as u64) as u32
+    };
+    println!("| model | backend | size | params | test | t/s |");
+    println!("| --- | --- | ---: | ---: | --- | ---: |");
+    let label = if info.name.is_empty() { info.arch.clone() } else { info.name.clone() };
+    let row = |test: String, v: &mut Vec<f64>| {
+        let med = median(v);
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(0.0, f64::max);
+        println!(
+            "| {} | {} | {:.2} GiB | {:.2} B | {} | {:.2} (min {:.2}, max {:.2}) |",
+            label,
+            l.backend_name,
+            info.weight_bytes as f64 / (1u64 << 30) as f64,
+            info.n_params as f64 / 1e9,
+            test,
+            med,
+            min,
+            max
+        );
+    };
+    let mut sess = Session::new(l.model.as_mut(), 0);
+    if a.n_prompt > 0 {
+        let toks: Vec<u32> = (0..a.n_prompt).map(|_| rnd()).collect();
+        // Warm-up once, then timed repetitions.
+        let mut v = Vec::new();
+        for r in 0..reps + 1 {
+            sess.reset();
+            let t0 = Instant::now();
+            sess.feed(&toks)?;
+            if r > 0 {
+                v.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+        row(format!("pp{}", a.n_prompt), &mut v);
+    }
+    if a.n_gen > 0 {
+        let mut v = Vec::new();
+        let depth_toks: Vec<u32> = (0..a.depth).map(|_| rnd()).collect();
+        for r in 0..reps + 1 {
+            sess.reset();
+            if !depth_toks.is_empty() {
+                sess.feed(&depth_toks)?;
+            }
+            let mut t = rnd();
+            let t0 = Instant::now();
+            for _ in 0..a.n_gen {
+                sess.feed(&[t])?;
+                t = argmax(&sess.logits);
+            }
+            if r > 0 {
+                v.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+        let name = if a.depth > 0 { format!("tg{} @ d{}", a.n_gen, a.depth) } else { format!("tg{}", a.n_gen) };
+        row(name, &mut v);
+    }
+    Ok(())
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+pub fn inspect(a: InspectArgs) -> Result<()> {
+    let path = load::resolve(Some(&a.model), None)?;
+    let src = load::open_source(&path)?;
+    println!("file: {}", path.display());
+    let md = src.metadata();
+    println!("architecture: {}", md.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("?"));
+    println!("\nmetadata ({} keys):", md.len());
+    for (k, v) in md {
+        println!("  {k} = {}", v.short());
+    }
+    let names = src.tensor_names();
+    let mut mix: std::collections::BTreeMap<&str, (usize, u64, u64)> = Default::default();
+    let mut params = 0u64;
+    let mut bytes = 0u64;
+    for n in &names {
+        if let Some(t) = src.tensor(n) {
+            let e = mix.entry(t.dtype.name()).or_default();
+            e.0 += 1;
+            e.1 += t.numel() as u64;
+            e.2 += t.data.len() as u64;
+            params += t.numel() as u64;
+            bytes += t.data.len() as u64;
+        }
+    }
+    println!("\ntensors: {} ({:.3} B parameters, {:.2} GiB)", names.len(), params as f64 / 1e9, bytes as f64 / (1u64 << 30) as f64);
+    println!("quantisation mix:");
+    for (ty, (n, p, b)) in &mix {
+        println!("  {ty:>5}: {n:>5} tensors, {:>7.2}% of parameters, {:.1} MiB", 100.0 * *p as f64 / params.max(1) as f64, *b as f64 / (1 << 20) as f64);
+    }
+    let show = if a.all { names.len() } else { names.len().min(40) };
+    for n in names.iter().take(show) {
+        if let Some(t) = src.tensor(n) {
+            println!("  {:<48} {:>6} {:?}", n, t.dtype.name(), t.shape);
+        }
+    }
+    if show < names.len() {
+        println!("  … {} more (--all)", names.len() - show);
+    }
+    if a.load {
+        let be = std::sync::Arc::new(ts_cpu::CpuBackend::new(None)?);
+        let opts = ts_models::RuntimeOptions { ctx: 16, n_slots: 1, max_batch: 1 };
+        let model = ts_models::load(src.as_ref(), be, opts)?;
+        let i = model.info();
+        println!("\nmodel: {} layers, hidden {}, vocab {}, trained context {}", i.n_layers, i.n_embd, i.n_vocab, i.n_ctx_train);
+        for (k, v) in &i.details {
+            println!("  {k}: {v}");
+        }
+        println!("  KV cache: {} bytes per token of context", i.cache_bytes_per_token);
+    }
+    Ok(())
+}
+
+pub fn synth(a: SynthArgs) -> Result<()> {
+    let quant = GgmlType::parse(&a.quant).with_context(|| format!("--quant {}: unknown type (q8_0, bf16, f16, f32)", a.quant))?;
+    let t0 = Instant::now();
+    ts_models::synth::synth_cli(&a.preset, quant, a.seed, &a.output, a.hf)?;
+    eprintln!("turbospark: wrote {} in {:.1}s", a.output.display(), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+pub fn models() -> Result<()> {
+    println!("Models that -m NAME fetches (cache: {}):", hub::models_dir().display());
+    for k in hub::KNOWN {
+        let cached = if hub::cached_path(k).is_file() { "cached" } else { "not cached" };
+        println!("  {:<16} {} [{}]", k.aliases[0], k.about, cached);
+    }
+    Ok(())
+}

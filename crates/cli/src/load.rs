@@ -1,0 +1,108 @@
+//! Resolving `-m`, opening the source, and loading the model on the chosen backend with a
+//! progress bar.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use ts_engine::hub;
+use ts_formats::TensorSource;
+use ts_models::{Model, RuntimeOptions};
+
+use crate::backend::AnyBackend;
+use crate::ModelOpts;
+
+/// The path for `-m` (fetching a known model if needed); `default` when `-m` is absent.
+pub fn resolve(model: Option<&str>, default: Option<&hub::KnownModel>) -> Result<PathBuf> {
+    let name = match model {
+        Some(m) => m,
+        None => match default {
+            Some(k) => return fetch(k),
+            None => bail!("no model given: pass -m MODEL (a .gguf file, an HF folder, or a name from `turbospark models`)"),
+        },
+    };
+    let p = PathBuf::from(name);
+    if p.exists() {
+        return Ok(p);
+    }
+    if let Some(k) = hub::find(name) {
+        return fetch(k);
+    }
+    bail!("{name}: no such file or folder, and not a known model name (see `turbospark models`)")
+}
+
+fn fetch(k: &hub::KnownModel) -> Result<PathBuf> {
+    let cached = hub::cached_path(k);
+    if cached.is_file() {
+        return Ok(cached);
+    }
+    eprintln!("turbospark: {} is not cached yet; fetching it once ({})", k.file, k.about);
+    let p = hub::ensure(k, &mut |msg| eprintln!("turbospark: {msg}"))?;
+    Ok(p)
+}
+
+pub fn open_source(path: &std::path::Path) -> Result<Box<dyn TensorSource>> {
+    Ok(ts_formats::open_model(path)?)
+}
+
+/// A loaded model plus what the commands need beside it.
+pub struct Loaded {
+    pub path: PathBuf,
+    pub src: Box<dyn TensorSource>,
+    pub model: Box<dyn Model>,
+    pub backend_name: String,
+}
+
+/// Default context: the model's training context, capped at 4096.
+pub fn runtime_options(o: &ModelOpts, src: &dyn TensorSource, n_slots: usize) -> RuntimeOptions {
+    let train = train_ctx(src).unwrap_or(4096);
+    let ctx = o.ctx_size.unwrap_or(train.min(4096)).max(1);
+    RuntimeOptions { ctx, n_slots, max_batch: o.batch_size.clamp(1, 65536) }
+}
+
+fn train_ctx(src: &dyn TensorSource) -> Option<usize> {
+    let m = src.metadata();
+    let arch = m.get("general.architecture")?.as_str()?;
+    m.get(&format!("{arch}.context_length"))
+        .or_else(|| m.get("hf.max_position_embeddings"))
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize)
+}
+
+/// Resolve, open and load. `default` is used when `-m` is absent.
+pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) -> Result<Loaded> {
+    let path = resolve(o.model.as_deref(), default)?;
+    let src = open_source(&path)?;
+    let opts = runtime_options(o, src.as_ref(), n_slots);
+    let be = AnyBackend::new(o.backend, o.threads)?;
+    let t0 = Instant::now();
+    let pb = ProgressBar::new(1);
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec})")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.set_message(format!("loading {}", path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default()));
+    let pb2 = pb.clone();
+    let model = be
+        .load(src.as_ref(), opts, Box::new(move |done, total| {
+            pb2.set_length(total.max(1));
+            pb2.set_position(done);
+        }))
+        .with_context(|| format!("{}", path.display()))?;
+    pb.finish_and_clear();
+    let info = model.info();
+    eprintln!(
+        "turbospark: {} ({}, {:.1}M params, {:.1} MiB) on {} in {:.2}s; ctx {} ({:.1} MiB cache)",
+        if info.name.is_empty() { &info.arch } else { &info.name },
+        info.arch,
+        info.n_params as f64 / 1e6,
+        info.weight_bytes as f64 / (1 << 20) as f64,
+        be.name(),
+        t0.elapsed().as_secs_f64(),
+        opts.ctx,
+        (info.cache_bytes_per_token * (opts.ctx * opts.n_slots) as u64) as f64 / (1 << 20) as f64
+    );
+    Ok(Loaded { path, src, model, backend_name: be.name() })
+}

@@ -1,0 +1,103 @@
+//! A single-sequence generation session over a [`Model`]: prefill in chunks, then decode.
+//!
+//! The session owns cache slot `slot` of the model; `pos` is how many tokens of the sequence
+//! the cache holds. Batched multi-sequence stepping (the server) builds [`BatchMeta`]s itself.
+
+use ts_core::{BatchMeta, TokenMeta};
+use ts_models::Model;
+
+/// Errors of a generation session: one line each.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("the prompt and generation need {need} tokens but the context holds {ctx} (raise --ctx-size)")]
+    ContextFull { need: usize, ctx: usize },
+    #[error(transparent)]
+    Model(#[from] ts_models::ModelError),
+}
+
+pub struct Session<'m> {
+    pub model: &'m mut dyn Model,
+    /// Cache slot this sequence lives in.
+    pub slot: u32,
+    /// Tokens already in the cache (the next token's position).
+    pub pos: usize,
+    /// Logits of the last token fed, `[n_vocab]`.
+    pub logits: Vec<f32>,
+    /// All tokens of the sequence so far (prompt + generated).
+    pub tokens: Vec<u32>,
+    meta: BatchMeta,
+}
+
+impl<'m> Session<'m> {
+    pub fn new(model: &'m mut dyn Model, slot: u32) -> Self {
+        let nv = model.info().n_vocab;
+        let ctx = model.options().ctx as u32;
+        Session { model, slot, pos: 0, logits: vec![0.0; nv], tokens: Vec::new(), meta: BatchMeta { slot_len: ctx, ..Default::default() } }
+    }
+
+    pub fn ctx(&self) -> usize {
+        self.model.options().ctx
+    }
+
+    /// Forget the sequence (the cache rows are simply overwritten later).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+        self.tokens.clear();
+    }
+
+    /// Keep only the first `n` tokens of the sequence (later cache rows are overwritten).
+    pub fn rewind(&mut self, n: usize) {
+        let n = n.min(self.pos);
+        self.pos = n;
+        self.tokens.truncate(n);
+    }
+
+    /// Feed `tokens` (prefill in chunks of the model's max batch); afterwards `logits` holds the
+    /// last token's logits.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<(), SessionError> {
+        let ctx = self.ctx();
+        if self.pos + tokens.len() > ctx {
+            return Err(SessionError::ContextFull { need: self.pos + tokens.len(), ctx });
+        }
+        let chunk = self.model.options().max_batch.max(1);
+        for part in tokens.chunks(chunk) {
+            self.meta.tokens.clear();
+            for (i, &t) in part.iter().enumerate() {
+                self.meta.tokens.push(TokenMeta { token: t, pos: (self.pos + i) as u32, slot: self.slot });
+            }
+            self.meta.outputs.clear();
+            self.meta.outputs.push(part.len() as u32 - 1);
+            self.model.forward(&self.meta, &mut self.logits)?;
+            self.pos += part.len();
+            self.tokens.extend_from_slice(part);
+        }
+        Ok(())
+    }
+
+    /// Teacher-forced logits for every token of `tokens` (from position `self.pos`), written to
+    /// `out` (`[tokens.len(), n_vocab]`).
+    pub fn feed_all_logits(&mut self, tokens: &[u32], out: &mut [f32]) -> Result<(), SessionError> {
+        let ctx = self.ctx();
+        if self.pos + tokens.len() > ctx {
+            return Err(SessionError::ContextFull { need: self.pos + tokens.len(), ctx });
+        }
+        let nv = self.model.info().n_vocab;
+        let chunk = self.model.options().max_batch.max(1);
+        for (ci, part) in tokens.chunks(chunk).enumerate() {
+            self.meta.tokens.clear();
+            self.meta.outputs.clear();
+            for (i, &t) in part.iter().enumerate() {
+                self.meta.tokens.push(TokenMeta { token: t, pos: (self.pos + i) as u32, slot: self.slot });
+                self.meta.outputs.push(i as u32);
+            }
+            let o0 = ci * chunk * nv;
+            self.model.forward(&self.meta, &mut out[o0..o0 + part.len() * nv])?;
+            self.pos += part.len();
+            self.tokens.extend_from_slice(part);
+        }
+        if let Some(last) = out.chunks(nv).last() {
+            self.logits.copy_from_slice(last);
+        }
+        Ok(())
+    }
+}
