@@ -9,10 +9,10 @@
 
 pub mod chat;
 pub mod hub;
-pub mod session;
 pub mod sampler;
+pub mod session;
 pub mod tokenizer;
 
-
-
+pub use chat::{ChatMessage, ChatTemplate};
+pub use sampler::{Sampler, SamplerParams};
 pub use tokenizer::{test_model_path, StreamDecoder, Tokenizer};
