@@ -14,6 +14,7 @@ pub mod bind;
 pub mod deepseek2;
 pub mod llama;
 pub mod meta;
+pub mod synth;
 
 use std::sync::Arc;
 
