@@ -112,22 +112,21 @@ impl TensorInfo {
 
 /// Byte size of a tensor of `dtype` and `shape` (GGML order), or a reason why it has none.
 fn tensor_byte_size(dtype: GgmlType, shape: &[usize]) -> std::result::Result<usize, String> {
+    let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    if numel.is_none_or(|n| i64::try_from(n).is_err()) {
+        return Err(format!("shape {shape:?} has too many elements"));
+    }
     let ne0 = shape.first().copied().unwrap_or(1);
-    let row = dtype.row_bytes(ne0).ok_or_else(|| {
-        format!(
+    if !ne0.is_multiple_of(dtype.block_size()) {
+        return Err(format!(
             "ne0 = {ne0} is not a whole number of {} blocks ({} elements each)",
             dtype.name(),
             dtype.block_size()
-        )
-    })?;
-    let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-    if !numel.is_some_and(|n| i64::try_from(n).is_ok()) {
-        return Err(format!("shape {shape:?} has too many elements"));
+        ));
     }
-    shape
-        .iter()
-        .skip(1)
-        .try_fold(row, |a, &d| a.checked_mul(d))
+    dtype
+        .row_bytes(ne0)
+        .and_then(|row| shape.iter().skip(1).try_fold(row, |a, &d| a.checked_mul(d)))
         .ok_or_else(|| format!("byte size of shape {shape:?} as {} overflows", dtype.name()))
 }
 
@@ -192,8 +191,9 @@ impl<'a> Cursor<'a> {
             Ok(n) if n <= max => Ok(n),
             _ => Err(format!(
                 "{n} exceeds what the remaining {left} bytes of the file can hold \
-                 (at least {} bytes each)",
-                min_item.max(1)
+                 (at least {} byte{} each)",
+                min_item.max(1),
+                if min_item > 1 { "s" } else { "" }
             )),
         }
     }
@@ -357,7 +357,7 @@ fn parse(path: &str, buf: &[u8]) -> Result<Parsed> {
         let size = tensor_byte_size(dtype, &shape).map_err(&bad)?;
         let offset = usize::try_from(offset)
             .map_err(|_| bad(format!("offset {offset} lies past the end of the file ({} bytes)", buf.len())))?;
-        if offset % alignment != 0 {
+        if !offset.is_multiple_of(alignment) {
             return Err(bad(format!("offset {offset} is not a multiple of the alignment {alignment}")));
         }
         if let Some(&prev) = by_name.get(&name) {

@@ -96,6 +96,12 @@ impl HfFolder {
         let dir = dir.as_ref().to_path_buf();
         let path = shown(&dir);
         let config_path = dir.join("config.json");
+        if !dir.is_dir() {
+            return Err(FormatError::Corrupt { path, what: "not a directory".into() });
+        }
+        if !config_path.is_file() {
+            return Err(FormatError::Corrupt { path, what: "not a Hugging Face folder: it has no config.json".into() });
+        }
         let config = read_json(&config_path)?;
         if !config.is_object() {
             return Err(FormatError::Corrupt { path: shown(&config_path), what: "top level is not a JSON object".into() });

@@ -7,6 +7,8 @@
 //! * [`hf`]     — Hugging Face checkpoint folders: `config.json` + `model.safetensors` or shards.
 //! * [`quant`]  — the GGML block formats: sizes, reference dequantisation and quantisation.
 //!
+//! [`open_model`] picks the reader for a path (directory → HF folder, GGUF magic → GGUF file).
+//!
 //! ## Shape convention (one for the whole project)
 //! Shapes are in **GGML order**: `shape[0]` is the innermost (contiguous) dimension. A weight
 //! matrix `W` with `out` rows of `in` values (PyTorch `[out, in]`) has `shape == [in, out]`.
