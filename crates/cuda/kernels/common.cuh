@@ -1,0 +1,189 @@
+// Shared device helpers for every turbospark kernel: integer types (NVRTC has no <stdint.h>),
+// half/bfloat16 conversions (done by hand so no CUDA header is needed at run time), warp
+// reductions, and the per-format dequantisation of one 32-element chunk of a weight row.
+//
+// Weight rows on the device are the file's ggml blocks, repacked once at upload so every block
+// starts on a 4-byte boundary (see `repack` in src/weights.rs):
+//   Q4_0 20 B  { f16 d; u16 pad; u8 qs[16] }
+//   Q4_1 20 B  { f16 d; f16 m; u8 qs[16] }               (unchanged)
+//   Q5_0 24 B  { f16 d; u16 pad; u8 qh[4]; u8 qs[16] }
+//   Q5_1 24 B  { f16 d; f16 m; u8 qh[4]; u8 qs[16] }    (unchanged)
+//   Q8_0 36 B  { f16 d; u16 pad; i8 qs[32] }
+//   Q4_K 144 B, Q5_K 176 B                               (unchanged)
+//   Q6_K 212 B { u8 ql[128]; u8 qh[64]; i8 sc[16]; f16 d; u16 pad }
+// so quants are read as aligned 32-bit words.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q8_0 8
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_BF16 30
+
+// Every weight type, as (name, id): used to instantiate one extern "C" kernel per type.
+#define FOR_ALL_TYPES(X) X(f32, T_F32) X(f16, T_F16) X(bf16, T_BF16) X(q4_0, T_Q4_0) X(q4_1, T_Q4_1) \
+    X(q5_0, T_Q5_0) X(q5_1, T_Q5_1) X(q8_0, T_Q8_0) X(q4_k, T_Q4_K) X(q5_k, T_Q5_K) X(q6_k, T_Q6_K)
+
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+// f32 -> bf16 bits, round to nearest even (NaN stays NaN).
+__device__ __forceinline__ u16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__host__ __device__ constexpr bool is_float_type(int T) { return T == T_F32 || T == T_F16 || T == T_BF16; }
+
+// Bytes of one repacked block and elements per block, per type.
+__host__ __device__ constexpr int blk_bytes(int T) {
+    return T == T_F32 ? 4 : T == T_F16 ? 2 : T == T_BF16 ? 2 : T == T_Q4_0 ? 20 : T == T_Q4_1 ? 20 :
+           T == T_Q5_0 ? 24 : T == T_Q5_1 ? 24 : T == T_Q8_0 ? 36 : T == T_Q4_K ? 144 : T == T_Q5_K ? 176 : 212;
+}
+__host__ __device__ constexpr int blk_elems(int T) {
+    return is_float_type(T) ? 1 : (T == T_Q4_K || T == T_Q5_K || T == T_Q6_K) ? 256 : 32;
+}
+
+// One element of a float-typed row (used for widths that are not a multiple of 32).
+template <int T> __device__ __forceinline__ float dq_elem(const u8* row, i64 i) {
+    if constexpr (T == T_F32) return ((const float*)row)[i];
+    else if constexpr (T == T_F16) return h2f(((const u16*)row)[i]);
+    else return bf2f(((const u16*)row)[i]);
+}
+
+__device__ __forceinline__ u32 ld32(const u8* p) { return *(const u32*)p; }
+
+// ggml get_scale_min_k4: 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block.
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Dequantise elements [32c, 32c + 32) of a weight row into y (same order, same float math as
+// the reference in ts-formats::quant).
+template <int T> __device__ __forceinline__ void dq_chunk(const u8* row, int c, float* y) {
+    if constexpr (T == T_F32) {
+        const float* p = (const float*)row + 32 * (i64)c;
+#pragma unroll
+        for (int i = 0; i < 32; i++) y[i] = p[i];
+    } else if constexpr (T == T_F16 || T == T_BF16) {
+        // 16-bit loads: a row of an odd number of halves leaves the next row 2-byte aligned only.
+        const u16* p = (const u16*)row + 32 * (i64)c;
+#pragma unroll
+        for (int i = 0; i < 32; i++) y[i] = T == T_F16 ? h2f(p[i]) : bf2f(p[i]);
+    } else if constexpr (T == T_Q4_0 || T == T_Q4_1) {
+        const u8* b = row + (i64)c * 20;
+        float d = h2f(*(const u16*)b);
+        float m = T == T_Q4_1 ? h2f(*(const u16*)(b + 2)) : 0.f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            u32 q = ld32(b + 4 + 4 * w);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int lo = (q >> (8 * k)) & 0xF, hi = (q >> (8 * k + 4)) & 0xF;
+                if constexpr (T == T_Q4_0) { y[4 * w + k] = (float)(lo - 8) * d; y[4 * w + k + 16] = (float)(hi - 8) * d; }
+                else { y[4 * w + k] = (float)lo * d + m; y[4 * w + k + 16] = (float)hi * d + m; }
+            }
+        }
+    } else if constexpr (T == T_Q5_0 || T == T_Q5_1) {
+        const u8* b = row + (i64)c * 24;
+        float d = h2f(*(const u16*)b);
+        float m = T == T_Q5_1 ? h2f(*(const u16*)(b + 2)) : 0.f;
+        u32 qh = ld32(b + 4);
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            u32 q = ld32(b + 8 + 4 * w);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int j = 4 * w + k;
+                int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+                int lo = ((q >> (8 * k)) & 0xF) | h0, hi = ((q >> (8 * k + 4)) & 0xF) | h1;
+                if constexpr (T == T_Q5_0) { y[j] = (float)(lo - 16) * d; y[j + 16] = (float)(hi - 16) * d; }
+                else { y[j] = (float)lo * d + m; y[j + 16] = (float)hi * d + m; }
+            }
+        }
+    } else if constexpr (T == T_Q8_0) {
+        const u8* b = row + (i64)c * 36;
+        float d = h2f(*(const u16*)b);
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            u32 q = ld32(b + 4 + 4 * w);
+#pragma unroll
+            for (int k = 0; k < 4; k++) y[4 * w + k] = (float)(i8)((q >> (8 * k)) & 0xFF) * d;
+        }
+    } else if constexpr (T == T_Q4_K || T == T_Q5_K) {
+        const u8* b = row + (i64)(c >> 3) * blk_bytes(T);
+        int s = c & 7;  // sub-block of 32 within the super-block
+        float d = h2f(*(const u16*)b), dmin = h2f(*(const u16*)(b + 2));
+        int sc, mn;
+        scale_min_k4(s, b + 4, sc, mn);
+        float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        const u8* qs = b + (T == T_Q4_K ? 16 : 48) + 32 * (s >> 1);
+        int shift = (s & 1) * 4;
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            u32 q = ld32(qs + 4 * w);
+            u32 hbits = 0;
+            if constexpr (T == T_Q5_K) hbits = ld32(b + 16 + 4 * w);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int v = (q >> (8 * k + shift)) & 0xF;
+                if constexpr (T == T_Q5_K) v += ((hbits >> (8 * k)) & (1u << s)) ? 16 : 0;
+                y[4 * w + k] = d1 * (float)v - m1;
+            }
+        }
+    } else {  // Q6_K
+        const u8* b = row + (i64)(c >> 3) * 212;
+        int s = c & 7;
+        int n = s >> 2, sub = s & 3;
+        float d = h2f(*(const u16*)(b + 208));
+        const u8* ql = b + 64 * n + (sub & 1) * 32;
+        const u8* qh = b + 128 + 32 * n;
+        const i8* sc = (const i8*)(b + 192 + 8 * n + 2 * sub);
+        int lshift = (sub >> 1) * 4, hshift = 2 * sub;
+        float ds0 = d * (float)sc[0], ds1 = d * (float)sc[1];
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            u32 q = ld32(ql + 4 * w), h = ld32(qh + 4 * w);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int v = (((q >> (8 * k + lshift)) & 0xF) | (((h >> (8 * k + hshift)) & 3) << 4)) - 32;
+                y[4 * w + k] = (w < 4 ? ds0 : ds1) * (float)v;
+            }
+        }
+    }
+}

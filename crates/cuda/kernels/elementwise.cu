@@ -1,0 +1,130 @@
+// Element-wise and row-wise ops over strided `Rows` views. Hand-written because each is a few
+// lines and must address arbitrary (off, stride) views of one buffer, in place where the trait
+// allows it; no library op takes these views. Indices are 64-bit: buffers can exceed 2^31.
+
+// Index `idx` of a flattened [n, width] view -> element offset.
+__device__ __forceinline__ i64 at(i64 idx, i64 width, i64 off, i64 stride) {
+    return off + (idx / width) * stride + idx % width;
+}
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (w optional). One block per row. In place allowed:
+// every thread reads its elements before the block-wide barrier and writes them after.
+extern "C" __global__ void rms_norm(const float* x, i64 xoff, i64 xstride, const float* w, int has_w, float eps,
+                                    float* out, i64 ooff, i64 ostride, int width) {
+    __shared__ float part[32];
+    const float* xr = x + xoff + blockIdx.x * xstride;
+    float* orow = out + ooff + blockIdx.x * ostride;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) { float v = xr[i]; ss += v * v; }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    float inv = 1.0f / sqrtf(part[0] / (float)width + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float v = xr[i] * inv;
+        orow[i] = has_w ? v * w[i] : v;
+    }
+}
+
+extern "C" __global__ void add_rows(const float* a, i64 aoff, i64 astride, const float* b, i64 boff, i64 bstride,
+                                    float* out, i64 ooff, i64 ostride, i64 width, i64 total) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x)
+        out[at(i, width, ooff, ostride)] = a[at(i, width, aoff, astride)] + b[at(i, width, boff, bstride)];
+}
+
+extern "C" __global__ void scale_rows(float* x, i64 off, i64 stride, i64 width, i64 total, float s) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x)
+        x[at(i, width, off, stride)] *= s;
+}
+
+extern "C" __global__ void softcap_rows(float* x, i64 off, i64 stride, i64 width, i64 total, float cap) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        i64 j = at(i, width, off, stride);
+        x[j] = cap * tanhf(x[j] / cap);
+    }
+}
+
+extern "C" __global__ void copy_rows(const float* src, i64 soff, i64 sstride, float* dst, i64 doff, i64 dstride,
+                                     i64 width, i64 total) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x)
+        dst[at(i, width, doff, dstride)] = src[at(i, width, soff, sstride)];
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float C = 0.7978846f;  // sqrt(2/pi)
+    return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// out = act(gate) * up; kind 0 = SwiGLU, 1 = GELU-tanh. In place allowed (out == gate).
+extern "C" __global__ void glu_rows(int kind, const float* g, i64 goff, i64 gstride, const float* u, i64 uoff,
+                                    i64 ustride, float* out, i64 ooff, i64 ostride, i64 width, i64 total) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        float gv = g[at(i, width, goff, gstride)], uv = u[at(i, width, uoff, ustride)];
+        out[at(i, width, ooff, ostride)] = (kind == 0 ? silu(gv) : gelu_tanh(gv)) * uv;
+    }
+}
+
+// Rotary embedding in place. One thread per (row, pair); row r belongs to batch token
+// r / heads_per_token, whose position is read from the device-resident batch.
+// mode 0 = normal (2i, 2i+1), 1 = neox (i, i + dim/2).
+extern "C" __global__ void rope_rows(float* x, i64 off, i64 stride, i64 nrows, int heads_per_token,
+                                     const int* pos, const float* freqs, int half, int mode, float mscale) {
+    i64 total = nrows * half;
+    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+        i64 r = idx / half;
+        int i = (int)(idx % half);
+        float p = (float)pos[r / heads_per_token];
+        float s, c;
+        sincosf(p * freqs[i], &s, &c);
+        s *= mscale;
+        c *= mscale;
+        float* row = x + off + r * stride;
+        int a = mode == 0 ? 2 * i : i, b = mode == 0 ? 2 * i + 1 : i + half;
+        float x0 = row[a], x1 = row[b];
+        row[a] = x0 * c - x1 * s;
+        row[b] = x0 * s + x1 * c;
+    }
+}
+
+// Row t of src -> cache row slot[t] * slot_len + pos[t].
+extern "C" __global__ void cache_write(float* cache, const float* src, i64 soff, i64 sstride, i64 width, i64 ntok,
+                                       const int* pos, const int* slot, int slot_len) {
+    i64 total = ntok * width;
+    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+        i64 t = idx / width, i = idx % width;
+        i64 row = (i64)slot[t] * slot_len + pos[t];
+        cache[row * width + i] = src[soff + t * sstride + i];
+    }
+}
+
+// out[t] = dequant(table[token[t]]) * scale. One block per token, one thread per 32-element chunk
+// (float types: per element past the last whole chunk).
+template <int T>
+__device__ void embed_impl(const u8* table, i64 row_bytes, const int* tokens, float scale, float* out, i64 ooff,
+                           i64 ostride, int dim) {
+    const u8* row = table + (i64)tokens[blockIdx.x] * row_bytes;
+    float* o = out + ooff + blockIdx.x * ostride;
+    int nch = dim / 32;
+    for (int c = threadIdx.x; c < nch; c += blockDim.x) {
+        float y[32];
+        dq_chunk<T>(row, c, y);
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[32 * c + i] = y[i] * scale;
+    }
+    if constexpr (is_float_type(T)) {
+        for (int i = nch * 32 + threadIdx.x; i < dim; i += blockDim.x) o[i] = dq_elem<T>(row, i) * scale;
+    }
+}
+#define EMBED_INST(name, T)                                                                                  \
+    extern "C" __global__ void embed_##name(const u8* table, i64 row_bytes, const int* tokens, float scale, \
+                                            float* out, i64 ooff, i64 ostride, int dim) {                   \
+        embed_impl<T>(table, row_bytes, tokens, scale, out, ooff, ostride, dim);                            \
+    }
+FOR_ALL_TYPES(EMBED_INST)

@@ -1,0 +1,98 @@
+// Matmul kernels. Hand-written because cuBLAS cannot read ggml block formats:
+//  * gemv_<type>_<N>: decode-size products (N <= 8 tokens) straight from the quantised weights.
+//    One warp per output row; each lane dequantises whole 32-element chunks (aligned 32-bit loads
+//    of the repacked blocks) and multiplies them with the f32 activations of up to N tokens, so
+//    each weight byte is read once for all N tokens. blockIdx.z selects the matrix of a 3-D
+//    weight (grouped matmul), blockIdx.y the tile of N tokens.
+//  * dequant_bf16_<type>: weight matrix -> bf16 scratch for cuBLAS (prefill-size products).
+//  * rows_to_bf16: a strided activation view -> packed bf16 rows for cuBLAS.
+
+#define GEMV_WARPS 4
+
+template <int T, int N>
+__device__ void gemv_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const float* x, i64 xoff,
+                          i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GEMV_WARPS + warp;
+    if (row >= m) return;
+    const int g = blockIdx.z;
+    const int tok0 = blockIdx.y * N;
+    const u8* wr = W + g * mat_bytes + row * row_bytes;
+    const float* xb = x + xoff + g * xgstride + tok0 * xstride;
+    float acc[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) acc[j] = 0.f;
+    const int nch = k / 32;
+    for (int c = lane; c < nch; c += 32) {
+        float w[32];
+        dq_chunk<T>(wr, c, w);
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            if (tok0 + j < n) {
+                const float* xr = xb + j * xstride + 32 * c;
+                float s = 0.f;
+#pragma unroll
+                for (int i = 0; i < 32; i++) s += w[i] * xr[i];
+                acc[j] += s;
+            }
+        }
+    }
+    if constexpr (is_float_type(T)) {
+        for (int i = nch * 32 + lane; i < k; i += 32) {
+            float w = dq_elem<T>(wr, i);
+#pragma unroll
+            for (int j = 0; j < N; j++)
+                if (tok0 + j < n) acc[j] += w * xb[j * xstride + i];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        float s = warp_sum(acc[j]);
+        if (lane == 0 && tok0 + j < n) out[ooff + g * ogstride + (i64)(tok0 + j) * ostride + row] = s;
+    }
+}
+
+#define GEMV_INST_N(name, T, N)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                             \
+        gemv_##name##_##N(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const float* x, i64 xoff,  \
+                          i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n) { \
+        gemv_impl<T, N>(W, row_bytes, mat_bytes, m, k, x, xoff, xstride, xgstride, out, ooff, ostride,       \
+                        ogstride, n);                                                                         \
+    }
+#define GEMV_INST(name, T) GEMV_INST_N(name, T, 1) GEMV_INST_N(name, T, 4) GEMV_INST_N(name, T, 8)
+FOR_ALL_TYPES(GEMV_INST)
+
+// rows x k weight (rows of row_bytes) -> packed bf16 [rows, k].
+template <int T> __device__ void dequant_bf16_impl(const u8* W, i64 row_bytes, i64 rows, int k, u16* out) {
+    const int cpr = (k + 31) / 32;
+    const i64 total = rows * cpr;
+    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+        i64 r = idx / cpr;
+        int c = (int)(idx % cpr);
+        const u8* row = W + r * row_bytes;
+        u16* o = out + r * k + 32 * c;
+        if (32 * c + 32 <= k) {
+            float y[32];
+            dq_chunk<T>(row, c, y);
+            if ((k & 1) == 0) {
+#pragma unroll
+                for (int i = 0; i < 32; i += 2) *(u32*)(o + i) = (u32)f2bf(y[i]) | ((u32)f2bf(y[i + 1]) << 16);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 32; i++) o[i] = f2bf(y[i]);
+            }
+        } else if constexpr (is_float_type(T)) {
+            for (int i = 32 * c; i < k; i++) out[r * k + i] = f2bf(dq_elem<T>(row, i));
+        }
+    }
+}
+#define DQ_INST(name, T)                                                                                     \
+    extern "C" __global__ void dequant_bf16_##name(const u8* W, i64 row_bytes, i64 rows, int k, u16* out) { \
+        dequant_bf16_impl<T>(W, row_bytes, rows, k, out);                                                   \
+    }
+FOR_ALL_TYPES(DQ_INST)
+
+extern "C" __global__ void rows_to_bf16(const float* x, i64 off, i64 stride, i64 width, i64 total, u16* out) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x)
+        out[i] = f2bf(x[off + (i / width) * stride + i % width]);
+}
