@@ -1,0 +1,1101 @@
+//! Quantised dot-product kernels: the inner loop of every CPU matmul.
+//!
+//! Like llama.cpp, a matmul `out = W · x` with quantised weight rows does not dequantise the
+//! weights. Each activation row is quantised once (per matmul) to the weight type's *vec_dot
+//! type* ([`act_type`]) and the dot products run on integers, block by block:
+//!
+//! | weights            | activations | per-block term (llama.cpp semantics)                    |
+//! |--------------------|-------------|---------------------------------------------------------|
+//! | Q4_0, Q5_0, Q8_0   | Q8_0        | d_w·d_a·Σ q_w q_a  (q_w centred: −8 / −16 / none)        |
+//! | Q4_1, Q5_1         | Q8_1        | d_w·d_a·Σ q_w q_a + m_w·s_a  (s_a = d_a·Σ q_a, as f16)   |
+//! | Q4_K, Q5_K         | Q8_K        | d_a·(d_w·Σ_j sc_j Σ q_w q_a − dmin_w·Σ_j m_j·bsum_j)    |
+//! | Q6_K               | Q8_K        | d_a·d_w·Σ_j sc_j Σ (q_w − 32) q_a                        |
+//! | F32, F16, BF16     | F32 (LE)    | plain f32 multiply-add                                  |
+//!
+//! ## Why hand-written SIMD
+//! This is the hot kernel of CPU inference: decoding is bound by streaming weight bytes through
+//! it and prompt processing by its integer throughput. The compiler does not vectorise the
+//! nibble unpacking + int8 multiply-add chains well, so on x86-64 the kernels use AVX2/FMA/F16C
+//! intrinsics (`_mm256_maddubs_epi16` / `_mm256_madd_epi16`, as in ggml's x86 paths), chosen at
+//! run time (detection cached in a static). Every other CPU uses the portable scalar path
+//! ([`vec_dot_scalar`], [`gemm_scalar`]), which is also the referee in the tests.
+//!
+//! ## Tiles
+//! [`gemm`] computes a tile of dot products. Each weight row is decoded once per group of up to
+//! four activation rows (the group's partial sums live in registers), and weight rows are taken
+//! in L2-sized chunks so that for many activation rows the weights come from memory only once.
+//!
+//! ## Invariants (checked with `assert!` in the public functions)
+//! * `k` is a multiple of the weight type's block size (32 for Q4_0..Q8_0, 256 for K-quants);
+//! * a weight row is `w.row_bytes(k)` bytes, an activation row `act_type(w).row_bytes(k)` bytes;
+//! * activation rows are produced by [`quantize_act`] (for Q8_0/Q8_1/Q8_K: |q| ≤ 127, which the
+//!   sign trick of the AVX2 int8 dot relies on — ggml's own quantisers never produce −128).
+
+use std::sync::OnceLock;
+use ts_formats::quant::{self, GgmlType};
+
+/// Activation format that weights of type `w` dot against: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for
+/// Q4_1/Q5_1, Q8K for Q4K/Q5K/Q6K, F32 for F32/F16/BF16 (f32 bytes, little-endian).
+///
+/// Panics for weight types without a dot kernel (see [`GgmlType::is_supported_weight`]).
+pub fn act_type(w: GgmlType) -> GgmlType {
+    use GgmlType::*;
+    match w {
+        Q4_0 | Q5_0 | Q8_0 => Q8_0,
+        Q4_1 | Q5_1 => Q8_1,
+        Q4K | Q5K | Q6K => Q8K,
+        F32 | F16 | BF16 => F32,
+        other => panic!("quant_dot: no dot kernel for weight type {}", other.name()),
+    }
+}
+
+fn check_k(w: GgmlType, k: usize) -> (usize, usize) {
+    let wrb = w.row_bytes(k);
+    let arb = act_type(w).row_bytes(k);
+    match (wrb, arb) {
+        (Some(a), Some(b)) => (a, b),
+        _ => panic!("quant_dot: k = {k} is not a multiple of the {} block size {}", w.name(), w.block_size()),
+    }
+}
+
+/// Quantise one activation row `x` (len k, multiple of the block size) into `out` (exactly
+/// `act_type(w).row_bytes(k)` bytes), with ggml's reference quantiser (`quantize_row_q8_*_ref`).
+pub fn quantize_act(w: GgmlType, x: &[f32], out: &mut [u8]) {
+    let (_, arb) = check_k(w, x.len());
+    assert_eq!(out.len(), arb, "quantize_act: output is {} bytes, need {arb}", out.len());
+    let at = act_type(w);
+    if at == GgmlType::F32 {
+        for (o, v) in out.chunks_exact_mut(4).zip(x) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+    } else {
+        quant::quantize(at, x, out).expect("sizes checked above");
+    }
+}
+
+/// True when the AVX2+FMA+F16C kernels can run on this CPU (detected once).
+pub fn simd_available() -> bool {
+    static SIMD: OnceLock<bool> = OnceLock::new();
+    *SIMD.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// Dot product of one weight row (k elements, type w) with one quantised activation row.
+pub fn vec_dot(w: GgmlType, w_row: &[u8], act: &[u8], k: usize) -> f32 {
+    let (wrb, arb) = check_k(w, k);
+    assert!(w_row.len() >= wrb && act.len() >= arb, "vec_dot: rows shorter than k = {k} needs");
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: features detected; lengths checked above.
+        return unsafe { avx2::dot::<1>(w, w_row.as_ptr(), [act.as_ptr()], k)[0] };
+    }
+    scalar::vec_dot(w, &w_row[..wrb], &act[..arb], k)
+}
+
+/// The portable path of [`vec_dot`] (same numerics up to float summation order).
+pub fn vec_dot_scalar(w: GgmlType, w_row: &[u8], act: &[u8], k: usize) -> f32 {
+    let (wrb, arb) = check_k(w, k);
+    scalar::vec_dot(w, &w_row[..wrb], &act[..arb], k)
+}
+
+/// Tile kernel: for weight rows i in 0..m (row i at `wdata[i*wrb..]`, wrb = `w.row_bytes(k)`)
+/// and activation rows j in 0..n (row j at `acts[j*arb..]`, arb = `act_type(w).row_bytes(k)`),
+/// `out[j*out_stride + i] = dot(w_i, a_j)`. Other elements of `out` are not touched.
+///
+/// Reads each weight row once per group of up to 4 activation rows, so prompt matmuls are not
+/// bound by re-reading weights; weight rows are processed in L2-sized chunks.
+pub fn gemm(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        return gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Avx2);
+    }
+    gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Scalar)
+}
+
+/// The portable path of [`gemm`].
+pub fn gemm_scalar(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize) {
+    gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Scalar)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+/// Bytes of weight rows processed against all activation groups before moving on (fits L2).
+const WEIGHT_CHUNK_BYTES: usize = 128 * 1024;
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize, path: Path) {
+    let (wrb, arb) = check_k(w, k);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(wdata.len() >= m * wrb, "gemm: weights are {} bytes, need {}", wdata.len(), m * wrb);
+    assert!(acts.len() >= n * arb, "gemm: activations are {} bytes, need {}", acts.len(), n * arb);
+    assert!(out_stride >= m && out.len() >= (n - 1) * out_stride + m, "gemm: output too small for n = {n}, stride {out_stride}, m = {m}");
+    let chunk = (WEIGHT_CHUNK_BYTES / wrb.max(1)).clamp(1, m);
+    let mut i0 = 0;
+    while i0 < m {
+        let i1 = (i0 + chunk).min(m);
+        let mut j = 0;
+        while j < n {
+            let g = match n - j {
+                1 => 1,
+                2 | 3 => 2,
+                _ => 4,
+            };
+            for i in i0..i1 {
+                let wr = &wdata[i * wrb..(i + 1) * wrb];
+                match g {
+                    1 => {
+                        let r = dot_group::<1>(path, w, wr, acts, arb, j, k);
+                        out[j * out_stride + i] = r[0];
+                    }
+                    2 => {
+                        let r = dot_group::<2>(path, w, wr, acts, arb, j, k);
+                        for (t, v) in r.into_iter().enumerate() {
+                            out[(j + t) * out_stride + i] = v;
+                        }
+                    }
+                    _ => {
+                        let r = dot_group::<4>(path, w, wr, acts, arb, j, k);
+                        for (t, v) in r.into_iter().enumerate() {
+                            out[(j + t) * out_stride + i] = v;
+                        }
+                    }
+                }
+            }
+            j += g;
+        }
+        i0 = i1;
+    }
+}
+
+/// Dots of one weight row with activation rows j0..j0+R (all bounds checked by the caller).
+#[inline]
+fn dot_group<const R: usize>(path: Path, w: GgmlType, wr: &[u8], acts: &[u8], arb: usize, j0: usize, k: usize) -> [f32; R] {
+    match path {
+        Path::Scalar => std::array::from_fn(|t| scalar::vec_dot(w, wr, &acts[(j0 + t) * arb..(j0 + t + 1) * arb], k)),
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => {
+            let a: [*const u8; R] = std::array::from_fn(|t| acts[(j0 + t) * arb..(j0 + t + 1) * arb].as_ptr());
+            // SAFETY: Avx2 is only chosen after detection; every row slice was bounds-checked.
+            unsafe { avx2::dot::<R>(w, wr.as_ptr(), a, k) }
+        }
+    }
+}
+
+/// Unpack the 12 packed scale bytes of a Q4_K/Q5_K block into 8 scales and 8 mins (ggml's
+/// `utmp` / kmask trick: the result is bytes 0..8 = scales, 8..16 = mins; equals
+/// [`quant::get_scale_min_k4`] for j in 0..8).
+#[inline(always)]
+fn unpack_k4(s: &[u8]) -> [u32; 4] {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let mut u = [
+        u32::from_le_bytes([s[0], s[1], s[2], s[3]]),
+        u32::from_le_bytes([s[4], s[5], s[6], s[7]]),
+        u32::from_le_bytes([s[8], s[9], s[10], s[11]]),
+        0,
+    ];
+    u[3] = ((u[2] >> 4) & KMASK2) | (((u[1] >> 6) & KMASK3) << 4);
+    let aux = u[1] & KMASK1;
+    u[1] = (u[2] & KMASK2) | (((u[0] >> 6) & KMASK3) << 4);
+    u[2] = aux;
+    u[0] &= KMASK1;
+    u
+}
+
+/// Portable kernels: straightforward translations of ggml's generic `ggml_vec_dot_*` (integer
+/// sums per block, then one float multiply-add per block).
+mod scalar {
+    use super::*;
+    use quant::read_f16;
+
+    #[inline(always)]
+    fn f32_at(b: &[u8], off: usize) -> f32 {
+        f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+    }
+
+    /// Eight partial sums so the compiler can vectorise the float paths.
+    #[inline(always)]
+    fn float_dot(k: usize, wv: impl Fn(usize) -> f32, a: &[u8]) -> f32 {
+        let mut s = [0f32; 8];
+        let mut i = 0;
+        while i + 8 <= k {
+            for t in 0..8 {
+                s[t] += wv(i + t) * f32_at(a, 4 * (i + t));
+            }
+            i += 8;
+        }
+        let mut tail = 0f32;
+        for t in i..k {
+            tail += wv(t) * f32_at(a, 4 * t);
+        }
+        s.iter().sum::<f32>() + tail
+    }
+
+    pub fn vec_dot(w: GgmlType, wr: &[u8], a: &[u8], k: usize) -> f32 {
+        use GgmlType::*;
+        match w {
+            F32 => float_dot(k, |i| f32_at(wr, 4 * i), a),
+            F16 => float_dot(k, |i| read_f16(wr, 2 * i), a),
+            BF16 => float_dot(k, |i| half::bf16::from_le_bytes([wr[2 * i], wr[2 * i + 1]]).to_f32(), a),
+            Q4_0 => legacy(wr, a, 18, 34, |wb, ab| {
+                let mut s = 0i32;
+                for j in 0..16 {
+                    s += ((wb[2 + j] & 0xF) as i32 - 8) * ab[2 + j] as i8 as i32;
+                    s += ((wb[2 + j] >> 4) as i32 - 8) * ab[18 + j] as i8 as i32;
+                }
+                (s as f32 * read_f16(wb, 0) * read_f16(ab, 0), 0.0)
+            }),
+            Q4_1 => legacy(wr, a, 20, 36, |wb, ab| {
+                let mut s = 0i32;
+                for j in 0..16 {
+                    s += (wb[4 + j] & 0xF) as i32 * ab[4 + j] as i8 as i32;
+                    s += (wb[4 + j] >> 4) as i32 * ab[20 + j] as i8 as i32;
+                }
+                (s as f32 * read_f16(wb, 0) * read_f16(ab, 0), read_f16(wb, 2) * read_f16(ab, 2))
+            }),
+            Q5_0 => legacy(wr, a, 22, 34, |wb, ab| {
+                let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+                let mut s = 0i32;
+                for j in 0..16 {
+                    let h0 = ((qh >> j) << 4) & 0x10;
+                    let h1 = (qh >> (j + 12)) & 0x10;
+                    s += (((wb[6 + j] & 0xF) as u32 | h0) as i32 - 16) * ab[2 + j] as i8 as i32;
+                    s += (((wb[6 + j] >> 4) as u32 | h1) as i32 - 16) * ab[18 + j] as i8 as i32;
+                }
+                (s as f32 * read_f16(wb, 0) * read_f16(ab, 0), 0.0)
+            }),
+            Q5_1 => legacy(wr, a, 24, 36, |wb, ab| {
+                let qh = u32::from_le_bytes([wb[4], wb[5], wb[6], wb[7]]);
+                let mut s = 0i32;
+                for j in 0..16 {
+                    let h0 = ((qh >> j) << 4) & 0x10;
+                    let h1 = (qh >> (j + 12)) & 0x10;
+                    s += ((wb[8 + j] & 0xF) as u32 | h0) as i32 * ab[4 + j] as i8 as i32;
+                    s += ((wb[8 + j] >> 4) as u32 | h1) as i32 * ab[20 + j] as i8 as i32;
+                }
+                (s as f32 * read_f16(wb, 0) * read_f16(ab, 0), read_f16(wb, 2) * read_f16(ab, 2))
+            }),
+            Q8_0 => legacy(wr, a, 34, 34, |wb, ab| {
+                let mut s = 0i32;
+                for j in 0..32 {
+                    s += wb[2 + j] as i8 as i32 * ab[2 + j] as i8 as i32;
+                }
+                (s as f32 * read_f16(wb, 0) * read_f16(ab, 0), 0.0)
+            }),
+            Q4K => {
+                let mut sumf = 0f32;
+                for (wb, ab) in wr.chunks_exact(144).zip(a.chunks_exact(292)) {
+                    let u = unpack_k4(&wb[4..16]);
+                    let sm: [u8; 16] = bytemuck_u32x4(u);
+                    let (sc, mn) = (&sm[..8], &sm[8..]);
+                    let bsum = |t: usize| i16::from_le_bytes([ab[260 + 2 * t], ab[261 + 2 * t]]) as i32;
+                    let mut summ = 0i32;
+                    for j in 0..8 {
+                        summ += mn[j] as i32 * (bsum(2 * j) + bsum(2 * j + 1));
+                    }
+                    let mut isum = 0i32;
+                    for c in 0..4 {
+                        let q = &wb[16 + 32 * c..48 + 32 * c];
+                        let (mut lo, mut hi) = (0i32, 0i32);
+                        for l in 0..32 {
+                            lo += (q[l] & 0xF) as i32 * ab[4 + 64 * c + l] as i8 as i32;
+                            hi += (q[l] >> 4) as i32 * ab[36 + 64 * c + l] as i8 as i32;
+                        }
+                        isum += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
+                    }
+                    let da = f32_at(ab, 0);
+                    sumf += da * read_f16(wb, 0) * isum as f32 - da * read_f16(wb, 2) * summ as f32;
+                }
+                sumf
+            }
+            Q5K => {
+                let mut sumf = 0f32;
+                for (wb, ab) in wr.chunks_exact(176).zip(a.chunks_exact(292)) {
+                    let u = unpack_k4(&wb[4..16]);
+                    let sm: [u8; 16] = bytemuck_u32x4(u);
+                    let (sc, mn) = (&sm[..8], &sm[8..]);
+                    let bsum = |t: usize| i16::from_le_bytes([ab[260 + 2 * t], ab[261 + 2 * t]]) as i32;
+                    let mut summ = 0i32;
+                    for j in 0..8 {
+                        summ += mn[j] as i32 * (bsum(2 * j) + bsum(2 * j + 1));
+                    }
+                    let qh = &wb[16..48];
+                    let mut isum = 0i32;
+                    for c in 0..4 {
+                        let q = &wb[48 + 32 * c..80 + 32 * c];
+                        let (mut lo, mut hi) = (0i32, 0i32);
+                        for l in 0..32 {
+                            let h_lo = ((qh[l] >> (2 * c)) & 1) as i32 * 16;
+                            let h_hi = ((qh[l] >> (2 * c + 1)) & 1) as i32 * 16;
+                            lo += ((q[l] & 0xF) as i32 + h_lo) * ab[4 + 64 * c + l] as i8 as i32;
+                            hi += ((q[l] >> 4) as i32 + h_hi) * ab[36 + 64 * c + l] as i8 as i32;
+                        }
+                        isum += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
+                    }
+                    let da = f32_at(ab, 0);
+                    sumf += da * read_f16(wb, 0) * isum as f32 - da * read_f16(wb, 2) * summ as f32;
+                }
+                sumf
+            }
+            Q6K => {
+                let mut sumf = 0f32;
+                for (wb, ab) in wr.chunks_exact(210).zip(a.chunks_exact(292)) {
+                    let mut isum = 0i32;
+                    for h in 0..2 {
+                        let ql = &wb[64 * h..64 * h + 64];
+                        let qh = &wb[128 + 32 * h..160 + 32 * h];
+                        let q8 = &ab[4 + 128 * h..132 + 128 * h];
+                        let mut sub = [0i32; 8];
+                        for l in 0..32 {
+                            let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                            let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                            let is = l / 16;
+                            sub[is] += q1 * q8[l] as i8 as i32;
+                            sub[is + 2] += q2 * q8[l + 32] as i8 as i32;
+                            sub[is + 4] += q3 * q8[l + 64] as i8 as i32;
+                            sub[is + 6] += q4 * q8[l + 96] as i8 as i32;
+                        }
+                        for (s, &v) in sub.iter().enumerate() {
+                            isum += wb[192 + 8 * h + s] as i8 as i32 * v;
+                        }
+                    }
+                    sumf += f32_at(ab, 0) * read_f16(wb, 208) * isum as f32;
+                }
+                sumf
+            }
+            other => panic!("quant_dot: no dot kernel for weight type {}", other.name()),
+        }
+    }
+
+    /// Legacy 32-element blocks: `f` returns (d_w·d_a·Σq_w q_a, m_w·s_a) for one block pair.
+    #[inline(always)]
+    fn legacy(wr: &[u8], a: &[u8], wts: usize, ats: usize, f: impl Fn(&[u8], &[u8]) -> (f32, f32)) -> f32 {
+        let (mut sumf, mut summ) = (0f32, 0f32);
+        for (wb, ab) in wr.chunks_exact(wts).zip(a.chunks_exact(ats)) {
+            let (x, m) = f(wb, ab);
+            sumf += x;
+            summ += m;
+        }
+        sumf + summ
+    }
+
+    fn bytemuck_u32x4(u: [u32; 4]) -> [u8; 16] {
+        let mut o = [0u8; 16];
+        for (c, v) in o.chunks_exact_mut(4).zip(u) {
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+        o
+    }
+}
+
+/// AVX2 + FMA + F16C kernels (x86-64). Each takes one weight row and R activation rows (raw
+/// pointers, bounds already checked) and returns R dot products. The weight block is loaded and
+/// decoded once; the R activation blocks are multiplied against it with independent
+/// accumulators. Int8 products use ggml's tricks: `maddubs(|x|, sign(y, x))` for signed×signed,
+/// `maddubs(x, y)` when the weight quant is unsigned, then `madd(…, 1)` to widen to i32.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// Run `$body` for every block index `$ib` in 0..nb with `$acc: &mut [__m256; R]`. For R ≤ 2
+    /// two accumulator sets alternate between even and odd blocks, so the float FMA latency
+    /// chain does not limit a single-row dot.
+    macro_rules! drive {
+        ($R:ident, $nb:expr, |$ib:ident, $acc:ident| $body:block) => {{
+            let nb = $nb;
+            let mut acc0 = [_mm256_setzero_ps(); $R];
+            if $R <= 2 {
+                let mut acc1 = [_mm256_setzero_ps(); $R];
+                let mut i = 0;
+                while i + 1 < nb {
+                    {
+                        let $ib = i;
+                        let $acc = &mut acc0;
+                        $body
+                    }
+                    {
+                        let $ib = i + 1;
+                        let $acc = &mut acc1;
+                        $body
+                    }
+                    i += 2;
+                }
+                if i < nb {
+                    let $ib = i;
+                    let $acc = &mut acc0;
+                    $body
+                }
+                for r in 0..$R {
+                    acc0[r] = _mm256_add_ps(acc0[r], acc1[r]);
+                }
+            } else {
+                for i in 0..nb {
+                    let $ib = i;
+                    let $acc = &mut acc0;
+                    $body
+                }
+            }
+            acc0
+        }};
+    }
+
+    /// Dispatch on the weight type. Safety: CPU has avx2/fma/f16c; `w` points at a whole weight
+    /// row of `k` elements and every `a[r]` at a whole activation row of [`act_type`]`(w)`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot<const R: usize>(w: GgmlType, wp: *const u8, a: [*const u8; R], k: usize) -> [f32; R] {
+        use GgmlType::*;
+        match w {
+            F32 => f32_rows::<R>(wp, a, k),
+            F16 => f16_rows::<R>(wp, a, k),
+            BF16 => bf16_rows::<R>(wp, a, k),
+            Q4_0 => q4_0::<R>(wp, a, k / 32),
+            Q4_1 => q4_1::<R>(wp, a, k / 32),
+            Q5_0 => q5_0::<R>(wp, a, k / 32),
+            Q5_1 => q5_1::<R>(wp, a, k / 32),
+            Q8_0 => q8_0::<R>(wp, a, k / 32),
+            Q4K => q4_k::<R>(wp, a, k / 256),
+            Q5K => q5_k::<R>(wp, a, k / 256),
+            Q6K => q6_k::<R>(wp, a, k / 256),
+            other => panic!("quant_dot: no dot kernel for weight type {}", other.name()),
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        let h = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    #[inline(always)]
+    unsafe fn f32_at(p: *const u8) -> f32 {
+        (p as *const f32).read_unaligned()
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum_ps(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum_epi32_128(v: __m128i) -> i32 {
+        let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+
+    #[inline(always)]
+    unsafe fn ld256(p: *const u8) -> __m256i {
+        _mm256_loadu_si256(p as *const __m256i)
+    }
+
+    #[inline(always)]
+    unsafe fn ld128(p: *const u8) -> __m128i {
+        _mm_loadu_si128(p as *const __m128i)
+    }
+
+    /// 16 packed bytes → 32 nibbles: low nibbles in bytes 0..16, high nibbles in bytes 16..32
+    /// (ggml's `bytes_from_nibbles_32`; matches the element order of the legacy blocks).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        let t = ld128(p);
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(t), t), _mm256_set1_epi8(0x0F))
+    }
+
+    /// 32 bits (little-endian u32 at p) → 32 bytes, 0xFF where the bit is set (ggml's
+    /// `bytes_from_bits_32`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn bits_to_bytes(p: *const u8) -> __m256i {
+        let x = (p as *const u32).read_unaligned() as i32;
+        let shuf = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
+        let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+        _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+    }
+
+    /// Σ over 32 signed bytes of x·y as 8 i32 lanes, given ax = |x|: maddubs needs an unsigned
+    /// first operand, so the sign of x moves onto y (y never holds −128, see module docs).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_i8(ax: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(y, x)), _mm256_set1_epi16(1))
+    }
+
+    /// Σ over 32 bytes of x·y (x unsigned ≤ 127, y signed) as 8 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_u8i8(x: __m256i, y: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish<const R: usize>(acc: [__m256; R], extra: [f32; R]) -> [f32; R] {
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum_ps(acc[r]) + extra[r];
+        }
+        out
+    }
+
+    /// Signed-weight legacy blocks against Q8_0 (34-byte blocks: f16 d, i8 qs[32]).
+    /// `decode(wb)` returns (d_w, weight quants as signed bytes).
+    macro_rules! legacy_signed {
+        ($name:ident, $wts:expr, |$wb:ident| $decode:expr) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $name<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+                let acc = drive!(R, nb, |ib, acc| {
+                    let $wb = w.add(ib * $wts);
+                    let (dw, qx): (f32, __m256i) = $decode;
+                    let ax = _mm256_sign_epi8(qx, qx);
+                    for r in 0..R {
+                        let ab = a[r].add(ib * 34);
+                        let d = _mm256_set1_ps(dw * f16_at(ab));
+                        let p = dot_i8(ax, qx, ld256(ab.add(2)));
+                        acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+                    }
+                });
+                finish(acc, [0.0; R])
+            }
+        };
+    }
+
+    legacy_signed!(q4_0, 18, |wb| (f16_at(wb), _mm256_sub_epi8(nibbles(wb.add(2)), _mm256_set1_epi8(8))));
+    // Q5_0: nibble | 0xF0 where the 5th bit is clear, i.e. the byte is already q − 16.
+    legacy_signed!(q5_0, 22, |wb| (
+        f16_at(wb),
+        _mm256_or_si256(nibbles(wb.add(6)), _mm256_andnot_si256(bits_to_bytes(wb.add(2)), _mm256_set1_epi8(0xF0u8 as i8)))
+    ));
+    legacy_signed!(q8_0, 34, |wb| (f16_at(wb), ld256(wb.add(2))));
+
+    /// Unsigned-weight legacy blocks with a min against Q8_1 (36-byte blocks: f16 d, f16 s,
+    /// i8 qs[32]); `decode(wb)` returns (d_w, m_w, weight quants 0..31).
+    macro_rules! legacy_min {
+        ($name:ident, $wts:expr, |$wb:ident| $decode:expr) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $name<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+                let mut summ = [0f32; R];
+                let acc = drive!(R, nb, |ib, acc| {
+                    let $wb = w.add(ib * $wts);
+                    let (dw, mw, qx): (f32, f32, __m256i) = $decode;
+                    for r in 0..R {
+                        let ab = a[r].add(ib * 36);
+                        summ[r] += mw * f16_at(ab.add(2));
+                        let d = _mm256_set1_ps(dw * f16_at(ab));
+                        let p = dot_u8i8(qx, ld256(ab.add(4)));
+                        acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+                    }
+                });
+                finish(acc, summ)
+            }
+        };
+    }
+
+    legacy_min!(q4_1, 20, |wb| (f16_at(wb), f16_at(wb.add(2)), nibbles(wb.add(4))));
+    legacy_min!(q5_1, 24, |wb| (
+        f16_at(wb),
+        f16_at(wb.add(2)),
+        _mm256_or_si256(nibbles(wb.add(8)), _mm256_and_si256(bits_to_bytes(wb.add(4)), _mm256_set1_epi8(0x10)))
+    ));
+
+    /// Q4_K / Q5_K against Q8_K (292-byte blocks: f32 d @0, i8 qs[256] @4, i16 bsums[16] @260).
+    /// `hi_bits` selects Q5_K (qh at +16, qs at +48) over Q4_K (qs at +16).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn k_asym<const R: usize, const Q5: bool>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+        let wts = if Q5 { 176 } else { 144 };
+        let qs_off = if Q5 { 48 } else { 16 };
+        let m4 = _mm256_set1_epi8(0x0F);
+        let one = _mm256_set1_epi8(1);
+        let two = _mm256_set1_epi8(2);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut summ = [0f32; R];
+        for ib in 0..nb {
+            let wb = w.add(ib * wts);
+            let dw = f16_at(wb);
+            let dmw = f16_at(wb.add(2));
+            let u = unpack_k4(std::slice::from_raw_parts(wb.add(4), 12));
+            let mins16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, u[3] as i32, u[2] as i32));
+            let mut ab = [std::ptr::null::<u8>(); R];
+            let mut sumi = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                ab[r] = a[r].add(ib * 292);
+                // bsums of 16 → sums per 32-element sub-block (≤ 4064, no i16 overflow).
+                let q8s = _mm_hadd_epi16(ld128(ab[r].add(260)), ld128(ab[r].add(276)));
+                let pm = hsum_epi32_128(_mm_madd_epi16(mins16, q8s));
+                summ[r] += dmw * f32_at(ab[r]) * pm as f32;
+            }
+            let mut hb = if Q5 { ld256(wb.add(16)) } else { _mm256_setzero_si256() };
+            for c in 0..4 {
+                let bits = ld256(wb.add(qs_off + 32 * c));
+                let mut ql = _mm256_and_si256(bits, m4);
+                let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                if Q5 {
+                    // bit 2c of qh[l] → +16 for the low half, bit 2c+1 → the high half.
+                    ql = _mm256_or_si256(ql, _mm256_slli_epi16::<4>(_mm256_and_si256(hb, one)));
+                    qh = _mm256_or_si256(qh, _mm256_slli_epi16::<3>(_mm256_and_si256(hb, two)));
+                    hb = _mm256_srli_epi16::<2>(hb);
+                }
+                let scl = _mm256_set1_epi16(((u[c / 2] >> (16 * (c % 2))) & 0xFF) as i16);
+                let sch = _mm256_set1_epi16(((u[c / 2] >> (16 * (c % 2) + 8)) & 0xFF) as i16);
+                for r in 0..R {
+                    let pl = _mm256_madd_epi16(scl, _mm256_maddubs_epi16(ql, ld256(ab[r].add(4 + 64 * c))));
+                    let ph = _mm256_madd_epi16(sch, _mm256_maddubs_epi16(qh, ld256(ab[r].add(36 + 64 * c))));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
+                }
+            }
+            for r in 0..R {
+                let d = _mm256_set1_ps(dw * f32_at(ab[r]));
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            }
+        }
+        let neg: [f32; R] = std::array::from_fn(|r| -summ[r]);
+        finish(acc, neg)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_k<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+        k_asym::<R, false>(w, a, nb)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q5_k<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+        k_asym::<R, true>(w, a, nb)
+    }
+
+    /// Q6_K against Q8_K. Quants are used unsigned (0..63) and the −32 offset is applied once
+    /// per block through the activation block sums: Σ sc·(q−32)·y = Σ sc·q·y − 32·Σ sc·bsum.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q6_k<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m3 = _mm256_set1_epi8(0x03);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for ib in 0..nb {
+            let wb = w.add(ib * 210);
+            let dw = f16_at(wb.add(208));
+            let sc8 = ld128(wb.add(192));
+            let sc16 = _mm256_cvtepi8_epi16(sc8);
+            let mut ab = [std::ptr::null::<u8>(); R];
+            let mut sumi = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                ab[r] = a[r].add(ib * 292);
+                let corr = _mm256_madd_epi16(sc16, ld256(ab[r].add(260)));
+                sumi[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(corr));
+            }
+            for h in 0..2 {
+                let b1 = ld256(wb.add(64 * h));
+                let b2 = ld256(wb.add(64 * h + 32));
+                let hb = ld256(wb.add(128 + 32 * h));
+                for i in 0..4 {
+                    let q = match i {
+                        0 => _mm256_or_si256(_mm256_and_si256(b1, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(hb, m3))),
+                        1 => _mm256_or_si256(
+                            _mm256_and_si256(b2, m4),
+                            _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(hb), m3)),
+                        ),
+                        2 => _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(b1), m4),
+                            _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(hb), m3)),
+                        ),
+                        _ => _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(b2), m4),
+                            _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(hb), m3)),
+                        ),
+                    };
+                    // Sub-blocks s (elements 0..16 of this run) and s+1 (16..32).
+                    let s = (8 * h + 2 * i) as i64;
+                    let shuf = _mm_set_epi64x((s + 1) * 0x0101_0101_0101_0101, s * 0x0101_0101_0101_0101);
+                    let scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, shuf));
+                    for r in 0..R {
+                        let p = _mm256_maddubs_epi16(q, ld256(ab[r].add(4 + 128 * h + 32 * i)));
+                        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(scale, p));
+                    }
+                }
+            }
+            for r in 0..R {
+                let d = _mm256_set1_ps(dw * f32_at(ab[r]));
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            }
+        }
+        finish(acc, [0.0; R])
+    }
+
+    /// Float weights against f32 activations; `$load(p)` loads 8 weights at p as f32 lanes and
+    /// `$one(p)` a single weight.
+    macro_rules! float_rows {
+        ($name:ident, $esz:expr, |$p:ident| $load:expr, |$q:ident| $one:expr) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $name<const R: usize>(w: *const u8, a: [*const u8; R], k: usize) -> [f32; R] {
+                let mut acc0 = [_mm256_setzero_ps(); R];
+                let mut acc1 = [_mm256_setzero_ps(); R];
+                let mut i = 0;
+                while i + 16 <= k {
+                    let w0 = {
+                        let $p = w.add(i * $esz);
+                        $load
+                    };
+                    let w1 = {
+                        let $p = w.add((i + 8) * $esz);
+                        $load
+                    };
+                    for r in 0..R {
+                        acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[r].add(4 * i) as *const f32), acc0[r]);
+                        acc1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a[r].add(4 * i + 32) as *const f32), acc1[r]);
+                    }
+                    i += 16;
+                }
+                if i + 8 <= k {
+                    let w0 = {
+                        let $p = w.add(i * $esz);
+                        $load
+                    };
+                    for r in 0..R {
+                        acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[r].add(4 * i) as *const f32), acc0[r]);
+                    }
+                    i += 8;
+                }
+                let mut out = [0f32; R];
+                for r in 0..R {
+                    let mut s = hsum_ps(_mm256_add_ps(acc0[r], acc1[r]));
+                    for t in i..k {
+                        let wv = {
+                            let $q = w.add(t * $esz);
+                            $one
+                        };
+                        s += wv * f32_at(a[r].add(4 * t));
+                    }
+                    out[r] = s;
+                }
+                out
+            }
+        };
+    }
+
+    float_rows!(f32_rows, 4, |p| _mm256_loadu_ps(p as *const f32), |q| f32_at(q));
+    float_rows!(f16_rows, 2, |p| _mm256_cvtph_ps(ld128(p)), |q| f16_at(q));
+    float_rows!(
+        bf16_rows,
+        2,
+        |p| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(ld128(p)))),
+        |q| f32::from_bits(((q as *const u16).read_unaligned() as u32) << 16)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+    use GgmlType::*;
+
+    const TYPES: &[GgmlType] = &[F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4K, Q5K, Q6K];
+
+    /// splitmix64; no extra dev-dependency needed.
+    struct Rng(u64);
+    impl Rng {
+        fn u64(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        /// Uniform in [-1, 1).
+        fn f(&mut self) -> f32 {
+            (self.u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+    }
+
+    fn ks(w: GgmlType) -> &'static [usize] {
+        match w.block_size() {
+            1 => &[1, 7, 8, 16, 61, 256, 1037],
+            32 => &[32, 64, 96, 512, 1536],
+            _ => &[256, 512, 1280, 4096],
+        }
+    }
+
+    /// Random values with per-32 magnitudes from 0.05 to ~3 and (sometimes) an offset, so the
+    /// min/offset terms of the asymmetric formats are exercised.
+    fn random_vals(rng: &mut Rng, len: usize, offset: bool) -> Vec<f32> {
+        let mut v = Vec::with_capacity(len);
+        let mut scale = 1.0;
+        let mut off = 0.0;
+        for i in 0..len {
+            if i % 32 == 0 {
+                scale = 0.05 + 3.0 * (rng.f() + 1.0) / 2.0;
+                off = if offset { 0.7 * scale * rng.f() } else { 0.0 };
+            }
+            v.push(rng.f() * scale + off);
+        }
+        v
+    }
+
+    fn quantize_rows(w: GgmlType, vals: &[f32]) -> Vec<u8> {
+        let mut out = vec![0u8; w.row_bytes(vals.len()).unwrap()];
+        quant::quantize(w, vals, &mut out).unwrap();
+        out
+    }
+
+    fn deq(ty: GgmlType, b: &[u8], k: usize) -> Vec<f32> {
+        let mut y = vec![0f32; k];
+        quant::dequantize(ty, b, &mut y).unwrap();
+        y
+    }
+
+    /// Exact (f64) reference of the integer dot and the tolerance the kernels must meet:
+    /// 1e-4·Σ|terms| of float rounding, plus for Q4_1/Q5_1 the f16 rounding of the activation
+    /// block sum s = d·Σq that llama.cpp's m·s term carries too.
+    fn reference(w: GgmlType, wr: &[u8], act: &[u8], k: usize) -> (f64, f64) {
+        let wd = deq(w, wr, k);
+        let ad = deq(act_type(w), act, k);
+        let (mut s, mut abs) = (0f64, 0f64);
+        for (a, b) in wd.iter().zip(&ad) {
+            s += *a as f64 * *b as f64;
+            abs += (*a as f64 * *b as f64).abs();
+        }
+        let mut extra = 0f64;
+        if matches!(w, Q4_1 | Q5_1) {
+            let wts = w.type_size();
+            for (wb, ab) in wr.chunks_exact(wts).zip(act.chunks_exact(36)) {
+                extra += (quant::read_f16(wb, 2) as f64 * quant::read_f16(ab, 2) as f64).abs() / 1024.0;
+            }
+        }
+        (s, 1e-4 * abs + extra + 1e-30)
+    }
+
+    /// Bound on |Σ w·x − Σ w·deq(act(x))|: each activation is within ~0.5 of its block step
+    /// (amax/127) of x (0.6 allows for the f16 rounding of the step).
+    fn act_quant_bound(w: GgmlType, wd: &[f32], x: &[f32]) -> f64 {
+        let at = act_type(w);
+        if at == F32 {
+            return 0.0;
+        }
+        let bs = at.block_size();
+        let mut b = 0f64;
+        for (wb, xb) in wd.chunks(bs).zip(x.chunks(bs)) {
+            let amax = xb.iter().fold(0f32, |a, &v| a.max(v.abs())) as f64;
+            let wsum: f64 = wb.iter().map(|&v| (v as f64).abs()).sum();
+            b += 0.6 * amax / 127.0 * wsum;
+        }
+        b
+    }
+
+    #[test]
+    fn simd_detection_is_cached_and_sane() {
+        let a = simd_available();
+        assert_eq!(a, simd_available());
+        #[cfg(target_arch = "x86_64")]
+        eprintln!("quant_dot: AVX2 path {}", if a { "enabled" } else { "NOT available (scalar only)" });
+    }
+
+    #[test]
+    fn quant_dot_unpack_k4_matches_reference() {
+        let mut rng = Rng(7);
+        for _ in 0..200 {
+            let s: Vec<u8> = (0..12).map(|_| rng.u64() as u8).collect();
+            let u = unpack_k4(&s);
+            let bytes: Vec<u8> = u.iter().flat_map(|v| v.to_le_bytes()).collect();
+            for j in 0..8 {
+                assert_eq!((bytes[j], bytes[8 + j]), quant::get_scale_min_k4(j, &s));
+            }
+        }
+    }
+
+    #[test]
+    fn quant_dot_vec_dot_matches_reference_all_types() {
+        let mut rng = Rng(1);
+        for &w in TYPES {
+            for &k in ks(w) {
+                for trial in 0..4 {
+                    let wv = random_vals(&mut rng, k, trial % 2 == 1);
+                    let x = random_vals(&mut rng, k, trial >= 2);
+                    let wr = quantize_rows(w, &wv);
+                    let mut act = vec![0u8; act_type(w).row_bytes(k).unwrap()];
+                    quantize_act(w, &x, &mut act);
+                    let (r, tol) = reference(w, &wr, &act, k);
+                    let fast = vec_dot(w, &wr, &act, k) as f64;
+                    let slow = vec_dot_scalar(w, &wr, &act, k) as f64;
+                    assert!((fast - r).abs() <= tol, "{} k={k} trial {trial}: simd {fast} vs ref {r} (tol {tol})", w.name());
+                    assert!((slow - r).abs() <= tol, "{} k={k} trial {trial}: scalar {slow} vs ref {r} (tol {tol})", w.name());
+                    // Against the un-quantised activations: only the activation rounding differs.
+                    let wd = deq(w, &wr, k);
+                    let exact: f64 = wd.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let tol2 = tol + act_quant_bound(w, &wd, &x);
+                    assert!((fast - exact).abs() <= tol2, "{} k={k}: simd {fast} vs f32 dot {exact} (tol {tol2})", w.name());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quant_dot_extreme_values() {
+        // Saturated blocks: weights at both ends of their range, activations ±amax (q = ±127),
+        // all-zero activation rows, and large k, so no int16/int32 overflow goes unnoticed.
+        let mut rng = Rng(3);
+        for &w in TYPES {
+            let k = if w.block_size() == 256 { 2048 } else { 1024 };
+            let wv: Vec<f32> = (0..k).map(|i| if (i * 7 + i / 3) % 2 == 0 { 1.0 } else { -1.0 } * (1.0 + (i % 5) as f32 * 1e-3)).collect();
+            for pattern in 0..3 {
+                let x: Vec<f32> = (0..k)
+                    .map(|i| match pattern {
+                        0 => wv[i].signum(),
+                        1 => -wv[i].signum() * 3.0,
+                        _ => 0.0,
+                    })
+                    .collect();
+                let wr = quantize_rows(w, &wv);
+                let mut act = vec![0u8; act_type(w).row_bytes(k).unwrap()];
+                quantize_act(w, &x, &mut act);
+                let (r, tol) = reference(w, &wr, &act, k);
+                for v in [vec_dot(w, &wr, &act, k), vec_dot_scalar(w, &wr, &act, k)] {
+                    assert!((v as f64 - r).abs() <= tol, "{} pattern {pattern}: {v} vs {r}", w.name());
+                }
+                if pattern == 2 {
+                    assert_eq!(vec_dot(w, &wr, &act, k), 0.0);
+                }
+            }
+            let _ = rng.u64();
+        }
+    }
+
+    #[test]
+    fn quant_dot_gemm_matches_vec_dot() {
+        let mut rng = Rng(2);
+        for &w in TYPES {
+            // Large F32/F16 rows with m = 20 cross several L2 chunks of the tile loop.
+            let (k, m) = match w.block_size() {
+                1 => (4096 + 3, 20),
+                32 => (320, 9),
+                _ => (512, 9),
+            };
+            let wv = random_vals(&mut rng, m * k, true);
+            let wdata = quantize_rows(w, &wv);
+            let wrb = w.row_bytes(k).unwrap();
+            let arb = act_type(w).row_bytes(k).unwrap();
+            for &n in &[1usize, 2, 3, 4, 5, 7, 8, 11] {
+                let x = random_vals(&mut rng, n * k, false);
+                let mut acts = vec![0u8; n * arb];
+                for j in 0..n {
+                    quantize_act(w, &x[j * k..(j + 1) * k], &mut acts[j * arb..(j + 1) * arb]);
+                }
+                let stride = m + 3;
+                for scalar in [false, true] {
+                    let mut out = vec![f32::NAN; (n - 1) * stride + m + 2];
+                    if scalar {
+                        gemm_scalar(w, &wdata, m, k, &acts, n, &mut out, stride);
+                    } else {
+                        gemm(w, &wdata, m, k, &acts, n, &mut out, stride);
+                    }
+                    for j in 0..n {
+                        for i in 0..m {
+                            let (wr, ar) = (&wdata[i * wrb..(i + 1) * wrb], &acts[j * arb..(j + 1) * arb]);
+                            let (r, tol) = reference(w, wr, ar, k);
+                            let got = out[j * stride + i];
+                            assert!((got as f64 - r).abs() <= tol, "{} n={n} scalar={scalar} ({j},{i}): {got} vs {r}", w.name());
+                            if scalar {
+                                assert_eq!(got, vec_dot_scalar(w, wr, ar, k));
+                            }
+                        }
+                        for i in m..stride {
+                            let idx = j * stride + i;
+                            if idx < out.len() {
+                                assert!(out[idx].is_nan(), "{} gemm wrote outside the tile at {idx}", w.name());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "not a multiple")]
+    fn quant_dot_rejects_partial_blocks() {
+        let wr = vec![0u8; 18];
+        let act = vec![0u8; 34];
+        vec_dot(Q4_0, &wr, &act, 31);
+    }
+
+    /// Single-thread throughput in GB/s of weight bytes streamed (the number that bounds decode).
+    /// Run: `cargo test --release -p ts-cpu quant_dot_bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn quant_dot_bench() {
+        for &(w, m, k) in &[(Q4_1, 576usize, 1536usize), (Q8_0, 2048, 1408), (Q4_0, 2048, 2048), (Q4K, 2048, 2048), (Q6K, 2048, 2048), (F16, 1024, 2048)] {
+            let mut rng = Rng(9);
+            let wv = random_vals(&mut rng, m * k, true);
+            let wdata = quantize_rows(w, &wv);
+            let wrb = w.row_bytes(k).unwrap();
+            let arb = act_type(w).row_bytes(k).unwrap();
+            let nmax = 8;
+            let x = random_vals(&mut rng, nmax * k, false);
+            let mut acts = vec![0u8; nmax * arb];
+            for j in 0..nmax {
+                quantize_act(w, &x[j * k..(j + 1) * k], &mut acts[j * arb..(j + 1) * arb]);
+            }
+            let mut out = vec![0f32; nmax * m];
+            let bytes = (m * wrb) as f64;
+            let time = |f: &mut dyn FnMut()| {
+                f();
+                let t = Instant::now();
+                let mut iters = 0u32;
+                while t.elapsed().as_secs_f64() < 0.4 {
+                    f();
+                    iters += 1;
+                }
+                t.elapsed().as_secs_f64() / iters as f64
+            };
+            let gemv = time(&mut || {
+                for i in 0..m {
+                    out[i] = vec_dot(w, &wdata[i * wrb..(i + 1) * wrb], &acts[..arb], k);
+                }
+                std::hint::black_box(&out);
+            });
+            let gemv_s = time(&mut || {
+                for i in 0..m {
+                    out[i] = vec_dot_scalar(w, &wdata[i * wrb..(i + 1) * wrb], &acts[..arb], k);
+                }
+                std::hint::black_box(&out);
+            });
+            let g8 = time(&mut || {
+                gemm(w, &wdata, m, k, &acts, nmax, &mut out, m);
+                std::hint::black_box(&out);
+            });
+            eprintln!(
+                "{:>5} {m:>4}x{k:<4} ({:>5.2} MB): vec_dot {:6.2} GB/s ({:7.1} us) | scalar {:5.2} GB/s | gemm n=8 {:6.2} GB/s-equiv ({:5.1} GMAC/s)",
+                w.name(),
+                bytes / 1e6,
+                bytes / gemv / 1e9,
+                gemv * 1e6,
+                bytes / gemv_s / 1e9,
+                bytes * nmax as f64 / g8 / 1e9,
+                (m * k * nmax) as f64 / g8 / 1e9
+            );
+        }
+    }
+}
