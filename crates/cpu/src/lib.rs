@@ -8,3 +8,5 @@ pub mod backend;
 pub mod quant_dot;
 
 pub use backend::{route, CpuBackend, CpuBuf, CpuWeight};
+
+pub mod quant_dot;
