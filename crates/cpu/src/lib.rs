@@ -8,5 +8,3 @@ pub mod backend;
 pub mod quant_dot;
 
 pub use backend::{route, CpuBackend, CpuBuf, CpuWeight};
-
-pub mod quant_dot;
