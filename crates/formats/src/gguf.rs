@@ -760,13 +760,11 @@ impl<W: Write> GgufWriter<W> {
         let Some(t) = self.tensors.get(self.current) else {
             return Err(self.misuse(format!("tensor data written but all {} declared tensors are done", self.tensors.len())));
         };
-        let (name, size) = (t.name.clone(), t.size);
+        let size = t.size;
         let done = self.current_done.saturating_add(bytes.len());
         if done > size {
-            return Err(self.bad_tensor(
-                &name,
-                format!("{} bytes written, more than its size of {size}", done),
-            ));
+            let what = format!("{done} bytes written, more than its size of {size}");
+            return Err(self.bad_tensor(&t.name, what));
         }
         self.emit(bytes)?;
         self.current_done = done;

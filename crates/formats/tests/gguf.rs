@@ -570,3 +570,38 @@ fn corrupting_every_header_byte_never_panics() {
         }
     }
 }
+
+/// Reads a real llama.cpp file when one is available (`TS_GGUF_SAMPLE`, or the SmolLM2 file in
+/// the turbospark model cache); silently passes otherwise.
+#[test]
+fn real_llama_cpp_file_if_present() {
+    let path = std::env::var_os("TS_GGUF_SAMPLE").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").unwrap_or_default();
+        std::path::Path::new(&home).join(".cache/turbospark/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
+    if !path.is_file() {
+        eprintln!("skipped: {} not present", path.display());
+        return;
+    }
+    let f = GgufFile::open(&path).unwrap();
+    assert!(f.version() == 2 || f.version() == 3);
+    assert!(f.get("general.architecture").and_then(|v| v.as_str()).is_some());
+    let tokens = f.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).unwrap();
+    assert!(tokens.len() > 1000);
+    assert!(!f.tensor_infos().is_empty());
+    let mut total = 0;
+    for t in f.tensor_infos() {
+        let td = f.tensor(&t.name).unwrap();
+        assert_eq!(td.data.len(), t.size);
+        total += t.size;
+    }
+    assert!(total <= f.file_size());
+    eprintln!(
+        "{}: v{}, {} keys, {} tensors, {} tokens",
+        path.display(),
+        f.version(),
+        f.metadata().len(),
+        f.tensor_infos().len(),
+        tokens.len()
+    );
+}
