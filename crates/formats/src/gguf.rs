@@ -450,6 +450,9 @@ impl GgufFile {
         let shown = p.display().to_string();
         let io = |source| FormatError::Io { path: shown.clone(), source };
         let file = File::open(p).map_err(io)?;
+        if file.metadata().map_err(io)?.is_dir() {
+            return Err(FormatError::Corrupt { path: shown, what: "is a directory, not a GGUF file".into() });
+        }
         // SAFETY: the map is read-only; as documented on `GgufFile`, the file must not be
         // modified while open (the same contract as every mmap-based model loader).
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;

@@ -386,6 +386,8 @@ fn bad_magic() {
     }
     expect_err(b"GG", &["magic"]);
     expect_err(b"", &["magic"]);
+    let e = GgufFile::open(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("is a directory"), "{e}");
 }
 
 #[test]
