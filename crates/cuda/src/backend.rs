@@ -1,0 +1,1042 @@
+//! [`CudaBackend`]: every [`Backend`] op on one NVIDIA GPU, enqueued on one stream.
+//!
+//! * Buffers, caches, weights and batches are plain device allocations addressed by raw device
+//!   pointers; kernels take `(pointer, offset, stride)` triples, so `Rows` views and in-place ops
+//!   cost nothing. Event tracking is off (one stream orders everything).
+//! * Ops cannot return errors (the trait's signature); a failure inside one (a launch error, a
+//!   scratch allocation that does not fit, a token id outside the table) is kept and returned by
+//!   the next [`Backend::read`] or [`Backend::synchronize`]. Shape-contract violations panic, as
+//!   in the CPU reference.
+//! * Matmul: up to 8 tokens per matrix, `gemv_*` kernels read the quantised weights directly; more
+//!   tokens dequantise the weight into a bf16 scratch and call `cublasGemmStridedBatchedEx`
+//!   (bf16 in, f32 accumulate and out); F32 weights go to cuBLAS in f32 without a copy.
+//! * Scratch (bf16 weights/activations, MoE routing and expert intermediates) grows to the
+//!   largest use and is then reused; nothing else is allocated after open.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
+use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use ts_core::{
+    AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeParams, Result, RopeMode, RopeSpec, Rows,
+    TensorData, TokenMeta, WeightInfo, WeightUse,
+};
+use ts_formats::quant;
+
+use crate::kernels;
+
+/// One device allocation; freed (stream-ordered) on drop.
+struct DevMem {
+    _slice: CudaSlice<u8>,
+    ptr: u64,
+    bytes: usize,
+}
+
+/// An f32 activation buffer (a cheap handle; clones share storage).
+#[derive(Clone)]
+pub struct CudaBuf(Arc<DevMem>);
+
+impl CudaBuf {
+    /// Length in f32 elements.
+    pub fn len(&self) -> usize {
+        self.0.bytes / 4
+    }
+    /// True for an empty buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn check(&self, r: Rows) {
+        assert!(r.end() <= self.len(), "rows {r:?} outside a buffer of {} elements", self.len());
+    }
+}
+
+/// A KV cache: `rows` of `width` values. f32 for now; a separate type so it can become bf16
+/// without touching activations.
+pub struct CudaCache {
+    mem: DevMem,
+    rows: usize,
+    width: usize,
+}
+
+impl CudaCache {
+    /// (rows, width) as allocated.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.rows, self.width)
+    }
+}
+
+/// A weight on the device in its file format, repacked so every block starts on a 4-byte
+/// boundary (Q4_0, Q5_0, Q8_0 get 2 bytes after the scale, Q6_K 2 bytes at the end). Norm
+/// vectors are converted to f32 at upload.
+pub struct CudaWeight {
+    dtype: GgmlType,
+    shape: Vec<usize>,
+    mem: DevMem,
+    /// Device bytes of one row of `shape[0]` elements.
+    row_bytes: usize,
+}
+
+impl WeightInfo for CudaWeight {
+    fn dtype(&self) -> GgmlType {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn bytes(&self) -> usize {
+        self.mem.bytes
+    }
+}
+
+impl CudaWeight {
+    fn ne(&self, i: usize) -> usize {
+        self.shape.get(i).copied().unwrap_or(1)
+    }
+    fn mat_bytes(&self) -> usize {
+        self.row_bytes * self.ne(1)
+    }
+}
+
+/// A batch on the device: `token`, `pos`, `slot` arrays of `max_tokens` i32 each, plus the host
+/// copy used for bounds checks (never read back from the device).
+pub struct CudaBatch {
+    mem: DevMem,
+    max_tokens: usize,
+    tokens: Vec<TokenMeta>,
+    slot_len: u32,
+}
+
+impl CudaBatch {
+    fn tok_ptr(&self) -> u64 {
+        self.mem.ptr
+    }
+    fn pos_ptr(&self) -> u64 {
+        self.mem.ptr + 4 * self.max_tokens as u64
+    }
+    fn slot_ptr(&self) -> u64 {
+        self.mem.ptr + 8 * self.max_tokens as u64
+    }
+}
+
+/// A rope table: per-pair frequencies on the device.
+pub struct CudaRope {
+    freqs: DevMem,
+    dim: usize,
+    mode: RopeMode,
+    mscale: f32,
+}
+
+/// A kernel argument.
+#[derive(Clone, Copy)]
+enum A {
+    P(u64),
+    L(i64),
+    I(i32),
+    F(f32),
+}
+
+fn l(v: usize) -> A {
+    A::L(v as i64)
+}
+fn i(v: usize) -> A {
+    A::I(v as i32)
+}
+
+/// Named growable scratch buffers.
+#[derive(Clone, Copy)]
+enum S {
+    WBf16 = 0,
+    XBf16,
+    SelE,
+    SelW,
+    Cnt,
+    Off,
+    Perm,
+    G,
+    U,
+    Y,
+}
+const N_SCRATCH: usize = 10;
+
+/// The kernel-name suffix of a weight type, `None` when it has no kernels.
+fn tname(t: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match t {
+        F32 => "f32",
+        F16 => "f16",
+        BF16 => "bf16",
+        Q4_0 => "q4_0",
+        Q4_1 => "q4_1",
+        Q5_0 => "q5_0",
+        Q5_1 => "q5_1",
+        Q8_0 => "q8_0",
+        Q4K => "q4_k",
+        Q5K => "q5_k",
+        Q6K => "q6_k",
+        _ => return None,
+    })
+}
+
+/// Bytes of one block on the device (see [`repack`]).
+fn dev_block_bytes(t: GgmlType) -> usize {
+    use GgmlType::*;
+    match t {
+        Q4_0 => 20,
+        Q5_0 => 24,
+        Q8_0 => 36,
+        Q6K => 212,
+        _ => t.type_size(),
+    }
+}
+
+/// The file's blocks -> the device layout (4-byte aligned blocks; see `kernels/common.cuh`).
+fn repack(t: GgmlType, data: &[u8]) -> Vec<u8> {
+    use GgmlType::*;
+    let ts = t.type_size();
+    match t {
+        Q4_0 | Q5_0 | Q8_0 => {
+            let mut out = Vec::with_capacity(data.len() / ts * (ts + 2));
+            for b in data.chunks_exact(ts) {
+                out.extend_from_slice(&b[..2]);
+                out.extend_from_slice(&[0, 0]);
+                out.extend_from_slice(&b[2..]);
+            }
+            out
+        }
+        Q6K => {
+            let mut out = Vec::with_capacity(data.len() / ts * (ts + 2));
+            for b in data.chunks_exact(ts) {
+                out.extend_from_slice(b);
+                out.extend_from_slice(&[0, 0]);
+            }
+            out
+        }
+        _ => data.to_vec(),
+    }
+}
+
+/// Every kernel name the module must export.
+fn kernel_names() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "rms_norm", "add_rows", "scale_rows", "softcap_rows", "copy_rows", "glu_rows", "rope_rows", "cache_write", "rows_to_bf16",
+        "attention_4", "attention_8", "attention_16", "moe_route", "moe_group", "moe_combine",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    use GgmlType::*;
+    for t in [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4K, Q5K, Q6K] {
+        let n = tname(t).expect("listed types have kernels");
+        for k in ["embed", "dequant_bf16", "moe_gemv", "moe_gemm"] {
+            v.push(format!("{k}_{n}"));
+        }
+        for nn in [1, 4, 8] {
+            v.push(format!("gemv_{n}_{nn}"));
+        }
+    }
+    v
+}
+
+/// Tokens per matrix up to which matmuls use the GEMV kernels instead of cuBLAS.
+pub const GEMV_MAX_TOKENS: usize = 8;
+
+/// The CUDA backend: one device, one stream, kernels compiled by NVRTC for the device.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: Mutex<CudaBlas>,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    name: String,
+    arch: String,
+    kernels_from_cache: bool,
+    scratch: Mutex<Vec<Option<DevMem>>>,
+    error: Mutex<Option<String>>,
+}
+
+fn dev_err(what: &str, e: impl std::fmt::Debug) -> BackendError {
+    BackendError::Device(format!("{what}: {e:?}"))
+}
+
+impl CudaBackend {
+    /// Open GPU `device_ordinal`: load libcuda (probed first, so a machine without one gets an
+    /// error, not a panic), create the context and stream, compile (or load from the disk cache)
+    /// the kernels for the device's compute capability, and create the cuBLAS handle.
+    pub fn new(device_ordinal: usize) -> Result<Self> {
+        if !unsafe { drv_sys::is_culib_present() } {
+            return Err(BackendError::Device("no CUDA GPU found: libcuda.so could not be loaded".into()));
+        }
+        let count = CudaContext::device_count().map_err(|e| BackendError::Device(format!("no CUDA GPU found: the driver failed to start ({e:?})")))?;
+        if count <= 0 {
+            return Err(BackendError::Device("no CUDA GPU found: the driver reports no devices".into()));
+        }
+        if device_ordinal >= count as usize {
+            return Err(BackendError::Device(format!("CUDA device {device_ordinal} does not exist (this machine has {count})")));
+        }
+        let ctx = CudaContext::new(device_ordinal).map_err(|e| dev_err(&format!("cannot open CUDA device {device_ordinal}"), e))?;
+        // One stream orders all work: cudarc's per-allocation event tracking is not needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let dev_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let (major, minor) = ctx.compute_capability().map_err(|e| dev_err("cannot read the compute capability", e))?;
+        let arch = format!("sm_{major}{minor}");
+        let (cubin, kernels_from_cache) = kernels::load_or_compile(&arch).map_err(BackendError::Device)?;
+        let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| dev_err(&format!("cannot load the {arch} kernels"), e))?;
+        let mut funcs = HashMap::new();
+        for n in kernel_names() {
+            let f = module.load_function(&n).map_err(|e| dev_err(&format!("kernel {n} missing from the module"), e))?;
+            funcs.insert(n, f);
+        }
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
+        }
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("cannot create the cuBLAS handle", e))?;
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            blas: Mutex::new(blas),
+            _module: module,
+            funcs,
+            name: format!("cuda:{device_ordinal} {dev_name}"),
+            arch,
+            kernels_from_cache,
+            scratch: Mutex::new((0..N_SCRATCH).map(|_| None).collect()),
+            error: Mutex::new(None),
+        })
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
+        self.ctx.mem_get_info().map_err(|e| dev_err("cuMemGetInfo", e))
+    }
+
+    /// The architecture the kernels were built for (`sm_90`) and whether they came from the
+    /// on-disk cache.
+    pub fn kernel_build(&self) -> (&str, bool) {
+        (&self.arch, self.kernels_from_cache)
+    }
+
+    /// Bytes of scratch currently held (dequantised weights, MoE intermediates).
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner()).iter().flatten().map(|m| m.bytes).sum()
+    }
+
+    fn fail(&self, msg: String) {
+        let mut e = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        if e.is_none() {
+            *e = Some(msg);
+        }
+    }
+
+    fn take_error(&self) -> Result<()> {
+        match self.error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(m) => Err(BackendError::Device(m)),
+            None => Ok(()),
+        }
+    }
+
+    fn alloc_mem(&self, bytes: usize, what: &str) -> Result<DevMem> {
+        let n = bytes.max(4);
+        match self.stream.alloc_zeros::<u8>(n) {
+            Ok(s) => {
+                let ptr = {
+                    let (p, _g) = s.device_ptr(&self.stream);
+                    p
+                };
+                Ok(DevMem { _slice: s, ptr, bytes })
+            }
+            Err(e) if e.0 == drv_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let (free, total) = self.memory_info().unwrap_or((0, 0));
+                Err(BackendError::OutOfMemory {
+                    device: self.name.clone(),
+                    what: format!("{what}: {} MiB requested, {} MiB free of {} MiB", bytes >> 20, free >> 20, total >> 20),
+                })
+            }
+            Err(e) => Err(dev_err(&format!("allocation of {bytes} bytes for {what}"), e)),
+        }
+    }
+
+    fn upload_bytes(&self, mem: &DevMem, off: usize, src: &[u8]) -> Result<()> {
+        assert!(off + src.len() <= mem.bytes);
+        self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
+        // Pageable host memory is staged before the call returns, so `src` may go right after.
+        unsafe { drv::memcpy_htod_async(mem.ptr + off as u64, src, self.stream.cu_stream()) }.map_err(|e| dev_err("host-to-device copy", e))
+    }
+
+    /// Device pointer of scratch slot `s`, grown to at least `bytes` (contents undefined).
+    fn scratch(&self, s: S, bytes: usize) -> Option<u64> {
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = &mut sc[s as usize];
+        if slot.as_ref().is_none_or(|m| m.bytes < bytes) {
+            *slot = None; // free first (stream-ordered) so the new one can reuse the space
+            match self.alloc_mem(bytes.next_multiple_of(1 << 16), "scratch") {
+                Ok(m) => *slot = Some(m),
+                Err(e) => {
+                    self.fail(e.to_string());
+                    return None;
+                }
+            }
+        }
+        slot.as_ref().map(|m| m.ptr)
+    }
+
+    fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
+        let Some(f) = self.funcs.get(name) else {
+            self.fail(format!("kernel {name} is not loaded"));
+            return;
+        };
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return;
+        }
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                A::P(v) => b.arg(v),
+                A::L(v) => b.arg(v),
+                A::I(v) => b.arg(v),
+                A::F(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
+        if let Err(e) = unsafe { b.launch(cfg) } {
+            self.fail(format!("launch of kernel {name}: {e:?}"));
+        }
+    }
+
+    /// Grid for a grid-stride loop over `total` elements with 256-thread blocks.
+    fn grid1(total: usize) -> (u32, u32, u32) {
+        (total.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1)
+    }
+
+    /// `out = W x` per group: `g` matrices of `w`, row `r` of `xr` uses matrix `r % g`.
+    fn matmul_groups(&self, x: &CudaBuf, xr: Rows, w: &CudaWeight, g: usize, out: &CudaBuf, o: Rows) {
+        let (k, m) = (w.ne(0), w.ne(1));
+        assert_eq!(xr.width, k, "matmul: activation width {} != weight input {k}", xr.width);
+        assert_eq!(o.width, m, "matmul: output width {} != weight rows {m}", o.width);
+        assert_eq!(xr.n, o.n);
+        assert_eq!(xr.n % g, 0, "grouped matmul: {} rows is not a multiple of {g} groups", xr.n);
+        x.check(xr);
+        out.check(o);
+        let ng = xr.n / g;
+        if ng == 0 || m == 0 {
+            return;
+        }
+        let Some(tn) = tname(w.dtype) else {
+            self.fail(format!("matmul: no kernels for {}", w.dtype.name()));
+            return;
+        };
+        if ng <= GEMV_MAX_TOKENS {
+            let nn = if ng == 1 { 1 } else if ng <= 4 { 4 } else { 8 };
+            self.launch(
+                &format!("gemv_{tn}_{nn}"),
+                (m.div_ceil(4) as u32, ng.div_ceil(nn) as u32, g as u32),
+                128,
+                0,
+                &[
+                    A::P(w.mem.ptr),
+                    l(w.row_bytes),
+                    l(w.mat_bytes()),
+                    i(m),
+                    i(k),
+                    A::P(x.0.ptr),
+                    l(xr.off),
+                    l(xr.stride * g),
+                    l(xr.stride),
+                    A::P(out.0.ptr),
+                    l(o.off),
+                    l(o.stride * g),
+                    l(o.stride),
+                    i(ng),
+                ],
+            );
+            return;
+        }
+        // cuBLAS, column-major view: C[m, ng] (ldc = o.stride*g) = op(A)^T[m, k] * B[k, ng],
+        // A = weight rows (k contiguous), B = activation rows.
+        let (a_ptr, a_type, b_ptr, b_type, ldb, stride_b) = if w.dtype == GgmlType::F32 {
+            (w.mem.ptr, blas_sys::cudaDataType::CUDA_R_32F, x.0.ptr + 4 * xr.off as u64, blas_sys::cudaDataType::CUDA_R_32F, xr.stride * g, xr.stride)
+        } else {
+            let Some(wb) = self.scratch(S::WBf16, 2 * k * m * g) else { return };
+            let Some(xb) = self.scratch(S::XBf16, 2 * k * xr.n) else { return };
+            let rows = m * g;
+            self.launch(
+                &format!("dequant_bf16_{tn}"),
+                Self::grid1(rows * k.div_ceil(32)),
+                256,
+                0,
+                &[A::P(w.mem.ptr), l(w.row_bytes), l(rows), i(k), A::P(wb)],
+            );
+            self.launch("rows_to_bf16", Self::grid1(xr.n * k), 256, 0, &[A::P(x.0.ptr), l(xr.off), l(xr.stride), l(k), l(xr.n * k), A::P(xb)]);
+            (wb, blas_sys::cudaDataType::CUDA_R_16BF, xb, blas_sys::cudaDataType::CUDA_R_16BF, k * g, k)
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        let r = unsafe {
+            blas_result::gemm_strided_batched_ex(
+                *blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                m as i32,
+                ng as i32,
+                k as i32,
+                &alpha as *const f32 as *const _,
+                a_ptr as *const _,
+                a_type,
+                k as i32,
+                (m * k) as i64,
+                b_ptr as *const _,
+                b_type,
+                ldb as i32,
+                stride_b as i64,
+                &beta as *const f32 as *const _,
+                (out.0.ptr + 4 * o.off as u64) as *mut _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                (o.stride * g) as i32,
+                o.stride as i64,
+                g as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if let Err(e) = r {
+            self.fail(format!("cublasGemmStridedBatchedEx ({m}x{k} by {ng} tokens, {} groups): {e:?}", g));
+        }
+    }
+
+    /// Host-side check that every token's cache rows `[slot*slot_len, slot*slot_len + pos]` lie in
+    /// a cache of `rows` rows.
+    fn check_cache_rows(&self, batch: &CudaBatch, rows: usize, what: &str) -> bool {
+        let sl = batch.slot_len as usize;
+        for tm in &batch.tokens {
+            if tm.pos as usize >= sl || (tm.slot as usize * sl + tm.pos as usize) >= rows {
+                self.fail(format!("{what}: position {} of slot {} is outside the cache ({rows} rows, {sl} per slot)", tm.pos, tm.slot));
+                return false;
+            }
+        }
+        true
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention_launch(
+        &self,
+        q: (&CudaBuf, usize, usize, usize),
+        k: (u64, usize, usize),
+        v: (u64, usize, usize),
+        out: (&CudaBuf, usize, usize, usize),
+        batch: &CudaBatch,
+        nh: usize,
+        group: usize,
+        hd: usize,
+        vd: usize,
+        scale: f32,
+        window: u32,
+        softcap: f32,
+    ) {
+        let vpl = if vd <= 128 {
+            4
+        } else if vd <= 256 {
+            8
+        } else if vd <= 512 {
+            16
+        } else {
+            self.fail(format!("attention: value width {vd} > 512 is not supported"));
+            return;
+        };
+        let smem = ((hd + 4 * vd + 8) * 4) as u32;
+        if smem > 48 * 1024 {
+            self.fail(format!("attention: head width {hd} needs {smem} bytes of shared memory"));
+            return;
+        }
+        let n = batch.tokens.len();
+        self.launch(
+            &format!("attention_{vpl}"),
+            ((n * nh) as u32, 1, 1),
+            128,
+            smem,
+            &[
+                A::P(q.0 .0.ptr),
+                l(q.1),
+                l(q.2),
+                l(q.3),
+                A::P(k.0),
+                l(k.1),
+                l(k.2),
+                A::P(v.0),
+                l(v.1),
+                l(v.2),
+                A::P(out.0 .0.ptr),
+                l(out.1),
+                l(out.2),
+                l(out.3),
+                A::P(batch.pos_ptr()),
+                A::P(batch.slot_ptr()),
+                A::I(batch.slot_len as i32),
+                i(nh),
+                i(group),
+                i(hd),
+                i(vd),
+                A::F(scale),
+                A::I(window as i32),
+                A::F(softcap),
+            ],
+        );
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Cache = CudaCache;
+    type Weight = CudaWeight;
+    type Batch = CudaBatch;
+    type Rope = CudaRope;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn alloc(&self, len: usize) -> Result<CudaBuf> {
+        let bytes = len.checked_mul(4).ok_or_else(|| BackendError::OutOfMemory { device: self.name.clone(), what: format!("buffer of {len} floats overflows") })?;
+        Ok(CudaBuf(Arc::new(self.alloc_mem(bytes, &format!("buffer of {len} floats"))?)))
+    }
+
+    fn alloc_cache(&self, rows: usize, width: usize) -> Result<CudaCache> {
+        let bytes = rows
+            .checked_mul(width)
+            .and_then(|v| v.checked_mul(4))
+            .ok_or_else(|| BackendError::OutOfMemory { device: self.name.clone(), what: format!("cache of {rows} x {width} overflows") })?;
+        Ok(CudaCache { mem: self.alloc_mem(bytes, &format!("KV cache of {rows} rows x {width}"))?, rows, width })
+    }
+
+    fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<CudaWeight> {
+        let err = |what: String| BackendError::Weight { name: t.name.to_string(), what };
+        if !t.dtype.is_supported_weight() || tname(t.dtype).is_none() {
+            return Err(err(format!("type {} is not supported", t.dtype.name())));
+        }
+        let ne0 = t.shape.first().copied().unwrap_or(1);
+        let file_row = t.dtype.row_bytes(ne0).ok_or_else(|| err(format!("row of {ne0} is not whole {} blocks", t.dtype.name())))?;
+        let rows: usize = t.shape.iter().skip(1).product();
+        if file_row.checked_mul(rows) != Some(t.data.len()) {
+            return Err(err(format!("{} bytes of data for shape {:?} of {}", t.data.len(), t.shape, t.dtype.name())));
+        }
+        if usage == WeightUse::Vector {
+            let mut v = vec![0f32; t.numel()];
+            quant::dequantize(t.dtype, t.data, &mut v).map_err(|e| err(e.to_string()))?;
+            let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+            let mem = self.alloc_mem(bytes.len(), &format!("tensor '{}'", t.name))?;
+            self.upload_bytes(&mem, 0, &bytes)?;
+            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4 });
+        }
+        let data = repack(t.dtype, t.data);
+        let row_bytes = ne0 / t.dtype.block_size() * dev_block_bytes(t.dtype);
+        let mem = self.alloc_mem(data.len(), &format!("tensor '{}'", t.name))?;
+        self.upload_bytes(&mem, 0, &data)?;
+        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes })
+    }
+
+    fn upload_rope(&self, spec: &RopeSpec) -> Result<CudaRope> {
+        if spec.dim % 2 != 0 || spec.freqs.len() != spec.dim / 2 {
+            return Err(BackendError::Unsupported(format!("rope: {} frequencies for {} dimensions", spec.freqs.len(), spec.dim)));
+        }
+        let bytes: Vec<u8> = spec.freqs.iter().flat_map(|f| f.to_le_bytes()).collect();
+        let freqs = self.alloc_mem(bytes.len(), "rope table")?;
+        self.upload_bytes(&freqs, 0, &bytes)?;
+        Ok(CudaRope { freqs, dim: spec.dim, mode: spec.mode, mscale: spec.mscale })
+    }
+
+    fn alloc_batch(&self, max_tokens: usize) -> Result<CudaBatch> {
+        let mem = self.alloc_mem(12 * max_tokens.max(1), "batch")?;
+        Ok(CudaBatch { mem, max_tokens: max_tokens.max(1), tokens: Vec::with_capacity(max_tokens), slot_len: 0 })
+    }
+
+    fn upload_batch(&self, meta: &BatchMeta, batch: &mut CudaBatch) -> Result<()> {
+        let n = meta.len();
+        if n > batch.max_tokens {
+            return Err(BackendError::Unsupported(format!("batch of {n} tokens exceeds the {} it was sized for", batch.max_tokens)));
+        }
+        let mt = batch.max_tokens;
+        let mut host = vec![0i32; 3 * mt];
+        for (t, tm) in meta.tokens.iter().enumerate() {
+            host[t] = tm.token as i32;
+            host[mt + t] = tm.pos as i32;
+            host[2 * mt + t] = tm.slot as i32;
+        }
+        let bytes: Vec<u8> = host.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.upload_bytes(&batch.mem, 0, &bytes)?;
+        batch.tokens.clear();
+        batch.tokens.extend_from_slice(&meta.tokens);
+        batch.slot_len = meta.slot_len;
+        Ok(())
+    }
+
+    fn write(&self, dst: &CudaBuf, off: usize, src: &[f32]) -> Result<()> {
+        if off + src.len() > dst.len() {
+            return Err(BackendError::Unsupported(format!("write of {} floats at {off} outside a buffer of {}", src.len(), dst.len())));
+        }
+        let bytes: &[u8] = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, src.len() * 4) };
+        self.upload_bytes(&dst.0, off * 4, bytes)
+    }
+
+    fn read(&self, buf: &CudaBuf, rows: Rows, dst: &mut [f32]) -> Result<()> {
+        buf.check(rows);
+        assert_eq!(dst.len(), rows.n * rows.width);
+        self.synchronize()?;
+        let contiguous = rows.n <= 1 || rows.stride == rows.width;
+        let r = if contiguous {
+            unsafe { drv::memcpy_dtoh_async(dst, buf.0.ptr + 4 * rows.off as u64, self.stream.cu_stream()) }
+        } else {
+            let mut r = Ok(());
+            for (j, chunk) in dst.chunks_mut(rows.width.max(1)).enumerate() {
+                r = unsafe { drv::memcpy_dtoh_async(chunk, buf.0.ptr + 4 * (rows.off + j * rows.stride) as u64, self.stream.cu_stream()) };
+                if r.is_err() {
+                    break;
+                }
+            }
+            r
+        };
+        r.map_err(|e| dev_err("device-to-host copy", e))?;
+        self.stream.synchronize().map_err(|e| dev_err("cuda stream", e))
+    }
+
+    fn embed(&self, table: &CudaWeight, batch: &CudaBatch, scale: f32, out: &CudaBuf, o: Rows) {
+        let dim = table.ne(0);
+        assert_eq!(o.width, dim);
+        assert_eq!(o.n, batch.tokens.len());
+        out.check(o);
+        if let Some(tm) = batch.tokens.iter().find(|tm| tm.token as usize >= table.ne(1)) {
+            self.fail(format!("token id {} outside the vocabulary of {}", tm.token, table.ne(1)));
+            return;
+        }
+        let Some(tn) = tname(table.dtype) else { return };
+        self.launch(
+            &format!("embed_{tn}"),
+            (o.n as u32, 1, 1),
+            128,
+            0,
+            &[A::P(table.mem.ptr), l(table.row_bytes), A::P(batch.tok_ptr()), A::F(scale), A::P(out.0.ptr), l(o.off), l(o.stride), i(dim)],
+        );
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, xr: Rows, w: Option<&CudaWeight>, eps: f32, out: &CudaBuf, o: Rows) {
+        assert_eq!((xr.n, xr.width), (o.n, o.width));
+        x.check(xr);
+        out.check(o);
+        if let Some(w) = w {
+            assert_eq!(w.ne(0) * w.ne(1), xr.width, "norm weight length != row width {}", xr.width);
+            assert_eq!(w.dtype, GgmlType::F32, "norm weights must be uploaded as WeightUse::Vector");
+        }
+        let block = xr.width.next_power_of_two().clamp(32, 256) as u32;
+        self.launch(
+            "rms_norm",
+            (xr.n as u32, 1, 1),
+            block,
+            0,
+            &[
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                A::P(w.map_or(0, |w| w.mem.ptr)),
+                A::I(w.is_some() as i32),
+                A::F(eps),
+                A::P(out.0.ptr),
+                l(o.off),
+                l(o.stride),
+                i(xr.width),
+            ],
+        );
+    }
+
+    fn matmul(&self, x: &CudaBuf, xr: Rows, w: &CudaWeight, out: &CudaBuf, o: Rows) {
+        assert!(w.ne(2) == 1, "matmul with a 3-D weight {:?}: use matmul_grouped", w.shape);
+        self.matmul_groups(x, xr, w, 1, out, o);
+    }
+
+    fn matmul_grouped(&self, x: &CudaBuf, xr: Rows, w: &CudaWeight, out: &CudaBuf, o: Rows) {
+        self.matmul_groups(x, xr, w, w.ne(2), out, o);
+    }
+
+    fn add(&self, a: &CudaBuf, ar: Rows, b: &CudaBuf, br: Rows, out: &CudaBuf, o: Rows) {
+        assert!(ar.n == br.n && ar.n == o.n && ar.width == br.width && ar.width == o.width);
+        a.check(ar);
+        b.check(br);
+        out.check(o);
+        let total = o.n * o.width;
+        self.launch(
+            "add_rows",
+            Self::grid1(total),
+            256,
+            0,
+            &[A::P(a.0.ptr), l(ar.off), l(ar.stride), A::P(b.0.ptr), l(br.off), l(br.stride), A::P(out.0.ptr), l(o.off), l(o.stride), l(o.width), l(total)],
+        );
+    }
+
+    fn scale(&self, x: &CudaBuf, xr: Rows, s: f32) {
+        x.check(xr);
+        let total = xr.n * xr.width;
+        self.launch("scale_rows", Self::grid1(total), 256, 0, &[A::P(x.0.ptr), l(xr.off), l(xr.stride), l(xr.width), l(total), A::F(s)]);
+    }
+
+    fn glu(&self, kind: Glu, gate: &CudaBuf, gr: Rows, up: &CudaBuf, ur: Rows, out: &CudaBuf, o: Rows) {
+        assert!(gr.n == ur.n && gr.n == o.n && gr.width == ur.width && gr.width == o.width);
+        gate.check(gr);
+        up.check(ur);
+        out.check(o);
+        let total = o.n * o.width;
+        let k = match kind {
+            Glu::SwiGlu => 0,
+            Glu::GeGluTanh => 1,
+        };
+        self.launch(
+            "glu_rows",
+            Self::grid1(total),
+            256,
+            0,
+            &[A::I(k), A::P(gate.0.ptr), l(gr.off), l(gr.stride), A::P(up.0.ptr), l(ur.off), l(ur.stride), A::P(out.0.ptr), l(o.off), l(o.stride), l(o.width), l(total)],
+        );
+    }
+
+    fn softcap(&self, x: &CudaBuf, xr: Rows, cap: f32) {
+        x.check(xr);
+        let total = xr.n * xr.width;
+        self.launch("softcap_rows", Self::grid1(total), 256, 0, &[A::P(x.0.ptr), l(xr.off), l(xr.stride), l(xr.width), l(total), A::F(cap)]);
+    }
+
+    fn copy(&self, src: &CudaBuf, sr: Rows, dst: &CudaBuf, dr: Rows) {
+        assert!(sr.n == dr.n && sr.width == dr.width);
+        src.check(sr);
+        dst.check(dr);
+        let total = sr.n * sr.width;
+        self.launch(
+            "copy_rows",
+            Self::grid1(total),
+            256,
+            0,
+            &[A::P(src.0.ptr), l(sr.off), l(sr.stride), A::P(dst.0.ptr), l(dr.off), l(dr.stride), l(sr.width), l(total)],
+        );
+    }
+
+    fn rope(&self, x: &CudaBuf, xr: Rows, heads_per_token: usize, batch: &CudaBatch, rope: &CudaRope) {
+        assert!(rope.dim <= xr.width && rope.dim % 2 == 0);
+        assert_eq!(xr.n, batch.tokens.len() * heads_per_token, "rope: rows != tokens * heads");
+        x.check(xr);
+        let half = rope.dim / 2;
+        let mode = match rope.mode {
+            RopeMode::Normal => 0,
+            RopeMode::Neox => 1,
+        };
+        self.launch(
+            "rope_rows",
+            Self::grid1(xr.n * half),
+            256,
+            0,
+            &[A::P(x.0.ptr), l(xr.off), l(xr.stride), l(xr.n), i(heads_per_token), A::P(batch.pos_ptr()), A::P(rope.freqs.ptr), i(half), A::I(mode), A::F(rope.mscale)],
+        );
+    }
+
+    fn cache_write(&self, cache: &CudaCache, src: &CudaBuf, sr: Rows, batch: &CudaBatch) {
+        assert_eq!(sr.n, batch.tokens.len());
+        assert_eq!(sr.width, cache.width, "cache_write: row width {} != cache width {}", sr.width, cache.width);
+        src.check(sr);
+        if !self.check_cache_rows(batch, cache.rows, "cache_write") {
+            return;
+        }
+        let total = sr.n * sr.width;
+        self.launch(
+            "cache_write",
+            Self::grid1(total),
+            256,
+            0,
+            &[A::P(cache.mem.ptr), A::P(src.0.ptr), l(sr.off), l(sr.stride), l(sr.width), l(sr.n), A::P(batch.pos_ptr()), A::P(batch.slot_ptr()), A::I(batch.slot_len as i32)],
+        );
+    }
+
+    fn attention(&self, q: &CudaBuf, qr: Rows, k: &CudaCache, v: &CudaCache, batch: &CudaBatch, p: &AttnParams, out: &CudaBuf, o: Rows) {
+        let (nh, nkv, hd, vd) = (p.n_heads, p.n_kv_heads, p.head_dim, p.v_dim);
+        assert_eq!(qr.width, nh * hd);
+        assert_eq!(o.width, nh * vd);
+        assert_eq!(qr.n, batch.tokens.len());
+        assert_eq!(nh % nkv, 0);
+        assert_eq!(k.width, nkv * hd, "attention: K cache width");
+        assert_eq!(v.width, nkv * vd, "attention: V cache width");
+        q.check(qr);
+        out.check(o);
+        if !self.check_cache_rows(batch, k.rows.min(v.rows), "attention") {
+            return;
+        }
+        self.attention_launch(
+            (q, qr.off, qr.stride, hd),
+            (k.mem.ptr, k.width, hd),
+            (v.mem.ptr, v.width, vd),
+            (out, o.off, o.stride, vd),
+            batch,
+            nh,
+            nh / nkv,
+            hd,
+            vd,
+            p.scale,
+            p.window.unwrap_or(0),
+            p.softcap.unwrap_or(0.0),
+        );
+    }
+
+    fn mla_attention(&self, q: &CudaBuf, qr: Rows, cache: &CudaCache, batch: &CudaBatch, p: &MlaParams, out: &CudaBuf, o: Rows) {
+        let (nh, kl, rd) = (p.n_heads, p.kv_lora, p.rope_dim);
+        let w = kl + rd;
+        assert_eq!(qr.width, w);
+        assert_eq!(o.width, kl);
+        assert_eq!(qr.n, batch.tokens.len() * nh);
+        assert_eq!(cache.width, w, "mla_attention: cache width");
+        q.check(qr);
+        out.check(o);
+        if !self.check_cache_rows(batch, cache.rows, "mla_attention") {
+            return;
+        }
+        self.attention_launch(
+            (q, qr.off, nh * qr.stride, qr.stride),
+            (cache.mem.ptr, w, 0),
+            (cache.mem.ptr, w, 0),
+            (out, o.off, nh * o.stride, o.stride),
+            batch,
+            nh,
+            nh,
+            w,
+            kl,
+            p.scale,
+            0,
+            0.0,
+        );
+    }
+
+    fn moe(&self, x: &CudaBuf, xr: Rows, logits: &CudaBuf, lr: Rows, experts: Experts<'_, CudaWeight>, p: &MoeParams, out: &CudaBuf, o: Rows) {
+        let n = xr.n;
+        assert!(lr.n == n && o.n == n && lr.width == p.n_experts && o.width == xr.width);
+        x.check(xr);
+        logits.check(lr);
+        out.check(o);
+        let (hdim, ff, ne) = (experts.gate.ne(0), experts.gate.ne(1), p.n_experts);
+        assert_eq!(hdim, xr.width);
+        assert_eq!(experts.gate.ne(2), ne);
+        assert_eq!((experts.up.ne(0), experts.up.ne(1), experts.up.ne(2)), (hdim, ff, ne), "moe: up shape");
+        assert_eq!((experts.down.ne(0), experts.down.ne(1), experts.down.ne(2)), (ff, hdim, ne), "moe: down shape");
+        if n == 0 {
+            return;
+        }
+        if ne > 512 || p.n_group > 64 || p.n_group == 0 || ne % p.n_group != 0 || p.k == 0 || p.k > ne {
+            self.fail(format!("moe: {ne} experts in {} groups, top {} is not supported (at most 512 experts, 64 groups)", p.n_group, p.k));
+            return;
+        }
+        let (Some(gt), Some(ut), Some(dt)) = (tname(experts.gate.dtype), tname(experts.up.dtype), tname(experts.down.dtype)) else {
+            self.fail("moe: expert weight type without kernels".into());
+            return;
+        };
+        let k = p.k;
+        let pairs = n * k;
+        let Some(sel_e) = self.scratch(S::SelE, 4 * pairs) else { return };
+        let Some(sel_w) = self.scratch(S::SelW, 4 * pairs) else { return };
+        let Some(g) = self.scratch(S::G, 4 * pairs * ff) else { return };
+        let Some(u) = self.scratch(S::U, 4 * pairs * ff) else { return };
+        let Some(y) = self.scratch(S::Y, 4 * pairs * hdim) else { return };
+        self.launch(
+            "moe_route",
+            (n.div_ceil(128) as u32, 1, 1),
+            128,
+            0,
+            &[
+                A::P(logits.0.ptr),
+                l(lr.off),
+                l(lr.stride),
+                i(n),
+                i(ne),
+                i(k),
+                A::I(matches!(p.gating, Gating::Sigmoid) as i32),
+                A::I(p.norm_topk as i32),
+                A::F(p.scale),
+                i(p.n_group),
+                i(p.topk_group),
+                A::P(sel_e),
+                A::P(sel_w),
+            ],
+        );
+        // (weight, m, kdim, input ptr, input off, input stride, in_div, output ptr, output stride)
+        type Prod<'a> = (&'a CudaWeight, &'a str, usize, usize, u64, usize, usize, usize, u64, usize);
+        let prods: [Prod; 3] = [
+            (experts.gate, gt, ff, hdim, x.0.ptr, xr.off, xr.stride, k, g, ff),
+            (experts.up, ut, ff, hdim, x.0.ptr, xr.off, xr.stride, k, u, ff),
+            (experts.down, dt, hdim, ff, g, 0, ff, 1, y, hdim),
+        ];
+        let grouped = n > GEMV_MAX_TOKENS;
+        let (cnt, off, perm) = if grouped {
+            let (Some(c), Some(of), Some(pm)) = (self.scratch(S::Cnt, 4 * ne), self.scratch(S::Off, 4 * ne), self.scratch(S::Perm, 4 * pairs)) else { return };
+            self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(pairs), i(ne), A::P(c), A::P(of), A::P(pm)]);
+            (c, of, pm)
+        } else {
+            (0, 0, 0)
+        };
+        for (idx, &(w, tn, m, kd, ip, ioff, istr, div, op, ostr)) in prods.iter().enumerate() {
+            if idx == 2 {
+                // g = act(g) * u before the down projection.
+                let total = pairs * ff;
+                let kind = match p.glu {
+                    Glu::SwiGlu => 0,
+                    Glu::GeGluTanh => 1,
+                };
+                self.launch(
+                    "glu_rows",
+                    Self::grid1(total),
+                    256,
+                    0,
+                    &[A::I(kind), A::P(g), l(0), l(ff), A::P(u), l(0), l(ff), A::P(g), l(0), l(ff), l(ff), l(total)],
+                );
+            }
+            if grouped {
+                self.launch(
+                    &format!("moe_gemm_{tn}"),
+                    (m.div_ceil(64) as u32, n.div_ceil(64) as u32, ne as u32),
+                    256,
+                    0,
+                    &[
+                        A::P(w.mem.ptr),
+                        l(w.row_bytes),
+                        l(w.mat_bytes()),
+                        i(m),
+                        i(kd),
+                        A::P(cnt),
+                        A::P(off),
+                        A::P(perm),
+                        A::P(ip),
+                        l(ioff),
+                        l(istr),
+                        i(div),
+                        A::P(op),
+                        l(ostr),
+                    ],
+                );
+            } else {
+                self.launch(
+                    &format!("moe_gemv_{tn}"),
+                    (m.div_ceil(4) as u32, pairs as u32, 1),
+                    128,
+                    0,
+                    &[A::P(w.mem.ptr), l(w.row_bytes), l(w.mat_bytes()), i(m), i(kd), A::P(sel_e), A::P(ip), l(ioff), l(istr), i(div), A::P(op), l(ostr)],
+                );
+            }
+        }
+        let total = n * hdim;
+        self.launch(
+            "moe_combine",
+            Self::grid1(total),
+            256,
+            0,
+            &[A::P(y), i(k), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)],
+        );
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
+        let r = self.stream.synchronize().map_err(|e| dev_err("cuda stream", e));
+        self.take_error()?;
+        r
+    }
+}
