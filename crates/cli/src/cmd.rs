@@ -71,6 +71,9 @@ pub struct RunArgs {
     /// Read the prompt from a file instead.
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
+    /// Wrap the prompt as one user turn with the model's chat template (for instruct models).
+    #[arg(long)]
+    pub chat: bool,
     /// The prompt, used raw (no chat template; see `chat` for that).
     pub prompt: Option<String>,
 }
@@ -215,7 +218,16 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let mut l = load::load(&a.m, Some(&hub::SMOLLM2), 1)?;
     let tok = tokenizer_of(&l)?;
-    let ids = tok.encode(&prompt, true)?;
+    let ids = if a.chat {
+        use ts_engine::chat::{ChatMessage, ChatTemplate};
+        let tmpl = ChatTemplate::from_gguf_metadata(l.src.metadata())?;
+        let bos_s = tok.bos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
+        let eos_s = tok.eos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
+        let text = tmpl.render(&[ChatMessage::new("user", prompt.clone())], true, &bos_s, &eos_s)?;
+        tok.encode_with(&text, tok.add_bos() && !starts_with_bos(&tok, &text), true)?
+    } else {
+        tok.encode(&prompt, true)?
+    };
     if ids.is_empty() {
         bail!("the prompt is empty after tokenisation");
     }
@@ -229,9 +241,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     sess.feed(&ids)?;
     let pp = t0.elapsed().as_secs_f64();
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(prompt.as_bytes())?;
+    if !a.chat {
+        stdout.write_all(prompt.as_bytes())?;
+    }
     let (n, tg) = generate(&mut sess, &tok, &mut sampler, a.n_predict, a.ignore_eos, &mut stdout)?;
     writeln!(stdout)?;
+    if n == 0 && !a.chat {
+        eprintln!("turbospark: the model ended its turn at once; for an instruct model try `--chat` (or `turbospark chat`)");
+    }
     eprintln!(
         "turbospark: prompt {} tokens in {:.2}s ({:.1} tok/s), generated {} tokens in {:.2}s ({:.1} tok/s)",
         ids.len(),
@@ -248,7 +265,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     use ts_engine::chat::{ChatMessage, ChatTemplate};
     let mut l = load::load(&a.m, Some(&hub::SMOLLM2), 1)?;
     let tok = tokenizer_of(&l)?;
-    let tmpl = ChatTemplate::from_gguf_metadata(l.src.metadata(), &tok)?;
+    let tmpl = ChatTemplate::from_gguf_metadata(l.src.metadata())?;
+    let bos_s = tok.bos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
+    let eos_s = tok.eos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
     let mut sampler = Sampler::new(a.s.params());
     let mut history: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {
@@ -278,8 +297,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         }
         history.push(ChatMessage::new("user", &line));
         // Render the whole conversation and re-use the cache for the longest common token prefix.
-        let rendered = tmpl.render(&history, true)?;
-        let ids = tok.encode_with(&rendered, tok.add_bos(), true)?;
+        let rendered = tmpl.render(&history, true, &bos_s, &eos_s)?;
+        let ids = tok.encode_with(&rendered, tok.add_bos() && !starts_with_bos(&tok, &rendered), true)?;
         if ids.len() + 1 >= sess.ctx() {
             eprintln!("turbospark: the conversation no longer fits the context ({} tokens); history cleared", sess.ctx());
             history.retain(|m| m.role == "system");
@@ -294,7 +313,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let (n, secs) = generate(&mut sess, &tok, &mut sampler, a.n_predict, false, &mut tee)?;
         println!();
         eprintln!("[{n} tokens, {:.1} tok/s]", n as f64 / secs.max(1e-9));
-        history.push(ChatMessage::new("assistant", &String::from_utf8_lossy(&out)));
+        history.push(ChatMessage::new("assistant", String::from_utf8_lossy(&out).to_string()));
     }
     Ok(())
 }
@@ -571,7 +590,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
 pub fn synth(a: SynthArgs) -> Result<()> {
     let quant = GgmlType::parse(&a.quant).with_context(|| format!("--quant {}: unknown type (q8_0, bf16, f16, f32)", a.quant))?;
     let t0 = Instant::now();
-    ts_models::synth::synth_cli(&a.preset, quant, a.seed, &a.output, a.hf)?;
+    synth_impl(&a, quant)?;
     eprintln!("turbospark: wrote {} in {:.1}s", a.output.display(), t0.elapsed().as_secs_f64());
     Ok(())
 }
@@ -583,4 +602,15 @@ pub fn models() -> Result<()> {
         println!("  {:<16} {} [{}]", k.aliases[0], k.about, cached);
     }
     Ok(())
+}
+
+fn synth_impl(a: &SynthArgs, quant: GgmlType) -> Result<()> {
+    let _ = (a, quant);
+    bail!("synth is not available in this build yet")
+}
+
+/// True when a rendered chat already begins with the BOS token's text (many templates write it),
+/// so the tokenizer must not add a second one.
+fn starts_with_bos(tok: &Tokenizer, text: &str) -> bool {
+    tok.bos().and_then(|b| tok.token_str(b)).is_some_and(|b| !b.is_empty() && text.starts_with(b))
 }

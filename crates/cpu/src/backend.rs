@@ -121,6 +121,9 @@ pub struct CpuBackend {
     threads: usize,
     /// Quantised activations of the current matmul (grown to the widest use, then reused).
     act_scratch: Mutex<Vec<u8>>,
+    /// Referee mode: matmuls dequantise weight rows to f32 and keep activations in f32 (no
+    /// 8-bit activation quantisation), to compare against f32 implementations like transformers.
+    exact: bool,
 }
 
 impl CpuBackend {
@@ -131,7 +134,12 @@ impl CpuBackend {
             .thread_name(|i| format!("ts-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Device(format!("cannot start {threads} CPU threads: {e}")))?;
-        Ok(CpuBackend { pool, threads, act_scratch: Mutex::new(Vec::new()) })
+        Ok(CpuBackend { pool, threads, act_scratch: Mutex::new(Vec::new()), exact: false })
+    }
+    /// The referee mode (see the `exact` field): slower, f32 activations throughout.
+    pub fn exact(mut self) -> Self {
+        self.exact = true;
+        self
     }
     pub fn threads(&self) -> usize {
         self.threads
@@ -148,6 +156,9 @@ impl CpuBackend {
         let n = xr.n;
         if n == 0 || m == 0 {
             return;
+        }
+        if self.exact {
+            return self.matmul_exact(dtype, wdata, m, k, x, xr, out, o);
         }
         let at = quant_dot::act_type(dtype);
         let arb = at.row_bytes(k).expect("activation width is a whole number of blocks");
@@ -178,6 +189,25 @@ impl CpuBackend {
                         // SAFETY: each chunk writes its own columns [i0, i0+mc) of every row.
                         unsafe { *optr.get().add(o.off + j * o.stride + i0 + i) = tile[j * mc + i] };
                     }
+                }
+            })
+        });
+    }
+}
+
+impl CpuBackend {
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_exact(&self, dtype: GgmlType, wdata: &[u8], m: usize, k: usize, x: &CpuBuf, xr: Rows, out: &CpuBuf, o: Rows) {
+        let wrb = dtype.row_bytes(k).expect("weight rows are whole blocks");
+        let optr = SendPtr(out.0.ptr());
+        let xs: Vec<&[f32]> = (0..xr.n).map(|j| unsafe { x.row(xr, j) }).collect();
+        self.pool.install(|| {
+            (0..m).into_par_iter().for_each_init(|| vec![0f32; k], |row: &mut Vec<f32>, i| {
+                quant::dequantize(dtype, &wdata[i * wrb..(i + 1) * wrb], row).expect("weight row dequantises");
+                for (j, xj) in xs.iter().enumerate() {
+                    let d: f64 = row.iter().zip(xj.iter()).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
+                    // SAFETY: each i writes its own column.
+                    unsafe { *optr.get().add(o.off + j * o.stride + i) = d as f32 };
                 }
             })
         });

@@ -20,7 +20,7 @@ pub struct Binder<'a, B: Backend> {
     pub src: &'a dyn TensorSource,
     pub be: &'a B,
     used: RefCell<BTreeSet<String>>,
-    /// Parameters (elements) bound so far.
+    /// Parameters (elements) of the file's tensors bound so far (each tensor counted once).
     pub n_params: RefCell<u64>,
     /// Bytes uploaded so far.
     pub bytes: RefCell<u64>,
@@ -64,7 +64,9 @@ impl<'a, B: Backend> Binder<'a, B> {
         if strip(t.shape) != strip(shape) {
             return Err(self.err(name, format!("shape {:?} where the config implies {:?}", t.shape, shape)));
         }
-        self.used.borrow_mut().insert(name.to_string());
+        if self.used.borrow_mut().insert(name.to_string()) {
+            *self.n_params.borrow_mut() += t.numel() as u64;
+        }
         Ok(t)
     }
 
@@ -80,7 +82,6 @@ impl<'a, B: Backend> Binder<'a, B> {
     /// Upload an already-checked (possibly host-built) tensor.
     pub fn upload(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<B::Weight> {
         let w = self.be.upload_weight(t, usage)?;
-        *self.n_params.borrow_mut() += t.numel() as u64;
         let done = { let mut d = self.src_bytes_done.borrow_mut(); *d += t.data.len() as u64; *d };
         PROGRESS.with(|p| {
             if let Some(f) = p.borrow_mut().as_mut() {
