@@ -473,6 +473,11 @@ impl CudaBackend {
             (wb, blas_sys::cudaDataType::CUDA_R_16BF, xb, blas_sys::cudaDataType::CUDA_R_16BF, k * g, k)
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
+        // cuBLAS runs on whichever context is current on this thread.
+        if let Err(e) = self.ctx.bind_to_thread() {
+            self.fail(format!("cuda context: {e:?}"));
+            return;
+        }
         let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
         let r = unsafe {
             blas_result::gemm_strided_batched_ex(
