@@ -95,7 +95,7 @@ pub fn vec_dot(w: GgmlType, w_row: &[u8], act: &[u8], k: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
         // SAFETY: features detected; lengths checked above.
-        return unsafe { avx2::dot::<1>(w, w_row.as_ptr(), [act.as_ptr()], k)[0] };
+        return unsafe { avx2::dot::<1>(w, w_row.as_ptr(), [act.as_ptr()], None, k)[0] };
     }
     scalar::vec_dot(w, &w_row[..wrb], &act[..arb], k)
 }
@@ -145,6 +145,18 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
     assert!(acts.len() >= n * arb, "gemm: activations are {} bytes, need {}", acts.len(), n * arb);
     assert!(out_stride >= m && out.len() >= (n - 1) * out_stride + m, "gemm: output too small for n = {n}, stride {out_stride}, m = {m}");
     let chunk = (WEIGHT_CHUNK_BYTES / wrb.max(1)).clamp(1, m);
+    // Legacy activation blocks carry f16 scales that every weight row would convert again; the
+    // SIMD path converts them once here (Q8_0: d per block; Q8_1: d, s per block).
+    let act_scales: Vec<f32> = match (path, act_type(w)) {
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx2, GgmlType::Q8_0) => acts[..n * arb].chunks_exact(34).map(|b| quant::read_f16(b, 0)).collect(),
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx2, GgmlType::Q8_1) => {
+            acts[..n * arb].chunks_exact(36).flat_map(|b| [quant::read_f16(b, 0), quant::read_f16(b, 2)]).collect()
+        }
+        _ => Vec::new(),
+    };
+    let sc_per_row = act_scales.len() / n;
     let mut i0 = 0;
     while i0 < m {
         let i1 = (i0 + chunk).min(m);
@@ -159,17 +171,17 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
                 let wr = &wdata[i * wrb..(i + 1) * wrb];
                 match g {
                     1 => {
-                        let r = dot_group::<1>(path, w, wr, acts, arb, j, k);
+                        let r = dot_group::<1>(path, w, wr, acts, arb, &act_scales, sc_per_row, j, k);
                         out[j * out_stride + i] = r[0];
                     }
                     2 => {
-                        let r = dot_group::<2>(path, w, wr, acts, arb, j, k);
+                        let r = dot_group::<2>(path, w, wr, acts, arb, &act_scales, sc_per_row, j, k);
                         for (t, v) in r.into_iter().enumerate() {
                             out[(j + t) * out_stride + i] = v;
                         }
                     }
                     _ => {
-                        let r = dot_group::<4>(path, w, wr, acts, arb, j, k);
+                        let r = dot_group::<4>(path, w, wr, acts, arb, &act_scales, sc_per_row, j, k);
                         for (t, v) in r.into_iter().enumerate() {
                             out[(j + t) * out_stride + i] = v;
                         }
@@ -183,15 +195,33 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
 }
 
 /// Dots of one weight row with activation rows j0..j0+R (all bounds checked by the caller).
+/// `scales` (empty, or `spr` pre-converted activation scales per row) feeds the legacy kernels.
 #[inline]
-fn dot_group<const R: usize>(path: Path, w: GgmlType, wr: &[u8], acts: &[u8], arb: usize, j0: usize, k: usize) -> [f32; R] {
+#[allow(clippy::too_many_arguments)]
+fn dot_group<const R: usize>(
+    path: Path,
+    w: GgmlType,
+    wr: &[u8],
+    acts: &[u8],
+    arb: usize,
+    scales: &[f32],
+    spr: usize,
+    j0: usize,
+    k: usize,
+) -> [f32; R] {
     match path {
         Path::Scalar => std::array::from_fn(|t| scalar::vec_dot(w, wr, &acts[(j0 + t) * arb..(j0 + t + 1) * arb], k)),
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => {
             let a: [*const u8; R] = std::array::from_fn(|t| acts[(j0 + t) * arb..(j0 + t + 1) * arb].as_ptr());
-            // SAFETY: Avx2 is only chosen after detection; every row slice was bounds-checked.
-            unsafe { avx2::dot::<R>(w, wr.as_ptr(), a, k) }
+            let sc = if spr > 0 {
+                Some(std::array::from_fn(|t| scales[(j0 + t) * spr..(j0 + t + 1) * spr].as_ptr()))
+            } else {
+                None
+            };
+            // SAFETY: Avx2 is only chosen after detection; every row slice was bounds-checked,
+            // and the scale rows hold one (Q8_0) or two (Q8_1) floats per block.
+            unsafe { avx2::dot::<R>(w, wr.as_ptr(), a, sc, k) }
         }
     }
 }
@@ -467,19 +497,30 @@ mod avx2 {
     }
 
     /// Dispatch on the weight type. Safety: CPU has avx2/fma/f16c; `w` points at a whole weight
-    /// row of `k` elements and every `a[r]` at a whole activation row of [`act_type`]`(w)`.
+    /// row of `k` elements and every `a[r]` at a whole activation row of [`act_type`]`(w)`;
+    /// `sc`, if given (legacy types only), points at each row's activation scales as f32
+    /// (Q8_0: d per block; Q8_1: d, s per block), used instead of converting the f16 ones.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot<const R: usize>(w: GgmlType, wp: *const u8, a: [*const u8; R], k: usize) -> [f32; R] {
+    pub unsafe fn dot<const R: usize>(w: GgmlType, wp: *const u8, a: [*const u8; R], sc: Option<[*const f32; R]>, k: usize) -> [f32; R] {
         use GgmlType::*;
+        let nb = k / 32;
+        macro_rules! legacy {
+            ($f:ident) => {
+                match sc {
+                    Some(sc) => $f::<R, true>(wp, a, sc, nb),
+                    None => $f::<R, false>(wp, a, [std::ptr::null(); R], nb),
+                }
+            };
+        }
         match w {
             F32 => f32_rows::<R>(wp, a, k),
             F16 => f16_rows::<R>(wp, a, k),
             BF16 => bf16_rows::<R>(wp, a, k),
-            Q4_0 => q4_0::<R>(wp, a, k / 32),
-            Q4_1 => q4_1::<R>(wp, a, k / 32),
-            Q5_0 => q5_0::<R>(wp, a, k / 32),
-            Q5_1 => q5_1::<R>(wp, a, k / 32),
-            Q8_0 => q8_0::<R>(wp, a, k / 32),
+            Q4_0 => legacy!(q4_0),
+            Q4_1 => legacy!(q4_1),
+            Q5_0 => legacy!(q5_0),
+            Q5_1 => legacy!(q5_1),
+            Q8_0 => legacy!(q8_0),
             Q4K => q4_k::<R>(wp, a, k / 256),
             Q5K => q5_k::<R>(wp, a, k / 256),
             Q6K => q6_k::<R>(wp, a, k / 256),
@@ -596,14 +637,15 @@ mod avx2 {
     macro_rules! legacy_signed {
         ($name:ident, $wts:expr, |$wb:ident| $decode:expr) => {
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $name<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+            unsafe fn $name<const R: usize, const PRE: bool>(w: *const u8, a: [*const u8; R], sc: [*const f32; R], nb: usize) -> [f32; R] {
                 let (acc, _) = drive!(R, nb, |ib, acc, _ms| {
                     let $wb = w.add(ib * $wts);
                     let (dw, qx): (__m256, __m256i) = $decode;
                     let ax = _mm256_sign_epi8(qx, qx);
                     for r in 0..R {
                         let ab = a[r].add(ib * 34);
-                        let d = _mm256_mul_ps(dw, f16x8(ab));
+                        let da = if PRE { _mm256_set1_ps(sc[r].add(ib).read()) } else { f16x8(ab) };
+                        let d = _mm256_mul_ps(dw, da);
                         let p = dot_i8(ax, qx, ld256(ab.add(2)));
                         acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
                     }
@@ -629,13 +671,18 @@ mod avx2 {
     macro_rules! legacy_min {
         ($name:ident, $wts:expr, |$wb:ident| $decode:expr) => {
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $name<const R: usize>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
+            unsafe fn $name<const R: usize, const PRE: bool>(w: *const u8, a: [*const u8; R], sc: [*const f32; R], nb: usize) -> [f32; R] {
                 let (acc, ms) = drive!(R, nb, |ib, acc, ms| {
                     let $wb = w.add(ib * $wts);
                     let (wpair, qx): (__m256, __m256i) = $decode;
                     for r in 0..R {
                         let ab = a[r].add(ib * 36);
-                        let ds = _mm256_mul_ps(wpair, f16pair(ab));
+                        let apair = if PRE {
+                            _mm256_castpd_ps(_mm256_set1_pd((sc[r].add(2 * ib) as *const f64).read_unaligned()))
+                        } else {
+                            f16pair(ab)
+                        };
+                        let ds = _mm256_mul_ps(wpair, apair);
                         let p = dot_u8i8(qx, ld256(ab.add(4)));
                         acc[r] = _mm256_fmadd_ps(_mm256_moveldup_ps(ds), _mm256_cvtepi32_ps(p), acc[r]);
                         ms[r] = _mm256_add_ps(ms[r], ds);
