@@ -226,7 +226,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         let text = tmpl.render(&[ChatMessage::new("user", prompt.clone())], true, &bos_s, &eos_s)?;
         tok.encode_with(&text, tok.add_bos() && !starts_with_bos(&tok, &text), true)?
     } else {
-        tok.encode(&prompt, true)?
+        tok.encode(&prompt, true).with_context(|| format!("{}", l.path.display()))?
     };
     if ids.is_empty() {
         bail!("the prompt is empty after tokenisation");

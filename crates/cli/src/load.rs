@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use ts_engine::hub;
 use ts_formats::TensorSource;
@@ -89,8 +89,7 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
         .load(src.as_ref(), opts, Box::new(move |done, total| {
             pb2.set_length(total.max(1));
             pb2.set_position(done);
-        }))
-        .with_context(|| format!("{}", path.display()))?;
+        }))?;
     pb.finish_and_clear();
     let info = model.info();
     eprintln!(

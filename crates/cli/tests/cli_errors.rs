@@ -1,0 +1,140 @@
+//! Bad input gives one clear line on stderr and a non-zero exit, never a panic or backtrace.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ts_formats::gguf::GgufWriter;
+use ts_formats::{GgmlType, Value};
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_turbospark"));
+    c.env("RUST_BACKTRACE", "1");
+    c
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ts-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs and asserts failure with exactly one `error: …` line that contains `needle`.
+fn fails_with(args: &[&str], needle: &str) {
+    let out = bin().args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded; stderr: {err}");
+    assert!(!err.contains("panicked") && !err.contains("stack backtrace"), "{args:?} panicked: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: expected one error line, got: {err}");
+    assert!(lines[0].contains(needle), "{args:?}: error {:?} does not mention {needle:?}", lines[0]);
+    // No other noise than progress/info lines of our own.
+    for l in err.lines() {
+        assert!(l.starts_with("error:") || l.starts_with("turbospark:") || l.trim().is_empty(), "{args:?}: unexpected stderr line {l:?}");
+    }
+}
+
+/// A tiny llama GGUF with random weights; `embd_type` lets a test pick an unsupported type.
+fn tiny_llama(path: &Path, arch: &str, embd_type: GgmlType) {
+    let (h, v, ff) = (256usize, 16usize, 256usize);
+    let mut w = GgufWriter::create(path).unwrap();
+    w.add("general.architecture", Value::String(arch.into())).unwrap();
+    for (k, val) in [("block_count", 1u32), ("embedding_length", h as u32), ("feed_forward_length", ff as u32), ("attention.head_count", 4), ("attention.head_count_kv", 2), ("context_length", 64), ("vocab_size", v as u32)] {
+        w.add(format!("{arch}.{k}"), Value::U32(val)).unwrap();
+    }
+    w.add("tokenizer.ggml.model", Value::String("none".into())).unwrap();
+    let mut tensors: Vec<(String, GgmlType, Vec<usize>)> = vec![("token_embd.weight".into(), embd_type, vec![h, v]), ("output_norm.weight".into(), GgmlType::F32, vec![h])];
+    for (n, s) in [("attn_norm", vec![h]), ("attn_q", vec![h, h]), ("attn_k", vec![h, h / 2]), ("attn_v", vec![h, h / 2]), ("attn_output", vec![h, h]), ("ffn_norm", vec![h]), ("ffn_gate", vec![h, ff]), ("ffn_up", vec![h, ff]), ("ffn_down", vec![ff, h])] {
+        tensors.push((format!("blk.0.{n}.weight"), GgmlType::F32, s));
+    }
+    for (n, t, s) in &tensors {
+        w.add_tensor_info(n.clone(), *t, s).unwrap();
+    }
+    let mut x = 1u32;
+    for (_, t, s) in &tensors {
+        let n: usize = s.iter().product();
+        let bytes = t.row_bytes(s[0]).unwrap() * (n / s[0]);
+        let data: Vec<u8> = (0..bytes)
+            .map(|i| {
+                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                if *t == GgmlType::F32 { [0x00, 0x00, 0x80, (x >> 24) as u8 & 0x3c][i % 4] } else { (x >> 24) as u8 }
+            })
+            .collect();
+        w.write_tensor_data(&data).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn missing_model_file() {
+    fails_with(&["run", "-m", "/nonexistent/model.gguf", "hi"], "/nonexistent/model.gguf");
+}
+
+#[test]
+fn not_a_model() {
+    let d = tmpdir("notmodel");
+    let p = d.join("notes.txt");
+    std::fs::write(&p, "hello, I am not a model").unwrap();
+    fails_with(&["run", "-m", p.to_str().unwrap(), "hi"], "notes.txt");
+    fails_with(&["inspect", p.to_str().unwrap()], "notes.txt");
+}
+
+#[test]
+fn truncated_gguf() {
+    let d = tmpdir("trunc");
+    let p = d.join("tiny.gguf");
+    tiny_llama(&p, "llama", GgmlType::F32);
+    let bytes = std::fs::read(&p).unwrap();
+    let cut = d.join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    fails_with(&["logits", "-m", cut.to_str().unwrap(), "--tokens", "1,2", "-o", d.join("x.npy").to_str().unwrap()], "cut.gguf");
+}
+
+#[test]
+fn unknown_architecture() {
+    let d = tmpdir("arch");
+    let p = d.join("mamba.gguf");
+    tiny_llama(&p, "mamba", GgmlType::F32);
+    fails_with(&["logits", "-m", p.to_str().unwrap(), "--tokens", "1,2", "-o", d.join("x.npy").to_str().unwrap()], "architecture 'mamba' is not supported");
+}
+
+#[test]
+fn unsupported_quant_type() {
+    let d = tmpdir("quant");
+    let p = d.join("q2k.gguf");
+    tiny_llama(&p, "llama", GgmlType::Q2K);
+    fails_with(&["logits", "-m", p.to_str().unwrap(), "--tokens", "1,2", "-o", d.join("x.npy").to_str().unwrap()], "Q2_K");
+}
+
+#[test]
+fn token_outside_vocabulary_and_no_tokenizer() {
+    let d = tmpdir("vocab");
+    let p = d.join("tiny.gguf");
+    tiny_llama(&p, "llama", GgmlType::F32);
+    let m = p.to_str().unwrap();
+    fails_with(&["logits", "-m", m, "--tokens", "1,99", "-o", d.join("x.npy").to_str().unwrap()], "99");
+    fails_with(&["run", "-m", m, "hello"], "tokenizer");
+    // And the happy path of the same file: logits are written as .npy.
+    let out = bin().args(["logits", "-m", m, "--tokens", "1,2,3", "-o", d.join("ok.npy").to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let npy = std::fs::read(d.join("ok.npy")).unwrap();
+    assert_eq!(&npy[..6], b"\x93NUMPY");
+    assert_eq!(npy.len() % 64, (3 * 16 * 4) % 64);
+}
+
+#[test]
+fn prompt_longer_than_context() {
+    let d = tmpdir("ctx");
+    let p = d.join("tiny.gguf");
+    tiny_llama(&p, "llama", GgmlType::F32);
+    let toks: Vec<String> = (0..40).map(|i| (i % 16).to_string()).collect();
+    fails_with(&["logits", "-m", p.to_str().unwrap(), "-c", "8", "--tokens", &toks.join(","), "-o", d.join("x.npy").to_str().unwrap()], "context");
+}
+
+#[test]
+fn bad_flags_are_explained() {
+    let out = bin().args(["run", "--temp", "hot", "hi"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--temp") && !err.contains("panicked"), "{err}");
+}
