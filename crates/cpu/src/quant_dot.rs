@@ -1165,16 +1165,21 @@ mod tests {
                 }
                 std::hint::black_box(&out);
             });
+            let g1 = time(&mut || {
+                gemm(w, &wdata, m, k, &acts[..arb], 1, &mut out, m);
+                std::hint::black_box(&out);
+            });
             let g8 = time(&mut || {
                 gemm(w, &wdata, m, k, &acts, nmax, &mut out, m);
                 std::hint::black_box(&out);
             });
             eprintln!(
-                "{:>5} {m:>4}x{k:<4} ({:>5.2} MB): vec_dot {:6.2} GB/s ({:7.1} us) | scalar {:5.2} GB/s | gemm n=8 {:6.2} GB/s-equiv ({:5.1} GMAC/s)",
+                "{:>5} {m:>4}x{k:<4} ({:>5.2} MB): vec_dot {:6.2} GB/s ({:6.1} us) | gemm n=1 {:6.2} GB/s | scalar {:5.2} GB/s | gemm n=8 {:6.2} GB/s-equiv ({:5.1} GMAC/s)",
                 w.name(),
                 bytes / 1e6,
                 bytes / gemv / 1e9,
                 gemv * 1e6,
+                bytes / g1 / 1e9,
                 bytes / gemv_s / 1e9,
                 bytes * nmax as f64 / g8 / 1e9,
                 (m * k * nmax) as f64 / g8 / 1e9
