@@ -78,7 +78,7 @@ impl Report {
         for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
             let d = (g as f64 - w as f64).abs();
             let allowed = atol * rms + rtol * (w as f64).abs();
-            let ratio = if g.is_finite() && w.is_finite() { d / allowed } else { f64::INFINITY };
+            let ratio = if !(g.is_finite() && w.is_finite()) { f64::INFINITY } else if d == 0.0 { 0.0 } else { d / allowed };
             if !(ratio <= 1.0) {
                 bad += 1;
             }
@@ -195,7 +195,7 @@ fn elementwise_ops() {
             let wt = td("norm", GgmlType::F32, &shape, &nwb);
             let (gw, cw) = (g.upload_weight(&wt, WeightUse::Vector).unwrap(), c.upload_weight(&wt, WeightUse::Vector).unwrap());
             macro_rules! both {
-                ($label:expr, $atol:expr, $rtol:expr, $outr:expr, $outlen:expr, |$b:ident, $x:ident, $y:ident, $o:ident, $wt:ident| $body:expr) => {{
+                ($label:expr, $atol:expr, $rtol:expr, $outr:expr, $outlen:expr, $inplace:expr, |$b:ident, $x:ident, $y:ident, $o:ident, $wt:ident| $body:expr) => {{
                     let gx = buf(g, &a);
                     let gy = buf(g, &bv);
                     let go = g.alloc($outlen).unwrap();
@@ -213,19 +213,20 @@ fn elementwise_ops() {
                         $body;
                     }
                     let lab = format!("{} n={n} w={w}", $label);
-                    rep.check(&lab, &get(g, &go, $outr), &get(c, &co, $outr), $atol, $rtol);
+                    let (gr, cr) = if $inplace { (&gx, &cx) } else { (&go, &co) };
+                    rep.check(&lab, &get(g, gr, $outr), &get(c, cr, $outr), $atol, $rtol);
                 }};
             }
-            both!("rms_norm weighted strided->packed", 1e-5, 1e-5, packed, n * w, |b, x, _y, o, wt| b.rms_norm(x, view, Some(wt), 1e-6, o, packed));
-            both!("rms_norm no weight", 1e-5, 1e-5, packed, n * w, |b, x, _y, o, _wt| b.rms_norm(x, view, None, 1e-5, o, packed));
-            both!("rms_norm in place", 1e-5, 1e-5, view, len, |b, x, _y, _o, wt| b.rms_norm(x, view, Some(wt), 1e-6, x, view));
-            both!("add strided", 0.0, 1e-6, packed, n * w, |b, x, y, o, _wt| b.add(x, view, y, view, o, packed));
-            both!("add in place", 0.0, 1e-6, view, len, |b, x, y, _o, _wt| b.add(x, view, y, view, x, view));
-            both!("scale", 0.0, 1e-6, view, len, |b, x, _y, _o, _wt| b.scale(x, view, -0.37));
-            both!("swiglu", 1e-6, 1e-5, packed, n * w, |b, x, y, o, _wt| b.glu(Glu::SwiGlu, x, view, y, view, o, packed));
-            both!("geglu-tanh in place", 1e-6, 1e-5, view, len, |b, x, y, _o, _wt| b.glu(Glu::GeGluTanh, x, view, y, view, x, view));
-            both!("softcap", 1e-6, 1e-5, view, len, |b, x, _y, _o, _wt| b.softcap(x, view, 3.0));
-            both!("copy strided->packed", 0.0, 0.0, packed, n * w, |b, x, _y, o, _wt| b.copy(x, view, o, packed));
+            both!("rms_norm weighted strided->packed", 1e-5, 1e-5, packed, n * w, false, |b, x, _y, o, wt| b.rms_norm(x, view, Some(wt), 1e-6, o, packed));
+            both!("rms_norm no weight", 1e-5, 1e-5, packed, n * w, false, |b, x, _y, o, _wt| b.rms_norm(x, view, None, 1e-5, o, packed));
+            both!("rms_norm in place", 1e-5, 1e-5, view, len, true, |b, x, _y, _o, wt| b.rms_norm(x, view, Some(wt), 1e-6, x, view));
+            both!("add strided", 0.0, 1e-6, packed, n * w, false, |b, x, y, o, _wt| b.add(x, view, y, view, o, packed));
+            both!("add in place", 0.0, 1e-6, view, len, true, |b, x, y, _o, _wt| b.add(x, view, y, view, x, view));
+            both!("scale", 0.0, 1e-6, view, len, true, |b, x, _y, _o, _wt| b.scale(x, view, -0.37));
+            both!("swiglu", 1e-6, 1e-5, packed, n * w, false, |b, x, y, o, _wt| b.glu(Glu::SwiGlu, x, view, y, view, o, packed));
+            both!("geglu-tanh in place", 1e-6, 1e-5, view, len, true, |b, x, y, _o, _wt| b.glu(Glu::GeGluTanh, x, view, y, view, x, view));
+            both!("softcap", 1e-6, 1e-5, view, len, true, |b, x, _y, _o, _wt| b.softcap(x, view, 3.0));
+            both!("copy strided->packed", 0.0, 0.0, packed, n * w, false, |b, x, _y, o, _wt| b.copy(x, view, o, packed));
         }
     }
     rep.finish();
@@ -511,6 +512,40 @@ fn mla_attention_latent_cache() {
     rep.finish();
 }
 
+/// f64 MoE with the CPU's routing (`ts_cpu::route`) and dequantised expert weights.
+fn moe_f64(x: &[f32], xr: Rows, lg: &[f32], lr: Rows, w: [&[f32]; 3], hdim: usize, ff: usize, p: &MoeParams) -> Vec<f32> {
+    let mut out = vec![0f32; xr.n * hdim];
+    let mut sel = Vec::new();
+    for t in 0..xr.n {
+        ts_cpu::route(&lg[lr.off + t * lr.stride..][..lr.width], p, &mut sel);
+        let xv = &x[xr.off + t * xr.stride..][..hdim];
+        let mut acc = vec![0f64; hdim];
+        for &(e, wt) in &sel {
+            let (gm, um) = (&w[0][e * ff * hdim..(e + 1) * ff * hdim], &w[1][e * ff * hdim..(e + 1) * ff * hdim]);
+            let dm = &w[2][e * hdim * ff..(e + 1) * hdim * ff];
+            let h: Vec<f64> = (0..ff)
+                .map(|i| {
+                    let gv: f64 = gm[i * hdim..(i + 1) * hdim].iter().zip(xv).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let uv: f64 = um[i * hdim..(i + 1) * hdim].iter().zip(xv).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let act = match p.glu {
+                        Glu::SwiGlu => gv / (1.0 + (-gv).exp()),
+                        Glu::GeGluTanh => 0.5 * gv * (1.0 + (0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)).tanh()),
+                    };
+                    act * uv
+                })
+                .collect();
+            for (j, a) in acc.iter_mut().enumerate() {
+                let y: f64 = dm[j * ff..(j + 1) * ff].iter().zip(&h).map(|(&a, &b)| a as f64 * b).sum();
+                *a += wt as f64 * y;
+            }
+        }
+        for j in 0..hdim {
+            out[t * hdim + j] = acc[j] as f32;
+        }
+    }
+    out
+}
+
 #[test]
 fn moe_routing_and_experts() {
     let Some(g) = gpu() else { return };
@@ -526,9 +561,9 @@ fn moe_routing_and_experts() {
     for ty in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q5_0, GgmlType::F16, GgmlType::BF16] {
         let gs = [hdim, ff, ne];
         let ds = [ff, hdim, ne];
-        let (gbytes, _) = weight(&mut r, ty, &gs, 0.3);
-        let (ubytes, _) = weight(&mut r, ty, &gs, 0.3);
-        let (dbytes, _) = weight(&mut r, ty, &ds, 0.3);
+        let (gbytes, gdq) = weight(&mut r, ty, &gs, 0.3);
+        let (ubytes, udq) = weight(&mut r, ty, &gs, 0.3);
+        let (dbytes, ddq) = weight(&mut r, ty, &ds, 0.3);
         let (tg, tu, tdn) = (td("g", ty, &gs, &gbytes), td("u", ty, &gs, &ubytes), td("d", ty, &ds, &dbytes));
         let gw = [g.upload_weight(&tg, WeightUse::Matmul).unwrap(), g.upload_weight(&tu, WeightUse::Matmul).unwrap(), g.upload_weight(&tdn, WeightUse::Matmul).unwrap()];
         let cw = [c.upload_weight(&tg, WeightUse::Matmul).unwrap(), c.upload_weight(&tu, WeightUse::Matmul).unwrap(), c.upload_weight(&tdn, WeightUse::Matmul).unwrap()];
@@ -546,8 +581,15 @@ fn moe_routing_and_experts() {
                 poison(c, &co, o.end());
                 g.moe(&gx, xr, &gl, lr, Experts { gate: &gw[0], up: &gw[1], down: &gw[2] }, &p, &go, o);
                 c.moe(&cx, xr, &cl, lr, Experts { gate: &cw[0], up: &cw[1], down: &cw[2] }, &p, &co, o);
-                let atol = if is_float(ty) { if n > ts_cuda::GEMV_MAX_TOKENS { 1e-3 } else { 1e-4 } } else { 6e-2 };
-                rep.check(&format!("{} cfg{ci} ({gating:?} k={k} groups={n_group}/{topk_group}) n={n}", ty.name()), &get(g, &go, o), &get(c, &co, o), atol, 1e-3);
+                let got = get(g, &go, o);
+                // vs CPU: for quantised weights the CPU quantises both the input and the GLU output
+                // (heavy-tailed; Q8_K uses one scale per 256) to 8 bits, which alone moves outputs
+                // by up to ~12% of their rms; the f64 check below is the tight one.
+                let atol = if is_float(ty) { 1e-4 } else { 0.25 };
+                let label = format!("{} cfg{ci} ({gating:?} k={k} groups={n_group}/{topk_group}) n={n}", ty.name());
+                rep.check(&format!("{label} vs cpu"), &got, &get(c, &co, o), atol, 1e-3);
+                let exact = moe_f64(&x, xr, &lg, lr, [&gdq, &udq, &ddq], hdim, ff, &p);
+                rep.check(&format!("{label} vs f64"), &got, &exact, 1e-4, 1e-4);
             }
         }
     }
@@ -570,4 +612,41 @@ fn memory_errors_and_info() {
     g.scale(&b, Rows::packed(1, 10), 2.0);
     assert_eq!(get(g, &b, Rows::packed(1, 10)), vec![2.0; 10]);
     assert!(CudaBackend::new(1000).is_err(), "device 1000 must be an error, not a panic");
+}
+
+/// Rough timings (not a correctness check): `cargo test --release -p ts-cuda -- --ignored bench`.
+/// Wall clock around 50 back-to-back launches, synchronised; launch overhead included.
+#[test]
+#[ignore]
+fn bench_matmul() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng(9);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::BF16] {
+        for &(k, m) in &[(2048usize, 10944usize), (2048, 102400)] {
+            let shape = [k, m];
+            let n_el = k * m;
+            // Random bytes quantised from a small random row pattern repeated (fast to make).
+            let row = randn(&mut r, k * 64, 0.5);
+            let mut bytes = vec![0u8; ty.row_bytes(k).unwrap() * 64];
+            quant::quantize(ty, &row, &mut bytes).unwrap();
+            let bytes: Vec<u8> = bytes.iter().copied().cycle().take(ty.row_bytes(k).unwrap() * m).collect();
+            let w = g.upload_weight(&td("w", ty, &shape, &bytes), WeightUse::Matmul).unwrap();
+            for &n in &[1usize, 8, 512] {
+                let x = buf(g, &randn(&mut r, n * k, 1.0));
+                let o = g.alloc(n * m).unwrap();
+                g.matmul(&x, Rows::packed(n, k), &w, &o, Rows::packed(n, m));
+                g.synchronize().unwrap();
+                let reps = 50;
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    g.matmul(&x, Rows::packed(n, k), &w, &o, Rows::packed(n, m));
+                }
+                g.synchronize().unwrap();
+                let us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+                let gbs = w.bytes() as f64 / (us * 1e-6) / 1e9;
+                let tflops = 2.0 * n as f64 * n_el as f64 / (us * 1e-6) / 1e12;
+                eprintln!("  bench matmul {:<5} {k}x{m} n={n:<4} {us:>9.1} us  {gbs:>7.0} GB/s of weights  {tflops:>6.1} TFLOP/s", ty.name());
+            }
+        }
+    }
 }
