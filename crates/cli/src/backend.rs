@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, Result};
 use ts_cpu::CpuBackend;
+use ts_cuda::CudaBackend;
 use ts_formats::TensorSource;
 use ts_models::{Model, RuntimeOptions};
 
@@ -12,23 +13,44 @@ use crate::BackendKind;
 
 pub enum AnyBackend {
     Cpu(Arc<CpuBackend>),
+    Cuda(Arc<CudaBackend>),
 }
 
 impl AnyBackend {
+    /// `Auto` takes CUDA device 0 when one opens, else the CPU; `Cuda` without a GPU is an error.
     pub fn new(kind: BackendKind, threads: Option<usize>) -> Result<Self> {
         match kind {
-            BackendKind::Cpu | BackendKind::Auto => Ok(AnyBackend::Cpu(Arc::new(CpuBackend::new(threads)?))),
-            BackendKind::Cuda => bail!("--backend cuda: this build has no CUDA backend yet"),
+            BackendKind::Cpu => Ok(AnyBackend::Cpu(Arc::new(CpuBackend::new(threads)?))),
+            BackendKind::Cuda => {
+                let b = CudaBackend::new(0).map_err(|e| anyhow!("--backend cuda: {e}"))?;
+                Ok(AnyBackend::Cuda(Arc::new(b)))
+            }
+            BackendKind::Auto => match CudaBackend::new(0) {
+                Ok(b) => Ok(AnyBackend::Cuda(Arc::new(b))),
+                Err(_) => Ok(AnyBackend::Cpu(Arc::new(CpuBackend::new(threads)?))),
+            },
         }
     }
+
     pub fn name(&self) -> String {
         match self {
             AnyBackend::Cpu(b) => ts_core::Backend::name(b.as_ref()),
+            AnyBackend::Cuda(b) => ts_core::Backend::name(b.as_ref()),
         }
     }
+
+    /// Free and total device memory, where the backend has its own.
+    pub fn device_memory(&self) -> Option<(usize, usize)> {
+        match self {
+            AnyBackend::Cpu(_) => None,
+            AnyBackend::Cuda(b) => b.memory_info().ok(),
+        }
+    }
+
     pub fn load(&self, src: &dyn TensorSource, opts: RuntimeOptions, progress: Box<dyn FnMut(u64, u64)>) -> Result<Box<dyn Model>> {
         Ok(match self {
             AnyBackend::Cpu(b) => ts_models::load_with_progress(src, b.clone(), opts, progress)?,
+            AnyBackend::Cuda(b) => ts_models::load_with_progress(src, b.clone(), opts, progress)?,
         })
     }
 }

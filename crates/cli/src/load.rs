@@ -13,6 +13,8 @@ use ts_models::{Model, RuntimeOptions};
 use crate::backend::AnyBackend;
 use crate::ModelOpts;
 
+const GIB: f64 = (1u64 << 30) as f64;
+
 /// The path for `-m` (fetching a known model if needed); `default` when `-m` is absent.
 pub fn resolve(model: Option<&str>, default: Option<&hub::KnownModel>) -> Result<PathBuf> {
     let name = match model {
@@ -76,6 +78,20 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
     let src = open_source(&path)?;
     let opts = runtime_options(o, src.as_ref(), n_slots);
     let be = AnyBackend::new(o.backend, o.threads)?;
+    let free_before = be.device_memory();
+    if let Some((free, total)) = free_before {
+        let need: u64 = src.tensor_names().iter().filter_map(|n| src.tensor(n)).map(|t| t.data.len() as u64).sum();
+        if need > free as u64 {
+            bail!(
+                "{}: the weights need {:.2} GiB but {} has {:.2} GiB free of {:.2} GiB",
+                path.display(),
+                need as f64 / GIB,
+                be.name(),
+                free as f64 / GIB,
+                total as f64 / GIB
+            );
+        }
+    }
     let t0 = Instant::now();
     let pb = ProgressBar::new(1);
     pb.set_style(
@@ -103,5 +119,17 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
         opts.ctx,
         (info.cache_bytes_per_token * (opts.ctx * opts.n_slots) as u64) as f64 / (1 << 20) as f64
     );
+    if let (Some((free0, _)), Some((free1, total))) = (free_before, be.device_memory()) {
+        let cache = info.cache_bytes_per_token * (opts.ctx * opts.n_slots) as u64;
+        let used = free0.saturating_sub(free1) as u64;
+        eprintln!(
+            "turbospark: GPU memory: weights {:.2} GiB, KV cache {:.2} GiB, scratch and other {:.2} GiB; {:.2} GiB of {:.2} GiB free",
+            info.weight_bytes as f64 / GIB,
+            cache as f64 / GIB,
+            used.saturating_sub(info.weight_bytes + cache) as f64 / GIB,
+            free1 as f64 / GIB,
+            total as f64 / GIB
+        );
+    }
     Ok(Loaded { path, src, model, backend_name: be.name() })
 }
