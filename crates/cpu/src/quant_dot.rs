@@ -147,13 +147,10 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
     let chunk = (WEIGHT_CHUNK_BYTES / wrb.max(1)).clamp(1, m);
     // Legacy activation blocks carry f16 scales that every weight row would convert again; the
     // SIMD path converts them once here (Q8_0: d per block; Q8_1: d, s per block).
-    let act_scales: Vec<f32> = match (path, act_type(w)) {
+    let act_scales: Vec<f32> = match path {
+        // SAFETY: Avx2 is only chosen after detection; acts holds n whole rows (checked above).
         #[cfg(target_arch = "x86_64")]
-        (Path::Avx2, GgmlType::Q8_0) => acts[..n * arb].chunks_exact(34).map(|b| quant::read_f16(b, 0)).collect(),
-        #[cfg(target_arch = "x86_64")]
-        (Path::Avx2, GgmlType::Q8_1) => {
-            acts[..n * arb].chunks_exact(36).flat_map(|b| [quant::read_f16(b, 0), quant::read_f16(b, 2)]).collect()
-        }
+        Path::Avx2 => unsafe { avx2::act_scales(act_type(w), &acts[..n * arb]) },
         _ => Vec::new(),
     };
     let sc_per_row = act_scales.len() / n;
@@ -526,6 +523,39 @@ mod avx2 {
             Q6K => q6_k::<R>(wp, a, k / 256),
             other => panic!("quant_dot: no dot kernel for weight type {}", other.name()),
         }
+    }
+
+    /// f32 copies of the f16 scales of a run of activation blocks: Q8_0 → d per block, Q8_1 →
+    /// d, s per block; empty for other types. Eight f16 per `vcvtph2ps`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn act_scales(at: GgmlType, acts: &[u8]) -> Vec<f32> {
+        let (bsz, per) = match at {
+            GgmlType::Q8_0 => (34, 1),
+            GgmlType::Q8_1 => (36, 2),
+            _ => return Vec::new(),
+        };
+        let nb = acts.len() / bsz;
+        let mut out = vec![0f32; nb * per];
+        let p = acts.as_ptr();
+        let h = |i: usize, o: usize| (p.add(i * bsz + o) as *const u16).read_unaligned() as i16;
+        let mut i = 0;
+        // 8 halves per step: 8 blocks' d (Q8_0) or 4 blocks' (d, s) (Q8_1).
+        let step = 8 / per;
+        while i + step <= nb {
+            let v = if per == 1 {
+                _mm_set_epi16(h(i + 7, 0), h(i + 6, 0), h(i + 5, 0), h(i + 4, 0), h(i + 3, 0), h(i + 2, 0), h(i + 1, 0), h(i, 0))
+            } else {
+                _mm_set_epi16(h(i + 3, 2), h(i + 3, 0), h(i + 2, 2), h(i + 2, 0), h(i + 1, 2), h(i + 1, 0), h(i, 2), h(i, 0))
+            };
+            _mm256_storeu_ps(out.as_mut_ptr().add(i * per), _mm256_cvtph_ps(v));
+            i += step;
+        }
+        for b in i..nb {
+            for t in 0..per {
+                out[b * per + t] = quant::read_f16(&acts[b * bsz..], 2 * t);
+            }
+        }
+        out
     }
 
     /// The f16 at p in all 8 lanes.
@@ -1109,6 +1139,24 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn quant_dot_act_scale_conversion() {
+        if !simd_available() {
+            return;
+        }
+        let mut rng = Rng(5);
+        for (at, bsz, per) in [(Q8_0, 34, 1), (Q8_1, 36, 2)] {
+            for nb in 1..20 {
+                let x = random_vals(&mut rng, nb * 32, true);
+                let acts = quantize_rows(at, &x);
+                let got = unsafe { avx2::act_scales(at, &acts) };
+                let want: Vec<f32> = acts.chunks_exact(bsz).flat_map(|b| (0..per).map(move |t| quant::read_f16(b, 2 * t))).collect();
+                assert_eq!(got, want, "{} nb={nb}", at.name());
             }
         }
     }
