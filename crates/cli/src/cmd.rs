@@ -171,8 +171,11 @@ pub struct SynthArgs {
     #[arg(short = 'o', long)]
     pub output: PathBuf,
     /// Write a Hugging Face folder (config.json + model.safetensors) instead of GGUF.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "legacy")]
     pub hf: bool,
+    /// Write the legacy GGUF layout (one attn_kv_b) instead of the MLA layout (attn_k_b/attn_v_b).
+    #[arg(long)]
+    pub legacy: bool,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
 }
@@ -605,8 +608,17 @@ pub fn models() -> Result<()> {
 }
 
 fn synth_impl(a: &SynthArgs, quant: GgmlType) -> Result<()> {
-    let _ = (a, quant);
-    bail!("synth is not available in this build yet")
+    use ts_models::synth::{Preset, SynthFormat};
+    let preset = Preset::parse(&a.preset).with_context(|| format!("--preset {}: unknown (deepseek-v2-lite, tiny)", a.preset))?;
+    let format = if a.hf {
+        SynthFormat::Hf
+    } else if a.legacy {
+        SynthFormat::GgufLegacy
+    } else {
+        SynthFormat::Gguf
+    };
+    ts_models::synth::synth(preset, quant, a.seed, &a.output, format)?;
+    Ok(())
 }
 
 /// True when a rendered chat already begins with the BOS token's text (many templates write it),
