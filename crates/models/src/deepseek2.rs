@@ -628,8 +628,11 @@ struct Scratch<B: Backend> {
 /// A loaded deepseek2 model with its MLA cache and scratch.
 pub struct DeepSeek2<B: Backend> {
     be: Arc<B>,
+    /// Validated geometry (read once at open).
     cfg: DeepSeek2Config,
+    /// What `inspect` shows.
     info: ModelInfo,
+    /// Cache slots, context per slot and `max_batch` the scratch and caches were sized for.
     opts: RuntimeOptions,
     /// `[H, V]`
     tok_embd: B::Weight,
@@ -637,8 +640,11 @@ pub struct DeepSeek2<B: Backend> {
     output_norm: B::Weight,
     /// `[H, V]` (the embedding when tied)
     output: B::Weight,
+    /// `n_layers` layers, dense lead first.
     layers: Vec<Layer<B>>,
+    /// YaRN table for q_pe and k_pe (`rope_dim` dims, normal pairs).
     rope: B::Rope,
+    /// Device batch, room for `max_batch` tokens.
     batch: B::Batch,
     s: Scratch<B>,
 }

@@ -7,6 +7,7 @@
 //!
 //! * [`llama`]     — llama family (SmolLM2, Llama 2/3 …): RMSNorm, GQA, rope, SwiGLU.
 //! * [`deepseek2`] — DeepSeek-V2 / V2-Lite / V2.5: MLA with a compressed cache, MoE, YaRN.
+//! * [`synth`]     — random-weight deepseek2 files (GGUF or HF folder) at real shapes.
 //!
 //! The engine drives a model through the object-safe [`Model`] trait.
 

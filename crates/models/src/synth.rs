@@ -199,11 +199,13 @@ enum Gen {
 /// One tensor to write.
 #[derive(Debug, Clone)]
 struct Planned {
+    /// File name (GGUF or HF naming).
     name: String,
     /// GGML order.
     shape: Vec<usize>,
     /// Kept F32 whatever the requested type (1-D tensors, the router).
     keep_f32: bool,
+    /// Where its values come from.
     gen: Gen,
 }
 
@@ -320,6 +322,7 @@ fn dtype_for(t: &Planned, want: GgmlType) -> GgmlType {
 
 /// Generates and encodes pieces of tensors.
 struct Encoder {
+    /// The user's seed; every row's stream derives from it.
     seed: u64,
 }
 
