@@ -31,6 +31,9 @@
 //! * activation rows are produced by [`quantize_act`] (for Q8_0/Q8_1/Q8_K: |q| ≤ 127, which the
 //!   sign trick of the AVX2 int8 dot relies on — ggml's own quantisers never produce −128).
 
+// Block kernels index several parallel arrays by position; iterator chains would obscure the layouts.
+#![allow(clippy::needless_range_loop)]
+
 use std::sync::OnceLock;
 use ts_formats::quant::{self, GgmlType};
 
@@ -112,6 +115,7 @@ pub fn vec_dot_scalar(w: GgmlType, w_row: &[u8], act: &[u8], k: usize) -> f32 {
 ///
 /// Reads each weight row once per group of up to 4 activation rows, so prompt matmuls are not
 /// bound by re-reading weights; weight rows are processed in L2-sized chunks.
+#[allow(clippy::too_many_arguments)]
 pub fn gemm(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize) {
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
@@ -121,6 +125,7 @@ pub fn gemm(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize
 }
 
 /// The portable path of [`gemm`].
+#[allow(clippy::too_many_arguments)]
 pub fn gemm_scalar(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize) {
     gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Scalar)
 }
