@@ -187,7 +187,7 @@ impl DeepSeek2Config {
                 return Err(m.err(format!("hf.num_key_value_heads = {kvh} differs from num_attention_heads = {n_heads}: not an MLA model this loader knows")));
             }
         }
-        let q_lora = m.opt_usize("q_lora_rank")?;
+        let q_lora = m.opt_usize("q_lora_rank")?.filter(|&r| r > 0);
         let n_experts = m.opt_usize("n_routed_experts")?.unwrap_or(0);
         let moe = if n_experts == 0 {
             None
