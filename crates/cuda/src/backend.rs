@@ -253,6 +253,9 @@ pub struct CudaBackend {
     arch: String,
     kernels_from_cache: bool,
     scratch: Mutex<Vec<Option<DevMem>>>,
+    /// Held for the whole of an op that uses scratch, so two threads sharing the backend cannot
+    /// interleave their writes to (and reads of) the same scratch on the stream.
+    scratch_op: Mutex<()>,
     error: Mutex<Option<String>>,
 }
 
@@ -303,6 +306,7 @@ impl CudaBackend {
             arch,
             kernels_from_cache,
             scratch: Mutex::new((0..N_SCRATCH).map(|_| None).collect()),
+            scratch_op: Mutex::new(()),
             error: Mutex::new(None),
         })
     }
@@ -454,6 +458,7 @@ impl CudaBackend {
             );
             return;
         }
+        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         // cuBLAS, column-major view: C[m, ng] (ldc = o.stride*g) = op(A)^T[m, k] * B[k, ng],
         // A = weight rows (k contiguous), B = activation rows.
         let (a_ptr, a_type, b_ptr, b_type, ldb, stride_b) = if w.dtype == GgmlType::F32 {
@@ -936,6 +941,7 @@ impl Backend for CudaBackend {
             self.fail("moe: expert weight type without kernels".into());
             return;
         };
+        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         let k = p.k;
         let pairs = n * k;
         let Some(sel_e) = self.scratch(S::SelE, 4 * pairs) else { return };
