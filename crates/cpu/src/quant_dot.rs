@@ -1148,6 +1148,39 @@ mod tests {
         }
     }
 
+    #[test]
+    fn quant_dot_known_values() {
+        // One Q4_0 block, d = 0.5, nibbles j (low) and 15 − j (high): weights (j − 8)/2 and (7 − j)/2.
+        let mut wr = vec![0x00u8, 0x38];
+        wr.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        // Q8_0 activation block by hand: d = 0.25, q = 1 for elements 0..16, −2 for 16..32.
+        let mut act = vec![0x00u8, 0x34];
+        act.extend((0..32).map(|i| if i < 16 { 1u8 } else { (-2i8) as u8 }));
+        // Σ_j (j−8)·1 + (7−j)·(−2) over j = 0..16 = −8 − 2·(−8) = 8; × 0.5 × 0.25 = 1.
+        assert_eq!(vec_dot(Q4_0, &wr, &act, 32), 1.0);
+        assert_eq!(vec_dot_scalar(Q4_0, &wr, &act, 32), 1.0);
+        let mut out = [0f32; 1];
+        gemm(Q4_0, &wr, 1, 32, &act, 1, &mut out, 1);
+        assert_eq!(out[0], 1.0);
+
+        // Q8_0 weights may hold −128 (other quantisers than ggml's produce it): the sign trick
+        // must still be exact. Weights all −128 with d = 1, activations q = 127 with d = 1.
+        let mut wr = vec![0x00u8, 0x3C];
+        wr.extend([0x80u8; 32]);
+        let mut act = vec![0x00u8, 0x3C];
+        act.extend([127u8; 32]);
+        let want = -128.0 * 127.0 * 32.0;
+        assert_eq!(vec_dot(Q8_0, &wr, &act, 32), want);
+        assert_eq!(vec_dot_scalar(Q8_0, &wr, &act, 32), want);
+        let mut act4 = Vec::new();
+        for _ in 0..4 {
+            act4.extend_from_slice(&act);
+        }
+        let mut out = [0f32; 4];
+        gemm(Q8_0, &wr, 1, 32, &act4, 4, &mut out, 1);
+        assert_eq!(out, [want; 4]);
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn quant_dot_act_scale_conversion() {
