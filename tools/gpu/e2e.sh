@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# End-to-end checks of the CUDA backend on a GPU machine (see docs/GPU.md): model logits on the
+# GPU against the transformers fixtures and against the CPU backend, greedy generation of the
+# synthetic DeepSeek-V2-Lite on both backends, and the benchmark figures for docs/PERF.md.
+# Usage (on the GPU machine, from the repo root): tools/gpu/e2e.sh BIN OUTDIR [quick]
+set -u
+T=${1:-.dev/turbospark}; O=${2:-/tmp/e2e}; MODE=${3:-full}
+mkdir -p "$O"; export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
+fails=0
+check() { "$@" || fails=$((fails + 1)); }
+F=tests/fixtures/deepseek2
+echo "== deepseek2 fixtures: CUDA logits vs transformers (and vs CPU)"
+for v in lite qlora dense2; do
+  toks=$(python3 -c "import json;print(','.join(map(str,json.load(open('$F/$v/tokens.json'))['input_ids'])))")
+  for m in "$F/$v" "$F/$v/model-f32-mla.gguf" "$F/$v/model-f32-legacy.gguf" "$F/$v/model-q8_0-mla.gguf"; do
+    tag=$(basename "$m" .gguf)
+    "$T" logits --backend cuda -m "$m" --tokens "$toks" -o "$O/$v-$tag-cuda.npy" 2>>"$O/log.txt" || { echo "$v $tag: cuda logits FAILED"; fails=$((fails+1)); continue; }
+    "$T" logits --backend cpu -m "$m" --tokens "$toks" -o "$O/$v-$tag-cpu.npy" 2>>"$O/log.txt"
+    case $tag in
+      *q8_0*) check python3 tools/gpu/compare_npy.py "$O/$v-$tag-cpu.npy" "$O/$v-$tag-cuda.npy" --tol 5e-2 --allow-argmax 1 --label "$v $tag cuda vs cpu" ;;
+      *) check python3 tools/gpu/compare_npy.py "$F/$v/logits.npy" "$O/$v-$tag-cuda.npy" --tol 1e-3 --label "$v $tag cuda vs transformers" ;;
+    esac
+  done
+done
+echo "== synthetic DeepSeek-V2-Lite Q8_0"
+V=/tmp/v2lite-q8_0.gguf
+[ -f $V ] || { /usr/bin/time -f "synth: %e s, %M KB" "$T" synth --preset deepseek-v2-lite --quant q8_0 -o $V 2>&1 | tail -2; }
+ls -la $V
+P=1,100,2000,30000,4,5,6,7
+"$T" run --backend cuda -m $V --tokens $P -n 32 --temp 0 -c 512 > "$O/greedy-cuda.json" 2>>"$O/log.txt"
+if [ "$MODE" = full ]; then
+  "$T" run --backend cpu -m $V --tokens $P -n 32 --temp 0 -c 512 > "$O/greedy-cpu.json" 2>>"$O/log.txt"
+  if cmp -s "$O/greedy-cuda.json" "$O/greedy-cpu.json"; then echo "greedy 32 tokens: CUDA == CPU"; else echo "greedy 32 tokens: DIFFER"; cat "$O/greedy-cpu.json" "$O/greedy-cuda.json"; fails=$((fails+1)); fi
+  "$T" logits --backend cuda -m $V --tokens $P -c 512 -o "$O/v2lite-cuda.npy" 2>>"$O/log.txt"
+  "$T" logits --backend cpu -m $V --tokens $P -c 512 -o "$O/v2lite-cpu.npy" 2>>"$O/log.txt"
+  check python3 tools/gpu/compare_npy.py "$O/v2lite-cpu.npy" "$O/v2lite-cuda.npy" --tol 5e-2 --label "v2-lite q8_0 cuda vs cpu"
+fi
+echo "== bench (CUDA)"
+"$T" bench --backend cuda -m $V -p 512 -n 128 -r 3 2>>"$O/log.txt"
+"$T" bench --backend cuda -m $V -p 2048 -n 0 -r 3 2>>"$O/log.txt"
+"$T" bench --backend cuda -m $V -p 0 -n 128 -d 16384 -r 2 2>>"$O/log.txt"
+tail -5 "$O/log.txt"
+echo "e2e failures: $fails"
+exit $fails
