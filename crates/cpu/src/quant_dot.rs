@@ -24,6 +24,11 @@
 //! [`gemm`] computes a tile of dot products. Each weight row is decoded once per group of up to
 //! four activation rows (the group's partial sums live in registers), and weight rows are taken
 //! in L2-sized chunks so that for many activation rows the weights come from memory only once.
+//! On the SIMD path the f16 scales of Q8_0/Q8_1 activation blocks are converted to f32 once per
+//! call rather than once per weight row. Results of [`gemm`] and [`vec_dot`] agree to float
+//! rounding (summation order differs), not bit for bit.
+//!
+//! Not done: a NEON path — aarch64 currently runs the scalar kernels.
 //!
 //! ## Invariants (checked with `assert!` in the public functions)
 //! * `k` is a multiple of the weight type's block size (32 for Q4_0..Q8_0, 256 for K-quants);
@@ -212,7 +217,10 @@ fn dot_group<const R: usize>(
     k: usize,
 ) -> [f32; R] {
     match path {
-        Path::Scalar => std::array::from_fn(|t| scalar::vec_dot(w, wr, &acts[(j0 + t) * arb..(j0 + t + 1) * arb], k)),
+        Path::Scalar => {
+            let _ = (scales, spr); // only the SIMD kernels use pre-converted scales
+            std::array::from_fn(|t| scalar::vec_dot(w, wr, &acts[(j0 + t) * arb..(j0 + t + 1) * arb], k))
+        }
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => {
             let a: [*const u8; R] = std::array::from_fn(|t| acts[(j0 + t) * arb..(j0 + t + 1) * arb].as_ptr());
