@@ -224,11 +224,7 @@ fn dot_group<const R: usize>(
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => {
             let a: [*const u8; R] = std::array::from_fn(|t| acts[(j0 + t) * arb..(j0 + t + 1) * arb].as_ptr());
-            let sc = if spr > 0 {
-                Some(std::array::from_fn(|t| scales[(j0 + t) * spr..(j0 + t + 1) * spr].as_ptr()))
-            } else {
-                None
-            };
+            let sc = if spr > 0 { Some(std::array::from_fn(|t| scales[(j0 + t) * spr..(j0 + t + 1) * spr].as_ptr())) } else { None };
             // SAFETY: Avx2 is only chosen after detection; every row slice was bounds-checked,
             // and the scale rows hold one (Q8_0) or two (Q8_1) floats per block.
             unsafe { avx2::dot::<R>(w, wr.as_ptr(), a, sc, k) }
@@ -922,12 +918,9 @@ mod avx2 {
 
     float_rows!(f32_rows, 4, |p| _mm256_loadu_ps(p as *const f32), |q| f32_at(q));
     float_rows!(f16_rows, 2, |p| _mm256_cvtph_ps(ld128(p)), |q| f16_at(q));
-    float_rows!(
-        bf16_rows,
-        2,
-        |p| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(ld128(p)))),
-        |q| f32::from_bits(((q as *const u16).read_unaligned() as u32) << 16)
-    );
+    float_rows!(bf16_rows, 2, |p| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(ld128(p)))), |q| f32::from_bits(
+        ((q as *const u16).read_unaligned() as u32) << 16
+    ));
 }
 
 #[cfg(test)]
@@ -1220,7 +1213,9 @@ mod tests {
     #[test]
     #[ignore]
     fn quant_dot_bench() {
-        for &(w, m, k) in &[(Q4_1, 576usize, 1536usize), (Q8_0, 2048, 1408), (Q4_0, 2048, 2048), (Q4K, 2048, 2048), (Q6K, 2048, 2048), (F16, 1024, 2048)] {
+        for &(w, m, k) in
+            &[(Q4_1, 576usize, 1536usize), (Q8_0, 2048, 1408), (Q4_0, 2048, 2048), (Q4K, 2048, 2048), (Q6K, 2048, 2048), (F16, 1024, 2048)]
+        {
             let mut rng = Rng(9);
             let wv = random_vals(&mut rng, m * k, true);
             let wdata = quantize_rows(w, &wv);
