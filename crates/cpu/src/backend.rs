@@ -121,6 +121,9 @@ pub struct CpuBackend {
     threads: usize,
     /// Quantised activations of the current matmul (grown to the widest use, then reused).
     act_scratch: Mutex<Vec<u8>>,
+    /// MoE intermediates, grown to the widest use and then reused (the forward allocates nothing
+    /// once warm).
+    moe_scratch: Mutex<MoeScratch>,
     /// Referee mode: matmuls dequantise weight rows to f32 and keep activations in f32 (no
     /// 8-bit activation quantisation), to compare against f32 implementations like transformers.
     exact: bool,
@@ -134,7 +137,7 @@ impl CpuBackend {
             .thread_name(|i| format!("ts-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Device(format!("cannot start {threads} CPU threads: {e}")))?;
-        Ok(CpuBackend { pool, threads, act_scratch: Mutex::new(Vec::new()), exact: false })
+        Ok(CpuBackend { pool, threads, act_scratch: Mutex::new(Vec::new()), moe_scratch: Mutex::new(MoeScratch::default()), exact: false })
     }
     /// The referee mode (see the `exact` field): slower, f32 activations throughout.
     pub fn exact(mut self) -> Self {
@@ -179,17 +182,28 @@ impl CpuBackend {
         let chunk = m.div_ceil(chunks).next_multiple_of(8).max(8);
         let optr = SendPtr(out.0.ptr());
         self.pool.install(|| {
-            (0..m.div_ceil(chunk)).into_par_iter().for_each_init(Vec::new, |tile: &mut Vec<f32>, c| {
+            (0..m.div_ceil(chunk)).into_par_iter().for_each(|c| {
                 let i0 = c * chunk;
                 let mc = chunk.min(m - i0);
-                tile.resize(n * mc, 0.0);
-                quant_dot::gemm(dtype, &wdata[i0 * wrb..(i0 + mc) * wrb], mc, k, acts, n, tile, mc);
-                for j in 0..n {
-                    for i in 0..mc {
-                        // SAFETY: each chunk writes its own columns [i0, i0+mc) of every row.
-                        unsafe { *optr.get().add(o.off + j * o.stride + i0 + i) = tile[j * mc + i] };
-                    }
+                let w = &wdata[i0 * wrb..(i0 + mc) * wrb];
+                if n == 1 {
+                    // SAFETY: chunks write disjoint column ranges [i0, i0+mc) of the one output row.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(optr.get().add(o.off + i0), mc) };
+                    quant_dot::gemm(dtype, w, mc, k, acts, 1, dst, mc);
+                    return;
                 }
+                TILE.with(|t| {
+                    let mut tile = t.borrow_mut();
+                    if tile.len() < n * mc {
+                        tile.resize(n * mc, 0.0);
+                    }
+                    quant_dot::gemm(dtype, w, mc, k, acts, n, &mut tile[..n * mc], mc);
+                    for j in 0..n {
+                        // SAFETY: each chunk writes its own columns [i0, i0+mc) of every row.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(optr.get().add(o.off + j * o.stride + i0), mc) };
+                        dst.copy_from_slice(&tile[j * mc..(j + 1) * mc]);
+                    }
+                });
             })
         });
     }
@@ -212,6 +226,21 @@ impl CpuBackend {
             })
         });
     }
+}
+
+/// Per-call MoE state kept between calls: token lists per expert and gathered rows.
+#[derive(Default)]
+struct MoeScratch {
+    by_expert: Vec<Vec<(usize, f32)>>,
+    sel: Vec<(usize, f32)>,
+    /// (rows, hidden, ff) the buffers below were sized for.
+    dims: (usize, usize, usize),
+    bufs: Option<[CpuBuf; 4]>,
+}
+
+thread_local! {
+    /// Per-thread gemm output tile for multi-row matmuls (grown once, reused).
+    static TILE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[derive(Clone, Copy)]
@@ -592,26 +621,31 @@ impl Backend for CpuBackend {
         assert_eq!(hdim, xr.width);
         assert_eq!(experts.gate.ne(2), p.n_experts);
         // Route every token, then group tokens by expert so each expert's weights are read once.
-        let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); p.n_experts];
-        let mut sel = Vec::with_capacity(p.k);
+        let mut guard = self.moe_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let sc = &mut *guard;
+        sc.by_expert.resize_with(p.n_experts, Vec::new);
+        sc.by_expert.iter_mut().for_each(|v| v.clear());
         for r in 0..n {
-            route(unsafe { logits.row(lr, r) }, p, &mut sel);
-            for &(e, wgt) in &sel {
-                by_expert[e].push((r, wgt));
+            route(unsafe { logits.row(lr, r) }, p, &mut sc.sel);
+            for &(e, wgt) in &sc.sel {
+                sc.by_expert[e].push((r, wgt));
             }
         }
         for r in 0..n {
             unsafe { out.row_mut(o, r) }.iter_mut().for_each(|v| *v = 0.0);
         }
-        let max_rows = by_expert.iter().map(|v| v.len()).max().unwrap_or(0);
+        let max_rows = sc.by_expert.iter().map(|v| v.len()).max().unwrap_or(0);
         if max_rows == 0 {
             return;
         }
-        let xs = CpuBuf::new(max_rows * hdim);
-        let g = CpuBuf::new(max_rows * ff);
-        let u = CpuBuf::new(max_rows * ff);
-        let y = CpuBuf::new(max_rows * hdim);
-        for (e, rows) in by_expert.iter().enumerate() {
+        let (cr, ch, cf) = sc.dims;
+        if sc.bufs.is_none() || cr < max_rows || ch < hdim || cf < ff {
+            let (r, h, f) = (cr.max(max_rows), ch.max(hdim), cf.max(ff));
+            sc.bufs = Some([CpuBuf::new(r * h), CpuBuf::new(r * f), CpuBuf::new(r * f), CpuBuf::new(r * h)]);
+            sc.dims = (r, h, f);
+        }
+        let Some([xs, g, u, y]) = sc.bufs.as_ref() else { return };
+        for (e, rows) in sc.by_expert.iter().enumerate() {
             if rows.is_empty() {
                 continue;
             }
@@ -620,10 +654,10 @@ impl Backend for CpuBackend {
                 unsafe { xs.row_mut(Rows::packed(m, hdim), i) }.copy_from_slice(unsafe { x.row(xr, r) });
             }
             let (rx, rf) = (Rows::packed(m, hdim), Rows::packed(m, ff));
-            self.matmul_bytes(experts.gate.dtype, experts.gate.matrix(e), ff, hdim, &xs, rx, &g, rf);
-            self.matmul_bytes(experts.up.dtype, experts.up.matrix(e), ff, hdim, &xs, rx, &u, rf);
-            self.glu(p.glu, &g, rf, &u, rf, &g, rf);
-            self.matmul_bytes(experts.down.dtype, experts.down.matrix(e), hdim, ff, &g, rf, &y, rx);
+            self.matmul_bytes(experts.gate.dtype, experts.gate.matrix(e), ff, hdim, xs, rx, g, rf);
+            self.matmul_bytes(experts.up.dtype, experts.up.matrix(e), ff, hdim, xs, rx, u, rf);
+            self.glu(p.glu, g, rf, u, rf, g, rf);
+            self.matmul_bytes(experts.down.dtype, experts.down.matrix(e), hdim, ff, g, rf, y, rx);
             for (i, &(r, wgt)) in rows.iter().enumerate() {
                 let yr = unsafe { y.row(rx, i) };
                 unsafe { out.row_mut(o, r) }.iter_mut().zip(yr).for_each(|(a, b)| *a += wgt * b);
