@@ -7,6 +7,7 @@
 mod backend;
 mod cmd;
 mod load;
+mod serve;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -48,6 +49,10 @@ enum Command {
     Synth(cmd::SynthArgs),
     /// List the models that `-m NAME` can fetch, and whether they are cached.
     Models,
+    /// OpenAI-compatible HTTP server (chat/completions, streaming) with continuous batching.
+    Serve(serve::ServeArgs),
+    /// Concurrent streaming clients against a local server: aggregate tok/s, TTFT p50/p99, errors.
+    Loadtest(serve::LoadtestArgs),
 }
 
 /// Options shared by the commands that run a model.
@@ -89,6 +94,8 @@ fn main() {
         Command::Inspect(a) => cmd::inspect(a),
         Command::Synth(a) => cmd::synth(a),
         Command::Models => cmd::models(),
+        Command::Serve(a) => serve::serve(a),
+        Command::Loadtest(a) => serve::loadtest(a),
     };
     if let Err(e) = r {
         // One line, no backtrace: the chain of causes joined.

@@ -1,1 +1,219 @@
-//! placeholder
+//! # ts-server — `turbospark serve`: an OpenAI-compatible HTTP server with continuous batching
+//!
+//! * [`engine`]  — the engine thread: owns the model, batches every live sequence into one
+//!   forward per step (decode tokens + chunked prefill), one [`ts_engine::Sampler`] per sequence,
+//!   admission over a pool of cache slots with a bounded queue, early exit for clients that left.
+//! * [`http`]    — axum routes: `POST /v1/chat/completions`, `POST /v1/completions` (streamed as
+//!   SSE or whole), `GET /v1/models`, `GET /health`, `GET /metrics`.
+//! * [`api`]     — OpenAI request parsing (a 400 naming the field for each malformed value) and
+//!   response / chunk shapes.
+//! * [`stop`]    — stop strings over streamed text (a partial stop string never leaves the server).
+//! * [`metrics`] — counters, gauges and the time-to-first-token histogram, as Prometheus text.
+//! * [`client`]  — a minimal HTTP/1.1 + SSE client (loopback), for [`loadtest`] and the tests.
+//! * [`loadtest`] — `turbospark loadtest`: N streaming clients, aggregate tok/s and TTFT.
+//!
+//! [`Server::start`] binds, starts the engine and serves on a background thread; the CLI calls
+//! [`Server::wait`], tests call [`Server::shutdown`].
+
+pub mod api;
+pub mod client;
+pub mod engine;
+pub mod error;
+pub mod http;
+pub mod loadtest;
+pub mod metrics;
+pub mod stop;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::{Context, Result};
+use ts_engine::{ChatTemplate, Tokenizer};
+use ts_models::Model;
+
+pub use engine::{Engine, EngineConfig};
+pub use error::ApiError;
+pub use metrics::Metrics;
+
+/// `system_fingerprint` in responses.
+pub const FINGERPRINT: &str = concat!("turbospark-", env!("CARGO_PKG_VERSION"));
+
+/// A loaded model with what the server needs beside it.
+pub struct ModelBundle {
+    /// Loaded with `n_slots` = the most sequences served at once and `max_batch` ≥ `n_slots` + 1.
+    pub model: Box<dyn Model>,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// The id clients see in `/v1/models` and send as `model`.
+    pub id: String,
+    /// Other accepted `model` names.
+    pub aliases: Vec<String>,
+}
+
+impl ModelBundle {
+    /// Tokenizer and chat template from the model's metadata; `id` from `file_name` (without
+    /// `.gguf`). Aliases: `general.name`, the known-model names when the file is a known model,
+    /// and `default`.
+    pub fn from_metadata(model: Box<dyn Model>, md: &BTreeMap<String, ts_formats::Value>, file_name: &str) -> Result<Self> {
+        let tokenizer = Tokenizer::from_gguf_metadata(md).context("tokenizer")?;
+        let template = ChatTemplate::from_gguf_metadata(md).context("chat template")?;
+        let id = file_name.strip_suffix(".gguf").unwrap_or(file_name).to_string();
+        let mut aliases = vec!["default".to_string()];
+        if let Some(n) = md.get("general.name").and_then(|v| v.as_str()).filter(|n| !n.is_empty()) {
+            aliases.push(n.to_string());
+        }
+        for k in ts_engine::hub::KNOWN {
+            if k.file.eq_ignore_ascii_case(file_name) {
+                aliases.extend(k.aliases.iter().map(|a| a.to_string()));
+            }
+        }
+        aliases.retain(|a| !a.eq_ignore_ascii_case(&id));
+        Ok(ModelBundle { model, tokenizer, template, id, aliases })
+    }
+}
+
+/// Server limits beyond the model's runtime options.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerConfig {
+    /// Requests that may wait for a slot when all are busy; more get 503.
+    pub max_queue: usize,
+    /// Most prompt tokens per forward (chunked prefill).
+    pub prefill_chunk: usize,
+    /// Largest request body, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Stop on Ctrl-C / SIGINT (the CLI; not tests).
+    pub handle_ctrl_c: bool,
+    /// Tokio worker threads for HTTP (the engine has its own thread).
+    pub http_threads: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { max_queue: 64, prefill_chunk: 128, max_body_bytes: 4 << 20, handle_ctrl_c: false, http_threads: 2 }
+    }
+}
+
+/// A running server.
+pub struct Server {
+    addr: SocketAddr,
+    engine: Arc<Engine>,
+    metrics: Arc<Metrics>,
+    model_id: String,
+    stop_tx: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<Result<()>>>,
+}
+
+impl Server {
+    /// Binds `addr` (port 0 picks a free one), starts the engine over `bundle.model` and serves
+    /// on a background thread. Returns once the socket listens.
+    pub fn start(bundle: ModelBundle, cfg: ServerConfig, addr: SocketAddr) -> Result<Server> {
+        let listener = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let metrics = Arc::new(Metrics::default());
+        let tokenizer = Arc::new(bundle.tokenizer);
+        let engine = Engine::start(
+            bundle.model,
+            tokenizer.clone(),
+            EngineConfig { max_queue: cfg.max_queue, prefill_chunk: cfg.prefill_chunk },
+            metrics.clone(),
+        )?;
+        let state = Arc::new(http::AppState {
+            engine: engine.clone(),
+            tokenizer,
+            template: bundle.template,
+            model_id: bundle.id.clone(),
+            aliases: bundle.aliases,
+            created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            metrics: metrics.clone(),
+            counter: AtomicU64::new(0),
+        });
+        let app = http::router(state, cfg.max_body_bytes);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.http_threads.max(1))
+            .thread_name("ts-http")
+            .enable_all()
+            .build()?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let ctrl_c = cfg.handle_ctrl_c;
+        let thread = std::thread::Builder::new().name("ts-serve".into()).spawn(move || -> Result<()> {
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                let stop = async move {
+                    if ctrl_c {
+                        tokio::select! {
+                            _ = stop_rx => {}
+                            _ = tokio::signal::ctrl_c() => { eprintln!("turbospark: stopping (Ctrl-C)"); }
+                        }
+                    } else {
+                        let _ = stop_rx.await;
+                    }
+                };
+                axum::serve(listener, app).with_graceful_shutdown(stop).await?;
+                Ok(())
+            })
+        })?;
+        Ok(Server { addr, engine, metrics, model_id: bundle.id, stop_tx: Some(stop_tx), thread: Some(thread) })
+    }
+
+    /// The address served (with the real port).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The model id served.
+    pub fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    /// The live metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The engine (slots, occupancy).
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Blocks until the server stops (Ctrl-C with [`ServerConfig::handle_ctrl_c`]).
+    pub fn wait(mut self) -> Result<()> {
+        let r = self.join();
+        self.engine.shutdown();
+        r
+    }
+
+    /// Stops the engine (running requests end with an error) and the HTTP server.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop()
+    }
+
+    fn join(&mut self) -> Result<()> {
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| anyhow::anyhow!("the HTTP thread panicked"))?,
+            None => Ok(()),
+        }
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        self.engine.shutdown();
+        if let Some(tx) = self.stop_tx.take() {
+            let _ = tx.send(());
+        }
+        self.join()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}

@@ -1,0 +1,145 @@
+//! `turbospark serve` (OpenAI-compatible HTTP server, continuous batching) and
+//! `turbospark loadtest` (concurrent streaming clients against it). The server itself lives in
+//! the `ts-server` crate; this file only parses flags and loads the model.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ts_engine::hub;
+use ts_server::loadtest::{self, LoadtestOptions};
+use ts_server::{ModelBundle, Server, ServerConfig};
+
+use crate::{load, BackendKind, ModelOpts};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model: a .gguf file, a Hugging Face folder, or a known name (default: SmolLM2-135M-Instruct).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Compute backend. `auto` uses CUDA when a GPU is present, else the CPU.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    pub backend: BackendKind,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Sequences generated at once (cache slots); more requests wait in the queue.
+    #[arg(long = "max-seqs", default_value_t = 4)]
+    pub max_seqs: usize,
+    /// Context length of each sequence, prompt plus completion (default: min(model's, 4096)).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Requests that may wait for a slot when all are busy; beyond that, 503.
+    #[arg(long = "max-queue", default_value_t = 64)]
+    pub max_queue: usize,
+    /// Most prompt tokens per forward pass (chunked prefill keeps decoding going during long prompts).
+    #[arg(long = "prefill-chunk", default_value_t = 128)]
+    pub prefill_chunk: usize,
+    /// Largest request body in bytes.
+    #[arg(long = "max-body-bytes", default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+}
+
+/// Loads the model once, then serves until Ctrl-C.
+pub fn serve(a: ServeArgs) -> Result<()> {
+    if a.max_seqs == 0 {
+        bail!("--max-seqs must be at least 1");
+    }
+    if a.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
+    }
+    let o = ModelOpts {
+        model: a.model.clone(),
+        backend: a.backend,
+        threads: a.threads,
+        ctx_size: a.ctx_size,
+        // One decode token per slot plus a prompt chunk: the widest forward a step makes.
+        batch_size: a.max_seqs + a.prefill_chunk,
+    };
+    let l = load::load(&o, Some(&hub::SMOLLM2), a.max_seqs)?;
+    let file = l.path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
+    let ctx = l.model.options().ctx;
+    let bundle = ModelBundle::from_metadata(l.model, l.src.metadata(), &file).with_context(|| format!("{}", l.path.display()))?;
+    let cfg = ServerConfig {
+        max_queue: a.max_queue,
+        prefill_chunk: a.prefill_chunk,
+        max_body_bytes: a.max_body_bytes,
+        handle_ctrl_c: true,
+        ..ServerConfig::default()
+    };
+    let server = Server::start(bundle, cfg, SocketAddr::new(a.host, a.port))?;
+    eprintln!(
+        "turbospark: serving {} at {} ({} sequences of {} tokens, backend {}); POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics",
+        server.model_id(),
+        server.url(),
+        a.max_seqs,
+        ctx,
+        l.backend_name
+    );
+    // `l.src` (the mapped file) stays alive until the server stops.
+    let r = server.wait();
+    drop(l.src);
+    r
+}
+
+#[derive(Args)]
+pub struct LoadtestArgs {
+    /// Server URL (loopback only).
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Concurrent streaming clients.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// Seconds during which clients start new requests.
+    #[arg(long, default_value_t = 20.0)]
+    pub duration: f64,
+    /// max_tokens of each request.
+    #[arg(long = "max-tokens", default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Prompt of each request.
+    #[arg(long, default_value = "Write a short story about a robot who learns to paint.")]
+    pub prompt: String,
+    /// Send raw completions (/v1/completions) instead of chat.
+    #[arg(long)]
+    pub raw: bool,
+    /// Sampling temperature (each client has its own seed).
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+}
+
+/// Runs the load test and prints its report.
+pub fn loadtest(a: LoadtestArgs) -> Result<()> {
+    if !(a.duration.is_finite() && a.duration > 0.0 && a.duration <= 3600.0) {
+        bail!("--duration must be between 0 and 3600 seconds");
+    }
+    let o = LoadtestOptions {
+        url: a.url.clone(),
+        clients: a.clients,
+        duration: Duration::from_secs_f64(a.duration),
+        max_tokens: a.max_tokens.max(1),
+        prompt: a.prompt.clone(),
+        chat: !a.raw,
+        temperature: a.temperature,
+    };
+    eprintln!(
+        "turbospark: loadtest {} with {} streaming clients for {:.1} s (max_tokens {}, {})",
+        a.url,
+        a.clients,
+        a.duration,
+        o.max_tokens,
+        if o.chat { "chat" } else { "completions" }
+    );
+    let r = loadtest::run(&o)?;
+    println!("{}", r.summary());
+    if r.completed == 0 {
+        bail!("no request completed");
+    }
+    Ok(())
+}

@@ -1,0 +1,379 @@
+//! Routes and handlers: parse → tokenise → validate lengths → submit to the engine → answer
+//! (one JSON object, or an SSE stream of chunks ending `data: [DONE]`).
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use ts_engine::{ChatTemplate, Tokenizer};
+
+use crate::api::{self, Common, Meta, Prompt};
+use crate::engine::{Engine, Event, Finish, Job, TokenLogprob};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    /// The id `/v1/models` lists and responses carry.
+    pub model_id: String,
+    /// Other names accepted in `model` (compared case-insensitively, like the id).
+    pub aliases: Vec<String>,
+    /// Unix time the server started (the model's `created`).
+    pub created: u64,
+    pub metrics: Arc<Metrics>,
+    /// Request counter for ids.
+    pub counter: AtomicU64,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The router over `state`, refusing bodies over `max_body_bytes`.
+pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model_one))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+fn record(st: &AppState, route: &'static str, r: Response) -> Response {
+    st.metrics.response(route, r.status().as_u16());
+    r
+}
+
+async fn not_found(State(st): State<Arc<AppState>>, uri: axum::http::Uri, method: axum::http::Method) -> Response {
+    let e = ApiError::not_found(format!(
+        "{method} {}: no such route (routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics)",
+        uri.path()
+    ));
+    record(&st, "other", e.into_response())
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let m = &st.metrics;
+    let body = json!({
+        "status": "ok",
+        "model": st.model_id,
+        "slots_total": st.engine.n_slots(),
+        "slots_busy": m.active_seqs.load(Relaxed),
+        "queue_depth": m.queue_depth.load(Relaxed),
+        "ctx_size": st.engine.ctx(),
+    });
+    record(&st, "health", axum::Json(body).into_response())
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    st.metrics.response("metrics", 200);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], st.metrics.render()).into_response()
+}
+
+fn model_object(st: &AppState) -> Value {
+    json!({"id": st.model_id, "object": "model", "created": st.created, "owned_by": "turbospark"})
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let body = json!({"object": "list", "data": [model_object(&st)]});
+    record(&st, "models", axum::Json(body).into_response())
+}
+
+async fn model_one(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    let r = match check_model(&st, Some(&id)) {
+        Ok(()) => axum::Json(model_object(&st)).into_response(),
+        Err(e) => e.into_response(),
+    };
+    record(&st, "models", r)
+}
+
+/// Accepts the loaded model's id and aliases (any case); a missing `model` means the loaded one.
+fn check_model(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    let Some(m) = model else { return Ok(()) };
+    let ok = m.eq_ignore_ascii_case(&st.model_id) || st.aliases.iter().any(|a| a.eq_ignore_ascii_case(m));
+    if ok {
+        return Ok(());
+    }
+    Err(ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!("The model '{m}' does not exist on this server; it serves '{}' (GET /v1/models).", st.model_id),
+        kind: "invalid_request_error",
+        param: Some("model".into()),
+        code: Some("model_not_found"),
+    })
+}
+
+fn body_error(r: BytesRejection) -> ApiError {
+    let status = r.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::bad_request(format!("The request body is too large: {}", r.body_text()))
+            .with_status(status)
+            .with_code("request_too_large")
+    } else {
+        ApiError::bad_request(format!("Could not read the request body: {}", r.body_text())).with_status(status)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let arrived = Instant::now();
+    let r = match chat_inner(&st, body) {
+        Ok((c, ids)) => generate(&st, Kind::Chat, c, ids, arrived).await,
+        Err(e) => Err(e),
+    };
+    record(&st, "chat", r.unwrap_or_else(IntoResponse::into_response))
+}
+
+fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(Common, Vec<u32>), ApiError> {
+    let body = body.map_err(body_error)?;
+    let obj = api::parse_body(&body)?;
+    let c = api::parse_common(&obj, true)?;
+    check_model(st, c.model.as_deref())?;
+    let msgs = api::parse_messages(&obj)?;
+    let tok = &st.tokenizer;
+    let bos = tok.bos().and_then(|b| tok.token_str(b)).unwrap_or("");
+    let eos = tok.eos().and_then(|b| tok.token_str(b)).unwrap_or("");
+    let text = st
+        .template
+        .render(&msgs, true, bos, eos)
+        .map_err(|e| ApiError::invalid("messages", format!("The chat template could not render these messages: {e}")))?;
+    // The template may already start with BOS; do not add a second one.
+    let has_bos = !bos.is_empty() && text.starts_with(bos);
+    let ids = tok
+        .encode_with(&text, tok.add_bos() && !has_bos, true)
+        .map_err(|e| ApiError::internal(format!("tokenising the prompt failed: {e}")))?;
+    Ok((c, ids))
+}
+
+async fn completions(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let arrived = Instant::now();
+    let r = match completions_inner(&st, body) {
+        Ok((c, ids)) => generate(&st, Kind::Completion, c, ids, arrived).await,
+        Err(e) => Err(e),
+    };
+    record(&st, "completions", r.unwrap_or_else(IntoResponse::into_response))
+}
+
+fn completions_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(Common, Vec<u32>), ApiError> {
+    let body = body.map_err(body_error)?;
+    let obj = api::parse_body(&body)?;
+    let c = api::parse_common(&obj, false)?;
+    check_model(st, c.model.as_deref())?;
+    let tok = &st.tokenizer;
+    let ids = match api::parse_prompt(&obj)? {
+        Prompt::Text(t) => {
+            let bos = tok.bos().and_then(|b| tok.token_str(b)).unwrap_or("");
+            let has_bos = !bos.is_empty() && t.starts_with(bos);
+            tok.encode_with(&t, tok.add_bos() && !has_bos, true)
+                .map_err(|e| ApiError::internal(format!("tokenising the prompt failed: {e}")))?
+        }
+        Prompt::Tokens(ids) => {
+            let nv = tok.vocab_size();
+            if let Some((i, t)) = ids.iter().enumerate().find(|(_, &t)| t as usize >= nv) {
+                return Err(ApiError::invalid(format!("prompt[{i}]"), format!("Token id {t} is outside the vocabulary (0..{nv}).")));
+            }
+            ids
+        }
+    };
+    Ok((c, ids))
+}
+
+/// Length checks, submission, then the answer (streamed or whole).
+async fn generate(st: &Arc<AppState>, kind: Kind, c: Common, prompt: Vec<u32>, arrived: Instant) -> Result<Response, ApiError> {
+    let ctx = st.engine.ctx();
+    let pparam = if kind == Kind::Chat { "messages" } else { "prompt" };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(pparam, "The prompt is empty (no tokens)."));
+    }
+    if prompt.len() >= ctx {
+        return Err(ApiError::invalid(
+            pparam,
+            format!(
+                "The prompt is {} tokens, but this server's context holds {ctx} tokens (prompt and completion together); shorten the prompt.",
+                prompt.len()
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let max_tokens = match c.max_tokens {
+        Some(m) if m > ctx => {
+            return Err(ApiError::invalid("max_tokens", format!("'max_tokens' is {m}, but this server's context holds {ctx} tokens."))
+                .with_code("context_length_exceeded"))
+        }
+        Some(m) if prompt.len() + m > ctx => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!(
+                    "The prompt ({} tokens) plus 'max_tokens' ({m}) is {} tokens, beyond this server's context of {ctx}; lower max_tokens to at most {}.",
+                    prompt.len(),
+                    prompt.len() + m,
+                    ctx - prompt.len()
+                ),
+            )
+            .with_code("context_length_exceeded"))
+        }
+        Some(m) => m,
+        None => ctx - prompt.len(),
+    };
+    let (tx, rx) = unbounded_channel();
+    let n_prompt = prompt.len();
+    st.engine.submit(Job {
+        prompt,
+        sampling: c.sampling.clone(),
+        max_tokens,
+        stop: c.stop.clone(),
+        top_logprobs: c.top_logprobs,
+        events: tx,
+        arrived,
+    })?;
+    let n = st.counter.fetch_add(1, Relaxed);
+    let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
+    let now = unix_now();
+    let meta = Meta { id: format!("{prefix}-{now:x}{n:06x}"), created: now, model: st.model_id.clone() };
+    if c.stream {
+        Ok(stream_response(kind, meta, c, rx))
+    } else {
+        whole_response(kind, meta, c, rx, n_prompt).await
+    }
+}
+
+async fn whole_response(kind: Kind, meta: Meta, c: Common, mut rx: UnboundedReceiver<Event>, n_prompt: usize) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut lps: Vec<TokenLogprob> = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Delta { text: t, logprobs } => {
+                text.push_str(&t);
+                lps.extend(logprobs);
+            }
+            Event::Done { finish, prompt_tokens, completion_tokens } => {
+                let lp = c.top_logprobs.map(|_| lps.as_slice());
+                let v = match kind {
+                    Kind::Chat => api::chat_response(&meta, &text, finish, lp, prompt_tokens, completion_tokens),
+                    Kind::Completion => api::completion_response(&meta, &text, finish, lp, prompt_tokens, completion_tokens),
+                };
+                return Ok(axum::Json(v).into_response());
+            }
+            Event::Failed(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+        }
+    }
+    Err(ApiError::internal(format!("the engine dropped the request ({n_prompt} prompt tokens) without finishing it")))
+}
+
+enum Phase {
+    Start,
+    Running,
+    Over,
+}
+
+struct StreamState {
+    kind: Kind,
+    meta: Meta,
+    include_usage: bool,
+    logprobs: bool,
+    rx: UnboundedReceiver<Event>,
+    phase: Phase,
+    /// Text offset (characters) for legacy completions logprobs.
+    offset: usize,
+}
+
+fn sse(buf: &mut String, v: &Value) {
+    buf.push_str("data: ");
+    buf.push_str(&v.to_string());
+    buf.push_str("\n\n");
+}
+
+impl StreamState {
+    fn delta(&mut self, text: &str, lps: &[TokenLogprob], finish: Option<Finish>) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let lp = self.logprobs.then(|| api::chat_logprobs(lps));
+                let delta = if finish.is_some() && text.is_empty() { json!({}) } else { json!({"content": text}) };
+                api::chat_chunk(&self.meta, delta, finish, lp, self.include_usage)
+            }
+            Kind::Completion => {
+                let lp = self.logprobs.then(|| api::completion_logprobs(lps, &mut self.offset));
+                api::completion_chunk(&self.meta, text, finish, lp, self.include_usage)
+            }
+        }
+    }
+
+    /// The next bytes of the stream, or None at its end.
+    async fn next(&mut self) -> Option<Bytes> {
+        let mut out = String::new();
+        match self.phase {
+            Phase::Over => return None,
+            Phase::Start => {
+                self.phase = Phase::Running;
+                if self.kind == Kind::Chat {
+                    let v = api::chat_chunk(&self.meta, json!({"role": "assistant", "content": ""}), None, None, self.include_usage);
+                    sse(&mut out, &v);
+                    return Some(Bytes::from(out));
+                }
+            }
+            Phase::Running => {}
+        }
+        match self.rx.recv().await {
+            Some(Event::Delta { text, logprobs }) => {
+                let v = self.delta(&text, &logprobs, None);
+                sse(&mut out, &v);
+            }
+            Some(Event::Done { finish, prompt_tokens, completion_tokens }) => {
+                let v = self.delta("", &[], Some(finish));
+                sse(&mut out, &v);
+                if self.include_usage {
+                    let object = if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+                    sse(&mut out, &api::usage_chunk(&self.meta, object, prompt_tokens, completion_tokens));
+                }
+                out.push_str("data: [DONE]\n\n");
+                self.phase = Phase::Over;
+            }
+            Some(Event::Failed(e)) => {
+                sse(&mut out, &ApiError::internal(format!("generation failed: {e}")).body());
+                out.push_str("data: [DONE]\n\n");
+                self.phase = Phase::Over;
+            }
+            None => {
+                sse(&mut out, &ApiError::internal("the engine dropped the request without finishing it").body());
+                out.push_str("data: [DONE]\n\n");
+                self.phase = Phase::Over;
+            }
+        }
+        Some(Bytes::from(out))
+    }
+}
+
+/// An SSE response; dropping it (client gone) drops `rx`, which stops the sequence.
+fn stream_response(kind: Kind, meta: Meta, c: Common, rx: UnboundedReceiver<Event>) -> Response {
+    let st = StreamState { kind, meta, include_usage: c.include_usage, logprobs: c.top_logprobs.is_some(), rx, phase: Phase::Start, offset: 0 };
+    let stream = futures_util::stream::unfold(st, |mut st| async move { st.next().await.map(|b| (Ok::<Bytes, Infallible>(b), st)) });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .header("x-accel-buffering", "no")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|e| ApiError::internal(format!("building the stream response failed: {e}")).into_response())
+}

@@ -1,0 +1,245 @@
+//! `turbospark loadtest`: N concurrent streaming clients against a local server for a bounded
+//! time; reports aggregate generated tokens per second, time to first token (p50/p99) and errors.
+//!
+//! Each client loops: send a streaming request (`stream_options.include_usage` so the token count
+//! is the server's), time the first content chunk, read to `[DONE]`. New requests start only
+//! before the deadline; requests still running at the deadline get a grace period (at most
+//! [`GRACE`]), after which they are abandoned and counted as cut off. Loopback only.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::client;
+
+/// Longest wait for requests still running when the duration is over.
+pub const GRACE: Duration = Duration::from_secs(60);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LoadtestOptions {
+    /// `http://127.0.0.1:PORT` (loopback only).
+    pub url: String,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// How long clients keep starting requests.
+    pub duration: Duration,
+    /// `max_tokens` of every request.
+    pub max_tokens: usize,
+    /// The prompt (a user message with `chat`, raw text otherwise).
+    pub prompt: String,
+    /// Use `/v1/chat/completions` (else `/v1/completions`).
+    pub chat: bool,
+    /// Sampling temperature (each client gets its own seed).
+    pub temperature: f32,
+}
+
+/// The outcome.
+#[derive(Debug, Clone, Default)]
+pub struct LoadtestReport {
+    pub clients: usize,
+    /// Requests that ended with `[DONE]`.
+    pub completed: usize,
+    /// Requests that failed (HTTP status, connection, error event), with up to 5 examples.
+    pub errors: usize,
+    pub error_samples: Vec<String>,
+    /// Requests abandoned at the end of the grace period.
+    pub cut_off: usize,
+    /// Generated tokens (from the server's usage).
+    pub tokens: u64,
+    /// Wall time from the first request to the last one finishing.
+    pub elapsed: Duration,
+    /// Time to first token, sorted.
+    pub ttfts: Vec<Duration>,
+}
+
+impl LoadtestReport {
+    /// Aggregate generated tokens per second.
+    pub fn tokens_per_second(&self) -> f64 {
+        self.tokens as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The `q`-quantile (0..=1) of time to first token (nearest rank).
+    pub fn ttft_quantile(&self, q: f64) -> Option<Duration> {
+        if self.ttfts.is_empty() {
+            return None;
+        }
+        let rank = ((q * self.ttfts.len() as f64).ceil() as usize).clamp(1, self.ttfts.len());
+        Some(self.ttfts[rank - 1])
+    }
+
+    /// Human summary, several lines.
+    pub fn summary(&self) -> String {
+        let q = |x: Option<Duration>| x.map_or("n/a".to_string(), |d| format!("{:.3} s", d.as_secs_f64()));
+        let mut s = format!(
+            "clients: {}\nrequests: {} completed, {} errors, {} cut off at the deadline\ntokens: {} generated in {:.2} s = {:.1} tok/s aggregate\nTTFT: p50 {}, p99 {}",
+            self.clients,
+            self.completed,
+            self.errors,
+            self.cut_off,
+            self.tokens,
+            self.elapsed.as_secs_f64(),
+            self.tokens_per_second(),
+            q(self.ttft_quantile(0.5)),
+            q(self.ttft_quantile(0.99)),
+        );
+        for e in &self.error_samples {
+            s.push_str(&format!("\nerror: {e}"));
+        }
+        s
+    }
+}
+
+enum Outcome {
+    Done { ttft: Option<Duration>, tokens: u64 },
+    Failed(String),
+}
+
+async fn one_request(addr: SocketAddr, path: &str, body: &Value) -> Outcome {
+    let t0 = Instant::now();
+    let resp = match client::post_json(addr, path, body).await {
+        Ok(r) => r,
+        Err(e) => return Outcome::Failed(format!("connect/send: {e}")),
+    };
+    if resp.status != 200 {
+        let st = resp.status;
+        let text = resp.text().await.unwrap_or_default();
+        return Outcome::Failed(format!("HTTP {st}: {}", text.chars().take(300).collect::<String>()));
+    }
+    let mut ev = resp.events();
+    let mut ttft = None;
+    let mut tokens = 0u64;
+    let mut deltas = 0u64;
+    loop {
+        let data = match ev.next().await {
+            Ok(Some(d)) => d,
+            Ok(None) => return Outcome::Failed("stream ended without [DONE]".into()),
+            Err(e) => return Outcome::Failed(format!("reading the stream: {e}")),
+        };
+        if data == "[DONE]" {
+            let tokens = if tokens > 0 { tokens } else { deltas };
+            return Outcome::Done { ttft, tokens };
+        }
+        let v: Value = match serde_json::from_str(&data) {
+            Ok(v) => v,
+            Err(e) => return Outcome::Failed(format!("bad chunk ({e}): {data}")),
+        };
+        if let Some(err) = v.get("error") {
+            return Outcome::Failed(format!("error event: {err}"));
+        }
+        if let Some(u) = v.get("usage").and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64) {
+            tokens = u;
+        }
+        let c0 = v.get("choices").and_then(|c| c.get(0));
+        let text = c0.and_then(|c| c.get("text").or_else(|| c.get("delta").and_then(|d| d.get("content")))).and_then(Value::as_str);
+        if text.is_some_and(|t| !t.is_empty()) {
+            deltas += 1;
+            if ttft.is_none() {
+                ttft = Some(t0.elapsed());
+            }
+        }
+    }
+}
+
+/// Runs the load test (builds its own Tokio runtime).
+pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
+    if o.clients == 0 {
+        bail!("--clients must be at least 1");
+    }
+    if o.clients > 4096 {
+        bail!("--clients {} is too many (at most 4096)", o.clients);
+    }
+    let addr = client::loopback_addr(&o.url)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        // Reachability first: a clear error instead of N connection failures.
+        let h = client::request(addr, "GET", "/health", None).await.with_context(|| format!("{}: server not reachable", o.url))?;
+        if h.status != 200 {
+            bail!("{}: /health answered {}", o.url, h.status);
+        }
+        let (path, base) = if o.chat {
+            ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": o.prompt}]}))
+        } else {
+            ("/v1/completions", json!({"prompt": o.prompt}))
+        };
+        let start = Instant::now();
+        let deadline = start + o.duration;
+        let hard = deadline + GRACE.min(o.duration.max(Duration::from_secs(10)));
+        let mut tasks = Vec::with_capacity(o.clients);
+        for c in 0..o.clients {
+            let mut body = base.clone();
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+            body["max_tokens"] = json!(o.max_tokens);
+            body["temperature"] = json!(o.temperature);
+            body["seed"] = json!(c);
+            tasks.push(tokio::spawn(async move {
+                let mut res = Vec::new();
+                while Instant::now() < deadline {
+                    let left = hard.saturating_duration_since(Instant::now());
+                    match tokio::time::timeout(left, one_request(addr, path, &body)).await {
+                        Ok(out) => res.push(Some(out)),
+                        Err(_) => {
+                            res.push(None);
+                            break;
+                        }
+                    }
+                }
+                res
+            }));
+        }
+        let mut rep = LoadtestReport { clients: o.clients, ..Default::default() };
+        for t in tasks {
+            let outs = t.await.context("a client task panicked")?;
+            for out in outs {
+                match out {
+                    None => rep.cut_off += 1,
+                    Some(Outcome::Done { ttft, tokens }) => {
+                        rep.completed += 1;
+                        rep.tokens += tokens;
+                        rep.ttfts.extend(ttft);
+                    }
+                    Some(Outcome::Failed(e)) => {
+                        rep.errors += 1;
+                        if rep.error_samples.len() < 5 {
+                            rep.error_samples.push(e);
+                        }
+                    }
+                }
+            }
+        }
+        rep.elapsed = start.elapsed();
+        rep.ttfts.sort();
+        Ok(rep)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles() {
+        let r = LoadtestReport { ttfts: (1..=100).map(Duration::from_millis).collect(), ..Default::default() };
+        assert_eq!(r.ttft_quantile(0.5), Some(Duration::from_millis(50)));
+        assert_eq!(r.ttft_quantile(0.99), Some(Duration::from_millis(99)));
+        assert_eq!(LoadtestReport::default().ttft_quantile(0.5), None);
+    }
+
+    #[test]
+    fn refuses_non_loopback() {
+        let o = LoadtestOptions {
+            url: "http://192.0.2.1:8080".into(),
+            clients: 1,
+            duration: Duration::from_secs(1),
+            max_tokens: 1,
+            prompt: "x".into(),
+            chat: false,
+            temperature: 0.0,
+        };
+        let e = run(&o).expect_err("must refuse");
+        assert!(e.to_string().contains("loopback"), "{e}");
+    }
+}

@@ -1,0 +1,186 @@
+//! Server counters and gauges, rendered as Prometheus text at `GET /metrics`.
+//!
+//! Everything is an atomic (or a short-held mutex for the histogram and the per-status table),
+//! shared between the HTTP handlers and the engine thread.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// Upper bounds (seconds) of the time-to-first-token histogram buckets.
+pub const TTFT_BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// A cumulative histogram (Prometheus semantics).
+#[derive(Debug, Default, Clone)]
+pub struct Histogram {
+    /// Count of observations `<=` each bound of [`TTFT_BUCKETS`].
+    pub buckets: [u64; TTFT_BUCKETS.len()],
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&mut self, v: f64) {
+        for (b, &le) in self.buckets.iter_mut().zip(TTFT_BUCKETS.iter()) {
+            if v <= le {
+                *b += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+}
+
+/// An `f64` gauge stored in an `AtomicU64`.
+#[derive(Debug, Default)]
+pub struct F64Gauge(AtomicU64);
+
+impl F64Gauge {
+    pub fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Relaxed);
+    }
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Relaxed))
+    }
+}
+
+/// Every metric the server exports.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Generation requests accepted into the queue.
+    pub requests_accepted: AtomicU64,
+    /// Requests turned away with 503 because the queue was full.
+    pub requests_rejected: AtomicU64,
+    /// Sequences that ended with `finish_reason` "stop".
+    pub finished_stop: AtomicU64,
+    /// Sequences that ended with `finish_reason` "length".
+    pub finished_length: AtomicU64,
+    /// Sequences whose client went away before the end (slot freed early).
+    pub cancelled: AtomicU64,
+    /// Sequences ended by an engine error.
+    pub failed: AtomicU64,
+    /// Prompt tokens of admitted sequences.
+    pub prompt_tokens: AtomicU64,
+    /// Tokens generated (sampled, end-of-generation tokens excluded).
+    pub completion_tokens: AtomicU64,
+    /// Requests waiting for a cache slot.
+    pub queue_depth: AtomicU64,
+    /// Sequences holding a slot (the active batch).
+    pub active_seqs: AtomicU64,
+    /// Cache slots in all (`--max-seqs`).
+    pub slots_total: AtomicU64,
+    /// Forward passes run.
+    pub steps: AtomicU64,
+    /// Tokens fed through forwards (prompt chunks + decode tokens).
+    pub batch_tokens: AtomicU64,
+    /// Tokens in the latest forward.
+    pub last_batch_tokens: AtomicU64,
+    /// Seconds spent in forwards + sampling.
+    pub step_seconds: F64Gauge,
+    /// Generated tokens per second over the latest window of about a second (0 when idle).
+    pub tokens_per_second: F64Gauge,
+    /// Time from a request's arrival to its first generated token.
+    pub ttft: Mutex<Histogram>,
+    /// HTTP responses by (route, status).
+    pub responses: Mutex<BTreeMap<(&'static str, u16), u64>>,
+}
+
+impl Metrics {
+    /// Counts one HTTP response.
+    pub fn response(&self, route: &'static str, status: u16) {
+        let mut m = self.responses.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry((route, status)).or_insert(0) += 1;
+    }
+
+    /// Records a time to first token, in seconds.
+    pub fn observe_ttft(&self, secs: f64) {
+        self.ttft.lock().unwrap_or_else(|e| e.into_inner()).observe(secs);
+    }
+
+    /// Prometheus text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut s = String::with_capacity(4096);
+        let counter = |s: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        let gauge = |s: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        counter(&mut s, "turbospark_requests_accepted_total", "Generation requests accepted into the queue.", self.requests_accepted.load(Relaxed));
+        counter(&mut s, "turbospark_requests_rejected_total", "Generation requests refused with 503 (queue full).", self.requests_rejected.load(Relaxed));
+        let _ = writeln!(s, "# HELP turbospark_requests_finished_total Sequences ended, by reason.\n# TYPE turbospark_requests_finished_total counter");
+        for (reason, v) in [
+            ("stop", &self.finished_stop),
+            ("length", &self.finished_length),
+            ("cancelled", &self.cancelled),
+            ("error", &self.failed),
+        ] {
+            let _ = writeln!(s, "turbospark_requests_finished_total{{reason=\"{reason}\"}} {}", v.load(Relaxed));
+        }
+        counter(&mut s, "turbospark_prompt_tokens_total", "Prompt tokens of admitted requests.", self.prompt_tokens.load(Relaxed));
+        counter(&mut s, "turbospark_completion_tokens_total", "Tokens generated.", self.completion_tokens.load(Relaxed));
+        gauge(&mut s, "turbospark_queue_depth", "Requests waiting for a cache slot.", self.queue_depth.load(Relaxed) as f64);
+        gauge(&mut s, "turbospark_active_sequences", "Sequences in the running batch (slots in use).", self.active_seqs.load(Relaxed) as f64);
+        gauge(&mut s, "turbospark_slots_total", "Cache slots (--max-seqs).", self.slots_total.load(Relaxed) as f64);
+        gauge(&mut s, "turbospark_batch_tokens", "Tokens in the latest forward pass.", self.last_batch_tokens.load(Relaxed) as f64);
+        counter(&mut s, "turbospark_steps_total", "Forward passes run.", self.steps.load(Relaxed));
+        counter(&mut s, "turbospark_batch_tokens_total", "Tokens fed through forward passes.", self.batch_tokens.load(Relaxed));
+        let _ = writeln!(
+            s,
+            "# HELP turbospark_step_seconds_total Seconds spent in forward passes and sampling.\n# TYPE turbospark_step_seconds_total counter\nturbospark_step_seconds_total {}",
+            self.step_seconds.get()
+        );
+        gauge(&mut s, "turbospark_tokens_per_second", "Generated tokens per second over the latest window (about 1 s).", self.tokens_per_second.get());
+        {
+            let h = self.ttft.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let _ = writeln!(s, "# HELP turbospark_time_to_first_token_seconds Time from request arrival to its first token.\n# TYPE turbospark_time_to_first_token_seconds histogram");
+            for (le, c) in TTFT_BUCKETS.iter().zip(h.buckets.iter()) {
+                let _ = writeln!(s, "turbospark_time_to_first_token_seconds_bucket{{le=\"{le}\"}} {c}");
+            }
+            let _ = writeln!(s, "turbospark_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}", h.count);
+            let _ = writeln!(s, "turbospark_time_to_first_token_seconds_sum {}", h.sum);
+            let _ = writeln!(s, "turbospark_time_to_first_token_seconds_count {}", h.count);
+        }
+        {
+            let m = self.responses.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let _ = writeln!(s, "# HELP turbospark_http_responses_total HTTP responses by route and status.\n# TYPE turbospark_http_responses_total counter");
+            for ((route, code), v) in m {
+                let _ = writeln!(s, "turbospark_http_responses_total{{route=\"{route}\",code=\"{code}\"}} {v}");
+            }
+        }
+        s
+    }
+}
+
+/// The value of the first sample named `name` (labels included, e.g.
+/// `turbospark_requests_finished_total{reason="cancelled"}`) in Prometheus text `text`.
+pub fn scrape(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_and_scrapes() {
+        let m = Metrics::default();
+        m.completion_tokens.store(42, Relaxed);
+        m.cancelled.store(3, Relaxed);
+        m.step_seconds.set(1.5);
+        m.observe_ttft(0.2);
+        m.response("chat", 400);
+        let t = m.render();
+        assert_eq!(scrape(&t, "turbospark_completion_tokens_total"), Some(42.0));
+        assert_eq!(scrape(&t, "turbospark_requests_finished_total{reason=\"cancelled\"}"), Some(3.0));
+        assert_eq!(scrape(&t, "turbospark_step_seconds_total"), Some(1.5));
+        assert_eq!(scrape(&t, "turbospark_time_to_first_token_seconds_bucket{le=\"0.25\"}"), Some(1.0));
+        assert_eq!(scrape(&t, "turbospark_time_to_first_token_seconds_bucket{le=\"0.1\"}"), Some(0.0));
+        assert_eq!(scrape(&t, "turbospark_http_responses_total{route=\"chat\",code=\"400\"}"), Some(1.0));
+        assert_eq!(t.matches("# TYPE turbospark_step_seconds_total").count(), 1);
+    }
+}
