@@ -18,16 +18,21 @@ pub enum AnyBackend {
 
 impl AnyBackend {
     /// `Auto` takes CUDA device 0 when one opens, else the CPU; `Cuda` without a GPU is an error.
-    pub fn new(kind: BackendKind, threads: Option<usize>) -> Result<Self> {
+    /// `exact` selects the CPU's f32-activation referee mode.
+    pub fn new(kind: BackendKind, threads: Option<usize>, exact: bool) -> Result<Self> {
+        let cpu = || -> Result<Self> {
+            let b = CpuBackend::new(threads)?;
+            Ok(AnyBackend::Cpu(Arc::new(if exact { b.exact() } else { b })))
+        };
         match kind {
-            BackendKind::Cpu => Ok(AnyBackend::Cpu(Arc::new(CpuBackend::new(threads)?))),
+            BackendKind::Cpu => cpu(),
             BackendKind::Cuda => {
                 let b = CudaBackend::new(0).map_err(|e| anyhow!("--backend cuda: {e}"))?;
                 Ok(AnyBackend::Cuda(Arc::new(b)))
             }
             BackendKind::Auto => match CudaBackend::new(0) {
                 Ok(b) => Ok(AnyBackend::Cuda(Arc::new(b))),
-                Err(_) => Ok(AnyBackend::Cpu(Arc::new(CpuBackend::new(threads)?))),
+                Err(_) => cpu(),
             },
         }
     }

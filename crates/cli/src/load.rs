@@ -77,7 +77,10 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
     let path = resolve(o.model.as_deref(), default)?;
     let src = open_source(&path)?;
     let opts = runtime_options(o, src.as_ref(), n_slots);
-    let be = AnyBackend::new(o.backend, o.threads)?;
+    if o.exact && o.backend == crate::BackendKind::Cuda {
+        bail!("--exact is a CPU mode; use it with --backend cpu");
+    }
+    let be = AnyBackend::new(o.backend, o.threads, o.exact)?;
     let free_before = be.device_memory();
     if let Some((free, total)) = free_before {
         let need: u64 = src.tensor_names().iter().filter_map(|n| src.tensor(n)).map(|t| t.data.len() as u64).sum();

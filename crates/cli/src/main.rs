@@ -70,6 +70,10 @@ pub struct ModelOpts {
     /// Context length in tokens (default: min(model's training context, 4096)).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
+    /// CPU referee mode: keep activations in f32 instead of quantising them to 8 bits for the
+    /// integer dot products (slower; used to check other backends and reference outputs).
+    #[arg(long)]
+    pub exact: bool,
     /// Most tokens per forward pass (prompt chunk size).
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
