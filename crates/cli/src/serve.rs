@@ -60,6 +60,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         backend: a.backend,
         threads: a.threads,
         ctx_size: a.ctx_size,
+        exact: false,
         // One decode token per slot plus a prompt chunk: the widest forward a step makes.
         batch_size: a.max_seqs + a.prefill_chunk,
     };
