@@ -7,12 +7,14 @@
 //!
 //! * [`llama`]     — llama family (SmolLM2, Llama 2/3 …): RMSNorm, GQA, rope, SwiGLU.
 //! * [`deepseek2`] — DeepSeek-V2 / V2-Lite / V2.5: MLA with a compressed cache, MoE, YaRN.
+//! * [`gemma3`]    — Gemma 3 text models: sandwich norms, q/k norms, sliding-window + global layers.
 //! * [`synth`]     — random-weight deepseek2 files (GGUF or HF folder) at real shapes.
 //!
 //! The engine drives a model through the object-safe [`Model`] trait.
 
 pub mod bind;
 pub mod deepseek2;
+pub mod gemma3;
 pub mod llama;
 pub mod meta;
 pub mod synth;
@@ -104,9 +106,10 @@ pub fn load<B: Backend + 'static>(src: &dyn TensorSource, be: Arc<B>, opts: Runt
     match arch.as_str() {
         "llama" => Ok(Box::new(llama::Llama::open(src, be, opts)?)),
         "deepseek2" | "deepseek_v2" => Ok(Box::new(deepseek2::DeepSeek2::open(src, be, opts)?)),
+        "gemma3" | "gemma3_text" => Ok(Box::new(gemma3::Gemma3::open(src, be, opts)?)),
         other => Err(ModelError::Config {
             path: src.path().to_string(),
-            what: format!("architecture '{other}' is not supported (supported: llama, deepseek2)"),
+            what: format!("architecture '{other}' is not supported (supported: llama, deepseek2, gemma3)"),
         }),
     }
 }
