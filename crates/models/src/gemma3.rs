@@ -577,3 +577,218 @@ impl<B: Backend> Model for Gemma3<B> {
         self.output_logits(batch, logits)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ts_cpu::CpuBackend;
+    use ts_formats::{GgmlType, TensorData, TensorSource, Value};
+
+    use super::*;
+
+    /// An in-memory F32 source.
+    struct Mem {
+        meta: BTreeMap<String, Value>,
+        tensors: Vec<(String, Vec<usize>, Vec<u8>)>,
+    }
+
+    impl TensorSource for Mem {
+        fn path(&self) -> &str {
+            "mem.gguf"
+        }
+        fn tensor(&self, name: &str) -> Option<TensorData<'_>> {
+            self.tensors.iter().find(|t| t.0 == name).map(|t| TensorData { name: &t.0, dtype: GgmlType::F32, shape: &t.1, data: &t.2 })
+        }
+        fn tensor_names(&self) -> Vec<&str> {
+            self.tensors.iter().map(|t| t.0.as_str()).collect()
+        }
+        fn metadata(&self) -> &BTreeMap<String, Value> {
+            &self.meta
+        }
+    }
+
+    const H: usize = 32;
+    const NH: usize = 2;
+    const NKV: usize = 1;
+    const D: usize = 16;
+    const FF: usize = 48;
+    const V: usize = 40;
+    const L: usize = 3;
+    const W: usize = 4;
+
+    fn gguf_meta(layers: usize) -> BTreeMap<String, Value> {
+        let mut m = BTreeMap::new();
+        let u = |x: usize| Value::U32(x as u32);
+        m.insert("general.architecture".into(), Value::String("gemma3".into()));
+        m.insert("gemma3.embedding_length".into(), u(H));
+        m.insert("gemma3.block_count".into(), u(layers));
+        m.insert("gemma3.attention.head_count".into(), u(NH));
+        m.insert("gemma3.attention.head_count_kv".into(), u(NKV));
+        m.insert("gemma3.attention.key_length".into(), u(D));
+        m.insert("gemma3.attention.value_length".into(), u(D));
+        m.insert("gemma3.feed_forward_length".into(), u(FF));
+        m.insert("gemma3.vocab_size".into(), u(V));
+        m.insert("gemma3.attention.sliding_window".into(), u(W));
+        m.insert("gemma3.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-6));
+        m.insert("gemma3.rope.freq_base".into(), Value::F32(1e6));
+        m
+    }
+
+    /// A random tiny model: `hf` selects the naming and whether norm weights carry the +1.
+    fn tiny(hf: bool, softcap: Option<f32>) -> Mem {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move |scale: f32| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
+        };
+        let naming = if hf { Naming::Hf } else { Naming::Gguf };
+        let mut tensors = Vec::new();
+        let mut add = |name: String, shape: Vec<usize>, norm: bool, rnd: &mut dyn FnMut(f32) -> f32| {
+            let n: usize = shape.iter().product();
+            let vals: Vec<f32> = (0..n).map(|_| if norm { rnd(0.5) + if hf { 0.0 } else { 1.0 } } else { rnd(0.3) }).collect();
+            tensors.push((name, shape, vals.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        };
+        add(naming.global("embd").into(), vec![H, V], false, &mut rnd);
+        add(naming.global("norm").into(), vec![H], true, &mut rnd);
+        for l in 0..L {
+            for (role, shape, norm) in [
+                ("attn_norm", vec![H], true),
+                ("attn_q", vec![H, NH * D], false),
+                ("attn_k", vec![H, NKV * D], false),
+                ("attn_v", vec![H, NKV * D], false),
+                ("attn_q_norm", vec![D], true),
+                ("attn_k_norm", vec![D], true),
+                ("attn_output", vec![NH * D, H], false),
+                ("post_attention_norm", vec![H], true),
+                ("ffn_norm", vec![H], true),
+                ("ffn_gate", vec![H, FF], false),
+                ("ffn_up", vec![H, FF], false),
+                ("ffn_down", vec![FF, H], false),
+                ("post_ffw_norm", vec![H], true),
+            ] {
+                add(naming.layer(l, role), shape, norm, &mut rnd);
+            }
+        }
+        let meta = if hf {
+            let mut m = BTreeMap::new();
+            let i = |x: usize| Value::I64(x as i64);
+            m.insert("general.architecture".into(), Value::String("gemma3_text".into()));
+            for (k, v) in [("hidden_size", H), ("num_hidden_layers", L), ("num_attention_heads", NH), ("num_key_value_heads", NKV), ("head_dim", D), ("intermediate_size", FF), ("vocab_size", V), ("sliding_window", W), ("query_pre_attn_scalar", D)] {
+                m.insert(format!("hf.{k}"), i(v));
+            }
+            m.insert("hf.sliding_window_pattern".into(), i(3));
+            m.insert("hf.rms_norm_eps".into(), Value::F64(1e-6));
+            m.insert("hf.rope_theta".into(), Value::F64(1e6));
+            m.insert("hf.rope_local_base_freq".into(), Value::F64(1e4));
+            m.insert("hf.hidden_activation".into(), Value::String("gelu_pytorch_tanh".into()));
+            if let Some(c) = softcap {
+                m.insert("hf.final_logit_softcapping".into(), Value::F64(c as f64));
+            }
+            m
+        } else {
+            let mut m = gguf_meta(L);
+            m.insert("gemma3.attention.sliding_window_pattern".into(), Value::U32(3));
+            if let Some(c) = softcap {
+                m.insert("gemma3.final_logit_softcapping".into(), Value::F32(c));
+            }
+            m
+        };
+        Mem { meta, tensors }
+    }
+
+    fn logits(src: &Mem, toks: &[u32], one_by_one: bool) -> Vec<f32> {
+        let be = Arc::new(CpuBackend::new(Some(1)).expect("cpu").exact());
+        let opts = RuntimeOptions { ctx: 32, n_slots: 1, max_batch: 16 };
+        let mut m = crate::load(src, be, opts).expect("open");
+        let mut out = vec![0f32; toks.len() * V];
+        if one_by_one {
+            for (i, &t) in toks.iter().enumerate() {
+                m.forward(&BatchMeta::sequence(&[t], i as u32, 32, false), &mut out[i * V..(i + 1) * V]).expect("forward");
+            }
+        } else {
+            m.forward(&BatchMeta::sequence(toks, 0, 32, true), &mut out).expect("forward");
+        }
+        out
+    }
+
+    const TOKS: [u32; 11] = [2, 7, 19, 3, 33, 8, 8, 21, 39, 0, 14];
+
+    #[test]
+    fn config_matches_llama_cpp_defaults() {
+        let src = Mem { meta: gguf_meta(18), tensors: vec![] };
+        let (c, _) = Gemma3Config::read(&src).expect("config");
+        let globals: Vec<usize> = (0..18).filter(|&l| c.is_global[l]).collect();
+        assert_eq!(globals, [5, 11, 17]);
+        assert_eq!((c.rope_base_local, c.rope_base_global, c.rope_linear_global), (10_000.0, 1e6, 1.0));
+        assert_eq!(c.attn_scale, 0.25);
+        assert_eq!(c.norm_offset, 0.0);
+        assert_eq!((c.attn_softcap, c.final_softcap), (None, None));
+        assert_eq!(c.embed_scale, (H as f32).sqrt());
+    }
+
+    #[test]
+    fn unknown_variants_are_errors_naming_the_key() {
+        let mut src = Mem { meta: gguf_meta(6), tensors: vec![] };
+        src.meta.insert("gemma3.rope.scaling.type".into(), Value::String("yarn".into()));
+        let e = Gemma3Config::read(&src).err().expect("must refuse").to_string();
+        assert!(e.contains("gemma3.rope.scaling.type") && e.contains("yarn"), "{e}");
+        let mut src = Mem { meta: gguf_meta(6), tensors: vec![] };
+        src.meta.insert("gemma3.attention.sliding_window_pattern".into(), Value::String("x".into()));
+        let e = Gemma3Config::read(&src).err().expect("must refuse").to_string();
+        assert!(e.contains("gemma3.attention.sliding_window_pattern"), "{e}");
+        let mut src = Mem { meta: gguf_meta(6), tensors: vec![] };
+        src.meta.remove("gemma3.attention.sliding_window");
+        let e = Gemma3Config::read(&src).err().expect("must refuse").to_string();
+        assert!(e.contains("gemma3.attention.sliding_window"), "{e}");
+        // Linear scaling applies to the global layers only.
+        let mut src = Mem { meta: gguf_meta(6), tensors: vec![] };
+        src.meta.insert("gemma3.rope.scaling.type".into(), Value::String("linear".into()));
+        src.meta.insert("gemma3.rope.scaling.factor".into(), Value::F32(8.0));
+        let (c, _) = Gemma3Config::read(&src).expect("config");
+        assert_eq!((c.rope_linear_global, c.rope_base_local), (8.0, 10_000.0));
+    }
+
+    #[test]
+    fn unused_and_missing_tensors_are_errors() {
+        let be = Arc::new(CpuBackend::new(Some(1)).expect("cpu"));
+        let opts = RuntimeOptions { ctx: 16, n_slots: 1, max_batch: 4 };
+        let mut src = tiny(false, None);
+        src.tensors.push(("blk.0.extra.weight".into(), vec![H], vec![0; H * 4]));
+        let e = crate::load(&src, be.clone(), opts).err().expect("must refuse").to_string();
+        assert!(e.contains("blk.0.extra.weight") && e.contains("not used"), "{e}");
+        let mut src = tiny(false, None);
+        src.tensors.retain(|t| t.0 != "blk.1.post_ffw_norm.weight");
+        let e = crate::load(&src, be, opts).err().expect("must refuse").to_string();
+        assert!(e.contains("blk.1.post_ffw_norm.weight") && e.contains("missing"), "{e}");
+    }
+
+    /// Prefill of 11 tokens (window 4, layer 2 global) equals decoding them one at a time.
+    #[test]
+    fn prefill_equals_decode_past_the_window() {
+        let src = tiny(false, None);
+        let a = logits(&src, &TOKS, false);
+        let b = logits(&src, &TOKS, true);
+        let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(d <= 1e-5, "prefill vs decode differ by {d}");
+    }
+
+    /// The HF naming with norm weights stored without the +1 gives the same logits as the GGUF
+    /// naming with it folded in; soft-capping bounds the logits.
+    #[test]
+    fn hf_naming_and_norm_offset_match_gguf() {
+        let a = logits(&tiny(false, None), &TOKS, false);
+        let b = logits(&tiny(true, None), &TOKS, false);
+        let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(d <= 1e-5, "GGUF vs HF naming differ by {d}");
+        let c = logits(&tiny(false, Some(0.5)), &TOKS, false);
+        for (x, y) in a.iter().zip(&c) {
+            assert!((0.5 * (x / 0.5).tanh() - y).abs() <= 1e-5, "softcap: {x} -> {y}");
+        }
+        let c_hf = logits(&tiny(true, Some(0.5)), &TOKS, false);
+        let d = c.iter().zip(&c_hf).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(d <= 1e-5, "soft-capped GGUF vs HF differ by {d}");
+    }
+}
