@@ -45,6 +45,13 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long = "max-body-bytes", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Pad each forward to a multiple of this many rows so that a request's text does not depend
+    /// on what runs beside it (4 matches the CPU kernels' row groups; 1 turns padding off).
+    #[arg(long = "row-multiple", default_value_t = 4)]
+    pub row_multiple: usize,
+    /// CPU referee mode: f32 activations in the matmuls (slower).
+    #[arg(long)]
+    pub exact: bool,
 }
 
 /// Loads the model once, then serves until Ctrl-C.
@@ -55,26 +62,22 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if a.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
     }
-    let o = ModelOpts {
-        model: a.model.clone(),
-        backend: a.backend,
-        threads: a.threads,
-        ctx_size: a.ctx_size,
-        exact: false,
-        // One decode token per slot plus a prompt chunk: the widest forward a step makes.
-        batch_size: a.max_seqs + a.prefill_chunk,
-    };
-    let l = load::load(&o, Some(&hub::SMOLLM2), a.max_seqs)?;
-    let file = l.path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
-    let ctx = l.model.options().ctx;
-    let bundle = ModelBundle::from_metadata(l.model, l.src.metadata(), &file).with_context(|| format!("{}", l.path.display()))?;
     let cfg = ServerConfig {
         max_queue: a.max_queue,
         prefill_chunk: a.prefill_chunk,
         max_body_bytes: a.max_body_bytes,
         handle_ctrl_c: true,
+        row_multiple: a.row_multiple.max(1),
         ..ServerConfig::default()
     };
+    // Slots (plus the pad slot) and the widest forward a step makes; the context comes from
+    // --ctx-size or the model.
+    let ro = cfg.runtime_options(a.max_seqs, a.ctx_size.unwrap_or(0));
+    let o = ModelOpts { model: a.model.clone(), backend: a.backend, threads: a.threads, ctx_size: a.ctx_size, exact: a.exact, batch_size: ro.max_batch };
+    let l = load::load(&o, Some(&hub::SMOLLM2), ro.n_slots)?;
+    let file = l.path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
+    let ctx = l.model.options().ctx;
+    let bundle = ModelBundle::from_metadata(l.model, l.src.metadata(), &file).with_context(|| format!("{}", l.path.display()))?;
     let server = Server::start(bundle, cfg, SocketAddr::new(a.host, a.port))?;
     eprintln!(
         "turbospark: serving {} at {} ({} sequences of {} tokens, backend {}); POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics",

@@ -11,6 +11,17 @@
 //!    streams the text back over the job's own channel.
 //!
 //! The batch, output and logits buffers are allocated once and reused by every step.
+//!
+//! ## Batch invariance
+//! A request's text must not depend on what else runs beside it. That holds only if every row of
+//! a batched forward is computed with the same arithmetic as it would be alone. The CPU matmul
+//! kernels take activation rows in groups of four, and a group of one or two sums its blocks in
+//! a different order (two interleaved accumulators) than a group of four: rows agree only to
+//! rounding, and greedy decoding can then diverge. So with [`EngineConfig::row_multiple`] = 4
+//! the engine pads every forward with dummy tokens (token 0 at positions 0, 1, … of a reserved
+//! pad slot, the model's last one) until both its token count and its logits-row count are
+//! multiples of 4: every group is full, alone or among fifteen others. The padding is at most
+//! `2 * (row_multiple - 1)` rows; decoding reads each weight once per group, so it costs little.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -105,6 +116,28 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Most prompt tokens per step (chunked prefill).
     pub prefill_chunk: usize,
+    /// Pad every forward to a multiple of this many token rows and logits rows (see the module
+    /// doc, "Batch invariance"). `1` disables padding; otherwise the model's last cache slot is
+    /// reserved for the padding and `n_slots - 1` sequences are served.
+    pub row_multiple: usize,
+}
+
+impl EngineConfig {
+    /// Cache slots the model needs to serve `max_seqs` sequences (one more for the pad slot).
+    pub fn model_slots(&self, max_seqs: usize) -> usize {
+        max_seqs + usize::from(self.row_multiple > 1)
+    }
+
+    /// Most padding rows one forward may get.
+    pub fn max_padding(&self) -> usize {
+        2 * self.row_multiple.max(1).saturating_sub(1)
+    }
+
+    /// The widest forward a step makes for `max_seqs` sequences: one decode token each, a prompt
+    /// chunk, and the padding.
+    pub fn max_batch(&self, max_seqs: usize) -> usize {
+        max_seqs + self.prefill_chunk.max(1) + self.max_padding()
+    }
 }
 
 enum Msg {
@@ -128,26 +161,34 @@ impl Engine {
     /// Starts the engine thread over `model`. The model's options give the context per slot,
     /// the number of slots and the widest forward, which must fit a decode token for every slot
     /// plus at least one prompt token.
+    /// With padding on ([`EngineConfig::row_multiple`] > 1) the last slot is the pad slot.
     pub fn start(model: Box<dyn Model>, tok: Arc<Tokenizer>, cfg: EngineConfig, metrics: Arc<Metrics>) -> anyhow::Result<Arc<Engine>> {
         let o = model.options();
-        if o.n_slots == 0 || o.ctx < 2 {
-            anyhow::bail!("the model was loaded with {} slots of {} tokens; the server needs at least 1 slot of 2", o.n_slots, o.ctx);
-        }
-        if o.max_batch < o.n_slots + 1 {
+        let pad = cfg.row_multiple > 1;
+        let n_seqs = o.n_slots.saturating_sub(usize::from(pad));
+        if n_seqs == 0 || o.ctx < 2 + cfg.max_padding() {
             anyhow::bail!(
-                "the model's widest forward ({} tokens) must hold one decode token per slot ({}) plus a prompt token",
+                "the model was loaded with {} slots of {} tokens; the server needs at least {} slots (one is the pad slot when padding) of {} tokens",
+                o.n_slots,
+                o.ctx,
+                1 + usize::from(pad),
+                2 + cfg.max_padding()
+            );
+        }
+        if o.max_batch < n_seqs + 1 + cfg.max_padding() {
+            anyhow::bail!(
+                "the model's widest forward ({} tokens) must hold one decode token per sequence ({n_seqs}), a prompt token and {} padding rows",
                 o.max_batch,
-                o.n_slots
+                cfg.max_padding()
             );
         }
         let (tx, rx) = mpsc::channel();
         let occupancy = Arc::new(AtomicU64::new(0));
-        metrics.slots_total.store(o.n_slots as u64, Relaxed);
+        metrics.slots_total.store(n_seqs as u64, Relaxed);
         let (m2, occ2) = (metrics.clone(), occupancy.clone());
-        let prefill_chunk = cfg.prefill_chunk.max(1);
         let thread = std::thread::Builder::new().name("ts-engine".into()).spawn(move || {
             let mut model = model;
-            let mut st = Stepper::new(model.as_mut(), &tok, prefill_chunk, m2, occ2);
+            let mut st = Stepper::new(model.as_mut(), &tok, cfg, m2, occ2);
             st.run(rx);
         })?;
         Ok(Arc::new(Engine {
@@ -155,7 +196,7 @@ impl Engine {
             metrics,
             occupancy,
             ctx: o.ctx,
-            n_slots: o.n_slots,
+            n_slots: n_seqs,
             max_queue: cfg.max_queue,
             thread: Mutex::new(Some(thread)),
         }))
@@ -166,7 +207,7 @@ impl Engine {
         self.ctx
     }
 
-    /// Cache slots (sequences generated at once).
+    /// Sequences generated at once (cache slots, less the pad slot).
     pub fn n_slots(&self) -> usize {
         self.n_slots
     }
@@ -243,6 +284,10 @@ struct Stepper<'m, 't> {
     n_vocab: usize,
     max_batch: usize,
     prefill_chunk: usize,
+    /// Pad forwards to multiples of this (1: no padding).
+    row_multiple: usize,
+    /// The slot padding tokens write (the model's last), when padding.
+    pad_slot: u32,
     batch: BatchMeta,
     /// For output row k: the index in `active` of the sequence it belongs to.
     owners: Vec<usize>,
@@ -260,17 +305,22 @@ struct Stepper<'m, 't> {
 }
 
 impl<'m, 't> Stepper<'m, 't> {
-    fn new(model: &'m mut dyn Model, tok: &'t Tokenizer, prefill_chunk: usize, metrics: Arc<Metrics>, occupancy: Arc<AtomicU64>) -> Self {
+    fn new(model: &'m mut dyn Model, tok: &'t Tokenizer, cfg: EngineConfig, metrics: Arc<Metrics>, occupancy: Arc<AtomicU64>) -> Self {
         let o = model.options();
         let n_vocab = model.info().n_vocab;
+        let row_multiple = cfg.row_multiple.max(1);
+        let n_seqs = o.n_slots - usize::from(row_multiple > 1);
+        let max_out = n_seqs + row_multiple - 1;
         Stepper {
             n_vocab,
             max_batch: o.max_batch,
-            prefill_chunk,
-            batch: BatchMeta { tokens: Vec::with_capacity(o.max_batch), outputs: Vec::with_capacity(o.n_slots), slot_len: o.ctx as u32 },
-            owners: Vec::with_capacity(o.n_slots),
-            logits: vec![0.0; o.n_slots * n_vocab],
-            free: (0..o.n_slots as u32).rev().collect(),
+            prefill_chunk: cfg.prefill_chunk.max(1),
+            row_multiple,
+            pad_slot: n_seqs as u32,
+            batch: BatchMeta { tokens: Vec::with_capacity(o.max_batch), outputs: Vec::with_capacity(max_out), slot_len: o.ctx as u32 },
+            owners: Vec::with_capacity(n_seqs),
+            logits: vec![0.0; max_out * n_vocab],
+            free: (0..n_seqs as u32).rev().collect(),
             waiting: VecDeque::new(),
             active: Vec::with_capacity(o.n_slots),
             model,
@@ -396,7 +446,8 @@ impl<'m, 't> Stepper<'m, 't> {
                 s.fed = 1;
             }
         }
-        let mut budget = self.prefill_chunk.min(self.max_batch - self.batch.tokens.len());
+        let pad_room = 2 * (self.row_multiple - 1);
+        let mut budget = self.prefill_chunk.min(self.max_batch - self.batch.tokens.len() - pad_room);
         for (i, s) in self.active.iter_mut().enumerate() {
             if budget == 0 {
                 break;
@@ -417,8 +468,11 @@ impl<'m, 't> Stepper<'m, 't> {
             budget -= take;
         }
         let n_out = self.batch.outputs.len();
+        let n_real = self.batch.tokens.len();
+        self.pad();
         let nv = self.n_vocab;
-        let (model, batch, logits) = (&mut *self.model, &self.batch, &mut self.logits[..n_out * nv]);
+        let n_rows = self.batch.outputs.len();
+        let (model, batch, logits) = (&mut *self.model, &self.batch, &mut self.logits[..n_rows * nv]);
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| model.forward(batch, logits)));
         let err = match r {
             Ok(Ok(())) => None,
@@ -429,8 +483,8 @@ impl<'m, 't> Stepper<'m, 't> {
             }
         };
         self.metrics.steps.fetch_add(1, Relaxed);
-        self.metrics.batch_tokens.fetch_add(self.batch.tokens.len() as u64, Relaxed);
-        self.metrics.last_batch_tokens.store(self.batch.tokens.len() as u64, Relaxed);
+        self.metrics.batch_tokens.fetch_add(n_real as u64, Relaxed);
+        self.metrics.last_batch_tokens.store(n_real as u64, Relaxed);
         if let Some(e) = err {
             tracing::error!("{e}");
             for s in self.active.iter_mut() {
@@ -465,6 +519,25 @@ impl<'m, 't> Stepper<'m, 't> {
             self.metrics.tokens_per_second.set(self.win_tokens as f64 / w);
             self.win_tokens = 0;
             self.win_start = Instant::now();
+        }
+    }
+
+    /// Pads the batch so that its token count and its output count are multiples of
+    /// `row_multiple` (module doc, "Batch invariance"). Pad tokens sit at positions 0, 1, … of
+    /// the pad slot; the first ones are outputs as needed, and their logits are ignored.
+    fn pad(&mut self) {
+        let m = self.row_multiple;
+        if m <= 1 {
+            return;
+        }
+        let (n, k) = (self.batch.tokens.len(), self.batch.outputs.len());
+        let q = (m - k % m) % m;
+        let p = q + (m - (n + q) % m) % m;
+        for i in 0..p {
+            if i < q {
+                self.batch.outputs.push(self.batch.tokens.len() as u32);
+            }
+            self.batch.tokens.push(TokenMeta { token: 0, pos: i as u32, slot: self.pad_slot });
         }
     }
 
@@ -567,4 +640,238 @@ fn finish(s: &mut Seq<'_>, why: Finish, metrics: &Metrics, out: &mut String) {
         };
     }
     s.done = true;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::sync::mpsc::unbounded_channel;
+    use ts_models::{ModelInfo, RuntimeOptions};
+
+    /// One forward as the mock saw it: (slot, pos, token) of every token but the padding, and the
+    /// output rows.
+    type Seen = Arc<Mutex<Vec<(Vec<(u32, u32, u32)>, usize)>>>;
+
+    /// A "model" whose next token is always `token + 1`, checking the batch invariants the real
+    /// cache relies on (each slot's positions contiguous from what it already holds).
+    struct Counting {
+        info: ModelInfo,
+        opts: RuntimeOptions,
+        filled: Vec<u32>,
+        seen: Seen,
+        /// Forward sizes must be multiples of this; tokens of the pad slot are not recorded.
+        row_multiple: usize,
+        pad_slot: Option<u32>,
+    }
+
+    impl Model for Counting {
+        fn info(&self) -> &ModelInfo {
+            &self.info
+        }
+        fn options(&self) -> RuntimeOptions {
+            self.opts
+        }
+        fn forward(&mut self, batch: &BatchMeta, logits: &mut [f32]) -> ts_models::Result<()> {
+            let nv = self.info.n_vocab;
+            assert!(batch.len() <= self.opts.max_batch && !batch.is_empty());
+            assert_eq!(logits.len(), batch.outputs.len() * nv);
+            for t in &batch.tokens {
+                let f = &mut self.filled[t.slot as usize];
+                // A new sequence restarts its slot at 0; otherwise positions continue the slot.
+                assert!(t.pos == 0 || t.pos == *f, "slot {} pos {} but the slot holds {}", t.slot, t.pos, f);
+                *f = t.pos + 1;
+            }
+            logits.fill(0.0);
+            for (k, &o) in batch.outputs.iter().enumerate() {
+                let t = batch.tokens[o as usize].token as usize;
+                logits[k * nv + (t + 1) % nv] = 1.0;
+            }
+            assert_eq!(batch.len() % self.row_multiple, 0, "forward of {} tokens", batch.len());
+            assert_eq!(batch.outputs.len() % self.row_multiple, 0, "forward with {} outputs", batch.outputs.len());
+            self.seen.lock().unwrap_or_else(|e| e.into_inner()).push((
+                batch.tokens.iter().filter(|t| Some(t.slot) != self.pad_slot).map(|t| (t.slot, t.pos, t.token)).collect(),
+                batch.outputs.len(),
+            ));
+            std::thread::sleep(Duration::from_millis(2));
+            Ok(())
+        }
+    }
+
+    fn engine(n_seqs: usize, chunk: usize, max_queue: usize) -> (Arc<Engine>, Seen, Arc<Metrics>) {
+        engine_padded(n_seqs, chunk, max_queue, 1)
+    }
+
+    fn engine_padded(n_seqs: usize, chunk: usize, max_queue: usize, row_multiple: usize) -> (Arc<Engine>, Seen, Arc<Metrics>) {
+        let nv = 1000;
+        let seen: Seen = Arc::default();
+        let cfg = EngineConfig { max_queue, prefill_chunk: chunk, row_multiple };
+        let n_slots = cfg.model_slots(n_seqs);
+        let opts = RuntimeOptions { ctx: 512, n_slots, max_batch: cfg.max_batch(n_seqs) };
+        let info = ModelInfo {
+            arch: "mock".into(),
+            name: "counting".into(),
+            n_vocab: nv,
+            n_ctx_train: 512,
+            n_layers: 1,
+            n_embd: 1,
+            n_params: 0,
+            weight_bytes: 0,
+            cache_bytes_per_token: 0,
+            details: Vec::new(),
+        };
+        let pad_slot = (row_multiple > 1).then_some(n_seqs as u32);
+        let model = Counting { info, opts, filled: vec![0; n_slots], seen: seen.clone(), row_multiple, pad_slot };
+        let metrics = Arc::new(Metrics::default());
+        let e = Engine::start(Box::new(model), Arc::new(Tokenizer::none(nv)), cfg, metrics.clone()).expect("engine starts");
+        assert_eq!(e.n_slots(), n_seqs);
+        (e, seen, metrics)
+    }
+
+    fn job(prompt: Vec<u32>, max_tokens: usize) -> (Job, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+        let (tx, rx) = unbounded_channel();
+        let j = Job {
+            prompt,
+            sampling: SamplerParams::greedy(),
+            max_tokens,
+            stop: Vec::new(),
+            top_logprobs: None,
+            events: tx,
+            arrived: Instant::now(),
+        };
+        (j, rx)
+    }
+
+    /// Collects a job's text until Done (bounded wait).
+    fn collect(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> (String, Option<Finish>, usize) {
+        let mut text = String::new();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(20) {
+            match rx.try_recv() {
+                Ok(Event::Delta { text: t, .. }) => text.push_str(&t),
+                Ok(Event::Done { finish, completion_tokens, .. }) => return (text, Some(finish), completion_tokens),
+                Ok(Event::Failed(e)) => panic!("failed: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        (text, None, 0)
+    }
+
+    fn expect(from: u32, n: u32) -> String {
+        (from..from + n).map(|t| format!("<{t}>")).collect()
+    }
+
+    #[test]
+    fn decode_continues_during_chunked_prefill() {
+        for row_multiple in [1, 4] {
+            decode_continues_during_chunked_prefill_with(row_multiple);
+        }
+    }
+
+    fn decode_continues_during_chunked_prefill_with(row_multiple: usize) {
+        let (e, seen, m) = engine_padded(2, 16, 4, row_multiple);
+        let (a, mut ra) = job(vec![1, 2, 3], 60);
+        e.submit(a).expect("queued");
+        // Wait for A's first token, then send a 100-token prompt.
+        let t0 = Instant::now();
+        let first = loop {
+            if let Ok(ev) = ra.try_recv() {
+                break ev;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no first token");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let Event::Delta { text: first, .. } = first else { panic!("expected a delta, got {first:?}") };
+        let steps_before = seen.lock().expect("lock").len();
+        let long: Vec<u32> = (100..200).collect();
+        let (b, mut rb) = job(long, 5);
+        e.submit(b).expect("queued");
+        let (rest_a, fa, na) = collect(&mut ra);
+        let (text_b, fb, nb) = collect(&mut rb);
+        assert_eq!(format!("{first}{rest_a}"), expect(4, 60));
+        assert_eq!((fa, na), (Some(Finish::Length), 60));
+        assert_eq!(text_b, expect(200, 5));
+        assert_eq!((fb, nb), (Some(Finish::Length), 5));
+        // B's prompt went through in chunks of at most 16, each forward also carrying A's decode
+        // token while A was still running.
+        let seen = seen.lock().expect("lock");
+        let b_steps: Vec<_> = seen[steps_before..].iter().filter(|(toks, _)| toks.iter().any(|t| t.2 >= 100 && t.2 < 200 && t.1 < 100)).collect();
+        assert!(b_steps.len() >= 100usize.div_ceil(16), "{} prefill steps", b_steps.len());
+        for (toks, _) in &b_steps {
+            let prompt_toks = toks.iter().filter(|t| t.2 >= 100 && t.2 < 200 && t.1 < 100).count();
+            assert!(prompt_toks <= 16, "{prompt_toks} prompt tokens in one forward");
+            let a_slot_tokens = toks.iter().filter(|t| !(t.2 >= 100 && t.2 < 200 && t.1 < 100)).count();
+            assert!(a_slot_tokens <= 1);
+        }
+        let mixed = b_steps.iter().filter(|(toks, _)| toks.len() > toks.iter().filter(|t| t.2 >= 100 && t.2 < 200 && t.1 < 100).count()).count();
+        assert!(mixed >= 3, "decode tokens rode along in only {mixed} prefill steps");
+        assert_eq!(m.completion_tokens.load(Relaxed), 65);
+        drop(seen);
+        e.shutdown();
+    }
+
+    #[test]
+    fn dropped_receiver_frees_the_slot_and_queue_is_bounded() {
+        let (e, _seen, m) = engine(1, 8, 1);
+        let (a, mut ra) = job(vec![1], 400);
+        e.submit(a).expect("queued");
+        let (b, mut rb) = job(vec![7], 3);
+        e.submit(b).expect("queued");
+        let (c, _rc) = job(vec![9], 3);
+        let err = e.submit(c).expect_err("queue full");
+        assert_eq!(err.status.as_u16(), 503);
+        assert_eq!(err.code, Some("queue_full"));
+        // A is running; hang up after its first token.
+        let t0 = Instant::now();
+        while ra.try_recv().is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(ra);
+        let (text_b, fb, _) = collect(&mut rb);
+        assert_eq!(text_b, expect(8, 3));
+        assert_eq!(fb, Some(Finish::Length));
+        assert_eq!(m.cancelled.load(Relaxed), 1);
+        assert!(m.completion_tokens.load(Relaxed) < 100, "A kept generating after its client left");
+        let t0 = Instant::now();
+        while e.occupancy() != 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        e.shutdown();
+    }
+
+    #[test]
+    fn stop_string_ends_the_sequence() {
+        let (e, _seen, m) = engine(1, 8, 1);
+        let (mut a, mut ra) = job(vec![1], 100);
+        a.stop = vec!["<6>".into()];
+        e.submit(a).expect("queued");
+        let (text, f, _) = collect(&mut ra);
+        assert_eq!(text, "<2><3><4><5>");
+        assert_eq!(f, Some(Finish::Stop));
+        assert_eq!(m.finished_stop.load(Relaxed), 1);
+        e.shutdown();
+    }
+
+    #[test]
+    fn shutdown_fails_running_requests() {
+        let (e, _seen, _m) = engine(1, 8, 2);
+        let (a, mut ra) = job(vec![1], 500);
+        e.submit(a).expect("queued");
+        let (b, mut rb) = job(vec![1], 5);
+        e.submit(b).expect("queued");
+        e.shutdown();
+        let drain = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>| {
+            let mut last = None;
+            while let Ok(ev) = rx.try_recv() {
+                last = Some(ev);
+            }
+            last
+        };
+        assert!(matches!(drain(&mut ra), Some(Event::Failed(_)) | Some(Event::Done { .. })));
+        assert!(matches!(drain(&mut rb), Some(Event::Failed(_)) | Some(Event::Done { .. })));
+        let (c, _rc) = job(vec![1], 1);
+        assert_eq!(e.submit(c).expect_err("stopped").code, Some("engine_stopped"));
+    }
 }

@@ -43,7 +43,7 @@ pub const FINGERPRINT: &str = concat!("turbospark-", env!("CARGO_PKG_VERSION"));
 
 /// A loaded model with what the server needs beside it.
 pub struct ModelBundle {
-    /// Loaded with `n_slots` = the most sequences served at once and `max_batch` ≥ `n_slots` + 1.
+    /// Loaded with [`ServerConfig::runtime_options`] (slots and widest forward).
     pub model: Box<dyn Model>,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
@@ -88,11 +88,28 @@ pub struct ServerConfig {
     pub handle_ctrl_c: bool,
     /// Tokio worker threads for HTTP (the engine has its own thread).
     pub http_threads: usize,
+    /// Pad every forward to a multiple of this many rows so a request's text does not depend on
+    /// its batch-mates (see [`engine`], "Batch invariance"); 4 matches the CPU kernels, 1 is off.
+    pub row_multiple: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { max_queue: 64, prefill_chunk: 128, max_body_bytes: 4 << 20, handle_ctrl_c: false, http_threads: 2 }
+        ServerConfig { max_queue: 64, prefill_chunk: 128, max_body_bytes: 4 << 20, handle_ctrl_c: false, http_threads: 2, row_multiple: 4 }
+    }
+}
+
+impl ServerConfig {
+    /// The engine's part of the configuration.
+    pub fn engine(&self) -> EngineConfig {
+        EngineConfig { max_queue: self.max_queue, prefill_chunk: self.prefill_chunk, row_multiple: self.row_multiple }
+    }
+
+    /// How to load the model to serve `max_seqs` sequences of `ctx` tokens: the slots (plus the
+    /// pad slot) and the widest forward a step makes.
+    pub fn runtime_options(&self, max_seqs: usize, ctx: usize) -> ts_models::RuntimeOptions {
+        let e = self.engine();
+        ts_models::RuntimeOptions { ctx, n_slots: e.model_slots(max_seqs), max_batch: e.max_batch(max_seqs) }
     }
 }
 
@@ -115,12 +132,7 @@ impl Server {
         let addr = listener.local_addr()?;
         let metrics = Arc::new(Metrics::default());
         let tokenizer = Arc::new(bundle.tokenizer);
-        let engine = Engine::start(
-            bundle.model,
-            tokenizer.clone(),
-            EngineConfig { max_queue: cfg.max_queue, prefill_chunk: cfg.prefill_chunk },
-            metrics.clone(),
-        )?;
+        let engine = Engine::start(bundle.model, tokenizer.clone(), cfg.engine(), metrics.clone())?;
         let state = Arc::new(http::AppState {
             engine: engine.clone(),
             tokenizer,

@@ -1,0 +1,329 @@
+//! The OpenAI surface against the real default model (SmolLM2, CPU): chat and completions,
+//! whole and streamed, stop strings, logprobs, seeds, every error class, models/health/metrics.
+//! One server is shared by the tests of this file (they only talk HTTP to it).
+
+mod common;
+
+use std::sync::OnceLock;
+
+use common::*;
+use serde_json::{json, Value};
+use ts_server::{Server, ServerConfig};
+
+const CTX: usize = 512;
+const MAX_BODY: usize = 64 << 10;
+
+fn server() -> &'static Server {
+    static S: OnceLock<Server> = OnceLock::new();
+    S.get_or_init(|| start(4, CTX, ServerConfig { max_queue: 64, prefill_chunk: 64, max_body_bytes: MAX_BODY, ..ServerConfig::default() }))
+}
+
+fn chunks(events: &[String]) -> Vec<Value> {
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "stream must end with [DONE]: {events:?}");
+    events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap_or_else(|err| panic!("bad chunk {e}: {err}"))).collect()
+}
+
+fn check_usage(u: &Value) -> (u64, u64) {
+    let p = u["prompt_tokens"].as_u64().expect("prompt_tokens");
+    let c = u["completion_tokens"].as_u64().expect("completion_tokens");
+    assert_eq!(u["total_tokens"].as_u64(), Some(p + c));
+    assert!(p > 0);
+    (p, c)
+}
+
+#[test]
+fn chat_whole_and_streamed_agree() {
+    let s = server();
+    let addr = s.addr();
+    rt().block_on(async {
+        let req = json!({
+            "model": s.model_id(),
+            "messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 24,
+            "temperature": 0
+        });
+        let (st, v) = post(addr, "/v1/chat/completions", &req).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["object"], "chat.completion");
+        assert!(v["id"].as_str().is_some_and(|i| i.starts_with("chatcmpl-")));
+        assert_eq!(v["model"], s.model_id());
+        assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+        assert_eq!(v["choices"][0]["index"], 0);
+        let text = text_of(&v);
+        assert!(text.contains("Paris"), "{text}");
+        let fin = v["choices"][0]["finish_reason"].as_str().expect("finish_reason").to_string();
+        assert!(fin == "stop" || fin == "length");
+        let (_, n) = check_usage(&v["usage"]);
+        assert!(n >= 1 && n <= 24);
+        if fin == "length" {
+            assert_eq!(n, 24);
+        }
+
+        let mut sreq = req.clone();
+        sreq["stream"] = json!(true);
+        sreq["stream_options"] = json!({"include_usage": true});
+        let (st, ev) = stream(addr, "/v1/chat/completions", &sreq).await;
+        assert_eq!(st, 200);
+        let cs = chunks(&ev);
+        assert_eq!(cs[0]["choices"][0]["delta"]["role"], "assistant");
+        let id = cs[0]["id"].clone();
+        let mut streamed = String::new();
+        let mut finish = None;
+        for c in &cs {
+            assert_eq!(c["object"], "chat.completion.chunk");
+            assert_eq!(c["id"], id);
+            if let Some(ch) = c["choices"].as_array().and_then(|a| a.first()) {
+                if let Some(t) = ch["delta"]["content"].as_str() {
+                    streamed.push_str(t);
+                }
+                if let Some(f) = ch["finish_reason"].as_str() {
+                    finish = Some(f.to_string());
+                }
+            }
+        }
+        assert_eq!(streamed, text, "streamed and whole texts differ");
+        assert_eq!(finish.as_deref(), Some(fin.as_str()));
+        let last = cs.last().expect("usage chunk");
+        assert_eq!(last["choices"].as_array().map(Vec::len), Some(0));
+        assert_eq!(last["usage"], v["usage"]);
+    });
+}
+
+#[test]
+fn completions_whole_and_streamed_agree() {
+    let addr = server().addr();
+    rt().block_on(async {
+        let req = json!({"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0});
+        let (st, v) = post(addr, "/v1/completions", &req).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["object"], "text_completion");
+        assert!(v["id"].as_str().is_some_and(|i| i.starts_with("cmpl-")));
+        let text = text_of(&v);
+        assert!(text.contains("Paris"), "{text}");
+        let fin = v["choices"][0]["finish_reason"].as_str().expect("finish").to_string();
+        let (p, n) = check_usage(&v["usage"]);
+        assert!(p >= 5);
+        if fin == "length" {
+            assert_eq!(n, 12);
+        }
+        // Without stream_options there is no usage chunk, and no "usage" key in chunks.
+        let mut sreq = req.clone();
+        sreq["stream"] = json!(true);
+        let (st, ev) = stream(addr, "/v1/completions", &sreq).await;
+        assert_eq!(st, 200);
+        let cs = chunks(&ev);
+        let mut streamed = String::new();
+        for c in &cs {
+            assert_eq!(c["object"], "text_completion");
+            assert!(c.get("usage").is_none());
+            streamed.push_str(c["choices"][0]["text"].as_str().expect("text"));
+        }
+        assert_eq!(streamed, text);
+        assert_eq!(cs.last().expect("last")["choices"][0]["finish_reason"].as_str(), Some(fin.as_str()));
+        // Token-id prompts are accepted too.
+        let (st, v) = post(addr, "/v1/completions", &json!({"prompt": [504, 3575, 282, 4649, 314], "max_tokens": 3, "temperature": 0})).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["usage"]["prompt_tokens"], 5);
+    });
+}
+
+#[test]
+fn stop_strings_cut_before_and_never_stream() {
+    let addr = server().addr();
+    rt().block_on(async {
+        let base = json!({"prompt": "Once upon a time, in a small village,", "max_tokens": 40, "temperature": 0});
+        let (st, v) = post(addr, "/v1/completions", &base).await;
+        assert_eq!(st, 200, "{v}");
+        let full = text_of(&v);
+        // A stop string from the middle of the greedy text: the answer must be what precedes it.
+        let chars: Vec<char> = full.chars().collect();
+        assert!(chars.len() > 20, "{full:?}");
+        let mid = chars.len() / 2;
+        let stop: String = chars[mid..mid + 4].iter().collect();
+        let want: String = full[..full.find(&stop).expect("stop occurs")].to_string();
+        for body in [
+            {
+                let mut b = base.clone();
+                b["stop"] = json!(stop);
+                b
+            },
+            {
+                let mut b = base.clone();
+                b["stop"] = json!(["never-appears-ZZZ", stop]);
+                b
+            },
+        ] {
+            let (st, v) = post(addr, "/v1/completions", &body).await;
+            assert_eq!(st, 200, "{v}");
+            assert_eq!(text_of(&v), want, "stop {stop:?}");
+            assert_eq!(v["choices"][0]["finish_reason"], "stop");
+            let mut sb = body.clone();
+            sb["stream"] = json!(true);
+            let (_, ev) = stream(addr, "/v1/completions", &sb).await;
+            let cs = chunks(&ev);
+            let pieces: Vec<String> = cs.iter().map(|c| c["choices"][0]["text"].as_str().unwrap_or("").to_string()).collect();
+            assert_eq!(pieces.concat(), want);
+            // No streamed piece may even begin the stop string past the released text.
+            assert!(!pieces.concat().contains(&stop));
+            assert_eq!(cs.last().expect("last")["choices"][0]["finish_reason"], "stop");
+        }
+        // Chat: stopping on the answer word.
+        let chat = json!({
+            "messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 24,
+            "temperature": 0,
+            "stop": ["Paris"]
+        });
+        let (st, v) = post(addr, "/v1/chat/completions", &chat).await;
+        assert_eq!(st, 200, "{v}");
+        let t = text_of(&v);
+        assert!(!t.contains("Paris") && !t.is_empty(), "{t:?}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    });
+}
+
+#[test]
+fn logprobs_seed_and_penalties() {
+    let addr = server().addr();
+    rt().block_on(async {
+        let req = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 5, "temperature": 0, "logprobs": true, "top_logprobs": 3});
+        let (st, v) = post(addr, "/v1/chat/completions", &req).await;
+        assert_eq!(st, 200, "{v}");
+        let content = v["choices"][0]["logprobs"]["content"].as_array().expect("logprobs.content");
+        assert!(!content.is_empty());
+        for e in content {
+            let lp = e["logprob"].as_f64().expect("logprob");
+            assert!(lp <= 0.0);
+            let top = e["top_logprobs"].as_array().expect("top_logprobs");
+            assert_eq!(top.len(), 3);
+            // Greedy: the chosen token is the most likely one.
+            assert_eq!(top[0]["token"], e["token"]);
+            assert!(e["bytes"].is_array());
+        }
+        let joined: String = content.iter().map(|e| e["token"].as_str().unwrap_or("")).collect();
+        assert!(text_of(&v).starts_with(joined.trim_end()) || joined.starts_with(&text_of(&v)), "{joined:?} vs {:?}", text_of(&v));
+
+        let (st, v) = post(addr, "/v1/completions", &json!({"prompt": "One, two,", "max_tokens": 4, "temperature": 0, "logprobs": 2})).await;
+        assert_eq!(st, 200, "{v}");
+        let lp = &v["choices"][0]["logprobs"];
+        let toks = lp["tokens"].as_array().expect("tokens");
+        assert_eq!(lp["token_logprobs"].as_array().map(Vec::len), Some(toks.len()));
+        assert_eq!(lp["top_logprobs"].as_array().map(Vec::len), Some(toks.len()));
+        assert_eq!(lp["text_offset"][0], 0);
+
+        // A fixed seed reproduces a sampled text.
+        let seeded = json!({"prompt": "My favourite animal is", "max_tokens": 16, "temperature": 0.9, "top_p": 0.95, "top_k": 50, "min_p": 0.02, "seed": 1234});
+        let (_, a) = post(addr, "/v1/completions", &seeded).await;
+        let (_, b) = post(addr, "/v1/completions", &seeded).await;
+        assert_eq!(text_of(&a), text_of(&b));
+
+        let pen = json!({"prompt": "hello hello hello hello", "max_tokens": 12, "temperature": 0, "presence_penalty": 1.5, "frequency_penalty": 1.0});
+        let (st, v) = post(addr, "/v1/completions", &pen).await;
+        assert_eq!(st, 200, "{v}");
+    });
+}
+
+fn assert_error(st: u16, v: &Value, want_status: u16, param: Option<&str>, code: Option<&str>, says: &str) {
+    assert_eq!(st, want_status, "{v}");
+    let e = &v["error"];
+    let msg = e["message"].as_str().unwrap_or_else(|| panic!("no error.message in {v}"));
+    assert!(msg.to_lowercase().contains(&says.to_lowercase()), "message {msg:?} should mention {says:?}");
+    assert!(e["type"].is_string(), "{v}");
+    assert!(e.as_object().is_some_and(|o| o.contains_key("param") && o.contains_key("code")), "{v}");
+    if let Some(p) = param {
+        assert_eq!(e["param"], p, "{v}");
+    }
+    if let Some(c) = code {
+        assert_eq!(e["code"], c, "{v}");
+    }
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
+    let s = server();
+    let addr = s.addr();
+    rt().block_on(async {
+        let chat = "/v1/chat/completions";
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let (st, v) = post_raw(addr, chat, b"{\"messages\": [").await;
+        assert_error(st, &v, 400, None, Some("invalid_json"), "not valid JSON");
+        let (st, v) = post_raw(addr, chat, b"[1, 2]").await;
+        assert_error(st, &v, 400, None, Some("invalid_json"), "JSON object");
+        let (st, v) = post(addr, chat, &json!({"messages": user, "temperature": "warm"})).await;
+        assert_error(st, &v, 400, Some("temperature"), None, "temperature");
+        let (st, v) = post(addr, chat, &json!({"messages": user, "max_tokens": "ten"})).await;
+        assert_error(st, &v, 400, Some("max_tokens"), None, "max_tokens");
+        let (st, v) = post(addr, chat, &json!({"messages": "hi"})).await;
+        assert_error(st, &v, 400, Some("messages"), None, "messages");
+        let (st, v) = post(addr, chat, &json!({"messages": [{"role": "user", "content": 5}]})).await;
+        assert_error(st, &v, 400, Some("messages[0].content"), None, "content");
+        let (st, v) = post(addr, chat, &json!({"messages": user, "stop": 3})).await;
+        assert_error(st, &v, 400, Some("stop"), None, "stop");
+        let (st, v) = post(addr, chat, &json!({"messages": user, "model": "gpt-4o"})).await;
+        assert_error(st, &v, 404, Some("model"), Some("model_not_found"), "gpt-4o");
+        let (st, v) = post(addr, chat, &json!({"messages": []})).await;
+        assert_error(st, &v, 400, Some("messages"), None, "empty");
+        let (st, v) = post(addr, chat, &json!({"model": s.model_id()})).await;
+        assert_error(st, &v, 400, Some("messages"), None, "messages");
+        let (st, v) = post(addr, chat, &json!({"messages": user, "max_tokens": CTX + 1})).await;
+        assert_error(st, &v, 400, Some("max_tokens"), Some("context_length_exceeded"), "context");
+        let (st, v) = post(addr, chat, &json!({"messages": user, "max_tokens": CTX - 5})).await;
+        assert_error(st, &v, 400, Some("max_tokens"), Some("context_length_exceeded"), "plus 'max_tokens'");
+        let long = "hello ".repeat(CTX + 50);
+        let (st, v) = post(addr, "/v1/completions", &json!({"prompt": long})).await;
+        assert_error(st, &v, 400, Some("prompt"), Some("context_length_exceeded"), "prompt is");
+        let (st, v) = post(addr, "/v1/completions", &json!({"prompt": [999_999]})).await;
+        assert_error(st, &v, 400, Some("prompt[0]"), None, "vocabulary");
+        let (st, v) = post(addr, "/v1/completions", &json!({"prompt": "x", "n": 3})).await;
+        assert_error(st, &v, 400, Some("n"), None, "n");
+        let big = json!({"prompt": "a".repeat(MAX_BODY + 1000)});
+        let (st, v) = post(addr, "/v1/completions", &big).await;
+        assert_error(st, &v, 413, None, Some("request_too_large"), "too large");
+        let (st, text) = get(addr, "/v1/nothing-here").await;
+        assert_eq!(st, 404);
+        let v: Value = serde_json::from_str(&text).expect("JSON error");
+        assert_error(st, &v, 404, None, None, "no such route");
+
+        // Still serving, and the aliases of the model are accepted.
+        for name in [s.model_id().to_string(), "smollm2".into(), "SmolLM2-135M-Instruct".into(), "default".into()] {
+            let (st, v) = post(addr, chat, &json!({"model": name, "messages": user, "max_tokens": 2, "temperature": 0})).await;
+            assert_eq!(st, 200, "model {name}: {v}");
+        }
+        assert!(metric(addr, "turbospark_http_responses_total{route=\"chat\",code=\"400\"}").await >= 9.0);
+    });
+}
+
+#[test]
+fn models_health_metrics() {
+    let s = server();
+    let addr = s.addr();
+    rt().block_on(async {
+        let (st, t) = get(addr, "/v1/models").await;
+        assert_eq!(st, 200);
+        let v: Value = serde_json::from_str(&t).expect("json");
+        assert_eq!(v["object"], "list");
+        assert_eq!(v["data"][0]["id"], s.model_id());
+        assert_eq!(v["data"][0]["object"], "model");
+        let (st, t) = get(addr, &format!("/v1/models/{}", s.model_id())).await;
+        assert_eq!(st, 200, "{t}");
+        let (st, t) = get(addr, "/health").await;
+        assert_eq!(st, 200);
+        let v: Value = serde_json::from_str(&t).expect("json");
+        assert_eq!(v["status"], "ok");
+        assert_eq!(v["slots_total"], 4);
+        let (st, t) = get(addr, "/metrics").await;
+        assert_eq!(st, 200);
+        for name in [
+            "turbospark_requests_accepted_total",
+            "turbospark_prompt_tokens_total",
+            "turbospark_completion_tokens_total",
+            "turbospark_queue_depth",
+            "turbospark_active_sequences",
+            "turbospark_batch_tokens",
+            "turbospark_time_to_first_token_seconds_count",
+            "turbospark_tokens_per_second",
+        ] {
+            assert!(ts_server::metrics::scrape(&t, name).is_some(), "{name} missing");
+        }
+    });
+}

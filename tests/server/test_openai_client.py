@@ -1,0 +1,92 @@
+"""The official `openai` Python client against a running `turbospark serve`.
+
+Run by crates/server/tests/openai_client.rs, which starts the server in-process and sets
+TS_SERVER_URL (http://127.0.0.1:PORT) and TS_MODEL_ID. Every call has a timeout and no retries.
+"""
+
+import os
+import sys
+import unittest
+
+import openai
+
+URL = os.environ["TS_SERVER_URL"]
+MODEL = os.environ["TS_MODEL_ID"]
+CLIENT = openai.OpenAI(base_url=URL + "/v1", api_key="not-needed", timeout=60, max_retries=0)
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+class OpenAIClient(unittest.TestCase):
+    def test_models(self):
+        ids = [m.id for m in CLIENT.models.list()]
+        self.assertIn(MODEL, ids)
+
+    def test_chat_whole_and_streamed(self):
+        r = CLIENT.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0)
+        text = r.choices[0].message.content
+        self.assertIn("Paris", text)
+        self.assertIn(r.choices[0].finish_reason, ("stop", "length"))
+        self.assertEqual(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens)
+        stream = CLIENT.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+        parts, finish, usage = [], None, None
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for c in chunk.choices:
+                if c.delta.content:
+                    parts.append(c.delta.content)
+                if c.finish_reason:
+                    finish = c.finish_reason
+        self.assertEqual("".join(parts), text)
+        self.assertEqual(finish, r.choices[0].finish_reason)
+        self.assertEqual(usage.completion_tokens, r.usage.completion_tokens)
+
+    def test_completions_whole_and_streamed(self):
+        r = CLIENT.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
+        text = r.choices[0].text
+        self.assertTrue(text)
+        streamed = "".join(c.choices[0].text for c in CLIENT.completions.create(
+            model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True) if c.choices)
+        self.assertEqual(streamed, text)
+
+    def test_stop_and_logprobs(self):
+        r = CLIENT.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0, stop=["Paris"])
+        self.assertNotIn("Paris", r.choices[0].message.content)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        r = CLIENT.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)
+        content = r.choices[0].logprobs.content
+        self.assertTrue(content)
+        for t in content:
+            self.assertLessEqual(t.logprob, 0.0)
+            self.assertEqual(len(t.top_logprobs), 2)
+
+    def test_seeded_sampling_repeats(self):
+        kw = dict(model=MODEL, prompt="My favourite colour is", max_tokens=10, temperature=0.9, seed=7,
+                  extra_body={"top_k": 40, "min_p": 0.05})
+        a = CLIENT.completions.create(**kw).choices[0].text
+        b = CLIENT.completions.create(**kw).choices[0].text
+        self.assertEqual(a, b)
+
+    def test_errors_are_typed(self):
+        with self.assertRaises(openai.NotFoundError) as e:
+            CLIENT.chat.completions.create(model="no-such-model", messages=MESSAGES)
+        self.assertIn("no-such-model", str(e.exception))
+        with self.assertRaises(openai.BadRequestError):
+            CLIENT.chat.completions.create(model=MODEL, messages=[])
+        with self.assertRaises(openai.BadRequestError) as e:
+            CLIENT.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10**6)
+        self.assertIn("context", str(e.exception))
+        with self.assertRaises(openai.BadRequestError):
+            CLIENT.completions.create(model=MODEL, prompt="x", temperature=5)
+
+
+if __name__ == "__main__":
+    result = unittest.main(exit=False, verbosity=2).result
+    failed = len(result.failures) + len(result.errors)
+    print(f"{result.testsRun - failed} passed, {failed} failed")
+    sys.exit(1 if failed or not result.testsRun else 0)
