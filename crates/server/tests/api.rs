@@ -56,7 +56,7 @@ fn chat_whole_and_streamed_agree() {
         let fin = v["choices"][0]["finish_reason"].as_str().expect("finish_reason").to_string();
         assert!(fin == "stop" || fin == "length");
         let (_, n) = check_usage(&v["usage"]);
-        assert!(n >= 1 && n <= 24);
+        assert!((1..=24).contains(&n));
         if fin == "length" {
             assert_eq!(n, 24);
         }
