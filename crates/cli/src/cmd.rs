@@ -161,6 +161,9 @@ pub struct InspectArgs {
     /// Also load the model and print its geometry (default: metadata only).
     #[arg(long)]
     pub load: bool,
+    /// Scan every tensor for NaN and Inf values (dequantising each block); exit 1 if any.
+    #[arg(long)]
+    pub check: bool,
 }
 
 #[derive(Args)]
@@ -622,6 +625,34 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     }
     if show < names.len() {
         println!("  … {} more (--all)", names.len() - show);
+    }
+    if a.check {
+        let mut bad = 0usize;
+        let mut buf: Vec<f32> = Vec::new();
+        for n in &names {
+            let Some(t) = src.tensor(n) else { continue };
+            if !t.dtype.is_supported_weight() {
+                println!("  {n}: type {} not checked", t.dtype.name());
+                continue;
+            }
+            let ne0 = t.shape.first().copied().unwrap_or(1);
+            let rb = t.dtype.row_bytes(ne0).unwrap_or(0);
+            buf.resize(ne0, 0.0);
+            let (mut nan, mut inf) = (0usize, 0usize);
+            for row in t.data.chunks_exact(rb.max(1)) {
+                ts_formats::quant::dequantize(t.dtype, row, &mut buf)?;
+                nan += buf.iter().filter(|v| v.is_nan()).count();
+                inf += buf.iter().filter(|v| v.is_infinite()).count();
+            }
+            if nan + inf > 0 {
+                println!("  {n}: {nan} NaN, {inf} Inf");
+                bad += 1;
+            }
+        }
+        if bad > 0 {
+            bail!("{}: {bad} tensors hold NaN or Inf values", path.display());
+        }
+        println!("check: every tensor is finite");
     }
     if a.load {
         let be = std::sync::Arc::new(ts_cpu::CpuBackend::new(None)?);

@@ -138,3 +138,26 @@ fn bad_flags_are_explained() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--temp") && !err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn inspect_check_reports_nan_weights() {
+    let d = tmpdir("nan");
+    let p = d.join("tiny.gguf");
+    tiny_llama(&p, "llama", GgmlType::F32);
+    let ok = bin().args(["inspect", "--check", p.to_str().unwrap()]).output().unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("every tensor is finite"));
+    // Poison one value of blk.0.attn_q.weight with a NaN.
+    let f = ts_formats::gguf::GgufFile::open(&p).unwrap();
+    let info = f.tensor_info("blk.0.attn_q.weight").unwrap();
+    let at = f.data_start() + info.offset + 4 * 7;
+    drop(f);
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let bad = d.join("nan.gguf");
+    std::fs::write(&bad, &bytes).unwrap();
+    let out = bin().args(["inspect", "--check", bad.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("blk.0.attn_q.weight: 1 NaN"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 tensors hold NaN or Inf"));
+}
