@@ -27,6 +27,16 @@ for v in lite qlora dense2; do
     esac
   done
 done
+echo "== llama and gemma3 (random weights, the real models' quant mixes): CUDA vs CPU (exact)"
+L=$(python3 -c "import random; random.seed(7); print(','.join(str(random.randrange(4096)) for _ in range(100)))")
+for p in llama-tiny gemma3-tiny; do
+  "$T" synth --preset $p -o /tmp/$p.gguf 2>>"$O/log.txt"
+  "$T" logits --backend cpu --exact -m /tmp/$p.gguf --tokens "$L" -o "$O/$p-cpu.npy" 2>>"$O/log.txt"
+  "$T" logits --backend cuda -m /tmp/$p.gguf --tokens "$L" -o "$O/$p-cuda.npy" 2>>"$O/log.txt"
+  check python3 tools/gpu/compare_npy.py "$O/$p-cpu.npy" "$O/$p-cuda.npy" --tol 3e-2 --allow-argmax 3 --label "$p cuda (bf16 prefill) vs cpu (exact)"
+  "$T" logits --backend cuda -b 8 -m /tmp/$p.gguf --tokens "$L" -o "$O/$p-cuda8.npy" 2>>"$O/log.txt"
+  check python3 tools/gpu/compare_npy.py "$O/$p-cpu.npy" "$O/$p-cuda8.npy" --tol 1e-3 --label "$p cuda (f32 GEMV) vs cpu (exact)"
+done
 echo "== synthetic DeepSeek-V2-Lite Q8_0"
 V=/tmp/v2lite-q8_0.gguf
 [ -f $V ] || { /usr/bin/time -f "synth: %e s, %M KB" "$T" synth --preset deepseek-v2-lite --quant q8_0 -o $V 2>&1 | tail -2; }

@@ -168,7 +168,8 @@ pub struct InspectArgs {
 
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Shape preset: deepseek-v2-lite or tiny.
+    /// Shape preset: deepseek-v2-lite, tiny (deepseek2), llama-tiny or gemma3-tiny (the real small
+    /// models' quantisation mixes; --quant does not apply to these two).
     #[arg(long, default_value = "deepseek-v2-lite")]
     pub preset: String,
     /// Weight type of the matrices: q8_0, bf16, f16 or f32 (norms and the router stay f32).
@@ -687,7 +688,14 @@ pub fn models() -> Result<()> {
 
 fn synth_impl(a: &SynthArgs, quant: GgmlType) -> Result<()> {
     use ts_models::synth::{Preset, SynthFormat};
-    let preset = Preset::parse(&a.preset).with_context(|| format!("--preset {}: unknown (deepseek-v2-lite, tiny)", a.preset))?;
+    if let Some(dense) = ts_models::synth_dense::DensePreset::parse(&a.preset) {
+        if a.hf || a.legacy {
+            bail!("--preset {}: only GGUF output (with the real models' quantisation mix)", a.preset);
+        }
+        ts_models::synth_dense::synth_dense(dense, a.seed, &a.output)?;
+        return Ok(());
+    }
+    let preset = Preset::parse(&a.preset).with_context(|| format!("--preset {}: unknown (deepseek-v2-lite, tiny, llama-tiny, gemma3-tiny)", a.preset))?;
     let format = if a.hf {
         SynthFormat::Hf
     } else if a.legacy {

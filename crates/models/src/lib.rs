@@ -18,6 +18,7 @@ pub mod gemma3;
 pub mod llama;
 pub mod meta;
 pub mod synth;
+pub mod synth_dense;
 
 use std::sync::Arc;
 
