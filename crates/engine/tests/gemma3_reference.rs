@@ -7,11 +7,12 @@
 //! (BOS included) while the global layers (5, 11, 17) still see them.
 //!
 //! TOLERANCES (set from measurements; see the `eprintln!` lines):
-//! * exact mode (weights dequantised, f32 activations, f64 dot products): TOL_EXACT. Gemma's
-//!   residual stream is large (embeddings × sqrt(640) ≈ 25, norm weights up to ~300), so f32
-//!   rounding in transformers' own computation is larger than for SmolLM2; greedy continuations
-//!   must be identical for all 32 tokens of every prompt and argmax equal at every position.
-//! * fast mode (activations quantised to 8 bits per block, as llama.cpp): TOL_FAST, argmax equal
+//! * exact mode (weights dequantised, f32 activations, f64 dot products): TOL_EXACT = 2e-3 as
+//!   for SmolLM2 (measured max 4.9e-4 at BOS, mean ≤ 2.9e-4, 2.9e-4 past position 512, despite
+//!   Gemma's large activations: embeddings × sqrt(640), norm weights up to ~300); greedy
+//!   continuations identical for all 32 tokens of every prompt, argmax equal at every position.
+//! * fast mode (activations quantised to 8 bits per block, as llama.cpp): TOL_FAST (max
+//!   |Δ| 3.5 on logits around 20–28, mean ≤ 0.6, log-probs ≤ 2.5; measured ≤ 2.73 / 0.43 / 1.70), argmax equal
 //!   wherever the reference's top-2 margin is ≥ MARGIN (else among its near-ties), greedy
 //!   identical until the reference's own margin first drops below MARGIN.
 //!
@@ -41,9 +42,13 @@ struct Tol {
 }
 /// Exact mode: measured max 4.9e-4 (top-10/lse), 4e-5 (sample); 2e-3 as for SmolLM2.
 const TOL_EXACT: Tol = Tol { top: 2e-3, mean: 1e-3, logprob: 2e-3, sample: 2e-3 };
-/// Fast mode: measured max 2.73 (one confident position, logit 27.8), mean 0.33–0.40,
-/// log-probs 1.03, sample 0.86.
-const TOL_FAST: Tol = Tol { top: 3.5, mean: 0.5, logprob: 1.5, sample: 1.2 };
+/// Fast mode, measured with two versions of the CPU's activation-quantising dot kernels (commit
+/// 22e713c and a later work-in-progress tree): max 2.73 / 2.73 (one confident position, logit
+/// 27.8), mean 0.33–0.40 / 0.32–0.43, log-probs 1.03 / 1.70, sample 0.86 / 0.90. Gemma's final
+/// norm weights reach 300, so 8-bit blocks holding one outlier lose the small values beside it;
+/// the margins below leave room for kernel changes of that size, not for a model bug (which the
+/// exact mode, 4000× tighter, would catch).
+const TOL_FAST: Tol = Tol { top: 3.5, mean: 0.6, logprob: 2.5, sample: 1.5 };
 /// Reference top-2 margin below which a fast-mode flip is accepted.
 const MARGIN: f32 = 0.5;
 
