@@ -160,6 +160,14 @@ pub trait Backend: Send + Sync {
     fn rms_norm(&self, x: &Self::Buf, xr: Rows, w: Option<&Self::Weight>, eps: f32, out: &Self::Buf, o: Rows);
     /// `out[r] = W x[r]` for a 2-D weight `[in, out]`: `x: [n, in]`, `out: [n, out]`.
     fn matmul(&self, x: &Self::Buf, xr: Rows, w: &Self::Weight, out: &Self::Buf, o: Rows);
+    /// Several matmuls of one input (q/k/v, gate/up): `out_i[r] = W_i x[r]` for each
+    /// `(W_i, out_i, o_i)` of `jobs`, exactly as [`Backend::matmul`] per job (the default). A
+    /// backend may run them as one op (one activation quantisation, one parallel region).
+    fn matmul_many(&self, x: &Self::Buf, xr: Rows, jobs: &[(&Self::Weight, &Self::Buf, Rows)]) {
+        for &(w, out, o) in jobs {
+            self.matmul(x, xr, w, out, o);
+        }
+    }
     /// Per-head matmul with a 3-D weight `[in, out, G]`: row `r` uses matrix `r % G`
     /// (rows are token-major, head-minor).
     fn matmul_grouped(&self, x: &Self::Buf, xr: Rows, w: &Self::Weight, out: &Self::Buf, o: Rows);

@@ -1,8 +1,11 @@
-//! [`CpuBackend`]: the reference implementation of every [`Backend`] op, multithreaded with rayon.
+//! [`CpuBackend`]: the reference implementation of every [`Backend`] op, multithreaded on a
+//! small fork-join pool ([`crate::pool`]; why not rayon is explained there).
 //!
 //! Matmuls quantise each activation row once to the weight type's dot format (Q8_0, Q8_1, Q8_K
 //! or f32, see [`crate::quant_dot`]) and stream weight rows through the SIMD tile kernel, split
-//! over threads by output rows. Everything else is plain scalar code, written to be read.
+//! over threads by chunks of output rows; [`Backend::matmul_many`] runs several weights of one
+//! input (q/k/v, gate/up) as one parallel region. Norms, GLU, softmax and the attention dot
+//! products use the 8-lane helpers of [`crate::simd`]; the rest is plain scalar code.
 //!
 //! Buffers are `Arc`'d boxed slices behind `UnsafeCell`: ops take shared handles (as device
 //! pointers are on a GPU) and may alias where the op's doc allows it, so element-wise ops work
@@ -10,14 +13,15 @@
 
 use std::sync::{Arc, Mutex};
 
-use rayon::prelude::*;
 use ts_core::{
     AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeParams, Result, RopeMode,
     RopeSpec, Rows, TensorData, TokenMeta, WeightInfo, WeightUse,
 };
 use ts_formats::quant;
 
+use crate::pool::Pool;
 use crate::quant_dot;
+use crate::simd;
 
 /// Shared f32 storage (an owned allocation behind a raw pointer). See the module doc for the
 /// aliasing rules.
@@ -115,12 +119,12 @@ pub struct CpuBatch {
 
 pub struct CpuRope(RopeSpec);
 
-/// The CPU backend. `threads` rayon workers (default: all cores).
+/// The CPU backend. `threads` threads including the caller's (default: all cores).
 pub struct CpuBackend {
-    pool: rayon::ThreadPool,
+    pool: Pool,
     threads: usize,
-    /// Quantised activations of the current matmul (grown to the widest use, then reused).
-    act_scratch: Mutex<Vec<u8>>,
+    /// Quantised activations and task list of the current matmul.
+    mm_scratch: Mutex<MmScratch>,
     /// MoE intermediates, grown to the widest use and then reused (the forward allocates nothing
     /// once warm).
     moe_scratch: Mutex<MoeScratch>,
@@ -132,12 +136,8 @@ pub struct CpuBackend {
 impl CpuBackend {
     pub fn new(threads: Option<usize>) -> Result<Self> {
         let threads = threads.filter(|&t| t > 0).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("ts-cpu-{i}"))
-            .build()
-            .map_err(|e| BackendError::Device(format!("cannot start {threads} CPU threads: {e}")))?;
-        Ok(CpuBackend { pool, threads, act_scratch: Mutex::new(Vec::new()), moe_scratch: Mutex::new(MoeScratch::default()), exact: false })
+        let pool = Pool::new(threads, "ts-cpu").map_err(|e| BackendError::Device(format!("cannot start {threads} CPU threads: {e}")))?;
+        Ok(CpuBackend { pool, threads, mm_scratch: Mutex::new(MmScratch::default()), moe_scratch: Mutex::new(MoeScratch::default()), exact: false })
     }
     /// The referee mode (see the `exact` field): slower, f32 activations throughout.
     pub fn exact(mut self) -> Self {
@@ -149,64 +149,120 @@ impl CpuBackend {
     }
 
     /// `out[j] = W x[j]` for the rows of one weight matrix given as raw bytes (`m` rows of `k`).
-    /// Threads split the output columns.
+    #[allow(clippy::too_many_arguments)]
     fn matmul_bytes(&self, dtype: GgmlType, wdata: &[u8], m: usize, k: usize, x: &CpuBuf, xr: Rows, out: &CpuBuf, o: Rows) {
+        self.matmul_jobs(x, xr, k, &[MmJob { dtype, wdata, m, out, o }]);
+    }
+
+    /// Several matmuls of one input (q/k/v, gate/up) in one parallel region. Each activation
+    /// row is quantised once per activation format; the threads then take chunks of output
+    /// rows of all the weights from one queue.
+    fn matmul_jobs(&self, x: &CpuBuf, xr: Rows, k: usize, jobs: &[MmJob<'_>]) {
         assert_eq!(xr.width, k, "matmul: activation width {} != weight input {k}", xr.width);
-        assert_eq!(o.width, m, "matmul: output width {} != weight rows {m}", o.width);
-        assert_eq!(xr.n, o.n);
         x.check(xr);
-        out.check(o);
+        for j in jobs {
+            assert_eq!(j.o.width, j.m, "matmul: output width {} != weight rows {}", j.o.width, j.m);
+            assert_eq!(xr.n, j.o.n);
+            j.out.check(j.o);
+        }
         let n = xr.n;
-        if n == 0 || m == 0 {
+        if n == 0 || jobs.iter().all(|j| j.m == 0) {
             return;
         }
         if self.exact {
-            return self.matmul_exact(dtype, wdata, m, k, x, xr, out, o);
+            for j in jobs {
+                self.matmul_exact(j.dtype, j.wdata, j.m, k, x, xr, j.out, j.o);
+            }
+            return;
         }
-        let at = quant_dot::act_type(dtype);
-        let arb = at.row_bytes(k).expect("activation width is a whole number of blocks");
-        let mut scratch = self.act_scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if scratch.len() < n * arb {
-            scratch.resize(n * arb, 0);
+        let mut guard = self.mm_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let sc = &mut *guard;
+        // Quantise the activations once per distinct activation format (usually one).
+        sc.fmts.clear();
+        let mut total = 0;
+        for j in jobs {
+            let at = quant_dot::act_type(j.dtype);
+            if !sc.fmts.iter().any(|f| f.0 == at) {
+                let arb = at.row_bytes(k).expect("activation width is a whole number of blocks");
+                sc.fmts.push((at, total, arb));
+                total += n * arb;
+            }
         }
-        let acts = &mut scratch[..n * arb];
-        for j in 0..n {
-            // SAFETY: read-only view of x; out (possibly another buffer) not touched yet.
-            let row = unsafe { x.row(xr, j) };
-            quant_dot::quantize_act(dtype, row, &mut acts[j * arb..(j + 1) * arb]);
+        if sc.acts.len() < total {
+            sc.acts.resize(total, 0);
         }
-        let acts: &[u8] = acts;
-        let wrb = dtype.row_bytes(k).expect("weight rows are whole blocks");
-        // Chunks of output columns: enough chunks to balance the threads, each a multiple of 8.
-        let chunks = (self.threads * 4).max(1);
-        let chunk = m.div_ceil(chunks).next_multiple_of(8).max(8);
-        let optr = SendPtr(out.0.ptr());
-        self.pool.install(|| {
-            (0..m.div_ceil(chunk)).into_par_iter().for_each(|c| {
-                let i0 = c * chunk;
-                let mc = chunk.min(m - i0);
-                let w = &wdata[i0 * wrb..(i0 + mc) * wrb];
-                if n == 1 {
-                    // SAFETY: chunks write disjoint column ranges [i0, i0+mc) of the one output row.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(optr.get().add(o.off + i0), mc) };
-                    quant_dot::gemm(dtype, w, mc, k, acts, 1, dst, mc);
-                    return;
+        for &(at, off, arb) in &sc.fmts {
+            for r in 0..n {
+                // SAFETY: read-only view of x; the outputs are not written yet.
+                let row = unsafe { x.row(xr, r) };
+                quant_dot::quantize_act_as(at, row, &mut sc.acts[off + r * arb..off + (r + 1) * arb]);
+            }
+        }
+        // Tasks: chunks of output rows, a multiple of 8 rows, about 4 per thread over all jobs
+        // (dynamic claiming evens out the rest), at least ~16 KiB of weights each.
+        let wbytes: usize = jobs.iter().map(|j| j.wdata.len().min(j.m * j.dtype.row_bytes(k).unwrap_or(0))).sum();
+        let per_task = (wbytes / (self.threads * 4)).max(16 << 10);
+        sc.tasks.clear();
+        for (ji, j) in jobs.iter().enumerate() {
+            let wrb = j.dtype.row_bytes(k).expect("weight rows are whole blocks");
+            let chunk = if self.threads == 1 { j.m } else { (per_task / wrb).next_multiple_of(8).max(8) };
+            let mut i0 = 0;
+            while i0 < j.m {
+                let mc = chunk.min(j.m - i0);
+                sc.tasks.push((ji, i0, mc));
+                i0 += mc;
+            }
+        }
+        let (acts, fmts, tasks) = (&sc.acts[..], &sc.fmts[..], &sc.tasks[..]);
+        self.pool.run(tasks.len(), &|t| {
+            let (ji, i0, mc) = tasks[t];
+            let j = &jobs[ji];
+            let at = quant_dot::act_type(j.dtype);
+            let &(_, aoff, arb) = fmts.iter().find(|f| f.0 == at).expect("format quantised above");
+            let acts = &acts[aoff..aoff + n * arb];
+            let wrb = j.dtype.row_bytes(k).expect("weight rows are whole blocks");
+            let w = &j.wdata[i0 * wrb..(i0 + mc) * wrb];
+            let optr = j.out.0.ptr();
+            if n == 1 {
+                // SAFETY: tasks write disjoint column ranges [i0, i0+mc) of the output row.
+                let dst = unsafe { std::slice::from_raw_parts_mut(optr.add(j.o.off + i0), mc) };
+                quant_dot::gemm(j.dtype, w, mc, k, acts, 1, dst, mc);
+                return;
+            }
+            TILE.with(|t| {
+                let mut tile = t.borrow_mut();
+                if tile.len() < n * mc {
+                    tile.resize(n * mc, 0.0);
                 }
-                TILE.with(|t| {
-                    let mut tile = t.borrow_mut();
-                    if tile.len() < n * mc {
-                        tile.resize(n * mc, 0.0);
-                    }
-                    quant_dot::gemm(dtype, w, mc, k, acts, n, &mut tile[..n * mc], mc);
-                    for j in 0..n {
-                        // SAFETY: each chunk writes its own columns [i0, i0+mc) of every row.
-                        let dst = unsafe { std::slice::from_raw_parts_mut(optr.get().add(o.off + j * o.stride + i0), mc) };
-                        dst.copy_from_slice(&tile[j * mc..(j + 1) * mc]);
-                    }
-                });
-            })
+                quant_dot::gemm(j.dtype, w, mc, k, acts, n, &mut tile[..n * mc], mc);
+                for r in 0..n {
+                    // SAFETY: each task writes its own columns [i0, i0+mc) of every row.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(optr.add(j.o.off + r * j.o.stride + i0), mc) };
+                    dst.copy_from_slice(&tile[r * mc..(r + 1) * mc]);
+                }
+            });
         });
     }
+}
+
+/// One weight of [`CpuBackend::matmul_jobs`]: `out[o] = W x` with `W` = `m` rows of `wdata`.
+struct MmJob<'a> {
+    dtype: GgmlType,
+    wdata: &'a [u8],
+    m: usize,
+    out: &'a CpuBuf,
+    o: Rows,
+}
+
+/// Matmul scratch kept between calls (grown to the widest use, then reused).
+#[derive(Default)]
+struct MmScratch {
+    /// Quantised activations, one run of `n` rows per format in `fmts`.
+    acts: Vec<u8>,
+    /// (format, byte offset in `acts`, bytes per row).
+    fmts: Vec<(GgmlType, usize, usize)>,
+    /// (job, first output row, rows).
+    tasks: Vec<(usize, usize, usize)>,
 }
 
 impl CpuBackend {
@@ -215,15 +271,17 @@ impl CpuBackend {
         let wrb = dtype.row_bytes(k).expect("weight rows are whole blocks");
         let optr = SendPtr(out.0.ptr());
         let xs: Vec<&[f32]> = (0..xr.n).map(|j| unsafe { x.row(xr, j) }).collect();
-        self.pool.install(|| {
-            (0..m).into_par_iter().for_each_init(|| vec![0f32; k], |row: &mut Vec<f32>, i| {
-                quant::dequantize(dtype, &wdata[i * wrb..(i + 1) * wrb], row).expect("weight row dequantises");
+        let chunk = 16;
+        self.pool.run(m.div_ceil(chunk), &|c| {
+            let mut row = vec![0f32; k];
+            for i in c * chunk..((c + 1) * chunk).min(m) {
+                quant::dequantize(dtype, &wdata[i * wrb..(i + 1) * wrb], &mut row).expect("weight row dequantises");
                 for (j, xj) in xs.iter().enumerate() {
                     let d: f64 = row.iter().zip(xj.iter()).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
                     // SAFETY: each i writes its own column.
                     unsafe { *optr.get().add(o.off + j * o.stride + i) = d as f32 };
                 }
-            })
+            }
         });
     }
 }
@@ -241,6 +299,8 @@ struct MoeScratch {
 thread_local! {
     /// Per-thread gemm output tile for multi-row matmuls (grown once, reused).
     static TILE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread attention scores (grown once, reused).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[derive(Clone, Copy)]
@@ -408,17 +468,15 @@ impl Backend for CpuBackend {
             &w.vec[..]
         });
         let (xp, op) = (x.0.ptr(), out.0.ptr());
+        let wp = wv.map_or(std::ptr::null(), |w| w.as_ptr());
         for r in 0..xr.n {
-            let mut ss = 0.0f32;
-            for i in 0..xr.width {
-                let v = unsafe { *xp.add(xr.off + r * xr.stride + i) };
-                ss += v * v;
-            }
-            let inv = 1.0 / (ss / xr.width as f32 + eps).sqrt();
-            for i in 0..xr.width {
-                let v = unsafe { *xp.add(xr.off + r * xr.stride + i) } * inv;
-                let v = wv.map_or(v, |w| v * w[i]);
-                unsafe { *op.add(o.off + r * o.stride + i) = v };
+            // SAFETY: rows checked above; x and out may be the same row (in place), so only
+            // raw pointers are used for the write.
+            unsafe {
+                let src = xp.add(xr.off + r * xr.stride);
+                let ss = simd::sum_sq(std::slice::from_raw_parts(src, xr.width));
+                let inv = 1.0 / (ss / xr.width as f32 + eps).sqrt();
+                simd::scale_mul_ptr(src, inv, wp, op.add(o.off + r * o.stride), xr.width);
             }
         }
     }
@@ -426,6 +484,19 @@ impl Backend for CpuBackend {
     fn matmul(&self, x: &CpuBuf, xr: Rows, w: &CpuWeight, out: &CpuBuf, o: Rows) {
         assert!(w.ne(2) == 1, "matmul with a 3-D weight {:?}: use matmul_grouped", w.shape);
         self.matmul_bytes(w.dtype, &w.data, w.ne(1), w.ne(0), x, xr, out, o);
+    }
+
+    fn matmul_many(&self, x: &CpuBuf, xr: Rows, jobs: &[(&CpuWeight, &CpuBuf, Rows)]) {
+        let k = xr.width;
+        let mj: Vec<MmJob<'_>> = jobs
+            .iter()
+            .map(|&(w, out, o)| {
+                assert!(w.ne(2) == 1, "matmul with a 3-D weight {:?}: use matmul_grouped", w.shape);
+                assert_eq!(w.ne(0), k, "matmul: activation width {k} != weight input {}", w.ne(0));
+                MmJob { dtype: w.dtype, wdata: &w.data, m: w.ne(1), out, o }
+            })
+            .collect();
+        self.matmul_jobs(x, xr, k, &mj);
     }
 
     fn matmul_grouped(&self, x: &CpuBuf, xr: Rows, w: &CpuWeight, out: &CpuBuf, o: Rows) {
@@ -446,9 +517,8 @@ impl Backend for CpuBackend {
         out.check(o);
         let (ap, bp, op) = (a.0.ptr(), b.0.ptr(), out.0.ptr());
         for r in 0..o.n {
-            for i in 0..o.width {
-                unsafe { *op.add(o.off + r * o.stride + i) = *ap.add(ar.off + r * ar.stride + i) + *bp.add(br.off + r * br.stride + i) };
-            }
+            // SAFETY: rows checked above; element-wise, so in place is fine.
+            unsafe { simd::add_ptr(ap.add(ar.off + r * ar.stride), bp.add(br.off + r * br.stride), op.add(o.off + r * o.stride), o.width) };
         }
     }
 
@@ -465,18 +535,30 @@ impl Backend for CpuBackend {
         up.check(ur);
         out.check(o);
         let (gp, up_, op) = (gate.0.ptr(), up.0.ptr(), out.0.ptr());
-        for r in 0..o.n {
-            for i in 0..o.width {
-                unsafe {
-                    let g = *gp.add(gr.off + r * gr.stride + i);
-                    let u = *up_.add(ur.off + r * ur.stride + i);
-                    let a = match kind {
-                        Glu::SwiGlu => silu(g),
-                        Glu::GeGluTanh => gelu_tanh(g),
-                    };
-                    *op.add(o.off + r * o.stride + i) = a * u;
-                }
+        let (gelu, f): (bool, fn(f32) -> f32) = match kind {
+            Glu::SwiGlu => (false, silu),
+            Glu::GeGluTanh => (true, gelu_tanh),
+        };
+        let rows = |r0: usize, r1: usize| {
+            for r in r0..r1 {
+                // SAFETY: rows checked above; element-wise, so in place is fine; callers of
+                // this closure take disjoint row ranges.
+                unsafe { simd::glu_ptr(gelu, gp.add(gr.off + r * gr.stride), up_.add(ur.off + r * ur.stride), op.add(o.off + r * o.stride), o.width, f) };
             }
+        };
+        // Prompt-sized GLUs (n × ff exps) are worth a parallel region; a decode row is not.
+        if o.n * o.width >= 1 << 15 && self.threads > 1 {
+            let (gp, up_, op) = (SendPtr(gp), SendPtr(up_), SendPtr(op));
+            let per = o.n.div_ceil(self.threads * 4);
+            self.pool.run(o.n.div_ceil(per), &|c| {
+                let (gp, up_, op) = (gp.get(), up_.get(), op.get());
+                for r in c * per..((c + 1) * per).min(o.n) {
+                    // SAFETY: as above; tasks take disjoint rows.
+                    unsafe { simd::glu_ptr(gelu, gp.add(gr.off + r * gr.stride), up_.add(ur.off + r * ur.stride), op.add(o.off + r * o.stride), o.width, f) };
+                }
+            });
+        } else {
+            rows(0, o.n);
         }
     }
 
@@ -544,35 +626,44 @@ impl Backend for CpuBackend {
         let (kp, vp, qp, op) = (SendPtr(k.0.ptr()), SendPtr(v.0.ptr()), SendPtr(q.0.ptr()), SendPtr(out.0.ptr()));
         let (klen, vlen) = (k.0.len(), v.0.len());
         let toks = &batch.meta.tokens;
-        self.pool.install(|| {
-            (0..qr.n * nh).into_par_iter().for_each_init(Vec::new, |scores: &mut Vec<f32>, th| {
-                let (t, h) = (th / nh, th % nh);
-                let TokenMeta { pos, slot, .. } = toks[t];
-                let g = h / (nh / nkv);
-                let base = slot as usize * sl;
-                let start = p.window.map_or(0, |w| (pos + 1).saturating_sub(w)) as usize;
-                let end = pos as usize + 1;
-                assert!((base + end) * kw <= klen && (base + end) * vw <= vlen, "attention reads past the cache");
+        let span = |pos: u32| (pos as usize + 1) - p.window.map_or(0, |w| (pos + 1).saturating_sub(w)) as usize;
+        let task = |th: usize| {
+            let (t, h) = (th / nh, th % nh);
+            let TokenMeta { pos, slot, .. } = toks[t];
+            let g = h / (nh / nkv);
+            let base = slot as usize * sl;
+            let start = p.window.map_or(0, |w| (pos + 1).saturating_sub(w)) as usize;
+            let end = pos as usize + 1;
+            assert!((base + end) * kw <= klen && (base + end) * vw <= vlen, "attention reads past the cache");
+            SCORES.with(|sc| {
+                let mut scores = sc.borrow_mut();
+                // SAFETY: bounds asserted above; each (token, head) task writes its own output slice.
                 let qv = unsafe { std::slice::from_raw_parts(qp.get().add(qr.off + t * qr.stride + h * hd), hd) };
                 scores.clear();
                 for j in start..end {
                     let kr = unsafe { std::slice::from_raw_parts(kp.get().add((base + j) * kw + g * hd), hd) };
-                    let mut s = qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * p.scale;
+                    let mut s = simd::dot(qv, kr) * p.scale;
                     if let Some(c) = p.softcap {
                         s = c * (s / c).tanh();
                     }
                     scores.push(s);
                 }
-                softmax(scores);
+                simd::softmax(&mut scores);
                 let orow = unsafe { std::slice::from_raw_parts_mut(op.get().add(o.off + t * o.stride + h * vd), vd) };
                 orow.iter_mut().for_each(|x| *x = 0.0);
                 for (jj, j) in (start..end).enumerate() {
                     let vr = unsafe { std::slice::from_raw_parts(vp.get().add((base + j) * vw + g * vd), vd) };
-                    let w = scores[jj];
-                    orow.iter_mut().zip(vr).for_each(|(a, b)| *a += w * b);
+                    simd::axpy(orow, scores[jj], vr);
                 }
-            })
-        });
+            });
+        };
+        // Short contexts (a decode step early in a sequence) are cheaper than a parallel region.
+        let work: usize = toks.iter().map(|t| span(t.pos)).sum::<usize>() * nh * (hd + vd);
+        if self.threads == 1 || work < 1 << 15 {
+            (0..qr.n * nh).for_each(task);
+        } else {
+            self.pool.run(qr.n * nh, &task);
+        }
     }
 
     fn mla_attention(&self, q: &CpuBuf, qr: Rows, cache: &CpuBuf, batch: &CpuBatch, p: &MlaParams, out: &CpuBuf, o: Rows) {
@@ -587,28 +678,35 @@ impl Backend for CpuBackend {
         let (cp, qp, op) = (SendPtr(cache.0.ptr()), SendPtr(q.0.ptr()), SendPtr(out.0.ptr()));
         let clen = cache.0.len();
         let toks = &batch.meta.tokens;
-        self.pool.install(|| {
-            (0..qr.n).into_par_iter().for_each_init(Vec::new, |scores: &mut Vec<f32>, r| {
-                let TokenMeta { pos, slot, .. } = toks[r / nh];
-                let base = slot as usize * sl;
-                let end = pos as usize + 1;
-                assert!((base + end) * w <= clen, "mla attention reads past the cache");
+        let task = |r: usize| {
+            let TokenMeta { pos, slot, .. } = toks[r / nh];
+            let base = slot as usize * sl;
+            let end = pos as usize + 1;
+            assert!((base + end) * w <= clen, "mla attention reads past the cache");
+            SCORES.with(|sc| {
+                let mut scores = sc.borrow_mut();
+                // SAFETY: bounds asserted above; each row task writes its own output row.
                 let qv = unsafe { std::slice::from_raw_parts(qp.get().add(qr.off + r * qr.stride), w) };
                 scores.clear();
                 for j in 0..end {
                     let cr = unsafe { std::slice::from_raw_parts(cp.get().add((base + j) * w), w) };
-                    scores.push(qv.iter().zip(cr).map(|(a, b)| a * b).sum::<f32>() * p.scale);
+                    scores.push(simd::dot(qv, cr) * p.scale);
                 }
-                softmax(scores);
+                simd::softmax(&mut scores);
                 let orow = unsafe { std::slice::from_raw_parts_mut(op.get().add(o.off + r * o.stride), kl) };
                 orow.iter_mut().for_each(|x| *x = 0.0);
                 for j in 0..end {
                     let cr = unsafe { std::slice::from_raw_parts(cp.get().add((base + j) * w), kl) };
-                    let s = scores[j];
-                    orow.iter_mut().zip(cr).for_each(|(a, b)| *a += s * b);
+                    simd::axpy(orow, scores[j], cr);
                 }
-            })
-        });
+            });
+        };
+        let work: usize = toks.iter().map(|t| t.pos as usize + 1).sum::<usize>() * nh * (w + kl);
+        if self.threads == 1 || work < 1 << 15 {
+            (0..qr.n).for_each(task);
+        } else {
+            self.pool.run(qr.n, &task);
+        }
     }
 
     fn moe(&self, x: &CpuBuf, xr: Rows, logits: &CpuBuf, lr: Rows, experts: Experts<'_, CpuWeight>, p: &MoeParams, out: &CpuBuf, o: Rows) {

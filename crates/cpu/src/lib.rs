@@ -5,6 +5,8 @@
 //! (AVX2 chosen at run time, scalar fallback) that its matmuls stream weights through.
 
 pub mod backend;
+pub mod pool;
 pub mod quant_dot;
+pub mod simd;
 
 pub use backend::{route, CpuBackend, CpuBuf, CpuWeight};

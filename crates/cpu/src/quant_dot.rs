@@ -69,15 +69,47 @@ fn check_k(w: GgmlType, k: usize) -> (usize, usize) {
 /// Quantise one activation row `x` (len k, multiple of the block size) into `out` (exactly
 /// `act_type(w).row_bytes(k)` bytes), with ggml's reference quantiser (`quantize_row_q8_*_ref`).
 pub fn quantize_act(w: GgmlType, x: &[f32], out: &mut [u8]) {
-    let (_, arb) = check_k(w, x.len());
+    check_k(w, x.len());
+    quantize_act_as(act_type(w), x, out);
+}
+
+/// [`quantize_act`] given the activation format itself (Q8_0, Q8_1, Q8K or F32).
+///
+/// On the SIMD path Q8_0/Q8_1/Q8K are quantised eight lanes at a time with the reference's
+/// exact arithmetic (same scale, same division, same rounding: half away from zero for
+/// Q8_0/Q8_1, to nearest even for Q8K), so the bytes are identical to the scalar reference.
+pub fn quantize_act_as(at: GgmlType, x: &[f32], out: &mut [u8]) {
+    let arb = at.row_bytes(x.len()).unwrap_or_else(|| panic!("quant_dot: k = {} is not a multiple of the {} block size", x.len(), at.name()));
     assert_eq!(out.len(), arb, "quantize_act: output is {} bytes, need {arb}", out.len());
-    let at = act_type(w);
+    match at {
+        GgmlType::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8K if simd_available() => {
+            // SAFETY: features detected; out holds exactly the row's blocks (checked above).
+            unsafe {
+                match at {
+                    GgmlType::Q8_0 => avx2::quant_q8_legacy::<false>(x.as_ptr(), x.len() / 32, out.as_mut_ptr()),
+                    GgmlType::Q8_1 => avx2::quant_q8_legacy::<true>(x.as_ptr(), x.len() / 32, out.as_mut_ptr()),
+                    _ => avx2::quant_q8_k(x.as_ptr(), x.len() / 256, out.as_mut_ptr()),
+                }
+            }
+        }
+        _ => quant::quantize(at, x, out).expect("sizes checked above"),
+    }
+}
+
+/// The scalar reference of [`quantize_act_as`] (for tests and benchmarks).
+pub fn quantize_act_scalar(at: GgmlType, x: &[f32], out: &mut [u8]) {
     if at == GgmlType::F32 {
         for (o, v) in out.chunks_exact_mut(4).zip(x) {
             o.copy_from_slice(&v.to_le_bytes());
         }
     } else {
-        quant::quantize(at, x, out).expect("sizes checked above");
+        quant::quantize(at, x, out).expect("quantize_act_scalar: sizes");
     }
 }
 
@@ -865,6 +897,114 @@ mod avx2 {
         finish(acc)
     }
 
+    /// 32 i32 lanes (four vectors, each of values in −128..=127) → 32 bytes in element order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_i32x32(q: [__m256i; 4]) -> __m256i {
+        // packs works within 128-bit lanes; the permute restores element order.
+        let a = _mm256_packs_epi32(q[0], q[1]);
+        let b = _mm256_packs_epi32(q[2], q[3]);
+        let c = _mm256_packs_epi16(a, b);
+        _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hmax_ps(v: __m256) -> f32 {
+        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_max_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum_epi32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+
+    /// `quantize_row_q8_0_ref` / `quantize_row_q8_1_ref` (Q81: also s = d·Σq): d = amax/127,
+    /// q = round(x·(1/d)) rounding half away from zero, exactly like `f32::round`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn quant_q8_legacy<const Q81: bool>(x: *const f32, nb: usize, out: *mut u8) {
+        let (bsz, qoff) = if Q81 { (36, 4) } else { (34, 2) };
+        let sign = _mm256_set1_ps(-0.0);
+        let half = _mm256_set1_ps(0.5);
+        let one = _mm256_set1_ps(1.0);
+        for b in 0..nb {
+            let xp = x.add(32 * b);
+            let v: [__m256; 4] = std::array::from_fn(|t| _mm256_loadu_ps(xp.add(8 * t)));
+            let m01 = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
+            let m23 = _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]));
+            let amax = hmax_ps(_mm256_max_ps(m01, m23));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let q: [__m256i; 4] = std::array::from_fn(|t| {
+                let y = _mm256_mul_ps(v[t], idv);
+                let a = _mm256_andnot_ps(sign, y);
+                let tr = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(a);
+                // a − trunc(a) is exact; round up when it is ≥ 0.5 (ties away from zero).
+                let up = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_sub_ps(a, tr), half), one);
+                let r = _mm256_or_ps(_mm256_add_ps(tr, up), _mm256_and_ps(sign, y));
+                _mm256_cvttps_epi32(r)
+            });
+            let ob = out.add(b * bsz);
+            _mm256_storeu_si256(ob.add(qoff) as *mut __m256i, pack_i32x32(q));
+            (ob as *mut u16).write_unaligned(quant::f32_to_f16(d));
+            if Q81 {
+                let sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+                (ob.add(2) as *mut u16).write_unaligned(quant::f32_to_f16(sum as f32 * d));
+            }
+        }
+    }
+
+    /// `quantize_row_q8_K_ref`: iscale = −127/max where max is the first element of largest
+    /// magnitude; q = nearest_int(iscale·x) (to nearest even, the `cvtps` default) capped at
+    /// 127; per-16 sums; d = 1/iscale.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn quant_q8_k(x: *const f32, nb: usize, out: *mut u8) {
+        let sign = _mm256_set1_ps(-0.0);
+        for b in 0..nb {
+            let xp = x.add(256 * b);
+            let ob = out.add(292 * b);
+            let mut m = _mm256_setzero_ps();
+            for t in 0..32 {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(xp.add(8 * t))));
+            }
+            let amax = hmax_ps(m);
+            if amax == 0.0 {
+                std::ptr::write_bytes(ob, 0, 292);
+                continue;
+            }
+            let av = _mm256_set1_ps(amax);
+            let mut max = amax;
+            for t in 0..32 {
+                let mask = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, _mm256_loadu_ps(xp.add(8 * t))), av));
+                if mask != 0 {
+                    max = *xp.add(8 * t + mask.trailing_zeros() as usize);
+                    break;
+                }
+            }
+            let iscale = -127.0 / max;
+            let isv = _mm256_set1_ps(iscale);
+            let cap = _mm256_set1_epi32(127);
+            for c in 0..8 {
+                let q: [__m256i; 4] =
+                    std::array::from_fn(|t| _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(isv, _mm256_loadu_ps(xp.add(32 * c + 8 * t)))), cap));
+                _mm256_storeu_si256(ob.add(4 + 32 * c) as *mut __m256i, pack_i32x32(q));
+                for h in 0..2 {
+                    let s = hsum_epi32(_mm256_add_epi32(q[2 * h], q[2 * h + 1]));
+                    (ob.add(260 + 2 * (2 * c + h)) as *mut i16).write_unaligned(s as i16);
+                }
+            }
+            (ob as *mut f32).write_unaligned(1.0 / iscale);
+        }
+    }
+
     /// Float weights against f32 activations; `$load(p)` loads 8 weights at p as f32 lanes and
     /// `$one(p)` a single weight.
     macro_rules! float_rows {
@@ -1196,6 +1336,35 @@ mod tests {
                 let got = unsafe { avx2::act_scales(at, &acts) };
                 let want: Vec<f32> = acts.chunks_exact(bsz).flat_map(|b| (0..per).map(move |t| quant::read_f16(b, 2 * t))).collect();
                 assert_eq!(got, want, "{} nb={nb}", at.name());
+            }
+        }
+    }
+
+    #[test]
+    fn quant_dot_simd_act_quantisers_are_bit_exact() {
+        let mut rng = Rng(11);
+        for at in [Q8_0, Q8_1, Q8K] {
+            for &k in &[256usize, 512, 1536] {
+                for trial in 0..20 {
+                    let mut x = random_vals(&mut rng, k, trial % 2 == 1);
+                    match trial % 5 {
+                        // Ties: integers and half-integers times a power of two step.
+                        2 => x.iter_mut().enumerate().for_each(|(i, v)| *v = ((i % 255) as f32 - 127.0) * 0.5),
+                        // A zero block and a block whose largest magnitude appears with both signs.
+                        3 if k > 256 => {
+                            x[..256].iter_mut().for_each(|v| *v = 0.0);
+                            x[300] = -4.0;
+                            x[310] = 4.0;
+                        }
+                        4 => x.iter_mut().for_each(|v| *v *= 1e-30),
+                        _ => {}
+                    }
+                    let arb = at.row_bytes(k).unwrap();
+                    let (mut a, mut b) = (vec![0u8; arb], vec![1u8; arb]);
+                    quantize_act_as(at, &x, &mut a);
+                    quantize_act_scalar(at, &x, &mut b);
+                    assert!(a == b, "{} k={k} trial {trial}: SIMD bytes differ from the reference", at.name());
+                }
             }
         }
     }

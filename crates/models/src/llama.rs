@@ -318,9 +318,7 @@ impl<B: Backend> Model for Llama<B> {
         for l in &self.layers {
             be.rms_norm(&s.x, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
             let (rq, rk) = (Rows::packed(n, nh * d), Rows::packed(n, nkv * d));
-            be.matmul(&s.h, rx, &l.wq, &s.q, rq);
-            be.matmul(&s.h, rx, &l.wk, &s.k, rk);
-            be.matmul(&s.h, rx, &l.wv, &s.v, rk);
+            be.matmul_many(&s.h, rx, &[(&l.wq, &s.q, rq), (&l.wk, &s.k, rk), (&l.wv, &s.v, rk)]);
             be.rope(&s.q, rq.split(nh), nh, bt, &self.rope);
             be.rope(&s.k, rk.split(nkv), nkv, bt, &self.rope);
             be.cache_write(&l.k_cache, &s.k, rk, bt);
@@ -330,8 +328,7 @@ impl<B: Backend> Model for Llama<B> {
             be.add(&s.x, rx, &s.h, rx, &s.x, rx);
             be.rms_norm(&s.x, rx, Some(&l.ffn_norm), c.eps, &s.h, rx);
             let rf = Rows::packed(n, ff);
-            be.matmul(&s.h, rx, &l.w_gate, &s.g, rf);
-            be.matmul(&s.h, rx, &l.w_up, &s.u, rf);
+            be.matmul_many(&s.h, rx, &[(&l.w_gate, &s.g, rf), (&l.w_up, &s.u, rf)]);
             be.glu(Glu::SwiGlu, &s.g, rf, &s.u, rf, &s.g, rf);
             be.matmul(&s.g, rf, &l.w_down, &s.h, rx);
             be.add(&s.x, rx, &s.h, rx, &s.x, rx);
