@@ -52,12 +52,19 @@ pub struct ServeArgs {
     /// CPU referee mode: f32 activations in the matmuls (slower).
     #[arg(long)]
     pub exact: bool,
+    /// Longest a request may take, in seconds from its arrival: a running one is then finished
+    /// with finish_reason "length", one still waiting for a slot gets 503. 0: no limit.
+    #[arg(long = "request-timeout", default_value_t = 600.0)]
+    pub request_timeout: f64,
 }
 
 /// Loads the model once, then serves until Ctrl-C.
 pub fn serve(a: ServeArgs) -> Result<()> {
     if a.max_seqs == 0 {
         bail!("--max-seqs must be at least 1");
+    }
+    if !(a.request_timeout >= 0.0) {
+        bail!("--request-timeout must be a number of seconds, 0 for no limit");
     }
     if a.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
@@ -68,6 +75,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         max_body_bytes: a.max_body_bytes,
         handle_ctrl_c: true,
         row_multiple: a.row_multiple.max(1),
+        request_timeout: (a.request_timeout > 0.0).then(|| std::time::Duration::from_secs_f64(a.request_timeout.min(1e9))),
         ..ServerConfig::default()
     };
     // Slots (plus the pad slot) and the widest forward a step makes; the context comes from

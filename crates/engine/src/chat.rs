@@ -429,4 +429,58 @@ mod tests {
         let err = t.render(&[ChatMessage::new("user", big)], false, "", "").expect_err("size");
         assert!(err.to_string().contains("exceeds"), "{err}");
     }
+
+    /// Renders `src` over one message on a thread with a 2 MiB stack (what tokio's workers and
+    /// test threads get), returning the error text; each must come within a few seconds.
+    fn hostile(src: &str) -> String {
+        let src = src.to_string();
+        let h = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let t0 = std::time::Instant::now();
+                let r = ChatTemplate::new(&src).and_then(|t| t.render(&[ChatMessage::new("user", "hi")], true, "<s>", "</s>"));
+                (r, t0.elapsed())
+            })
+            .expect("spawn");
+        let (r, took) = h.join().expect("render must not panic");
+        assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+        match r {
+            Ok(out) => panic!("expected an error, rendered {} bytes", out.len()),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!e.contains('\n'), "one line: {e:?}");
+                e
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_templates_end_quickly_with_a_clear_error() {
+        // Loops "forever" (as long as ranges allow): out of fuel.
+        let e = hostile("{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}");
+        assert!(e.to_lowercase().contains("fuel"), "{e}");
+        // Loops over a repeated sequence (10^10 items, lazily): out of fuel too.
+        let e = hostile("{% for x in [1] * 100000 * 100000 %}{% endfor %}");
+        assert!(e.to_lowercase().contains("fuel") || e.contains("too"), "{e}");
+        // Recursion without end: the recursion limit, not a stack overflow on a 2 MiB stack.
+        let e = hostile("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+        assert!(e.contains("recursion"), "{e}");
+        let e = hostile("{% for m in messages recursive %}{{ loop([m]) }}{% endfor %}");
+        assert!(e.contains("recursion") || e.to_lowercase().contains("fuel"), "{e}");
+        // Huge strings: one repeat beyond minijinja's cap; output beyond MAX_OUTPUT_BYTES.
+        let e = hostile("{{ 'x' * 1000000000000 }}");
+        assert!(e.contains("too large"), "{e}");
+        let e = hostile("{% for i in range(100000) %}{{ 'y' * 10000 }}{% endfor %}");
+        assert!(e.contains("exceeds"), "{e}");
+        // No file access: include, import, extends all fail.
+        for src in ["{% include 'x.j2' %}", "{% import '/etc/passwd' as p %}", "{% extends 'base' %}", "{% from 'a' import b %}"] {
+            let e = hostile(src);
+            assert!(e.contains("not found") || e.contains("template"), "{src}: {e}");
+        }
+        // Deep nesting in the source itself is a syntax error, not a stack overflow.
+        let e = hostile(&format!("{{{{ {}1{} }}}}", "(".repeat(5000), ")".repeat(5000)));
+        assert!(e.contains("syntax") || e.contains("nest"), "{e}");
+        let e = hostile(&format!("{}{}", "{% if true %}".repeat(2000), "{% endif %}".repeat(2000)));
+        assert!(e.contains("syntax") || e.contains("nest"), "{e}");
+    }
 }

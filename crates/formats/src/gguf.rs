@@ -412,13 +412,30 @@ fn parse(path: &str, buf: &[u8]) -> Result<Parsed> {
     Ok(Parsed { version, alignment, data_start, metadata, tensors, by_name })
 }
 
+/// The bytes of a GGUF file: a read-only memory map ([`GgufFile::open`]) or an owned buffer
+/// ([`GgufFile::from_bytes`]).
+enum Backing {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
 /// A GGUF file, memory-mapped and validated on open. Tensor data is borrowed from the map.
 ///
 /// Like every memory-mapped reader, this assumes the file is not modified or truncated while it
 /// is open.
 pub struct GgufFile {
     path: String,
-    mmap: Mmap,
+    mmap: Backing,
     version: u32,
     alignment: usize,
     data_start: usize,
@@ -456,6 +473,16 @@ impl GgufFile {
         // SAFETY: the map is read-only; as documented on `GgufFile`, the file must not be
         // modified while open (the same contract as every mmap-based model loader).
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Self::from_backing(shown, Backing::Map(mmap))
+    }
+
+    /// Validates a GGUF file held in memory (tests, fuzzing, files received over the network).
+    /// `name` stands for the path in error messages. The same checks as [`GgufFile::open`].
+    pub fn from_bytes(name: impl Into<String>, bytes: Vec<u8>) -> Result<GgufFile> {
+        Self::from_backing(name.into(), Backing::Owned(bytes))
+    }
+
+    fn from_backing(shown: String, mmap: Backing) -> Result<GgufFile> {
         let parsed = parse(&shown, &mmap)?;
         Ok(GgufFile {
             path: shown,

@@ -12,6 +12,14 @@
 //!
 //! The batch, output and logits buffers are allocated once and reused by every step.
 //!
+//! ## Hostile and slow clients
+//! The engine thread never blocks on a client. Each job's event channel is bounded
+//! ([`EVENT_BUFFER`] events) and written with `try_send`: a client that stops reading (a stalled
+//! stream) is dropped when its channel is full, like one that hung up, and its slot is free at
+//! once. A job may carry a deadline ([`Job::deadline`], the server's `--request-timeout`): a
+//! sequence still running then ends with `finish_reason` "length" (the text so far is kept), and
+//! a request still waiting for a slot is answered 503 ([`Event::Unavailable`]).
+//!
 //! ## Batch invariance
 //! A request's text must not depend on what else runs beside it. That holds only if every row of
 //! a batched forward is computed with the same arithmetic as it would be alone. The CPU matmul
@@ -30,7 +38,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::Sender;
 use ts_core::{BatchMeta, TokenMeta};
 use ts_engine::{Sampler, SamplerParams, StreamDecoder, Tokenizer};
 use ts_models::Model;
@@ -88,6 +97,22 @@ pub enum Event {
     Done { finish: Finish, prompt_tokens: usize, completion_tokens: usize },
     /// The engine failed; the sequence is over.
     Failed(String),
+    /// The request was not run (it waited past its deadline for a slot): a 503 with this reason.
+    Unavailable(String),
+}
+
+/// Capacity of a job's event channel. A client that falls this many events behind (a stream
+/// nobody reads) is dropped, so it cannot make the engine wait or buffer without bound.
+pub const EVENT_BUFFER: usize = 1024;
+
+/// Sends `ev` without blocking. `Err(true)`: the receiver is gone; `Err(false)`: it is full
+/// (the client stopped reading).
+fn try_send(tx: &Sender<Event>, ev: Event) -> Result<(), bool> {
+    match tx.try_send(ev) {
+        Ok(()) => Ok(()),
+        Err(TrySendError::Closed(_)) => Err(true),
+        Err(TrySendError::Full(_)) => Err(false),
+    }
 }
 
 /// A generation request, ready for the engine: prompt tokens and how to sample.
@@ -103,10 +128,14 @@ pub struct Job {
     pub stop: Vec<String>,
     /// `Some(n)`: report the chosen token's log-probability and the `n` most likely ones.
     pub top_logprobs: Option<usize>,
-    /// Where events go. When its receiver is dropped, the sequence stops.
-    pub events: UnboundedSender<Event>,
+    /// Where events go (a bounded channel, see [`EVENT_BUFFER`]). When its receiver is dropped,
+    /// or it is full, the sequence stops.
+    pub events: Sender<Event>,
     /// When the request arrived (for time to first token).
     pub arrived: Instant,
+    /// When the request must be over: a running sequence then finishes with
+    /// [`Finish::Length`], a waiting one gets [`Event::Unavailable`]. `None`: no limit.
+    pub deadline: Option<Instant>,
 }
 
 /// Engine sizing beyond what the model's [`ts_models::RuntimeOptions`] says.
@@ -354,6 +383,7 @@ impl<'m, 't> Stepper<'m, 't> {
             }
             self.admit();
             self.drop_cancelled();
+            self.expire();
             if self.active.is_empty() {
                 continue;
             }
@@ -397,6 +427,41 @@ impl<'m, 't> Stepper<'m, 't> {
         let active = self.active.iter().filter(|s| !s.done).count() as u64;
         self.metrics.active_seqs.store(active, Relaxed);
         self.metrics.queue_depth.store(self.occupancy.load(Relaxed).saturating_sub(active), Relaxed);
+    }
+
+    /// Ends what is past its deadline: running sequences finish with [`Finish::Length`],
+    /// waiting jobs are answered [`Event::Unavailable`].
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let due = |j: &Job| j.deadline.is_some_and(|d| now >= d);
+        if self.waiting.iter().any(due) {
+            let metrics = &self.metrics;
+            let occupancy = &self.occupancy;
+            self.waiting.retain(|j| {
+                if !due(j) {
+                    return true;
+                }
+                let waited = now.saturating_duration_since(j.arrived).as_secs_f64();
+                let _ = j.events.try_send(Event::Unavailable(format!(
+                    "request timed out after {waited:.1} s waiting for a free slot (the server's --request-timeout); retry later"
+                )));
+                metrics.timed_out.fetch_add(1, Relaxed);
+                occupancy.fetch_sub(1, Relaxed);
+                false
+            });
+        }
+        let mut any = false;
+        for s in self.active.iter_mut() {
+            if !s.done && due(&s.job) {
+                self.metrics.timed_out.fetch_add(1, Relaxed);
+                finish(s, Finish::Length, &self.metrics, &mut self.scratch);
+                s.done = true;
+                any = true;
+            }
+        }
+        if any {
+            self.retire();
+        }
     }
 
     /// Stops sequences whose client hung up.
@@ -489,7 +554,7 @@ impl<'m, 't> Stepper<'m, 't> {
             tracing::error!("{e}");
             for s in self.active.iter_mut() {
                 if !s.done {
-                    let _ = s.job.events.send(Event::Failed(e.clone()));
+                    let _ = s.job.events.try_send(Event::Failed(e.clone()));
                     s.done = true;
                     self.metrics.failed.fetch_add(1, Relaxed);
                 }
@@ -544,13 +609,13 @@ impl<'m, 't> Stepper<'m, 't> {
     /// Ends every sequence, running or waiting, with `why`.
     fn fail_all(&mut self, why: &str) {
         for s in self.active.iter_mut().filter(|s| !s.done) {
-            let _ = s.job.events.send(Event::Failed(why.to_string()));
+            let _ = s.job.events.try_send(Event::Failed(why.to_string()));
             s.done = true;
             self.metrics.failed.fetch_add(1, Relaxed);
         }
         self.retire();
         for j in self.waiting.drain(..) {
-            let _ = j.events.send(Event::Failed(why.to_string()));
+            let _ = j.events.try_send(Event::Failed(why.to_string()));
             self.metrics.failed.fetch_add(1, Relaxed);
             self.occupancy.fetch_sub(1, Relaxed);
         }
@@ -592,8 +657,7 @@ fn sample_one(s: &mut Seq<'_>, row: &[f32], tok: &Tokenizer, metrics: &Metrics, 
         // The tokens that formed the stop string are not reported.
         s.pending_lp.clear();
     }
-    if !out.is_empty() && !send_delta(s, out) {
-        metrics.cancelled.fetch_add(1, Relaxed);
+    if !out.is_empty() && !send_delta(s, out, metrics) {
         return true;
     }
     if stopped {
@@ -604,15 +668,21 @@ fn sample_one(s: &mut Seq<'_>, row: &[f32], tok: &Tokenizer, metrics: &Metrics, 
     true
 }
 
-/// Sends `text` with the pending log-probabilities; on a closed channel marks the sequence
-/// cancelled and returns false.
-fn send_delta(s: &mut Seq<'_>, text: &str) -> bool {
+/// Sends `text` with the pending log-probabilities; on a closed or full channel (see
+/// [`EVENT_BUFFER`]) counts the sequence cancelled, marks it done and returns false.
+fn send_delta(s: &mut Seq<'_>, text: &str, metrics: &Metrics) -> bool {
     let ev = Event::Delta { text: text.to_string(), logprobs: std::mem::take(&mut s.pending_lp) };
-    if s.job.events.send(ev).is_err() {
-        s.done = true;
-        return false;
+    match try_send(&s.job.events, ev) {
+        Ok(()) => true,
+        Err(closed) => {
+            if !closed {
+                metrics.slow_clients.fetch_add(1, Relaxed);
+            }
+            metrics.cancelled.fetch_add(1, Relaxed);
+            s.done = true;
+            false
+        }
     }
-    true
 }
 
 /// Flushes held text and sends [`Event::Done`].
@@ -626,12 +696,14 @@ fn finish(s: &mut Seq<'_>, why: Finish, metrics: &Metrics, out: &mut String) {
         s.stop.finish(out);
     }
     let why = if s.stop.stopped() { Finish::Stop } else { why };
-    if (!out.is_empty() || !s.pending_lp.is_empty()) && !send_delta(s, out) {
-        metrics.cancelled.fetch_add(1, Relaxed);
+    if (!out.is_empty() || !s.pending_lp.is_empty()) && !send_delta(s, out, metrics) {
         return;
     }
     let done = Event::Done { finish: why, prompt_tokens: s.job.prompt.len(), completion_tokens: s.generated.len() };
-    if s.job.events.send(done).is_err() {
+    if let Err(closed) = try_send(&s.job.events, done) {
+        if !closed {
+            metrics.slow_clients.fetch_add(1, Relaxed);
+        }
         metrics.cancelled.fetch_add(1, Relaxed);
     } else {
         match why {
@@ -646,7 +718,7 @@ fn finish(s: &mut Seq<'_>, why: Finish, metrics: &Metrics, out: &mut String) {
 mod tests {
     use super::*;
     use std::time::Duration;
-    use tokio::sync::mpsc::unbounded_channel;
+    use tokio::sync::mpsc::{channel, Receiver};
     use ts_models::{ModelInfo, RuntimeOptions};
 
     /// One forward as the mock saw it: (slot, pos, token) of every token but the padding, and the
@@ -728,8 +800,8 @@ mod tests {
         (e, seen, metrics)
     }
 
-    fn job(prompt: Vec<u32>, max_tokens: usize) -> (Job, tokio::sync::mpsc::UnboundedReceiver<Event>) {
-        let (tx, rx) = unbounded_channel();
+    fn job(prompt: Vec<u32>, max_tokens: usize) -> (Job, Receiver<Event>) {
+        let (tx, rx) = channel(EVENT_BUFFER);
         let j = Job {
             prompt,
             sampling: SamplerParams::greedy(),
@@ -738,12 +810,13 @@ mod tests {
             top_logprobs: None,
             events: tx,
             arrived: Instant::now(),
+            deadline: None,
         };
         (j, rx)
     }
 
     /// Collects a job's text until Done (bounded wait).
-    fn collect(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> (String, Option<Finish>, usize) {
+    fn collect(rx: &mut Receiver<Event>) -> (String, Option<Finish>, usize) {
         let mut text = String::new();
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(20) {
@@ -751,6 +824,7 @@ mod tests {
                 Ok(Event::Delta { text: t, .. }) => text.push_str(&t),
                 Ok(Event::Done { finish, completion_tokens, .. }) => return (text, Some(finish), completion_tokens),
                 Ok(Event::Failed(e)) => panic!("failed: {e}"),
+                Ok(Event::Unavailable(e)) => panic!("unavailable: {e}"),
                 Err(_) => std::thread::sleep(Duration::from_millis(1)),
             }
         }
@@ -841,6 +915,71 @@ mod tests {
         e.shutdown();
     }
 
+    /// Waits (bounded) until every submitted job is finished.
+    fn wait_idle(e: &Engine) {
+        let t0 = Instant::now();
+        while e.occupancy() != 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "engine not idle: occupancy {}", e.occupancy());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_client_that_stops_reading_is_dropped_without_stalling_the_batch() {
+        let (e, _seen, m) = engine(2, 8, 2);
+        // A's client never reads: its channel (8 events here) fills after 8 tokens.
+        let (mut a, ra) = job(vec![1], 400);
+        let (tx, small) = channel(8);
+        a.events = tx;
+        drop(ra);
+        e.submit(a).expect("queued");
+        let (b, mut rb) = job(vec![50], 100);
+        e.submit(b).expect("queued");
+        let (text_b, fb, nb) = collect(&mut rb);
+        assert_eq!((text_b, fb, nb), (expect(51, 100), Some(Finish::Length), 100));
+        wait_idle(&e);
+        assert_eq!(m.slow_clients.load(Relaxed), 1);
+        assert_eq!(m.cancelled.load(Relaxed), 1);
+        // A was dropped once full, not run to its 400 tokens.
+        assert!(m.completion_tokens.load(Relaxed) < 100 + 20, "{}", m.completion_tokens.load(Relaxed));
+        assert_eq!(small.len(), 8);
+        // Recovery: the freed slots serve new requests.
+        let (c, mut rc) = job(vec![5], 3);
+        e.submit(c).expect("queued");
+        assert_eq!(collect(&mut rc).0, expect(6, 3));
+        e.shutdown();
+    }
+
+    #[test]
+    fn deadline_ends_running_sequences_with_length_and_waiting_ones_with_503() {
+        let (e, _seen, m) = engine(1, 8, 2);
+        let (mut a, mut ra) = job(vec![1], 500);
+        a.deadline = Some(Instant::now() + Duration::from_millis(150));
+        e.submit(a).expect("queued");
+        // B waits behind A for the only slot and times out first.
+        let (mut b, mut rb) = job(vec![1], 5);
+        b.deadline = Some(Instant::now() + Duration::from_millis(50));
+        e.submit(b).expect("queued");
+        let t0 = Instant::now();
+        let (text_a, fa, na) = collect(&mut ra);
+        assert_eq!(fa, Some(Finish::Length));
+        assert!(na > 0 && na < 500, "{na} tokens");
+        assert_eq!(text_a, expect(2, na as u32));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        match rb.try_recv() {
+            Ok(Event::Unavailable(why)) => assert!(why.contains("timed out"), "{why}"),
+            other => panic!("B: {other:?}"),
+        }
+        wait_idle(&e);
+        assert_eq!(m.timed_out.load(Relaxed), 2);
+        assert_eq!(m.finished_length.load(Relaxed), 1);
+        // Recovery.
+        let (c, mut rc) = job(vec![5], 3);
+        e.submit(c).expect("queued");
+        assert_eq!(collect(&mut rc).0, expect(6, 3));
+        e.shutdown();
+    }
+
     #[test]
     fn stop_string_ends_the_sequence() {
         let (e, _seen, m) = engine(1, 8, 1);
@@ -862,7 +1001,7 @@ mod tests {
         let (b, mut rb) = job(vec![1], 5);
         e.submit(b).expect("queued");
         e.shutdown();
-        let drain = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>| {
+        let drain = |rx: &mut Receiver<Event>| {
             let mut last = None;
             while let Ok(ev) = rx.try_recv() {
                 last = Some(ev);

@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
@@ -14,11 +14,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::{channel, Receiver};
 use ts_engine::{ChatTemplate, Tokenizer};
 
 use crate::api::{self, Common, Meta, Prompt};
-use crate::engine::{Engine, Event, Finish, Job, TokenLogprob};
+use crate::engine::{Engine, Event, Finish, Job, TokenLogprob, EVENT_BUFFER};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -36,6 +36,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Request counter for ids.
     pub counter: AtomicU64,
+    /// Longest a generation request may take from arrival (`--request-timeout`); `None`: no limit.
+    pub request_timeout: Option<Duration>,
 }
 
 fn unix_now() -> u64 {
@@ -237,7 +239,7 @@ async fn generate(st: &Arc<AppState>, kind: Kind, c: Common, prompt: Vec<u32>, a
         Some(m) => m,
         None => ctx - prompt.len(),
     };
-    let (tx, rx) = unbounded_channel();
+    let (tx, rx) = channel(EVENT_BUFFER);
     let n_prompt = prompt.len();
     st.engine.submit(Job {
         prompt,
@@ -247,6 +249,7 @@ async fn generate(st: &Arc<AppState>, kind: Kind, c: Common, prompt: Vec<u32>, a
         top_logprobs: c.top_logprobs,
         events: tx,
         arrived,
+        deadline: st.request_timeout.and_then(|t| arrived.checked_add(t)),
     })?;
     let n = st.counter.fetch_add(1, Relaxed);
     let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
@@ -259,7 +262,7 @@ async fn generate(st: &Arc<AppState>, kind: Kind, c: Common, prompt: Vec<u32>, a
     }
 }
 
-async fn whole_response(kind: Kind, meta: Meta, c: Common, mut rx: UnboundedReceiver<Event>, n_prompt: usize) -> Result<Response, ApiError> {
+async fn whole_response(kind: Kind, meta: Meta, c: Common, mut rx: Receiver<Event>, n_prompt: usize) -> Result<Response, ApiError> {
     let mut text = String::new();
     let mut lps: Vec<TokenLogprob> = Vec::new();
     while let Some(ev) = rx.recv().await {
@@ -277,6 +280,7 @@ async fn whole_response(kind: Kind, meta: Meta, c: Common, mut rx: UnboundedRece
                 return Ok(axum::Json(v).into_response());
             }
             Event::Failed(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+            Event::Unavailable(e) => return Err(ApiError::unavailable(e, "timeout")),
         }
     }
     Err(ApiError::internal(format!("the engine dropped the request ({n_prompt} prompt tokens) without finishing it")))
@@ -293,7 +297,7 @@ struct StreamState {
     meta: Meta,
     include_usage: bool,
     logprobs: bool,
-    rx: UnboundedReceiver<Event>,
+    rx: Receiver<Event>,
     phase: Phase,
     /// Text offset (characters) for legacy completions logprobs.
     offset: usize,
@@ -355,6 +359,11 @@ impl StreamState {
                 out.push_str("data: [DONE]\n\n");
                 self.phase = Phase::Over;
             }
+            Some(Event::Unavailable(e)) => {
+                sse(&mut out, &ApiError::unavailable(e, "timeout").body());
+                out.push_str("data: [DONE]\n\n");
+                self.phase = Phase::Over;
+            }
             None => {
                 sse(&mut out, &ApiError::internal("the engine dropped the request without finishing it").body());
                 out.push_str("data: [DONE]\n\n");
@@ -366,7 +375,7 @@ impl StreamState {
 }
 
 /// An SSE response; dropping it (client gone) drops `rx`, which stops the sequence.
-fn stream_response(kind: Kind, meta: Meta, c: Common, rx: UnboundedReceiver<Event>) -> Response {
+fn stream_response(kind: Kind, meta: Meta, c: Common, rx: Receiver<Event>) -> Response {
     let st = StreamState { kind, meta, include_usage: c.include_usage, logprobs: c.top_logprobs.is_some(), rx, phase: Phase::Start, offset: 0 };
     let stream = futures_util::stream::unfold(st, |mut st| async move { st.next().await.map(|b| (Ok::<Bytes, Infallible>(b), st)) });
     Response::builder()

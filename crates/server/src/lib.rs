@@ -91,11 +91,26 @@ pub struct ServerConfig {
     /// Pad every forward to a multiple of this many rows so a request's text does not depend on
     /// its batch-mates (see [`engine`], "Batch invariance"); 4 matches the CPU kernels, 1 is off.
     pub row_multiple: usize,
+    /// Longest a generation request may take from its arrival: a running one is then finished
+    /// with `finish_reason` "length", one still waiting for a slot is answered 503; its slot is
+    /// freed either way. `None`: no limit.
+    pub request_timeout: Option<std::time::Duration>,
 }
+
+/// [`ServerConfig::request_timeout`]'s default (`--request-timeout 600`).
+pub const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { max_queue: 64, prefill_chunk: 128, max_body_bytes: 4 << 20, handle_ctrl_c: false, http_threads: 2, row_multiple: 4 }
+        ServerConfig {
+            max_queue: 64,
+            prefill_chunk: 128,
+            max_body_bytes: 4 << 20,
+            handle_ctrl_c: false,
+            http_threads: 2,
+            row_multiple: 4,
+            request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+        }
     }
 }
 
@@ -142,6 +157,7 @@ impl Server {
             created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             metrics: metrics.clone(),
             counter: AtomicU64::new(0),
+            request_timeout: cfg.request_timeout,
         });
         let app = http::router(state, cfg.max_body_bytes);
         let rt = tokio::runtime::Builder::new_multi_thread()

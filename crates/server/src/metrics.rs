@@ -61,6 +61,12 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     /// Sequences ended by an engine error.
     pub failed: AtomicU64,
+    /// Requests past their deadline (`--request-timeout`): running ones finished "length",
+    /// waiting ones answered 503.
+    pub timed_out: AtomicU64,
+    /// Clients dropped because they stopped reading (their event channel was full); also
+    /// counted in `cancelled`.
+    pub slow_clients: AtomicU64,
     /// Prompt tokens of admitted sequences.
     pub prompt_tokens: AtomicU64,
     /// Tokens generated (sampled, end-of-generation tokens excluded).
@@ -119,6 +125,8 @@ impl Metrics {
         ] {
             let _ = writeln!(s, "turbospark_requests_finished_total{{reason=\"{reason}\"}} {}", v.load(Relaxed));
         }
+        counter(&mut s, "turbospark_requests_timed_out_total", "Requests past --request-timeout (running: finished \"length\"; waiting: 503).", self.timed_out.load(Relaxed));
+        counter(&mut s, "turbospark_slow_clients_dropped_total", "Sequences dropped because their client stopped reading.", self.slow_clients.load(Relaxed));
         counter(&mut s, "turbospark_prompt_tokens_total", "Prompt tokens of admitted requests.", self.prompt_tokens.load(Relaxed));
         counter(&mut s, "turbospark_completion_tokens_total", "Tokens generated.", self.completion_tokens.load(Relaxed));
         gauge(&mut s, "turbospark_queue_depth", "Requests waiting for a cache slot.", self.queue_depth.load(Relaxed) as f64);
