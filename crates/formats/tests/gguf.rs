@@ -376,6 +376,29 @@ fn every_truncation_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn from_bytes_matches_open_on_every_truncation() {
+    // The in-memory reader (used by the fuzz target) validates exactly as the mmap path.
+    let full = small_file();
+    let dir = TempDir::new("frombytes");
+    for len in (0..=full.len()).step_by(7).chain([full.len()]) {
+        let a = open_bytes(&dir, &full[..len]).map(|f| (f.tensor_infos().to_vec(), f.metadata().clone(), f.data_start()));
+        let b = GgufFile::from_bytes(dir.join("t.gguf").display().to_string(), full[..len].to_vec())
+            .map(|f| (f.tensor_infos().to_vec(), f.metadata().clone(), f.data_start()));
+        match (a, b) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "len {len}"),
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "len {len}"),
+            (a, b) => panic!("len {len}: open {:?} vs from_bytes {:?}", a.is_ok(), b.is_ok()),
+        }
+    }
+    let f = GgufFile::from_bytes("mem.gguf", full.clone()).expect("valid");
+    for name in f.tensor_names() {
+        let t = f.tensor(name).expect("tensor");
+        assert_eq!(t.data.len(), f.tensor_info(name).expect("info").size);
+    }
+    assert_eq!(f.file_size(), full.len());
+}
+
+#[test]
 fn bad_magic() {
     let mut d = small_file();
     d[0] = b'X';
