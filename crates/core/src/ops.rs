@@ -198,4 +198,21 @@ pub trait Backend: Send + Sync {
     fn moe(&self, x: &Self::Buf, xr: Rows, logits: &Self::Buf, lr: Rows, experts: Experts<'_, Self::Weight>, p: &MoeParams, out: &Self::Buf, o: Rows);
     /// Wait for all enqueued work.
     fn synchronize(&self) -> Result<()>;
+
+    // ---- recorded steps (optional) --------------------------------------------------------------
+    /// Start a forward step of `n_tokens` tokens whose sequence of ops (shapes, buffers, weights)
+    /// is fully determined by `key`, per-step values (token ids, positions, slots) coming only
+    /// from the batch uploaded before this call. Returns true when the backend replayed its
+    /// recording of that step: the caller then enqueues none of the step's ops and does not call
+    /// [`Backend::graph_end`]. Otherwise the caller enqueues the ops, then calls `graph_end`.
+    /// The default records nothing (the CPU backend).
+    fn graph_begin(&self, _key: u64, _n_tokens: usize) -> bool {
+        false
+    }
+    /// End a step begun by a [`Backend::graph_begin`] that returned false. Returns false when the
+    /// ops were being recorded but the recording could not be kept, in which case none of them
+    /// ran and the caller must enqueue them again (without another `graph_begin`). Default: true.
+    fn graph_end(&self) -> bool {
+        true
+    }
 }

@@ -8,7 +8,9 @@
 //   Q4_1 20 B  { f16 d; f16 m; u8 qs[16] }               (unchanged)
 //   Q5_0 24 B  { f16 d; u16 pad; u8 qh[4]; u8 qs[16] }
 //   Q5_1 24 B  { f16 d; f16 m; u8 qh[4]; u8 qs[16] }    (unchanged)
-//   Q8_0 36 B  { f16 d; u16 pad; i8 qs[32] }
+//   Q8_0 in groups of 4 blocks, 144 B { f16 d[4]; u8 pad[8]; i8 qs[4][32] }, each row padded to a
+//        whole number of groups (pad blocks: d = 0, qs = 0), so rows and quants are 16-byte
+//        aligned and the GEMV reads them with 16-byte loads (see gemv_q8 in matmul.cu)
 //   Q4_K 144 B, Q5_K 176 B                               (unchanged)
 //   Q6_K 212 B { u8 ql[128]; u8 qh[64]; i8 sc[16]; f16 d; u16 pad }
 // so quants are read as aligned 32-bit words.
@@ -67,7 +69,7 @@ __host__ __device__ constexpr bool is_float_type(int T) { return T == T_F32 || T
 // Bytes of one repacked block and elements per block, per type.
 __host__ __device__ constexpr int blk_bytes(int T) {
     return T == T_F32 ? 4 : T == T_F16 ? 2 : T == T_BF16 ? 2 : T == T_Q4_0 ? 20 : T == T_Q4_1 ? 20 :
-           T == T_Q5_0 ? 24 : T == T_Q5_1 ? 24 : T == T_Q8_0 ? 36 : T == T_Q4_K ? 144 : T == T_Q5_K ? 176 : 212;
+           T == T_Q5_0 ? 24 : T == T_Q5_1 ? 24 : T == T_Q8_0 ? 144 : T == T_Q4_K ? 144 : T == T_Q5_K ? 176 : 212;
 }
 __host__ __device__ constexpr int blk_elems(int T) {
     return is_float_type(T) ? 1 : (T == T_Q4_K || T == T_Q5_K || T == T_Q6_K) ? 256 : 32;
@@ -137,11 +139,12 @@ template <int T> __device__ __forceinline__ void dq_chunk(const u8* row, int c, 
             }
         }
     } else if constexpr (T == T_Q8_0) {
-        const u8* b = row + (i64)c * 36;
-        float d = h2f(*(const u16*)b);
+        const u8* gp = row + (i64)(c >> 2) * 144;
+        float d = h2f(((const u16*)gp)[c & 3]);
+        const u8* b = gp + 16 + 32 * (c & 3);
 #pragma unroll
         for (int w = 0; w < 8; w++) {
-            u32 q = ld32(b + 4 + 4 * w);
+            u32 q = ld32(b + 4 * w);
 #pragma unroll
             for (int k = 0; k < 4; k++) y[4 * w + k] = (float)(i8)((q >> (8 * k)) & 0xFF) * d;
         }

@@ -7,6 +7,12 @@
 //!   scratch allocation that does not fit, a token id outside the table) is kept and returned by
 //!   the next [`Backend::read`] or [`Backend::synchronize`]. Shape-contract violations panic, as
 //!   in the CPU reference.
+//! * Decode fast paths (`kernels/fast.cu`): Q8_0 matmuls of up to 8 tokens use a dp4a GEMV that
+//!   quantises the activations to Q8_0 in shared memory (as the CPU backend and llama.cpp do);
+//!   Q8_0 MoE at up to 8 tokens is route + gate/up/GLU + down/weighted-sum (3 launches); MLA at
+//!   up to 8 tokens is split over the context (all heads per block) plus a merge; f32 routers use
+//!   a split-K GEMV. Steps of up to 8 tokens are recorded as CUDA graphs when the model brackets
+//!   them with `graph_begin`/`graph_end` (no other thread may use the backend during a capture).
 //! * Matmul: up to 8 tokens per matrix, `gemv_*` kernels read the quantised weights directly; more
 //!   tokens dequantise the weight into a bf16 scratch and call `cublasGemmStridedBatchedEx`
 //!   (bf16 in, f32 accumulate and out); F32 weights go to cuBLAS in f32 without a copy.
@@ -68,7 +74,8 @@ impl CudaCache {
 }
 
 /// A weight on the device in its file format, repacked so every block starts on a 4-byte
-/// boundary (Q4_0, Q5_0, Q8_0 get 2 bytes after the scale, Q6_K 2 bytes at the end). Norm
+/// boundary (Q4_0, Q5_0 get 2 bytes after the scale, Q6_K 2 bytes at the end; Q8_0 goes in groups
+/// of 4 blocks with the quants 16-byte aligned, see [`repack`]). Norm
 /// vectors are converted to f32 at upload.
 pub struct CudaWeight {
     dtype: GgmlType,
@@ -157,8 +164,17 @@ enum S {
     G,
     U,
     Y,
+    /// Per-split partial results of the split MLA decode kernel.
+    Part,
 }
-const N_SCRATCH: usize = 10;
+const N_SCRATCH: usize = 11;
+
+/// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
+const BIG_SMEM_KERNELS: &[&str] = &["gemv_q8_1", "gemv_q8_2", "gemv_q8_4", "gemv_q8_8", "moe_gateup_q8", "moe_down_q8"];
+/// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
+const FAST_SMEM_MAX: usize = 160 * 1024;
+/// Split-MLA decode: most splits per token (mla_combine's shared table).
+const MLA_MAX_SPLITS: usize = 256;
 
 /// The kernel-name suffix of a weight type, `None` when it has no kernels.
 fn tname(t: GgmlType) -> Option<&'static str> {
@@ -179,7 +195,8 @@ fn tname(t: GgmlType) -> Option<&'static str> {
     })
 }
 
-/// Bytes of one block on the device (see [`repack`]).
+/// Bytes of one block on the device (see [`repack`]); Q8_0 is laid out in groups of 4 blocks,
+/// see [`dev_row_bytes`].
 fn dev_block_bytes(t: GgmlType) -> usize {
     use GgmlType::*;
     match t {
@@ -191,12 +208,40 @@ fn dev_block_bytes(t: GgmlType) -> usize {
     }
 }
 
-/// The file's blocks -> the device layout (4-byte aligned blocks; see `kernels/common.cuh`).
-fn repack(t: GgmlType, data: &[u8]) -> Vec<u8> {
+/// Device bytes of one row of `ne0` elements.
+fn dev_row_bytes(t: GgmlType, ne0: usize) -> usize {
+    let nb = ne0 / t.block_size();
+    if t == GgmlType::Q8_0 {
+        nb.div_ceil(4) * 144
+    } else {
+        nb * dev_block_bytes(t)
+    }
+}
+
+/// The file's blocks -> the device layout (see `kernels/common.cuh`): 4-byte aligned blocks, and
+/// Q8_0 regrouped so that each group of 4 blocks is `[4 f16 scales, 8 pad bytes, 128 quants]`
+/// (144 bytes, 16-byte aligned; each row padded with zero blocks to a whole group).
+fn repack(t: GgmlType, data: &[u8], ne0: usize) -> Vec<u8> {
     use GgmlType::*;
     let ts = t.type_size();
     match t {
-        Q4_0 | Q5_0 | Q8_0 => {
+        Q8_0 => {
+            let nb = ne0 / 32;
+            let rows = data.len() / (nb * ts).max(1);
+            let rb = dev_row_bytes(t, ne0);
+            let mut out = vec![0u8; rows * rb];
+            for (r, row) in data.chunks_exact(nb * ts).enumerate() {
+                let o = &mut out[r * rb..(r + 1) * rb];
+                for (b, blk) in row.chunks_exact(ts).enumerate() {
+                    let g = (b / 4) * 144;
+                    let j = b % 4;
+                    o[g + 2 * j..g + 2 * j + 2].copy_from_slice(&blk[..2]);
+                    o[g + 16 + 32 * j..g + 48 + 32 * j].copy_from_slice(&blk[2..34]);
+                }
+            }
+            out
+        }
+        Q4_0 | Q5_0 => {
             let mut out = Vec::with_capacity(data.len() / ts * (ts + 2));
             for b in data.chunks_exact(ts) {
                 out.extend_from_slice(&b[..2]);
@@ -222,6 +267,8 @@ fn kernel_names() -> Vec<String> {
     let mut v: Vec<String> = [
         "rms_norm", "add_rows", "scale_rows", "softcap_rows", "copy_rows", "glu_rows", "rope_rows", "cache_write", "rows_to_bf16",
         "attention_4", "attention_8", "attention_16", "moe_route", "moe_group", "moe_combine",
+        "gemv_q8_1", "gemv_q8_2", "gemv_q8_4", "gemv_q8_8", "moe_route_warp", "moe_gateup_q8", "moe_down_q8",
+        "mla_split_18_16", "mla_split_5_4", "mla_combine", "gemv_f32_split",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -257,6 +304,49 @@ pub struct CudaBackend {
     /// interleave their writes to (and reads of) the same scratch on the stream.
     scratch_op: Mutex<()>,
     error: Mutex<Option<String>>,
+    /// Multiprocessors on the device (grid sizes of the looping kernels).
+    sm_count: usize,
+    /// Dynamic shared memory the fast paths may use per block (0: fast paths off).
+    smem_max: usize,
+    /// CUDA graphs of whole forward steps (see [`Backend::graph_begin`]).
+    graphs: Mutex<GraphState>,
+    graphs_on: bool,
+    /// `TS_CUDA_PROFILE=1`: every launch is timed with events (the stream waits after each) and
+    /// a per-kernel table goes to stderr when the backend is dropped. Graphs are off then.
+    profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let p = p.lock().unwrap_or_else(|e| e.into_inner());
+            let mut v: Vec<_> = p.iter().collect();
+            v.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            let total: f64 = v.iter().map(|x| x.1 .1).sum();
+            eprintln!("cuda profile: {total:.3} ms in kernels");
+            for (name, (n, ms)) in v.iter().take(40) {
+                eprintln!("  {name:<24} {n:>8} launches {ms:>10.3} ms {:>8.2} us each {:>5.1}%", 1000.0 * ms / *n as f64, 100.0 * ms / total);
+            }
+        }
+    }
+}
+
+/// An instantiated CUDA graph. The driver's graph handles may be used from any thread (with the
+/// context current, which `CudaGraph::launch` ensures); every use goes through the `graphs` mutex.
+struct Graph(cudarc::driver::CudaGraph);
+unsafe impl Send for Graph {}
+
+/// Recorded decode steps: a key seen once runs eagerly (so every scratch buffer reaches its
+/// size), the second time it is captured, later it is replayed.
+#[derive(Default)]
+struct GraphState {
+    seen: std::collections::HashSet<u64>,
+    graphs: HashMap<u64, Graph>,
+    capturing: Option<u64>,
+    /// Set when something that cannot be captured (a scratch allocation) happened during capture.
+    spoiled: bool,
+    /// Keys whose capture failed: not tried again.
+    failed: std::collections::HashSet<u64>,
 }
 
 fn dev_err(what: &str, e: impl std::fmt::Debug) -> BackendError {
@@ -281,7 +371,8 @@ impl CudaBackend {
         let ctx = CudaContext::new(device_ordinal).map_err(|e| dev_err(&format!("cannot open CUDA device {device_ordinal}"), e))?;
         // One stream orders all work: cudarc's per-allocation event tracking is not needed.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A created stream, not the legacy default one: only those can be captured into graphs.
+        let stream = ctx.new_stream().map_err(|e| dev_err("cannot create a CUDA stream", e))?;
         let dev_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let (major, minor) = ctx.compute_capability().map_err(|e| dev_err("cannot read the compute capability", e))?;
         let arch = format!("sm_{major}{minor}");
@@ -291,6 +382,15 @@ impl CudaBackend {
         for n in kernel_names() {
             let f = module.load_function(&n).map_err(|e| dev_err(&format!("kernel {n} missing from the module"), e))?;
             funcs.insert(n, f);
+        }
+        use drv_sys::CUdevice_attribute as DA;
+        let sm_count = ctx.attribute(DA::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(1).max(1) as usize;
+        let optin = ctx.attribute(DA::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).unwrap_or(48 * 1024).max(0) as usize;
+        let mut smem_max = optin.min(FAST_SMEM_MAX);
+        for n in BIG_SMEM_KERNELS {
+            if funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_max as i32).is_err() {
+                smem_max = smem_max.min(48 * 1024);
+            }
         }
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
@@ -308,6 +408,11 @@ impl CudaBackend {
             scratch: Mutex::new((0..N_SCRATCH).map(|_| None).collect()),
             scratch_op: Mutex::new(()),
             error: Mutex::new(None),
+            sm_count,
+            smem_max,
+            graphs: Mutex::new(GraphState::default()),
+            graphs_on: std::env::var("TS_CUDA_GRAPHS").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
+            profile: std::env::var_os("TS_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new())),
         })
     }
 
@@ -375,6 +480,17 @@ impl CudaBackend {
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let slot = &mut sc[s as usize];
         if slot.as_ref().is_none_or(|m| m.bytes < bytes) {
+            let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+            if gs.capturing.is_some() {
+                // An allocation cannot go into a graph: the capture is dropped at graph_end and
+                // the step runs again eagerly.
+                gs.spoiled = true;
+                return None;
+            }
+            // Recordings hold the old pointer.
+            gs.graphs.clear();
+            gs.seen.clear();
+            drop(gs);
             *slot = None; // free first (stream-ordered) so the new one can reuse the space
             match self.alloc_mem(bytes.next_multiple_of(1 << 16), "scratch") {
                 Ok(m) => *slot = Some(m),
@@ -405,8 +521,22 @@ impl CudaBackend {
             };
         }
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
+        let ev = |s: &CudaStream| s.record_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)).ok();
+        let e0 = if self.profile.is_some() { ev(&self.stream) } else { None };
         if let Err(e) = unsafe { b.launch(cfg) } {
             self.fail(format!("launch of kernel {name}: {e:?}"));
+        }
+        if let (Some(p), Some(e0)) = (&self.profile, e0) {
+            if let Some(e1) = ev(&self.stream) {
+                if e1.synchronize().is_ok() {
+                    if let Ok(ms) = e0.elapsed_ms(&e1) {
+                        let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
+                        let ent = p.entry(name.to_string()).or_insert((0, 0.0));
+                        ent.0 += 1;
+                        ent.1 += ms as f64;
+                    }
+                }
+            }
         }
     }
 
@@ -432,6 +562,50 @@ impl CudaBackend {
             self.fail(format!("matmul: no kernels for {}", w.dtype.name()));
             return;
         };
+        if ng <= GEMV_MAX_TOKENS && w.dtype == GgmlType::Q8_0 {
+            // dp4a GEMV (kernels/fast.cu): activations quantised to Q8_0 in shared memory.
+            let nt = if ng == 1 { 1 } else if ng == 2 { 2 } else if ng <= 4 { 4 } else { 8 };
+            let smem = nt * k * 9 / 8;
+            if smem <= self.smem_max {
+                let lpr = (k / 16).next_power_of_two().min(32);
+                let tiles = m.div_ceil(8 * (32 / lpr));
+                self.launch(
+                    &format!("gemv_q8_{nt}"),
+                    (tiles.min(self.sm_count * 8) as u32, ng.div_ceil(nt) as u32, g as u32),
+                    256,
+                    smem as u32,
+                    &[
+                        A::P(w.mem.ptr),
+                        l(w.row_bytes),
+                        l(w.mat_bytes()),
+                        i(m),
+                        i(k),
+                        A::P(x.0.ptr),
+                        l(xr.off),
+                        l(xr.stride * g),
+                        l(xr.stride),
+                        A::P(out.0.ptr),
+                        l(o.off),
+                        l(o.stride * g),
+                        l(o.stride),
+                        i(ng),
+                        i(lpr),
+                    ],
+                );
+                return;
+            }
+        }
+        if ng <= GEMV_MAX_TOKENS && g == 1 && w.dtype == GgmlType::F32 && k % 128 == 0 && xr.off % 4 == 0 && (ng == 1 || xr.stride % 4 == 0) {
+            // Few-row f32 matrices (the MoE router): split-K GEMV (kernels/fast.cu).
+            self.launch(
+                "gemv_f32_split",
+                (m.div_ceil(2) as u32, 1, 1),
+                256,
+                0,
+                &[A::P(w.mem.ptr), i(m), i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), A::P(out.0.ptr), l(o.off), l(o.stride), i(ng)],
+            );
+            return;
+        }
         if ng <= GEMV_MAX_TOKENS {
             let nn = if ng == 1 { 1 } else if ng <= 4 { 4 } else { 8 };
             self.launch(
@@ -639,8 +813,8 @@ impl Backend for CudaBackend {
             self.upload_bytes(&mem, 0, &bytes)?;
             return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4 });
         }
-        let data = repack(t.dtype, t.data);
-        let row_bytes = ne0 / t.dtype.block_size() * dev_block_bytes(t.dtype);
+        let data = repack(t.dtype, t.data, ne0);
+        let row_bytes = dev_row_bytes(t.dtype, ne0);
         let mem = self.alloc_mem(data.len(), &format!("tensor '{}'", t.name))?;
         self.upload_bytes(&mem, 0, &data)?;
         Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes })
@@ -903,6 +1077,45 @@ impl Backend for CudaBackend {
         if !self.check_cache_rows(batch, cache.rows, "mla_attention") {
             return;
         }
+        let n = batch.tokens.len();
+        let split = match (w, kl, nh) {
+            (576, 512, 16) => Some(("mla_split_18_16", 256u32)),
+            (160, 128, 4) => Some(("mla_split_5_4", 64u32)),
+            _ => None,
+        };
+        if let (Some((kname, threads)), true) = (split, (1..=GEMV_MAX_TOKENS).contains(&n)) {
+            // Decode: split over the context, all heads per block, then merge (kernels/fast.cu).
+            let nsp = (2 * self.sm_count / n).clamp(1, MLA_MAX_SPLITS);
+            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(part) = self.scratch(S::Part, 4 * n * nsp * nh * (kl + 2)) else { return };
+            self.launch(
+                kname,
+                (nsp as u32, n as u32, 1),
+                threads,
+                0,
+                &[
+                    A::P(q.0.ptr),
+                    l(qr.off),
+                    l(nh * qr.stride),
+                    l(qr.stride),
+                    A::P(cache.mem.ptr),
+                    A::P(batch.pos_ptr()),
+                    A::P(batch.slot_ptr()),
+                    A::I(batch.slot_len as i32),
+                    i(nh),
+                    A::F(p.scale),
+                    A::P(part),
+                ],
+            );
+            self.launch(
+                "mla_combine",
+                ((n * nh) as u32, kl.div_ceil(64) as u32, 1),
+                64,
+                0,
+                &[A::P(part), i(nsp), i(nh), i(kl), A::P(batch.pos_ptr()), A::P(out.0.ptr), l(o.off), l(nh * o.stride), l(o.stride)],
+            );
+            return;
+        }
         self.attention_launch(
             (q, qr.off, nh * qr.stride, qr.stride),
             (cache.mem.ptr, w, 0),
@@ -949,6 +1162,54 @@ impl Backend for CudaBackend {
         let Some(g) = self.scratch(S::G, 4 * pairs * ff) else { return };
         let Some(u) = self.scratch(S::U, 4 * pairs * ff) else { return };
         let Some(y) = self.scratch(S::Y, 4 * pairs * hdim) else { return };
+        let warp_route = ne <= 256 && k <= 32 && (p.n_group == 1 || p.topk_group >= p.n_group);
+        let fast = n <= GEMV_MAX_TOKENS
+            && [experts.gate.dtype, experts.up.dtype, experts.down.dtype].iter().all(|&t| t == GgmlType::Q8_0)
+            && hdim * 9 / 8 <= self.smem_max
+            && k * ff * 9 / 8 <= self.smem_max;
+        if fast && warp_route {
+            // Decode: route (one warp per token), gate+up+GLU of all pairs in one launch, down and
+            // the weighted sum in one launch (kernels/fast.cu).
+            self.launch(
+                "moe_route_warp",
+                (n.div_ceil(4) as u32, 1, 1),
+                128,
+                0,
+                &[
+                    A::P(logits.0.ptr),
+                    l(lr.off),
+                    l(lr.stride),
+                    i(n),
+                    i(ne),
+                    i(k),
+                    A::I(matches!(p.gating, Gating::Sigmoid) as i32),
+                    A::I(p.norm_topk as i32),
+                    A::F(p.scale),
+                    A::P(sel_e),
+                    A::P(sel_w),
+                ],
+            );
+            let act = match p.glu {
+                Glu::SwiGlu => 0,
+                Glu::GeGluTanh => 1,
+            };
+            let (gw, uw, dw) = (experts.gate, experts.up, experts.down);
+            self.launch(
+                "moe_gateup_q8",
+                (ff.div_ceil(8) as u32, pairs as u32, 1),
+                256,
+                (hdim * 9 / 8) as u32,
+                &[A::P(gw.mem.ptr), A::P(uw.mem.ptr), l(gw.row_bytes), l(gw.mat_bytes()), i(ff), i(hdim), A::P(sel_e), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(k), A::I(act), A::P(g), l(ff)],
+            );
+            self.launch(
+                "moe_down_q8",
+                (hdim.div_ceil(8) as u32, n as u32, 1),
+                256,
+                (k * ff * 9 / 8) as u32,
+                &[A::P(dw.mem.ptr), l(dw.row_bytes), l(dw.mat_bytes()), i(hdim), i(ff), i(k), A::P(sel_e), A::P(sel_w), A::P(g), l(ff), A::P(out.0.ptr), l(o.off), l(o.stride)],
+            );
+            return;
+        }
         self.launch(
             "moe_route",
             (n.div_ceil(128) as u32, 1, 1),
@@ -1042,6 +1303,58 @@ impl Backend for CudaBackend {
             0,
             &[A::P(y), i(k), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)],
         );
+    }
+
+    /// CUDA graphs for steps of up to [`GEMV_MAX_TOKENS`] tokens (decode): a key runs eagerly the
+    /// first time (scratch reaches its size), is captured the second time and replayed after
+    /// that, one launch instead of hundreds. Any scratch reallocation drops every recording (they
+    /// hold scratch pointers); an allocation during capture spoils it (the step runs eagerly).
+    /// `TS_CUDA_GRAPHS=0` turns recording off.
+    fn graph_begin(&self, key: u64, n_tokens: usize) -> bool {
+        if n_tokens == 0 || n_tokens > GEMV_MAX_TOKENS || !self.graphs_on {
+            return false;
+        }
+        let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        if gs.capturing.is_some() {
+            return false;
+        }
+        if let Some(g) = gs.graphs.get(&key) {
+            if let Err(e) = g.0.launch() {
+                self.fail(format!("CUDA graph launch: {e:?}"));
+            }
+            return true;
+        }
+        if gs.failed.contains(&key) {
+            return false;
+        }
+        if !gs.seen.insert(key) {
+            if self.ctx.bind_to_thread().is_ok()
+                && self.stream.begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).is_ok()
+            {
+                gs.capturing = Some(key);
+                gs.spoiled = false;
+            }
+        }
+        false
+    }
+
+    fn graph_end(&self) -> bool {
+        let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(key) = gs.capturing.take() else { return true };
+        let spoiled = std::mem::take(&mut gs.spoiled);
+        match self.stream.end_capture(drv_sys::CUgraphInstantiate_flags(0)) {
+            Ok(Some(graph)) if !spoiled => {
+                if let Err(e) = graph.launch() {
+                    self.fail(format!("CUDA graph launch: {e:?}"));
+                }
+                gs.graphs.insert(key, Graph(graph));
+                true
+            }
+            _ => {
+                gs.failed.insert(key);
+                false
+            }
+        }
     }
 
     fn synchronize(&self) -> Result<()> {

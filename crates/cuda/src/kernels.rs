@@ -18,6 +18,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
+    ("fast.cu", include_str!("../kernels/fast.cu")),
 ];
 
 /// Options every compilation uses besides the architecture. No fast-math: the kernels must match

@@ -296,7 +296,9 @@ fn matmul_f64(w: &[f32], m: usize, k: usize, x: &[f32], xr: Rows) -> Vec<f32> {
 /// activations to bf16 above GEMV_MAX_TOKENS.
 fn matmul_tol(ty: GgmlType, n_per_matrix: usize) -> (f64, f64) {
     let cublas_bf16 = n_per_matrix > ts_cuda::GEMV_MAX_TOKENS && ty != GgmlType::F32;
-    let vs_exact = if cublas_bf16 { 2e-2 } else { 1e-4 };
+    // Q8_0 GEMV (dp4a) quantises activations to Q8_0 like the CPU (and llama.cpp) do.
+    let q8_gemv = !cublas_bf16 && ty == GgmlType::Q8_0;
+    let vs_exact = if cublas_bf16 { 2e-2 } else if q8_gemv { 5e-2 } else { 1e-4 };
     let vs_cpu = if is_float(ty) { if cublas_bf16 { 2e-2 } else { 1e-4 } } else { 6e-2 };
     (vs_cpu, vs_exact)
 }
@@ -312,12 +314,17 @@ fn matmul_all_types() {
         if is_float(ty) {
             shapes.push((45, 13)); // odd width
         }
+        if ty == GgmlType::Q8_0 {
+            // Short rows (8 lanes per row), a width that is not a whole number of 4-block groups
+            // and a long row (the fast GEMV's shared-memory activations at 8 tokens).
+            shapes.extend([(128, 40), (1408, 70), (10944, 24)]);
+        }
         for (k, m) in shapes {
             let shape = [k, m];
             let (bytes, deq) = weight(&mut r, ty, &shape, 0.5);
             let t = td("w", ty, &shape, &bytes);
             let (gw, cw) = (g.upload_weight(&t, WeightUse::Matmul).unwrap(), c.upload_weight(&t, WeightUse::Matmul).unwrap());
-            for &n in &[1usize, 3, 8, 64, 300] {
+            for &n in &[1usize, 2, 3, 8, 64, 300] {
                 let xr = Rows { off: 1, n, width: k, stride: k + 3 };
                 let x = randn(&mut r, xr.end(), 1.0);
                 let o = Rows { off: 2, n, width: m, stride: m + 2 };
@@ -332,6 +339,36 @@ fn matmul_all_types() {
                 rep.check(&format!("{} {k}x{m} n={n} vs cpu", ty.name()), &got, &get(c, &co, o), tc, 1e-3);
                 rep.check(&format!("{} {k}x{m} n={n} vs f64", ty.name()), &got, &matmul_f64(&deq, m, k, &x, xr), te, 1e-4);
             }
+        }
+    }
+    rep.finish();
+}
+
+/// F32 weights with 16-byte aligned activation rows: the split-K GEMV (the MoE router's path).
+#[test]
+fn matmul_f32_aligned_rows() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng(10);
+    let mut rep = Report::new("matmul_f32_aligned");
+    for (k, m) in [(2048usize, 64usize), (512, 97), (128, 3)] {
+        let shape = [k, m];
+        let (bytes, deq) = weight(&mut r, GgmlType::F32, &shape, 0.5);
+        let t = td("w", GgmlType::F32, &shape, &bytes);
+        let (gw, cw) = (g.upload_weight(&t, WeightUse::Matmul).unwrap(), c.upload_weight(&t, WeightUse::Matmul).unwrap());
+        for &n in &[1usize, 3, 8] {
+            let xr = Rows { off: 4, n, width: k, stride: k + 4 };
+            let x = randn(&mut r, xr.end(), 1.0);
+            let o = Rows { off: 2, n, width: m, stride: m + 2 };
+            let (gx, cx) = (buf(g, &x), buf(c, &x));
+            let (go, co) = (g.alloc(o.end()).unwrap(), c.alloc(o.end()).unwrap());
+            poison(g, &go, o.end());
+            poison(c, &co, o.end());
+            g.matmul(&gx, xr, &gw, &go, o);
+            c.matmul(&cx, xr, &cw, &co, o);
+            let got = get(g, &go, o);
+            rep.check(&format!("F32 {k}x{m} n={n} vs cpu"), &got, &get(c, &co, o), 1e-4, 1e-3);
+            rep.check(&format!("F32 {k}x{m} n={n} vs f64"), &got, &matmul_f64(&deq, m, k, &x, xr), 1e-4, 1e-4);
         }
     }
     rep.finish();
@@ -478,11 +515,13 @@ fn mla_attention_latent_cache() {
     let c = cpu();
     let mut r = rng(7);
     let mut rep = Report::new("mla_attention");
-    let slot_len = 1024u32;
+    let slot_len = 4096u32;
     for &(nh, kl, rd) in &[(16usize, 512usize, 64usize), (4, 128, 32)] {
         let w = kl + rd;
         for &n in &[1usize, 3, 64, 300] {
-            let hist = [r.random_range(0..700u32), r.random_range(0..20u32)];
+            // Decode sizes also with long histories: the split kernel then runs several tiles per split.
+            let long = if n <= 3 { r.random_range(2000..4000u32) } else { r.random_range(0..700u32) };
+            let hist = [long, r.random_range(0..20u32)];
             let n0 = n.div_ceil(2);
             let mut toks = seq_meta(n0, hist[0], 1, 100, &mut r);
             toks.extend(seq_meta(n - n0, hist[1], 0, 100, &mut r));
@@ -589,9 +628,57 @@ fn moe_routing_and_experts() {
                 let label = format!("{} cfg{ci} ({gating:?} k={k} groups={n_group}/{topk_group}) n={n}", ty.name());
                 rep.check(&format!("{label} vs cpu"), &got, &get(c, &co, o), atol, 1e-3);
                 let exact = moe_f64(&x, xr, &lg, lr, [&gdq, &udq, &ddq], hdim, ff, &p);
-                rep.check(&format!("{label} vs f64"), &got, &exact, 1e-4, 1e-4);
+                // Q8_0 decode (fast path) quantises the input and the GLU output to Q8_0.
+                let q8_fast = ty == GgmlType::Q8_0 && n <= ts_cuda::GEMV_MAX_TOKENS;
+                rep.check(&format!("{label} vs f64"), &got, &exact, if q8_fast { 5e-2 } else { 1e-4 }, 1e-4);
             }
         }
+    }
+    rep.finish();
+}
+
+/// A recorded step (graph_begin / graph_end) gives the same results as eager ops when replayed
+/// with new inputs: eager the first time, captured the second, replayed after.
+#[test]
+fn recorded_steps_replay() {
+    if gpu().is_none() {
+        return;
+    }
+    // A backend of its own (its own stream): a capture must not see other tests' work.
+    let g = &CudaBackend::new(0).expect("second backend");
+    let c = cpu();
+    let mut r = rng(9);
+    let mut rep = Report::new("graph");
+    let (k, m) = (512usize, 96usize);
+    let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &[k, m], 0.5);
+    let shape = [k, m];
+    let t = td("w", GgmlType::Q8_0, &shape, &bytes);
+    let (gw, cw) = (g.upload_weight(&t, WeightUse::Matmul).unwrap(), c.upload_weight(&t, WeightUse::Matmul).unwrap());
+    let xr = Rows::packed(1, k);
+    let o = Rows::packed(1, m);
+    let (gx, cx) = (g.alloc(k).unwrap(), c.alloc(k).unwrap());
+    let (gh, ch) = (g.alloc(k).unwrap(), c.alloc(k).unwrap());
+    let (go, co) = (g.alloc(m).unwrap(), c.alloc(m).unwrap());
+    let key = 0x5eed_u64 ^ r.random::<u64>();
+    for step in 0..4 {
+        let x = randn(&mut r, k, 1.0);
+        g.write(&gx, 0, &x).unwrap();
+        c.write(&cx, 0, &x).unwrap();
+        poison(g, &go, m);
+        poison(c, &co, m);
+        let run_g = || {
+            g.rms_norm(&gx, xr, None, 1e-6, &gh, xr);
+            g.matmul(&gh, xr, &gw, &go, o);
+        };
+        if !g.graph_begin(key, 1) {
+            run_g();
+            if !g.graph_end() {
+                run_g();
+            }
+        }
+        c.rms_norm(&cx, xr, None, 1e-6, &ch, xr);
+        c.matmul(&ch, xr, &cw, &co, o);
+        rep.check(&format!("step {step}"), &get(g, &go, o), &get(c, &co, o), 6e-2, 1e-3);
     }
     rep.finish();
 }

@@ -70,7 +70,7 @@ use ts_core::{Backend, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, Moe
 use ts_formats::{quant, TensorSource};
 
 use crate::bind::Binder;
-use crate::llama::{check_batch, output_logits};
+use crate::llama::check_batch;
 use crate::meta::Meta;
 use crate::{Model, ModelError, ModelInfo, Result, RuntimeOptions};
 
@@ -877,12 +877,40 @@ impl<B: Backend> Model for DeepSeek2<B> {
         let c = &self.cfg;
         let n = batch.len();
         check_batch(batch, &self.opts, c.n_vocab, logits.len())?;
+        self.be.upload_batch(batch, &mut self.batch)?;
+        // The step's ops depend only on this model, the token count and the output rows, so a
+        // backend may record them once and replay them (CUDA graphs); positions and token ids
+        // are read from the device batch uploaded above.
+        let mut key = 0xcbf2_9ce4_8422_2325u64;
+        for v in [self as *const Self as usize as u64, n as u64].into_iter().chain(batch.outputs.iter().map(|&o| o as u64)) {
+            key = (key ^ v).wrapping_mul(0x0100_0000_01b3);
+        }
+        let be = self.be.as_ref();
+        if !be.graph_begin(key, n) {
+            self.enqueue(batch)?;
+            if !be.graph_end() {
+                self.enqueue(batch)?;
+            }
+        }
+        let no = batch.outputs.len();
+        if no > 0 {
+            be.read(&self.s.logits, Rows::packed(no, c.n_vocab), logits)?;
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> DeepSeek2<B> {
+    /// Enqueue every op of one forward step (the uploaded batch), up to the output logits in
+    /// `s.logits` (`[outputs, n_vocab]`); nothing is read back.
+    fn enqueue(&self, batch: &BatchMeta) -> Result<()> {
+        let c = &self.cfg;
+        let n = batch.len();
         let be = self.be.as_ref();
         let s = &self.s;
         let (h, nh, kl, rd, nope, vd) = (c.n_embd, c.n_heads, c.kv_lora, c.rope_dim, c.nope, c.v_dim);
         let qk = c.qk_dim();
         let cw = c.cache_width();
-        be.upload_batch(batch, &mut self.batch)?;
         let bt = &self.batch;
         let rx = Rows::packed(n, h);
         be.embed(&self.tok_embd, bt, 1.0, &s.x, rx);
@@ -950,7 +978,18 @@ impl<B: Backend> Model for DeepSeek2<B> {
                 }
             }
         }
-        output_logits(be, &s.x, h, batch, &s.h, &self.output_norm, c.eps, &self.output, &s.logits, c.n_vocab, logits)
+        // Output rows: gathered, normed, projected (llama::output_logits without the read).
+        let no = batch.outputs.len();
+        if no > 0 {
+            let all = Rows::packed(n, h);
+            for (i, &t) in batch.outputs.iter().enumerate() {
+                be.copy(&s.x, all.rows(t as usize, 1), &s.h, Rows::packed(no, h).rows(i, 1));
+            }
+            let ro = Rows::packed(no, h);
+            be.rms_norm(&s.h, ro, Some(&self.output_norm), c.eps, &s.h, ro);
+            be.matmul(&s.h, ro, &self.output, &s.logits, Rows::packed(no, c.n_vocab));
+        }
+        Ok(())
     }
 }
 
