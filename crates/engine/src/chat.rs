@@ -26,6 +26,18 @@ pub const FUEL: u64 = 5_000_000;
 pub const MAX_OUTPUT_BYTES: usize = 16 << 20;
 
 /// The ChatML template used when a model has none.
+/// Gemma's turn format (as Google's Gemma 3 template: a system message is prefixed to the first
+/// user turn; the assistant role is called `model`).
+pub const GEMMA_TEMPLATE: &str = "{{ bos_token }}\
+{%- if messages and messages[0]['role'] == 'system' -%}\
+{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}\
+{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}\
+{%- for message in loop_messages -%}\
+{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}\
+{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + (message['content'] | trim) + '<end_of_turn>\n' }}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\
 {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}\
 {%- endfor -%}\
@@ -217,12 +229,25 @@ impl ChatTemplate {
         ChatTemplate { source: CHATML_TEMPLATE.to_string(), env: make_env(), is_fallback: true }
     }
 
-    /// The model's `tokenizer.chat_template`, or ChatML when the key is absent or empty.
+    /// The built-in template for a family whose files often lack one (Gemma's turn markers for
+    /// gemma/gemma2/gemma3), else ChatML.
+    pub fn fallback_for(arch: Option<&str>) -> ChatTemplate {
+        match arch {
+            Some("gemma" | "gemma2" | "gemma3") => {
+                ChatTemplate { source: GEMMA_TEMPLATE.to_string(), env: make_env(), is_fallback: true }
+            }
+            _ => Self::chatml(),
+        }
+    }
+
+    /// The model's `tokenizer.chat_template`; when the key is absent or empty, the family's
+    /// built-in template ([`ChatTemplate::fallback_for`]).
     pub fn from_gguf_metadata(md: &BTreeMap<String, Value>) -> Result<ChatTemplate, ChatError> {
+        let arch = md.get("general.architecture").and_then(Value::as_str);
         match md.get("tokenizer.chat_template") {
-            None => Ok(Self::chatml()),
+            None => Ok(Self::fallback_for(arch)),
             Some(v) => match v.as_str() {
-                Some(s) if s.trim().is_empty() => Ok(Self::chatml()),
+                Some(s) if s.trim().is_empty() => Ok(Self::fallback_for(arch)),
                 Some(s) => Self::new(s),
                 None => Err(ChatError::Metadata(format!("expected a string, got {}", v.short()))),
             },
@@ -380,7 +405,7 @@ mod tests {
         let bad = [ChatMessage::new("assistant", "x")];
         let err = t.render(&bad, false, "<bos>", "<eos>").expect_err("must raise");
         assert!(err.to_string().contains("Conversation roles must alternate"), "{err}");
-        // Gemma 3's file carries no template → ChatML fallback.
+        // Gemma 3's file carries no template → the built-in Gemma fallback.
         if let Some(path) = crate::test_model_path("gemma-3-270m-q4_k_m.gguf") {
             let f = ts_formats::gguf::GgufFile::open(&path).expect("open");
             let md = f.metadata();
@@ -389,6 +414,18 @@ mod tests {
         } else {
             eprintln!("SKIP: gemma-3-270m-q4_k_m.gguf not found; fallback check not run");
         }
+    }
+
+    #[test]
+    fn gemma_fallback() {
+        let mut md = BTreeMap::new();
+        md.insert("general.architecture".to_string(), Value::String("gemma3".into()));
+        let t = ChatTemplate::from_gguf_metadata(&md).expect("fallback");
+        assert!(t.is_fallback());
+        assert_eq!(
+            t.render(&conv(), true, "<bos>", "<eos>").expect("render"),
+            "<bos><start_of_turn>user\nYou are terse.\n\nHi there<end_of_turn>\n<start_of_turn>model\n"
+        );
     }
 
     #[test]
