@@ -43,6 +43,7 @@ use ts_formats::{GgmlType, TensorData, TensorSource, Value};
 use crate::bind::Binder;
 use crate::llama::check_batch;
 use crate::meta::Meta;
+use crate::names::{Naming, HF_GEMMA3};
 use crate::{Model, ModelError, ModelInfo, Result, RuntimeOptions};
 
 /// Layers between global layers, counting the global one (llama.cpp / transformers default).
@@ -97,51 +98,6 @@ pub struct Gemma3Config {
     pub norm_offset: f32,
 }
 
-/// Which naming the tensors follow.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Naming {
-    Gguf,
-    Hf,
-}
-
-impl Naming {
-    fn global(self, what: &str) -> &'static str {
-        match (self, what) {
-            (Naming::Gguf, "embd") => "token_embd.weight",
-            (Naming::Gguf, "norm") => "output_norm.weight",
-            (Naming::Gguf, "out") => "output.weight",
-            (Naming::Hf, "embd") => "model.embed_tokens.weight",
-            (Naming::Hf, "norm") => "model.norm.weight",
-            (Naming::Hf, "out") => "lm_head.weight",
-            _ => unreachable!("unknown global tensor role {what}"),
-        }
-    }
-    /// Canonical (GGUF) per-layer role → file name.
-    fn layer(self, l: usize, role: &str) -> String {
-        match self {
-            Naming::Gguf => format!("blk.{l}.{role}.weight"),
-            Naming::Hf => {
-                let hf = match role {
-                    "attn_norm" => "input_layernorm",
-                    "attn_q" => "self_attn.q_proj",
-                    "attn_k" => "self_attn.k_proj",
-                    "attn_v" => "self_attn.v_proj",
-                    "attn_q_norm" => "self_attn.q_norm",
-                    "attn_k_norm" => "self_attn.k_norm",
-                    "attn_output" => "self_attn.o_proj",
-                    "post_attention_norm" => "post_attention_layernorm",
-                    "ffn_norm" => "pre_feedforward_layernorm",
-                    "ffn_gate" => "mlp.gate_proj",
-                    "ffn_up" => "mlp.up_proj",
-                    "ffn_down" => "mlp.down_proj",
-                    "post_ffw_norm" => "post_feedforward_layernorm",
-                    _ => unreachable!("unknown layer role {role}"),
-                };
-                format!("model.layers.{l}.{hf}.weight")
-            }
-        }
-    }
-}
 
 /// The default pattern: global when `(il + 1) % period == 0`.
 fn periodic(n_layers: usize, period: usize) -> Vec<bool> {
@@ -430,7 +386,7 @@ impl<B: Backend> Gemma3<B> {
         let rows = opts.n_slots * opts.ctx;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
-            let n = |r: &str| naming.layer(l, r);
+            let n = |r: &str| naming.layer(l, r, HF_GEMMA3);
             layers.push(Layer {
                 global: cfg.is_global[l],
                 attn_norm: norm_weight(&b, &n("attn_norm"), h, off)?,
@@ -669,7 +625,7 @@ mod tests {
                 ("ffn_down", vec![FF, H], false),
                 ("post_ffw_norm", vec![H], true),
             ] {
-                add(naming.layer(l, role), shape, norm, &mut rnd);
+                add(naming.layer(l, role, HF_GEMMA3), shape, norm, &mut rnd);
             }
         }
         let meta = if hf {

@@ -17,6 +17,7 @@ pub mod deepseek2;
 pub mod gemma3;
 pub mod llama;
 pub mod meta;
+pub mod names;
 pub mod synth;
 pub mod synth_dense;
 

@@ -23,6 +23,7 @@ use ts_formats::TensorSource;
 
 use crate::bind::Binder;
 use crate::meta::Meta;
+use crate::names::{Naming, HF_LLAMA};
 use crate::{Model, ModelError, ModelInfo, Result, RuntimeOptions};
 
 /// Geometry and numerics of a llama model, validated at open.
@@ -50,47 +51,6 @@ pub struct LlamaConfig {
     pub rope_mode: RopeMode,
 }
 
-/// Which naming the tensors follow.
-#[derive(Clone, Copy)]
-enum Naming {
-    Gguf,
-    Hf,
-}
-
-impl Naming {
-    fn global(self, what: &str) -> &'static str {
-        match (self, what) {
-            (Naming::Gguf, "embd") => "token_embd.weight",
-            (Naming::Gguf, "norm") => "output_norm.weight",
-            (Naming::Gguf, "out") => "output.weight",
-            (Naming::Hf, "embd") => "model.embed_tokens.weight",
-            (Naming::Hf, "norm") => "model.norm.weight",
-            (Naming::Hf, "out") => "lm_head.weight",
-            _ => unreachable!("unknown global tensor role {what}"),
-        }
-    }
-    /// Canonical per-layer role → file name.
-    fn layer(self, l: usize, role: &str) -> String {
-        match self {
-            Naming::Gguf => format!("blk.{l}.{role}.weight"),
-            Naming::Hf => {
-                let hf = match role {
-                    "attn_norm" => "input_layernorm",
-                    "ffn_norm" => "post_attention_layernorm",
-                    "attn_q" => "self_attn.q_proj",
-                    "attn_k" => "self_attn.k_proj",
-                    "attn_v" => "self_attn.v_proj",
-                    "attn_output" => "self_attn.o_proj",
-                    "ffn_gate" => "mlp.gate_proj",
-                    "ffn_up" => "mlp.up_proj",
-                    "ffn_down" => "mlp.down_proj",
-                    _ => unreachable!("unknown layer role {role}"),
-                };
-                format!("model.layers.{l}.{hf}.weight")
-            }
-        }
-    }
-}
 
 impl LlamaConfig {
     fn read(src: &dyn TensorSource) -> Result<(Self, Naming)> {
@@ -236,7 +196,7 @@ impl<B: Backend> Llama<B> {
         let rows = opts.n_slots * opts.ctx;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
-            let n = |r: &str| naming.layer(l, r);
+            let n = |r: &str| naming.layer(l, r, HF_LLAMA);
             layers.push(Layer {
                 attn_norm: b.get(&n("attn_norm"), &[h], WeightUse::Vector)?,
                 wq: b.get(&n("attn_q"), &[h, nh * d], WeightUse::Matmul)?,
