@@ -95,7 +95,8 @@ pub struct MoeParams {
 pub enum WeightUse {
     /// `y = W x` (matrix rows are `shape[1]`, each of `shape[0]` values; 3-D = a stack of them).
     Matmul,
-    /// Rows gathered by token id.
+    /// Rows gathered by token id. (A `Matmul` weight must serve `embed` too, so a tied
+    /// embedding is uploaded once, as `Matmul`, and used for both.)
     Embedding,
     /// A vector applied element-wise (norm weights).
     Vector,
@@ -198,6 +199,40 @@ pub trait Backend: Send + Sync {
     fn moe(&self, x: &Self::Buf, xr: Rows, logits: &Self::Buf, lr: Rows, experts: Experts<'_, Self::Weight>, p: &MoeParams, out: &Self::Buf, o: Rows);
     /// Wait for all enqueued work.
     fn synchronize(&self) -> Result<()>;
+
+    // ---- fused ops (optional: each default is the sequence of plain ops it replaces) ------------
+    /// Residual add then norm: `x += delta`, then `out = rms_norm(x) * w` (exactly
+    /// [`Backend::add`] then [`Backend::rms_norm`], the default). `out` may be `delta` (same view).
+    fn add_rms_norm(&self, x: &Self::Buf, xr: Rows, delta: &Self::Buf, dr: Rows, w: Option<&Self::Weight>, eps: f32, out: &Self::Buf, o: Rows) {
+        self.add(x, xr, delta, dr, x, xr);
+        self.rms_norm(x, xr, w, eps, out, o);
+    }
+    /// `dst = rope(src)` with `src` left unchanged (default: [`Backend::copy`] then
+    /// [`Backend::rope`] on `dst`). Rows and positions as in `rope`; `dst` must not overlap `src`.
+    fn rope_copy(&self, src: &Self::Buf, sr: Rows, dst: &Self::Buf, dr: Rows, heads_per_token: usize, batch: &Self::Batch, rope: &Self::Rope) {
+        self.copy(src, sr, dst, dr);
+        self.rope(dst, dr, heads_per_token, batch, rope);
+    }
+    /// The MLA cache write: per row of `x: [n_tokens, cache width]`, rms_norm the first
+    /// `norm_width` values in place (weight `w`), rope the `rope.dim` values from column
+    /// `norm_width` in place (one head per token), then [`Backend::cache_write`] the rows (the
+    /// default: those three ops).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rope_cache_write(&self, x: &Self::Buf, xr: Rows, norm_width: usize, w: Option<&Self::Weight>, eps: f32, batch: &Self::Batch, rope: &Self::Rope, cache: &Self::Cache) {
+        let nr = xr.cols(0, norm_width);
+        self.rms_norm(x, nr, w, eps, x, nr);
+        let rope_dim = xr.width - norm_width;
+        self.rope(x, xr.cols(norm_width, rope_dim), 1, batch, rope);
+        self.cache_write(cache, x, xr, batch);
+    }
+    /// Routed experts plus a shared FFN in one op: `out[r] = moe(x)[r] + down_s(glu(gate_s x[r],
+    /// up_s x[r]))` with 2-D shared weights (`[H, ff_s]`, `[H, ff_s]`, `[ff_s, H]`). Returns false,
+    /// having enqueued nothing, when the backend has no such path for these shapes (the default):
+    /// the caller then runs [`Backend::moe`] and the shared FFN itself.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_shared(&self, _x: &Self::Buf, _xr: Rows, _logits: &Self::Buf, _lr: Rows, _experts: Experts<'_, Self::Weight>, _shared: Experts<'_, Self::Weight>, _p: &MoeParams, _out: &Self::Buf, _o: Rows) -> bool {
+        false
+    }
 
     // ---- recorded steps (optional) --------------------------------------------------------------
     /// Start a forward step of `n_tokens` tokens whose sequence of ops (shapes, buffers, weights)

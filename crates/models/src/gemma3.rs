@@ -351,8 +351,8 @@ pub struct Gemma3<B: Backend> {
     /// `[H, n_vocab]`, looked up by token.
     tok_embd: B::Weight,
     output_norm: B::Weight,
-    /// `[H, n_vocab]` (the embedding again when tied).
-    output: B::Weight,
+    /// `[H, n_vocab]`; `None` when tied to `tok_embd` (one upload serves both).
+    output: Option<B::Weight>,
     layers: Vec<Layer<B>>,
     rope_local: B::Rope,
     rope_global: B::Rope,
@@ -379,10 +379,11 @@ impl<B: Backend> Gemma3<B> {
         let b = Binder::new(src, be.as_ref());
         let (h, d, dv, nh, nkv, ff, v) = (cfg.n_embd, cfg.head_dim, cfg.v_dim, cfg.n_heads, cfg.n_kv_heads, cfg.n_ff, cfg.n_vocab);
         let off = cfg.norm_offset;
-        let tok_embd = b.get(naming.global("embd"), &[h, v], WeightUse::Embedding)?;
-        let output_norm = norm_weight(&b, naming.global("norm"), h, off)?;
+        // Tied embeddings (no output tensor): one upload serves both the lookup and the logits.
         let tied = !b.has(naming.global("out"));
-        let output = b.get(naming.global(if tied { "embd" } else { "out" }), &[h, v], WeightUse::Matmul)?;
+        let tok_embd = b.get(naming.global("embd"), &[h, v], if tied { WeightUse::Matmul } else { WeightUse::Embedding })?;
+        let output_norm = norm_weight(&b, naming.global("norm"), h, off)?;
+        let output = if tied { None } else { Some(b.get(naming.global("out"), &[h, v], WeightUse::Matmul)?) };
         let rows = opts.n_slots * opts.ctx;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
@@ -474,7 +475,7 @@ impl<B: Backend> Gemma3<B> {
         for i0 in (0..no).step_by(chunk) {
             let m = chunk.min(no - i0);
             let rl = Rows::packed(m, nv);
-            be.matmul(&s.h, ro.rows(i0, m), &self.output, &s.logits, rl);
+            be.matmul(&s.h, ro.rows(i0, m), self.output.as_ref().unwrap_or(&self.tok_embd), &s.logits, rl);
             if let Some(cap) = c.final_softcap {
                 be.softcap(&s.logits, rl, cap);
             }

@@ -174,7 +174,8 @@ pub struct Llama<B: Backend> {
     opts: RuntimeOptions,
     tok_embd: B::Weight,
     output_norm: B::Weight,
-    output: B::Weight,
+    /// `None` when tied to `tok_embd`.
+    output: Option<B::Weight>,
     layers: Vec<Layer<B>>,
     rope: B::Rope,
     batch: B::Batch,
@@ -186,13 +187,11 @@ impl<B: Backend> Llama<B> {
         let (cfg, naming) = LlamaConfig::read(src)?;
         let b = Binder::new(src, be.as_ref());
         let (h, d, nh, nkv, ff, v) = (cfg.n_embd, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.n_ff, cfg.n_vocab);
-        let tok_embd = b.get(naming.global("embd"), &[h, v], WeightUse::Embedding)?;
+        // Tied embeddings (no output tensor): one upload serves both the lookup and the logits.
+        let tied = !b.has(naming.global("out"));
+        let tok_embd = b.get(naming.global("embd"), &[h, v], if tied { WeightUse::Matmul } else { WeightUse::Embedding })?;
         let output_norm = b.get(naming.global("norm"), &[h], WeightUse::Vector)?;
-        let output = if b.has(naming.global("out")) {
-            b.get(naming.global("out"), &[h, v], WeightUse::Matmul)?
-        } else {
-            b.get(naming.global("embd"), &[h, v], WeightUse::Matmul)?
-        };
+        let output = if tied { None } else { Some(b.get(naming.global("out"), &[h, v], WeightUse::Matmul)?) };
         let rows = opts.n_slots * opts.ctx;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
@@ -293,7 +292,7 @@ impl<B: Backend> Model for Llama<B> {
             be.matmul(&s.g, rf, &l.w_down, &s.h, rx);
             be.add(&s.x, rx, &s.h, rx, &s.x, rx);
         }
-        output_logits(be, &s.x, h, batch, &s.h, &self.output_norm, c.eps, &self.output, &s.logits, c.n_vocab, logits)
+        output_logits(be, &s.x, h, batch, &s.h, &self.output_norm, c.eps, self.output.as_ref().unwrap_or(&self.tok_embd), &s.logits, c.n_vocab, logits)
     }
 }
 
