@@ -170,7 +170,20 @@ enum S {
 const N_SCRATCH: usize = 11;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
-const BIG_SMEM_KERNELS: &[&str] = &["gemv_q8_1", "gemv_q8_2", "gemv_q8_4", "gemv_q8_8", "moe_gateup_q8", "moe_down_q8"];
+const BIG_SMEM_KERNELS: &[&str] = &[
+    "gemv_q8_1",
+    "gemv_q8_2",
+    "gemv_q8_4",
+    "gemv_q8_8",
+    "moe_gateup_q8",
+    "moe_down_q8",
+    "gemv_q8_multi_1",
+    "gemv_q8_multi_2",
+    "gemv_q8_multi_4",
+    "gemv_q8_multi_8",
+    "moe_gateup_sh_q8",
+    "moe_down_sh_q8",
+];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
@@ -269,6 +282,8 @@ fn kernel_names() -> Vec<String> {
         "attention_4", "attention_8", "attention_16", "moe_route", "moe_group", "moe_combine",
         "gemv_q8_1", "gemv_q8_2", "gemv_q8_4", "gemv_q8_8", "moe_route_warp", "moe_gateup_q8", "moe_down_q8",
         "mla_split_18_16", "mla_split_5_4", "mla_combine", "gemv_f32_split",
+        "add_rms_norm", "rope_copy_rows", "norm_rope_cache", "gemv_q8_multi_1", "gemv_q8_multi_2", "gemv_q8_multi_4", "gemv_q8_multi_8",
+        "moe_gateup_sh_q8", "moe_down_sh_q8",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -311,6 +326,10 @@ pub struct CudaBackend {
     /// CUDA graphs of whole forward steps (see [`Backend::graph_begin`]).
     graphs: Mutex<GraphState>,
     graphs_on: bool,
+    /// Fused decode kernels (`kernels/fused.cu`) for the trait's fused ops (`add_rms_norm`,
+    /// `rope_copy`, `norm_rope_cache_write`, `matmul_many`, `moe_shared`); `TS_CUDA_FUSED=0` turns
+    /// them off (each op then enqueues the plain kernels it replaces).
+    fused: bool,
     /// `TS_CUDA_PROFILE=1`: every launch is timed with events (the stream waits after each) and
     /// a per-kernel table goes to stderr when the backend is dropped. Graphs are off then.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
@@ -413,6 +432,7 @@ impl CudaBackend {
             graphs: Mutex::new(GraphState::default()),
             graphs_on: std::env::var("TS_CUDA_GRAPHS").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             profile: std::env::var_os("TS_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new())),
+            fused: std::env::var("TS_CUDA_FUSED").map_or(true, |v| v != "0"),
         })
     }
 
@@ -1355,6 +1375,295 @@ impl Backend for CudaBackend {
                 false
             }
         }
+    }
+
+    fn matmul_many(&self, x: &CudaBuf, xr: Rows, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
+        let n = xr.n;
+        let k = xr.width;
+        let nt = if n == 1 { 1 } else if n == 2 { 2 } else if n <= 4 { 4 } else { 8 };
+        let fast = self.fused
+            && jobs.len() >= 2
+            && (1..=GEMV_MAX_TOKENS).contains(&n)
+            && nt * k * 9 / 8 <= self.smem_max
+            && jobs.iter().all(|(w, _, o)| w.dtype == GgmlType::Q8_0 && w.shape.len() <= 3 && w.ne(2) == 1 && w.ne(0) == k && o.n == n && o.width == w.ne(1) && w.ne(1) > 0);
+        if !fast {
+            for &(w, out, o) in jobs {
+                self.matmul(x, xr, w, out, o);
+            }
+            return;
+        }
+        x.check(xr);
+        // One launch per 3 jobs (a lone last job goes through the plain GEMV).
+        for chunk in jobs.chunks(3) {
+            if chunk.len() == 1 {
+                let (w, out, o) = chunk[0];
+                self.matmul(x, xr, w, out, o);
+                continue;
+            }
+            let lpr = (k / 16).next_power_of_two().min(32);
+            let rows_per_tile = 8 * (32 / lpr);
+            let mut args = Vec::with_capacity(27);
+            let mut bounds = [0usize; 3];
+            let mut total = 0usize;
+            for j in 0..3 {
+                if let Some(&(w, out, o)) = chunk.get(j) {
+                    out.check(o);
+                    args.extend([A::P(w.mem.ptr), l(w.row_bytes), i(w.ne(1)), A::P(out.0.ptr), l(o.off), l(o.stride)]);
+                    total += w.ne(1).div_ceil(rows_per_tile);
+                } else {
+                    args.extend([A::P(0), l(0), i(0), A::P(0), l(0), l(0)]);
+                }
+                bounds[j] = total;
+            }
+            args.extend([i(bounds[0]), i(bounds[1]), i(total), i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
+            self.launch(&format!("gemv_q8_multi_{nt}"), (total.min(self.sm_count * 8) as u32, n.div_ceil(nt) as u32, 1), 256, (nt * k * 9 / 8) as u32, &args);
+        }
+    }
+
+    fn add_rms_norm(&self, x: &CudaBuf, xr: Rows, delta: &CudaBuf, dr: Rows, w: Option<&CudaWeight>, eps: f32, out: &CudaBuf, o: Rows) {
+        if !self.fused {
+            self.add(x, xr, delta, dr, x, xr);
+            self.rms_norm(x, xr, w, eps, out, o);
+            return;
+        }
+        assert!(xr.n == dr.n && xr.n == o.n && xr.width == dr.width && xr.width == o.width, "add_rms_norm: shapes {xr:?} {dr:?} {o:?}");
+        x.check(xr);
+        delta.check(dr);
+        out.check(o);
+        if let Some(w) = w {
+            assert_eq!(w.ne(0) * w.ne(1), xr.width, "norm weight length != row width {}", xr.width);
+            assert_eq!(w.dtype, GgmlType::F32, "norm weights must be uploaded as WeightUse::Vector");
+        }
+        let block = xr.width.next_power_of_two().clamp(32, 256) as u32;
+        self.launch(
+            "add_rms_norm",
+            (xr.n as u32, 1, 1),
+            block,
+            0,
+            &[
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                A::P(delta.0.ptr),
+                l(dr.off),
+                l(dr.stride),
+                A::P(w.map_or(0, |w| w.mem.ptr)),
+                A::I(w.is_some() as i32),
+                A::F(eps),
+                A::P(out.0.ptr),
+                l(o.off),
+                l(o.stride),
+                i(xr.width),
+            ],
+        );
+    }
+
+    fn rope_copy(&self, src: &CudaBuf, sr: Rows, dst: &CudaBuf, dr: Rows, heads_per_token: usize, batch: &CudaBatch, rope: &CudaRope) {
+        if !self.fused {
+            self.copy(src, sr, dst, dr);
+            self.rope(dst, dr, heads_per_token, batch, rope);
+            return;
+        }
+        assert!(sr.n == dr.n && sr.width == dr.width, "rope_copy: shapes {sr:?} {dr:?}");
+        assert!(rope.dim <= sr.width && rope.dim % 2 == 0);
+        assert_eq!(sr.n, batch.tokens.len() * heads_per_token, "rope_copy: rows != tokens * heads");
+        src.check(sr);
+        dst.check(dr);
+        let half = rope.dim / 2;
+        let mode = match rope.mode {
+            RopeMode::Normal => 0,
+            RopeMode::Neox => 1,
+        };
+        self.launch(
+            "rope_copy_rows",
+            Self::grid1(sr.n * (sr.width - half)),
+            256,
+            0,
+            &[
+                A::P(src.0.ptr),
+                l(sr.off),
+                l(sr.stride),
+                A::P(dst.0.ptr),
+                l(dr.off),
+                l(dr.stride),
+                l(sr.n),
+                i(sr.width),
+                i(heads_per_token),
+                A::P(batch.pos_ptr()),
+                A::P(rope.freqs.ptr),
+                i(half),
+                A::I(mode),
+                A::F(rope.mscale),
+            ],
+        );
+    }
+
+    fn norm_rope_cache_write(&self, x: &CudaBuf, xr: Rows, norm_width: usize, w: Option<&CudaWeight>, eps: f32, batch: &CudaBatch, rope: &CudaRope, cache: &CudaCache) {
+        if !self.fused {
+            let nr = xr.cols(0, norm_width);
+            self.rms_norm(x, nr, w, eps, x, nr);
+            self.rope(x, xr.cols(norm_width, xr.width - norm_width), 1, batch, rope);
+            self.cache_write(cache, x, xr, batch);
+            return;
+        }
+        assert!(norm_width > 0 && norm_width + rope.dim <= xr.width && rope.dim % 2 == 0, "norm_rope_cache_write: {norm_width} + rope {} > width {}", rope.dim, xr.width);
+        assert_eq!(xr.n, batch.tokens.len());
+        assert_eq!(xr.width, cache.width, "norm_rope_cache_write: row width {} != cache width {}", xr.width, cache.width);
+        if let Some(w) = w {
+            assert_eq!(w.ne(0) * w.ne(1), norm_width, "norm weight length != norm width {norm_width}");
+            assert_eq!(w.dtype, GgmlType::F32, "norm weights must be uploaded as WeightUse::Vector");
+        }
+        x.check(xr);
+        if !self.check_cache_rows(batch, cache.rows, "norm_rope_cache_write") {
+            return;
+        }
+        let mode = match rope.mode {
+            RopeMode::Normal => 0,
+            RopeMode::Neox => 1,
+        };
+        let block = norm_width.next_power_of_two().clamp(32, 256) as u32;
+        self.launch(
+            "norm_rope_cache",
+            (xr.n as u32, 1, 1),
+            block,
+            0,
+            &[
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                i(xr.width),
+                i(norm_width),
+                A::P(w.map_or(0, |w| w.mem.ptr)),
+                A::I(w.is_some() as i32),
+                A::F(eps),
+                A::P(batch.pos_ptr()),
+                A::P(batch.slot_ptr()),
+                A::I(batch.slot_len as i32),
+                A::P(rope.freqs.ptr),
+                i(rope.dim / 2),
+                A::I(mode),
+                A::F(rope.mscale),
+                A::P(cache.mem.ptr),
+            ],
+        );
+    }
+
+    fn moe_shared(&self, x: &CudaBuf, xr: Rows, logits: &CudaBuf, lr: Rows, experts: Experts<'_, CudaWeight>, shared: Experts<'_, CudaWeight>, p: &MoeParams, out: &CudaBuf, o: Rows) -> bool {
+        let n = xr.n;
+        let (hdim, ff, ne, k) = (experts.gate.ne(0), experts.gate.ne(1), p.n_experts, p.k);
+        let sf = shared.gate.ne(1);
+        let q8 = |w: &CudaWeight| w.dtype == GgmlType::Q8_0;
+        let ok = self.fused
+            && (1..=GEMV_MAX_TOKENS).contains(&n)
+            && [experts.gate, experts.up, experts.down, shared.gate, shared.up, shared.down].iter().all(|w| q8(w))
+            && xr.width == hdim
+            && lr.n == n
+            && o.n == n
+            && lr.width == ne
+            && o.width == hdim
+            && (experts.gate.ne(2), experts.up.ne(0), experts.up.ne(1), experts.up.ne(2)) == (ne, hdim, ff, ne)
+            && (experts.down.ne(0), experts.down.ne(1), experts.down.ne(2)) == (ff, hdim, ne)
+            && [shared.gate, shared.up, shared.down].iter().all(|w| w.shape.len() <= 3 && w.ne(2) == 1)
+            && (shared.gate.ne(0), shared.up.ne(0), shared.up.ne(1)) == (hdim, hdim, sf)
+            && (shared.down.ne(0), shared.down.ne(1)) == (sf, hdim)
+            && ff > 0
+            && ff % 128 == 0
+            && sf % ff == 0
+            && (1..=32).contains(&(sf / ff))
+            && ne <= 256
+            && (1..=32).contains(&k)
+            && k <= ne
+            && (p.n_group == 1 || p.topk_group >= p.n_group)
+            && hdim * 9 / 8 <= self.smem_max
+            && (k + sf / ff) * ff * 9 / 8 <= self.smem_max;
+        if !ok {
+            return false;
+        }
+        x.check(xr);
+        logits.check(lr);
+        out.check(o);
+        let nsh = sf / ff;
+        let ks = k + nsh;
+        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+        // A scratch that cannot be had (an allocation during a capture, or a failed one) has been
+        // recorded: the op counts as enqueued (the step is redone or the error reported).
+        let Some(sel_e) = self.scratch(S::SelE, 4 * n * k) else { return true };
+        let Some(sel_w) = self.scratch(S::SelW, 4 * n * k) else { return true };
+        let Some(g) = self.scratch(S::G, 4 * n * ks * ff) else { return true };
+        self.launch(
+            "moe_route_warp",
+            (n.div_ceil(4) as u32, 1, 1),
+            128,
+            0,
+            &[
+                A::P(logits.0.ptr),
+                l(lr.off),
+                l(lr.stride),
+                i(n),
+                i(ne),
+                i(k),
+                A::I(matches!(p.gating, Gating::Sigmoid) as i32),
+                A::I(p.norm_topk as i32),
+                A::F(p.scale),
+                A::P(sel_e),
+                A::P(sel_w),
+            ],
+        );
+        let act = match p.glu {
+            Glu::SwiGlu => 0,
+            Glu::GeGluTanh => 1,
+        };
+        let (gw, uw, dw) = (experts.gate, experts.up, experts.down);
+        self.launch(
+            "moe_gateup_sh_q8",
+            (ff.div_ceil(8) as u32, (n * ks) as u32, 1),
+            256,
+            (hdim * 9 / 8) as u32,
+            &[
+                A::P(gw.mem.ptr),
+                A::P(uw.mem.ptr),
+                l(gw.row_bytes),
+                l(gw.mat_bytes()),
+                i(ff),
+                i(hdim),
+                A::P(sel_e),
+                i(k),
+                A::P(shared.gate.mem.ptr),
+                A::P(shared.up.mem.ptr),
+                i(nsh),
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                A::I(act),
+                A::P(g),
+                l(ff),
+            ],
+        );
+        self.launch(
+            "moe_down_sh_q8",
+            (hdim.div_ceil(8) as u32, n as u32, 1),
+            256,
+            (ks * ff * 9 / 8) as u32,
+            &[
+                A::P(dw.mem.ptr),
+                l(dw.row_bytes),
+                l(dw.mat_bytes()),
+                i(hdim),
+                i(ff),
+                i(k),
+                A::P(sel_e),
+                A::P(sel_w),
+                A::P(shared.down.mem.ptr),
+                l(shared.down.row_bytes),
+                i(nsh),
+                A::P(g),
+                l(ff),
+                A::P(out.0.ptr),
+                l(o.off),
+                l(o.stride),
+            ],
+        );
+        true
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -19,6 +19,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("fast.cu", include_str!("../kernels/fast.cu")),
+    ("fused.cu", include_str!("../kernels/fused.cu")),
 ];
 
 /// Options every compilation uses besides the architecture. No fast-math: the kernels must match

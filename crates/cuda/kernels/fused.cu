@@ -1,0 +1,321 @@
+// Fused decode-step kernels: each replaces a short chain of the plain kernels (see the trait's
+// fused ops in ts-core's ops.rs) to cut launches per decode step. Every one of them can be turned
+// off at run time with TS_CUDA_FUSED=0, which makes the backend enqueue the plain kernels instead.
+// Where the plain chain's float operations can be reproduced exactly (norms, rope, copies) they are:
+// same block sizes, same reduction order, same formulas.
+
+// x += delta; out = x / sqrt(mean(x^2) + eps) * w. One block per row, block size as rms_norm's
+// (so the sum of squares is reduced in the same order). `out` may be `x` or `delta` (same view):
+// every thread reads and writes only its own elements.
+extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride,
+                                        const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride,
+                                        int width) {
+    __shared__ float part[32];
+    float* xr = x + xoff + blockIdx.x * xstride;
+    const float* dr = d + doff + blockIdx.x * dstride;
+    float* orow = out + ooff + blockIdx.x * ostride;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float v = xr[i] + dr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    float inv = 1.0f / sqrtf(part[0] / (float)width + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float v = xr[i] * inv;
+        orow[i] = has_w ? v * w[i] : v;
+    }
+}
+
+// dst = rope(src): per row, pairs of the first 2*half values rotated (as rope_rows), the rest of
+// the row (width - 2*half values) copied. One thread per (row, pair or copied column).
+extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstride, float* dst, i64 doff, i64 dstride,
+                                          i64 nrows, int width, int heads_per_token, const int* pos,
+                                          const float* freqs, int half, int mode, float mscale) {
+    const int per = width - half;  // half pairs + (width - 2*half) copied columns
+    const i64 total = nrows * per;
+    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+        const i64 r = idx / per;
+        const int j = (int)(idx % per);
+        const float* srow = src + soff + r * sstride;
+        float* drow = dst + doff + r * dstride;
+        if (j < half) {
+            float p = (float)pos[r / heads_per_token];
+            float sn, cs;
+            sincosf(p * freqs[j], &sn, &cs);
+            sn *= mscale;
+            cs *= mscale;
+            int a = mode == 0 ? 2 * j : j, b = mode == 0 ? 2 * j + 1 : j + half;
+            float x0 = srow[a], x1 = srow[b];
+            drow[a] = x0 * cs - x1 * sn;
+            drow[b] = x0 * sn + x1 * cs;
+        } else {
+            const int col = 2 * half + (j - half);
+            drow[col] = srow[col];
+        }
+    }
+}
+
+// The MLA cache write of token t (block t): rms_norm of the first nw values of row t (in place,
+// weight w), rope of the 2*half values from column nw (in place, position pos[t]), then the whole
+// row (width values) to cache row slot[t] * slot_len + pos[t]. Block size as rms_norm's for nw.
+extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w,
+                                           int has_w, float eps, const int* pos, const int* slot, int slot_len,
+                                           const float* freqs, int half, int mode, float mscale, float* cache) {
+    __shared__ float part[32];
+    const int t = blockIdx.x;
+    float* xr = x + xoff + (i64)t * xstride;
+    float* crow = cache + ((i64)slot[t] * slot_len + pos[t]) * (i64)width;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < nw; i += blockDim.x) { float v = xr[i]; ss += v * v; }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    float inv = 1.0f / sqrtf(part[0] / (float)nw + eps);
+    for (int i = threadIdx.x; i < nw; i += blockDim.x) {
+        float v = xr[i] * inv;
+        v = has_w ? v * w[i] : v;
+        xr[i] = v;
+        crow[i] = v;
+    }
+    float* rr = xr + nw;
+    float* cr = crow + nw;
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float sn, cs;
+        sincosf(p * freqs[i], &sn, &cs);
+        sn *= mscale;
+        cs *= mscale;
+        int a = mode == 0 ? 2 * i : i, b = mode == 0 ? 2 * i + 1 : i + half;
+        float x0 = rr[a], x1 = rr[b];
+        float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
+        rr[a] = y0;
+        rr[b] = y1;
+        cr[a] = y0;
+        cr[b] = y1;
+    }
+    for (int i = nw + 2 * half + threadIdx.x; i < width; i += blockDim.x) crow[i] = xr[i];
+}
+
+// ---- several Q8_0 matrices of one input in one launch (Backend::matmul_many) ------------------
+// As gemv_q8_<NT> (fast.cu), for up to 3 weights that share the input x (same k): the activation
+// rows are quantised once per block, and the row tiles of the jobs are numbered one after the
+// other (job 0: tiles [0, t1), job 1: [t1, t2), job 2: [t2, ntiles)). Unused jobs have m = 0.
+struct GemvJob {
+    const u8* W;
+    i64 row_bytes;
+    int m;
+    float* out;
+    i64 ooff, ostride;
+};
+
+template <int NT>
+__device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, int t2, int ntiles, int k, const float* x, i64 xoff,
+                                   i64 xstride, int n, int lpr) {
+    extern __shared__ __align__(16) u8 smq[];
+    const int nb = k >> 5;
+    i8* xq = (i8*)smq;
+    float* xd = (float*)(smq + NT * k);
+    const int tok0 = blockIdx.y * NT;
+    const int nt = min(NT, n - tok0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int rpw = 32 / lpr, sub = lane & (lpr - 1);
+    const int rows_per_tile = GQ_WARPS * rpw;
+    const int np = 2 * nb;
+    // Tile -> (job, first row of the tile within the job). Selects, not an indexed array, so the
+    // job table stays in registers.
+    auto locate = [&](int tile, GemvJob& jb, int& r0) {
+        if (tile < t1) { jb = j0; r0 = tile * rows_per_tile; }
+        else if (tile < t2) { jb = j1; r0 = (tile - t1) * rows_per_tile; }
+        else { jb = j2; r0 = (tile - t2) * rows_per_tile; }
+    };
+    uint4 q[4];
+    float dw[4];
+    {
+        GemvJob jb;
+        int r0;
+        locate(blockIdx.x, jb, r0);
+        load_q8_4(jb.W + (i64)min(r0 + warp * rpw + lane / lpr, jb.m - 1) * jb.row_bytes, sub, np, lpr, q, dw);
+    }
+    bool have = true;
+    quant_rows_smem(x + xoff + tok0 * xstride, xstride, nullptr, nt, k, xq, xd);
+    __syncthreads();
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        GemvJob jb;
+        int r0;
+        locate(tile, jb, r0);
+        const int m = jb.m;
+        const int row = r0 + warp * rpw + lane / lpr;
+        const u8* wr = jb.W + (i64)min(row, m - 1) * jb.row_bytes;
+        float acc[NT];
+#pragma unroll
+        for (int jj = 0; jj < NT; jj++) acc[jj] = 0.f;
+        for (int p0 = sub; p0 < np; p0 += 4 * lpr) {
+            if (!have) load_q8_4(wr, p0, np, lpr, q, dw);
+            have = false;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int p = p0 + u * lpr;
+                if (p < np) {
+#pragma unroll
+                    for (int jj = 0; jj < NT; jj++)
+                        if (jj < nt) acc[jj] += (float)dot16(q[u], xq + jj * k + 16 * p) * (dw[u] * xd[jj * nb + (p >> 1)]);
+                }
+            }
+        }
+#pragma unroll
+        for (int jj = 0; jj < NT; jj++) {
+            float s = group_sum(acc[jj], lpr);
+            if (sub == 0 && row < m && jj < nt) jb.out[jb.ooff + (i64)(tok0 + jj) * jb.ostride + row] = s;
+        }
+    }
+}
+
+#define GEMVQ_MULTI_INST(NT)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemv_q8_multi_##NT(                                 \
+        const u8* W0, i64 rb0, int m0, float* o0, i64 ooff0, i64 ostr0, const u8* W1, i64 rb1, int m1, float* o1, \
+        i64 ooff1, i64 ostr1, const u8* W2, i64 rb2, int m2, float* o2, i64 ooff2, i64 ostr2, int t1, int t2,     \
+        int ntiles, int k, const float* x, i64 xoff, i64 xstride, int n, int lpr) {                               \
+        gemv_q8_multi_impl<NT>(GemvJob{W0, rb0, m0, o0, ooff0, ostr0}, GemvJob{W1, rb1, m1, o1, ooff1, ostr1},    \
+                               GemvJob{W2, rb2, m2, o2, ooff2, ostr2}, t1, t2, ntiles, k, x, xoff, xstride, n, lpr); \
+    }
+GEMVQ_MULTI_INST(1)
+GEMVQ_MULTI_INST(2)
+GEMVQ_MULTI_INST(4)
+GEMVQ_MULTI_INST(8)
+
+// ---- MoE decode with the shared experts folded in (Backend::moe_shared) -------------------------
+// A token has ks = k + nsh slots: k routed experts (sel_e / sel_w) and nsh shared "experts", the
+// shared FFN's rows cut into nsh chunks of m rows (gate/up) or of kdim columns (down), each with
+// weight 1. The GLU activations are laid out per token: row t*ks + s of `out` / `act`.
+
+// As moe_gateup_q8, block (x, P) for slot P = t*ks + s.
+extern "C" __global__ void __launch_bounds__(GQ_THREADS)
+    moe_gateup_sh_q8(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
+                     int k, const u8* Sg, const u8* Su, int nsh, const float* in, i64 ioff, i64 istride, int act,
+                     float* out, i64 ostride) {
+    extern __shared__ __align__(16) u8 smq[];
+    const int P = blockIdx.y;
+    const int ks = k + nsh;
+    const int t = P / ks, s = P - t * ks;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GQ_WARPS + warp;
+    const int rr = min(row, m - 1);
+    const u8 *wg, *wu;
+    if (s < k) {
+        const int e = sel_e[t * k + s];
+        if (e < 0) {
+            if (lane == 0 && row < m) out[(i64)P * ostride + row] = 0.f;
+            return;
+        }
+        wg = Wg + e * mat_bytes + (i64)rr * row_bytes;
+        wu = Wu + e * mat_bytes + (i64)rr * row_bytes;
+    } else {
+        const i64 srow = (i64)(s - k) * m + rr;
+        wg = Sg + srow * row_bytes;
+        wu = Su + srow * row_bytes;
+    }
+    i8* xq = (i8*)smq;
+    float* xd = (float*)(smq + kdim);
+    const int np = 2 * (kdim >> 5);
+    uint4 qg[4], qu[4];
+    float dg[4], du[4];
+    load_q8_4(wg, lane, np, 32, qg, dg);  // before the prologue, to overlap its latency
+    load_q8_4(wu, lane, np, 32, qu, du);
+    quant_rows_smem(in + ioff + (i64)t * istride, istride, nullptr, 1, kdim, xq, xd);
+    __syncthreads();
+    if (row >= m) return;
+    float g = 0.f, u = 0.f;
+    for (int p0 = lane; p0 < np; p0 += 128) {
+        if (p0 != lane) {
+            load_q8_4(wg, p0, np, 32, qg, dg);
+            load_q8_4(wu, p0, np, 32, qu, du);
+        }
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const int pp = p0 + 32 * v;
+            if (pp < np) {
+                const float dx = xd[pp >> 1];
+                g += (float)dot16(qg[v], xq + 16 * pp) * (dg[v] * dx);
+                u += (float)dot16(qu[v], xq + 16 * pp) * (du[v] * dx);
+            }
+        }
+    }
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane == 0) out[(i64)P * ostride + row] = act_fn(act == 0 ? 1 : 2, g) * u;
+}
+
+// As moe_down_q8 over the ks slots of token t (block (x, t)): the shared slots' activations have
+// weight 1, and shared chunk j of output row r is bytes [j*row_bytes, (j+1)*row_bytes) of the
+// shared down row r (needs kdim % 128 == 0: whole 4-block groups, checked by the host).
+#define MOE_SH_MAX_SLOTS 64
+extern "C" __global__ void __launch_bounds__(GQ_THREADS)
+    moe_down_sh_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
+                   const float* sel_w, const u8* Sd, i64 srow_bytes, int nsh, const float* act, i64 astride,
+                   float* out, i64 ooff, i64 ostride) {
+    extern __shared__ __align__(16) u8 smq[];
+    __shared__ float wsl[MOE_SH_MAX_SLOTS];
+    const int t = blockIdx.y;
+    const int ks = k + nsh;
+    i8* xq = (i8*)smq;
+    float* xd = (float*)(smq + ks * kdim);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = min(blockIdx.x * GQ_WARPS + warp, m - 1);
+    const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
+    auto load = [&](int P, uint4& q, float& d) {
+        if (P < total) {
+            const int s = P / np, p = P - s * np, b = p >> 1;
+            const u8* gp;
+            if (s < k) {
+                const int e = max(sel_e[t * k + s], 0);
+                gp = Wd + e * mat_bytes + (i64)row * row_bytes + (i64)(b >> 2) * 144;
+            } else {
+                gp = Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes + (i64)(b >> 2) * 144;
+            }
+            q = *(const uint4*)(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
+            d = h2f(((const u16*)gp)[b & 3]);
+        } else {
+            q = make_uint4(0u, 0u, 0u, 0u);
+            d = 0.f;
+        }
+    };
+    uint4 q[8];
+    float dw[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) load(lane + 32 * u, q[u], dw[u]);  // before the prologue
+    if (threadIdx.x < ks) wsl[threadIdx.x] = (int)threadIdx.x < k ? sel_w[t * k + threadIdx.x] : 1.0f;
+    __syncthreads();
+    quant_rows_smem(act + (i64)t * ks * astride, astride, wsl, ks, kdim, xq, xd);
+    __syncthreads();
+    if (blockIdx.x * GQ_WARPS + warp >= m) return;
+    float acc = 0.f;
+    for (int P0 = lane; P0 < total; P0 += 256) {
+        if (P0 != lane) {
+#pragma unroll
+            for (int u = 0; u < 8; u++) load(P0 + 32 * u, q[u], dw[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int P = P0 + 32 * u;
+            if (P < total) acc += (float)dot16(q[u], xq + 16 * P) * (dw[u] * xd[P >> 1]);
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[ooff + (i64)t * ostride + row] = acc;
+}
