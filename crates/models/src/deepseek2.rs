@@ -600,9 +600,10 @@ struct Layer<B: Backend> {
 struct Scratch<B: Backend> {
     /// Residual stream `[mb, H]`.
     x: B::Buf,
-    /// Normed input `[mb, H]`; also attention/FFN outputs before the residual add, and the gathered output rows.
+    /// Normed input `[mb, H]`; also the gathered output rows.
     h: B::Buf,
-    /// Second `[mb, H]` buffer: FFN outputs (dense, routed, shared) before the residual add.
+    /// Second `[mb, H]` buffer: attention and FFN outputs (dense, routed, shared) before the
+    /// residual add (fused with the next norm, see `Backend::add_rms_norm`).
     y: B::Buf,
     /// Low-rank q intermediate `[mb, q_lora]` (1 element when q is plain).
     qa: B::Buf,
@@ -924,37 +925,37 @@ impl<B: Backend> DeepSeek2<B> {
         let rqm = Rows::packed(n * nh, cw); // absorbed query per head: [n*nh, kv_lora+rope]
         let rlat = Rows::packed(n * nh, kl); // latent attention output: [n*nh, kv_lora]
         let rav = Rows::packed(n * nh, vd); // per-head v output [n*nh, v] == [n, nh*v]
+        // `s.y` holds a delta (the previous layer's FFN output) not yet added to the residual: the
+        // add is fused with the next norm (`add_rms_norm`).
+        let mut pending = false;
         for l in &self.layers {
             // ---- attention ----
-            be.rms_norm(&s.x, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
+            if pending {
+                be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
+            } else {
+                be.rms_norm(&s.x, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
+            }
+            // q (or its low-rank first half) and kv_a read the same input: one op.
             match &l.q {
-                QProj::Plain { wq } => be.matmul(&s.h, rx, wq, &s.q, rq),
+                QProj::Plain { wq } => be.matmul_many(&s.h, rx, &[(wq, &s.q, rq), (&l.wkv_a, &s.kv, rkv)]),
                 QProj::LowRank { wq_a, q_a_norm, wq_b } => {
                     let ra = Rows::packed(n, c.q_lora.unwrap_or(0)); // [n, q_lora]
-                    be.matmul(&s.h, rx, wq_a, &s.qa, ra);
+                    be.matmul_many(&s.h, rx, &[(wq_a, &s.qa, ra), (&l.wkv_a, &s.kv, rkv)]);
                     be.rms_norm(&s.qa, ra, Some(q_a_norm), c.eps, &s.qa, ra);
                     be.matmul(&s.qa, ra, wq_b, &s.q, rq);
                 }
             }
-            be.rope(&s.q, q_pe, nh, bt, &self.rope);
-            be.matmul(&s.h, rx, &l.wkv_a, &s.kv, rkv);
-            let lat_in = rkv.cols(0, kl); // c: [n, kv_lora]
-            be.rms_norm(&s.kv, lat_in, Some(&l.kv_a_norm), c.eps, &s.kv, lat_in);
-            be.rope(&s.kv, rkv.cols(kl, rd), 1, bt, &self.rope); // k_pe: [n, rope]
-            be.cache_write(&l.cache, &s.kv, rkv, bt);
+            // c = rmsnorm(c) * kv_a_norm, k_pe = rope(k_pe), cache row <- [c ; k_pe].
+            be.norm_rope_cache_write(&s.kv, rkv, kl, Some(&l.kv_a_norm), c.eps, bt, &self.rope, &l.cache);
             be.matmul_grouped(&s.q, q_nope, &l.w_uk, &s.qm, rqm.cols(0, kl)); // q_abs: [n*nh, kv_lora]
-            be.copy(&s.q, q_pe, &s.qm, rqm.cols(kl, rd)); // roped q_pe next to it
+            be.rope_copy(&s.q, q_pe, &s.qm, rqm.cols(kl, rd), nh, bt, &self.rope); // roped q_pe next to it
             be.mla_attention(&s.qm, rqm, &l.cache, bt, &mla, &s.lat, rlat);
             be.matmul_grouped(&s.lat, rlat, &l.w_uv, &s.av, rav);
-            be.matmul(&s.av, Rows::packed(n, nh * vd), &l.wo, &s.h, rx);
-            be.add(&s.x, rx, &s.h, rx, &s.x, rx);
-            // ---- FFN ----
-            be.rms_norm(&s.x, rx, Some(&l.ffn_norm), c.eps, &s.h, rx);
+            be.matmul(&s.av, Rows::packed(n, nh * vd), &l.wo, &s.y, rx);
+            be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.ffn_norm), c.eps, &s.h, rx);
+            // ---- FFN (its output in s.y, added to x by the next layer or after the loop) ----
             match &l.ffn {
-                Ffn::Dense(f) => {
-                    swiglu(be, s, f, n, h);
-                    be.add(&s.x, rx, &s.y, rx, &s.x, rx);
-                }
+                Ffn::Dense(f) => swiglu(be, s, f, n, h),
                 Ffn::Moe { router, gate_exps, up_exps, down_exps, shared } => {
                     let Some(e) = c.moe else { return Err(ModelError::Run("MoE layer without an expert config".into())) };
                     let rr = Rows::packed(n, e.n_experts); // router logits: [n, E]
@@ -969,14 +970,24 @@ impl<B: Backend> DeepSeek2<B> {
                         topk_group: e.topk_group,
                         glu: Glu::SwiGlu,
                     };
-                    be.moe(&s.h, rx, &s.rl, rr, Experts { gate: gate_exps, up: up_exps, down: down_exps }, &p, &s.y, rx);
-                    be.add(&s.x, rx, &s.y, rx, &s.x, rx);
-                    if let Some(f) = shared {
-                        swiglu(be, s, f, n, h);
-                        be.add(&s.x, rx, &s.y, rx, &s.x, rx);
+                    let experts = || Experts { gate: gate_exps, up: up_exps, down: down_exps };
+                    match shared {
+                        Some(f) => {
+                            // Routed and shared experts in one op where the backend has one.
+                            if !be.moe_shared(&s.h, rx, &s.rl, rr, experts(), Experts { gate: &f.gate, up: &f.up, down: &f.down }, &p, &s.y, rx) {
+                                be.moe(&s.h, rx, &s.rl, rr, experts(), &p, &s.y, rx);
+                                be.add(&s.x, rx, &s.y, rx, &s.x, rx);
+                                swiglu(be, s, f, n, h);
+                            }
+                        }
+                        None => be.moe(&s.h, rx, &s.rl, rr, experts(), &p, &s.y, rx),
                     }
                 }
             }
+            pending = true;
+        }
+        if pending {
+            be.add(&s.x, rx, &s.y, rx, &s.x, rx);
         }
         // Output rows: gathered, normed, projected (llama::output_logits without the read).
         let no = batch.outputs.len();
@@ -996,8 +1007,7 @@ impl<B: Backend> DeepSeek2<B> {
 /// `y = (silu(h Wg) * (h Wu)) Wd` for the `n` rows of `s.h`.
 fn swiglu<B: Backend>(be: &B, s: &Scratch<B>, f: &DenseFfn<B>, n: usize, h: usize) {
     let (rx, rf) = (Rows::packed(n, h), Rows::packed(n, f.ff)); // [n, H], [n, ff]
-    be.matmul(&s.h, rx, &f.gate, &s.g, rf);
-    be.matmul(&s.h, rx, &f.up, &s.u, rf);
+    be.matmul_many(&s.h, rx, &[(&f.gate, &s.g, rf), (&f.up, &s.u, rf)]);
     be.glu(Glu::SwiGlu, &s.g, rf, &s.u, rf, &s.g, rf);
     be.matmul(&s.g, rf, &f.down, &s.y, rx);
 }
