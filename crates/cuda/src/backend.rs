@@ -442,6 +442,20 @@ impl CudaBackend {
         self.ctx.mem_get_info().map_err(|e| dev_err("cuMemGetInfo", e))
     }
 
+    /// Device -> host: the whole cache (`rows * width` values, row-major) into `dst`. Waits for
+    /// all enqueued work. For tests and debugging.
+    pub fn read_cache(&self, cache: &CudaCache, dst: &mut [f32]) -> Result<()> {
+        assert_eq!(dst.len(), cache.rows * cache.width);
+        self.synchronize()?;
+        unsafe { drv::memcpy_dtoh_async(dst, cache.mem.ptr, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
+        self.stream.synchronize().map_err(|e| dev_err("cuda stream", e))
+    }
+
+    /// Whether the fused decode kernels are on (`TS_CUDA_FUSED=0` turns them off).
+    pub fn fused(&self) -> bool {
+        self.fused
+    }
+
     /// The architecture the kernels were built for (`sm_90`) and whether they came from the
     /// on-disk cache.
     pub fn kernel_build(&self) -> (&str, bool) {

@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ts_core::*;
 use ts_cpu::CpuBackend;
-use ts_cuda::CudaBackend;
+use ts_cuda::{CudaBackend, CudaBuf, CudaWeight};
 use ts_formats::quant;
 
 static GPU: OnceLock<Option<CudaBackend>> = OnceLock::new();
@@ -736,4 +736,433 @@ fn bench_matmul() {
             }
         }
     }
+}
+
+// ---- fused decode ops (kernels/fused.cu; TS_CUDA_FUSED=0 turns them off) -----------------------
+// Each is checked against the CPU backend (whose defaults are the plain op chains) and against
+// the same chain of plain ops on the GPU. With TS_CUDA_FUSED=0 the same tests check the fallbacks.
+
+fn norm_weight<B: Backend>(b: &B, v: &[f32]) -> B::Weight {
+    let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+    let shape = [v.len()];
+    b.upload_weight(&td("norm", GgmlType::F32, &shape, &bytes), WeightUse::Vector).unwrap()
+}
+
+fn fused_banner(g: &CudaBackend) {
+    eprintln!("fused kernels {}", if g.fused() { "on" } else { "OFF (TS_CUDA_FUSED=0): checking the fallbacks" });
+}
+
+/// add_rms_norm on one backend; case 0: out packed, 1: out == delta, 2: out == x (no weight).
+/// Returns (x, delta) whole buffers and the packed out (case 0).
+fn run_add_rms_norm<B: Backend>(b: &B, a: &[f32], d: &[f32], w: &B::Weight, view: Rows, case: usize, fused: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let x = buf(b, a);
+    let dl = buf(b, d);
+    let packed = Rows::packed(view.n, view.width);
+    let out = b.alloc(packed.end().max(1)).unwrap();
+    poison(b, &out, packed.end().max(1));
+    let (ow, eps) = if case == 2 { (None, 1e-5) } else { (Some(w), 1e-6) };
+    let (ob, or) = match case {
+        0 => (&out, packed),
+        1 => (&dl, view),
+        _ => (&x, view),
+    };
+    if fused {
+        b.add_rms_norm(&x, view, &dl, view, ow, eps, ob, or);
+    } else {
+        b.add(&x, view, &dl, view, &x, view);
+        b.rms_norm(&x, view, ow, eps, ob, or);
+    }
+    let full = Rows::packed(1, a.len());
+    (get(b, &x, full), get(b, &dl, full), if case == 0 { get(b, &out, packed) } else { Vec::new() })
+}
+
+#[test]
+fn fused_add_rms_norm() {
+    let Some(g) = gpu() else { return };
+    fused_banner(g);
+    let c = cpu();
+    let mut r = rng(11);
+    let mut rep = Report::new("add_rms_norm");
+    for &n in &[1usize, 3, 8, 64, 300] {
+        for &w in &[7usize, 64, 576, 2048, 2053] {
+            let stride = w + 5;
+            let len = n * stride + 8;
+            let a = randn(&mut r, len, 2.0);
+            let d = randn(&mut r, len, 1.0);
+            let nw = randn(&mut r, w, 1.0);
+            let (gw, cw) = (norm_weight(g, &nw), norm_weight(c, &nw));
+            let view = Rows { off: 2, n, width: w, stride };
+            for case in 0..3 {
+                let (gx, gd, go) = run_add_rms_norm(g, &a, &d, &gw, view, case, true);
+                let (cx, cd, co) = run_add_rms_norm(c, &a, &d, &cw, view, case, true);
+                let (px, pd, po) = run_add_rms_norm(g, &a, &d, &gw, view, case, false);
+                let lab = format!("case {case} n={n} w={w}");
+                rep.check(&format!("{lab} x vs cpu"), &gx, &cx, 1e-5, 1e-5);
+                rep.check(&format!("{lab} delta vs cpu"), &gd, &cd, 1e-5, 1e-5);
+                rep.check(&format!("{lab} x vs gpu add+rms_norm"), &gx, &px, 1e-6, 1e-6);
+                rep.check(&format!("{lab} delta vs gpu add+rms_norm"), &gd, &pd, 1e-6, 1e-6);
+                if case == 0 {
+                    rep.check(&format!("{lab} out vs cpu"), &go, &co, 1e-5, 1e-5);
+                    rep.check(&format!("{lab} out vs gpu add+rms_norm"), &go, &po, 1e-6, 1e-6);
+                }
+            }
+        }
+    }
+    rep.finish();
+}
+
+/// rope_copy on one backend: (dst view, src whole buffer).
+#[allow(clippy::too_many_arguments)]
+fn run_rope_copy<B: Backend>(b: &B, src: &[f32], sr: Rows, dr: Rows, heads: usize, meta: &BatchMeta, spec: &RopeSpec, fused: bool) -> (Vec<f32>, Vec<f32>) {
+    let s = buf(b, src);
+    let dlen = dr.end() + 4;
+    let d = b.alloc(dlen).unwrap();
+    poison(b, &d, dlen);
+    let bt = batch(b, meta);
+    let rope = b.upload_rope(spec).unwrap();
+    if fused {
+        b.rope_copy(&s, sr, &d, dr, heads, &bt, &rope);
+    } else {
+        b.copy(&s, sr, &d, dr);
+        b.rope(&d, dr, heads, &bt, &rope);
+    }
+    (get(b, &d, dr), get(b, &s, Rows::packed(1, src.len())))
+}
+
+#[test]
+fn fused_rope_copy() {
+    let Some(g) = gpu() else { return };
+    fused_banner(g);
+    let c = cpu();
+    let mut r = rng(12);
+    let mut rep = Report::new("rope_copy");
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        // (rotated dims, row width, heads per token): the MLA q_pe, a partial rotation with copied
+        // columns, one head.
+        for &(dim, width, heads) in &[(64usize, 64usize, 16usize), (32, 80, 4), (16, 16, 1)] {
+            let freqs: Vec<f32> = (0..dim / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / dim as f32)).collect();
+            let spec = RopeSpec { mode, dim, freqs, mscale: 0.93 };
+            for &n in &[1usize, 3, 8, 64] {
+                let mut toks = seq_meta(n / 2, r.random_range(0..3000), 0, 100, &mut r);
+                toks.extend(seq_meta(n - n / 2, r.random_range(0..3000), 1, 100, &mut r));
+                let meta = BatchMeta { tokens: toks, outputs: vec![], slot_len: 8192 };
+                let sr = Rows { off: 3, n: n * heads, width, stride: width + 7 };
+                let dr = Rows { off: 5, n: n * heads, width, stride: width + 11 };
+                let src = randn(&mut r, sr.end() + 2, 1.0);
+                let (gd, gs) = run_rope_copy(g, &src, sr, dr, heads, &meta, &spec, true);
+                let (cd, cs) = run_rope_copy(c, &src, sr, dr, heads, &meta, &spec, true);
+                let (pd, _) = run_rope_copy(g, &src, sr, dr, heads, &meta, &spec, false);
+                let lab = format!("{mode:?} dim={dim} width={width} heads={heads} n={n}");
+                rep.check(&format!("{lab} vs cpu"), &gd, &cd, 1e-5, 1e-4);
+                rep.check(&format!("{lab} vs gpu copy+rope"), &gd, &pd, 1e-6, 1e-6);
+                rep.check(&format!("{lab} src unchanged"), &gs, &src, 0.0, 0.0);
+                rep.check(&format!("{lab} src unchanged (cpu)"), &cs, &src, 0.0, 0.0);
+            }
+        }
+    }
+    rep.finish();
+}
+
+#[test]
+fn fused_norm_rope_cache_write() {
+    let Some(g) = gpu() else { return };
+    fused_banner(g);
+    let c = cpu();
+    let mut r = rng(13);
+    let mut rep = Report::new("norm_rope_cache_write");
+    let (slots, slot_len) = (3usize, 64u32);
+    let rows = slots * slot_len as usize;
+    // (normed width, rope dims, extra copied columns): V2-Lite's 512 + 64, a small MLA, an odd one.
+    for &(nw, rd, extra) in &[(512usize, 64usize, 0usize), (128, 32, 0), (100, 16, 4)] {
+        let width = nw + rd + extra;
+        for mode in [RopeMode::Normal, RopeMode::Neox] {
+            let freqs: Vec<f32> = (0..rd / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / rd as f32)).collect();
+            let spec = RopeSpec { mode, dim: rd, freqs, mscale: 1.07 };
+            let nwt = randn(&mut r, nw, 1.0);
+            let (gw, cw) = (norm_weight(g, &nwt), norm_weight(c, &nwt));
+            let (grope, crope) = (g.upload_rope(&spec).unwrap(), c.upload_rope(&spec).unwrap());
+            for &n in &[1usize, 3, 8, 40] {
+                // Every cache row filled first (slot-major, so row i of `prior` is cache row i).
+                let prior: Vec<TokenMeta> = (0..slots as u32).flat_map(|sl| (0..slot_len).map(move |p| TokenMeta { token: 0, pos: p, slot: sl })).collect();
+                let fill = randn(&mut r, rows * width, 1.0);
+                let (gc, cc, pc) = (g.alloc_cache(rows, width).unwrap(), c.alloc_cache(rows, width).unwrap(), g.alloc_cache(rows, width).unwrap());
+                fill_cache(g, &gc, &fill, width, &prior, slot_len);
+                fill_cache(c, &cc, &fill, width, &prior, slot_len);
+                fill_cache(g, &pc, &fill, width, &prior, slot_len);
+                let n0 = n.div_ceil(2);
+                let mut toks = seq_meta(n0, r.random_range(0..slot_len - n0 as u32), 2, 100, &mut r);
+                toks.extend(seq_meta(n - n0, r.random_range(0..slot_len - (n - n0) as u32), 0, 100, &mut r));
+                let meta = BatchMeta { tokens: toks.clone(), outputs: vec![], slot_len };
+                let (gb, cb) = (batch(g, &meta), batch(c, &meta));
+                let xr = Rows { off: 2, n, width, stride: width + 3 };
+                let x = randn(&mut r, xr.end() + 1, 1.0);
+                let (gx, cx, px) = (buf(g, &x), buf(c, &x), buf(g, &x));
+                g.norm_rope_cache_write(&gx, xr, nw, Some(&gw), 1e-6, &gb, &grope, &gc);
+                c.norm_rope_cache_write(&cx, xr, nw, Some(&cw), 1e-6, &cb, &crope, &cc);
+                // The plain chain on the GPU.
+                let lat = xr.cols(0, nw);
+                g.rms_norm(&px, lat, Some(&gw), 1e-6, &px, lat);
+                g.rope(&px, xr.cols(nw, width - nw), 1, &gb, &grope);
+                g.cache_write(&pc, &px, xr, &gb);
+                let lab = format!("{nw}+{rd}+{extra} {mode:?} n={n}");
+                let full = Rows::packed(1, x.len());
+                let cxv = get(c, &cx, full);
+                rep.check(&format!("{lab} x vs cpu"), &get(g, &gx, full), &cxv, 1e-5, 1e-5);
+                rep.check(&format!("{lab} x vs gpu plain"), &get(g, &gx, full), &get(g, &px, full), 1e-6, 1e-6);
+                // Expected cache: the fill, with the batch's rows = the CPU's rows after the op.
+                let mut want = fill.clone();
+                for (t, tm) in toks.iter().enumerate() {
+                    let row = tm.slot as usize * slot_len as usize + tm.pos as usize;
+                    let src = xr.off + t * xr.stride;
+                    want[row * width..(row + 1) * width].copy_from_slice(&cxv[src..src + width]);
+                }
+                let (mut gcv, mut pcv) = (vec![0f32; rows * width], vec![0f32; rows * width]);
+                g.read_cache(&gc, &mut gcv).unwrap();
+                g.read_cache(&pc, &mut pcv).unwrap();
+                rep.check(&format!("{lab} cache vs cpu rows"), &gcv, &want, 1e-5, 1e-5);
+                rep.check(&format!("{lab} cache vs gpu plain"), &gcv, &pcv, 1e-6, 1e-6);
+            }
+        }
+    }
+    rep.finish();
+}
+
+#[test]
+fn fused_matmul_many() {
+    let Some(g) = gpu() else { return };
+    fused_banner(g);
+    let c = cpu();
+    let mut r = rng(14);
+    let mut rep = Report::new("matmul_many");
+    use GgmlType::{F16, Q8_0};
+    // (k, [(type, m)]): q + kv_a of V2-Lite, 3 jobs, 4 and 5 jobs (chunks of 3 plus 1 or 2), short
+    // rows (lpr 8), widths that are not whole 4-block groups, 1-row matrices, a mixed-type set
+    // (the plain fallback).
+    let sets: Vec<(usize, Vec<(GgmlType, usize)>)> = vec![
+        (2048, vec![(Q8_0, 3072), (Q8_0, 576)]),
+        (1408, vec![(Q8_0, 97), (Q8_0, 576), (Q8_0, 40)]),
+        (96, vec![(Q8_0, 64), (Q8_0, 64), (Q8_0, 64), (Q8_0, 64)]),
+        (128, vec![(Q8_0, 33), (Q8_0, 7), (Q8_0, 200), (Q8_0, 512), (Q8_0, 1)]),
+        (512, vec![(Q8_0, 97), (F16, 64)]),
+    ];
+    for (k, jobs) in &sets {
+        let k = *k;
+        let mut gws = Vec::new();
+        let mut cws = Vec::new();
+        for &(ty, m) in jobs {
+            let shape = [k, m];
+            let (bytes, _) = weight(&mut r, ty, &shape, 0.5);
+            let t = td("w", ty, &shape, &bytes);
+            gws.push(g.upload_weight(&t, WeightUse::Matmul).unwrap());
+            cws.push(c.upload_weight(&t, WeightUse::Matmul).unwrap());
+        }
+        let total_m: usize = jobs.iter().map(|j| j.1).sum();
+        for &n in &[1usize, 2, 3, 5, 8, 64] {
+            let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+            let x = randn(&mut r, xr.end(), 1.0);
+            // All outputs in one buffer, job j at its own columns of rows of total_m + 1.
+            let ostride = total_m + 1;
+            let mut views = Vec::new();
+            let mut col = 0;
+            for &(_, m) in jobs {
+                views.push(Rows { off: 2 + col, n, width: m, stride: ostride });
+                col += m;
+            }
+            let olen = 2 + n * ostride;
+            let (gx, cx) = (buf(g, &x), buf(c, &x));
+            let (go, co, po) = (g.alloc(olen).unwrap(), c.alloc(olen).unwrap(), g.alloc(olen).unwrap());
+            poison(g, &go, olen);
+            poison(c, &co, olen);
+            poison(g, &po, olen);
+            let gj: Vec<(&CudaWeight, &CudaBuf, Rows)> = gws.iter().zip(&views).map(|(w, &v)| (w, &go, v)).collect();
+            let cj: Vec<_> = cws.iter().zip(&views).map(|(w, &v)| (w, &co, v)).collect();
+            g.matmul_many(&gx, xr, &gj);
+            c.matmul_many(&cx, xr, &cj);
+            for (w, &v) in gws.iter().zip(&views) {
+                g.matmul(&gx, xr, w, &po, v);
+            }
+            for (j, (&(ty, m), &v)) in jobs.iter().zip(&views).enumerate() {
+                let lab = format!("k={k} jobs={} job {j} {}x{m} n={n}", jobs.len(), ty.name());
+                let got = get(g, &go, v);
+                let (tc, _) = matmul_tol(ty, n);
+                rep.check(&format!("{lab} vs cpu"), &got, &get(c, &co, v), tc, 1e-3);
+                rep.check(&format!("{lab} vs gpu matmul"), &got, &get(g, &po, v), 1e-6, 1e-5);
+            }
+        }
+    }
+    rep.finish();
+}
+
+/// Routed experts plus a shared FFN on one backend: `moe_shared` when `try_fused` and the backend
+/// takes it, else moe + the shared FFN with plain ops + add. Returns whether moe_shared ran.
+#[allow(clippy::too_many_arguments)]
+fn run_moe_shared<B: Backend>(b: &B, x: &B::Buf, xr: Rows, lg: &B::Buf, lr: Rows, ex: &[B::Weight; 3], sh: &[B::Weight; 3], p: &MoeParams, out: &B::Buf, o: Rows, try_fused: bool) -> bool {
+    let experts = || Experts { gate: &ex[0], up: &ex[1], down: &ex[2] };
+    if try_fused && b.moe_shared(x, xr, lg, lr, experts(), Experts { gate: &sh[0], up: &sh[1], down: &sh[2] }, p, out, o) {
+        return true;
+    }
+    let (n, hdim, sf) = (xr.n, xr.width, sh[0].shape()[1]);
+    b.moe(x, xr, lg, lr, experts(), p, out, o);
+    let rf = Rows::packed(n, sf);
+    let (gb, ub, yb) = (b.alloc(n * sf).unwrap(), b.alloc(n * sf).unwrap(), b.alloc(n * hdim).unwrap());
+    b.matmul(x, xr, &sh[0], &gb, rf);
+    b.matmul(x, xr, &sh[1], &ub, rf);
+    b.glu(p.glu, &gb, rf, &ub, rf, &gb, rf);
+    let ry = Rows::packed(n, hdim);
+    b.matmul(&gb, rf, &sh[2], &yb, ry);
+    b.add(out, o, &yb, ry, out, o);
+    false
+}
+
+/// f64 shared FFN of the dequantised weights, added to `out` (`[n, hdim]` packed).
+fn add_shared_f64(out: &mut [f32], x: &[f32], xr: Rows, w: [&[f32]; 3], hdim: usize, sf: usize, glu: Glu) {
+    for t in 0..xr.n {
+        let xv = &x[xr.off + t * xr.stride..][..hdim];
+        let h: Vec<f64> = (0..sf)
+            .map(|i| {
+                let gv: f64 = w[0][i * hdim..(i + 1) * hdim].iter().zip(xv).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let uv: f64 = w[1][i * hdim..(i + 1) * hdim].iter().zip(xv).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let act = match glu {
+                    Glu::SwiGlu => gv / (1.0 + (-gv).exp()),
+                    Glu::GeGluTanh => 0.5 * gv * (1.0 + (0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)).tanh()),
+                };
+                act * uv
+            })
+            .collect();
+        for j in 0..hdim {
+            let y: f64 = w[2][j * sf..(j + 1) * sf].iter().zip(&h).map(|(&a, &b)| a as f64 * b).sum();
+            out[t * hdim + j] += y as f32;
+        }
+    }
+}
+
+#[test]
+fn fused_moe_shared() {
+    let Some(g) = gpu() else { return };
+    fused_banner(g);
+    let c = cpu();
+    let mut r = rng(15);
+    let mut rep = Report::new("moe_shared");
+    // (hdim, ff, experts, k, gating, norm, scale, groups, topk groups, shared chunks, glu, fused
+    // path expected): V2-Lite's shapes (fewer experts), 1 and 3 shared chunks, sigmoid with
+    // groups that all stay eligible, and two the fused path must decline (group-limited routing,
+    // ff not a multiple of 128).
+    let cases = [
+        (2048usize, 1408usize, 8usize, 6usize, Gating::Softmax, false, 1.0f32, 1usize, 1usize, 2usize, Glu::SwiGlu, true),
+        (256, 128, 16, 4, Gating::Softmax, false, 1.0, 1, 1, 2, Glu::SwiGlu, true),
+        (256, 256, 16, 3, Gating::Sigmoid, true, 2.5, 4, 4, 1, Glu::GeGluTanh, true),
+        (512, 128, 32, 5, Gating::Softmax, true, 1.0, 1, 1, 3, Glu::SwiGlu, true),
+        (256, 128, 16, 6, Gating::Softmax, true, 1.0, 8, 3, 2, Glu::SwiGlu, false),
+        (256, 96, 16, 2, Gating::Softmax, false, 1.0, 1, 1, 2, Glu::SwiGlu, false),
+    ];
+    for (ci, &(hdim, ff, ne, k, gating, norm_topk, scale, n_group, topk_group, nsh, glu, fast)) in cases.iter().enumerate() {
+        let sf = nsh * ff;
+        let ty = GgmlType::Q8_0;
+        let shapes: [Vec<usize>; 6] = [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
+        let gu = |i: usize| g.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let cu = |i: usize| c.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let gex = [gu(0), gu(1), gu(2)];
+        let gsh = [gu(3), gu(4), gu(5)];
+        let cex = [cu(0), cu(1), cu(2)];
+        let csh = [cu(3), cu(4), cu(5)];
+        let p = MoeParams { n_experts: ne, k, gating, norm_topk, scale, n_group, topk_group, glu };
+        let ns: &[usize] = if hdim >= 2048 { &[1, 2] } else { &[1, 3, 8, 64] };
+        for &n in ns {
+            let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
+            let x = randn(&mut r, xr.end(), 1.0);
+            let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
+            let lg = randn(&mut r, lr.end(), 2.0);
+            let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
+            let (gx, cx, gl, cl) = (buf(g, &x), buf(c, &x), buf(g, &lg), buf(c, &lg));
+            let (go, co, po) = (g.alloc(o.end()).unwrap(), c.alloc(o.end()).unwrap(), g.alloc(o.end()).unwrap());
+            poison(g, &go, o.end());
+            poison(c, &co, o.end());
+            poison(g, &po, o.end());
+            let ran = run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &go, o, true);
+            let cran = run_moe_shared(c, &cx, xr, &cl, lr, &cex, &csh, &p, &co, o, true);
+            run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &po, o, false);
+            let lab = format!("case {ci} H={hdim} ff={ff} E={ne} k={k} shared={nsh}x{ff} {gating:?} groups={n_group}/{topk_group} n={n}");
+            let want_fast = fast && g.fused() && n <= ts_cuda::GEMV_MAX_TOKENS;
+            eprintln!("  {lab}: fused path {}", if ran { "taken" } else { "declined" });
+            if ran != want_fast {
+                rep.failures.push(format!("{lab}: moe_shared returned {ran}, expected {want_fast}"));
+            }
+            if cran {
+                rep.failures.push(format!("{lab}: the CPU's moe_shared returned true (its default declines)"));
+            }
+            let got = get(g, &go, o);
+            // vs the same op chain on the GPU: the fused kernels sum in another order, which can move
+            // an activation across a Q8_0 rounding boundary (one quantum of one element).
+            rep.check(&format!("{lab} vs gpu moe+ffn"), &got, &get(g, &po, o), 5e-3, 1e-3);
+            rep.check(&format!("{lab} vs cpu"), &got, &get(c, &co, o), 0.25, 1e-3);
+            let mut exact = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
+            add_shared_f64(&mut exact, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, glu);
+            rep.check(&format!("{lab} vs f64"), &got, &exact, 5e-2, 1e-3);
+        }
+    }
+    rep.finish();
+}
+
+/// Fused ops inside a recorded step (graph_begin / graph_end): eager, captured, then replayed
+/// with new inputs, against the same ops run eagerly on the shared test backend.
+#[test]
+fn fused_recorded_steps_replay() {
+    let Some(e) = gpu() else { return };
+    // A backend of its own (its own stream): a capture must not see other tests' work.
+    let g = &CudaBackend::new(0).expect("second backend");
+    fused_banner(g);
+    let mut r = rng(16);
+    let mut rep = Report::new("fused_graph");
+    let (hdim, ff, ne, k, nsh) = (256usize, 128usize, 16usize, 4usize, 2usize);
+    let sf = nsh * ff;
+    let ty = GgmlType::Q8_0;
+    let shapes: [Vec<usize>; 8] = [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim], vec![hdim, 96], vec![hdim, 40]];
+    let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3).0).collect();
+    let upl = |b: &CudaBackend| -> Vec<CudaWeight> { shapes.iter().zip(&ws).map(|(s, w)| b.upload_weight(&td("w", ty, s, w), WeightUse::Matmul).unwrap()).collect() };
+    let (gw, ew) = (upl(g), upl(e));
+    let nw = randn(&mut r, hdim, 1.0);
+    let (gn, en) = (norm_weight(g, &nw), norm_weight(e, &nw));
+    let p = MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: true, scale: 1.0, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
+    for &n in &[1usize, 3] {
+        let rx = Rows::packed(n, hdim);
+        let key = 0xf05e_u64 ^ r.random::<u64>();
+        // Buffers per backend: x, delta, h, router logits, out, q (96), kv (40).
+        let mk = |b: &CudaBackend| -> Vec<CudaBuf> { [hdim, hdim, hdim, ne, hdim, 96, 40].iter().map(|&w| b.alloc(n * w).unwrap()).collect() };
+        let (gb, eb) = (mk(g), mk(e));
+        let step = |b: &CudaBackend, w: &[CudaWeight], nw: &CudaWeight, bf: &[CudaBuf]| {
+            b.add_rms_norm(&bf[0], rx, &bf[1], rx, Some(nw), 1e-6, &bf[2], rx);
+            b.matmul_many(&bf[2], rx, &[(&w[6], &bf[5], Rows::packed(n, 96)), (&w[7], &bf[6], Rows::packed(n, 40))]);
+            let rr = Rows::packed(n, ne);
+            let ex = Experts { gate: &w[0], up: &w[1], down: &w[2] };
+            if !b.moe_shared(&bf[2], rx, &bf[3], rr, ex, Experts { gate: &w[3], up: &w[4], down: &w[5] }, &p, &bf[4], rx) {
+                b.moe(&bf[2], rx, &bf[3], rr, Experts { gate: &w[0], up: &w[1], down: &w[2] }, &p, &bf[4], rx);
+            }
+        };
+        for s in 0..4 {
+            let x = randn(&mut r, n * hdim, 1.0);
+            let d = randn(&mut r, n * hdim, 1.0);
+            let lg = randn(&mut r, n * ne, 2.0);
+            for (b, bf) in [(g, &gb), (e, &eb)] {
+                b.write(&bf[0], 0, &x).unwrap();
+                b.write(&bf[1], 0, &d).unwrap();
+                b.write(&bf[3], 0, &lg).unwrap();
+                for (i, w) in [(2usize, hdim), (4, hdim), (5, 96), (6, 40)] {
+                    poison(b, &bf[i], n * w);
+                }
+            }
+            if !g.graph_begin(key, n) {
+                step(g, &gw, &gn, &gb);
+                if !g.graph_end() {
+                    step(g, &gw, &gn, &gb);
+                }
+            }
+            step(e, &ew, &en, &eb);
+            for (i, w, what) in [(0usize, hdim, "x"), (2, hdim, "h"), (4, hdim, "moe out"), (5, 96, "q"), (6, 40, "kv")] {
+                let rw = Rows::packed(n, w);
+                rep.check(&format!("n={n} step {s} {what}"), &get(g, &gb[i], rw), &get(e, &eb[i], rw), 1e-6, 1e-6);
+            }
+        }
+    }
+    rep.finish();
 }
