@@ -48,6 +48,11 @@ V=/tmp/v2lite-q8_0.gguf
 ls -la $V
 P=1,100,2000,30000,4,5,6,7
 "$T" run --backend cuda -m $V --tokens $P -n 32 --temp 0 -c 512 > "$O/greedy-cuda.json" 2>>"$O/log.txt"
+echo "== bench (CUDA)"
+"$T" bench --backend cuda -m $V -p 512 -n 128 -r 5 2>>"$O/log.txt"
+[ -n "${TS_E2E_UNFUSED:-}" ] && TS_CUDA_FUSED=0 "$T" bench --backend cuda -m $V -p 0 -n 128 -r 3 2>>"$O/log.txt"
+"$T" bench --backend cuda -m $V -p 2048 -n 0 -r 3 2>>"$O/log.txt"
+"$T" bench --backend cuda -m $V -p 0 -n 128 -d 16384 -r 1 2>>"$O/log.txt"
 if [ "$MODE" = full ]; then
   # CUDA decode quantises activations to 8 bits for Q8_0 as the CPU's default mode does.
   "$T" run --backend cpu -m $V --tokens $P -n 32 --temp 0 -c 512 > "$O/greedy-cpu.json" 2>>"$O/log.txt"
@@ -56,10 +61,6 @@ if [ "$MODE" = full ]; then
   "$T" logits --backend cpu -m $V --tokens $P -c 512 -o "$O/v2lite-cpu.npy" 2>>"$O/log.txt"
   check python3 tools/gpu/compare_npy.py "$O/v2lite-cpu.npy" "$O/v2lite-cuda.npy" --tol 1e-3 --label "v2-lite q8_0 cuda vs cpu"
 fi
-echo "== bench (CUDA)"
-"$T" bench --backend cuda -m $V -p 512 -n 128 -r 3 2>>"$O/log.txt"
-"$T" bench --backend cuda -m $V -p 2048 -n 0 -r 3 2>>"$O/log.txt"
-"$T" bench --backend cuda -m $V -p 0 -n 128 -d 16384 -r 1 2>>"$O/log.txt"
 tail -5 "$O/log.txt"
 echo "e2e failures: $fails"
 exit $fails
