@@ -228,6 +228,28 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
             return;
         }
     }
+    // Prompt kernel for the min types: groups of four activation rows with their (d, s) scales
+    // interleaved per block (see `min_2x4`).
+    #[cfg(target_arch = "x86_64")]
+    let k2x4 = if path == Path::Avx2 && n >= 4 { avx2::k2x4_kernel(w) } else { None };
+    #[cfg(not(target_arch = "x86_64"))]
+    let k2x4: Option<fn()> = None;
+    let nb = k / 32;
+    let sc4: Vec<f32> = if k2x4.is_some() {
+        let mut v = vec![0f32; (n / 4) * nb * 8];
+        for g in 0..n / 4 {
+            for b in 0..nb {
+                for r in 0..4 {
+                    let src = (4 * g + r) * sc_per_row + 2 * b;
+                    v[(g * nb + b) * 8 + 2 * r] = act_scales[src];
+                    v[(g * nb + b) * 8 + 2 * r + 1] = act_scales[src + 1];
+                }
+            }
+        }
+        v
+    } else {
+        Vec::new()
+    };
     let mut i0 = 0;
     while i0 < m {
         let i1 = (i0 + chunk).min(m);
@@ -238,6 +260,28 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
                 2 | 3 => 2,
                 _ => 4,
             };
+            #[cfg(target_arch = "x86_64")]
+            if let (4, Some(kern)) = (g, k2x4) {
+                let a: [*const u8; 4] = std::array::from_fn(|t| acts[(j + t) * arb..(j + t + 1) * arb].as_ptr());
+                let sc = sc4[(j / 4) * nb * 8..(j / 4 + 1) * nb * 8].as_ptr();
+                let mut i = i0;
+                while i < i1 {
+                    // An odd last row is paired with itself (per-row arithmetic is independent).
+                    let i2 = (i + 1).min(i1 - 1);
+                    let wr = [wdata[i * wrb..(i + 1) * wrb].as_ptr(), wdata[i2 * wrb..(i2 + 1) * wrb].as_ptr()];
+                    // SAFETY: Avx2 only after detection; whole weight rows and activation rows
+                    // (bounds checked by the slicing); sc holds 8 floats per block of this group.
+                    let r = unsafe { kern(wr, a, sc, nb) };
+                    for (t, &ii) in [i, i2].iter().enumerate().take(if i2 > i { 2 } else { 1 }) {
+                        for (q, v) in r[t].into_iter().enumerate() {
+                            out[(j + q) * out_stride + ii] = v;
+                        }
+                    }
+                    i += 2;
+                }
+                j += 4;
+                continue;
+            }
             for i in i0..i1 {
                 let wr = &wdata[i * wrb..(i + 1) * wrb];
                 match g {
@@ -888,6 +932,67 @@ mod avx2 {
 
     /// Four weight rows, one activation row, its f32 scales, blocks per row.
     pub type X4Kernel = unsafe fn([*const u8; 4], *const u8, *const f32, usize) -> [f32; 4];
+
+    /// Two weight rows against four activation rows of a min type (Q4_1 / Q5_1 against Q8_1):
+    /// the prompt shape. Each weight block is decoded once for four activation rows and each
+    /// activation block loaded once for two weight rows (the R = 4 kernel decodes per weight row
+    /// and reloads activations per weight row), about 1.5x fewer instructions per MAC.
+    /// `sc4` holds, per block, the four activation rows' (d, s) pairs as 8 f32. Per (weight
+    /// row, activation row) the arithmetic is one FMA chain over blocks, then [`hsum4`]-style
+    /// reduction plus the m·s sum, independent of the other rows of the call.
+    macro_rules! min_2x4 {
+        ($name:ident, $wts:expr, |$wb:ident| $decode:expr) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub unsafe fn $name(w: [*const u8; 2], a: [*const u8; 4], sc4: *const f32, nb: usize) -> [[f32; 4]; 2] {
+                let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+                let mut ms = [_mm256_setzero_ps(); 2];
+                for ib in 0..nb {
+                    let ap = _mm256_loadu_ps(sc4.add(8 * ib));
+                    for t in 0..2 {
+                        let $wb = w[t].add(ib * $wts);
+                        let (wpair, qx): (__m256, __m256i) = $decode;
+                        // [dw·da0, mw·sa0, dw·da1, mw·sa1, …]: the odd lanes are the m·s terms.
+                        ms[t] = _mm256_add_ps(ms[t], _mm256_mul_ps(wpair, ap));
+                        let dw = _mm256_moveldup_ps(wpair);
+                        for r in 0..4 {
+                            let p = dot_u8i8(qx, ld256(a[r].add(ib * 36 + 4)));
+                            let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*sc4.add(8 * ib + 2 * r)));
+                            acc[t][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[t][r]);
+                        }
+                    }
+                }
+                let odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+                let mut out = [[0f32; 4]; 2];
+                for t in 0..2 {
+                    let h01 = _mm256_hadd_ps(acc[t][0], acc[t][1]);
+                    let h23 = _mm256_hadd_ps(acc[t][2], acc[t][3]);
+                    let h = _mm256_hadd_ps(h01, h23);
+                    let sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                    let m = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(ms[t], odd));
+                    _mm_storeu_ps(out[t].as_mut_ptr(), _mm_add_ps(sums, m));
+                }
+                out
+            }
+        };
+    }
+
+    min_2x4!(q4_1_2x4, 20, |wb| (f16pair(wb), nibbles(wb.add(4))));
+    min_2x4!(q5_1_2x4, 24, |wb| (
+        f16pair(wb),
+        _mm256_or_si256(nibbles(wb.add(8)), _mm256_and_si256(bits_to_bytes(wb.add(4)), _mm256_set1_epi8(0x10)))
+    ));
+
+    /// Two weight rows, four activation rows, their interleaved (d, s) scales, blocks per row.
+    pub type K2x4 = unsafe fn([*const u8; 2], [*const u8; 4], *const f32, usize) -> [[f32; 4]; 2];
+
+    /// The prompt kernel of a min type, if it has one (see [`min_2x4`]).
+    pub fn k2x4_kernel(w: GgmlType) -> Option<K2x4> {
+        match w {
+            GgmlType::Q4_1 => Some(q4_1_2x4),
+            GgmlType::Q5_1 => Some(q5_1_2x4),
+            _ => None,
+        }
+    }
 
     /// The n = 1 kernel of a legacy type, if it has one (see [`legacy_x4`]).
     pub fn x4_kernel(w: GgmlType) -> Option<X4Kernel> {
