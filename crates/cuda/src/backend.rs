@@ -330,6 +330,9 @@ pub struct CudaBackend {
     /// `rope_copy`, `norm_rope_cache_write`, `matmul_many`, `moe_shared`); `TS_CUDA_FUSED=0` turns
     /// them off (each op then enqueues the plain kernels it replaces).
     fused: bool,
+    /// `TS_CUDA_EXACT=1`: activations stay f32 in every matmul (no 8-bit dp4a paths, no fused
+    /// Q8_0 kernels), the GPU twin of the CPU's `--exact` referee mode.
+    exact: bool,
     /// `TS_CUDA_PROFILE=1`: every launch is timed with events (the stream waits after each) and
     /// a per-kernel table goes to stderr when the backend is dropped. Graphs are off then.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
@@ -415,6 +418,7 @@ impl CudaBackend {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("cannot create the cuBLAS handle", e))?;
+        let exact = std::env::var("TS_CUDA_EXACT").is_ok_and(|v| v == "1");
         Ok(CudaBackend {
             ctx,
             stream,
@@ -432,7 +436,8 @@ impl CudaBackend {
             graphs: Mutex::new(GraphState::default()),
             graphs_on: std::env::var("TS_CUDA_GRAPHS").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             profile: std::env::var_os("TS_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new())),
-            fused: std::env::var("TS_CUDA_FUSED").map_or(true, |v| v != "0"),
+            fused: std::env::var("TS_CUDA_FUSED").map_or(true, |v| v != "0") && !exact,
+            exact,
         })
     }
 
@@ -596,7 +601,7 @@ impl CudaBackend {
             self.fail(format!("matmul: no kernels for {}", w.dtype.name()));
             return;
         };
-        if ng <= GEMV_MAX_TOKENS && w.dtype == GgmlType::Q8_0 {
+        if ng <= GEMV_MAX_TOKENS && w.dtype == GgmlType::Q8_0 && !self.exact {
             // dp4a GEMV (kernels/fast.cu): activations quantised to Q8_0 in shared memory.
             let nt = if ng == 1 { 1 } else if ng == 2 { 2 } else if ng <= 4 { 4 } else { 8 };
             let smem = nt * k * 9 / 8;
@@ -1198,6 +1203,7 @@ impl Backend for CudaBackend {
         let Some(y) = self.scratch(S::Y, 4 * pairs * hdim) else { return };
         let warp_route = ne <= 256 && k <= 32 && (p.n_group == 1 || p.topk_group >= p.n_group);
         let fast = n <= GEMV_MAX_TOKENS
+            && !self.exact
             && [experts.gate.dtype, experts.up.dtype, experts.down.dtype].iter().all(|&t| t == GgmlType::Q8_0)
             && hdim * 9 / 8 <= self.smem_max
             && k * ff * 9 / 8 <= self.smem_max;
