@@ -1098,7 +1098,10 @@ fn fused_moe_shared() {
             rep.check(&format!("{lab} vs cpu"), &got, &get(c, &co, o), 0.25, 1e-3);
             let mut exact = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
             add_shared_f64(&mut exact, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, glu);
-            rep.check(&format!("{lab} vs f64"), &got, &exact, 5e-2, 1e-3);
+            // The plain chain (fused path declined or off) also re-quantises the GLU output to 8
+            // bits per 32 values for its down GEMV: one more rounding than the fused kernel.
+            let tol64 = if ran { 5e-2 } else { 8e-2 };
+            rep.check(&format!("{lab} vs f64"), &got, &exact, tol64, 1e-3);
         }
     }
     rep.finish();
