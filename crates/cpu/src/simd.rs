@@ -263,17 +263,17 @@ mod avx2 {
         _mm256_div_ps(x, _mm256_add_ps(one, expf(_mm256_sub_ps(_mm256_setzero_ps(), x))))
     }
 
-    /// 0.5·x·(1 + tanh(c·(x + 0.044715·x³))) with tanh(y) = 1 − 2/(e^{2y} + 1).
+    /// 0.5·x·(1 + tanh(y)), y = c·(x + 0.044715·x³), computed as x / (1 + e^{−2y}) (the same
+    /// function: 1 + tanh(y) = 2 / (1 + e^{−2y})), which has no cancellation where tanh(y) is
+    /// near −1 (x below about −3), unlike forming 1 + tanh(y).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn gelu_tanh(x: __m256) -> __m256 {
         let c = _mm256_set1_ps(0.797_884_6);
         let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
         let y = _mm256_mul_ps(c, _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x3, x));
-        let one = _mm256_set1_ps(1.0);
-        let e = expf(_mm256_add_ps(y, y));
-        let th = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)));
-        _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5), x), _mm256_add_ps(one, th))
+        let e = expf(_mm256_mul_ps(_mm256_set1_ps(-2.0), y));
+        _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
     }
 
     #[target_feature(enable = "avx2,fma")]
