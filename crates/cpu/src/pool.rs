@@ -365,7 +365,7 @@ mod bench {
     use super::*;
     use std::sync::atomic::Ordering;
     #[test]
-    #[ignore]
+    #[ignore = "benchmark: `cargo test --release -p ts-cpu pool_bench -- --ignored --nocapture`"]
     fn pool_bench() {
         let p = Pool::new(2, "b").unwrap();
         for work_us in [0u64, 2, 10] {

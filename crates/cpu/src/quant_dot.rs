@@ -1613,7 +1613,7 @@ mod tests {
     /// regime of a decode step. Run: `cargo test --release -p ts-cpu quant_dot_bench_dram --
     /// --ignored --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "benchmark: `cargo test --release -p ts-cpu quant_dot_bench_dram -- --ignored --nocapture`"]
     fn quant_dot_bench_dram() {
         for &(w, k) in &[(Q4_1, 576usize), (Q4_1, 1536), (Q8_0, 576), (Q4K, 2048), (Q6K, 2048)] {
             let bytes_target = 96usize << 20;
@@ -1650,7 +1650,7 @@ mod tests {
     /// Single-thread throughput in GB/s of weight bytes streamed (the number that bounds decode).
     /// Run: `cargo test --release -p ts-cpu quant_dot_bench -- --ignored --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "benchmark: `cargo test --release -p ts-cpu quant_dot_bench -- --ignored --nocapture`"]
     fn quant_dot_bench() {
         for &(w, m, k) in
             &[(Q4_1, 576usize, 1536usize), (Q8_0, 2048, 1408), (Q4_0, 2048, 2048), (Q4K, 2048, 2048), (Q6K, 2048, 2048), (F16, 1024, 2048)]

@@ -704,7 +704,7 @@ fn memory_errors_and_info() {
 /// Rough timings (not a correctness check): `cargo test --release -p ts-cuda -- --ignored bench`.
 /// Wall clock around 50 back-to-back launches, synchronised; launch overhead included.
 #[test]
-#[ignore]
+#[ignore = "benchmark, not a test: run with `--ignored bench_matmul --nocapture` on a GPU"]
 fn bench_matmul() {
     let Some(g) = gpu() else { return };
     let mut r = rng(9);
