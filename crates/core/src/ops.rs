@@ -250,4 +250,12 @@ pub trait Backend: Send + Sync {
     fn graph_end(&self) -> bool {
         true
     }
+
+    /// True when the backend sizes its own scratch (dequantised weights, MoE intermediates,
+    /// recordings) on first use: the loader then runs one widest forward and one decode step at
+    /// open, so all of it is allocated before the first real token. Default false (the CPU backend
+    /// sizes everything at construction or per model buffer).
+    fn warm_up_at_open(&self) -> bool {
+        false
+    }
 }

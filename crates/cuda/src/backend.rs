@@ -1378,6 +1378,12 @@ impl Backend for CudaBackend {
         false
     }
 
+    /// Scratch (dequantised weights, MoE intermediates) and step recordings are sized on first
+    /// use, so the loader runs the widest forward and one decode step at open.
+    fn warm_up_at_open(&self) -> bool {
+        true
+    }
+
     fn graph_end(&self) -> bool {
         let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         let Some(key) = gs.capturing.take() else { return true };

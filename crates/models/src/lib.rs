@@ -103,15 +103,38 @@ pub fn load_with_progress<B: Backend + 'static>(
 }
 
 /// Open the family named by the source's `general.architecture` on backend `be`.
+///
+/// When the backend asks for it ([`ts_core::Backend::warm_up_at_open`]), one forward of the widest
+/// batch and one single-token step run here, so every scratch buffer exists before the first real
+/// token (they write cache rows of slot 0, which real sequences overwrite).
 pub fn load<B: Backend + 'static>(src: &dyn TensorSource, be: Arc<B>, opts: RuntimeOptions) -> Result<Box<dyn Model>> {
     let arch = meta::architecture(src)?;
-    match arch.as_str() {
-        "llama" => Ok(Box::new(llama::Llama::open(src, be, opts)?)),
-        "deepseek2" | "deepseek_v2" => Ok(Box::new(deepseek2::DeepSeek2::open(src, be, opts)?)),
-        "gemma3" | "gemma3_text" => Ok(Box::new(gemma3::Gemma3::open(src, be, opts)?)),
-        other => Err(ModelError::Config {
-            path: src.path().to_string(),
-            what: format!("architecture '{other}' is not supported (supported: llama, deepseek2, gemma3)"),
-        }),
+    let warm = be.warm_up_at_open();
+    let mut model: Box<dyn Model> = match arch.as_str() {
+        "llama" => Box::new(llama::Llama::open(src, be, opts)?),
+        "deepseek2" | "deepseek_v2" => Box::new(deepseek2::DeepSeek2::open(src, be, opts)?),
+        "gemma3" | "gemma3_text" => Box::new(gemma3::Gemma3::open(src, be, opts)?),
+        other => {
+            return Err(ModelError::Config {
+                path: src.path().to_string(),
+                what: format!("architecture '{other}' is not supported (supported: llama, deepseek2, gemma3)"),
+            })
+        }
+    };
+    if warm {
+        warm_up(model.as_mut())?;
     }
+    Ok(model)
+}
+
+/// One forward of `min(max_batch, ctx)` tokens, then one single-token step, in slot 0.
+pub fn warm_up(model: &mut dyn Model) -> Result<()> {
+    let o = model.options();
+    let nv = model.info().n_vocab;
+    let n = o.max_batch.min(o.ctx).max(1);
+    let mut logits = vec![0f32; nv];
+    let wide = BatchMeta::sequence(&vec![0u32; n], 0, o.ctx as u32, false);
+    model.forward(&wide, &mut logits)?;
+    let one = BatchMeta::sequence(&[0u32], 0, o.ctx as u32, false);
+    model.forward(&one, &mut logits)
 }
