@@ -193,7 +193,14 @@ fn tokenizer_of(l: &Loaded) -> Result<Tokenizer> {
 }
 
 /// Streams generated tokens to stdout; returns (generated count, seconds spent generating).
-fn generate(sess: &mut Session, tok: &Tokenizer, sampler: &mut Sampler, n: usize, ignore_eos: bool, out: &mut dyn Write) -> Result<(usize, f64)> {
+fn generate(
+    sess: &mut Session,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    n: usize,
+    ignore_eos: bool,
+    out: &mut dyn Write,
+) -> Result<(usize, f64)> {
     let mut dec = StreamDecoder::new(tok);
     let t0 = Instant::now();
     let mut count = 0;
@@ -616,7 +623,11 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     println!("\ntensors: {} ({:.3} B parameters, {:.2} GiB)", names.len(), params as f64 / 1e9, bytes as f64 / (1u64 << 30) as f64);
     println!("quantisation mix:");
     for (ty, (n, p, b)) in &mix {
-        println!("  {ty:>5}: {n:>5} tensors, {:>7.2}% of parameters, {:.1} MiB", 100.0 * *p as f64 / params.max(1) as f64, *b as f64 / (1 << 20) as f64);
+        println!(
+            "  {ty:>5}: {n:>5} tensors, {:>7.2}% of parameters, {:.1} MiB",
+            100.0 * *p as f64 / params.max(1) as f64,
+            *b as f64 / (1 << 20) as f64
+        );
     }
     let show = if a.all { names.len() } else { names.len().min(40) };
     for n in names.iter().take(show) {
@@ -695,7 +706,8 @@ fn synth_impl(a: &SynthArgs, quant: GgmlType) -> Result<()> {
         ts_models::synth_dense::synth_dense(dense, a.seed, &a.output)?;
         return Ok(());
     }
-    let preset = Preset::parse(&a.preset).with_context(|| format!("--preset {}: unknown (deepseek-v2-lite, tiny, llama-tiny, gemma3-tiny)", a.preset))?;
+    let preset = Preset::parse(&a.preset)
+        .with_context(|| format!("--preset {}: unknown (deepseek-v2-lite, tiny, llama-tiny, gemma3-tiny)", a.preset))?;
     let format = if a.hf {
         SynthFormat::Hf
     } else if a.legacy {

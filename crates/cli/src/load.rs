@@ -66,10 +66,7 @@ pub fn runtime_options(o: &ModelOpts, src: &dyn TensorSource, n_slots: usize) ->
 fn train_ctx(src: &dyn TensorSource) -> Option<usize> {
     let m = src.metadata();
     let arch = m.get("general.architecture")?.as_str()?;
-    m.get(&format!("{arch}.context_length"))
-        .or_else(|| m.get("hf.max_position_embeddings"))
-        .and_then(|v| v.as_u64())
-        .map(|v| v as usize)
+    m.get(&format!("{arch}.context_length")).or_else(|| m.get("hf.max_position_embeddings")).and_then(|v| v.as_u64()).map(|v| v as usize)
 }
 
 /// Resolve, open and load. `default` is used when `-m` is absent.
@@ -104,11 +101,14 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
     );
     pb.set_message(format!("loading {}", path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default()));
     let pb2 = pb.clone();
-    let model = be
-        .load(src.as_ref(), opts, Box::new(move |done, total| {
+    let model = be.load(
+        src.as_ref(),
+        opts,
+        Box::new(move |done, total| {
             pb2.set_length(total.max(1));
             pb2.set_position(done);
-        }))?;
+        }),
+    )?;
     pb.finish_and_clear();
     let info = model.info();
     eprintln!(

@@ -81,7 +81,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     // Slots (plus the pad slot) and the widest forward a step makes; the context comes from
     // --ctx-size or the model.
     let ro = cfg.runtime_options(a.max_seqs, a.ctx_size.unwrap_or(0));
-    let o = ModelOpts { model: a.model.clone(), backend: a.backend, threads: a.threads, ctx_size: a.ctx_size, exact: a.exact, batch_size: ro.max_batch };
+    let o = ModelOpts {
+        model: a.model.clone(),
+        backend: a.backend,
+        threads: a.threads,
+        ctx_size: a.ctx_size,
+        exact: a.exact,
+        batch_size: ro.max_batch,
+    };
     let l = load::load(&o, Some(&hub::SMOLLM2), ro.n_slots)?;
     let file = l.path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
     let ctx = l.model.options().ctx;

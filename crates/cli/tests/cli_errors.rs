@@ -39,12 +39,31 @@ fn tiny_llama(path: &Path, arch: &str, embd_type: GgmlType) {
     let (h, v, ff) = (256usize, 16usize, 256usize);
     let mut w = GgufWriter::create(path).unwrap();
     w.add("general.architecture", Value::String(arch.into())).unwrap();
-    for (k, val) in [("block_count", 1u32), ("embedding_length", h as u32), ("feed_forward_length", ff as u32), ("attention.head_count", 4), ("attention.head_count_kv", 2), ("context_length", 64), ("vocab_size", v as u32)] {
+    for (k, val) in [
+        ("block_count", 1u32),
+        ("embedding_length", h as u32),
+        ("feed_forward_length", ff as u32),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+        ("context_length", 64),
+        ("vocab_size", v as u32),
+    ] {
         w.add(format!("{arch}.{k}"), Value::U32(val)).unwrap();
     }
     w.add("tokenizer.ggml.model", Value::String("none".into())).unwrap();
-    let mut tensors: Vec<(String, GgmlType, Vec<usize>)> = vec![("token_embd.weight".into(), embd_type, vec![h, v]), ("output_norm.weight".into(), GgmlType::F32, vec![h])];
-    for (n, s) in [("attn_norm", vec![h]), ("attn_q", vec![h, h]), ("attn_k", vec![h, h / 2]), ("attn_v", vec![h, h / 2]), ("attn_output", vec![h, h]), ("ffn_norm", vec![h]), ("ffn_gate", vec![h, ff]), ("ffn_up", vec![h, ff]), ("ffn_down", vec![ff, h])] {
+    let mut tensors: Vec<(String, GgmlType, Vec<usize>)> =
+        vec![("token_embd.weight".into(), embd_type, vec![h, v]), ("output_norm.weight".into(), GgmlType::F32, vec![h])];
+    for (n, s) in [
+        ("attn_norm", vec![h]),
+        ("attn_q", vec![h, h]),
+        ("attn_k", vec![h, h / 2]),
+        ("attn_v", vec![h, h / 2]),
+        ("attn_output", vec![h, h]),
+        ("ffn_norm", vec![h]),
+        ("ffn_gate", vec![h, ff]),
+        ("ffn_up", vec![h, ff]),
+        ("ffn_down", vec![ff, h]),
+    ] {
         tensors.push((format!("blk.0.{n}.weight"), GgmlType::F32, s));
     }
     for (n, t, s) in &tensors {
@@ -57,7 +76,11 @@ fn tiny_llama(path: &Path, arch: &str, embd_type: GgmlType) {
         let data: Vec<u8> = (0..bytes)
             .map(|i| {
                 x = x.wrapping_mul(1664525).wrapping_add(1013904223);
-                if *t == GgmlType::F32 { [0x00, 0x00, 0x80, (x >> 24) as u8 & 0x3c][i % 4] } else { (x >> 24) as u8 }
+                if *t == GgmlType::F32 {
+                    [0x00, 0x00, 0x80, (x >> 24) as u8 & 0x3c][i % 4]
+                } else {
+                    (x >> 24) as u8
+                }
             })
             .collect();
         w.write_tensor_data(&data).unwrap();
@@ -95,7 +118,10 @@ fn unknown_architecture() {
     let d = tmpdir("arch");
     let p = d.join("mamba.gguf");
     tiny_llama(&p, "mamba", GgmlType::F32);
-    fails_with(&["logits", "-m", p.to_str().unwrap(), "--tokens", "1,2", "-o", d.join("x.npy").to_str().unwrap()], "architecture 'mamba' is not supported");
+    fails_with(
+        &["logits", "-m", p.to_str().unwrap(), "--tokens", "1,2", "-o", d.join("x.npy").to_str().unwrap()],
+        "architecture 'mamba' is not supported",
+    );
 }
 
 #[test]
@@ -128,7 +154,10 @@ fn prompt_longer_than_context() {
     let p = d.join("tiny.gguf");
     tiny_llama(&p, "llama", GgmlType::F32);
     let toks: Vec<String> = (0..40).map(|i| (i % 16).to_string()).collect();
-    fails_with(&["logits", "-m", p.to_str().unwrap(), "-c", "8", "--tokens", &toks.join(","), "-o", d.join("x.npy").to_str().unwrap()], "context");
+    fails_with(
+        &["logits", "-m", p.to_str().unwrap(), "-c", "8", "--tokens", &toks.join(","), "-o", d.join("x.npy").to_str().unwrap()],
+        "context",
+    );
 }
 
 #[test]

@@ -71,7 +71,11 @@ impl Rows {
     }
     /// Elements spanned (index one past the last element).
     pub fn end(&self) -> usize {
-        if self.n == 0 { self.off } else { self.off + (self.n - 1) * self.stride + self.width }
+        if self.n == 0 {
+            self.off
+        } else {
+            self.off + (self.n - 1) * self.stride + self.width
+        }
     }
 }
 
@@ -108,11 +112,8 @@ impl BatchMeta {
     /// A single sequence in slot 0: `tokens` at positions `start..`, logits for the last only
     /// (or for every token when `all_logits`).
     pub fn sequence(tokens: &[u32], start: u32, slot_len: u32, all_logits: bool) -> Self {
-        let toks: Vec<TokenMeta> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| TokenMeta { token: t, pos: start + i as u32, slot: 0 })
-            .collect();
+        let toks: Vec<TokenMeta> =
+            tokens.iter().enumerate().map(|(i, &t)| TokenMeta { token: t, pos: start + i as u32, slot: 0 }).collect();
         let outputs = if all_logits { (0..toks.len() as u32).collect() } else { vec![toks.len() as u32 - 1] };
         BatchMeta { tokens: toks, outputs, slot_len }
     }

@@ -190,26 +190,65 @@ pub trait Backend: Send + Sync {
     /// Causal GQA attention: `q: [n_tokens, n_heads*head_dim]`, caches of
     /// `n_kv_heads*head_dim` / `n_kv_heads*v_dim` wide rows, `out: [n_tokens, n_heads*v_dim]`.
     /// Query head `h` uses kv head `h / (n_heads / n_kv_heads)`.
-    fn attention(&self, q: &Self::Buf, qr: Rows, k: &Self::Cache, v: &Self::Cache, batch: &Self::Batch, p: &AttnParams, out: &Self::Buf, o: Rows);
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        qr: Rows,
+        k: &Self::Cache,
+        v: &Self::Cache,
+        batch: &Self::Batch,
+        p: &AttnParams,
+        out: &Self::Buf,
+        o: Rows,
+    );
     /// Absorbed MLA: `q: [n_tokens*n_heads, kv_lora + rope_dim]` (`[q_abs ; q_pe]` per head),
     /// cache rows `[c ; k_pe]`; `out: [n_tokens*n_heads, kv_lora] = softmax(scale * q·row) · c`.
     fn mla_attention(&self, q: &Self::Buf, qr: Rows, cache: &Self::Cache, batch: &Self::Batch, p: &MlaParams, out: &Self::Buf, o: Rows);
     /// Routed experts: from router `logits: [n, E]` pick `k` experts per row with weights
     /// (per `p`), and write `out[r] = sum_e w_e * down_e(glu(gate_e x, up_e x))`. `x: [n, H]`.
-    fn moe(&self, x: &Self::Buf, xr: Rows, logits: &Self::Buf, lr: Rows, experts: Experts<'_, Self::Weight>, p: &MoeParams, out: &Self::Buf, o: Rows);
+    fn moe(
+        &self,
+        x: &Self::Buf,
+        xr: Rows,
+        logits: &Self::Buf,
+        lr: Rows,
+        experts: Experts<'_, Self::Weight>,
+        p: &MoeParams,
+        out: &Self::Buf,
+        o: Rows,
+    );
     /// Wait for all enqueued work.
     fn synchronize(&self) -> Result<()>;
 
     // ---- fused ops (optional: each default is the sequence of plain ops it replaces) ------------
     /// Residual add then norm: `x += delta`, then `out = rms_norm(x) * w` (exactly
     /// [`Backend::add`] then [`Backend::rms_norm`], the default). `out` may be `delta` (same view).
-    fn add_rms_norm(&self, x: &Self::Buf, xr: Rows, delta: &Self::Buf, dr: Rows, w: Option<&Self::Weight>, eps: f32, out: &Self::Buf, o: Rows) {
+    fn add_rms_norm(
+        &self,
+        x: &Self::Buf,
+        xr: Rows,
+        delta: &Self::Buf,
+        dr: Rows,
+        w: Option<&Self::Weight>,
+        eps: f32,
+        out: &Self::Buf,
+        o: Rows,
+    ) {
         self.add(x, xr, delta, dr, x, xr);
         self.rms_norm(x, xr, w, eps, out, o);
     }
     /// `dst = rope(src)` with `src` left unchanged (default: [`Backend::copy`] then
     /// [`Backend::rope`] on `dst`). Rows and positions as in `rope`; `dst` must not overlap `src`.
-    fn rope_copy(&self, src: &Self::Buf, sr: Rows, dst: &Self::Buf, dr: Rows, heads_per_token: usize, batch: &Self::Batch, rope: &Self::Rope) {
+    fn rope_copy(
+        &self,
+        src: &Self::Buf,
+        sr: Rows,
+        dst: &Self::Buf,
+        dr: Rows,
+        heads_per_token: usize,
+        batch: &Self::Batch,
+        rope: &Self::Rope,
+    ) {
         self.copy(src, sr, dst, dr);
         self.rope(dst, dr, heads_per_token, batch, rope);
     }
@@ -218,7 +257,17 @@ pub trait Backend: Send + Sync {
     /// `norm_width` in place (one head per token), then [`Backend::cache_write`] the rows (the
     /// default: those three ops).
     #[allow(clippy::too_many_arguments)]
-    fn norm_rope_cache_write(&self, x: &Self::Buf, xr: Rows, norm_width: usize, w: Option<&Self::Weight>, eps: f32, batch: &Self::Batch, rope: &Self::Rope, cache: &Self::Cache) {
+    fn norm_rope_cache_write(
+        &self,
+        x: &Self::Buf,
+        xr: Rows,
+        norm_width: usize,
+        w: Option<&Self::Weight>,
+        eps: f32,
+        batch: &Self::Batch,
+        rope: &Self::Rope,
+        cache: &Self::Cache,
+    ) {
         let nr = xr.cols(0, norm_width);
         self.rms_norm(x, nr, w, eps, x, nr);
         let rope_dim = xr.width - norm_width;
@@ -230,7 +279,18 @@ pub trait Backend: Send + Sync {
     /// having enqueued nothing, when the backend has no such path for these shapes (the default):
     /// the caller then runs [`Backend::moe`] and the shared FFN itself.
     #[allow(clippy::too_many_arguments)]
-    fn moe_shared(&self, _x: &Self::Buf, _xr: Rows, _logits: &Self::Buf, _lr: Rows, _experts: Experts<'_, Self::Weight>, _shared: Experts<'_, Self::Weight>, _p: &MoeParams, _out: &Self::Buf, _o: Rows) -> bool {
+    fn moe_shared(
+        &self,
+        _x: &Self::Buf,
+        _xr: Rows,
+        _logits: &Self::Buf,
+        _lr: Rows,
+        _experts: Experts<'_, Self::Weight>,
+        _shared: Experts<'_, Self::Weight>,
+        _p: &MoeParams,
+        _out: &Self::Buf,
+        _o: Rows,
+    ) -> bool {
         false
     }
 

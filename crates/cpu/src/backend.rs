@@ -14,8 +14,8 @@
 use std::sync::{Arc, Mutex};
 
 use ts_core::{
-    AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeParams, Result, RopeMode,
-    RopeSpec, Rows, TensorData, TokenMeta, WeightInfo, WeightUse,
+    AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeParams, Result, RopeMode, RopeSpec, Rows,
+    TensorData, TokenMeta, WeightInfo, WeightUse,
 };
 use ts_formats::quant;
 
@@ -137,7 +137,13 @@ impl CpuBackend {
     pub fn new(threads: Option<usize>) -> Result<Self> {
         let threads = threads.filter(|&t| t > 0).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         let pool = Pool::new(threads, "ts-cpu").map_err(|e| BackendError::Device(format!("cannot start {threads} CPU threads: {e}")))?;
-        Ok(CpuBackend { pool, threads, mm_scratch: Mutex::new(MmScratch::default()), moe_scratch: Mutex::new(MoeScratch::default()), exact: false })
+        Ok(CpuBackend {
+            pool,
+            threads,
+            mm_scratch: Mutex::new(MmScratch::default()),
+            moe_scratch: Mutex::new(MoeScratch::default()),
+            exact: false,
+        })
     }
     /// The referee mode (see the `exact` field): slower, f32 activations throughout.
     pub fn exact(mut self) -> Self {
@@ -404,7 +410,9 @@ impl Backend for CpuBackend {
         Ok(CpuBuf::new(len))
     }
     fn alloc_cache(&self, rows: usize, width: usize) -> Result<CpuBuf> {
-        let len = rows.checked_mul(width).ok_or_else(|| BackendError::OutOfMemory { device: "cpu".into(), what: "cache size overflows".into() })?;
+        let len = rows
+            .checked_mul(width)
+            .ok_or_else(|| BackendError::OutOfMemory { device: "cpu".into(), what: "cache size overflows".into() })?;
         Ok(CpuBuf::new(len))
     }
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<CpuWeight> {
@@ -434,7 +442,11 @@ impl Backend for CpuBackend {
     }
     fn upload_batch(&self, meta: &BatchMeta, batch: &mut CpuBatch) -> Result<()> {
         if meta.len() > batch.max_tokens {
-            return Err(BackendError::Unsupported(format!("batch of {} tokens exceeds the {} it was sized for", meta.len(), batch.max_tokens)));
+            return Err(BackendError::Unsupported(format!(
+                "batch of {} tokens exceeds the {} it was sized for",
+                meta.len(),
+                batch.max_tokens
+            )));
         }
         batch.meta.tokens.clear();
         batch.meta.tokens.extend_from_slice(&meta.tokens);
@@ -558,7 +570,16 @@ impl Backend for CpuBackend {
             for r in r0..r1 {
                 // SAFETY: rows checked above; element-wise, so in place is fine; callers of
                 // this closure take disjoint row ranges.
-                unsafe { simd::glu_ptr(gelu, gp.add(gr.off + r * gr.stride), up_.add(ur.off + r * ur.stride), op.add(o.off + r * o.stride), o.width, f) };
+                unsafe {
+                    simd::glu_ptr(
+                        gelu,
+                        gp.add(gr.off + r * gr.stride),
+                        up_.add(ur.off + r * ur.stride),
+                        op.add(o.off + r * o.stride),
+                        o.width,
+                        f,
+                    )
+                };
             }
         };
         // Prompt-sized GLUs (n × ff exps) are worth a parallel region; a decode row is not.
@@ -569,7 +590,16 @@ impl Backend for CpuBackend {
                 let (gp, up_, op) = (gp.get(), up_.get(), op.get());
                 for r in c * per..((c + 1) * per).min(o.n) {
                     // SAFETY: as above; tasks take disjoint rows.
-                    unsafe { simd::glu_ptr(gelu, gp.add(gr.off + r * gr.stride), up_.add(ur.off + r * ur.stride), op.add(o.off + r * o.stride), o.width, f) };
+                    unsafe {
+                        simd::glu_ptr(
+                            gelu,
+                            gp.add(gr.off + r * gr.stride),
+                            up_.add(ur.off + r * ur.stride),
+                            op.add(o.off + r * o.stride),
+                            o.width,
+                            f,
+                        )
+                    };
                 }
             });
         } else {

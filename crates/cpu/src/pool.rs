@@ -387,7 +387,12 @@ mod bench {
                 });
             }
             let el = t.elapsed().as_secs_f64();
-            eprintln!("work {work_us} us x 8: {:.2} us/region (ideal {:.2}), main did {:.1}%", el / regions as f64 * 1e6, 4.0 * work_us as f64, 100.0 * on_main.load(Ordering::Relaxed) as f64 / total.load(Ordering::Relaxed) as f64);
+            eprintln!(
+                "work {work_us} us x 8: {:.2} us/region (ideal {:.2}), main did {:.1}%",
+                el / regions as f64 * 1e6,
+                4.0 * work_us as f64,
+                100.0 * on_main.load(Ordering::Relaxed) as f64 / total.load(Ordering::Relaxed) as f64
+            );
         }
     }
 }

@@ -82,7 +82,8 @@ pub fn quantize_act(w: GgmlType, x: &[f32], out: &mut [u8]) {
 /// exact arithmetic (same scale, same division, same rounding: half away from zero for
 /// Q8_0/Q8_1, to nearest even for Q8K), so the bytes are identical to the scalar reference.
 pub fn quantize_act_as(at: GgmlType, x: &[f32], out: &mut [u8]) {
-    let arb = at.row_bytes(x.len()).unwrap_or_else(|| panic!("quant_dot: k = {} is not a multiple of the {} block size", x.len(), at.name()));
+    let arb =
+        at.row_bytes(x.len()).unwrap_or_else(|| panic!("quant_dot: k = {} is not a multiple of the {} block size", x.len(), at.name()));
     assert_eq!(out.len(), arb, "quantize_act: output is {} bytes, need {arb}", out.len());
     match at {
         GgmlType::F32 => {
@@ -1225,8 +1226,9 @@ mod avx2 {
             let isv = _mm256_set1_ps(iscale);
             let cap = _mm256_set1_epi32(127);
             for c in 0..8 {
-                let q: [__m256i; 4] =
-                    std::array::from_fn(|t| _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(isv, _mm256_loadu_ps(xp.add(32 * c + 8 * t)))), cap));
+                let q: [__m256i; 4] = std::array::from_fn(|t| {
+                    _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(isv, _mm256_loadu_ps(xp.add(32 * c + 8 * t)))), cap)
+                });
                 _mm256_storeu_si256(ob.add(4 + 32 * c) as *mut __m256i, pack_i32x32(q));
                 for h in 0..2 {
                     let s = hsum_epi32(_mm256_add_epi32(q[2 * h], q[2 * h + 1]));
@@ -1643,7 +1645,13 @@ mod tests {
                 std::hint::black_box(&out);
             }
             let mb = (m * wrb) as f64;
-            eprintln!("{:>5} k={k:<5} {:.0} MB from DRAM: gemm n=1 {:6.2} GB/s | row by row (vec_dot) {:6.2} GB/s", w.name(), mb / 1e6, mb / best / 1e9, mb / best_row / 1e9);
+            eprintln!(
+                "{:>5} k={k:<5} {:.0} MB from DRAM: gemm n=1 {:6.2} GB/s | row by row (vec_dot) {:6.2} GB/s",
+                w.name(),
+                mb / 1e6,
+                mb / best / 1e9,
+                mb / best_row / 1e9
+            );
         }
     }
 

@@ -252,7 +252,13 @@ mod avx2 {
         let d = _mm256_cmp_ps::<_CMP_GT_OQ>(absn, _mm256_set1_ps(192.0));
         _mm256_or_ps(
             _mm256_and_ps(d, _mm256_mul_ps(s1, s1)),
-            _mm256_andnot_ps(d, _mm256_or_ps(_mm256_and_ps(c, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)), _mm256_andnot_ps(c, _mm256_fmadd_ps(k, j, k)))),
+            _mm256_andnot_ps(
+                d,
+                _mm256_or_ps(
+                    _mm256_and_ps(c, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                    _mm256_andnot_ps(c, _mm256_fmadd_ps(k, j, k)),
+                ),
+            ),
         )
     }
 

@@ -23,7 +23,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
-use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 use ts_core::{
     AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeParams, Result, RopeMode, RopeSpec, Rows,
@@ -278,12 +280,41 @@ fn repack(t: GgmlType, data: &[u8], ne0: usize) -> Vec<u8> {
 /// Every kernel name the module must export.
 fn kernel_names() -> Vec<String> {
     let mut v: Vec<String> = [
-        "rms_norm", "add_rows", "scale_rows", "softcap_rows", "copy_rows", "glu_rows", "rope_rows", "cache_write", "rows_to_bf16",
-        "attention_4", "attention_8", "attention_16", "moe_route", "moe_group", "moe_combine",
-        "gemv_q8_1", "gemv_q8_2", "gemv_q8_4", "gemv_q8_8", "moe_route_warp", "moe_gateup_q8", "moe_down_q8",
-        "mla_split_18_16", "mla_split_5_4", "mla_combine", "gemv_f32_split",
-        "add_rms_norm", "rope_copy_rows", "norm_rope_cache", "gemv_q8_multi_1", "gemv_q8_multi_2", "gemv_q8_multi_4", "gemv_q8_multi_8",
-        "moe_gateup_sh_q8", "moe_down_sh_q8",
+        "rms_norm",
+        "add_rows",
+        "scale_rows",
+        "softcap_rows",
+        "copy_rows",
+        "glu_rows",
+        "rope_rows",
+        "cache_write",
+        "rows_to_bf16",
+        "attention_4",
+        "attention_8",
+        "attention_16",
+        "moe_route",
+        "moe_group",
+        "moe_combine",
+        "gemv_q8_1",
+        "gemv_q8_2",
+        "gemv_q8_4",
+        "gemv_q8_8",
+        "moe_route_warp",
+        "moe_gateup_q8",
+        "moe_down_q8",
+        "mla_split_18_16",
+        "mla_split_5_4",
+        "mla_combine",
+        "gemv_f32_split",
+        "add_rms_norm",
+        "rope_copy_rows",
+        "norm_rope_cache",
+        "gemv_q8_multi_1",
+        "gemv_q8_multi_2",
+        "gemv_q8_multi_4",
+        "gemv_q8_multi_8",
+        "moe_gateup_sh_q8",
+        "moe_down_sh_q8",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -347,7 +378,11 @@ impl Drop for CudaBackend {
             let total: f64 = v.iter().map(|x| x.1 .1).sum();
             eprintln!("cuda profile: {total:.3} ms in kernels");
             for (name, (n, ms)) in v.iter().take(40) {
-                eprintln!("  {name:<24} {n:>8} launches {ms:>10.3} ms {:>8.2} us each {:>5.1}%", 1000.0 * ms / *n as f64, 100.0 * ms / total);
+                eprintln!(
+                    "  {name:<24} {n:>8} launches {ms:>10.3} ms {:>8.2} us each {:>5.1}%",
+                    1000.0 * ms / *n as f64,
+                    100.0 * ms / total
+                );
             }
         }
     }
@@ -383,7 +418,8 @@ impl CudaBackend {
         if !unsafe { drv_sys::is_culib_present() } {
             return Err(BackendError::Device("no CUDA GPU found: libcuda.so could not be loaded".into()));
         }
-        let count = CudaContext::device_count().map_err(|e| BackendError::Device(format!("no CUDA GPU found: the driver failed to start ({e:?})")))?;
+        let count = CudaContext::device_count()
+            .map_err(|e| BackendError::Device(format!("no CUDA GPU found: the driver failed to start ({e:?})")))?;
         if count <= 0 {
             return Err(BackendError::Device("no CUDA GPU found: the driver reports no devices".into()));
         }
@@ -410,7 +446,10 @@ impl CudaBackend {
         let optin = ctx.attribute(DA::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).unwrap_or(48 * 1024).max(0) as usize;
         let mut smem_max = optin.min(FAST_SMEM_MAX);
         for n in BIG_SMEM_KERNELS {
-            if funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_max as i32).is_err() {
+            if funcs[*n]
+                .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_max as i32)
+                .is_err()
+            {
                 smem_max = smem_max.min(48 * 1024);
             }
         }
@@ -603,7 +642,15 @@ impl CudaBackend {
         };
         if ng <= GEMV_MAX_TOKENS && w.dtype == GgmlType::Q8_0 && !self.exact {
             // dp4a GEMV (kernels/fast.cu): activations quantised to Q8_0 in shared memory.
-            let nt = if ng == 1 { 1 } else if ng == 2 { 2 } else if ng <= 4 { 4 } else { 8 };
+            let nt = if ng == 1 {
+                1
+            } else if ng == 2 {
+                2
+            } else if ng <= 4 {
+                4
+            } else {
+                8
+            };
             let smem = nt * k * 9 / 8;
             if smem <= self.smem_max {
                 let lpr = (k / 16).next_power_of_two().min(32);
@@ -634,7 +681,8 @@ impl CudaBackend {
                 return;
             }
         }
-        if ng <= GEMV_MAX_TOKENS && g == 1 && w.dtype == GgmlType::F32 && k % 128 == 0 && xr.off % 4 == 0 && (ng == 1 || xr.stride % 4 == 0) {
+        if ng <= GEMV_MAX_TOKENS && g == 1 && w.dtype == GgmlType::F32 && k % 128 == 0 && xr.off % 4 == 0 && (ng == 1 || xr.stride % 4 == 0)
+        {
             // Few-row f32 matrices (the MoE router): split-K GEMV (kernels/fast.cu).
             self.launch(
                 "gemv_f32_split",
@@ -646,7 +694,13 @@ impl CudaBackend {
             return;
         }
         if ng <= GEMV_MAX_TOKENS {
-            let nn = if ng == 1 { 1 } else if ng <= 4 { 4 } else { 8 };
+            let nn = if ng == 1 {
+                1
+            } else if ng <= 4 {
+                4
+            } else {
+                8
+            };
             self.launch(
                 &format!("gemv_{tn}_{nn}"),
                 (m.div_ceil(4) as u32, ng.div_ceil(nn) as u32, g as u32),
@@ -675,7 +729,14 @@ impl CudaBackend {
         // cuBLAS, column-major view: C[m, ng] (ldc = o.stride*g) = op(A)^T[m, k] * B[k, ng],
         // A = weight rows (k contiguous), B = activation rows.
         let (a_ptr, a_type, b_ptr, b_type, ldb, stride_b) = if w.dtype == GgmlType::F32 {
-            (w.mem.ptr, blas_sys::cudaDataType::CUDA_R_32F, x.0.ptr + 4 * xr.off as u64, blas_sys::cudaDataType::CUDA_R_32F, xr.stride * g, xr.stride)
+            (
+                w.mem.ptr,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                x.0.ptr + 4 * xr.off as u64,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                xr.stride * g,
+                xr.stride,
+            )
         } else {
             let Some(wb) = self.scratch(S::WBf16, 2 * k * m * g) else { return };
             let Some(xb) = self.scratch(S::XBf16, 2 * k * xr.n) else { return };
@@ -687,7 +748,13 @@ impl CudaBackend {
                 0,
                 &[A::P(w.mem.ptr), l(w.row_bytes), l(rows), i(k), A::P(wb)],
             );
-            self.launch("rows_to_bf16", Self::grid1(xr.n * k), 256, 0, &[A::P(x.0.ptr), l(xr.off), l(xr.stride), l(k), l(xr.n * k), A::P(xb)]);
+            self.launch(
+                "rows_to_bf16",
+                Self::grid1(xr.n * k),
+                256,
+                0,
+                &[A::P(x.0.ptr), l(xr.off), l(xr.stride), l(k), l(xr.n * k), A::P(xb)],
+            );
             (wb, blas_sys::cudaDataType::CUDA_R_16BF, xb, blas_sys::cudaDataType::CUDA_R_16BF, k * g, k)
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
@@ -821,7 +888,9 @@ impl Backend for CudaBackend {
     }
 
     fn alloc(&self, len: usize) -> Result<CudaBuf> {
-        let bytes = len.checked_mul(4).ok_or_else(|| BackendError::OutOfMemory { device: self.name.clone(), what: format!("buffer of {len} floats overflows") })?;
+        let bytes = len
+            .checked_mul(4)
+            .ok_or_else(|| BackendError::OutOfMemory { device: self.name.clone(), what: format!("buffer of {len} floats overflows") })?;
         Ok(CudaBuf(Arc::new(self.alloc_mem(bytes, &format!("buffer of {len} floats"))?)))
     }
 
@@ -991,7 +1060,19 @@ impl Backend for CudaBackend {
             Self::grid1(total),
             256,
             0,
-            &[A::P(a.0.ptr), l(ar.off), l(ar.stride), A::P(b.0.ptr), l(br.off), l(br.stride), A::P(out.0.ptr), l(o.off), l(o.stride), l(o.width), l(total)],
+            &[
+                A::P(a.0.ptr),
+                l(ar.off),
+                l(ar.stride),
+                A::P(b.0.ptr),
+                l(br.off),
+                l(br.stride),
+                A::P(out.0.ptr),
+                l(o.off),
+                l(o.stride),
+                l(o.width),
+                l(total),
+            ],
         );
     }
 
@@ -1016,14 +1097,33 @@ impl Backend for CudaBackend {
             Self::grid1(total),
             256,
             0,
-            &[A::I(k), A::P(gate.0.ptr), l(gr.off), l(gr.stride), A::P(up.0.ptr), l(ur.off), l(ur.stride), A::P(out.0.ptr), l(o.off), l(o.stride), l(o.width), l(total)],
+            &[
+                A::I(k),
+                A::P(gate.0.ptr),
+                l(gr.off),
+                l(gr.stride),
+                A::P(up.0.ptr),
+                l(ur.off),
+                l(ur.stride),
+                A::P(out.0.ptr),
+                l(o.off),
+                l(o.stride),
+                l(o.width),
+                l(total),
+            ],
         );
     }
 
     fn softcap(&self, x: &CudaBuf, xr: Rows, cap: f32) {
         x.check(xr);
         let total = xr.n * xr.width;
-        self.launch("softcap_rows", Self::grid1(total), 256, 0, &[A::P(x.0.ptr), l(xr.off), l(xr.stride), l(xr.width), l(total), A::F(cap)]);
+        self.launch(
+            "softcap_rows",
+            Self::grid1(total),
+            256,
+            0,
+            &[A::P(x.0.ptr), l(xr.off), l(xr.stride), l(xr.width), l(total), A::F(cap)],
+        );
     }
 
     fn copy(&self, src: &CudaBuf, sr: Rows, dst: &CudaBuf, dr: Rows) {
@@ -1054,7 +1154,18 @@ impl Backend for CudaBackend {
             Self::grid1(xr.n * half),
             256,
             0,
-            &[A::P(x.0.ptr), l(xr.off), l(xr.stride), l(xr.n), i(heads_per_token), A::P(batch.pos_ptr()), A::P(rope.freqs.ptr), i(half), A::I(mode), A::F(rope.mscale)],
+            &[
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                l(xr.n),
+                i(heads_per_token),
+                A::P(batch.pos_ptr()),
+                A::P(rope.freqs.ptr),
+                i(half),
+                A::I(mode),
+                A::F(rope.mscale),
+            ],
         );
     }
 
@@ -1071,7 +1182,17 @@ impl Backend for CudaBackend {
             Self::grid1(total),
             256,
             0,
-            &[A::P(cache.mem.ptr), A::P(src.0.ptr), l(sr.off), l(sr.stride), l(sr.width), l(sr.n), A::P(batch.pos_ptr()), A::P(batch.slot_ptr()), A::I(batch.slot_len as i32)],
+            &[
+                A::P(cache.mem.ptr),
+                A::P(src.0.ptr),
+                l(sr.off),
+                l(sr.stride),
+                l(sr.width),
+                l(sr.n),
+                A::P(batch.pos_ptr()),
+                A::P(batch.slot_ptr()),
+                A::I(batch.slot_len as i32),
+            ],
         );
     }
 
@@ -1171,7 +1292,17 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn moe(&self, x: &CudaBuf, xr: Rows, logits: &CudaBuf, lr: Rows, experts: Experts<'_, CudaWeight>, p: &MoeParams, out: &CudaBuf, o: Rows) {
+    fn moe(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        logits: &CudaBuf,
+        lr: Rows,
+        experts: Experts<'_, CudaWeight>,
+        p: &MoeParams,
+        out: &CudaBuf,
+        o: Rows,
+    ) {
         let n = xr.n;
         assert!(lr.n == n && o.n == n && lr.width == p.n_experts && o.width == xr.width);
         x.check(xr);
@@ -1239,14 +1370,43 @@ impl Backend for CudaBackend {
                 (ff.div_ceil(8) as u32, pairs as u32, 1),
                 256,
                 (hdim * 9 / 8) as u32,
-                &[A::P(gw.mem.ptr), A::P(uw.mem.ptr), l(gw.row_bytes), l(gw.mat_bytes()), i(ff), i(hdim), A::P(sel_e), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(k), A::I(act), A::P(g), l(ff)],
+                &[
+                    A::P(gw.mem.ptr),
+                    A::P(uw.mem.ptr),
+                    l(gw.row_bytes),
+                    l(gw.mat_bytes()),
+                    i(ff),
+                    i(hdim),
+                    A::P(sel_e),
+                    A::P(x.0.ptr),
+                    l(xr.off),
+                    l(xr.stride),
+                    i(k),
+                    A::I(act),
+                    A::P(g),
+                    l(ff),
+                ],
             );
             self.launch(
                 "moe_down_q8",
                 (hdim.div_ceil(8) as u32, n as u32, 1),
                 256,
                 (k * ff * 9 / 8) as u32,
-                &[A::P(dw.mem.ptr), l(dw.row_bytes), l(dw.mat_bytes()), i(hdim), i(ff), i(k), A::P(sel_e), A::P(sel_w), A::P(g), l(ff), A::P(out.0.ptr), l(o.off), l(o.stride)],
+                &[
+                    A::P(dw.mem.ptr),
+                    l(dw.row_bytes),
+                    l(dw.mat_bytes()),
+                    i(hdim),
+                    i(ff),
+                    i(k),
+                    A::P(sel_e),
+                    A::P(sel_w),
+                    A::P(g),
+                    l(ff),
+                    A::P(out.0.ptr),
+                    l(o.off),
+                    l(o.stride),
+                ],
             );
             return;
         }
@@ -1280,7 +1440,11 @@ impl Backend for CudaBackend {
         ];
         let grouped = n > GEMV_MAX_TOKENS;
         let (cnt, off, perm) = if grouped {
-            let (Some(c), Some(of), Some(pm)) = (self.scratch(S::Cnt, 4 * ne), self.scratch(S::Off, 4 * ne), self.scratch(S::Perm, 4 * pairs)) else { return };
+            let (Some(c), Some(of), Some(pm)) =
+                (self.scratch(S::Cnt, 4 * ne), self.scratch(S::Off, 4 * ne), self.scratch(S::Perm, 4 * pairs))
+            else {
+                return;
+            };
             self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(pairs), i(ne), A::P(c), A::P(of), A::P(pm)]);
             (c, of, pm)
         } else {
@@ -1331,7 +1495,20 @@ impl Backend for CudaBackend {
                     (m.div_ceil(4) as u32, pairs as u32, 1),
                     128,
                     0,
-                    &[A::P(w.mem.ptr), l(w.row_bytes), l(w.mat_bytes()), i(m), i(kd), A::P(sel_e), A::P(ip), l(ioff), l(istr), i(div), A::P(op), l(ostr)],
+                    &[
+                        A::P(w.mem.ptr),
+                        l(w.row_bytes),
+                        l(w.mat_bytes()),
+                        i(m),
+                        i(kd),
+                        A::P(sel_e),
+                        A::P(ip),
+                        l(ioff),
+                        l(istr),
+                        i(div),
+                        A::P(op),
+                        l(ostr),
+                    ],
                 );
             }
         }
@@ -1406,12 +1583,28 @@ impl Backend for CudaBackend {
     fn matmul_many(&self, x: &CudaBuf, xr: Rows, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
         let n = xr.n;
         let k = xr.width;
-        let nt = if n == 1 { 1 } else if n == 2 { 2 } else if n <= 4 { 4 } else { 8 };
+        let nt = if n == 1 {
+            1
+        } else if n == 2 {
+            2
+        } else if n <= 4 {
+            4
+        } else {
+            8
+        };
         let fast = self.fused
             && jobs.len() >= 2
             && (1..=GEMV_MAX_TOKENS).contains(&n)
             && nt * k * 9 / 8 <= self.smem_max
-            && jobs.iter().all(|(w, _, o)| w.dtype == GgmlType::Q8_0 && w.shape.len() <= 3 && w.ne(2) == 1 && w.ne(0) == k && o.n == n && o.width == w.ne(1) && w.ne(1) > 0);
+            && jobs.iter().all(|(w, _, o)| {
+                w.dtype == GgmlType::Q8_0
+                    && w.shape.len() <= 3
+                    && w.ne(2) == 1
+                    && w.ne(0) == k
+                    && o.n == n
+                    && o.width == w.ne(1)
+                    && w.ne(1) > 0
+            });
         if !fast {
             for &(w, out, o) in jobs {
                 self.matmul(x, xr, w, out, o);
@@ -1442,7 +1635,13 @@ impl Backend for CudaBackend {
                 bounds[j] = total;
             }
             args.extend([i(bounds[0]), i(bounds[1]), i(total), i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
-            self.launch(&format!("gemv_q8_multi_{nt}"), (total.min(self.sm_count * 8) as u32, n.div_ceil(nt) as u32, 1), 256, (nt * k * 9 / 8) as u32, &args);
+            self.launch(
+                &format!("gemv_q8_multi_{nt}"),
+                (total.min(self.sm_count * 8) as u32, n.div_ceil(nt) as u32, 1),
+                256,
+                (nt * k * 9 / 8) as u32,
+                &args,
+            );
         }
     }
 
@@ -1524,7 +1723,17 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn norm_rope_cache_write(&self, x: &CudaBuf, xr: Rows, norm_width: usize, w: Option<&CudaWeight>, eps: f32, batch: &CudaBatch, rope: &CudaRope, cache: &CudaCache) {
+    fn norm_rope_cache_write(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        norm_width: usize,
+        w: Option<&CudaWeight>,
+        eps: f32,
+        batch: &CudaBatch,
+        rope: &CudaRope,
+        cache: &CudaCache,
+    ) {
         if !self.fused {
             let nr = xr.cols(0, norm_width);
             self.rms_norm(x, nr, w, eps, x, nr);
@@ -1532,7 +1741,12 @@ impl Backend for CudaBackend {
             self.cache_write(cache, x, xr, batch);
             return;
         }
-        assert!(norm_width > 0 && norm_width + rope.dim <= xr.width && rope.dim % 2 == 0, "norm_rope_cache_write: {norm_width} + rope {} > width {}", rope.dim, xr.width);
+        assert!(
+            norm_width > 0 && norm_width + rope.dim <= xr.width && rope.dim % 2 == 0,
+            "norm_rope_cache_write: {norm_width} + rope {} > width {}",
+            rope.dim,
+            xr.width
+        );
         assert_eq!(xr.n, batch.tokens.len());
         assert_eq!(xr.width, cache.width, "norm_rope_cache_write: row width {} != cache width {}", xr.width, cache.width);
         if let Some(w) = w {
@@ -1574,7 +1788,18 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn moe_shared(&self, x: &CudaBuf, xr: Rows, logits: &CudaBuf, lr: Rows, experts: Experts<'_, CudaWeight>, shared: Experts<'_, CudaWeight>, p: &MoeParams, out: &CudaBuf, o: Rows) -> bool {
+    fn moe_shared(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        logits: &CudaBuf,
+        lr: Rows,
+        experts: Experts<'_, CudaWeight>,
+        shared: Experts<'_, CudaWeight>,
+        p: &MoeParams,
+        out: &CudaBuf,
+        o: Rows,
+    ) -> bool {
         let n = xr.n;
         let (hdim, ff, ne, k) = (experts.gate.ne(0), experts.gate.ne(1), p.n_experts, p.k);
         let sf = shared.gate.ne(1);

@@ -12,7 +12,13 @@ fn all_kernels_compile_for_sm_90() {
     let ver = ts_cuda::kernels::nvrtc_version().expect("nvrtc version");
     let t = std::time::Instant::now();
     match ts_cuda::kernels::compile_cubin("sm_90") {
-        Ok(cubin) => eprintln!("NVRTC {}.{}: all kernels compiled for sm_90, {} bytes of CUBIN in {:.1} s", ver.0, ver.1, cubin.len(), t.elapsed().as_secs_f64()),
+        Ok(cubin) => eprintln!(
+            "NVRTC {}.{}: all kernels compiled for sm_90, {} bytes of CUBIN in {:.1} s",
+            ver.0,
+            ver.1,
+            cubin.len(),
+            t.elapsed().as_secs_f64()
+        ),
         Err(log) => panic!("{log}"),
     }
 }

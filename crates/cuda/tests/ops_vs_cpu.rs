@@ -27,7 +27,13 @@ fn gpu() -> Option<&'static CudaBackend> {
         Ok(b) => {
             let (arch, cached) = b.kernel_build();
             let (free, total) = b.memory_info().unwrap_or((0, 0));
-            eprintln!("GPU: {} ({arch}, kernels {}), {} MiB free of {} MiB", b.name(), if cached { "from the disk cache" } else { "compiled by NVRTC" }, free >> 20, total >> 20);
+            eprintln!(
+                "GPU: {} ({arch}, kernels {}), {} MiB free of {} MiB",
+                b.name(),
+                if cached { "from the disk cache" } else { "compiled by NVRTC" },
+                free >> 20,
+                total >> 20
+            );
             Some(b)
         }
         Err(e) => {
@@ -78,7 +84,13 @@ impl Report {
         for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
             let d = (g as f64 - w as f64).abs();
             let allowed = atol * rms + rtol * (w as f64).abs();
-            let ratio = if !(g.is_finite() && w.is_finite()) { f64::INFINITY } else if d == 0.0 { 0.0 } else { d / allowed };
+            let ratio = if !(g.is_finite() && w.is_finite()) {
+                f64::INFINITY
+            } else if d == 0.0 {
+                0.0
+            } else {
+                d / allowed
+            };
             if !(ratio <= 1.0) {
                 bad += 1;
             }
@@ -97,10 +109,15 @@ impl Report {
             got.len(),
             rel,
             worst_ratio,
-            if bad > 0 { format!("  FAIL ({bad} bad, e.g. [{worst_i}] gpu {} cpu {})", got[worst_i], want[worst_i]) } else { String::new() }
+            if bad > 0 {
+                format!("  FAIL ({bad} bad, e.g. [{worst_i}] gpu {} cpu {})", got[worst_i], want[worst_i])
+            } else {
+                String::new()
+            }
         );
         if bad > 0 {
-            self.failures.push(format!("{label}: {bad} elements out of tolerance, e.g. [{worst_i}] gpu {} vs {}", got[worst_i], want[worst_i]));
+            self.failures
+                .push(format!("{label}: {bad} elements out of tolerance, e.g. [{worst_i}] gpu {} vs {}", got[worst_i], want[worst_i]));
         }
         if rel.is_finite() {
             self.worst = self.worst.max(rel);
@@ -217,7 +234,14 @@ fn elementwise_ops() {
                     rep.check(&lab, &get(g, gr, $outr), &get(c, cr, $outr), $atol, $rtol);
                 }};
             }
-            both!("rms_norm weighted strided->packed", 1e-5, 1e-5, packed, n * w, false, |b, x, _y, o, wt| b.rms_norm(x, view, Some(wt), 1e-6, o, packed));
+            both!("rms_norm weighted strided->packed", 1e-5, 1e-5, packed, n * w, false, |b, x, _y, o, wt| b.rms_norm(
+                x,
+                view,
+                Some(wt),
+                1e-6,
+                o,
+                packed
+            ));
             both!("rms_norm no weight", 1e-5, 1e-5, packed, n * w, false, |b, x, _y, o, _wt| b.rms_norm(x, view, None, 1e-5, o, packed));
             both!("rms_norm in place", 1e-5, 1e-5, view, len, true, |b, x, _y, _o, wt| b.rms_norm(x, view, Some(wt), 1e-6, x, view));
             both!("add strided", 0.0, 1e-6, packed, n * w, false, |b, x, y, o, _wt| b.add(x, view, y, view, o, packed));
@@ -298,8 +322,22 @@ fn matmul_tol(ty: GgmlType, n_per_matrix: usize) -> (f64, f64) {
     let cublas_bf16 = n_per_matrix > ts_cuda::GEMV_MAX_TOKENS && ty != GgmlType::F32;
     // Q8_0 GEMV (dp4a) quantises activations to Q8_0 like the CPU (and llama.cpp) do.
     let q8_gemv = !cublas_bf16 && ty == GgmlType::Q8_0;
-    let vs_exact = if cublas_bf16 { 2e-2 } else if q8_gemv { 5e-2 } else { 1e-4 };
-    let vs_cpu = if is_float(ty) { if cublas_bf16 { 2e-2 } else { 1e-4 } } else { 6e-2 };
+    let vs_exact = if cublas_bf16 {
+        2e-2
+    } else if q8_gemv {
+        5e-2
+    } else {
+        1e-4
+    };
+    let vs_cpu = if is_float(ty) {
+        if cublas_bf16 {
+            2e-2
+        } else {
+            1e-4
+        }
+    } else {
+        6e-2
+    };
     (vs_cpu, vs_exact)
 }
 
@@ -604,8 +642,16 @@ fn moe_routing_and_experts() {
         let (ubytes, udq) = weight(&mut r, ty, &gs, 0.3);
         let (dbytes, ddq) = weight(&mut r, ty, &ds, 0.3);
         let (tg, tu, tdn) = (td("g", ty, &gs, &gbytes), td("u", ty, &gs, &ubytes), td("d", ty, &ds, &dbytes));
-        let gw = [g.upload_weight(&tg, WeightUse::Matmul).unwrap(), g.upload_weight(&tu, WeightUse::Matmul).unwrap(), g.upload_weight(&tdn, WeightUse::Matmul).unwrap()];
-        let cw = [c.upload_weight(&tg, WeightUse::Matmul).unwrap(), c.upload_weight(&tu, WeightUse::Matmul).unwrap(), c.upload_weight(&tdn, WeightUse::Matmul).unwrap()];
+        let gw = [
+            g.upload_weight(&tg, WeightUse::Matmul).unwrap(),
+            g.upload_weight(&tu, WeightUse::Matmul).unwrap(),
+            g.upload_weight(&tdn, WeightUse::Matmul).unwrap(),
+        ];
+        let cw = [
+            c.upload_weight(&tg, WeightUse::Matmul).unwrap(),
+            c.upload_weight(&tu, WeightUse::Matmul).unwrap(),
+            c.upload_weight(&tdn, WeightUse::Matmul).unwrap(),
+        ];
         for (ci, &(gating, norm_topk, scale, n_group, topk_group, k, glu)) in configs.iter().enumerate() {
             let p = MoeParams { n_experts: ne, k, gating, norm_topk, scale, n_group, topk_group, glu };
             for &n in &[1usize, 3, 64, 300] {
@@ -732,7 +778,10 @@ fn bench_matmul() {
                 let us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
                 let gbs = w.bytes() as f64 / (us * 1e-6) / 1e9;
                 let tflops = 2.0 * n as f64 * n_el as f64 / (us * 1e-6) / 1e12;
-                eprintln!("  bench matmul {:<5} {k}x{m} n={n:<4} {us:>9.1} us  {gbs:>7.0} GB/s of weights  {tflops:>6.1} TFLOP/s", ty.name());
+                eprintln!(
+                    "  bench matmul {:<5} {k}x{m} n={n:<4} {us:>9.1} us  {gbs:>7.0} GB/s of weights  {tflops:>6.1} TFLOP/s",
+                    ty.name()
+                );
             }
         }
     }
@@ -754,7 +803,15 @@ fn fused_banner(g: &CudaBackend) {
 
 /// add_rms_norm on one backend; case 0: out packed, 1: out == delta, 2: out == x (no weight).
 /// Returns (x, delta) whole buffers and the packed out (case 0).
-fn run_add_rms_norm<B: Backend>(b: &B, a: &[f32], d: &[f32], w: &B::Weight, view: Rows, case: usize, fused: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+fn run_add_rms_norm<B: Backend>(
+    b: &B,
+    a: &[f32],
+    d: &[f32],
+    w: &B::Weight,
+    view: Rows,
+    case: usize,
+    fused: bool,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let x = buf(b, a);
     let dl = buf(b, d);
     let packed = Rows::packed(view.n, view.width);
@@ -813,7 +870,16 @@ fn fused_add_rms_norm() {
 
 /// rope_copy on one backend: (dst view, src whole buffer).
 #[allow(clippy::too_many_arguments)]
-fn run_rope_copy<B: Backend>(b: &B, src: &[f32], sr: Rows, dr: Rows, heads: usize, meta: &BatchMeta, spec: &RopeSpec, fused: bool) -> (Vec<f32>, Vec<f32>) {
+fn run_rope_copy<B: Backend>(
+    b: &B,
+    src: &[f32],
+    sr: Rows,
+    dr: Rows,
+    heads: usize,
+    meta: &BatchMeta,
+    spec: &RopeSpec,
+    fused: bool,
+) -> (Vec<f32>, Vec<f32>) {
     let s = buf(b, src);
     let dlen = dr.end() + 4;
     let d = b.alloc(dlen).unwrap();
@@ -883,9 +949,11 @@ fn fused_norm_rope_cache_write() {
             let (grope, crope) = (g.upload_rope(&spec).unwrap(), c.upload_rope(&spec).unwrap());
             for &n in &[1usize, 3, 8, 40] {
                 // Every cache row filled first (slot-major, so row i of `prior` is cache row i).
-                let prior: Vec<TokenMeta> = (0..slots as u32).flat_map(|sl| (0..slot_len).map(move |p| TokenMeta { token: 0, pos: p, slot: sl })).collect();
+                let prior: Vec<TokenMeta> =
+                    (0..slots as u32).flat_map(|sl| (0..slot_len).map(move |p| TokenMeta { token: 0, pos: p, slot: sl })).collect();
                 let fill = randn(&mut r, rows * width, 1.0);
-                let (gc, cc, pc) = (g.alloc_cache(rows, width).unwrap(), c.alloc_cache(rows, width).unwrap(), g.alloc_cache(rows, width).unwrap());
+                let (gc, cc, pc) =
+                    (g.alloc_cache(rows, width).unwrap(), c.alloc_cache(rows, width).unwrap(), g.alloc_cache(rows, width).unwrap());
                 fill_cache(g, &gc, &fill, width, &prior, slot_len);
                 fill_cache(c, &cc, &fill, width, &prior, slot_len);
                 fill_cache(g, &pc, &fill, width, &prior, slot_len);
@@ -996,7 +1064,19 @@ fn fused_matmul_many() {
 /// Routed experts plus a shared FFN on one backend: `moe_shared` when `try_fused` and the backend
 /// takes it, else moe + the shared FFN with plain ops + add. Returns whether moe_shared ran.
 #[allow(clippy::too_many_arguments)]
-fn run_moe_shared<B: Backend>(b: &B, x: &B::Buf, xr: Rows, lg: &B::Buf, lr: Rows, ex: &[B::Weight; 3], sh: &[B::Weight; 3], p: &MoeParams, out: &B::Buf, o: Rows, try_fused: bool) -> bool {
+fn run_moe_shared<B: Backend>(
+    b: &B,
+    x: &B::Buf,
+    xr: Rows,
+    lg: &B::Buf,
+    lr: Rows,
+    ex: &[B::Weight; 3],
+    sh: &[B::Weight; 3],
+    p: &MoeParams,
+    out: &B::Buf,
+    o: Rows,
+    try_fused: bool,
+) -> bool {
     let experts = || Experts { gate: &ex[0], up: &ex[1], down: &ex[2] };
     if try_fused && b.moe_shared(x, xr, lg, lr, experts(), Experts { gate: &sh[0], up: &sh[1], down: &sh[2] }, p, out, o) {
         return true;
@@ -1058,7 +1138,8 @@ fn fused_moe_shared() {
     for (ci, &(hdim, ff, ne, k, gating, norm_topk, scale, n_group, topk_group, nsh, glu, fast)) in cases.iter().enumerate() {
         let sf = nsh * ff;
         let ty = GgmlType::Q8_0;
-        let shapes: [Vec<usize>; 6] = [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let shapes: [Vec<usize>; 6] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
         let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
         let gu = |i: usize| g.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let cu = |i: usize| c.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
@@ -1120,18 +1201,31 @@ fn fused_recorded_steps_replay() {
     let (hdim, ff, ne, k, nsh) = (256usize, 128usize, 16usize, 4usize, 2usize);
     let sf = nsh * ff;
     let ty = GgmlType::Q8_0;
-    let shapes: [Vec<usize>; 8] = [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim], vec![hdim, 96], vec![hdim, 40]];
+    let shapes: [Vec<usize>; 8] = [
+        vec![hdim, ff, ne],
+        vec![hdim, ff, ne],
+        vec![ff, hdim, ne],
+        vec![hdim, sf],
+        vec![hdim, sf],
+        vec![sf, hdim],
+        vec![hdim, 96],
+        vec![hdim, 40],
+    ];
     let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3).0).collect();
-    let upl = |b: &CudaBackend| -> Vec<CudaWeight> { shapes.iter().zip(&ws).map(|(s, w)| b.upload_weight(&td("w", ty, s, w), WeightUse::Matmul).unwrap()).collect() };
+    let upl = |b: &CudaBackend| -> Vec<CudaWeight> {
+        shapes.iter().zip(&ws).map(|(s, w)| b.upload_weight(&td("w", ty, s, w), WeightUse::Matmul).unwrap()).collect()
+    };
     let (gw, ew) = (upl(g), upl(e));
     let nw = randn(&mut r, hdim, 1.0);
     let (gn, en) = (norm_weight(g, &nw), norm_weight(e, &nw));
-    let p = MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: true, scale: 1.0, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
+    let p =
+        MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: true, scale: 1.0, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
     for &n in &[1usize, 3] {
         let rx = Rows::packed(n, hdim);
         let key = 0xf05e_u64 ^ r.random::<u64>();
         // Buffers per backend: x, delta, h, router logits, out, q (96), kv (40).
-        let mk = |b: &CudaBackend| -> Vec<CudaBuf> { [hdim, hdim, hdim, ne, hdim, 96, 40].iter().map(|&w| b.alloc(n * w).unwrap()).collect() };
+        let mk =
+            |b: &CudaBackend| -> Vec<CudaBuf> { [hdim, hdim, hdim, ne, hdim, 96, 40].iter().map(|&w| b.alloc(n * w).unwrap()).collect() };
         let (gb, eb) = (mk(g), mk(e));
         let step = |b: &CudaBackend, w: &[CudaWeight], nw: &CudaWeight, bf: &[CudaBuf]| {
             b.add_rms_norm(&bf[0], rx, &bf[1], rx, Some(nw), 1e-6, &bf[2], rx);

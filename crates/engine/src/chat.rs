@@ -233,9 +233,7 @@ impl ChatTemplate {
     /// gemma/gemma2/gemma3), else ChatML.
     pub fn fallback_for(arch: Option<&str>) -> ChatTemplate {
         match arch {
-            Some("gemma" | "gemma2" | "gemma3") => {
-                ChatTemplate { source: GEMMA_TEMPLATE.to_string(), env: make_env(), is_fallback: true }
-            }
+            Some("gemma" | "gemma2" | "gemma3") => ChatTemplate { source: GEMMA_TEMPLATE.to_string(), env: make_env(), is_fallback: true },
             _ => Self::chatml(),
         }
     }
@@ -290,9 +288,7 @@ impl ChatTemplate {
         let ctx = JValue::from_serialize(ctx);
         match tmpl.render_captured_to(ctx, &mut FmtToIo(&mut w)) {
             Ok(_) => Ok(w.buf),
-            Err(e) if e.kind() == ErrorKind::WriteFailure => {
-                Err(ChatError::Render(format!("output exceeds {MAX_OUTPUT_BYTES} bytes")))
-            }
+            Err(e) if e.kind() == ErrorKind::WriteFailure => Err(ChatError::Render(format!("output exceeds {MAX_OUTPUT_BYTES} bytes"))),
             Err(e) => Err(ChatError::Render(flatten(&e))),
         }
     }
@@ -382,10 +378,7 @@ mod tests {
         assert!(!t.is_fallback());
         let want = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n";
         assert_eq!(t.render(&conv(), false, "<|im_start|>", "<|im_end|>").expect("render"), want);
-        assert_eq!(
-            t.render(&conv(), true, "<|im_start|>", "<|im_end|>").expect("render"),
-            format!("{want}<|im_start|>assistant\n")
-        );
+        assert_eq!(t.render(&conv(), true, "<|im_start|>", "<|im_end|>").expect("render"), format!("{want}<|im_start|>assistant\n"));
         // Without a system message the template inserts its default one.
         let out = t.render(&[ChatMessage::new("user", "Hi")], true, "", "").expect("render");
         assert_eq!(

@@ -669,7 +669,8 @@ fn build_gpt2(
 ) -> Result<(tokenizers::Tokenizer, Vec<Box<[u8]>>, Vec<bool>)> {
     let pre = get_str(md, "tokenizer.ggml.pre")?.unwrap_or("default");
     let (regexes, ignore_merges) = pre_tokenizer_regexes(pre).ok_or_else(|| TokenizerError::UnknownPre(pre.to_string()))?;
-    let merges_raw = string_array(md, "tokenizer.ggml.merges")?.ok_or_else(|| meta_err("tokenizer.ggml.merges", "missing (required for gpt2 vocabularies)"))?;
+    let merges_raw = string_array(md, "tokenizer.ggml.merges")?
+        .ok_or_else(|| meta_err("tokenizer.ggml.merges", "missing (required for gpt2 vocabularies)"))?;
 
     let mut vocab = Vocab::default();
     for (i, t) in tokens.iter().enumerate() {
@@ -745,7 +746,9 @@ fn build_spm(
             }
             arr.iter()
                 .enumerate()
-                .map(|(i, v)| v.as_f64().map(|x| x as f32).ok_or_else(|| meta_err("tokenizer.ggml.scores", format!("item {i} is not a number"))))
+                .map(|(i, v)| {
+                    v.as_f64().map(|x| x as f32).ok_or_else(|| meta_err("tokenizer.ggml.scores", format!("item {i} is not a number")))
+                })
                 .collect::<Result<_>>()?
         }
     };
@@ -1039,7 +1042,21 @@ mod tests {
         assert_eq!(tok.decode(&[0, 2 + 0x61, 258, 1]), "a<tool>");
         assert!(tok.is_eog(1));
         // Every listed pre name builds.
-        for pre in ["default", "gpt2", "llama-bpe", "llama3", "smollm", "deepseek-llm", "deepseek-coder", "deepseek-v3", "qwen2", "falcon", "starcoder", "gpt-4o", "tekken"] {
+        for pre in [
+            "default",
+            "gpt2",
+            "llama-bpe",
+            "llama3",
+            "smollm",
+            "deepseek-llm",
+            "deepseek-coder",
+            "deepseek-v3",
+            "qwen2",
+            "falcon",
+            "starcoder",
+            "gpt-4o",
+            "tekken",
+        ] {
             Tokenizer::from_gguf_metadata(&tiny_gpt2(Some(pre))).unwrap_or_else(|e| panic!("{pre}: {e}"));
         }
         Tokenizer::from_gguf_metadata(&tiny_gpt2(None)).expect("missing pre → default");

@@ -115,43 +115,51 @@ fn check_teacher_forced(model: &mut dyn Model, tol: &Tol, tol_margin: f32) {
         let (mut worst, mut worst_late, mut worst_sample) = (0f32, 0f32, 0f32);
         let (mut worst_at, mut sum, mut worst_lp) = (0usize, 0f64, 0f32);
         let mut flips = 0;
-        prefill(model, &toks, |_| true, |i, row| {
-            let pos = &positions[i];
-            assert_eq!(pos["pos"].as_u64().unwrap() as usize, i);
-            let top = ids(&pos["top10_ids"]);
-            let tl = floats(&pos["top10_logits"]);
-            let am = argmax(row);
-            if tl[0] - tl[1] >= tol_margin {
-                assert_eq!(am, top[0] as usize, "prompt {pi} position {i}: argmax differs (reference margin {})", tl[0] - tl[1]);
-            } else {
-                // A near-tie in the reference itself: any of its near-tied tokens is right.
-                let tied: Vec<u32> = top.iter().zip(&tl).filter(|(_, &l)| tl[0] - l <= tol_margin).map(|(&t, _)| t).collect();
-                assert!(tied.contains(&(am as u32)), "prompt {pi} position {i}: argmax {am} is not among the reference's near-tied {tied:?}");
-                flips += (am != top[0] as usize) as usize;
-            }
-            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f32>().ln();
-            let ref_lse = pos["logsumexp"].as_f64().unwrap() as f32;
-            let mut w = (lse - ref_lse).abs();
-            for (id, want) in top.iter().zip(&tl) {
-                w = w.max((row[*id as usize] - want).abs());
-                // Log-probabilities of the reference's top-10 tokens (shift-invariant).
-                worst_lp = worst_lp.max(((row[*id as usize] - lse) - (want - ref_lse)).abs());
-            }
-            sum += w as f64;
-            if w > worst {
-                (worst, worst_at) = (w, i);
-            }
-            if i >= 512 {
-                worst_late = worst_late.max(w);
-            }
-            if i == toks.len() - 1 {
-                let stride = p["last_sample_stride"].as_u64().unwrap() as usize;
-                for (k, want) in floats(&p["last_sample"]).iter().enumerate() {
-                    worst_sample = worst_sample.max((row[k * stride] - want).abs());
+        prefill(
+            model,
+            &toks,
+            |_| true,
+            |i, row| {
+                let pos = &positions[i];
+                assert_eq!(pos["pos"].as_u64().unwrap() as usize, i);
+                let top = ids(&pos["top10_ids"]);
+                let tl = floats(&pos["top10_logits"]);
+                let am = argmax(row);
+                if tl[0] - tl[1] >= tol_margin {
+                    assert_eq!(am, top[0] as usize, "prompt {pi} position {i}: argmax differs (reference margin {})", tl[0] - tl[1]);
+                } else {
+                    // A near-tie in the reference itself: any of its near-tied tokens is right.
+                    let tied: Vec<u32> = top.iter().zip(&tl).filter(|(_, &l)| tl[0] - l <= tol_margin).map(|(&t, _)| t).collect();
+                    assert!(
+                        tied.contains(&(am as u32)),
+                        "prompt {pi} position {i}: argmax {am} is not among the reference's near-tied {tied:?}"
+                    );
+                    flips += (am != top[0] as usize) as usize;
                 }
-            }
-        });
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f32>().ln();
+                let ref_lse = pos["logsumexp"].as_f64().unwrap() as f32;
+                let mut w = (lse - ref_lse).abs();
+                for (id, want) in top.iter().zip(&tl) {
+                    w = w.max((row[*id as usize] - want).abs());
+                    // Log-probabilities of the reference's top-10 tokens (shift-invariant).
+                    worst_lp = worst_lp.max(((row[*id as usize] - lse) - (want - ref_lse)).abs());
+                }
+                sum += w as f64;
+                if w > worst {
+                    (worst, worst_at) = (w, i);
+                }
+                if i >= 512 {
+                    worst_late = worst_late.max(w);
+                }
+                if i == toks.len() - 1 {
+                    let stride = p["last_sample_stride"].as_u64().unwrap() as usize;
+                    for (k, want) in floats(&p["last_sample"]).iter().enumerate() {
+                        worst_sample = worst_sample.max((row[k * stride] - want).abs());
+                    }
+                }
+            },
+        );
         eprintln!(
             "prompt {pi} ({} tokens): max |Δ| top-10/lse {worst:.5} at position {worst_at} (mean over positions {:.5}; positions ≥ 512: {worst_late:.5}), top-10 log-probs {worst_lp:.5}, last-row sample {worst_sample:.5}, accepted near-tie flips {flips}",
             toks.len(),
@@ -191,7 +199,13 @@ fn exact_mode_matches_transformers() {
     check_teacher_forced(m.as_mut(), &TOL_EXACT, 0.0);
     for p in reference()["prompts"].as_array().unwrap() {
         let (agree, n) = greedy_agreement(m.as_mut(), p);
-        assert_eq!(agree, n, "{} tokens of prompt {:?}: greedy continuation differs at token {agree}", p["ids"].as_array().unwrap().len(), p["tokens"][1]);
+        assert_eq!(
+            agree,
+            n,
+            "{} tokens of prompt {:?}: greedy continuation differs at token {agree}",
+            p["ids"].as_array().unwrap().len(),
+            p["tokens"][1]
+        );
     }
 }
 
@@ -203,7 +217,10 @@ fn fast_mode_matches_transformers_within_activation_quantisation() {
         let (agree, n) = greedy_agreement(m.as_mut(), p);
         let margins: Vec<f64> = p["greedy"]["top1_minus_top2_logit"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
         let safe = margins.iter().take_while(|&&m| m >= MARGIN as f64).count();
-        eprintln!("{} tokens: greedy agrees for {agree}/{n} tokens (reference margin ≥ {MARGIN} for the first {safe})", p["ids"].as_array().unwrap().len());
+        eprintln!(
+            "{} tokens: greedy agrees for {agree}/{n} tokens (reference margin ≥ {MARGIN} for the first {safe})",
+            p["ids"].as_array().unwrap().len()
+        );
         assert!(agree >= safe.min(n), "greedy differs at token {agree}, before the reference's margin drops (token {safe})");
     }
 }

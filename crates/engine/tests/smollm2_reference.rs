@@ -78,7 +78,10 @@ fn check_teacher_forced(model: &mut dyn Model, tol_top: f32, tol_last: f32, tol_
             } else {
                 // A near-tie in the reference itself: any of its near-tied tokens is right.
                 let tied: Vec<u32> = top.iter().zip(&tl).filter(|(_, &l)| tl[0] - l < tol_margin).map(|(&t, _)| t).collect();
-                assert!(tied.contains(&(am as u32)), "prompt {pi} position {i}: argmax {am} is not among the reference's near-tied {tied:?}");
+                assert!(
+                    tied.contains(&(am as u32)),
+                    "prompt {pi} position {i}: argmax {am} is not among the reference's near-tied {tied:?}"
+                );
             }
             for (id, want) in ids(&pos["top10_ids"]).iter().zip(pos["top10_logits"].as_array().unwrap()) {
                 worst = worst.max((row[*id as usize] - want.as_f64().unwrap() as f32).abs());
@@ -135,6 +138,10 @@ fn fast_mode_matches_transformers_within_activation_quantisation() {
         let margins: Vec<f64> = p["greedy"]["top1_minus_top2_logit"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
         let safe = margins.iter().take_while(|&&m| m >= 0.5).count();
         eprintln!("{:?}: greedy agrees for {agree}/{n} tokens (reference margin ≥ 0.5 for the first {safe})", p["text"]);
-        assert!(agree >= safe.min(n), "{:?}: greedy differs at token {agree}, before the reference's margin drops (token {safe})", p["text"]);
+        assert!(
+            agree >= safe.min(n),
+            "{:?}: greedy differs at token {agree}, before the reference's margin drops (token {safe})",
+            p["text"]
+        );
     }
 }

@@ -61,7 +61,7 @@ fn min_value_size(ty: u32) -> Option<usize> {
         T_U16 | T_I16 => 2,
         T_U32 | T_I32 | T_F32 => 4,
         T_U64 | T_I64 | T_F64 => 8,
-        T_STRING => 8,     // length
+        T_STRING => 8,    // length
         T_ARRAY => 4 + 8, // element type + count
         _ => return None,
     })
@@ -118,11 +118,7 @@ fn tensor_byte_size(dtype: GgmlType, shape: &[usize]) -> std::result::Result<usi
     }
     let ne0 = shape.first().copied().unwrap_or(1);
     if !ne0.is_multiple_of(dtype.block_size()) {
-        return Err(format!(
-            "ne0 = {ne0} is not a whole number of {} blocks ({} elements each)",
-            dtype.name(),
-            dtype.block_size()
-        ));
+        return Err(format!("ne0 = {ne0} is not a whole number of {} blocks ({} elements each)", dtype.name(), dtype.block_size()));
     }
     dtype
         .row_bytes(ne0)
@@ -158,11 +154,7 @@ impl<'a> Cursor<'a> {
                 self.pos = end;
                 Ok(s)
             }
-            None => Err(format!(
-                "truncated (need {n} bytes at offset {}, the file has {} bytes)",
-                self.pos,
-                self.buf.len()
-            )),
+            None => Err(format!("truncated (need {n} bytes at offset {}, the file has {} bytes)", self.pos, self.buf.len())),
         }
     }
 
@@ -204,10 +196,7 @@ impl<'a> Cursor<'a> {
         let b = self.take(n).map_err(|e| format!("string bytes: {e}"))?;
         match std::str::from_utf8(b) {
             Ok(s) => Ok(s.to_owned()),
-            Err(e) => Err(format!(
-                "string of {n} bytes is not valid UTF-8 (invalid byte at position {})",
-                e.valid_up_to()
-            )),
+            Err(e) => Err(format!("string of {n} bytes is not valid UTF-8 (invalid byte at position {})", e.valid_up_to())),
         }
     }
 
@@ -235,8 +224,7 @@ impl<'a> Cursor<'a> {
                     return Err(format!("arrays nested more than {MAX_ARRAY_DEPTH} deep"));
                 }
                 let elem_ty = self.u32().map_err(|e| format!("array element type: {e}"))?;
-                let min = min_value_size(elem_ty)
-                    .ok_or_else(|| format!("array element type id {elem_ty} is unknown"))?;
+                let min = min_value_size(elem_ty).ok_or_else(|| format!("array element type id {elem_ty} is unknown"))?;
                 let n = self.count(min).map_err(|e| format!("array length {e}"))?;
                 // `n * min <= remaining bytes`: the allocation is bounded by the file size.
                 let mut items = Vec::with_capacity(n);
@@ -266,9 +254,7 @@ fn parse(path: &str, buf: &[u8]) -> Result<Parsed> {
     let mut c = Cursor { buf, pos: 0 };
 
     // Header.
-    let magic: [u8; 4] = c
-        .bytes()
-        .map_err(|_| corrupt(format!("too short for the GGUF magic ({} bytes)", buf.len())))?;
+    let magic: [u8; 4] = c.bytes().map_err(|_| corrupt(format!("too short for the GGUF magic ({} bytes)", buf.len())))?;
     if magic != GGUF_MAGIC {
         return Err(FormatError::NotGguf { path: path.to_string(), magic });
     }
@@ -276,9 +262,7 @@ fn parse(path: &str, buf: &[u8]) -> Result<Parsed> {
     match version {
         2 | 3 => {}
         v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
-            return Err(corrupt(format!(
-                "big-endian GGUF (version field {v:#010x}) is not supported; only little-endian v2 and v3"
-            )))
+            return Err(corrupt(format!("big-endian GGUF (version field {v:#010x}) is not supported; only little-endian v2 and v3")))
         }
         v => return Err(corrupt(format!("unsupported GGUF version {v} (only versions 2 and 3 are supported)"))),
     }
@@ -288,9 +272,7 @@ fn parse(path: &str, buf: &[u8]) -> Result<Parsed> {
     const MIN_KV: usize = 8 + 4 + 1;
     let tensor_count = c.count(MIN_TENSOR_INFO).map_err(|e| corrupt(format!("tensor count {e}")))?;
     let kv_count = c.count(MIN_KV).map_err(|e| corrupt(format!("metadata kv count {e}")))?;
-    let need = tensor_count
-        .checked_mul(MIN_TENSOR_INFO)
-        .and_then(|a| kv_count.checked_mul(MIN_KV).and_then(|b| a.checked_add(b)));
+    let need = tensor_count.checked_mul(MIN_TENSOR_INFO).and_then(|a| kv_count.checked_mul(MIN_KV).and_then(|b| a.checked_add(b)));
     if need.is_none_or(|n| n > c.remaining()) {
         return Err(corrupt(format!(
             "tensor count {tensor_count} and metadata kv count {kv_count} together exceed what the \
@@ -319,12 +301,7 @@ fn parse(path: &str, buf: &[u8]) -> Result<Parsed> {
             };
             match a {
                 Some(a) if a.is_power_of_two() => a,
-                _ => {
-                    return Err(corrupt(format!(
-                        "metadata \"general.alignment\": {} is not a power of two",
-                        v.short()
-                    )))
-                }
+                _ => return Err(corrupt(format!("metadata \"general.alignment\": {} is not a power of two", v.short()))),
             }
         }
     };
@@ -355,8 +332,8 @@ fn parse(path: &str, buf: &[u8]) -> Result<Parsed> {
         let dtype = GgmlType::from_id(ty).ok_or_else(|| bad(format!("unknown dtype id {ty}")))?;
         let offset = c.u64().map_err(|e| bad(format!("offset: {e}")))?;
         let size = tensor_byte_size(dtype, &shape).map_err(&bad)?;
-        let offset = usize::try_from(offset)
-            .map_err(|_| bad(format!("offset {offset} lies past the end of the file ({} bytes)", buf.len())))?;
+        let offset =
+            usize::try_from(offset).map_err(|_| bad(format!("offset {offset} lies past the end of the file ({} bytes)", buf.len())))?;
         if !offset.is_multiple_of(alignment) {
             return Err(bad(format!("offset {offset} is not a multiple of the alignment {alignment}")));
         }
@@ -368,8 +345,7 @@ fn parse(path: &str, buf: &[u8]) -> Result<Parsed> {
     }
 
     // Data section.
-    let data_start = align_up(c.pos, alignment)
-        .ok_or_else(|| corrupt(format!("data section start overflows (alignment {alignment})")))?;
+    let data_start = align_up(c.pos, alignment).ok_or_else(|| corrupt(format!("data section start overflows (alignment {alignment})")))?;
     let mut ranges: Vec<(usize, usize, usize)> = Vec::with_capacity(tensors.len());
     for (i, t) in tensors.iter().enumerate() {
         let bad = |what: String| FormatError::BadTensor { path: path.to_string(), tensor: t.name.clone(), what };
@@ -401,10 +377,7 @@ fn parse(path: &str, buf: &[u8]) -> Result<Parsed> {
             return Err(FormatError::BadTensor {
                 path: path.to_string(),
                 tensor: second.name.clone(),
-                what: format!(
-                    "data (bytes {}..{}) overlaps tensor '{}' (bytes {}..{})",
-                    b.0, b.1, first.name, a.0, a.1
-                ),
+                what: format!("data (bytes {}..{}) overlaps tensor '{}' (bytes {}..{})", b.0, b.1, first.name, a.0, a.1),
             });
         }
     }
@@ -665,11 +638,7 @@ impl<W: Write> GgufWriter<W> {
         if key == "general.alignment" {
             match value {
                 Value::U32(a) if a.is_power_of_two() => self.alignment = a as usize,
-                _ => {
-                    return Err(self.misuse(format!(
-                        "metadata \"general.alignment\" must be a U32 power of two, got {value:?}"
-                    )))
-                }
+                _ => return Err(self.misuse(format!("metadata \"general.alignment\" must be a U32 power of two, got {value:?}"))),
             }
         }
         self.keys.insert(key.clone());
@@ -772,10 +741,9 @@ impl<W: Write> GgufWriter<W> {
             return Err(self.misuse(format!("tensor data written but all {} declared tensors are done", self.tensors.len())));
         };
         if bytes.len() != t.size {
-            return Err(self.bad_tensor(
-                &t.name,
-                format!("got {} bytes, the {} shape {:?} needs {}", bytes.len(), t.dtype.name(), t.shape, t.size),
-            ));
+            return Err(
+                self.bad_tensor(&t.name, format!("got {} bytes, the {} shape {:?} needs {}", bytes.len(), t.dtype.name(), t.shape, t.size))
+            );
         }
         self.write_tensor_chunk(bytes)
     }

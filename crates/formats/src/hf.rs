@@ -85,8 +85,7 @@ fn io_err(p: &Path) -> impl FnOnce(std::io::Error) -> FormatError + '_ {
 
 fn read_json(p: &Path) -> Result<serde_json::Value> {
     let text = std::fs::read_to_string(p).map_err(io_err(p))?;
-    serde_json::from_str(&text)
-        .map_err(|e| FormatError::Corrupt { path: shown(p), what: format!("invalid JSON: {e}") })
+    serde_json::from_str(&text).map_err(|e| FormatError::Corrupt { path: shown(p), what: format!("invalid JSON: {e}") })
 }
 
 impl HfFolder {
@@ -209,16 +208,11 @@ impl HfFolder {
 fn read_index(dir: &Path, index_path: &Path) -> Result<(Vec<PathBuf>, BTreeMap<String, String>)> {
     let corrupt = |what: String| FormatError::Corrupt { path: shown(index_path), what };
     let index = read_json(index_path)?;
-    let map = index
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| corrupt("no \"weight_map\" object".into()))?;
+    let map = index.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| corrupt("no \"weight_map\" object".into()))?;
     let mut weight_map = BTreeMap::new();
     let mut files: Vec<PathBuf> = Vec::new();
     for (name, file) in map {
-        let file = file
-            .as_str()
-            .ok_or_else(|| corrupt(format!("weight_map entry {name:?} is not a string")))?;
+        let file = file.as_str().ok_or_else(|| corrupt(format!("weight_map entry {name:?} is not a string")))?;
         let rel = Path::new(file);
         if file.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
             return Err(corrupt(format!("weight_map entry {name:?}: shard name {file:?} is not a file inside the folder")));
@@ -238,10 +232,8 @@ fn read_index(dir: &Path, index_path: &Path) -> Result<(Vec<PathBuf>, BTreeMap<S
 
 /// Parses one safetensors file's header and validates each tensor.
 fn read_shard_tensors(file_path: &Path, buf: &[u8], shard: usize) -> Result<Vec<HfTensor>> {
-    let (header_len, meta) = SafeTensors::read_metadata(buf).map_err(|e| FormatError::Corrupt {
-        path: shown(file_path),
-        what: format!("safetensors header: {e}"),
-    })?;
+    let (header_len, meta) = SafeTensors::read_metadata(buf)
+        .map_err(|e| FormatError::Corrupt { path: shown(file_path), what: format!("safetensors header: {e}") })?;
     let data_start = header_len.checked_add(8);
     let mut out = Vec::new();
     for (name, info) in meta.tensors() {
@@ -265,16 +257,9 @@ fn read_shard_tensors(file_path: &Path, buf: &[u8], shard: usize) -> Result<Vec<
             return Err(bad(format!("data offsets {s}..{e} lie outside the file ({} bytes)", buf.len())));
         };
         let ne0 = shape.first().copied().unwrap_or(1);
-        let expected = dtype
-            .row_bytes(ne0)
-            .and_then(|row| shape.iter().skip(1).try_fold(row, |a, &d| a.checked_mul(d)));
+        let expected = dtype.row_bytes(ne0).and_then(|row| shape.iter().skip(1).try_fold(row, |a, &d| a.checked_mul(d)));
         if expected != Some(end - start) {
-            return Err(bad(format!(
-                "{} bytes of data do not match {} shape {:?}",
-                end - start,
-                dtype.name(),
-                info.shape
-            )));
+            return Err(bad(format!("{} bytes of data do not match {} shape {:?}", end - start, dtype.name(), info.shape)));
         }
         out.push(HfTensor { name, dtype, shape, shard, start, end });
     }
@@ -314,12 +299,9 @@ fn json_scalar(v: &serde_json::Value) -> Option<Value> {
             }
         }
         J::String(s) => Value::String(s.clone()),
-        J::Array(items) => Value::Array(
-            items
-                .iter()
-                .map(|item| json_scalar(item).unwrap_or_else(|| Value::String(item.to_string())))
-                .collect(),
-        ),
+        J::Array(items) => {
+            Value::Array(items.iter().map(|item| json_scalar(item).unwrap_or_else(|| Value::String(item.to_string()))).collect())
+        }
     })
 }
 

@@ -116,10 +116,7 @@ fn all_metadata() -> Vec<(&'static str, Value)> {
         ("t.arr.f32", Value::Array(vec![Value::F32(0.5), Value::F32(-0.25)])),
         ("t.arr.f64", Value::Array(vec![Value::F64(1e300)])),
         ("t.arr.bool", Value::Array(vec![Value::Bool(true), Value::Bool(false)])),
-        (
-            "tokenizer.ggml.tokens",
-            Value::Array(["<s>", "</s>", "▁the", "é", ""].iter().map(|s| Value::String(s.to_string())).collect()),
-        ),
+        ("tokenizer.ggml.tokens", Value::Array(["<s>", "</s>", "▁the", "é", ""].iter().map(|s| Value::String(s.to_string())).collect())),
         ("t.arr.empty", Value::Array(vec![])),
         (
             "t.arr.nested",
@@ -491,11 +488,15 @@ fn bad_values() {
     let d = Raw::header(3, 0, 2).kv_u32("a.b", 1).kv_u32("a.b", 2).done();
     expect_err(&d, &["duplicate metadata key \"a.b\""]);
     // Alignment not a power of two, zero, or not an integer.
-    for (ty, payload) in [(4u32, 48u32.to_le_bytes().to_vec()), (4, vec![0; 4]), (8, {
-        let mut v = 2u64.to_le_bytes().to_vec();
-        v.extend_from_slice(b"32");
-        v
-    })] {
+    for (ty, payload) in [
+        (4u32, 48u32.to_le_bytes().to_vec()),
+        (4, vec![0; 4]),
+        (8, {
+            let mut v = 2u64.to_le_bytes().to_vec();
+            v.extend_from_slice(b"32");
+            v
+        }),
+    ] {
         let d = Raw::header(3, 0, 1).str("general.alignment").u32(ty).raw(&payload).done();
         expect_err(&d, &["general.alignment", "power of two"]);
     }

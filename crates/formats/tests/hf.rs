@@ -2,7 +2,6 @@
 
 mod common;
 
-
 use common::{bytes, TempDir};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
@@ -40,10 +39,8 @@ fn st(name: &'static str, dtype: Dtype, shape: &[usize], seed: u32) -> St {
 }
 
 fn write_st(path: &std::path::Path, tensors: &[&St]) {
-    let views: Vec<(&str, TensorView<'_>)> = tensors
-        .iter()
-        .map(|t| (t.name, TensorView::new(t.dtype, t.shape.clone(), &t.data).unwrap()))
-        .collect();
+    let views: Vec<(&str, TensorView<'_>)> =
+        tensors.iter().map(|t| (t.name, TensorView::new(t.dtype, t.shape.clone(), &t.data).unwrap())).collect();
     let buf = safetensors::serialize(views, None).unwrap();
     std::fs::write(path, buf).unwrap();
 }
@@ -101,10 +98,7 @@ fn single_file_shapes_reversed_bytes_as_stored_metadata_flattened() {
     assert_eq!(m.get("hf.rope_theta"), Some(&Value::F64(10000.0)));
     assert_eq!(m.get("hf.tie_word_embeddings"), Some(&Value::Bool(false)));
     assert_eq!(m.get("hf.eos_token_id"), Some(&Value::Array(vec![Value::I64(2), Value::I64(3)])));
-    assert_eq!(
-        m.get("hf.architectures"),
-        Some(&Value::Array(vec![Value::String("LlamaForCausalLM".into())]))
-    );
+    assert_eq!(m.get("hf.architectures"), Some(&Value::Array(vec![Value::String("LlamaForCausalLM".into())])));
     assert_eq!(m.get("hf.rope_scaling.factor"), Some(&Value::F64(8.0)));
     assert_eq!(m.get("hf.rope_scaling.rope_type"), Some(&Value::String("llama3".into())));
     assert_eq!(m.get("hf.rope_scaling.nested.deep"), Some(&Value::I64(1)));

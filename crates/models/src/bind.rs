@@ -74,7 +74,13 @@ impl<'a, B: Backend> Binder<'a, B> {
     pub fn get(&self, name: &str, shape: &[usize], usage: WeightUse) -> Result<B::Weight> {
         let t = self.raw(name, shape)?;
         if !t.dtype.is_supported_weight() {
-            return Err(self.err(name, format!("type {} is not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", t.dtype.name())));
+            return Err(self.err(
+                name,
+                format!(
+                    "type {} is not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)",
+                    t.dtype.name()
+                ),
+            ));
         }
         self.upload(&t, usage)
     }
@@ -82,7 +88,11 @@ impl<'a, B: Backend> Binder<'a, B> {
     /// Upload an already-checked (possibly host-built) tensor.
     pub fn upload(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<B::Weight> {
         let w = self.be.upload_weight(t, usage)?;
-        let done = { let mut d = self.src_bytes_done.borrow_mut(); *d += t.data.len() as u64; *d };
+        let done = {
+            let mut d = self.src_bytes_done.borrow_mut();
+            *d += t.data.len() as u64;
+            *d
+        };
         PROGRESS.with(|p| {
             if let Some(f) = p.borrow_mut().as_mut() {
                 f(done, self.src_bytes_total);

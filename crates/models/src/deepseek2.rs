@@ -168,13 +168,21 @@ pub enum Layout {
 
 /// Softmax-scale multiplier of YaRN: `1 + 0.1 * m * ln(factor)` (1 when `factor <= 1`).
 pub fn yarn_get_mscale(factor: f64, m: f64) -> f64 {
-    if factor <= 1.0 { 1.0 } else { 1.0 + 0.1 * m * factor.ln() }
+    if factor <= 1.0 {
+        1.0
+    } else {
+        1.0 + 0.1 * m * factor.ln()
+    }
 }
 
 impl DeepSeek2Config {
     /// Read and validate the config from GGUF (`deepseek2.*`) or HF (`hf.*`) metadata.
     pub fn read(src: &dyn TensorSource) -> Result<(Self, Layout)> {
-        if src.metadata().keys().any(|k| k.starts_with("hf.")) { Self::read_hf(src) } else { Self::read_gguf(src) }
+        if src.metadata().keys().any(|k| k.starts_with("hf.")) {
+            Self::read_hf(src)
+        } else {
+            Self::read_gguf(src)
+        }
     }
 
     fn read_hf(src: &dyn TensorSource) -> Result<(Self, Layout)> {
@@ -184,7 +192,9 @@ impl DeepSeek2Config {
         let n_heads = m.usize("num_attention_heads")?;
         if let Some(kvh) = m.opt_usize("num_key_value_heads")? {
             if kvh != n_heads {
-                return Err(m.err(format!("hf.num_key_value_heads = {kvh} differs from num_attention_heads = {n_heads}: not an MLA model this loader knows")));
+                return Err(m.err(format!(
+                    "hf.num_key_value_heads = {kvh} differs from num_attention_heads = {n_heads}: not an MLA model this loader knows"
+                )));
             }
         }
         let q_lora = m.opt_usize("q_lora_rank")?.filter(|&r| r > 0);
@@ -194,7 +204,9 @@ impl DeepSeek2Config {
         } else {
             if let Some(f) = m.opt_usize("moe_layer_freq")? {
                 if f != 1 {
-                    return Err(m.err(format!("hf.moe_layer_freq = {f} is not supported (only 1: every layer after the dense lead is MoE)")));
+                    return Err(
+                        m.err(format!("hf.moe_layer_freq = {f} is not supported (only 1: every layer after the dense lead is MoE)"))
+                    );
                 }
             }
             let gating = match m.opt_str("scoring_func")?.unwrap_or("softmax") {
@@ -307,13 +319,18 @@ impl DeepSeek2Config {
                     )));
                 }
                 if kv_heads.is_some_and(|h| h != 1) {
-                    return Err(m.err(format!("deepseek2.attention.head_count_kv = {} in an MLA-layout file (expected 1)", kv_heads.unwrap_or(0))));
+                    return Err(
+                        m.err(format!("deepseek2.attention.head_count_kv = {} in an MLA-layout file (expected 1)", kv_heads.unwrap_or(0)))
+                    );
                 }
                 (Layout::GgufMla, qk, v)
             }
             None => {
                 if kv_heads.is_some_and(|h| h != n_heads) {
-                    return Err(m.err(format!("deepseek2.attention.head_count_kv = {} differs from head_count = {n_heads}", kv_heads.unwrap_or(0))));
+                    return Err(m.err(format!(
+                        "deepseek2.attention.head_count_kv = {} differs from head_count = {n_heads}",
+                        kv_heads.unwrap_or(0)
+                    )));
                 }
                 (Layout::GgufLegacy, key_len, val_len)
             }
@@ -324,7 +341,10 @@ impl DeepSeek2Config {
         let nope = qk - rope_dim;
         let n_vocab = match m.opt_usize("vocab_size")? {
             Some(v) => v,
-            None => src.tensor("token_embd.weight").map(|t| t.ne()[1]).ok_or_else(|| m.err("no deepseek2.vocab_size and no token_embd.weight"))?,
+            None => src
+                .tensor("token_embd.weight")
+                .map(|t| t.ne()[1])
+                .ok_or_else(|| m.err("no deepseek2.vocab_size and no token_embd.weight"))?,
         };
         let n_experts = m.opt_usize("expert_count")?.unwrap_or(0);
         let moe = if n_experts == 0 {
@@ -431,13 +451,22 @@ impl DeepSeek2Config {
                 return Err(m.err(format!("expert groups: {} experts in {} groups, {} used", e.n_experts, e.n_group, e.topk_group)));
             }
             if e.n_group > 1 && e.k > e.topk_group * (e.n_experts / e.n_group) {
-                return Err(m.err(format!("{} experts per token exceed the {} in the {} eligible groups", e.k, e.topk_group * (e.n_experts / e.n_group), e.topk_group)));
+                return Err(m.err(format!(
+                    "{} experts per token exceed the {} in the {} eligible groups",
+                    e.k,
+                    e.topk_group * (e.n_experts / e.n_group),
+                    e.topk_group
+                )));
             }
             if !(e.scale.is_finite() && e.scale > 0.0) {
                 return Err(m.err(format!("routed scaling factor {} out of range", e.scale)));
             }
         }
-        if !(self.eps > 0.0 && self.eps < 1.0) || !(self.rope_theta > 1.0) || !(self.attn_scale.is_finite() && self.attn_scale > 0.0) || !(self.rope_mscale.is_finite() && self.rope_mscale > 0.0) {
+        if !(self.eps > 0.0 && self.eps < 1.0)
+            || !(self.rope_theta > 1.0)
+            || !(self.attn_scale.is_finite() && self.attn_scale > 0.0)
+            || !(self.rope_mscale.is_finite() && self.rope_mscale > 0.0)
+        {
             return Err(m.err("rms eps, rope base, rope magnitude or attention scale out of range"));
         }
         if let Some(y) = &self.yarn {
@@ -696,10 +725,14 @@ impl<B: Backend> DeepSeek2<B> {
             }
             let q = match cfg.q_lora {
                 None => QProj::Plain { wq: mat("attn_q", h, nh * qk)? },
-                Some(r) => QProj::LowRank { wq_a: mat("attn_q_a", h, r)?, q_a_norm: vec("attn_q_a_norm", r)?, wq_b: mat("attn_q_b", r, nh * qk)? },
+                Some(r) => {
+                    QProj::LowRank { wq_a: mat("attn_q_a", h, r)?, q_a_norm: vec("attn_q_a_norm", r)?, wq_b: mat("attn_q_b", r, nh * qk)? }
+                }
             };
             let (w_uk, w_uv) = match layout {
-                Layout::GgufMla => (b.get(&n("attn_k_b"), &[nope, kl, nh], WeightUse::Matmul)?, b.get(&n("attn_v_b"), &[kl, vd, nh], WeightUse::Matmul)?),
+                Layout::GgufMla => {
+                    (b.get(&n("attn_k_b"), &[nope, kl, nh], WeightUse::Matmul)?, b.get(&n("attn_v_b"), &[kl, vd, nh], WeightUse::Matmul)?)
+                }
                 Layout::GgufLegacy | Layout::Hf => {
                     // kv_b: [kv_lora, nh*(nope+v)] (GGML): row h*(nope+v) + i is K row i of head h
                     // (i < nope), then its v V rows; each row holds kv_lora values.
@@ -717,16 +750,25 @@ impl<B: Backend> DeepSeek2<B> {
                         }
                         uv[hh * vd * kl..(hh + 1) * vd * kl].copy_from_slice(&head[nope * kl..]);
                     }
-                    (upload_f32(&b, &format!("{name}:W_UK"), &[nope, kl, nh], &uk, WeightUse::Matmul)?, upload_f32(&b, &format!("{name}:W_UV"), &[kl, vd, nh], &uv, WeightUse::Matmul)?)
+                    (
+                        upload_f32(&b, &format!("{name}:W_UK"), &[nope, kl, nh], &uk, WeightUse::Matmul)?,
+                        upload_f32(&b, &format!("{name}:W_UV"), &[kl, vd, nh], &uv, WeightUse::Matmul)?,
+                    )
                 }
             };
-            let dense = |ff: usize, g: &str, u: &str, d: &str| -> Result<DenseFfn<B>> { Ok(DenseFfn { gate: mat(g, h, ff)?, up: mat(u, h, ff)?, down: mat(d, ff, h)?, ff }) };
+            let dense = |ff: usize, g: &str, u: &str, d: &str| -> Result<DenseFfn<B>> {
+                Ok(DenseFfn { gate: mat(g, h, ff)?, up: mat(u, h, ff)?, down: mat(d, ff, h)?, ff })
+            };
             let ffn = match cfg.moe {
                 Some(e) if l >= cfg.n_dense_lead => {
                     let (ne, fe) = (e.n_experts, e.ff_exp);
                     // The router runs in f32 (as the reference does), whatever the file stores.
                     let rt = b.raw(&n("ffn_gate_inp"), &[h, ne])?;
-                    let router = if rt.dtype == GgmlType::F32 { b.upload(&rt, WeightUse::Matmul)? } else { upload_f32(&b, rt.name, &[h, ne], &to_f32(&b, &rt)?, WeightUse::Matmul)? };
+                    let router = if rt.dtype == GgmlType::F32 {
+                        b.upload(&rt, WeightUse::Matmul)?
+                    } else {
+                        upload_f32(&b, rt.name, &[h, ne], &to_f32(&b, &rt)?, WeightUse::Matmul)?
+                    };
                     let (gate_exps, up_exps, down_exps) = match layout {
                         Layout::Hf => (
                             stack_experts(&b, l, "gate_proj", [h, fe], ne)?,
@@ -739,7 +781,11 @@ impl<B: Backend> DeepSeek2<B> {
                             b.get(&n("ffn_down_exps"), &[fe, h, ne], WeightUse::Matmul)?,
                         ),
                     };
-                    let shared = if e.n_shared > 0 { Some(dense(e.n_shared * fe, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")?) } else { None };
+                    let shared = if e.n_shared > 0 {
+                        Some(dense(e.n_shared * fe, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")?)
+                    } else {
+                        None
+                    };
                     Ffn::Moe { router, gate_exps, up_exps, down_exps, shared }
                 }
                 _ => Ffn::Dense(dense(cfg.ff_dense, "ffn_gate", "ffn_up", "ffn_down")?),
@@ -791,17 +837,37 @@ impl<B: Backend> DeepSeek2<B> {
     fn describe(src: &dyn TensorSource, cfg: &DeepSeek2Config, layout: Layout, b: &Binder<'_, B>) -> ModelInfo {
         let c = cfg;
         let mut details = vec![
-            ("attention".into(), format!("MLA, {} heads, q {}, kv_lora {}, head dims nope {} + rope {}, v {}", c.n_heads, c.q_lora.map_or("plain".to_string(), |r| format!("low-rank {r}")), c.kv_lora, c.nope, c.rope_dim, c.v_dim)),
-            ("kv_b".into(), match layout {
-                Layout::GgufMla => "attn_k_b / attn_v_b from the file".into(),
-                _ => "W_UK / W_UV split from kv_b at open (f32)".into(),
-            }),
-            ("cache".into(), format!("{} values per token per layer ([c ; k_pe]), {} B per token", c.cache_width(), c.n_layers * c.cache_width() * 4)),
+            (
+                "attention".into(),
+                format!(
+                    "MLA, {} heads, q {}, kv_lora {}, head dims nope {} + rope {}, v {}",
+                    c.n_heads,
+                    c.q_lora.map_or("plain".to_string(), |r| format!("low-rank {r}")),
+                    c.kv_lora,
+                    c.nope,
+                    c.rope_dim,
+                    c.v_dim
+                ),
+            ),
+            (
+                "kv_b".into(),
+                match layout {
+                    Layout::GgufMla => "attn_k_b / attn_v_b from the file".into(),
+                    _ => "W_UK / W_UV split from kv_b at open (f32)".into(),
+                },
+            ),
+            (
+                "cache".into(),
+                format!("{} values per token per layer ([c ; k_pe]), {} B per token", c.cache_width(), c.n_layers * c.cache_width() * 4),
+            ),
             (
                 "rope".into(),
                 match &c.yarn {
                     None => format!("normal pairs, base {}, {} dims, score scale {:.5}", c.rope_theta, c.rope_dim, c.attn_scale),
-                    Some(y) => format!("YaRN factor {} (orig ctx {}, beta {}/{}), base {}, {} dims, magnitude {:.5}, score scale {:.5}", y.factor, y.orig_ctx, y.beta_fast, y.beta_slow, c.rope_theta, c.rope_dim, c.rope_mscale, c.attn_scale),
+                    Some(y) => format!(
+                        "YaRN factor {} (orig ctx {}, beta {}/{}), base {}, {} dims, magnitude {:.5}, score scale {:.5}",
+                        y.factor, y.orig_ctx, y.beta_fast, y.beta_slow, c.rope_theta, c.rope_dim, c.rope_mscale, c.attn_scale
+                    ),
                 },
             ),
             ("dense ffn".into(), format!("{} lead layers, SwiGLU width {}", c.n_dense_lead, c.ff_dense)),
@@ -925,8 +991,8 @@ impl<B: Backend> DeepSeek2<B> {
         let rqm = Rows::packed(n * nh, cw); // absorbed query per head: [n*nh, kv_lora+rope]
         let rlat = Rows::packed(n * nh, kl); // latent attention output: [n*nh, kv_lora]
         let rav = Rows::packed(n * nh, vd); // per-head v output [n*nh, v] == [n, nh*v]
-        // `s.y` holds a delta (the previous layer's FFN output) not yet added to the residual: the
-        // add is fused with the next norm (`add_rms_norm`).
+                                            // `s.y` holds a delta (the previous layer's FFN output) not yet added to the residual: the
+                                            // add is fused with the next norm (`add_rms_norm`).
         let mut pending = false;
         for l in &self.layers {
             // ---- attention ----
@@ -974,7 +1040,17 @@ impl<B: Backend> DeepSeek2<B> {
                     match shared {
                         Some(f) => {
                             // Routed and shared experts in one op where the backend has one.
-                            if !be.moe_shared(&s.h, rx, &s.rl, rr, experts(), Experts { gate: &f.gate, up: &f.up, down: &f.down }, &p, &s.y, rx) {
+                            if !be.moe_shared(
+                                &s.h,
+                                rx,
+                                &s.rl,
+                                rr,
+                                experts(),
+                                Experts { gate: &f.gate, up: &f.up, down: &f.down },
+                                &p,
+                                &s.y,
+                                rx,
+                            ) {
                                 be.moe(&s.h, rx, &s.rl, rr, experts(), &p, &s.y, rx);
                                 be.add(&s.x, rx, &s.y, rx, &s.x, rx);
                                 swiglu(be, s, f, n, h);

@@ -98,7 +98,6 @@ pub struct Gemma3Config {
     pub norm_offset: f32,
 }
 
-
 /// The default pattern: global when `(il + 1) % period == 0`.
 fn periodic(n_layers: usize, period: usize) -> Vec<bool> {
     (0..n_layers).map(|il| (il + 1) % period == 0).collect()
@@ -123,7 +122,9 @@ impl Gemma3Config {
         let head_dim = m.opt_usize("attention.key_length")?.unwrap_or(n_embd / n_heads.max(1));
         let n_vocab = match m.opt_usize("vocab_size")? {
             Some(v) => v,
-            None => src.tensor("token_embd.weight").map(|t| t.ne()[1]).ok_or_else(|| m.err("no gemma3.vocab_size and no token_embd.weight"))?,
+            None => {
+                src.tensor("token_embd.weight").map(|t| t.ne()[1]).ok_or_else(|| m.err("no gemma3.vocab_size and no token_embd.weight"))?
+            }
         };
         let is_global = match m.raw("attention.sliding_window_pattern") {
             None => periodic(n_layers, DEFAULT_SWA_PERIOD),
@@ -139,7 +140,11 @@ impl Gemma3Config {
                         return Err(m.err(format!("{key} has {} entries for {n_layers} layers", a.len())));
                     }
                     // One bool per layer, true = sliding window (llama.cpp's swa_layers).
-                    a.iter().map(|x| x.as_bool().map(|swa| !swa).ok_or_else(|| m.err(format!("{key} entries must be bools, found {}", x.short())))).collect::<Result<_>>()?
+                    a.iter()
+                        .map(|x| {
+                            x.as_bool().map(|swa| !swa).ok_or_else(|| m.err(format!("{key} entries must be bools, found {}", x.short())))
+                        })
+                        .collect::<Result<_>>()?
                 } else {
                     return Err(m.err(format!("{key} must be an integer period or one bool per layer, found {}", v.short())));
                 }
@@ -167,11 +172,13 @@ impl Gemma3Config {
             n_vocab,
             n_ctx_train: m.opt_usize("context_length")?.unwrap_or(32768),
             eps: m.opt_f64("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6) as f32,
-            window: u32::try_from(m.usize("attention.sliding_window")?).map_err(|_| m.err("gemma3.attention.sliding_window is too large"))?,
+            window: u32::try_from(m.usize("attention.sliding_window")?)
+                .map_err(|_| m.err("gemma3.attention.sliding_window is too large"))?,
             is_global,
             rope_base_global: positive(&m, "rope.freq_base", m.opt_f64("rope.freq_base")?)?.unwrap_or(1_000_000.0),
             rope_linear_global,
-            rope_base_local: positive(&m, "rope.freq_base_swa", m.opt_f64("rope.freq_base_swa")?)?.unwrap_or(DEFAULT_LOCAL_ROPE_BASE as f32),
+            rope_base_local: positive(&m, "rope.freq_base_swa", m.opt_f64("rope.freq_base_swa")?)?
+                .unwrap_or(DEFAULT_LOCAL_ROPE_BASE as f32),
             attn_scale,
             attn_softcap: positive(&m, "attn_logit_softcapping", m.opt_f64("attn_logit_softcapping")?)?,
             final_softcap: positive(&m, "final_logit_softcapping", m.opt_f64("final_logit_softcapping")?)?,
@@ -180,7 +187,9 @@ impl Gemma3Config {
         };
         if let Some(rd) = m.opt_usize("rope.dimension_count")? {
             if rd != head_dim {
-                return Err(m.err(format!("gemma3.rope.dimension_count = {rd}: only full-head rope (= key_length {head_dim}) is supported")));
+                return Err(
+                    m.err(format!("gemma3.rope.dimension_count = {rd}: only full-head rope (= key_length {head_dim}) is supported"))
+                );
             }
         }
         cfg.validate(&m)?;
@@ -228,10 +237,13 @@ impl Gemma3Config {
         };
         // Rope: the new `rope_parameters.{full,sliding}_attention` layout or the older
         // `rope_theta` / `rope_local_base_freq` / `rope_scaling` keys.
-        let rope_type = |prefix: &str| -> Result<Option<&str>> { Ok(m.opt_str(&format!("{prefix}rope_type"))?.or(m.opt_str(&format!("{prefix}type"))?)) };
+        let rope_type = |prefix: &str| -> Result<Option<&str>> {
+            Ok(m.opt_str(&format!("{prefix}rope_type"))?.or(m.opt_str(&format!("{prefix}type"))?))
+        };
         let (full, slide) = ("rope_parameters.full_attention.", "rope_parameters.sliding_attention.");
         let rope_base_global = m.opt_f64(&format!("{full}rope_theta"))?.or(m.opt_f64("rope_theta")?).unwrap_or(1_000_000.0);
-        let rope_base_local = m.opt_f64(&format!("{slide}rope_theta"))?.or(m.opt_f64("rope_local_base_freq")?).unwrap_or(DEFAULT_LOCAL_ROPE_BASE);
+        let rope_base_local =
+            m.opt_f64(&format!("{slide}rope_theta"))?.or(m.opt_f64("rope_local_base_freq")?).unwrap_or(DEFAULT_LOCAL_ROPE_BASE);
         let linear = |prefix: &str| -> Result<f64> {
             match rope_type(prefix)? {
                 None | Some("default") => Ok(1.0),
@@ -239,7 +251,11 @@ impl Gemma3Config {
                 Some(other) => Err(m.err(format!("hf.{prefix}rope_type '{other}' is not supported (default, linear)"))),
             }
         };
-        let rope_linear_global = if m.raw(&format!("{full}rope_type")).is_some() || m.raw(&format!("{full}type")).is_some() { linear(full)? } else { linear("rope_scaling.")? };
+        let rope_linear_global = if m.raw(&format!("{full}rope_type")).is_some() || m.raw(&format!("{full}type")).is_some() {
+            linear(full)?
+        } else {
+            linear("rope_scaling.")?
+        };
         if m.raw(&format!("{slide}rope_type")).is_some() && linear(slide)? != 1.0 {
             return Err(m.err("hf.rope_parameters.sliding_attention: scaled rope on the local layers is not supported"));
         }
@@ -271,7 +287,17 @@ impl Gemma3Config {
     }
 
     fn validate(&self, m: &Meta) -> Result<()> {
-        let pos = [("hidden size", self.n_embd), ("layers", self.n_layers), ("heads", self.n_heads), ("kv heads", self.n_kv_heads), ("head dim", self.head_dim), ("v head dim", self.v_dim), ("ffn width", self.n_ff), ("vocab", self.n_vocab), ("sliding window", self.window as usize)];
+        let pos = [
+            ("hidden size", self.n_embd),
+            ("layers", self.n_layers),
+            ("heads", self.n_heads),
+            ("kv heads", self.n_kv_heads),
+            ("head dim", self.head_dim),
+            ("v head dim", self.v_dim),
+            ("ffn width", self.n_ff),
+            ("vocab", self.n_vocab),
+            ("sliding window", self.window as usize),
+        ];
         for (what, v) in pos {
             if v == 0 || v > 1 << 24 {
                 return Err(m.err(format!("{what} = {v} is out of range")));
@@ -412,7 +438,10 @@ impl<B: Backend> Gemma3<B> {
             return Err(ModelError::Tensor {
                 path: src.path().to_string(),
                 tensor: unused[0].clone(),
-                what: format!("not used by the gemma3 forward ({} unused tensors): the file is not a plain Gemma 3 text model", unused.len()),
+                what: format!(
+                    "not used by the gemma3 forward ({} unused tensors): the file is not a plain Gemma 3 text model",
+                    unused.len()
+                ),
             });
         }
         let rope_local = be.upload_rope(&cfg.rope_spec(cfg.rope_base_local, 1.0))?;
@@ -444,11 +473,35 @@ impl<B: Backend> Gemma3<B> {
             cache_bytes_per_token: (cfg.n_layers * nkv * (d + dv) * 4) as u64,
             details: vec![
                 ("heads".into(), format!("{nh} query, {nkv} kv, head dim {d} (v {dv}), q/k RMSNorm per head, scale {:.6}", cfg.attn_scale)),
-                ("attention".into(), format!("{} local (sliding window {}), {n_global} global (layers {})", cfg.n_layers - n_global, cfg.window, globals.join(","))),
-                ("rope".into(), format!("NeoX halves, local base {}, global base {} (linear scale {})", cfg.rope_base_local, cfg.rope_base_global, cfg.rope_linear_global)),
+                (
+                    "attention".into(),
+                    format!(
+                        "{} local (sliding window {}), {n_global} global (layers {})",
+                        cfg.n_layers - n_global,
+                        cfg.window,
+                        globals.join(",")
+                    ),
+                ),
+                (
+                    "rope".into(),
+                    format!(
+                        "NeoX halves, local base {}, global base {} (linear scale {})",
+                        cfg.rope_base_local, cfg.rope_base_global, cfg.rope_linear_global
+                    ),
+                ),
                 ("ffn".into(), format!("GeGLU (gelu tanh), width {ff}")),
-                ("norms".into(), format!("RMSNorm eps {}, sandwich (pre + post attention/FFN), weights {}", cfg.eps, if off == 0.0 { "stored as 1+w (GGUF)" } else { "stored as w, 1 added at open (HF)" })),
-                ("embedding".into(), format!("scaled by sqrt({h}) = {:.4}, output {}", cfg.embed_scale, if tied { "tied" } else { "separate" })),
+                (
+                    "norms".into(),
+                    format!(
+                        "RMSNorm eps {}, sandwich (pre + post attention/FFN), weights {}",
+                        cfg.eps,
+                        if off == 0.0 { "stored as 1+w (GGUF)" } else { "stored as w, 1 added at open (HF)" }
+                    ),
+                ),
+                (
+                    "embedding".into(),
+                    format!("scaled by sqrt({h}) = {:.4}, output {}", cfg.embed_scale, if tied { "tied" } else { "separate" }),
+                ),
                 ("softcap".into(), format!("attention {}, final logits {}", cap(cfg.attn_softcap), cap(cfg.final_softcap))),
             ],
         };
@@ -504,9 +557,18 @@ impl<B: Backend> Model for Gemma3<B> {
         let bt = &self.batch;
         let rx = Rows::packed(n, h);
         be.embed(&self.tok_embd, bt, c.embed_scale, &s.x, rx);
-        let local = AttnParams { n_heads: nh, n_kv_heads: nkv, head_dim: d, v_dim: dv, scale: c.attn_scale, window: Some(c.window), softcap: c.attn_softcap };
+        let local = AttnParams {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: d,
+            v_dim: dv,
+            scale: c.attn_scale,
+            window: Some(c.window),
+            softcap: c.attn_softcap,
+        };
         let global = AttnParams { window: None, ..local };
-        let (rq, rk, rv, ra, rf) = (Rows::packed(n, nh * d), Rows::packed(n, nkv * d), Rows::packed(n, nkv * dv), Rows::packed(n, nh * dv), Rows::packed(n, ff));
+        let (rq, rk, rv, ra, rf) =
+            (Rows::packed(n, nh * d), Rows::packed(n, nkv * d), Rows::packed(n, nkv * dv), Rows::packed(n, nh * dv), Rows::packed(n, ff));
         for l in &self.layers {
             let (rope, attn) = if l.global { (&self.rope_global, &global) } else { (&self.rope_local, &local) };
             be.rms_norm(&s.x, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
@@ -633,7 +695,17 @@ mod tests {
             let mut m = BTreeMap::new();
             let i = |x: usize| Value::I64(x as i64);
             m.insert("general.architecture".into(), Value::String("gemma3_text".into()));
-            for (k, v) in [("hidden_size", H), ("num_hidden_layers", L), ("num_attention_heads", NH), ("num_key_value_heads", NKV), ("head_dim", D), ("intermediate_size", FF), ("vocab_size", V), ("sliding_window", W), ("query_pre_attn_scalar", D)] {
+            for (k, v) in [
+                ("hidden_size", H),
+                ("num_hidden_layers", L),
+                ("num_attention_heads", NH),
+                ("num_key_value_heads", NKV),
+                ("head_dim", D),
+                ("intermediate_size", FF),
+                ("vocab_size", V),
+                ("sliding_window", W),
+                ("query_pre_attn_scalar", D),
+            ] {
                 m.insert(format!("hf.{k}"), i(v));
             }
             m.insert("hf.sliding_window_pattern".into(), i(3));

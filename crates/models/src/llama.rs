@@ -51,7 +51,6 @@ pub struct LlamaConfig {
     pub rope_mode: RopeMode,
 }
 
-
 impl LlamaConfig {
     fn read(src: &dyn TensorSource) -> Result<(Self, Naming)> {
         let is_hf = src.metadata().keys().any(|k| k.starts_with("hf."));
@@ -115,7 +114,15 @@ impl LlamaConfig {
     }
 
     fn validate(&self, m: &Meta) -> Result<()> {
-        let pos = [("hidden size", self.n_embd), ("layers", self.n_layers), ("heads", self.n_heads), ("kv heads", self.n_kv_heads), ("head dim", self.head_dim), ("ffn width", self.n_ff), ("vocab", self.n_vocab)];
+        let pos = [
+            ("hidden size", self.n_embd),
+            ("layers", self.n_layers),
+            ("heads", self.n_heads),
+            ("kv heads", self.n_kv_heads),
+            ("head dim", self.head_dim),
+            ("ffn width", self.n_ff),
+            ("vocab", self.n_vocab),
+        ];
         for (what, v) in pos {
             if v == 0 || v > 1 << 24 {
                 return Err(m.err(format!("{what} = {v} is out of range")));
@@ -273,7 +280,8 @@ impl<B: Backend> Model for Llama<B> {
         let bt = &self.batch;
         let rx = Rows::packed(n, h);
         be.embed(&self.tok_embd, bt, 1.0, &s.x, rx);
-        let attn = AttnParams { n_heads: nh, n_kv_heads: nkv, head_dim: d, v_dim: d, scale: 1.0 / (d as f32).sqrt(), window: None, softcap: None };
+        let attn =
+            AttnParams { n_heads: nh, n_kv_heads: nkv, head_dim: d, v_dim: d, scale: 1.0 / (d as f32).sqrt(), window: None, softcap: None };
         for l in &self.layers {
             be.rms_norm(&s.x, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
             let (rq, rk) = (Rows::packed(n, nh * d), Rows::packed(n, nkv * d));
@@ -292,7 +300,19 @@ impl<B: Backend> Model for Llama<B> {
             be.matmul(&s.g, rf, &l.w_down, &s.h, rx);
             be.add(&s.x, rx, &s.h, rx, &s.x, rx);
         }
-        output_logits(be, &s.x, h, batch, &s.h, &self.output_norm, c.eps, self.output.as_ref().unwrap_or(&self.tok_embd), &s.logits, c.n_vocab, logits)
+        output_logits(
+            be,
+            &s.x,
+            h,
+            batch,
+            &s.h,
+            &self.output_norm,
+            c.eps,
+            self.output.as_ref().unwrap_or(&self.tok_embd),
+            &s.logits,
+            c.n_vocab,
+            logits,
+        )
     }
 }
 

@@ -48,7 +48,11 @@ impl<'a> Meta<'a> {
         }
     }
     pub fn opt_usize(&self, k: &str) -> Result<Option<usize>> {
-        if self.raw(k).is_none() { Ok(None) } else { self.usize(k).map(Some) }
+        if self.raw(k).is_none() {
+            Ok(None)
+        } else {
+            self.usize(k).map(Some)
+        }
     }
     /// A required number.
     pub fn f64(&self, k: &str) -> Result<f64> {
@@ -59,13 +63,21 @@ impl<'a> Meta<'a> {
         }
     }
     pub fn opt_f64(&self, k: &str) -> Result<Option<f64>> {
-        if self.raw(k).is_none() { Ok(None) } else { self.f64(k).map(Some) }
+        if self.raw(k).is_none() {
+            Ok(None)
+        } else {
+            self.f64(k).map(Some)
+        }
     }
     pub fn opt_bool(&self, k: &str) -> Result<Option<bool>> {
         let key = self.key(k);
         match self.map.get(&key) {
             None => Ok(None),
-            Some(v) => v.as_bool().or_else(|| v.as_u64().map(|x| x != 0)).map(Some).ok_or_else(|| self.err(format!("{key} must be a bool, found {}", v.short()))),
+            Some(v) => v
+                .as_bool()
+                .or_else(|| v.as_u64().map(|x| x != 0))
+                .map(Some)
+                .ok_or_else(|| self.err(format!("{key} must be a bool, found {}", v.short()))),
         }
     }
     pub fn opt_str(&self, k: &str) -> Result<Option<&'a str>> {

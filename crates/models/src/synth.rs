@@ -74,7 +74,14 @@ impl Preset {
                 topk_group: 1,
                 n_ctx_train: 163840,
                 rope_theta: 10000.0,
-                yarn: Some(SynthYarn { factor: 40.0, orig_ctx: 4096, beta_fast: 32.0, beta_slow: 1.0, mscale: 0.707, mscale_all_dim: 0.707 }),
+                yarn: Some(SynthYarn {
+                    factor: 40.0,
+                    orig_ctx: 4096,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                    mscale: 0.707,
+                    mscale_all_dim: 0.707,
+                }),
                 eps: 1e-6,
                 bos: 100000,
                 eos: 100001,
@@ -102,7 +109,14 @@ impl Preset {
                 topk_group: 1,
                 n_ctx_train: 163840,
                 rope_theta: 10000.0,
-                yarn: Some(SynthYarn { factor: 40.0, orig_ctx: 4096, beta_fast: 32.0, beta_slow: 1.0, mscale: 0.707, mscale_all_dim: 0.707 }),
+                yarn: Some(SynthYarn {
+                    factor: 40.0,
+                    orig_ctx: 4096,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                    mscale: 0.707,
+                    mscale_all_dim: 0.707,
+                }),
                 eps: 1e-6,
                 bos: 1,
                 eos: 2,
@@ -214,12 +228,28 @@ fn plan(s: &SynthSpec, fmt: SynthFormat) -> Vec<Planned> {
     let (h, nh, qk, kl, rd, vd) = (s.n_embd, s.n_heads, s.nope + s.rope_dim, s.kv_lora, s.rope_dim, s.v_dim);
     let mut v = Vec::new();
     let rand = |key: &str, row0: usize, mean: f32, std: f32| Gen::Rand { key: key.to_string(), row0, mean, std };
-    let mat = |name: String, key: &str, i: usize, o: usize| Planned { name, shape: vec![i, o], keep_f32: false, gen: rand(key, 0, 0.0, 1.0 / (i as f32).sqrt()) };
+    let mat = |name: String, key: &str, i: usize, o: usize| Planned {
+        name,
+        shape: vec![i, o],
+        keep_f32: false,
+        gen: rand(key, 0, 0.0, 1.0 / (i as f32).sqrt()),
+    };
     let norm = |name: String, key: &str, n: usize| Planned { name, shape: vec![n], keep_f32: true, gen: rand(key, 0, 1.0, 0.05) };
     let g = |hfn: &str, gg: &str| if hf { hfn.to_string() } else { gg.to_string() };
-    v.push(Planned { name: g("model.embed_tokens.weight", "token_embd.weight"), shape: vec![h, s.n_vocab], keep_f32: false, gen: rand("embd", 0, 0.0, 1.0) });
+    v.push(Planned {
+        name: g("model.embed_tokens.weight", "token_embd.weight"),
+        shape: vec![h, s.n_vocab],
+        keep_f32: false,
+        gen: rand("embd", 0, 0.0, 1.0),
+    });
     for l in 0..s.n_layers {
-        let n = |role: &str| if hf { format!("model.layers.{l}.{}", crate::deepseek2::hf_layer_name(role).unwrap_or(role)) } else { format!("blk.{l}.{role}.weight") };
+        let n = |role: &str| {
+            if hf {
+                format!("model.layers.{l}.{}", crate::deepseek2::hf_layer_name(role).unwrap_or(role))
+            } else {
+                format!("blk.{l}.{role}.weight")
+            }
+        };
         let k = |role: &str| format!("{l}.{role}");
         v.push(norm(n("attn_norm"), &k("attn_norm"), h));
         match s.q_lora {
@@ -243,12 +273,24 @@ fn plan(s: &SynthSpec, fmt: SynthFormat) -> Vec<Planned> {
         v.push(norm(n("ffn_norm"), &k("ffn_norm"), h));
         if s.is_moe(l) {
             let (ne, fe) = (s.n_experts, s.ff_exp);
-            v.push(Planned { name: n("ffn_gate_inp"), shape: vec![h, ne], keep_f32: true, gen: rand(&k("ffn_gate_inp"), 0, 0.0, 1.0 / (h as f32).sqrt()) });
-            for (role, proj, i, o) in [("ffn_gate_exps", "gate_proj", h, fe), ("ffn_up_exps", "up_proj", h, fe), ("ffn_down_exps", "down_proj", fe, h)] {
+            v.push(Planned {
+                name: n("ffn_gate_inp"),
+                shape: vec![h, ne],
+                keep_f32: true,
+                gen: rand(&k("ffn_gate_inp"), 0, 0.0, 1.0 / (h as f32).sqrt()),
+            });
+            for (role, proj, i, o) in
+                [("ffn_gate_exps", "gate_proj", h, fe), ("ffn_up_exps", "up_proj", h, fe), ("ffn_down_exps", "down_proj", fe, h)]
+            {
                 let std = 1.0 / (i as f32).sqrt();
                 if hf {
                     for e in 0..ne {
-                        v.push(Planned { name: format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight"), shape: vec![i, o], keep_f32: false, gen: rand(&k(role), e * o, 0.0, std) });
+                        v.push(Planned {
+                            name: format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight"),
+                            shape: vec![i, o],
+                            keep_f32: false,
+                            gen: rand(&k(role), e * o, 0.0, std),
+                        });
                     }
                 } else {
                     v.push(Planned { name: n(role), shape: vec![i, o, ne], keep_f32: false, gen: rand(&k(role), 0, 0.0, std) });
@@ -378,12 +420,15 @@ pub fn synth_spec(spec: &SynthSpec, quant: GgmlType, seed: u64, out: &Path, form
     match format {
         SynthFormat::Hf => {
             std::fs::create_dir_all(out).map_err(|e| err(format!("{}: {e}", out.display())))?;
-            std::fs::write(out.join("config.json"), hf_config(s, quant)).map_err(|e| err(format!("{}: {e}", out.join("config.json").display())))?;
+            std::fs::write(out.join("config.json"), hf_config(s, quant))
+                .map_err(|e| err(format!("{}: {e}", out.join("config.json").display())))?;
             let path = out.join("model.safetensors");
             let file = std::fs::File::create(&path).map_err(|e| err(format!("{}: {e}", path.display())))?;
             let mut w = BufWriter::with_capacity(1 << 22, file);
             let header = safetensors_header(&tensors, &dtypes)?;
-            w.write_all(&(header.len() as u64).to_le_bytes()).and_then(|_| w.write_all(header.as_bytes())).map_err(|e| err(format!("{}: {e}", path.display())))?;
+            w.write_all(&(header.len() as u64).to_le_bytes())
+                .and_then(|_| w.write_all(header.as_bytes()))
+                .map_err(|e| err(format!("{}: {e}", path.display())))?;
             stream(s, &tensors, &dtypes, seed, |b| w.write_all(b).map_err(|e| err(format!("{}: {e}", path.display()))))?;
             w.flush().map_err(|e| err(format!("{}: {e}", path.display())))?;
         }
@@ -410,7 +455,13 @@ pub fn synth(preset: Preset, quant: GgmlType, seed: u64, out: &Path, format: Syn
 
 /// Generate every tensor in order, piece by piece, handing the bytes to `sink`; the next piece is
 /// generated (on the rayon pool) while the previous one is written.
-fn stream(s: &SynthSpec, tensors: &[Planned], dtypes: &[GgmlType], seed: u64, mut sink: impl FnMut(&[u8]) -> Result<()> + Send) -> Result<()> {
+fn stream(
+    s: &SynthSpec,
+    tensors: &[Planned],
+    dtypes: &[GgmlType],
+    seed: u64,
+    mut sink: impl FnMut(&[u8]) -> Result<()> + Send,
+) -> Result<()> {
     // The work list: (tensor index, first row, rows).
     let mut work = Vec::new();
     for (i, t) in tensors.iter().enumerate() {
@@ -442,7 +493,8 @@ fn stream(s: &SynthSpec, tensors: &[Planned], dtypes: &[GgmlType], seed: u64, mu
                 kvb_key = key.clone();
             }
         }
-        let (gen_res, write_res) = rayon::join(|| enc.piece(s, t, dtypes[i], r0, n, &mut next, &kvb), || if have { sink(&cur) } else { Ok(()) });
+        let (gen_res, write_res) =
+            rayon::join(|| enc.piece(s, t, dtypes[i], r0, n, &mut next, &kvb), || if have { sink(&cur) } else { Ok(()) });
         gen_res?;
         write_res?;
         std::mem::swap(&mut cur, &mut next);
@@ -532,7 +584,16 @@ fn gguf_metadata(s: &SynthSpec, q: GgmlType, fmt: SynthFormat) -> Vec<(String, V
     let mut m = vec![
         ("general.architecture".to_string(), Value::String("deepseek2".into())),
         ("general.name".to_string(), Value::String(s.name.clone())),
-        ("general.file_type".to_string(), Value::U32(match q { GgmlType::F32 => 0, GgmlType::F16 => 1, GgmlType::Q8_0 => 7, GgmlType::BF16 => 32, _ => 0 })),
+        (
+            "general.file_type".to_string(),
+            Value::U32(match q {
+                GgmlType::F32 => 0,
+                GgmlType::F16 => 1,
+                GgmlType::Q8_0 => 7,
+                GgmlType::BF16 => 32,
+                _ => 0,
+            }),
+        ),
         (a("block_count"), u(s.n_layers)),
         (a("context_length"), u(s.n_ctx_train)),
         (a("embedding_length"), u(s.n_embd)),

@@ -147,7 +147,11 @@ fn check_q8(path: &Path, tokens: &[u32], reference: &[Vec<f32>], what: &str) -> 
 fn read_npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(&b[..6], b"\x93NUMPY", "{}: not a .npy file", path.display());
-    let (hlen, hstart) = if b[6] == 1 { (u16::from_le_bytes([b[8], b[9]]) as usize, 10) } else { (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12) };
+    let (hlen, hstart) = if b[6] == 1 {
+        (u16::from_le_bytes([b[8], b[9]]) as usize, 10)
+    } else {
+        (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12)
+    };
     let header = std::str::from_utf8(&b[hstart..hstart + hlen]).expect("npy header is ASCII");
     assert!(header.contains("'descr': '<f4'"), "{}: only little-endian float32 is supported: {header}", path.display());
     assert!(header.contains("'fortran_order': False"), "{}: only C order: {header}", path.display());
@@ -170,7 +174,9 @@ fn read_tokens(path: &Path) -> Vec<u32> {
     let v: serde_json::Value = serde_json::from_str(&txt).expect("tokens.json is JSON");
     let arr = match &v {
         serde_json::Value::Array(a) => a.clone(),
-        serde_json::Value::Object(o) => o.get("tokens").or(o.get("input_ids")).and_then(|x| x.as_array()).cloned().expect("tokens.json: no tokens/input_ids array"),
+        serde_json::Value::Object(o) => {
+            o.get("tokens").or(o.get("input_ids")).and_then(|x| x.as_array()).cloned().expect("tokens.json: no tokens/input_ids array")
+        }
         _ => panic!("tokens.json: expected an array"),
     };
     arr.iter().map(|x| x.as_u64().expect("token id") as u32).collect()
@@ -187,7 +193,9 @@ fn fixture(variant: &str) {
     assert_eq!(shape[0], tokens.len());
     let reference: Vec<Vec<f32>> = flat.chunks(shape[1]).map(|r| r.to_vec()).collect();
     let mut report = Vec::new();
-    for (what, path) in [("hf-f32", dir.clone()), ("gguf-f32-mla", dir.join("model-f32-mla.gguf")), ("gguf-f32-legacy", dir.join("model-f32-legacy.gguf"))] {
+    for (what, path) in
+        [("hf-f32", dir.clone()), ("gguf-f32-mla", dir.join("model-f32-mla.gguf")), ("gguf-f32-legacy", dir.join("model-f32-legacy.gguf"))]
+    {
         if !path.exists() {
             eprintln!("SKIP {variant}/{what}: {} missing", path.display());
             continue;
@@ -319,7 +327,10 @@ fn reference(src: &dyn TensorSource, s: &SynthSpec, tokens: &[u32]) -> Vec<Vec<f
             let hn = rms(&x, &l(li, "input_layernorm.weight"));
             let q = match s.q_lora {
                 None => mv(&l(li, "self_attn.q_proj.weight"), &hn),
-                Some(_) => mv(&l(li, "self_attn.q_b_proj.weight"), &rms(&mv(&l(li, "self_attn.q_a_proj.weight"), &hn), &l(li, "self_attn.q_a_layernorm.weight"))),
+                Some(_) => mv(
+                    &l(li, "self_attn.q_b_proj.weight"),
+                    &rms(&mv(&l(li, "self_attn.q_a_proj.weight"), &hn), &l(li, "self_attn.q_a_layernorm.weight")),
+                ),
             };
             let kv = mv(&l(li, "self_attn.kv_a_proj_with_mqa.weight"), &hn);
             let c = rms(&kv[..kl], &l(li, "self_attn.kv_a_layernorm.weight"));
@@ -363,7 +374,8 @@ fn reference(src: &dyn TensorSource, s: &SynthSpec, tokens: &[u32]) -> Vec<Vec<f
                 let mut eligible = vec![true; s.n_experts];
                 if s.n_group > 1 {
                     let gs = s.n_experts / s.n_group;
-                    let mut g: Vec<(usize, f64)> = (0..s.n_group).map(|g| (g, p[g * gs..(g + 1) * gs].iter().cloned().fold(f64::NEG_INFINITY, f64::max))).collect();
+                    let mut g: Vec<(usize, f64)> =
+                        (0..s.n_group).map(|g| (g, p[g * gs..(g + 1) * gs].iter().cloned().fold(f64::NEG_INFINITY, f64::max))).collect();
                     g.sort_by(|a, b| b.1.total_cmp(&a.1));
                     for &(gi, _) in &g[s.topk_group..] {
                         (gi * gs..(gi + 1) * gs).for_each(|i| eligible[i] = false);
@@ -381,11 +393,21 @@ fn reference(src: &dyn TensorSource, s: &SynthSpec, tokens: &[u32]) -> Vec<Vec<f
                 }
                 let mut y = vec![0f64; h];
                 for (e, wt) in chosen {
-                    let f = ffn(&hn, &l(li, &format!("mlp.experts.{e}.gate_proj.weight")), &l(li, &format!("mlp.experts.{e}.up_proj.weight")), &l(li, &format!("mlp.experts.{e}.down_proj.weight")));
+                    let f = ffn(
+                        &hn,
+                        &l(li, &format!("mlp.experts.{e}.gate_proj.weight")),
+                        &l(li, &format!("mlp.experts.{e}.up_proj.weight")),
+                        &l(li, &format!("mlp.experts.{e}.down_proj.weight")),
+                    );
                     y.iter_mut().zip(f).for_each(|(y, f)| *y += wt * s.routed_scale as f64 * f);
                 }
                 if s.n_shared > 0 {
-                    let f = ffn(&hn, &l(li, "mlp.shared_experts.gate_proj.weight"), &l(li, "mlp.shared_experts.up_proj.weight"), &l(li, "mlp.shared_experts.down_proj.weight"));
+                    let f = ffn(
+                        &hn,
+                        &l(li, "mlp.shared_experts.gate_proj.weight"),
+                        &l(li, "mlp.shared_experts.up_proj.weight"),
+                        &l(li, "mlp.shared_experts.down_proj.weight"),
+                    );
                     y.iter_mut().zip(f).for_each(|(y, f)| *y += f);
                 }
                 y
@@ -477,7 +499,11 @@ fn prefill_equals_decode_and_slots_are_independent() {
     m.forward(&b, &mut out).expect("mixed batch");
     let (mut a, mut o) = (Vec::new(), Vec::new());
     for (k, row) in out.chunks(nv).enumerate() {
-        if toks[outputs[k] as usize].slot == 2 { a.push(row.to_vec()) } else { o.push(row.to_vec()) }
+        if toks[outputs[k] as usize].slot == 2 {
+            a.push(row.to_vec())
+        } else {
+            o.push(row.to_vec())
+        }
     }
     let (e1, e2) = (max_rel(&a, &full), max_rel(&o, &alone));
     eprintln!("mixed batch vs alone: {e1:.2e} / {e2:.2e}");
@@ -486,7 +512,11 @@ fn prefill_equals_decode_and_slots_are_independent() {
 
 #[test]
 fn synth_tiny_preset_round_trips() {
-    for (q, fmt, name) in [(GgmlType::Q8_0, SynthFormat::Gguf, "tiny-q8_0.gguf"), (GgmlType::BF16, SynthFormat::Hf, "tiny-bf16-hf"), (GgmlType::F16, SynthFormat::GgufLegacy, "tiny-f16-legacy.gguf")] {
+    for (q, fmt, name) in [
+        (GgmlType::Q8_0, SynthFormat::Gguf, "tiny-q8_0.gguf"),
+        (GgmlType::BF16, SynthFormat::Hf, "tiny-bf16-hf"),
+        (GgmlType::F16, SynthFormat::GgufLegacy, "tiny-f16-legacy.gguf"),
+    ] {
         let p = tmp(name);
         ts_models::synth::synth(Preset::Tiny, q, 1, &p, fmt).expect("synth tiny");
         let src = ts_formats::open_model(&p).expect("open_model");
@@ -546,7 +576,12 @@ fn patched(path: &Path, hide: &[&str], alias: Option<(&str, &str)>, meta: &[(&st
             None => m.remove(*k),
         };
     }
-    Patched { inner, hide: hide.iter().map(|s| s.to_string()).collect(), alias: alias.map(|(a, b)| (a.to_string(), b.to_string())), meta: m }
+    Patched {
+        inner,
+        hide: hide.iter().map(|s| s.to_string()).collect(),
+        alias: alias.map(|(a, b)| (a.to_string(), b.to_string())),
+        meta: m,
+    }
 }
 
 fn open_err(src: &dyn TensorSource) -> String {

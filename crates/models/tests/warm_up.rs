@@ -4,7 +4,10 @@
 use std::sync::Arc;
 
 use ts_core::BatchMeta;
-use ts_models::{RuntimeOptions, synth_dense::{synth_dense, DensePreset}};
+use ts_models::{
+    synth_dense::{synth_dense, DensePreset},
+    RuntimeOptions,
+};
 
 #[test]
 fn warm_up_does_not_change_results() {

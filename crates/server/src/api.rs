@@ -102,13 +102,14 @@ pub fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(ApiError::bad_request("The request body is empty; expected a JSON object.").with_code("invalid_json"));
     }
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::bad_request(format!("The request body is not valid JSON: {e}")).with_code("invalid_json")
-    })?;
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")).with_code("invalid_json"))?;
     match v {
         Value::Object(m) => Ok(m),
-        other => Err(ApiError::bad_request(format!("The request body must be a JSON object, not {}.", type_name(&other)))
-            .with_code("invalid_json")),
+        other => {
+            Err(ApiError::bad_request(format!("The request body must be a JSON object, not {}.", type_name(&other)))
+                .with_code("invalid_json"))
+        }
     }
 }
 
@@ -123,11 +124,12 @@ pub fn parse_common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiE
     let stream = boolean(obj, "stream")?.unwrap_or(false);
     let include_usage = match field(obj, "stream_options") {
         None => false,
-        Some(Value::Object(o)) => boolean(o, "include_usage").map_err(|mut e| {
-            e.param = Some("stream_options.include_usage".into());
-            e
-        })?
-        .unwrap_or(false),
+        Some(Value::Object(o)) => boolean(o, "include_usage")
+            .map_err(|mut e| {
+                e.param = Some("stream_options.include_usage".into());
+                e
+            })?
+            .unwrap_or(false),
         Some(v) => return Err(wrong_type("stream_options", "an object", v)),
     };
     let mut max_tokens = integer(obj, "max_tokens", 1, u32::MAX as i64)?;
@@ -282,7 +284,12 @@ pub fn parse_prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
     let tokens = |a: &[Value], p: &str| -> Result<Vec<u32>, ApiError> {
         a.iter()
             .enumerate()
-            .map(|(i, v)| v.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(|| wrong_type(&format!("{p}[{i}]"), "a token id", v)))
+            .map(|(i, v)| {
+                v.as_u64()
+                    .filter(|&t| t <= u32::MAX as u64)
+                    .map(|t| t as u32)
+                    .ok_or_else(|| wrong_type(&format!("{p}[{i}]"), "a token id", v))
+            })
             .collect()
     };
     match obj.get("prompt") {
@@ -413,7 +420,14 @@ pub fn usage_chunk(m: &Meta, object: &str, prompt: usize, completion: usize) -> 
 }
 
 /// A complete `text_completion`.
-pub fn completion_response(m: &Meta, text: &str, finish: Finish, logprobs: Option<&[TokenLogprob]>, prompt: usize, completion: usize) -> Value {
+pub fn completion_response(
+    m: &Meta,
+    text: &str,
+    finish: Finish,
+    logprobs: Option<&[TokenLogprob]>,
+    prompt: usize,
+    completion: usize,
+) -> Value {
     let mut off = 0;
     json!({
         "id": m.id,
@@ -514,11 +528,9 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("messages[0].role"));
         let e = parse_messages(&obj(r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#)).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[0].content[0].type"));
-        let m = parse_messages(&obj(
-            r#"{"messages": [{"role": "developer", "content": "be brief"},
+        let m = parse_messages(&obj(r#"{"messages": [{"role": "developer", "content": "be brief"},
                 {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                {"role": "assistant", "content": null}]}"#,
-        ))
+                {"role": "assistant", "content": null}]}"#))
         .expect("valid");
         assert_eq!(m, vec![ChatMessage::new("system", "be brief"), ChatMessage::new("user", "ab"), ChatMessage::new("assistant", "")]);
     }

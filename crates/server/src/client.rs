@@ -76,11 +76,8 @@ pub async fn request(addr: SocketAddr, method: &str, path: &str, body: Option<(&
     let mut r = BufReader::new(s);
     let mut line = String::new();
     r.read_line(&mut line).await?;
-    let status: u16 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| invalid(format!("bad status line {line:?}")))?;
+    let status: u16 =
+        line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| invalid(format!("bad status line {line:?}")))?;
     let mut headers = Vec::new();
     loop {
         line.clear();
@@ -225,10 +222,8 @@ impl Events {
                 let ev: Vec<u8> = self.buf.drain(..end.0).collect();
                 self.buf.drain(..end.1);
                 let text = String::from_utf8_lossy(&ev);
-                let data: Vec<&str> = text
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data:").map(|d| d.strip_prefix(' ').unwrap_or(d)))
-                    .collect();
+                let data: Vec<&str> =
+                    text.lines().filter_map(|l| l.strip_prefix("data:").map(|d| d.strip_prefix(' ').unwrap_or(d))).collect();
                 if data.is_empty() {
                     continue; // comment or keep-alive
                 }

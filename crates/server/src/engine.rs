@@ -869,7 +869,8 @@ mod tests {
         // B's prompt went through in chunks of at most 16, each forward also carrying A's decode
         // token while A was still running.
         let seen = seen.lock().expect("lock");
-        let b_steps: Vec<_> = seen[steps_before..].iter().filter(|(toks, _)| toks.iter().any(|t| t.2 >= 100 && t.2 < 200 && t.1 < 100)).collect();
+        let b_steps: Vec<_> =
+            seen[steps_before..].iter().filter(|(toks, _)| toks.iter().any(|t| t.2 >= 100 && t.2 < 200 && t.1 < 100)).collect();
         assert!(b_steps.len() >= 100usize.div_ceil(16), "{} prefill steps", b_steps.len());
         for (toks, _) in &b_steps {
             let prompt_toks = toks.iter().filter(|t| t.2 >= 100 && t.2 < 200 && t.1 < 100).count();
@@ -877,7 +878,8 @@ mod tests {
             let a_slot_tokens = toks.iter().filter(|t| !(t.2 >= 100 && t.2 < 200 && t.1 < 100)).count();
             assert!(a_slot_tokens <= 1);
         }
-        let mixed = b_steps.iter().filter(|(toks, _)| toks.len() > toks.iter().filter(|t| t.2 >= 100 && t.2 < 200 && t.1 < 100).count()).count();
+        let mixed =
+            b_steps.iter().filter(|(toks, _)| toks.len() > toks.iter().filter(|t| t.2 >= 100 && t.2 < 200 && t.1 < 100).count()).count();
         assert!(mixed >= 3, "decode tokens rode along in only {mixed} prefill steps");
         assert_eq!(m.completion_tokens.load(Relaxed), 65);
         drop(seen);

@@ -55,24 +55,12 @@ impl ApiError {
 
     /// 503: the server cannot take the request now (queue full, engine stopped).
     pub fn unavailable(message: impl Into<String>, code: &'static str) -> Self {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: message.into(),
-            kind: "server_error",
-            param: None,
-            code: Some(code),
-        }
+        ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: message.into(), kind: "server_error", param: None, code: Some(code) }
     }
 
     /// 500: something failed inside the server.
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: message.into(),
-            kind: "server_error",
-            param: None,
-            code: None,
-        }
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), kind: "server_error", param: None, code: None }
     }
 
     /// The JSON body (`{"error": {...}}`).

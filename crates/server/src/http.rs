@@ -376,7 +376,8 @@ impl StreamState {
 
 /// An SSE response; dropping it (client gone) drops `rx`, which stops the sequence.
 fn stream_response(kind: Kind, meta: Meta, c: Common, rx: Receiver<Event>) -> Response {
-    let st = StreamState { kind, meta, include_usage: c.include_usage, logprobs: c.top_logprobs.is_some(), rx, phase: Phase::Start, offset: 0 };
+    let st =
+        StreamState { kind, meta, include_usage: c.include_usage, logprobs: c.top_logprobs.is_some(), rx, phase: Phase::Start, offset: 0 };
     let stream = futures_util::stream::unfold(st, |mut st| async move { st.next().await.map(|b| (Ok::<Bytes, Infallible>(b), st)) });
     Response::builder()
         .status(StatusCode::OK)

@@ -114,23 +114,48 @@ impl Metrics {
         let gauge = |s: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
-        counter(&mut s, "turbospark_requests_accepted_total", "Generation requests accepted into the queue.", self.requests_accepted.load(Relaxed));
-        counter(&mut s, "turbospark_requests_rejected_total", "Generation requests refused with 503 (queue full).", self.requests_rejected.load(Relaxed));
-        let _ = writeln!(s, "# HELP turbospark_requests_finished_total Sequences ended, by reason.\n# TYPE turbospark_requests_finished_total counter");
-        for (reason, v) in [
-            ("stop", &self.finished_stop),
-            ("length", &self.finished_length),
-            ("cancelled", &self.cancelled),
-            ("error", &self.failed),
-        ] {
+        counter(
+            &mut s,
+            "turbospark_requests_accepted_total",
+            "Generation requests accepted into the queue.",
+            self.requests_accepted.load(Relaxed),
+        );
+        counter(
+            &mut s,
+            "turbospark_requests_rejected_total",
+            "Generation requests refused with 503 (queue full).",
+            self.requests_rejected.load(Relaxed),
+        );
+        let _ = writeln!(
+            s,
+            "# HELP turbospark_requests_finished_total Sequences ended, by reason.\n# TYPE turbospark_requests_finished_total counter"
+        );
+        for (reason, v) in
+            [("stop", &self.finished_stop), ("length", &self.finished_length), ("cancelled", &self.cancelled), ("error", &self.failed)]
+        {
             let _ = writeln!(s, "turbospark_requests_finished_total{{reason=\"{reason}\"}} {}", v.load(Relaxed));
         }
-        counter(&mut s, "turbospark_requests_timed_out_total", "Requests past --request-timeout (running: finished \"length\"; waiting: 503).", self.timed_out.load(Relaxed));
-        counter(&mut s, "turbospark_slow_clients_dropped_total", "Sequences dropped because their client stopped reading.", self.slow_clients.load(Relaxed));
+        counter(
+            &mut s,
+            "turbospark_requests_timed_out_total",
+            "Requests past --request-timeout (running: finished \"length\"; waiting: 503).",
+            self.timed_out.load(Relaxed),
+        );
+        counter(
+            &mut s,
+            "turbospark_slow_clients_dropped_total",
+            "Sequences dropped because their client stopped reading.",
+            self.slow_clients.load(Relaxed),
+        );
         counter(&mut s, "turbospark_prompt_tokens_total", "Prompt tokens of admitted requests.", self.prompt_tokens.load(Relaxed));
         counter(&mut s, "turbospark_completion_tokens_total", "Tokens generated.", self.completion_tokens.load(Relaxed));
         gauge(&mut s, "turbospark_queue_depth", "Requests waiting for a cache slot.", self.queue_depth.load(Relaxed) as f64);
-        gauge(&mut s, "turbospark_active_sequences", "Sequences in the running batch (slots in use).", self.active_seqs.load(Relaxed) as f64);
+        gauge(
+            &mut s,
+            "turbospark_active_sequences",
+            "Sequences in the running batch (slots in use).",
+            self.active_seqs.load(Relaxed) as f64,
+        );
         gauge(&mut s, "turbospark_slots_total", "Cache slots (--max-seqs).", self.slots_total.load(Relaxed) as f64);
         gauge(&mut s, "turbospark_batch_tokens", "Tokens in the latest forward pass.", self.last_batch_tokens.load(Relaxed) as f64);
         counter(&mut s, "turbospark_steps_total", "Forward passes run.", self.steps.load(Relaxed));
@@ -140,7 +165,12 @@ impl Metrics {
             "# HELP turbospark_step_seconds_total Seconds spent in forward passes and sampling.\n# TYPE turbospark_step_seconds_total counter\nturbospark_step_seconds_total {}",
             self.step_seconds.get()
         );
-        gauge(&mut s, "turbospark_tokens_per_second", "Generated tokens per second over the latest window (about 1 s).", self.tokens_per_second.get());
+        gauge(
+            &mut s,
+            "turbospark_tokens_per_second",
+            "Generated tokens per second over the latest window (about 1 s).",
+            self.tokens_per_second.get(),
+        );
         {
             let h = self.ttft.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let _ = writeln!(s, "# HELP turbospark_time_to_first_token_seconds Time from request arrival to its first token.\n# TYPE turbospark_time_to_first_token_seconds histogram");

@@ -123,7 +123,8 @@ fn completions_whole_and_streamed_agree() {
         assert_eq!(streamed, text);
         assert_eq!(cs.last().expect("last")["choices"][0]["finish_reason"].as_str(), Some(fin.as_str()));
         // Token-id prompts are accepted too.
-        let (st, v) = post(addr, "/v1/completions", &json!({"prompt": [504, 3575, 282, 4649, 314], "max_tokens": 3, "temperature": 0})).await;
+        let (st, v) =
+            post(addr, "/v1/completions", &json!({"prompt": [504, 3575, 282, 4649, 314], "max_tokens": 3, "temperature": 0})).await;
         assert_eq!(st, 200, "{v}");
         assert_eq!(v["usage"]["prompt_tokens"], 5);
     });

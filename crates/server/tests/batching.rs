@@ -13,8 +13,22 @@ use ts_server::ServerConfig;
 /// 16 requests: greedy chat and completions, plus seeded sampling.
 fn requests() -> Vec<(&'static str, Value)> {
     let topics = [
-        "the sea", "a lost key", "winter", "the moon", "a robot", "coffee", "a library", "trains", "rain", "a cat", "mountains",
-        "music", "a garden", "bread", "the desert", "fireflies",
+        "the sea",
+        "a lost key",
+        "winter",
+        "the moon",
+        "a robot",
+        "coffee",
+        "a library",
+        "trains",
+        "rain",
+        "a cat",
+        "mountains",
+        "music",
+        "a garden",
+        "bread",
+        "the desert",
+        "fireflies",
     ];
     topics
         .iter()
@@ -103,7 +117,11 @@ fn full_queue_gets_503_and_a_client_that_hangs_up_frees_its_slot() {
         drop(ea);
         let mut eb = b.events();
         for _ in 0..2 {
-            tokio::time::timeout(Duration::from_secs(60), eb.next()).await.expect("B starts once A left").expect("B stream").expect("B event");
+            tokio::time::timeout(Duration::from_secs(60), eb.next())
+                .await
+                .expect("B starts once A left")
+                .expect("B stream")
+                .expect("B event");
         }
         drop(eb);
         let freed = wait_until(Duration::from_secs(30), || async {

@@ -81,7 +81,11 @@ fn official_openai_python_client() {
     assert!(script.is_file(), "{} missing", script.display());
     let s = start(2, 512, ServerConfig { prefill_chunk: 64, ..ServerConfig::default() });
     let mut c = Command::new(&py);
-    c.arg(&script).env("TS_SERVER_URL", s.url()).env("TS_MODEL_ID", s.model_id()).env("NO_PROXY", "127.0.0.1").env_remove("OPENAI_BASE_URL");
+    c.arg(&script)
+        .env("TS_SERVER_URL", s.url())
+        .env("TS_MODEL_ID", s.model_id())
+        .env("NO_PROXY", "127.0.0.1")
+        .env_remove("OPENAI_BASE_URL");
     let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("openai-client-test.log");
     let (ok, out) = run_limited(c, &log, Duration::from_secs(240));
     eprintln!("{out}");

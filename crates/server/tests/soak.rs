@@ -29,11 +29,7 @@ const MAX_BODY: usize = 64 << 10;
 /// Resident set size of this process in KiB.
 fn rss_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 /// A tiny deterministic generator (xorshift64*), one per client.
@@ -67,9 +63,15 @@ fn valid(rng: &mut Rng, stream: bool) -> (&'static str, Value) {
     let prompt = PROMPTS[rng.below(PROMPTS.len() as u64) as usize];
     let temperature = if rng.below(2) == 0 { 0.0 } else { 0.8 };
     if rng.below(2) == 0 {
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": temperature, "stream": stream, "seed": rng.below(100)}))
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": temperature, "stream": stream, "seed": rng.below(100)}),
+        )
     } else {
-        ("/v1/completions", json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": stream, "stop": ["\n\n"]}))
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": stream, "stop": ["\n\n"]}),
+        )
     }
 }
 
@@ -96,9 +98,11 @@ fn check_whole(v: &Value) {
 /// Checks a complete stream: a finish chunk, then `[DONE]` last.
 fn check_stream(events: &[String]) {
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "stream did not end with [DONE]: {events:?}");
-    let finished = events.iter().filter(|e| *e != "[DONE]").filter_map(|e| serde_json::from_str::<Value>(e).ok()).any(|v| {
-        v["choices"][0]["finish_reason"].as_str().is_some_and(|f| f == "stop" || f == "length")
-    });
+    let finished = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .any(|v| v["choices"][0]["finish_reason"].as_str().is_some_and(|f| f == "stop" || f == "length"));
     assert!(finished, "stream without a finish_reason: {events:?}");
 }
 
@@ -125,7 +129,10 @@ async fn client_loop(addr: SocketAddr, seed: u64, end: Instant, tally: Arc<Tally
             // Valid, streamed, read to the end.
             3..=4 => {
                 let (path, body) = valid(&mut rng, true);
-                let r = tokio::time::timeout(REQ_TIMEOUT, client::post_json(addr, path, &body)).await.expect("headers in time").expect("request");
+                let r = tokio::time::timeout(REQ_TIMEOUT, client::post_json(addr, path, &body))
+                    .await
+                    .expect("headers in time")
+                    .expect("request");
                 if r.status == 503 {
                     tally.busy.fetch_add(1, Relaxed);
                     continue;
@@ -151,7 +158,9 @@ async fn client_loop(addr: SocketAddr, seed: u64, end: Instant, tally: Arc<Tally
             // Invalid.
             5..=7 => {
                 let (path, body, want) = invalid(&mut rng);
-                let r = tokio::time::timeout(REQ_TIMEOUT, client::request(addr, "POST", path, Some(("application/json", &body)))).await.expect("answered in time");
+                let r = tokio::time::timeout(REQ_TIMEOUT, client::request(addr, "POST", path, Some(("application/json", &body))))
+                    .await
+                    .expect("answered in time");
                 // An oversized body may be refused before it is all sent (connection reset).
                 let Ok(r) = r else {
                     assert_eq!(want, 413, "{path}: request failed");
@@ -217,8 +226,13 @@ fn soak_random_valid_invalid_and_abandoned_requests() {
         let (st, v) = post(addr, "/v1/completions", &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0})).await;
         assert_eq!(st, 200, "{v}");
         let rss1 = rss_kib();
-        let (ok, bad, gone, busy) = (tally.valid_ok.load(Relaxed), tally.invalid_ok.load(Relaxed), tally.hung_up.load(Relaxed), tally.busy.load(Relaxed));
-        eprintln!("soak: {secs} s, {ok} valid answered, {bad} invalid refused, {gone} hung up, {busy} busy; RSS {} -> {} MiB", rss0 / 1024, rss1 / 1024);
+        let (ok, bad, gone, busy) =
+            (tally.valid_ok.load(Relaxed), tally.invalid_ok.load(Relaxed), tally.hung_up.load(Relaxed), tally.busy.load(Relaxed));
+        eprintln!(
+            "soak: {secs} s, {ok} valid answered, {bad} invalid refused, {gone} hung up, {busy} busy; RSS {} -> {} MiB",
+            rss0 / 1024,
+            rss1 / 1024
+        );
         assert!(ok >= 10 && bad >= 10 && gone >= 5, "too little traffic: {ok} valid, {bad} invalid, {gone} hung up");
         assert_eq!(busy, 0, "8 clients never fill 4 slots + a queue of 64");
         // Back near the warmed-up level (allocator slack allowed, no growth per request).
