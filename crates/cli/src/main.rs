@@ -17,10 +17,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     version,
     about = "Run open-weight LLMs (DeepSeek-V2, llama, gemma3) from GGUF files or Hugging Face folders, on CPU or CUDA.",
     long_about = "Run open-weight LLMs (DeepSeek-V2, llama, gemma3) from GGUF files or Hugging Face folders, on CPU or CUDA.\n\n\
-Examples:\n  turbospark run \"Why is the sky blue?\"            # default model, fetched once with pip\n  \
+Examples:\n  turbospark run \"The sky is blue because\"          # default model (fetched once with pip), raw completion\n  turbospark run --chat \"Why is the sky blue?\"      # one turn through the chat template\n  \
 turbospark chat                                    # interactive chat with the default model\n  \
 turbospark bench -m model.gguf -p 512 -n 128       # prompt / generation throughput\n  \
-turbospark synth --preset deepseek-v2-lite --quant q8_0 -o v2lite.gguf\n\n\
+turbospark synth --preset deepseek-v2-lite --quant q8_0 -o v2lite.gguf\n  turbospark serve --port 8080                       # OpenAI-compatible API (POST /v1/chat/completions)\n\n\
 Models: -m takes a .gguf file, an HF folder (config.json + *.safetensors), or a known name (see `turbospark models`).\n\
 The cache lives in $TURBOSPARK_HOME (default ~/.cache/turbospark)."
 )]
