@@ -229,21 +229,36 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
             return;
         }
     }
-    // Prompt kernel for the min types: groups of four activation rows with their (d, s) scales
-    // interleaved per block (see `min_2x4`).
+    // Prompt kernel for Q4_0/Q5_0/Q4_1/Q5_1: groups of four activation rows with their scales
+    // (and, for Q8_0, quant sums) interleaved per block (see `min_2x4`, `signed_2x4`).
     #[cfg(target_arch = "x86_64")]
     let k2x4 = if path == Path::Avx2 && n >= 4 { avx2::k2x4_kernel(w) } else { None };
     #[cfg(not(target_arch = "x86_64"))]
     let k2x4: Option<fn()> = None;
     let nb = k / 32;
+    // Per block and group of four rows, `per` floats: Q8_1 (min types): the four (d, s) pairs;
+    // Q8_0 (Q4_0/Q5_0): the four d twice, then the four quant sums twice as i32 (see `signed_2x4`).
+    let q80 = sc_per_row == nb;
+    let per = if q80 { 16 } else { 8 };
     let sc4: Vec<f32> = if k2x4.is_some() {
-        let mut v = vec![0f32; (n / 4) * nb * 8];
+        let mut v = vec![0f32; (n / 4) * nb * per];
         for g in 0..n / 4 {
             for b in 0..nb {
+                let o = (g * nb + b) * per;
                 for r in 0..4 {
-                    let src = (4 * g + r) * sc_per_row + 2 * b;
-                    v[(g * nb + b) * 8 + 2 * r] = act_scales[src];
-                    v[(g * nb + b) * 8 + 2 * r + 1] = act_scales[src + 1];
+                    let row = 4 * g + r;
+                    if q80 {
+                        let d = act_scales[row * sc_per_row + b];
+                        let qs = &acts[row * arb + b * 34 + 2..row * arb + b * 34 + 34];
+                        let sum = qs.iter().map(|&q| q as i8 as i32).sum::<i32>();
+                        v[o + r] = d;
+                        v[o + 4 + r] = d;
+                        v[o + 8 + r] = f32::from_bits(sum as u32);
+                        v[o + 12 + r] = f32::from_bits(sum as u32);
+                    } else {
+                        v[o + 2 * r] = act_scales[row * sc_per_row + 2 * b];
+                        v[o + 2 * r + 1] = act_scales[row * sc_per_row + 2 * b + 1];
+                    }
                 }
             }
         }
@@ -264,7 +279,7 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
             #[cfg(target_arch = "x86_64")]
             if let (4, Some(kern)) = (g, k2x4) {
                 let a: [*const u8; 4] = std::array::from_fn(|t| acts[(j + t) * arb..(j + t + 1) * arb].as_ptr());
-                let sc = sc4[(j / 4) * nb * 8..(j / 4 + 1) * nb * 8].as_ptr();
+                let sc = sc4[(j / 4) * nb * per..(j / 4 + 1) * nb * per].as_ptr();
                 let mut i = i0;
                 while i < i1 {
                     // An odd last row is paired with itself (per-row arithmetic is independent).
@@ -983,6 +998,52 @@ mod avx2 {
         _mm256_or_si256(nibbles(wb.add(8)), _mm256_and_si256(bits_to_bytes(wb.add(4)), _mm256_set1_epi8(0x10)))
     ));
 
+    /// [`min_2x4`] for Q4_0 / Q5_0 against Q8_0. The weight quants are decoded unsigned
+    /// (q + OFF, OFF = 8 / 16, so `maddubs` needs no sign trick) and the offset is taken off in
+    /// integers per block: Σ (q_u − OFF)·y = Σ q_u·y − OFF·Σ y, exactly the signed block sum.
+    /// The four activation rows' 16-bit pair sums are folded into one vector with `hadd`
+    /// (|values| ≤ 4·2·31·127 < 2^15), so one convert + multiply + FMA serves four rows.
+    /// `sc4` holds, per block, 16 words: [d_0..d_3, d_0..d_3] as f32, then [Σy_0..Σy_3,
+    /// Σy_0..Σy_3] as i32 (each row's quant sum of the block). Per (weight row, activation row)
+    /// one FMA chain over blocks in each 128-bit half, then the two halves added.
+    macro_rules! signed_2x4 {
+        ($name:ident, $wts:expr, $sh:literal, |$wb:ident| $decode:expr) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub unsafe fn $name(w: [*const u8; 2], a: [*const u8; 4], sc4: *const f32, nb: usize) -> [[f32; 4]; 2] {
+                // Two chains per weight row (even / odd blocks): more partial sums per row.
+                let mut acc = [[_mm256_setzero_ps(); 2]; 2];
+                let ones = _mm256_set1_epi16(1);
+                for ib in 0..nb {
+                    let da = _mm256_loadu_ps(sc4.add(16 * ib));
+                    // OFF/2 · Σy in each half: the two halves of the i32 lanes add up to OFF · Σy.
+                    let cc = _mm256_slli_epi32::<$sh>(_mm256_loadu_si256(sc4.add(16 * ib + 8) as *const __m256i));
+                    let y: [__m256i; 4] = std::array::from_fn(|r| ld256(a[r].add(ib * 34 + 2)));
+                    for t in 0..2 {
+                        let $wb = w[t].add(ib * $wts);
+                        let (dw, qu): (__m256, __m256i) = $decode;
+                        let m01 = _mm256_hadd_epi16(_mm256_maddubs_epi16(qu, y[0]), _mm256_maddubs_epi16(qu, y[1]));
+                        let m23 = _mm256_hadd_epi16(_mm256_maddubs_epi16(qu, y[2]), _mm256_maddubs_epi16(qu, y[3]));
+                        let p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_hadd_epi16(m01, m23), ones), cc);
+                        acc[t][ib & 1] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[t][ib & 1]);
+                    }
+                }
+                let mut out = [[0f32; 4]; 2];
+                for t in 0..2 {
+                    let a = _mm256_add_ps(acc[t][0], acc[t][1]);
+                    let sums = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+                    _mm_storeu_ps(out[t].as_mut_ptr(), sums);
+                }
+                out
+            }
+        };
+    }
+
+    signed_2x4!(q4_0_2x4, 18, 2, |wb| (f16x8(wb), nibbles(wb.add(2))));
+    signed_2x4!(q5_0_2x4, 22, 3, |wb| (
+        f16x8(wb),
+        _mm256_or_si256(nibbles(wb.add(6)), _mm256_and_si256(bits_to_bytes(wb.add(2)), _mm256_set1_epi8(0x10)))
+    ));
+
     /// Two weight rows, four activation rows, their interleaved (d, s) scales, blocks per row.
     pub type K2x4 = unsafe fn([*const u8; 2], [*const u8; 4], *const f32, usize) -> [[f32; 4]; 2];
 
@@ -991,6 +1052,8 @@ mod avx2 {
         match w {
             GgmlType::Q4_1 => Some(q4_1_2x4),
             GgmlType::Q5_1 => Some(q5_1_2x4),
+            GgmlType::Q4_0 => Some(q4_0_2x4),
+            GgmlType::Q5_0 => Some(q5_0_2x4),
             _ => None,
         }
     }
@@ -1661,7 +1724,7 @@ mod tests {
     #[ignore = "benchmark: `cargo test --release -p ts-cpu quant_dot_bench -- --ignored --nocapture`"]
     fn quant_dot_bench() {
         for &(w, m, k) in
-            &[(Q4_1, 576usize, 1536usize), (Q8_0, 2048, 1408), (Q4_0, 2048, 2048), (Q4K, 2048, 2048), (Q6K, 2048, 2048), (F16, 1024, 2048)]
+            &[(Q4_1, 576usize, 1536usize), (Q8_0, 2048, 1408), (Q4_0, 2048, 2048), (Q5_0, 2048, 640), (Q5_1, 2048, 640), (Q4K, 2048, 2048), (Q6K, 2048, 2048), (F16, 1024, 2048)]
         {
             let mut rng = Rng(9);
             let wv = random_vals(&mut rng, m * k, true);
