@@ -233,6 +233,8 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
     // (and, for Q8_0, quant sums) interleaved per block (see `min_2x4`, `signed_2x4`).
     #[cfg(target_arch = "x86_64")]
     let k2x4 = if path == Path::Avx2 && n >= 4 { avx2::k2x4_kernel(w) } else { None };
+    #[cfg(target_arch = "x86_64")]
+    let kx8 = if path == Path::Avx2 && n >= 8 { avx2::kx8_kernel(w) } else { None };
     #[cfg(not(target_arch = "x86_64"))]
     let k2x4: Option<fn()> = None;
     let nb = k / 32;
@@ -276,6 +278,28 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
                 2 | 3 => 2,
                 _ => 4,
             };
+            #[cfg(target_arch = "x86_64")]
+            if let (4, true, Some(kern)) = (g, n - j >= 8, kx8) {
+                const W: usize = avx2::W8_ROWS;
+                let a: [*const u8; 8] = std::array::from_fn(|t| acts[(j + t) * arb..(j + t + 1) * arb].as_ptr());
+                let sc = [0, 1].map(|h| sc4[(j / 4 + h) * nb * per..(j / 4 + h + 1) * nb * per].as_ptr());
+                let mut i = i0;
+                while i < i1 {
+                    // A short last set of rows repeats its last row (per-row arithmetic is independent).
+                    let rows: [usize; W] = std::array::from_fn(|t| (i + t).min(i1 - 1));
+                    // SAFETY: Avx2 only after detection; whole weight rows and activation rows
+                    // (bounds checked by the slicing); each sc slice holds 16 words per block.
+                    let r = unsafe { kern(rows.map(|ii| wdata[ii * wrb..(ii + 1) * wrb].as_ptr()), a, sc, nb) };
+                    for t in 0..W.min(i1 - i) {
+                        for (q, v) in r[t].into_iter().enumerate() {
+                            out[(j + q) * out_stride + rows[t]] = v;
+                        }
+                    }
+                    i += W;
+                }
+                j += 8;
+                continue;
+            }
             #[cfg(target_arch = "x86_64")]
             if let (4, Some(kern)) = (g, k2x4) {
                 let a: [*const u8; 4] = std::array::from_fn(|t| acts[(j + t) * arb..(j + t + 1) * arb].as_ptr());
@@ -1036,6 +1060,63 @@ mod avx2 {
                 out
             }
         };
+    }
+
+    /// [`signed_2x4`] over W weight rows and eight activation rows (two groups of four, each
+    /// with its own `sc4` slice): the weight block is decoded once for eight rows. Per group the
+    /// arithmetic is exactly that of [`signed_2x4`] (same FMA chains, same order), so results
+    /// are bit-identical to it.
+    macro_rules! signed_wx8 {
+        ($name:ident, $wts:expr, $sh:literal, |$wb:ident| $decode:expr) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub unsafe fn $name<const W: usize>(w: [*const u8; W], a: [*const u8; 8], sc: [*const f32; 2], nb: usize) -> [[f32; 8]; W] {
+                let mut acc = [[[_mm256_setzero_ps(); 2]; 2]; W];
+                let ones = _mm256_set1_epi16(1);
+                for ib in 0..nb {
+                    for t in 0..W {
+                        let $wb = w[t].add(ib * $wts);
+                        let (dw, qu): (__m256, __m256i) = $decode;
+                        for g in 0..2 {
+                            let da = _mm256_loadu_ps(sc[g].add(16 * ib));
+                            let cc = _mm256_slli_epi32::<$sh>(_mm256_loadu_si256(sc[g].add(16 * ib + 8) as *const __m256i));
+                            let y = |r: usize| ld256(a[4 * g + r].add(ib * 34 + 2));
+                            let m01 = _mm256_hadd_epi16(_mm256_maddubs_epi16(qu, y(0)), _mm256_maddubs_epi16(qu, y(1)));
+                            let m23 = _mm256_hadd_epi16(_mm256_maddubs_epi16(qu, y(2)), _mm256_maddubs_epi16(qu, y(3)));
+                            let p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_hadd_epi16(m01, m23), ones), cc);
+                            acc[t][g][ib & 1] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[t][g][ib & 1]);
+                        }
+                    }
+                }
+                let mut out = [[0f32; 8]; W];
+                for t in 0..W {
+                    for g in 0..2 {
+                        let a = _mm256_add_ps(acc[t][g][0], acc[t][g][1]);
+                        let sums = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+                        _mm_storeu_ps(out[t][4 * g..].as_mut_ptr(), sums);
+                    }
+                }
+                out
+            }
+        };
+    }
+
+    signed_wx8!(q4_0_wx8, 18, 2, |wb| (f16x8(wb), nibbles(wb.add(2))));
+    signed_wx8!(q5_0_wx8, 22, 3, |wb| (
+        f16x8(wb),
+        _mm256_or_si256(nibbles(wb.add(6)), _mm256_and_si256(bits_to_bytes(wb.add(2)), _mm256_set1_epi8(0x10)))
+    ));
+
+    /// W8_ROWS weight rows, eight activation rows, their two groups' `sc4` slices, blocks per row.
+    pub const W8_ROWS: usize = 1;
+    pub type Kx8 = unsafe fn([*const u8; W8_ROWS], [*const u8; 8], [*const f32; 2], usize) -> [[f32; 8]; W8_ROWS];
+
+    /// The eight-activation-row prompt kernel of Q4_0 / Q5_0 (see [`signed_wx8`]).
+    pub fn kx8_kernel(w: GgmlType) -> Option<Kx8> {
+        match w {
+            GgmlType::Q4_0 => Some(q4_0_wx8::<W8_ROWS>),
+            GgmlType::Q5_0 => Some(q5_0_wx8::<W8_ROWS>),
+            _ => None,
+        }
     }
 
     signed_2x4!(q4_0_2x4, 18, 2, |wb| (f16x8(wb), nibbles(wb.add(2))));
