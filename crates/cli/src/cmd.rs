@@ -149,6 +149,11 @@ pub struct BenchArgs {
     /// Repetitions (the median is reported).
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub reps: usize,
+    /// Also decode this many sequences at once (one token each per forward, each in its own
+    /// cache slot, greedy) for --n-gen steps and report the aggregate tok/s, as a server with that
+    /// many concurrent requests would (test `tg128 x64`).
+    #[arg(long = "parallel", value_name = "N", default_value_t = 0)]
+    pub parallel: usize,
 }
 
 #[derive(Args)]
@@ -512,7 +517,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if m.ctx_size.is_none() {
         m.ctx_size = Some(need.max(512));
     }
-    let mut l = load::load(&m, None, 1)?;
+    if a.parallel > 0 && m.batch_size < a.parallel {
+        m.batch_size = a.parallel;
+    }
+    let mut l = load::load(&m, None, 1 + a.parallel)?;
     let ctx = l.model.options().ctx;
     if a.depth + a.n_prompt > ctx || a.depth + a.n_gen > ctx {
         bail!("the test needs {need} tokens of context; raise --ctx-size");
@@ -582,6 +590,35 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         let name = if a.depth > 0 { format!("tg{} @ d{}", a.n_gen, a.depth) } else { format!("tg{}", a.n_gen) };
         row(name, &mut v);
+    }
+    drop(sess);
+    if a.parallel > 0 && a.n_gen > 0 {
+        // Slots 1..=N (slot 0 is the single-sequence tests'), positions 0.. in each.
+        let np = a.parallel;
+        let nvu = nv as usize;
+        let mut logits = vec![0f32; np * nvu];
+        let mut meta = ts_core::BatchMeta { slot_len: ctx as u32, ..Default::default() };
+        let mut v = Vec::new();
+        for r in 0..reps + 1 {
+            let mut toks: Vec<u32> = (0..np).map(|_| rnd()).collect();
+            let t0 = Instant::now();
+            for step in 0..a.n_gen {
+                meta.tokens.clear();
+                meta.outputs.clear();
+                for (s, &t) in toks.iter().enumerate() {
+                    meta.outputs.push(s as u32);
+                    meta.tokens.push(ts_core::TokenMeta { token: t, pos: step as u32, slot: 1 + s as u32 });
+                }
+                l.model.forward(&meta, &mut logits)?;
+                for (s, t) in toks.iter_mut().enumerate() {
+                    *t = argmax(&logits[s * nvu..(s + 1) * nvu]);
+                }
+            }
+            if r > 0 {
+                v.push((np * a.n_gen) as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+        row(format!("tg{} x{np}", a.n_gen), &mut v);
     }
     Ok(())
 }

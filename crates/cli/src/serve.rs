@@ -131,6 +131,10 @@ pub struct LoadtestArgs {
     /// Sampling temperature (each client has its own seed).
     #[arg(long, default_value_t = 0.7)]
     pub temperature: f32,
+    /// Send raw completions whose prompt is N token ids instead of text (for models without a
+    /// tokenizer, e.g. `turbospark synth` checkpoints); implies --raw.
+    #[arg(long = "prompt-ids", value_name = "N")]
+    pub prompt_ids: Option<usize>,
 }
 
 /// Runs the load test and prints its report.
@@ -144,8 +148,9 @@ pub fn loadtest(a: LoadtestArgs) -> Result<()> {
         duration: Duration::from_secs_f64(a.duration),
         max_tokens: a.max_tokens.max(1),
         prompt: a.prompt.clone(),
-        chat: !a.raw,
+        chat: !a.raw && a.prompt_ids.is_none(),
         temperature: a.temperature,
+        prompt_ids: a.prompt_ids.map(|n| n.max(1)),
     };
     eprintln!(
         "turbospark: loadtest {} with {} streaming clients for {:.1} s (max_tokens {}, {})",

@@ -168,8 +168,12 @@ enum S {
     Y,
     /// Per-split partial results of the split MLA decode kernel.
     Part,
+    /// Activation rows quantised to Q8_0 groups for the tensor-core products (`mmq_q8`).
+    Xq,
+    /// The MoE's GLU output, quantised the same way (input of the down projection).
+    Hq,
 }
-const N_SCRATCH: usize = 11;
+const N_SCRATCH: usize = 13;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -185,9 +189,13 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "gemv_q8_multi_8",
     "moe_gateup_sh_q8",
     "moe_down_sh_q8",
+    "mla_prefill",
+    "mmq_q8",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
+/// Dynamic shared memory of `mmq_q8`: 3 stages of 128 rows of 144 bytes (kernels/mmq.cu).
+const MMQ_SMEM: usize = 3 * 128 * 144;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
@@ -315,6 +323,10 @@ fn kernel_names() -> Vec<String> {
         "gemv_q8_multi_8",
         "moe_gateup_sh_q8",
         "moe_down_sh_q8",
+        "quant_q8_groups",
+        "mmq_q8",
+        "mmq_sum_splits",
+        "mla_prefill",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -364,6 +376,12 @@ pub struct CudaBackend {
     /// `TS_CUDA_EXACT=1`: activations stay f32 in every matmul (no 8-bit dp4a paths, no fused
     /// Q8_0 kernels), the GPU twin of the CPU's `--exact` referee mode.
     exact: bool,
+    /// Prompt-size paths on the tensor cores: Q8_0 products of more than [`GEMV_MAX_TOKENS`]
+    /// tokens on int8 MMA (`kernels/mmq.cu`) and MLA attention on bf16 MMA
+    /// (`kernels/mla_prefill.cu`). On for compute capability 8.0 or newer, off in exact mode and
+    /// with `TS_CUDA_TC=0` (cuBLAS on bf16 copies, the f32 expert kernel and the per-token
+    /// attention kernel then).
+    tc: bool,
     /// `TS_CUDA_PROFILE=1`: every launch is timed with events (the stream waits after each) and
     /// a per-kernel table goes to stderr when the backend is dropped. Graphs are off then.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
@@ -476,6 +494,7 @@ impl CudaBackend {
             graphs_on: std::env::var("TS_CUDA_GRAPHS").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             profile: std::env::var_os("TS_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new())),
             fused: std::env::var("TS_CUDA_FUSED").map_or(true, |v| v != "0") && !exact,
+            tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
             exact,
         })
     }
@@ -496,6 +515,11 @@ impl CudaBackend {
     }
 
     /// Whether the fused decode kernels are on (`TS_CUDA_FUSED=0` turns them off).
+    /// Whether the tensor-core prompt paths are on (see the `tc` field).
+    pub fn tensor_cores(&self) -> bool {
+        self.tc
+    }
+
     pub fn fused(&self) -> bool {
         self.fused
     }
@@ -726,6 +750,32 @@ impl CudaBackend {
             return;
         }
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+        if self.tc && w.dtype == GgmlType::Q8_0 && MMQ_SMEM <= self.smem_max {
+            // Int8 tensor cores (kernels/mmq.cu): quantise the activation rows once, then one
+            // launch for all `g` matrices.
+            let ngroups = k.div_ceil(128);
+            let Some(xq) = self.scratch(S::Xq, xr.n * ngroups * 144) else { return };
+            self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, xr.n, k, 0, xq);
+            // Too few tiles to fill the device (small matrices, decode-size batches): split K
+            // over blocks (at least 2 groups each) into partial outputs, then sum them in order.
+            let tiles = m.div_ceil(64) * ng.div_ceil(64) * g;
+            let nsplit = (3 * self.sm_count).div_ceil(tiles).min(ngroups / 2).clamp(1, 16);
+            let grid = (m.div_ceil(64) as u32, ng.div_ceil(64) as u32, (g * nsplit) as u32);
+            if nsplit == 1 {
+                self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0));
+                return;
+            }
+            let Some(part) = self.scratch(S::Part, 4 * nsplit * xr.n * m) else { return };
+            self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, xr.n * m));
+            self.launch(
+                "mmq_sum_splits",
+                Self::grid1(xr.n * m),
+                256,
+                0,
+                &[A::P(part), i(nsplit), l(xr.n * m), i(xr.n), i(m), A::P(out.0.ptr), l(o.off), l(o.stride)],
+            );
+            return;
+        }
         // cuBLAS, column-major view: C[m, ng] (ldc = o.stride*g) = op(A)^T[m, k] * B[k, ng],
         // A = weight rows (k contiguous), B = activation rows.
         let (a_ptr, a_type, b_ptr, b_type, ldb, stride_b) = if w.dtype == GgmlType::F32 {
@@ -793,6 +843,156 @@ impl CudaBackend {
         };
         if let Err(e) = r {
             self.fail(format!("cublasGemmStridedBatchedEx ({m}x{k} by {ng} tokens, {} groups): {e:?}", g));
+        }
+    }
+
+    /// Quantise `n` rows of `k` values (row j at `src + off + j*stride`, f32) into Q8_0 groups at
+    /// `dst` (`ceil(k/128)*144` bytes per row). `act` 1/2: the rows are SiLU/GELU(src) * src2.
+    #[allow(clippy::too_many_arguments)]
+    fn quant_groups(&self, src: u64, src2: u64, off: usize, stride: usize, n: usize, k: usize, act: i32, dst: u64) {
+        let ngroups = k.div_ceil(128);
+        self.launch(
+            "quant_q8_groups",
+            ((n * ngroups).div_ceil(8) as u32, 1, 1),
+            256,
+            0,
+            &[A::P(src), A::P(src2), l(off), l(stride), i(n), i(k), A::I(act), A::P(dst), l(ngroups * 144)],
+        );
+    }
+
+    /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` = (cnt, off, perm, n_experts) for the
+    /// grouped expert product, `None` for the dense one (`grid.2 / nsplit` matrices of `n`
+    /// tokens); `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the
+    /// splits' partial outputs).
+    #[allow(clippy::too_many_arguments)]
+    fn mmq_launch(
+        &self,
+        w: &CudaWeight,
+        m: usize,
+        ngroups: usize,
+        xq: u64,
+        grid: (u32, u32, u32),
+        n: usize,
+        experts: Option<(u64, u64, u64, usize)>,
+        in_div: usize,
+        (out, ooff, ostride): (u64, usize, usize),
+        (nsplit, split_stride): (usize, usize),
+    ) {
+        let (cnt, off, perm, ne) = experts.unwrap_or((0, 0, 0, 0));
+        self.launch(
+            "mmq_q8",
+            grid,
+            128,
+            MMQ_SMEM as u32,
+            &[
+                A::P(w.mem.ptr),
+                l(w.row_bytes),
+                l(w.mat_bytes()),
+                i(m),
+                i(ngroups),
+                A::P(xq),
+                l(ngroups * 144),
+                i(n),
+                A::P(cnt),
+                A::P(off),
+                A::P(perm),
+                i(ne),
+                i(in_div),
+                A::P(out),
+                l(ooff),
+                l(ostride),
+                i(nsplit),
+                l(split_stride),
+            ],
+        );
+    }
+
+    /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
+    /// then gate, up (one grouped `mmq_q8` each over the experts' token lists), GLU fused into the
+    /// quantisation of the down projection's input, down, and the router-weighted sum.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_mmq(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        logits: &CudaBuf,
+        lr: Rows,
+        experts: &Experts<'_, CudaWeight>,
+        p: &MoeParams,
+        warp_route: bool,
+        (sel_e, sel_w, g, u, y): (u64, u64, u64, u64, u64),
+        out: &CudaBuf,
+        o: Rows,
+    ) {
+        let n = xr.n;
+        let (hdim, ff, ne, k) = (xr.width, experts.gate.ne(1), p.n_experts, p.k);
+        let pairs = n * k;
+        self.route(logits, lr, p, warp_route, sel_e, sel_w);
+        let (Some(cnt), Some(off), Some(perm)) =
+            (self.scratch(S::Cnt, 4 * ne), self.scratch(S::Off, 4 * ne), self.scratch(S::Perm, 4 * pairs))
+        else {
+            return;
+        };
+        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(pairs), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
+        let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
+        let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
+        let Some(hq) = self.scratch(S::Hq, pairs * fg * 144) else { return };
+        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
+        // Upper bound of the tiles over all experts: sum of ceil(cnt/64) <= pairs/64 + experts.
+        let tiles = (pairs.div_ceil(64) + ne) as u32;
+        let ex = Some((cnt, off, perm, ne));
+        self.mmq_launch(experts.gate, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, ex, k, (g, 0, ff), (1, 0));
+        self.mmq_launch(experts.up, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, ex, k, (u, 0, ff), (1, 0));
+        let act = match p.glu {
+            Glu::SwiGlu => 1,
+            Glu::GeGluTanh => 2,
+        };
+        self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
+        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, ex, 1, (y, 0, hdim), (1, 0));
+        self.launch(
+            "moe_combine",
+            Self::grid1(n * hdim),
+            256,
+            0,
+            &[A::P(y), i(k), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)],
+        );
+    }
+
+    /// The router: expert ids and weights of every (token, slot) pair into `sel_e`/`sel_w`.
+    fn route(&self, logits: &CudaBuf, lr: Rows, p: &MoeParams, warp_route: bool, sel_e: u64, sel_w: u64) {
+        let n = lr.n;
+        let (ne, k) = (p.n_experts, p.k);
+        let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
+        if warp_route {
+            self.launch(
+                "moe_route_warp",
+                (n.div_ceil(4) as u32, 1, 1),
+                128,
+                0,
+                &[A::P(logits.0.ptr), l(lr.off), l(lr.stride), i(n), i(ne), i(k), gating, A::I(p.norm_topk as i32), A::F(p.scale), A::P(sel_e), A::P(sel_w)],
+            );
+        } else {
+            self.launch(
+                "moe_route",
+                (n.div_ceil(128) as u32, 1, 1),
+                128,
+                0,
+                &[
+                    A::P(logits.0.ptr),
+                    l(lr.off),
+                    l(lr.stride),
+                    i(n),
+                    i(ne),
+                    i(k),
+                    gating,
+                    A::I(p.norm_topk as i32),
+                    A::F(p.scale),
+                    i(p.n_group),
+                    i(p.topk_group),
+                    A::P(sel_e),
+                    A::P(sel_w),
+                ],
+            );
         }
     }
 
@@ -1276,6 +1476,44 @@ impl Backend for CudaBackend {
             );
             return;
         }
+        // Prefill of one sequence: bf16 tensor cores, 4 row groups of 16 heads per block.
+        const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
+        let one_slot = batch.tokens.iter().all(|t| t.slot == batch.tokens[0].slot);
+        if self.tc
+            && n > GEMV_MAX_TOKENS
+            && (w, kl) == (576, 512)
+            && nh % 16 == 0
+            && one_slot
+            && qr.off % 4 == 0
+            && qr.stride % 4 == 0
+            && MP_SMEM <= self.smem_max
+        {
+            let groups = n * nh / 16;
+            self.launch(
+                "mla_prefill",
+                (groups.div_ceil(4) as u32, 1, 1),
+                256,
+                MP_SMEM as u32,
+                &[
+                    A::P(q.0.ptr),
+                    l(qr.off),
+                    l(nh * qr.stride),
+                    l(qr.stride),
+                    A::P(cache.mem.ptr),
+                    A::P(batch.pos_ptr()),
+                    A::P(batch.slot_ptr()),
+                    A::I(batch.slot_len as i32),
+                    i(n),
+                    i(nh),
+                    A::F(p.scale),
+                    A::P(out.0.ptr),
+                    l(o.off),
+                    l(nh * o.stride),
+                    l(o.stride),
+                ],
+            );
+            return;
+        }
         self.attention_launch(
             (q, qr.off, nh * qr.stride, qr.stride),
             (cache.mem.ptr, w, 0),
@@ -1341,25 +1579,7 @@ impl Backend for CudaBackend {
         if fast && warp_route {
             // Decode: route (one warp per token), gate+up+GLU of all pairs in one launch, down and
             // the weighted sum in one launch (kernels/fast.cu).
-            self.launch(
-                "moe_route_warp",
-                (n.div_ceil(4) as u32, 1, 1),
-                128,
-                0,
-                &[
-                    A::P(logits.0.ptr),
-                    l(lr.off),
-                    l(lr.stride),
-                    i(n),
-                    i(ne),
-                    i(k),
-                    A::I(matches!(p.gating, Gating::Sigmoid) as i32),
-                    A::I(p.norm_topk as i32),
-                    A::F(p.scale),
-                    A::P(sel_e),
-                    A::P(sel_w),
-                ],
-            );
+            self.route(logits, lr, p, true, sel_e, sel_w);
             let act = match p.glu {
                 Glu::SwiGlu => 0,
                 Glu::GeGluTanh => 1,
@@ -1410,27 +1630,12 @@ impl Backend for CudaBackend {
             );
             return;
         }
-        self.launch(
-            "moe_route",
-            (n.div_ceil(128) as u32, 1, 1),
-            128,
-            0,
-            &[
-                A::P(logits.0.ptr),
-                l(lr.off),
-                l(lr.stride),
-                i(n),
-                i(ne),
-                i(k),
-                A::I(matches!(p.gating, Gating::Sigmoid) as i32),
-                A::I(p.norm_topk as i32),
-                A::F(p.scale),
-                i(p.n_group),
-                i(p.topk_group),
-                A::P(sel_e),
-                A::P(sel_w),
-            ],
-        );
+        let all_q8 = [experts.gate.dtype, experts.up.dtype, experts.down.dtype].iter().all(|&t| t == GgmlType::Q8_0);
+        if self.tc && all_q8 && n > GEMV_MAX_TOKENS && MMQ_SMEM <= self.smem_max {
+            self.moe_mmq(x, xr, logits, lr, &experts, p, warp_route, (sel_e, sel_w, g, u, y), out, o);
+            return;
+        }
+        self.route(logits, lr, p, false, sel_e, sel_w);
         // (weight, m, kdim, input ptr, input off, input stride, in_div, output ptr, output stride)
         type Prod<'a> = (&'a CudaWeight, &'a str, usize, usize, u64, usize, usize, usize, u64, usize);
         let prods: [Prod; 3] = [
@@ -1841,25 +2046,7 @@ impl Backend for CudaBackend {
         let Some(sel_e) = self.scratch(S::SelE, 4 * n * k) else { return true };
         let Some(sel_w) = self.scratch(S::SelW, 4 * n * k) else { return true };
         let Some(g) = self.scratch(S::G, 4 * n * ks * ff) else { return true };
-        self.launch(
-            "moe_route_warp",
-            (n.div_ceil(4) as u32, 1, 1),
-            128,
-            0,
-            &[
-                A::P(logits.0.ptr),
-                l(lr.off),
-                l(lr.stride),
-                i(n),
-                i(ne),
-                i(k),
-                A::I(matches!(p.gating, Gating::Sigmoid) as i32),
-                A::I(p.norm_topk as i32),
-                A::F(p.scale),
-                A::P(sel_e),
-                A::P(sel_w),
-            ],
-        );
+        self.route(logits, lr, p, true, sel_e, sel_w);
         let act = match p.glu {
             Glu::SwiGlu => 0,
             Glu::GeGluTanh => 1,

@@ -20,6 +20,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("fast.cu", include_str!("../kernels/fast.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
+    ("mmq.cu", include_str!("../kernels/mmq.cu")),
+    ("mla_prefill.cu", include_str!("../kernels/mla_prefill.cu")),
 ];
 
 /// Options every compilation uses besides the architecture. No fast-math: the kernels must match

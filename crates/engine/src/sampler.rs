@@ -111,6 +111,22 @@ impl Sampler {
             return 0;
         }
         let p = self.params.clone();
+        let neutral = p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
+        if p.temperature <= 0.0 && (neutral || p.repeat_last_n == 0 || history.is_empty()) {
+            // Greedy without penalties: the arg-max in one pass, no candidate list (the same
+            // choice as below: NaN counts as -inf, ties go to the lowest id).
+            let key = |l: f32| if l.is_nan() { f32::NEG_INFINITY } else { l };
+            let (mut best, mut bv) = (0usize, key(logits[0]));
+            for (i, &l) in logits.iter().enumerate().skip(1) {
+                let l = key(l);
+                if l.total_cmp(&bv) == std::cmp::Ordering::Greater {
+                    best = i;
+                    bv = l;
+                }
+            }
+            self.last = Some(best as u32);
+            return best as u32;
+        }
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l })));
         self.apply_penalties(history);

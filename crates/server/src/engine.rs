@@ -174,6 +174,9 @@ enum Msg {
     Shutdown,
 }
 
+/// Output rows from which sampling runs on the rayon pool (one sequence per task).
+const PARALLEL_SAMPLING_ROWS: usize = 8;
+
 /// Handle to the engine thread.
 pub struct Engine {
     tx: Mutex<mpsc::Sender<Msg>>,
@@ -298,6 +301,10 @@ struct Seq<'t> {
     first_token_seen: bool,
     /// Set when the sequence is over (its slot is returned at the end of the step).
     done: bool,
+    /// Index of this sequence's logits row in the current step (`usize::MAX`: none), and the
+    /// token picked from it (phase 1 of sampling, see [`Stepper::step`]).
+    out_row: usize,
+    picked: u32,
 }
 
 impl Seq<'_> {
@@ -417,6 +424,8 @@ impl<'m, 't> Stepper<'m, 't> {
                 stop,
                 pending_lp: Vec::new(),
                 first_token_seen: false,
+                out_row: usize::MAX,
+                picked: 0,
                 done: false,
             });
         }
@@ -538,7 +547,9 @@ impl<'m, 't> Stepper<'m, 't> {
         let nv = self.n_vocab;
         let n_rows = self.batch.outputs.len();
         let (model, batch, logits) = (&mut *self.model, &self.batch, &mut self.logits[..n_rows * nv]);
+        let tf = Instant::now();
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| model.forward(batch, logits)));
+        self.metrics.forward_seconds.set(self.metrics.forward_seconds.get() + tf.elapsed().as_secs_f64());
         let err = match r {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(format!("forward failed: {e}")),
@@ -564,6 +575,28 @@ impl<'m, 't> Stepper<'m, 't> {
         for s in self.active.iter_mut() {
             s.n_past += s.fed;
         }
+        // Sampling, phase 1: every sequence picks its token from its row. The samplers are
+        // independent (own parameters, RNG and history), so many rows are sampled in parallel
+        // (a greedy pick alone scans the whole vocabulary); the result is the same either way.
+        for s in self.active.iter_mut() {
+            s.out_row = usize::MAX;
+        }
+        for k in 0..n_out {
+            self.active[self.owners[k]].out_row = k;
+        }
+        let logits = &self.logits;
+        let pick = |s: &mut Seq<'_>| {
+            if s.out_row != usize::MAX && !s.done {
+                s.picked = s.sampler.sample(&logits[s.out_row * nv..(s.out_row + 1) * nv], &s.generated);
+            }
+        };
+        if n_out >= PARALLEL_SAMPLING_ROWS {
+            use rayon::prelude::*;
+            self.active.par_iter_mut().for_each(pick);
+        } else {
+            self.active.iter_mut().for_each(pick);
+        }
+        // Phase 2, in output order: streaming, stop strings, log-probabilities, metrics.
         let mut produced = 0u64;
         for k in 0..n_out {
             let i = self.owners[k];
@@ -628,14 +661,14 @@ fn token_logprob(tok: &Tokenizer, id: u32, logprob: f32) -> TopLogprob {
     TopLogprob { token: String::from_utf8_lossy(&bytes).into_owned(), bytes, logprob }
 }
 
-/// Samples the next token of `s` from `row`, streams its text, and ends the sequence when due.
+/// Takes the token picked for `s` from `row` (phase 1 of [`Stepper::step`]), streams its text, and ends the sequence when due.
 /// Returns true when a token was generated (end-of-generation tokens are not counted).
 fn sample_one(s: &mut Seq<'_>, row: &[f32], tok: &Tokenizer, metrics: &Metrics, out: &mut String) -> bool {
     if !s.first_token_seen {
         s.first_token_seen = true;
         metrics.observe_ttft(s.job.arrived.elapsed().as_secs_f64());
     }
-    let id = s.sampler.sample(row, &s.generated);
+    let id = s.picked;
     if tok.is_eog(id) {
         finish(s, Finish::Stop, metrics, out);
         return false;

@@ -34,6 +34,9 @@ pub struct LoadtestOptions {
     pub chat: bool,
     /// Sampling temperature (each client gets its own seed).
     pub temperature: f32,
+    /// With `Some(n)`: raw completions whose prompt is `n` token ids (different per client), for
+    /// models without a tokenizer such as `turbospark synth` checkpoints.
+    pub prompt_ids: Option<usize>,
 }
 
 /// The outcome.
@@ -159,7 +162,7 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
         if h.status != 200 {
             bail!("{}: /health answered {}", o.url, h.status);
         }
-        let (path, base) = if o.chat {
+        let (path, base) = if o.chat && o.prompt_ids.is_none() {
             ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": o.prompt}]}))
         } else {
             ("/v1/completions", json!({"prompt": o.prompt}))
@@ -175,6 +178,11 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
             body["max_tokens"] = json!(o.max_tokens);
             body["temperature"] = json!(o.temperature);
             body["seed"] = json!(c);
+            if let Some(len) = o.prompt_ids {
+                // Token ids 1.. shifted per client, so clients do not share a prompt.
+                let ids: Vec<u32> = (0..len).map(|i| 1 + ((i * 7 + c * 13) % 1000) as u32).collect();
+                body["prompt"] = json!(ids);
+            }
             tasks.push(tokio::spawn(async move {
                 let mut res = Vec::new();
                 while Instant::now() < deadline {
@@ -236,6 +244,7 @@ mod tests {
             duration: Duration::from_secs(1),
             max_tokens: 1,
             prompt: "x".into(),
+            prompt_ids: None,
             chat: false,
             temperature: 0.0,
         };

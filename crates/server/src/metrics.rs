@@ -85,6 +85,8 @@ pub struct Metrics {
     pub last_batch_tokens: AtomicU64,
     /// Seconds spent in forwards + sampling.
     pub step_seconds: F64Gauge,
+    /// Of which in the model's forward passes (including the logits' copy to the host).
+    pub forward_seconds: F64Gauge,
     /// Generated tokens per second over the latest window of about a second (0 when idle).
     pub tokens_per_second: F64Gauge,
     /// Time from a request's arrival to its first generated token.
@@ -164,6 +166,11 @@ impl Metrics {
             s,
             "# HELP turbospark_step_seconds_total Seconds spent in forward passes and sampling.\n# TYPE turbospark_step_seconds_total counter\nturbospark_step_seconds_total {}",
             self.step_seconds.get()
+        );
+        let _ = writeln!(
+            s,
+            "# HELP turbospark_forward_seconds_total Of the step seconds, those in the model's forward passes (logits copied to the host included; the rest is batching and sampling).\n# TYPE turbospark_forward_seconds_total counter\nturbospark_forward_seconds_total {}",
+            self.forward_seconds.get()
         );
         gauge(
             &mut s,

@@ -1,0 +1,217 @@
+// Prompt-size MLA attention on the f16 tensor cores (mma.sync m16n8k16, f32 accumulate), after
+// FlashAttention-2 and FlashMLA. Hand-written: absorbed MLA is multi-query attention with a
+// 576-wide key and a 512-wide value read from the same latent cache row, a shape no library
+// kernel takes, and the causal mask comes from the device-resident batch positions.
+//
+// A "row group" is 16 heads of one token (one m16 tile: n_heads must be a multiple of 16). A block
+// takes MP_RG = 4 consecutive row groups (4 tokens of a 16-head model) and walks the keys of its
+// slot in tiles of 32, once for all its rows, so every key tile read from the cache serves 64
+// query rows. Two warps per row group: for each key tile, warp h of a group computes the scores of
+// keys [16h, 16h+16) over all 576 dims and writes them to shared memory; both warps then run the
+// same online softmax over the 32 scores of each row (so they agree on the running max and sum)
+// and each accumulates its half (256 values) of the 512-wide output in registers.
+// Queries, keys and probabilities are rounded to f16 (11 significant bits: 8x closer to the f32
+// reference than bf16; activations here are far inside its range, and outliers saturate) in
+// shared memory, rows padded to 584 values (1168 B, so the 8 rows of an ldmatrix phase fall in
+// different banks); scores, softmax and outputs are f32.
+//
+// Every token of the batch must read the same slot (the host checks; otherwise the per-token
+// kernel runs): prefill of one sequence.
+
+#define MP_RG 4
+#define MP_W 576
+#define MP_V 512
+#define MP_LD 584
+#define MP_KT 32
+#define MP_THREADS (MP_RG * 64)
+
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ u32 mp_saddr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(mp_saddr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(mp_saddr(p)));
+}
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, const u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Two values as f16 (round to nearest), clamped to the f16 range so that an outlier saturates
+// instead of becoming inf.
+__device__ __forceinline__ u32 pack_h(float lo, float hi) {
+    lo = fminf(fmaxf(lo, -65504.f), 65504.f);
+    hi = fminf(fmaxf(hi, -65504.f), 65504.f);
+    return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
+}
+#endif
+
+// q: token t, head h at q + qoff + t*q_tok + h*q_head (576 values: absorbed nope ; rope).
+// cache: rows of 576 f32; token t reads rows slot[0]*slot_len + [0, pos[t]].
+// out: token t, head h at out + ooff + t*o_tok + h*o_head (512 values).
+extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float* q, i64 qoff, i64 q_tok, i64 q_head,
+                                                                   const float* cache, const int* pos, const int* slot,
+                                                                   int slot_len, int n, int nh, float scale, float* out,
+                                                                   i64 ooff, i64 o_tok, i64 o_head) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) u8 mp_sm[];
+    u16* Qs = (u16*)mp_sm;                           // [MP_RG*16][MP_LD]
+    u16* Ks = Qs + MP_RG * 16 * MP_LD;               // [MP_KT][MP_LD]
+    float* Ss = (float*)(Ks + MP_KT * MP_LD);        // [MP_RG][16][MP_KT]
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int hg = nh >> 4;                          // row groups per token
+    const int n_rg = n * hg;
+    const int rg0 = blockIdx.x * MP_RG;
+    // Queries -> bf16 shared rows (row r = 16*(rg - rg0) + head in group).
+    for (int idx = tid; idx < MP_RG * 16 * (MP_W / 4); idx += MP_THREADS) {
+        const int r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+        const int rg = rg0 + (r >> 4);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (rg < n_rg) {
+            const int tok = rg / hg, h = (rg - tok * hg) * 16 + (r & 15);
+            v = *(const float4*)(q + qoff + (i64)tok * q_tok + (i64)h * q_head + 4 * c4);
+        }
+        u32* d = (u32*)(Qs + r * MP_LD + 4 * c4);
+        d[0] = pack_h(v.x, v.y);
+        d[1] = pack_h(v.z, v.w);
+    }
+    // Key range of the block: up to the largest position among its tokens.
+    int kmax = -1;
+    for (int i = 0; i < MP_RG; i++) {
+        const int rg = rg0 + i;
+        if (rg < n_rg) kmax = max(kmax, pos[rg / hg]);
+    }
+    const i64 base = (i64)slot[0] * slot_len;
+    const int my_rg = rg0 + (warp >> 1), half = warp & 1;
+    const bool active = my_rg < n_rg;
+    const int my_pos = active ? pos[my_rg / hg] : -1;
+    float o[32][4];
+#pragma unroll
+    for (int i = 0; i < 32; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // rows g and g+8
+    const u16* Qw = Qs + (warp >> 1) * 16 * MP_LD;
+    float* Sw = Ss + (warp >> 1) * 16 * MP_KT;
+    const int lr = lane & 7, li = lane >> 3;
+    for (int k0 = 0; k0 <= kmax; k0 += MP_KT) {
+        __syncthreads();  // the previous tile's Ks and Ss are no longer read
+        for (int idx = tid; idx < MP_KT * (MP_W / 4); idx += MP_THREADS) {
+            const int r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (k0 + r <= kmax) v = *(const float4*)(cache + (base + k0 + r) * MP_W + 4 * c4);
+            u32* d = (u32*)(Ks + r * MP_LD + 4 * c4);
+            d[0] = pack_h(v.x, v.y);
+            d[1] = pack_h(v.z, v.w);
+        }
+        __syncthreads();
+        // Scores of keys [k0 + 16*half, +16) for this warp's 16 rows: two n8 tiles.
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        const u16* Kw = Ks + half * 16 * MP_LD;
+#pragma unroll 4
+        for (int kk = 0; kk < MP_W; kk += 16) {
+            u32 a[4], b[4];
+            ldsm_x4(a, Qw + ((li & 1) * 8 + lr) * MP_LD + kk + (li >> 1) * 8);
+            ldsm_x4(b, Kw + ((li >> 1) * 8 + lr) * MP_LD + kk + (li & 1) * 8);
+            mma_f16(s[0], a, b);
+            mma_f16(s[1], a, b + 2);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int c = half * 16 + j * 8 + 2 * t;
+            Sw[g * MP_KT + c] = s[j][0];
+            Sw[g * MP_KT + c + 1] = s[j][1];
+            Sw[(g + 8) * MP_KT + c] = s[j][2];
+            Sw[(g + 8) * MP_KT + c + 1] = s[j][3];
+        }
+        __syncthreads();
+        // Online softmax over the tile's 32 keys; this thread holds columns
+        // {8i + 2t, 8i + 2t + 1 : i < 4} of rows g and g+8 (the A-fragment layout of P).
+        float p0[8], p1[8];
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int c = 8 * i + 2 * t + e;
+                const bool ok = k0 + c <= my_pos;
+                const float v0 = ok ? Sw[g * MP_KT + c] * scale : NEG_INF;
+                const float v1 = ok ? Sw[(g + 8) * MP_KT + c] * scale : NEG_INF;
+                p0[2 * i + e] = v0;
+                p1[2 * i + e] = v1;
+                mx0 = fmaxf(mx0, v0);
+                mx1 = fmaxf(mx1, v1);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        // A row with no key yet (n = -inf) keeps zeros: no exp of -inf - -inf.
+        const float c0 = n0 == NEG_INF ? 1.f : expf(m0 - n0), c1 = n1 == NEG_INF ? 1.f : expf(m1 - n1);
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            p0[i] = n0 == NEG_INF ? 0.f : expf(p0[i] - n0);
+            p1[i] = n1 == NEG_INF ? 0.f : expf(p1[i] - n1);
+            s0 += p0[i];
+            s1 += p1[i];
+        }
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+        l0 = l0 * c0 + s0;
+        l1 = l1 * c1 + s1;
+        m0 = n0;
+        m1 = n1;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            o[i][0] *= c0;
+            o[i][1] *= c0;
+            o[i][2] *= c1;
+            o[i][3] *= c1;
+        }
+        // P (16 x 32) as two k16 A fragments.
+        u32 pa[2][4];
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            pa[ks][0] = pack_h(p0[4 * ks], p0[4 * ks + 1]);
+            pa[ks][1] = pack_h(p1[4 * ks], p1[4 * ks + 1]);
+            pa[ks][2] = pack_h(p0[4 * ks + 2], p0[4 * ks + 3]);
+            pa[ks][3] = pack_h(p1[4 * ks + 2], p1[4 * ks + 3]);
+        }
+        // O[:, 256*half + 16j + (0..16)] += P V: V rows are the tile's keys (first 512 values).
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                u32 b[4];
+                ldsm_x4_t(b, Ks + (ks * 16 + (li & 1) * 8 + lr) * MP_LD + half * 256 + j * 16 + (li >> 1) * 8);
+                mma_f16(o[2 * j], pa[ks], b);
+                mma_f16(o[2 * j + 1], pa[ks], b + 2);
+            }
+    }
+    if (!active) return;
+    const int tok = my_rg / hg, h0 = (my_rg - tok * hg) * 16;
+    const float i0 = l0 > 0.f ? 1.0f / l0 : 0.f, i1 = l1 > 0.f ? 1.0f / l1 : 0.f;
+    float* r0 = out + ooff + (i64)tok * o_tok + (i64)(h0 + g) * o_head + half * 256;
+    float* r1 = r0 + 8 * o_head;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int c = 8 * i + 2 * t;
+        r0[c] = o[i][0] * i0;
+        r0[c + 1] = o[i][1] * i0;
+        r1[c] = o[i][2] * i1;
+        r1[c + 1] = o[i][3] * i1;
+    }
+#endif
+}

@@ -1,0 +1,269 @@
+// Prompt-size Q8_0 matrix products on the int8 tensor cores (mma.sync m16n8k32 s8*s8 -> s32),
+// after llama.cpp's mmq. Hand-written because no library multiplies ggml's Q8_0 blocks (int8
+// quants with one f16 scale per 32) without first widening them, and because the MoE needs the
+// tokens of each expert gathered by an index list that only the device knows.
+//
+//  * Weights stay in their device layout (groups of 4 blocks, 144 B: 4 f16 scales, 8 pad bytes,
+//    128 quants; see common.cuh). Activations are quantised once per row into the same group
+//    layout (quant_q8_groups: ggml's quantize_row_q8_0, d = amax/127, q = round(x/d), the dot
+//    uses d rounded to f16; exactly what the decode GEMV and the CPU backend do), so a tile of
+//    weights and a tile of activations are copied to shared memory the same way.
+//  * One m16n8k32 covers exactly one 32-value block: its int32 result is scaled by the weight
+//    block's scale and the activation block's scale and summed in f32 (the same arithmetic as
+//    ggml_vec_dot_q8_0_q8_0, only the summation order differs).
+//  * Block tile 64 rows x 64 tokens, 4 warps of 32x32, K in stages of one group (128 values),
+//    three stages in flight with cp.async. Shared rows keep the 144-byte group stride: 36 words,
+//    so the 8 rows of an ldmatrix phase fall in 32 different banks.
+//  * Dense products (one matrix or `g` matrices, row j of group z at activation row j*g + z) and
+//    grouped expert products (tile y walks the experts' token lists: perm[off[e] ..+ cnt[e]]) are
+//    one kernel: the tile decides its matrix and its row gather at the start.
+
+#define MMQ_BM 64
+#define MMQ_BN 64
+#define MMQ_THREADS 128
+#define MMQ_GB 144
+#define MMQ_ROWS (MMQ_BM + MMQ_BN)
+
+// Quantise `n` rows of `k` values into groups of 4 Q8_0 blocks (dst row j at dst + j*drow bytes,
+// ceil(k/128) groups, zero blocks past k). With `act` (1 = SiLU, 2 = GELU-tanh) the value is
+// act(src) * src2 (the GLU of gate and up rows, same offsets and strides). One warp per group.
+extern "C" __global__ void quant_q8_groups(const float* src, const float* src2, i64 off, i64 stride, int n, int k,
+                                           int act, u8* dst, i64 drow) {
+    const int ng = (k + 127) >> 7;
+    const i64 gid = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (gid >= (i64)n * ng) return;
+    const int lane = threadIdx.x & 31;
+    const int row = (int)(gid / ng), g = (int)(gid - (i64)row * ng);
+    const int i0 = g * 128 + lane * 4;
+    const float* s = src + off + (i64)row * stride;
+    const float* s2 = src2 ? src2 + off + (i64)row * stride : nullptr;
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float x = 0.f;
+        if (i0 + j < k) {
+            x = s[i0 + j];
+            if (act) x = act_fn(act, x) * s2[i0 + j];
+        }
+        v[j] = x;
+    }
+    float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+    const float d = a / 127.f;
+    const float id = d != 0.f ? 1.0f / d : 0.f;
+    u8* gp = dst + (i64)row * drow + (i64)g * MMQ_GB;
+    const u32 packed = ((u32)(u8)(i8)(int)roundf(v[0] * id)) | ((u32)(u8)(i8)(int)roundf(v[1] * id) << 8) |
+                       ((u32)(u8)(i8)(int)roundf(v[2] * id) << 16) | ((u32)(u8)(i8)(int)roundf(v[3] * id) << 24);
+    *(u32*)(gp + 16 + lane * 4) = packed;
+    if ((lane & 7) == 0) ((u16*)gp)[lane >> 3] = f2h(d);
+    if (lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
+}
+
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void cp_async16(void* s, const void* g) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(s)), "l"(g));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm4(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Scale s (0..3) of a group header read as 4 packed f16.
+__device__ __forceinline__ float hsel(uint2 h, int s) {
+    const u32 w = s < 2 ? h.x : h.y;
+    return h2f((u16)((s & 1) ? (w >> 16) : (w & 0xffffu)));
+}
+#endif
+
+#define MMQ_NST 3
+#define MMQ_STAGE (MMQ_ROWS * MMQ_GB)
+// Dynamic shared memory of mmq_q8 (host: MMQ_SMEM in backend.rs).
+#define MMQ_SMEM (MMQ_NST * MMQ_STAGE)
+
+// out[ooff + dst_j * ostride + row] = W_e[row] . X[src_j] for the tile's rows and tokens.
+//   W, row_bytes, mat_bytes, m: the weights (matrix e at W + e*mat_bytes), m rows.
+//   ngroups: groups of 128 per row (weights and activations alike).
+//   X, xrow: the quantised activations, row r at X + r*xrow bytes.
+//   Dense (cnt == null): n tokens per matrix, g = gridDim.z matrices, token j of matrix z is
+//     activation and output row j*g + z.
+//   Grouped (cnt != null): tile y walks experts 0.. (ceil(cnt[e]/64) tiles each); position j of
+//     expert e is pair p = perm[off[e] + j], activation row p / in_div, output row p.
+// Fragments come from shared memory with ldmatrix (an 8x8 b16 matrix is 8 rows of 16 int8, the
+// m16n8k32 fragment layout), the scales once per stage as 4 packed f16 per row; MMQ_NST stages
+// in flight (cp.async).
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
+                                                                 const u8* X, i64 xrow, int n, const int* cnt,
+                                                                 const int* off, const int* perm, int n_exp, int in_div,
+                                                                 float* out, i64 ooff, i64 ostride, int nsplit,
+                                                                 i64 split_stride) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) u8 mmq_sm[];
+    __shared__ int src_row[MMQ_BN], dst_row[MMQ_BN];
+    const int tid = threadIdx.x;
+    // Which matrix and which tokens this tile covers.
+    int e = 0, start, count;
+    if (cnt) {
+        int y = blockIdx.y;
+        e = -1;
+        for (int x = 0; x < n_exp; x++) {
+            const int t = (cnt[x] + MMQ_BN - 1) / MMQ_BN;
+            if (y < t) {
+                e = x;
+                break;
+            }
+            y -= t;
+        }
+        if (e < 0) return;
+        start = y * MMQ_BN;
+        count = cnt[e];
+    } else {
+        e = blockIdx.z / nsplit;
+        start = blockIdx.y * MMQ_BN;
+        count = n;
+    }
+    // Split K (dense products with too few tiles to fill the device): this block sums groups
+    // [g0, g1) into its own partial output (reduced by mmq_sum_splits in a fixed order).
+    const int split = cnt ? 0 : blockIdx.z % nsplit, zg = gridDim.z / nsplit;
+    const int gps = (ngroups + nsplit - 1) / nsplit;
+    const int g0 = split * gps, g1 = min(ngroups, g0 + gps);
+    out += split * split_stride;
+    const int nt = min(MMQ_BN, count - start);
+    if (nt <= 0) return;
+    if (tid < MMQ_BN) {
+        const int j = min(tid, nt - 1);  // past the end: repeat the last row (loaded, never stored)
+        int s, d;
+        if (cnt) {
+            const int p = perm[off[e] + start + j];
+            s = p / in_div;
+            d = p;
+        } else {
+            s = (start + j) * zg + e;
+            d = s;
+        }
+        src_row[tid] = s;
+        dst_row[tid] = d;
+    }
+    __syncthreads();
+    const int m0 = blockIdx.x * MMQ_BM;
+    const u8* Wt = W + (i64)e * mat_bytes;
+    // This thread's 16-byte pieces of a stage: (row r, piece q) for c = tid + i*128, r = c/9.
+    auto load = [&](int gi) {  // local stage gi = group g0 + gi
+        if (g0 + gi < g1) {
+            u8* st = mmq_sm + (gi % MMQ_NST) * MMQ_STAGE;
+            for (int c = tid; c < MMQ_ROWS * 9; c += MMQ_THREADS) {
+                const int r = c / 9, q = c - r * 9;
+                const u8* gsrc = r < MMQ_BM ? Wt + (i64)min(m0 + r, m - 1) * row_bytes : X + (i64)src_row[r - MMQ_BM] * xrow;
+                cp_async16(st + r * MMQ_GB + q * 16, gsrc + (i64)(g0 + gi) * MMQ_GB + q * 16);
+            }
+        }
+        cp_commit();  // (empty groups keep the count uniform)
+    };
+    const int warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int lr = lane & 7, li = lane >> 3;
+    const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
+    float acc[2][4][4];
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
+#pragma unroll
+    for (int st = 0; st < MMQ_NST - 1; st++) load(st);
+    for (int gi = 0; gi < g1 - g0; gi++) {
+        cp_wait<MMQ_NST - 2>();
+        __syncthreads();          // stage gi has landed for every thread; stage gi-1 is consumed
+        load(gi + MMQ_NST - 1);   // into the buffer of stage gi-1
+        const u8* As = mmq_sm + (gi % MMQ_NST) * MMQ_STAGE + wm * MMQ_GB;
+        const u8* Bs = mmq_sm + (gi % MMQ_NST) * MMQ_STAGE + (MMQ_BM + wn) * MMQ_GB;
+        uint2 ha[2][2], hb[4][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            ha[mi][0] = *(const uint2*)(As + (mi * 16 + g) * MMQ_GB);
+            ha[mi][1] = *(const uint2*)(As + (mi * 16 + g + 8) * MMQ_GB);
+        }
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            hb[ni][0] = *(const uint2*)(Bs + (ni * 8 + 2 * t) * MMQ_GB);
+            hb[ni][1] = *(const uint2*)(Bs + (ni * 8 + 2 * t + 1) * MMQ_GB);
+        }
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            u32 a[2][4], b[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) ldsm4(a[mi], As + (mi * 16 + (li & 1) * 8 + lr) * MMQ_GB + 16 + s * 32 + (li >> 1) * 16);
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                u32 r[4];
+                ldsm4(r, Bs + (np * 16 + (li >> 1) * 8 + lr) * MMQ_GB + 16 + s * 32 + (li & 1) * 16);
+                b[2 * np][0] = r[0];
+                b[2 * np][1] = r[1];
+                b[2 * np + 1][0] = r[2];
+                b[2 * np + 1][1] = r[3];
+            }
+            float da[2][2], db[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                da[mi][0] = hsel(ha[mi][0], s);
+                da[mi][1] = hsel(ha[mi][1], s);
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                db[ni][0] = hsel(hb[ni][0], s);
+                db[ni][1] = hsel(hb[ni][1], s);
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) {
+                    int c[4] = {0, 0, 0, 0};
+                    mma_s8(c, a[mi], b[ni]);
+                    acc[mi][ni][0] += (float)c[0] * (da[mi][0] * db[ni][0]);
+                    acc[mi][ni][1] += (float)c[1] * (da[mi][0] * db[ni][1]);
+                    acc[mi][ni][2] += (float)c[2] * (da[mi][1] * db[ni][0]);
+                    acc[mi][ni][3] += (float)c[3] * (da[mi][1] * db[ni][1]);
+                }
+        }
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int row = m0 + wm + mi * 16 + g + (c >> 1) * 8;
+                const int j = wn + ni * 8 + 2 * t + (c & 1);
+                if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[mi][ni][c];
+            }
+#endif
+}
+
+// out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
+extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,
+                                          i64 ooff, i64 ostride) {
+    const i64 total = (i64)rows * m;
+    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+        const i64 r = idx / m, c = idx - r * m;
+        float v = 0.f;
+        for (int s = 0; s < nsplit; s++) v += part[s * split_stride + idx];
+        out[ooff + r * ostride + c] = v;
+    }
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Tensor-core prompt paths on a GPU machine (see docs/GPU.md): the op tests against the CPU, the
+# DeepSeek-V2 fixtures' Q8_0 prefill against the CPU, the synthetic V2-Lite benchmarks with a
+# per-kernel profile of one prefill, and the server under 64 streaming clients.
+# Usage (on the GPU machine, from the repo root): tools/gpu/prefill.sh BIN OPS_TEST OUTDIR [steps]
+# steps: any of ops,fix,bench,prof,par,serve (default: all).
+set -u
+T=${1:-.dev/turbospark}; OPS=${2:-.dev/ops_vs_cpu}; O=${3:-/tmp/pf}; STEPS=${4:-ops,fix,bench,prof,par,serve}
+mkdir -p "$O"; export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+fails=0
+V=/tmp/v2lite-q8_0.gguf
+if has ops; then
+  echo "== ops_vs_cpu"
+  "$OPS" --test-threads 1 2>&1 | grep -E "FAIL|worst max|test result|one slot|Q8_0.*n=(64|300)|panicked" | head -80
+fi
+if has fix; then
+  echo "== deepseek2 fixtures, Q8_0 prefill: CUDA vs CPU (8-bit activations on both)"
+  F=tests/fixtures/deepseek2
+  for v in lite dense2 qlora; do
+    toks=$(python3 -c "import json;print(','.join(map(str,json.load(open('$F/$v/tokens.json'))['input_ids'])))")
+    m=$F/$v/model-q8_0-mla.gguf
+    "$T" logits --backend cuda -m "$m" --tokens "$toks" -o "$O/$v-cuda.npy" 2>>"$O/log.txt"
+    "$T" logits --backend cpu -m "$m" --tokens "$toks" -o "$O/$v-cpufast.npy" 2>>"$O/log.txt"
+    python3 tools/gpu/compare_npy.py "$O/$v-cpufast.npy" "$O/$v-cuda.npy" --tol 3e-2 --allow-argmax 1 --label "$v q8_0 cuda (tensor cores) vs cpu (8-bit activations)" || fails=$((fails+1))
+  done
+fi
+if has bench || has prof || has par || has serve; then
+  [ -f $V ] || { /usr/bin/time -f "synth: %e s" "$T" synth --preset deepseek-v2-lite --quant q8_0 -o $V 2>&1 | tail -1; }
+fi
+if has bench; then
+  echo "== bench (CUDA)"
+  "$T" bench --backend cuda -m $V -p 512 -n 128 -r 5 2>>"$O/log.txt"
+  "$T" bench --backend cuda -m $V -p 2048 -n 0 -r 3 2>>"$O/log.txt"
+  TS_CUDA_TC=0 "$T" bench --backend cuda -m $V -p 512 -n 0 -r 2 2>>"$O/log.txt"
+fi
+if has prof; then
+  echo "== profile of pp512 and pp2048 (eager, events around every launch)"
+  TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 512 -n 0 -r 1 2>&1 | grep -A14 "cuda profile" | head -16
+  TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 2048 -n 0 -r 1 2>&1 | grep -A14 "cuda profile" | head -16
+fi
+if has par; then
+  echo "== batched decode: 64 sequences at once (bench --parallel 64), then its profile"
+  "$T" bench --backend cuda -m $V -p 0 -n 64 --parallel 64 -r 2 2>>"$O/log.txt"
+  TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 0 -n 16 --parallel 64 -r 1 2>&1 | grep -A16 "cuda profile" | head -18
+fi
+if has serve; then
+  echo "== server: 64 streaming clients, token-id prompts of 32, 128 tokens each"
+  "$T" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 --row-multiple 1 > "$O/serve.log" 2>&1 &
+  SP=$!
+  for i in $(seq 1 120); do curl -sf http://127.0.0.1:8089/health >/dev/null && break; sleep 1; done
+  "$T" loadtest --url http://127.0.0.1:8089 --clients 64 --duration ${TS_LOAD_SECONDS:-30} --max-tokens 128 --prompt-ids 32 --temperature 0 || fails=$((fails+1))
+  curl -s http://127.0.0.1:8089/metrics | grep -E "^turbospark_(batch_tokens_total|steps_total|step_seconds|forward_seconds|completion_tokens_total|requests_(accepted|rejected))"
+  kill $SP; wait $SP 2>/dev/null
+  tail -3 "$O/serve.log"
+fi
+echo "prefill.sh failures: $fails"
+exit $fails
