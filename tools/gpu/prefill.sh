@@ -36,13 +36,13 @@ if has bench; then
 fi
 if has prof; then
   echo "== profile of pp512 and pp2048 (eager, events around every launch)"
-  TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 512 -n 0 -r 1 2>&1 | grep -A14 "cuda profile" | head -16
+  TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 512 -n 0 -r 1 2>&1 | grep -A30 "cuda profile" | head -32
   TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 2048 -n 0 -r 1 2>&1 | grep -A14 "cuda profile" | head -16
 fi
 if has par; then
   echo "== batched decode: 64 sequences at once (bench --parallel 64), then its profile"
   "$T" bench --backend cuda -m $V -p 0 -n 64 --parallel 64 -r 2 2>>"$O/log.txt"
-  TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 0 -n 16 --parallel 64 -r 1 2>&1 | grep -A16 "cuda profile" | head -18
+  TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 0 -n 16 --parallel 64 -r 1 2>&1 | grep -A26 "cuda profile" | head -28
 fi
 if has serve; then
   echo "== server: 64 streaming clients, token-id prompts of 32, 128 tokens each"

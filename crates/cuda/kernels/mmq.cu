@@ -93,29 +93,31 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 #endif
 
 #define MMQ_NST 3
-#define MMQ_STAGE (MMQ_ROWS * MMQ_GB)
-// Dynamic shared memory of mmq_q8 (host: MMQ_SMEM in backend.rs).
-#define MMQ_SMEM (MMQ_NST * MMQ_STAGE)
 
 // out[ooff + dst_j * ostride + row] = W_e[row] . X[src_j] for the tile's rows and tokens.
 //   W, row_bytes, mat_bytes, m: the weights (matrix e at W + e*mat_bytes), m rows.
 //   ngroups: groups of 128 per row (weights and activations alike).
 //   X, xrow: the quantised activations, row r at X + r*xrow bytes.
-//   Dense (cnt == null): n tokens per matrix, g = gridDim.z matrices, token j of matrix z is
-//     activation and output row j*g + z.
-//   Grouped (cnt != null): tile y walks experts 0.. (ceil(cnt[e]/64) tiles each); position j of
+//   Dense (cnt == null): n tokens per matrix, g = gridDim.z / nsplit matrices, token j of matrix
+//     z is activation and output row j*g + z.
+//   Grouped (cnt != null): tile y walks experts 0.. (ceil(cnt[e]/BN) tiles each); position j of
 //     expert e is pair p = perm[off[e] + j], activation row p / in_div, output row p.
 // Fragments come from shared memory with ldmatrix (an 8x8 b16 matrix is 8 rows of 16 int8, the
 // m16n8k32 fragment layout), the scales once per stage as 4 packed f16 per row; MMQ_NST stages
-// in flight (cp.async).
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
-                                                                 const u8* X, i64 xrow, int n, const int* cnt,
-                                                                 const int* off, const int* perm, int n_exp, int in_div,
-                                                                 float* out, i64 ooff, i64 ostride, int nsplit,
-                                                                 i64 split_stride) {
+// in flight (cp.async). Warps: WR along the rows x WC along the tokens, each MI m16 tiles x NI n8
+// tiles: the block tile is 64 rows x BN = WC*NI*8 tokens (BN 64 for prompts, 16 when experts
+// see few tokens each, as in batched decode: the per-stage work then shrinks with the tokens).
+template <int WR, int WC, int MI, int NI>
+__device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
+                                         i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
+                                         int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride) {
 #if __CUDA_ARCH__ >= 800
+    constexpr int BN = WC * NI * 8;
+    constexpr int ROWS = MMQ_BM + BN;
+    constexpr int STAGE = ROWS * MMQ_GB;
+    static_assert(WR * MI * 16 == MMQ_BM && WR * WC * 32 == MMQ_THREADS && NI % 2 == 0, "mmq tile");
     extern __shared__ __align__(16) u8 mmq_sm[];
-    __shared__ int src_row[MMQ_BN], dst_row[MMQ_BN];
+    __shared__ int src_row[BN], dst_row[BN];
     const int tid = threadIdx.x;
     // Which matrix and which tokens this tile covers.
     int e = 0, start, count;
@@ -123,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i6
         int y = blockIdx.y;
         e = -1;
         for (int x = 0; x < n_exp; x++) {
-            const int t = (cnt[x] + MMQ_BN - 1) / MMQ_BN;
+            const int t = (cnt[x] + BN - 1) / BN;
             if (y < t) {
                 e = x;
                 break;
@@ -131,11 +133,11 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i6
             y -= t;
         }
         if (e < 0) return;
-        start = y * MMQ_BN;
+        start = y * BN;
         count = cnt[e];
     } else {
         e = blockIdx.z / nsplit;
-        start = blockIdx.y * MMQ_BN;
+        start = blockIdx.y * BN;
         count = n;
     }
     // Split K (dense products with too few tiles to fill the device): this block sums groups
@@ -144,9 +146,9 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i6
     const int gps = (ngroups + nsplit - 1) / nsplit;
     const int g0 = split * gps, g1 = min(ngroups, g0 + gps);
     out += split * split_stride;
-    const int nt = min(MMQ_BN, count - start);
+    const int nt = min(BN, count - start);
     if (nt <= 0) return;
-    if (tid < MMQ_BN) {
+    if (tid < BN) {
         const int j = min(tid, nt - 1);  // past the end: repeat the last row (loaded, never stored)
         int s, d;
         if (cnt) {
@@ -166,8 +168,8 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i6
     // This thread's 16-byte pieces of a stage: (row r, piece q) for c = tid + i*128, r = c/9.
     auto load = [&](int gi) {  // local stage gi = group g0 + gi
         if (g0 + gi < g1) {
-            u8* st = mmq_sm + (gi % MMQ_NST) * MMQ_STAGE;
-            for (int c = tid; c < MMQ_ROWS * 9; c += MMQ_THREADS) {
+            u8* st = mmq_sm + (gi % MMQ_NST) * STAGE;
+            for (int c = tid; c < ROWS * 9; c += MMQ_THREADS) {
                 const int r = c / 9, q = c - r * 9;
                 const u8* gsrc = r < MMQ_BM ? Wt + (i64)min(m0 + r, m - 1) * row_bytes : X + (i64)src_row[r - MMQ_BM] * xrow;
                 cp_async16(st + r * MMQ_GB + q * 16, gsrc + (i64)(g0 + gi) * MMQ_GB + q * 16);
@@ -178,12 +180,12 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i6
     const int warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const int lr = lane & 7, li = lane >> 3;
-    const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
-    float acc[2][4][4];
+    const int wm = (warp % WR) * MI * 16, wn = (warp / WR) * NI * 8;
+    float acc[MI][NI][4];
 #pragma unroll
-    for (int a = 0; a < 2; a++)
+    for (int a = 0; a < MI; a++)
 #pragma unroll
-        for (int b = 0; b < 4; b++)
+        for (int b = 0; b < NI; b++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
 #pragma unroll
@@ -192,26 +194,26 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i6
         cp_wait<MMQ_NST - 2>();
         __syncthreads();          // stage gi has landed for every thread; stage gi-1 is consumed
         load(gi + MMQ_NST - 1);   // into the buffer of stage gi-1
-        const u8* As = mmq_sm + (gi % MMQ_NST) * MMQ_STAGE + wm * MMQ_GB;
-        const u8* Bs = mmq_sm + (gi % MMQ_NST) * MMQ_STAGE + (MMQ_BM + wn) * MMQ_GB;
-        uint2 ha[2][2], hb[4][2];
+        const u8* As = mmq_sm + (gi % MMQ_NST) * STAGE + wm * MMQ_GB;
+        const u8* Bs = mmq_sm + (gi % MMQ_NST) * STAGE + (MMQ_BM + wn) * MMQ_GB;
+        uint2 ha[MI][2], hb[NI][2];
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++) {
+        for (int mi = 0; mi < MI; mi++) {
             ha[mi][0] = *(const uint2*)(As + (mi * 16 + g) * MMQ_GB);
             ha[mi][1] = *(const uint2*)(As + (mi * 16 + g + 8) * MMQ_GB);
         }
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++) {
+        for (int ni = 0; ni < NI; ni++) {
             hb[ni][0] = *(const uint2*)(Bs + (ni * 8 + 2 * t) * MMQ_GB);
             hb[ni][1] = *(const uint2*)(Bs + (ni * 8 + 2 * t + 1) * MMQ_GB);
         }
 #pragma unroll
         for (int s = 0; s < 4; s++) {
-            u32 a[2][4], b[4][2];
+            u32 a[MI][4], b[NI][2];
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++) ldsm4(a[mi], As + (mi * 16 + (li & 1) * 8 + lr) * MMQ_GB + 16 + s * 32 + (li >> 1) * 16);
+            for (int mi = 0; mi < MI; mi++) ldsm4(a[mi], As + (mi * 16 + (li & 1) * 8 + lr) * MMQ_GB + 16 + s * 32 + (li >> 1) * 16);
 #pragma unroll
-            for (int np = 0; np < 2; np++) {
+            for (int np = 0; np < NI / 2; np++) {
                 u32 r[4];
                 ldsm4(r, Bs + (np * 16 + (li >> 1) * 8 + lr) * MMQ_GB + 16 + s * 32 + (li & 1) * 16);
                 b[2 * np][0] = r[0];
@@ -219,21 +221,21 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i6
                 b[2 * np + 1][0] = r[2];
                 b[2 * np + 1][1] = r[3];
             }
-            float da[2][2], db[4][2];
+            float da[MI][2], db[NI][2];
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
+            for (int mi = 0; mi < MI; mi++) {
                 da[mi][0] = hsel(ha[mi][0], s);
                 da[mi][1] = hsel(ha[mi][1], s);
             }
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
+            for (int ni = 0; ni < NI; ni++) {
                 db[ni][0] = hsel(hb[ni][0], s);
                 db[ni][1] = hsel(hb[ni][1], s);
             }
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
+            for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
+                for (int ni = 0; ni < NI; ni++) {
                     int c[4] = {0, 0, 0, 0};
                     mma_s8(c, a[mi], b[ni]);
                     acc[mi][ni][0] += (float)c[0] * (da[mi][0] * db[ni][0]);
@@ -244,9 +246,9 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i6
         }
     }
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int row = m0 + wm + mi * 16 + g + (c >> 1) * 8;
@@ -255,6 +257,18 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_q8(const u8* W, i6
             }
 #endif
 }
+
+#define MMQ_INST(NAME, WR, WC, MI, NI)                                                                          \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                                   \
+        NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
+             const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
+             i64 ostride, int nsplit, i64 split_stride) {                                                        \
+        mmq_impl<WR, WC, MI, NI>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
+                                 out, ooff, ostride, nsplit, split_stride);                                      \
+    }
+// 64 x 64 tiles (2 x 2 warps of 32 x 32) and 64 x 16 tiles (4 x 1 warps of 16 x 16).
+MMQ_INST(mmq_q8_64, 2, 2, 2, 4)
+MMQ_INST(mmq_q8_16, 4, 1, 1, 2)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

@@ -190,12 +190,16 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "moe_gateup_sh_q8",
     "moe_down_sh_q8",
     "mla_prefill",
-    "mmq_q8",
+    "mmq_q8_64",
+    "mmq_q8_16",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
-/// Dynamic shared memory of `mmq_q8`: 3 stages of 128 rows of 144 bytes (kernels/mmq.cu).
-const MMQ_SMEM: usize = 3 * 128 * 144;
+/// Dynamic shared memory of `mmq_q8_<bn>`: 3 stages of 64 + bn rows of 144 bytes (kernels/mmq.cu).
+const fn mmq_smem(bn: usize) -> usize {
+    3 * (64 + bn) * 144
+}
+const MMQ_SMEM: usize = mmq_smem(64);
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
@@ -324,7 +328,8 @@ fn kernel_names() -> Vec<String> {
         "moe_gateup_sh_q8",
         "moe_down_sh_q8",
         "quant_q8_groups",
-        "mmq_q8",
+        "mmq_q8_64",
+        "mmq_q8_16",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -358,6 +363,8 @@ pub struct CudaBackend {
     arch: String,
     kernels_from_cache: bool,
     scratch: Mutex<Vec<Option<DevMem>>>,
+    /// Staging for large reads (see [`Pinned`]); grows to the largest read.
+    pinned: Mutex<Option<Pinned>>,
     /// Held for the whole of an op that uses scratch, so two threads sharing the backend cannot
     /// interleave their writes to (and reads of) the same scratch on the stream.
     scratch_op: Mutex<()>,
@@ -397,7 +404,7 @@ impl Drop for CudaBackend {
             eprintln!("cuda profile: {total:.3} ms in kernels");
             for (name, (n, ms)) in v.iter().take(40) {
                 eprintln!(
-                    "  {name:<24} {n:>8} launches {ms:>10.3} ms {:>8.2} us each {:>5.1}%",
+                    "  {name:<28} {n:>8} launches {ms:>10.3} ms {:>8.2} us each {:>5.1}%",
                     1000.0 * ms / *n as f64,
                     100.0 * ms / total
                 );
@@ -405,6 +412,24 @@ impl Drop for CudaBackend {
         }
     }
 }
+
+/// Page-locked host memory for large device-to-host reads (the logits of many rows): the driver
+/// copies into it at full link speed, where a pageable destination is staged in small pieces.
+struct Pinned {
+    ptr: *mut f32,
+    len: usize,
+}
+// The pointer is owned (freed on drop) and only used under the backend's `pinned` mutex.
+unsafe impl Send for Pinned {}
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = drv::free_host(self.ptr as *mut std::ffi::c_void);
+        }
+    }
+}
+/// Reads of at least this many bytes go through [`Pinned`] staging.
+const PINNED_MIN_BYTES: usize = 1 << 20;
 
 /// An instantiated CUDA graph. The driver's graph handles may be used from any thread (with the
 /// context current, which `CudaGraph::launch` ensures); every use goes through the `graphs` mutex.
@@ -486,6 +511,7 @@ impl CudaBackend {
             arch,
             kernels_from_cache,
             scratch: Mutex::new((0..N_SCRATCH).map(|_| None).collect()),
+            pinned: Mutex::new(None),
             scratch_op: Mutex::new(()),
             error: Mutex::new(None),
             sm_count,
@@ -633,7 +659,9 @@ impl CudaBackend {
                 if e1.synchronize().is_ok() {
                     if let Ok(ms) = e0.elapsed_ms(&e1) {
                         let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
-                        let ent = p.entry(name.to_string()).or_insert((0, 0.0));
+                        // The tensor-core products by grid, so that shapes can be told apart.
+                        let key = if name.starts_with("mmq") { format!("{name} {}x{}x{}", grid.0, grid.1, grid.2) } else { name.to_string() };
+                        let ent = p.entry(key).or_insert((0, 0.0));
                         ent.0 += 1;
                         ent.1 += ms as f64;
                     }
@@ -758,15 +786,16 @@ impl CudaBackend {
             self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, xr.n, k, 0, xq);
             // Too few tiles to fill the device (small matrices, decode-size batches): split K
             // over blocks (at least 2 groups each) into partial outputs, then sum them in order.
-            let tiles = m.div_ceil(64) * ng.div_ceil(64) * g;
-            let nsplit = (3 * self.sm_count).div_ceil(tiles).min(ngroups / 2).clamp(1, 16);
-            let grid = (m.div_ceil(64) as u32, ng.div_ceil(64) as u32, (g * nsplit) as u32);
+            let bn = if ng <= 16 { 16 } else { 64 };
+            let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
+            let nsplit = if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).clamp(1, 16) };
+            let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
             if nsplit == 1 {
-                self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0));
+                self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);
                 return;
             }
             let Some(part) = self.scratch(S::Part, 4 * nsplit * xr.n * m) else { return };
-            self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, xr.n * m));
+            self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, xr.n * m), bn);
             self.launch(
                 "mmq_sum_splits",
                 Self::grid1(xr.n * m),
@@ -863,7 +892,7 @@ impl CudaBackend {
     /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` = (cnt, off, perm, n_experts) for the
     /// grouped expert product, `None` for the dense one (`grid.2 / nsplit` matrices of `n`
     /// tokens); `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the
-    /// splits' partial outputs).
+    /// splits' partial outputs); `bn` the tokens per tile (64 or 16; `grid.1` counts such tiles).
     #[allow(clippy::too_many_arguments)]
     fn mmq_launch(
         &self,
@@ -877,13 +906,14 @@ impl CudaBackend {
         in_div: usize,
         (out, ooff, ostride): (u64, usize, usize),
         (nsplit, split_stride): (usize, usize),
+        bn: usize,
     ) {
         let (cnt, off, perm, ne) = experts.unwrap_or((0, 0, 0, 0));
         self.launch(
-            "mmq_q8",
+            if bn == 16 { "mmq_q8_16" } else { "mmq_q8_64" },
             grid,
             128,
-            MMQ_SMEM as u32,
+            mmq_smem(bn) as u32,
             &[
                 A::P(w.mem.ptr),
                 l(w.row_bytes),
@@ -938,17 +968,20 @@ impl CudaBackend {
         let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
         let Some(hq) = self.scratch(S::Hq, pairs * fg * 144) else { return };
         self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
-        // Upper bound of the tiles over all experts: sum of ceil(cnt/64) <= pairs/64 + experts.
-        let tiles = (pairs.div_ceil(64) + ne) as u32;
+        // Tokens per tile: 16 when the experts see few tokens each (batched decode; the block's
+        // work then shrinks with them), else 64. Upper bound of the tiles over all experts: sum
+        // of ceil(cnt/bn) <= pairs/bn + experts.
+        let bn = if pairs <= 16 * ne { 16 } else { 64 };
+        let tiles = (pairs.div_ceil(bn) + ne) as u32;
         let ex = Some((cnt, off, perm, ne));
-        self.mmq_launch(experts.gate, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, ex, k, (g, 0, ff), (1, 0));
-        self.mmq_launch(experts.up, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, ex, k, (u, 0, ff), (1, 0));
+        self.mmq_launch(experts.gate, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, ex, k, (g, 0, ff), (1, 0), bn);
+        self.mmq_launch(experts.up, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, ex, k, (u, 0, ff), (1, 0), bn);
         let act = match p.glu {
             Glu::SwiGlu => 1,
             Glu::GeGluTanh => 2,
         };
         self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
-        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, ex, 1, (y, 0, hdim), (1, 0));
+        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, ex, 1, (y, 0, hdim), (1, 0), bn);
         self.launch(
             "moe_combine",
             Self::grid1(n * hdim),
@@ -1176,6 +1209,24 @@ impl Backend for CudaBackend {
         assert_eq!(dst.len(), rows.n * rows.width);
         self.synchronize()?;
         let contiguous = rows.n <= 1 || rows.stride == rows.width;
+        if contiguous && 4 * dst.len() >= PINNED_MIN_BYTES {
+            let mut pin = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+            if pin.as_ref().is_none_or(|p| p.len < dst.len()) {
+                *pin = None;
+                self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
+                let ptr = unsafe { drv::malloc_host(4 * dst.len(), 0) }.map_err(|e| dev_err("pinned host allocation", e))?;
+                *pin = Some(Pinned { ptr: ptr as *mut f32, len: dst.len() });
+            }
+            if let Some(p) = pin.as_ref() {
+                // Safety: `p` holds at least dst.len() f32s and nothing else uses it (mutex).
+                let stage = unsafe { std::slice::from_raw_parts_mut(p.ptr, dst.len()) };
+                unsafe { drv::memcpy_dtoh_async(stage, buf.0.ptr + 4 * rows.off as u64, self.stream.cu_stream()) }
+                    .map_err(|e| dev_err("device-to-host copy", e))?;
+                self.stream.synchronize().map_err(|e| dev_err("cuda stream", e))?;
+                dst.copy_from_slice(stage);
+                return Ok(());
+            }
+        }
         let r = if contiguous {
             unsafe { drv::memcpy_dtoh_async(dst, buf.0.ptr + 4 * rows.off as u64, self.stream.cu_stream()) }
         } else {
