@@ -1804,9 +1804,16 @@ mod tests {
     #[test]
     #[ignore = "benchmark: `cargo test --release -p ts-cpu quant_dot_bench -- --ignored --nocapture`"]
     fn quant_dot_bench() {
-        for &(w, m, k) in
-            &[(Q4_1, 576usize, 1536usize), (Q8_0, 2048, 1408), (Q4_0, 2048, 2048), (Q5_0, 2048, 640), (Q5_1, 2048, 640), (Q4K, 2048, 2048), (Q6K, 2048, 2048), (F16, 1024, 2048)]
-        {
+        for &(w, m, k) in &[
+            (Q4_1, 576usize, 1536usize),
+            (Q8_0, 2048, 1408),
+            (Q4_0, 2048, 2048),
+            (Q5_0, 2048, 640),
+            (Q5_1, 2048, 640),
+            (Q4K, 2048, 2048),
+            (Q6K, 2048, 2048),
+            (F16, 1024, 2048),
+        ] {
             let mut rng = Rng(9);
             let wv = random_vals(&mut rng, m * k, true);
             let wdata = quantize_rows(w, &wv);

@@ -200,6 +200,9 @@ const fn mmq_smem(bn: usize) -> usize {
     3 * (64 + bn) * 144
 }
 const MMQ_SMEM: usize = mmq_smem(64);
+/// Smallest size of the `Part` scratch (split-MLA decode partials, split-K partial products): one
+/// size for both, so the first decode step (run at open) allocates it for good.
+const PART_MIN_BYTES: usize = 16 << 20;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
@@ -660,7 +663,8 @@ impl CudaBackend {
                     if let Ok(ms) = e0.elapsed_ms(&e1) {
                         let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
                         // The tensor-core products by grid, so that shapes can be told apart.
-                        let key = if name.starts_with("mmq") { format!("{name} {}x{}x{}", grid.0, grid.1, grid.2) } else { name.to_string() };
+                        let key =
+                            if name.starts_with("mmq") { format!("{name} {}x{}x{}", grid.0, grid.1, grid.2) } else { name.to_string() };
                         let ent = p.entry(key).or_insert((0, 0.0));
                         ent.0 += 1;
                         ent.1 += ms as f64;
@@ -788,13 +792,17 @@ impl CudaBackend {
             // over blocks (at least 2 groups each) into partial outputs, then sum them in order.
             let bn = if ng <= 16 { 16 } else { 64 };
             let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
-            let nsplit = if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).clamp(1, 16) };
+            // The partial outputs fit the part scratch's fixed size, so that it never grows after
+            // the warm-up at open (the decode step there allocates it, see the MLA decode).
+            let fit = PART_MIN_BYTES / (4 * xr.n * m).max(1);
+            let nsplit =
+                if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).min(fit).clamp(1, 16) };
             let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
             if nsplit == 1 {
                 self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);
                 return;
             }
-            let Some(part) = self.scratch(S::Part, 4 * nsplit * xr.n * m) else { return };
+            let Some(part) = self.scratch(S::Part, (4 * nsplit * xr.n * m).max(PART_MIN_BYTES)) else { return };
             self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, xr.n * m), bn);
             self.launch(
                 "mmq_sum_splits",
@@ -1002,7 +1010,19 @@ impl CudaBackend {
                 (n.div_ceil(4) as u32, 1, 1),
                 128,
                 0,
-                &[A::P(logits.0.ptr), l(lr.off), l(lr.stride), i(n), i(ne), i(k), gating, A::I(p.norm_topk as i32), A::F(p.scale), A::P(sel_e), A::P(sel_w)],
+                &[
+                    A::P(logits.0.ptr),
+                    l(lr.off),
+                    l(lr.stride),
+                    i(n),
+                    i(ne),
+                    i(k),
+                    gating,
+                    A::I(p.norm_topk as i32),
+                    A::F(p.scale),
+                    A::P(sel_e),
+                    A::P(sel_w),
+                ],
             );
         } else {
             self.launch(
@@ -1498,7 +1518,7 @@ impl Backend for CudaBackend {
             // Decode: split over the context, all heads per block, then merge (kernels/fast.cu).
             let nsp = (2 * self.sm_count / n).clamp(1, MLA_MAX_SPLITS);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(part) = self.scratch(S::Part, 4 * n * nsp * nh * (kl + 2)) else { return };
+            let Some(part) = self.scratch(S::Part, (4 * n * nsp * nh * (kl + 2)).max(PART_MIN_BYTES)) else { return };
             self.launch(
                 kname,
                 (nsp as u32, n as u32, 1),
