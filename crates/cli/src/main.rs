@@ -87,6 +87,14 @@ pub enum BackendKind {
 }
 
 fn main() {
+    // The chat-template sandbox's child process (ts_engine::chat, "Sandboxing"): before clap, so
+    // the hidden subcommand never shows in --help.
+    if std::env::args().nth(1).as_deref() == Some(ts_engine::chat::CHILD_ARG) {
+        std::process::exit(ts_engine::chat::child_main());
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        ts_engine::chat::render_in_child_process(exe);
+    }
     let cli = Cli::parse();
     let r = match cli.cmd {
         Command::Run(a) => cmd::run(a),

@@ -9,7 +9,15 @@
 //!
 //! Sandboxing: there is no template loader (`include`/`import`/`extends` fail), execution is
 //! limited by minijinja fuel ([`FUEL`] instructions) and the output by [`MAX_OUTPUT_BYTES`], so a
-//! hostile template can neither read files nor hang the server.
+//! hostile template can neither read files nor hang the server. Fuel counts instructions, not
+//! bytes: a template that doubles a string in a loop reaches gigabytes in 40 instructions, and
+//! minijinja has no memory budget. So a program that loads templates from strangers' model files
+//! calls [`render_in_child_process`] once (the `turbospark` binary does): every model-supplied
+//! template is then rendered by a child process (`<exe> __render-template`, see [`child_main`])
+//! that limits its own address space to [`CHILD_MEMORY_BYTES`] and its CPU time to
+//! [`CHILD_CPU_SECONDS`]; a child that dies is reported as a render error and the parent goes on.
+//! The built-in templates are trusted and rendered in process. Spawning costs a few milliseconds
+//! per conversation rendered.
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -24,6 +32,109 @@ pub const FUEL: u64 = 5_000_000;
 
 /// Largest rendered prompt, in bytes.
 pub const MAX_OUTPUT_BYTES: usize = 16 << 20;
+
+/// Address-space limit of the rendering child process (module doc, "Sandboxing").
+pub const CHILD_MEMORY_BYTES: u64 = 2 << 30;
+
+/// CPU-time limit of the rendering child process, in seconds.
+pub const CHILD_CPU_SECONDS: u64 = 20;
+
+/// The subcommand the rendering child is started with.
+pub const CHILD_ARG: &str = "__render-template";
+
+/// The executable that renders model-supplied templates, when set (see
+/// [`render_in_child_process`]).
+static CHILD_EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// From now on, render every model-supplied template in a child process `exe __render-template`
+/// whose `main` calls [`child_main`]. Only on Unix (elsewhere the call does nothing and templates
+/// render in process). The first call wins.
+pub fn render_in_child_process(exe: std::path::PathBuf) {
+    if cfg!(unix) {
+        let _ = CHILD_EXE.set(exe);
+    }
+}
+
+/// What the parent sends the child on stdin.
+#[derive(Serialize, serde::Deserialize)]
+struct ChildRequest {
+    source: String,
+    ctx: serde_json::Value,
+}
+
+/// What the child answers on stdout: `ok` (the text) or `syntax` / `render` (the message).
+#[derive(Serialize, serde::Deserialize)]
+struct ChildReply {
+    ok: Option<String>,
+    syntax: Option<String>,
+    render: Option<String>,
+}
+
+/// The rendering child's `main`: limits its own address space and CPU time, reads one
+/// request (JSON `{source, ctx}`) from stdin, renders it in process and writes the reply (JSON)
+/// to stdout. Returns the exit code. An allocation beyond the limit aborts the child, which the
+/// parent reports as a render error.
+pub fn child_main() -> i32 {
+    #[cfg(unix)]
+    unsafe {
+        let mem = libc::rlimit { rlim_cur: CHILD_MEMORY_BYTES as libc::rlim_t, rlim_max: CHILD_MEMORY_BYTES as libc::rlim_t };
+        let cpu = libc::rlimit { rlim_cur: CHILD_CPU_SECONDS as libc::rlim_t, rlim_max: CHILD_CPU_SECONDS as libc::rlim_t };
+        if libc::setrlimit(libc::RLIMIT_AS, &mem) != 0 || libc::setrlimit(libc::RLIMIT_CPU, &cpu) != 0 {
+            return 3;
+        }
+    }
+    let mut input = String::new();
+    if std::io::Read::read_to_string(&mut std::io::stdin(), &mut input).is_err() {
+        return 2;
+    }
+    let Ok(req) = serde_json::from_str::<ChildRequest>(&input) else { return 2 };
+    let reply = match ChatTemplate::new_in_process(&req.source).and_then(|t| t.render_here(&req.ctx)) {
+        Ok(text) => ChildReply { ok: Some(text), syntax: None, render: None },
+        Err(ChatError::Syntax(m)) => ChildReply { ok: None, syntax: Some(m), render: None },
+        Err(e) => ChildReply { ok: None, syntax: None, render: Some(e.to_string()) },
+    };
+    match serde_json::to_writer(std::io::stdout().lock(), &reply) {
+        Ok(()) => 0,
+        Err(_) => 2,
+    }
+}
+
+/// Renders `source` with `ctx` in a child process `exe __render-template`.
+fn render_in_child(exe: &std::path::Path, source: &str, ctx: &serde_json::Value) -> Result<String, ChatError> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let fail = |why: String| ChatError::Render(why);
+    let req = serde_json::to_vec(&ChildRequest { source: source.to_string(), ctx: ctx.clone() })
+        .map_err(|e| fail(format!("cannot encode the render request: {e}")))?;
+    let mut child = Command::new(exe)
+        .arg(CHILD_ARG)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start the rendering process {}: {e}", exe.display())))?;
+    // The child reads all of its input before it writes anything: no deadlock.
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(&req);
+    }
+    let out = child.wait_with_output().map_err(|e| fail(format!("rendering process: {e}")))?;
+    if !out.status.success() {
+        return Err(fail(format!(
+            "rendering stopped: the template exceeded its sandbox ({} GiB of memory, {CHILD_CPU_SECONDS} s of CPU; {})",
+            CHILD_MEMORY_BYTES >> 30,
+            out.status
+        )));
+    }
+    let reply: ChildReply =
+        serde_json::from_slice(&out.stdout).map_err(|e| fail(format!("unreadable reply from the rendering process: {e}")))?;
+    match reply {
+        ChildReply { ok: Some(text), .. } if text.len() <= MAX_OUTPUT_BYTES => Ok(text),
+        ChildReply { ok: Some(_), .. } => Err(fail(format!("output exceeds {MAX_OUTPUT_BYTES} bytes"))),
+        ChildReply { syntax: Some(m), .. } => Err(ChatError::Syntax(m)),
+        ChildReply { render: Some(m), .. } => Err(ChatError::Render(m.trim_start_matches("chat template: ").to_string())),
+        _ => Err(fail("empty reply from the rendering process".into())),
+    }
+}
 
 /// The ChatML template used when a model has none.
 /// Gemma's turn format (as Google's Gemma 3 template: a system message is prefixed to the first
@@ -217,8 +328,13 @@ fn make_env() -> Environment<'static> {
 }
 
 impl ChatTemplate {
-    /// Compiles `source`; syntax errors are reported now rather than at first use.
+    /// Compiles `source`; syntax errors are reported now rather than at first use. (Compiling
+    /// allocates in proportion to the source only; rendering is what may need the sandbox.)
     pub fn new(source: &str) -> Result<ChatTemplate, ChatError> {
+        Self::new_in_process(source)
+    }
+
+    fn new_in_process(source: &str) -> Result<ChatTemplate, ChatError> {
         let env = make_env();
         env.template_from_str(source).map_err(|e| ChatError::Syntax(flatten(&e)))?;
         Ok(ChatTemplate { source: source.to_string(), env, is_fallback: false })
@@ -282,7 +398,17 @@ impl ChatTemplate {
     /// Renders with an arbitrary context object (e.g. messages with structured content, `tools`).
     /// The context should contain at least `messages`; missing variables are undefined (lenient,
     /// as in Jinja2).
+    /// Model-supplied templates go to the rendering child process when one is set (module doc,
+    /// "Sandboxing").
     pub fn render_value(&self, ctx: &serde_json::Value) -> Result<String, ChatError> {
+        match CHILD_EXE.get() {
+            Some(exe) if !self.is_fallback => render_in_child(exe, &self.source, ctx),
+            _ => self.render_here(ctx),
+        }
+    }
+
+    /// Renders in this process (fuel and output limits only).
+    fn render_here(&self, ctx: &serde_json::Value) -> Result<String, ChatError> {
         let tmpl = self.env.template_from_str(&self.source).map_err(|e| ChatError::Syntax(flatten(&e)))?;
         let mut w = LimitedWriter { buf: String::new(), limit: MAX_OUTPUT_BYTES };
         let ctx = JValue::from_serialize(ctx);

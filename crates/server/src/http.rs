@@ -141,9 +141,13 @@ enum Kind {
 
 async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
-    let r = match chat_inner(&st, body) {
-        Ok((c, ids)) => generate(&st, Kind::Chat, c, ids, arrived).await,
-        Err(e) => Err(e),
+    // Rendering (a child process for model-supplied templates) and tokenising block: off the
+    // async workers.
+    let st2 = st.clone();
+    let r = match tokio::task::spawn_blocking(move || chat_inner(&st2, body)).await {
+        Ok(Ok((c, ids))) => generate(&st, Kind::Chat, c, ids, arrived).await,
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(ApiError::internal(format!("preparing the prompt failed: {e}"))),
     };
     record(&st, "chat", r.unwrap_or_else(IntoResponse::into_response))
 }
