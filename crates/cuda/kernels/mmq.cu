@@ -165,15 +165,30 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     __syncthreads();
     const int m0 = blockIdx.x * MMQ_BM;
     const u8* Wt = W + (i64)e * mat_bytes;
-    // This thread's 16-byte pieces of a stage: (row r, piece q) for c = tid + i*128, r = c/9.
+    // This thread's 16-byte pieces of every stage: (row r, piece q) for c = tid + i*128, r = c/9;
+    // the same rows in every stage, so the source pointers are computed once (only the group
+    // offset moves).
+    constexpr int PER = (ROWS * 9 + MMQ_THREADS - 1) / MMQ_THREADS;
+    const u8* srcp[PER];
+    u32 dsto[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int c = tid + i * MMQ_THREADS;
+        srcp[i] = nullptr;
+        dsto[i] = 0;
+        if (c < ROWS * 9) {
+            const int r = c / 9, q = c - r * 9;
+            const u8* rowp = r < MMQ_BM ? Wt + (i64)min(m0 + r, m - 1) * row_bytes : X + (i64)src_row[r - MMQ_BM] * xrow;
+            srcp[i] = rowp + (i64)g0 * MMQ_GB + q * 16;
+            dsto[i] = r * MMQ_GB + q * 16;
+        }
+    }
     auto load = [&](int gi) {  // local stage gi = group g0 + gi
         if (g0 + gi < g1) {
             u8* st = mmq_sm + (gi % MMQ_NST) * STAGE;
-            for (int c = tid; c < ROWS * 9; c += MMQ_THREADS) {
-                const int r = c / 9, q = c - r * 9;
-                const u8* gsrc = r < MMQ_BM ? Wt + (i64)min(m0 + r, m - 1) * row_bytes : X + (i64)src_row[r - MMQ_BM] * xrow;
-                cp_async16(st + r * MMQ_GB + q * 16, gsrc + (i64)(g0 + gi) * MMQ_GB + q * 16);
-            }
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (srcp[i]) cp_async16(st + dsto[i], srcp[i] + (i64)gi * MMQ_GB);
         }
         cp_commit();  // (empty groups keep the count uniform)
     };
