@@ -26,26 +26,6 @@
 #define MP_THREADS (MP_RG * 64)
 
 #if __CUDA_ARCH__ >= 800
-__device__ __forceinline__ u32 mp_saddr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-__device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(mp_saddr(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(u32* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(mp_saddr(p)));
-}
-__device__ __forceinline__ void mma_f16(float* c, const u32* a, const u32* b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 // Two values as f16 (round to nearest), clamped to the f16 range so that an outlier saturates
 // instead of becoming inf.
 __device__ __forceinline__ u32 pack_h(float lo, float hi) {
@@ -119,8 +99,8 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
 #pragma unroll 4
         for (int kk = 0; kk < MP_W; kk += 16) {
             u32 a[4], b[4];
-            ldsm_x4(a, Qw + ((li & 1) * 8 + lr) * MP_LD + kk + (li >> 1) * 8);
-            ldsm_x4(b, Kw + ((li >> 1) * 8 + lr) * MP_LD + kk + (li & 1) * 8);
+            ldsm4(a, Qw + ((li & 1) * 8 + lr) * MP_LD + kk + (li >> 1) * 8);
+            ldsm4(b, Kw + ((li >> 1) * 8 + lr) * MP_LD + kk + (li & 1) * 8);
             mma_f16(s[0], a, b);
             mma_f16(s[1], a, b + 2);
         }
@@ -195,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 u32 b[4];
-                ldsm_x4_t(b, Ks + (ks * 16 + (li & 1) * 8 + lr) * MP_LD + half * 256 + j * 16 + (li >> 1) * 8);
+                ldsm4_t(b, Ks + (ks * 16 + (li & 1) * 8 + lr) * MP_LD + half * 256 + j * 16 + (li >> 1) * 8);
                 mma_f16(o[2 * j], pa[ks], b);
                 mma_f16(o[2 * j + 1], pa[ks], b + 2);
             }

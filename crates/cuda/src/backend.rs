@@ -999,53 +999,22 @@ impl CudaBackend {
         );
     }
 
-    /// The router: expert ids and weights of every (token, slot) pair into `sel_e`/`sel_w`.
+    /// The router: expert ids and weights of every (token, slot) pair into `sel_e`/`sel_w`:
+    /// `moe_route_warp` (a warp per token; plain top-k) or `moe_route` (a thread per token; expert
+    /// groups too). Both take the same leading arguments; the group counts only go to the latter.
     fn route(&self, logits: &CudaBuf, lr: Rows, p: &MoeParams, warp_route: bool, sel_e: u64, sel_w: u64) {
         let n = lr.n;
-        let (ne, k) = (p.n_experts, p.k);
         let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
+        let lead =
+            [A::P(logits.0.ptr), l(lr.off), l(lr.stride), i(n), i(p.n_experts), i(p.k), gating, A::I(p.norm_topk as i32), A::F(p.scale)];
+        let mut args = [A::I(0); 13];
+        args[..9].copy_from_slice(&lead);
         if warp_route {
-            self.launch(
-                "moe_route_warp",
-                (n.div_ceil(4) as u32, 1, 1),
-                128,
-                0,
-                &[
-                    A::P(logits.0.ptr),
-                    l(lr.off),
-                    l(lr.stride),
-                    i(n),
-                    i(ne),
-                    i(k),
-                    gating,
-                    A::I(p.norm_topk as i32),
-                    A::F(p.scale),
-                    A::P(sel_e),
-                    A::P(sel_w),
-                ],
-            );
+            args[9..11].copy_from_slice(&[A::P(sel_e), A::P(sel_w)]);
+            self.launch("moe_route_warp", (n.div_ceil(4) as u32, 1, 1), 128, 0, &args[..11]);
         } else {
-            self.launch(
-                "moe_route",
-                (n.div_ceil(128) as u32, 1, 1),
-                128,
-                0,
-                &[
-                    A::P(logits.0.ptr),
-                    l(lr.off),
-                    l(lr.stride),
-                    i(n),
-                    i(ne),
-                    i(k),
-                    gating,
-                    A::I(p.norm_topk as i32),
-                    A::F(p.scale),
-                    i(p.n_group),
-                    i(p.topk_group),
-                    A::P(sel_e),
-                    A::P(sel_w),
-                ],
-            );
+            args[9..13].copy_from_slice(&[i(p.n_group), i(p.topk_group), A::P(sel_e), A::P(sel_w)]);
+            self.launch("moe_route", (n.div_ceil(128) as u32, 1, 1), 128, 0, &args);
         }
     }
 

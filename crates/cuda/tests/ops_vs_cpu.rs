@@ -550,6 +550,39 @@ fn cache_write_and_attention() {
     rep.finish();
 }
 
+/// One MLA attention case on both backends: a cache of `slots * slot_len` rows holding random
+/// rows for `all` (history and batch tokens), random queries in `qr`; returns (GPU, CPU) outputs.
+#[allow(clippy::too_many_arguments)]
+fn mla_case(
+    g: &CudaBackend,
+    c: &CpuBackend,
+    r: &mut StdRng,
+    p: &MlaParams,
+    toks: Vec<TokenMeta>,
+    all: &[TokenMeta],
+    slots: usize,
+    slot_len: u32,
+    qr: Rows,
+    o: Rows,
+) -> (Vec<f32>, Vec<f32>) {
+    let w = p.kv_lora + p.rope_dim;
+    let rows_data = randn(r, all.len() * w, 1.0);
+    let rows = slots * slot_len as usize;
+    let (gc, cc) = (g.alloc_cache(rows, w).unwrap(), c.alloc_cache(rows, w).unwrap());
+    fill_cache(g, &gc, &rows_data, w, all, slot_len);
+    fill_cache(c, &cc, &rows_data, w, all, slot_len);
+    let meta = BatchMeta { tokens: toks, outputs: vec![], slot_len };
+    let (gb, cb) = (batch(g, &meta), batch(c, &meta));
+    let q = randn(r, qr.end(), 0.5);
+    let (gq, cq) = (buf(g, &q), buf(c, &q));
+    let (go, co) = (g.alloc(o.end()).unwrap(), c.alloc(o.end()).unwrap());
+    poison(g, &go, o.end());
+    poison(c, &co, o.end());
+    g.mla_attention(&gq, qr, &gc, &gb, p, &go, o);
+    c.mla_attention(&cq, qr, &cc, &cb, p, &co, o);
+    (get(g, &go, o), get(c, &co, o))
+}
+
 #[test]
 fn mla_attention_latent_cache() {
     let Some(g) = gpu() else { return };
@@ -569,24 +602,10 @@ fn mla_attention_latent_cache() {
             let mut all: Vec<TokenMeta> = (0..hist[0]).map(|p| TokenMeta { token: 0, pos: p, slot: 1 }).collect();
             all.extend((0..hist[1]).map(|p| TokenMeta { token: 0, pos: p, slot: 0 }));
             all.extend(toks.iter().copied());
-            let rows_data = randn(&mut r, all.len() * w, 1.0);
-            let rows = 2 * slot_len as usize;
-            let (gc, cc) = (g.alloc_cache(rows, w).unwrap(), c.alloc_cache(rows, w).unwrap());
-            fill_cache(g, &gc, &rows_data, w, &all, slot_len);
-            fill_cache(c, &cc, &rows_data, w, &all, slot_len);
-            let meta = BatchMeta { tokens: toks, outputs: vec![], slot_len };
-            let (gb, cb) = (batch(g, &meta), batch(c, &meta));
-            let qr = Rows { off: 0, n: n * nh, width: w, stride: w + 8 };
-            let q = randn(&mut r, qr.end(), 0.5);
-            let o = Rows::packed(n * nh, kl);
-            let (gq, cq) = (buf(g, &q), buf(c, &q));
-            let (go, co) = (g.alloc(o.end()).unwrap(), c.alloc(o.end()).unwrap());
-            poison(g, &go, o.end());
-            poison(c, &co, o.end());
             let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-            g.mla_attention(&gq, qr, &gc, &gb, &p, &go, o);
-            c.mla_attention(&cq, qr, &cc, &cb, &p, &co, o);
-            rep.check(&format!("heads={nh} kv_lora={kl} rope={rd} n={n} hist={hist:?}"), &get(g, &go, o), &get(c, &co, o), 2e-5, 1e-4);
+            let qr = Rows { off: 0, n: n * nh, width: w, stride: w + 8 };
+            let (got, want) = mla_case(g, c, &mut r, &p, toks, &all, 2, slot_len, qr, Rows::packed(n * nh, kl));
+            rep.check(&format!("heads={nh} kv_lora={kl} rope={rd} n={n} hist={hist:?}"), &got, &want, 2e-5, 1e-4);
         }
     }
     // Prefill of one sequence (one slot, consecutive positions after a history): the f16
@@ -597,26 +616,13 @@ fn mla_attention_latent_cache() {
         let toks = seq_meta(n, hist, 2, 100, &mut r);
         let mut all: Vec<TokenMeta> = (0..hist).map(|p| TokenMeta { token: 0, pos: p, slot: 2 }).collect();
         all.extend(toks.iter().copied());
-        let rows_data = randn(&mut r, all.len() * w, 1.0);
-        let rows = 3 * slot_len as usize;
-        let (gc, cc) = (g.alloc_cache(rows, w).unwrap(), c.alloc_cache(rows, w).unwrap());
-        fill_cache(g, &gc, &rows_data, w, &all, slot_len);
-        fill_cache(c, &cc, &rows_data, w, &all, slot_len);
-        let meta = BatchMeta { tokens: toks, outputs: vec![], slot_len };
-        let (gb, cb) = (batch(g, &meta), batch(c, &meta));
-        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
-        let q = randn(&mut r, qr.end(), 0.5);
-        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
-        let (gq, cq) = (buf(g, &q), buf(c, &q));
-        let (go, co) = (g.alloc(o.end()).unwrap(), c.alloc(o.end()).unwrap());
-        poison(g, &go, o.end());
-        poison(c, &co, o.end());
         let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-        g.mla_attention(&gq, qr, &gc, &gb, &p, &go, o);
-        c.mla_attention(&cq, qr, &cc, &cb, &p, &co, o);
+        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
+        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
+        let (got, want) = mla_case(g, c, &mut r, &p, toks, &all, 3, slot_len, qr, o);
         let tc = g.tensor_cores() && n > ts_cuda::GEMV_MAX_TOKENS;
         let (atol, rtol) = if tc { (1e-2, 1e-2) } else { (2e-5, 1e-4) };
-        rep.check(&format!("one slot: heads={nh} n={n} hist={hist} (tensor cores: {tc})"), &get(g, &go, o), &get(c, &co, o), atol, rtol);
+        rep.check(&format!("one slot: heads={nh} n={n} hist={hist} (tensor cores: {tc})"), &got, &want, atol, rtol);
     }
     rep.finish();
 }
