@@ -1,0 +1,91 @@
+//! The measuring commands work end to end on the CPU with a random-weight model: `bench` with
+//! batched decode (`--parallel`), and `loadtest --prompt-ids` against `serve` (token-id prompts
+//! for a model without a tokenizer).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_turbospark"))
+}
+
+/// A random llama-tiny GGUF, written once per test process (the tests run in parallel).
+fn tiny() -> PathBuf {
+    static P: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        let p = std::env::temp_dir().join(format!("ts-bench-load-{}.gguf", std::process::id()));
+        let out = bin().args(["synth", "--preset", "llama-tiny", "-o"]).arg(&p).output().unwrap();
+        assert!(out.status.success(), "synth: {}", String::from_utf8_lossy(&out.stderr));
+        p
+    })
+    .clone()
+}
+
+/// The t/s median of a bench table row whose test column is `test`.
+fn rate(table: &str, test: &str) -> Option<f64> {
+    table.lines().find(|l| l.split('|').nth(5).map(str::trim) == Some(test))?.split('|').nth(6)?.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn bench_reports_batched_decode() {
+    let m = tiny();
+    let out = bin()
+        .args(["bench", "--backend", "cpu", "-t", "2", "-p", "8", "-n", "4", "--parallel", "3", "-r", "1", "-m"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for test in ["pp8", "tg4", "tg4 x3"] {
+        let r = rate(&text, test).unwrap_or_else(|| panic!("no {test} row in:\n{text}"));
+        assert!(r > 0.0 && r.is_finite(), "{test}: {r}");
+    }
+}
+
+#[test]
+fn loadtest_with_token_id_prompts() {
+    let m = tiny();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut server = bin()
+        .args(["serve", "--backend", "cpu", "-t", "2", "--max-seqs", "4", "-c", "256", "--port", &port.to_string(), "-m"])
+        .arg(&m)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The load test checks /health itself; retry until the server is up.
+    let t0 = Instant::now();
+    let out = loop {
+        let out = bin()
+            .args([
+                "loadtest",
+                "--url",
+                &url,
+                "--clients",
+                "3",
+                "--duration",
+                "1",
+                "--max-tokens",
+                "4",
+                "--prompt-ids",
+                "8",
+                "--temperature",
+                "0",
+            ])
+            .output()
+            .unwrap();
+        if out.status.success() || t0.elapsed() > Duration::from_secs(60) {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(" 0 errors"), "{text}");
+    assert!(text.contains("completed"), "{text}");
+}
