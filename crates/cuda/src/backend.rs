@@ -1516,7 +1516,8 @@ impl Backend for CudaBackend {
             );
             return;
         }
-        // Prefill of one sequence: bf16 tensor cores, 4 row groups of 16 heads per block.
+        // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
+        // (kernels/mla_prefill.cu); other batches take the per-(token, head) kernel below.
         const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
         let one_slot = batch.tokens.iter().all(|t| t.slot == batch.tokens[0].slot);
         if self.tc
