@@ -92,7 +92,14 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some(ts_engine::chat::CHILD_ARG) {
         std::process::exit(ts_engine::chat::child_main());
     }
-    if let Ok(exe) = std::env::current_exe() {
+    // On Linux through /proc/self/exe: it still starts this binary after the file was replaced
+    // or deleted (an upgrade under a running server).
+    let exe = if cfg!(target_os = "linux") && std::path::Path::new("/proc/self/exe").exists() {
+        Some(std::path::PathBuf::from("/proc/self/exe"))
+    } else {
+        std::env::current_exe().ok()
+    };
+    if let Some(exe) = exe {
         ts_engine::chat::render_in_child_process(exe);
     }
     let cli = Cli::parse();
