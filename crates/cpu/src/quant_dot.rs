@@ -181,8 +181,39 @@ enum Path {
 /// Bytes of weight rows processed against all activation groups before moving on (fits L2).
 const WEIGHT_CHUNK_BYTES: usize = 128 * 1024;
 
+thread_local! {
+    /// Per-thread scratch of [`gemm_impl`]: the activation rows' converted scales and the
+    /// interleaved per-group scales of the prompt kernels (grown once, reused: the matmul path
+    /// allocates nothing after the first calls).
+    static GEMM_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 #[allow(clippy::too_many_arguments)]
 fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize, path: Path) {
+    GEMM_SCRATCH.with(|c| match c.try_borrow_mut() {
+        Ok(mut c) => {
+            let (scales, sc4) = &mut *c;
+            gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, scales, sc4)
+        }
+        // (Not reached: gemm does not call itself. A fresh pair keeps it correct if it did.)
+        Err(_) => gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, &mut Vec::new(), &mut Vec::new()),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_with(
+    w: GgmlType,
+    wdata: &[u8],
+    m: usize,
+    k: usize,
+    acts: &[u8],
+    n: usize,
+    out: &mut [f32],
+    out_stride: usize,
+    path: Path,
+    act_scales: &mut Vec<f32>,
+    sc4: &mut Vec<f32>,
+) {
     let (wrb, arb) = check_k(w, k);
     if m == 0 || n == 0 {
         return;
@@ -193,12 +224,14 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
     let chunk = (WEIGHT_CHUNK_BYTES / wrb.max(1)).clamp(1, m);
     // Legacy activation blocks carry f16 scales that every weight row would convert again; the
     // SIMD path converts them once here (Q8_0: d per block; Q8_1: d, s per block).
-    let act_scales: Vec<f32> = match path {
+    act_scales.clear();
+    match path {
         // SAFETY: Avx2 is only chosen after detection; acts holds n whole rows (checked above).
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { avx2::act_scales(act_type(w), &acts[..n * arb]) },
-        _ => Vec::new(),
-    };
+        Path::Avx2 => unsafe { avx2::act_scales_into(act_type(w), &acts[..n * arb], act_scales) },
+        _ => {}
+    }
+    let act_scales: &[f32] = act_scales;
     let sc_per_row = act_scales.len() / n;
     #[cfg(target_arch = "x86_64")]
     if path == Path::Avx2 && n == 1 {
@@ -242,8 +275,10 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
     // Q8_0 (Q4_0/Q5_0): the four d twice, then the four quant sums twice as i32 (see `signed_2x4`).
     let q80 = sc_per_row == nb;
     let per = if q80 { 16 } else { 8 };
-    let sc4: Vec<f32> = if k2x4.is_some() {
-        let mut v = vec![0f32; (n / 4) * nb * per];
+    sc4.clear();
+    if k2x4.is_some() {
+        sc4.resize((n / 4) * nb * per, 0.0);
+        let v = &mut *sc4;
         for g in 0..n / 4 {
             for b in 0..nb {
                 let o = (g * nb + b) * per;
@@ -264,10 +299,8 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
                 }
             }
         }
-        v
-    } else {
-        Vec::new()
-    };
+    }
+    let sc4: &[f32] = sc4;
     let mut i0 = 0;
     while i0 < m {
         let i1 = (i0 + chunk).min(m);
@@ -684,15 +717,25 @@ mod avx2 {
 
     /// f32 copies of the f16 scales of a run of activation blocks: Q8_0 → d per block, Q8_1 →
     /// d, s per block; empty for other types. Eight f16 per `vcvtph2ps`.
+    #[cfg(test)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn act_scales(at: GgmlType, acts: &[u8]) -> Vec<f32> {
+        let mut out = Vec::new();
+        act_scales_into(at, acts, &mut out);
+        out
+    }
+
+    /// [`act_scales`] into `out` (cleared and resized; no allocation once it is large enough).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn act_scales_into(at: GgmlType, acts: &[u8], out: &mut Vec<f32>) {
+        out.clear();
         let (bsz, per) = match at {
             GgmlType::Q8_0 => (34, 1),
             GgmlType::Q8_1 => (36, 2),
-            _ => return Vec::new(),
+            _ => return,
         };
         let nb = acts.len() / bsz;
-        let mut out = vec![0f32; nb * per];
+        out.resize(nb * per, 0.0);
         let p = acts.as_ptr();
         let h = |i: usize, o: usize| (p.add(i * bsz + o) as *const u16).read_unaligned() as i16;
         let mut i = 0;
@@ -712,7 +755,6 @@ mod avx2 {
                 out[b * per + t] = quant::read_f16(&acts[b * bsz..], 2 * t);
             }
         }
-        out
     }
 
     /// The f16 at p in all 8 lanes.
