@@ -3,9 +3,9 @@
 # DeepSeek-V2 fixtures' Q8_0 prefill against the CPU, the synthetic V2-Lite benchmarks with a
 # per-kernel profile of one prefill, and the server under 64 streaming clients.
 # Usage (on the GPU machine, from the repo root): tools/gpu/prefill.sh BIN OPS_TEST OUTDIR [steps]
-# steps: any of ops,fix,bench,prof,par,serve (default: all).
+# steps: any of ops,fix,bench,prof,dec,par,serve (default: all).
 set -u
-T=${1:-.dev/turbospark}; OPS=${2:-.dev/ops_vs_cpu}; O=${3:-/tmp/pf}; STEPS=${4:-ops,fix,bench,prof,par,serve}
+T=${1:-.dev/turbospark}; OPS=${2:-.dev/ops_vs_cpu}; O=${3:-/tmp/pf}; STEPS=${4:-ops,fix,bench,prof,dec,par,serve}
 mkdir -p "$O"; export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 fails=0
@@ -25,7 +25,7 @@ if has fix; then
     python3 tools/gpu/compare_npy.py "$O/$v-cpufast.npy" "$O/$v-cuda.npy" --tol 3e-2 --allow-argmax 1 --label "$v q8_0 cuda (tensor cores) vs cpu (8-bit activations)" || fails=$((fails+1))
   done
 fi
-if has bench || has prof || has par || has serve; then
+if has bench || has prof || has dec || has par || has serve; then
   [ -f $V ] || { /usr/bin/time -f "synth: %e s" "$T" synth --preset deepseek-v2-lite --quant q8_0 -o $V 2>&1 | tail -1; }
 fi
 if has bench; then
@@ -39,9 +39,20 @@ if has prof; then
   TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 512 -n 0 -r 1 2>&1 | grep -A30 "cuda profile" | head -32
   TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 2048 -n 0 -r 1 2>&1 | grep -A14 "cuda profile" | head -16
 fi
+if has dec; then
+  echo "== decode: programmatic dependent launch on and off (token hashes must agree), then a profile"
+  "$T" bench --backend cuda -m $V -p 0 -n 128 -r 5 --hash 2>>"$O/log.txt" | tee "$O/dec-pdl.txt"
+  TS_CUDA_PDL=0 "$T" bench --backend cuda -m $V -p 0 -n 128 -r 5 --hash 2>>"$O/log.txt" | tee "$O/dec-nopdl.txt"
+  a=$(grep hash "$O/dec-pdl.txt"); b=$(grep hash "$O/dec-nopdl.txt")
+  [ -n "$a" ] && [ "$a" == "$b" ] && echo "decode tokens: same with and without PDL" || { echo "FAIL: decode tokens differ with PDL"; fails=$((fails+1)); }
+  TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 0 -n 32 -r 1 2>&1 | grep -A30 "cuda profile" | head -32
+fi
 if has par; then
-  echo "== batched decode: 64 sequences at once (bench --parallel 64), then its profile"
-  "$T" bench --backend cuda -m $V -p 0 -n 64 --parallel 64 -r 2 2>>"$O/log.txt"
+  echo "== batched decode: 64 sequences at once (bench --parallel 64), graphs on and off, then its profile"
+  "$T" bench --backend cuda -m $V -p 0 -n 64 --parallel 64 -r 2 --hash 2>>"$O/log.txt" | tee "$O/par.txt"
+  TS_CUDA_GRAPHS=0 "$T" bench --backend cuda -m $V -p 0 -n 64 --parallel 64 -r 2 --hash 2>>"$O/log.txt" | tee "$O/par-nograph.txt"
+  a=$(grep "hash" "$O/par.txt"); b=$(grep "hash" "$O/par-nograph.txt")
+  [ -n "$a" ] && [ "$a" == "$b" ] && echo "batched decode tokens: same with and without graphs" || { echo "FAIL: batched decode tokens differ with graphs"; fails=$((fails+1)); }
   TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 0 -n 16 --parallel 64 -r 1 2>&1 | grep -A26 "cuda profile" | head -28
 fi
 if has serve; then

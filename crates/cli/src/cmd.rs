@@ -154,6 +154,10 @@ pub struct BenchArgs {
     /// many concurrent requests would (test `tg128 x64`).
     #[arg(long = "parallel", value_name = "N", default_value_t = 0)]
     pub parallel: usize,
+    /// Print a hash of the greedy tokens each generation test produced (all repetitions), to
+    /// compare builds, backends or switches such as TS_CUDA_GRAPHS=0: equal hashes, same tokens.
+    #[arg(long = "hash")]
+    pub hash: bool,
 }
 
 #[derive(Args)]
@@ -570,6 +574,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         row(format!("pp{}", a.n_prompt), &mut v);
     }
+    let mut hash = FNV_START;
     if a.n_gen > 0 {
         let mut v = Vec::new();
         let depth_toks: Vec<u32> = (0..a.depth).map(|_| rnd()).collect();
@@ -583,13 +588,17 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             for _ in 0..a.n_gen {
                 sess.feed(&[t])?;
                 t = argmax(&sess.logits);
+                hash = fnv_step(hash, t);
             }
             if r > 0 {
                 v.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
             }
         }
         let name = if a.depth > 0 { format!("tg{} @ d{}", a.n_gen, a.depth) } else { format!("tg{}", a.n_gen) };
-        row(name, &mut v);
+        row(name.clone(), &mut v);
+        if a.hash {
+            println!("tokens of {name}: hash {hash:016x}");
+        }
     }
     drop(sess);
     if a.parallel > 0 && a.n_gen > 0 {
@@ -599,6 +608,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let mut logits = vec![0f32; np * nvu];
         let mut meta = ts_core::BatchMeta { slot_len: ctx as u32, ..Default::default() };
         let mut v = Vec::new();
+        let mut phash = FNV_START;
         for r in 0..reps + 1 {
             let mut toks: Vec<u32> = (0..np).map(|_| rnd()).collect();
             let t0 = Instant::now();
@@ -612,6 +622,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 l.model.forward(&meta, &mut logits)?;
                 for (s, t) in toks.iter_mut().enumerate() {
                     *t = argmax(&logits[s * nvu..(s + 1) * nvu]);
+                    phash = fnv_step(phash, *t);
                 }
             }
             if r > 0 {
@@ -619,8 +630,17 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             }
         }
         row(format!("tg{} x{np}", a.n_gen), &mut v);
+        if a.hash {
+            println!("tokens of tg{} x{np}: hash {phash:016x}", a.n_gen);
+        }
     }
     Ok(())
+}
+
+/// FNV-1a over token ids (`bench --hash`).
+const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+fn fnv_step(h: u64, t: u32) -> u64 {
+    t.to_le_bytes().iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
 fn argmax(v: &[f32]) -> u32 {

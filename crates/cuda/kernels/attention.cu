@@ -82,7 +82,7 @@ __device__ void attn_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32) attention_##VPL(                             \
         const float* q, i64 qoff, i64 q_tok, i64 q_head, const float* K, i64 k_row, i64 k_head, const float* V, \
         i64 v_row, i64 v_head, float* out, i64 ooff, i64 o_tok, i64 o_head, const int* pos, const int* slot,   \
-        int slot_len, int nh, int group, int hd, int vd, float scale, int window, float softcap) {             \
+        int slot_len, int nh, int group, int hd, int vd, float scale, int window, float softcap) { PDL_ENTRY();             \
         attn_impl<VPL>(q, qoff, q_tok, q_head, K, k_row, k_head, V, v_row, v_head, out, ooff, o_tok, o_head,   \
                        pos, slot, slot_len, nh, group, hd, vd, scale, window, softcap);                        \
     }

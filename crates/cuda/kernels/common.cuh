@@ -39,6 +39,30 @@ typedef long long i64;
 
 #define NEG_INF __int_as_float(0xff800000)
 
+// Programmatic dependent launch (sm_90+; the host sets the launch attribute only there). Every
+// kernel lets the next one be scheduled at once (`pdl_trigger`) and, before it touches memory
+// another kernel writes (activations, cache, scratch) or writes anything, waits until the
+// previous kernel has finished and its writes are visible (`pdl_wait`). Weights are never written
+// by a kernel, so a kernel may load them before the wait: that is the overlap PDL buys. Every
+// thread of every kernel must reach `pdl_wait` before its first such access, and before it
+// exits, so that a kernel never completes before its predecessor (the next one relies on it).
+// Without the launch attribute both are no-ops.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+#define PDL_ENTRY() \
+    do {            \
+        pdl_trigger(); \
+        pdl_wait();    \
+    } while (0)
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -10,7 +10,7 @@ __device__ __forceinline__ i64 at(i64 idx, i64 width, i64 off, i64 stride) {
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (w optional). One block per row. In place allowed:
 // every thread reads its elements before the block-wide barrier and writes them after.
 extern "C" __global__ void rms_norm(const float* x, i64 xoff, i64 xstride, const float* w, int has_w, float eps,
-                                    float* out, i64 ooff, i64 ostride, int width) {
+                                    float* out, i64 ooff, i64 ostride, int width) { PDL_ENTRY();
     __shared__ float part[32];
     const float* xr = x + xoff + blockIdx.x * xstride;
     float* orow = out + ooff + blockIdx.x * ostride;
@@ -33,17 +33,17 @@ extern "C" __global__ void rms_norm(const float* x, i64 xoff, i64 xstride, const
 }
 
 extern "C" __global__ void add_rows(const float* a, i64 aoff, i64 astride, const float* b, i64 boff, i64 bstride,
-                                    float* out, i64 ooff, i64 ostride, i64 width, i64 total) {
+                                    float* out, i64 ooff, i64 ostride, i64 width, i64 total) { PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x)
         out[at(i, width, ooff, ostride)] = a[at(i, width, aoff, astride)] + b[at(i, width, boff, bstride)];
 }
 
-extern "C" __global__ void scale_rows(float* x, i64 off, i64 stride, i64 width, i64 total, float s) {
+extern "C" __global__ void scale_rows(float* x, i64 off, i64 stride, i64 width, i64 total, float s) { PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x)
         x[at(i, width, off, stride)] *= s;
 }
 
-extern "C" __global__ void softcap_rows(float* x, i64 off, i64 stride, i64 width, i64 total, float cap) {
+extern "C" __global__ void softcap_rows(float* x, i64 off, i64 stride, i64 width, i64 total, float cap) { PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
         i64 j = at(i, width, off, stride);
         x[j] = cap * tanhf(x[j] / cap);
@@ -51,7 +51,7 @@ extern "C" __global__ void softcap_rows(float* x, i64 off, i64 stride, i64 width
 }
 
 extern "C" __global__ void copy_rows(const float* src, i64 soff, i64 sstride, float* dst, i64 doff, i64 dstride,
-                                     i64 width, i64 total) {
+                                     i64 width, i64 total) { PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x)
         dst[at(i, width, doff, dstride)] = src[at(i, width, soff, sstride)];
 }
@@ -64,7 +64,7 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // out = act(gate) * up; kind 0 = SwiGLU, 1 = GELU-tanh. In place allowed (out == gate).
 extern "C" __global__ void glu_rows(int kind, const float* g, i64 goff, i64 gstride, const float* u, i64 uoff,
-                                    i64 ustride, float* out, i64 ooff, i64 ostride, i64 width, i64 total) {
+                                    i64 ustride, float* out, i64 ooff, i64 ostride, i64 width, i64 total) { PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
         float gv = g[at(i, width, goff, gstride)], uv = u[at(i, width, uoff, ustride)];
         out[at(i, width, ooff, ostride)] = (kind == 0 ? silu(gv) : gelu_tanh(gv)) * uv;
@@ -75,7 +75,7 @@ extern "C" __global__ void glu_rows(int kind, const float* g, i64 goff, i64 gstr
 // r / heads_per_token, whose position is read from the device-resident batch.
 // mode 0 = normal (2i, 2i+1), 1 = neox (i, i + dim/2).
 extern "C" __global__ void rope_rows(float* x, i64 off, i64 stride, i64 nrows, int heads_per_token,
-                                     const int* pos, const float* freqs, int half, int mode, float mscale) {
+                                     const int* pos, const float* freqs, int half, int mode, float mscale) { PDL_ENTRY();
     i64 total = nrows * half;
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
         i64 r = idx / half;
@@ -95,7 +95,7 @@ extern "C" __global__ void rope_rows(float* x, i64 off, i64 stride, i64 nrows, i
 
 // Row t of src -> cache row slot[t] * slot_len + pos[t].
 extern "C" __global__ void cache_write(float* cache, const float* src, i64 soff, i64 sstride, i64 width, i64 ntok,
-                                       const int* pos, const int* slot, int slot_len) {
+                                       const int* pos, const int* slot, int slot_len) { PDL_ENTRY();
     i64 total = ntok * width;
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
         i64 t = idx / width, i = idx % width;
@@ -124,7 +124,7 @@ __device__ void embed_impl(const u8* table, i64 row_bytes, const int* tokens, fl
 }
 #define EMBED_INST(name, T)                                                                                  \
     extern "C" __global__ void embed_##name(const u8* table, i64 row_bytes, const int* tokens, float scale, \
-                                            float* out, i64 ooff, i64 ostride, int dim) {                   \
+                                            float* out, i64 ooff, i64 ostride, int dim) { PDL_ENTRY();                   \
         embed_impl<T>(table, row_bytes, tokens, scale, out, ooff, ostride, dim);                            \
     }
 FOR_ALL_TYPES(EMBED_INST)

@@ -138,6 +138,9 @@ __device__ void gemv_q8_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, i
     // latency overlaps the first loads.
     load_q8_4(W + g * mat_bytes + (i64)min(blockIdx.x * rows_per_tile + warp * rpw + lane / lpr, m - 1) * row_bytes, sub,
               np, lpr, q, dw);
+    // Weights are never written by a kernel: they may be read before the previous kernel ends.
+    pdl_trigger();
+    pdl_wait();
     bool have = true;
     quant_rows_smem(x + xoff + g * xgstride + tok0 * xstride, xstride, nullptr, nt, k, xq, xd);
     __syncthreads();
@@ -171,7 +174,7 @@ __device__ void gemv_q8_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, i
 #define GEMVQ_INST(NT)                                                                                         \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS)                                                   \
         gemv_q8_##NT(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const float* x, i64 xoff,       \
-                     i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n, int lpr) { \
+                     i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n, int lpr) {       \
         gemv_q8_impl<NT>(W, row_bytes, mat_bytes, m, k, x, xoff, xstride, xgstride, out, ooff, ostride,        \
                          ogstride, n, lpr);                                                                    \
     }
@@ -185,7 +188,7 @@ GEMVQ_INST(8)
 // of a warp arg-max (ties to the lower index, as ts_cpu::route). Replaces the one-thread-per-token
 // moe_route when E <= 256 and there are no expert groups.
 extern "C" __global__ void moe_route_warp(const float* logits, i64 loff, i64 lstride, int n, int E, int k, int gating,
-                                          int norm_topk, float scale, int* sel_e, float* sel_w) {
+                                          int norm_topk, float scale, int* sel_e, float* sel_w) { PDL_ENTRY();
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= n) return;
     const float* lg = logits + loff + (i64)t * lstride;
@@ -246,7 +249,7 @@ extern "C" __global__ void moe_route_warp(const float* logits, i64 loff, i64 lst
 // matrices at once, and writes act(gate) * up. Pairs without an expert write zeros.
 extern "C" __global__ void __launch_bounds__(GQ_THREADS)
     moe_gateup_q8(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
-                  const float* in, i64 ioff, i64 istride, int in_div, int act, float* out, i64 ostride) {
+                  const float* in, i64 ioff, i64 istride, int in_div, int act, float* out, i64 ostride) { PDL_ENTRY();
     extern __shared__ __align__(16) u8 smq[];
     const int p = blockIdx.y;
     const int e = sel_e[p];
@@ -295,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
 // rows [GQ_WARPS*x, +GQ_WARPS) as one dot product over the k concatenated rows. Overwrites out.
 extern "C" __global__ void __launch_bounds__(GQ_THREADS)
     moe_down_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
-                const float* sel_w, const float* act, i64 astride, float* out, i64 ooff, i64 ostride) {
+                const float* sel_w, const float* act, i64 astride, float* out, i64 ooff, i64 ostride) { PDL_ENTRY();
     extern __shared__ __align__(16) u8 smq[];
     const int t = blockIdx.y;
     i8* xq = (i8*)smq;
@@ -463,7 +466,7 @@ __device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, 
 #define MLA_SPLIT_INST(W32, KL32, NTHR)                                                                     \
     extern "C" __global__ void __launch_bounds__(NTHR) mla_split_##W32##_##KL32(                            \
         const float* q, i64 qoff, i64 q_tok, i64 q_head, const float* cache, const int* pos, const int* slot, \
-        int slot_len, int nh, float scale, float* part) {                                                  \
+        int slot_len, int nh, float scale, float* part) { PDL_ENTRY();                                                  \
         mla_split_impl<W32, KL32, NTHR>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part); \
     }
 MLA_SPLIT_INST(18, 16, 256)
@@ -474,7 +477,7 @@ MLA_SPLIT_INST(5, 4, 64)
 // exp(m_s - M) go to shared memory first.
 #define MLA_MAX_SPLITS 256
 extern "C" __global__ void __launch_bounds__(64) mla_combine(const float* part, int nsp, int nh, int kl, const int* pos,
-                                                             float* out, i64 ooff, i64 o_tok, i64 o_head) {
+                                                             float* out, i64 ooff, i64 o_tok, i64 o_head) { PDL_ENTRY();
     __shared__ float fw[MLA_MAX_SPLITS];
     __shared__ float red[2][2];
     const int t = blockIdx.x / nh, h = blockIdx.x % nh;
@@ -517,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(64) mla_combine(const float* part, 
 // host); up to 8 tokens.
 extern "C" __global__ void __launch_bounds__(256)
     gemv_f32_split(const float* W, int m, int k, const float* x, i64 xoff, i64 xstride, float* out, i64 ooff,
-                   i64 ostride, int n) {
+                   i64 ostride, int n) { PDL_ENTRY();
     __shared__ float part[8][8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * 2 + (warp >> 2), quarter = warp & 3;

@@ -9,7 +9,7 @@
 // every thread reads and writes only its own elements.
 extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride,
                                         const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride,
-                                        int width) {
+                                        int width) { PDL_ENTRY();
     __shared__ float part[32];
     float* xr = x + xoff + blockIdx.x * xstride;
     const float* dr = d + doff + blockIdx.x * dstride;
@@ -40,7 +40,7 @@ extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const f
 // the row (width - 2*half values) copied. One thread per (row, pair or copied column).
 extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstride, float* dst, i64 doff, i64 dstride,
                                           i64 nrows, int width, int heads_per_token, const int* pos,
-                                          const float* freqs, int half, int mode, float mscale) {
+                                          const float* freqs, int half, int mode, float mscale) { PDL_ENTRY();
     const int per = width - half;  // half pairs + (width - 2*half) copied columns
     const i64 total = nrows * per;
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
@@ -70,7 +70,7 @@ extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstrid
 // row (width values) to cache row slot[t] * slot_len + pos[t]. Block size as rms_norm's for nw.
 extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w,
                                            int has_w, float eps, const int* pos, const int* slot, int slot_len,
-                                           const float* freqs, int half, int mode, float mscale, float* cache) {
+                                           const float* freqs, int half, int mode, float mscale, float* cache) { PDL_ENTRY();
     __shared__ float part[32];
     const int t = blockIdx.x;
     float* xr = x + xoff + (i64)t * xstride;
@@ -152,6 +152,8 @@ __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, i
         locate(blockIdx.x, jb, r0);
         load_q8_4(jb.W + (i64)min(r0 + warp * rpw + lane / lpr, jb.m - 1) * jb.row_bytes, sub, np, lpr, q, dw);
     }
+    pdl_trigger();  // weights first (never written by a kernel), then wait for the activations
+    pdl_wait();
     bool have = true;
     quant_rows_smem(x + xoff + tok0 * xstride, xstride, nullptr, nt, k, xq, xd);
     __syncthreads();
@@ -209,6 +211,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
     moe_gateup_sh_q8(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
                      int k, const u8* Sg, const u8* Su, int nsh, const float* in, i64 ioff, i64 istride, int act,
                      float* out, i64 ostride) {
+    pdl_trigger();
     extern __shared__ __align__(16) u8 smq[];
     const int P = blockIdx.y;
     const int ks = k + nsh;
@@ -216,8 +219,12 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * GQ_WARPS + warp;
     const int rr = min(row, m - 1);
+    const int np = 2 * (kdim >> 5);
+    uint4 qg[4], qu[4];
+    float dg[4], du[4];
     const u8 *wg, *wu;
     if (s < k) {
+        pdl_wait();  // the routed experts' ids come from the previous kernel
         const int e = sel_e[t * k + s];
         if (e < 0) {
             if (lane == 0 && row < m) out[(i64)P * ostride + row] = 0.f;
@@ -225,18 +232,19 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
         }
         wg = Wg + e * mat_bytes + (i64)rr * row_bytes;
         wu = Wu + e * mat_bytes + (i64)rr * row_bytes;
+        load_q8_4(wg, lane, np, 32, qg, dg);  // before the prologue, to overlap its latency
+        load_q8_4(wu, lane, np, 32, qu, du);
     } else {
+        // The shared experts' weights are known before the previous kernel ends.
         const i64 srow = (i64)(s - k) * m + rr;
         wg = Sg + srow * row_bytes;
         wu = Su + srow * row_bytes;
+        load_q8_4(wg, lane, np, 32, qg, dg);
+        load_q8_4(wu, lane, np, 32, qu, du);
+        pdl_wait();
     }
     i8* xq = (i8*)smq;
     float* xd = (float*)(smq + kdim);
-    const int np = 2 * (kdim >> 5);
-    uint4 qg[4], qu[4];
-    float dg[4], du[4];
-    load_q8_4(wg, lane, np, 32, qg, dg);  // before the prologue, to overlap its latency
-    load_q8_4(wu, lane, np, 32, qu, du);
     quant_rows_smem(in + ioff + (i64)t * istride, istride, nullptr, 1, kdim, xq, xd);
     __syncthreads();
     if (row >= m) return;
@@ -268,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
 extern "C" __global__ void __launch_bounds__(GQ_THREADS)
     moe_down_sh_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
                    const float* sel_w, const u8* Sd, i64 srow_bytes, int nsh, const float* act, i64 astride,
-                   float* out, i64 ooff, i64 ostride) {
+                   float* out, i64 ooff, i64 ostride) { PDL_ENTRY();
     extern __shared__ __align__(16) u8 smq[];
     __shared__ float wsl[MOE_SH_MAX_SLOTS];
     const int t = blockIdx.y;

@@ -55,7 +55,7 @@ __device__ void gemv_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int 
 #define GEMV_INST_N(name, T, N)                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                             \
         gemv_##name##_##N(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const float* x, i64 xoff,  \
-                          i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n) { \
+                          i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n) { PDL_ENTRY(); \
         gemv_impl<T, N>(W, row_bytes, mat_bytes, m, k, x, xoff, xstride, xgstride, out, ooff, ostride,       \
                         ogstride, n);                                                                         \
     }
@@ -87,12 +87,12 @@ template <int T> __device__ void dequant_bf16_impl(const u8* W, i64 row_bytes, i
     }
 }
 #define DQ_INST(name, T)                                                                                     \
-    extern "C" __global__ void dequant_bf16_##name(const u8* W, i64 row_bytes, i64 rows, int k, u16* out) { \
+    extern "C" __global__ void dequant_bf16_##name(const u8* W, i64 row_bytes, i64 rows, int k, u16* out) { PDL_ENTRY(); \
         dequant_bf16_impl<T>(W, row_bytes, rows, k, out);                                                   \
     }
 FOR_ALL_TYPES(DQ_INST)
 
-extern "C" __global__ void rows_to_bf16(const float* x, i64 off, i64 stride, i64 width, i64 total, u16* out) {
+extern "C" __global__ void rows_to_bf16(const float* x, i64 off, i64 stride, i64 width, i64 total, u16* out) { PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x)
         out[i] = f2bf(x[off + (i / width) * stride + i % width]);
 }

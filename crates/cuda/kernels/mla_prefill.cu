@@ -41,7 +41,7 @@ __device__ __forceinline__ u32 pack_h(float lo, float hi) {
 extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float* q, i64 qoff, i64 q_tok, i64 q_head,
                                                                    const float* cache, const int* pos, const int* slot,
                                                                    int slot_len, int n, int nh, float scale, float* out,
-                                                                   i64 ooff, i64 o_tok, i64 o_head) {
+                                                                   i64 ooff, i64 o_tok, i64 o_head) { PDL_ENTRY();
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) u8 mp_sm[];
     u16* Qs = (u16*)mp_sm;                           // [MP_RG*16][MP_LD]

@@ -28,7 +28,7 @@
 // ceil(k/128) groups, zero blocks past k). With `act` (1 = SiLU, 2 = GELU-tanh) the value is
 // act(src) * src2 (the GLU of gate and up rows, same offsets and strides). One warp per group.
 extern "C" __global__ void quant_q8_groups(const float* src, const float* src2, i64 off, i64 stride, int n, int k,
-                                           int act, u8* dst, i64 drow) {
+                                           int act, u8* dst, i64 drow) { PDL_ENTRY();
     const int ng = (k + 127) >> 7;
     const i64 gid = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (gid >= (i64)n * ng) return;
@@ -254,7 +254,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                                   \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
-             i64 ostride, int nsplit, i64 split_stride) {                                                        \
+             i64 ostride, int nsplit, i64 split_stride) { PDL_ENTRY();                                                        \
         mmq_impl<WR, WC, MI, NI>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
                                  out, ooff, ostride, nsplit, split_stride);                                      \
     }
@@ -264,7 +264,7 @@ MMQ_INST(mmq_q8_16, 4, 1, 1, 2)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,
-                                          i64 ooff, i64 ostride) {
+                                          i64 ooff, i64 ostride) { PDL_ENTRY();
     const i64 total = (i64)rows * m;
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
         const i64 r = idx / m, c = idx - r * m;

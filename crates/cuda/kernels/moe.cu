@@ -10,7 +10,7 @@
 // (ties go to the lower index; fewer than k eligible experts leave expert -1, weight 0).
 extern "C" __global__ void moe_route(const float* logits, i64 loff, i64 lstride, int n, int E, int k, int gating,
                                      int norm_topk, float scale, int n_group, int topk_group, int* sel_e,
-                                     float* sel_w) {
+                                     float* sel_w) { PDL_ENTRY();
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     const float* lg = logits + loff + (i64)t * lstride;
@@ -67,7 +67,7 @@ extern "C" __global__ void moe_route(const float* logits, i64 loff, i64 lstride,
 
 // Group the (token, slot) pairs by expert: cnt[e], off[e] (exclusive prefix sum) and perm, the
 // pair indices of expert e at perm[off[e] .. off[e] + cnt[e]). One block.
-extern "C" __global__ void moe_group(const int* sel_e, int npairs, int E, int* cnt, int* off, int* perm) {
+extern "C" __global__ void moe_group(const int* sel_e, int npairs, int E, int* cnt, int* off, int* perm) { PDL_ENTRY();
     __shared__ int c[MOE_MAX_EXPERTS], o[MOE_MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) c[e] = 0;
     __syncthreads();
@@ -199,13 +199,13 @@ __device__ void moe_gemm_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, 
 #define MOE_INST(name, T)                                                                                      \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                              \
         moe_gemv_##name(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,          \
-                        const float* in, i64 ioff, i64 istride, int in_div, float* out, i64 ostride) {         \
+                        const float* in, i64 ioff, i64 istride, int in_div, float* out, i64 ostride) { PDL_ENTRY();         \
         moe_gemv_impl<T>(W, row_bytes, mat_bytes, m, kdim, sel_e, in, ioff, istride, in_div, out, ostride);    \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                                          \
         moe_gemm_##name(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* cnt,            \
                         const int* off, const int* perm, const float* in, i64 ioff, i64 istride, int in_div,   \
-                        float* out, i64 ostride) {                                                             \
+                        float* out, i64 ostride) { PDL_ENTRY();                                                             \
         moe_gemm_impl<T>(W, row_bytes, mat_bytes, m, kdim, cnt, off, perm, in, ioff, istride, in_div, out,     \
                          ostride);                                                                             \
     }
@@ -213,7 +213,7 @@ FOR_ALL_TYPES(MOE_INST)
 
 // out[t] = sum_s w[t*k+s] * y[t*k+s] over the pairs with an expert. Overwrites every element.
 extern "C" __global__ void moe_combine(const float* y, int k, i64 width, i64 ntok, const int* sel_e,
-                                       const float* sel_w, float* out, i64 ooff, i64 ostride) {
+                                       const float* sel_w, float* out, i64 ooff, i64 ostride) { PDL_ENTRY();
     i64 total = ntok * width;
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
         i64 t = idx / width, i = idx % width;

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
-    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
 };
 use cudarc::nvrtc::Ptx;
 use ts_core::{
@@ -355,6 +355,12 @@ fn kernel_names() -> Vec<String> {
 /// Tokens per matrix up to which matmuls use the GEMV kernels instead of cuBLAS.
 pub const GEMV_MAX_TOKENS: usize = 8;
 
+/// Steps of up to this many tokens are recorded as CUDA graphs (decode, and the batched decode
+/// of up to this many sequences); longer ones (prompts) are launched eagerly.
+pub const GRAPH_MAX_TOKENS: usize = 128;
+/// At most this many step recordings are kept (one per token count and output pattern).
+const GRAPH_MAX_COUNT: usize = 192;
+
 /// The CUDA backend: one device, one stream, kernels compiled by NVRTC for the device.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -395,6 +401,10 @@ pub struct CudaBackend {
     /// `TS_CUDA_PROFILE=1`: every launch is timed with events (the stream waits after each) and
     /// a per-kernel table goes to stderr when the backend is dropped. Graphs are off then.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
+    /// Programmatic dependent launch for every kernel (compute capability 9.0 or newer; off with
+    /// `TS_CUDA_PDL=0` and when profiling): a kernel is scheduled while its predecessor finishes
+    /// and loads its weights before it waits for the predecessor's results.
+    pdl: bool,
 }
 
 impl Drop for CudaBackend {
@@ -524,6 +534,7 @@ impl CudaBackend {
             profile: std::env::var_os("TS_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new())),
             fused: std::env::var("TS_CUDA_FUSED").map_or(true, |v| v != "0") && !exact,
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
+            pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             exact,
         })
     }
@@ -642,19 +653,46 @@ impl CudaBackend {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return;
         }
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                A::P(v) => b.arg(v),
-                A::L(v) => b.arg(v),
-                A::I(v) => b.arg(v),
-                A::F(v) => b.arg(v),
+        // The kernel's parameters: pointers to the values in `args`, which outlive the call (the
+        // driver copies them at launch). A fixed array: launching allocates nothing.
+        const MAX_ARGS: usize = 32;
+        if args.len() > MAX_ARGS {
+            self.fail(format!("kernel {name}: {} arguments (at most {MAX_ARGS})", args.len()));
+            return;
+        }
+        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_ARGS];
+        for (p, a) in params.iter_mut().zip(args) {
+            *p = match a {
+                A::P(v) => v as *const u64 as *mut std::ffi::c_void,
+                A::L(v) => v as *const i64 as *mut std::ffi::c_void,
+                A::I(v) => v as *const i32 as *mut std::ffi::c_void,
+                A::F(v) => v as *const f32 as *mut std::ffi::c_void,
             };
         }
-        let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
+        // Programmatic dependent launch: the kernel may start while the previous one finishes
+        // (each kernel waits with `pdl_wait` before it touches what others write; common.cuh).
+        let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = drv_sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
+        };
         let ev = |s: &CudaStream| s.record_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)).ok();
         let e0 = if self.profile.is_some() { ev(&self.stream) } else { None };
-        if let Err(e) = unsafe { b.launch(cfg) } {
+        let r = match self.ctx.bind_to_thread() {
+            Ok(()) => unsafe { drv_sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }.result(),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
             self.fail(format!("launch of kernel {name}: {e:?}"));
         }
         if let (Some(p), Some(e0)) = (&self.profile, e0) {
@@ -1483,41 +1521,9 @@ impl Backend for CudaBackend {
             (160, 128, 4) => Some(("mla_split_5_4", 64u32)),
             _ => None,
         };
-        if let (Some((kname, threads)), true) = (split, (1..=GEMV_MAX_TOKENS).contains(&n)) {
-            // Decode: split over the context, all heads per block, then merge (kernels/fast.cu).
-            let nsp = (2 * self.sm_count / n).clamp(1, MLA_MAX_SPLITS);
-            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(part) = self.scratch(S::Part, (4 * n * nsp * nh * (kl + 2)).max(PART_MIN_BYTES)) else { return };
-            self.launch(
-                kname,
-                (nsp as u32, n as u32, 1),
-                threads,
-                0,
-                &[
-                    A::P(q.0.ptr),
-                    l(qr.off),
-                    l(nh * qr.stride),
-                    l(qr.stride),
-                    A::P(cache.mem.ptr),
-                    A::P(batch.pos_ptr()),
-                    A::P(batch.slot_ptr()),
-                    A::I(batch.slot_len as i32),
-                    i(nh),
-                    A::F(p.scale),
-                    A::P(part),
-                ],
-            );
-            self.launch(
-                "mla_combine",
-                ((n * nh) as u32, kl.div_ceil(64) as u32, 1),
-                64,
-                0,
-                &[A::P(part), i(nsp), i(nh), i(kl), A::P(batch.pos_ptr()), A::P(out.0.ptr), l(o.off), l(nh * o.stride), l(o.stride)],
-            );
-            return;
-        }
         // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
-        // (kernels/mla_prefill.cu); other batches take the per-(token, head) kernel below.
+        // (kernels/mla_prefill.cu); other batches take the split kernel, or the
+        // per-(token, head) kernel for shapes the split kernel is not built for.
         const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
         let one_slot = batch.tokens.iter().all(|t| t.slot == batch.tokens[0].slot);
         if self.tc
@@ -1553,6 +1559,47 @@ impl Backend for CudaBackend {
                     l(o.stride),
                 ],
             );
+            return;
+        }
+        if let Some((kname, threads)) = split {
+            // Decode steps, and batches of several sequences (the server's steps): split over
+            // the context, all heads of a token per block, then merge (kernels/fast.cu). The
+            // tokens go in chunks whose partial results fit the fixed `Part` scratch.
+            let nsp = (2 * self.sm_count / n).clamp(1, MLA_MAX_SPLITS);
+            let per_tok = 4 * nsp * nh * (kl + 2);
+            let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
+            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(part) = self.scratch(S::Part, (per_tok * chunk).max(PART_MIN_BYTES)) else { return };
+            for t0 in (0..n).step_by(chunk) {
+                let nc = chunk.min(n - t0);
+                let (pos, slot) = (batch.pos_ptr() + 4 * t0 as u64, batch.slot_ptr() + 4 * t0 as u64);
+                self.launch(
+                    kname,
+                    (nsp as u32, nc as u32, 1),
+                    threads,
+                    0,
+                    &[
+                        A::P(q.0.ptr),
+                        l(qr.off + t0 * nh * qr.stride),
+                        l(nh * qr.stride),
+                        l(qr.stride),
+                        A::P(cache.mem.ptr),
+                        A::P(pos),
+                        A::P(slot),
+                        A::I(batch.slot_len as i32),
+                        i(nh),
+                        A::F(p.scale),
+                        A::P(part),
+                    ],
+                );
+                self.launch(
+                    "mla_combine",
+                    ((nc * nh) as u32, kl.div_ceil(64) as u32, 1),
+                    64,
+                    0,
+                    &[A::P(part), i(nsp), i(nh), i(kl), A::P(pos), A::P(out.0.ptr), l(o.off + t0 * nh * o.stride), l(nh * o.stride), l(o.stride)],
+                );
+            }
             return;
         }
         self.attention_launch(
@@ -1768,13 +1815,13 @@ impl Backend for CudaBackend {
         );
     }
 
-    /// CUDA graphs for steps of up to [`GEMV_MAX_TOKENS`] tokens (decode): a key runs eagerly the
+    /// CUDA graphs for steps of up to [`GRAPH_MAX_TOKENS`] tokens (decode, batched decode): a key runs eagerly the
     /// first time (scratch reaches its size), is captured the second time and replayed after
     /// that, one launch instead of hundreds. Any scratch reallocation drops every recording (they
     /// hold scratch pointers); an allocation during capture spoils it (the step runs eagerly).
     /// `TS_CUDA_GRAPHS=0` turns recording off.
     fn graph_begin(&self, key: u64, n_tokens: usize) -> bool {
-        if n_tokens == 0 || n_tokens > GEMV_MAX_TOKENS || !self.graphs_on {
+        if n_tokens == 0 || n_tokens > GRAPH_MAX_TOKENS || !self.graphs_on {
             return false;
         }
         let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
@@ -1789,6 +1836,13 @@ impl Backend for CudaBackend {
         }
         if gs.failed.contains(&key) {
             return false;
+        }
+        if gs.graphs.len() >= GRAPH_MAX_COUNT {
+            return false;
+        }
+        if gs.seen.len() >= 16 * GRAPH_MAX_COUNT {
+            // Keys seen once (a server's mixed batches) are forgotten now and then.
+            gs.seen.clear();
         }
         if !gs.seen.insert(key) {
             if self.ctx.bind_to_thread().is_ok()

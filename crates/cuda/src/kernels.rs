@@ -57,6 +57,12 @@ pub fn nvrtc_version() -> Result<(i32, i32), String> {
 /// Compile the whole program for `arch` (e.g. `sm_90`) to CUBIN with NVRTC. The error is NVRTC's
 /// log (file:line messages).
 pub fn compile_cubin(arch: &str) -> Result<Vec<u8>, String> {
+    compile_cubin_with(arch, &[]).map(|(cubin, _)| cubin)
+}
+
+/// As [`compile_cubin`] with extra NVRTC options (e.g. `--ptxas-options=-v`, which makes ptxas
+/// report each kernel's registers, spills and shared memory); returns the CUBIN and NVRTC's log.
+pub fn compile_cubin_with(arch: &str, extra: &[&str]) -> Result<(Vec<u8>, String), String> {
     if !nvrtc_available() {
         return Err("libnvrtc could not be loaded (needed to compile the CUDA kernels)".into());
     }
@@ -65,14 +71,13 @@ pub fn compile_cubin(arch: &str) -> Result<Vec<u8>, String> {
     let prog = nvrtc_result::create_program(&src, Some(&name)).map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
     let mut opts: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
     opts.push(format!("--gpu-architecture={arch}"));
+    opts.extend(extra.iter().map(|s| s.to_string()));
     let compiled = unsafe { nvrtc_result::compile_program(prog, &opts) };
+    let log = unsafe { nvrtc_result::get_program_log(prog) }
+        .map(|l| unsafe { CStr::from_ptr(l.as_ptr()) }.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let out = match compiled {
-        Err(e) => {
-            let log = unsafe { nvrtc_result::get_program_log(prog) }
-                .map(|l| unsafe { CStr::from_ptr(l.as_ptr()) }.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            Err(format!("NVRTC failed to compile the kernels for {arch} ({e:?}):\n{log}"))
-        }
+        Err(e) => Err(format!("NVRTC failed to compile the kernels for {arch} ({e:?}):\n{log}")),
         Ok(()) => {
             let mut size = 0usize;
             let r = unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) };
@@ -84,7 +89,7 @@ pub fn compile_cubin(arch: &str) -> Result<Vec<u8>, String> {
                 if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
                     Err(format!("nvrtcGetCUBIN failed: {r:?}"))
                 } else {
-                    Ok(buf)
+                    Ok((buf, log))
                 }
             }
         }

@@ -22,3 +22,22 @@ fn all_kernels_compile_for_sm_90() {
         Err(log) => panic!("{log}"),
     }
 }
+
+/// Registers, spills and shared memory per kernel as ptxas reports them (sm_90):
+/// `cargo test --release -p ts-cuda --test nvrtc_compile -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn kernel_resources_sm_90() {
+    if !ts_cuda::kernels::nvrtc_available() {
+        eprintln!("SKIP: libnvrtc could not be loaded");
+        return;
+    }
+    match ts_cuda::kernels::compile_cubin_with("sm_90", &["--ptxas-options=-v"]) {
+        Ok((_, log)) => {
+            for line in log.lines().filter(|l| l.contains("Compiling entry") || l.contains("Used") || l.contains("spill")) {
+                eprintln!("{line}");
+            }
+        }
+        Err(log) => panic!("{log}"),
+    }
+}

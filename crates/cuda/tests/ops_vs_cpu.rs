@@ -197,7 +197,7 @@ fn elementwise_ops() {
     let c = cpu();
     let mut r = rng(1);
     let mut rep = Report::new("elementwise");
-    for &n in &[1usize, 3, 64, 300] {
+    for &n in &[1usize, 3, 64, 300, 600] {
         for &w in &[7usize, 64, 2053] {
             // Strided views: rows of w inside rows of w + 5, starting at column 2.
             let stride = w + 5;
@@ -269,7 +269,7 @@ fn embed_all_types() {
             let (bytes, _) = weight(&mut r, ty, &shape, 1.0);
             let t = td("tok", ty, &shape, &bytes);
             let (gw, cw) = (g.upload_weight(&t, WeightUse::Embedding).unwrap(), c.upload_weight(&t, WeightUse::Embedding).unwrap());
-            for &n in &[1usize, 3, 64, 300] {
+            for &n in &[1usize, 3, 64, 300, 600] {
                 let meta = BatchMeta { tokens: seq_meta(n, 0, 0, vocab as u32, &mut r), outputs: vec![], slot_len: 4096 };
                 let o = Rows { off: 3, n, width: dim, stride: dim + 1 };
                 let len = o.end();
@@ -465,7 +465,7 @@ fn rope_modes() {
             let freqs: Vec<f32> = (0..dim / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / dim as f32)).collect();
             let spec = RopeSpec { mode, dim, freqs, mscale: 0.93 };
             let (gr, cr) = (g.upload_rope(&spec).unwrap(), c.upload_rope(&spec).unwrap());
-            for &n in &[1usize, 3, 64, 300] {
+            for &n in &[1usize, 3, 64, 300, 600] {
                 let heads = 4;
                 let mut toks = seq_meta(n / 2, r.random_range(0..3000), 0, 100, &mut r);
                 toks.extend(seq_meta(n - n / 2, r.random_range(0..3000), 1, 100, &mut r));
@@ -509,7 +509,7 @@ fn cache_write_and_attention() {
         (2, 1, 192, 128, None, Some(50.0)),
     ];
     for &(nh, nkv, hd, vd, window, softcap) in cases {
-        for &n in &[1usize, 3, 64, 300] {
+        for &n in &[1usize, 3, 64, 300, 600] {
             let (kw, vw) = (nkv * hd, nkv * vd);
             // Two sequences: slot 2 with a long history, slot 0 with a short one; the batch holds
             // each sequence's next tokens (history already cached, the batch's own rows written now).
@@ -592,7 +592,7 @@ fn mla_attention_latent_cache() {
     let slot_len = 4096u32;
     for &(nh, kl, rd) in &[(16usize, 512usize, 64usize), (4, 128, 32)] {
         let w = kl + rd;
-        for &n in &[1usize, 3, 64, 300] {
+        for &n in &[1usize, 3, 64, 300, 600] {
             // Decode sizes also with long histories: the split kernel then runs several tiles per split.
             let long = if n <= 3 { r.random_range(2000..4000u32) } else { r.random_range(0..700u32) };
             let hist = [long, r.random_range(0..20u32)];
@@ -692,7 +692,7 @@ fn moe_routing_and_experts() {
         ];
         for (ci, &(gating, norm_topk, scale, n_group, topk_group, k, glu)) in configs.iter().enumerate() {
             let p = MoeParams { n_experts: ne, k, gating, norm_topk, scale, n_group, topk_group, glu };
-            for &n in &[1usize, 3, 64, 300] {
+            for &n in &[1usize, 3, 64, 300, 600] {
                 let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
                 let x = randn(&mut r, xr.end(), 1.0);
                 let lr = Rows::packed(n, ne);

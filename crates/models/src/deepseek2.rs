@@ -945,11 +945,15 @@ impl<B: Backend> Model for DeepSeek2<B> {
         let n = batch.len();
         check_batch(batch, &self.opts, c.n_vocab, logits.len())?;
         self.be.upload_batch(batch, &mut self.batch)?;
-        // The step's ops depend only on this model, the token count and the output rows, so a
-        // backend may record them once and replay them (CUDA graphs); positions and token ids
-        // are read from the device batch uploaded above.
+        // The step's ops depend only on this model, the token count, whether the tokens share
+        // one slot, and the output rows, so a backend may record them once and replay them
+        // (CUDA graphs); positions, slots and token ids are read from the device batch uploaded
+        // above.
+        // Whether all tokens share one slot also picks the attention kernel, so it is in the key.
+        let one_slot = batch.tokens.iter().all(|t| t.slot == batch.tokens[0].slot);
         let mut key = 0xcbf2_9ce4_8422_2325u64;
-        for v in [self as *const Self as usize as u64, n as u64].into_iter().chain(batch.outputs.iter().map(|&o| o as u64)) {
+        let head = [self as *const Self as usize as u64, n as u64, one_slot as u64];
+        for v in head.into_iter().chain(batch.outputs.iter().map(|&o| o as u64)) {
             key = (key ^ v).wrapping_mul(0x0100_0000_01b3);
         }
         let be = self.be.as_ref();
