@@ -16,6 +16,13 @@
 
 #define GQ_THREADS 256
 #define GQ_WARPS (GQ_THREADS / 32)
+// At least this many blocks per SM: caps registers at 64 per thread, so 32 warps per SM keep
+// their weight loads in flight (at 2 blocks per SM, the register-limited default, the decode
+// GEMVs reached ~1.2 TB/s; Nsight Compute: "Block Limit Registers 2").
+#define GQ_MIN_BLOCKS 4
+// The MoE decode kernels hold two rows' loads (gate and up) or eight at once: at 3 blocks (80
+// registers) they spill at most a few bytes.
+#define GQ_MOE_MIN_BLOCKS 3
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int d;
@@ -39,21 +46,23 @@ __device__ __forceinline__ int dot16(uint4 w, const i8* x) {
 // given) into shared memory:
 // xq[j*k + i] int8, xd[j*(k/32) + b] the block scale. ggml's quantize_row_q8_0: d = amax/127,
 // q = round(x/d), and the dot uses d rounded to f16. 8 lanes per 32-block, 4 values per lane,
-// 8 blocks' loads per warp in flight.
+// QR_UNROLL groups of 4 blocks' loads per warp in flight (4: the decode kernels run at 64
+// registers, see GQ_MIN_BLOCKS).
 __device__ __forceinline__ float act_fn(int kind, float g) {
     if (kind == 1) return g / (1.0f + expf(-g));
     const float C = 0.7978846f;
     return 0.5f * g * (1.0f + tanhf(C * (g + 0.044715f * g * g * g)));
 }
+#define QR_UNROLL 4
 __device__ void quant_rows_smem(const float* src, i64 stride, const float* mul, int nrows, int k, i8* xq, float* xd) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const int nb = k >> 5;
     const int total = nrows * nb;
     const int sub = lane >> 3, q4 = lane & 7;  // block (of the warp's 4) and 4-value piece of this lane
-    for (int b0 = warp * 4; b0 < total; b0 += nw * 4 * 8) {
-        float4 v[8];
+    for (int b0 = warp * 4; b0 < total; b0 += nw * 4 * QR_UNROLL) {
+        float4 v[QR_UNROLL];
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
+        for (int u = 0; u < QR_UNROLL; u++) {
             int b = b0 + u * nw * 4 + sub;
             if (b < total) {
                 int j = b / nb, c = b - j * nb;
@@ -70,7 +79,7 @@ __device__ void quant_rows_smem(const float* src, i64 stride, const float* mul, 
             }
         }
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
+        for (int u = 0; u < QR_UNROLL; u++) {
             int b = b0 + u * nw * 4 + sub;
             float a = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
             a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
@@ -172,7 +181,7 @@ __device__ void gemv_q8_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, i
 }
 
 #define GEMVQ_INST(NT)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(GQ_THREADS)                                                   \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)                                                   \
         gemv_q8_##NT(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const float* x, i64 xoff,       \
                      i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n, int lpr) {       \
         gemv_q8_impl<NT>(W, row_bytes, mat_bytes, m, k, x, xoff, xstride, xgstride, out, ooff, ostride,        \
@@ -247,7 +256,7 @@ extern "C" __global__ void moe_route_warp(const float* logits, i64 loff, i64 lst
 // Gate and up products of every (token, slot) pair in one launch: block (x, p) computes rows
 // [GQ_WARPS*x, +GQ_WARPS) of pair p's expert (sel_e[p]; the input row is token p / in_div), both
 // matrices at once, and writes act(gate) * up. Pairs without an expert write zeros.
-extern "C" __global__ void __launch_bounds__(GQ_THREADS)
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_gateup_q8(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
                   const float* in, i64 ioff, i64 istride, int in_div, int act, float* out, i64 ostride) { PDL_ENTRY();
     extern __shared__ __align__(16) u8 smq[];
@@ -296,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
 // Down products and the weighted sum over a token's k experts in one launch: block (x, t)
 // quantises the k activation rows of token t, each times its router weight, and computes output
 // rows [GQ_WARPS*x, +GQ_WARPS) as one dot product over the k concatenated rows. Overwrites out.
-extern "C" __global__ void __launch_bounds__(GQ_THREADS)
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_down_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
                 const float* sel_w, const float* act, i64 astride, float* out, i64 ooff, i64 ostride) { PDL_ENTRY();
     extern __shared__ __align__(16) u8 smq[];

@@ -189,7 +189,7 @@ __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, i
 }
 
 #define GEMVQ_MULTI_INST(NT)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemv_q8_multi_##NT(                                 \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS) gemv_q8_multi_##NT(                                 \
         const u8* W0, i64 rb0, int m0, float* o0, i64 ooff0, i64 ostr0, const u8* W1, i64 rb1, int m1, float* o1, \
         i64 ooff1, i64 ostr1, const u8* W2, i64 rb2, int m2, float* o2, i64 ooff2, i64 ostr2, int t1, int t2,     \
         int ntiles, int k, const float* x, i64 xoff, i64 xstride, int n, int lpr) {                               \
@@ -206,13 +206,24 @@ GEMVQ_MULTI_INST(8)
 // shared FFN's rows cut into nsh chunks of m rows (gate/up) or of kdim columns (down), each with
 // weight 1. The GLU activations are laid out per token: row t*ks + s of `out` / `act`.
 
-// As moe_gateup_q8, block (x, P) for slot P = t*ks + s.
-extern "C" __global__ void __launch_bounds__(GQ_THREADS)
+// The activations come quantised (quant_q8_groups: ggml's Q8_0 rounding, the numbers the
+// in-block quantisation of the unfused kernels gives) in the weights' own 144-byte group layout,
+// so a lane reads the activation piece of each weight piece with the same addressing and no
+// block re-quantises the input (at batch 1 that prologue cost as much as the weights' stream).
+__device__ __forceinline__ int dot16v(uint4 w, uint4 x) {
+    int s = dp4a((int)w.x, (int)x.x, 0);
+    s = dp4a((int)w.y, (int)x.y, s);
+    s = dp4a((int)w.z, (int)x.z, s);
+    return dp4a((int)w.w, (int)x.w, s);
+}
+
+// As moe_gateup_q8, block (x, P) for slot P = t*ks + s, one warp per row; token t's activation
+// row at xq + t*xrow.
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_gateup_sh_q8(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
-                     int k, const u8* Sg, const u8* Su, int nsh, const float* in, i64 ioff, i64 istride, int act,
-                     float* out, i64 ostride) {
+                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act, float* out,
+                     i64 ostride) {
     pdl_trigger();
-    extern __shared__ __align__(16) u8 smq[];
     const int P = blockIdx.y;
     const int ks = k + nsh;
     const int t = P / ks, s = P - t * ks;
@@ -232,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
         }
         wg = Wg + e * mat_bytes + (i64)rr * row_bytes;
         wu = Wu + e * mat_bytes + (i64)rr * row_bytes;
-        load_q8_4(wg, lane, np, 32, qg, dg);  // before the prologue, to overlap its latency
+        load_q8_4(wg, lane, np, 32, qg, dg);
         load_q8_4(wu, lane, np, 32, qu, du);
     } else {
         // The shared experts' weights are known before the previous kernel ends.
@@ -243,24 +254,22 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
         load_q8_4(wu, lane, np, 32, qu, du);
         pdl_wait();
     }
-    i8* xq = (i8*)smq;
-    float* xd = (float*)(smq + kdim);
-    quant_rows_smem(in + ioff + (i64)t * istride, istride, nullptr, 1, kdim, xq, xd);
-    __syncthreads();
     if (row >= m) return;
+    const u8* xr = xq + (i64)t * xrow;
     float g = 0.f, u = 0.f;
     for (int p0 = lane; p0 < np; p0 += 128) {
         if (p0 != lane) {
             load_q8_4(wg, p0, np, 32, qg, dg);
             load_q8_4(wu, p0, np, 32, qu, du);
         }
+        uint4 xv[4];
+        float dx[4];
+        load_q8_4(xr, p0, np, 32, xv, dx);
 #pragma unroll
         for (int v = 0; v < 4; v++) {
-            const int pp = p0 + 32 * v;
-            if (pp < np) {
-                const float dx = xd[pp >> 1];
-                g += (float)dot16(qg[v], xq + 16 * pp) * (dg[v] * dx);
-                u += (float)dot16(qu[v], xq + 16 * pp) * (du[v] * dx);
+            if (p0 + 32 * v < np) {
+                g += (float)dot16v(qg[v], xv[v]) * (dg[v] * dx[v]);
+                u += (float)dot16v(qu[v], xv[v]) * (du[v] * dx[v]);
             }
         }
     }
@@ -269,61 +278,68 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
     if (lane == 0) out[(i64)P * ostride + row] = act_fn(act == 0 ? 1 : 2, g) * u;
 }
 
-// As moe_down_q8 over the ks slots of token t (block (x, t)): the shared slots' activations have
-// weight 1, and shared chunk j of output row r is bytes [j*row_bytes, (j+1)*row_bytes) of the
-// shared down row r (needs kdim % 128 == 0: whole 4-block groups, checked by the host).
+// As moe_down_q8 over the ks slots of token t (block (x, t)): slot s's quantised activation row
+// (already times its router weight; 1 for the shared slots) at hq + (t*ks + s)*hrow, and shared
+// chunk j of output row r is bytes [j*row_bytes, (j+1)*row_bytes) of the shared down row r
+// (needs kdim % 128 == 0: whole 4-block groups, checked by the host). Two warps per output row,
+// each over half of the slots' pieces, summed in a fixed order: twice the loads in flight of one
+// warp per row, which left the SMs a third full at batch 1.
 #define MOE_SH_MAX_SLOTS 64
-extern "C" __global__ void __launch_bounds__(GQ_THREADS)
+#define DOWN_WPR 2
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
-                   const float* sel_w, const u8* Sd, i64 srow_bytes, int nsh, const float* act, i64 astride,
-                   float* out, i64 ooff, i64 ostride) { PDL_ENTRY();
-    extern __shared__ __align__(16) u8 smq[];
-    __shared__ float wsl[MOE_SH_MAX_SLOTS];
+                   const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
+                   i64 ostride) {
+    pdl_trigger();
+    __shared__ float red[GQ_WARPS];
+    __shared__ int es[MOE_SH_MAX_SLOTS];
     const int t = blockIdx.y;
     const int ks = k + nsh;
-    i8* xq = (i8*)smq;
-    float* xd = (float*)(smq + ks * kdim);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = min(blockIdx.x * GQ_WARPS + warp, m - 1);
+    const int rows_per_block = GQ_WARPS / DOWN_WPR;
+    const int row0 = blockIdx.x * rows_per_block + warp / DOWN_WPR;
+    const int row = min(row0, m - 1), h = warp % DOWN_WPR;
     const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
-    auto load = [&](int P, uint4& q, float& d) {
-        if (P < total) {
+    const int per = (total + DOWN_WPR - 1) / DOWN_WPR;
+    const int Pa = h * per, Pb = min(total, Pa + per);
+    pdl_wait();
+    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(sel_e[t * k + threadIdx.x], 0) : 0;
+    __syncthreads();
+    const u8* hr = hq + (i64)t * ks * hrow;
+    auto load = [&](int P, uint4& q, float& d, uint4& x, float& dx) {
+        if (P < Pb) {
             const int s = P / np, p = P - s * np, b = p >> 1;
-            const u8* gp;
-            if (s < k) {
-                const int e = max(sel_e[t * k + s], 0);
-                gp = Wd + e * mat_bytes + (i64)row * row_bytes + (i64)(b >> 2) * 144;
-            } else {
-                gp = Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes + (i64)(b >> 2) * 144;
-            }
-            q = *(const uint4*)(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
+            const i64 go = (i64)(b >> 2) * 144;
+            const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes + go
+                                 : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes + go;
+            const u8* xp = hr + (i64)s * hrow + go;
+            const int qo = 16 + 32 * (b & 3) + 16 * (p & 1);
+            q = *(const uint4*)(gp + qo);
             d = h2f(((const u16*)gp)[b & 3]);
+            x = *(const uint4*)(xp + qo);
+            dx = h2f(((const u16*)xp)[b & 3]);
         } else {
             q = make_uint4(0u, 0u, 0u, 0u);
+            x = q;
             d = 0.f;
+            dx = 0.f;
         }
     };
-    uint4 q[8];
-    float dw[8];
-#pragma unroll
-    for (int u = 0; u < 8; u++) load(lane + 32 * u, q[u], dw[u]);  // before the prologue
-    if (threadIdx.x < ks) wsl[threadIdx.x] = (int)threadIdx.x < k ? sel_w[t * k + threadIdx.x] : 1.0f;
-    __syncthreads();
-    quant_rows_smem(act + (i64)t * ks * astride, astride, wsl, ks, kdim, xq, xd);
-    __syncthreads();
-    if (blockIdx.x * GQ_WARPS + warp >= m) return;
     float acc = 0.f;
-    for (int P0 = lane; P0 < total; P0 += 256) {
-        if (P0 != lane) {
+    for (int P0 = Pa + lane; P0 < Pb; P0 += 128) {
+        uint4 q[4], x[4];
+        float dw[4], dx[4];
 #pragma unroll
-            for (int u = 0; u < 8; u++) load(P0 + 32 * u, q[u], dw[u]);
-        }
+        for (int u = 0; u < 4; u++) load(P0 + 32 * u, q[u], dw[u], x[u], dx[u]);
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int P = P0 + 32 * u;
-            if (P < total) acc += (float)dot16(q[u], xq + 16 * P) * (dw[u] * xd[P >> 1]);
-        }
+        for (int u = 0; u < 4; u++) acc += (float)dot16v(q[u], x[u]) * (dw[u] * dx[u]);
     }
     acc = warp_sum(acc);
-    if (lane == 0) out[ooff + (i64)t * ostride + row] = acc;
+    if (lane == 0) red[warp] = acc;
+    __syncthreads();
+    if (h == 0 && lane == 0 && row0 < m) {
+        float v = red[warp];
+        for (int j = 1; j < DOWN_WPR; j++) v += red[warp + j];
+        out[ooff + (i64)t * ostride + row0] = v;
+    }
 }

@@ -26,9 +26,11 @@
 
 // Quantise `n` rows of `k` values into groups of 4 Q8_0 blocks (dst row j at dst + j*drow bytes,
 // ceil(k/128) groups, zero blocks past k). With `act` (1 = SiLU, 2 = GELU-tanh) the value is
-// act(src) * src2 (the GLU of gate and up rows, same offsets and strides). One warp per group.
+// act(src) * src2 (the GLU of gate and up rows, same offsets and strides). With `rw`, row r is
+// first multiplied by its router weight: slot s = r % rks of token r / rks has rw[token * rk + s]
+// for s < rk and 1 for the shared experts' slots past it. One warp per group.
 extern "C" __global__ void quant_q8_groups(const float* src, const float* src2, i64 off, i64 stride, int n, int k,
-                                           int act, u8* dst, i64 drow) { PDL_ENTRY();
+                                           int act, const float* rw, int rk, int rks, u8* dst, i64 drow) { PDL_ENTRY();
     const int ng = (k + 127) >> 7;
     const i64 gid = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (gid >= (i64)n * ng) return;
@@ -46,6 +48,12 @@ extern "C" __global__ void quant_q8_groups(const float* src, const float* src2, 
             if (act) x = act_fn(act, x) * s2[i0 + j];
         }
         v[j] = x;
+    }
+    if (rw) {
+        const int t = row / rks, sl = row - t * rks;
+        const float w = sl < rk ? rw[t * rk + sl] : 1.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] *= w;
     }
     float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
     a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
@@ -95,22 +103,49 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     static_assert(WR * MI * 16 == MMQ_BM && WR * WC * 32 == MMQ_THREADS && NI % 2 == 0, "mmq tile");
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
+    __shared__ int tile_e, tile_start;
     const int tid = threadIdx.x;
     // Which matrix and which tokens this tile covers.
     int e = 0, start, count;
     if (cnt) {
-        int y = blockIdx.y;
-        e = -1;
-        for (int x = 0; x < n_exp; x++) {
-            const int t = (cnt[x] + BN - 1) / BN;
-            if (y < t) {
-                e = x;
-                break;
+        // Tile y of the experts' tiles (ceil(cnt[e]/BN) each, in expert order): the first warp
+        // loads the counts at once (lane l holds experts l*per ..), scans the per-lane tile
+        // totals, and the lane whose range holds y walks its few experts. (A serial walk over
+        // the experts costs one dependent load per expert before the first weight is requested.)
+        if (tid < 32) {
+            const int per = (n_exp + 31) >> 5;  // <= MOE_MAX_EXPERTS / 32 = 16
+            int tl[16];
+            int mine = 0;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int x = tid * per + i;
+                tl[i] = (i < per && x < n_exp) ? (cnt[x] + BN - 1) / BN : 0;
+                mine += tl[i];
             }
-            y -= t;
+            int incl = mine;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (tid >= o) incl += v;
+            }
+            const int y = blockIdx.y, excl = incl - mine;
+            if (tid == 31 && y >= incl) tile_e = -1;  // past the last tile
+            if (y >= excl && y < incl) {
+                int yy = y - excl;
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    if (yy >= 0 && yy < tl[i]) {
+                        tile_e = tid * per + i;
+                        tile_start = yy * BN;
+                    }
+                    yy -= tl[i];
+                }
+            }
         }
+        __syncthreads();
+        e = tile_e;
         if (e < 0) return;
-        start = y * BN;
+        start = tile_start;
         count = cnt[e];
     } else {
         e = blockIdx.z / nsplit;
@@ -250,8 +285,8 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #endif
 }
 
-#define MMQ_INST(NAME, WR, WC, MI, NI)                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                                   \
+#define MMQ_INST(NAME, WR, WC, MI, NI, MINB)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride) { PDL_ENTRY();                                                        \
@@ -259,8 +294,10 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
                                  out, ooff, ostride, nsplit, split_stride);                                      \
     }
 // 64 x 64 tiles (2 x 2 warps of 32 x 32) and 64 x 16 tiles (4 x 1 warps of 16 x 16).
-MMQ_INST(mmq_q8_64, 2, 2, 2, 4)
-MMQ_INST(mmq_q8_16, 4, 1, 1, 2)
+// 64 x 16 tiles: at least 6 blocks per SM, as many as their shared memory allows (limited by
+// registers they ran 5). 64 x 64 tiles stay at 3 (144 registers; at 4 they spill).
+MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 3)
+MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 6)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

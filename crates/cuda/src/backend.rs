@@ -925,13 +925,20 @@ impl CudaBackend {
     /// `dst` (`ceil(k/128)*144` bytes per row). `act` 1/2: the rows are SiLU/GELU(src) * src2.
     #[allow(clippy::too_many_arguments)]
     fn quant_groups(&self, src: u64, src2: u64, off: usize, stride: usize, n: usize, k: usize, act: i32, dst: u64) {
+        self.quant_groups_w(src, src2, off, stride, n, k, act, (0, 0, 1), dst);
+    }
+
+    /// [`Self::quant_groups`] with router weights `rw = (sel_w, k, slots per token)`: row r is
+    /// multiplied by `sel_w[(r / slots) * k + r % slots]` (1 for slots past k) first.
+    #[allow(clippy::too_many_arguments)]
+    fn quant_groups_w(&self, src: u64, src2: u64, off: usize, stride: usize, n: usize, k: usize, act: i32, rw: (u64, usize, usize), dst: u64) {
         let ngroups = k.div_ceil(128);
         self.launch(
             "quant_q8_groups",
             ((n * ngroups).div_ceil(8) as u32, 1, 1),
             256,
             0,
-            &[A::P(src), A::P(src2), l(off), l(stride), i(n), i(k), A::I(act), A::P(dst), l(ngroups * 144)],
+            &[A::P(src), A::P(src2), l(off), l(stride), i(n), i(k), A::I(act), A::P(rw.0), i(rw.1), i(rw.2), A::P(dst), l(ngroups * 144)],
         );
     }
 
@@ -2125,8 +2132,7 @@ impl Backend for CudaBackend {
             && (1..=32).contains(&k)
             && k <= ne
             && (p.n_group == 1 || p.topk_group >= p.n_group)
-            && hdim * 9 / 8 <= self.smem_max
-            && (k + sf / ff) * ff * 9 / 8 <= self.smem_max;
+            && self.smem_max > 0;
         if !ok {
             return false;
         }
@@ -2141,6 +2147,12 @@ impl Backend for CudaBackend {
         let Some(sel_e) = self.scratch(S::SelE, 4 * n * k) else { return true };
         let Some(sel_w) = self.scratch(S::SelW, 4 * n * k) else { return true };
         let Some(g) = self.scratch(S::G, 4 * n * ks * ff) else { return true };
+        // Activations quantised once (the input per token, the GLU output per slot, times its
+        // router weight), in the weights' group layout.
+        let (xrow, hrow) = (hdim.div_ceil(128) * 144, ff.div_ceil(128) * 144);
+        let Some(xq) = self.scratch(S::Xq, n * xrow) else { return true };
+        let Some(hq) = self.scratch(S::Hq, n * ks * hrow) else { return true };
+        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
         self.route(logits, lr, p, true, sel_e, sel_w);
         let act = match p.glu {
             Glu::SwiGlu => 0,
@@ -2151,7 +2163,7 @@ impl Backend for CudaBackend {
             "moe_gateup_sh_q8",
             (ff.div_ceil(8) as u32, (n * ks) as u32, 1),
             256,
-            (hdim * 9 / 8) as u32,
+            0,
             &[
                 A::P(gw.mem.ptr),
                 A::P(uw.mem.ptr),
@@ -2164,19 +2176,19 @@ impl Backend for CudaBackend {
                 A::P(shared.gate.mem.ptr),
                 A::P(shared.up.mem.ptr),
                 i(nsh),
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
+                A::P(xq),
+                l(xrow),
                 A::I(act),
                 A::P(g),
                 l(ff),
             ],
         );
+        self.quant_groups_w(g, 0, 0, ff, n * ks, ff, 0, (sel_w, k, ks), hq);
         self.launch(
             "moe_down_sh_q8",
-            (hdim.div_ceil(8) as u32, n as u32, 1),
+            (hdim.div_ceil(4) as u32, n as u32, 1),
             256,
-            (ks * ff * 9 / 8) as u32,
+            0,
             &[
                 A::P(dw.mem.ptr),
                 l(dw.row_bytes),
@@ -2185,12 +2197,11 @@ impl Backend for CudaBackend {
                 i(ff),
                 i(k),
                 A::P(sel_e),
-                A::P(sel_w),
                 A::P(shared.down.mem.ptr),
                 l(shared.down.row_bytes),
                 i(nsh),
-                A::P(g),
-                l(ff),
+                A::P(hq),
+                l(hrow),
                 A::P(out.0.ptr),
                 l(o.off),
                 l(o.stride),
