@@ -185,8 +185,8 @@ thread_local! {
     /// Per-thread scratch of [`gemm_impl`]: the activation rows' converted scales and the
     /// interleaved per-group scales of the prompt kernels (grown once, reused: the matmul path
     /// allocates nothing after the first calls).
-    static GEMM_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<V32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    static GEMM_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<V32>, Vec<V32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// 32 bytes aligned to 32: the word of the tiled prompt GEMM's unpacked-weight scratch.
@@ -202,11 +202,11 @@ const TILED_MIN_ROWS: usize = 8;
 fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize, path: Path) {
     GEMM_SCRATCH.with(|c| match c.try_borrow_mut() {
         Ok(mut c) => {
-            let (scales, sc4, tile) = &mut *c;
-            gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, scales, sc4, tile)
+            let (scales, sc4, tile, packed) = &mut *c;
+            gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, scales, sc4, tile, packed)
         }
         // (Not reached: gemm does not call itself. Fresh buffers keep it correct if it did.)
-        Err(_) => gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, &mut Vec::new(), &mut Vec::new(), &mut Vec::new()),
+        Err(_) => gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, &mut Vec::new(), &mut Vec::new(), &mut Vec::new(), &mut Vec::new()),
     })
 }
 
@@ -224,6 +224,7 @@ fn gemm_with(
     act_scales: &mut Vec<f32>,
     sc4: &mut Vec<f32>,
     tile: &mut Vec<V32>,
+    packed: &mut Vec<V32>,
 ) {
     let (wrb, arb) = check_k(w, k);
     if m == 0 || n == 0 {
@@ -235,18 +236,19 @@ fn gemm_with(
     #[cfg(target_arch = "x86_64")]
     if path == Path::Avx2 && n >= TILED_MIN_ROWS && avx2::tiled_supported(w) {
         let (nb, ng, at) = (k / 32, n.div_ceil(4), act_type(w));
-        sc4.clear();
-        sc4.resize(ng * nb * 16, 0.0);
-        tile.resize(nb * avx2::TILE_ROWS * avx2::ENTRY, V32::default());
+        packed.clear();
+        packed.resize(ng * nb * avx2::ACT_WORDS, V32::default());
+        tile.resize(nb * avx2::TILE_ROWS * avx2::entry_words(w), V32::default());
         for g in 0..ng {
             // A short last group repeats its last row (its results are not stored).
             let rows: [*const u8; 4] = std::array::from_fn(|r| acts[(4 * g + r).min(n - 1) * arb..][..arb].as_ptr());
+            let dst = packed[g * nb * avx2::ACT_WORDS..(g + 1) * nb * avx2::ACT_WORDS].as_mut_ptr();
             // SAFETY: Avx2 only after detection; whole activation rows (bounds checked by the
-            // slicing); the group's nb·16 floats lie inside sc4 (sized above).
-            unsafe { avx2::act_side(at, rows, nb, sc4[g * nb * 16..(g + 1) * nb * 16].as_mut_ptr()) };
+            // slicing); the group's nb·ACT_WORDS words lie inside `packed` (sized above).
+            unsafe { avx2::act_pack(at, rows, nb, dst as *mut std::arch::x86_64::__m256i) };
         }
         // SAFETY: Avx2 only after detection; sizes checked above and inside.
-        unsafe { avx2::gemm_tiled(w, wdata, m, k, acts, n, sc4, out, out_stride, tile) };
+        unsafe { avx2::gemm_tiled(w, wdata, m, k, n, packed, out, out_stride, tile) };
         return;
     }
     let chunk = (WEIGHT_CHUNK_BYTES / wrb.max(1)).clamp(1, m);
@@ -1516,8 +1518,9 @@ mod avx2 {
 
     /// Weight rows per unpacked tile (the micro-kernel's register rows).
     pub const TILE_ROWS: usize = 4;
-    /// `__m256i` words per unpacked (block, row) entry: quants, scale vector, offset vector.
-    pub const ENTRY: usize = 3;
+    /// `__m256i` words per packed (group of four activation rows, block): four interleaved
+    /// quant vectors, the scale pairs, the offset partners (see [`act_pack`]).
+    pub const ACT_WORDS: usize = 6;
 
     /// True for the weight types the tiled prompt GEMM handles: those whose quants unpack to
     /// unsigned bytes ≤ 63 (Q8_0's signed ±127 quants would overflow the 16-bit pair sums).
@@ -1526,28 +1529,29 @@ mod avx2 {
         matches!(w, Q4_0 | Q5_0 | Q4_1 | Q5_1 | Q4K | Q5K | Q6K)
     }
 
-    /// Byte offset of 32-block `b`'s quants inside an activation row of format `at`.
-    #[inline(always)]
-    pub fn act_q_off(at: GgmlType, b: usize) -> usize {
-        match at {
-            GgmlType::Q8_0 => b * 34 + 2,
-            GgmlType::Q8_1 => b * 36 + 4,
-            _ => (b / 8) * 292 + 4 + (b % 8) * 32,
+    /// `__m256i` words per unpacked (block, weight row) entry: quants, scale, offset, and for
+    /// Q6_K the two 16-element sub-block scales as i16 vectors.
+    pub fn entry_words(w: GgmlType) -> usize {
+        if w == GgmlType::Q6K {
+            5
+        } else {
+            3
         }
     }
 
     /// Decode weight row `row` (nb 32-element blocks of type `w`) into canonical entries, block
-    /// b at `out + b·stride` (`stride` in `__m256i` words, ≥ [`ENTRY`]):
+    /// b at `out + b·stride` (`stride` in `__m256i` words, ≥ [`entry_words`]):
     /// * word 0: the 32 quants as unsigned bytes in element order (0..=15 for Q4_0/Q4_1/Q4_K,
     ///   0..=31 for the 5-bit types, 0..=63 for Q6_K);
-    /// * word 1: f32 scale for elements 0..16 in lanes 0..4, for elements 16..32 in lanes 4..8;
-    /// * word 2: f32 offset coefficient, laid out the same way.
+    /// * word 1: the f32 block scale in all lanes;
+    /// * word 2: f32 offset coefficients [c_lo, c_hi] repeated (lo: elements 0..16, hi: 16..32);
+    /// * Q6_K only, words 3 and 4: the i16 sub-block scales of elements 0..16 and 16..32.
     ///
-    /// so that the block's dot with an activation block is Σ_halves scale·d_a·Σ q·y + offset·S,
-    /// S = the activation's d_a·Σ y over the half (Q8_1: the stored s on the first half, 0 on the
-    /// second). Per type (llama.cpp semantics, see the module table):
-    /// Q4_0/Q5_0: scale d, offset −8d / −16d; Q4_1/Q5_1: scale d, offset m;
-    /// Q4_K/Q5_K: scale d·sc_j, offset −dmin·m_j; Q6_K: scale d·sc_s per 16, offset −32·scale.
+    /// so that the block's dot with an activation block is scale·d_a·Σ q·y (Q6_K: Σ sc·q·y per
+    /// half) + c_lo·S_lo + c_hi·S_hi, S = the activation's d_a·Σ y over the half (Q8_1: the
+    /// stored s on the first half, 0 on the second). Per type (llama.cpp semantics, see the
+    /// module table): Q4_0/Q5_0: scale d, offsets −8d / −16d; Q4_1/Q5_1: scale d, offset m;
+    /// Q4_K/Q5_K: scale d·sc_j, offset −dmin·m_j; Q6_K: scale d, offsets −32·d·sc per half.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn unpack_row(w: GgmlType, row: *const u8, nb: usize, out: *mut __m256i, stride: usize) {
         use GgmlType::*;
@@ -1557,7 +1561,6 @@ mod avx2 {
             _mm256_store_si256(e.add(1), _mm256_castps_si256(sc));
             _mm256_store_si256(e.add(2), _mm256_castps_si256(off));
         };
-        let halves = |lo: f32, hi: f32| _mm256_setr_ps(lo, lo, lo, lo, hi, hi, hi, hi);
         let x10 = _mm256_set1_epi8(0x10);
         match w {
             Q4_0 | Q5_0 => {
@@ -1608,9 +1611,7 @@ mod avx2 {
                         }
                         for (t, q) in [(0, ql), (1, qh)] {
                             let j = 2 * c + t;
-                            let sc = d * byte(j);
-                            let off = -dmin * byte(8 + j);
-                            put(sb * 8 + j, q, halves(sc, sc), halves(off, off));
+                            put(sb * 8 + j, q, _mm256_set1_ps(d * byte(j)), _mm256_set1_ps(-dmin * byte(8 + j)));
                         }
                     }
                 }
@@ -1640,8 +1641,13 @@ mod avx2 {
                         ];
                         for (i, q) in qs.into_iter().enumerate() {
                             let s = 8 * h + 2 * i;
-                            let (lo, hi) = (d * scs[s] as f32, d * scs[s + 1] as f32);
-                            put(sb * 8 + 4 * h + i, q, halves(lo, hi), halves(-32.0 * lo, -32.0 * hi));
+                            let (lo, hi) = (scs[s], scs[s + 1]);
+                            let (cl, ch) = (-32.0 * d * lo as f32, -32.0 * d * hi as f32);
+                            let b = sb * 8 + 4 * h + i;
+                            put(b, q, _mm256_set1_ps(d), _mm256_setr_ps(cl, ch, cl, ch, cl, ch, cl, ch));
+                            let e = out.add(b * stride);
+                            _mm256_store_si256(e.add(3), _mm256_set1_epi16(lo as i16));
+                            _mm256_store_si256(e.add(4), _mm256_set1_epi16(hi as i16));
                         }
                     }
                 }
@@ -1650,31 +1656,46 @@ mod avx2 {
         }
     }
 
-    /// Per group of four activation rows (`rows`, repeated rows allowed) and 32-block, the 16
-    /// f32 the micro-kernel reads: [d_0..d_3, d_0..d_3] then [S_lo 0..3, S_hi 0..3], where
-    /// d is the row's activation scale and S the offset partner of [`unpack_row`]: d·Σy per
-    /// 16-element half (Q8_0, Q8K from the stored bsums) or the stored s and 0 (Q8_1).
-    /// Writes nb·16 floats at `out`.
+    /// Pack four activation rows (`rows`, format `at`, repeated rows allowed) for the
+    /// micro-kernel: per 32-block b, [`ACT_WORDS`] words at `out + b·ACT_WORDS`:
+    /// * words 0..4: word c holds bytes 8c..8c+8 of the four rows' quants, row r in bytes
+    ///   8r..8r+8 (so one `maddubs` against the weight's 8 bytes broadcast serves four rows);
+    /// * word 4: f32 [d_0, d_0, d_1, d_1, d_2, d_2, d_3, d_3] (row scale; Q8K: the super-block's);
+    /// * word 5: f32 [S_lo 0, S_hi 0, S_lo 1, S_hi 1, …], the offset partners of [`unpack_row`]:
+    ///   d·Σy per 16-element half (Q8_0; Q8K from the stored bsums) or the stored s and 0 (Q8_1).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn act_side(at: GgmlType, rows: [*const u8; 4], nb: usize, out: *mut f32) {
+    pub unsafe fn act_pack(at: GgmlType, rows: [*const u8; 4], nb: usize, out: *mut __m256i) {
         let ones8 = _mm256_set1_epi8(1);
         let ones16 = _mm256_set1_epi16(1);
         for b in 0..nb {
-            let o = out.add(16 * b);
+            let o = out.add(b * ACT_WORDS);
+            let off = match at {
+                GgmlType::Q8_0 => b * 34 + 2,
+                GgmlType::Q8_1 => b * 36 + 4,
+                _ => (b / 8) * 292 + 4 + (b % 8) * 32,
+            };
+            let y: [__m256i; 4] = std::array::from_fn(|r| ld256(rows[r].add(off)));
+            // 64-bit chunks: t01 = [r0c0 r1c0 r0c2 r1c2 | … ] etc.; regroup into chunk vectors.
+            let lo01 = _mm256_unpacklo_epi64(y[0], y[1]); // r0c0 r1c0 | r0c2 r1c2
+            let hi01 = _mm256_unpackhi_epi64(y[0], y[1]); // r0c1 r1c1 | r0c3 r1c3
+            let lo23 = _mm256_unpacklo_epi64(y[2], y[3]);
+            let hi23 = _mm256_unpackhi_epi64(y[2], y[3]);
+            _mm256_store_si256(o, _mm256_permute2x128_si256::<0x20>(lo01, lo23));
+            _mm256_store_si256(o.add(1), _mm256_permute2x128_si256::<0x20>(hi01, hi23));
+            _mm256_store_si256(o.add(2), _mm256_permute2x128_si256::<0x31>(lo01, lo23));
+            _mm256_store_si256(o.add(3), _mm256_permute2x128_si256::<0x31>(hi01, hi23));
+            let mut ds = [0f32; 8];
+            let mut ss = [0f32; 8];
             for r in 0..4 {
                 let a = rows[r];
                 let (d, lo, hi) = match at {
                     GgmlType::Q8_0 => {
-                        let ab = a.add(b * 34);
-                        let d = f16_at(ab);
-                        // Σ over each 16-byte half: pairs (maddubs with 1s), then quads, then
-                        // the two halves' four lanes.
-                        let v = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, ld256(ab.add(2))), ones16);
+                        let d = f16_at(a.add(b * 34));
+                        // Σ over each 16-byte half: pairs (maddubs with 1s), quads, then 4 lanes.
+                        let v = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y[r]), ones16);
                         let s = _mm256_hadd_epi32(v, v);
                         let s = _mm256_hadd_epi32(s, s);
-                        let lo = _mm256_extract_epi32::<0>(s);
-                        let hi = _mm256_extract_epi32::<4>(s);
-                        (d, d * lo as f32, d * hi as f32)
+                        (d, d * _mm256_extract_epi32::<0>(s) as f32, d * _mm256_extract_epi32::<4>(s) as f32)
                     }
                     GgmlType::Q8_1 => {
                         let ab = a.add(b * 36);
@@ -1687,55 +1708,55 @@ mod avx2 {
                         (d, d * bs.read_unaligned() as f32, d * bs.add(1).read_unaligned() as f32)
                     }
                 };
-                *o.add(r) = d;
-                *o.add(4 + r) = d;
-                *o.add(8 + r) = lo;
-                *o.add(12 + r) = hi;
+                ds[2 * r] = d;
+                ds[2 * r + 1] = d;
+                ss[2 * r] = lo;
+                ss[2 * r + 1] = hi;
             }
+            _mm256_store_si256(o.add(4), _mm256_castps_si256(_mm256_loadu_ps(ds.as_ptr())));
+            _mm256_store_si256(o.add(5), _mm256_castps_si256(_mm256_loadu_ps(ss.as_ptr())));
         }
     }
 
-    /// The micro-kernel: [`TILE_ROWS`] unpacked weight rows (`wt`, entries of [`unpack_row`]
-    /// block-major: entry (b, i) at `wt + (b·TILE_ROWS + i)·ENTRY`) against G groups of four
-    /// activation rows (`a[g]`: the rows' bases; `side[g]`: their [`act_side`] floats), over nb
-    /// blocks. Returns per (weight row, group) an accumulator whose lane r + 4h holds half h of
-    /// the dot with the group's row r (the caller adds the halves).
+    /// The micro-kernel: [`TILE_ROWS`] unpacked weight rows (`wt`: entry (b, i) at
+    /// `wt + (b·TILE_ROWS + i)·E`, E = [`entry_words`]) against G packed groups of four
+    /// activation rows (`a[g]`: [`act_pack`] words), over nb blocks. Returns per (weight row,
+    /// group) an accumulator whose lanes 2r and 2r + 1 hold the dot with the group's row r
+    /// (the caller adds them).
     ///
-    /// Per weight row and block the four rows' `maddubs` products (unsigned weight × signed
-    /// activation, i16 pair sums) are folded with `hadd` so that one convert, one multiply and
-    /// two FMAs serve four activation rows: NARROW (quants ≤ 31) folds twice in 16 bits (sums of
-    /// 8 products ≤ 8·31·127 < 2^15), otherwise (Q6_K, ≤ 63) once in 16 bits and once in 32.
+    /// Per weight row and block, each 8-byte chunk of the weight quants is broadcast and
+    /// multiplied (`maddubs`: unsigned weight × signed activation → i16 pair sums) against the
+    /// chunk vector of four activation rows; the four chunk products add up in 16 bits (sums of
+    /// 8 products ≤ 8·31·127 < 2^15) and one `madd` widens them, so one convert, one multiply
+    /// and two FMAs serve four activation rows. Q6_K (quants ≤ 63) adds only the two chunks of
+    /// each 16-element half in 16 bits and widens each half with `madd` by its sub-block scale.
     /// Per (weight row, activation row) the arithmetic is one FMA chain over the blocks,
     /// independent of the other rows in the call, so callers may repeat rows to fill a tile.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn tile_kernel<const G: usize, const NARROW: bool>(
-        wt: *const __m256i,
-        at: GgmlType,
-        a: [[*const u8; 4]; G],
-        side: [*const f32; G],
-        nb: usize,
-    ) -> [[__m256; G]; TILE_ROWS] {
+    pub unsafe fn tile_kernel<const G: usize, const Q6: bool>(wt: *const __m256i, a: [*const __m256i; G], nb: usize) -> [[__m256; G]; TILE_ROWS] {
+        let ew = if Q6 { 5 } else { 3 };
         let mut acc = [[_mm256_setzero_ps(); G]; TILE_ROWS];
         let ones = _mm256_set1_epi16(1);
         for b in 0..nb {
-            let off = act_q_off(at, b);
-            for g in 0..G {
-                let da = _mm256_loadu_ps(side[g].add(16 * b));
-                let s = _mm256_loadu_ps(side[g].add(16 * b + 8));
-                let y: [__m256i; 4] = std::array::from_fn(|r| ld256(a[g][r].add(off)));
-                for i in 0..TILE_ROWS {
-                    let e = wt.add((b * TILE_ROWS + i) * ENTRY);
-                    let w = _mm256_load_si256(e);
-                    let m01 = _mm256_hadd_epi16(_mm256_maddubs_epi16(w, y[0]), _mm256_maddubs_epi16(w, y[1]));
-                    let m23 = _mm256_hadd_epi16(_mm256_maddubs_epi16(w, y[2]), _mm256_maddubs_epi16(w, y[3]));
-                    let p = if NARROW {
-                        _mm256_madd_epi16(_mm256_hadd_epi16(m01, m23), ones)
+            for i in 0..TILE_ROWS {
+                let e = wt.add((b * TILE_ROWS + i) * ew);
+                let wq = e as *const i64;
+                let wc: [__m256i; 4] = std::array::from_fn(|c| _mm256_set1_epi64x(wq.add(c).read()));
+                let dw = _mm256_castsi256_ps(_mm256_load_si256(e.add(1)));
+                let cw = _mm256_castsi256_ps(_mm256_load_si256(e.add(2)));
+                for g in 0..G {
+                    let y = a[g].add(b * ACT_WORDS);
+                    let lo = _mm256_add_epi16(_mm256_maddubs_epi16(wc[0], _mm256_load_si256(y)), _mm256_maddubs_epi16(wc[1], _mm256_load_si256(y.add(1))));
+                    let hi =
+                        _mm256_add_epi16(_mm256_maddubs_epi16(wc[2], _mm256_load_si256(y.add(2))), _mm256_maddubs_epi16(wc[3], _mm256_load_si256(y.add(3))));
+                    let p = if Q6 {
+                        _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_load_si256(e.add(3))), _mm256_madd_epi16(hi, _mm256_load_si256(e.add(4))))
                     } else {
-                        _mm256_hadd_epi32(_mm256_madd_epi16(m01, ones), _mm256_madd_epi16(m23, ones))
+                        _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones)
                     };
-                    let dw = _mm256_castsi256_ps(_mm256_load_si256(e.add(1)));
-                    let cw = _mm256_castsi256_ps(_mm256_load_si256(e.add(2)));
+                    let da = _mm256_castsi256_ps(_mm256_load_si256(y.add(4)));
+                    let s = _mm256_castsi256_ps(_mm256_load_si256(y.add(5)));
                     acc[i][g] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[i][g]);
                     acc[i][g] = _mm256_fmadd_ps(cw, s, acc[i][g]);
                 }
@@ -1744,62 +1765,53 @@ mod avx2 {
         acc
     }
 
-    /// Lanes r and r + 4 of `v` added, for r in 0..4.
+    /// Lanes 2r and 2r + 1 of `v` added, for r in 0..4.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn halves_sum(v: __m256) -> [f32; 4] {
+    pub unsafe fn pair_sums(v: __m256) -> [f32; 4] {
+        let h = _mm256_hadd_ps(v, v); // [p0 p1 p0 p1 | p2 p3 p2 p3]
+        let h = _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 1, 4, 5, 0, 1, 4, 5));
         let mut o = [0f32; 4];
-        _mm_storeu_ps(o.as_mut_ptr(), _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v)));
+        _mm_storeu_ps(o.as_mut_ptr(), _mm256_castps256_ps128(h));
         o
     }
 
     /// The tiled prompt GEMM over weight rows 0..m and activation rows 0..n (see
-    /// [`super::gemm`] for the layout), with `side` holding the [`act_side`] floats of every
-    /// group of four activation rows (group g at `side[g·nb·16..]`) and `tile` scratch of at
-    /// least nb·TILE_ROWS·ENTRY words.
+    /// [`super::gemm`] for the layout), given the activation rows packed by [`act_pack`] per
+    /// group of four (group g at word g·nb·ACT_WORDS of `packed`) and `tile` scratch of at least
+    /// nb·TILE_ROWS·[`entry_words`] words.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm_tiled(
-        w: GgmlType,
-        wdata: &[u8],
-        m: usize,
-        k: usize,
-        acts: &[u8],
-        n: usize,
-        side: &[f32],
-        out: &mut [f32],
-        out_stride: usize,
-        tile: &mut [V32],
-    ) {
-        let (wrb, arb) = check_k(w, k);
-        let at = act_type(w);
+    pub unsafe fn gemm_tiled(w: GgmlType, wdata: &[u8], m: usize, k: usize, n: usize, packed: &[V32], out: &mut [f32], out_stride: usize, tile: &mut [V32]) {
+        let wrb = w.row_bytes(k).expect("whole blocks");
         let nb = k / 32;
         let ng = n.div_ceil(4);
-        assert!(side.len() >= ng * nb * 16 && tile.len() >= nb * TILE_ROWS * ENTRY);
+        let ew = entry_words(w);
+        assert!(packed.len() >= ng * nb * ACT_WORDS && tile.len() >= nb * TILE_ROWS * ew && wdata.len() >= m * wrb);
         let tp = tile.as_mut_ptr() as *mut __m256i;
-        let narrow = w != GgmlType::Q6K;
-        let group = |g: usize| -> [*const u8; 4] { std::array::from_fn(|r| acts[(4 * g + r).min(n - 1) * arb..].as_ptr()) };
+        let pp = packed.as_ptr() as *const __m256i;
+        let q6 = w == GgmlType::Q6K;
         let mut i0 = 0;
         while i0 < m {
             // A short last tile repeats its last row (per-row arithmetic is independent).
             for t in 0..TILE_ROWS {
                 let i = (i0 + t).min(m - 1);
-                unpack_row(w, wdata[i * wrb..(i + 1) * wrb].as_ptr(), nb, tp.add(t * ENTRY), TILE_ROWS * ENTRY);
+                unpack_row(w, wdata[i * wrb..(i + 1) * wrb].as_ptr(), nb, tp.add(t * ew), TILE_ROWS * ew);
             }
             let rows = TILE_ROWS.min(m - i0);
             let mut store = |g: usize, acc: &[__m256]| {
                 for t in 0..rows {
-                    let v = halves_sum(acc[t]);
+                    let v = pair_sums(acc[t]);
                     for r in 0..4.min(n - 4 * g) {
                         out[(4 * g + r) * out_stride + i0 + t] = v[r];
                     }
                 }
             };
+            let grp = |g: usize| pp.add(g * nb * ACT_WORDS);
             let mut g = 0;
             while g + 2 <= ng {
-                let a = [group(g), group(g + 1)];
-                let sd = [side[g * nb * 16..].as_ptr(), side[(g + 1) * nb * 16..].as_ptr()];
-                let acc = if narrow { tile_kernel::<2, true>(tp, at, a, sd, nb) } else { tile_kernel::<2, false>(tp, at, a, sd, nb) };
+                let a = [grp(g), grp(g + 1)];
+                let acc = if q6 { tile_kernel::<2, true>(tp, a, nb) } else { tile_kernel::<2, false>(tp, a, nb) };
                 for h in 0..2 {
                     let col: [__m256; TILE_ROWS] = std::array::from_fn(|t| acc[t][h]);
                     store(g + h, &col);
@@ -1807,9 +1819,7 @@ mod avx2 {
                 g += 2;
             }
             if g < ng {
-                let a = [group(g)];
-                let sd = [side[g * nb * 16..].as_ptr()];
-                let acc = if narrow { tile_kernel::<1, true>(tp, at, a, sd, nb) } else { tile_kernel::<1, false>(tp, at, a, sd, nb) };
+                let acc = if q6 { tile_kernel::<1, true>(tp, [grp(g)], nb) } else { tile_kernel::<1, false>(tp, [grp(g)], nb) };
                 let col: [__m256; TILE_ROWS] = std::array::from_fn(|t| acc[t][0]);
                 store(g, &col);
             }
