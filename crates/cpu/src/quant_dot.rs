@@ -1521,6 +1521,7 @@ mod avx2 {
     /// `__m256i` words per packed (group of four activation rows, block): four interleaved
     /// quant vectors, the scale pairs, the offset partners (see [`act_pack`]).
     pub const ACT_WORDS: usize = 6;
+    const PAIR_GROUPS: bool = false;
 
     /// True for the weight types the tiled prompt GEMM handles: those whose quants unpack to
     /// unsigned bytes ≤ 63 (Q8_0's signed ±127 quants would overflow the 16-bit pair sums).
@@ -1809,7 +1810,7 @@ mod avx2 {
             };
             let grp = |g: usize| pp.add(g * nb * ACT_WORDS);
             let mut g = 0;
-            while g + 2 <= ng {
+            while PAIR_GROUPS && g + 2 <= ng {
                 let a = [grp(g), grp(g + 1)];
                 let acc = if q6 { tile_kernel::<2, true>(tp, a, nb) } else { tile_kernel::<2, false>(tp, a, nb) };
                 for h in 0..2 {
@@ -1818,10 +1819,11 @@ mod avx2 {
                 }
                 g += 2;
             }
-            if g < ng {
+            while g < ng {
                 let acc = if q6 { tile_kernel::<1, true>(tp, [grp(g)], nb) } else { tile_kernel::<1, false>(tp, [grp(g)], nb) };
                 let col: [__m256; TILE_ROWS] = std::array::from_fn(|t| acc[t][0]);
                 store(g, &col);
+                g += 1;
             }
             i0 += TILE_ROWS;
         }
