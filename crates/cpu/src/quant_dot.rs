@@ -194,9 +194,12 @@ thread_local! {
     /// Per-thread scratch of [`gemm_impl`]: the activation rows' converted scales and the
     /// interleaved per-group scales of the prompt kernels (grown once, reused: the matmul path
     /// allocates nothing after the first calls).
-    static GEMM_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<V32>, Vec<V32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
+    static GEMM_SCRATCH: std::cell::RefCell<GemmScratch> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
 }
+
+/// [`GEMM_SCRATCH`]: activation scales, prompt-kernel group scales, the tiled GEMM's unpacked
+/// weight tile and its packed activation groups.
+type GemmScratch = (Vec<f32>, Vec<f32>, Vec<V32>, Vec<V32>);
 
 /// 32 bytes aligned to 32: the word of the tiled prompt GEMM's unpacked-weight scratch.
 #[derive(Clone, Copy, Default)]
