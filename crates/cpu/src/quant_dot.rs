@@ -207,8 +207,12 @@ type GemmScratch = (Vec<f32>, Vec<f32>, Vec<V32>, Vec<V32>);
 struct V32([u8; 32]);
 
 /// Activation rows from which [`gemm`] uses the tiled prompt kernel (weights unpacked once per
-/// tile of rows, then reused for every activation row) where the weight type has one.
-const TILED_MIN_ROWS: usize = 8;
+/// tile of rows, then reused for every activation row) where the weight type has one. Four, the
+/// server's row multiple: the tiled kernel computes each activation row in lanes of its own with
+/// the same arithmetic wherever the row sits, so every batch of four or more rows gives each row
+/// the same result; with a threshold of 8 a sequence padded to 4 rows and the same sequence among
+/// 7 others took different kernels and sampled texts diverged (crates/server, batch invariance).
+const TILED_MIN_ROWS: usize = 4;
 
 #[allow(clippy::too_many_arguments)]
 fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize, path: Path) {

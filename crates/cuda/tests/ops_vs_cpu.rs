@@ -1067,6 +1067,8 @@ fn fused_matmul_many() {
         (96, vec![(Q8_0, 64), (Q8_0, 64), (Q8_0, 64), (Q8_0, 64)]),
         (128, vec![(Q8_0, 33), (Q8_0, 7), (Q8_0, 200), (Q8_0, 512), (Q8_0, 1)]),
         (512, vec![(Q8_0, 97), (F16, 64)]),
+        // Quantised once for all jobs (k >= 1024), a width that is not whole groups, a lone 4th job.
+        (1056, vec![(Q8_0, 97), (Q8_0, 64), (Q8_0, 33), (Q8_0, 5)]),
     ];
     for (k, jobs) in &sets {
         let k = *k;
