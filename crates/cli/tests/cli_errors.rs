@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ts_formats::gguf::GgufWriter;
-use ts_formats::{GgmlType, Value};
+use ts_formats::GgmlType;
+use ts_testkit::{Fill, TinyLlama};
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_turbospark"));
@@ -34,58 +34,10 @@ fn fails_with(args: &[&str], needle: &str) {
     }
 }
 
-/// A tiny llama GGUF with random weights; `embd_type` lets a test pick an unsupported type.
+/// A tiny llama GGUF (hidden 256) with random weights; `embd_type` lets a test pick an
+/// unsupported type.
 fn tiny_llama(path: &Path, arch: &str, embd_type: GgmlType) {
-    let (h, v, ff) = (256usize, 16usize, 256usize);
-    let mut w = GgufWriter::create(path).unwrap();
-    w.add("general.architecture", Value::String(arch.into())).unwrap();
-    for (k, val) in [
-        ("block_count", 1u32),
-        ("embedding_length", h as u32),
-        ("feed_forward_length", ff as u32),
-        ("attention.head_count", 4),
-        ("attention.head_count_kv", 2),
-        ("context_length", 64),
-        ("vocab_size", v as u32),
-    ] {
-        w.add(format!("{arch}.{k}"), Value::U32(val)).unwrap();
-    }
-    w.add("tokenizer.ggml.model", Value::String("none".into())).unwrap();
-    let mut tensors: Vec<(String, GgmlType, Vec<usize>)> =
-        vec![("token_embd.weight".into(), embd_type, vec![h, v]), ("output_norm.weight".into(), GgmlType::F32, vec![h])];
-    for (n, s) in [
-        ("attn_norm", vec![h]),
-        ("attn_q", vec![h, h]),
-        ("attn_k", vec![h, h / 2]),
-        ("attn_v", vec![h, h / 2]),
-        ("attn_output", vec![h, h]),
-        ("ffn_norm", vec![h]),
-        ("ffn_gate", vec![h, ff]),
-        ("ffn_up", vec![h, ff]),
-        ("ffn_down", vec![ff, h]),
-    ] {
-        tensors.push((format!("blk.0.{n}.weight"), GgmlType::F32, s));
-    }
-    for (n, t, s) in &tensors {
-        w.add_tensor_info(n.clone(), *t, s).unwrap();
-    }
-    let mut x = 1u32;
-    for (_, t, s) in &tensors {
-        let n: usize = s.iter().product();
-        let bytes = t.row_bytes(s[0]).unwrap() * (n / s[0]);
-        let data: Vec<u8> = (0..bytes)
-            .map(|i| {
-                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
-                if *t == GgmlType::F32 {
-                    [0x00, 0x00, 0x80, (x >> 24) as u8 & 0x3c][i % 4]
-                } else {
-                    (x >> 24) as u8
-                }
-            })
-            .collect();
-        w.write_tensor_data(&data).unwrap();
-    }
-    w.finish().unwrap();
+    TinyLlama { arch, hidden: 256, ff: 256, embd_type, fill: Fill::Random, ..Default::default() }.write(path);
 }
 
 #[test]

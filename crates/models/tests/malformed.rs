@@ -11,9 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ts_cpu::CpuBackend;
-use ts_formats::gguf::GgufWriter;
-use ts_formats::{GgmlType, Value};
 use ts_models::RuntimeOptions;
+use ts_testkit::TinyLlama;
 
 const OPTS: RuntimeOptions = RuntimeOptions { ctx: 32, n_slots: 1, max_batch: 8 };
 
@@ -26,57 +25,7 @@ fn tmpdir(name: &str) -> PathBuf {
 /// A tiny llama GGUF (hidden 64, 4 heads, 2 kv heads, one layer, vocab 16) with `meta` added to
 /// (or replacing) the llama keys and `shapes` replacing tensor shapes by name.
 fn tiny_llama(path: &Path, meta: &[(&str, u32)], shapes: &[(&str, Vec<usize>)]) {
-    let (h, v, ff) = (64usize, 16usize, 64usize);
-    let mut keys: Vec<(String, u32)> = [
-        ("block_count", 1u32),
-        ("embedding_length", h as u32),
-        ("feed_forward_length", ff as u32),
-        ("attention.head_count", 4),
-        ("attention.head_count_kv", 2),
-        ("context_length", 64),
-        ("vocab_size", v as u32),
-    ]
-    .iter()
-    .map(|(k, x)| (format!("llama.{k}"), *x))
-    .collect();
-    for (k, x) in meta {
-        match keys.iter_mut().find(|(kk, _)| kk == k) {
-            Some(e) => e.1 = *x,
-            None => keys.push((k.to_string(), *x)),
-        }
-    }
-    let mut w = GgufWriter::create(path).expect("create");
-    w.add("general.architecture", Value::String("llama".into())).expect("add");
-    for (k, x) in &keys {
-        w.add(k.clone(), Value::U32(*x)).expect("add");
-    }
-    let mut tensors: Vec<(String, Vec<usize>)> = vec![("token_embd.weight".into(), vec![h, v]), ("output_norm.weight".into(), vec![h])];
-    for (n, s) in [
-        ("attn_norm", vec![h]),
-        ("attn_q", vec![h, h]),
-        ("attn_k", vec![h, h / 2]),
-        ("attn_v", vec![h, h / 2]),
-        ("attn_output", vec![h, h]),
-        ("ffn_norm", vec![h]),
-        ("ffn_gate", vec![h, ff]),
-        ("ffn_up", vec![h, ff]),
-        ("ffn_down", vec![ff, h]),
-    ] {
-        tensors.push((format!("blk.0.{n}.weight"), s));
-    }
-    for (name, s) in shapes {
-        let t = tensors.iter_mut().find(|(n, _)| n == name).expect("known tensor");
-        t.1 = s.clone();
-    }
-    for (n, s) in &tensors {
-        w.add_tensor_info(n.clone(), GgmlType::F32, s).expect("tensor info");
-    }
-    for (_, s) in &tensors {
-        let n: usize = s.iter().product();
-        let data: Vec<u8> = (0..n).flat_map(|i| ((i % 7) as f32 * 0.01).to_le_bytes()).collect();
-        w.write_tensor_data(&data).expect("data");
-    }
-    w.finish().expect("finish");
+    TinyLlama { meta, shapes, ..Default::default() }.write(path);
 }
 
 /// Opens `path` as a model on the CPU; the error text, which must come within a second.
