@@ -222,7 +222,9 @@ fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usiz
             gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, scales, sc4, tile, packed)
         }
         // (Not reached: gemm does not call itself. Fresh buffers keep it correct if it did.)
-        Err(_) => gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, &mut Vec::new(), &mut Vec::new(), &mut Vec::new(), &mut Vec::new()),
+        Err(_) => {
+            gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, &mut Vec::new(), &mut Vec::new(), &mut Vec::new(), &mut Vec::new())
+        }
     })
 }
 
@@ -1645,7 +1647,10 @@ mod avx2 {
                         let hb = ld256(wb.add(128 + 32 * h));
                         let qs = [
                             _mm256_or_si256(_mm256_and_si256(b1, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(hb, m3))),
-                            _mm256_or_si256(_mm256_and_si256(b2, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(hb), m3))),
+                            _mm256_or_si256(
+                                _mm256_and_si256(b2, m4),
+                                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(hb), m3)),
+                            ),
                             _mm256_or_si256(
                                 _mm256_and_si256(_mm256_srli_epi16::<4>(b1), m4),
                                 _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(hb), m3)),
@@ -1750,7 +1755,11 @@ mod avx2 {
     /// independent of the other rows in the call, so callers may repeat rows to fill a tile.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn tile_kernel<const G: usize, const Q6: bool>(wt: *const __m256i, a: [*const __m256i; G], nb: usize) -> [[__m256; G]; TILE_ROWS] {
+    pub unsafe fn tile_kernel<const G: usize, const Q6: bool>(
+        wt: *const __m256i,
+        a: [*const __m256i; G],
+        nb: usize,
+    ) -> [[__m256; G]; TILE_ROWS] {
         let ew = if Q6 { 5 } else { 3 };
         let mut acc = [[_mm256_setzero_ps(); G]; TILE_ROWS];
         let ones = _mm256_set1_epi16(1);
@@ -1763,11 +1772,19 @@ mod avx2 {
                 let cw = _mm256_castsi256_ps(_mm256_load_si256(e.add(2)));
                 for g in 0..G {
                     let y = a[g].add(b * ACT_WORDS);
-                    let lo = _mm256_add_epi16(_mm256_maddubs_epi16(wc[0], _mm256_load_si256(y)), _mm256_maddubs_epi16(wc[1], _mm256_load_si256(y.add(1))));
-                    let hi =
-                        _mm256_add_epi16(_mm256_maddubs_epi16(wc[2], _mm256_load_si256(y.add(2))), _mm256_maddubs_epi16(wc[3], _mm256_load_si256(y.add(3))));
+                    let lo = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(wc[0], _mm256_load_si256(y)),
+                        _mm256_maddubs_epi16(wc[1], _mm256_load_si256(y.add(1))),
+                    );
+                    let hi = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(wc[2], _mm256_load_si256(y.add(2))),
+                        _mm256_maddubs_epi16(wc[3], _mm256_load_si256(y.add(3))),
+                    );
                     let p = if Q6 {
-                        _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_load_si256(e.add(3))), _mm256_madd_epi16(hi, _mm256_load_si256(e.add(4))))
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(lo, _mm256_load_si256(e.add(3))),
+                            _mm256_madd_epi16(hi, _mm256_load_si256(e.add(4))),
+                        )
                     } else {
                         _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones)
                     };
@@ -1798,7 +1815,17 @@ mod avx2 {
     /// nb·TILE_ROWS·[`entry_words`] words.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm_tiled(w: GgmlType, wdata: &[u8], m: usize, k: usize, n: usize, packed: &[V32], out: &mut [f32], out_stride: usize, tile: &mut [V32]) {
+    pub unsafe fn gemm_tiled(
+        w: GgmlType,
+        wdata: &[u8],
+        m: usize,
+        k: usize,
+        n: usize,
+        packed: &[V32],
+        out: &mut [f32],
+        out_stride: usize,
+        tile: &mut [V32],
+    ) {
         let wrb = w.row_bytes(k).expect("whole blocks");
         let nb = k / 32;
         let ng = n.div_ceil(4);

@@ -23,9 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
-use cudarc::driver::{
-    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
-};
+use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 use ts_core::{
     AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeParams, Result, RopeMode, RopeSpec, Rows,
@@ -931,7 +929,18 @@ impl CudaBackend {
     /// [`Self::quant_groups`] with router weights `rw = (sel_w, k, slots per token)`: row r is
     /// multiplied by `sel_w[(r / slots) * k + r % slots]` (1 for slots past k) first.
     #[allow(clippy::too_many_arguments)]
-    fn quant_groups_w(&self, src: u64, src2: u64, off: usize, stride: usize, n: usize, k: usize, act: i32, rw: (u64, usize, usize), dst: u64) {
+    fn quant_groups_w(
+        &self,
+        src: u64,
+        src2: u64,
+        off: usize,
+        stride: usize,
+        n: usize,
+        k: usize,
+        act: i32,
+        rw: (u64, usize, usize),
+        dst: u64,
+    ) {
         let ngroups = k.div_ceil(128);
         self.launch(
             "quant_q8_groups",
@@ -1604,7 +1613,17 @@ impl Backend for CudaBackend {
                     ((nc * nh) as u32, kl.div_ceil(64) as u32, 1),
                     64,
                     0,
-                    &[A::P(part), i(nsp), i(nh), i(kl), A::P(pos), A::P(out.0.ptr), l(o.off + t0 * nh * o.stride), l(nh * o.stride), l(o.stride)],
+                    &[
+                        A::P(part),
+                        i(nsp),
+                        i(nh),
+                        i(kl),
+                        A::P(pos),
+                        A::P(out.0.ptr),
+                        l(o.off + t0 * nh * o.stride),
+                        l(nh * o.stride),
+                        l(o.stride),
+                    ],
                 );
             }
             return;
