@@ -18,11 +18,19 @@ pub enum AnyBackend {
 
 impl AnyBackend {
     /// `Auto` takes CUDA device 0 when one opens, else the CPU; `Cuda` without a GPU is an error.
-    /// `exact` selects the CPU's f32-activation referee mode.
-    pub fn new(kind: BackendKind, threads: Option<usize>, exact: bool) -> Result<Self> {
+    /// `exact` selects the CPU's f32-activation referee mode, `no_mmap` copies the CPU's weights
+    /// instead of reading them from the file's memory map (the GPU copies them to the device
+    /// either way).
+    pub fn new(kind: BackendKind, threads: Option<usize>, exact: bool, no_mmap: bool) -> Result<Self> {
         let cpu = || -> Result<Self> {
-            let b = CpuBackend::new(threads)?;
-            Ok(AnyBackend::Cpu(Arc::new(if exact { b.exact() } else { b })))
+            let mut b = CpuBackend::new(threads)?;
+            if exact {
+                b = b.exact();
+            }
+            if no_mmap {
+                b = b.copy_weights();
+            }
+            Ok(AnyBackend::Cpu(Arc::new(b)))
         };
         match kind {
             BackendKind::Cpu => cpu(),

@@ -77,7 +77,7 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
     if o.exact && o.backend == crate::BackendKind::Cuda {
         bail!("--exact is a CPU mode; use it with --backend cpu");
     }
-    let be = AnyBackend::new(o.backend, o.threads, o.exact)?;
+    let be = AnyBackend::new(o.backend, o.threads, o.exact, o.no_mmap)?;
     let free_before = be.device_memory();
     if let Some((free, total)) = free_before {
         let need: u64 = src.tensor_names().iter().filter_map(|n| src.tensor(n)).map(|t| t.data.len() as u64).sum();

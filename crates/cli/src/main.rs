@@ -77,6 +77,12 @@ pub struct ModelOpts {
     /// Most tokens per forward pass (prompt chunk size).
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
+    /// CPU: copy the weights into memory at load instead of reading them in place from the
+    /// model file's memory map. Slower to load and holds a second copy, but safe when the file
+    /// may be overwritten while the model runs (a mapped file truncated in place stops the
+    /// process). Replacing a file by renaming a new one over it is safe either way.
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

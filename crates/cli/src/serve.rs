@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// CPU referee mode: f32 activations in the matmuls (slower).
     #[arg(long)]
     pub exact: bool,
+    /// CPU: copy the weights into memory instead of reading them from the model file's memory
+    /// map (for a file that may be overwritten in place while the server runs).
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
     /// Longest a request may take, in seconds from its arrival: a running one is then finished
     /// with finish_reason "length", one still waiting for a slot gets 503. 0: no limit.
     #[arg(long = "request-timeout", default_value_t = 600.0)]
@@ -88,6 +92,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         ctx_size: a.ctx_size,
         exact: a.exact,
         batch_size: ro.max_batch,
+        no_mmap: a.no_mmap,
     };
     let l = load::load(&o, Some(&hub::SMOLLM2), ro.n_slots)?;
     let file = l.path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());

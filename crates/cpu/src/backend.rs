@@ -17,7 +17,7 @@ use ts_core::{
     AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeParams, Result, RopeMode, RopeSpec, Rows,
     TensorData, TokenMeta, WeightInfo, WeightUse,
 };
-use ts_formats::quant;
+use ts_formats::{quant, Keep};
 
 use crate::pool::Pool;
 use crate::quant_dot;
@@ -76,12 +76,39 @@ impl CpuBuf {
     }
 }
 
-/// A weight as uploaded: the file's bytes (copied, so the file may be closed) in its own format.
-/// Vectors (norm weights) are converted to f32 at upload.
+/// The bytes of a weight: read in place from the model file's memory map (the default: no copy,
+/// the load takes no time and the pages are shared with the page cache) or copied into memory of
+/// the backend's own ([`CpuBackend::copy_weights`], and bytes a loader built itself).
+enum WeightBytes {
+    Owned(Vec<u8>),
+    /// `len` bytes at `ptr`, inside the map that `_keep` holds alive (read-only, never moved).
+    Mapped {
+        _keep: Keep,
+        ptr: *const u8,
+        len: usize,
+    },
+}
+// SAFETY: the mapped bytes are read-only and live as long as `_keep` (an Arc of the map).
+unsafe impl Send for WeightBytes {}
+unsafe impl Sync for WeightBytes {}
+
+impl std::ops::Deref for WeightBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            WeightBytes::Owned(v) => v,
+            // SAFETY: see `Mapped`.
+            WeightBytes::Mapped { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+        }
+    }
+}
+
+/// A weight as uploaded, in the file's own format: the file's bytes in place (memory-mapped) or
+/// copied (see [`WeightBytes`]). Vectors (norm weights) are converted to f32 at upload.
 pub struct CpuWeight {
     dtype: GgmlType,
     shape: Vec<usize>,
-    data: Vec<u8>,
+    data: WeightBytes,
     /// Bytes of one row of `shape[0]` elements.
     row_bytes: usize,
     /// f32 copy for `WeightUse::Vector`.
@@ -131,6 +158,9 @@ pub struct CpuBackend {
     /// Referee mode: matmuls dequantise weight rows to f32 and keep activations in f32 (no
     /// 8-bit activation quantisation), to compare against f32 implementations like transformers.
     exact: bool,
+    /// Copy every weight into memory of its own at upload instead of reading it in place from
+    /// the file's memory map ([`CpuBackend::copy_weights`]; `--no-mmap`).
+    copy_weights: bool,
 }
 
 impl CpuBackend {
@@ -143,7 +173,15 @@ impl CpuBackend {
             mm_scratch: Mutex::new(MmScratch::default()),
             moe_scratch: Mutex::new(MoeScratch::default()),
             exact: false,
+            copy_weights: false,
         })
+    }
+    /// Copy the weights at upload (more memory, a slower load) instead of reading them from the
+    /// model file's memory map: for files that may change on disk while the model runs (a
+    /// mapped file that is truncated under a running process faults it).
+    pub fn copy_weights(mut self) -> Self {
+        self.copy_weights = true;
+        self
     }
     /// The referee mode (see the `exact` field): slower, f32 activations throughout.
     pub fn exact(mut self) -> Self {
@@ -422,7 +460,7 @@ impl Backend for CpuBackend {
         }
         let ne0 = t.shape.first().copied().unwrap_or(1);
         let row_bytes = t.dtype.row_bytes(ne0).ok_or_else(|| err(format!("row of {ne0} is not whole {} blocks", t.dtype.name())))?;
-        let mut w = CpuWeight { dtype: t.dtype, shape: t.shape.to_vec(), data: Vec::new(), row_bytes, vec: Vec::new() };
+        let mut w = CpuWeight { dtype: t.dtype, shape: t.shape.to_vec(), data: WeightBytes::Owned(Vec::new()), row_bytes, vec: Vec::new() };
         if usage == WeightUse::Vector {
             let mut v = vec![0f32; t.numel()];
             quant::dequantize(t.dtype, t.data, &mut v).map_err(|e| err(e.to_string()))?;
@@ -430,7 +468,10 @@ impl Backend for CpuBackend {
             w.dtype = GgmlType::F32;
             w.row_bytes = ne0 * 4;
         } else {
-            w.data = t.data.to_vec();
+            w.data = match t.keep {
+                Some(keep) if !self.copy_weights => WeightBytes::Mapped { _keep: keep.clone(), ptr: t.data.as_ptr(), len: t.data.len() },
+                _ => WeightBytes::Owned(t.data.to_vec()),
+            };
         }
         Ok(w)
     }
@@ -810,5 +851,32 @@ impl Backend for CpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ts_core::WeightUse;
+    use ts_formats::TensorData;
+
+    /// Bytes that come with a [`Keep`] are used in place (unless `copy_weights`), and stay valid
+    /// after every other owner of the memory is gone; bytes without one are copied.
+    #[test]
+    fn weights_with_a_keep_are_used_in_place() {
+        let bytes: Vec<u8> = (0..64u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let keep: Keep = Arc::new(bytes);
+        let data: &[u8] = keep.downcast_ref::<Vec<u8>>().expect("vec");
+        let t = TensorData { name: "w", dtype: GgmlType::F32, shape: &[16, 4], data, keep: Some(&keep) };
+        let be = CpuBackend::new(Some(1)).expect("backend");
+        let w = be.upload_weight(&t, WeightUse::Matmul).expect("upload");
+        assert_eq!(w.data.as_ptr(), data.as_ptr(), "mapped bytes are not copied");
+        let copied = CpuBackend::new(Some(1)).expect("backend").copy_weights().upload_weight(&t, WeightUse::Matmul).expect("upload");
+        assert_ne!(copied.data.as_ptr(), data.as_ptr());
+        let owned = be.upload_weight(&TensorData { keep: None, ..t }, WeightUse::Matmul).expect("upload");
+        assert_ne!(owned.data.as_ptr(), data.as_ptr());
+        drop(keep);
+        assert_eq!(&w.data[4..8], &1f32.to_le_bytes(), "the weight keeps its memory alive");
+        assert_eq!(&*w.data, &*copied.data);
     }
 }

@@ -164,7 +164,7 @@ fn weight(r: &mut StdRng, ty: GgmlType, shape: &[usize], scale: f32) -> (Vec<u8>
 }
 
 fn td<'a>(name: &'a str, ty: GgmlType, shape: &'a [usize], data: &'a [u8]) -> TensorData<'a> {
-    TensorData { name, dtype: ty, shape, data }
+    TensorData { name, dtype: ty, shape, data, keep: None }
 }
 
 const ALL_TYPES: [GgmlType; 11] = [

@@ -23,10 +23,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use crate::{FormatError, GgmlType, Result, TensorData, TensorSource, Value};
+use crate::{FormatError, GgmlType, Keep, Result, TensorData, TensorSource, Value};
 
 /// The four bytes every GGUF file starts with.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -388,7 +389,7 @@ fn parse(path: &str, buf: &[u8]) -> Result<Parsed> {
 /// The bytes of a GGUF file: a read-only memory map ([`GgufFile::open`]) or an owned buffer
 /// ([`GgufFile::from_bytes`]).
 enum Backing {
-    Map(Mmap),
+    Map(Arc<Mmap>),
     Owned(Vec<u8>),
 }
 
@@ -409,6 +410,8 @@ impl std::ops::Deref for Backing {
 pub struct GgufFile {
     path: String,
     mmap: Backing,
+    /// The map, shared with the tensors handed out (see [`TensorData::keep`]); `None` when owned.
+    keep: Option<Keep>,
     version: u32,
     alignment: usize,
     data_start: usize,
@@ -446,7 +449,7 @@ impl GgufFile {
         // SAFETY: the map is read-only; as documented on `GgufFile`, the file must not be
         // modified while open (the same contract as every mmap-based model loader).
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Self::from_backing(shown, Backing::Map(mmap))
+        Self::from_backing(shown, Backing::Map(Arc::new(mmap)))
     }
 
     /// Validates a GGUF file held in memory (tests, fuzzing, files received over the network).
@@ -457,9 +460,14 @@ impl GgufFile {
 
     fn from_backing(shown: String, mmap: Backing) -> Result<GgufFile> {
         let parsed = parse(&shown, &mmap)?;
+        let keep = match &mmap {
+            Backing::Map(m) => Some(m.clone() as Keep),
+            Backing::Owned(_) => None,
+        };
         Ok(GgufFile {
             path: shown,
             mmap,
+            keep,
             version: parsed.version,
             alignment: parsed.alignment,
             data_start: parsed.data_start,
@@ -522,7 +530,7 @@ impl TensorSource for GgufFile {
 
     fn tensor(&self, name: &str) -> Option<TensorData<'_>> {
         let t = self.tensor_info(name)?;
-        Some(TensorData { name: &t.name, dtype: t.dtype, shape: &t.shape, data: self.data_of(t)? })
+        Some(TensorData { name: &t.name, dtype: t.dtype, shape: &t.shape, data: self.data_of(t)?, keep: self.keep.as_ref() })
     }
 
     /// Names in file order.

@@ -25,11 +25,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
-use crate::{FormatError, GgmlType, Result, TensorData, TensorSource, Value};
+use crate::{FormatError, GgmlType, Keep, Result, TensorData, TensorSource, Value};
 
 /// The name of the single-file weights.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -38,7 +39,9 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
 struct Shard {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Arc<Mmap>,
+    /// `mmap` again, as the tensors hand it out (see [`TensorData::keep`]).
+    keep: Keep,
 }
 
 struct HfTensor {
@@ -159,7 +162,8 @@ impl HfFolder {
                 by_name.insert(t.name.clone(), tensors.len());
                 tensors.push(t);
             }
-            shards.push(Shard { path: file_path, mmap });
+            let mmap = Arc::new(mmap);
+            shards.push(Shard { path: file_path, keep: mmap.clone(), mmap });
         }
 
         if let Some(map) = weight_map {
@@ -313,7 +317,8 @@ impl TensorSource for HfFolder {
     fn tensor(&self, name: &str) -> Option<TensorData<'_>> {
         let t = self.tensors.get(*self.by_name.get(name)?)?;
         let data = self.shards.get(t.shard)?.mmap.get(t.start..t.end)?;
-        Some(TensorData { name: &t.name, dtype: t.dtype, shape: &t.shape, data })
+        let shard = self.shards.get(t.shard)?;
+        Some(TensorData { name: &t.name, dtype: t.dtype, shape: &t.shape, data, keep: Some(&shard.keep) })
     }
 
     /// Names ordered by weight file, then by position in the file.

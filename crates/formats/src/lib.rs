@@ -127,6 +127,10 @@ impl Value {
     }
 }
 
+/// Shared ownership of the memory a [`TensorData`]'s bytes lie in: a file's read-only memory
+/// map. Whoever holds a clone keeps the map, and so the bytes, alive.
+pub type Keep = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
 /// One tensor of a model file, borrowed from the (memory-mapped) file.
 ///
 /// Invariant: `data.len() == dtype.row_bytes(shape[0]) * shape[1..].product()`, checked when the
@@ -140,6 +144,11 @@ pub struct TensorData<'a> {
     pub shape: &'a [usize],
     /// Raw bytes in `dtype`'s block layout.
     pub data: &'a [u8],
+    /// Set when `data` lies in the file's memory map held by this [`Keep`]: a backend may then
+    /// keep using the bytes after the file object is gone, without copying them, by holding a
+    /// clone (the CPU backend does). `None` for bytes in a buffer of their own (built by a model
+    /// loader, or a file read into memory): those must be copied to be kept.
+    pub keep: Option<&'a Keep>,
 }
 
 impl TensorData<'_> {

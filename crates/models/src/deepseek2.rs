@@ -693,7 +693,7 @@ fn to_f32<B: Backend>(b: &Binder<'_, B>, t: &TensorData<'_>) -> Result<Vec<f32>>
 /// Upload a host-built f32 tensor named `name` with GGML shape `shape`.
 fn upload_f32<B: Backend>(b: &Binder<'_, B>, name: &str, shape: &[usize], v: &[f32], usage: WeightUse) -> Result<B::Weight> {
     let bytes = f32_bytes(v);
-    b.upload(&TensorData { name, dtype: GgmlType::F32, shape, data: &bytes }, usage)
+    b.upload(&TensorData { name, dtype: GgmlType::F32, shape, data: &bytes, keep: None }, usage)
 }
 
 impl<B: Backend> DeepSeek2<B> {
@@ -925,7 +925,10 @@ fn stack_experts<B: Backend>(b: &Binder<'_, B>, l: usize, proj: &str, shape: [us
         return Err(b.err(&name(0), format!("type {} is not supported", first.dtype.name())));
     }
     let stacked = format!("model.layers.{l}.mlp.experts.*.{proj}.weight");
-    b.upload(&TensorData { name: &stacked, dtype: first.dtype, shape: &[shape[0], shape[1], n_experts], data: &buf }, WeightUse::Matmul)
+    b.upload(
+        &TensorData { name: &stacked, dtype: first.dtype, shape: &[shape[0], shape[1], n_experts], data: &buf, keep: None },
+        WeightUse::Matmul,
+    )
 }
 
 // ================================================================================================

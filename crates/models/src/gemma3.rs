@@ -396,7 +396,7 @@ fn norm_weight<B: Backend>(b: &Binder<'_, B>, name: &str, len: usize, offset: f3
     ts_formats::quant::dequantize(t.dtype, t.data, &mut v).map_err(|e| b.err(name, e.to_string()))?;
     let bytes: Vec<u8> = v.iter().flat_map(|x| (x + offset).to_le_bytes()).collect();
     let shape = [len];
-    b.upload(&TensorData { name, dtype: GgmlType::F32, shape: &shape, data: &bytes }, WeightUse::Vector)
+    b.upload(&TensorData { name, dtype: GgmlType::F32, shape: &shape, data: &bytes, keep: None }, WeightUse::Vector)
 }
 
 impl<B: Backend> Gemma3<B> {
@@ -617,7 +617,13 @@ mod tests {
             "mem.gguf"
         }
         fn tensor(&self, name: &str) -> Option<TensorData<'_>> {
-            self.tensors.iter().find(|t| t.0 == name).map(|t| TensorData { name: &t.0, dtype: GgmlType::F32, shape: &t.1, data: &t.2 })
+            self.tensors.iter().find(|t| t.0 == name).map(|t| TensorData {
+                name: &t.0,
+                dtype: GgmlType::F32,
+                shape: &t.1,
+                data: &t.2,
+                keep: None,
+            })
         }
         fn tensor_names(&self) -> Vec<&str> {
             self.tensors.iter().map(|t| t.0.as_str()).collect()

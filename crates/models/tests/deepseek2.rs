@@ -94,7 +94,7 @@ impl TensorSource for Dequantised {
     fn tensor(&self, name: &str) -> Option<TensorData<'_>> {
         let t = self.inner.tensor(name)?;
         Some(match self.f32s.get(name) {
-            Some(b) => TensorData { dtype: GgmlType::F32, data: b, ..t },
+            Some(b) => TensorData { dtype: GgmlType::F32, data: b, keep: None, ..t },
             None => t,
         })
     }
