@@ -11,16 +11,18 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_turbospark"))
 }
 
-/// A random llama-tiny GGUF, written once per test process (the tests run in parallel).
-fn tiny() -> PathBuf {
-    static P: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    P.get_or_init(|| {
-        let p = std::env::temp_dir().join(format!("ts-bench-load-{}.gguf", std::process::id()));
-        let out = bin().args(["synth", "--preset", "llama-tiny", "-o"]).arg(&p).output().unwrap();
-        assert!(out.status.success(), "synth: {}", String::from_utf8_lossy(&out.stderr));
-        p
-    })
-    .clone()
+/// A random llama-tiny GGUF of the test's own, removed when dropped (the tests run in parallel).
+struct Tiny(PathBuf);
+impl Drop for Tiny {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+fn tiny(test: &str) -> Tiny {
+    let p = std::env::temp_dir().join(format!("ts-bench-load-{}-{test}.gguf", std::process::id()));
+    let out = bin().args(["synth", "--preset", "llama-tiny", "-o"]).arg(&p).output().unwrap();
+    assert!(out.status.success(), "synth: {}", String::from_utf8_lossy(&out.stderr));
+    Tiny(p)
 }
 
 /// The t/s median of a bench table row whose test column is `test`.
@@ -30,10 +32,11 @@ fn rate(table: &str, test: &str) -> Option<f64> {
 
 #[test]
 fn bench_reports_batched_decode() {
-    let m = tiny();
+    let tm = tiny("bench");
+    let m = &tm.0;
     let out = bin()
         .args(["bench", "--backend", "cpu", "-t", "2", "-p", "8", "-n", "4", "--parallel", "3", "-r", "1", "-m"])
-        .arg(&m)
+        .arg(m)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -46,12 +49,13 @@ fn bench_reports_batched_decode() {
 
 #[test]
 fn loadtest_with_token_id_prompts() {
-    let m = tiny();
+    let tm = tiny("load");
+    let m = &tm.0;
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let url = format!("http://127.0.0.1:{port}");
     let mut server = bin()
         .args(["serve", "--backend", "cpu", "-t", "2", "--max-seqs", "4", "-c", "256", "--port", &port.to_string(), "-m"])
-        .arg(&m)
+        .arg(m)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

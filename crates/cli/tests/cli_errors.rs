@@ -1,10 +1,10 @@
 //! Bad input gives one clear line on stderr and a non-zero exit, never a panic or backtrace.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use ts_formats::GgmlType;
-use ts_testkit::{Fill, TinyLlama};
+use ts_testkit::{Fill, TempPath, TinyLlama};
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_turbospark"));
@@ -12,11 +12,8 @@ fn bin() -> Command {
     c
 }
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ts-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn tmpdir(name: &str) -> TempPath {
+    TempPath::dir("ts-cli", name)
 }
 
 /// Runs and asserts failure with exactly one `error: …` line that contains `needle`.

@@ -19,6 +19,7 @@ use ts_formats::{quant, GgmlType, TensorData, TensorSource, Value};
 use ts_models::deepseek2::DeepSeek2;
 use ts_models::synth::{synth_spec, Preset, SynthFormat, SynthSpec, SynthYarn};
 use ts_models::{Model, RuntimeOptions};
+use ts_testkit::TempPath;
 
 const OPTS: RuntimeOptions = RuntimeOptions { ctx: 64, n_slots: 3, max_batch: 64 };
 
@@ -230,10 +231,8 @@ fn fixture_dense2() {
 
 // ---- synthetic models -------------------------------------------------------------------------
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ts-deepseek2-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d.join(name)
+fn tmp(name: &str) -> TempPath {
+    TempPath::new("ts-deepseek2-test", name)
 }
 
 fn tiny() -> SynthSpec {

@@ -6,20 +6,18 @@
 //! is covered by `crates/formats/tests/gguf.rs` and `hf.rs`; NaN/Inf weights by
 //! `turbospark inspect --check` in `crates/cli/tests/cli_errors.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ts_cpu::CpuBackend;
 use ts_models::RuntimeOptions;
-use ts_testkit::TinyLlama;
+use ts_testkit::{TempPath, TinyLlama};
 
 const OPTS: RuntimeOptions = RuntimeOptions { ctx: 32, n_slots: 1, max_batch: 8 };
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ts-models-malformed-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+fn tmpdir(name: &str) -> TempPath {
+    TempPath::dir("ts-models-malformed", name)
 }
 
 /// A tiny llama GGUF (hidden 64, 4 heads, 2 kv heads, one layer, vocab 16) with `meta` added to

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ts_core::{BatchMeta, TokenMeta};
 use ts_cpu::CpuBackend;
 use ts_models::RuntimeOptions;
-use ts_testkit::{Fill, TinyLlama};
+use ts_testkit::{Fill, TempPath, TinyLlama};
 
 const OPTS: RuntimeOptions = RuntimeOptions { ctx: 32, n_slots: 1, max_batch: 8 };
 
@@ -31,14 +31,11 @@ fn logits(copy: bool, path: &std::path::Path) -> Vec<f32> {
 
 #[test]
 fn mapped_and_copied_weights_give_the_same_logits() {
-    let d = std::env::temp_dir().join(format!("ts-models-mapped-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    let p = d.join("tiny.gguf");
+    let p = TempPath::new("ts-models-mapped", "tiny.gguf");
     // Random weights (Ramp would make every logit alike).
     TinyLlama { hidden: 256, ff: 256, fill: Fill::Random, ..Default::default() }.write(&p);
     let (mapped, copied) = (logits(false, &p), logits(true, &p));
     assert!(mapped.iter().all(|v| v.is_finite()));
     assert!(mapped.iter().any(|&v| v != mapped[0]), "degenerate logits");
     assert_eq!(mapped, copied);
-    let _ = std::fs::remove_dir_all(&d);
 }

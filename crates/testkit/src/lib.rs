@@ -121,3 +121,51 @@ impl TinyLlama<'_> {
         w.finish().expect("finish the GGUF file");
     }
 }
+
+/// A path under the system's temp folder, `<prefix>-<process id>-<name>`, removed (file or
+/// folder, recursively) when dropped, so test runs do not leave model files behind. Anything
+/// already there is removed first.
+#[derive(Debug)]
+pub struct TempPath(std::path::PathBuf);
+
+impl TempPath {
+    /// The path, not created (a test writes a file or folder there).
+    pub fn new(prefix: &str, name: &str) -> TempPath {
+        let p = std::env::temp_dir().join(format!("{prefix}-{}-{name}", std::process::id()));
+        remove(&p);
+        TempPath(p)
+    }
+    /// The path, created as an empty folder.
+    pub fn dir(prefix: &str, name: &str) -> TempPath {
+        let t = TempPath::new(prefix, name);
+        std::fs::create_dir_all(&t.0).expect("create the temp folder");
+        t
+    }
+}
+
+fn remove(p: &Path) {
+    if p.is_dir() {
+        let _ = std::fs::remove_dir_all(p);
+    } else {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        remove(&self.0);
+    }
+}
+
+impl std::ops::Deref for TempPath {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempPath {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
