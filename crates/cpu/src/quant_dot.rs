@@ -1242,6 +1242,25 @@ mod avx2 {
         })
     }
 
+    /// Quants of 32-byte chunk `c` (0..4) of a Q4_K / Q5_K super-block at `wb` (quants at
+    /// `qs_off`): 32 low-nibble and 32 high-nibble values as bytes (sub-blocks 2c and 2c+1), with
+    /// Q5_K's fifth bits taken from `hb` (the block's qh, two bits per chunk, shifted on here).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn k45_chunk(wb: *const u8, qs_off: usize, c: usize, q5: bool, hb: &mut __m256i) -> (__m256i, __m256i) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let bits = ld256(wb.add(qs_off + 32 * c));
+        let mut ql = _mm256_and_si256(bits, m4);
+        let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+        if q5 {
+            // bit 2c of qh[l] → +16 for the low half, bit 2c+1 → the high half.
+            ql = _mm256_or_si256(ql, _mm256_slli_epi16::<4>(_mm256_and_si256(*hb, _mm256_set1_epi8(1))));
+            qh = _mm256_or_si256(qh, _mm256_slli_epi16::<3>(_mm256_and_si256(*hb, _mm256_set1_epi8(2))));
+            *hb = _mm256_srli_epi16::<2>(*hb);
+        }
+        (ql, qh)
+    }
+
     /// Q4_K / Q5_K against Q8_K (292-byte blocks: f32 d @0, i8 qs[256] @4, i16 bsums[16] @260).
     /// `hi_bits` selects Q5_K (qh at +16, qs at +48) over Q4_K (qs at +16).
     #[inline]
@@ -1249,9 +1268,6 @@ mod avx2 {
     unsafe fn k_asym<const R: usize, const Q5: bool>(w: *const u8, a: [*const u8; R], nb: usize) -> [f32; R] {
         let wts = if Q5 { 176 } else { 144 };
         let qs_off = if Q5 { 48 } else { 16 };
-        let m4 = _mm256_set1_epi8(0x0F);
-        let one = _mm256_set1_epi8(1);
-        let two = _mm256_set1_epi8(2);
         let mut acc = [_mm256_setzero_ps(); R];
         for ib in 0..nb {
             let wb = w.add(ib * wts);
@@ -1272,15 +1288,7 @@ mod avx2 {
             }
             let mut hb = if Q5 { ld256(wb.add(16)) } else { _mm256_setzero_si256() };
             for c in 0..4 {
-                let bits = ld256(wb.add(qs_off + 32 * c));
-                let mut ql = _mm256_and_si256(bits, m4);
-                let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                if Q5 {
-                    // bit 2c of qh[l] → +16 for the low half, bit 2c+1 → the high half.
-                    ql = _mm256_or_si256(ql, _mm256_slli_epi16::<4>(_mm256_and_si256(hb, one)));
-                    qh = _mm256_or_si256(qh, _mm256_slli_epi16::<3>(_mm256_and_si256(hb, two)));
-                    hb = _mm256_srli_epi16::<2>(hb);
-                }
+                let (ql, qh) = k45_chunk(wb, qs_off, c, Q5, &mut hb);
                 let scl = _mm256_set1_epi16(((u[c / 2] >> (16 * (c % 2))) & 0xFF) as i16);
                 let sch = _mm256_set1_epi16(((u[c / 2] >> (16 * (c % 2) + 8)) & 0xFF) as i16);
                 for r in 0..R {
@@ -1609,8 +1617,6 @@ mod avx2 {
             Q4K | Q5K => {
                 let q5 = w == Q5K;
                 let (wts, qs_off) = if q5 { (176, 48) } else { (144, 16) };
-                let m4 = _mm256_set1_epi8(0x0F);
-                let (one, two) = (_mm256_set1_epi8(1), _mm256_set1_epi8(2));
                 for sb in 0..nb / 8 {
                     let wb = row.add(sb * wts);
                     let d = f16_at(wb);
@@ -1619,14 +1625,7 @@ mod avx2 {
                     let byte = |j: usize| ((u[j / 4] >> (8 * (j % 4))) & 0xFF) as f32;
                     let mut hb = if q5 { ld256(wb.add(16)) } else { _mm256_setzero_si256() };
                     for c in 0..4 {
-                        let bits = ld256(wb.add(qs_off + 32 * c));
-                        let mut ql = _mm256_and_si256(bits, m4);
-                        let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                        if q5 {
-                            ql = _mm256_or_si256(ql, _mm256_slli_epi16::<4>(_mm256_and_si256(hb, one)));
-                            qh = _mm256_or_si256(qh, _mm256_slli_epi16::<3>(_mm256_and_si256(hb, two)));
-                            hb = _mm256_srli_epi16::<2>(hb);
-                        }
+                        let (ql, qh) = k45_chunk(wb, qs_off, c, q5, &mut hb);
                         for (t, q) in [(0, ql), (1, qh)] {
                             let j = 2 * c + t;
                             put(sb * 8 + j, q, _mm256_set1_ps(d * byte(j)), _mm256_set1_ps(-dmin * byte(8 + j)));
