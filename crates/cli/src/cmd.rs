@@ -159,6 +159,10 @@ pub struct BenchArgs {
     /// compare builds, backends or switches such as TS_CUDA_GRAPHS=0: equal hashes, same tokens.
     #[arg(long = "hash")]
     pub hash: bool,
+    /// Copy every sequence's logits to the host and pick the arg-max there (the default picks it
+    /// on the backend and copies back one id per sequence, as the server does for greedy rows).
+    #[arg(long = "host-argmax")]
+    pub host_argmax: bool,
 }
 
 #[derive(Args)]
@@ -214,12 +218,18 @@ fn generate(
     let mut dec = StreamDecoder::new(tok);
     let t0 = Instant::now();
     let mut count = 0;
+    // A plain greedy sampler takes the backend's arg-max (`Session::feed_greedy`): one id comes
+    // back per token instead of the logits row.
+    let mut picked: Option<u32> = None;
     for _ in 0..n {
         if sess.pos >= sess.ctx() {
             eprintln!("\nturbospark: context full ({} tokens)", sess.ctx());
             break;
         }
-        let id = sampler.sample(&sess.logits, &sess.tokens);
+        let id = match picked.take() {
+            Some(id) => sampler.take(id),
+            None => sampler.sample(&sess.logits, &sess.tokens),
+        };
         if !ignore_eos && tok.is_eog(id) {
             break;
         }
@@ -229,7 +239,11 @@ fn generate(
             out.write_all(text.as_bytes())?;
             out.flush()?;
         }
-        sess.feed(&[id])?;
+        if sampler.is_plain_greedy(sess.tokens.len() + 1) {
+            picked = Some(sess.feed_greedy(&[id])?);
+        } else {
+            sess.feed(&[id])?;
+        }
     }
     let rest = dec.flush();
     out.write_all(rest.as_bytes())?;
@@ -313,10 +327,18 @@ fn run_tokens(a: &RunArgs, ids: &[u32]) -> Result<()> {
     let pp = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut out = Vec::with_capacity(a.n_predict);
+    let mut picked: Option<u32> = None;
     for _ in 0..a.n_predict {
-        let id = sampler.sample(&sess.logits, &sess.tokens);
+        let id = match picked.take() {
+            Some(id) => sampler.take(id),
+            None => sampler.sample(&sess.logits, &sess.tokens),
+        };
         out.push(id);
-        sess.feed(&[id])?;
+        if sampler.is_plain_greedy(sess.tokens.len() + 1) {
+            picked = Some(sess.feed_greedy(&[id])?);
+        } else {
+            sess.feed(&[id])?;
+        }
     }
     let tg = t1.elapsed().as_secs_f64();
     println!("{}", serde_json::to_string(&out)?);
@@ -587,8 +609,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             let mut t = rnd();
             let t0 = Instant::now();
             for _ in 0..a.n_gen {
-                sess.feed(&[t])?;
-                t = argmax(&sess.logits);
+                // The next token is the arg-max, picked on the backend (one id comes back).
+                t = if a.host_argmax {
+                    sess.feed(&[t])?;
+                    ts_core::argmax(&sess.logits)
+                } else {
+                    sess.feed_greedy(&[t])?
+                };
                 hash = fnv_step(hash, t);
             }
             if r > 0 {
@@ -620,10 +647,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                     meta.outputs.push(s as u32);
                     meta.tokens.push(ts_core::TokenMeta { token: t, pos: step as u32, slot: 1 + s as u32 });
                 }
-                l.model.forward(&meta, &mut logits)?;
-                // The rows' arg-max in parallel, as the server samples its rows: a serial pass
-                // over 64 x 102,400 logits took ~20% of a step on the GPU and swung the figure.
-                toks.par_iter_mut().zip(logits.par_chunks(nvu)).for_each(|(t, row)| *t = argmax(row));
+                // Greedy rows, as the server runs them: the backend picks each row's arg-max
+                // and only the ids come back (`--host-argmax`: all logits, picked here).
+                if a.host_argmax {
+                    l.model.forward(&meta, &mut logits)?;
+                    toks.par_iter_mut().zip(logits.par_chunks(nvu)).for_each(|(t, row)| *t = ts_core::argmax(row));
+                } else {
+                    let out = ts_models::Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut toks[..]) };
+                    l.model.forward_outputs(&meta, out)?;
+                }
                 for &t in &toks {
                     phash = fnv_step(phash, t);
                 }
@@ -644,16 +676,6 @@ pub fn bench(a: BenchArgs) -> Result<()> {
 const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 fn fnv_step(h: u64, t: u32) -> u64 {
     t.to_le_bytes().iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 pub fn inspect(a: InspectArgs) -> Result<()> {

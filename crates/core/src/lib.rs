@@ -24,6 +24,24 @@ pub mod ops;
 pub use ops::*;
 pub use ts_formats::{GgmlType, TensorData};
 
+/// The greedy pick over one row of logits: the index of the largest value under `f32::total_cmp`
+/// (so `+0.0 > -0.0`), NaN counting as −∞, ties going to the lowest index; 0 for an empty row.
+/// This is the one definition of "arg-max" every sampler and backend agrees with
+/// ([`Backend::argmax_rows`], the engine's greedy sampler).
+pub fn argmax(row: &[f32]) -> u32 {
+    let key = |l: f32| if l.is_nan() { f32::NEG_INFINITY } else { l };
+    let Some(&first) = row.first() else { return 0 };
+    let (mut best, mut bv) = (0usize, key(first));
+    for (i, &l) in row.iter().enumerate().skip(1) {
+        let l = key(l);
+        if l.total_cmp(&bv) == std::cmp::Ordering::Greater {
+            best = i;
+            bv = l;
+        }
+    }
+    best as u32
+}
+
 /// Errors a backend can raise. One line each, naming what failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {

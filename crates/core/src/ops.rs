@@ -152,6 +152,20 @@ pub trait Backend: Send + Sync {
     /// Device -> host: `rows` of `buf` packed into `dst` (`dst.len() == rows.n * rows.width`).
     /// Waits for all enqueued work.
     fn read(&self, buf: &Self::Buf, rows: Rows, dst: &mut [f32]) -> Result<()>;
+    /// Device -> host: the greedy pick of each row of `x` ([`crate::argmax`]: NaN counts as −∞,
+    /// ties go to the lowest index) into `out` (`out.len() == xr.n`). Waits for all enqueued work.
+    /// A backend whose memory is not the host's computes it where the rows are and copies back
+    /// `4 * n` bytes instead of `4 * n * width`. The default reads each row and scans it here
+    /// (it allocates one row: CPU-side backends override it).
+    fn argmax_rows(&self, x: &Self::Buf, xr: Rows, out: &mut [u32]) -> Result<()> {
+        assert_eq!(out.len(), xr.n);
+        let mut row = vec![0f32; xr.width];
+        for (i, o) in out.iter_mut().enumerate() {
+            self.read(x, xr.rows(i, 1), &mut row)?;
+            *o = crate::argmax(&row);
+        }
+        Ok(())
+    }
 
     // ---- ops ----------------------------------------------------------------------------
     /// `out[t] = table[batch.token[t]] * scale` (dequantised). `out: [n_tokens, dim]`.

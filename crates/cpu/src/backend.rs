@@ -510,6 +510,15 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn argmax_rows(&self, x: &CpuBuf, xr: Rows, out: &mut [u32]) -> Result<()> {
+        x.check(xr);
+        assert_eq!(out.len(), xr.n);
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = ts_core::argmax(unsafe { x.row(xr, i) });
+        }
+        Ok(())
+    }
+
     fn embed(&self, table: &CpuWeight, batch: &CpuBatch, scale: f32, out: &CpuBuf, o: Rows) {
         let dim = table.ne(0);
         assert_eq!(o.width, dim);

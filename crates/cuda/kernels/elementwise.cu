@@ -128,3 +128,33 @@ __device__ void embed_impl(const u8* table, i64 row_bytes, const int* tokens, fl
         embed_impl<T>(table, row_bytes, tokens, scale, out, ooff, ostride, dim);                            \
     }
 FOR_ALL_TYPES(EMBED_INST)
+
+// Greedy pick per row (ts_core::argmax): the largest value under total order (so +0 > -0), NaN
+// counting as -inf, ties to the lowest index. One block per row. Each candidate is one 64-bit key,
+// (value as an order-preserving u32) << 32 | (~index), so a plain max reduction picks the largest
+// value and, among equals, the lowest index; the result is independent of the thread count.
+__device__ __forceinline__ unsigned long long argmax_key(float v, unsigned i) {
+    if (v != v) v = NEG_INF;
+    unsigned b = __float_as_uint(v);
+    unsigned k = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((unsigned long long)k << 32) | (unsigned long long)(0xFFFFFFFFu - i);
+}
+extern "C" __global__ void argmax_rows(const float* x, i64 off, i64 stride, int width, unsigned* out) { PDL_ENTRY();
+    __shared__ unsigned long long part[32];
+    const float* xr = x + off + blockIdx.x * stride;
+    unsigned long long best = 0;  // below the key of every value (-inf's is 0x007fffff << 32)
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        unsigned long long k = argmax_key(xr[i], (unsigned)i);
+        best = k > best ? k : best;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        unsigned long long v = __shfl_xor_sync(0xffffffffu, best, o);
+        best = v > best ? v : best;
+    }
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) best = part[w] > best ? part[w] : best;
+        out[blockIdx.x] = width > 0 ? 0xFFFFFFFFu - (unsigned)(best & 0xFFFFFFFFu) : 0u;
+    }
+}

@@ -170,8 +170,10 @@ enum S {
     Xq,
     /// The MoE's GLU output, quantised the same way (input of the down projection).
     Hq,
+    /// Row arg-max ids on their way to the host (`argmax_rows`).
+    Ids,
 }
-const N_SCRATCH: usize = 13;
+const N_SCRATCH: usize = 14;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -297,6 +299,7 @@ fn kernel_names() -> Vec<String> {
         "add_rows",
         "scale_rows",
         "softcap_rows",
+        "argmax_rows",
         "copy_rows",
         "glu_rows",
         "rope_rows",
@@ -1284,6 +1287,24 @@ impl Backend for CudaBackend {
         };
         r.map_err(|e| dev_err("device-to-host copy", e))?;
         self.stream.synchronize().map_err(|e| dev_err("cuda stream", e))
+    }
+
+    fn argmax_rows(&self, x: &CudaBuf, xr: Rows, out: &mut [u32]) -> Result<()> {
+        x.check(xr);
+        assert_eq!(out.len(), xr.n);
+        if xr.n == 0 {
+            return Ok(());
+        }
+        if xr.width > i32::MAX as usize {
+            return Err(BackendError::Unsupported(format!("arg-max over rows of {} values", xr.width)));
+        }
+        // Not part of a recorded step (it ends with a copy to the host), so the scratch may grow.
+        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(ids) = self.scratch(S::Ids, 4 * xr.n) else { return self.synchronize() };
+        self.launch("argmax_rows", (xr.n as u32, 1, 1), 1024, 0, &[A::P(x.0.ptr), l(xr.off), l(xr.stride), i(xr.width), A::P(ids)]);
+        self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
+        unsafe { drv::memcpy_dtoh_async(out, ids, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
+        self.synchronize()
     }
 
     fn embed(&self, table: &CudaWeight, batch: &CudaBatch, scale: f32, out: &CudaBuf, o: Rows) {

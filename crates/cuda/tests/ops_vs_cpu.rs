@@ -256,6 +256,51 @@ fn elementwise_ops() {
     rep.finish();
 }
 
+/// The greedy pick on the device equals `ts_core::argmax` of the same rows (the CPU backend's),
+/// id for id: random rows, rows whose maximum repeats (ties to the lowest index), NaN, ±0, ±inf,
+/// strided views, vocabulary-sized rows.
+#[test]
+fn argmax_rows_exact() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng(21);
+    let mut cases = 0;
+    for &(n, w) in &[(1usize, 7usize), (3, 1024), (5, 1025), (64, 102_400), (17, 262_144), (2, 1)] {
+        let stride = w + 3;
+        let len = n * stride + 5;
+        let mut a = randn(&mut r, len, 3.0);
+        // Salt: quantised values make exact ties common; a few specials per row.
+        for v in a.iter_mut() {
+            *v = (*v * 4.0).round() / 4.0;
+        }
+        for j in 0..n {
+            let row = &mut a[2 + j * stride..2 + j * stride + w];
+            match j % 5 {
+                0 => row[r.random_range(0..w)] = f32::NAN,
+                1 => row.iter_mut().for_each(|v| *v = if *v > 0.0 { -0.0 } else { *v }),
+                2 => row[r.random_range(0..w)] = f32::INFINITY,
+                3 => row.iter_mut().for_each(|v| *v = f32::NAN),
+                _ => {
+                    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let k = r.random_range(0..w);
+                    row[k] = m;
+                }
+            }
+        }
+        let view = Rows { off: 2, n, width: w, stride };
+        let (gx, cx) = (buf(g, &a), buf(c, &a));
+        let (mut gi, mut ci) = (vec![u32::MAX; n], vec![u32::MAX; n]);
+        g.argmax_rows(&gx, view, &mut gi).expect("gpu argmax");
+        c.argmax_rows(&cx, view, &mut ci).expect("cpu argmax");
+        assert_eq!(gi, ci, "argmax of {n} rows of {w}");
+        for j in 0..n {
+            assert_eq!(ci[j], ts_core::argmax(&a[2 + j * stride..2 + j * stride + w]));
+        }
+        cases += n;
+    }
+    eprintln!("argmax_rows: {cases} rows identical");
+}
+
 #[test]
 fn embed_all_types() {
     let Some(g) = gpu() else { return };

@@ -97,6 +97,22 @@ impl Sampler {
         self.rng = ChaCha20Rng::seed_from_u64(seed);
     }
 
+    /// True when [`sample`](Self::sample) over a history of `history_len` tokens is the plain
+    /// arg-max of the raw logits ([`ts_core::argmax`]): greedy, and no penalty applies. Then a
+    /// backend's on-device arg-max may stand in for the row (see [`take`](Self::take)).
+    pub fn is_plain_greedy(&self, history_len: usize) -> bool {
+        let p = &self.params;
+        let neutral = p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
+        p.temperature <= 0.0 && (neutral || p.repeat_last_n == 0 || history_len == 0)
+    }
+
+    /// Records `id` as picked, when the pick was made elsewhere (the arg-max computed by the
+    /// backend for a [`is_plain_greedy`](Self::is_plain_greedy) sampler): same state as `sample`.
+    pub fn take(&mut self, id: u32) -> u32 {
+        self.last = Some(id);
+        id
+    }
+
     /// The id returned by the last [`sample`](Self::sample) call.
     pub fn last(&self) -> Option<u32> {
         self.last
@@ -110,23 +126,14 @@ impl Sampler {
         if logits.is_empty() {
             return 0;
         }
-        let p = self.params.clone();
-        let neutral = p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
-        if p.temperature <= 0.0 && (neutral || p.repeat_last_n == 0 || history.is_empty()) {
+        if self.is_plain_greedy(history.len()) {
             // Greedy without penalties: the arg-max in one pass, no candidate list (the same
             // choice as below: NaN counts as -inf, ties go to the lowest id).
-            let key = |l: f32| if l.is_nan() { f32::NEG_INFINITY } else { l };
-            let (mut best, mut bv) = (0usize, key(logits[0]));
-            for (i, &l) in logits.iter().enumerate().skip(1) {
-                let l = key(l);
-                if l.total_cmp(&bv) == std::cmp::Ordering::Greater {
-                    best = i;
-                    bv = l;
-                }
-            }
-            self.last = Some(best as u32);
-            return best as u32;
+            let best = ts_core::argmax(logits);
+            self.last = Some(best);
+            return best;
         }
+        let p = self.params.clone();
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l })));
         self.apply_penalties(history);

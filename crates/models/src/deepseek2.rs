@@ -72,7 +72,7 @@ use ts_formats::{quant, TensorSource};
 use crate::bind::Binder;
 use crate::llama::check_batch;
 use crate::meta::Meta;
-use crate::{Model, ModelError, ModelInfo, Result, RuntimeOptions};
+use crate::{Model, ModelError, ModelInfo, Outputs, Result, RuntimeOptions};
 
 // ================================================================================================
 // Config
@@ -943,10 +943,10 @@ impl<B: Backend> Model for DeepSeek2<B> {
         self.opts
     }
 
-    fn forward(&mut self, batch: &BatchMeta, logits: &mut [f32]) -> Result<()> {
+    fn forward_outputs(&mut self, batch: &BatchMeta, mut out: Outputs<'_>) -> Result<()> {
         let c = &self.cfg;
         let n = batch.len();
-        check_batch(batch, &self.opts, c.n_vocab, logits.len())?;
+        check_batch(batch, &self.opts, c.n_vocab, &out)?;
         self.be.upload_batch(batch, &mut self.batch)?;
         // The step's ops depend only on this model, the token count, whether the tokens share
         // one slot, and the output rows, so a backend may record them once and replay them
@@ -968,7 +968,7 @@ impl<B: Backend> Model for DeepSeek2<B> {
         }
         let no = batch.outputs.len();
         if no > 0 {
-            be.read(&self.s.logits, Rows::packed(no, c.n_vocab), logits)?;
+            out.deliver(be, &self.s.logits, Rows::packed(no, c.n_vocab), 0)?;
         }
         Ok(())
     }

@@ -44,7 +44,7 @@ use crate::bind::Binder;
 use crate::llama::check_batch;
 use crate::meta::Meta;
 use crate::names::{Naming, HF_GEMMA3};
-use crate::{Model, ModelError, ModelInfo, Result, RuntimeOptions};
+use crate::{Model, ModelError, ModelInfo, Outputs, Result, RuntimeOptions};
 
 /// Layers between global layers, counting the global one (llama.cpp / transformers default).
 const DEFAULT_SWA_PERIOD: usize = 6;
@@ -511,7 +511,7 @@ impl<B: Backend> Gemma3<B> {
 
     /// Gather the output rows of `x`, norm them, project to the vocabulary (in chunks of
     /// [`OUT_CHUNK`] rows), soft-cap when configured, and read the logits back.
-    fn output_logits(&self, batch: &BatchMeta, logits: &mut [f32]) -> Result<()> {
+    fn output_logits(&self, batch: &BatchMeta, out: &mut Outputs<'_>) -> Result<()> {
         let (be, s, c) = (self.be.as_ref(), &self.s, &self.cfg);
         let (h, nv) = (c.n_embd, c.n_vocab);
         let no = batch.outputs.len();
@@ -532,7 +532,7 @@ impl<B: Backend> Gemma3<B> {
             if let Some(cap) = c.final_softcap {
                 be.softcap(&s.logits, rl, cap);
             }
-            be.read(&s.logits, rl, &mut logits[i0 * nv..(i0 + m) * nv])?;
+            out.deliver(be, &s.logits, rl, i0)?;
         }
         Ok(())
     }
@@ -546,10 +546,10 @@ impl<B: Backend> Model for Gemma3<B> {
         self.opts
     }
 
-    fn forward(&mut self, batch: &BatchMeta, logits: &mut [f32]) -> Result<()> {
+    fn forward_outputs(&mut self, batch: &BatchMeta, mut out: Outputs<'_>) -> Result<()> {
         let c = &self.cfg;
         let n = batch.len();
-        check_batch(batch, &self.opts, c.n_vocab, logits.len())?;
+        check_batch(batch, &self.opts, c.n_vocab, &out)?;
         let be = self.be.as_ref();
         let s = &self.s;
         let (h, d, dv, nh, nkv, ff) = (c.n_embd, c.head_dim, c.v_dim, c.n_heads, c.n_kv_heads, c.n_ff);
@@ -593,7 +593,7 @@ impl<B: Backend> Model for Gemma3<B> {
             be.rms_norm(&s.h, rx, Some(&l.post_ffn_norm), c.eps, &s.h, rx);
             be.add(&s.x, rx, &s.h, rx, &s.x, rx);
         }
-        self.output_logits(batch, logits)
+        self.output_logits(batch, &mut out)
     }
 }
 

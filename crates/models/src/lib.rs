@@ -23,7 +23,7 @@ pub mod synth_dense;
 
 use std::sync::Arc;
 
-use ts_core::{Backend, BatchMeta};
+use ts_core::{Backend, BatchMeta, Rows};
 use ts_formats::TensorSource;
 
 /// Errors at open (config, tensors) and during a forward.
@@ -80,13 +80,85 @@ pub struct ModelInfo {
     pub details: Vec<(String, String)>,
 }
 
+/// What one forward hands back for its output rows (`batch.outputs`, in that order).
+///
+/// A server step of 64 greedy sequences needs 64 token ids, not 64 × 102,400 logits (26 MB
+/// through the PCIe bus and a host copy every step): rows whose sampler is a plain arg-max ask
+/// for `argmax` only, the others (temperature, penalties, log-probabilities) for their full row.
+pub struct Outputs<'a> {
+    /// The output rows whose full logits are wanted, ascending (indices into `batch.outputs`);
+    /// `None`: all of them.
+    pub full_rows: Option<&'a [u32]>,
+    /// `[full rows, n_vocab]`: the k-th full row's logits at `k * n_vocab`.
+    pub logits: &'a mut [f32],
+    /// When set, receives [`ts_core::argmax`] of every output row (`outputs.len()` ids), computed
+    /// by the backend where the logits are.
+    pub argmax: Option<&'a mut [u32]>,
+}
+
+impl<'a> Outputs<'a> {
+    /// Every output row's full logits, nothing else (what [`Model::forward`] asks for).
+    pub fn all(logits: &'a mut [f32]) -> Self {
+        Outputs { full_rows: None, logits, argmax: None }
+    }
+
+    /// Hands over output rows `[first, first + rows.n)`, whose logits sit in `rows` of `buf`:
+    /// their arg-max when asked, and the full rows among them. Families call it once per chunk
+    /// of output rows they compute.
+    pub(crate) fn deliver<B: Backend>(&mut self, be: &B, buf: &B::Buf, rows: Rows, first: usize) -> Result<()> {
+        let (m, nv) = (rows.n, rows.width);
+        if let Some(ids) = self.argmax.as_deref_mut() {
+            be.argmax_rows(buf, rows, &mut ids[first..first + m])?;
+        }
+        match self.full_rows {
+            None => be.read(buf, rows, &mut self.logits[first * nv..(first + m) * nv])?,
+            Some(full) => {
+                let lo = full.partition_point(|&r| (r as usize) < first);
+                let hi = full.partition_point(|&r| (r as usize) < first + m);
+                for (k, &r) in full.iter().enumerate().take(hi).skip(lo) {
+                    be.read(buf, rows.rows(r as usize - first, 1), &mut self.logits[k * nv..(k + 1) * nv])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the buffers against `n_out` output rows of `n_vocab` logits.
+    pub(crate) fn check(&self, n_out: usize, n_vocab: usize) -> Result<()> {
+        let n_full = self.full_rows.map_or(n_out, |f| f.len());
+        if let Some(f) = self.full_rows {
+            if f.windows(2).any(|w| w[0] >= w[1]) || f.last().is_some_and(|&r| r as usize >= n_out) {
+                return Err(ModelError::Run(format!("full logits rows must ascend below the {n_out} outputs")));
+            }
+        }
+        if self.logits.len() != n_full * n_vocab {
+            return Err(ModelError::Run(format!(
+                "logits buffer holds {} values, {n_full} rows of {n_vocab} need {}",
+                self.logits.len(),
+                n_full * n_vocab
+            )));
+        }
+        if let Some(a) = self.argmax.as_deref() {
+            if a.len() != n_out {
+                return Err(ModelError::Run(format!("arg-max buffer holds {} ids for {n_out} output rows", a.len())));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A loaded model with its cache and scratch, ready to run forwards.
 pub trait Model: Send {
     fn info(&self) -> &ModelInfo;
     fn options(&self) -> RuntimeOptions;
+    /// Run one batch and hand back what `out` asks for its output rows ([`Outputs`]). The cache
+    /// rows of every token in the batch are written.
+    fn forward_outputs(&mut self, batch: &BatchMeta, out: Outputs<'_>) -> Result<()>;
     /// Run one batch. Writes the logits of `batch.outputs` (in that order) into `logits`,
     /// `[outputs.len(), n_vocab]`. The cache rows of every token in the batch are written.
-    fn forward(&mut self, batch: &BatchMeta, logits: &mut [f32]) -> Result<()>;
+    fn forward(&mut self, batch: &BatchMeta, logits: &mut [f32]) -> Result<()> {
+        self.forward_outputs(batch, Outputs::all(logits))
+    }
 }
 
 /// [`load`], calling `progress(bytes_done, bytes_total)` as tensors are uploaded.

@@ -24,7 +24,7 @@ use ts_formats::TensorSource;
 use crate::bind::Binder;
 use crate::meta::Meta;
 use crate::names::{Naming, HF_LLAMA};
-use crate::{Model, ModelError, ModelInfo, Result, RuntimeOptions};
+use crate::{Model, ModelError, ModelInfo, Outputs, Result, RuntimeOptions};
 
 /// Geometry and numerics of a llama model, validated at open.
 #[derive(Debug, Clone)]
@@ -269,10 +269,10 @@ impl<B: Backend> Model for Llama<B> {
         self.opts
     }
 
-    fn forward(&mut self, batch: &BatchMeta, logits: &mut [f32]) -> Result<()> {
+    fn forward_outputs(&mut self, batch: &BatchMeta, mut out: Outputs<'_>) -> Result<()> {
         let c = &self.cfg;
         let n = batch.len();
-        check_batch(batch, &self.opts, c.n_vocab, logits.len())?;
+        check_batch(batch, &self.opts, c.n_vocab, &out)?;
         let be = self.be.as_ref();
         let s = &self.s;
         let (h, d, nh, nkv, ff) = (c.n_embd, c.head_dim, c.n_heads, c.n_kv_heads, c.n_ff);
@@ -311,13 +311,13 @@ impl<B: Backend> Model for Llama<B> {
             self.output.as_ref().unwrap_or(&self.tok_embd),
             &s.logits,
             c.n_vocab,
-            logits,
+            &mut out,
         )
     }
 }
 
 /// Checks every family's forward makes before touching the device.
-pub(crate) fn check_batch(batch: &BatchMeta, o: &RuntimeOptions, n_vocab: usize, logits_len: usize) -> Result<()> {
+pub(crate) fn check_batch(batch: &BatchMeta, o: &RuntimeOptions, n_vocab: usize, out: &Outputs<'_>) -> Result<()> {
     let n = batch.len();
     if n == 0 || n > o.max_batch {
         return Err(ModelError::Run(format!("batch of {n} tokens (1..={} allowed)", o.max_batch)));
@@ -339,10 +339,7 @@ pub(crate) fn check_batch(batch: &BatchMeta, o: &RuntimeOptions, n_vocab: usize,
     if batch.outputs.iter().any(|&i| i as usize >= n) {
         return Err(ModelError::Run("an output index is outside the batch".into()));
     }
-    if logits_len != batch.outputs.len() * n_vocab {
-        return Err(ModelError::Run(format!("logits buffer holds {logits_len} values, {} wanted", batch.outputs.len() * n_vocab)));
-    }
-    Ok(())
+    out.check(batch.outputs.len(), n_vocab)
 }
 
 /// Gather the output rows of the residual stream `x`, norm them, project to the vocabulary and
@@ -359,7 +356,7 @@ pub(crate) fn output_logits<B: Backend>(
     output: &B::Weight,
     logits_buf: &B::Buf,
     n_vocab: usize,
-    logits: &mut [f32],
+    out: &mut Outputs<'_>,
 ) -> Result<()> {
     let no = batch.outputs.len();
     if no == 0 {
@@ -373,6 +370,5 @@ pub(crate) fn output_logits<B: Backend>(
     be.rms_norm(tmp, ro, Some(norm), eps, tmp, ro);
     let rl = Rows::packed(no, n_vocab);
     be.matmul(tmp, ro, output, logits_buf, rl);
-    be.read(logits_buf, rl, logits)?;
-    Ok(())
+    out.deliver(be, logits_buf, rl, 0)
 }
