@@ -3,9 +3,9 @@
 # DeepSeek-V2 fixtures' Q8_0 prefill against the CPU, the synthetic V2-Lite benchmarks with a
 # per-kernel profile of one prefill, and the server under 64 streaming clients.
 # Usage (on the GPU machine, from the repo root): tools/gpu/prefill.sh BIN OPS_TEST OUTDIR [steps]
-# steps: any of ops,fix,bench,prof,dec,par,serve (default: all).
+# steps: any of ops,fix,bench,prof,dec,ids,par,serve (default: all).
 set -u
-T=${1:-.dev/turbospark}; OPS=${2:-.dev/ops_vs_cpu}; O=${3:-/tmp/pf}; STEPS=${4:-ops,fix,bench,prof,dec,par,serve}
+T=${1:-.dev/turbospark}; OPS=${2:-.dev/ops_vs_cpu}; O=${3:-/tmp/pf}; STEPS=${4:-ops,fix,bench,prof,dec,ids,par,serve}
 mkdir -p "$O"; export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 fails=0
@@ -25,7 +25,7 @@ if has fix; then
     python3 tools/gpu/compare_npy.py "$O/$v-cpufast.npy" "$O/$v-cuda.npy" --tol 3e-2 --allow-argmax 1 --label "$v q8_0 cuda (tensor cores) vs cpu (8-bit activations)" || fails=$((fails+1))
   done
 fi
-if has bench || has prof || has dec || has par || has serve; then
+if has bench || has prof || has dec || has ids || has par || has serve; then
   [ -f $V ] || { /usr/bin/time -f "synth: %e s" "$T" synth --preset deepseek-v2-lite --quant q8_0 -o $V 2>&1 | tail -1; }
 fi
 if has bench; then
@@ -46,6 +46,17 @@ if has dec; then
   a=$(grep hash "$O/dec-pdl.txt"); b=$(grep hash "$O/dec-nopdl.txt")
   [ -n "$a" ] && [ "$a" == "$b" ] && echo "decode tokens: same with and without PDL" || { echo "FAIL: decode tokens differ with PDL"; fails=$((fails+1)); }
   TS_CUDA_PROFILE=1 "$T" bench --backend cuda -m $V -p 0 -n 32 -r 1 2>&1 | grep -A30 "cuda profile" | head -32
+fi
+if has ids; then
+  echo "== greedy picks on the device vs all logits to the host (token hashes must agree)"
+  "$T" bench --backend cuda -m $V -p 0 -n 128 -r 5 --hash 2>>"$O/log.txt" | tee "$O/ids-dev.txt"
+  "$T" bench --backend cuda -m $V -p 0 -n 128 -r 5 --hash --host-argmax 2>>"$O/log.txt" | tee "$O/ids-host.txt"
+  a=$(grep hash "$O/ids-dev.txt"); b=$(grep hash "$O/ids-host.txt")
+  [ -n "$a" ] && [ "$a" == "$b" ] && echo "decode tokens: same picked on the device and on the host" || { echo "FAIL: device arg-max differs"; fails=$((fails+1)); }
+  "$T" bench --backend cuda -m $V -p 0 -n 64 --parallel 64 -r 3 --hash 2>>"$O/log.txt" | tee "$O/idsp-dev.txt"
+  "$T" bench --backend cuda -m $V -p 0 -n 64 --parallel 64 -r 3 --hash --host-argmax 2>>"$O/log.txt" | tee "$O/idsp-host.txt"
+  a=$(grep "x64: hash" "$O/idsp-dev.txt"); b=$(grep "x64: hash" "$O/idsp-host.txt")
+  [ -n "$a" ] && [ "$a" == "$b" ] && echo "batched decode tokens: same picked on the device and on the host" || { echo "FAIL: batched device arg-max differs"; fails=$((fails+1)); }
 fi
 if has par; then
   echo "== batched decode: 64 sequences at once (bench --parallel 64), graphs on and off, then its profile"
