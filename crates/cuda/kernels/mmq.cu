@@ -92,14 +92,20 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 // in flight (cp.async). Warps: WR along the rows x WC along the tokens, each MI m16 tiles x NI n8
 // tiles: the block tile is 64 rows x BN = WC*NI*8 tokens (BN 64 for prompts, 16 when experts
 // see few tokens each, as in batched decode: the per-stage work then shrinks with the tokens).
-template <int WR, int WC, int MI, int NI>
+// GPS groups per stage: the 16-token tiles stream their 64 weight rows 2 groups (288 bytes, nine
+// whole 32-byte sectors) at a time, halving the barriers per byte and the DRAM pages touched per
+// stage; a shared row then holds GPS groups plus 16 pad bytes (304 bytes = 76 words: the 8 rows
+// of an ldmatrix phase still fall in 32 different banks).
+template <int WR, int WC, int MI, int NI, int GPS>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = WC * NI * 8;
     constexpr int ROWS = MMQ_BM + BN;
-    constexpr int STAGE = ROWS * MMQ_GB;
+    constexpr int RS = GPS == 1 ? MMQ_GB : GPS * MMQ_GB + 16;  // shared row stride, bytes
+    constexpr int STAGE = ROWS * RS;
+    constexpr int PIECES = 9 * GPS;  // 16-byte pieces per row per stage
     static_assert(WR * MI * 16 == MMQ_BM && WR * WC * 32 == MMQ_THREADS && NI % 2 == 0, "mmq tile");
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
@@ -177,10 +183,12 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     __syncthreads();
     const int m0 = blockIdx.x * MMQ_BM;
     const u8* Wt = W + (i64)e * mat_bytes;
-    // This thread's 16-byte pieces of every stage: (row r, piece q) for c = tid + i*128, r = c/9;
-    // the same rows in every stage, so the source pointers are computed once (only the group
-    // offset moves).
-    constexpr int PER = (ROWS * 9 + MMQ_THREADS - 1) / MMQ_THREADS;
+    // This thread's 16-byte pieces of every stage: (row r, piece q) for c = tid + i*128,
+    // r = c / PIECES; piece q lies in group q / 9 of the stage and at byte q*16 of the row's
+    // stage (144 = 9 * 16). The same rows in every stage, so the source pointers are computed
+    // once (only the group offset moves). dsto packs the shared offset (< 2^16) and, from bit 16,
+    // the piece's group within the stage.
+    constexpr int PER = (ROWS * PIECES + MMQ_THREADS - 1) / MMQ_THREADS;
     const u8* srcp[PER];
     u32 dsto[PER];
 #pragma unroll
@@ -188,19 +196,22 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         const int c = tid + i * MMQ_THREADS;
         srcp[i] = nullptr;
         dsto[i] = 0;
-        if (c < ROWS * 9) {
-            const int r = c / 9, q = c - r * 9;
+        if (c < ROWS * PIECES) {
+            const int r = c / PIECES, q = c - r * PIECES;
             const u8* rowp = r < MMQ_BM ? Wt + (i64)min(m0 + r, m - 1) * row_bytes : X + (i64)src_row[r - MMQ_BM] * xrow;
             srcp[i] = rowp + (i64)g0 * MMQ_GB + q * 16;
-            dsto[i] = r * MMQ_GB + q * 16;
+            dsto[i] = (u32)(r * RS + q * 16) | (GPS == 1 ? 0u : (u32)(q / 9) << 16);
         }
     }
-    auto load = [&](int gi) {  // local stage gi = group g0 + gi
-        if (g0 + gi < g1) {
+    const int nstages = (g1 - g0 + GPS - 1) / GPS;
+    auto load = [&](int gi) {  // local stage gi = groups g0 + gi*GPS ..
+        const int left = g1 - g0 - gi * GPS;  // groups of this stage that exist
+        if (left > 0) {
             u8* st = mmq_sm + (gi % MMQ_NST) * STAGE;
 #pragma unroll
             for (int i = 0; i < PER; i++)
-                if (srcp[i]) cp_async16(st + dsto[i], srcp[i] + (i64)gi * MMQ_GB);
+                if (srcp[i] && (GPS == 1 || (int)(dsto[i] >> 16) < left))
+                    cp_async16(st + (GPS == 1 ? dsto[i] : dsto[i] & 0xffffu), srcp[i] + (i64)gi * GPS * MMQ_GB);
         }
         cp_commit();  // (empty groups keep the count uniform)
     };
@@ -217,32 +228,35 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
             for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
 #pragma unroll
     for (int st = 0; st < MMQ_NST - 1; st++) load(st);
-    for (int gi = 0; gi < g1 - g0; gi++) {
+    for (int gi = 0; gi < nstages; gi++) {
         cp_wait<MMQ_NST - 2>();
         __syncthreads();          // stage gi has landed for every thread; stage gi-1 is consumed
         load(gi + MMQ_NST - 1);   // into the buffer of stage gi-1
-        const u8* As = mmq_sm + (gi % MMQ_NST) * STAGE + wm * MMQ_GB;
-        const u8* Bs = mmq_sm + (gi % MMQ_NST) * STAGE + (MMQ_BM + wn) * MMQ_GB;
+#pragma unroll
+        for (int h = 0; h < GPS; h++) {
+        if (GPS > 1 && gi * GPS + h >= g1 - g0) break;  // a short last stage
+        const u8* As = mmq_sm + (gi % MMQ_NST) * STAGE + wm * RS + h * MMQ_GB;
+        const u8* Bs = mmq_sm + (gi % MMQ_NST) * STAGE + (MMQ_BM + wn) * RS + h * MMQ_GB;
         uint2 ha[MI][2], hb[NI][2];
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
-            ha[mi][0] = *(const uint2*)(As + (mi * 16 + g) * MMQ_GB);
-            ha[mi][1] = *(const uint2*)(As + (mi * 16 + g + 8) * MMQ_GB);
+            ha[mi][0] = *(const uint2*)(As + (mi * 16 + g) * RS);
+            ha[mi][1] = *(const uint2*)(As + (mi * 16 + g + 8) * RS);
         }
 #pragma unroll
         for (int ni = 0; ni < NI; ni++) {
-            hb[ni][0] = *(const uint2*)(Bs + (ni * 8 + 2 * t) * MMQ_GB);
-            hb[ni][1] = *(const uint2*)(Bs + (ni * 8 + 2 * t + 1) * MMQ_GB);
+            hb[ni][0] = *(const uint2*)(Bs + (ni * 8 + 2 * t) * RS);
+            hb[ni][1] = *(const uint2*)(Bs + (ni * 8 + 2 * t + 1) * RS);
         }
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             u32 a[MI][4], b[NI][2];
 #pragma unroll
-            for (int mi = 0; mi < MI; mi++) ldsm4(a[mi], As + (mi * 16 + (li & 1) * 8 + lr) * MMQ_GB + 16 + s * 32 + (li >> 1) * 16);
+            for (int mi = 0; mi < MI; mi++) ldsm4(a[mi], As + (mi * 16 + (li & 1) * 8 + lr) * RS + 16 + s * 32 + (li >> 1) * 16);
 #pragma unroll
             for (int np = 0; np < NI / 2; np++) {
                 u32 r[4];
-                ldsm4(r, Bs + (np * 16 + (li >> 1) * 8 + lr) * MMQ_GB + 16 + s * 32 + (li & 1) * 16);
+                ldsm4(r, Bs + (np * 16 + (li >> 1) * 8 + lr) * RS + 16 + s * 32 + (li & 1) * 16);
                 b[2 * np][0] = r[0];
                 b[2 * np][1] = r[1];
                 b[2 * np + 1][0] = r[2];
@@ -271,6 +285,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
                     acc[mi][ni][3] += (float)c[3] * (da[mi][1] * db[ni][1]);
                 }
         }
+        }
     }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
@@ -285,19 +300,22 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #endif
 }
 
-#define MMQ_INST(NAME, WR, WC, MI, NI, MINB)                                                                    \
+#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, MINB)                                                                    \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride) { PDL_ENTRY();                                                        \
-        mmq_impl<WR, WC, MI, NI>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
+        mmq_impl<WR, WC, MI, NI, GPS>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
                                  out, ooff, ostride, nsplit, split_stride);                                      \
     }
-// 64 x 64 tiles (2 x 2 warps of 32 x 32) and 64 x 16 tiles (4 x 1 warps of 16 x 16).
-// 64 x 16 tiles: at least 6 blocks per SM, as many as their shared memory allows (limited by
-// registers they ran 5). 64 x 64 tiles stay at 3 (144 registers; at 4 they spill).
-MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 3)
-MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 6)
+// 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, and 64 x 16 tiles (4 x 1 warps of
+// 16 x 16), two groups per stage. 64 x 16 tiles: at least 3 blocks per SM, as many as their
+// shared memory allows (3 x 3 stages x 80 rows x 304 bytes). 64 x 64 tiles stay at 3 (144
+// registers; at 4 they spill). mmq_q8_16g1 is the 16-token tile with one group per stage (the
+// previous kernel; TS_CUDA_MMQ16=1 picks it, to compare).
+MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3)
+MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 3)
+MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 6)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

@@ -192,14 +192,16 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_prefill",
     "mmq_q8_64",
     "mmq_q8_16",
+    "mmq_q8_16g1",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
-/// Dynamic shared memory of `mmq_q8_<bn>`: 3 stages of 64 + bn rows of 144 bytes (kernels/mmq.cu).
-const fn mmq_smem(bn: usize) -> usize {
-    3 * (64 + bn) * 144
+/// Dynamic shared memory of an `mmq_q8` kernel: 3 stages of 64 + `bn` rows of `gps` groups of
+/// 144 bytes (plus 16 pad bytes per row when `gps > 1`; kernels/mmq.cu).
+const fn mmq_smem(bn: usize, gps: usize) -> usize {
+    3 * (64 + bn) * if gps == 1 { 144 } else { gps * 144 + 16 }
 }
-const MMQ_SMEM: usize = mmq_smem(64);
+const MMQ_SMEM: usize = mmq_smem(64, 1);
 /// Smallest size of the `Part` scratch (split-MLA decode partials, split-K partial products): one
 /// size for both, so the first decode step (run at open) allocates it for good.
 const PART_MIN_BYTES: usize = 16 << 20;
@@ -334,6 +336,7 @@ fn kernel_names() -> Vec<String> {
         "quant_q8_groups",
         "mmq_q8_64",
         "mmq_q8_16",
+        "mmq_q8_16g1",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -406,6 +409,9 @@ pub struct CudaBackend {
     /// `TS_CUDA_PDL=0` and when profiling): a kernel is scheduled while its predecessor finishes
     /// and loads its weights before it waits for the predecessor's results.
     pdl: bool,
+    /// `TS_CUDA_MMQ16=1`: 16-token expert tiles stream one group per stage (`mmq_q8_16g1`, the
+    /// previous kernel) instead of two; to compare.
+    mmq16_g1: bool,
 }
 
 impl Drop for CudaBackend {
@@ -536,6 +542,7 @@ impl CudaBackend {
             fused: std::env::var("TS_CUDA_FUSED").map_or(true, |v| v != "0") && !exact,
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
+            mmq16_g1: std::env::var("TS_CUDA_MMQ16").is_ok_and(|v| v == "1"),
             exact,
         })
     }
@@ -974,11 +981,16 @@ impl CudaBackend {
         bn: usize,
     ) {
         let (cnt, off, perm, ne) = experts.unwrap_or((0, 0, 0, 0));
+        let (name, smem) = match bn {
+            16 if self.mmq16_g1 => ("mmq_q8_16g1", mmq_smem(16, 1)),
+            16 => ("mmq_q8_16", mmq_smem(16, 2)),
+            _ => ("mmq_q8_64", mmq_smem(64, 1)),
+        };
         self.launch(
-            if bn == 16 { "mmq_q8_16" } else { "mmq_q8_64" },
+            name,
             grid,
             128,
-            mmq_smem(bn) as u32,
+            smem as u32,
             &[
                 A::P(w.mem.ptr),
                 l(w.row_bytes),
