@@ -77,7 +77,6 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 }
 #endif
 
-#define MMQ_NST 3
 
 // out[ooff + dst_j * ostride + row] = W_e[row] . X[src_j] for the tile's rows and tokens.
 //   W, row_bytes, mat_bytes, m: the weights (matrix e at W + e*mat_bytes), m rows.
@@ -88,7 +87,7 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 //   Grouped (cnt != null): tile y walks experts 0.. (ceil(cnt[e]/BN) tiles each); position j of
 //     expert e is pair p = perm[off[e] + j], activation row p / in_div, output row p.
 // Fragments come from shared memory with ldmatrix (an 8x8 b16 matrix is 8 rows of 16 int8, the
-// m16n8k32 fragment layout), the scales once per stage as 4 packed f16 per row; MMQ_NST stages
+// m16n8k32 fragment layout), the scales once per stage as 4 packed f16 per row; NST stages
 // in flight (cp.async). Warps: WR along the rows x WC along the tokens, each MI m16 tiles x NI n8
 // tiles: the block tile is 64 rows x BN = WC*NI*8 tokens (BN 64 for prompts, 16 when experts
 // see few tokens each, as in batched decode: the per-stage work then shrinks with the tokens).
@@ -96,7 +95,7 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 // whole 32-byte sectors) at a time, halving the barriers per byte and the DRAM pages touched per
 // stage; a shared row then holds GPS groups plus 16 pad bytes (304 bytes = 76 words: the 8 rows
 // of an ldmatrix phase still fall in 32 different banks).
-template <int WR, int WC, int MI, int NI, int GPS>
+template <int WR, int WC, int MI, int NI, int GPS, int NST>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride) {
@@ -207,7 +206,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     auto load = [&](int gi) {  // local stage gi = groups g0 + gi*GPS ..
         const int left = g1 - g0 - gi * GPS;  // groups of this stage that exist
         if (left > 0) {
-            u8* st = mmq_sm + (gi % MMQ_NST) * STAGE;
+            u8* st = mmq_sm + (gi % NST) * STAGE;
 #pragma unroll
             for (int i = 0; i < PER; i++)
                 if (srcp[i] && (GPS == 1 || (int)(dsto[i] >> 16) < left))
@@ -227,16 +226,16 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
 #pragma unroll
-    for (int st = 0; st < MMQ_NST - 1; st++) load(st);
+    for (int st = 0; st < NST - 1; st++) load(st);
     for (int gi = 0; gi < nstages; gi++) {
-        cp_wait<MMQ_NST - 2>();
+        cp_wait<NST - 2>();
         __syncthreads();          // stage gi has landed for every thread; stage gi-1 is consumed
-        load(gi + MMQ_NST - 1);   // into the buffer of stage gi-1
+        load(gi + NST - 1);   // into the buffer of stage gi-1
 #pragma unroll
         for (int h = 0; h < GPS; h++) {
         if (GPS > 1 && gi * GPS + h >= g1 - g0) break;  // a short last stage
-        const u8* As = mmq_sm + (gi % MMQ_NST) * STAGE + wm * RS + h * MMQ_GB;
-        const u8* Bs = mmq_sm + (gi % MMQ_NST) * STAGE + (MMQ_BM + wn) * RS + h * MMQ_GB;
+        const u8* As = mmq_sm + (gi % NST) * STAGE + wm * RS + h * MMQ_GB;
+        const u8* Bs = mmq_sm + (gi % NST) * STAGE + (MMQ_BM + wn) * RS + h * MMQ_GB;
         uint2 ha[MI][2], hb[NI][2];
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
@@ -256,6 +255,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #pragma unroll
             for (int np = 0; np < NI / 2; np++) {
                 u32 r[4];
+                if (wn + np * 16 >= nt) break;  // only padding tokens past here (warp-uniform)
                 ldsm4(r, Bs + (np * 16 + (li >> 1) * 8 + lr) * RS + 16 + s * 32 + (li & 1) * 16);
                 b[2 * np][0] = r[0];
                 b[2 * np][1] = r[1];
@@ -277,6 +277,9 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++) {
+                    // n8 tiles holding only padding tokens are skipped: an expert with 8 or
+                    // fewer tokens (most, in batched decode) costs half the 16-token tile's work.
+                    if (wn + ni * 8 >= nt) break;
                     int c[4] = {0, 0, 0, 0};
                     mma_s8(c, a[mi], b[ni]);
                     acc[mi][ni][0] += (float)c[0] * (da[mi][0] * db[ni][0]);
@@ -300,22 +303,24 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #endif
 }
 
-#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, MINB)                                                                    \
+#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, NST, MINB)                                                                    \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride) { PDL_ENTRY();                                                        \
-        mmq_impl<WR, WC, MI, NI, GPS>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
+        mmq_impl<WR, WC, MI, NI, GPS, NST>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
                                  out, ooff, ostride, nsplit, split_stride);                                      \
     }
-// 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, and 64 x 16 tiles (4 x 1 warps of
-// 16 x 16), two groups per stage. 64 x 16 tiles: at least 3 blocks per SM, as many as their
-// shared memory allows (3 x 3 stages x 80 rows x 304 bytes). 64 x 64 tiles stay at 3 (144
-// registers; at 4 they spill). mmq_q8_16g1 is the 16-token tile with one group per stage (the
-// previous kernel; TS_CUDA_MMQ16=1 picks it, to compare).
-MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3)
-MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 3)
-MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 6)
+// 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, 3 stages, 3 blocks per SM (at 4
+// they spill). 64 x 16 tiles (4 x 1 warps of 16 x 16): two groups per stage, double-buffered,
+// 4 blocks per SM (2 stages x 80 rows x 304 bytes of shared memory each). Nsight on the batched
+// decode's expert products: latency-bound (half the issue slots empty, "wait" and short-scoreboard
+// stalls first) with 3 blocks (12 warps) per SM. To compare (TS_CUDA_MMQ16): 1 = one group per
+// stage, 3 stages, 6 blocks (mmq_q8_16g1); 2 = two groups, 3 stages, 3 blocks (mmq_q8_16s3).
+MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3)
+MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4)
+MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6)
+MMQ_INST(mmq_q8_16s3, 4, 1, 1, 2, 2, 3, 3)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

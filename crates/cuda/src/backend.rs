@@ -193,15 +193,16 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_64",
     "mmq_q8_16",
     "mmq_q8_16g1",
+    "mmq_q8_16s3",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
-/// Dynamic shared memory of an `mmq_q8` kernel: 3 stages of 64 + `bn` rows of `gps` groups of
-/// 144 bytes (plus 16 pad bytes per row when `gps > 1`; kernels/mmq.cu).
-const fn mmq_smem(bn: usize, gps: usize) -> usize {
-    3 * (64 + bn) * if gps == 1 { 144 } else { gps * 144 + 16 }
+/// Dynamic shared memory of an `mmq_q8` kernel: `nst` stages of 64 + `bn` rows of `gps` groups
+/// of 144 bytes (plus 16 pad bytes per row when `gps > 1`; kernels/mmq.cu).
+const fn mmq_smem(bn: usize, gps: usize, nst: usize) -> usize {
+    nst * (64 + bn) * if gps == 1 { 144 } else { gps * 144 + 16 }
 }
-const MMQ_SMEM: usize = mmq_smem(64, 1);
+const MMQ_SMEM: usize = mmq_smem(64, 1, 3);
 /// Smallest size of the `Part` scratch (split-MLA decode partials, split-K partial products): one
 /// size for both, so the first decode step (run at open) allocates it for good.
 const PART_MIN_BYTES: usize = 16 << 20;
@@ -337,6 +338,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_64",
         "mmq_q8_16",
         "mmq_q8_16g1",
+        "mmq_q8_16s3",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -409,9 +411,9 @@ pub struct CudaBackend {
     /// `TS_CUDA_PDL=0` and when profiling): a kernel is scheduled while its predecessor finishes
     /// and loads its weights before it waits for the predecessor's results.
     pdl: bool,
-    /// `TS_CUDA_MMQ16=1`: 16-token expert tiles stream one group per stage (`mmq_q8_16g1`, the
-    /// previous kernel) instead of two; to compare.
-    mmq16_g1: bool,
+    /// `TS_CUDA_MMQ16`: which 16-token tile kernel (kernels/mmq.cu), to compare: 0 (default)
+    /// `mmq_q8_16`, 1 `mmq_q8_16g1`, 2 `mmq_q8_16s3`.
+    mmq16: u8,
 }
 
 impl Drop for CudaBackend {
@@ -542,7 +544,7 @@ impl CudaBackend {
             fused: std::env::var("TS_CUDA_FUSED").map_or(true, |v| v != "0") && !exact,
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
-            mmq16_g1: std::env::var("TS_CUDA_MMQ16").is_ok_and(|v| v == "1"),
+            mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             exact,
         })
     }
@@ -981,10 +983,11 @@ impl CudaBackend {
         bn: usize,
     ) {
         let (cnt, off, perm, ne) = experts.unwrap_or((0, 0, 0, 0));
-        let (name, smem) = match bn {
-            16 if self.mmq16_g1 => ("mmq_q8_16g1", mmq_smem(16, 1)),
-            16 => ("mmq_q8_16", mmq_smem(16, 2)),
-            _ => ("mmq_q8_64", mmq_smem(64, 1)),
+        let (name, smem) = match (bn, self.mmq16) {
+            (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
+            (16, 2) => ("mmq_q8_16s3", mmq_smem(16, 2, 3)),
+            (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
+            _ => ("mmq_q8_64", MMQ_SMEM),
         };
         self.launch(
             name,
