@@ -20,6 +20,7 @@
 
 #define MMQ_BM 64
 #define MMQ_BN 64
+#define MMQ_THREADS 128
 #define MMQ_GB 144
 #define MMQ_ROWS (MMQ_BM + MMQ_BN)
 
@@ -94,10 +95,7 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 // whole 32-byte sectors) at a time, halving the barriers per byte and the DRAM pages touched per
 // stage; a shared row then holds GPS groups plus 16 pad bytes (304 bytes = 76 words: the 8 rows
 // of an ldmatrix phase still fall in 32 different banks).
-// KS > 1 splits each stage's GPS groups over KS sets of warps (set k takes groups k, k+KS, ..),
-// whose partial sums meet in shared memory at the end, added in set order: more warps to hide
-// the MMA-to-FMA latency chains of small tiles without more shared memory.
-template <int WR, int WC, int MI, int NI, int GPS, int NST, int KS>
+template <int WR, int WC, int MI, int NI, int GPS, int NST>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride) {
@@ -107,8 +105,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     constexpr int RS = GPS == 1 ? MMQ_GB : GPS * MMQ_GB + 16;  // shared row stride, bytes
     constexpr int STAGE = ROWS * RS;
     constexpr int PIECES = 9 * GPS;  // 16-byte pieces per row per stage
-    constexpr int THREADS = WR * WC * 32 * KS;
-    static_assert(WR * MI * 16 == MMQ_BM && NI % 2 == 0 && GPS % KS == 0, "mmq tile");
+    static_assert(WR * MI * 16 == MMQ_BM && WR * WC * 32 == MMQ_THREADS && NI % 2 == 0, "mmq tile");
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
     __shared__ int tile_e, tile_start;
@@ -190,12 +187,12 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     // stage (144 = 9 * 16). The same rows in every stage, so the source pointers are computed
     // once (only the group offset moves). dsto packs the shared offset (< 2^16) and, from bit 16,
     // the piece's group within the stage.
-    constexpr int PER = (ROWS * PIECES + THREADS - 1) / THREADS;
+    constexpr int PER = (ROWS * PIECES + MMQ_THREADS - 1) / MMQ_THREADS;
     const u8* srcp[PER];
     u32 dsto[PER];
 #pragma unroll
     for (int i = 0; i < PER; i++) {
-        const int c = tid + i * THREADS;
+        const int c = tid + i * MMQ_THREADS;
         srcp[i] = nullptr;
         dsto[i] = 0;
         if (c < ROWS * PIECES) {
@@ -220,8 +217,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     const int warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const int lr = lane & 7, li = lane >> 3;
-    const int ks = warp / (WR * WC), wq = warp - ks * (WR * WC);
-    const int wm = (wq % WR) * MI * 16, wn = (wq / WR) * NI * 8;
+    const int wm = (warp % WR) * MI * 16, wn = (warp / WR) * NI * 8;
     float acc[MI][NI][4];
 #pragma unroll
     for (int a = 0; a < MI; a++)
@@ -236,8 +232,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         __syncthreads();          // stage gi has landed for every thread; stage gi-1 is consumed
         load(gi + NST - 1);   // into the buffer of stage gi-1
 #pragma unroll
-        for (int hh = 0; hh < GPS / KS; hh++) {
-        const int h = hh * KS + ks;
+        for (int h = 0; h < GPS; h++) {
         if (GPS > 1 && gi * GPS + h >= g1 - g0) break;  // a short last stage
         const u8* As = mmq_sm + (gi % NST) * STAGE + wm * RS + h * MMQ_GB;
         const u8* Bs = mmq_sm + (gi % NST) * STAGE + (MMQ_BM + wn) * RS + h * MMQ_GB;
@@ -295,24 +290,6 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         }
         }
     }
-    if (KS > 1) {
-        // Partial sums of warp sets 1.. through shared memory (the stage buffers are free once
-        // every copy has landed), added to set 0's in set order.
-        cp_wait<0>();
-        __syncthreads();
-        float* red = (float*)mmq_sm;
-        constexpr int NA = MI * NI * 4, WT = WR * WC * 32;
-        if (ks > 0) {
-#pragma unroll
-            for (int a = 0; a < NA; a++) red[((ks - 1) * NA + a) * WT + wq * 32 + lane] = acc[a / (NI * 4)][(a / 4) % NI][a % 4];
-        }
-        __syncthreads();
-        if (ks > 0) return;
-#pragma unroll
-        for (int k = 1; k < KS; k++)
-#pragma unroll
-            for (int a = 0; a < NA; a++) acc[a / (NI * 4)][(a / 4) % NI][a % 4] += red[((k - 1) * NA + a) * WT + wq * 32 + lane];
-    }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -326,12 +303,12 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #endif
 }
 
-#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, NST, KS, MINB)                                                                    \
-    extern "C" __global__ void __launch_bounds__(WR * WC * 32 * KS, MINB)                                             \
+#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, NST, MINB)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride) { PDL_ENTRY();                                                        \
-        mmq_impl<WR, WC, MI, NI, GPS, NST, KS>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
+        mmq_impl<WR, WC, MI, NI, GPS, NST>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
                                  out, ooff, ostride, nsplit, split_stride);                                      \
     }
 // 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, 3 stages, 3 blocks per SM (at 4
@@ -340,11 +317,10 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 // decode's expert products: latency-bound (half the issue slots empty, "wait" and short-scoreboard
 // stalls first) with 3 blocks (12 warps) per SM. To compare (TS_CUDA_MMQ16): 1 = one group per
 // stage, 3 stages, 6 blocks (mmq_q8_16g1); 2 = two groups, 3 stages, 3 blocks (mmq_q8_16s3).
-MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 1, 3)
-MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 1, 4)
-MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 1, 6)
-MMQ_INST(mmq_q8_16s3, 4, 1, 1, 2, 2, 3, 1, 3)
-MMQ_INST(mmq_q8_16k2, 4, 1, 1, 2, 2, 2, 2, 3)
+MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3)
+MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4)
+MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6)
+MMQ_INST(mmq_q8_16s3, 4, 1, 1, 2, 2, 3, 3)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

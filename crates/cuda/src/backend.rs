@@ -194,7 +194,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_16",
     "mmq_q8_16g1",
     "mmq_q8_16s3",
-    "mmq_q8_16k2",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
@@ -340,7 +339,6 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_16",
         "mmq_q8_16g1",
         "mmq_q8_16s3",
-        "mmq_q8_16k2",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -414,7 +412,7 @@ pub struct CudaBackend {
     /// and loads its weights before it waits for the predecessor's results.
     pdl: bool,
     /// `TS_CUDA_MMQ16`: which 16-token tile kernel (kernels/mmq.cu), to compare: 0 (default)
-    /// `mmq_q8_16`, 1 `mmq_q8_16g1`, 2 `mmq_q8_16s3`, 3 `mmq_q8_16k2`.
+    /// `mmq_q8_16`, 1 `mmq_q8_16g1`, 2 `mmq_q8_16s3`.
     mmq16: u8,
 }
 
@@ -985,17 +983,16 @@ impl CudaBackend {
         bn: usize,
     ) {
         let (cnt, off, perm, ne) = experts.unwrap_or((0, 0, 0, 0));
-        let (name, smem, threads) = match (bn, self.mmq16) {
-            (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3), 128),
-            (16, 2) => ("mmq_q8_16s3", mmq_smem(16, 2, 3), 128),
-            (16, 3) => ("mmq_q8_16k2", mmq_smem(16, 2, 2), 256),
-            (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2), 128),
-            _ => ("mmq_q8_64", MMQ_SMEM, 128),
+        let (name, smem) = match (bn, self.mmq16) {
+            (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
+            (16, 2) => ("mmq_q8_16s3", mmq_smem(16, 2, 3)),
+            (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
+            _ => ("mmq_q8_64", MMQ_SMEM),
         };
         self.launch(
             name,
             grid,
-            threads,
+            128,
             smem as u32,
             &[
                 A::P(w.mem.ptr),
