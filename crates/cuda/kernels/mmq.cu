@@ -314,13 +314,13 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 // 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, 3 stages, 3 blocks per SM (at 4
 // they spill). 64 x 16 tiles (4 x 1 warps of 16 x 16): two groups per stage, double-buffered,
 // 4 blocks per SM (2 stages x 80 rows x 304 bytes of shared memory each). Nsight on the batched
-// decode's expert products: latency-bound (half the issue slots empty, "wait" and short-scoreboard
-// stalls first) with 3 blocks (12 warps) per SM. To compare (TS_CUDA_MMQ16): 1 = one group per
-// stage, 3 stages, 6 blocks (mmq_q8_16g1); 2 = two groups, 3 stages, 3 blocks (mmq_q8_16s3).
+// decode's expert products: latency-bound (half the issue slots empty; "wait" and short-scoreboard
+// stalls first). Measured on the H200 (bench --parallel 64, same run): this tile 5,372 tok/s;
+// one group per stage, 3 stages, 6 blocks (mmq_q8_16g1, TS_CUDA_MMQ16=1) 5,184; two groups, 3
+// stages, 3 blocks 5,291; two groups split over two warp sets of 8 warps 5,277 (dropped).
 MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3)
 MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4)
 MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6)
-MMQ_INST(mmq_q8_16s3, 4, 1, 1, 2, 2, 3, 3)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

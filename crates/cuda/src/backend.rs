@@ -193,7 +193,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_64",
     "mmq_q8_16",
     "mmq_q8_16g1",
-    "mmq_q8_16s3",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
@@ -338,7 +337,6 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_64",
         "mmq_q8_16",
         "mmq_q8_16g1",
-        "mmq_q8_16s3",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -411,8 +409,8 @@ pub struct CudaBackend {
     /// `TS_CUDA_PDL=0` and when profiling): a kernel is scheduled while its predecessor finishes
     /// and loads its weights before it waits for the predecessor's results.
     pdl: bool,
-    /// `TS_CUDA_MMQ16`: which 16-token tile kernel (kernels/mmq.cu), to compare: 0 (default)
-    /// `mmq_q8_16`, 1 `mmq_q8_16g1`, 2 `mmq_q8_16s3`.
+    /// `TS_CUDA_MMQ16=1`: 16-token tiles stream one group per stage (`mmq_q8_16g1`, the previous
+    /// kernel) instead of two (`mmq_q8_16`); to compare.
     mmq16: u8,
 }
 
@@ -985,7 +983,6 @@ impl CudaBackend {
         let (cnt, off, perm, ne) = experts.unwrap_or((0, 0, 0, 0));
         let (name, smem) = match (bn, self.mmq16) {
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
-            (16, 2) => ("mmq_q8_16s3", mmq_smem(16, 2, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ => ("mmq_q8_64", MMQ_SMEM),
         };
