@@ -211,6 +211,32 @@ __device__ void moe_gemm_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, 
     }
 FOR_ALL_TYPES(MOE_INST)
 
+// moe_gemv for 16-bit float experts with 16-byte aligned rows of a multiple of 8 values (and
+// 16-byte aligned f32 inputs): the vector loads of gemv_h16 (matmul.cu).
+template <int T>
+__device__ void moe_gemv_h16_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
+                                  const float* in, i64 ioff, i64 istride, int in_div, float* out, i64 ostride) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GEMV_WARPS + warp;
+    if (row >= m) return;
+    const int p = blockIdx.y;
+    const int e = sel_e[p];
+    float* o = out + (i64)p * ostride + row;
+    if (e < 0) { if (lane == 0) *o = 0.f; return; }
+    float acc[1] = {0.f};
+    h16_row_dot<T, 1>(W + e * mat_bytes + row * row_bytes, kdim, in + ioff + (i64)(p / in_div) * istride, 0, 1, acc);
+    const float s = warp_sum(acc[0]);
+    if (lane == 0) *o = s;
+}
+#define MOE_H16(name, T)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                              \
+        moe_gemv_h16_##name(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,      \
+                            const float* in, i64 ioff, i64 istride, int in_div, float* out, i64 ostride) { PDL_ENTRY(); \
+        moe_gemv_h16_impl<T>(W, row_bytes, mat_bytes, m, kdim, sel_e, in, ioff, istride, in_div, out, ostride); \
+    }
+MOE_H16(f16, T_F16)
+MOE_H16(bf16, T_BF16)
+
 // out[t] = sum_s w[t*k+s] * y[t*k+s] over the pairs with an expert. Overwrites every element.
 extern "C" __global__ void moe_combine(const float* y, int k, i64 width, i64 ntok, const int* sel_e,
                                        const float* sel_w, float* out, i64 ooff, i64 ostride) { PDL_ENTRY();

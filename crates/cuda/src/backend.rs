@@ -208,6 +208,19 @@ const PART_MIN_BYTES: usize = 16 << 20;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
+/// True when the 16-byte vector GEMVs (`gemv_h16_*`, `moe_gemv_h16_*`) can read `w` and an f32
+/// activation view at element offset `xoff` with row stride `xstride`: f16/bf16 rows of a
+/// multiple of 8 values, every row and matrix 16-byte aligned, activations 16-byte aligned.
+fn h16_vector_ok(w: &CudaWeight, k: usize, xoff: usize, xstride: usize) -> bool {
+    matches!(w.dtype, GgmlType::F16 | GgmlType::BF16)
+        && k % 8 == 0
+        && w.row_bytes % 16 == 0
+        && w.mat_bytes() % 16 == 0
+        && w.mem.ptr % 16 == 0
+        && xoff % 4 == 0
+        && xstride % 4 == 0
+}
+
 /// The kernel-name suffix of a weight type, `None` when it has no kernels.
 fn tname(t: GgmlType) -> Option<&'static str> {
     use GgmlType::*;
@@ -351,6 +364,12 @@ fn kernel_names() -> Vec<String> {
         }
         for nn in [1, 4, 8] {
             v.push(format!("gemv_{n}_{nn}"));
+        }
+    }
+    for n in ["f16", "bf16"] {
+        v.push(format!("moe_gemv_h16_{n}"));
+        for nn in [1, 4, 8] {
+            v.push(format!("gemv_h16_{n}_{nn}"));
         }
     }
     v
@@ -803,8 +822,9 @@ impl CudaBackend {
             } else {
                 8
             };
+            let h16 = if h16_vector_ok(w, k, xr.off, xr.stride) { "h16_" } else { "" };
             self.launch(
-                &format!("gemv_{tn}_{nn}"),
+                &format!("gemv_{h16}{tn}_{nn}"),
                 (m.div_ceil(4) as u32, ng.div_ceil(nn) as u32, g as u32),
                 128,
                 0,
@@ -1842,8 +1862,9 @@ impl Backend for CudaBackend {
                     ],
                 );
             } else {
+                let h16 = if h16_vector_ok(w, kd, ioff, istr) { "h16_" } else { "" };
                 self.launch(
-                    &format!("moe_gemv_{tn}"),
+                    &format!("moe_gemv_{h16}{tn}"),
                     (m.div_ceil(4) as u32, pairs as u32, 1),
                     128,
                     0,

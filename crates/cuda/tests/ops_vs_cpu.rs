@@ -411,7 +411,10 @@ fn matmul_all_types() {
             let t = td("w", ty, &shape, &bytes);
             let (gw, cw) = (g.upload_weight(&t, WeightUse::Matmul).unwrap(), c.upload_weight(&t, WeightUse::Matmul).unwrap());
             for &n in &[1usize, 2, 3, 8, 12, 64, 300] {
-                let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+                // 1, 3 and 8 tokens with 16-byte aligned activation rows (f16/bf16 then take the
+                // vector GEMV, gemv_h16), the others misaligned (the generic GEMV).
+                let aligned = (n % 2 == 1 || n == 8) && k % 4 == 0;
+                let xr = if aligned { Rows { off: 4, n, width: k, stride: k + 4 } } else { Rows { off: 1, n, width: k, stride: k + 3 } };
                 let x = randn(&mut r, xr.end(), 1.0);
                 let o = Rows { off: 2, n, width: m, stride: m + 2 };
                 let (gx, cx) = (buf(g, &x), buf(c, &x));
@@ -738,7 +741,9 @@ fn moe_routing_and_experts() {
         for (ci, &(gating, norm_topk, scale, n_group, topk_group, k, glu)) in configs.iter().enumerate() {
             let p = MoeParams { n_experts: ne, k, gating, norm_topk, scale, n_group, topk_group, glu };
             for &n in &[1usize, 3, 64, 300, 600] {
-                let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
+                // Decode sizes with 16-byte aligned input rows (f16/bf16 experts then take the
+                // vector GEMV, moe_gemv_h16), the others misaligned.
+                let xr = if n <= 3 { Rows { off: 4, n, width: hdim, stride: hdim + 4 } } else { Rows { off: 2, n, width: hdim, stride: hdim + 2 } };
                 let x = randn(&mut r, xr.end(), 1.0);
                 let lr = Rows::packed(n, ne);
                 let lg = randn(&mut r, lr.end(), 2.0);
