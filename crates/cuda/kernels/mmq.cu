@@ -95,7 +95,7 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 // whole 32-byte sectors) at a time, halving the barriers per byte and the DRAM pages touched per
 // stage; a shared row then holds GPS groups plus 16 pad bytes (304 bytes = 76 words: the 8 rows
 // of an ldmatrix phase still fall in 32 different banks).
-template <int WR, int WC, int MI, int NI, int GPS, int NST>
+template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride) {
@@ -255,7 +255,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #pragma unroll
             for (int np = 0; np < NI / 2; np++) {
                 u32 r[4];
-                if (wn + np * 16 >= nt) break;  // only padding tokens past here (warp-uniform)
+                if (SKIP && wn + np * 16 >= nt) break;  // only padding tokens past here (warp-uniform)
                 ldsm4(r, Bs + (np * 16 + (li >> 1) * 8 + lr) * RS + 16 + s * 32 + (li & 1) * 16);
                 b[2 * np][0] = r[0];
                 b[2 * np][1] = r[1];
@@ -279,7 +279,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
                 for (int ni = 0; ni < NI; ni++) {
                     // n8 tiles holding only padding tokens are skipped: an expert with 8 or
                     // fewer tokens (most, in batched decode) costs half the 16-token tile's work.
-                    if (wn + ni * 8 >= nt) break;
+                    if (SKIP && wn + ni * 8 >= nt) break;
                     int c[4] = {0, 0, 0, 0};
                     mma_s8(c, a[mi], b[ni]);
                     acc[mi][ni][0] += (float)c[0] * (da[mi][0] * db[ni][0]);
@@ -303,12 +303,12 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #endif
 }
 
-#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, NST, MINB)                                                                    \
+#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, NST, MINB, SKIP)                                                                    \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride) { PDL_ENTRY();                                                        \
-        mmq_impl<WR, WC, MI, NI, GPS, NST>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
+        mmq_impl<WR, WC, MI, NI, GPS, NST, SKIP>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
                                  out, ooff, ostride, nsplit, split_stride);                                      \
     }
 // 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, 3 stages, 3 blocks per SM (at 4
@@ -318,9 +318,11 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 // stalls first). Measured on the H200 (bench --parallel 64, same run): this tile 5,372 tok/s;
 // one group per stage, 3 stages, 6 blocks (mmq_q8_16g1, TS_CUDA_MMQ16=1) 5,184; two groups, 3
 // stages, 3 blocks 5,291; two groups split over two warp sets of 8 warps 5,277 (dropped).
-MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3)
-MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4)
-MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6)
+MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3, true)
+MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
+MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
+// The 64 x 64 tile without the padding-tile skip (the kernel before it; TS_CUDA_MMQ64=1), to compare.
+MMQ_INST(mmq_q8_64n, 2, 2, 2, 4, 1, 3, 3, false)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,
