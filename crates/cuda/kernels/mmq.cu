@@ -318,11 +318,12 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 // stalls first). Measured on the H200 (bench --parallel 64, same run): this tile 5,372 tok/s;
 // one group per stage, 3 stages, 6 blocks (mmq_q8_16g1, TS_CUDA_MMQ16=1) 5,184; two groups, 3
 // stages, 3 blocks 5,291; two groups split over two warp sets of 8 warps 5,277 (dropped).
-MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3, true)
+// The padding-tile skip pays on the 16-token tiles (batched decode: most experts see <= 8
+// tokens) and costs the 64-token tiles 2% of pp512 (15,424-15,448 without vs 15,032-15,136 with,
+// same H200 run; 148 vs 168 registers): those run without it.
+MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3, false)
 MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
 MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
-// The 64 x 64 tile without the padding-tile skip (the kernel before it; TS_CUDA_MMQ64=1), to compare.
-MMQ_INST(mmq_q8_64n, 2, 2, 2, 4, 1, 3, 3, false)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

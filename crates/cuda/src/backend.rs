@@ -193,7 +193,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_64",
     "mmq_q8_16",
     "mmq_q8_16g1",
-    "mmq_q8_64n",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
@@ -351,7 +350,6 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_64",
         "mmq_q8_16",
         "mmq_q8_16g1",
-        "mmq_q8_64n",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -433,8 +431,6 @@ pub struct CudaBackend {
     /// `TS_CUDA_MMQ16=1`: 16-token tiles stream one group per stage (`mmq_q8_16g1`, the previous
     /// kernel) instead of two (`mmq_q8_16`); to compare.
     mmq16: u8,
-    /// `TS_CUDA_MMQ64=1`: 64-token tiles without the padding-tile skip (`mmq_q8_64n`); to compare.
-    mmq64_noskip: bool,
 }
 
 impl Drop for CudaBackend {
@@ -566,7 +562,6 @@ impl CudaBackend {
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
-            mmq64_noskip: std::env::var("TS_CUDA_MMQ64").is_ok_and(|v| v == "1"),
             exact,
         })
     }
@@ -1009,7 +1004,6 @@ impl CudaBackend {
         let (name, smem) = match (bn, self.mmq16) {
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
-            _ if self.mmq64_noskip => ("mmq_q8_64n", MMQ_SMEM),
             _ => ("mmq_q8_64", MMQ_SMEM),
         };
         self.launch(
