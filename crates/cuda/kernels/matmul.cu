@@ -9,7 +9,10 @@
 
 #define GEMV_WARPS 4
 
-template <int T, int N>
+template <int T, int N> __device__ void h16_row_dot(const u8* wr, int k, const float* xb, i64 xstride, int nj, float* acc);
+
+// VEC: the row dot of the 16-bit vector kernels (h16_row_dot below) instead of whole chunks.
+template <int T, int N, bool VEC = false>
 __device__ void gemv_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const float* x, i64 xoff,
                           i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -22,6 +25,9 @@ __device__ void gemv_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int 
     float acc[N];
 #pragma unroll
     for (int j = 0; j < N; j++) acc[j] = 0.f;
+    if constexpr (VEC) {
+        h16_row_dot<T, N>(wr, k, xb, xstride, min(N, n - tok0), acc);
+    } else {
     const int nch = k / 32;
     for (int c = lane; c < nch; c += 32) {
         float w[32];
@@ -44,6 +50,7 @@ __device__ void gemv_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int 
             for (int j = 0; j < N; j++)
                 if (tok0 + j < n) acc[j] += w * xb[j * xstride + i];
         }
+    }
     }
 #pragma unroll
     for (int j = 0; j < N; j++) {
@@ -85,7 +92,7 @@ __device__ __forceinline__ void h16_unpack(int T, uint4 v, float* w) {
 
 // acc[j] += row . x_j over the row's k values (k % 8 == 0), for the tokens j < nj of x.
 template <int T, int N>
-__device__ __forceinline__ void h16_row_dot(const u8* wr, int k, const float* xb, i64 xstride, int nj, float* acc) {
+__device__ void h16_row_dot(const u8* wr, int k, const float* xb, i64 xstride, int nj, float* acc) {
     const int lane = threadIdx.x & 31;
     const int n8 = k >> 3;
     for (int c0 = lane; c0 < n8; c0 += 128) {
@@ -114,31 +121,12 @@ __device__ __forceinline__ void h16_row_dot(const u8* wr, int k, const float* xb
     }
 }
 
-template <int T, int N>
-__device__ void gemv_h16_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const float* x, i64 xoff,
-                              i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV_WARPS + warp;
-    if (row >= m) return;
-    const int g = blockIdx.z;
-    const int tok0 = blockIdx.y * N;
-    float acc[N];
-#pragma unroll
-    for (int j = 0; j < N; j++) acc[j] = 0.f;
-    h16_row_dot<T, N>(W + g * mat_bytes + row * row_bytes, k, x + xoff + g * xgstride + tok0 * xstride, xstride,
-                      min(N, n - tok0), acc);
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        float s = warp_sum(acc[j]);
-        if (lane == 0 && tok0 + j < n) out[ooff + g * ogstride + (i64)(tok0 + j) * ostride + row] = s;
-    }
-}
 #define GEMV_H16_N(name, T, N)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                             \
         gemv_h16_##name##_##N(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const float* x, i64 xoff, \
                               i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n) { PDL_ENTRY(); \
-        gemv_h16_impl<T, N>(W, row_bytes, mat_bytes, m, k, x, xoff, xstride, xgstride, out, ooff, ostride,   \
-                            ogstride, n);                                                                     \
+        gemv_impl<T, N, true>(W, row_bytes, mat_bytes, m, k, x, xoff, xstride, xgstride, out, ooff, ostride, \
+                              ogstride, n);                                                                   \
     }
 GEMV_H16_N(f16, T_F16, 1) GEMV_H16_N(f16, T_F16, 4) GEMV_H16_N(f16, T_F16, 8)
 GEMV_H16_N(bf16, T_BF16, 1) GEMV_H16_N(bf16, T_BF16, 4) GEMV_H16_N(bf16, T_BF16, 8)

@@ -92,7 +92,8 @@ extern "C" __global__ void moe_group(const int* sel_e, int npairs, int E, int* c
 // Decode-size expert product: block row y = pair p (token p / k, slot p % k); out row p =
 // W[sel_e[p]] * in row (p / in_div). Warp per output row as in gemv. Pairs without an expert
 // write zeros.
-template <int T>
+// VEC: the 16-byte vector row dot of gemv_h16 (matmul.cu) for f16/bf16 experts.
+template <int T, bool VEC = false>
 __device__ void moe_gemv_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
                               const float* in, i64 ioff, i64 istride, int in_div, float* out, i64 ostride) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -105,15 +106,19 @@ __device__ void moe_gemv_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, 
     const u8* wr = W + e * mat_bytes + row * row_bytes;
     const float* xr = in + ioff + (i64)(p / in_div) * istride;
     float acc = 0.f;
-    const int nch = kdim / 32;
-    for (int c = lane; c < nch; c += 32) {
-        float w[32];
-        dq_chunk<T>(wr, c, w);
+    if constexpr (VEC) {
+        h16_row_dot<T, 1>(wr, kdim, xr, 0, 1, &acc);
+    } else {
+        const int nch = kdim / 32;
+        for (int c = lane; c < nch; c += 32) {
+            float w[32];
+            dq_chunk<T>(wr, c, w);
 #pragma unroll
-        for (int i = 0; i < 32; i++) acc += w[i] * xr[32 * c + i];
+            for (int i = 0; i < 32; i++) acc += w[i] * xr[32 * c + i];
+        }
+        if constexpr (is_float_type(T))
+            for (int i = nch * 32 + lane; i < kdim; i += 32) acc += dq_elem<T>(wr, i) * xr[i];
     }
-    if constexpr (is_float_type(T))
-        for (int i = nch * 32 + lane; i < kdim; i += 32) acc += dq_elem<T>(wr, i) * xr[i];
     acc = warp_sum(acc);
     if (lane == 0) *o = acc;
 }
@@ -213,26 +218,11 @@ FOR_ALL_TYPES(MOE_INST)
 
 // moe_gemv for 16-bit float experts with 16-byte aligned rows of a multiple of 8 values (and
 // 16-byte aligned f32 inputs): the vector loads of gemv_h16 (matmul.cu).
-template <int T>
-__device__ void moe_gemv_h16_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
-                                  const float* in, i64 ioff, i64 istride, int in_div, float* out, i64 ostride) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV_WARPS + warp;
-    if (row >= m) return;
-    const int p = blockIdx.y;
-    const int e = sel_e[p];
-    float* o = out + (i64)p * ostride + row;
-    if (e < 0) { if (lane == 0) *o = 0.f; return; }
-    float acc[1] = {0.f};
-    h16_row_dot<T, 1>(W + e * mat_bytes + row * row_bytes, kdim, in + ioff + (i64)(p / in_div) * istride, 0, 1, acc);
-    const float s = warp_sum(acc[0]);
-    if (lane == 0) *o = s;
-}
 #define MOE_H16(name, T)                                                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                              \
         moe_gemv_h16_##name(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,      \
                             const float* in, i64 ioff, i64 istride, int in_div, float* out, i64 ostride) { PDL_ENTRY(); \
-        moe_gemv_h16_impl<T>(W, row_bytes, mat_bytes, m, kdim, sel_e, in, ioff, istride, in_div, out, ostride); \
+        moe_gemv_impl<T, true>(W, row_bytes, mat_bytes, m, kdim, sel_e, in, ioff, istride, in_div, out, ostride); \
     }
 MOE_H16(f16, T_F16)
 MOE_H16(bf16, T_BF16)

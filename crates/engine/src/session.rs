@@ -55,23 +55,7 @@ impl<'m> Session<'m> {
     /// Feed `tokens` (prefill in chunks of the model's max batch); afterwards `logits` holds the
     /// last token's logits.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<(), SessionError> {
-        let ctx = self.ctx();
-        if self.pos + tokens.len() > ctx {
-            return Err(SessionError::ContextFull { need: self.pos + tokens.len(), ctx });
-        }
-        let chunk = self.model.options().max_batch.max(1);
-        for part in tokens.chunks(chunk) {
-            self.meta.tokens.clear();
-            for (i, &t) in part.iter().enumerate() {
-                self.meta.tokens.push(TokenMeta { token: t, pos: (self.pos + i) as u32, slot: self.slot });
-            }
-            self.meta.outputs.clear();
-            self.meta.outputs.push(part.len() as u32 - 1);
-            self.model.forward(&self.meta, &mut self.logits)?;
-            self.pos += part.len();
-            self.tokens.extend_from_slice(part);
-        }
-        Ok(())
+        self.feed_chunks(tokens, false).map(|_| ())
     }
 
     /// [`feed`](Self::feed), returning the greedy pick ([`ts_core::argmax`]) after the last token
@@ -79,6 +63,12 @@ impl<'m> Session<'m> {
     /// back one id (a GPU then skips a 400 KB copy and a host scan per token). `logits` is left
     /// as it was.
     pub fn feed_greedy(&mut self, tokens: &[u32]) -> Result<u32, SessionError> {
+        self.feed_chunks(tokens, true)
+    }
+
+    /// The chunk loop of `feed` (`greedy` false: the last token's logits into `logits`, returns 0)
+    /// and `feed_greedy` (its arg-max returned, `logits` untouched).
+    fn feed_chunks(&mut self, tokens: &[u32], greedy: bool) -> Result<u32, SessionError> {
         let ctx = self.ctx();
         if self.pos + tokens.len() > ctx {
             return Err(SessionError::ContextFull { need: self.pos + tokens.len(), ctx });
@@ -92,7 +82,11 @@ impl<'m> Session<'m> {
             }
             self.meta.outputs.clear();
             self.meta.outputs.push(part.len() as u32 - 1);
-            let out = Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut id) };
+            let out = if greedy {
+                Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut id) }
+            } else {
+                Outputs::all(&mut self.logits)
+            };
             self.model.forward_outputs(&self.meta, out)?;
             self.pos += part.len();
             self.tokens.extend_from_slice(part);
