@@ -1544,7 +1544,7 @@ mod avx2 {
     /// unsigned bytes ≤ 63 (Q8_0's signed ±127 quants would overflow the 16-bit pair sums).
     pub fn tiled_supported(w: GgmlType) -> bool {
         use GgmlType::*;
-        matches!(w, Q4_0 | Q5_0 | Q4_1 | Q5_1 | Q4K | Q5K | Q6K)
+        matches!(w, Q4_0 | Q5_0 | Q4_1 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K)
     }
 
     /// `__m256i` words per unpacked (block, weight row) entry: quants, scale, offset, and for
@@ -1581,6 +1581,17 @@ mod avx2 {
         };
         let x10 = _mm256_set1_epi8(0x10);
         match w {
+            Q8_0 => {
+                for b in 0..nb {
+                    let wb = row.add(b * 34);
+                    let q = ld256(wb.add(2));
+                    let e = out.add(b * stride);
+                    // |q| (−128 → 0x80 = 128 unsigned), the scale, the signed quants.
+                    _mm256_store_si256(e, _mm256_sign_epi8(q, q));
+                    _mm256_store_si256(e.add(1), _mm256_castps_si256(f16x8(wb)));
+                    _mm256_store_si256(e.add(2), q);
+                }
+            }
             Q4_0 | Q5_0 => {
                 let (wts, c) = if w == Q4_0 { (18, -8.0) } else { (22, -16.0) };
                 for b in 0..nb {
@@ -1739,6 +1750,11 @@ mod avx2 {
         }
     }
 
+    /// [`tile_kernel`] variants: unsigned quants ≤ 31 with an offset term; Q6_K; Q8_0.
+    pub const KIND_GENERIC: u8 = 0;
+    pub const KIND_Q6: u8 = 1;
+    pub const KIND_Q8: u8 = 2;
+
     /// The micro-kernel: [`TILE_ROWS`] unpacked weight rows (`wt`: entry (b, i) at
     /// `wt + (b·TILE_ROWS + i)·E`, E = [`entry_words`]) against G packed groups of four
     /// activation rows (`a[g]`: [`act_pack`] words), over nb blocks. Returns per (weight row,
@@ -1755,12 +1771,12 @@ mod avx2 {
     /// independent of the other rows in the call, so callers may repeat rows to fill a tile.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn tile_kernel<const G: usize, const Q6: bool>(
+    pub unsafe fn tile_kernel<const G: usize, const KIND: u8>(
         wt: *const __m256i,
         a: [*const __m256i; G],
         nb: usize,
     ) -> [[__m256; G]; TILE_ROWS] {
-        let ew = if Q6 { 5 } else { 3 };
+        let ew = if KIND == KIND_Q6 { 5 } else { 3 };
         let mut acc = [[_mm256_setzero_ps(); G]; TILE_ROWS];
         let ones = _mm256_set1_epi16(1);
         for b in 0..nb {
@@ -1769,6 +1785,21 @@ mod avx2 {
                 let wq = e as *const i64;
                 let wc: [__m256i; 4] = std::array::from_fn(|c| _mm256_set1_epi64x(wq.add(c).read()));
                 let dw = _mm256_castsi256_ps(_mm256_load_si256(e.add(1)));
+                if KIND == KIND_Q8 {
+                    let ws = e.add(2) as *const i64;
+                    let sc: [__m256i; 4] = std::array::from_fn(|c| _mm256_set1_epi64x(ws.add(c).read()));
+                    for g in 0..G {
+                        let y = a[g].add(b * ACT_WORDS);
+                        let p: [__m256i; 4] = std::array::from_fn(|c| {
+                            let ys = _mm256_sign_epi8(_mm256_load_si256(y.add(c)), sc[c]);
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(wc[c], ys), ones)
+                        });
+                        let p = _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]));
+                        let da = _mm256_castsi256_ps(_mm256_load_si256(y.add(4)));
+                        acc[i][g] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[i][g]);
+                    }
+                    continue;
+                }
                 let cw = _mm256_castsi256_ps(_mm256_load_si256(e.add(2)));
                 for g in 0..G {
                     let y = a[g].add(b * ACT_WORDS);
@@ -1780,7 +1811,7 @@ mod avx2 {
                         _mm256_maddubs_epi16(wc[2], _mm256_load_si256(y.add(2))),
                         _mm256_maddubs_epi16(wc[3], _mm256_load_si256(y.add(3))),
                     );
-                    let p = if Q6 {
+                    let p = if KIND == KIND_Q6 {
                         _mm256_add_epi32(
                             _mm256_madd_epi16(lo, _mm256_load_si256(e.add(3))),
                             _mm256_madd_epi16(hi, _mm256_load_si256(e.add(4))),
@@ -1833,7 +1864,6 @@ mod avx2 {
         assert!(packed.len() >= ng * nb * ACT_WORDS && tile.len() >= nb * TILE_ROWS * ew && wdata.len() >= m * wrb);
         let tp = tile.as_mut_ptr() as *mut __m256i;
         let pp = packed.as_ptr() as *const __m256i;
-        let q6 = w == GgmlType::Q6K;
         let mut i0 = 0;
         while i0 < m {
             // A short last tile repeats its last row (per-row arithmetic is independent).
@@ -1854,7 +1884,11 @@ mod avx2 {
             let mut g = 0;
             // One group per call: two groups' accumulators spilled to the stack (~10% slower).
             while g < ng {
-                let acc = if q6 { tile_kernel::<1, true>(tp, [grp(g)], nb) } else { tile_kernel::<1, false>(tp, [grp(g)], nb) };
+                let acc = match w {
+                    GgmlType::Q6K => tile_kernel::<1, KIND_Q6>(tp, [grp(g)], nb),
+                    GgmlType::Q8_0 => tile_kernel::<1, KIND_Q8>(tp, [grp(g)], nb),
+                    _ => tile_kernel::<1, KIND_GENERIC>(tp, [grp(g)], nb),
+                };
                 let col: [__m256; TILE_ROWS] = std::array::from_fn(|t| acc[t][0]);
                 store(g, &col);
                 g += 1;
@@ -2092,7 +2126,8 @@ mod tests {
 
     /// The tiled prompt GEMM (n ≥ TILED_MIN_ROWS) against the scalar reference `gemm_scalar`,
     /// for every weight type, with tails in m (tile of 4 rows), n (groups of 4 / pairs of
-    /// groups) and k; extreme activations included (|q| = 127 in every lane).
+    /// groups) and k; extreme activations (|q| = 127 in every lane) and extreme weights (every
+    /// quant at its range's ends; Q8_0 also −128) included.
     #[test]
     fn quant_dot_tiled_gemm_matches_scalar() {
         let mut rng = Rng(11);
@@ -2100,11 +2135,24 @@ mod tests {
             let bs = w.block_size().max(32);
             for &(m, kb) in &[(1usize, 1usize), (3, 2), (4, 3), (7, 1), (13, 5)] {
                 let k = kb * if bs == 256 { 256 } else { 32 };
-                let wv = random_vals(&mut rng, m * k, true);
-                let wdata = quantize_rows(w, &wv);
+                let mut wv = random_vals(&mut rng, m * k, true);
+                // One weight row of constant magnitude: every quant at the end of its range
+                // (Q8_0: ±127, the largest maddubs pair sums).
+                if m > 2 {
+                    for (t, v) in wv[k..2 * k].iter_mut().enumerate() {
+                        *v = if t % 5 < 2 { -1.0 } else { 1.0 };
+                    }
+                }
+                let mut wdata = quantize_rows(w, &wv);
                 let wrb = w.row_bytes(k).unwrap();
+                // Q8_0: a row of −128 quants too (ggml never writes them, other quantisers do).
+                if w == Q8_0 && m > 3 {
+                    for blk in wdata[2 * wrb..3 * wrb].chunks_exact_mut(34) {
+                        blk[2..].iter_mut().enumerate().for_each(|(t, q)| *q = if t % 3 == 0 { 127 } else { 0x80 });
+                    }
+                }
                 let arb = act_type(w).row_bytes(k).unwrap();
-                for &n in &[8usize, 9, 12, 13, 19, 33] {
+                for &n in &[4usize, 5, 8, 9, 12, 13, 19, 33] {
                     let mut x = random_vals(&mut rng, n * k, false);
                     // One row of constant magnitude: every activation quant is ±127.
                     for (t, v) in x[k..2 * k].iter_mut().enumerate() {
