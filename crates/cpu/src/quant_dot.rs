@@ -31,14 +31,16 @@
 //! row-by-row rate from DRAM on the dev machine). Results of [`gemm`] and [`vec_dot`] agree to
 //! float rounding (summation order differs), not bit for bit.
 //!
-//! For prompts (n ≥ `TILED_MIN_ROWS` activation rows) the types whose quants fit in unsigned
-//! bytes ≤ 63 (Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K) take a tiled GEMM instead: each tile of
-//! four weight rows is unpacked once into canonical blocks (32 unsigned quants, f32 scale,
-//! f32 offset coefficients standing in for −8/−16/−32 centring or the min), the activation rows
-//! are repacked per group of four with their 8-byte chunks interleaved, and an int8 micro-kernel
-//! multiplies a broadcast weight chunk against four activation rows per `maddubs`. The offset
-//! terms use the activations' d·Σq, so results equal the other paths up to float rounding
-//! (1.5-1.8x the rate of the earlier 8-row prompt kernels on the dev machine, 128 activation rows).
+//! For prompts (n ≥ `TILED_MIN_ROWS` activation rows) the quantised types (Q4_0, Q5_0, Q4_1,
+//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) take a tiled GEMM instead: each tile of four weight rows is
+//! unpacked once into canonical blocks (32 unsigned quants, f32 scale, f32 offset coefficients
+//! standing in for −8/−16/−32 centring or the min), the activation rows are repacked per group
+//! of four with their 8-byte chunks interleaved, and an int8 micro-kernel multiplies a
+//! broadcast weight chunk against four activation rows per `maddubs`. The offset terms use the
+//! activations' d·Σq, so results equal the other paths up to float rounding (1.5-1.8x the rate
+//! of the earlier 8-row prompt kernels on the dev machine, 128 activation rows). Q8_0's signed
+//! quants do not fit that scheme (see `avx2::tile_kernel`): its blocks hold |q| and q, and the
+//! kernel moves q's sign onto the activations (1.37x the 8-row kernel: 32 → 44 GMAC/s).
 //!
 //! Not done: a NEON path — aarch64 currently runs the scalar kernels.
 //!
@@ -1541,7 +1543,7 @@ mod avx2 {
     pub const ACT_WORDS: usize = 6;
 
     /// True for the weight types the tiled prompt GEMM handles: those whose quants unpack to
-    /// unsigned bytes ≤ 63 (Q8_0's signed ±127 quants would overflow the 16-bit pair sums).
+    /// unsigned bytes ≤ 63, and Q8_0 (signed quants, its own variant of [`tile_kernel`]).
     pub fn tiled_supported(w: GgmlType) -> bool {
         use GgmlType::*;
         matches!(w, Q4_0 | Q5_0 | Q4_1 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K)
@@ -1564,6 +1566,9 @@ mod avx2 {
     /// * word 1: the f32 block scale in all lanes;
     /// * word 2: f32 offset coefficients [c_lo, c_hi] repeated (lo: elements 0..16, hi: 16..32);
     /// * Q6_K only, words 3 and 4: the i16 sub-block scales of elements 0..16 and 16..32.
+    ///
+    /// Q8_0 differs: word 0 holds |q| (unsigned, ≤ 128: −128 becomes the byte 0x80), word 1 the
+    /// scale d, word 2 the signed quants q themselves (no offset: the quants are not centred).
     ///
     /// so that the block's dot with an activation block is scale·d_a·Σ q·y (Q6_K: Σ sc·q·y per
     /// half) + c_lo·S_lo + c_hi·S_hi, S = the activation's d_a·Σ y over the half (Q8_1: the
@@ -1769,6 +1774,21 @@ mod avx2 {
     /// each 16-element half in 16 bits and widens each half with `madd` by its sub-block scale.
     /// Per (weight row, activation row) the arithmetic is one FMA chain over the blocks,
     /// independent of the other rows in the call, so callers may repeat rows to fill a tile.
+    ///
+    /// Q8_0 ([`KIND_Q8`]): the signed quants (−128..127) fit no unsigned `maddubs` operand, and
+    /// the usual fix of the unsigned types, q + 128 with an offset term, would give pair sums up
+    /// to 2·255·127 = 64770 (saturated). So, as in ggml's `mul_sum_i8_pairs`, the weight enters
+    /// as |q| (≤ 128) and its sign moves onto the activation chunk (`sign(y, q)`: byte-wise, and
+    /// q's broadcast chunk lines up with every activation row's chunk, so this fits the
+    /// broadcast design at one `sign` per `maddubs`). A pair sum is then ≤ 2·128·127 = 32512 <
+    /// 2^15 but two of them may not be added in 16 bits, so each `maddubs` result is widened by
+    /// its own `madd` and the four are added in 32 bits: 4 sign + 4 maddubs + 4 madd + 3 add
+    /// against 4 maddubs + 3 add + 1 madd (and no offset FMA) for the other types. Measured on
+    /// the dev machine (single thread, 64 weight x 128 activation rows): 44 GMAC/s, against
+    /// 32 for the earlier 8-row kernel; computing |q| from the broadcast q with `sign` instead
+    /// of loading it (37) and two groups per call (41) were slower. The alternatives all need
+    /// more multiplies: sign-extended i16 with `madd` only (8 madds and 7 adds, twice the
+    /// activation loads) or q + 128 split into two 4-bit halves (8 maddubs, 2 madds, offset).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn tile_kernel<const G: usize, const KIND: u8>(
