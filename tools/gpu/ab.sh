@@ -11,8 +11,9 @@ V=/tmp/v2lite-q8_0.gguf
 fails=0
 if [ -n "$OPS" ]; then
   echo "== ops_vs_cpu (B)"
-  "$OPS" --test-threads 2 2>&1 | grep -E "FAIL|test result|panicked" | head -20
-  "$OPS" --test-threads 2 2>&1 | grep -q "test result: ok" || fails=$((fails+1))
+  "$OPS" --test-threads 2 > /tmp/ab-ops.txt 2>&1
+  grep -E "FAIL|test result|panicked" /tmp/ab-ops.txt | head -20
+  grep -q "test result: ok" /tmp/ab-ops.txt || fails=$((fails+1))
 fi
 [ -f $V ] || "$A" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
 run() {  # run BIN ARGS... -> "figure hash" lines of the bench table
