@@ -1,7 +1,7 @@
 //! `Model::forward_outputs`: the arg-max rows and a subset of full rows must be exactly what the
 //! full logits say ([`ts_core::argmax`] of each row, the same rows bit for bit), for every family
-//! path that delivers logits (llama's single read, deepseek2's recorded step, gemma3's chunks are
-//! covered by the shared `Outputs::deliver`).
+//! path that delivers logits: llama's single read, deepseek2's recorded step, and gemma3's chunks
+//! of 16 output rows (full rows on both sides of a chunk boundary).
 
 use std::sync::Arc;
 
@@ -9,25 +9,29 @@ use ts_core::{BatchMeta, TokenMeta};
 use ts_cpu::CpuBackend;
 use ts_formats::GgmlType;
 use ts_models::synth::{synth_spec, Preset, SynthFormat};
+use ts_models::synth_dense::{synth_dense, DensePreset};
 use ts_models::{Model, Outputs, RuntimeOptions};
 use ts_testkit::{Fill, TempPath, TinyLlama};
 
-const OPTS: RuntimeOptions = RuntimeOptions { ctx: 32, n_slots: 3, max_batch: 16 };
+const OPTS: RuntimeOptions = RuntimeOptions { ctx: 32, n_slots: 3, max_batch: 32 };
 
-/// Two sequences in slots 0 and 1, every token an output row.
-fn batch() -> BatchMeta {
+/// Two sequences of `len` tokens (ids below 13: the tiny llama has 16) in slots 0 and 1, every
+/// token an output row.
+fn batch(len: usize) -> BatchMeta {
     let mut tokens = Vec::new();
-    for (slot, seq) in [[3u32, 1, 4, 1, 5], [9, 2, 6, 5, 3]].iter().enumerate() {
-        for (p, &t) in seq.iter().enumerate() {
-            tokens.push(TokenMeta { token: t, pos: p as u32, slot: slot as u32 });
+    for slot in 0..2u32 {
+        for p in 0..len as u32 {
+            tokens.push(TokenMeta { token: (7 * p + 3 * slot + 1) % 13, pos: p, slot });
         }
     }
     let n = tokens.len() as u32;
     BatchMeta { tokens, outputs: (0..n).collect(), slot_len: OPTS.ctx as u32 }
 }
 
-fn check(model: &mut dyn Model) {
-    let b = batch();
+/// `len` tokens per sequence; `full`: the output rows whose logits are asked for beside the
+/// arg-max of all.
+fn check(model: &mut dyn Model, len: usize, full: &[u32]) {
+    let b = batch(len);
     let (no, nv) = (b.outputs.len(), model.info().n_vocab);
     let mut all = vec![0f32; no * nv];
     model.forward(&b, &mut all).expect("forward");
@@ -40,12 +44,11 @@ fn check(model: &mut dyn Model) {
     model.forward_outputs(&b, Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut ids) }).expect("argmax only");
     assert_eq!(ids, want);
 
-    // Arg-max of every row and the full logits of rows 1, 4 and 9 (the cache rows are rewritten
-    // with the same values, so the logits must be bit-identical).
-    let full = [1u32, 4, 9];
+    // Arg-max of every row and the full logits of some (the cache rows are rewritten with the
+    // same values, so the logits must be bit-identical).
     let mut some = vec![f32::NAN; full.len() * nv];
     let mut ids = vec![u32::MAX; no];
-    model.forward_outputs(&b, Outputs { full_rows: Some(&full), logits: &mut some, argmax: Some(&mut ids) }).expect("subset");
+    model.forward_outputs(&b, Outputs { full_rows: Some(full), logits: &mut some, argmax: Some(&mut ids) }).expect("subset");
     assert_eq!(ids, want);
     for (k, &r) in full.iter().enumerate() {
         assert_eq!(&some[k * nv..(k + 1) * nv], &all[r as usize * nv..(r as usize + 1) * nv], "full row {r}");
@@ -66,7 +69,7 @@ fn llama_outputs_agree_with_full_logits() {
     let src = ts_formats::open_model(&p).expect("open");
     let be = Arc::new(CpuBackend::new(Some(1)).expect("cpu backend"));
     let mut m = ts_models::load(src.as_ref(), be, OPTS).expect("load");
-    check(m.as_mut());
+    check(m.as_mut(), 5, &[1, 4, 9]);
 }
 
 #[test]
@@ -78,7 +81,7 @@ fn deepseek2_outputs_agree_with_full_logits() {
     let src = ts_formats::open_model(&p).expect("open");
     let be = Arc::new(CpuBackend::new(Some(1)).expect("cpu backend"));
     let mut m = ts_models::load(src.as_ref(), be, OPTS).expect("load");
-    check(m.as_mut());
+    check(m.as_mut(), 5, &[1, 4, 9]);
 }
 
 #[test]
@@ -91,4 +94,15 @@ fn argmax_rule() {
     assert_eq!(argmax(&[-0.0, 0.0]), 1, "+0 above -0 (total order)");
     assert_eq!(argmax(&[0.0, -0.0]), 0);
     assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0e38, f32::INFINITY]), 2);
+}
+
+#[test]
+fn gemma3_chunked_outputs_agree_with_full_logits() {
+    let p = TempPath::new("ts-models-outputs", "gemma3.gguf");
+    synth_dense(DensePreset::Gemma3Tiny, 5, &p).expect("synth");
+    let src = ts_formats::open_model(&p).expect("open");
+    let be = Arc::new(CpuBackend::new(Some(1)).expect("cpu backend"));
+    let mut m = ts_models::load(src.as_ref(), be, OPTS).expect("load");
+    // 20 output rows: gemma3 computes them in chunks of 16 (rows 0-15, then 16-19).
+    check(m.as_mut(), 10, &[1, 4, 15, 16, 19]);
 }
