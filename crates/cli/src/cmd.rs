@@ -218,18 +218,15 @@ fn generate(
     let mut dec = StreamDecoder::new(tok);
     let t0 = Instant::now();
     let mut count = 0;
-    // A plain greedy sampler takes the backend's arg-max (`Session::feed_greedy`): one id comes
-    // back per token instead of the logits row.
+    // A plain greedy sampler takes the backend's arg-max (`Session::feed_for`): one id comes back
+    // per token instead of the logits row.
     let mut picked: Option<u32> = None;
     for _ in 0..n {
         if sess.pos >= sess.ctx() {
             eprintln!("\nturbospark: context full ({} tokens)", sess.ctx());
             break;
         }
-        let id = match picked.take() {
-            Some(id) => sampler.take(id),
-            None => sampler.sample(&sess.logits, &sess.tokens),
-        };
+        let id = sampler.next(picked.take(), &sess.logits, &sess.tokens);
         if !ignore_eos && tok.is_eog(id) {
             break;
         }
@@ -239,11 +236,7 @@ fn generate(
             out.write_all(text.as_bytes())?;
             out.flush()?;
         }
-        if sampler.is_plain_greedy(sess.tokens.len() + 1) {
-            picked = Some(sess.feed_greedy(&[id])?);
-        } else {
-            sess.feed(&[id])?;
-        }
+        picked = sess.feed_for(id, sampler)?;
     }
     let rest = dec.flush();
     out.write_all(rest.as_bytes())?;
@@ -329,16 +322,9 @@ fn run_tokens(a: &RunArgs, ids: &[u32]) -> Result<()> {
     let mut out = Vec::with_capacity(a.n_predict);
     let mut picked: Option<u32> = None;
     for _ in 0..a.n_predict {
-        let id = match picked.take() {
-            Some(id) => sampler.take(id),
-            None => sampler.sample(&sess.logits, &sess.tokens),
-        };
+        let id = sampler.next(picked.take(), &sess.logits, &sess.tokens);
         out.push(id);
-        if sampler.is_plain_greedy(sess.tokens.len() + 1) {
-            picked = Some(sess.feed_greedy(&[id])?);
-        } else {
-            sess.feed(&[id])?;
-        }
+        picked = sess.feed_for(id, &sampler)?;
     }
     let tg = t1.elapsed().as_secs_f64();
     println!("{}", serde_json::to_string(&out)?);

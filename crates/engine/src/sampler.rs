@@ -113,6 +113,15 @@ impl Sampler {
         id
     }
 
+    /// The next token: `picked` (the backend's arg-max, from `Session::feed_for`) when given, else
+    /// [`sample`](Self::sample) over `logits`.
+    pub fn next(&mut self, picked: Option<u32>, logits: &[f32], history: &[u32]) -> u32 {
+        match picked {
+            Some(id) => self.take(id),
+            None => self.sample(logits, history),
+        }
+    }
+
     /// The id returned by the last [`sample`](Self::sample) call.
     pub fn last(&self) -> Option<u32> {
         self.last

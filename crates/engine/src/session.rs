@@ -6,6 +6,8 @@
 use ts_core::{BatchMeta, TokenMeta};
 use ts_models::{Model, Outputs};
 
+use crate::Sampler;
+
 /// Errors of a generation session: one line each.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -64,6 +66,18 @@ impl<'m> Session<'m> {
     /// as it was.
     pub fn feed_greedy(&mut self, tokens: &[u32]) -> Result<u32, SessionError> {
         self.feed_chunks(tokens, true)
+    }
+
+    /// Feed the sampled token `id` for `sampler`'s next pick: when that pick is the plain arg-max
+    /// ([`Sampler::is_plain_greedy`]) the backend makes it and it is returned ([`feed_greedy`](Self::feed_greedy));
+    /// otherwise `logits` is filled ([`feed`](Self::feed)) and `None` is returned. Pass the result
+    /// to [`Sampler::next`].
+    pub fn feed_for(&mut self, id: u32, sampler: &Sampler) -> Result<Option<u32>, SessionError> {
+        if sampler.is_plain_greedy(self.tokens.len() + 1) {
+            self.feed_greedy(&[id]).map(Some)
+        } else {
+            self.feed(&[id]).map(|_| None)
+        }
     }
 
     /// The chunk loop of `feed` (`greedy` false: the last token's logits into `logits`, returns 0)

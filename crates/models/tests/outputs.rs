@@ -62,14 +62,19 @@ fn check(model: &mut dyn Model, len: usize, full: &[u32]) {
     assert!(model.forward_outputs(&b, Outputs { full_rows: Some(&[no as u32]), logits: &mut one, argmax: None }).is_err());
 }
 
+/// [`check`] on the model file at `path`, on the CPU backend.
+fn check_file(path: &std::path::Path, len: usize, full: &[u32]) {
+    let src = ts_formats::open_model(path).expect("open");
+    let be = Arc::new(CpuBackend::new(Some(1)).expect("cpu backend"));
+    let mut m = ts_models::load(src.as_ref(), be, OPTS).expect("load");
+    check(m.as_mut(), len, full);
+}
+
 #[test]
 fn llama_outputs_agree_with_full_logits() {
     let p = TempPath::new("ts-models-outputs", "tiny.gguf");
     TinyLlama { hidden: 256, ff: 256, fill: Fill::Random, ..Default::default() }.write(&p);
-    let src = ts_formats::open_model(&p).expect("open");
-    let be = Arc::new(CpuBackend::new(Some(1)).expect("cpu backend"));
-    let mut m = ts_models::load(src.as_ref(), be, OPTS).expect("load");
-    check(m.as_mut(), 5, &[1, 4, 9]);
+    check_file(&p, 5, &[1, 4, 9]);
 }
 
 #[test]
@@ -78,10 +83,7 @@ fn deepseek2_outputs_agree_with_full_logits() {
     let mut spec = Preset::Tiny.spec();
     spec.n_vocab = 320;
     synth_spec(&spec, GgmlType::Q8_0, 3, &p, SynthFormat::Gguf).expect("synth");
-    let src = ts_formats::open_model(&p).expect("open");
-    let be = Arc::new(CpuBackend::new(Some(1)).expect("cpu backend"));
-    let mut m = ts_models::load(src.as_ref(), be, OPTS).expect("load");
-    check(m.as_mut(), 5, &[1, 4, 9]);
+    check_file(&p, 5, &[1, 4, 9]);
 }
 
 #[test]
@@ -100,9 +102,6 @@ fn argmax_rule() {
 fn gemma3_chunked_outputs_agree_with_full_logits() {
     let p = TempPath::new("ts-models-outputs", "gemma3.gguf");
     synth_dense(DensePreset::Gemma3Tiny, 5, &p).expect("synth");
-    let src = ts_formats::open_model(&p).expect("open");
-    let be = Arc::new(CpuBackend::new(Some(1)).expect("cpu backend"));
-    let mut m = ts_models::load(src.as_ref(), be, OPTS).expect("load");
     // 20 output rows: gemma3 computes them in chunks of 16 (rows 0-15, then 16-19).
-    check(m.as_mut(), 10, &[1, 4, 15, 16, 19]);
+    check_file(&p, 10, &[1, 4, 15, 16, 19]);
 }
