@@ -196,6 +196,11 @@ pub trait Backend: Send + Sync {
     fn softcap(&self, x: &Self::Buf, xr: Rows, cap: f32);
     /// `dst = src`.
     fn copy(&self, src: &Self::Buf, sr: Rows, dst: &Self::Buf, dr: Rows);
+    /// `out[i] = x[batch.outputs[i]]`: the rows of the uploaded batch's output tokens, gathered in
+    /// one op (`xr.n` = the batch's tokens, `o.n` = its outputs, same widths). A device reads the
+    /// index list uploaded with the batch, so a recorded step serves every set of output rows of
+    /// the same size.
+    fn gather_outputs(&self, x: &Self::Buf, xr: Rows, batch: &Self::Batch, out: &Self::Buf, o: Rows);
     /// Rotate the first `rope.dim` values of each row in place. `xr` has one row per head,
     /// `heads_per_token` consecutive rows per batch token, whose position gives the angle.
     fn rope(&self, x: &Self::Buf, xr: Rows, heads_per_token: usize, batch: &Self::Batch, rope: &Self::Rope);

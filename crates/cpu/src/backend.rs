@@ -664,6 +664,17 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn gather_outputs(&self, x: &CpuBuf, xr: Rows, batch: &CpuBatch, out: &CpuBuf, o: Rows) {
+        let outs = &batch.meta.outputs;
+        assert_eq!((xr.n, o.n, xr.width), (batch.meta.len(), outs.len(), o.width));
+        x.check(xr);
+        out.check(o);
+        for (i, &t) in outs.iter().enumerate() {
+            // (ptr::copy: `out` may be `x`, as in `copy`.)
+            unsafe { std::ptr::copy(x.0.ptr().add(xr.off + t as usize * xr.stride), out.0.ptr().add(o.off + i * o.stride), o.width) };
+        }
+    }
+
     fn copy(&self, src: &CpuBuf, sr: Rows, dst: &CpuBuf, dr: Rows) {
         assert!(sr.n == dr.n && sr.width == dr.width);
         src.check(sr);

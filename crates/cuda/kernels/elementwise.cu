@@ -158,3 +158,12 @@ extern "C" __global__ void argmax_rows(const float* x, i64 off, i64 stride, int 
         out[blockIdx.x] = width > 0 ? 0xFFFFFFFFu - (unsigned)(best & 0xFFFFFFFFu) : 0u;
     }
 }
+
+// out row i = x row idx[i] (the batch's output rows, their indices uploaded with the batch). One
+// block per output row.
+extern "C" __global__ void gather_rows(const float* x, i64 xoff, i64 xstride, const int* idx, float* out, i64 ooff,
+                                       i64 ostride, int width) { PDL_ENTRY();
+    const float* src = x + xoff + (i64)idx[blockIdx.x] * xstride;
+    float* dst = out + ooff + (i64)blockIdx.x * ostride;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
+}

@@ -109,10 +109,15 @@ impl CudaWeight {
 /// A batch on the device: `token`, `pos`, `slot` arrays of `max_tokens` i32 each, plus the host
 /// copy used for bounds checks (never read back from the device).
 pub struct CudaBatch {
+    /// `[token ids | positions | slots | output rows]`, `max_tokens` i32 each.
     mem: DevMem,
     max_tokens: usize,
     tokens: Vec<TokenMeta>,
+    /// How many output rows the uploaded batch has (their indices are on the device).
+    n_outputs: usize,
     slot_len: u32,
+    /// Host staging of `mem`'s contents (sized once: uploading allocates nothing).
+    host: Vec<u8>,
 }
 
 impl CudaBatch {
@@ -124,6 +129,9 @@ impl CudaBatch {
     }
     fn slot_ptr(&self) -> u64 {
         self.mem.ptr + 8 * self.max_tokens as u64
+    }
+    fn out_ptr(&self) -> u64 {
+        self.mem.ptr + 12 * self.max_tokens as u64
     }
 }
 
@@ -315,6 +323,7 @@ fn kernel_names() -> Vec<String> {
         "scale_rows",
         "softcap_rows",
         "argmax_rows",
+        "gather_rows",
         "copy_rows",
         "glu_rows",
         "rope_rows",
@@ -1250,8 +1259,9 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_batch(&self, max_tokens: usize) -> Result<CudaBatch> {
-        let mem = self.alloc_mem(12 * max_tokens.max(1), "batch")?;
-        Ok(CudaBatch { mem, max_tokens: max_tokens.max(1), tokens: Vec::with_capacity(max_tokens), slot_len: 0 })
+        let mt = max_tokens.max(1);
+        let mem = self.alloc_mem(16 * mt, "batch")?;
+        Ok(CudaBatch { mem, max_tokens: mt, tokens: Vec::with_capacity(mt), n_outputs: 0, slot_len: 0, host: vec![0; 16 * mt] })
     }
 
     fn upload_batch(&self, meta: &BatchMeta, batch: &mut CudaBatch) -> Result<()> {
@@ -1259,17 +1269,26 @@ impl Backend for CudaBackend {
         if n > batch.max_tokens {
             return Err(BackendError::Unsupported(format!("batch of {n} tokens exceeds the {} it was sized for", batch.max_tokens)));
         }
-        let mt = batch.max_tokens;
-        let mut host = vec![0i32; 3 * mt];
-        for (t, tm) in meta.tokens.iter().enumerate() {
-            host[t] = tm.token as i32;
-            host[mt + t] = tm.pos as i32;
-            host[2 * mt + t] = tm.slot as i32;
+        if meta.outputs.len() > batch.max_tokens {
+            return Err(BackendError::Unsupported(format!("{} output rows exceed the {} the batch was sized for", meta.outputs.len(), batch.max_tokens)));
         }
-        let bytes: Vec<u8> = host.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.upload_bytes(&batch.mem, 0, &bytes)?;
+        let mt = batch.max_tokens;
+        let mut put = |field: usize, i: usize, v: u32| {
+            let at = 4 * (field * mt + i);
+            batch.host[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        };
+        for (t, tm) in meta.tokens.iter().enumerate() {
+            put(0, t, tm.token);
+            put(1, t, tm.pos);
+            put(2, t, tm.slot);
+        }
+        for (i, &o) in meta.outputs.iter().enumerate() {
+            put(3, i, o);
+        }
+        self.upload_bytes(&batch.mem, 0, &batch.host)?;
         batch.tokens.clear();
         batch.tokens.extend_from_slice(&meta.tokens);
+        batch.n_outputs = meta.outputs.len();
         batch.slot_len = meta.slot_len;
         Ok(())
     }
@@ -1337,6 +1356,19 @@ impl Backend for CudaBackend {
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
         unsafe { drv::memcpy_dtoh_async(out, ids, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
         self.synchronize()
+    }
+
+    fn gather_outputs(&self, x: &CudaBuf, xr: Rows, batch: &CudaBatch, out: &CudaBuf, o: Rows) {
+        assert_eq!((xr.n, o.n, xr.width), (batch.tokens.len(), batch.n_outputs, o.width));
+        x.check(xr);
+        out.check(o);
+        self.launch(
+            "gather_rows",
+            (o.n as u32, 1, 1),
+            256,
+            0,
+            &[A::P(x.0.ptr), l(xr.off), l(xr.stride), A::P(batch.out_ptr()), A::P(out.0.ptr), l(o.off), l(o.stride), i(o.width)],
+        );
     }
 
     fn embed(&self, table: &CudaWeight, batch: &CudaBatch, scale: f32, out: &CudaBuf, o: Rows) {

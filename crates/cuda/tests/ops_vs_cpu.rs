@@ -301,6 +301,37 @@ fn argmax_rows_exact() {
     eprintln!("argmax_rows: {cases} rows identical");
 }
 
+/// `gather_outputs` copies the batch's output rows (indices uploaded with the batch) exactly, for
+/// any order, repeats and strided views.
+#[test]
+fn gather_outputs_exact() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng(23);
+    for &(n, w) in &[(1usize, 7usize), (9, 2048), (64, 576), (300, 33)] {
+        let xr = Rows { off: 3, n, width: w, stride: w + 5 };
+        let x = randn(&mut r, xr.end(), 1.0);
+        let mut outputs: Vec<u32> = (0..n as u32).filter(|_| r.random_bool(0.5)).collect();
+        outputs.push(n as u32 - 1);
+        outputs.push(0);
+        let meta = BatchMeta { tokens: seq_meta(n, 0, 0, 100, &mut r), outputs, slot_len: 4096 };
+        let o = Rows { off: 1, n: meta.outputs.len(), width: w, stride: w + 2 };
+        let (gb, cb) = (batch(g, &meta), batch(c, &meta));
+        let (gx, cx) = (buf(g, &x), buf(c, &x));
+        let (go, co) = (g.alloc(o.end()).unwrap(), c.alloc(o.end()).unwrap());
+        poison(g, &go, o.end());
+        poison(c, &co, o.end());
+        g.gather_outputs(&gx, xr, &gb, &go, o);
+        c.gather_outputs(&cx, xr, &cb, &co, o);
+        let (got, want) = (get(g, &go, o), get(c, &co, o));
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "gather of {} rows of {w}", o.n);
+        for (i, &t) in meta.outputs.iter().enumerate() {
+            assert_eq!(&want[i * w..(i + 1) * w], &x[xr.off + t as usize * xr.stride..][..w]);
+        }
+    }
+    eprintln!("gather_outputs: exact");
+}
+
 #[test]
 fn embed_all_types() {
     let Some(g) = gpu() else { return };

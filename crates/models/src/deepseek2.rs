@@ -949,14 +949,13 @@ impl<B: Backend> Model for DeepSeek2<B> {
         check_batch(batch, &self.opts, c.n_vocab, &out)?;
         self.be.upload_batch(batch, &mut self.batch)?;
         // The step's ops depend only on this model, the token count, whether the tokens share
-        // one slot, and the output rows, so a backend may record them once and replay them
-        // (CUDA graphs); positions, slots and token ids are read from the device batch uploaded
-        // above.
+        // one slot, and the number of output rows, so a backend may record them once and replay
+        // them (CUDA graphs); token ids, positions, slots and the output rows' indices are read
+        // from the device batch uploaded above.
         // Whether all tokens share one slot also picks the attention kernel, so it is in the key.
         let one_slot = batch.tokens.iter().all(|t| t.slot == batch.tokens[0].slot);
         let mut key = 0xcbf2_9ce4_8422_2325u64;
-        let head = [self as *const Self as usize as u64, n as u64, one_slot as u64];
-        for v in head.into_iter().chain(batch.outputs.iter().map(|&o| o as u64)) {
+        for v in [self as *const Self as usize as u64, n as u64, one_slot as u64, batch.outputs.len() as u64] {
             key = (key ^ v).wrapping_mul(0x0100_0000_01b3);
         }
         let be = self.be.as_ref();
@@ -1075,11 +1074,10 @@ impl<B: Backend> DeepSeek2<B> {
         // Output rows: gathered, normed, projected (llama::output_logits without the read).
         let no = batch.outputs.len();
         if no > 0 {
-            let all = Rows::packed(n, h);
-            for (i, &t) in batch.outputs.iter().enumerate() {
-                be.copy(&s.x, all.rows(t as usize, 1), &s.h, Rows::packed(no, h).rows(i, 1));
-            }
             let ro = Rows::packed(no, h);
+            // The output rows' indices come from the uploaded batch, so a recorded step serves
+            // every set of `no` output rows.
+            be.gather_outputs(&s.x, Rows::packed(n, h), bt, &s.h, ro);
             be.rms_norm(&s.h, ro, Some(&self.output_norm), c.eps, &s.h, ro);
             be.matmul(&s.h, ro, &self.output, &s.logits, Rows::packed(no, c.n_vocab));
         }

@@ -518,11 +518,8 @@ impl<B: Backend> Gemma3<B> {
         if no == 0 {
             return Ok(());
         }
-        let all = Rows::packed(batch.len(), h);
         let ro = Rows::packed(no, h);
-        for (i, &t) in batch.outputs.iter().enumerate() {
-            be.copy(&s.x, all.rows(t as usize, 1), &s.h, ro.rows(i, 1));
-        }
+        be.gather_outputs(&s.x, Rows::packed(batch.len(), h), &self.batch, &s.h, ro);
         be.rms_norm(&s.h, ro, Some(&self.output_norm), c.eps, &s.h, ro);
         let chunk = self.opts.max_batch.min(OUT_CHUNK);
         for i0 in (0..no).step_by(chunk) {

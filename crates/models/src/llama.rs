@@ -305,6 +305,7 @@ impl<B: Backend> Model for Llama<B> {
             &s.x,
             h,
             batch,
+            bt,
             &s.h,
             &self.output_norm,
             c.eps,
@@ -342,14 +343,15 @@ pub(crate) fn check_batch(batch: &BatchMeta, o: &RuntimeOptions, n_vocab: usize,
     out.check(batch.outputs.len(), n_vocab)
 }
 
-/// Gather the output rows of the residual stream `x`, norm them, project to the vocabulary and
-/// read the logits back. `tmp` must hold `outputs.len() * h` values.
+/// Gather the output rows of the residual stream `x` (`bt`: the uploaded batch), norm them,
+/// project to the vocabulary and hand them over (`out`). `tmp` must hold `outputs.len() * h` values.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn output_logits<B: Backend>(
     be: &B,
     x: &B::Buf,
     h: usize,
     batch: &BatchMeta,
+    bt: &B::Batch,
     tmp: &B::Buf,
     norm: &B::Weight,
     eps: f32,
@@ -362,11 +364,8 @@ pub(crate) fn output_logits<B: Backend>(
     if no == 0 {
         return Ok(());
     }
-    let all = Rows::packed(batch.len(), h);
-    for (i, &t) in batch.outputs.iter().enumerate() {
-        be.copy(x, all.rows(t as usize, 1), tmp, Rows::packed(no, h).rows(i, 1));
-    }
     let ro = Rows::packed(no, h);
+    be.gather_outputs(x, Rows::packed(batch.len(), h), bt, tmp, ro);
     be.rms_norm(tmp, ro, Some(norm), eps, tmp, ro);
     let rl = Rows::packed(no, n_vocab);
     be.matmul(tmp, ro, output, logits_buf, rl);
