@@ -293,6 +293,25 @@ pub trait Backend: Send + Sync {
         self.rope(x, xr.cols(norm_width, rope_dim), 1, batch, rope);
         self.cache_write(cache, x, xr, batch);
     }
+    /// [`Backend::norm_rope_cache_write`] of the latent rows `x` and [`Backend::rope_copy`] of
+    /// the query's rope part (`q` rows `qr` -> `qd` rows `qdr`, `heads` rows per token) in one op
+    /// (the default: those two ops). MLA needs both per layer; they read the same positions.
+    #[allow(clippy::too_many_arguments)]
+    fn mla_rope_cache_write(
+        &self,
+        x: &Self::Buf,
+        xr: Rows,
+        norm_width: usize,
+        w: Option<&Self::Weight>,
+        eps: f32,
+        (q, qr, qd, qdr, heads): (&Self::Buf, Rows, &Self::Buf, Rows, usize),
+        batch: &Self::Batch,
+        rope: &Self::Rope,
+        cache: &Self::Cache,
+    ) {
+        self.norm_rope_cache_write(x, xr, norm_width, w, eps, batch, rope, cache);
+        self.rope_copy(q, qr, qd, qdr, heads, batch, rope);
+    }
     /// Routed experts plus a shared FFN in one op: `out[r] = moe(x)[r] + down_s(glu(gate_s x[r],
     /// up_s x[r]))` with 2-D shared weights (`[H, ff_s]`, `[H, ff_s]`, `[ff_s, H]`). Returns false,
     /// having enqueued nothing, when the backend has no such path for these shapes (the default):

@@ -68,9 +68,36 @@ extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstrid
 // The MLA cache write of token t (block t): rms_norm of the first nw values of row t (in place,
 // weight w), rope of the 2*half values from column nw (in place, position pos[t]), then the whole
 // row (width values) to cache row slot[t] * slot_len + pos[t]. Block size as rms_norm's for nw.
+// With q (non-null), also the query's rope part of token t: its qh rows (qsrc row r -> qdst row
+// r, qw values each) get rope_copy_rows' exact arithmetic (Backend::mla_rope_cache_write).
 extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w,
                                            int has_w, float eps, const int* pos, const int* slot, int slot_len,
-                                           const float* freqs, int half, int mode, float mscale, float* cache) { PDL_ENTRY();
+                                           const float* freqs, int half, int mode, float mscale, float* cache,
+                                           const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride,
+                                           int qw, int qh) { PDL_ENTRY();
+    if (q) {
+        const int t = blockIdx.x, per = qw - half;
+        const float p = (float)pos[t];
+        for (int idx = threadIdx.x; idx < qh * per; idx += blockDim.x) {
+            const i64 r = (i64)t * qh + idx / per;
+            const int j = idx % per;
+            const float* srow = q + qoff + r * qstride;
+            float* drow = qd + qdoff + r * qdstride;
+            if (j < half) {
+                float sn, cs;
+                sincosf(p * freqs[j], &sn, &cs);
+                sn *= mscale;
+                cs *= mscale;
+                int a = mode == 0 ? 2 * j : j, b = mode == 0 ? 2 * j + 1 : j + half;
+                float x0 = srow[a], x1 = srow[b];
+                drow[a] = x0 * cs - x1 * sn;
+                drow[b] = x0 * sn + x1 * cs;
+            } else {
+                const int col = 2 * half + (j - half);
+                drow[col] = srow[col];
+            }
+        }
+    }
     __shared__ float part[32];
     const int t = blockIdx.x;
     float* xr = x + xoff + (i64)t * xstride;

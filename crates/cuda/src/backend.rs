@@ -2146,58 +2146,28 @@ impl Backend for CudaBackend {
         rope: &CudaRope,
         cache: &CudaCache,
     ) {
-        if !self.fused {
-            let nr = xr.cols(0, norm_width);
-            self.rms_norm(x, nr, w, eps, x, nr);
-            self.rope(x, xr.cols(norm_width, xr.width - norm_width), 1, batch, rope);
-            self.cache_write(cache, x, xr, batch);
-            return;
-        }
-        assert!(
-            norm_width > 0 && norm_width + rope.dim <= xr.width && rope.dim % 2 == 0,
-            "norm_rope_cache_write: {norm_width} + rope {} > width {}",
-            rope.dim,
-            xr.width
-        );
-        assert_eq!(xr.n, batch.tokens.len());
-        assert_eq!(xr.width, cache.width, "norm_rope_cache_write: row width {} != cache width {}", xr.width, cache.width);
-        if let Some(w) = w {
-            assert_eq!(w.ne(0) * w.ne(1), norm_width, "norm weight length != norm width {norm_width}");
-            assert_eq!(w.dtype, GgmlType::F32, "norm weights must be uploaded as WeightUse::Vector");
-        }
-        x.check(xr);
-        if !self.check_cache_rows(batch, cache.rows, "norm_rope_cache_write") {
-            return;
-        }
-        let mode = match rope.mode {
-            RopeMode::Normal => 0,
-            RopeMode::Neox => 1,
-        };
-        let block = norm_width.next_power_of_two().clamp(32, 256) as u32;
-        self.launch(
-            "norm_rope_cache",
-            (xr.n as u32, 1, 1),
-            block,
-            0,
-            &[
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                i(xr.width),
-                i(norm_width),
-                A::P(w.map_or(0, |w| w.mem.ptr)),
-                A::I(w.is_some() as i32),
-                A::F(eps),
-                A::P(batch.pos_ptr()),
-                A::P(batch.slot_ptr()),
-                A::I(batch.slot_len as i32),
-                A::P(rope.freqs.ptr),
-                i(rope.dim / 2),
-                A::I(mode),
-                A::F(rope.mscale),
-                A::P(cache.mem.ptr),
-            ],
-        );
+        self.norm_rope_cache(x, xr, norm_width, w, eps, None, batch, rope, cache);
+    }
+
+    fn mla_rope_cache_write(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        norm_width: usize,
+        w: Option<&CudaWeight>,
+        eps: f32,
+        q: (&CudaBuf, Rows, &CudaBuf, Rows, usize),
+        batch: &CudaBatch,
+        rope: &CudaRope,
+        cache: &CudaCache,
+    ) {
+        let (qs, qr, qd, qdr, heads) = q;
+        assert!(qr.n == qdr.n && qr.width == qdr.width, "mla_rope_cache_write: q shapes {qr:?} {qdr:?}");
+        assert!(rope.dim <= qr.width, "mla_rope_cache_write: rope {} over q width {}", rope.dim, qr.width);
+        assert_eq!(qr.n, batch.tokens.len() * heads, "mla_rope_cache_write: q rows != tokens * heads");
+        qs.check(qr);
+        qd.check(qdr);
+        self.norm_rope_cache(x, xr, norm_width, w, eps, Some(q), batch, rope, cache);
     }
 
     fn moe_shared(
@@ -2321,4 +2291,87 @@ impl Backend for CudaBackend {
         self.take_error()?;
         r
     }
+}
+
+impl CudaBackend {
+    /// `norm_rope_cache_write`, and with `q` also `rope_copy` of the query's rope part, in one
+    /// `norm_rope_cache` launch (kernels/fused.cu).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rope_cache(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        norm_width: usize,
+        w: Option<&CudaWeight>,
+        eps: f32,
+        q: Option<(&CudaBuf, Rows, &CudaBuf, Rows, usize)>,
+        batch: &CudaBatch,
+        rope: &CudaRope,
+        cache: &CudaCache,
+    ) {
+        if !self.fused {
+            let nr = xr.cols(0, norm_width);
+            self.rms_norm(x, nr, w, eps, x, nr);
+            self.rope(x, xr.cols(norm_width, xr.width - norm_width), 1, batch, rope);
+            self.cache_write(cache, x, xr, batch);
+            if let Some((qs, qr, qd, qdr, heads)) = q {
+                self.rope_copy(qs, qr, qd, qdr, heads, batch, rope);
+            }
+            return;
+        }
+        assert!(
+            norm_width > 0 && norm_width + rope.dim <= xr.width && rope.dim % 2 == 0,
+            "norm_rope_cache_write: {norm_width} + rope {} > width {}",
+            rope.dim,
+            xr.width
+        );
+        assert_eq!(xr.n, batch.tokens.len());
+        assert_eq!(xr.width, cache.width, "norm_rope_cache_write: row width {} != cache width {}", xr.width, cache.width);
+        if let Some(w) = w {
+            assert_eq!(w.ne(0) * w.ne(1), norm_width, "norm weight length != norm width {norm_width}");
+            assert_eq!(w.dtype, GgmlType::F32, "norm weights must be uploaded as WeightUse::Vector");
+        }
+        x.check(xr);
+        if !self.check_cache_rows(batch, cache.rows, "norm_rope_cache_write") {
+            return;
+        }
+        let mode = match rope.mode {
+            RopeMode::Normal => 0,
+            RopeMode::Neox => 1,
+        };
+        let block = norm_width.next_power_of_two().clamp(32, 256) as u32;
+        self.launch(
+            "norm_rope_cache",
+            (xr.n as u32, 1, 1),
+            block,
+            0,
+            &[
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                i(xr.width),
+                i(norm_width),
+                A::P(w.map_or(0, |w| w.mem.ptr)),
+                A::I(w.is_some() as i32),
+                A::F(eps),
+                A::P(batch.pos_ptr()),
+                A::P(batch.slot_ptr()),
+                A::I(batch.slot_len as i32),
+                A::P(rope.freqs.ptr),
+                i(rope.dim / 2),
+                A::I(mode),
+                A::F(rope.mscale),
+                A::P(cache.mem.ptr),
+                A::P(q.map_or(0, |q| q.0 .0.ptr)),
+                l(q.map_or(0, |q| q.1.off)),
+                l(q.map_or(0, |q| q.1.stride)),
+                A::P(q.map_or(0, |q| q.2 .0.ptr)),
+                l(q.map_or(0, |q| q.3.off)),
+                l(q.map_or(0, |q| q.3.stride)),
+                i(q.map_or(0, |q| q.1.width)),
+                i(q.map_or(0, |q| q.4)),
+            ],
+        );
+    }
+
 }

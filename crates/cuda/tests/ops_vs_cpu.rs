@@ -1125,6 +1125,32 @@ fn fused_norm_rope_cache_write() {
                 g.read_cache(&pc, &mut pcv).unwrap();
                 rep.check(&format!("{lab} cache vs cpu rows"), &gcv, &want, 1e-5, 1e-5);
                 rep.check(&format!("{lab} cache vs gpu plain"), &gcv, &pcv, 1e-6, 1e-6);
+                // mla_rope_cache_write: the same, plus the query's rope part (3 heads per token,
+                // the rope dims and `extra` copied columns) in the same launch. Its latent rows
+                // and cache equal norm_rope_cache_write's, its q rows rope_copy's, bit for bit.
+                let heads = 3;
+                let qw = rd + extra;
+                let qr = Rows { off: 1, n: n * heads, width: qw, stride: qw + 5 };
+                let qdr = Rows { off: 2, n: n * heads, width: qw, stride: qw + 4 };
+                let q = randn(&mut r, qr.end(), 1.0);
+                let (gq, cq) = (buf(g, &q), buf(c, &q));
+                let (gqd, cqd, pqd) = (g.alloc(qdr.end()).unwrap(), c.alloc(qdr.end()).unwrap(), g.alloc(qdr.end()).unwrap());
+                poison(g, &gqd, qdr.end());
+                poison(c, &cqd, qdr.end());
+                poison(g, &pqd, qdr.end());
+                let (mx, mcx) = (buf(g, &x), buf(c, &x));
+                let (mc, mcc) = (g.alloc_cache(rows, width).unwrap(), c.alloc_cache(rows, width).unwrap());
+                fill_cache(g, &mc, &fill, width, &prior, slot_len);
+                fill_cache(c, &mcc, &fill, width, &prior, slot_len);
+                g.mla_rope_cache_write(&mx, xr, nw, Some(&gw), 1e-6, (&gq, qr, &gqd, qdr, heads), &gb, &grope, &mc);
+                c.mla_rope_cache_write(&mcx, xr, nw, Some(&cw), 1e-6, (&cq, qr, &cqd, qdr, heads), &cb, &crope, &mcc);
+                g.rope_copy(&gq, qr, &pqd, qdr, heads, &gb, &grope);
+                rep.check(&format!("{lab} mla q vs cpu"), &get(g, &gqd, qdr), &get(c, &cqd, qdr), 1e-5, 1e-5);
+                rep.check(&format!("{lab} mla q vs gpu rope_copy (exact)"), &get(g, &gqd, qdr), &get(g, &pqd, qdr), 0.0, 0.0);
+                rep.check(&format!("{lab} mla x (exact)"), &get(g, &mx, full), &get(g, &gx, full), 0.0, 0.0);
+                let mut mcv = vec![0f32; rows * width];
+                g.read_cache(&mc, &mut mcv).unwrap();
+                rep.check(&format!("{lab} mla cache (exact)"), &mcv, &gcv, 0.0, 0.0);
             }
         }
     }
