@@ -489,6 +489,13 @@ impl Backend for CpuBackend {
                 batch.max_tokens
             )));
         }
+        if meta.outputs.len() > batch.max_tokens {
+            return Err(BackendError::Unsupported(format!(
+                "{} output rows exceed the {} the batch was sized for",
+                meta.outputs.len(),
+                batch.max_tokens
+            )));
+        }
         batch.meta.tokens.clear();
         batch.meta.tokens.extend_from_slice(&meta.tokens);
         batch.meta.outputs.clear();
