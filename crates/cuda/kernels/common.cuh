@@ -82,6 +82,25 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// 1/sqrt(sum/width + eps) from a block's per-thread partial sums `ss` (warp sums, then the first
+// warp sums the warps' in order): the one reduction every RMS norm kernel uses, so fused and plain
+// norms give the same bits. `part`: 32 floats of shared memory. Ends with a barrier.
+__device__ __forceinline__ float block_rms_inv(float ss, float* part, int width, float eps) {
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    return 1.0f / sqrtf(part[0] / (float)width + eps);
+}
+// Values per thread the norm kernels keep in registers (rows up to NORM_PER * blockDim wide: 2,048
+// at 256 threads; wider rows take the strided loops). 8 keeps them near 50 registers, so prompt-size
+// launches (a block per row) still fit several blocks per SM.
+#define NORM_PER 8
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -9,24 +9,41 @@ __device__ __forceinline__ i64 at(i64 idx, i64 width, i64 off, i64 stride) {
 
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (w optional). One block per row. In place allowed:
 // every thread reads its elements before the block-wide barrier and writes them after.
+// Rows of up to NORM_PER * blockDim values (2,048 at 256 threads) stay in registers: the weights
+// load before the PDL wait and all of a thread's activation loads are in flight at once (a
+// strided loop waits one L2 round trip per element, several us on a 2,048-wide decode row). Same
+// elements per thread, summed in the same order as the loop: the same bits.
 extern "C" __global__ void rms_norm(const float* x, i64 xoff, i64 xstride, const float* w, int has_w, float eps,
-                                    float* out, i64 ooff, i64 ostride, int width) { PDL_ENTRY();
+                                    float* out, i64 ooff, i64 ostride, int width) {
     __shared__ float part[32];
     const float* xr = x + xoff + blockIdx.x * xstride;
     float* orow = out + ooff + blockIdx.x * ostride;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) { float v = xr[i]; ss += v * v; }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
+    const int bd = blockDim.x, tid = threadIdx.x;
+    if (width <= NORM_PER * bd) {
+        float wv[NORM_PER], v[NORM_PER];
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) wv[k] = has_w && tid + k * bd < width ? w[tid + k * bd] : 1.f;
+        PDL_ENTRY();
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < width ? xr[tid + k * bd] : 0.f;
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++)
+            if (tid + k * bd < width) ss += v[k] * v[k];
+        const float inv = block_rms_inv(ss, part, width, eps);
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++)
+            if (tid + k * bd < width) {
+                float y = v[k] * inv;
+                orow[tid + k * bd] = has_w ? y * wv[k] : y;
+            }
+        return;
     }
-    __syncthreads();
-    float inv = 1.0f / sqrtf(part[0] / (float)width + eps);
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    PDL_ENTRY();
+    float ss = 0.f;
+    for (int i = tid; i < width; i += bd) { float v = xr[i]; ss += v * v; }
+    const float inv = block_rms_inv(ss, part, width, eps);
+    for (int i = tid; i < width; i += bd) {
         float v = xr[i] * inv;
         orow[i] = has_w ? v * w[i] : v;
     }
@@ -130,7 +147,7 @@ __device__ void embed_impl(const u8* table, i64 row_bytes, const int* tokens, fl
 FOR_ALL_TYPES(EMBED_INST)
 
 // Greedy pick per row (ts_core::argmax): the largest value under total order (so +0 > -0), NaN
-// counting as -inf, ties to the lowest index. One block per row. Each candidate is one 64-bit key,
+// counting as -inf, ties to the lowest index. Each candidate is one 64-bit key,
 // (value as an order-preserving u32) << 32 | (~index), so a plain max reduction picks the largest
 // value and, among equals, the lowest index; the result is independent of the thread count.
 __device__ __forceinline__ unsigned long long argmax_key(float v, unsigned i) {
@@ -139,24 +156,49 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, unsigned i) {
     unsigned k = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
     return ((unsigned long long)k << 32) | (unsigned long long)(0xFFFFFFFFu - i);
 }
-extern "C" __global__ void argmax_rows(const float* x, i64 off, i64 stride, int width, unsigned* out) { PDL_ENTRY();
-    __shared__ unsigned long long part[32];
-    const float* xr = x + off + blockIdx.x * stride;
+// Two passes, so a row is read by many SMs (one block per row read a 102,400-wide logit row at
+// one SM's bandwidth, ~38 us a decode token): argmax_part reduces `chunk` values per block to one
+// key (grid: chunks x rows), argmax_final the row's keys (one warp per row). The max of keys is
+// exact and order-free, so any split gives the same pick.
+extern "C" __global__ void argmax_part(const float* x, i64 off, i64 stride, int width, int chunk,
+                                       unsigned long long* part) { PDL_ENTRY();
+    __shared__ unsigned long long sp[32];
+    const float* xr = x + off + blockIdx.y * stride;
+    const int lo = blockIdx.x * chunk, hi = min(width, lo + chunk);
     unsigned long long best = 0;  // below the key of every value (-inf's is 0x007fffff << 32)
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        unsigned long long k = argmax_key(xr[i], (unsigned)i);
-        best = k > best ? k : best;
+    for (int i0 = lo + threadIdx.x; i0 < hi; i0 += 4 * blockDim.x) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = i0 + u * (int)blockDim.x < hi ? xr[i0 + u * blockDim.x] : 0.f;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = i0 + u * blockDim.x;
+            if (i < hi) {
+                unsigned long long k = argmax_key(v[u], (unsigned)i);
+                best = k > best ? k : best;
+            }
+        }
     }
     for (int o = 16; o > 0; o >>= 1) {
         unsigned long long v = __shfl_xor_sync(0xffffffffu, best, o);
         best = v > best ? v : best;
     }
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = best;
+    if ((threadIdx.x & 31) == 0) sp[threadIdx.x >> 5] = best;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) best = part[w] > best ? part[w] : best;
-        out[blockIdx.x] = width > 0 ? 0xFFFFFFFFu - (unsigned)(best & 0xFFFFFFFFu) : 0u;
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) best = sp[w] > best ? sp[w] : best;
+        part[(i64)blockIdx.y * gridDim.x + blockIdx.x] = best;
     }
+}
+extern "C" __global__ void argmax_final(const unsigned long long* part, int nparts, int width, unsigned* out) { PDL_ENTRY();
+    const unsigned long long* pr = part + (i64)blockIdx.x * nparts;
+    unsigned long long best = 0;
+    for (int i = threadIdx.x; i < nparts; i += 32) best = pr[i] > best ? pr[i] : best;
+    for (int o = 16; o > 0; o >>= 1) {
+        unsigned long long v = __shfl_xor_sync(0xffffffffu, best, o);
+        best = v > best ? v : best;
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = width > 0 ? 0xFFFFFFFFu - (unsigned)(best & 0xFFFFFFFFu) : 0u;
 }
 
 // out row i = x row idx[i] (the batch's output rows, their indices uploaded with the batch). One

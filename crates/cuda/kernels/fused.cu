@@ -6,31 +6,48 @@
 
 // x += delta; out = x / sqrt(mean(x^2) + eps) * w. One block per row, block size as rms_norm's
 // (so the sum of squares is reduced in the same order). `out` may be `x` or `delta` (same view):
-// every thread reads and writes only its own elements.
+// every thread reads and writes only its own elements, and (rows up to NORM_PER * blockDim, as
+// rms_norm) reads all of them, into registers, before it writes any.
 extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride,
                                         const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride,
-                                        int width) { PDL_ENTRY();
+                                        int width) {
     __shared__ float part[32];
     float* xr = x + xoff + blockIdx.x * xstride;
     const float* dr = d + doff + blockIdx.x * dstride;
     float* orow = out + ooff + blockIdx.x * ostride;
+    const int bd = blockDim.x, tid = threadIdx.x;
+    if (width <= NORM_PER * bd) {
+        float wv[NORM_PER], v[NORM_PER];
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) wv[k] = has_w && tid + k * bd < width ? w[tid + k * bd] : 1.f;
+        PDL_ENTRY();
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < width ? xr[tid + k * bd] + dr[tid + k * bd] : 0.f;
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++)
+            if (tid + k * bd < width) {
+                xr[tid + k * bd] = v[k];
+                ss += v[k] * v[k];
+            }
+        const float inv = block_rms_inv(ss, part, width, eps);
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++)
+            if (tid + k * bd < width) {
+                float y = v[k] * inv;
+                orow[tid + k * bd] = has_w ? y * wv[k] : y;
+            }
+        return;
+    }
+    PDL_ENTRY();
     float ss = 0.f;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    for (int i = tid; i < width; i += bd) {
         float v = xr[i] + dr[i];
         xr[i] = v;
         ss += v * v;
     }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    float inv = 1.0f / sqrtf(part[0] / (float)width + eps);
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    const float inv = block_rms_inv(ss, part, width, eps);
+    for (int i = tid; i < width; i += bd) {
         float v = xr[i] * inv;
         orow[i] = has_w ? v * w[i] : v;
     }
@@ -69,74 +86,122 @@ extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstrid
 // weight w), rope of the 2*half values from column nw (in place, position pos[t]), then the whole
 // row (width values) to cache row slot[t] * slot_len + pos[t]. Block size as rms_norm's for nw.
 // With q (non-null), also the query's rope part of token t: its qh rows (qsrc row r -> qdst row
-// r, qw values each) get rope_copy_rows' exact arithmetic (Backend::mla_rope_cache_write).
+// r, qw values each) get rope_copy_rows' exact arithmetic (Backend::mla_rope_cache_write); q and
+// qd must not overlap x.
+// Latency: the latent row (nw <= NORM_PER * blockDim), its rope pairs (half <= blockDim) and the
+// query items (QROPE_U per round) are loaded into registers before any is used, so a token costs
+// a few L2 round trips instead of one per strided loop step; the arithmetic and each thread's
+// order are the loops'.
+#define QROPE_U 8
 extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w,
                                            int has_w, float eps, const int* pos, const int* slot, int slot_len,
                                            const float* freqs, int half, int mode, float mscale, float* cache,
                                            const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride,
-                                           int qw, int qh) { PDL_ENTRY();
+                                           int qw, int qh) {
+    __shared__ float part[32];
+    const int t = blockIdx.x, bd = blockDim.x, tid = threadIdx.x;
+    const bool regs = nw <= NORM_PER * bd, rpre = half <= bd;
+    float wv[NORM_PER], v[NORM_PER];
+    if (regs) {
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) wv[k] = has_w && tid + k * bd < nw ? w[tid + k * bd] : 1.f;
+    }
+    PDL_ENTRY();
+    float* xr = x + xoff + (i64)t * xstride;
+    float* rr = xr + nw;
+    const float p = (float)pos[t];
+    if (regs) {
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < nw ? xr[tid + k * bd] : 0.f;
+    }
+    const int ra = mode == 0 ? 2 * tid : tid, rb = mode == 0 ? 2 * tid + 1 : tid + half;
+    float r0 = 0.f, r1 = 0.f;
+    if (rpre && tid < half) {
+        r0 = rr[ra];
+        r1 = rr[rb];
+    }
     if (q) {
-        const int t = blockIdx.x, per = qw - half;
-        const float p = (float)pos[t];
-        for (int idx = threadIdx.x; idx < qh * per; idx += blockDim.x) {
-            const i64 r = (i64)t * qh + idx / per;
-            const int j = idx % per;
-            const float* srow = q + qoff + r * qstride;
-            float* drow = qd + qdoff + r * qdstride;
-            if (j < half) {
-                float sn, cs;
-                sincosf(p * freqs[j], &sn, &cs);
-                sn *= mscale;
-                cs *= mscale;
-                int a = mode == 0 ? 2 * j : j, b = mode == 0 ? 2 * j + 1 : j + half;
-                float x0 = srow[a], x1 = srow[b];
-                drow[a] = x0 * cs - x1 * sn;
-                drow[b] = x0 * sn + x1 * cs;
-            } else {
-                const int col = 2 * half + (j - half);
-                drow[col] = srow[col];
+        const int per = qw - half, total = qh * per;
+        for (int base = tid; base < total; base += QROPE_U * bd) {
+            float a0[QROPE_U], a1[QROPE_U];
+#pragma unroll
+            for (int u = 0; u < QROPE_U; u++) {
+                const int idx = base + u * bd;
+                a0[u] = a1[u] = 0.f;
+                if (idx < total) {
+                    const int j = idx % per;
+                    const float* srow = q + qoff + ((i64)t * qh + idx / per) * qstride;
+                    if (j < half) {
+                        a0[u] = srow[mode == 0 ? 2 * j : j];
+                        a1[u] = srow[mode == 0 ? 2 * j + 1 : j + half];
+                    } else {
+                        a0[u] = srow[2 * half + (j - half)];
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < QROPE_U; u++) {
+                const int idx = base + u * bd;
+                if (idx < total) {
+                    const int j = idx % per;
+                    float* drow = qd + qdoff + ((i64)t * qh + idx / per) * qdstride;
+                    if (j < half) {
+                        float sn, cs;
+                        sincosf(p * freqs[j], &sn, &cs);
+                        sn *= mscale;
+                        cs *= mscale;
+                        const float x0 = a0[u], x1 = a1[u];
+                        drow[mode == 0 ? 2 * j : j] = x0 * cs - x1 * sn;
+                        drow[mode == 0 ? 2 * j + 1 : j + half] = x0 * sn + x1 * cs;
+                    } else {
+                        drow[2 * half + (j - half)] = a0[u];
+                    }
+                }
             }
         }
     }
-    __shared__ float part[32];
-    const int t = blockIdx.x;
-    float* xr = x + xoff + (i64)t * xstride;
     float* crow = cache + ((i64)slot[t] * slot_len + pos[t]) * (i64)width;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < nw; i += blockDim.x) { float v = xr[i]; ss += v * v; }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
+    if (regs) {
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++)
+            if (tid + k * bd < nw) ss += v[k] * v[k];
+    } else {
+        for (int i = tid; i < nw; i += bd) { float e = xr[i]; ss += e * e; }
     }
-    __syncthreads();
-    float inv = 1.0f / sqrtf(part[0] / (float)nw + eps);
-    for (int i = threadIdx.x; i < nw; i += blockDim.x) {
-        float v = xr[i] * inv;
-        v = has_w ? v * w[i] : v;
-        xr[i] = v;
-        crow[i] = v;
+    const float inv = block_rms_inv(ss, part, nw, eps);
+    if (regs) {
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++)
+            if (tid + k * bd < nw) {
+                float e = v[k] * inv;
+                e = has_w ? e * wv[k] : e;
+                xr[tid + k * bd] = e;
+                crow[tid + k * bd] = e;
+            }
+    } else {
+        for (int i = tid; i < nw; i += bd) {
+            float e = xr[i] * inv;
+            e = has_w ? e * w[i] : e;
+            xr[i] = e;
+            crow[i] = e;
+        }
     }
-    float* rr = xr + nw;
     float* cr = crow + nw;
-    const float p = (float)pos[t];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    for (int i = tid; i < half; i += bd) {
         float sn, cs;
         sincosf(p * freqs[i], &sn, &cs);
         sn *= mscale;
         cs *= mscale;
         int a = mode == 0 ? 2 * i : i, b = mode == 0 ? 2 * i + 1 : i + half;
-        float x0 = rr[a], x1 = rr[b];
+        float x0 = rpre ? r0 : rr[a], x1 = rpre ? r1 : rr[b];
         float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
         rr[a] = y0;
         rr[b] = y1;
         cr[a] = y0;
         cr[b] = y1;
     }
-    for (int i = nw + 2 * half + threadIdx.x; i < width; i += blockDim.x) crow[i] = xr[i];
+    for (int i = nw + 2 * half + tid; i < width; i += bd) crow[i] = xr[i];
 }
 
 // ---- several Q8_0 matrices of one input in one launch (Backend::matmul_many) ------------------
@@ -244,16 +309,26 @@ __device__ __forceinline__ int dot16v(uint4 w, uint4 x) {
     return dp4a((int)w.w, (int)x.w, s);
 }
 
-// As moe_gateup_q8, block (x, P) for slot P = t*ks + s, one warp per row; token t's activation
-// row at xq + t*xrow.
+// As moe_gateup_q8, block x of slot P = t*ks + s (blockIdx.y orders the slots, see below), one
+// warp per row; token t's activation row at xq + t*xrow.
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_gateup_sh_q8(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
                      int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act, float* out,
                      i64 ostride) {
     pdl_trigger();
-    const int P = blockIdx.y;
-    const int ks = k + nsh;
-    const int t = P / ks, s = P - t * ks;
+    // Block rows: the shared slots of every token first, then the routed ones. Blocks become
+    // resident in this order while the routing still runs, and only the shared slots' weights
+    // are known before it ends: the first resident blocks load instead of waiting.
+    const int ks = k + nsh, nshared = gridDim.y / ks * nsh;
+    int t, s;
+    if ((int)blockIdx.y < nshared) {
+        t = blockIdx.y / nsh;
+        s = k + blockIdx.y % nsh;
+    } else {
+        t = (blockIdx.y - nshared) / k;
+        s = (blockIdx.y - nshared) % k;
+    }
+    const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * GQ_WARPS + warp;
     const int rr = min(row, m - 1);

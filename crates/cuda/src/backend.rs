@@ -178,7 +178,7 @@ enum S {
     Xq,
     /// The MoE's GLU output, quantised the same way (input of the down projection).
     Hq,
-    /// Row arg-max ids on their way to the host (`argmax_rows`).
+    /// Row arg-max ids on their way to the host, then the first pass's keys (`argmax_rows`).
     Ids,
 }
 const N_SCRATCH: usize = 14;
@@ -213,6 +213,8 @@ const MMQ_SMEM: usize = mmq_smem(64, 1, 3);
 /// Smallest size of the `Part` scratch (split-MLA decode partials, split-K partial products): one
 /// size for both, so the first decode step (run at open) allocates it for good.
 const PART_MIN_BYTES: usize = 16 << 20;
+/// Values per block of the arg-max's first pass (`argmax_part`): a 102,400-wide row in 50 blocks.
+const ARGMAX_CHUNK: usize = 2048;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
@@ -322,7 +324,8 @@ fn kernel_names() -> Vec<String> {
         "add_rows",
         "scale_rows",
         "softcap_rows",
-        "argmax_rows",
+        "argmax_part",
+        "argmax_final",
         "gather_rows",
         "copy_rows",
         "glu_rows",
@@ -440,6 +443,11 @@ pub struct CudaBackend {
     /// `TS_CUDA_MMQ16=1`: 16-token tiles stream one group per stage (`mmq_q8_16g1`, the previous
     /// kernel) instead of two (`mmq_q8_16`); to compare.
     mmq16: u8,
+    /// `TS_CUDA_SKIP=name,name`: kernels whose names start with one of these are not launched.
+    /// A measurement knob only (results are wrong): the tokens/s gained by leaving a kernel out
+    /// of the real, overlapped step is that kernel's share of it, which isolated timings (Nsight
+    /// Compute, events) cannot show. `tools/gpu/knockout.sh` runs it per kernel.
+    skip: Vec<String>,
 }
 
 impl Drop for CudaBackend {
@@ -571,6 +579,9 @@ impl CudaBackend {
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            skip: std::env::var("TS_CUDA_SKIP")
+                .map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
+                .unwrap_or_default(),
             exact,
         })
     }
@@ -686,7 +697,7 @@ impl CudaBackend {
             self.fail(format!("kernel {name} is not loaded"));
             return;
         };
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || self.skip.iter().any(|p| name.starts_with(p.as_str())) {
             return;
         }
         // The kernel's parameters: pointers to the values in `args`, which outlive the call (the
@@ -1351,8 +1362,19 @@ impl Backend for CudaBackend {
         }
         // Not part of a recorded step (it ends with a copy to the host), so the scratch may grow.
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(ids) = self.scratch(S::Ids, 4 * xr.n) else { return self.synchronize() };
-        self.launch("argmax_rows", (xr.n as u32, 1, 1), 1024, 0, &[A::P(x.0.ptr), l(xr.off), l(xr.stride), i(xr.width), A::P(ids)]);
+        // Keys of ARGMAX_CHUNK values per block (8-byte aligned, after the ids).
+        let chunks = xr.width.div_ceil(ARGMAX_CHUNK).max(1);
+        let ids_bytes = (4 * xr.n).next_multiple_of(8);
+        let Some(ids) = self.scratch(S::Ids, ids_bytes + 8 * chunks * xr.n) else { return self.synchronize() };
+        let part = ids + ids_bytes as u64;
+        self.launch(
+            "argmax_part",
+            (chunks as u32, xr.n as u32, 1),
+            256,
+            0,
+            &[A::P(x.0.ptr), l(xr.off), l(xr.stride), i(xr.width), i(ARGMAX_CHUNK.min(xr.width.max(1))), A::P(part)],
+        );
+        self.launch("argmax_final", (xr.n as u32, 1, 1), 32, 0, &[A::P(part), i(chunks), i(xr.width), A::P(ids)]);
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
         unsafe { drv::memcpy_dtoh_async(out, ids, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
         self.synchronize()
