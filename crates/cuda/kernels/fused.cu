@@ -82,16 +82,16 @@ extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstrid
     }
 }
 
-// The MLA cache write of token t (block t): rms_norm of the first nw values of row t (in place,
-// weight w), rope of the 2*half values from column nw (in place, position pos[t]), then the whole
-// row (width values) to cache row slot[t] * slot_len + pos[t]. Block size as rms_norm's for nw.
-// With q (non-null), also the query's rope part of token t: its qh rows (qsrc row r -> qdst row
-// r, qw values each) get rope_copy_rows' exact arithmetic (Backend::mla_rope_cache_write); q and
-// qd must not overlap x.
-// Latency: the latent row (nw <= NORM_PER * blockDim), its rope pairs (half <= blockDim) and the
-// query items (QROPE_U per round) are loaded into registers before any is used, so a token costs
-// a few L2 round trips instead of one per strided loop step; the arithmetic and each thread's
-// order are the loops'.
+// The MLA cache write of token t (block (t, 0)): rms_norm of the first nw values of row t (in
+// place, weight w), rope of the 2*half values from column nw (in place, position pos[t]), then the
+// whole row (width values) to cache row slot[t] * slot_len + pos[t]. Block size as rms_norm's for
+// nw. With q (non-null), blocks (t, 1..gridDim.y) do the query's rope part of token t, an equal
+// share each: its qh rows (qsrc row r -> qdst row r, qw values each) get rope_copy_rows' exact
+// arithmetic (Backend::mla_rope_cache_write); q and qd must not overlap x.
+// Latency: the latent row (nw <= NORM_PER * blockDim) and its rope pairs (half <= blockDim) are
+// loaded into registers before any is used, and the query items (QROPE_U per round) likewise,
+// spread over several blocks, so a token costs a few L2 round trips instead of one per strided
+// loop step; the arithmetic is the loops'.
 #define QROPE_U 8
 extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w,
                                            int has_w, float eps, const int* pos, const int* slot, int slot_len,
@@ -100,29 +100,12 @@ extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int 
                                            int qw, int qh) {
     __shared__ float part[32];
     const int t = blockIdx.x, bd = blockDim.x, tid = threadIdx.x;
-    const bool regs = nw <= NORM_PER * bd, rpre = half <= bd;
-    float wv[NORM_PER], v[NORM_PER];
-    if (regs) {
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++) wv[k] = has_w && tid + k * bd < nw ? w[tid + k * bd] : 1.f;
-    }
-    PDL_ENTRY();
-    float* xr = x + xoff + (i64)t * xstride;
-    float* rr = xr + nw;
-    const float p = (float)pos[t];
-    if (regs) {
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < nw ? xr[tid + k * bd] : 0.f;
-    }
-    const int ra = mode == 0 ? 2 * tid : tid, rb = mode == 0 ? 2 * tid + 1 : tid + half;
-    float r0 = 0.f, r1 = 0.f;
-    if (rpre && tid < half) {
-        r0 = rr[ra];
-        r1 = rr[rb];
-    }
-    if (q) {
-        const int per = qw - half, total = qh * per;
-        for (int base = tid; base < total; base += QROPE_U * bd) {
+    if (blockIdx.y > 0) {
+        PDL_ENTRY();
+        const int per = qw - half, all = qh * per, nqb = gridDim.y - 1;
+        const int span = (all + nqb - 1) / nqb, lo = (blockIdx.y - 1) * span, total = min(all, lo + span);
+        const float p = (float)pos[t];
+        for (int base = lo + tid; base < total; base += QROPE_U * bd) {
             float a0[QROPE_U], a1[QROPE_U];
 #pragma unroll
             for (int u = 0; u < QROPE_U; u++) {
@@ -159,6 +142,27 @@ extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int 
                 }
             }
         }
+        return;
+    }
+    const bool regs = nw <= NORM_PER * bd, rpre = half <= bd;
+    float wv[NORM_PER], v[NORM_PER];
+    if (regs) {
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) wv[k] = has_w && tid + k * bd < nw ? w[tid + k * bd] : 1.f;
+    }
+    PDL_ENTRY();
+    float* xr = x + xoff + (i64)t * xstride;
+    float* rr = xr + nw;
+    const float p = (float)pos[t];
+    if (regs) {
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < nw ? xr[tid + k * bd] : 0.f;
+    }
+    const int ra = mode == 0 ? 2 * tid : tid, rb = mode == 0 ? 2 * tid + 1 : tid + half;
+    float r0 = 0.f, r1 = 0.f;
+    if (rpre && tid < half) {
+        r0 = rr[ra];
+        r1 = rr[rb];
     }
     float* crow = cache + ((i64)slot[t] * slot_len + pos[t]) * (i64)width;
     float ss = 0.f;

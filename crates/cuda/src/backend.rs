@@ -2362,9 +2362,12 @@ impl CudaBackend {
             RopeMode::Neox => 1,
         };
         let block = norm_width.next_power_of_two().clamp(32, 256) as u32;
+        // The query's rope items (heads x (width - half) per token) in blocks of about two per
+        // thread, beside the latent row's block.
+        let qblocks = q.map_or(0, |q| (q.4 * (q.1.width - rope.dim / 2)).div_ceil(2 * block as usize).clamp(1, 64));
         self.launch(
             "norm_rope_cache",
-            (xr.n as u32, 1, 1),
+            (xr.n as u32, 1 + qblocks as u32, 1),
             block,
             0,
             &[
