@@ -4,6 +4,8 @@
 # the same arithmetic) is checked and measured at once.
 # Usage (on the GPU machine, from the repo root): tools/gpu/ab.sh BIN_A BIN_B [OPS_TEST_B]
 # Prints, per test, both figures and whether the token hashes agree; runs OPS_TEST_B first if given.
+# A_ENV / B_ENV (e.g. B_ENV="TS_CUDA_GV=0"): environment for that side's runs, so one binary can be
+# compared with itself under a switch (BIN_A = BIN_B).
 set -u
 A=$1; B=$2; OPS=${3:-}
 export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
@@ -22,9 +24,9 @@ run() {  # run BIN ARGS... -> "figure hash" lines of the bench table
 for args in "-p 512 -n 128 -r 3 --hash" "-p 2048 -n 0 -r 2" "-p 0 -n 64 --parallel 64 -r 3 --hash"; do
   for round in 1 2; do
     for bin in A B; do
-      b=$A; [ $bin = B ] && b=$B
-      echo "-- $bin (round $round): bench $args"
-      run "$b" bench --backend cuda -m $V $args | tee /tmp/ab-$bin.txt
+      b=$A; e=${A_ENV:-}; [ $bin = B ] && { b=$B; e=${B_ENV:-}; }
+      echo "-- $bin${e:+ ($e)} (round $round): bench $args"
+      run env $e "$b" bench --backend cuda -m $V $args | tee /tmp/ab-$bin.txt
     done
     ha=$(grep hash /tmp/ab-A.txt); hb=$(grep hash /tmp/ab-B.txt)
     if [ "$ha" != "$hb" ]; then echo "FAIL: token hashes differ"; fails=$((fails+1)); fi

@@ -1281,7 +1281,11 @@ impl Backend for CudaBackend {
             return Err(BackendError::Unsupported(format!("batch of {n} tokens exceeds the {} it was sized for", batch.max_tokens)));
         }
         if meta.outputs.len() > batch.max_tokens {
-            return Err(BackendError::Unsupported(format!("{} output rows exceed the {} the batch was sized for", meta.outputs.len(), batch.max_tokens)));
+            return Err(BackendError::Unsupported(format!(
+                "{} output rows exceed the {} the batch was sized for",
+                meta.outputs.len(),
+                batch.max_tokens
+            )));
         }
         let mt = batch.max_tokens;
         let mut put = |field: usize, i: usize, v: u32| {
@@ -2398,5 +2402,4 @@ impl CudaBackend {
             ],
         );
     }
-
 }

@@ -775,7 +775,11 @@ fn moe_routing_and_experts() {
             for &n in &[1usize, 3, 64, 300, 600] {
                 // Decode sizes with 16-byte aligned input rows (f16/bf16 experts then take the
                 // vector GEMV, moe_gemv_h16), the others misaligned.
-                let xr = if n <= 3 { Rows { off: 4, n, width: hdim, stride: hdim + 4 } } else { Rows { off: 2, n, width: hdim, stride: hdim + 2 } };
+                let xr = if n <= 3 {
+                    Rows { off: 4, n, width: hdim, stride: hdim + 4 }
+                } else {
+                    Rows { off: 2, n, width: hdim, stride: hdim + 2 }
+                };
                 let x = randn(&mut r, xr.end(), 1.0);
                 let lr = Rows::packed(n, ne);
                 let lg = randn(&mut r, lr.end(), 2.0);
