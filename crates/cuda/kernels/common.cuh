@@ -52,9 +52,39 @@ __device__ __forceinline__ void pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+#ifdef TS_TRACE
+// TS_CUDA_TRACE=1 (docs/GPU.md, "Where a decode token goes"): block (0,0,0) of every kernel
+// records, by the global nanosecond timer, when it reached its wait for the previous kernel and
+// when that wait returned (the previous kernel had ended), with its grid id. The host reads the
+// records back and names them by launch order.
+#define TS_TRACE_CAP (1 << 20)
+__device__ unsigned long long ts_trace[3 * TS_TRACE_CAP];
+__device__ unsigned int ts_trace_n;
+__device__ __forceinline__ unsigned long long ts_gtimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#endif
 __device__ __forceinline__ void pdl_wait() {
+#ifdef TS_TRACE
+    const unsigned long long t0 = ts_gtimer();
+#endif
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#ifdef TS_TRACE
+    if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0) {
+        const unsigned long long t1 = ts_gtimer();
+        unsigned long long g;
+        asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
+        const unsigned i = atomicAdd(&ts_trace_n, 1u);
+        if (i < TS_TRACE_CAP) {
+            ts_trace[3 * i] = g;
+            ts_trace[3 * i + 1] = t0;
+            ts_trace[3 * i + 2] = t1;
+        }
+    }
 #endif
 }
 #define PDL_ENTRY() \

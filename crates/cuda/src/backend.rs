@@ -401,7 +401,7 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: Mutex<CudaBlas>,
-    _module: Arc<CudaModule>,
+    module: Arc<CudaModule>,
     funcs: HashMap<String, CudaFunction>,
     name: String,
     arch: String,
@@ -448,10 +448,22 @@ pub struct CudaBackend {
     /// of the real, overlapped step is that kernel's share of it, which isolated timings (Nsight
     /// Compute, events) cannot show. `tools/gpu/knockout.sh` runs it per kernel.
     skip: Vec<String>,
+    /// `TS_CUDA_TRACE=1`: kernels built with `-DTS_TRACE` (common.cuh) record when each launch's
+    /// first block reached its wait and when the wait returned; these are the launched kernels'
+    /// names in order (graph replays included), and the table goes to `TS_CUDA_TRACE_OUT`
+    /// (default `/tmp/ts-trace.csv`) when the backend is dropped. A measurement mode.
+    trace: Option<Mutex<Vec<String>>>,
 }
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        if let Some(tr) = &self.trace {
+            let names = std::mem::take(&mut *tr.lock().unwrap_or_else(|e| e.into_inner()));
+            match self.write_trace(&names) {
+                Ok(msg) => eprintln!("cuda trace: {msg}"),
+                Err(e) => eprintln!("cuda trace: not written: {e}"),
+            }
+        }
         if let Some(p) = &self.profile {
             let p = p.lock().unwrap_or_else(|e| e.into_inner());
             let mut v: Vec<_> = p.iter().collect();
@@ -498,6 +510,10 @@ unsafe impl Send for Graph {}
 struct GraphState {
     seen: std::collections::HashSet<u64>,
     graphs: HashMap<u64, Graph>,
+    /// `TS_CUDA_TRACE`: the kernels each recording launches, in order, and those of the capture
+    /// under way.
+    names: HashMap<u64, Vec<String>>,
+    capture_names: Vec<String>,
     capturing: Option<u64>,
     /// Set when something that cannot be captured (a scratch allocation) happened during capture.
     spoiled: bool,
@@ -533,7 +549,9 @@ impl CudaBackend {
         let dev_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let (major, minor) = ctx.compute_capability().map_err(|e| dev_err("cannot read the compute capability", e))?;
         let arch = format!("sm_{major}{minor}");
-        let (cubin, kernels_from_cache) = kernels::load_or_compile(&arch).map_err(BackendError::Device)?;
+        let trace = std::env::var("TS_CUDA_TRACE").is_ok_and(|v| v == "1");
+        let (cubin, kernels_from_cache) =
+            kernels::load_or_compile(&arch, if trace { &["-DTS_TRACE"] } else { &[] }).map_err(BackendError::Device)?;
         let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| dev_err(&format!("cannot load the {arch} kernels"), e))?;
         let mut funcs = HashMap::new();
         for n in kernel_names() {
@@ -561,7 +579,7 @@ impl CudaBackend {
             ctx,
             stream,
             blas: Mutex::new(blas),
-            _module: module,
+            module,
             funcs,
             name: format!("cuda:{device_ordinal} {dev_name}"),
             arch,
@@ -579,6 +597,7 @@ impl CudaBackend {
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            trace: trace.then(|| Mutex::new(Vec::new())),
             skip: std::env::var("TS_CUDA_SKIP")
                 .map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
                 .unwrap_or_default(),
@@ -678,6 +697,7 @@ impl CudaBackend {
             }
             // Recordings hold the old pointer.
             gs.graphs.clear();
+            gs.names.clear();
             gs.seen.clear();
             drop(gs);
             *slot = None; // free first (stream-ordered) so the new one can reuse the space
@@ -690,6 +710,47 @@ impl CudaBackend {
             }
         }
         slot.as_ref().map(|m| m.ptr)
+    }
+
+    /// `TS_CUDA_TRACE`: reads the kernels' records back and writes one CSV line per launch,
+    /// `seq,name,grid_id,wait_ns,release_ns` in release order (a kernel's wait returns only after
+    /// the previous one ended, so that is launch order; the grid ids say so too), `names` being
+    /// the launches in host order. Returns a one-line summary.
+    fn write_trace(&self, names: &[String]) -> std::result::Result<String, String> {
+        self.synchronize().map_err(|e| e.to_string())?;
+        let read = |sym: &str, n: usize| -> std::result::Result<Vec<u64>, String> {
+            let g = self.module.get_global(sym, &self.stream).map_err(|e| format!("{sym}: {e:?}"))?;
+            let (ptr, _sync) = g.device_ptr(&self.stream);
+            let mut v = vec![0u64; n];
+            unsafe { drv::memcpy_dtoh_sync(&mut v, ptr) }.map_err(|e| format!("{sym}: {e:?}"))?;
+            Ok(v)
+        };
+        let count = {
+            let g = self.module.get_global("ts_trace_n", &self.stream).map_err(|e| format!("ts_trace_n: {e:?}"))?;
+            let (ptr, _sync) = g.device_ptr(&self.stream);
+            let mut v = [0u32; 1];
+            unsafe { drv::memcpy_dtoh_sync(&mut v, ptr) }.map_err(|e| format!("ts_trace_n: {e:?}"))?;
+            v[0] as usize
+        };
+        const CAP: usize = 1 << 20; // TS_TRACE_CAP in common.cuh
+        let n = count.min(CAP);
+        let raw = read("ts_trace", 3 * n)?;
+        let mut recs: Vec<(u64, u64, u64)> = raw.chunks_exact(3).map(|c| (c[0], c[1], c[2])).collect();
+        recs.sort_by_key(|r| (r.2, r.0));
+        let in_grid_order = recs.windows(2).all(|w| w[0].0 < w[1].0);
+        let path = std::env::var("TS_CUDA_TRACE_OUT").unwrap_or_else(|_| "/tmp/ts-trace.csv".into());
+        let mut out = String::from("seq,name,grid_id,wait_ns,release_ns\n");
+        for (i, r) in recs.iter().enumerate() {
+            let name = names.get(i).map_or("?", String::as_str);
+            out.push_str(&format!("{i},{name},{},{},{}\n", r.0, r.1, r.2));
+        }
+        std::fs::write(&path, out).map_err(|e| format!("{path}: {e}"))?;
+        Ok(format!(
+            "{n} records ({count} kernels recorded, {} launches named{}), release order {} grid order; {path}",
+            names.len(),
+            if count > CAP { ", buffer full" } else { "" },
+            if in_grid_order { "=" } else { "!=" }
+        ))
     }
 
     fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
@@ -741,6 +802,14 @@ impl CudaBackend {
         };
         if let Err(e) = r {
             self.fail(format!("launch of kernel {name}: {e:?}"));
+        } else if let Some(tr) = &self.trace {
+            let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+            if gs.capturing.is_some() {
+                gs.capture_names.push(name.to_string());
+            } else {
+                drop(gs);
+                tr.lock().unwrap_or_else(|e| e.into_inner()).push(name.to_string());
+            }
         }
         if let (Some(p), Some(e0)) = (&self.profile, e0) {
             if let Some(e1) = ev(&self.stream) {
@@ -1969,6 +2038,8 @@ impl Backend for CudaBackend {
         if let Some(g) = gs.graphs.get(&key) {
             if let Err(e) = g.0.launch() {
                 self.fail(format!("CUDA graph launch: {e:?}"));
+            } else if let (Some(tr), Some(names)) = (&self.trace, gs.names.get(&key)) {
+                tr.lock().unwrap_or_else(|e| e.into_inner()).extend(names.iter().cloned());
             }
             return true;
         }
@@ -2005,13 +2076,18 @@ impl Backend for CudaBackend {
         let spoiled = std::mem::take(&mut gs.spoiled);
         match self.stream.end_capture(drv_sys::CUgraphInstantiate_flags(0)) {
             Ok(Some(graph)) if !spoiled => {
+                let names = std::mem::take(&mut gs.capture_names);
                 if let Err(e) = graph.launch() {
                     self.fail(format!("CUDA graph launch: {e:?}"));
+                } else if let Some(tr) = &self.trace {
+                    tr.lock().unwrap_or_else(|e| e.into_inner()).extend(names.iter().cloned());
                 }
+                gs.names.insert(key, names);
                 gs.graphs.insert(key, Graph(graph));
                 true
             }
             _ => {
+                gs.capture_names.clear();
                 gs.failed.insert(key);
                 false
             }

@@ -120,22 +120,24 @@ pub fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").filter(|s| !s.is_empty()).map(|h| PathBuf::from(h).join(".cache/turbospark/cuda-cache"))
 }
 
-/// Where the CUBIN of this program for `arch` compiled by NVRTC `ver` is cached.
-pub fn cache_path(arch: &str, ver: (i32, i32)) -> Option<PathBuf> {
+/// Where the CUBIN of this program for `arch` compiled by NVRTC `ver` (with `extra` options) is
+/// cached.
+pub fn cache_path(arch: &str, ver: (i32, i32), extra: &[&str]) -> Option<PathBuf> {
     let src = program_source();
-    let opts = OPTIONS.join(" ");
+    let opts = OPTIONS.iter().chain(extra).copied().collect::<Vec<_>>().join(" ");
     let v = format!("{}.{}", ver.0, ver.1);
     let key = fnv1a(&[src.as_bytes(), opts.as_bytes(), arch.as_bytes(), v.as_bytes()]);
     cache_dir().map(|d| d.join(format!("kernels-{arch}-{key:016x}.cubin")))
 }
 
-/// The CUBIN for `arch`: from the cache when present, else compiled and stored (atomically; a
-/// cache that cannot be written is not an error). Returns (cubin, whether it came from the cache).
-pub fn load_or_compile(arch: &str) -> Result<(Vec<u8>, bool), String> {
+/// The CUBIN for `arch` (compiled with `extra` options, e.g. `-DTS_TRACE`): from the cache when
+/// present, else compiled and stored (atomically; a cache that cannot be written is not an
+/// error). Returns (cubin, whether it came from the cache).
+pub fn load_or_compile(arch: &str, extra: &[&str]) -> Result<(Vec<u8>, bool), String> {
     if !nvrtc_available() {
         return Err("libnvrtc.so could not be loaded: it is needed to compile (or look up the cached build of) the CUDA kernels".into());
     }
-    let path = cache_path(arch, nvrtc_version()?);
+    let path = cache_path(arch, nvrtc_version()?, extra);
     if let Some(p) = &path {
         if let Ok(bytes) = std::fs::read(p) {
             if !bytes.is_empty() {
@@ -143,7 +145,7 @@ pub fn load_or_compile(arch: &str) -> Result<(Vec<u8>, bool), String> {
             }
         }
     }
-    let cubin = compile_cubin(arch)?;
+    let (cubin, _) = compile_cubin_with(arch, extra)?;
     if let Some(p) = path {
         if let Some(dir) = p.parent() {
             if std::fs::create_dir_all(dir).is_ok() {

@@ -41,3 +41,15 @@ fn kernel_resources_sm_90() {
         Err(log) => panic!("{log}"),
     }
 }
+
+/// The trace build (`TS_CUDA_TRACE=1`: `-DTS_TRACE`, common.cuh) compiles too.
+#[test]
+fn trace_build_compiles_for_sm_90() {
+    if !ts_cuda::kernels::nvrtc_available() {
+        eprintln!("\n*** SKIP: libnvrtc could not be loaded; the trace build was NOT compiled ***\n");
+        return;
+    }
+    if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &["-DTS_TRACE"]) {
+        panic!("{log}");
+    }
+}
