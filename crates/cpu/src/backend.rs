@@ -906,4 +906,24 @@ mod tests {
         assert_eq!(&w.data[4..8], &1f32.to_le_bytes(), "the weight keeps its memory alive");
         assert_eq!(&*w.data, &*copied.data);
     }
+
+    /// A batch sized for n tokens refuses more tokens or more output rows (as the CUDA upload
+    /// does), and keeps its previous contents then.
+    #[test]
+    fn upload_refuses_what_the_batch_cannot_hold() {
+        use ts_core::{BatchMeta, TokenMeta};
+        let be = CpuBackend::new(Some(1)).expect("backend");
+        let mut b = be.alloc_batch(2).expect("batch");
+        let tok = |pos| TokenMeta { token: 1, pos, slot: 0 };
+        let ok = BatchMeta { tokens: vec![tok(0), tok(1)], outputs: vec![1, 0], slot_len: 8 };
+        be.upload_batch(&ok, &mut b).expect("fits");
+        let long = BatchMeta { tokens: vec![tok(0), tok(1), tok(2)], outputs: vec![2], slot_len: 8 };
+        let e = be.upload_batch(&long, &mut b).expect_err("3 tokens in a batch of 2");
+        assert!(e.to_string().contains("exceeds the 2"), "{e}");
+        let outs = BatchMeta { tokens: vec![tok(0)], outputs: vec![0, 0, 0], slot_len: 8 };
+        let e = be.upload_batch(&outs, &mut b).expect_err("3 output rows in a batch of 2");
+        assert!(e.to_string().contains("3 output rows exceed the 2"), "{e}");
+        assert_eq!(b.meta.tokens.len(), 2, "a refused upload leaves the batch as it was");
+        assert_eq!(b.meta.outputs, vec![1, 0]);
+    }
 }
