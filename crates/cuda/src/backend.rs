@@ -2479,3 +2479,29 @@ impl CudaBackend {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every kernel the backend loads at start is in the module NVRTC builds (a missing one is
+    /// otherwise found only on a GPU, as an error at `CudaBackend::new`): each name must stand
+    /// in the CUBIN's string table as a whole, NUL-delimited symbol. Needs libnvrtc (CI installs
+    /// it; without it the test says SKIP and passes).
+    #[test]
+    fn every_loaded_kernel_is_in_the_module() {
+        if !crate::kernels::nvrtc_available() {
+            eprintln!("\n*** SKIP: libnvrtc could not be loaded; the kernel list was NOT checked ***\n");
+            return;
+        }
+        let cubin = crate::kernels::compile_cubin("sm_90").expect("kernels compile");
+        let missing: Vec<String> = super::kernel_names()
+            .into_iter()
+            .filter(|n| {
+                let mut pat = vec![0u8];
+                pat.extend_from_slice(n.as_bytes());
+                pat.push(0);
+                !cubin.windows(pat.len()).any(|w| w == pat.as_slice())
+            })
+            .collect();
+        assert!(missing.is_empty(), "kernels listed but not built: {missing:?}");
+    }
+}
