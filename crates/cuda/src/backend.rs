@@ -712,29 +712,25 @@ impl CudaBackend {
         slot.as_ref().map(|m| m.ptr)
     }
 
+    /// The first `n` values of the module's `__device__` variable `sym` (after the stream's work).
+    fn read_global<T: Copy + Default>(&self, sym: &str, n: usize) -> std::result::Result<Vec<T>, String> {
+        let g = self.module.get_global(sym, &self.stream).map_err(|e| format!("{sym}: {e:?}"))?;
+        let (ptr, _sync) = g.device_ptr(&self.stream);
+        let mut v = vec![T::default(); n];
+        unsafe { drv::memcpy_dtoh_sync(&mut v, ptr) }.map_err(|e| format!("{sym}: {e:?}"))?;
+        Ok(v)
+    }
+
     /// `TS_CUDA_TRACE`: reads the kernels' records back and writes one CSV line per launch,
     /// `seq,name,grid_id,wait_ns,release_ns` in release order (a kernel's wait returns only after
     /// the previous one ended, so that is launch order; the grid ids say so too), `names` being
     /// the launches in host order. Returns a one-line summary.
     fn write_trace(&self, names: &[String]) -> std::result::Result<String, String> {
         self.synchronize().map_err(|e| e.to_string())?;
-        let read = |sym: &str, n: usize| -> std::result::Result<Vec<u64>, String> {
-            let g = self.module.get_global(sym, &self.stream).map_err(|e| format!("{sym}: {e:?}"))?;
-            let (ptr, _sync) = g.device_ptr(&self.stream);
-            let mut v = vec![0u64; n];
-            unsafe { drv::memcpy_dtoh_sync(&mut v, ptr) }.map_err(|e| format!("{sym}: {e:?}"))?;
-            Ok(v)
-        };
-        let count = {
-            let g = self.module.get_global("ts_trace_n", &self.stream).map_err(|e| format!("ts_trace_n: {e:?}"))?;
-            let (ptr, _sync) = g.device_ptr(&self.stream);
-            let mut v = [0u32; 1];
-            unsafe { drv::memcpy_dtoh_sync(&mut v, ptr) }.map_err(|e| format!("ts_trace_n: {e:?}"))?;
-            v[0] as usize
-        };
+        let count = self.read_global::<u32>("ts_trace_n", 1)?[0] as usize;
         const CAP: usize = 1 << 20; // TS_TRACE_CAP in common.cuh
         let n = count.min(CAP);
-        let raw = read("ts_trace", 3 * n)?;
+        let raw = self.read_global::<u64>("ts_trace", 3 * n)?;
         let mut recs: Vec<(u64, u64, u64)> = raw.chunks_exact(3).map(|c| (c[0], c[1], c[2])).collect();
         recs.sort_by_key(|r| (r.2, r.0));
         let in_grid_order = recs.windows(2).all(|w| w[0].0 < w[1].0);
