@@ -449,3 +449,153 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
         out[ooff + (i64)t * ostride + row0] = v;
     }
 }
+
+// ---- MoE decode with the shared experts folded in, f16/bf16 experts (Backend::moe_shared) --------
+// The same slots and block order as moe_gateup_sh_q8 / moe_down_sh_q8, for 16-bit float weights
+// with 16-byte aligned rows of a multiple of 8 values and f32 activations (16-byte aligned): a
+// lane reads 16-byte weight pieces (8 values) with the activations as float4 pairs, four pieces
+// of each matrix in flight (h16_row_dot's pattern, matmul.cu). The gate/up kernel writes
+// act(gate) * up times the slot's router weight (1 for shared slots), so the down kernel sums the
+// slots' products plainly. One warp per output row in the down kernel: a piece is 48 bytes of
+// loads (weights and activations), so four per lane at 8 warps per block keep enough in flight.
+__device__ __forceinline__ float dot8f(const float* w, float4 a, float4 b) {
+    return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+}
+
+template <int T>
+__device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim,
+                                       const int* sel_e, const float* sel_w, int k, const u8* Sg, const u8* Su,
+                                       int nsh, const float* x, i64 xoff, i64 xstride, int act, float* out,
+                                       i64 ostride) {
+    pdl_trigger();
+    const int ks = k + nsh, nshared = gridDim.y / ks * nsh;
+    int t, s;
+    if ((int)blockIdx.y < nshared) {  // shared slots first, as moe_gateup_sh_q8
+        t = blockIdx.y / nsh;
+        s = k + blockIdx.y % nsh;
+    } else {
+        t = (blockIdx.y - nshared) / k;
+        s = (blockIdx.y - nshared) % k;
+    }
+    const int P = t * ks + s;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GQ_WARPS + warp;
+    const int rr = min(row, m - 1);
+    const int n8 = kdim >> 3;
+    uint4 vg[4], vu[4];
+    const u8 *wg, *wu;
+    auto load = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int c = c0 + 32 * u;
+            vg[u] = c < n8 ? *(const uint4*)(wg + (i64)c * 16) : make_uint4(0, 0, 0, 0);
+            vu[u] = c < n8 ? *(const uint4*)(wu + (i64)c * 16) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    float wsl = 1.f;
+    if (s < k) {
+        pdl_wait();  // the routed experts' ids come from the previous kernel
+        const int e = sel_e[t * k + s];
+        if (e < 0) {
+            if (lane == 0 && row < m) out[(i64)P * ostride + row] = 0.f;
+            return;
+        }
+        wsl = sel_w[t * k + s];
+        wg = Wg + e * mat_bytes + (i64)rr * row_bytes;
+        wu = Wu + e * mat_bytes + (i64)rr * row_bytes;
+        load(lane);
+    } else {
+        // The shared experts' weights are known before the previous kernel ends.
+        const i64 srow = (i64)(s - k) * m + rr;
+        wg = Sg + srow * row_bytes;
+        wu = Su + srow * row_bytes;
+        load(lane);
+        pdl_wait();
+    }
+    if (row >= m) return;
+    const float* xr = x + xoff + (i64)t * xstride;
+    float g = 0.f, u = 0.f;
+    for (int c0 = lane; c0 < n8; c0 += 128) {
+        if (c0 != lane) load(c0);
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const int c = c0 + 32 * v;
+            if (c < n8) {
+                float a[8], b[8];
+                h16_unpack(T, vg[v], a);
+                h16_unpack(T, vu[v], b);
+                const float4 x0 = *(const float4*)(xr + 8 * c), x1 = *(const float4*)(xr + 8 * c + 4);
+                g += dot8f(a, x0, x1);
+                u += dot8f(b, x0, x1);
+            }
+        }
+    }
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane == 0) out[(i64)P * ostride + row] = act_fn(act == 0 ? 1 : 2, g) * u * wsl;
+}
+
+template <int T>
+__device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k,
+                                     const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh, const float* h,
+                                     i64 hstride, float* out, i64 ooff, i64 ostride) {
+    pdl_trigger();
+    __shared__ int es[MOE_SH_MAX_SLOTS];
+    const int t = blockIdx.y;
+    const int ks = k + nsh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = blockIdx.x * GQ_WARPS + warp;
+    const int row = min(row0, m - 1);
+    const int n8 = kdim >> 3, total = ks * n8;
+    pdl_wait();
+    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? sel_e[t * k + threadIdx.x] : 0;
+    __syncthreads();
+    const float* hr = h + (i64)t * ks * hstride;
+    float acc = 0.f;
+    for (int P0 = lane; P0 < total; P0 += 128) {
+        uint4 q[4];
+        float4 a[4], b[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int P = P0 + 32 * u;
+            const int s = P / n8, c = P - s * n8;
+            // Slots without an expert (and pieces past the end) add nothing: their activations
+            // are the zeros the gate/up kernel wrote; their weights are not read.
+            if (P < total && (s >= k || es[s] >= 0)) {
+                const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes
+                                     : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes;
+                q[u] = *(const uint4*)(gp + (i64)c * 16);
+                a[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c);
+                b[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c + 4);
+            } else {
+                q[u] = make_uint4(0, 0, 0, 0);
+                a[u] = b[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float w[8];
+            h16_unpack(T, q[u], w);
+            acc += dot8f(w, a[u], b[u]);
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0 && row0 < m) out[ooff + (i64)t * ostride + row0] = acc;
+}
+
+#define MOE_SH_H16(name, T)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_gateup_sh_##name(           \
+        const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,              \
+        const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const float* x, i64 xoff, i64 xstride,  \
+        int act, float* out, i64 ostride) {                                                                      \
+        moe_gateup_sh_h16_impl<T>(Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, x, xoff,  \
+                                  xstride, act, out, ostride);                                                   \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_down_sh_##name(             \
+        const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e, const u8* Sd,      \
+        i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
+        moe_down_sh_h16_impl<T>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride,    \
+                                out, ooff, ostride);                                                             \
+    }
+MOE_SH_H16(f16, T_F16)
+MOE_SH_H16(bf16, T_BF16)

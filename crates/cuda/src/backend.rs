@@ -358,6 +358,10 @@ fn kernel_names() -> Vec<String> {
         "gemv_q8_multi_8",
         "moe_gateup_sh_q8",
         "moe_down_sh_q8",
+        "moe_gateup_sh_f16",
+        "moe_down_sh_f16",
+        "moe_gateup_sh_bf16",
+        "moe_down_sh_bf16",
         "quant_q8_groups",
         "mmq_q8_64",
         "mmq_q8_16",
@@ -1170,6 +1174,79 @@ impl CudaBackend {
             256,
             0,
             &[A::P(y), i(k), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)],
+        );
+    }
+
+    /// [`Backend::moe_shared`] for f16/bf16 experts (checked by the caller), after the routing:
+    /// the gate/up products of every slot with the GLU and the router weight (`moe_gateup_sh_<t>`), then
+    /// the down products summed over the slots (`moe_down_sh_<t>`). Activations stay f32.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_shared_h16(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        p: &MoeParams,
+        experts: &Experts<'_, CudaWeight>,
+        shared: &Experts<'_, CudaWeight>,
+        (n, ks, nsh): (usize, usize, usize),
+        (sel_e, sel_w, g): (u64, u64, u64),
+        out: &CudaBuf,
+        o: Rows,
+    ) {
+        let (hdim, ff, k) = (xr.width, experts.gate.ne(1), p.k);
+        let tn = if experts.gate.dtype == GgmlType::F16 { "f16" } else { "bf16" };
+        let act = match p.glu {
+            Glu::SwiGlu => 0,
+            Glu::GeGluTanh => 1,
+        };
+        self.launch(
+            &format!("moe_gateup_sh_{tn}"),
+            (ff.div_ceil(8) as u32, (n * ks) as u32, 1),
+            256,
+            0,
+            &[
+                A::P(experts.gate.mem.ptr),
+                A::P(experts.up.mem.ptr),
+                l(experts.gate.row_bytes),
+                l(experts.gate.mat_bytes()),
+                i(ff),
+                i(hdim),
+                A::P(sel_e),
+                A::P(sel_w),
+                i(k),
+                A::P(shared.gate.mem.ptr),
+                A::P(shared.up.mem.ptr),
+                i(nsh),
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                A::I(act),
+                A::P(g),
+                l(ff),
+            ],
+        );
+        self.launch(
+            &format!("moe_down_sh_{tn}"),
+            (hdim.div_ceil(8) as u32, n as u32, 1),
+            256,
+            0,
+            &[
+                A::P(experts.down.mem.ptr),
+                l(experts.down.row_bytes),
+                l(experts.down.mat_bytes()),
+                i(hdim),
+                i(ff),
+                i(k),
+                A::P(sel_e),
+                A::P(shared.down.mem.ptr),
+                l(shared.down.row_bytes),
+                i(nsh),
+                A::P(g),
+                l(ff),
+                A::P(out.0.ptr),
+                l(o.off),
+                l(o.stride),
+            ],
         );
     }
 
@@ -2283,10 +2360,22 @@ impl Backend for CudaBackend {
         let n = xr.n;
         let (hdim, ff, ne, k) = (experts.gate.ne(0), experts.gate.ne(1), p.n_experts, p.k);
         let sf = shared.gate.ne(1);
-        let q8 = |w: &CudaWeight| w.dtype == GgmlType::Q8_0;
+        let all = [experts.gate, experts.up, experts.down, shared.gate, shared.up, shared.down];
+        let ty = experts.gate.dtype;
+        let same = all.iter().all(|w| w.dtype == ty);
+        // Q8_0 experts (activations quantised once, dp4a), or f16/bf16 experts with 16-byte
+        // aligned rows and an input view the float4 loads can read.
+        let q8 = same && ty == GgmlType::Q8_0 && ff % 128 == 0 && self.smem_max > 0;
+        let h16 = same
+            && matches!(ty, GgmlType::F16 | GgmlType::BF16)
+            && hdim % 8 == 0
+            && ff % 8 == 0
+            && all.iter().all(|w| w.mem.ptr % 16 == 0 && w.row_bytes % 16 == 0 && w.mat_bytes() % 16 == 0)
+            && xr.off % 4 == 0
+            && xr.stride % 4 == 0;
         let ok = self.fused
             && (1..=GEMV_MAX_TOKENS).contains(&n)
-            && [experts.gate, experts.up, experts.down, shared.gate, shared.up, shared.down].iter().all(|w| q8(w))
+            && (q8 || h16)
             && xr.width == hdim
             && lr.n == n
             && o.n == n
@@ -2298,14 +2387,12 @@ impl Backend for CudaBackend {
             && (shared.gate.ne(0), shared.up.ne(0), shared.up.ne(1)) == (hdim, hdim, sf)
             && (shared.down.ne(0), shared.down.ne(1)) == (sf, hdim)
             && ff > 0
-            && ff % 128 == 0
             && sf % ff == 0
             && (1..=32).contains(&(sf / ff))
             && ne <= 256
             && (1..=32).contains(&k)
             && k <= ne
-            && (p.n_group == 1 || p.topk_group >= p.n_group)
-            && self.smem_max > 0;
+            && (p.n_group == 1 || p.topk_group >= p.n_group);
         if !ok {
             return false;
         }
@@ -2320,6 +2407,11 @@ impl Backend for CudaBackend {
         let Some(sel_e) = self.scratch(S::SelE, 4 * n * k) else { return true };
         let Some(sel_w) = self.scratch(S::SelW, 4 * n * k) else { return true };
         let Some(g) = self.scratch(S::G, 4 * n * ks * ff) else { return true };
+        if h16 {
+            self.route(logits, lr, p, true, sel_e, sel_w);
+            self.moe_shared_h16(x, xr, p, &experts, &shared, (n, ks, nsh), (sel_e, sel_w, g), out, o);
+            return true;
+        }
         // Activations quantised once (the input per token, the GLU output per slot, times its
         // router weight), in the weights' group layout.
         let (xrow, hrow) = (hdim.div_ceil(128) * 144, ff.div_ceil(128) * 144);
