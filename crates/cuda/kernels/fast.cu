@@ -196,9 +196,10 @@ GEMVQ_INST(8)
 // Routing for plain top-k (one group): one warp per token, each lane holding E/32 scores; k rounds
 // of a warp arg-max (ties to the lower index, as ts_cpu::route). Replaces the one-thread-per-token
 // moe_route when E <= 256 and there are no expert groups.
-extern "C" __global__ void moe_route_warp(const float* logits, i64 loff, i64 lstride, int n, int E, int k, int gating,
-                                          int norm_topk, float scale, int* sel_e, float* sel_w) { PDL_ENTRY();
-    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+// The body, for token t (one whole warp; also run by moe_route_quant, mmq.cu).
+__device__ __forceinline__ void route_warp_body(int t, const float* logits, i64 loff, i64 lstride, int n, int E, int k,
+                                                int gating, int norm_topk, float scale, int* sel_e, float* sel_w) {
+    const int lane = threadIdx.x & 31;
     if (t >= n) return;
     const float* lg = logits + loff + (i64)t * lstride;
     float sc[8];
@@ -251,6 +252,11 @@ extern "C" __global__ void moe_route_warp(const float* logits, i64 loff, i64 lst
         sel_e[t * k + lane] = esel;
         sel_w[t * k + lane] = esel >= 0 ? (norm_topk ? wsel * inv : wsel) * scale : 0.f;
     }
+}
+extern "C" __global__ void moe_route_warp(const float* logits, i64 loff, i64 lstride, int n, int E, int k, int gating,
+                                          int norm_topk, float scale, int* sel_e, float* sel_w) { PDL_ENTRY();
+    route_warp_body(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), logits, loff, lstride, n, E, k, gating,
+                    norm_topk, scale, sel_e, sel_w);
 }
 
 // Gate and up products of every (token, slot) pair in one launch: block (x, p) computes rows

@@ -29,10 +29,10 @@
 // act(src) * src2 (the GLU of gate and up rows, same offsets and strides). With `rw`, row r is
 // first multiplied by its router weight: slot s = r % rks of token r / rks has rw[token * rk + s]
 // for s < rk and 1 for the shared experts' slots past it. One warp per group.
-extern "C" __global__ void quant_q8_groups(const float* src, const float* src2, i64 off, i64 stride, int n, int k,
-                                           int act, const float* rw, int rk, int rks, u8* dst, i64 drow) { PDL_ENTRY();
+// The body, for group gid (one whole warp; also run by moe_route_quant below).
+__device__ __forceinline__ void quant_group_body(i64 gid, const float* src, const float* src2, i64 off, i64 stride, int n,
+                                                 int k, int act, const float* rw, int rk, int rks, u8* dst, i64 drow) {
     const int ng = (k + 127) >> 7;
-    const i64 gid = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (gid >= (i64)n * ng) return;
     const int lane = threadIdx.x & 31;
     const int row = (int)(gid / ng), g = (int)(gid - (i64)row * ng);
@@ -67,6 +67,28 @@ extern "C" __global__ void quant_q8_groups(const float* src, const float* src2, 
     *(u32*)(gp + 16 + lane * 4) = packed;
     if ((lane & 7) == 0) ((u16*)gp)[lane >> 3] = f2h(d);
     if (lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
+}
+extern "C" __global__ void quant_q8_groups(const float* src, const float* src2, i64 off, i64 stride, int n, int k,
+                                           int act, const float* rw, int rk, int rks, u8* dst, i64 drow) { PDL_ENTRY();
+    quant_group_body((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), src, src2, off, stride, n, k, act, rw,
+                     rk, rks, dst, drow);
+}
+
+// moe_route_warp and quant_q8_groups (plain rows, no GLU, no router weights) in one launch: the
+// decode MoE needs both (the routing of the logits, the input quantised for the experts), each
+// depends only on kernels before it, and one launch is one dependent step fewer per layer. The
+// first ceil(n / warps) blocks route (a warp per token), the rest quantise (a warp per group):
+// the same bodies, so the same bits.
+extern "C" __global__ void moe_route_quant(const float* logits, i64 loff, i64 lstride, int n, int E, int k, int gating,
+                                           int norm_topk, float scale, int* sel_e, float* sel_w, const float* src,
+                                           i64 off, i64 stride, int kdim, u8* dst, i64 drow) { PDL_ENTRY();
+    const int wpb = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    const int rb = (n + wpb - 1) / wpb;
+    if ((int)blockIdx.x < rb)
+        route_warp_body(blockIdx.x * wpb + warp, logits, loff, lstride, n, E, k, gating, norm_topk, scale, sel_e, sel_w);
+    else
+        quant_group_body((i64)(blockIdx.x - rb) * wpb + warp, src, nullptr, off, stride, n, kdim, 0, nullptr, 0, 1, dst,
+                         drow);
 }
 
 #if __CUDA_ARCH__ >= 800

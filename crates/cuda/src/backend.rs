@@ -363,6 +363,7 @@ fn kernel_names() -> Vec<String> {
         "moe_gateup_sh_bf16",
         "moe_down_sh_bf16",
         "quant_q8_groups",
+        "moe_route_quant",
         "mmq_q8_64",
         "mmq_q8_16",
         "mmq_q8_16g1",
@@ -2417,8 +2418,33 @@ impl Backend for CudaBackend {
         let (xrow, hrow) = (hdim.div_ceil(128) * 144, ff.div_ceil(128) * 144);
         let Some(xq) = self.scratch(S::Xq, n * xrow) else { return true };
         let Some(hq) = self.scratch(S::Hq, n * ks * hrow) else { return true };
-        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
-        self.route(logits, lr, p, true, sel_e, sel_w);
+        // The routing and the input's quantisation in one launch (moe_route_quant).
+        let ngroups = hdim.div_ceil(128);
+        self.launch(
+            "moe_route_quant",
+            ((n.div_ceil(8) + (n * ngroups).div_ceil(8)) as u32, 1, 1),
+            256,
+            0,
+            &[
+                A::P(logits.0.ptr),
+                l(lr.off),
+                l(lr.stride),
+                i(n),
+                i(p.n_experts),
+                i(k),
+                A::I(matches!(p.gating, Gating::Sigmoid) as i32),
+                A::I(p.norm_topk as i32),
+                A::F(p.scale),
+                A::P(sel_e),
+                A::P(sel_w),
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                i(hdim),
+                A::P(xq),
+                l(xrow),
+            ],
+        );
         let act = match p.glu {
             Glu::SwiGlu => 0,
             Glu::GeGluTanh => 1,
