@@ -195,7 +195,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "gemv_q8_multi_2",
     "gemv_q8_multi_4",
     "gemv_q8_multi_8",
-    "moe_gateup_sh_q8",
+    "moe_gateup_sh_q8q",
     "moe_down_sh_q8",
     "mla_prefill",
     "mmq_q8_64",
@@ -356,7 +356,6 @@ fn kernel_names() -> Vec<String> {
         "gemv_q8_multi_2",
         "gemv_q8_multi_4",
         "gemv_q8_multi_8",
-        "moe_gateup_sh_q8",
         "moe_down_sh_q8",
         "moe_gateup_sh_f16",
         "moe_down_sh_f16",
@@ -364,6 +363,7 @@ fn kernel_names() -> Vec<String> {
         "moe_down_sh_bf16",
         "quant_q8_groups",
         "moe_route_quant",
+        "moe_gateup_sh_q8q",
         "mmq_q8_64",
         "mmq_q8_16",
         "mmq_q8_16g1",
@@ -2450,9 +2450,10 @@ impl Backend for CudaBackend {
             Glu::GeGluTanh => 1,
         };
         let (gw, uw, dw) = (experts.gate, experts.up, experts.down);
+        // Gate/up with the GLU output quantised in the kernel (32 rows per block).
         self.launch(
-            "moe_gateup_sh_q8",
-            (ff.div_ceil(8) as u32, (n * ks) as u32, 1),
+            "moe_gateup_sh_q8q",
+            (ff.div_ceil(32) as u32, (n * ks) as u32, 1),
             256,
             0,
             &[
@@ -2463,6 +2464,7 @@ impl Backend for CudaBackend {
                 i(ff),
                 i(hdim),
                 A::P(sel_e),
+                A::P(sel_w),
                 i(k),
                 A::P(shared.gate.mem.ptr),
                 A::P(shared.up.mem.ptr),
@@ -2470,11 +2472,10 @@ impl Backend for CudaBackend {
                 A::P(xq),
                 l(xrow),
                 A::I(act),
-                A::P(g),
-                l(ff),
+                A::P(hq),
+                l(hrow),
             ],
         );
-        self.quant_groups_w(g, 0, 0, ff, n * ks, ff, 0, (sel_w, k, ks), hq);
         self.launch(
             "moe_down_sh_q8",
             (hdim.div_ceil(4) as u32, n as u32, 1),

@@ -1306,9 +1306,11 @@ fn fused_moe_shared() {
     ];
     // Q8_0 experts on every case; f16/bf16 experts (the 16-bit float kernels, f32 activations) on
     // three: they take ff = 96 too (their rows only need whole 16-byte pieces).
-    let runs = cases.iter().enumerate().map(|(ci, c)| (ci, c, GgmlType::Q8_0)).chain(
-        [(1usize, GgmlType::BF16), (3, GgmlType::F16), (5, GgmlType::BF16)].into_iter().map(|(ci, ty)| (ci, &cases[ci], ty)),
-    );
+    let runs = cases
+        .iter()
+        .enumerate()
+        .map(|(ci, c)| (ci, c, GgmlType::Q8_0))
+        .chain([(1usize, GgmlType::BF16), (3, GgmlType::F16), (5, GgmlType::BF16)].into_iter().map(|(ci, ty)| (ci, &cases[ci], ty)));
     for (ci, &(hdim, ff, ne, k, gating, norm_topk, scale, n_group, topk_group, nsh, glu, fast), ty) in runs {
         let sf = nsh * ff;
         let q8 = ty == GgmlType::Q8_0;
@@ -1339,7 +1341,10 @@ fn fused_moe_shared() {
             let ran = run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &go, o, true);
             let cran = run_moe_shared(c, &cx, xr, &cl, lr, &cex, &csh, &p, &co, o, true);
             run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &po, o, false);
-            let lab = format!("case {ci} {} H={hdim} ff={ff} E={ne} k={k} shared={nsh}x{ff} {gating:?} groups={n_group}/{topk_group} n={n}", ty.name());
+            let lab = format!(
+                "case {ci} {} H={hdim} ff={ff} E={ne} k={k} shared={nsh}x{ff} {gating:?} groups={n_group}/{topk_group} n={n}",
+                ty.name()
+            );
             let want_fast = fast && g.fused() && n <= ts_cuda::GEMV_MAX_TOKENS;
             eprintln!("  {lab}: fused path {}", if ran { "taken" } else { "declined" });
             if ran != want_fast {
