@@ -131,6 +131,33 @@ __device__ __forceinline__ float block_rms_inv(float ss, float* part, int width,
 // at 256 threads; wider rows take the strided loops). 8 keeps them near 50 registers, so prompt-size
 // launches (a block per row) still fit several blocks per SM.
 #define NORM_PER 8
+// The register path of the RMS norm kernels (rows of width <= NORM_PER * blockDim; element
+// tid + k * blockDim is a thread's k-th): its weights (1 past the row or without weights), loaded
+// before the PDL wait; the sum of squares of its values, in order; the normalised stores.
+__device__ __forceinline__ void norm_load_w(const float* w, int has_w, int width, float* wv) {
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        wv[k] = has_w && i < width ? w[i] : 1.f;
+    }
+}
+__device__ __forceinline__ float norm_ss(const float* v, int width) {
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++)
+        if (threadIdx.x + k * blockDim.x < width) ss += v[k] * v[k];
+    return ss;
+}
+__device__ __forceinline__ void norm_store(const float* v, const float* wv, int has_w, float inv, int width, float* orow) {
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < width) {
+            const float y = v[k] * inv;
+            orow[i] = has_w ? y * wv[k] : y;
+        }
+    }
+}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

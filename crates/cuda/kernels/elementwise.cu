@@ -21,22 +21,11 @@ extern "C" __global__ void rms_norm(const float* x, i64 xoff, i64 xstride, const
     const int bd = blockDim.x, tid = threadIdx.x;
     if (width <= NORM_PER * bd) {
         float wv[NORM_PER], v[NORM_PER];
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++) wv[k] = has_w && tid + k * bd < width ? w[tid + k * bd] : 1.f;
+        norm_load_w(w, has_w, width, wv);
         PDL_ENTRY();
 #pragma unroll
         for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < width ? xr[tid + k * bd] : 0.f;
-        float ss = 0.f;
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++)
-            if (tid + k * bd < width) ss += v[k] * v[k];
-        const float inv = block_rms_inv(ss, part, width, eps);
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++)
-            if (tid + k * bd < width) {
-                float y = v[k] * inv;
-                orow[tid + k * bd] = has_w ? y * wv[k] : y;
-            }
+        norm_store(v, wv, has_w, block_rms_inv(norm_ss(v, width), part, width, eps), width, orow);
         return;
     }
     PDL_ENTRY();

@@ -18,25 +18,14 @@ extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const f
     const int bd = blockDim.x, tid = threadIdx.x;
     if (width <= NORM_PER * bd) {
         float wv[NORM_PER], v[NORM_PER];
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++) wv[k] = has_w && tid + k * bd < width ? w[tid + k * bd] : 1.f;
+        norm_load_w(w, has_w, width, wv);
         PDL_ENTRY();
 #pragma unroll
         for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < width ? xr[tid + k * bd] + dr[tid + k * bd] : 0.f;
-        float ss = 0.f;
 #pragma unroll
         for (int k = 0; k < NORM_PER; k++)
-            if (tid + k * bd < width) {
-                xr[tid + k * bd] = v[k];
-                ss += v[k] * v[k];
-            }
-        const float inv = block_rms_inv(ss, part, width, eps);
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++)
-            if (tid + k * bd < width) {
-                float y = v[k] * inv;
-                orow[tid + k * bd] = has_w ? y * wv[k] : y;
-            }
+            if (tid + k * bd < width) xr[tid + k * bd] = v[k];
+        norm_store(v, wv, has_w, block_rms_inv(norm_ss(v, width), part, width, eps), width, orow);
         return;
     }
     PDL_ENTRY();
@@ -146,10 +135,7 @@ extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int 
     }
     const bool regs = nw <= NORM_PER * bd, rpre = half <= bd;
     float wv[NORM_PER], v[NORM_PER];
-    if (regs) {
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++) wv[k] = has_w && tid + k * bd < nw ? w[tid + k * bd] : 1.f;
-    }
+    if (regs) norm_load_w(w, has_w, nw, wv);
     PDL_ENTRY();
     float* xr = x + xoff + (i64)t * xstride;
     float* rr = xr + nw;
@@ -167,9 +153,7 @@ extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int 
     float* crow = cache + ((i64)slot[t] * slot_len + pos[t]) * (i64)width;
     float ss = 0.f;
     if (regs) {
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++)
-            if (tid + k * bd < nw) ss += v[k] * v[k];
+        ss = norm_ss(v, nw);
     } else {
         for (int i = tid; i < nw; i += bd) { float e = xr[i]; ss += e * e; }
     }
@@ -313,6 +297,21 @@ __device__ __forceinline__ int dot16v(uint4 w, uint4 x) {
     return dp4a((int)w.w, (int)x.w, s);
 }
 
+// Token t and slot s of a decode-MoE gate/up block (blockIdx.y; gridDim.y = tokens * (k + nsh)):
+// the shared slots of every token first, then the routed ones. Blocks become resident in this
+// order while the routing still runs, and only the shared slots' weights are known before it
+// ends: the first resident blocks load instead of waiting.
+__device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s) {
+    const int ks = k + nsh, nshared = gridDim.y / ks * nsh;
+    if ((int)blockIdx.y < nshared) {
+        *t = blockIdx.y / nsh;
+        *s = k + blockIdx.y % nsh;
+    } else {
+        *t = (blockIdx.y - nshared) / k;
+        *s = (blockIdx.y - nshared) % k;
+    }
+}
+
 // As moe_gateup_q8, block x of slot P = t*ks + s (blockIdx.y orders the slots, see below), one
 // warp per row; token t's activation row at xq + t*xrow.
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
@@ -320,18 +319,9 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
                      int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act, float* out,
                      i64 ostride) {
     pdl_trigger();
-    // Block rows: the shared slots of every token first, then the routed ones. Blocks become
-    // resident in this order while the routing still runs, and only the shared slots' weights
-    // are known before it ends: the first resident blocks load instead of waiting.
-    const int ks = k + nsh, nshared = gridDim.y / ks * nsh;
+    const int ks = k + nsh;
     int t, s;
-    if ((int)blockIdx.y < nshared) {
-        t = blockIdx.y / nsh;
-        s = k + blockIdx.y % nsh;
-    } else {
-        t = (blockIdx.y - nshared) / k;
-        s = (blockIdx.y - nshared) % k;
-    }
+    moe_slot_of_block(k, nsh, &t, &s);
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * GQ_WARPS + warp;
@@ -468,15 +458,9 @@ __device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes
                                        int nsh, const float* x, i64 xoff, i64 xstride, int act, float* out,
                                        i64 ostride) {
     pdl_trigger();
-    const int ks = k + nsh, nshared = gridDim.y / ks * nsh;
+    const int ks = k + nsh;
     int t, s;
-    if ((int)blockIdx.y < nshared) {  // shared slots first, as moe_gateup_sh_q8
-        t = blockIdx.y / nsh;
-        s = k + blockIdx.y % nsh;
-    } else {
-        t = (blockIdx.y - nshared) / k;
-        s = (blockIdx.y - nshared) % k;
-    }
+    moe_slot_of_block(k, nsh, &t, &s);
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * GQ_WARPS + warp;
@@ -614,15 +598,9 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
                       u8* hq, i64 hrow) {
     pdl_trigger();
     __shared__ float glu[GU_ROWS];
-    const int ks = k + nsh, nshared = gridDim.y / ks * nsh;
+    const int ks = k + nsh;
     int t, s;
-    if ((int)blockIdx.y < nshared) {  // shared slots first, as moe_gateup_sh_q8
-        t = blockIdx.y / nsh;
-        s = k + blockIdx.y % nsh;
-    } else {
-        t = (blockIdx.y - nshared) / k;
-        s = (blockIdx.y - nshared) % k;
-    }
+    moe_slot_of_block(k, nsh, &t, &s);
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpw = GU_ROWS / GQ_WARPS;
