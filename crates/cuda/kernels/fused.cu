@@ -312,68 +312,6 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
     }
 }
 
-// As moe_gateup_q8, block x of slot P = t*ks + s (blockIdx.y orders the slots, see below), one
-// warp per row; token t's activation row at xq + t*xrow.
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
-    moe_gateup_sh_q8(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
-                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act, float* out,
-                     i64 ostride) {
-    pdl_trigger();
-    const int ks = k + nsh;
-    int t, s;
-    moe_slot_of_block(k, nsh, &t, &s);
-    const int P = t * ks + s;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GQ_WARPS + warp;
-    const int rr = min(row, m - 1);
-    const int np = 2 * (kdim >> 5);
-    uint4 qg[4], qu[4];
-    float dg[4], du[4];
-    const u8 *wg, *wu;
-    if (s < k) {
-        pdl_wait();  // the routed experts' ids come from the previous kernel
-        const int e = sel_e[t * k + s];
-        if (e < 0) {
-            if (lane == 0 && row < m) out[(i64)P * ostride + row] = 0.f;
-            return;
-        }
-        wg = Wg + e * mat_bytes + (i64)rr * row_bytes;
-        wu = Wu + e * mat_bytes + (i64)rr * row_bytes;
-        load_q8_4(wg, lane, np, 32, qg, dg);
-        load_q8_4(wu, lane, np, 32, qu, du);
-    } else {
-        // The shared experts' weights are known before the previous kernel ends.
-        const i64 srow = (i64)(s - k) * m + rr;
-        wg = Sg + srow * row_bytes;
-        wu = Su + srow * row_bytes;
-        load_q8_4(wg, lane, np, 32, qg, dg);
-        load_q8_4(wu, lane, np, 32, qu, du);
-        pdl_wait();
-    }
-    if (row >= m) return;
-    const u8* xr = xq + (i64)t * xrow;
-    float g = 0.f, u = 0.f;
-    for (int p0 = lane; p0 < np; p0 += 128) {
-        if (p0 != lane) {
-            load_q8_4(wg, p0, np, 32, qg, dg);
-            load_q8_4(wu, p0, np, 32, qu, du);
-        }
-        uint4 xv[4];
-        float dx[4];
-        load_q8_4(xr, p0, np, 32, xv, dx);
-#pragma unroll
-        for (int v = 0; v < 4; v++) {
-            if (p0 + 32 * v < np) {
-                g += (float)dot16v(qg[v], xv[v]) * (dg[v] * dx[v]);
-                u += (float)dot16v(qu[v], xv[v]) * (du[v] * dx[v]);
-            }
-        }
-    }
-    g = warp_sum(g);
-    u = warp_sum(u);
-    if (lane == 0) out[(i64)P * ostride + row] = act_fn(act == 0 ? 1 : 2, g) * u;
-}
-
 // As moe_down_q8 over the ks slots of token t (block (x, t)): slot s's quantised activation row
 // (already times its router weight; 1 for the shared slots) at hq + (t*ks + s)*hrow, and shared
 // chunk j of output row r is bytes [j*row_bytes, (j+1)*row_bytes) of the shared down row r
@@ -441,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
 }
 
 // ---- MoE decode with the shared experts folded in, f16/bf16 experts (Backend::moe_shared) --------
-// The same slots and block order as moe_gateup_sh_q8 / moe_down_sh_q8, for 16-bit float weights
+// The same slots and block order as moe_gateup_sh_q8q / moe_down_sh_q8, for 16-bit float weights
 // with 16-byte aligned rows of a multiple of 8 values and f32 activations (16-byte aligned): a
 // lane reads 16-byte weight pieces (8 values) with the activations as float4 pairs, four pieces
 // of each matrix in flight (h16_row_dot's pattern, matmul.cu). The gate/up kernel writes
@@ -584,7 +522,8 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
 MOE_SH_H16(f16, T_F16)
 MOE_SH_H16(bf16, T_BF16)
 
-// moe_gateup_sh_q8 with the down projection's input quantisation folded in: a block computes 32
+// The decode MoE's gate/up (as moe_gateup_q8, one warp per row, token t's activation row at
+// xq + t*xrow) with the down projection's input quantisation folded in: a block computes 32
 // consecutive rows (one Q8_0 block of the GLU output; a warp does 4 rows, one after the other)
 // of one slot, and its first warp quantises them, times the slot's router weight (1 for shared
 // slots), into the slot's row of hq exactly as quant_q8_groups does (the same products in the
@@ -659,8 +598,8 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
             g = warp_sum(g);
             u = warp_sum(u);
         }
-        // moe_gateup_sh_q8 writes act(g) * u (0 for a slot without an expert); quant_q8_groups
-        // reads it back and multiplies by the router weight.
+        // act(g) * u (0 for a slot without an expert), times the router weight below, as
+        // quant_q8_groups' weighted form rounds it.
         if (lane == 0) glu[warp * rpw + i] = zero ? 0.f : act_fn(act == 0 ? 1 : 2, g) * u;
     }
     __syncthreads();

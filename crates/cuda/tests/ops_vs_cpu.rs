@@ -1357,7 +1357,16 @@ fn fused_moe_shared() {
             // vs the same op chain on the GPU: the fused kernels sum in another order, which can move
             // an activation across a Q8_0 rounding boundary (one quantum of one element).
             // (f16/bf16: f32 activations on both sides, only the summation order differs.)
-            let (tol_gpu, tol_cpu) = if q8 { (5e-3, 0.25) } else { (1e-4, 1e-4) };
+            // Above GEMV_MAX_TOKENS the 16-bit chain's dense shared FFN runs on cuBLAS in bf16
+            // (activations rounded to bf16, as matmul_tol says), three products deep.
+            let bf16_chain = !q8 && n > ts_cuda::GEMV_MAX_TOKENS;
+            let (tol_gpu, tol_cpu) = if q8 {
+                (5e-3, 0.25)
+            } else if bf16_chain {
+                (1e-4, 4e-2)
+            } else {
+                (1e-4, 1e-4)
+            };
             rep.check(&format!("{lab} vs gpu moe+ffn"), &got, &get(g, &po, o), tol_gpu, 1e-3);
             rep.check(&format!("{lab} vs cpu"), &got, &get(c, &co, o), tol_cpu, 1e-3);
             let mut exact = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
@@ -1365,7 +1374,9 @@ fn fused_moe_shared() {
             // The plain chain (fused path declined or off) also re-quantises the GLU output to 8
             // bits per 32 values for its down GEMV: one more rounding than the fused kernel. The
             // fused bar: 5.19e-2 was seen once (seed-dependent, case 2's GeGLU at scale 2.5).
-            let tol64 = if !q8 {
+            let tol64 = if bf16_chain {
+                4e-2
+            } else if !q8 {
                 1e-4
             } else if ran {
                 6.5e-2
