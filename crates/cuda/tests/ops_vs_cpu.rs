@@ -1230,6 +1230,100 @@ fn fused_matmul_many() {
     rep.finish();
 }
 
+/// norm_matmul_many: the (add +) norm folded into the products' prologue (one decode token) gives
+/// the same bits as add_rms_norm / rms_norm then matmul_many on the GPU (x, h and every product),
+/// and matches the CPU; several tokens take the two ops.
+#[test]
+fn fused_norm_matmul_many() {
+    let Some(g) = gpu() else { return };
+    fused_banner(g);
+    let c = cpu();
+    let mut r = rng(24);
+    let mut rep = Report::new("norm_matmul_many");
+    // (k, output widths): V2-Lite's q + kv_a, three jobs of odd widths, a short row.
+    let sets: Vec<(usize, Vec<usize>)> = vec![(2048, vec![3072, 576]), (1408, vec![97, 576, 40]), (576, vec![64, 33])];
+    for (k, ms) in &sets {
+        let k = *k;
+        let ws: Vec<(Vec<u8>, Vec<f32>)> = ms.iter().map(|&m| weight(&mut r, GgmlType::Q8_0, &[k, m], 0.5)).collect();
+        let gws: Vec<_> = ws
+            .iter()
+            .zip(ms)
+            .map(|((b, _), &m)| g.upload_weight(&td("w", GgmlType::Q8_0, &[k, m], b), WeightUse::Matmul).unwrap())
+            .collect();
+        let cws: Vec<_> = ws
+            .iter()
+            .zip(ms)
+            .map(|((b, _), &m)| c.upload_weight(&td("w", GgmlType::Q8_0, &[k, m], b), WeightUse::Matmul).unwrap())
+            .collect();
+        let nw = randn(&mut r, k, 1.0);
+        let (gnw, cnw) = (norm_weight(g, &nw), norm_weight(c, &nw));
+        let total_m: usize = ms.iter().sum();
+        for &n in &[1usize, 3] {
+            for (with_delta, with_w) in [(true, true), (false, true), (true, false)] {
+                let xr = Rows { off: 2, n, width: k, stride: k + 4 };
+                let x = randn(&mut r, xr.end(), 2.0);
+                let d = randn(&mut r, xr.end(), 1.0);
+                let hr = Rows { off: 1, n, width: k, stride: k + 1 };
+                let ostride = total_m + 1;
+                let views: Vec<Rows> = ms
+                    .iter()
+                    .scan(0, |col, &m| {
+                        let v = Rows { off: 2 + *col, n, width: m, stride: ostride };
+                        *col += m;
+                        Some(v)
+                    })
+                    .collect();
+                let olen = 2 + n * ostride;
+                // fused (GPU), plain chain (GPU), default (CPU)
+                let mut outs = Vec::new();
+                for side in 0..3 {
+                    let on_gpu = side < 2;
+                    let res = if on_gpu {
+                        let (bx, bd, bh, bo) = (buf(g, &x), buf(g, &d), g.alloc(hr.end()).unwrap(), g.alloc(olen).unwrap());
+                        poison(g, &bh, hr.end());
+                        poison(g, &bo, olen);
+                        let jobs: Vec<(&CudaWeight, &CudaBuf, Rows)> = gws.iter().zip(&views).map(|(w, &v)| (w, &bo, v)).collect();
+                        let delta = with_delta.then_some((&bd, xr));
+                        let w = with_w.then_some(&gnw);
+                        if side == 0 {
+                            g.norm_matmul_many(&bx, xr, delta, w, 1e-6, &bh, hr, &jobs);
+                        } else {
+                            match delta {
+                                Some((dd, dr)) => g.add_rms_norm(&bx, xr, dd, dr, w, 1e-6, &bh, hr),
+                                None => g.rms_norm(&bx, xr, w, 1e-6, &bh, hr),
+                            }
+                            g.matmul_many(&bh, hr, &jobs);
+                        }
+                        (get(g, &bx, Rows::packed(1, xr.end())), get(g, &bh, hr), views.iter().map(|&v| get(g, &bo, v)).collect::<Vec<_>>())
+                    } else {
+                        let (bx, bd, bh, bo) = (buf(c, &x), buf(c, &d), c.alloc(hr.end()).unwrap(), c.alloc(olen).unwrap());
+                        let jobs: Vec<_> = cws.iter().zip(&views).map(|(w, &v)| (w, &bo, v)).collect();
+                        c.norm_matmul_many(&bx, xr, with_delta.then_some((&bd, xr)), with_w.then_some(&cnw), 1e-6, &bh, hr, &jobs);
+                        (get(c, &bx, Rows::packed(1, xr.end())), get(c, &bh, hr), views.iter().map(|&v| get(c, &bo, v)).collect::<Vec<_>>())
+                    };
+                    outs.push(res);
+                }
+                let lab = format!("k={k} n={n} delta={with_delta} w={with_w}");
+                let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                if !bits(&outs[0].0, &outs[1].0) || !bits(&outs[0].1, &outs[1].1) {
+                    rep.failures.push(format!("{lab}: x or h differs from add_rms_norm/rms_norm on the GPU"));
+                }
+                for (j, m) in ms.iter().enumerate() {
+                    if !bits(&outs[0].2[j], &outs[1].2[j]) {
+                        rep.failures.push(format!("{lab}: job {j} ({m} rows) differs from matmul_many on the GPU"));
+                    }
+                    let (tc, _) = matmul_tol(GgmlType::Q8_0, n);
+                    rep.check(&format!("{lab} job {j} vs cpu"), &outs[0].2[j], &outs[2].2[j], tc, 1e-3);
+                }
+                rep.check(&format!("{lab} h vs cpu"), &outs[0].1, &outs[2].1, 1e-5, 1e-5);
+                rep.check(&format!("{lab} x vs cpu"), &outs[0].0, &outs[2].0, 1e-5, 1e-5);
+            }
+        }
+    }
+    eprintln!("norm_matmul_many: fused = plain GPU chain, bit for bit");
+    rep.finish();
+}
+
 /// Routed experts plus a shared FFN on one backend: `moe_shared` when `try_fused` and the backend
 /// takes it, else moe + the shared FFN with plain ops + add. Returns whether moe_shared ran.
 #[allow(clippy::too_many_arguments)]
