@@ -240,28 +240,6 @@ pub trait Backend: Send + Sync {
     fn synchronize(&self) -> Result<()>;
 
     // ---- fused ops (optional: each default is the sequence of plain ops it replaces) ------------
-    /// The norm before a block's first products: [`Backend::add_rms_norm`] of `x` and `delta`
-    /// into `h` (or [`Backend::rms_norm`] of `x` without a delta), then
-    /// [`Backend::matmul_many`] of `h` (the default: those two ops). A backend may fold the norm
-    /// into the products' own input pass; `x` and `h` end the same either way.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_matmul_many(
-        &self,
-        x: &Self::Buf,
-        xr: Rows,
-        delta: Option<(&Self::Buf, Rows)>,
-        w: Option<&Self::Weight>,
-        eps: f32,
-        h: &Self::Buf,
-        hr: Rows,
-        jobs: &[(&Self::Weight, &Self::Buf, Rows)],
-    ) {
-        match delta {
-            Some((d, dr)) => self.add_rms_norm(x, xr, d, dr, w, eps, h, hr),
-            None => self.rms_norm(x, xr, w, eps, h, hr),
-        }
-        self.matmul_many(h, hr, jobs);
-    }
     /// Residual add then norm: `x += delta`, then `out = rms_norm(x) * w` (exactly
     /// [`Backend::add`] then [`Backend::rms_norm`], the default). `out` may be `delta` (same view).
     fn add_rms_norm(

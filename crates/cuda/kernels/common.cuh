@@ -148,15 +148,13 @@ __device__ __forceinline__ float norm_ss(const float* v, int width) {
         if (threadIdx.x + k * blockDim.x < width) ss += v[k] * v[k];
     return ss;
 }
-// norm_store leaves the stored values in v (norm_q8 quantises them).
-__device__ __forceinline__ void norm_store(float* v, const float* wv, int has_w, float inv, int width, float* orow) {
+__device__ __forceinline__ void norm_store(const float* v, const float* wv, int has_w, float inv, int width, float* orow) {
 #pragma unroll
     for (int k = 0; k < NORM_PER; k++) {
         const int i = threadIdx.x + k * blockDim.x;
         if (i < width) {
             const float y = v[k] * inv;
-            v[k] = has_w ? y * wv[k] : y;
-            orow[i] = v[k];
+            orow[i] = has_w ? y * wv[k] : y;
         }
     }
 }

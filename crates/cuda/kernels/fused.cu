@@ -42,52 +42,6 @@ extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const f
     }
 }
 
-// (x += delta;) h = rms_norm(x) * w as add_rms_norm (has_d) or rms_norm (!has_d) compute it, bit
-// for bit (the same register path, block size and reduction), and h also quantised to Q8_0 in
-// the weights' 144-byte group layout (hq, row r at hq + r*hrow): the input of the Q8_0 products
-// that follow (gemv_q8_multi_pq_1), quantised once instead of in every one of their blocks.
-// A thread's k-th value is element tid + k*blockDim, so a warp's k-th values are one whole
-// 32-value block: its scale is the warp's max, as quant_q8_groups takes it over 8 lanes x 4 (max
-// is exact either way), then d = amax/127, q = round(h/d) and d kept as f16, as there. Needs
-// width % 128 == 0 and width <= NORM_PER * blockDim (the host checks).
-extern "C" __global__ void norm_q8(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride, int has_d,
-                                   const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride, u8* hq,
-                                   i64 hrow, int width) {
-    __shared__ float part[32];
-    float* xr = x + xoff + blockIdx.x * xstride;
-    const float* dr = d + doff + blockIdx.x * dstride;
-    float* orow = out + ooff + blockIdx.x * ostride;
-    const int bd = blockDim.x, tid = threadIdx.x, lane = tid & 31;
-    float wv[NORM_PER], v[NORM_PER];
-    norm_load_w(w, has_w, width, wv);
-    PDL_ENTRY();
-#pragma unroll
-    for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < width ? (has_d ? xr[tid + k * bd] + dr[tid + k * bd] : xr[tid + k * bd]) : 0.f;
-    if (has_d) {
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++)
-            if (tid + k * bd < width) xr[tid + k * bd] = v[k];
-    }
-    norm_store(v, wv, has_w, block_rms_inv(norm_ss(v, width), part, width, eps), width, orow);
-    u8* hrw = hq + blockIdx.x * hrow;
-#pragma unroll
-    for (int k = 0; k < NORM_PER; k++) {
-        const int i = tid + k * bd;
-        if (k * bd + (tid & ~31) < width) {  // warp-uniform: a whole 32-value block
-            const float a = warp_max(fabsf(v[k]));
-            const float dq = a / 127.f;
-            const float id = dq != 0.f ? 1.0f / dq : 0.f;
-            const int b = i >> 5;
-            u8* gp = hrw + (i64)(b >> 2) * 144;
-            gp[16 + 32 * (b & 3) + lane] = (u8)(i8)(int)roundf(v[k] * id);
-            if (lane == 0) {
-                ((u16*)gp)[b & 3] = f2h(dq);
-                if ((b & 3) == 0) ((u32*)gp)[2] = ((u32*)gp)[3] = 0u;  // the pad words
-            }
-        }
-    }
-}
-
 // dst = rope(src): per row, pairs of the first 2*half values rotated (as rope_rows), the rest of
 // the row (width - 2*half values) copied. One thread per (row, pair or copied column).
 extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstride, float* dst, i64 doff, i64 dstride,
@@ -238,14 +192,6 @@ extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int 
     for (int i = nw + 2 * half + tid; i < width; i += bd) crow[i] = xr[i];
 }
 
-// dot16 with the activation piece in registers (16 int8 each side, 4 dp4a in order x, y, z, w).
-__device__ __forceinline__ int dot16v(uint4 w, uint4 x) {
-    int s = dp4a((int)w.x, (int)x.x, 0);
-    s = dp4a((int)w.y, (int)x.y, s);
-    s = dp4a((int)w.z, (int)x.z, s);
-    return dp4a((int)w.w, (int)x.w, s);
-}
-
 // ---- several Q8_0 matrices of one input in one launch (Backend::matmul_many) ------------------
 // As gemv_q8_<NT> (fast.cu), for up to 3 weights that share the input x (same k): the activation
 // rows are quantised once per block, and the row tiles of the jobs are numbered one after the
@@ -258,12 +204,9 @@ struct GemvJob {
     i64 ooff, ostride;
 };
 
-// PQ: one token whose activations come quantised in the weights' group layout (norm_q8, at
-// xg): no prologue, a lane reads the activation pieces of its weight pieces from L2 (the same
-// integers and scales the prologue would give, so the same bits).
-template <int NT, bool PQ>
+template <int NT>
 __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, int t2, int ntiles, int k, const float* x, i64 xoff,
-                                   i64 xstride, int n, int lpr, const u8* xg) {
+                                   i64 xstride, int n, int lpr) {
     extern __shared__ __align__(16) u8 smq[];
     const int nb = k >> 5;
     i8* xq = (i8*)smq;
@@ -292,10 +235,8 @@ __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, i
     pdl_trigger();  // weights first (never written by a kernel), then wait for the activations
     pdl_wait();
     bool have = true;
-    if (!PQ) {
-        quant_rows_smem(x + xoff + tok0 * xstride, xstride, nullptr, nt, k, xq, xd);
-        __syncthreads();
-    }
+    quant_rows_smem(x + xoff + tok0 * xstride, xstride, nullptr, nt, k, xq, xd);
+    __syncthreads();
     for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         GemvJob jb;
         int r0;
@@ -309,22 +250,13 @@ __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, i
         for (int p0 = sub; p0 < np; p0 += 4 * lpr) {
             if (!have) load_q8_4(wr, p0, np, lpr, q, dw);
             have = false;
-            if (PQ) {
-                uint4 xv[4];
-                float dx[4];
-                load_q8_4(xg, p0, np, lpr, xv, dx);
 #pragma unroll
-                for (int u = 0; u < 4; u++)
-                    if (p0 + u * lpr < np) acc[0] += (float)dot16v(q[u], xv[u]) * (dw[u] * dx[u]);
-            } else {
+            for (int u = 0; u < 4; u++) {
+                const int p = p0 + u * lpr;
+                if (p < np) {
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int p = p0 + u * lpr;
-                    if (p < np) {
-#pragma unroll
-                        for (int jj = 0; jj < NT; jj++)
-                            if (jj < nt) acc[jj] += (float)dot16(q[u], xq + jj * k + 16 * p) * (dw[u] * xd[jj * nb + (p >> 1)]);
-                    }
+                    for (int jj = 0; jj < NT; jj++)
+                        if (jj < nt) acc[jj] += (float)dot16(q[u], xq + jj * k + 16 * p) * (dw[u] * xd[jj * nb + (p >> 1)]);
                 }
             }
         }
@@ -341,21 +273,13 @@ __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, i
         const u8* W0, i64 rb0, int m0, float* o0, i64 ooff0, i64 ostr0, const u8* W1, i64 rb1, int m1, float* o1, \
         i64 ooff1, i64 ostr1, const u8* W2, i64 rb2, int m2, float* o2, i64 ooff2, i64 ostr2, int t1, int t2,     \
         int ntiles, int k, const float* x, i64 xoff, i64 xstride, int n, int lpr) {                               \
-        gemv_q8_multi_impl<NT, false>(GemvJob{W0, rb0, m0, o0, ooff0, ostr0}, GemvJob{W1, rb1, m1, o1, ooff1, ostr1}, \
-                                      GemvJob{W2, rb2, m2, o2, ooff2, ostr2}, t1, t2, ntiles, k, x, xoff, xstride, n, lpr, \
-                                      nullptr);                                                                   \
+        gemv_q8_multi_impl<NT>(GemvJob{W0, rb0, m0, o0, ooff0, ostr0}, GemvJob{W1, rb1, m1, o1, ooff1, ostr1},    \
+                               GemvJob{W2, rb2, m2, o2, ooff2, ostr2}, t1, t2, ntiles, k, x, xoff, xstride, n, lpr); \
     }
 GEMVQ_MULTI_INST(1)
 GEMVQ_MULTI_INST(2)
 GEMVQ_MULTI_INST(4)
 GEMVQ_MULTI_INST(8)
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
-    gemv_q8_multi_pq_1(const u8* W0, i64 rb0, int m0, float* o0, i64 ooff0, i64 ostr0, const u8* W1, i64 rb1, int m1,
-                       float* o1, i64 ooff1, i64 ostr1, const u8* W2, i64 rb2, int m2, float* o2, i64 ooff2, i64 ostr2,
-                       int t1, int t2, int ntiles, int k, const u8* xg, int lpr) {
-    gemv_q8_multi_impl<1, true>(GemvJob{W0, rb0, m0, o0, ooff0, ostr0}, GemvJob{W1, rb1, m1, o1, ooff1, ostr1},
-                                GemvJob{W2, rb2, m2, o2, ooff2, ostr2}, t1, t2, ntiles, k, nullptr, 0, 0, 1, lpr, xg);
-}
 
 // ---- MoE decode with the shared experts folded in (Backend::moe_shared) -------------------------
 // A token has ks = k + nsh slots: k routed experts (sel_e / sel_w) and nsh shared "experts", the
@@ -366,6 +290,12 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
 // in-block quantisation of the unfused kernels gives) in the weights' own 144-byte group layout,
 // so a lane reads the activation piece of each weight piece with the same addressing and no
 // block re-quantises the input (at batch 1 that prologue cost as much as the weights' stream).
+__device__ __forceinline__ int dot16v(uint4 w, uint4 x) {
+    int s = dp4a((int)w.x, (int)x.x, 0);
+    s = dp4a((int)w.y, (int)x.y, s);
+    s = dp4a((int)w.z, (int)x.z, s);
+    return dp4a((int)w.w, (int)x.w, s);
+}
 
 // Token t and slot s of a decode-MoE gate/up block (blockIdx.y; gridDim.y = tokens * (k + nsh)):
 // the shared slots of every token first, then the routed ones. Blocks become resident in this

@@ -180,13 +180,8 @@ enum S {
     Hq,
     /// Row arg-max ids on their way to the host, then the first pass's keys (`argmax_rows`).
     Ids,
-    /// The decode token's normalised row quantised to Q8_0 groups (`norm_q8`), input of the
-    /// products after it (`gemv_q8_multi_pq_1`).
-    NormQ,
 }
-const N_SCRATCH: usize = 15;
-/// Values per thread in the norm kernels' register path (`NORM_PER` in kernels/common.cuh).
-const NORM_PER: usize = 8;
+const N_SCRATCH: usize = 14;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -222,27 +217,6 @@ const PART_MIN_BYTES: usize = 16 << 20;
 const ARGMAX_CHUNK: usize = 2048;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
-
-/// The job table of `gemv_q8_multi_*` (up to 3 products of one input): each job's weight, row
-/// bytes, rows and output view in `args[0..18]` (unused jobs zero), and the row-tile bounds
-/// (`t1`, `t2`) and tile total for `rows_per_tile`-row tiles.
-fn multi_jobs(jobs: &[(&CudaWeight, &CudaBuf, Rows)], rows_per_tile: usize, args: &mut [A]) -> ([usize; 3], usize) {
-    let mut bounds = [0usize; 3];
-    let mut total = 0usize;
-    for j in 0..3 {
-        let six = match jobs.get(j) {
-            Some(&(w, out, o)) => {
-                out.check(o);
-                total += w.ne(1).div_ceil(rows_per_tile);
-                [A::P(w.mem.ptr), l(w.row_bytes), i(w.ne(1)), A::P(out.0.ptr), l(o.off), l(o.stride)]
-            }
-            None => [A::P(0), l(0), i(0), A::P(0), l(0), l(0)],
-        };
-        args[6 * j..6 * j + 6].copy_from_slice(&six);
-        bounds[j] = total;
-    }
-    (bounds, total)
-}
 
 /// True when the 16-byte vector GEMVs (`gemv_h16_*`, `moe_gemv_h16_*`) can read `w` and an f32
 /// activation view at element offset `xoff` with row stride `xstride`: f16/bf16 rows of a
@@ -382,8 +356,6 @@ fn kernel_names() -> Vec<String> {
         "gemv_q8_multi_2",
         "gemv_q8_multi_4",
         "gemv_q8_multi_8",
-        "gemv_q8_multi_pq_1",
-        "norm_q8",
         "moe_down_sh_q8",
         "moe_gateup_sh_f16",
         "moe_down_sh_f16",
@@ -476,10 +448,6 @@ pub struct CudaBackend {
     /// `TS_CUDA_MMQ16=1`: 16-token tiles stream one group per stage (`mmq_q8_16g1`, the previous
     /// kernel) instead of two (`mmq_q8_16`); to compare.
     mmq16: u8,
-    /// `Backend::norm_matmul_many` for one Q8_0 decode token as `norm_q8` + `gemv_q8_multi_pq_1`
-    /// (the norm quantises the row once); `TS_CUDA_PQ=0` runs the norm and `gemv_q8_multi_1`
-    /// (every block quantises the row itself), to compare.
-    pq: bool,
     /// `TS_CUDA_SKIP=name,name`: kernels whose names start with one of these are not launched.
     /// A measurement knob only (results are wrong): the tokens/s gained by leaving a kernel out
     /// of the real, overlapped step is that kernel's share of it, which isolated timings (Nsight
@@ -634,7 +602,6 @@ impl CudaBackend {
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
-            pq: std::env::var("TS_CUDA_PQ").map_or(true, |v| v != "0"),
             trace: trace.then(|| Mutex::new(Vec::new())),
             skip: std::env::var("TS_CUDA_SKIP")
                 .map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
@@ -2242,9 +2209,20 @@ impl Backend for CudaBackend {
             }
             let lpr = (k / 16).next_power_of_two().min(32);
             let rows_per_tile = 8 * (32 / lpr);
-            let mut args = [A::I(0); 27];
-            let (bounds, total) = multi_jobs(chunk, rows_per_tile, &mut args);
-            args[18..].copy_from_slice(&[i(bounds[0]), i(bounds[1]), i(total), i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
+            let mut args = Vec::with_capacity(27);
+            let mut bounds = [0usize; 3];
+            let mut total = 0usize;
+            for j in 0..3 {
+                if let Some(&(w, out, o)) = chunk.get(j) {
+                    out.check(o);
+                    args.extend([A::P(w.mem.ptr), l(w.row_bytes), i(w.ne(1)), A::P(out.0.ptr), l(o.off), l(o.stride)]);
+                    total += w.ne(1).div_ceil(rows_per_tile);
+                } else {
+                    args.extend([A::P(0), l(0), i(0), A::P(0), l(0), l(0)]);
+                }
+                bounds[j] = total;
+            }
+            args.extend([i(bounds[0]), i(bounds[1]), i(total), i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
             self.launch(
                 &format!("gemv_q8_multi_{nt}"),
                 (total.min(self.sm_count * 8) as u32, n.div_ceil(nt) as u32, 1),
@@ -2253,92 +2231,6 @@ impl Backend for CudaBackend {
                 &args,
             );
         }
-    }
-
-    fn norm_matmul_many(
-        &self,
-        x: &CudaBuf,
-        xr: Rows,
-        delta: Option<(&CudaBuf, Rows)>,
-        w: Option<&CudaWeight>,
-        eps: f32,
-        h: &CudaBuf,
-        hr: Rows,
-        jobs: &[(&CudaWeight, &CudaBuf, Rows)],
-    ) {
-        let k = xr.width;
-        // One decode token whose row the norm kernels keep in registers (whole 128-value groups),
-        // then 2 or 3 Q8_0 products as gemv_q8_multi takes them.
-        let block = k.next_power_of_two().clamp(32, 256);
-        let ok = self.fused
-            && self.pq
-            && xr.n == 1
-            && (hr.n, hr.width) == (1, k)
-            && k % 128 == 0
-            && k <= NORM_PER * block
-            && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (1, k))
-            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
-            && (2..=3).contains(&jobs.len())
-            && jobs.iter().all(|(jw, _, o)| {
-                jw.dtype == GgmlType::Q8_0
-                    && jw.shape.len() <= 3
-                    && jw.ne(2) == 1
-                    && jw.ne(0) == k
-                    && o.n == 1
-                    && o.width == jw.ne(1)
-                    && jw.ne(1) > 0
-            });
-        if !ok {
-            match delta {
-                Some((d, dr)) => self.add_rms_norm(x, xr, d, dr, w, eps, h, hr),
-                None => self.rms_norm(x, xr, w, eps, h, hr),
-            }
-            self.matmul_many(h, hr, jobs);
-            return;
-        }
-        x.check(xr);
-        h.check(hr);
-        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-        let hrow = k / 128 * 144;
-        // A scratch that cannot be had has been recorded as the backend's error.
-        let Some(hq) = self.scratch(S::NormQ, hrow) else { return };
-        let (d, dr) = match delta {
-            Some((d, dr)) => {
-                d.check(dr);
-                (d.0.ptr, dr)
-            }
-            None => (0, Rows::packed(1, k)),
-        };
-        self.launch(
-            "norm_q8",
-            (1, 1, 1),
-            block as u32,
-            0,
-            &[
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                A::P(d),
-                l(dr.off),
-                l(dr.stride),
-                A::I(delta.is_some() as i32),
-                A::P(w.map_or(0, |w| w.mem.ptr)),
-                A::I(w.is_some() as i32),
-                A::F(eps),
-                A::P(h.0.ptr),
-                l(hr.off),
-                l(hr.stride),
-                A::P(hq),
-                l(hrow),
-                i(k),
-            ],
-        );
-        let lpr = (k / 16).next_power_of_two().min(32);
-        let rows_per_tile = 8 * (32 / lpr);
-        let mut args = [A::I(0); 24];
-        let (bounds, total) = multi_jobs(jobs, rows_per_tile, &mut args);
-        args[18..].copy_from_slice(&[i(bounds[0]), i(bounds[1]), i(total), i(k), A::P(hq), i(lpr)]);
-        self.launch("gemv_q8_multi_pq_1", (total.min(self.sm_count * 8) as u32, 1, 1), 256, 0, &args);
     }
 
     fn add_rms_norm(&self, x: &CudaBuf, xr: Rows, delta: &CudaBuf, dr: Rows, w: Option<&CudaWeight>, eps: f32, out: &CudaBuf, o: Rows) {

@@ -1002,17 +1002,17 @@ impl<B: Backend> DeepSeek2<B> {
         let mut pending = false;
         for l in &self.layers {
             // ---- attention ----
-            // The norm (with the pending residual add), then q (or its low-rank first half) and
-            // kv_a, which read the same input: one op.
-            let delta = pending.then_some((&s.y, rx));
-            let eps = c.eps;
+            if pending {
+                be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
+            } else {
+                be.rms_norm(&s.x, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
+            }
+            // q (or its low-rank first half) and kv_a read the same input: one op.
             match &l.q {
-                QProj::Plain { wq } => {
-                    be.norm_matmul_many(&s.x, rx, delta, Some(&l.attn_norm), eps, &s.h, rx, &[(wq, &s.q, rq), (&l.wkv_a, &s.kv, rkv)])
-                }
+                QProj::Plain { wq } => be.matmul_many(&s.h, rx, &[(wq, &s.q, rq), (&l.wkv_a, &s.kv, rkv)]),
                 QProj::LowRank { wq_a, q_a_norm, wq_b } => {
                     let ra = Rows::packed(n, c.q_lora.unwrap_or(0)); // [n, q_lora]
-                    be.norm_matmul_many(&s.x, rx, delta, Some(&l.attn_norm), eps, &s.h, rx, &[(wq_a, &s.qa, ra), (&l.wkv_a, &s.kv, rkv)]);
+                    be.matmul_many(&s.h, rx, &[(wq_a, &s.qa, ra), (&l.wkv_a, &s.kv, rkv)]);
                     be.rms_norm(&s.qa, ra, Some(q_a_norm), c.eps, &s.qa, ra);
                     be.matmul(&s.qa, ra, wq_b, &s.q, rq);
                 }
