@@ -2209,20 +2209,23 @@ impl Backend for CudaBackend {
             }
             let lpr = (k / 16).next_power_of_two().min(32);
             let rows_per_tile = 8 * (32 / lpr);
-            let mut args = Vec::with_capacity(27);
+            // The job table (a fixed array: launching allocates nothing), then the shared input.
+            let mut args = [A::I(0); 27];
             let mut bounds = [0usize; 3];
             let mut total = 0usize;
             for j in 0..3 {
-                if let Some(&(w, out, o)) = chunk.get(j) {
-                    out.check(o);
-                    args.extend([A::P(w.mem.ptr), l(w.row_bytes), i(w.ne(1)), A::P(out.0.ptr), l(o.off), l(o.stride)]);
-                    total += w.ne(1).div_ceil(rows_per_tile);
-                } else {
-                    args.extend([A::P(0), l(0), i(0), A::P(0), l(0), l(0)]);
-                }
+                let six = match chunk.get(j) {
+                    Some(&(w, out, o)) => {
+                        out.check(o);
+                        total += w.ne(1).div_ceil(rows_per_tile);
+                        [A::P(w.mem.ptr), l(w.row_bytes), i(w.ne(1)), A::P(out.0.ptr), l(o.off), l(o.stride)]
+                    }
+                    None => [A::P(0), l(0), i(0), A::P(0), l(0), l(0)],
+                };
+                args[6 * j..6 * j + 6].copy_from_slice(&six);
                 bounds[j] = total;
             }
-            args.extend([i(bounds[0]), i(bounds[1]), i(total), i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
+            args[18..].copy_from_slice(&[i(bounds[0]), i(bounds[1]), i(total), i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
             self.launch(
                 &format!("gemv_q8_multi_{nt}"),
                 (total.min(self.sm_count * 8) as u32, n.div_ceil(nt) as u32, 1),
