@@ -218,6 +218,35 @@ const ARGMAX_CHUNK: usize = 2048;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
+/// A kernel name built on the stack from `format_args!` (launching allocates nothing). Names are
+/// short; one longer than the buffer comes out cut, and the launch then reports it not loaded.
+struct KName {
+    buf: [u8; 48],
+    len: usize,
+}
+impl KName {
+    fn of(args: std::fmt::Arguments) -> KName {
+        let mut k = KName { buf: [0; 48], len: 0 };
+        let _ = std::fmt::Write::write_fmt(&mut k, args);
+        k
+    }
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+}
+impl std::fmt::Write for KName {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let b = s.as_bytes();
+        let end = self.len + b.len();
+        if end > self.buf.len() {
+            return Err(std::fmt::Error);
+        }
+        self.buf[self.len..end].copy_from_slice(b);
+        self.len = end;
+        Ok(())
+    }
+}
+
 /// True when the 16-byte vector GEMVs (`gemv_h16_*`, `moe_gemv_h16_*`) can read `w` and an f32
 /// activation view at element offset `xoff` with row stride `xstride`: f16/bf16 rows of a
 /// multiple of 8 values, every row and matrix 16-byte aligned, activations 16-byte aligned.
@@ -867,7 +896,7 @@ impl CudaBackend {
                 let lpr = (k / 16).next_power_of_two().min(32);
                 let tiles = m.div_ceil(8 * (32 / lpr));
                 self.launch(
-                    &format!("gemv_q8_{nt}"),
+                    KName::of(format_args!("gemv_q8_{nt}")).as_str(),
                     (tiles.min(self.sm_count * 8) as u32, ng.div_ceil(nt) as u32, g as u32),
                     256,
                     smem as u32,
@@ -914,7 +943,7 @@ impl CudaBackend {
             };
             let h16 = if h16_vector_ok(w, k, xr.off, xr.stride) { "h16_" } else { "" };
             self.launch(
-                &format!("gemv_{h16}{tn}_{nn}"),
+                KName::of(format_args!("gemv_{h16}{tn}_{nn}")).as_str(),
                 (m.div_ceil(4) as u32, ng.div_ceil(nn) as u32, g as u32),
                 128,
                 0,
@@ -985,7 +1014,7 @@ impl CudaBackend {
             let Some(xb) = self.scratch(S::XBf16, 2 * k * xr.n) else { return };
             let rows = m * g;
             self.launch(
-                &format!("dequant_bf16_{tn}"),
+                KName::of(format_args!("dequant_bf16_{tn}")).as_str(),
                 Self::grid1(rows * k.div_ceil(32)),
                 256,
                 0,
@@ -1201,7 +1230,7 @@ impl CudaBackend {
             Glu::GeGluTanh => 1,
         };
         self.launch(
-            &format!("moe_gateup_sh_{tn}"),
+            KName::of(format_args!("moe_gateup_sh_{tn}")).as_str(),
             (ff.div_ceil(8) as u32, (n * ks) as u32, 1),
             256,
             0,
@@ -1227,7 +1256,7 @@ impl CudaBackend {
             ],
         );
         self.launch(
-            &format!("moe_down_sh_{tn}"),
+            KName::of(format_args!("moe_down_sh_{tn}")).as_str(),
             (hdim.div_ceil(8) as u32, n as u32, 1),
             256,
             0,
@@ -1316,7 +1345,7 @@ impl CudaBackend {
         }
         let n = batch.tokens.len();
         self.launch(
-            &format!("attention_{vpl}"),
+            KName::of(format_args!("attention_{vpl}")).as_str(),
             ((n * nh) as u32, 1, 1),
             128,
             smem,
@@ -1551,7 +1580,7 @@ impl Backend for CudaBackend {
         }
         let Some(tn) = tname(table.dtype) else { return };
         self.launch(
-            &format!("embed_{tn}"),
+            KName::of(format_args!("embed_{tn}")).as_str(),
             (o.n as u32, 1, 1),
             128,
             0,
@@ -2041,7 +2070,7 @@ impl Backend for CudaBackend {
             }
             if grouped {
                 self.launch(
-                    &format!("moe_gemm_{tn}"),
+                    KName::of(format_args!("moe_gemm_{tn}")).as_str(),
                     (m.div_ceil(64) as u32, n.div_ceil(64) as u32, ne as u32),
                     256,
                     0,
@@ -2065,7 +2094,7 @@ impl Backend for CudaBackend {
             } else {
                 let h16 = if h16_vector_ok(w, kd, ioff, istr) { "h16_" } else { "" };
                 self.launch(
-                    &format!("moe_gemv_{h16}{tn}"),
+                    KName::of(format_args!("moe_gemv_{h16}{tn}")).as_str(),
                     (m.div_ceil(4) as u32, pairs as u32, 1),
                     128,
                     0,
@@ -2227,7 +2256,7 @@ impl Backend for CudaBackend {
             }
             args[18..].copy_from_slice(&[i(bounds[0]), i(bounds[1]), i(total), i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
             self.launch(
-                &format!("gemv_q8_multi_{nt}"),
+                KName::of(format_args!("gemv_q8_multi_{nt}")).as_str(),
                 (total.min(self.sm_count * 8) as u32, n.div_ceil(nt) as u32, 1),
                 256,
                 (nt * k * 9 / 8) as u32,
@@ -2600,6 +2629,17 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
+    /// Kernel names built on the stack equal the format! strings; an over-long one is cut, never
+    /// a panic.
+    #[test]
+    fn kernel_names_on_the_stack() {
+        let (nt, tn, h16) = (8, "bf16", "h16_");
+        assert_eq!(super::KName::of(format_args!("gemv_q8_{nt}")).as_str(), "gemv_q8_8");
+        assert_eq!(super::KName::of(format_args!("moe_gemv_{h16}{tn}")).as_str(), "moe_gemv_h16_bf16");
+        let long = "x".repeat(100);
+        assert!(super::KName::of(format_args!("{long}")).as_str().len() <= 48);
+    }
+
     /// Every kernel the backend loads at start is in the module NVRTC builds (a missing one is
     /// otherwise found only on a GPU, as an error at `CudaBackend::new`): each name must stand
     /// in the CUBIN's string table as a whole, NUL-delimited symbol. Needs libnvrtc (CI installs
