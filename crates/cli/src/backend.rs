@@ -60,10 +60,16 @@ impl AnyBackend {
         }
     }
 
-    pub fn load(&self, src: &dyn TensorSource, opts: RuntimeOptions, progress: Box<dyn FnMut(u64, u64)>) -> Result<Box<dyn Model>> {
+    pub fn load(
+        &self,
+        src: &dyn TensorSource,
+        opts: RuntimeOptions,
+        requant: Option<ts_formats::GgmlType>,
+        progress: Box<dyn FnMut(u64, u64)>,
+    ) -> Result<Box<dyn Model>> {
         Ok(match self {
-            AnyBackend::Cpu(b) => ts_models::load_with_progress(src, b.clone(), opts, progress)?,
-            AnyBackend::Cuda(b) => ts_models::load_with_progress(src, b.clone(), opts, progress)?,
+            AnyBackend::Cpu(b) => ts_models::load_with_progress(src, b.clone(), opts, requant, progress)?,
+            AnyBackend::Cuda(b) => ts_models::load_with_progress(src, b.clone(), opts, requant, progress)?,
         })
     }
 }

@@ -79,8 +79,19 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
     }
     let be = AnyBackend::new(o.backend, o.threads, o.exact, o.no_mmap)?;
     let free_before = be.device_memory();
+    let requant = o.quant.map(|q| q.ggml());
     if let Some((free, total)) = free_before {
-        let need: u64 = src.tensor_names().iter().filter_map(|n| src.tensor(n)).map(|t| t.data.len() as u64).sum();
+        // Bytes on the device: a tensor --quant converts takes its new type's size (an estimate:
+        // which matrices the model binds as such is the family's business).
+        let need: u64 = src
+            .tensor_names()
+            .iter()
+            .filter_map(|n| src.tensor(n))
+            .map(|t| match ts_models::bind::requant_target(&t, ts_core::WeightUse::Matmul, requant) {
+                Some(ty) if t.shape.len() >= 2 => ty.row_bytes(t.shape[0]).map_or(t.data.len(), |rb| rb * (t.numel() / t.shape[0])) as u64,
+                _ => t.data.len() as u64,
+            })
+            .sum();
         if need > free as u64 {
             bail!(
                 "{}: the weights need {:.2} GiB but {} has {:.2} GiB free of {:.2} GiB",
@@ -104,6 +115,7 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
     let model = be.load(
         src.as_ref(),
         opts,
+        requant,
         Box::new(move |done, total| {
             pb2.set_length(total.max(1));
             pb2.set_position(done);

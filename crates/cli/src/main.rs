@@ -83,6 +83,27 @@ pub struct ModelOpts {
     /// process). Replacing a file by renaming a new one over it is safe either way.
     #[arg(long = "no-mmap")]
     pub no_mmap: bool,
+    /// Quantise the model's f32/f16/bf16 weight matrices to this type as they load (a Hugging
+    /// Face bf16 checkpoint then takes half the memory and the 8-bit kernels, at Q8_0's accuracy,
+    /// as converting it with llama.cpp to a Q8_0 GGUF would). Norms, embeddings, MoE routers and
+    /// already-quantised tensors stay as they are.
+    #[arg(long = "quant", value_enum)]
+    pub quant: Option<QuantKind>,
+}
+
+/// Weight types `--quant` can produce.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantKind {
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl QuantKind {
+    pub fn ggml(self) -> ts_formats::GgmlType {
+        match self {
+            QuantKind::Q8_0 => ts_formats::GgmlType::Q8_0,
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -56,6 +56,9 @@ pub struct ServeArgs {
     /// map (for a file that may be overwritten in place while the server runs).
     #[arg(long = "no-mmap")]
     pub no_mmap: bool,
+    /// Quantise the f32/f16/bf16 weight matrices to this type as they load (see `run --help`).
+    #[arg(long = "quant", value_enum)]
+    pub quant: Option<crate::QuantKind>,
     /// Longest a request may take, in seconds from its arrival: a running one is then finished
     /// with finish_reason "length", one still waiting for a slot gets 503. 0: no limit.
     #[arg(long = "request-timeout", default_value_t = 600.0)]
@@ -93,6 +96,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         exact: a.exact,
         batch_size: ro.max_batch,
         no_mmap: a.no_mmap,
+        quant: a.quant,
     };
     let l = load::load(&o, Some(&hub::SMOLLM2), ro.n_slots)?;
     let file = l.path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());

@@ -161,16 +161,21 @@ pub trait Model: Send {
     }
 }
 
-/// [`load`], calling `progress(bytes_done, bytes_total)` as tensors are uploaded.
+/// [`load`], calling `progress(bytes_done, bytes_total)` as tensors are uploaded, and with
+/// `requant` = Some(type), quantising the f32/f16/bf16 weight matrices to that type as they load
+/// (see [`bind::requant_target`] for which).
 pub fn load_with_progress<B: Backend + 'static>(
     src: &dyn TensorSource,
     be: Arc<B>,
     opts: RuntimeOptions,
+    requant: Option<ts_formats::GgmlType>,
     progress: Box<dyn FnMut(u64, u64)>,
 ) -> Result<Box<dyn Model>> {
     bind::PROGRESS.with(|p| *p.borrow_mut() = Some(progress));
+    bind::REQUANT.with(|q| q.set(requant));
     let r = load(src, be, opts);
     bind::PROGRESS.with(|p| *p.borrow_mut() = None);
+    bind::REQUANT.with(|q| q.set(None));
     r
 }
 

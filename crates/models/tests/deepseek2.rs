@@ -122,7 +122,13 @@ fn check_q8(path: &Path, tokens: &[u32], reference: &[Vec<f32>], what: &str) -> 
     assert!(wmax < 4e-2, "{what}: weight-quantisation error {wmax:.3e} beyond Q8_0's");
     let (_s, mut m) = open(path);
     let got = all_logits(&mut m, tokens);
-    let rel = row_rel(&got, reference);
+    format!("{what}: dequantised weights max rel err {wmax:.2e}; {}", q8_rows(&got, reference, what))
+}
+
+/// The Q8_0-kernel criteria of [`check_q8`] on logits `got`: argmax equal wherever the reference's
+/// top-2 margin exceeds twice the row's error, at least 3/4 of the rows within 5e-2.
+fn q8_rows(got: &[Vec<f32>], reference: &[Vec<f32>], what: &str) -> String {
+    let rel = row_rel(got, reference);
     let mut checked = 0;
     for (p, (g, r)) in got.iter().zip(reference).enumerate() {
         let err = g.iter().zip(r).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
@@ -136,7 +142,7 @@ fn check_q8(path: &Path, tokens: &[u32], reference: &[Vec<f32>], what: &str) -> 
     let within = rel.iter().filter(|&&e| e < 5e-2).count();
     assert!(within * 4 >= 3 * rel.len(), "{what}: only {within}/{} rows within 5e-2: {rel:?}", rel.len());
     format!(
-        "{what}: dequantised weights max rel err {wmax:.2e}; Q8_0 kernels max rel err {:.2e} ({within}/{} rows < 5e-2), argmax equal at {checked}/{}",
+        "Q8_0 kernels max rel err {:.2e} ({within}/{} rows < 5e-2), argmax equal at {checked}/{}",
         rel.iter().cloned().fold(0.0, f64::max),
         rel.len(),
         rel.len()
@@ -210,6 +216,18 @@ fn fixture(variant: &str) {
     let q8 = dir.join("model-q8_0-mla.gguf");
     if q8.exists() {
         report.push(check_q8(&q8, &tokens, &reference, &format!("{variant}/gguf-q8_0-mla")));
+    }
+    // The HF f32 folder quantised to Q8_0 as it loads (`--quant q8_0`): Q8_0's accuracy too.
+    if dir.join("config.json").exists() {
+        let src = ts_formats::open_model(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let mut m = ts_models::load_with_progress(src.as_ref(), backend(), OPTS, Some(GgmlType::Q8_0), Box::new(|_, _| {}))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let what = format!("{variant}/hf-f32 --quant q8_0");
+        let f32_bytes: u64 = src.tensor_names().iter().filter_map(|n| src.tensor(n)).map(|t| t.data.len() as u64).sum();
+        let wb = m.info().weight_bytes;
+        assert!(wb * 2 < f32_bytes, "{what}: {wb} bytes of weights after quantising {f32_bytes} bytes of f32");
+        let got = all_logits(m.as_mut(), &tokens);
+        report.push(format!("{what}: {}", q8_rows(&got, &reference, &what)));
     }
     for r in report {
         eprintln!("{r}");
