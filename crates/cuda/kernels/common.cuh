@@ -158,6 +158,22 @@ __device__ __forceinline__ void norm_store(const float* v, const float* wv, int 
         }
     }
 }
+// One row through the register path after its weights are in wv: v = x (ADD: x + d, written
+// back to x), the sum of squares, the normalised stores (rms_norm, add_rms_norm).
+template <bool ADD>
+__device__ __forceinline__ void norm_row(const float* xr, float* xw, const float* dr, const float* wv, int has_w,
+                                         float eps, float* orow, int width, float* part) {
+    const int bd = blockDim.x, tid = threadIdx.x;
+    float v[NORM_PER];
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < width ? (ADD ? xr[tid + k * bd] + dr[tid + k * bd] : xr[tid + k * bd]) : 0.f;
+    if (ADD) {
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++)
+            if (tid + k * bd < width) xw[tid + k * bd] = v[k];
+    }
+    norm_store(v, wv, has_w, block_rms_inv(norm_ss(v, width), part, width, eps), width, orow);
+}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -20,12 +20,10 @@ extern "C" __global__ void rms_norm(const float* x, i64 xoff, i64 xstride, const
     float* orow = out + ooff + blockIdx.x * ostride;
     const int bd = blockDim.x, tid = threadIdx.x;
     if (width <= NORM_PER * bd) {
-        float wv[NORM_PER], v[NORM_PER];
+        float wv[NORM_PER];
         norm_load_w(w, has_w, width, wv);
         PDL_ENTRY();
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < width ? xr[tid + k * bd] : 0.f;
-        norm_store(v, wv, has_w, block_rms_inv(norm_ss(v, width), part, width, eps), width, orow);
+        norm_row<false>(xr, nullptr, nullptr, wv, has_w, eps, orow, width, part);
         return;
     }
     PDL_ENTRY();

@@ -17,15 +17,10 @@ extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const f
     float* orow = out + ooff + blockIdx.x * ostride;
     const int bd = blockDim.x, tid = threadIdx.x;
     if (width <= NORM_PER * bd) {
-        float wv[NORM_PER], v[NORM_PER];
+        float wv[NORM_PER];
         norm_load_w(w, has_w, width, wv);
         PDL_ENTRY();
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < width ? xr[tid + k * bd] + dr[tid + k * bd] : 0.f;
-#pragma unroll
-        for (int k = 0; k < NORM_PER; k++)
-            if (tid + k * bd < width) xr[tid + k * bd] = v[k];
-        norm_store(v, wv, has_w, block_rms_inv(norm_ss(v, width), part, width, eps), width, orow);
+        norm_row<true>(xr, xr, dr, wv, has_w, eps, orow, width, part);
         return;
     }
     PDL_ENTRY();

@@ -218,6 +218,39 @@ const ARGMAX_CHUNK: usize = 2048;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
+/// The arguments of the decode MoE's down kernels (`moe_down_sh_q8`, `moe_down_sh_<t>`): the
+/// routed experts' and the shared FFN's down weights, (hdim, ff, k, shared chunks), the slots'
+/// expert ids, their inputs (`act`: a row per slot every `arow` elements or bytes: f32 GLU rows,
+/// or their Q8_0 groups) and the output view.
+#[allow(clippy::too_many_arguments)]
+fn moe_down_args(
+    down: &CudaWeight,
+    shared: &CudaWeight,
+    (hdim, ff, k, nsh): (usize, usize, usize, usize),
+    sel_e: u64,
+    (act, arow): (u64, usize),
+    out: &CudaBuf,
+    o: Rows,
+) -> [A; 15] {
+    [
+        A::P(down.mem.ptr),
+        l(down.row_bytes),
+        l(down.mat_bytes()),
+        i(hdim),
+        i(ff),
+        i(k),
+        A::P(sel_e),
+        A::P(shared.mem.ptr),
+        l(shared.row_bytes),
+        i(nsh),
+        A::P(act),
+        l(arow),
+        A::P(out.0.ptr),
+        l(o.off),
+        l(o.stride),
+    ]
+}
+
 /// A kernel name built on the stack from `format_args!` (launching allocates nothing). Names are
 /// short; one longer than the buffer comes out cut, and the launch then reports it not loaded.
 struct KName {
@@ -1260,23 +1293,7 @@ impl CudaBackend {
             (hdim.div_ceil(8) as u32, n as u32, 1),
             256,
             0,
-            &[
-                A::P(experts.down.mem.ptr),
-                l(experts.down.row_bytes),
-                l(experts.down.mat_bytes()),
-                i(hdim),
-                i(ff),
-                i(k),
-                A::P(sel_e),
-                A::P(shared.down.mem.ptr),
-                l(shared.down.row_bytes),
-                i(nsh),
-                A::P(g),
-                l(ff),
-                A::P(out.0.ptr),
-                l(o.off),
-                l(o.stride),
-            ],
+            &moe_down_args(experts.down, shared.down, (hdim, ff, k, nsh), sel_e, (g, ff), out, o),
         );
     }
 
@@ -2513,23 +2530,7 @@ impl Backend for CudaBackend {
             (hdim.div_ceil(4) as u32, n as u32, 1),
             256,
             0,
-            &[
-                A::P(dw.mem.ptr),
-                l(dw.row_bytes),
-                l(dw.mat_bytes()),
-                i(hdim),
-                i(ff),
-                i(k),
-                A::P(sel_e),
-                A::P(shared.down.mem.ptr),
-                l(shared.down.row_bytes),
-                i(nsh),
-                A::P(hq),
-                l(hrow),
-                A::P(out.0.ptr),
-                l(o.off),
-                l(o.stride),
-            ],
+            &moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o),
         );
         true
     }
