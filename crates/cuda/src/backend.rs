@@ -218,6 +218,36 @@ const ARGMAX_CHUNK: usize = 2048;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
+/// The arguments of the decode MoE's gate/up kernels (`moe_gateup_sh_q8q`, `moe_gateup_sh_<t>`):
+/// the routed experts' and the shared FFN's gate and up weights, (ff, hdim, k, shared chunks),
+/// the slots' expert ids and router weights, then the kernel's own input and output arguments.
+/// A fixed array (launching allocates nothing): `N` = 12 + the kernel's own `T` arguments.
+fn moe_gateup_args<const T: usize, const N: usize>(
+    experts: &Experts<'_, CudaWeight>,
+    shared: &Experts<'_, CudaWeight>,
+    (ff, hdim, k, nsh): (usize, usize, usize, usize),
+    (sel_e, sel_w): (u64, u64),
+    tail: [A; T],
+) -> [A; N] {
+    let mut v = [A::I(0); N];
+    v[..12].copy_from_slice(&[
+        A::P(experts.gate.mem.ptr),
+        A::P(experts.up.mem.ptr),
+        l(experts.gate.row_bytes),
+        l(experts.gate.mat_bytes()),
+        i(ff),
+        i(hdim),
+        A::P(sel_e),
+        A::P(sel_w),
+        i(k),
+        A::P(shared.gate.mem.ptr),
+        A::P(shared.up.mem.ptr),
+        i(nsh),
+    ]);
+    v[12..].copy_from_slice(&tail);
+    v
+}
+
 /// The arguments of the decode MoE's down kernels (`moe_down_sh_q8`, `moe_down_sh_<t>`): the
 /// routed experts' and the shared FFN's down weights, (hdim, ff, k, shared chunks), the slots'
 /// expert ids, their inputs (`act`: a row per slot every `arow` elements or bytes: f32 GLU rows,
@@ -1267,26 +1297,13 @@ impl CudaBackend {
             (ff.div_ceil(8) as u32, (n * ks) as u32, 1),
             256,
             0,
-            &[
-                A::P(experts.gate.mem.ptr),
-                A::P(experts.up.mem.ptr),
-                l(experts.gate.row_bytes),
-                l(experts.gate.mat_bytes()),
-                i(ff),
-                i(hdim),
-                A::P(sel_e),
-                A::P(sel_w),
-                i(k),
-                A::P(shared.gate.mem.ptr),
-                A::P(shared.up.mem.ptr),
-                i(nsh),
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                A::I(act),
-                A::P(g),
-                l(ff),
-            ],
+            &moe_gateup_args::<6, 18>(
+                experts,
+                shared,
+                (ff, hdim, k, nsh),
+                (sel_e, sel_w),
+                [A::P(x.0.ptr), l(xr.off), l(xr.stride), A::I(act), A::P(g), l(ff)],
+            ),
         );
         self.launch(
             KName::of(format_args!("moe_down_sh_{tn}")).as_str(),
@@ -2498,32 +2515,20 @@ impl Backend for CudaBackend {
             Glu::SwiGlu => 0,
             Glu::GeGluTanh => 1,
         };
-        let (gw, uw, dw) = (experts.gate, experts.up, experts.down);
+        let dw = experts.down;
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
         self.launch(
             "moe_gateup_sh_q8q",
             (ff.div_ceil(32) as u32, (n * ks) as u32, 1),
             256,
             0,
-            &[
-                A::P(gw.mem.ptr),
-                A::P(uw.mem.ptr),
-                l(gw.row_bytes),
-                l(gw.mat_bytes()),
-                i(ff),
-                i(hdim),
-                A::P(sel_e),
-                A::P(sel_w),
-                i(k),
-                A::P(shared.gate.mem.ptr),
-                A::P(shared.up.mem.ptr),
-                i(nsh),
-                A::P(xq),
-                l(xrow),
-                A::I(act),
-                A::P(hq),
-                l(hrow),
-            ],
+            &moe_gateup_args::<5, 17>(
+                &experts,
+                &shared,
+                (ff, hdim, k, nsh),
+                (sel_e, sel_w),
+                [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
+            ),
         );
         self.launch(
             "moe_down_sh_q8",
