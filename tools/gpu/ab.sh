@@ -4,7 +4,7 @@
 # the same arithmetic) is checked and measured at once.
 # Usage (on the GPU machine, from the repo root): tools/gpu/ab.sh BIN_A BIN_B [OPS_TEST_B]
 # Prints, per test, both figures and whether the token hashes agree; runs OPS_TEST_B first if given.
-# A_ENV / B_ENV (e.g. B_ENV="TS_CUDA_GV=0"): environment for that side's runs, so one binary can be
+# A_ENV / B_ENV (e.g. B_ENV="TS_CUDA_PDL=0"): environment for that side's runs, so one binary can be
 # compared with itself under a switch (BIN_A = BIN_B).
 set -u
 A=$1; B=$2; OPS=${3:-}
