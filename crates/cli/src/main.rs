@@ -85,8 +85,9 @@ pub struct ModelOpts {
     pub no_mmap: bool,
     /// Quantise the model's f32/f16/bf16 weight matrices to this type as they load (a Hugging
     /// Face bf16 checkpoint then takes half the memory and the 8-bit kernels, at Q8_0's accuracy,
-    /// as converting it with llama.cpp to a Q8_0 GGUF would). Norms, embeddings, MoE routers and
-    /// already-quantised tensors stay as they are.
+    /// as converting it with llama.cpp to a Q8_0 GGUF would). Norms, MoE routers, already-quantised
+    /// tensors and the token embeddings stay as they are (embeddings tied to the output
+    /// projection serve as a matrix too, and are quantised with it).
     #[arg(long = "quant", value_enum)]
     pub quant: Option<QuantKind>,
 }
