@@ -174,6 +174,34 @@ __device__ __forceinline__ void norm_row(const float* xr, float* xw, const float
     }
     norm_store(v, wv, has_w, block_rms_inv(norm_ss(v, width), part, width, eps), width, orow);
 }
+// A whole rms_norm (ADD: add_rms_norm) row for one block: rows of up to NORM_PER * blockDim
+// values through the register path above (weights before the PDL wait), wider ones through
+// strided loops (the same elements per thread, summed in the same order). xr == xw with ADD.
+template <bool ADD>
+__device__ __forceinline__ void norm_block_row(const float* xr, float* xw, const float* dr, const float* w, int has_w,
+                                               float eps, float* orow, int width) {
+    __shared__ float part[32];
+    const int bd = blockDim.x, tid = threadIdx.x;
+    if (width <= NORM_PER * bd) {
+        float wv[NORM_PER];
+        norm_load_w(w, has_w, width, wv);
+        PDL_ENTRY();
+        norm_row<ADD>(xr, xw, dr, wv, has_w, eps, orow, width, part);
+        return;
+    }
+    PDL_ENTRY();
+    float ss = 0.f;
+    for (int i = tid; i < width; i += bd) {
+        const float v = ADD ? xr[i] + dr[i] : xr[i];
+        if (ADD) xw[i] = v;
+        ss += v * v;
+    }
+    const float inv = block_rms_inv(ss, part, width, eps);
+    for (int i = tid; i < width; i += bd) {
+        float v = xr[i] * inv;
+        orow[i] = has_w ? v * w[i] : v;
+    }
+}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

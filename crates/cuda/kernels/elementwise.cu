@@ -15,25 +15,8 @@ __device__ __forceinline__ i64 at(i64 idx, i64 width, i64 off, i64 stride) {
 // elements per thread, summed in the same order as the loop: the same bits.
 extern "C" __global__ void rms_norm(const float* x, i64 xoff, i64 xstride, const float* w, int has_w, float eps,
                                     float* out, i64 ooff, i64 ostride, int width) {
-    __shared__ float part[32];
-    const float* xr = x + xoff + blockIdx.x * xstride;
-    float* orow = out + ooff + blockIdx.x * ostride;
-    const int bd = blockDim.x, tid = threadIdx.x;
-    if (width <= NORM_PER * bd) {
-        float wv[NORM_PER];
-        norm_load_w(w, has_w, width, wv);
-        PDL_ENTRY();
-        norm_row<false>(xr, nullptr, nullptr, wv, has_w, eps, orow, width, part);
-        return;
-    }
-    PDL_ENTRY();
-    float ss = 0.f;
-    for (int i = tid; i < width; i += bd) { float v = xr[i]; ss += v * v; }
-    const float inv = block_rms_inv(ss, part, width, eps);
-    for (int i = tid; i < width; i += bd) {
-        float v = xr[i] * inv;
-        orow[i] = has_w ? v * w[i] : v;
-    }
+    norm_block_row<false>(x + xoff + blockIdx.x * xstride, nullptr, nullptr, w, has_w, eps, out + ooff + blockIdx.x * ostride,
+                          width);
 }
 
 extern "C" __global__ void add_rows(const float* a, i64 aoff, i64 astride, const float* b, i64 boff, i64 bstride,

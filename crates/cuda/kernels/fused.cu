@@ -11,30 +11,8 @@
 extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride,
                                         const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride,
                                         int width) {
-    __shared__ float part[32];
     float* xr = x + xoff + blockIdx.x * xstride;
-    const float* dr = d + doff + blockIdx.x * dstride;
-    float* orow = out + ooff + blockIdx.x * ostride;
-    const int bd = blockDim.x, tid = threadIdx.x;
-    if (width <= NORM_PER * bd) {
-        float wv[NORM_PER];
-        norm_load_w(w, has_w, width, wv);
-        PDL_ENTRY();
-        norm_row<true>(xr, xr, dr, wv, has_w, eps, orow, width, part);
-        return;
-    }
-    PDL_ENTRY();
-    float ss = 0.f;
-    for (int i = tid; i < width; i += bd) {
-        float v = xr[i] + dr[i];
-        xr[i] = v;
-        ss += v * v;
-    }
-    const float inv = block_rms_inv(ss, part, width, eps);
-    for (int i = tid; i < width; i += bd) {
-        float v = xr[i] * inv;
-        orow[i] = has_w ? v * w[i] : v;
-    }
+    norm_block_row<true>(xr, xr, d + doff + blockIdx.x * dstride, w, has_w, eps, out + ooff + blockIdx.x * ostride, width);
 }
 
 // dst = rope(src): per row, pairs of the first 2*half values rotated (as rope_rows), the rest of
