@@ -296,7 +296,7 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
                    const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
-                   i64 ostride) {
+                   i64 ostride, int down_prefetch) {
     pdl_trigger();
     __shared__ float red[GQ_WARPS];
     __shared__ int es[MOE_SH_MAX_SLOTS];
@@ -309,6 +309,13 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
     const int per = (total + DOWN_WPR - 1) / DOWN_WPR;
     const int Pa = h * per, Pb = min(total, Pa + per);
+    // The shared slots' weights are known before the routing: their row (nsh * kdim quants,
+    // contiguous) goes to L2 while the gate/up kernel still runs, one 128-byte line per thread
+    // of the row's warps (no registers held across the wait).
+    if (down_prefetch && row0 < m) {
+        const u8* sr = Sd + (i64)row0 * srow_bytes;
+        for (int i = h * 32 + lane; i * 128 < srow_bytes; i += DOWN_WPR * 32) prefetch_l2(sr + (i64)i * 128);
+    }
     pdl_wait();
     if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(sel_e[t * k + threadIdx.x], 0) : 0;
     __syncthreads();

@@ -540,6 +540,9 @@ pub struct CudaBackend {
     /// `TS_CUDA_MMQ16=1`: 16-token tiles stream one group per stage (`mmq_q8_16g1`, the previous
     /// kernel) instead of two (`mmq_q8_16`); to compare.
     mmq16: u8,
+    /// `moe_down_sh_q8` asks for its shared-expert rows in L2 before its PDL wait;
+    /// `TS_CUDA_DPF=0` does not, to compare.
+    down_prefetch: bool,
     /// `TS_CUDA_SKIP=name,name`: kernels whose names start with one of these are not launched.
     /// A measurement knob only (results are wrong): the tokens/s gained by leaving a kernel out
     /// of the real, overlapped step is that kernel's share of it, which isolated timings (Nsight
@@ -694,6 +697,7 @@ impl CudaBackend {
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            down_prefetch: std::env::var("TS_CUDA_DPF").map_or(true, |v| v != "0"),
             trace: trace.then(|| Mutex::new(Vec::new())),
             skip: std::env::var("TS_CUDA_SKIP")
                 .map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
@@ -2530,12 +2534,15 @@ impl Backend for CudaBackend {
                 [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
             ),
         );
+        let mut dargs = [A::I(0); 16];
+        dargs[..15].copy_from_slice(&moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o));
+        dargs[15] = A::I(self.down_prefetch as i32);
         self.launch(
             "moe_down_sh_q8",
             (hdim.div_ceil(4) as u32, n as u32, 1),
             256,
             0,
-            &moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o),
+            &dargs,
         );
         true
     }
