@@ -296,6 +296,9 @@ pub trait Backend: Send + Sync {
     /// [`Backend::norm_rope_cache_write`] of the latent rows `x` and [`Backend::rope_copy`] of
     /// the query's rope part (`q` rows `qr` -> `qd` rows `qdr`, `heads` rows per token) in one op
     /// (the default: those two ops). MLA needs both per layer; they read the same positions.
+    /// With `absorb` = (W_uk, rows of `q`, rows of `qd`), also the absorbed query's product
+    /// [`Backend::matmul_grouped`]`(q, src, W_uk, qd, dst)`, which reads only `q` (the default:
+    /// after the other two).
     #[allow(clippy::too_many_arguments)]
     fn mla_rope_cache_write(
         &self,
@@ -305,12 +308,16 @@ pub trait Backend: Send + Sync {
         w: Option<&Self::Weight>,
         eps: f32,
         (q, qr, qd, qdr, heads): (&Self::Buf, Rows, &Self::Buf, Rows, usize),
+        absorb: Option<(&Self::Weight, Rows, Rows)>,
         batch: &Self::Batch,
         rope: &Self::Rope,
         cache: &Self::Cache,
     ) {
         self.norm_rope_cache_write(x, xr, norm_width, w, eps, batch, rope, cache);
         self.rope_copy(q, qr, qd, qdr, heads, batch, rope);
+        if let Some((wk, src, dst)) = absorb {
+            self.matmul_grouped(q, src, wk, qd, dst);
+        }
     }
     /// Routed experts plus a shared FFN in one op: `out[r] = moe(x)[r] + down_s(glu(gate_s x[r],
     /// up_s x[r]))` with 2-D shared weights (`[H, ff_s]`, `[H, ff_s]`, `[ff_s, H]`). Returns false,

@@ -126,15 +126,17 @@ __device__ __forceinline__ float group_sum(float v, int lpr) {
 // out[g][t][row] = W[g] row . x[g][t] for NT tokens per block (blockIdx.y = token tile,
 // blockIdx.z = matrix of a 3-D weight). Row tiles of GQ_WARPS * 32/lpr rows, looped over by
 // the grid.
+// (bx, by, bz): the block's (tile, token tile, matrix), gx the tile blocks (the kernel passes
+// blockIdx and gridDim.x; mla_rope_absorb_1, fused.cu, its own numbering).
 template <int NT>
 __device__ void gemv_q8_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const float* x, i64 xoff,
                              i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n,
-                             int lpr) {
+                             int lpr, int bx, int by, int bz, int gx) {
     extern __shared__ __align__(16) u8 smq[];
     const int nb = k >> 5;
     i8* xq = (i8*)smq;
     float* xd = (float*)(smq + NT * k);
-    const int g = blockIdx.z, tok0 = blockIdx.y * NT;
+    const int g = bz, tok0 = by * NT;
     const int nt = min(NT, n - tok0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpw = 32 / lpr, sub = lane & (lpr - 1);
@@ -145,15 +147,15 @@ __device__ void gemv_q8_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, i
     float dw[4];
     // The first weights are requested before the activations are quantised: the prologue's
     // latency overlaps the first loads.
-    load_q8_4(W + g * mat_bytes + (i64)min(blockIdx.x * rows_per_tile + warp * rpw + lane / lpr, m - 1) * row_bytes, sub,
-              np, lpr, q, dw);
+    load_q8_4(W + g * mat_bytes + (i64)min(bx * rows_per_tile + warp * rpw + lane / lpr, m - 1) * row_bytes, sub, np,
+              lpr, q, dw);
     // Weights are never written by a kernel: they may be read before the previous kernel ends.
     pdl_trigger();
     pdl_wait();
     bool have = true;
     quant_rows_smem(x + xoff + g * xgstride + tok0 * xstride, xstride, nullptr, nt, k, xq, xd);
     __syncthreads();
-    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    for (int tile = bx; tile < ntiles; tile += gx) {
         const int row = tile * rows_per_tile + warp * rpw + lane / lpr;
         const u8* wr = W + g * mat_bytes + (i64)min(row, m - 1) * row_bytes;
         float acc[NT];
@@ -185,7 +187,7 @@ __device__ void gemv_q8_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, i
         gemv_q8_##NT(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const float* x, i64 xoff,       \
                      i64 xstride, i64 xgstride, float* out, i64 ooff, i64 ostride, i64 ogstride, int n, int lpr) {       \
         gemv_q8_impl<NT>(W, row_bytes, mat_bytes, m, k, x, xoff, xstride, xgstride, out, ooff, ostride,        \
-                         ogstride, n, lpr);                                                                    \
+                         ogstride, n, lpr, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x);                     \
     }
 GEMVQ_INST(1)
 GEMVQ_INST(2)

@@ -55,17 +55,19 @@ extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstrid
 // spread over several blocks, so a token costs a few L2 round trips instead of one per strided
 // loop step; the arithmetic is the loops'.
 #define QROPE_U 8
-extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w,
-                                           int has_w, float eps, const int* pos, const int* slot, int slot_len,
-                                           const float* freqs, int half, int mode, float mscale, float* cache,
-                                           const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride,
-                                           int qw, int qh) {
+// The body for token t and block qb of its 1 + nqb (0: the latent row, 1..nqb: query rope items);
+// the kernel passes its block indices, mla_rope_absorb_1 its own numbering.
+__device__ __forceinline__ void norm_rope_cache_body(int t, int qb, int nqb, float* x, i64 xoff, i64 xstride, int width,
+                                                     int nw, const float* w, int has_w, float eps, const int* pos,
+                                                     const int* slot, int slot_len, const float* freqs, int half,
+                                                     int mode, float mscale, float* cache, const float* q, i64 qoff,
+                                                     i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh) {
     __shared__ float part[32];
-    const int t = blockIdx.x, bd = blockDim.x, tid = threadIdx.x;
-    if (blockIdx.y > 0) {
+    const int bd = blockDim.x, tid = threadIdx.x;
+    if (qb > 0) {
         PDL_ENTRY();
-        const int per = qw - half, all = qh * per, nqb = gridDim.y - 1;
-        const int span = (all + nqb - 1) / nqb, lo = (blockIdx.y - 1) * span, total = min(all, lo + span);
+        const int per = qw - half, all = qh * per;
+        const int span = (all + nqb - 1) / nqb, lo = (qb - 1) * span, total = min(all, lo + span);
         const float p = (float)pos[t];
         for (int base = lo + tid; base < total; base += QROPE_U * bd) {
             float a0[QROPE_U], a1[QROPE_U];
@@ -163,6 +165,36 @@ extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int 
         cr[b] = y1;
     }
     for (int i = nw + 2 * half + tid; i < width; i += bd) crow[i] = xr[i];
+}
+extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w,
+                                           int has_w, float eps, const int* pos, const int* slot, int slot_len,
+                                           const float* freqs, int half, int mode, float mscale, float* cache,
+                                           const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride,
+                                           int qw, int qh) {
+    norm_rope_cache_body(blockIdx.x, blockIdx.y, gridDim.y - 1, x, xoff, xstride, width, nw, w, has_w, eps, pos, slot,
+                         slot_len, freqs, half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh);
+}
+
+// One decode token's norm_rope_cache (blocks [0, 1 + nqb)) and, beside it in the same launch, the
+// absorbed query's product q_nope[h] . W_uk[h] (gemv_q8_1's body over its (tile, matrix) blocks,
+// numbered after them): both read only what the q/kv_a product wrote, so one dependent launch
+// fewer per layer than the two kernels one after the other, with the same arithmetic. Blocks of
+// GQ_THREADS threads (the host takes it only when norm_rope_cache's block size is that too).
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
+    mla_rope_absorb_1(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w, int has_w, float eps,
+                      const int* pos, const int* slot, int slot_len, const float* freqs, int half, int mode,
+                      float mscale, float* cache, const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff,
+                      i64 qdstride, int qw, int qh, int nqb, const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k,
+                      i64 goff, i64 gxgstride, i64 ooff, i64 ogstride, int gtiles, int lpr) {
+    const int b = blockIdx.x;
+    if (b <= nqb) {
+        norm_rope_cache_body(0, b, nqb, x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs, half,
+                             mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh);
+        return;
+    }
+    const int g = b - (nqb + 1);
+    gemv_q8_impl<1>(W, row_bytes, mat_bytes, m, k, q, goff, 0, gxgstride, qd, ooff, 0, ogstride, 1, lpr, g % gtiles,
+                    0, g / gtiles, gtiles);
 }
 
 // ---- several Q8_0 matrices of one input in one launch (Backend::matmul_many) ------------------

@@ -444,6 +444,7 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm",
         "rope_copy_rows",
         "norm_rope_cache",
+        "mla_rope_absorb_1",
         "gemv_q8_multi_1",
         "gemv_q8_multi_2",
         "gemv_q8_multi_4",
@@ -540,6 +541,9 @@ pub struct CudaBackend {
     /// `TS_CUDA_MMQ16=1`: 16-token tiles stream one group per stage (`mmq_q8_16g1`, the previous
     /// kernel) instead of two (`mmq_q8_16`); to compare.
     mmq16: u8,
+    /// One decode token's norm_rope_cache and absorbed query product in one launch
+    /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
+    rope_absorb: bool,
     /// `moe_down_sh_q8` asks for its shared-expert rows in L2 before its PDL wait;
     /// `TS_CUDA_DPF=0` does not, to compare.
     down_prefetch: bool,
@@ -697,6 +701,7 @@ impl CudaBackend {
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             down_prefetch: std::env::var("TS_CUDA_DPF").map_or(true, |v| v != "0"),
             trace: trace.then(|| Mutex::new(Vec::new())),
             skip: std::env::var("TS_CUDA_SKIP")
@@ -860,7 +865,7 @@ impl CudaBackend {
         }
         // The kernel's parameters: pointers to the values in `args`, which outlive the call (the
         // driver copies them at launch). A fixed array: launching allocates nothing.
-        const MAX_ARGS: usize = 32;
+        const MAX_ARGS: usize = 48;
         if args.len() > MAX_ARGS {
             self.fail(format!("kernel {name}: {} arguments (at most {MAX_ARGS})", args.len()));
             return;
@@ -2403,6 +2408,7 @@ impl Backend for CudaBackend {
         w: Option<&CudaWeight>,
         eps: f32,
         q: (&CudaBuf, Rows, &CudaBuf, Rows, usize),
+        absorb: Option<(&CudaWeight, Rows, Rows)>,
         batch: &CudaBatch,
         rope: &CudaRope,
         cache: &CudaCache,
@@ -2413,7 +2419,61 @@ impl Backend for CudaBackend {
         assert_eq!(qr.n, batch.tokens.len() * heads, "mla_rope_cache_write: q rows != tokens * heads");
         qs.check(qr);
         qd.check(qdr);
-        self.norm_rope_cache(x, xr, norm_width, w, eps, Some(q), batch, rope, cache);
+        let Some((wk, src, dst)) = absorb else {
+            self.norm_rope_cache(x, xr, norm_width, w, eps, Some(q), batch, rope, cache);
+            return;
+        };
+        // One decode token: the absorbed query's product (gemv_q8_1's body, one matrix per head)
+        // in the same launch as norm_rope_cache (mla_rope_absorb_1), whose blocks must then be
+        // GQ_THREADS wide. Otherwise the two ops one after the other.
+        let (k, m) = (wk.ne(0), wk.ne(1));
+        let smem = k * 9 / 8;
+        let merged = self.fused
+            && self.rope_absorb
+            && !self.exact
+            && xr.n == 1
+            && wk.dtype == GgmlType::Q8_0
+            && wk.shape.len() == 3
+            && wk.ne(2) == heads
+            && (src.n, src.width, dst.n, dst.width) == (heads, k, heads, m)
+            && norm_width.next_power_of_two().clamp(32, 256) == 256
+            && norm_width > 0
+            && norm_width + rope.dim <= xr.width
+            && rope.dim % 2 == 0
+            && xr.width == cache.width
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == norm_width)
+            && smem <= self.smem_max;
+        if !merged {
+            self.norm_rope_cache(x, xr, norm_width, w, eps, Some(q), batch, rope, cache);
+            self.matmul_grouped(qs, src, wk, qd, dst);
+            return;
+        }
+        x.check(xr);
+        qs.check(src);
+        qd.check(dst);
+        if !self.check_cache_rows(batch, cache.rows, "mla_rope_cache_write") {
+            return;
+        }
+        let (_, qblocks, nrc) = Self::nrc_args(x, xr, norm_width, w, eps, Some(q), batch, rope, cache);
+        let lpr = (k / 16).next_power_of_two().min(32);
+        let gtiles = m.div_ceil(8 * (32 / lpr)).min(self.sm_count * 8);
+        let mut args = [A::I(0); 36];
+        args[..24].copy_from_slice(&nrc);
+        args[24..].copy_from_slice(&[
+            i(qblocks),
+            A::P(wk.mem.ptr),
+            l(wk.row_bytes),
+            l(wk.mat_bytes()),
+            i(m),
+            i(k),
+            l(src.off),
+            l(src.stride),
+            l(dst.off),
+            l(dst.stride),
+            i(gtiles),
+            i(lpr),
+        ]);
+        self.launch("mla_rope_absorb_1", ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
     }
 
     fn moe_shared(
@@ -2597,6 +2657,23 @@ impl CudaBackend {
         if !self.check_cache_rows(batch, cache.rows, "norm_rope_cache_write") {
             return;
         }
+        let (block, qblocks, args) = Self::nrc_args(x, xr, norm_width, w, eps, q, batch, rope, cache);
+        self.launch("norm_rope_cache", (xr.n as u32, 1 + qblocks as u32, 1), block, 0, &args);
+    }
+
+    /// `norm_rope_cache`'s block size, query-rope block count and arguments (kernels/fused.cu).
+    #[allow(clippy::too_many_arguments)]
+    fn nrc_args(
+        x: &CudaBuf,
+        xr: Rows,
+        norm_width: usize,
+        w: Option<&CudaWeight>,
+        eps: f32,
+        q: Option<(&CudaBuf, Rows, &CudaBuf, Rows, usize)>,
+        batch: &CudaBatch,
+        rope: &CudaRope,
+        cache: &CudaCache,
+    ) -> (u32, usize, [A; 24]) {
         let mode = match rope.mode {
             RopeMode::Normal => 0,
             RopeMode::Neox => 1,
@@ -2605,38 +2682,33 @@ impl CudaBackend {
         // The query's rope items (heads x (width - half) per token) in blocks of about two per
         // thread, beside the latent row's block.
         let qblocks = q.map_or(0, |q| (q.4 * (q.1.width - rope.dim / 2)).div_ceil(2 * block as usize).clamp(1, 64));
-        self.launch(
-            "norm_rope_cache",
-            (xr.n as u32, 1 + qblocks as u32, 1),
-            block,
-            0,
-            &[
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                i(xr.width),
-                i(norm_width),
-                A::P(w.map_or(0, |w| w.mem.ptr)),
-                A::I(w.is_some() as i32),
-                A::F(eps),
-                A::P(batch.pos_ptr()),
-                A::P(batch.slot_ptr()),
-                A::I(batch.slot_len as i32),
-                A::P(rope.freqs.ptr),
-                i(rope.dim / 2),
-                A::I(mode),
-                A::F(rope.mscale),
-                A::P(cache.mem.ptr),
-                A::P(q.map_or(0, |q| q.0 .0.ptr)),
-                l(q.map_or(0, |q| q.1.off)),
-                l(q.map_or(0, |q| q.1.stride)),
-                A::P(q.map_or(0, |q| q.2 .0.ptr)),
-                l(q.map_or(0, |q| q.3.off)),
-                l(q.map_or(0, |q| q.3.stride)),
-                i(q.map_or(0, |q| q.1.width)),
-                i(q.map_or(0, |q| q.4)),
-            ],
-        );
+        let args = [
+            A::P(x.0.ptr),
+            l(xr.off),
+            l(xr.stride),
+            i(xr.width),
+            i(norm_width),
+            A::P(w.map_or(0, |w| w.mem.ptr)),
+            A::I(w.is_some() as i32),
+            A::F(eps),
+            A::P(batch.pos_ptr()),
+            A::P(batch.slot_ptr()),
+            A::I(batch.slot_len as i32),
+            A::P(rope.freqs.ptr),
+            i(rope.dim / 2),
+            A::I(mode),
+            A::F(rope.mscale),
+            A::P(cache.mem.ptr),
+            A::P(q.map_or(0, |q| q.0 .0.ptr)),
+            l(q.map_or(0, |q| q.1.off)),
+            l(q.map_or(0, |q| q.1.stride)),
+            A::P(q.map_or(0, |q| q.2 .0.ptr)),
+            l(q.map_or(0, |q| q.3.off)),
+            l(q.map_or(0, |q| q.3.stride)),
+            i(q.map_or(0, |q| q.1.width)),
+            i(q.map_or(0, |q| q.4)),
+        ];
+        (block, qblocks, args)
     }
 }
 

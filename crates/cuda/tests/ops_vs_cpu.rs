@@ -1147,8 +1147,8 @@ fn fused_norm_rope_cache_write() {
                 let (mc, mcc) = (g.alloc_cache(rows, width).unwrap(), c.alloc_cache(rows, width).unwrap());
                 fill_cache(g, &mc, &fill, width, &prior, slot_len);
                 fill_cache(c, &mcc, &fill, width, &prior, slot_len);
-                g.mla_rope_cache_write(&mx, xr, nw, Some(&gw), 1e-6, (&gq, qr, &gqd, qdr, heads), &gb, &grope, &mc);
-                c.mla_rope_cache_write(&mcx, xr, nw, Some(&cw), 1e-6, (&cq, qr, &cqd, qdr, heads), &cb, &crope, &mcc);
+                g.mla_rope_cache_write(&mx, xr, nw, Some(&gw), 1e-6, (&gq, qr, &gqd, qdr, heads), None, &gb, &grope, &mc);
+                c.mla_rope_cache_write(&mcx, xr, nw, Some(&cw), 1e-6, (&cq, qr, &cqd, qdr, heads), None, &cb, &crope, &mcc);
                 g.rope_copy(&gq, qr, &pqd, qdr, heads, &gb, &grope);
                 rep.check(&format!("{lab} mla q vs cpu"), &get(g, &gqd, qdr), &get(c, &cqd, qdr), 1e-5, 1e-5);
                 rep.check(&format!("{lab} mla q vs gpu rope_copy (exact)"), &get(g, &gqd, qdr), &get(g, &pqd, qdr), 0.0, 0.0);
@@ -1157,6 +1157,77 @@ fn fused_norm_rope_cache_write() {
                 g.read_cache(&mc, &mut mcv).unwrap();
                 rep.check(&format!("{lab} mla cache (exact)"), &mcv, &gcv, 0.0, 0.0);
             }
+        }
+    }
+    rep.finish();
+}
+
+/// mla_rope_cache_write with the absorbed query product (one decode token: one launch,
+/// mla_rope_absorb_1) gives the same bits as the op without it followed by matmul_grouped on the
+/// GPU: latent rows, cache, the roped query columns and the absorbed ones. Several tokens take the
+/// two ops (same check).
+#[test]
+fn fused_mla_rope_absorb() {
+    let Some(g) = gpu() else { return };
+    fused_banner(g);
+    let mut r = rng(26);
+    let mut rep = Report::new("mla_rope_absorb");
+    let (slots, slot_len) = (2usize, 64u32);
+    let rows = slots * slot_len as usize;
+    // (latent width, rope dims, heads, nope, kv_lora): V2-Lite's, and fewer heads / a short latent.
+    for &(nw, rd, heads, nope, kl) in &[(512usize, 64usize, 16usize, 128usize, 512usize), (256, 32, 4, 64, 256)] {
+        let width = nw + rd;
+        let freqs: Vec<f32> = (0..rd / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / rd as f32)).collect();
+        let spec = RopeSpec { mode: RopeMode::Normal, dim: rd, freqs, mscale: 1.0 };
+        let grope = g.upload_rope(&spec).unwrap();
+        let gw = norm_weight(g, &randn(&mut r, nw, 1.0));
+        let wshape = [nope, kl, heads];
+        let (wb, _) = weight(&mut r, GgmlType::Q8_0, &wshape, 0.5);
+        let wk = g.upload_weight(&td("w_uk", GgmlType::Q8_0, &wshape, &wb), WeightUse::Matmul).unwrap();
+        for &n in &[1usize, 3] {
+            let meta = BatchMeta { tokens: seq_meta(n, r.random_range(0..slot_len - n as u32), 1, 100, &mut r), outputs: vec![], slot_len };
+            let gb = batch(g, &meta);
+            let xr = Rows::packed(n, width);
+            let x = randn(&mut r, xr.end(), 1.0);
+            // q rows [nope | rope], qd rows [kl | rope], as deepseek2 lays them out.
+            let qr = Rows::packed(n * heads, nope + rd);
+            let qdr = Rows::packed(n * heads, kl + rd);
+            let q = randn(&mut r, qr.end(), 1.0);
+            let fill = randn(&mut r, rows * width, 1.0);
+            let prior: Vec<TokenMeta> =
+                (0..slots as u32).flat_map(|sl| (0..slot_len).map(move |p| TokenMeta { token: 0, pos: p, slot: sl })).collect();
+            let mut outs = Vec::new();
+            for fused in [true, false] {
+                let (gx, gq, gqd) = (buf(g, &x), buf(g, &q), g.alloc(qdr.end()).unwrap());
+                poison(g, &gqd, qdr.end());
+                let gc = g.alloc_cache(rows, width).unwrap();
+                fill_cache(g, &gc, &fill, width, &prior, slot_len);
+                let qt = (&gq, qr.cols(nope, rd), &gqd, qdr.cols(kl, rd), heads);
+                if fused {
+                    g.mla_rope_cache_write(
+                        &gx,
+                        xr,
+                        nw,
+                        Some(&gw),
+                        1e-6,
+                        qt,
+                        Some((&wk, qr.cols(0, nope), qdr.cols(0, kl))),
+                        &gb,
+                        &grope,
+                        &gc,
+                    );
+                } else {
+                    g.mla_rope_cache_write(&gx, xr, nw, Some(&gw), 1e-6, qt, None, &gb, &grope, &gc);
+                    g.matmul_grouped(&gq, qr.cols(0, nope), &wk, &gqd, qdr.cols(0, kl));
+                }
+                let mut cv = vec![0f32; rows * width];
+                g.read_cache(&gc, &mut cv).unwrap();
+                outs.push((get(g, &gx, xr), get(g, &gqd, qdr), cv));
+            }
+            let lab = format!("{nw}+{rd} heads={heads} {nope}->{kl} n={n}");
+            rep.check(&format!("{lab} x (exact)"), &outs[0].0, &outs[1].0, 0.0, 0.0);
+            rep.check(&format!("{lab} q rows (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
+            rep.check(&format!("{lab} cache (exact)"), &outs[0].2, &outs[1].2, 0.0, 0.0);
         }
     }
     rep.finish();

@@ -1020,8 +1020,9 @@ impl<B: Backend> DeepSeek2<B> {
             // c = rmsnorm(c) * kv_a_norm, k_pe = rope(k_pe), cache row <- [c ; k_pe].
             // ... and the roped q_pe into the absorbed query's last columns, in the same op.
             let q_rope = (&s.q, q_pe, &s.qm, rqm.cols(kl, rd), nh);
-            be.mla_rope_cache_write(&s.kv, rkv, kl, Some(&l.kv_a_norm), c.eps, q_rope, bt, &self.rope, &l.cache);
-            be.matmul_grouped(&s.q, q_nope, &l.w_uk, &s.qm, rqm.cols(0, kl)); // q_abs: [n*nh, kv_lora]
+            // ... and q_abs = q_nope . W_uk ([n*nh, kv_lora], its first columns), also in that op.
+            let absorb = Some((&l.w_uk, q_nope, rqm.cols(0, kl)));
+            be.mla_rope_cache_write(&s.kv, rkv, kl, Some(&l.kv_a_norm), c.eps, q_rope, absorb, bt, &self.rope, &l.cache);
             be.mla_attention(&s.qm, rqm, &l.cache, bt, &mla, &s.lat, rlat);
             be.matmul_grouped(&s.lat, rlat, &l.w_uv, &s.av, rav);
             be.matmul(&s.av, Rows::packed(n, nh * vd), &l.wo, &s.y, rx);
