@@ -195,3 +195,181 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
     }
 #endif
 }
+
+// ---- MLA decode split over the context on the f16 tensor cores (flash-decoding) -----------------
+// mla_split's job (fast.cu: the context [0, pos+1) of token t cut into gridDim.x runs of whole
+// MLA_T tiles, the same chunking, so mla_combine merges the partials unchanged) for one row group
+// of 16 heads: block (s, t*hg + rg). Four warps: the scores of a 32-key tile split by keys (16 per
+// warp pair) and by dims (288 per warp pair; the two partial sums meet in shared memory), the
+// online softmax run identically by every warp over the 32 scores of each row (as mla_prefill), and
+// the output split by value columns (128 per warp). Queries, keys and probabilities in f16 as in
+// mla_prefill; scores, softmax and the partial outputs in f32. Writes per (token, split, head)
+// the running max, sum and unnormalised output, as mla_split. Any head count that is a multiple
+// of 16 (V2-Lite's 16, V2's 128); the SIMT kernel reads every latent row from shared memory once
+// per head pair, this one once per 16 heads, through the MMA units.
+#define MS_T 32
+#define MS_THREADS 128
+#define MS_LU 4
+extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const float* q, i64 qoff, i64 q_tok, i64 q_head,
+                                                                    const float* cache, const int* pos, const int* slot,
+                                                                    int slot_len, int nh, float scale, float* part) {
+    PDL_ENTRY();
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) u8 ms_sm[];
+    u16* Qs = (u16*)ms_sm;                    // [16][MP_LD]
+    u16* Ks = Qs + 16 * MP_LD;                // [MS_T][MP_LD]
+    float* Ss = (float*)(Ks + MS_T * MP_LD);  // [2 dim halves][16][MS_T]
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int hg = nh >> 4;
+    const int tok = blockIdx.y / hg, h0 = (blockIdx.y - tok * hg) * 16;
+    const int sp = blockIdx.x, nsp = gridDim.x;
+    const int end = pos[tok] + 1;
+    const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
+    const int j0 = sp * chunk, j1 = min(end, j0 + chunk);
+    const int stride = MP_V + 2;
+    float* prow = part + (((i64)tok * nsp + sp) * nh + h0) * stride;  // head h0 + r at prow + r*stride
+    if (j0 >= j1) {
+        if (tid < 16) {
+            prow[tid * stride] = NEG_INF;
+            prow[tid * stride + 1] = 0.f;
+        }
+        return;
+    }
+    for (int idx = tid; idx < 16 * (MP_W / 4); idx += MS_THREADS) {
+        const int r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+        const float4 v = *(const float4*)(q + qoff + (i64)tok * q_tok + (i64)(h0 + r) * q_head + 4 * c4);
+        u32* d = (u32*)(Qs + r * MP_LD + 4 * c4);
+        d[0] = pack_h(v.x, v.y);
+        d[1] = pack_h(v.z, v.w);
+    }
+    const i64 base = (i64)slot[tok] * slot_len;
+    const int kh = warp & 1, dh = warp >> 1;  // scores: keys [16kh, +16) over dims [288dh, +288)
+    const int lr = lane & 7, li = lane >> 3;
+    float o[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // rows g and g+8
+    for (int k0 = j0; k0 < j1; k0 += MS_T) {
+        __syncthreads();  // the previous tile's Ks and Ss are no longer read (and Qs is written)
+        // The tile's rows, MS_LU float4 loads per thread in flight before any is converted
+        // (MS_T * MP_W / 4 = 4608 = 36 per thread: a multiple of MS_LU * MS_THREADS).
+        for (int i0 = tid; i0 < MS_T * (MP_W / 4); i0 += MS_LU * MS_THREADS) {
+            float4 v[MS_LU];
+#pragma unroll
+            for (int u = 0; u < MS_LU; u++) {
+                const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+                v[u] = k0 + r < j1 ? *(const float4*)(cache + (base + k0 + r) * MP_W + 4 * c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < MS_LU; u++) {
+                const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+                u32* d = (u32*)(Ks + r * MP_LD + 4 * c4);
+                d[0] = pack_h(v[u].x, v[u].y);
+                d[1] = pack_h(v[u].z, v[u].w);
+            }
+        }
+        __syncthreads();
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        const u16* Kw = Ks + kh * 16 * MP_LD;
+#pragma unroll 2
+        for (int kk = dh * (MP_W / 2); kk < (dh + 1) * (MP_W / 2); kk += 16) {
+            u32 a[4], b[4];
+            ldsm4(a, Qs + ((li & 1) * 8 + lr) * MP_LD + kk + (li >> 1) * 8);
+            ldsm4(b, Kw + ((li >> 1) * 8 + lr) * MP_LD + kk + (li & 1) * 8);
+            mma_f16(s[0], a, b);
+            mma_f16(s[1], a, b + 2);
+        }
+        float* Sw = Ss + dh * 16 * MS_T;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int c = kh * 16 + j * 8 + 2 * t4;
+            Sw[g * MS_T + c] = s[j][0];
+            Sw[g * MS_T + c + 1] = s[j][1];
+            Sw[(g + 8) * MS_T + c] = s[j][2];
+            Sw[(g + 8) * MS_T + c + 1] = s[j][3];
+        }
+        __syncthreads();
+        // Online softmax over the tile's keys; this thread holds columns {8i + 2t4, +1 : i < 4}
+        // of rows g and g+8 (the A-fragment layout of P).
+        float p0[8], p1[8];
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int c = 8 * i + 2 * t4 + e;
+                const bool ok = k0 + c < j1;
+                const float v0 = ok ? (Ss[g * MS_T + c] + Ss[16 * MS_T + g * MS_T + c]) * scale : NEG_INF;
+                const float v1 = ok ? (Ss[(g + 8) * MS_T + c] + Ss[16 * MS_T + (g + 8) * MS_T + c]) * scale : NEG_INF;
+                p0[2 * i + e] = v0;
+                p1[2 * i + e] = v1;
+                mx0 = fmaxf(mx0, v0);
+                mx1 = fmaxf(mx1, v1);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float c0 = n0 == NEG_INF ? 1.f : expf(m0 - n0), c1 = n1 == NEG_INF ? 1.f : expf(m1 - n1);
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            p0[i] = n0 == NEG_INF ? 0.f : expf(p0[i] - n0);
+            p1[i] = n1 == NEG_INF ? 0.f : expf(p1[i] - n1);
+            s0 += p0[i];
+            s1 += p1[i];
+        }
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+        l0 = l0 * c0 + s0;
+        l1 = l1 * c1 + s1;
+        m0 = n0;
+        m1 = n1;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            o[i][0] *= c0;
+            o[i][1] *= c0;
+            o[i][2] *= c1;
+            o[i][3] *= c1;
+        }
+        u32 pa[2][4];
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            pa[ks][0] = pack_h(p0[4 * ks], p0[4 * ks + 1]);
+            pa[ks][1] = pack_h(p1[4 * ks], p1[4 * ks + 1]);
+            pa[ks][2] = pack_h(p0[4 * ks + 2], p0[4 * ks + 3]);
+            pa[ks][3] = pack_h(p1[4 * ks + 2], p1[4 * ks + 3]);
+        }
+        // O[:, 128*warp + 16j + (0..16)] += P V (V: the tile's keys, first 512 values).
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                u32 b[4];
+                ldsm4_t(b, Ks + (ks * 16 + (li & 1) * 8 + lr) * MP_LD + warp * 128 + j * 16 + (li >> 1) * 8);
+                mma_f16(o[2 * j], pa[ks], b);
+                mma_f16(o[2 * j + 1], pa[ks], b + 2);
+            }
+    }
+    float* r0 = prow + g * stride;
+    float* r1 = r0 + 8 * stride;
+    if (warp == 0 && t4 == 0) {
+        r0[0] = m0;
+        r0[1] = l0;
+        r1[0] = m1;
+        r1[1] = l1;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int c = 2 + warp * 128 + 8 * i + 2 * t4;
+        r0[c] = o[i][0];
+        r0[c + 1] = o[i][1];
+        r1[c] = o[i][2];
+        r1[c + 1] = o[i][3];
+    }
+#endif
+}

@@ -20,6 +20,7 @@
 //!   largest use and is then reused; nothing else is allocated after open.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
@@ -198,6 +199,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "moe_gateup_sh_q8q",
     "moe_down_sh_q8",
     "mla_prefill",
+    "mla_split_tc",
     "mmq_q8_64",
     "mmq_q8_16",
     "mmq_q8_16g1",
@@ -439,6 +441,7 @@ fn kernel_names() -> Vec<String> {
         "moe_down_q8",
         "mla_split_18_16",
         "mla_split_5_4",
+        "mla_split_tc",
         "mla_combine",
         "gemv_f32_split",
         "add_rms_norm",
@@ -544,6 +547,10 @@ pub struct CudaBackend {
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
+    /// The split MLA decode on the f16 tensor cores (`mla_split_tc`): 0 where no SIMT split
+    /// kernel is built for the shape (heads other than 16), 1 wherever it applies, 2 never.
+    /// `TS_CUDA_MLATC=1` / `=0`, or [`CudaBackend::set_mla_tensor_cores`].
+    mla_tc: AtomicU8,
     /// `moe_down_sh_q8` asks for its shared-expert rows in L2 before its PDL wait;
     /// `TS_CUDA_DPF=0` does not, to compare.
     down_prefetch: bool,
@@ -702,6 +709,11 @@ impl CudaBackend {
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
+            mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
+                Ok("1") => 1,
+                Ok("0") => 2,
+                _ => 0,
+            }),
             down_prefetch: std::env::var("TS_CUDA_DPF").map_or(true, |v| v != "0"),
             trace: trace.then(|| Mutex::new(Vec::new())),
             skip: std::env::var("TS_CUDA_SKIP")
@@ -730,6 +742,19 @@ impl CudaBackend {
     /// Whether the tensor-core prompt paths are on (see the `tc` field).
     pub fn tensor_cores(&self) -> bool {
         self.tc
+    }
+
+    /// Split MLA decode on the tensor cores: `Some(true)` wherever it applies, `Some(false)`
+    /// never, `None` only for head counts the SIMT split kernel is not built for (the default).
+    pub fn set_mla_tensor_cores(&self, on: Option<bool>) {
+        self.mla_tc.store(
+            match on {
+                None => 0,
+                Some(true) => 1,
+                Some(false) => 2,
+            },
+            Ordering::Relaxed,
+        );
     }
 
     pub fn fused(&self) -> bool {
@@ -1858,11 +1883,21 @@ impl Backend for CudaBackend {
             return;
         }
         let n = batch.tokens.len();
-        let split = match (w, kl, nh) {
+        let simt = match (w, kl, nh) {
             (576, 512, 16) => Some(("mla_split_18_16", 256u32)),
             (160, 128, 4) => Some(("mla_split_5_4", 64u32)),
             _ => None,
         };
+        // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes.
+        const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
+        let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && MS_SMEM <= self.smem_max;
+        let use_tc = tc_ok
+            && match self.mla_tc.load(Ordering::Relaxed) {
+                1 => true,
+                2 => false,
+                _ => simt.is_none(),
+            };
+        let split = if use_tc { Some(("mla_split_tc", 128u32)) } else { simt };
         // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
         // (kernels/mla_prefill.cu); other batches take the split kernel, or the
         // per-(token, head) kernel for shapes the split kernel is not built for.
@@ -1915,11 +1950,13 @@ impl Backend for CudaBackend {
             for t0 in (0..n).step_by(chunk) {
                 let nc = chunk.min(n - t0);
                 let (pos, slot) = (batch.pos_ptr() + 4 * t0 as u64, batch.slot_ptr() + 4 * t0 as u64);
+                // The tensor-core kernel takes a block per 16-head row group of a token.
+                let (gy, smem) = if use_tc { (nc * nh / 16, MS_SMEM) } else { (nc, 0) };
                 self.launch(
                     kname,
-                    (nsp as u32, nc as u32, 1),
+                    (nsp as u32, gy as u32, 1),
                     threads,
-                    0,
+                    smem as u32,
                     &[
                         A::P(q.0.ptr),
                         l(qr.off + t0 * nh * qr.stride),

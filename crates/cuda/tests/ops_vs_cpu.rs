@@ -707,6 +707,43 @@ fn mla_attention_latent_cache() {
     rep.finish();
 }
 
+/// The split MLA decode on the f16 tensor cores (`mla_split_tc`, forced on a backend of its own):
+/// decode and batched-decode sizes over long and short histories in two slots, 16, 32 and 128
+/// heads, against the CPU's f32 attention (queries, keys and probabilities in f16, as the
+/// prefill kernel: within 1e-2 of the rms).
+#[test]
+fn mla_split_tensor_cores() {
+    let Some(shared) = gpu() else { return };
+    if !shared.tensor_cores() {
+        eprintln!("mla_split_tc: no tensor cores, skipped");
+        return;
+    }
+    let g = &CudaBackend::new(0).expect("second backend");
+    g.set_mla_tensor_cores(Some(true));
+    let c = cpu();
+    let mut r = rng(27);
+    let mut rep = Report::new("mla_split_tc");
+    let slot_len = 4096u32;
+    for &(nh, n) in &[(16usize, 1usize), (16, 3), (16, 8), (16, 64), (32, 2), (128, 1)] {
+        let (kl, rd) = (512usize, 64usize);
+        let w = kl + rd;
+        let long = if n <= 8 { r.random_range(2000..4000u32) } else { r.random_range(0..700u32) };
+        let hist = [long, r.random_range(0..20u32)];
+        let n0 = n.div_ceil(2);
+        let mut toks = seq_meta(n0, hist[0], 1, 100, &mut r);
+        toks.extend(seq_meta(n - n0, hist[1], 0, 100, &mut r));
+        let mut all: Vec<TokenMeta> = (0..hist[0]).map(|p| TokenMeta { token: 0, pos: p, slot: 1 }).collect();
+        all.extend((0..hist[1]).map(|p| TokenMeta { token: 0, pos: p, slot: 0 }));
+        all.extend(toks.iter().copied());
+        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
+        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
+        let (got, want) = mla_case(g, c, &mut r, &p, toks, &all, 2, slot_len, qr, o);
+        rep.check(&format!("heads={nh} n={n} hist={hist:?}"), &got, &want, 1e-2, 1e-2);
+    }
+    rep.finish();
+}
+
 /// f64 MoE with the CPU's routing (`ts_cpu::route`) and dequantised expert weights.
 fn moe_f64(x: &[f32], xr: Rows, lg: &[f32], lr: Rows, w: [&[f32]; 3], hdim: usize, ff: usize, p: &MoeParams) -> Vec<f32> {
     let mut out = vec![0f32; xr.n * hdim];

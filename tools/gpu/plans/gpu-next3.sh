@@ -7,6 +7,8 @@
 #   TS_CUDA_RR=0   router product and routing apart (gemv_f32_split + moe_route_quant)
 #   TS_CUDA_DPF=0  no L2 prefetch of the shared-expert down rows
 #   TS_CUDA_RA=0   norm_rope_cache and the absorbed query product apart
+# and the split MLA decode on the tensor cores (TS_CUDA_MLATC=1; f16 numerics, so its own hash)
+# at 16k context, where the SIMT split kernel holds decode to ~316 tok/s.
 set -u
 B=$1; OPS=$2
 export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
@@ -24,6 +26,11 @@ for r in 1 2; do
 done
 b "" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
 b "TS_CUDA_RR=0 TS_CUDA_DPF=0 TS_CUDA_RA=0" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
+OFF="TS_CUDA_RR=0 TS_CUDA_DPF=0 TS_CUDA_RA=0"
+b "$OFF" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1
+b "" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1
+b TS_CUDA_MLATC=1 "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1
+b TS_CUDA_MLATC=1 "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
 # The device-side timeline (first use of TS_CUDA_TRACE): each kernel's share of a token.
 TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=${OUT:-/tmp}/trace.csv "$B" bench --backend cuda -m $V -p 0 -n 32 -r 1 2>&1 | grep -E "cuda trace|tg"
 python3 tools/gpu/trace.py ${OUT:-/tmp}/trace.csv 16 | head -30
