@@ -33,6 +33,52 @@ __device__ __forceinline__ u32 pack_h(float lo, float hi) {
     hi = fminf(fmaxf(hi, -65504.f), 65504.f);
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
 }
+
+// One online-softmax step over a 32-key tile for rows g and g+8, of which a thread holds columns
+// {8i + 2t, 8i + 2t + 1 : i < 4} (the A-fragment layout of P): p0/p1 hold the scaled, masked
+// scores (-inf where masked) and the thread's maxima mx0/mx1 of them; they come back as the
+// probabilities. m, l: the rows' running max and sum; o: NO n8 output tiles, rescaled; pa: P as
+// two k16 A fragments (f16). A row with no key yet (max -inf) keeps zeros: no exp of -inf - -inf.
+template <int NO>
+__device__ __forceinline__ void mla_softmax_tile(float* p0, float* p1, float mx0, float mx1, float& m0, float& m1,
+                                                 float& l0, float& l1, float (*o)[4], u32 (*pa)[4]) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+    const float c0 = n0 == NEG_INF ? 1.f : expf(m0 - n0), c1 = n1 == NEG_INF ? 1.f : expf(m1 - n1);
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        p0[i] = n0 == NEG_INF ? 0.f : expf(p0[i] - n0);
+        p1[i] = n1 == NEG_INF ? 0.f : expf(p1[i] - n1);
+        s0 += p0[i];
+        s1 += p1[i];
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    l0 = l0 * c0 + s0;
+    l1 = l1 * c1 + s1;
+    m0 = n0;
+    m1 = n1;
+#pragma unroll
+    for (int i = 0; i < NO; i++) {
+        o[i][0] *= c0;
+        o[i][1] *= c0;
+        o[i][2] *= c1;
+        o[i][3] *= c1;
+    }
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++) {
+        pa[ks][0] = pack_h(p0[4 * ks], p0[4 * ks + 1]);
+        pa[ks][1] = pack_h(p1[4 * ks], p1[4 * ks + 1]);
+        pa[ks][2] = pack_h(p0[4 * ks + 2], p0[4 * ks + 3]);
+        pa[ks][3] = pack_h(p1[4 * ks + 2], p1[4 * ks + 3]);
+    }
+}
 #endif
 
 // q: token t, head h at q + qoff + t*q_tok + h*q_head (576 values: absorbed nope ; rope).
@@ -130,45 +176,9 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
                 mx0 = fmaxf(mx0, v0);
                 mx1 = fmaxf(mx1, v1);
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        // A row with no key yet (n = -inf) keeps zeros: no exp of -inf - -inf.
-        const float c0 = n0 == NEG_INF ? 1.f : expf(m0 - n0), c1 = n1 == NEG_INF ? 1.f : expf(m1 - n1);
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            p0[i] = n0 == NEG_INF ? 0.f : expf(p0[i] - n0);
-            p1[i] = n1 == NEG_INF ? 0.f : expf(p1[i] - n1);
-            s0 += p0[i];
-            s1 += p1[i];
-        }
-        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-        l0 = l0 * c0 + s0;
-        l1 = l1 * c1 + s1;
-        m0 = n0;
-        m1 = n1;
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            o[i][0] *= c0;
-            o[i][1] *= c0;
-            o[i][2] *= c1;
-            o[i][3] *= c1;
-        }
         // P (16 x 32) as two k16 A fragments.
         u32 pa[2][4];
-#pragma unroll
-        for (int ks = 0; ks < 2; ks++) {
-            pa[ks][0] = pack_h(p0[4 * ks], p0[4 * ks + 1]);
-            pa[ks][1] = pack_h(p1[4 * ks], p1[4 * ks + 1]);
-            pa[ks][2] = pack_h(p0[4 * ks + 2], p0[4 * ks + 3]);
-            pa[ks][3] = pack_h(p1[4 * ks + 2], p1[4 * ks + 3]);
-        }
+        mla_softmax_tile<32>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
         // O[:, 256*half + 16j + (0..16)] += P V: V rows are the tile's keys (first 512 values).
 #pragma unroll
         for (int ks = 0; ks < 2; ks++)
@@ -307,43 +317,8 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const floa
                 mx0 = fmaxf(mx0, v0);
                 mx1 = fmaxf(mx1, v1);
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        const float c0 = n0 == NEG_INF ? 1.f : expf(m0 - n0), c1 = n1 == NEG_INF ? 1.f : expf(m1 - n1);
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            p0[i] = n0 == NEG_INF ? 0.f : expf(p0[i] - n0);
-            p1[i] = n1 == NEG_INF ? 0.f : expf(p1[i] - n1);
-            s0 += p0[i];
-            s1 += p1[i];
-        }
-        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-        l0 = l0 * c0 + s0;
-        l1 = l1 * c1 + s1;
-        m0 = n0;
-        m1 = n1;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            o[i][0] *= c0;
-            o[i][1] *= c0;
-            o[i][2] *= c1;
-            o[i][3] *= c1;
-        }
         u32 pa[2][4];
-#pragma unroll
-        for (int ks = 0; ks < 2; ks++) {
-            pa[ks][0] = pack_h(p0[4 * ks], p0[4 * ks + 1]);
-            pa[ks][1] = pack_h(p1[4 * ks], p1[4 * ks + 1]);
-            pa[ks][2] = pack_h(p0[4 * ks + 2], p0[4 * ks + 3]);
-            pa[ks][3] = pack_h(p1[4 * ks + 2], p1[4 * ks + 3]);
-        }
+        mla_softmax_tile<16>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
         // O[:, 128*warp + 16j + (0..16)] += P V (V: the tile's keys, first 512 values).
 #pragma unroll
         for (int ks = 0; ks < 2; ks++)
