@@ -34,6 +34,19 @@ __device__ __forceinline__ u32 pack_h(float lo, float hi) {
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
 }
 
+// Two m16n8 f32 accumulator tiles (keys c0 + [0, 16)) of scores into S (rows of ld floats): a
+// thread holds rows g and g+8, columns 2t and 2t+1 of each tile.
+__device__ __forceinline__ void store_scores(float* S, int ld, int c0, int g, int t, const float (*s)[4]) {
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int c = c0 + j * 8 + 2 * t;
+        S[g * ld + c] = s[j][0];
+        S[g * ld + c + 1] = s[j][1];
+        S[(g + 8) * ld + c] = s[j][2];
+        S[(g + 8) * ld + c + 1] = s[j][3];
+    }
+}
+
 // One online-softmax step over a 32-key tile for rows g and g+8, of which a thread holds columns
 // {8i + 2t, 8i + 2t + 1 : i < 4} (the A-fragment layout of P): p0/p1 hold the scaled, masked
 // scores (-inf where masked) and the thread's maxima mx0/mx1 of them; they come back as the
@@ -150,14 +163,7 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
             mma_f16(s[0], a, b);
             mma_f16(s[1], a, b + 2);
         }
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int c = half * 16 + j * 8 + 2 * t;
-            Sw[g * MP_KT + c] = s[j][0];
-            Sw[g * MP_KT + c + 1] = s[j][1];
-            Sw[(g + 8) * MP_KT + c] = s[j][2];
-            Sw[(g + 8) * MP_KT + c + 1] = s[j][3];
-        }
+        store_scores(Sw, MP_KT, half * 16, g, t, s);
         __syncthreads();
         // Online softmax over the tile's 32 keys; this thread holds columns
         // {8i + 2t, 8i + 2t + 1 : i < 4} of rows g and g+8 (the A-fragment layout of P).
@@ -291,14 +297,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const floa
             mma_f16(s[1], a, b + 2);
         }
         float* Sw = Ss + dh * 16 * MS_T;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int c = kh * 16 + j * 8 + 2 * t4;
-            Sw[g * MS_T + c] = s[j][0];
-            Sw[g * MS_T + c + 1] = s[j][1];
-            Sw[(g + 8) * MS_T + c] = s[j][2];
-            Sw[(g + 8) * MS_T + c + 1] = s[j][3];
-        }
+        store_scores(Sw, MS_T, kh * 16, g, t4, s);
         __syncthreads();
         // Online softmax over the tile's keys; this thread holds columns {8i + 2t4, +1 : i < 4}
         // of rows g and g+8 (the A-fragment layout of P).
