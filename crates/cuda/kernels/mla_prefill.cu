@@ -47,6 +47,21 @@ __device__ __forceinline__ void store_scores(float* S, int ld, int c0, int g, in
     }
 }
 
+// o[2j], o[2j+1] (j < NJ) += P V for a 32-key tile: P as two k16 A fragments, V the tile's rows
+// in shared memory from column V (rows of MP_LD halves), 16 columns per j, read transposed.
+template <int NJ>
+__device__ __forceinline__ void pv_accumulate(float (*o)[4], const u32 (*pa)[4], const u16* V, int li, int lr) {
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            u32 b[4];
+            ldsm4_t(b, V + (ks * 16 + (li & 1) * 8 + lr) * MP_LD + j * 16 + (li >> 1) * 8);
+            mma_f16(o[2 * j], pa[ks], b);
+            mma_f16(o[2 * j + 1], pa[ks], b + 2);
+        }
+}
+
 // One online-softmax step over a 32-key tile for rows g and g+8, of which a thread holds columns
 // {8i + 2t, 8i + 2t + 1 : i < 4} (the A-fragment layout of P): p0/p1 hold the scaled, masked
 // scores (-inf where masked) and the thread's maxima mx0/mx1 of them; they come back as the
@@ -185,16 +200,8 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
         // P (16 x 32) as two k16 A fragments.
         u32 pa[2][4];
         mla_softmax_tile<32>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
-        // O[:, 256*half + 16j + (0..16)] += P V: V rows are the tile's keys (first 512 values).
-#pragma unroll
-        for (int ks = 0; ks < 2; ks++)
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                u32 b[4];
-                ldsm4_t(b, Ks + (ks * 16 + (li & 1) * 8 + lr) * MP_LD + half * 256 + j * 16 + (li >> 1) * 8);
-                mma_f16(o[2 * j], pa[ks], b);
-                mma_f16(o[2 * j + 1], pa[ks], b + 2);
-            }
+        // O[:, 256*half + (0..256)] += P V: V rows are the tile's keys (first 512 values).
+        pv_accumulate<16>(o, pa, Ks + half * 256, li, lr);
     }
     if (!active) return;
     const int tok = my_rg / hg, h0 = (my_rg - tok * hg) * 16;
@@ -318,16 +325,8 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const floa
             }
         u32 pa[2][4];
         mla_softmax_tile<16>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
-        // O[:, 128*warp + 16j + (0..16)] += P V (V: the tile's keys, first 512 values).
-#pragma unroll
-        for (int ks = 0; ks < 2; ks++)
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                u32 b[4];
-                ldsm4_t(b, Ks + (ks * 16 + (li & 1) * 8 + lr) * MP_LD + warp * 128 + j * 16 + (li >> 1) * 8);
-                mma_f16(o[2 * j], pa[ks], b);
-                mma_f16(o[2 * j + 1], pa[ks], b + 2);
-            }
+        // O[:, 128*warp + (0..128)] += P V (V: the tile's keys, first 512 values).
+        pv_accumulate<8>(o, pa, Ks + warp * 128, li, lr);
     }
     float* r0 = prow + g * stride;
     float* r1 = r0 + 8 * stride;

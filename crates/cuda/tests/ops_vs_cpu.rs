@@ -1259,12 +1259,10 @@ fn fused_mla_rope_absorb() {
                 }
                 let mut cv = vec![0f32; rows * width];
                 g.read_cache(&gc, &mut cv).unwrap();
-                outs.push((get(g, &gx, xr), get(g, &gqd, qdr), cv));
+                outs.push(vec![get(g, &gx, xr), get(g, &gqd, qdr), cv]);
             }
             let lab = format!("{nw}+{rd} heads={heads} {nope}->{kl} n={n}");
-            rep.check(&format!("{lab} x (exact)"), &outs[0].0, &outs[1].0, 0.0, 0.0);
-            rep.check(&format!("{lab} q rows (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
-            rep.check(&format!("{lab} cache (exact)"), &outs[0].2, &outs[1].2, 0.0, 0.0);
+            exact(&mut rep, &lab, &["x", "q rows", "cache"], &outs[0], &outs[1]);
         }
     }
     rep.finish();
@@ -1495,6 +1493,14 @@ fn fused_moe_shared() {
         }
     }
     rep.finish();
+}
+
+/// Bit-for-bit checks of a fused op's named outputs `a` against its chain's `b` (atol 0: any
+/// difference, or a NaN left by an unwritten element, fails).
+fn exact(rep: &mut Report, lab: &str, names: &[&str], a: &[Vec<f32>], b: &[Vec<f32>]) {
+    for ((name, x), y) in names.iter().zip(a).zip(b) {
+        rep.check(&format!("{lab} {name} (exact)"), x, y, 0.0, 0.0);
+    }
 }
 
 /// Fused ops inside a recorded step (graph_begin / graph_end): eager, captured, then replayed
