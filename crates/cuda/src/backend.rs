@@ -2634,13 +2634,7 @@ impl Backend for CudaBackend {
         let mut dargs = [A::I(0); 16];
         dargs[..15].copy_from_slice(&moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o));
         dargs[15] = A::I(self.down_prefetch as i32);
-        self.launch(
-            "moe_down_sh_q8",
-            (hdim.div_ceil(4) as u32, n as u32, 1),
-            256,
-            0,
-            &dargs,
-        );
+        self.launch("moe_down_sh_q8", (hdim.div_ceil(4) as u32, n as u32, 1), 256, 0, &dargs);
         true
     }
 
