@@ -232,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
 // per head pair, this one once per 16 heads, through the MMA units.
 #define MS_T 32
 #define MS_THREADS 128
-#define MS_LU 4
+#define MS_LU 18
 extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const float* q, i64 qoff, i64 q_tok, i64 q_head,
                                                                     const float* cache, const int* pos, const int* slot,
                                                                     int slot_len, int nh, float scale, float* part) {

@@ -544,6 +544,9 @@ pub struct CudaBackend {
     /// `TS_CUDA_MMQ16=1`: 16-token tiles stream one group per stage (`mmq_q8_16g1`, the previous
     /// kernel) instead of two (`mmq_q8_16`); to compare.
     mmq16: u8,
+    /// `TS_CUDA_MLA_SPLITS=n`: the split MLA decode cuts a token's context into n runs (1..=256)
+    /// instead of 2 per SM over the batch's tokens; to measure.
+    mla_splits: usize,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -551,9 +554,10 @@ pub struct CudaBackend {
     /// kernel is built for the shape (heads other than 16), 1 wherever it applies, 2 never.
     /// `TS_CUDA_MLATC=1` / `=0`, or [`CudaBackend::set_mla_tensor_cores`].
     mla_tc: AtomicU8,
-    /// `moe_down_sh_q8` asks for its shared-expert rows in L2 before its PDL wait;
-    /// `TS_CUDA_DPF=0` does not, to compare.
-    down_prefetch: bool,
+    /// The decode MoE's down weights asked into L2 early (`TS_CUDA_DPF`, to compare): 0 never;
+    /// 1 `moe_down_sh_q8` its shared-expert rows before its PDL wait; 2 each gate/up block its
+    /// share of its slot's down matrix after the routing is known (3: as 2, `evict_last`).
+    down_prefetch: u8,
     /// `TS_CUDA_SKIP=name,name`: kernels whose names start with one of these are not launched.
     /// A measurement knob only (results are wrong): the tokens/s gained by leaving a kernel out
     /// of the real, overlapped step is that kernel's share of it, which isolated timings (Nsight
@@ -708,13 +712,14 @@ impl CudaBackend {
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
                 Ok("1") => 1,
                 Ok("0") => 2,
                 _ => 0,
             }),
-            down_prefetch: std::env::var("TS_CUDA_DPF").map_or(true, |v| v != "0"),
+            down_prefetch: std::env::var("TS_CUDA_DPF").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             trace: trace.then(|| Mutex::new(Vec::new())),
             skip: std::env::var("TS_CUDA_SKIP")
                 .map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
@@ -1942,7 +1947,8 @@ impl Backend for CudaBackend {
             // Decode steps, and batches of several sequences (the server's steps): split over
             // the context, all heads of a token per block, then merge (kernels/fast.cu). The
             // tokens go in chunks whose partial results fit the fixed `Part` scratch.
-            let nsp = (2 * self.sm_count / n).clamp(1, MLA_MAX_SPLITS);
+            let auto = 2 * self.sm_count / n;
+            let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
             let per_tok = 4 * nsp * nh * (kl + 2);
             let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
@@ -1974,7 +1980,7 @@ impl Backend for CudaBackend {
                 self.launch(
                     "mla_combine",
                     ((nc * nh) as u32, kl.div_ceil(64) as u32, 1),
-                    64,
+                    256, // 8 warps (MC_WARPS); float2 rows: the split kernels' kl (512, 128) is even
                     0,
                     &[
                         A::P(part),
@@ -2623,12 +2629,23 @@ impl Backend for CudaBackend {
             (ff.div_ceil(32) as u32, (n * ks) as u32, 1),
             256,
             0,
-            &moe_gateup_args::<5, 17>(
+            &moe_gateup_args::<10, 22>(
                 &experts,
                 &shared,
                 (ff, hdim, k, nsh),
                 (sel_e, sel_w),
-                [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
+                [
+                    A::P(xq),
+                    l(xrow),
+                    A::I(act),
+                    A::P(hq),
+                    l(hrow),
+                    A::P(dw.mem.ptr),
+                    l(dw.mat_bytes()),
+                    A::P(shared.down.mem.ptr),
+                    l(hdim * shared.down.row_bytes),
+                    A::I(self.down_prefetch as i32),
+                ],
             ),
         );
         let mut dargs = [A::I(0); 16];
