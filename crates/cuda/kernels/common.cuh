@@ -202,12 +202,6 @@ __device__ __forceinline__ void norm_block_row(const float* xr, float* xw, const
         orow[i] = has_w ? v * w[i] : v;
     }
 }
-// Ask for the 128-byte line at p in L2 (no register result; for weights only before pdl_wait).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-// The same, marked to stay in L2 ahead of normally cached lines (evict_last).
-__device__ __forceinline__ void prefetch_l2_last(const void* p) {
-    asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
-}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -489,11 +489,12 @@ __device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, 
 MLA_SPLIT_INST(18, 16, 256)
 MLA_SPLIT_INST(5, 4, 64)
 
-// Merge the splits of one (token, head) and a run of 64 outputs: block (t*nh + h, c), 8 warps.
+// Merge the splits of one (token, head) and a run of 64 outputs: block (t*nh + h, c), up to 8
+// warps (the host gives one per split up to 8: a batch of 64 tokens has 4 splits each).
 // Only the first ceil(end / chunk) splits saw keys (same chunking as mla_split); their weights
 // exp(m_s - M) go to shared memory first. Lane l owns outputs 64c + 2l, +1 (one float2: rows are
-// kl + 2 floats, kl even, so the pair is 8-byte aligned); warp w sums splits w, w + 8, ... and the
-// 8 partial sums meet in shared memory in a fixed order. At 16k context (256 splits) a 64-thread
+// kl + 2 floats, kl even, so the pair is 8-byte aligned); warp w of nw sums splits w, w + nw, ...
+// and the partial sums meet in shared memory in a fixed order. At 16k context (256 splits) a 64-thread
 // block walking all splits one dependent load after another took ~31 us per layer, more than the
 // attention itself; 8 warps keep 8x the loads in flight.
 #define MLA_MAX_SPLITS 256
@@ -505,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(32 * MC_WARPS) mla_combine(const fl
     __shared__ float red[2][MC_WARPS];
     __shared__ float2 sums[MC_WARPS][32];
     const int t = blockIdx.x / nh, h = blockIdx.x % nh;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int end = pos[t] + 1;
     const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
     const int nact = min(nsp, (end + chunk - 1) / chunk);
@@ -518,8 +519,7 @@ extern "C" __global__ void __launch_bounds__(32 * MC_WARPS) mla_combine(const fl
     if (lane == 0) red[0][warp] = M;
     __syncthreads();
     M = red[0][0];
-#pragma unroll
-    for (int w = 1; w < MC_WARPS; w++) M = fmaxf(M, red[0][w]);
+    for (int w = 1; w < nw; w++) M = fmaxf(M, red[0][w]);
     float L = 0.f;
     for (int s = threadIdx.x; s < nact; s += blockDim.x) {
         const float f = expf(pp[s * sstride] - M);
@@ -533,7 +533,7 @@ extern "C" __global__ void __launch_bounds__(32 * MC_WARPS) mla_combine(const fl
     float2 acc = make_float2(0.f, 0.f);
     if (i < kl) {
 #pragma unroll 4
-        for (int s = warp; s < nact; s += MC_WARPS) {
+        for (int s = warp; s < nact; s += nw) {
             const float2 v = *(const float2*)(pp + s * sstride + 2 + i);
             acc.x += v.x * fw[s];
             acc.y += v.y * fw[s];
@@ -543,12 +543,10 @@ extern "C" __global__ void __launch_bounds__(32 * MC_WARPS) mla_combine(const fl
     __syncthreads();
     if (warp != 0 || i >= kl) return;
     float den = 0.f;
-#pragma unroll
-    for (int w = 0; w < MC_WARPS; w++) den += red[1][w];
+    for (int w = 0; w < nw; w++) den += red[1][w];
     const float inv = 1.0f / den;
     float2 r = sums[0][lane];
-#pragma unroll
-    for (int w = 1; w < MC_WARPS; w++) {
+    for (int w = 1; w < nw; w++) {
         r.x += sums[w][lane].x;
         r.y += sums[w][lane].y;
     }

@@ -328,7 +328,7 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
                    const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
-                   i64 ostride, int down_prefetch) {
+                   i64 ostride) {
     pdl_trigger();
     __shared__ float red[GQ_WARPS];
     __shared__ int es[MOE_SH_MAX_SLOTS];
@@ -341,13 +341,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
     const int per = (total + DOWN_WPR - 1) / DOWN_WPR;
     const int Pa = h * per, Pb = min(total, Pa + per);
-    // The shared slots' weights are known before the routing: their row (nsh * kdim quants,
-    // contiguous) goes to L2 while the gate/up kernel still runs, one 128-byte line per thread
-    // of the row's warps (no registers held across the wait).
-    if (down_prefetch == 1 && row0 < m) {
-        const u8* sr = Sd + (i64)row0 * srow_bytes;
-        for (int i = h * 32 + lane; i * 128 < srow_bytes; i += DOWN_WPR * 32) prefetch_l2(sr + (i64)i * 128);
-    }
     pdl_wait();
     if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(sel_e[t * k + threadIdx.x], 0) : 0;
     __syncthreads();
@@ -546,7 +539,7 @@ MOE_SH_H16(bf16, T_BF16)
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_gateup_sh_q8q(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
                       const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
-                      u8* hq, i64 hrow, const u8* Wd, i64 dmat_bytes, const u8* Sd, i64 sd_bytes, int pf) {
+                      u8* hq, i64 hrow) {
     pdl_trigger();
     __shared__ float glu[GU_ROWS];
     const int ks = k + nsh;
@@ -583,22 +576,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
         load_q8_4(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
         load_q8_4(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
         pdl_wait();
-    }
-    // pf >= 2: the down kernel's weights for this slot go to L2 now, while gate/up streams: the
-    // slot's gridDim.x blocks each ask for a contiguous share of its expert's down matrix (the
-    // shared slots: of the shared down matrix), a 128-byte line per thread per step; pf == 3
-    // marks them evict_last so this kernel's own stream does not push them out first.
-    if (pf >= 2 && !zero) {
-        const bool routed = s < k;
-        const u8* base = routed ? Wd + (i64)max(sel_e[t * k + s], 0) * dmat_bytes : Sd;
-        const i64 lines = ((routed ? dmat_bytes : sd_bytes) + 127) >> 7;
-        const int parts = routed ? gridDim.x : nsh * gridDim.x;
-        const int part = routed ? blockIdx.x : (s - k) * gridDim.x + blockIdx.x;
-        const i64 per = (lines + parts - 1) / parts, lo = part * per, hi = min(lines, lo + per);
-        for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-            if (pf == 3) prefetch_l2_last(base + (i << 7));
-            else prefetch_l2(base + (i << 7));
-        }
     }
     const u8* xr = xq + (i64)t * xrow;
     for (int i = 0; i < rpw; i++) {

@@ -554,10 +554,6 @@ pub struct CudaBackend {
     /// kernel is built for the shape (heads other than 16), 1 wherever it applies, 2 never.
     /// `TS_CUDA_MLATC=1` / `=0`, or [`CudaBackend::set_mla_tensor_cores`].
     mla_tc: AtomicU8,
-    /// The decode MoE's down weights asked into L2 early (`TS_CUDA_DPF`, to compare): 0 never;
-    /// 1 `moe_down_sh_q8` its shared-expert rows before its PDL wait; 2 each gate/up block its
-    /// share of its slot's down matrix after the routing is known (3: as 2, `evict_last`).
-    down_prefetch: u8,
     /// `TS_CUDA_SKIP=name,name`: kernels whose names start with one of these are not launched.
     /// A measurement knob only (results are wrong): the tokens/s gained by leaving a kernel out
     /// of the real, overlapped step is that kernel's share of it, which isolated timings (Nsight
@@ -719,7 +715,6 @@ impl CudaBackend {
                 Ok("0") => 2,
                 _ => 0,
             }),
-            down_prefetch: std::env::var("TS_CUDA_DPF").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             trace: trace.then(|| Mutex::new(Vec::new())),
             skip: std::env::var("TS_CUDA_SKIP")
                 .map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
@@ -1947,7 +1942,10 @@ impl Backend for CudaBackend {
             // Decode steps, and batches of several sequences (the server's steps): split over
             // the context, all heads of a token per block, then merge (kernels/fast.cu). The
             // tokens go in chunks whose partial results fit the fixed `Part` scratch.
-            let auto = 2 * self.sm_count / n;
+            // Two blocks per SM over the batch's tokens; one for the 16-head SIMT kernel, which
+            // holds an SM alone (255 registers a thread): one full wave. At 16k context that took
+            // tg64 from 340 to 358 tok/s on the H200 (256 splits against 132).
+            let auto = if kname == "mla_split_18_16" { self.sm_count } else { 2 * self.sm_count } / n;
             let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
             let per_tok = 4 * nsp * nh * (kl + 2);
             let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
@@ -1980,7 +1978,7 @@ impl Backend for CudaBackend {
                 self.launch(
                     "mla_combine",
                     ((nc * nh) as u32, kl.div_ceil(64) as u32, 1),
-                    256, // 8 warps (MC_WARPS); float2 rows: the split kernels' kl (512, 128) is even
+                    32 * nsp.min(8) as u32, // a warp per split, up to 8 (MC_WARPS); float2 rows: kl (512, 128) is even
                     0,
                     &[
                         A::P(part),
@@ -2629,29 +2627,21 @@ impl Backend for CudaBackend {
             (ff.div_ceil(32) as u32, (n * ks) as u32, 1),
             256,
             0,
-            &moe_gateup_args::<10, 22>(
+            &moe_gateup_args::<5, 17>(
                 &experts,
                 &shared,
                 (ff, hdim, k, nsh),
                 (sel_e, sel_w),
-                [
-                    A::P(xq),
-                    l(xrow),
-                    A::I(act),
-                    A::P(hq),
-                    l(hrow),
-                    A::P(dw.mem.ptr),
-                    l(dw.mat_bytes()),
-                    A::P(shared.down.mem.ptr),
-                    l(hdim * shared.down.row_bytes),
-                    A::I(self.down_prefetch as i32),
-                ],
+                [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
             ),
         );
-        let mut dargs = [A::I(0); 16];
-        dargs[..15].copy_from_slice(&moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o));
-        dargs[15] = A::I(self.down_prefetch as i32);
-        self.launch("moe_down_sh_q8", (hdim.div_ceil(4) as u32, n as u32, 1), 256, 0, &dargs);
+        self.launch(
+            "moe_down_sh_q8",
+            (hdim.div_ceil(4) as u32, n as u32, 1),
+            256,
+            0,
+            &moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o),
+        );
         true
     }
 
