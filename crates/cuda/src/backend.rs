@@ -1942,10 +1942,12 @@ impl Backend for CudaBackend {
             // Decode steps, and batches of several sequences (the server's steps): split over
             // the context, all heads of a token per block, then merge (kernels/fast.cu). The
             // tokens go in chunks whose partial results fit the fixed `Part` scratch.
-            // Two blocks per SM over the batch's tokens; one for the 16-head SIMT kernel, which
-            // holds an SM alone (255 registers a thread): one full wave. At 16k context that took
-            // tg64 from 340 to 358 tok/s on the H200 (256 splits against 132).
-            let auto = if kname == "mla_split_18_16" { self.sm_count } else { 2 * self.sm_count } / n;
+            // Two blocks per SM over the batch's tokens, except the 16-head SIMT kernel (it holds
+            // an SM alone at 255 registers) for batches: one wave, sm_count / n. Measured on the
+            // H200: 64 sequences 5,648 tok/s with 2 splits each (the merge then 2 warps); one
+            // token: one wave gave tg64 at 16k 358 vs 340 but tg128 568 vs 582, so 2 per SM there
+            // (TS_CUDA_MLA_SPLITS to measure).
+            let auto = if kname == "mla_split_18_16" && n > 1 { self.sm_count } else { 2 * self.sm_count } / n;
             let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
             let per_tok = 4 * nsp * nh * (kl + 2);
             let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);

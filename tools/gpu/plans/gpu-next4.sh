@@ -3,6 +3,7 @@
 # changes (docs/PERF.md): op tests, then tg128 against main's build, the down-weight prefetch
 # modes, the split MLA decode at 16k context (SIMT / tensor cores, split counts) and a trace.
 #   tools/gpu/plans/gpu-next4.sh BIN OPS_TEST MAIN_BIN
+# Run once on 2026-11-30 (docs/PERF.md); the TS_CUDA_DPF modes it compares were dropped after it.
 set -u
 B=$1; OPS=$2; M=$3
 export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
