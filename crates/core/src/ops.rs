@@ -141,6 +141,19 @@ pub trait Backend: Send + Sync {
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
     /// A zeroed cache of `rows * width` values.
     fn alloc_cache(&self, rows: usize, width: usize) -> Result<Self::Cache>;
+    /// A zeroed MLA latent cache (DeepSeek-V2: rows of `kv_lora` + rope values, one per token,
+    /// read by all `heads` of its queries). A backend may store it narrower than f32 where its
+    /// attention kernels read that (the CUDA backend: f16, the rounding its tensor-core kernels
+    /// apply to the keys anyway). Default: [`Backend::alloc_cache`].
+    fn alloc_latent_cache(&self, rows: usize, width: usize, kv_lora: usize, heads: usize) -> Result<Self::Cache> {
+        let _ = (kv_lora, heads);
+        self.alloc_cache(rows, width)
+    }
+    /// Bytes per value of `cache` (4: f32; a backend's narrower latent cache says so).
+    fn cache_value_bytes(&self, cache: &Self::Cache) -> usize {
+        let _ = cache;
+        4
+    }
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<Self::Weight>;
     fn upload_rope(&self, spec: &RopeSpec) -> Result<Self::Rope>;
     /// An empty batch handle with room for `max_tokens` tokens.

@@ -59,18 +59,33 @@ impl CudaBuf {
     }
 }
 
-/// A KV cache: `rows` of `width` values. f32 for now; a separate type so it can become bf16
-/// without touching activations.
+/// A KV cache: `rows` of `width` values, f32 (an MLA latent cache may be f16: `half`); a separate
+/// type from activations so its element can differ.
 pub struct CudaCache {
     mem: DevMem,
     rows: usize,
     width: usize,
+    /// f16 values (u16 bits) instead of f32: an MLA latent cache the tensor-core kernels read
+    /// ([`Backend::alloc_latent_cache`]; the `_h` kernels), rounded as they round f32 keys.
+    half: bool,
 }
 
 impl CudaCache {
     /// (rows, width) as allocated.
     pub fn dims(&self) -> (usize, usize) {
         (self.rows, self.width)
+    }
+    /// Whether the values are f16 (else f32).
+    pub fn is_f16(&self) -> bool {
+        self.half
+    }
+    /// `name`, or its f16-cache twin `name_h`, on the stack.
+    fn kernel(&self, name: &str) -> KName {
+        if self.half {
+            KName::of(format_args!("{name}_h"))
+        } else {
+            KName::of(format_args!("{name}"))
+        }
     }
 }
 
@@ -199,7 +214,9 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "moe_gateup_sh_q8q",
     "moe_down_sh_q8",
     "mla_prefill",
+    "mla_prefill_h",
     "mla_split_tc",
+    "mla_split_tc_h",
     "mmq_q8_64",
     "mmq_q8_16",
     "mmq_q8_16g1",
@@ -440,8 +457,14 @@ fn kernel_names() -> Vec<String> {
         "moe_gateup_q8",
         "moe_down_q8",
         "mla_split_18_16",
+        "mla_split_18_16_h",
         "mla_split_5_4",
         "mla_split_tc",
+        "mla_split_tc_h",
+        "mla_prefill_h",
+        "norm_rope_cache_h",
+        "mla_rope_absorb_1_h",
+        "cache_write_h",
         "mla_combine",
         "gemv_f32_split",
         "add_rms_norm",
@@ -547,6 +570,9 @@ pub struct CudaBackend {
     /// `TS_CUDA_MLA_SPLITS=n`: the split MLA decode cuts a token's context into n runs (1..=256)
     /// instead of 2 per SM over the batch's tokens; to measure.
     mla_splits: usize,
+    /// MLA latent caches in f16 where the kernels allow (`alloc_latent_cache`);
+    /// `TS_CUDA_MLA_F16=0` keeps them f32, to compare.
+    mla_f16: bool,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -709,6 +735,7 @@ impl CudaBackend {
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
                 Ok("1") => 1,
@@ -734,6 +761,16 @@ impl CudaBackend {
     pub fn read_cache(&self, cache: &CudaCache, dst: &mut [f32]) -> Result<()> {
         assert_eq!(dst.len(), cache.rows * cache.width);
         self.synchronize()?;
+        if cache.half {
+            let mut h = vec![0u16; dst.len()];
+            unsafe { drv::memcpy_dtoh_async(&mut h[..], cache.mem.ptr, self.stream.cu_stream()) }
+                .map_err(|e| dev_err("device-to-host copy", e))?;
+            self.stream.synchronize().map_err(|e| dev_err("cuda stream", e))?;
+            for (d, v) in dst.iter_mut().zip(h) {
+                *d = half::f16::from_bits(v).to_f32();
+            }
+            return Ok(());
+        }
         unsafe { drv::memcpy_dtoh_async(dst, cache.mem.ptr, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
         self.stream.synchronize().map_err(|e| dev_err("cuda stream", e))
     }
@@ -1470,7 +1507,38 @@ impl Backend for CudaBackend {
             .checked_mul(width)
             .and_then(|v| v.checked_mul(4))
             .ok_or_else(|| BackendError::OutOfMemory { device: self.name.clone(), what: format!("cache of {rows} x {width} overflows") })?;
-        Ok(CudaCache { mem: self.alloc_mem(bytes, &format!("KV cache of {rows} rows x {width}"))?, rows, width })
+        Ok(CudaCache { mem: self.alloc_mem(bytes, &format!("KV cache of {rows} rows x {width}"))?, rows, width, half: false })
+    }
+
+    fn cache_value_bytes(&self, cache: &CudaCache) -> usize {
+        if cache.half {
+            2
+        } else {
+            4
+        }
+    }
+
+    fn alloc_latent_cache(&self, rows: usize, width: usize, kv_lora: usize, heads: usize) -> Result<CudaCache> {
+        // f16 where every MLA kernel that can meet this cache has an f16 twin: V2's shapes
+        // (576 = 512 + 64) on the tensor cores (mla_prefill_h, mla_split_tc_h; the 16-head SIMT
+        // split mla_split_18_16_h), written by norm_rope_cache_h / mla_rope_absorb_1_h /
+        // cache_write_h.
+        const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
+        const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
+        let half = self.mla_f16
+            && self.tc
+            && (width, kv_lora) == (576, 512)
+            && heads > 0
+            && heads % 16 == 0
+            && MS_SMEM.max(MP_SMEM) <= self.smem_max;
+        if !half {
+            return self.alloc_cache(rows, width);
+        }
+        let bytes = rows
+            .checked_mul(width)
+            .and_then(|v| v.checked_mul(2))
+            .ok_or_else(|| BackendError::OutOfMemory { device: self.name.clone(), what: format!("cache of {rows} x {width} overflows") })?;
+        Ok(CudaCache { mem: self.alloc_mem(bytes, &format!("MLA cache of {rows} rows x {width} (f16)"))?, rows, width, half: true })
     }
 
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<CudaWeight> {
@@ -1823,7 +1891,7 @@ impl Backend for CudaBackend {
         }
         let total = sr.n * sr.width;
         self.launch(
-            "cache_write",
+            cache.kernel("cache_write").as_str(),
             Self::grid1(total),
             256,
             0,
@@ -1842,6 +1910,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &CudaBuf, qr: Rows, k: &CudaCache, v: &CudaCache, batch: &CudaBatch, p: &AttnParams, out: &CudaBuf, o: Rows) {
+        assert!(!k.half && !v.half, "attention: K/V caches are f32 (an f16 cache is an MLA latent cache)");
         let (nh, nkv, hd, vd) = (p.n_heads, p.n_kv_heads, p.head_dim, p.v_dim);
         assert_eq!(qr.width, nh * hd);
         assert_eq!(o.width, nh * vd);
@@ -1883,9 +1952,10 @@ impl Backend for CudaBackend {
             return;
         }
         let n = batch.tokens.len();
-        let simt = match (w, kl, nh) {
-            (576, 512, 16) => Some(("mla_split_18_16", 256u32)),
-            (160, 128, 4) => Some(("mla_split_5_4", 64u32)),
+        let simt = match (w, kl, nh, cache.half) {
+            (576, 512, 16, false) => Some(("mla_split_18_16", 256u32)),
+            (576, 512, 16, true) => Some(("mla_split_18_16_h", 256u32)),
+            (160, 128, 4, false) => Some(("mla_split_5_4", 64u32)),
             _ => None,
         };
         // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes.
@@ -1894,10 +1964,10 @@ impl Backend for CudaBackend {
         let use_tc = tc_ok
             && match self.mla_tc.load(Ordering::Relaxed) {
                 1 => true,
-                2 => false,
+                2 => simt.is_none() && cache.half, // an f16 cache has no per-(token, head) kernel
                 _ => simt.is_none(),
             };
-        let split = if use_tc { Some(("mla_split_tc", 128u32)) } else { simt };
+        let split = if use_tc { Some((if cache.half { "mla_split_tc_h" } else { "mla_split_tc" }, 128u32)) } else { simt };
         // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
         // (kernels/mla_prefill.cu); other batches take the split kernel, or the
         // per-(token, head) kernel for shapes the split kernel is not built for.
@@ -1914,7 +1984,7 @@ impl Backend for CudaBackend {
         {
             let groups = n * nh / 16;
             self.launch(
-                "mla_prefill",
+                if cache.half { "mla_prefill_h" } else { "mla_prefill" },
                 (groups.div_ceil(4) as u32, 1, 1),
                 256,
                 MP_SMEM as u32,
@@ -1995,6 +2065,11 @@ impl Backend for CudaBackend {
                     ],
                 );
             }
+            return;
+        }
+        if cache.half {
+            // alloc_latent_cache gives f16 only where the kernels above cover every batch.
+            self.fail(format!("mla_attention: no kernel reads this f16 cache (queries at offset {} stride {})", qr.off, qr.stride));
             return;
         }
         self.attention_launch(
@@ -2516,7 +2591,7 @@ impl Backend for CudaBackend {
             i(gtiles),
             i(lpr),
         ]);
-        self.launch("mla_rope_absorb_1", ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
+        self.launch(cache.kernel("mla_rope_absorb_1").as_str(), ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
     }
 
     fn moe_shared(
@@ -2698,7 +2773,7 @@ impl CudaBackend {
             return;
         }
         let (block, qblocks, args) = Self::nrc_args(x, xr, norm_width, w, eps, q, batch, rope, cache);
-        self.launch("norm_rope_cache", (xr.n as u32, 1 + qblocks as u32, 1), block, 0, &args);
+        self.launch(cache.kernel("norm_rope_cache").as_str(), (xr.n as u32, 1 + qblocks as u32, 1), block, 0, &args);
     }
 
     /// `norm_rope_cache`'s block size, query-rope block count and arguments (kernels/fused.cu).
