@@ -362,6 +362,14 @@ pub trait Backend: Send + Sync {
     fn graph_begin(&self, _key: u64, _n_tokens: usize) -> bool {
         false
     }
+    /// What of a step's launches this backend decides from the batch's metadata beyond its token
+    /// count, slot sharing and outputs (which the caller's `key` holds already): the caller mixes
+    /// it into the [`Backend::graph_begin`] key, so a recording is replayed only for batches that
+    /// would launch the same kernels. The CUDA backend: whether the MLA decode takes its
+    /// long-context kernel. Default 0.
+    fn graph_class(&self, _batch: &BatchMeta) -> u64 {
+        0
+    }
     /// End a step begun by a [`Backend::graph_begin`] that returned false. Returns false when the
     /// ops were being recorded but the recording could not be kept, in which case none of them
     /// ran and the caller must enqueue them again (without another `graph_begin`). Default: true.

@@ -573,6 +573,11 @@ pub struct CudaBackend {
     /// MLA latent caches in f16 where the kernels allow (`alloc_latent_cache`);
     /// `TS_CUDA_MLA_F16=0` keeps them f32, to compare.
     mla_f16: bool,
+    /// The 16-head MLA decode takes the tensor-core split kernel once a batch's furthest position
+    /// reaches this (the SIMT one is faster at short contexts, bound by its shared-memory reads
+    /// at long ones); 0: never. `TS_CUDA_MLA_LONG`; the step's graph key holds the choice
+    /// ([`Backend::graph_class`]).
+    mla_long: u32,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -736,6 +741,7 @@ impl CudaBackend {
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
+            mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(4096),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
                 Ok("1") => 1,
@@ -1965,7 +1971,7 @@ impl Backend for CudaBackend {
             && match self.mla_tc.load(Ordering::Relaxed) {
                 1 => true,
                 2 => simt.is_none() && cache.half, // an f16 cache has no per-(token, head) kernel
-                _ => simt.is_none(),
+                _ => simt.is_none() || self.long_context(batch.tokens.iter().map(|t| t.pos)),
             };
         let split = if use_tc { Some((if cache.half { "mla_split_tc_h" } else { "mla_split_tc" }, 128u32)) } else { simt };
         // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
@@ -2291,6 +2297,10 @@ impl Backend for CudaBackend {
     /// that, one launch instead of hundreds. Any scratch reallocation drops every recording (they
     /// hold scratch pointers); an allocation during capture spoils it (the step runs eagerly).
     /// `TS_CUDA_GRAPHS=0` turns recording off.
+    fn graph_class(&self, batch: &BatchMeta) -> u64 {
+        self.long_context(batch.tokens.iter().map(|t| t.pos)) as u64
+    }
+
     fn graph_begin(&self, key: u64, n_tokens: usize) -> bool {
         if n_tokens == 0 || n_tokens > GRAPH_MAX_TOKENS || !self.graphs_on {
             return false;
@@ -2731,6 +2741,12 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// Whether a batch with these positions counts as long-context (`mla_long`): the one choice
+    /// of kernel the step's graph key gets from [`Backend::graph_class`].
+    fn long_context(&self, pos: impl Iterator<Item = u32>) -> bool {
+        self.mla_long > 0 && pos.max().is_some_and(|p| p >= self.mla_long)
+    }
+
     /// `norm_rope_cache_write`, and with `q` also `rope_copy` of the query's rope part, in one
     /// `norm_rope_cache` launch (kernels/fused.cu).
     #[allow(clippy::too_many_arguments)]

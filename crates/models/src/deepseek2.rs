@@ -960,10 +960,12 @@ impl<B: Backend> Model for DeepSeek2<B> {
         // one slot, and the number of output rows, so a backend may record them once and replay
         // them (CUDA graphs); token ids, positions, slots and the output rows' indices are read
         // from the device batch uploaded above.
-        // Whether all tokens share one slot also picks the attention kernel, so it is in the key.
+        // Whether all tokens share one slot also picks the attention kernel, so it is in the key,
+        // as is whatever else the backend picks kernels by (`graph_class`: the context length).
         let one_slot = batch.tokens.iter().all(|t| t.slot == batch.tokens[0].slot);
+        let class = self.be.graph_class(batch);
         let mut key = 0xcbf2_9ce4_8422_2325u64;
-        for v in [self as *const Self as usize as u64, n as u64, one_slot as u64, batch.outputs.len() as u64] {
+        for v in [self as *const Self as usize as u64, n as u64, one_slot as u64, batch.outputs.len() as u64, class] {
             key = (key ^ v).wrapping_mul(0x0100_0000_01b3);
         }
         let be = self.be.as_ref();
