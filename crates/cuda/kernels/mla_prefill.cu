@@ -258,10 +258,14 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
                                                   const int* pos, const int* slot, int slot_len, int nh, float scale,
                                                   float* part) {
 #if __CUDA_ARCH__ >= 800
+    // An f16 cache's key tiles are copied (cp.async, two buffers), an f32 cache's are loaded and
+    // rounded by the threads (one buffer).
+    constexpr bool F16 = sizeof(C) == 2;
+    constexpr int NB = F16 ? 2 : 1;
     extern __shared__ __align__(16) u8 ms_sm[];
-    u16* Qs = (u16*)ms_sm;                    // [16][MP_LD]
-    u16* Ks = Qs + 16 * MP_LD;                // [MS_T][MP_LD]
-    float* Ss = (float*)(Ks + MS_T * MP_LD);  // [2 dim halves][16][MS_T]
+    u16* Qs = (u16*)ms_sm;                         // [16][MP_LD]
+    u16* Kb = Qs + 16 * MP_LD;                     // NB x [MS_T][MP_LD]
+    float* Ss = (float*)(Kb + NB * MS_T * MP_LD);  // [2 dim halves][16][MS_T]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int hg = nh >> 4;
@@ -293,28 +297,8 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
 #pragma unroll
     for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // rows g and g+8
-    for (int k0 = j0; k0 < j1; k0 += MS_T) {
-        __syncthreads();  // the previous tile's Ks and Ss are no longer read (and Qs is written)
-        // The tile's rows, MS_LU float4 loads per thread in flight before any is converted
-        // (MS_T * MP_W / 4 = 4608 = 36 per thread: a multiple of MS_LU * MS_THREADS).
-        for (int i0 = tid; i0 < MS_T * (MP_W / 4); i0 += MS_LU * MS_THREADS) {
-            typename CacheRaw<C>::T v[MS_LU];
-#pragma unroll
-            for (int u = 0; u < MS_LU; u++) {
-                const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-                v[u] = {};
-                if (k0 + r < j1) v[u] = cache_raw(cache + (base + k0 + r) * MP_W + 4 * c4);
-            }
-#pragma unroll
-            for (int u = 0; u < MS_LU; u++) {
-                const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-                const uint2 h = raw_h4(v[u]);
-                u32* d = (u32*)(Ks + r * MP_LD + 4 * c4);
-                d[0] = h.x;
-                d[1] = h.y;
-            }
-        }
-        __syncthreads();
+    // One 32-key tile in shared memory (K, first key k0): the scores, the online softmax, P.V.
+    auto tile = [&](const u16* Ks, int k0) {
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         const u16* Kw = Ks + kh * 16 * MP_LD;
 #pragma unroll 2
@@ -349,6 +333,59 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         mla_softmax_tile<16>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
         // O[:, 128*warp + (0..128)] += P V (V: the tile's keys, first 512 values).
         pv_accumulate<8>(o, pa, Ks + warp * 128, li, lr);
+    };
+    if constexpr (F16) {
+        // An f16 cache's tiles go straight to shared memory (cp.async, 16 bytes a copy, 72 a row;
+        // rows past j1 zero-filled from row j0, which exists), two buffers: the next tile streams
+        // in while this one is used.
+        auto issue = [&](int k0, u16* K) {
+            for (int idx = tid; idx < MS_T * (MP_W / 8); idx += MS_THREADS) {
+                const int r = idx / (MP_W / 8), c8 = idx - r * (MP_W / 8);
+                const bool in = k0 + r < j1;
+                cp_async16_z(K + r * MP_LD + 8 * c8, cache + (base + (in ? k0 + r : j0)) * MP_W + 8 * c8, in ? 16 : 0);
+            }
+            cp_commit();
+        };
+        const int ntile = (j1 - j0 + MS_T - 1) / MS_T;
+        issue(j0, Kb);
+        for (int it = 0; it < ntile; it++) {
+            // The next tile into the other buffer (read in the previous iteration, which every
+            // thread has left: the barrier at the loop's end), then wait for this one.
+            if (it + 1 < ntile) {
+                issue(j0 + (it + 1) * MS_T, Kb + ((it + 1) & 1) * MS_T * MP_LD);
+                cp_wait<1>();
+            } else {
+                cp_wait<0>();
+            }
+            __syncthreads();
+            tile(Kb + (it & 1) * MS_T * MP_LD, j0 + it * MS_T);
+            __syncthreads();  // this buffer and Ss free for the next iteration
+        }
+    } else {
+        u16* Ks = Kb;
+        for (int k0 = j0; k0 < j1; k0 += MS_T) {
+            __syncthreads();  // the previous tile's Ks and Ss are no longer read (and Qs is written)
+            // The tile's rows, MS_LU float4 loads per thread in flight before any is converted
+            // (MS_T * MP_W / 4 = 4608 = 36 per thread: a multiple of MS_LU * MS_THREADS).
+            for (int i0 = tid; i0 < MS_T * (MP_W / 4); i0 += MS_LU * MS_THREADS) {
+                typename CacheRaw<C>::T v[MS_LU];
+#pragma unroll
+                for (int u = 0; u < MS_LU; u++) {
+                    const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+                    v[u] = k0 + r < j1 ? cache_raw(cache + (base + k0 + r) * MP_W + 4 * c4) : typename CacheRaw<C>::T{};
+                }
+#pragma unroll
+                for (int u = 0; u < MS_LU; u++) {
+                    const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+                    const uint2 h = raw_h4(v[u]);
+                    u32* d = (u32*)(Ks + r * MP_LD + 4 * c4);
+                    d[0] = h.x;
+                    d[1] = h.y;
+                }
+            }
+            __syncthreads();
+            tile(Ks, k0);
+        }
     }
     float* r0 = prow + g * stride;
     float* r1 = r0 + 8 * stride;

@@ -234,6 +234,10 @@ const MMQ_SMEM: usize = mmq_smem(64, 1, 3);
 const PART_MIN_BYTES: usize = 16 << 20;
 /// Values per block of the arg-max's first pass (`argmax_part`): a 102,400-wide row in 50 blocks.
 const ARGMAX_CHUNK: usize = 2048;
+/// Dynamic shared memory of `mla_split_tc` (the 16 query rows, one 32-key tile, the scores of two
+/// dim halves) and of `mla_split_tc_h` (two key tiles: the next streams in while one is used).
+const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
+const MS_SMEM_H: usize = (16 + 2 * 32) * 584 * 2 + 2 * 16 * 32 * 4;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
@@ -1529,14 +1533,13 @@ impl Backend for CudaBackend {
         // (576 = 512 + 64) on the tensor cores (mla_prefill_h, mla_split_tc_h; the 16-head SIMT
         // split mla_split_18_16_h), written by norm_rope_cache_h / mla_rope_absorb_1_h /
         // cache_write_h.
-        const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
         const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
         let half = self.mla_f16
             && self.tc
             && (width, kv_lora) == (576, 512)
             && heads > 0
             && heads % 16 == 0
-            && MS_SMEM.max(MP_SMEM) <= self.smem_max;
+            && MS_SMEM_H.max(MP_SMEM) <= self.smem_max;
         if !half {
             return self.alloc_cache(rows, width);
         }
@@ -1964,9 +1967,10 @@ impl Backend for CudaBackend {
             (160, 128, 4, false) => Some(("mla_split_5_4", 64u32)),
             _ => None,
         };
-        // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes.
-        const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
-        let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && MS_SMEM <= self.smem_max;
+        // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes; an f16
+        // cache's kernel double-buffers its key tiles.
+        let ms_smem = if cache.half { MS_SMEM_H } else { MS_SMEM };
+        let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && ms_smem <= self.smem_max;
         let use_tc = tc_ok
             && match self.mla_tc.load(Ordering::Relaxed) {
                 1 => true,
@@ -2033,7 +2037,7 @@ impl Backend for CudaBackend {
                 let nc = chunk.min(n - t0);
                 let (pos, slot) = (batch.pos_ptr() + 4 * t0 as u64, batch.slot_ptr() + 4 * t0 as u64);
                 // The tensor-core kernel takes a block per 16-head row group of a token.
-                let (gy, smem) = if use_tc { (nc * nh / 16, MS_SMEM) } else { (nc, 0) };
+                let (gy, smem) = if use_tc { (nc * nh / 16, ms_smem) } else { (nc, 0) };
                 self.launch(
                     kname,
                     (nsp as u32, gy as u32, 1),
