@@ -48,9 +48,10 @@ __device__ __forceinline__ float4 cache_ld4(const u16* p) {
     const uint2 v = *(const uint2*)p;
     return make_float4(h2f((u16)v.x), h2f((u16)(v.x >> 16)), h2f((u16)v.y), h2f((u16)(v.y >> 16)));
 }
-// cache_write (elementwise.cu) into an f16 cache.
-extern "C" __global__ void cache_write_h(u16* cache, const float* src, i64 soff, i64 sstride, i64 width, i64 ntok,
-                                         const int* pos, const int* slot, int slot_len) { PDL_ENTRY();
+// Rows of src into the cache rows of their tokens (slot * slot_len + pos), f32 or f16.
+template <typename C>
+__device__ __forceinline__ void cache_write_body(C* cache, const float* src, i64 soff, i64 sstride, i64 width, i64 ntok,
+                                                 const int* pos, const int* slot, int slot_len) {
     i64 total = ntok * width;
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
         i64 t = idx / width, i = idx % width;
@@ -58,6 +59,14 @@ extern "C" __global__ void cache_write_h(u16* cache, const float* src, i64 soff,
         cache_st(cache + row * width + i, src[soff + t * sstride + i]);
     }
 }
+#define CACHE_WRITE_INST(NAME, C)                                                                              \
+    extern "C" __global__ void NAME(C* cache, const float* src, i64 soff, i64 sstride, i64 width, i64 ntok,     \
+                                    const int* pos, const int* slot, int slot_len) {                            \
+        PDL_ENTRY();                                                                                            \
+        cache_write_body<C>(cache, src, soff, sstride, width, ntok, pos, slot, slot_len);                       \
+    }
+CACHE_WRITE_INST(cache_write, float)
+CACHE_WRITE_INST(cache_write_h, u16)
 __device__ __forceinline__ int dot16(uint4 w, const i8* x) {
     const int4 xv = *(const int4*)x;
     int s = dp4a((int)w.x, xv.x, 0);

@@ -9,15 +9,8 @@
 # f16 for the SIMT kernel too) and the fixtures stay within prefill.sh's 3e-2.
 set -u
 B=$1; OPS=$2; M=$3
-export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
-V=/tmp/v2lite-q8_0.gguf
-O=${OUT:-/tmp}
-b() { local e=$1; shift; echo "-- ${e:-default} $*"; env $e "$@" 2>&1 | grep -E "^\| .*(pp|tg)|hash|rror|cache" | sed -E 's/.*\| (pp|tg)/\1/'; }
-"$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
-echo "== ops_vs_cpu"
-"$OPS" --test-threads 2 > $O/ops.txt 2>&1
-grep -E "FAIL|test result|panicked" $O/ops.txt | head -20
-wait
+source "$(dirname "$0")/lib.sh"
+ops_and_model
 echo "== fixtures: CUDA (f16 latent cache) vs CPU"
 tools/gpu/prefill.sh "$B" "$OPS" $O/pf fix 2>&1 | grep -vE "^\s*$" | tail -6
 for r in 1 2; do
