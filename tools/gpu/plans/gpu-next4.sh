@@ -6,15 +6,8 @@
 # Run once on 2026-11-30 (docs/PERF.md); the TS_CUDA_DPF modes it compares were dropped after it.
 set -u
 B=$1; OPS=$2; M=$3
-export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
-V=/tmp/v2lite-q8_0.gguf
-O=${OUT:-/tmp}
-b() { local e=$1; shift; echo "-- ${e:-default} $*"; env $e "$@" 2>&1 | grep -E "^\| .*(pp|tg)|hash|rror" | sed -E 's/.*\| (pp|tg)/\1/'; }
-"$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
-echo "== ops_vs_cpu"
-"$OPS" --test-threads 2 > $O/ops.txt 2>&1
-grep -E "FAIL|test result|panicked" $O/ops.txt | head -20
-wait
+source "$(dirname "$0")/lib.sh"
+ops_and_model
 for r in 1 2; do
   b "" "$M" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
   for e in "" TS_CUDA_DPF=0 TS_CUDA_DPF=2 TS_CUDA_DPF=3; do
