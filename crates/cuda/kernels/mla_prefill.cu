@@ -47,6 +47,20 @@ __device__ __forceinline__ void store_scores(float* S, int ld, int c0, int g, in
     }
 }
 
+// s (two m16n8 f32 tiles) = Q K^T over dims [kk0, kk1) for 16 query rows at Q and 16 keys at K
+// (rows of MP_LD halves), U dim steps of 16 unrolled.
+template <int U>
+__device__ __forceinline__ void qk_scores(float (*s)[4], const u16* Q, const u16* K, int kk0, int kk1, int li, int lr) {
+#pragma unroll U
+    for (int kk = kk0; kk < kk1; kk += 16) {
+        u32 a[4], b[4];
+        ldsm4(a, Q + ((li & 1) * 8 + lr) * MP_LD + kk + (li >> 1) * 8);
+        ldsm4(b, K + ((li >> 1) * 8 + lr) * MP_LD + kk + (li & 1) * 8);
+        mma_f16(s[0], a, b);
+        mma_f16(s[1], a, b + 2);
+    }
+}
+
 // o[2j], o[2j+1] (j < NJ) += P V for a 32-key tile: P as two k16 A fragments, V the tile's rows
 // in shared memory from column V (rows of MP_LD halves), 16 columns per j, read transposed.
 template <int NJ>
@@ -169,15 +183,7 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
         __syncthreads();
         // Scores of keys [k0 + 16*half, +16) for this warp's 16 rows: two n8 tiles.
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        const u16* Kw = Ks + half * 16 * MP_LD;
-#pragma unroll 4
-        for (int kk = 0; kk < MP_W; kk += 16) {
-            u32 a[4], b[4];
-            ldsm4(a, Qw + ((li & 1) * 8 + lr) * MP_LD + kk + (li >> 1) * 8);
-            ldsm4(b, Kw + ((li >> 1) * 8 + lr) * MP_LD + kk + (li & 1) * 8);
-            mma_f16(s[0], a, b);
-            mma_f16(s[1], a, b + 2);
-        }
+        qk_scores<4>(s, Qw, Ks + half * 16 * MP_LD, 0, MP_W, li, lr);
         store_scores(Sw, MP_KT, half * 16, g, t, s);
         __syncthreads();
         // Online softmax over the tile's 32 keys; this thread holds columns
@@ -294,15 +300,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const floa
         }
         __syncthreads();
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        const u16* Kw = Ks + kh * 16 * MP_LD;
-#pragma unroll 2
-        for (int kk = dh * (MP_W / 2); kk < (dh + 1) * (MP_W / 2); kk += 16) {
-            u32 a[4], b[4];
-            ldsm4(a, Qs + ((li & 1) * 8 + lr) * MP_LD + kk + (li >> 1) * 8);
-            ldsm4(b, Kw + ((li >> 1) * 8 + lr) * MP_LD + kk + (li & 1) * 8);
-            mma_f16(s[0], a, b);
-            mma_f16(s[1], a, b + 2);
-        }
+        qk_scores<2>(s, Qs, Ks + kh * 16 * MP_LD, dh * (MP_W / 2), (dh + 1) * (MP_W / 2), li, lr);
         float* Sw = Ss + dh * 16 * MS_T;
         store_scores(Sw, MS_T, kh * 16, g, t4, s);
         __syncthreads();

@@ -630,6 +630,20 @@ fn cache_write_and_attention() {
     rep.finish();
 }
 
+/// A batch of n tokens over two sequences for the MLA tests: the first ceil(n/2) continue slot 1
+/// after a history of `long` positions, the rest slot 0 after a short one. Returns the batch,
+/// every token the cache holds (histories, then the batch) and the two history lengths.
+fn mla_tokens(n: usize, long: u32, r: &mut StdRng) -> (Vec<TokenMeta>, Vec<TokenMeta>, [u32; 2]) {
+    let hist = [long, r.random_range(0..20u32)];
+    let n0 = n.div_ceil(2);
+    let mut toks = seq_meta(n0, hist[0], 1, 100, r);
+    toks.extend(seq_meta(n - n0, hist[1], 0, 100, r));
+    let mut all: Vec<TokenMeta> = (0..hist[0]).map(|p| TokenMeta { token: 0, pos: p, slot: 1 }).collect();
+    all.extend((0..hist[1]).map(|p| TokenMeta { token: 0, pos: p, slot: 0 }));
+    all.extend(toks.iter().copied());
+    (toks, all, hist)
+}
+
 /// One MLA attention case on both backends: a cache of `slots * slot_len` rows holding random
 /// rows for `all` (history and batch tokens), random queries in `qr`; returns (GPU, CPU) outputs.
 #[allow(clippy::too_many_arguments)]
@@ -675,13 +689,7 @@ fn mla_attention_latent_cache() {
         for &n in &[1usize, 3, 64, 300, 600] {
             // Decode sizes also with long histories: the split kernel then runs several tiles per split.
             let long = if n <= 3 { r.random_range(2000..4000u32) } else { r.random_range(0..700u32) };
-            let hist = [long, r.random_range(0..20u32)];
-            let n0 = n.div_ceil(2);
-            let mut toks = seq_meta(n0, hist[0], 1, 100, &mut r);
-            toks.extend(seq_meta(n - n0, hist[1], 0, 100, &mut r));
-            let mut all: Vec<TokenMeta> = (0..hist[0]).map(|p| TokenMeta { token: 0, pos: p, slot: 1 }).collect();
-            all.extend((0..hist[1]).map(|p| TokenMeta { token: 0, pos: p, slot: 0 }));
-            all.extend(toks.iter().copied());
+            let (toks, all, hist) = mla_tokens(n, long, &mut r);
             let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
             let qr = Rows { off: 0, n: n * nh, width: w, stride: w + 8 };
             let (got, want) = mla_case(g, c, &mut r, &p, toks, &all, 2, slot_len, qr, Rows::packed(n * nh, kl));
@@ -728,13 +736,7 @@ fn mla_split_tensor_cores() {
         let (kl, rd) = (512usize, 64usize);
         let w = kl + rd;
         let long = if n <= 8 { r.random_range(2000..4000u32) } else { r.random_range(0..700u32) };
-        let hist = [long, r.random_range(0..20u32)];
-        let n0 = n.div_ceil(2);
-        let mut toks = seq_meta(n0, hist[0], 1, 100, &mut r);
-        toks.extend(seq_meta(n - n0, hist[1], 0, 100, &mut r));
-        let mut all: Vec<TokenMeta> = (0..hist[0]).map(|p| TokenMeta { token: 0, pos: p, slot: 1 }).collect();
-        all.extend((0..hist[1]).map(|p| TokenMeta { token: 0, pos: p, slot: 0 }));
-        all.extend(toks.iter().copied());
+        let (toks, all, hist) = mla_tokens(n, long, &mut r);
         let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
         let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
         let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
