@@ -2296,15 +2296,16 @@ impl Backend for CudaBackend {
         );
     }
 
+    /// Whether the batch counts as long-context for the MLA decode (`TS_CUDA_MLA_LONG`).
+    fn graph_class(&self, batch: &BatchMeta) -> u64 {
+        self.long_context(batch.tokens.iter().map(|t| t.pos)) as u64
+    }
+
     /// CUDA graphs for steps of up to [`GRAPH_MAX_TOKENS`] tokens (decode, batched decode): a key runs eagerly the
     /// first time (scratch reaches its size), is captured the second time and replayed after
     /// that, one launch instead of hundreds. Any scratch reallocation drops every recording (they
     /// hold scratch pointers); an allocation during capture spoils it (the step runs eagerly).
     /// `TS_CUDA_GRAPHS=0` turns recording off.
-    fn graph_class(&self, batch: &BatchMeta) -> u64 {
-        self.long_context(batch.tokens.iter().map(|t| t.pos)) as u64
-    }
-
     fn graph_begin(&self, key: u64, n_tokens: usize) -> bool {
         if n_tokens == 0 || n_tokens > GRAPH_MAX_TOKENS || !self.graphs_on {
             return false;
