@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # First GPU run of branch gpu-next5 (written 2026-11-30 without a GPU): the f16 MLA latent cache
 # (TS_CUDA_MLA_F16=0: f32 as on main), the tensor-core split decode from TS_CUDA_MLA_LONG
-# positions on (0: never; it is in the graph key), the f16 split kernel's double-buffered cp.async tiles, and the L2 prefetch of the weights a decode step reads
-# next from a side stream (TS_CUDA_L2PF=1, =2 evict_last; off by default until measured: the
-# tokens must not change); against main's build in the same call.
+# positions on (0: never; it is in the graph key), the f16 split kernel's double-buffered
+# cp.async tiles, and the L2 prefetch of the weights a decode step reads next from a side stream
+# (TS_CUDA_L2PF=1, =2 evict_last; off by default until measured: the tokens must not change);
+# against main's build in the same call.
 #   tools/gpu/plans/gpu-next5.sh BIN OPS_TEST MAIN_BIN [a|b]
 # Two device calls of about 6 and 4 minutes: a (the default) the op tests, the fixtures, tg128 and
 # tg @16k; b prompts, 64 sequences, a 16k trace and the server.
