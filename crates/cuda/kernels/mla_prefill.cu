@@ -61,6 +61,36 @@ __device__ __forceinline__ void qk_scores(float (*s)[4], const u16* Q, const u16
     }
 }
 
+// The scaled scores this thread holds for the online softmax of a 32-key tile (columns
+// {8i + 2t, 8i + 2t + 1 : i < 4} of rows g and g+8, the A-fragment layout of P), -inf from
+// column `valid` on, into p0 / p1 with their maxima mx0 / mx1. S: rows of ld floats; a score is
+// the sum of NS blocks of S, sstride floats apart (a split over dims), in order.
+template <int NS>
+__device__ __forceinline__ void gather_scores(const float* S, int ld, int sstride, int g, int t, int valid, float scale,
+                                              float* p0, float* p1, float& mx0, float& mx1) {
+    mx0 = NEG_INF;
+    mx1 = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int c = 8 * i + 2 * t + e;
+            const bool ok = c < valid;
+            float a0 = S[g * ld + c], a1 = S[(g + 8) * ld + c];
+#pragma unroll
+            for (int b = 1; b < NS; b++) {
+                a0 += S[b * sstride + g * ld + c];
+                a1 += S[b * sstride + (g + 8) * ld + c];
+            }
+            const float v0 = ok ? a0 * scale : NEG_INF;
+            const float v1 = ok ? a1 * scale : NEG_INF;
+            p0[2 * i + e] = v0;
+            p1[2 * i + e] = v1;
+            mx0 = fmaxf(mx0, v0);
+            mx1 = fmaxf(mx1, v1);
+        }
+}
+
 // o[2j], o[2j+1] (j < NJ) += P V for a 32-key tile: P as two k16 A fragments, V the tile's rows
 // in shared memory from column V (rows of MP_LD halves), 16 columns per j, read transposed.
 template <int NJ>
@@ -186,23 +216,9 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
         qk_scores<4>(s, Qw, Ks + half * 16 * MP_LD, 0, MP_W, li, lr);
         store_scores(Sw, MP_KT, half * 16, g, t, s);
         __syncthreads();
-        // Online softmax over the tile's 32 keys; this thread holds columns
-        // {8i + 2t, 8i + 2t + 1 : i < 4} of rows g and g+8 (the A-fragment layout of P).
-        float p0[8], p1[8];
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int c = 8 * i + 2 * t + e;
-                const bool ok = k0 + c <= my_pos;
-                const float v0 = ok ? Sw[g * MP_KT + c] * scale : NEG_INF;
-                const float v1 = ok ? Sw[(g + 8) * MP_KT + c] * scale : NEG_INF;
-                p0[2 * i + e] = v0;
-                p1[2 * i + e] = v1;
-                mx0 = fmaxf(mx0, v0);
-                mx1 = fmaxf(mx1, v1);
-            }
+        // Online softmax over the tile's 32 keys (those up to this row group's position).
+        float p0[8], p1[8], mx0, mx1;
+        gather_scores<1>(Sw, MP_KT, 0, g, t, my_pos - k0 + 1, scale, p0, p1, mx0, mx1);
         // P (16 x 32) as two k16 A fragments.
         u32 pa[2][4];
         mla_softmax_tile<32>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
@@ -304,23 +320,9 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const floa
         float* Sw = Ss + dh * 16 * MS_T;
         store_scores(Sw, MS_T, kh * 16, g, t4, s);
         __syncthreads();
-        // Online softmax over the tile's keys; this thread holds columns {8i + 2t4, +1 : i < 4}
-        // of rows g and g+8 (the A-fragment layout of P).
-        float p0[8], p1[8];
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int c = 8 * i + 2 * t4 + e;
-                const bool ok = k0 + c < j1;
-                const float v0 = ok ? (Ss[g * MS_T + c] + Ss[16 * MS_T + g * MS_T + c]) * scale : NEG_INF;
-                const float v1 = ok ? (Ss[(g + 8) * MS_T + c] + Ss[16 * MS_T + (g + 8) * MS_T + c]) * scale : NEG_INF;
-                p0[2 * i + e] = v0;
-                p1[2 * i + e] = v1;
-                mx0 = fmaxf(mx0, v0);
-                mx1 = fmaxf(mx1, v1);
-            }
+        // Online softmax over the tile's keys (those before j1); a score is the sum of the two dim halves.
+        float p0[8], p1[8], mx0, mx1;
+        gather_scores<2>(Ss, MS_T, 16 * MS_T, g, t4, j1 - k0, scale, p0, p1, mx0, mx1);
         u32 pa[2][4];
         mla_softmax_tile<16>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
         // O[:, 128*warp + (0..128)] += P V (V: the tile's keys, first 512 values).
