@@ -3,7 +3,9 @@
 # DeepSeek-V2 fixtures' Q8_0 prefill against the CPU, the synthetic V2-Lite benchmarks with a
 # per-kernel profile of one prefill, and the server under 64 streaming clients.
 # Usage (on the GPU machine, from the repo root): tools/gpu/prefill.sh BIN OPS_TEST OUTDIR [steps]
-# steps: any of ops,fix,bench,prof,dec,ids,par,serve (default: all).
+# steps: any of ops,fix,bench,prof,dec,ids,par,serve (default: all). TS_ROW_MULTIPLE=n serves with
+# --row-multiple n (default 1): token and logits-row counts padded to multiples of n, so fewer
+# distinct step shapes, each recorded once as a CUDA graph and replayed more often.
 set -u
 T=${1:-.dev/turbospark}; OPS=${2:-.dev/ops_vs_cpu}; O=${3:-/tmp/pf}; STEPS=${4:-ops,fix,bench,prof,dec,ids,par,serve}
 mkdir -p "$O"; export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
@@ -68,7 +70,7 @@ if has par; then
 fi
 if has serve; then
   echo "== server: 64 streaming clients, token-id prompts of 32, 128 tokens each"
-  "$T" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 --row-multiple 1 > "$O/serve.log" 2>&1 &
+  "$T" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 --row-multiple ${TS_ROW_MULTIPLE:-1} > "$O/serve.log" 2>&1 &
   SP=$!
   for i in $(seq 1 120); do curl -sf http://127.0.0.1:8089/health >/dev/null && break; sleep 1; done
   "$T" loadtest --url http://127.0.0.1:8089 --clients 64 --duration ${TS_LOAD_SECONDS:-30} --max-tokens 128 --prompt-ids 32 --temperature 0 || fails=$((fails+1))
