@@ -7,7 +7,8 @@
 # against main's build in the same call.
 #   tools/gpu/plans/gpu-next5.sh BIN OPS_TEST MAIN_BIN [a|b]
 # Two device calls of about 6 and 4 minutes: a (the default) the op tests, the fixtures, tg128 and
-# tg @16k; b prompts, 64 sequences, a 16k trace and the server.
+# tg @16k; b prompts, 64 sequences, a 16k trace and the server (row multiples 1 and 16: padded
+# steps repeat their shapes, so more of them replay a recorded graph).
 # Expect: ops_vs_cpu all pass (new: mla_f16_latent_cache); TS_CUDA_MLA_F16=0 keeps main's tg128
 # hash (e9b67e142c109494 at -p 0 -n 128 -r 3); the f16 cache has its own hash (keys rounded to
 # f16 for the SIMT kernel too) and the fixtures stay within prefill.sh's 3e-2.
@@ -24,7 +25,10 @@ if [ "$PART" = b ]; then
   b "" "$M" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
   TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/trace16k.csv "$B" bench --backend cuda -m $V -p 0 -n 32 -d 16384 -r 1 2>&1 | grep -E "cuda trace|tg"
   python3 tools/gpu/trace.py $O/trace16k.csv 16 2>/dev/null | head -14
-  TS_LOAD_SECONDS=20 tools/gpu/prefill.sh "$B" "$OPS" $O/pf serve 2>&1 | grep -vE "^\s*$" | tail -8
+  for rm in 1 16; do
+    echo "== server, --row-multiple $rm"
+    TS_ROW_MULTIPLE=$rm TS_LOAD_SECONDS=20 tools/gpu/prefill.sh "$B" "$OPS" $O/pf serve 2>&1 | grep -vE "^\s*$" | tail -8
+  done
   exit 0
 fi
 ops_and_model
