@@ -51,4 +51,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:
+        # Piped into `head`: the reader has what it wanted.
+        sys.stderr.close()
