@@ -2615,7 +2615,7 @@ impl Backend for CudaBackend {
         rope: &CudaRope,
         cache: &CudaCache,
     ) {
-        self.norm_rope_cache(x, xr, norm_width, w, eps, None, batch, rope, cache);
+        self.norm_rope_cache(&Nrc { x, xr, norm_width, w, eps, q: None, batch, rope, cache });
     }
 
     fn mla_rope_cache_write(
@@ -2637,8 +2637,9 @@ impl Backend for CudaBackend {
         assert_eq!(qr.n, batch.tokens.len() * heads, "mla_rope_cache_write: q rows != tokens * heads");
         qs.check(qr);
         qd.check(qdr);
+        let op = Nrc { x, xr, norm_width, w, eps, q: Some(q), batch, rope, cache };
         let Some((wk, src, dst)) = absorb else {
-            self.norm_rope_cache(x, xr, norm_width, w, eps, Some(q), batch, rope, cache);
+            self.norm_rope_cache(&op);
             return;
         };
         // One decode token: the absorbed query's product (gemv_q8_1's body, one matrix per head)
@@ -2662,7 +2663,7 @@ impl Backend for CudaBackend {
             && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == norm_width)
             && smem <= self.smem_max;
         if !merged {
-            self.norm_rope_cache(x, xr, norm_width, w, eps, Some(q), batch, rope, cache);
+            self.norm_rope_cache(&op);
             self.matmul_grouped(qs, src, wk, qd, dst);
             return;
         }
@@ -2672,7 +2673,7 @@ impl Backend for CudaBackend {
         if !self.check_cache_rows(batch, cache.rows, "mla_rope_cache_write") {
             return;
         }
-        let (_, qblocks, nrc) = Self::nrc_args(x, xr, norm_width, w, eps, Some(q), batch, rope, cache);
+        let (_, qblocks, nrc) = op.args();
         let lpr = (k / 16).next_power_of_two().min(32);
         let gtiles = m.div_ceil(8 * (32 / lpr)).min(self.sm_count * 8);
         let mut args = [A::I(0); 36];
@@ -2839,19 +2840,8 @@ impl CudaBackend {
 
     /// `norm_rope_cache_write`, and with `q` also `rope_copy` of the query's rope part, in one
     /// `norm_rope_cache` launch (kernels/fused.cu).
-    #[allow(clippy::too_many_arguments)]
-    fn norm_rope_cache(
-        &self,
-        x: &CudaBuf,
-        xr: Rows,
-        norm_width: usize,
-        w: Option<&CudaWeight>,
-        eps: f32,
-        q: Option<(&CudaBuf, Rows, &CudaBuf, Rows, usize)>,
-        batch: &CudaBatch,
-        rope: &CudaRope,
-        cache: &CudaCache,
-    ) {
+    fn norm_rope_cache(&self, op: &Nrc<'_>) {
+        let &Nrc { x, xr, norm_width, w, eps, q, batch, rope, cache } = op;
         if !self.fused {
             let nr = xr.cols(0, norm_width);
             self.rms_norm(x, nr, w, eps, x, nr);
@@ -2878,23 +2868,32 @@ impl CudaBackend {
         if !self.check_cache_rows(batch, cache.rows, "norm_rope_cache_write") {
             return;
         }
-        let (block, qblocks, args) = Self::nrc_args(x, xr, norm_width, w, eps, q, batch, rope, cache);
+        let (block, qblocks, args) = op.args();
         self.launch(cache.kernel("norm_rope_cache").as_str(), (xr.n as u32, 1 + qblocks as u32, 1), block, 0, &args);
     }
+}
 
-    /// `norm_rope_cache`'s block size, query-rope block count and arguments (kernels/fused.cu).
-    #[allow(clippy::too_many_arguments)]
-    fn nrc_args(
-        x: &CudaBuf,
-        xr: Rows,
-        norm_width: usize,
-        w: Option<&CudaWeight>,
-        eps: f32,
-        q: Option<(&CudaBuf, Rows, &CudaBuf, Rows, usize)>,
-        batch: &CudaBatch,
-        rope: &CudaRope,
-        cache: &CudaCache,
-    ) -> (u32, usize, [A; 24]) {
+/// One `norm_rope_cache_write` / `mla_rope_cache_write` as the backend's ops receive it: the
+/// latent rows `x` (`xr`; the first `norm_width` values normalised by `w`, then `rope.dim` roped),
+/// the query's rope part `q` when there is one (rows in, rows out, heads per token), the batch
+/// and the cache the rows go to.
+#[derive(Clone, Copy)]
+struct Nrc<'a> {
+    x: &'a CudaBuf,
+    xr: Rows,
+    norm_width: usize,
+    w: Option<&'a CudaWeight>,
+    eps: f32,
+    q: Option<(&'a CudaBuf, Rows, &'a CudaBuf, Rows, usize)>,
+    batch: &'a CudaBatch,
+    rope: &'a CudaRope,
+    cache: &'a CudaCache,
+}
+
+impl Nrc<'_> {
+    /// The launch's block size, query-rope block count and arguments (kernels/fused.cu).
+    fn args(&self) -> (u32, usize, [A; 24]) {
+        let &Nrc { x, xr, norm_width, w, eps, q, batch, rope, cache } = self;
         let mode = match rope.mode {
             RopeMode::Normal => 0,
             RopeMode::Neox => 1,
