@@ -2056,8 +2056,10 @@ impl Backend for CudaBackend {
             // an SM alone at 255 registers) for batches: one wave, sm_count / n. Measured on the
             // H200: 64 sequences 5,648 tok/s with 2 splits each (the merge then 2 warps); one
             // token: one wave gave tg64 at 16k 358 vs 340 but tg128 568 vs 582, so 2 per SM there
-            // (TS_CUDA_MLA_SPLITS to measure).
-            let auto = if kname == "mla_split_18_16" && n > 1 { self.sm_count } else { 2 * self.sm_count } / n;
+            // (TS_CUDA_MLA_SPLITS to measure). The tensor-core kernel on one long-context token
+            // (16 heads: one row group): one wave, tg64 at 16k 410 vs 382 with 2 per SM.
+            let simt16 = kname.starts_with("mla_split_18_16");
+            let auto = if (simt16 && n > 1) || (use_tc && n * nh == 16) { self.sm_count } else { 2 * self.sm_count } / n;
             let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
             let per_tok = 4 * nsp * nh * (kl + 2);
             let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);

@@ -17,6 +17,17 @@ B=$1; OPS=$2; M=$3; PART=${4:-a}
 source "$(dirname "$0")/lib.sh"
 if [ "$PART" = b ]; then
   "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
+  # After a: one long token now takes one wave of tensor-core splits; where does the tensor-core
+  # kernel start to win (TS_CUDA_MLA_LONG), and is one wave the best split count?
+  "$OPS" --test-threads 2 mla_f16 2>&1 | grep -E "FAIL|test result"
+  for e in "" TS_CUDA_MLA_SPLITS=66 TS_CUDA_MLA_SPLITS=198; do
+    b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1
+  done
+  for d in 1024 2048 4096; do
+    for e in TS_CUDA_MLA_LONG=0 TS_CUDA_MLA_LONG=1; do
+      b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d $d -r 1
+    done
+  done
   for e in "" TS_CUDA_MLA_F16=0; do
     b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
     b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
