@@ -613,8 +613,6 @@ pub struct CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        // Prefetch requests still queued on the side stream finish before the module goes.
-        let _ = self.side.synchronize();
         if let Some(tr) = &self.trace {
             let names = std::mem::take(&mut *tr.lock().unwrap_or_else(|e| e.into_inner()));
             match self.write_trace(&names) {
