@@ -362,12 +362,6 @@ pub trait Backend: Send + Sync {
     fn graph_begin(&self, _key: u64, _n_tokens: usize) -> bool {
         false
     }
-    /// A hint that `weights` will be read a few ops from now: a backend may start moving them
-    /// closer meanwhile (the CUDA backend, `TS_CUDA_L2PF`: into L2, from a second stream, beside
-    /// the ops in between). Results never depend on it. Default: nothing.
-    fn prefetch(&self, weights: &[&Self::Weight]) {
-        let _ = weights;
-    }
     /// What of a step's launches this backend decides from the batch's metadata beyond its token
     /// count, slot sharing and outputs (which the caller's `key` holds already): the caller mixes
     /// it into the [`Backend::graph_begin`] key, so a recording is replayed only for batches that

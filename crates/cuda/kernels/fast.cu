@@ -67,25 +67,6 @@ __device__ __forceinline__ void cache_write_body(C* cache, const float* src, i64
     }
 CACHE_WRITE_INST(cache_write, float)
 CACHE_WRITE_INST(cache_write_h, u16)
-
-// Backend::prefetch: up to 8 weight ranges (p[i], bytes[i]) asked into L2, a 128-byte line per
-// request, grid-stride over all lines; mode 2 marks them evict_last. Launched on the side stream
-// (no PDL, no trace record), it only issues requests: it reads and writes nothing.
-extern "C" __global__ void __launch_bounds__(256)
-    l2_prefetch(const u8* p0, i64 b0, const u8* p1, i64 b1, const u8* p2, i64 b2, const u8* p3, i64 b3, const u8* p4,
-                i64 b4, const u8* p5, i64 b5, const u8* p6, i64 b6, const u8* p7, i64 b7, int mode) {
-    const u8* p[8] = {p0, p1, p2, p3, p4, p5, p6, p7};
-    const i64 b[8] = {b0, b1, b2, b3, b4, b5, b6, b7};
-    const i64 stride = (i64)gridDim.x * blockDim.x;
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-        const i64 lines = (b[r] + 127) >> 7;
-        for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < lines; i += stride) {
-            if (mode == 2) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p[r] + (i << 7)));
-            else asm volatile("prefetch.global.L2 [%0];" ::"l"(p[r] + (i << 7)));
-        }
-    }
-}
 __device__ __forceinline__ int dot16(uint4 w, const i8* x) {
     const int4 xv = *(const int4*)x;
     int s = dp4a((int)w.x, xv.x, 0);

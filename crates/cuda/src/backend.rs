@@ -469,7 +469,6 @@ fn kernel_names() -> Vec<String> {
         "norm_rope_cache_h",
         "mla_rope_absorb_1_h",
         "cache_write_h",
-        "l2_prefetch",
         "mla_combine",
         "gemv_f32_split",
         "add_rms_norm",
@@ -529,15 +528,6 @@ const GRAPH_MAX_COUNT: usize = 192;
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    /// `Backend::prefetch`: the second stream its L2 requests run on, forked from `stream` at
-    /// `fork` and, in a recording, joined back at `join` before it ends (`side_open`: forked
-    /// during the recording under way).
-    side: Arc<CudaStream>,
-    fork: cudarc::driver::CudaEvent,
-    join: cudarc::driver::CudaEvent,
-    side_open: std::sync::atomic::AtomicBool,
-    /// `TS_CUDA_L2PF`: 0 no prefetch (the default until measured), 1 into L2, 2 marked evict_last.
-    l2pf: AtomicU8,
     blas: Mutex<CudaBlas>,
     module: Arc<CudaModule>,
     funcs: HashMap<String, CudaFunction>,
@@ -702,9 +692,6 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         // A created stream, not the legacy default one: only those can be captured into graphs.
         let stream = ctx.new_stream().map_err(|e| dev_err("cannot create a CUDA stream", e))?;
-        let side = ctx.new_stream().map_err(|e| dev_err("cannot create a CUDA stream", e))?;
-        let fork = ctx.new_event(None).map_err(|e| dev_err("cannot create a CUDA event", e))?;
-        let join = ctx.new_event(None).map_err(|e| dev_err("cannot create a CUDA event", e))?;
         let dev_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let (major, minor) = ctx.compute_capability().map_err(|e| dev_err("cannot read the compute capability", e))?;
         let arch = format!("sm_{major}{minor}");
@@ -737,11 +724,6 @@ impl CudaBackend {
         Ok(CudaBackend {
             ctx,
             stream,
-            side,
-            fork,
-            join,
-            side_open: std::sync::atomic::AtomicBool::new(false),
-            l2pf: AtomicU8::new(std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0)),
             blas: Mutex::new(blas),
             module,
             funcs,
@@ -820,16 +802,6 @@ impl CudaBackend {
             },
             Ordering::Relaxed,
         );
-    }
-
-    /// Whether steps are recorded as CUDA graphs (`TS_CUDA_GRAPHS=0` / `TS_CUDA_PROFILE` turn it off).
-    pub fn graphs_enabled(&self) -> bool {
-        self.graphs_on
-    }
-
-    /// `Backend::prefetch`: 0 off, 1 into L2, 2 marked evict_last (as `TS_CUDA_L2PF`).
-    pub fn set_l2_prefetch(&self, mode: u8) {
-        self.l2pf.store(mode, Ordering::Relaxed);
     }
 
     pub fn fused(&self) -> bool {
@@ -2326,57 +2298,6 @@ impl Backend for CudaBackend {
         );
     }
 
-    /// The weights' bytes asked into L2 by `l2_prefetch` on the side stream, which waits for the
-    /// work enqueued so far (so a recording captures it as a branch) and is joined back at the
-    /// recording's end; eagerly it runs beside the main stream with nothing to wait for.
-    fn prefetch(&self, weights: &[&CudaWeight]) {
-        let mode = self.l2pf.load(Ordering::Relaxed);
-        if mode == 0 || weights.is_empty() {
-            return;
-        }
-        let Some(f) = self.funcs.get("l2_prefetch") else { return };
-        if self.fork.record(&self.stream).and_then(|()| self.side.wait(&self.fork)).is_err() {
-            return;
-        }
-        // Only a recording must join the side stream back (its branch ends in the graph); eager
-        // requests need no join: they write nothing.
-        if self.graphs.lock().unwrap_or_else(|e| e.into_inner()).capturing.is_some() {
-            self.side_open.store(true, Ordering::Relaxed);
-        }
-        for chunk in weights.chunks(8) {
-            let mut ptrs = [0u64; 8];
-            let mut bytes = [0i64; 8];
-            for (k, w) in chunk.iter().enumerate() {
-                ptrs[k] = w.mem.ptr;
-                bytes[k] = w.mem.bytes as i64;
-            }
-            let mode = mode as i32;
-            let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); 17];
-            for k in 0..8 {
-                params[2 * k] = &ptrs[k] as *const u64 as *mut std::ffi::c_void;
-                params[2 * k + 1] = &bytes[k] as *const i64 as *mut std::ffi::c_void;
-            }
-            params[16] = &mode as *const i32 as *mut std::ffi::c_void;
-            // A few blocks: the requests are cheap to issue, and the main stream keeps the SMs.
-            let cfg = drv_sys::CUlaunchConfig {
-                gridDimX: 16,
-                gridDimY: 1,
-                gridDimZ: 1,
-                blockDimX: 256,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: 0,
-                hStream: self.side.cu_stream(),
-                attrs: std::ptr::null_mut(),
-                numAttrs: 0,
-            };
-            let r = unsafe { drv_sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }.result();
-            if let Err(e) = r {
-                self.fail(format!("launch of kernel l2_prefetch: {e:?}"));
-            }
-        }
-    }
-
     /// Whether the batch counts as long-context for the MLA decode (`TS_CUDA_MLA_LONG`).
     fn graph_class(&self, batch: &BatchMeta) -> u64 {
         self.long_context(batch.tokens.iter().map(|t| t.pos)) as u64
@@ -2433,11 +2354,7 @@ impl Backend for CudaBackend {
     fn graph_end(&self) -> bool {
         let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         let Some(key) = gs.capturing.take() else { return true };
-        // A recording must end with every stream it forked joined back.
-        let mut spoiled = std::mem::take(&mut gs.spoiled);
-        if self.side_open.swap(false, Ordering::Relaxed) {
-            spoiled |= self.join.record(&self.side).and_then(|()| self.stream.wait(&self.join)).is_err();
-        }
+        let spoiled = std::mem::take(&mut gs.spoiled);
         match self.stream.end_capture(drv_sys::CUgraphInstantiate_flags(0)) {
             Ok(Some(graph)) if !spoiled => {
                 let names = std::mem::take(&mut gs.capture_names);

@@ -625,28 +625,6 @@ struct Layer<B: Backend> {
     cache: B::Cache,
 }
 
-impl<B: Backend> Layer<B> {
-    /// [`Backend::prefetch`] of what this layer's attention reads first (and its MoE router).
-    fn prefetch_attention(&self, be: &B) {
-        let router = match &self.ffn {
-            Ffn::Moe { router, .. } => Some(router),
-            Ffn::Dense(_) => None,
-        };
-        // A fixed list (the step allocates nothing): q (one or two), kv_a, W_UK, W_UV, o, router.
-        let (q0, q1) = match &self.q {
-            QProj::Plain { wq } => (wq, None),
-            QProj::LowRank { wq_a, wq_b, .. } => (wq_a, Some(wq_b)),
-        };
-        let mut w = [q0, &self.wkv_a, &self.w_uk, &self.w_uv, &self.wo, q0, q0];
-        let mut k = 5;
-        for extra in [q1, router].into_iter().flatten() {
-            w[k] = extra;
-            k += 1;
-        }
-        be.prefetch(&w[..k]);
-    }
-}
-
 /// Activation scratch, sized at open for `max_batch` tokens (`mb`).
 struct Scratch<B: Backend> {
     /// Residual stream `[mb, H]`.
@@ -1032,17 +1010,8 @@ impl<B: Backend> DeepSeek2<B> {
                                             // `s.y` holds a delta (the previous layer's FFN output) not yet added to the residual: the
                                             // add is fused with the next norm (`add_rms_norm`).
         let mut pending = false;
-        // Decode-size steps tell the backend which weights come next (Backend::prefetch): a
-        // layer's shared experts while its attention runs, the next layer's attention weights
-        // while this layer's FFN runs.
-        let hint = n <= 8;
-        for (li, l) in self.layers.iter().enumerate() {
+        for l in &self.layers {
             // ---- attention ----
-            if hint {
-                if let Ffn::Moe { shared: Some(f), .. } = &l.ffn {
-                    be.prefetch(&[&f.gate, &f.up, &f.down]);
-                }
-            }
             if pending {
                 be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
             } else {
@@ -1068,9 +1037,6 @@ impl<B: Backend> DeepSeek2<B> {
             be.matmul_grouped(&s.lat, rlat, &l.w_uv, &s.av, rav);
             be.matmul(&s.av, Rows::packed(n, nh * vd), &l.wo, &s.y, rx);
             be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.ffn_norm), c.eps, &s.h, rx);
-            if let (true, Some(nl)) = (hint, self.layers.get(li + 1)) {
-                nl.prefetch_attention(be);
-            }
             // ---- FFN (its output in s.y, added to x by the next layer or after the loop) ----
             match &l.ffn {
                 Ffn::Dense(f) => swiglu(be, s, f, n, h),
