@@ -141,6 +141,19 @@ pub trait Backend: Send + Sync {
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
     /// A zeroed cache of `rows * width` values.
     fn alloc_cache(&self, rows: usize, width: usize) -> Result<Self::Cache>;
+    /// A zeroed MLA latent cache (DeepSeek-V2: rows of `kv_lora` + rope values, one per token,
+    /// read by all `heads` of its queries). A backend may store it narrower than f32 where its
+    /// attention kernels read that (the CUDA backend: f16, the rounding its tensor-core kernels
+    /// apply to the keys anyway). Default: [`Backend::alloc_cache`].
+    fn alloc_latent_cache(&self, rows: usize, width: usize, kv_lora: usize, heads: usize) -> Result<Self::Cache> {
+        let _ = (kv_lora, heads);
+        self.alloc_cache(rows, width)
+    }
+    /// Bytes per value of `cache` (4: f32; a backend's narrower latent cache says so).
+    fn cache_value_bytes(&self, cache: &Self::Cache) -> usize {
+        let _ = cache;
+        4
+    }
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<Self::Weight>;
     fn upload_rope(&self, spec: &RopeSpec) -> Result<Self::Rope>;
     /// An empty batch handle with room for `max_tokens` tokens.
@@ -348,6 +361,14 @@ pub trait Backend: Send + Sync {
     /// The default records nothing (the CPU backend).
     fn graph_begin(&self, _key: u64, _n_tokens: usize) -> bool {
         false
+    }
+    /// What of a step's launches this backend decides from the batch's metadata beyond its token
+    /// count, slot sharing and outputs (which the caller's `key` holds already): the caller mixes
+    /// it into the [`Backend::graph_begin`] key, so a recording is replayed only for batches that
+    /// would launch the same kernels. The CUDA backend: whether the MLA decode takes its
+    /// long-context kernel. Default 0.
+    fn graph_class(&self, _batch: &BatchMeta) -> u64 {
+        0
     }
     /// End a step begun by a [`Backend::graph_begin`] that returned false. Returns false when the
     /// ops were being recorded but the recording could not be kept, in which case none of them

@@ -80,16 +80,8 @@ extern "C" __global__ void rope_rows(float* x, i64 off, i64 stride, i64 nrows, i
     }
 }
 
-// Row t of src -> cache row slot[t] * slot_len + pos[t].
-extern "C" __global__ void cache_write(float* cache, const float* src, i64 soff, i64 sstride, i64 width, i64 ntok,
-                                       const int* pos, const int* slot, int slot_len) { PDL_ENTRY();
-    i64 total = ntok * width;
-    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
-        i64 t = idx / width, i = idx % width;
-        i64 row = (i64)slot[t] * slot_len + pos[t];
-        cache[row * width + i] = src[soff + t * sstride + i];
-    }
-}
+// Row t of src -> cache row slot[t] * slot_len + pos[t]: cache_write, in fast.cu (templated on the
+// cache element, beside the f16 cache helpers).
 
 // out[t] = dequant(table[token[t]]) * scale. One block per token, one thread per 32-element chunk
 // (float types: per element past the last whole chunk).

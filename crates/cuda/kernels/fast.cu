@@ -34,6 +34,39 @@ __device__ __forceinline__ u16 f2h(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+
+// ---- the MLA latent cache: f32 rows, or f16 rows (Backend::alloc_latent_cache) ------------------
+// An f16 cache holds what the tensor-core MLA kernels stage from an f32 one (pack_h: clamped to the
+// f16 range, rounded to nearest), so they read the same keys from either: half the bytes a key.
+// The kernels that touch the cache are templated on its element (float or u16).
+__device__ __forceinline__ u16 f2h_sat(float v) { return f2h(fminf(fmaxf(v, -65504.f), 65504.f)); }
+__device__ __forceinline__ void cache_st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void cache_st(u16* p, float v) { *p = f2h_sat(v); }
+// Four consecutive values (16-byte aligned for f32, 8-byte for f16) as floats.
+__device__ __forceinline__ float4 cache_ld4(const float* p) { return *(const float4*)p; }
+__device__ __forceinline__ float4 cache_ld4(const u16* p) {
+    const uint2 v = *(const uint2*)p;
+    return make_float4(h2f((u16)v.x), h2f((u16)(v.x >> 16)), h2f((u16)v.y), h2f((u16)(v.y >> 16)));
+}
+// Rows of src into the cache rows of their tokens (slot * slot_len + pos), f32 or f16.
+template <typename C>
+__device__ __forceinline__ void cache_write_body(C* cache, const float* src, i64 soff, i64 sstride, i64 width, i64 ntok,
+                                                 const int* pos, const int* slot, int slot_len) {
+    i64 total = ntok * width;
+    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+        i64 t = idx / width, i = idx % width;
+        i64 row = (i64)slot[t] * slot_len + pos[t];
+        cache_st(cache + row * width + i, src[soff + t * sstride + i]);
+    }
+}
+#define CACHE_WRITE_INST(NAME, C)                                                                              \
+    extern "C" __global__ void NAME(C* cache, const float* src, i64 soff, i64 sstride, i64 width, i64 ntok,     \
+                                    const int* pos, const int* slot, int slot_len) {                            \
+        PDL_ENTRY();                                                                                            \
+        cache_write_body<C>(cache, src, soff, sstride, width, ntok, pos, slot, slot_len);                       \
+    }
+CACHE_WRITE_INST(cache_write, float)
+CACHE_WRITE_INST(cache_write_h, u16)
 __device__ __forceinline__ int dot16(uint4 w, const i8* x) {
     const int4 xv = *(const int4*)x;
     int s = dp4a((int)w.x, xv.x, 0);
@@ -371,8 +404,8 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
 // and the weighted latent sum (KL32 values per lane per head). Writes per (token, split, head) the
 // running max, sum and unnormalised output; mla_combine merges the splits.
 #define MLA_T 8
-template <int W32, int KL32, int NTHR>
-__device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const float* cache,
+template <int W32, int KL32, int NTHR, typename C>
+__device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
                                const int* pos, const int* slot, int slot_len, int nh, float scale, float* part) {
     constexpr int W = W32 * 32, KL = KL32 * 32, TF4 = MLA_T * W / 4, PF = (TF4 + NTHR - 1) / NTHR;
     __shared__ __align__(16) float tile[2][MLA_T * W];
@@ -412,7 +445,7 @@ __device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, 
         for (int u = 0; u < PF; u++) {
             const int idx = threadIdx.x + u * NTHR;
             const int key = idx / (W / 4), off = idx - key * (W / 4);
-            if (idx < TF4 && tj + key < j1) pf[u] = ((const float4*)(cache + (base + tj + key) * W))[off];
+            if (idx < TF4 && tj + key < j1) pf[u] = cache_ld4(cache + (base + tj + key) * W + 4 * off);
             else pf[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
     };
@@ -480,14 +513,16 @@ __device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, 
     }
 }
 
-#define MLA_SPLIT_INST(W32, KL32, NTHR)                                                                     \
-    extern "C" __global__ void __launch_bounds__(NTHR) mla_split_##W32##_##KL32(                            \
-        const float* q, i64 qoff, i64 q_tok, i64 q_head, const float* cache, const int* pos, const int* slot, \
-        int slot_len, int nh, float scale, float* part) { PDL_ENTRY();                                                  \
-        mla_split_impl<W32, KL32, NTHR>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part); \
+#define MLA_SPLIT_INST(NAME, W32, KL32, NTHR, C)                                                            \
+    extern "C" __global__ void __launch_bounds__(NTHR) NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head,     \
+                                                            const C* cache, const int* pos, const int* slot,      \
+                                                            int slot_len, int nh, float scale, float* part) {     \
+        PDL_ENTRY();                                                                                           \
+        mla_split_impl<W32, KL32, NTHR, C>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part); \
     }
-MLA_SPLIT_INST(18, 16, 256)
-MLA_SPLIT_INST(5, 4, 64)
+MLA_SPLIT_INST(mla_split_18_16, 18, 16, 256, float)
+MLA_SPLIT_INST(mla_split_18_16_h, 18, 16, 256, u16)
+MLA_SPLIT_INST(mla_split_5_4, 5, 4, 64, float)
 
 // Merge the splits of one (token, head) and a run of 64 outputs: block (t*nh + h, c), up to 8
 // warps (the host gives one per split up to 8: a batch of 64 tokens has 4 splits each).

@@ -57,10 +57,11 @@ extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstrid
 #define QROPE_U 8
 // The body for token t and block qb of its 1 + nqb (0: the latent row, 1..nqb: query rope items);
 // the kernel passes its block indices, mla_rope_absorb_1 its own numbering.
+template <typename C>
 __device__ __forceinline__ void norm_rope_cache_body(int t, int qb, int nqb, float* x, i64 xoff, i64 xstride, int width,
                                                      int nw, const float* w, int has_w, float eps, const int* pos,
                                                      const int* slot, int slot_len, const float* freqs, int half,
-                                                     int mode, float mscale, float* cache, const float* q, i64 qoff,
+                                                     int mode, float mscale, C* cache, const float* q, i64 qoff,
                                                      i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh) {
     __shared__ float part[32];
     const int bd = blockDim.x, tid = threadIdx.x;
@@ -125,7 +126,7 @@ __device__ __forceinline__ void norm_rope_cache_body(int t, int qb, int nqb, flo
         r0 = rr[ra];
         r1 = rr[rb];
     }
-    float* crow = cache + ((i64)slot[t] * slot_len + pos[t]) * (i64)width;
+    C* crow = cache + ((i64)slot[t] * slot_len + pos[t]) * (i64)width;
     float ss = 0.f;
     if (regs) {
         ss = norm_ss(v, nw);
@@ -140,17 +141,17 @@ __device__ __forceinline__ void norm_rope_cache_body(int t, int qb, int nqb, flo
                 float e = v[k] * inv;
                 e = has_w ? e * wv[k] : e;
                 xr[tid + k * bd] = e;
-                crow[tid + k * bd] = e;
+                cache_st(crow + tid + k * bd, e);
             }
     } else {
         for (int i = tid; i < nw; i += bd) {
             float e = xr[i] * inv;
             e = has_w ? e * w[i] : e;
             xr[i] = e;
-            crow[i] = e;
+            cache_st(crow + i, e);
         }
     }
-    float* cr = crow + nw;
+    C* cr = crow + nw;
     for (int i = tid; i < half; i += bd) {
         float sn, cs;
         sincosf(p * freqs[i], &sn, &cs);
@@ -161,41 +162,60 @@ __device__ __forceinline__ void norm_rope_cache_body(int t, int qb, int nqb, flo
         float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
         rr[a] = y0;
         rr[b] = y1;
-        cr[a] = y0;
-        cr[b] = y1;
+        cache_st(cr + a, y0);
+        cache_st(cr + b, y1);
     }
-    for (int i = nw + 2 * half + tid; i < width; i += bd) crow[i] = xr[i];
+    for (int i = nw + 2 * half + tid; i < width; i += bd) cache_st(crow + i, xr[i]);
 }
-extern "C" __global__ void norm_rope_cache(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w,
-                                           int has_w, float eps, const int* pos, const int* slot, int slot_len,
-                                           const float* freqs, int half, int mode, float mscale, float* cache,
-                                           const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride,
-                                           int qw, int qh) {
-    norm_rope_cache_body(blockIdx.x, blockIdx.y, gridDim.y - 1, x, xoff, xstride, width, nw, w, has_w, eps, pos, slot,
-                         slot_len, freqs, half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh);
-}
+#define NORM_ROPE_CACHE_INST(NAME, C)                                                                          \
+    extern "C" __global__ void NAME(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w, int has_w,   \
+                                    float eps, const int* pos, const int* slot, int slot_len, const float* freqs,    \
+                                    int half, int mode, float mscale, C* cache, const float* q, i64 qoff,            \
+                                    i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh) {               \
+        norm_rope_cache_body<C>(blockIdx.x, blockIdx.y, gridDim.y - 1, x, xoff, xstride, width, nw, w, has_w, eps,   \
+                                pos, slot, slot_len, freqs, half, mode, mscale, cache, q, qoff, qstride, qd, qdoff,  \
+                                qdstride, qw, qh);                                                                   \
+    }
+NORM_ROPE_CACHE_INST(norm_rope_cache, float)
+NORM_ROPE_CACHE_INST(norm_rope_cache_h, u16)
 
 // One decode token's norm_rope_cache (blocks [0, 1 + nqb)) and, beside it in the same launch, the
 // absorbed query's product q_nope[h] . W_uk[h] (gemv_q8_1's body over its (tile, matrix) blocks,
 // numbered after them): both read only what the q/kv_a product wrote, so one dependent launch
 // fewer per layer than the two kernels one after the other, with the same arithmetic. Blocks of
 // GQ_THREADS threads (the host takes it only when norm_rope_cache's block size is that too).
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
-    mla_rope_absorb_1(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w, int has_w, float eps,
-                      const int* pos, const int* slot, int slot_len, const float* freqs, int half, int mode,
-                      float mscale, float* cache, const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff,
-                      i64 qdstride, int qw, int qh, int nqb, const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k,
-                      i64 goff, i64 gxgstride, i64 ooff, i64 ogstride, int gtiles, int lpr) {
+template <typename C>
+__device__ __forceinline__ void mla_rope_absorb_body(float* x, i64 xoff, i64 xstride, int width, int nw,
+                                                     const float* w, int has_w, float eps, const int* pos,
+                                                     const int* slot, int slot_len, const float* freqs, int half,
+                                                     int mode, float mscale, C* cache, const float* q, i64 qoff,
+                                                     i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh,
+                                                     int nqb, const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k,
+                                                     i64 goff, i64 gxgstride, i64 ooff, i64 ogstride, int gtiles,
+                                                     int lpr) {
     const int b = blockIdx.x;
     if (b <= nqb) {
-        norm_rope_cache_body(0, b, nqb, x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs, half,
-                             mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh);
+        norm_rope_cache_body<C>(0, b, nqb, x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs,
+                                half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh);
         return;
     }
     const int g = b - (nqb + 1);
     gemv_q8_impl<1>(W, row_bytes, mat_bytes, m, k, q, goff, 0, gxgstride, qd, ooff, 0, ogstride, 1, lpr, g % gtiles,
                     0, g / gtiles, gtiles);
 }
+#define MLA_ROPE_ABSORB_INST(NAME, C)                                                                            \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)                                       \
+        NAME(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w, int has_w, float eps,            \
+             const int* pos, const int* slot, int slot_len, const float* freqs, int half, int mode, float mscale, \
+             C* cache, const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh, \
+             int nqb, const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, i64 goff, i64 gxgstride, i64 ooff, \
+             i64 ogstride, int gtiles, int lpr) {                                                                 \
+        mla_rope_absorb_body<C>(x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs, half,     \
+                                mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh, nqb, W,       \
+                                row_bytes, mat_bytes, m, k, goff, gxgstride, ooff, ogstride, gtiles, lpr);        \
+    }
+MLA_ROPE_ABSORB_INST(mla_rope_absorb_1, float)
+MLA_ROPE_ABSORB_INST(mla_rope_absorb_1_h, u16)
 
 // ---- several Q8_0 matrices of one input in one launch (Backend::matmul_many) ------------------
 // As gemv_q8_<NT> (fast.cu), for up to 3 weights that share the input x (same k): the activation

@@ -34,6 +34,16 @@ __device__ __forceinline__ u32 pack_h(float lo, float hi) {
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
 }
 
+// Four cache values as loaded (f32: a float4, f16: their bits) and as two packed f16 words: loads
+// first, conversions after, so the loads of a tile are in flight together.
+template <typename C> struct CacheRaw;
+template <> struct CacheRaw<float> { typedef float4 T; };
+template <> struct CacheRaw<u16> { typedef uint2 T; };
+__device__ __forceinline__ float4 cache_raw(const float* p) { return *(const float4*)p; }
+__device__ __forceinline__ uint2 cache_raw(const u16* p) { return *(const uint2*)p; }
+__device__ __forceinline__ uint2 raw_h4(float4 v) { return make_uint2(pack_h(v.x, v.y), pack_h(v.z, v.w)); }
+__device__ __forceinline__ uint2 raw_h4(uint2 v) { return v; }
+
 // Two m16n8 f32 accumulator tiles (keys c0 + [0, 16)) of scores into S (rows of ld floats): a
 // thread holds rows g and g+8, columns 2t and 2t+1 of each tile.
 __device__ __forceinline__ void store_scores(float* S, int ld, int c0, int g, int t, const float (*s)[4]) {
@@ -154,12 +164,12 @@ __device__ __forceinline__ void mla_softmax_tile(float* p0, float* p1, float mx0
 #endif
 
 // q: token t, head h at q + qoff + t*q_tok + h*q_head (576 values: absorbed nope ; rope).
-// cache: rows of 576 f32; token t reads rows slot[0]*slot_len + [0, pos[t]].
+// cache: rows of 576 f32 or f16 (C); token t reads rows slot[0]*slot_len + [0, pos[t]].
 // out: token t, head h at out + ooff + t*o_tok + h*o_head (512 values).
-extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float* q, i64 qoff, i64 q_tok, i64 q_head,
-                                                                   const float* cache, const int* pos, const int* slot,
-                                                                   int slot_len, int n, int nh, float scale, float* out,
-                                                                   i64 ooff, i64 o_tok, i64 o_head) { PDL_ENTRY();
+template <typename C>
+__device__ __forceinline__ void mla_prefill_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
+                                                 const int* pos, const int* slot, int slot_len, int n, int nh,
+                                                 float scale, float* out, i64 ooff, i64 o_tok, i64 o_head) {
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) u8 mp_sm[];
     u16* Qs = (u16*)mp_sm;                           // [MP_RG*16][MP_LD]
@@ -204,11 +214,11 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
         __syncthreads();  // the previous tile's Ks and Ss are no longer read
         for (int idx = tid; idx < MP_KT * (MP_W / 4); idx += MP_THREADS) {
             const int r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (k0 + r <= kmax) v = *(const float4*)(cache + (base + k0 + r) * MP_W + 4 * c4);
+            uint2 h = make_uint2(0u, 0u);
+            if (k0 + r <= kmax) h = raw_h4(cache_raw(cache + (base + k0 + r) * MP_W + 4 * c4));
             u32* d = (u32*)(Ks + r * MP_LD + 4 * c4);
-            d[0] = pack_h(v.x, v.y);
-            d[1] = pack_h(v.z, v.w);
+            d[0] = h.x;
+            d[1] = h.y;
         }
         __syncthreads();
         // Scores of keys [k0 + 16*half, +16) for this warp's 16 rows: two n8 tiles.
@@ -240,6 +250,16 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
     }
 #endif
 }
+#define MLA_PREFILL_INST(NAME, C)                                                                            \
+    extern "C" __global__ void __launch_bounds__(MP_THREADS)                                                    \
+        NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache, const int* pos, const int* slot,  \
+             int slot_len, int n, int nh, float scale, float* out, i64 ooff, i64 o_tok, i64 o_head) {           \
+        PDL_ENTRY();                                                                                            \
+        mla_prefill_impl<C>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, n, nh, scale, out, ooff, o_tok, \
+                            o_head);                                                                            \
+    }
+MLA_PREFILL_INST(mla_prefill, float)
+MLA_PREFILL_INST(mla_prefill_h, u16)
 
 // ---- MLA decode split over the context on the f16 tensor cores (flash-decoding) -----------------
 // mla_split's job (fast.cu: the context [0, pos+1) of token t cut into gridDim.x runs of whole
@@ -255,15 +275,19 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS) mla_prefill(const float
 #define MS_T 32
 #define MS_THREADS 128
 #define MS_LU 18
-extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const float* q, i64 qoff, i64 q_tok, i64 q_head,
-                                                                    const float* cache, const int* pos, const int* slot,
-                                                                    int slot_len, int nh, float scale, float* part) {
-    PDL_ENTRY();
+template <typename C>
+__device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
+                                                  const int* pos, const int* slot, int slot_len, int nh, float scale,
+                                                  float* part) {
 #if __CUDA_ARCH__ >= 800
+    // An f16 cache's key tiles are copied (cp.async, two buffers), an f32 cache's are loaded and
+    // rounded by the threads (one buffer).
+    constexpr bool F16 = sizeof(C) == 2;
+    constexpr int NB = F16 ? 2 : 1;
     extern __shared__ __align__(16) u8 ms_sm[];
-    u16* Qs = (u16*)ms_sm;                    // [16][MP_LD]
-    u16* Ks = Qs + 16 * MP_LD;                // [MS_T][MP_LD]
-    float* Ss = (float*)(Ks + MS_T * MP_LD);  // [2 dim halves][16][MS_T]
+    u16* Qs = (u16*)ms_sm;                         // [16][MP_LD]
+    u16* Kb = Qs + 16 * MP_LD;                     // NB x [MS_T][MP_LD]
+    float* Ss = (float*)(Kb + NB * MS_T * MP_LD);  // [2 dim halves][16][MS_T]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int hg = nh >> 4;
@@ -295,26 +319,8 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const floa
 #pragma unroll
     for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // rows g and g+8
-    for (int k0 = j0; k0 < j1; k0 += MS_T) {
-        __syncthreads();  // the previous tile's Ks and Ss are no longer read (and Qs is written)
-        // The tile's rows, MS_LU float4 loads per thread in flight before any is converted
-        // (MS_T * MP_W / 4 = 4608 = 36 per thread: a multiple of MS_LU * MS_THREADS).
-        for (int i0 = tid; i0 < MS_T * (MP_W / 4); i0 += MS_LU * MS_THREADS) {
-            float4 v[MS_LU];
-#pragma unroll
-            for (int u = 0; u < MS_LU; u++) {
-                const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-                v[u] = k0 + r < j1 ? *(const float4*)(cache + (base + k0 + r) * MP_W + 4 * c4) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int u = 0; u < MS_LU; u++) {
-                const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-                u32* d = (u32*)(Ks + r * MP_LD + 4 * c4);
-                d[0] = pack_h(v[u].x, v[u].y);
-                d[1] = pack_h(v[u].z, v[u].w);
-            }
-        }
-        __syncthreads();
+    // One 32-key tile in shared memory (K, first key k0): the scores, the online softmax, P.V.
+    auto tile = [&](const u16* Ks, int k0) {
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         qk_scores<2>(s, Qs, Ks + kh * 16 * MP_LD, dh * (MP_W / 2), (dh + 1) * (MP_W / 2), li, lr);
         float* Sw = Ss + dh * 16 * MS_T;
@@ -327,6 +333,59 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const floa
         mla_softmax_tile<16>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
         // O[:, 128*warp + (0..128)] += P V (V: the tile's keys, first 512 values).
         pv_accumulate<8>(o, pa, Ks + warp * 128, li, lr);
+    };
+    if constexpr (F16) {
+        // An f16 cache's tiles go straight to shared memory (cp.async, 16 bytes a copy, 72 a row;
+        // rows past j1 zero-filled from row j0, which exists), two buffers: the next tile streams
+        // in while this one is used.
+        auto issue = [&](int k0, u16* K) {
+            for (int idx = tid; idx < MS_T * (MP_W / 8); idx += MS_THREADS) {
+                const int r = idx / (MP_W / 8), c8 = idx - r * (MP_W / 8);
+                const bool in = k0 + r < j1;
+                cp_async16_z(K + r * MP_LD + 8 * c8, cache + (base + (in ? k0 + r : j0)) * MP_W + 8 * c8, in ? 16 : 0);
+            }
+            cp_commit();
+        };
+        const int ntile = (j1 - j0 + MS_T - 1) / MS_T;
+        issue(j0, Kb);
+        for (int it = 0; it < ntile; it++) {
+            // The next tile into the other buffer (read in the previous iteration, which every
+            // thread has left: the barrier at the loop's end), then wait for this one.
+            if (it + 1 < ntile) {
+                issue(j0 + (it + 1) * MS_T, Kb + ((it + 1) & 1) * MS_T * MP_LD);
+                cp_wait<1>();
+            } else {
+                cp_wait<0>();
+            }
+            __syncthreads();
+            tile(Kb + (it & 1) * MS_T * MP_LD, j0 + it * MS_T);
+            __syncthreads();  // this buffer and Ss free for the next iteration
+        }
+    } else {
+        u16* Ks = Kb;
+        for (int k0 = j0; k0 < j1; k0 += MS_T) {
+            __syncthreads();  // the previous tile's Ks and Ss are no longer read (and Qs is written)
+            // The tile's rows, MS_LU float4 loads per thread in flight before any is converted
+            // (MS_T * MP_W / 4 = 4608 = 36 per thread: a multiple of MS_LU * MS_THREADS).
+            for (int i0 = tid; i0 < MS_T * (MP_W / 4); i0 += MS_LU * MS_THREADS) {
+                typename CacheRaw<C>::T v[MS_LU];
+#pragma unroll
+                for (int u = 0; u < MS_LU; u++) {
+                    const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+                    v[u] = k0 + r < j1 ? cache_raw(cache + (base + k0 + r) * MP_W + 4 * c4) : typename CacheRaw<C>::T{};
+                }
+#pragma unroll
+                for (int u = 0; u < MS_LU; u++) {
+                    const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+                    const uint2 h = raw_h4(v[u]);
+                    u32* d = (u32*)(Ks + r * MP_LD + 4 * c4);
+                    d[0] = h.x;
+                    d[1] = h.y;
+                }
+            }
+            __syncthreads();
+            tile(Ks, k0);
+        }
     }
     float* r0 = prow + g * stride;
     float* r1 = r0 + 8 * stride;
@@ -346,3 +405,12 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS) mla_split_tc(const floa
     }
 #endif
 }
+#define MLA_SPLIT_TC_INST(NAME, C)                                                                          \
+    extern "C" __global__ void __launch_bounds__(MS_THREADS)                                                   \
+        NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache, const int* pos, const int* slot, \
+             int slot_len, int nh, float scale, float* part) {                                                 \
+        PDL_ENTRY();                                                                                           \
+        mla_split_tc_impl<C>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part);             \
+    }
+MLA_SPLIT_TC_INST(mla_split_tc, float)
+MLA_SPLIT_TC_INST(mla_split_tc_h, u16)

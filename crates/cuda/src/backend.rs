@@ -59,18 +59,33 @@ impl CudaBuf {
     }
 }
 
-/// A KV cache: `rows` of `width` values. f32 for now; a separate type so it can become bf16
-/// without touching activations.
+/// A KV cache: `rows` of `width` values, f32 (an MLA latent cache may be f16: `half`); a separate
+/// type from activations so its element can differ.
 pub struct CudaCache {
     mem: DevMem,
     rows: usize,
     width: usize,
+    /// f16 values (u16 bits) instead of f32: an MLA latent cache the tensor-core kernels read
+    /// ([`Backend::alloc_latent_cache`]; the `_h` kernels), rounded as they round f32 keys.
+    half: bool,
 }
 
 impl CudaCache {
     /// (rows, width) as allocated.
     pub fn dims(&self) -> (usize, usize) {
         (self.rows, self.width)
+    }
+    /// Whether the values are f16 (else f32).
+    pub fn is_f16(&self) -> bool {
+        self.half
+    }
+    /// `name`, or its f16-cache twin `name_h`, on the stack.
+    fn kernel(&self, name: &str) -> KName {
+        if self.half {
+            KName::of(format_args!("{name}_h"))
+        } else {
+            KName::of(format_args!("{name}"))
+        }
     }
 }
 
@@ -199,7 +214,9 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "moe_gateup_sh_q8q",
     "moe_down_sh_q8",
     "mla_prefill",
+    "mla_prefill_h",
     "mla_split_tc",
+    "mla_split_tc_h",
     "mmq_q8_64",
     "mmq_q8_16",
     "mmq_q8_16g1",
@@ -217,6 +234,10 @@ const MMQ_SMEM: usize = mmq_smem(64, 1, 3);
 const PART_MIN_BYTES: usize = 16 << 20;
 /// Values per block of the arg-max's first pass (`argmax_part`): a 102,400-wide row in 50 blocks.
 const ARGMAX_CHUNK: usize = 2048;
+/// Dynamic shared memory of `mla_split_tc` (the 16 query rows, one 32-key tile, the scores of two
+/// dim halves) and of `mla_split_tc_h` (two key tiles: the next streams in while one is used).
+const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
+const MS_SMEM_H: usize = (16 + 2 * 32) * 584 * 2 + 2 * 16 * 32 * 4;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
@@ -440,8 +461,14 @@ fn kernel_names() -> Vec<String> {
         "moe_gateup_q8",
         "moe_down_q8",
         "mla_split_18_16",
+        "mla_split_18_16_h",
         "mla_split_5_4",
         "mla_split_tc",
+        "mla_split_tc_h",
+        "mla_prefill_h",
+        "norm_rope_cache_h",
+        "mla_rope_absorb_1_h",
+        "cache_write_h",
         "mla_combine",
         "gemv_f32_split",
         "add_rms_norm",
@@ -547,6 +574,14 @@ pub struct CudaBackend {
     /// `TS_CUDA_MLA_SPLITS=n`: the split MLA decode cuts a token's context into n runs (1..=256)
     /// instead of 2 per SM over the batch's tokens; to measure.
     mla_splits: usize,
+    /// MLA latent caches in f16 where the kernels allow (`alloc_latent_cache`);
+    /// `TS_CUDA_MLA_F16=0` keeps them f32, to compare.
+    mla_f16: bool,
+    /// The 16-head MLA decode takes the tensor-core split kernel once a batch's furthest position
+    /// reaches this (the SIMT one is faster at short contexts, bound by its shared-memory reads
+    /// at long ones); 0: never. `TS_CUDA_MLA_LONG`; the step's graph key holds the choice
+    /// ([`Backend::graph_class`]).
+    mla_long: u32,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -709,6 +744,8 @@ impl CudaBackend {
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
+            mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(4096),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
                 Ok("1") => 1,
@@ -734,6 +771,16 @@ impl CudaBackend {
     pub fn read_cache(&self, cache: &CudaCache, dst: &mut [f32]) -> Result<()> {
         assert_eq!(dst.len(), cache.rows * cache.width);
         self.synchronize()?;
+        if cache.half {
+            let mut h = vec![0u16; dst.len()];
+            unsafe { drv::memcpy_dtoh_async(&mut h[..], cache.mem.ptr, self.stream.cu_stream()) }
+                .map_err(|e| dev_err("device-to-host copy", e))?;
+            self.stream.synchronize().map_err(|e| dev_err("cuda stream", e))?;
+            for (d, v) in dst.iter_mut().zip(h) {
+                *d = half::f16::from_bits(v).to_f32();
+            }
+            return Ok(());
+        }
         unsafe { drv::memcpy_dtoh_async(dst, cache.mem.ptr, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
         self.stream.synchronize().map_err(|e| dev_err("cuda stream", e))
     }
@@ -1470,7 +1517,37 @@ impl Backend for CudaBackend {
             .checked_mul(width)
             .and_then(|v| v.checked_mul(4))
             .ok_or_else(|| BackendError::OutOfMemory { device: self.name.clone(), what: format!("cache of {rows} x {width} overflows") })?;
-        Ok(CudaCache { mem: self.alloc_mem(bytes, &format!("KV cache of {rows} rows x {width}"))?, rows, width })
+        Ok(CudaCache { mem: self.alloc_mem(bytes, &format!("KV cache of {rows} rows x {width}"))?, rows, width, half: false })
+    }
+
+    fn cache_value_bytes(&self, cache: &CudaCache) -> usize {
+        if cache.half {
+            2
+        } else {
+            4
+        }
+    }
+
+    fn alloc_latent_cache(&self, rows: usize, width: usize, kv_lora: usize, heads: usize) -> Result<CudaCache> {
+        // f16 where every MLA kernel that can meet this cache has an f16 twin: V2's shapes
+        // (576 = 512 + 64) on the tensor cores (mla_prefill_h, mla_split_tc_h; the 16-head SIMT
+        // split mla_split_18_16_h), written by norm_rope_cache_h / mla_rope_absorb_1_h /
+        // cache_write_h.
+        const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
+        let half = self.mla_f16
+            && self.tc
+            && (width, kv_lora) == (576, 512)
+            && heads > 0
+            && heads % 16 == 0
+            && MS_SMEM_H.max(MP_SMEM) <= self.smem_max;
+        if !half {
+            return self.alloc_cache(rows, width);
+        }
+        let bytes = rows
+            .checked_mul(width)
+            .and_then(|v| v.checked_mul(2))
+            .ok_or_else(|| BackendError::OutOfMemory { device: self.name.clone(), what: format!("cache of {rows} x {width} overflows") })?;
+        Ok(CudaCache { mem: self.alloc_mem(bytes, &format!("MLA cache of {rows} rows x {width} (f16)"))?, rows, width, half: true })
     }
 
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<CudaWeight> {
@@ -1823,7 +1900,7 @@ impl Backend for CudaBackend {
         }
         let total = sr.n * sr.width;
         self.launch(
-            "cache_write",
+            cache.kernel("cache_write").as_str(),
             Self::grid1(total),
             256,
             0,
@@ -1842,6 +1919,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &CudaBuf, qr: Rows, k: &CudaCache, v: &CudaCache, batch: &CudaBatch, p: &AttnParams, out: &CudaBuf, o: Rows) {
+        assert!(!k.half && !v.half, "attention: K/V caches are f32 (an f16 cache is an MLA latent cache)");
         let (nh, nkv, hd, vd) = (p.n_heads, p.n_kv_heads, p.head_dim, p.v_dim);
         assert_eq!(qr.width, nh * hd);
         assert_eq!(o.width, nh * vd);
@@ -1883,21 +1961,23 @@ impl Backend for CudaBackend {
             return;
         }
         let n = batch.tokens.len();
-        let simt = match (w, kl, nh) {
-            (576, 512, 16) => Some(("mla_split_18_16", 256u32)),
-            (160, 128, 4) => Some(("mla_split_5_4", 64u32)),
+        let simt = match (w, kl, nh, cache.half) {
+            (576, 512, 16, false) => Some(("mla_split_18_16", 256u32)),
+            (576, 512, 16, true) => Some(("mla_split_18_16_h", 256u32)),
+            (160, 128, 4, false) => Some(("mla_split_5_4", 64u32)),
             _ => None,
         };
-        // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes.
-        const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
-        let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && MS_SMEM <= self.smem_max;
+        // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes; an f16
+        // cache's kernel double-buffers its key tiles.
+        let ms_smem = if cache.half { MS_SMEM_H } else { MS_SMEM };
+        let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && ms_smem <= self.smem_max;
         let use_tc = tc_ok
             && match self.mla_tc.load(Ordering::Relaxed) {
                 1 => true,
-                2 => false,
-                _ => simt.is_none(),
+                2 => simt.is_none() && cache.half, // an f16 cache has no per-(token, head) kernel
+                _ => simt.is_none() || self.long_context(batch.tokens.iter().map(|t| t.pos)),
             };
-        let split = if use_tc { Some(("mla_split_tc", 128u32)) } else { simt };
+        let split = if use_tc { Some((if cache.half { "mla_split_tc_h" } else { "mla_split_tc" }, 128u32)) } else { simt };
         // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
         // (kernels/mla_prefill.cu); other batches take the split kernel, or the
         // per-(token, head) kernel for shapes the split kernel is not built for.
@@ -1914,7 +1994,7 @@ impl Backend for CudaBackend {
         {
             let groups = n * nh / 16;
             self.launch(
-                "mla_prefill",
+                if cache.half { "mla_prefill_h" } else { "mla_prefill" },
                 (groups.div_ceil(4) as u32, 1, 1),
                 256,
                 MP_SMEM as u32,
@@ -1946,8 +2026,10 @@ impl Backend for CudaBackend {
             // an SM alone at 255 registers) for batches: one wave, sm_count / n. Measured on the
             // H200: 64 sequences 5,648 tok/s with 2 splits each (the merge then 2 warps); one
             // token: one wave gave tg64 at 16k 358 vs 340 but tg128 568 vs 582, so 2 per SM there
-            // (TS_CUDA_MLA_SPLITS to measure).
-            let auto = if kname == "mla_split_18_16" && n > 1 { self.sm_count } else { 2 * self.sm_count } / n;
+            // (TS_CUDA_MLA_SPLITS to measure). The tensor-core kernel on one long-context token
+            // (16 heads: one row group): one wave, tg64 at 16k 410 vs 382 with 2 per SM.
+            let simt16 = kname.starts_with("mla_split_18_16");
+            let auto = if (simt16 && n > 1) || (use_tc && n * nh == 16) { self.sm_count } else { 2 * self.sm_count } / n;
             let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
             let per_tok = 4 * nsp * nh * (kl + 2);
             let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
@@ -1957,7 +2039,7 @@ impl Backend for CudaBackend {
                 let nc = chunk.min(n - t0);
                 let (pos, slot) = (batch.pos_ptr() + 4 * t0 as u64, batch.slot_ptr() + 4 * t0 as u64);
                 // The tensor-core kernel takes a block per 16-head row group of a token.
-                let (gy, smem) = if use_tc { (nc * nh / 16, MS_SMEM) } else { (nc, 0) };
+                let (gy, smem) = if use_tc { (nc * nh / 16, ms_smem) } else { (nc, 0) };
                 self.launch(
                     kname,
                     (nsp as u32, gy as u32, 1),
@@ -1995,6 +2077,11 @@ impl Backend for CudaBackend {
                     ],
                 );
             }
+            return;
+        }
+        if cache.half {
+            // alloc_latent_cache gives f16 only where the kernels above cover every batch.
+            self.fail(format!("mla_attention: no kernel reads this f16 cache (queries at offset {} stride {})", qr.off, qr.stride));
             return;
         }
         self.attention_launch(
@@ -2209,6 +2296,11 @@ impl Backend for CudaBackend {
             0,
             &[A::P(y), i(k), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)],
         );
+    }
+
+    /// Whether the batch counts as long-context for the MLA decode (`TS_CUDA_MLA_LONG`).
+    fn graph_class(&self, batch: &BatchMeta) -> u64 {
+        self.long_context(batch.tokens.iter().map(|t| t.pos)) as u64
     }
 
     /// CUDA graphs for steps of up to [`GRAPH_MAX_TOKENS`] tokens (decode, batched decode): a key runs eagerly the
@@ -2517,7 +2609,7 @@ impl Backend for CudaBackend {
             i(gtiles),
             i(lpr),
         ]);
-        self.launch("mla_rope_absorb_1", ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
+        self.launch(cache.kernel("mla_rope_absorb_1").as_str(), ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
     }
 
     fn moe_shared(
@@ -2657,6 +2749,12 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// Whether a batch with these positions counts as long-context (`mla_long`): the one choice
+    /// of kernel the step's graph key gets from [`Backend::graph_class`].
+    fn long_context(&self, pos: impl Iterator<Item = u32>) -> bool {
+        self.mla_long > 0 && pos.max().is_some_and(|p| p >= self.mla_long)
+    }
+
     /// `norm_rope_cache_write`, and with `q` also `rope_copy` of the query's rope part, in one
     /// `norm_rope_cache` launch (kernels/fused.cu).
     fn norm_rope_cache(&self, op: &Nrc<'_>) {
@@ -2688,7 +2786,7 @@ impl CudaBackend {
             return;
         }
         let (block, qblocks, args) = op.args();
-        self.launch("norm_rope_cache", (xr.n as u32, 1 + qblocks as u32, 1), block, 0, &args);
+        self.launch(cache.kernel("norm_rope_cache").as_str(), (xr.n as u32, 1 + qblocks as u32, 1), block, 0, &args);
     }
 }
 

@@ -630,12 +630,13 @@ fn cache_write_and_attention() {
     rep.finish();
 }
 
-/// A batch of n tokens over two sequences for the MLA tests: the first ceil(n/2) continue slot 1
-/// after a history of `long` positions, the rest slot 0 after a short one. Returns the batch,
-/// every token the cache holds (histories, then the batch) and the two history lengths.
-fn mla_tokens(n: usize, long: u32, r: &mut StdRng) -> (Vec<TokenMeta>, Vec<TokenMeta>, [u32; 2]) {
+/// A batch of n tokens over two sequences for the MLA tests: the first ceil(n/2) (all n when
+/// `one`) continue slot 1 after a history of `long` positions, the rest slot 0 after a short
+/// one. Returns the batch, every token the cache holds (histories, then the batch) and the two
+/// history lengths.
+fn mla_tokens(n: usize, long: u32, one: bool, r: &mut StdRng) -> (Vec<TokenMeta>, Vec<TokenMeta>, [u32; 2]) {
     let hist = [long, r.random_range(0..20u32)];
-    let n0 = n.div_ceil(2);
+    let n0 = if one { n } else { n.div_ceil(2) };
     let mut toks = seq_meta(n0, hist[0], 1, 100, r);
     toks.extend(seq_meta(n - n0, hist[1], 0, 100, r));
     let mut all: Vec<TokenMeta> = (0..hist[0]).map(|p| TokenMeta { token: 0, pos: p, slot: 1 }).collect();
@@ -689,7 +690,7 @@ fn mla_attention_latent_cache() {
         for &n in &[1usize, 3, 64, 300, 600] {
             // Decode sizes also with long histories: the split kernel then runs several tiles per split.
             let long = if n <= 3 { r.random_range(2000..4000u32) } else { r.random_range(0..700u32) };
-            let (toks, all, hist) = mla_tokens(n, long, &mut r);
+            let (toks, all, hist) = mla_tokens(n, long, false, &mut r);
             let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
             let qr = Rows { off: 0, n: n * nh, width: w, stride: w + 8 };
             let (got, want) = mla_case(g, c, &mut r, &p, toks, &all, 2, slot_len, qr, Rows::packed(n * nh, kl));
@@ -736,12 +737,112 @@ fn mla_split_tensor_cores() {
         let (kl, rd) = (512usize, 64usize);
         let w = kl + rd;
         let long = if n <= 8 { r.random_range(2000..4000u32) } else { r.random_range(0..700u32) };
-        let (toks, all, hist) = mla_tokens(n, long, &mut r);
+        let (toks, all, hist) = mla_tokens(n, long, false, &mut r);
         let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
         let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
         let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
         let (got, want) = mla_case(g, c, &mut r, &p, toks, &all, 2, slot_len, qr, o);
         rep.check(&format!("heads={nh} n={n} hist={hist:?}"), &got, &want, 1e-2, 1e-2);
+    }
+    rep.finish();
+}
+
+/// `v` as the f16 latent cache stores it (clamped to the f16 range, rounded to nearest even).
+fn f16_round(v: f32) -> f32 {
+    half::f16::from_f32(v.clamp(-65504.0, 65504.0)).to_f32()
+}
+
+/// The f16 MLA latent cache (`alloc_latent_cache`, V2's 576 = 512 + 64 shapes on the tensor-core
+/// path): its writes store exactly the f16 rounding of what the f32 cache gets (norm_rope_cache_h,
+/// mla_rope_absorb_1_h, cache_write_h), and attention over it (mla_split_18_16_h, mla_split_tc_h,
+/// mla_prefill_h) gives bit for bit what the f32 kernels give over an f32 cache holding those
+/// f16 values; and, as every MLA kernel, agrees with the CPU within 1e-2.
+#[test]
+fn mla_f16_latent_cache() {
+    let Some(g) = gpu() else { return };
+    if !g.tensor_cores() {
+        eprintln!("mla_f16_latent_cache: no tensor cores (the cache stays f32), skipped");
+        return;
+    }
+    let c = cpu();
+    let mut r = rng(29);
+    let mut rep = Report::new("mla_f16_cache");
+    let (kl, rd) = (512usize, 64usize);
+    let w = kl + rd;
+    // Reads: (heads, tokens, one sequence): decode (SIMT split at 16 heads, tensor cores at 32 and
+    // 128), a batch of 64 over two sequences (split) and a 64-token prompt (mla_prefill_h).
+    let slot_len = 4096u32;
+    let rows = 2 * slot_len as usize;
+    for &(nh, n, one) in &[(16usize, 1usize, false), (16, 3, false), (16, 64, false), (16, 64, true), (32, 2, false), (128, 1, false)] {
+        let gh = g.alloc_latent_cache(rows, w, kl, nh).unwrap();
+        if !gh.is_f16() {
+            rep.failures.push(format!("heads={nh}: alloc_latent_cache gave an f32 cache on a tensor-core GPU"));
+            continue;
+        }
+        let long = if n <= 3 { r.random_range(2000..4000u32) } else { r.random_range(0..700u32) };
+        let (toks, all, hist) = mla_tokens(n, long, one, &mut r);
+        // Rows already f16 values: the f32 caches then hold exactly what the f16 cache holds.
+        let data: Vec<f32> = randn(&mut r, all.len() * w, 1.0).into_iter().map(f16_round).collect();
+        let (gf, cf) = (g.alloc_cache(rows, w).unwrap(), c.alloc_cache(rows, w).unwrap());
+        fill_cache(g, &gh, &data, w, &all, slot_len);
+        fill_cache(g, &gf, &data, w, &all, slot_len);
+        fill_cache(c, &cf, &data, w, &all, slot_len);
+        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
+        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
+        let meta = BatchMeta { tokens: toks, outputs: vec![], slot_len };
+        let (gb, cb) = (batch(g, &meta), batch(c, &meta));
+        let q = randn(&mut r, qr.end(), 0.5);
+        let (gq, cq) = (buf(g, &q), buf(c, &q));
+        let (oh, of, oc) = (g.alloc(o.end()).unwrap(), g.alloc(o.end()).unwrap(), c.alloc(o.end()).unwrap());
+        poison(g, &oh, o.end());
+        poison(g, &of, o.end());
+        g.mla_attention(&gq, qr, &gh, &gb, &p, &oh, o);
+        g.mla_attention(&gq, qr, &gf, &gb, &p, &of, o);
+        c.mla_attention(&cq, qr, &cf, &cb, &p, &oc, o);
+        let lab = format!("heads={nh} n={n} one sequence={one} hist={hist:?}");
+        let got = get(g, &oh, o);
+        rep.check(&format!("{lab} f16 vs f32 cache (exact)"), &got, &get(g, &of, o), 0.0, 0.0);
+        rep.check(&format!("{lab} vs cpu"), &got, &get(c, &oc, o), 1e-2, 1e-2);
+    }
+    // Writes: mla_rope_cache_write (1 token: with the absorbed product, mla_rope_absorb_1_h; 3:
+    // norm_rope_cache_h then the product) into an f16 and an f32 cache.
+    let (slots, slot_len) = (2usize, 64u32);
+    let rows = slots * slot_len as usize;
+    let (nope, heads) = (128usize, 16usize);
+    let freqs: Vec<f32> = (0..rd / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / rd as f32)).collect();
+    let grope = g.upload_rope(&RopeSpec { mode: RopeMode::Normal, dim: rd, freqs, mscale: 1.0 }).unwrap();
+    let gw = norm_weight(g, &randn(&mut r, kl, 1.0));
+    let wshape = [nope, kl, heads];
+    let (wb, _) = weight(&mut r, GgmlType::Q8_0, &wshape, 0.5);
+    let wk = g.upload_weight(&td("w_uk", GgmlType::Q8_0, &wshape, &wb), WeightUse::Matmul).unwrap();
+    let prior: Vec<TokenMeta> =
+        (0..slots as u32).flat_map(|sl| (0..slot_len).map(move |p| TokenMeta { token: 0, pos: p, slot: sl })).collect();
+    for &n in &[1usize, 3] {
+        let meta = BatchMeta { tokens: seq_meta(n, r.random_range(0..slot_len - n as u32), 1, 100, &mut r), outputs: vec![], slot_len };
+        let gb = batch(g, &meta);
+        let xr = Rows::packed(n, w);
+        let x = randn(&mut r, xr.end(), 1.0);
+        let qr = Rows::packed(n * heads, nope + rd);
+        let qdr = Rows::packed(n * heads, kl + rd);
+        let q = randn(&mut r, qr.end(), 1.0);
+        let fill: Vec<f32> = randn(&mut r, rows * w, 1.0).into_iter().map(f16_round).collect();
+        let mut outs = Vec::new();
+        for f16 in [true, false] {
+            let (gx, gq, gqd) = (buf(g, &x), buf(g, &q), g.alloc(qdr.end()).unwrap());
+            poison(g, &gqd, qdr.end());
+            let gc = if f16 { g.alloc_latent_cache(rows, w, kl, heads).unwrap() } else { g.alloc_cache(rows, w).unwrap() };
+            fill_cache(g, &gc, &fill, w, &prior, slot_len);
+            let qt = (&gq, qr.cols(nope, rd), &gqd, qdr.cols(kl, rd), heads);
+            g.mla_rope_cache_write(&gx, xr, kl, Some(&gw), 1e-6, qt, Some((&wk, qr.cols(0, nope), qdr.cols(0, kl))), &gb, &grope, &gc);
+            let mut cv = vec![0f32; rows * w];
+            g.read_cache(&gc, &mut cv).unwrap();
+            if !f16 {
+                cv.iter_mut().for_each(|v| *v = f16_round(*v));
+            }
+            outs.push(vec![get(g, &gx, xr), get(g, &gqd, qdr), cv]);
+        }
+        exact(&mut rep, &format!("write n={n}: f16 cache vs f32 cache rounded"), &["x", "q rows", "cache"], &outs[0], &outs[1]);
     }
     rep.finish();
 }

@@ -800,7 +800,7 @@ impl<B: Backend> DeepSeek2<B> {
                 wo: mat("attn_output", nh * vd, h)?,
                 ffn_norm: vec("ffn_norm", h)?,
                 ffn,
-                cache: be.alloc_cache(rows, cfg.cache_width())?,
+                cache: be.alloc_latent_cache(rows, cfg.cache_width(), kl, nh)?,
             });
         }
         let unused: Vec<String> = b.unused().into_iter().filter(|n| !n.contains("rotary_emb.inv_freq")).collect();
@@ -829,12 +829,15 @@ impl<B: Backend> DeepSeek2<B> {
             rl: one(cfg.moe.map_or(0, |e| e.n_experts))?,
             logits: one(nv)?,
         };
-        let info = Self::describe(src, &cfg, layout, &b);
+        // Bytes per cached value as the backend stores the latent rows (f16 on the CUDA tensor-core path).
+        let vb = layers.first().map_or(4, |l| be.cache_value_bytes(&l.cache));
+        let info = Self::describe(src, &cfg, layout, &b, vb);
         let batch = be.alloc_batch(mb)?;
         Ok(DeepSeek2 { be, cfg, info, opts, tok_embd, output_norm, output, layers, rope, batch, s })
     }
 
-    fn describe(src: &dyn TensorSource, cfg: &DeepSeek2Config, layout: Layout, b: &Binder<'_, B>) -> ModelInfo {
+    /// `vb`: bytes per cached value (4, or 2 for a backend's f16 latent cache).
+    fn describe(src: &dyn TensorSource, cfg: &DeepSeek2Config, layout: Layout, b: &Binder<'_, B>, vb: usize) -> ModelInfo {
         let c = cfg;
         let mut details = vec![
             (
@@ -858,7 +861,12 @@ impl<B: Backend> DeepSeek2<B> {
             ),
             (
                 "cache".into(),
-                format!("{} values per token per layer ([c ; k_pe]), {} B per token", c.cache_width(), c.n_layers * c.cache_width() * 4),
+                format!(
+                    "{} values per token per layer ([c ; k_pe]), {} B per token ({})",
+                    c.cache_width(),
+                    c.n_layers * c.cache_width() * vb,
+                    if vb == 2 { "f16" } else { "f32" }
+                ),
             ),
             (
                 "rope".into(),
@@ -898,7 +906,7 @@ impl<B: Backend> DeepSeek2<B> {
             n_embd: c.n_embd,
             n_params: *b.n_params.borrow(),
             weight_bytes: *b.bytes.borrow(),
-            cache_bytes_per_token: (c.n_layers * c.cache_width() * 4) as u64,
+            cache_bytes_per_token: (c.n_layers * c.cache_width() * vb) as u64,
             details,
         }
     }
@@ -952,10 +960,12 @@ impl<B: Backend> Model for DeepSeek2<B> {
         // one slot, and the number of output rows, so a backend may record them once and replay
         // them (CUDA graphs); token ids, positions, slots and the output rows' indices are read
         // from the device batch uploaded above.
-        // Whether all tokens share one slot also picks the attention kernel, so it is in the key.
+        // Whether all tokens share one slot also picks the attention kernel, so it is in the key,
+        // as is whatever else the backend picks kernels by (`graph_class`: the context length).
         let one_slot = batch.tokens.iter().all(|t| t.slot == batch.tokens[0].slot);
+        let class = self.be.graph_class(batch);
         let mut key = 0xcbf2_9ce4_8422_2325u64;
-        for v in [self as *const Self as usize as u64, n as u64, one_slot as u64, batch.outputs.len() as u64] {
+        for v in [self as *const Self as usize as u64, n as u64, one_slot as u64, batch.outputs.len() as u64, class] {
             key = (key ^ v).wrapping_mul(0x0100_0000_01b3);
         }
         let be = self.be.as_ref();
