@@ -275,6 +275,9 @@ MLA_PREFILL_INST(mla_prefill_h, u16)
 #define MS_T 32
 #define MS_THREADS 128
 #define MS_LU 18
+#ifndef MS_NB
+#define MS_NB 2  // an f16 cache's key tiles in the cp.async ring (backend.rs MS_NB, TS_CUDA_MS_NB)
+#endif
 template <typename C>
 __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
                                                   const int* pos, const int* slot, int slot_len, int nh, float scale,
@@ -283,7 +286,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     // An f16 cache's key tiles are copied (cp.async, two buffers), an f32 cache's are loaded and
     // rounded by the threads (one buffer).
     constexpr bool F16 = sizeof(C) == 2;
-    constexpr int NB = F16 ? 2 : 1;
+    constexpr int NB = F16 ? MS_NB : 1;
     extern __shared__ __align__(16) u8 ms_sm[];
     u16* Qs = (u16*)ms_sm;                         // [16][MP_LD]
     u16* Kb = Qs + 16 * MP_LD;                     // NB x [MS_T][MP_LD]
@@ -336,29 +339,31 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     };
     if constexpr (F16) {
         // An f16 cache's tiles go straight to shared memory (cp.async, 16 bytes a copy, 72 a row;
-        // rows past j1 zero-filled from row j0, which exists), two buffers: the next tile streams
-        // in while this one is used.
-        auto issue = [&](int k0, u16* K) {
-            for (int idx = tid; idx < MS_T * (MP_W / 8); idx += MS_THREADS) {
-                const int r = idx / (MP_W / 8), c8 = idx - r * (MP_W / 8);
-                const bool in = k0 + r < j1;
-                cp_async16_z(K + r * MP_LD + 8 * c8, cache + (base + (in ? k0 + r : j0)) * MP_W + 8 * c8, in ? 16 : 0);
+        // rows past j1 zero-filled from row j0, which exists), a ring of NB buffers: the next
+        // NB - 1 tiles stream in while one is used. One commit group per tile slot, empty past
+        // the last tile, so that waiting for all but NB - 1 groups always means tile `it` landed.
+        auto issue = [&](int it) {
+            const int k0 = j0 + it * MS_T;
+            if (k0 < j1) {
+                u16* K = Kb + (it % NB) * MS_T * MP_LD;
+                for (int idx = tid; idx < MS_T * (MP_W / 8); idx += MS_THREADS) {
+                    const int r = idx / (MP_W / 8), c8 = idx - r * (MP_W / 8);
+                    const bool in = k0 + r < j1;
+                    cp_async16_z(K + r * MP_LD + 8 * c8, cache + (base + (in ? k0 + r : j0)) * MP_W + 8 * c8, in ? 16 : 0);
+                }
             }
             cp_commit();
         };
         const int ntile = (j1 - j0 + MS_T - 1) / MS_T;
-        issue(j0, Kb);
+#pragma unroll
+        for (int it = 0; it < NB - 1; it++) issue(it);
         for (int it = 0; it < ntile; it++) {
-            // The next tile into the other buffer (read in the previous iteration, which every
-            // thread has left: the barrier at the loop's end), then wait for this one.
-            if (it + 1 < ntile) {
-                issue(j0 + (it + 1) * MS_T, Kb + ((it + 1) & 1) * MS_T * MP_LD);
-                cp_wait<1>();
-            } else {
-                cp_wait<0>();
-            }
+            // Tile it + NB - 1 into the buffer tile it - 1 used (every thread has left it: the
+            // barrier at the loop's end), then wait for tile it.
+            issue(it + NB - 1);
+            cp_wait<NB - 1>();
             __syncthreads();
-            tile(Kb + (it & 1) * MS_T * MP_LD, j0 + it * MS_T);
+            tile(Kb + (it % NB) * MS_T * MP_LD, j0 + it * MS_T);
             __syncthreads();  // this buffer and Ss free for the next iteration
         }
     } else {

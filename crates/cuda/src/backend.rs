@@ -235,9 +235,14 @@ const PART_MIN_BYTES: usize = 16 << 20;
 /// Values per block of the arg-max's first pass (`argmax_part`): a 102,400-wide row in 50 blocks.
 const ARGMAX_CHUNK: usize = 2048;
 /// Dynamic shared memory of `mla_split_tc` (the 16 query rows, one 32-key tile, the scores of two
-/// dim halves) and of `mla_split_tc_h` (two key tiles: the next streams in while one is used).
+/// dim halves) and of `mla_split_tc_h` with `nb` key tiles in its cp.async ring (`MS_NB` in
+/// kernels/mla_prefill.cu: the next `nb - 1` stream in while one is used).
 const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
-const MS_SMEM_H: usize = (16 + 2 * 32) * 584 * 2 + 2 * 16 * 32 * 4;
+const fn ms_smem_h(nb: usize) -> usize {
+    (16 + nb * 32) * 584 * 2 + 2 * 16 * 32 * 4
+}
+/// `mla_split_tc_h`'s default ring depth (`TS_CUDA_MS_NB` to measure 2..=4).
+const MS_NB: usize = 2;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
@@ -582,6 +587,9 @@ pub struct CudaBackend {
     /// at long ones); 0: never. `TS_CUDA_MLA_LONG`; the step's graph key holds the choice
     /// ([`Backend::graph_class`]).
     mla_long: u32,
+    /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
+    /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
+    ms_nb: usize,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -696,8 +704,16 @@ impl CudaBackend {
         let (major, minor) = ctx.compute_capability().map_err(|e| dev_err("cannot read the compute capability", e))?;
         let arch = format!("sm_{major}{minor}");
         let trace = std::env::var("TS_CUDA_TRACE").is_ok_and(|v| v == "1");
-        let (cubin, kernels_from_cache) =
-            kernels::load_or_compile(&arch, if trace { &["-DTS_TRACE"] } else { &[] }).map_err(BackendError::Device)?;
+        let ms_nb = std::env::var("TS_CUDA_MS_NB").ok().and_then(|v| v.parse().ok()).unwrap_or(MS_NB).clamp(2, 4);
+        let mut defs: Vec<String> = Vec::new();
+        if trace {
+            defs.push("-DTS_TRACE".into());
+        }
+        if ms_nb != MS_NB {
+            defs.push(format!("-DMS_NB={ms_nb}"));
+        }
+        let defs: Vec<&str> = defs.iter().map(String::as_str).collect();
+        let (cubin, kernels_from_cache) = kernels::load_or_compile(&arch, &defs).map_err(BackendError::Device)?;
         let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| dev_err(&format!("cannot load the {arch} kernels"), e))?;
         let mut funcs = HashMap::new();
         for n in kernel_names() {
@@ -745,6 +761,7 @@ impl CudaBackend {
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
+            ms_nb,
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(4096),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -1539,7 +1556,7 @@ impl Backend for CudaBackend {
             && (width, kv_lora) == (576, 512)
             && heads > 0
             && heads % 16 == 0
-            && MS_SMEM_H.max(MP_SMEM) <= self.smem_max;
+            && ms_smem_h(self.ms_nb).max(MP_SMEM) <= self.smem_max;
         if !half {
             return self.alloc_cache(rows, width);
         }
@@ -1969,7 +1986,7 @@ impl Backend for CudaBackend {
         };
         // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes; an f16
         // cache's kernel double-buffers its key tiles.
-        let ms_smem = if cache.half { MS_SMEM_H } else { MS_SMEM };
+        let ms_smem = if cache.half { ms_smem_h(self.ms_nb) } else { MS_SMEM };
         let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && ms_smem <= self.smem_max;
         let use_tc = tc_ok
             && match self.mla_tc.load(Ordering::Relaxed) {

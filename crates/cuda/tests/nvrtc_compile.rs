@@ -42,14 +42,17 @@ fn kernel_resources_sm_90() {
     }
 }
 
-/// The trace build (`TS_CUDA_TRACE=1`: `-DTS_TRACE`, common.cuh) compiles too.
+/// The measurement builds compile too: the trace (`TS_CUDA_TRACE=1`: `-DTS_TRACE`, common.cuh)
+/// and `mla_split_tc_h`'s other ring depths (`TS_CUDA_MS_NB=3`, `4`: `-DMS_NB=n`).
 #[test]
 fn trace_build_compiles_for_sm_90() {
     if !ts_cuda::kernels::nvrtc_available() {
         eprintln!("\n*** SKIP: libnvrtc could not be loaded; the trace build was NOT compiled ***\n");
         return;
     }
-    if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &["-DTS_TRACE"]) {
-        panic!("{log}");
+    for opt in ["-DTS_TRACE", "-DMS_NB=3", "-DMS_NB=4"] {
+        if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &[opt]) {
+            panic!("{opt}: {log}");
+        }
     }
 }
