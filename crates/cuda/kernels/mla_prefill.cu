@@ -276,7 +276,7 @@ MLA_PREFILL_INST(mla_prefill_h, u16)
 #define MS_THREADS 128
 #define MS_LU 18
 #ifndef MS_NB
-#define MS_NB 2  // an f16 cache's key tiles in the cp.async ring (backend.rs MS_NB, TS_CUDA_MS_NB)
+#define MS_NB 3  // an f16 cache's key tiles in the cp.async ring (backend.rs MS_NB, TS_CUDA_MS_NB)
 #endif
 template <typename C>
 __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,

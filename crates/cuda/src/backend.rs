@@ -241,8 +241,9 @@ const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
 const fn ms_smem_h(nb: usize) -> usize {
     (16 + nb * 32) * 584 * 2 + 2 * 16 * 32 * 4
 }
-/// `mla_split_tc_h`'s default ring depth (`TS_CUDA_MS_NB` to measure 2..=4).
-const MS_NB: usize = 2;
+/// `mla_split_tc_h`'s default ring depth (`TS_CUDA_MS_NB` to measure 2..=4). H200, tg64 @16k:
+/// 2 tiles 402, 3 431, 4 334 tok/s (same tokens).
+const MS_NB: usize = 3;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
@@ -585,7 +586,8 @@ pub struct CudaBackend {
     /// The 16-head MLA decode takes the tensor-core split kernel once a batch's furthest position
     /// reaches this (the SIMT one is faster at short contexts, bound by its shared-memory reads
     /// at long ones); 0: never. `TS_CUDA_MLA_LONG`; the step's graph key holds the choice
-    /// ([`Backend::graph_class`]).
+    /// ([`Backend::graph_class`]). Default 2560: on the H200 with the f16 cache, tg64 from 2048
+    /// SIMT 527 vs tensor cores 492 tok/s, from 3072 459 vs 487.
     mla_long: u32,
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
@@ -762,7 +764,7 @@ impl CudaBackend {
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             ms_nb,
-            mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(4096),
+            mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
                 Ok("1") => 1,

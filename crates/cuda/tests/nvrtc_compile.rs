@@ -50,7 +50,7 @@ fn trace_build_compiles_for_sm_90() {
         eprintln!("\n*** SKIP: libnvrtc could not be loaded; the trace build was NOT compiled ***\n");
         return;
     }
-    for opt in ["-DTS_TRACE", "-DMS_NB=3", "-DMS_NB=4"] {
+    for opt in ["-DTS_TRACE", "-DMS_NB=2", "-DMS_NB=4"] {
         if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &[opt]) {
             panic!("{opt}: {log}");
         }

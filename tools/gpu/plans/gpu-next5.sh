@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# First GPU run of branch gpu-next5 (written 2026-11-30 without a GPU): the f16 MLA latent cache
+# First GPU run of branch gpu-next5 (written 2026-11-30 without a GPU; ran in the seventh session,
+# results in docs/PERF.md; the L2 prefetch it measures was removed after, so TS_CUDA_L2PF is now
+# ignored): the f16 MLA latent cache
 # (TS_CUDA_MLA_F16=0: f32 as on main), the tensor-core split decode from TS_CUDA_MLA_LONG
 # positions on (0: never; it is in the graph key), the f16 split kernel's double-buffered
 # cp.async tiles, and the L2 prefetch of the weights a decode step reads next from a side stream
