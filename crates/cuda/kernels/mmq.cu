@@ -107,7 +107,9 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 //   Dense (cnt == null): n tokens per matrix, g = gridDim.z / nsplit matrices, token j of matrix
 //     z is activation and output row j*g + z.
 //   Grouped (cnt != null): tile y walks experts 0.. (ceil(cnt[e]/BN) tiles each); position j of
-//     expert e is pair p = perm[off[e] + j], activation row p / in_div, output row p.
+//     expert e is pair p = perm[off[e] + j], activation row p / in_div, output row p. Experts
+//     e >= e_sh are chunks of a shared FFN's matrix: chunk e - e_sh at Ws + (e - e_sh)*ws_stride,
+//     rows ws_row_bytes apart (gate/up: ff-row blocks; down: ff-column blocks of every row).
 // Fragments come from shared memory with ldmatrix (an 8x8 b16 matrix is 8 rows of 16 int8, the
 // m16n8k32 fragment layout), the scales once per stage as 4 packed f16 per row; NST stages
 // in flight (cp.async). Warps: WR along the rows x WC along the tokens, each MI m16 tiles x NI n8
@@ -120,7 +122,8 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
-                                         int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride) {
+                                         int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride,
+                                         const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = WC * NI * 8;
     constexpr int ROWS = MMQ_BM + BN;
@@ -203,7 +206,9 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     }
     __syncthreads();
     const int m0 = blockIdx.x * MMQ_BM;
-    const u8* Wt = W + (i64)e * mat_bytes;
+    const bool sh = cnt && e >= e_sh;
+    const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
+    const i64 rb = sh ? ws_row_bytes : row_bytes;
     // This thread's 16-byte pieces of every stage: (row r, piece q) for c = tid + i*128,
     // r = c / PIECES; piece q lies in group q / 9 of the stage and at byte q*16 of the row's
     // stage (144 = 9 * 16). The same rows in every stage, so the source pointers are computed
@@ -219,7 +224,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         dsto[i] = 0;
         if (c < ROWS * PIECES) {
             const int r = c / PIECES, q = c - r * PIECES;
-            const u8* rowp = r < MMQ_BM ? Wt + (i64)min(m0 + r, m - 1) * row_bytes : X + (i64)src_row[r - MMQ_BM] * xrow;
+            const u8* rowp = r < MMQ_BM ? Wt + (i64)min(m0 + r, m - 1) * rb : X + (i64)src_row[r - MMQ_BM] * xrow;
             srcp[i] = rowp + (i64)g0 * MMQ_GB + q * 16;
             dsto[i] = (u32)(r * RS + q * 16) | (GPS == 1 ? 0u : (u32)(q / 9) << 16);
         }
@@ -329,9 +334,10 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
-             i64 ostride, int nsplit, i64 split_stride) { PDL_ENTRY();                                                        \
+             i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh) { \
+        PDL_ENTRY();                                                                                            \
         mmq_impl<WR, WC, MI, NI, GPS, NST, SKIP>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
-                                 out, ooff, ostride, nsplit, split_stride);                                      \
+                                 out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh);   \
     }
 // 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, 3 stages, 3 blocks per SM (at 4
 // they spill). 64 x 16 tiles (4 x 1 warps of 16 x 16): two groups per stage, double-buffered,

@@ -66,13 +66,22 @@ extern "C" __global__ void moe_route(const float* logits, i64 loff, i64 lstride,
 }
 
 // Group the (token, slot) pairs by expert: cnt[e], off[e] (exclusive prefix sum) and perm, the
-// pair indices of expert e at perm[off[e] .. off[e] + cnt[e]). One block.
-extern "C" __global__ void moe_group(const int* sel_e, int npairs, int E, int* cnt, int* off, int* perm) { PDL_ENTRY();
+// pair indices of expert e at perm[off[e] .. off[e] + cnt[e]). One block. Each of the ntok tokens
+// has k routed slots (sel_e[t*k + j], -1: none) and then nsh shared slots, slot k + s going to
+// expert E + s (the shared FFN's s-th chunk of ff rows): pair p = t*(k+nsh) + slot; E + nsh <=
+// MOE_MAX_EXPERTS.
+__device__ __forceinline__ int moe_pair_expert(const int* sel_e, int p, int k, int ks, int E) {
+    const int t = p / ks, j = p - t * ks;
+    return j < k ? sel_e[t * k + j] : E + (j - k);
+}
+extern "C" __global__ void moe_group(const int* sel_e, int ntok, int k, int nsh, int E, int* cnt, int* off, int* perm) { PDL_ENTRY();
     __shared__ int c[MOE_MAX_EXPERTS], o[MOE_MAX_EXPERTS];
+    const int ks = k + nsh, npairs = ntok * ks;
+    E += nsh;  // the shared chunks count as experts from here on
     for (int e = threadIdx.x; e < E; e += blockDim.x) c[e] = 0;
     __syncthreads();
     for (int p = threadIdx.x; p < npairs; p += blockDim.x) {
-        int e = sel_e[p];
+        int e = moe_pair_expert(sel_e, p, k, ks, E - nsh);
         if (e >= 0) atomicAdd(&c[e], 1);
     }
     __syncthreads();
@@ -84,7 +93,7 @@ extern "C" __global__ void moe_group(const int* sel_e, int npairs, int E, int* c
     for (int e = threadIdx.x; e < E; e += blockDim.x) { cnt[e] = c[e]; off[e] = o[e]; c[e] = 0; }
     __syncthreads();
     for (int p = threadIdx.x; p < npairs; p += blockDim.x) {
-        int e = sel_e[p];
+        int e = moe_pair_expert(sel_e, p, k, ks, E - nsh);
         if (e >= 0) perm[o[e] + atomicAdd(&c[e], 1)] = p;
     }
 }
@@ -227,17 +236,19 @@ FOR_ALL_TYPES(MOE_INST)
 MOE_H16(f16, T_F16)
 MOE_H16(bf16, T_BF16)
 
-// out[t] = sum_s w[t*k+s] * y[t*k+s] over the pairs with an expert. Overwrites every element.
-extern "C" __global__ void moe_combine(const float* y, int k, i64 width, i64 ntok, const int* sel_e,
+// out[t] = sum_j w[t*k+j] * y[t*ks+j] over the k routed slots with an expert, then plus
+// y[t*ks+j] for the shared slots k <= j < ks (moe_group's pairs). Overwrites every element.
+extern "C" __global__ void moe_combine(const float* y, int k, int ks, i64 width, i64 ntok, const int* sel_e,
                                        const float* sel_w, float* out, i64 ooff, i64 ostride) { PDL_ENTRY();
     i64 total = ntok * width;
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
         i64 t = idx / width, i = idx % width;
         float s = 0.f;
         for (int j = 0; j < k; j++) {
-            i64 p = t * k + j;
-            if (sel_e[p] >= 0) s += sel_w[p] * y[p * width + i];
+            i64 q = t * k + j;
+            if (sel_e[q] >= 0) s += sel_w[q] * y[(t * ks + j) * width + i];
         }
+        for (int j = k; j < ks; j++) s += y[(t * ks + j) * width + i];
         out[ooff + t * ostride + i] = s;
     }
 }

@@ -244,6 +244,20 @@ const fn ms_smem_h(nb: usize) -> usize {
 /// `mla_split_tc_h`'s default ring depth (`TS_CUDA_MS_NB` to measure 2..=4). H200, tg64 @16k:
 /// 2 tiles 402, 3 431, 4 334 tok/s (same tokens).
 const MS_NB: usize = 3;
+/// A grouped `mmq_q8` product's expert lists (`moe_group`'s `cnt`, `off`, `perm` over `n_exp`
+/// experts) and, for experts from `e_sh` on, a shared FFN's chunks: `sh` = (matrix, row bytes,
+/// bytes between chunks, e_sh).
+#[derive(Clone, Copy)]
+struct MmqGroups {
+    cnt: u64,
+    off: u64,
+    perm: u64,
+    n_exp: usize,
+    sh: Option<(u64, usize, usize, usize)>,
+}
+impl MmqGroups {
+    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None };
+}
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
@@ -592,6 +606,9 @@ pub struct CudaBackend {
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
     ms_nb: usize,
+    /// Batched MoE with the shared FFN folded into the grouped expert products (`moe_shared`
+    /// above the decode size); `TS_CUDA_MOE_SH=0` leaves it to the caller's chain, to compare.
+    moe_sh: bool,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -764,6 +781,7 @@ impl CudaBackend {
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             ms_nb,
+            moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -1263,10 +1281,10 @@ impl CudaBackend {
         );
     }
 
-    /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` = (cnt, off, perm, n_experts) for the
-    /// grouped expert product, `None` for the dense one (`grid.2 / nsplit` matrices of `n`
-    /// tokens); `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the
-    /// splits' partial outputs); `bn` the tokens per tile (64 or 16; `grid.1` counts such tiles).
+    /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` the grouped expert product's lists
+    /// ([`MmqGroups`]), `None` for the dense one (`grid.2 / nsplit` matrices of `n` tokens);
+    /// `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the splits'
+    /// partial outputs); `bn` the tokens per tile (64 or 16; `grid.1` counts such tiles).
     #[allow(clippy::too_many_arguments)]
     fn mmq_launch(
         &self,
@@ -1276,13 +1294,14 @@ impl CudaBackend {
         xq: u64,
         grid: (u32, u32, u32),
         n: usize,
-        experts: Option<(u64, u64, u64, usize)>,
+        experts: Option<MmqGroups>,
         in_div: usize,
         (out, ooff, ostride): (u64, usize, usize),
         (nsplit, split_stride): (usize, usize),
         bn: usize,
     ) {
-        let (cnt, off, perm, ne) = experts.unwrap_or((0, 0, 0, 0));
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh } = experts.unwrap_or(MmqGroups::NONE);
+        let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (name, smem) = match (bn, self.mmq16) {
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
@@ -1312,13 +1331,22 @@ impl CudaBackend {
                 l(ostride),
                 i(nsplit),
                 l(split_stride),
+                A::P(sh_ptr),
+                l(sh_row_bytes),
+                l(sh_stride),
+                i(e_sh),
             ],
         );
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
     /// then gate, up (one grouped `mmq_q8` each over the experts' token lists), GLU fused into the
-    /// quantisation of the down projection's input, down, and the router-weighted sum.
+    /// quantisation of the down projection's input, down, and the router-weighted sum. With
+    /// `shared` (2-D weights whose `ff_s` is a multiple of the experts' `ff`, checked by the
+    /// caller), every token also gets `ff_s / ff` shared slots, experts `E ..` whose matrices are
+    /// the shared FFN's blocks of `ff` rows (gate, up) or columns (down), summed unweighted: the
+    /// shared FFN rides in the same launches. Scratch: `g`, `u` `pairs * ff` floats, `y` `pairs *
+    /// hdim`, pairs = tokens x (k + shared slots).
     #[allow(clippy::too_many_arguments)]
     fn moe_mmq(
         &self,
@@ -1327,6 +1355,7 @@ impl CudaBackend {
         logits: &CudaBuf,
         lr: Rows,
         experts: &Experts<'_, CudaWeight>,
+        shared: Option<&Experts<'_, CudaWeight>>,
         p: &MoeParams,
         warp_route: bool,
         (sel_e, sel_w, g, u, y): (u64, u64, u64, u64, u64),
@@ -1335,14 +1364,17 @@ impl CudaBackend {
     ) {
         let n = xr.n;
         let (hdim, ff, ne, k) = (xr.width, experts.gate.ne(1), p.n_experts, p.k);
-        let pairs = n * k;
+        let nsh = shared.map_or(0, |s| s.gate.ne(1) / ff);
+        let ks = k + nsh;
+        let pairs = n * ks;
+        let ne_all = ne + nsh;
         self.route(logits, lr, p, warp_route, sel_e, sel_w);
         let (Some(cnt), Some(off), Some(perm)) =
-            (self.scratch(S::Cnt, 4 * ne), self.scratch(S::Off, 4 * ne), self.scratch(S::Perm, 4 * pairs))
+            (self.scratch(S::Cnt, 4 * ne_all), self.scratch(S::Off, 4 * ne_all), self.scratch(S::Perm, 4 * pairs))
         else {
             return;
         };
-        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(pairs), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
+        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
         let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
         let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
         let Some(hq) = self.scratch(S::Hq, pairs * fg * 144) else { return };
@@ -1350,23 +1382,30 @@ impl CudaBackend {
         // Tokens per tile: 16 when the experts see few tokens each (batched decode; the block's
         // work then shrinks with them), else 64. Upper bound of the tiles over all experts: sum
         // of ceil(cnt/bn) <= pairs/bn + experts.
-        let bn = if pairs <= 16 * ne { 16 } else { 64 };
-        let tiles = (pairs.div_ceil(bn) + ne) as u32;
-        let ex = Some((cnt, off, perm, ne));
-        self.mmq_launch(experts.gate, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, ex, k, (g, 0, ff), (1, 0), bn);
-        self.mmq_launch(experts.up, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, ex, k, (u, 0, ff), (1, 0), bn);
+        let bn = if pairs <= 16 * ne_all { 16 } else { 64 };
+        let tiles = (pairs.div_ceil(bn) + ne_all) as u32;
+        // The shared chunks: gate/up chunk c is rows c*ff.. of the shared matrix; down chunk c
+        // is groups c*ff/128.. of each of its rows.
+        let groups = |sh: Option<(&CudaWeight, usize)>| {
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh: sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne)) })
+        };
+        let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
+        let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
+        let sd = shared.map(|s| (s.down, ff / 128 * 144));
+        self.mmq_launch(experts.gate, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
+        self.mmq_launch(experts.up, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);
         let act = match p.glu {
             Glu::SwiGlu => 1,
             Glu::GeGluTanh => 2,
         };
         self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
-        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, ex, 1, (y, 0, hdim), (1, 0), bn);
+        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, groups(sd), 1, (y, 0, hdim), (1, 0), bn);
         self.launch(
             "moe_combine",
             Self::grid1(n * hdim),
             256,
             0,
-            &[A::P(y), i(k), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)],
+            &[A::P(y), i(k), i(ks), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)],
         );
     }
 
@@ -2221,7 +2260,7 @@ impl Backend for CudaBackend {
         }
         let all_q8 = [experts.gate.dtype, experts.up.dtype, experts.down.dtype].iter().all(|&t| t == GgmlType::Q8_0);
         if self.tc && all_q8 && n > GEMV_MAX_TOKENS && MMQ_SMEM <= self.smem_max {
-            self.moe_mmq(x, xr, logits, lr, &experts, p, warp_route, (sel_e, sel_w, g, u, y), out, o);
+            self.moe_mmq(x, xr, logits, lr, &experts, None, p, warp_route, (sel_e, sel_w, g, u, y), out, o);
             return;
         }
         self.route(logits, lr, p, false, sel_e, sel_w);
@@ -2239,7 +2278,7 @@ impl Backend for CudaBackend {
             else {
                 return;
             };
-            self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(pairs), i(ne), A::P(c), A::P(of), A::P(pm)]);
+            self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(0), i(ne), A::P(c), A::P(of), A::P(pm)]);
             (c, of, pm)
         } else {
             (0, 0, 0)
@@ -2313,7 +2352,7 @@ impl Backend for CudaBackend {
             Self::grid1(total),
             256,
             0,
-            &[A::P(y), i(k), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)],
+            &[A::P(y), i(k), i(k), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)],
         );
     }
 
@@ -2659,10 +2698,7 @@ impl Backend for CudaBackend {
             && all.iter().all(|w| w.mem.ptr % 16 == 0 && w.row_bytes % 16 == 0 && w.mat_bytes() % 16 == 0)
             && xr.off % 4 == 0
             && xr.stride % 4 == 0;
-        let ok = self.fused
-            && (1..=GEMV_MAX_TOKENS).contains(&n)
-            && (q8 || h16)
-            && xr.width == hdim
+        let shapes = xr.width == hdim
             && lr.n == n
             && o.n == n
             && lr.width == ne
@@ -2675,9 +2711,44 @@ impl Backend for CudaBackend {
             && ff > 0
             && sf % ff == 0
             && (1..=32).contains(&(sf / ff))
-            && ne <= 256
             && (1..=32).contains(&k)
-            && k <= ne
+            && k <= ne;
+        // Batches above the decode size (the server's steps, prompts): the shared FFN's blocks of
+        // ff rows ride in the grouped tensor-core expert products as experts E.. (moe_mmq): one
+        // chain of launches instead of the routed one plus the dense FFN's (TS_CUDA_MOE_SH=0:
+        // the caller's two chains, to compare).
+        let batched = self.fused
+            && self.moe_sh
+            && n > GEMV_MAX_TOKENS
+            && q8
+            && self.tc
+            && !self.exact
+            && MMQ_SMEM <= self.smem_max
+            && shapes
+            && ne + sf / ff <= 512
+            && (1..=64).contains(&p.n_group)
+            && ne % p.n_group == 0;
+        if batched {
+            x.check(xr);
+            logits.check(lr);
+            out.check(o);
+            let (k, ks) = (p.k, p.k + sf / ff);
+            let pairs = n * ks;
+            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(sel_e) = self.scratch(S::SelE, 4 * n * k) else { return true };
+            let Some(sel_w) = self.scratch(S::SelW, 4 * n * k) else { return true };
+            let Some(g) = self.scratch(S::G, 4 * pairs * ff) else { return true };
+            let Some(u) = self.scratch(S::U, 4 * pairs * ff) else { return true };
+            let Some(y) = self.scratch(S::Y, 4 * pairs * hdim) else { return true };
+            let warp_route = ne <= 256 && k <= 32 && (p.n_group == 1 || p.topk_group >= p.n_group);
+            self.moe_mmq(x, xr, logits, lr, &experts, Some(&shared), p, warp_route, (sel_e, sel_w, g, u, y), out, o);
+            return true;
+        }
+        let ok = self.fused
+            && (1..=GEMV_MAX_TOKENS).contains(&n)
+            && (q8 || h16)
+            && shapes
+            && ne <= 256
             && (p.n_group == 1 || p.topk_group >= p.n_group);
         if !ok {
             return false;

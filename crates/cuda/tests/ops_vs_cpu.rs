@@ -1554,7 +1554,15 @@ fn fused_moe_shared() {
                 "case {ci} {} H={hdim} ff={ff} E={ne} k={k} shared={nsh}x{ff} {gating:?} groups={n_group}/{topk_group} n={n}",
                 ty.name()
             );
-            let want_fast = fast && g.fused() && n <= ts_cuda::GEMV_MAX_TOKENS;
+            // Above the decode size, Q8_0 experts with ff a multiple of 128 take the grouped
+            // tensor-core products with the shared FFN folded in (TS_CUDA_MOE_SH=0: declined).
+            let batched = q8
+                && n > ts_cuda::GEMV_MAX_TOKENS
+                && g.fused()
+                && g.tensor_cores()
+                && ff % 128 == 0
+                && std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0");
+            let want_fast = (fast && g.fused() && n <= ts_cuda::GEMV_MAX_TOKENS) || batched;
             eprintln!("  {lab}: fused path {}", if ran { "taken" } else { "declined" });
             if ran != want_fast {
                 rep.failures.push(format!("{lab}: moe_shared returned {ran}, expected {want_fast}"));
