@@ -241,6 +241,9 @@ const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
 const fn ms_smem_h(nb: usize) -> usize {
     (16 + nb * 32) * 584 * 2 + 2 * 16 * 32 * 4
 }
+/// Dynamic shared memory of `mla_prefill` / `mla_prefill_h` (kernels/mla_prefill.cu): the 64
+/// query rows of 4 row groups, one 32-key tile, the scores of 4 row groups.
+const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
 /// `mla_split_tc_h`'s default ring depth (`TS_CUDA_MS_NB` to measure 2..=4). H200, tg64 @16k:
 /// 2 tiles 402, 3 431, 4 334 tok/s (same tokens).
 const MS_NB: usize = 3;
@@ -1591,7 +1594,6 @@ impl Backend for CudaBackend {
         // (576 = 512 + 64) on the tensor cores (mla_prefill_h, mla_split_tc_h; the 16-head SIMT
         // split mla_split_18_16_h), written by norm_rope_cache_h / mla_rope_absorb_1_h /
         // cache_write_h.
-        const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
         let half = self.mla_f16
             && self.tc
             && (width, kv_lora) == (576, 512)
@@ -2026,7 +2028,7 @@ impl Backend for CudaBackend {
             _ => None,
         };
         // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes; an f16
-        // cache's kernel double-buffers its key tiles.
+        // cache's kernel streams its key tiles through a cp.async ring.
         let ms_smem = if cache.half { ms_smem_h(self.ms_nb) } else { MS_SMEM };
         let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && ms_smem <= self.smem_max;
         let use_tc = tc_ok
@@ -2039,7 +2041,6 @@ impl Backend for CudaBackend {
         // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
         // (kernels/mla_prefill.cu); other batches take the split kernel, or the
         // per-(token, head) kernel for shapes the split kernel is not built for.
-        const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
         let one_slot = batch.tokens.iter().all(|t| t.slot == batch.tokens[0].slot);
         if self.tc
             && n > GEMV_MAX_TOKENS
