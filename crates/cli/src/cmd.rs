@@ -182,8 +182,9 @@ pub struct InspectArgs {
 
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Shape preset: deepseek-v2-lite, tiny (deepseek2), llama-tiny or gemma3-tiny (the real small
-    /// models' quantisation mixes; --quant does not apply to these two).
+    /// Shape preset: deepseek-v2-lite, tiny (deepseek2); llama-tiny, gemma3-tiny, smollm2-135m or
+    /// gemma3-270m (the real small models' quantisation mixes, the last two at their real shapes;
+    /// --quant does not apply to these four).
     #[arg(long, default_value = "deepseek-v2-lite")]
     pub preset: String,
     /// Weight type of the matrices: q8_0, bf16, f16 or f32 (norms and the router stay f32).
@@ -775,7 +776,7 @@ fn synth_impl(a: &SynthArgs, quant: GgmlType) -> Result<()> {
         return Ok(());
     }
     let preset = Preset::parse(&a.preset)
-        .with_context(|| format!("--preset {}: unknown (deepseek-v2-lite, tiny, llama-tiny, gemma3-tiny)", a.preset))?;
+        .with_context(|| format!("--preset {}: unknown (deepseek-v2-lite, tiny, llama-tiny, gemma3-tiny, smollm2-135m, gemma3-270m)", a.preset))?;
     let format = if a.hf {
         SynthFormat::Hf
     } else if a.legacy {
