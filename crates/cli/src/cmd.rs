@@ -775,8 +775,9 @@ fn synth_impl(a: &SynthArgs, quant: GgmlType) -> Result<()> {
         ts_models::synth_dense::synth_dense(dense, a.seed, &a.output)?;
         return Ok(());
     }
-    let preset = Preset::parse(&a.preset)
-        .with_context(|| format!("--preset {}: unknown (deepseek-v2-lite, tiny, llama-tiny, gemma3-tiny, smollm2-135m, gemma3-270m)", a.preset))?;
+    let preset = Preset::parse(&a.preset).with_context(|| {
+        format!("--preset {}: unknown (deepseek-v2-lite, tiny, llama-tiny, gemma3-tiny, smollm2-135m, gemma3-270m)", a.preset)
+    })?;
     let format = if a.hf {
         SynthFormat::Hf
     } else if a.legacy {

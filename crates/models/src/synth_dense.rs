@@ -46,10 +46,62 @@ impl DensePreset {
     fn spec(self) -> Spec {
         use DensePreset::*;
         match self {
-            LlamaTiny => Spec { gemma: false, name: "llama tiny (random weights)", h: 576, nl: 4, nh: 9, nkv: 3, d: 64, ff: 1536, v: 4096, ctx: 8192, eps: 1e-6, window: 0 },
-            Gemma3Tiny => Spec { gemma: true, name: "gemma3 tiny (random weights)", h: 512, nl: 6, nh: 4, nkv: 1, d: 128, ff: 1536, v: 4096, ctx: 8192, eps: 1e-6, window: 64 },
-            Smollm2_135m => Spec { gemma: false, name: "SmolLM2-135M shapes (random weights)", h: 576, nl: 30, nh: 9, nkv: 3, d: 64, ff: 1536, v: 49152, ctx: 8192, eps: 1e-5, window: 0 },
-            Gemma3_270m => Spec { gemma: true, name: "Gemma 3 270M shapes (random weights)", h: 640, nl: 18, nh: 4, nkv: 1, d: 256, ff: 2048, v: 262144, ctx: 32768, eps: 1e-6, window: 512 },
+            LlamaTiny => Spec {
+                gemma: false,
+                name: "llama tiny (random weights)",
+                h: 576,
+                nl: 4,
+                nh: 9,
+                nkv: 3,
+                d: 64,
+                ff: 1536,
+                v: 4096,
+                ctx: 8192,
+                eps: 1e-6,
+                window: 0,
+            },
+            Gemma3Tiny => Spec {
+                gemma: true,
+                name: "gemma3 tiny (random weights)",
+                h: 512,
+                nl: 6,
+                nh: 4,
+                nkv: 1,
+                d: 128,
+                ff: 1536,
+                v: 4096,
+                ctx: 8192,
+                eps: 1e-6,
+                window: 64,
+            },
+            Smollm2_135m => Spec {
+                gemma: false,
+                name: "SmolLM2-135M shapes (random weights)",
+                h: 576,
+                nl: 30,
+                nh: 9,
+                nkv: 3,
+                d: 64,
+                ff: 1536,
+                v: 49152,
+                ctx: 8192,
+                eps: 1e-5,
+                window: 0,
+            },
+            Gemma3_270m => Spec {
+                gemma: true,
+                name: "Gemma 3 270M shapes (random weights)",
+                h: 640,
+                nl: 18,
+                nh: 4,
+                nkv: 1,
+                d: 256,
+                ff: 2048,
+                v: 262144,
+                ctx: 32768,
+                eps: 1e-6,
+                window: 512,
+            },
         }
     }
 
@@ -143,11 +195,8 @@ pub fn synth_dense(preset: DensePreset, seed: u64, out: &Path) -> Result<()> {
     plan.push(("output_norm.weight".into(), vec![h], GgmlType::F32, true));
     let mut w = GgufWriter::create(out).map_err(|e| err(e.to_string()))?;
     let s = |x: &str| Value::String(x.into());
-    let mut kv: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), s(arch)),
-        ("general.name".into(), s(model_name)),
-        ("tokenizer.ggml.model".into(), s("none")),
-    ];
+    let mut kv: Vec<(String, Value)> =
+        vec![("general.architecture".into(), s(arch)), ("general.name".into(), s(model_name)), ("tokenizer.ggml.model".into(), s("none"))];
     let u = |x: usize| Value::U32(x as u32);
     for (k, val) in [
         ("block_count", u(nl)),
