@@ -1,4 +1,4 @@
-//! CI check that needs no GPU: every kernel compiles for sm_90 with NVRTC.
+//! CI check that needs no GPU: every kernel compiles with NVRTC for sm_90 (and for sm_75, without the sm_80 paths).
 //!
 //! Needs `libnvrtc.so.13` on the loader path (the PyPI wheel `nvidia-cuda-nvrtc==13.0.88` puts it
 //! at `<site-packages>/nvidia/cu13/lib`); without it the test prints a loud SKIP and passes.
@@ -54,5 +54,19 @@ fn trace_build_compiles_for_sm_90() {
         if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &[opt]) {
             panic!("{opt}: {log}");
         }
+    }
+}
+
+/// The kernels compile for a GPU without the sm_80 paths (sm_75, a T4: no cp.async, ldmatrix or
+/// int8/f16 mma.sync; the backend then keeps the tensor-core kernels off): the helpers every
+/// kernel uses must live outside the `__CUDA_ARCH__ >= 800` blocks.
+#[test]
+fn kernels_compile_for_sm_75() {
+    if !ts_cuda::kernels::nvrtc_available() {
+        eprintln!("\n*** SKIP: libnvrtc could not be loaded; the sm_75 build was NOT compiled ***\n");
+        return;
+    }
+    if let Err(log) = ts_cuda::kernels::compile_cubin("sm_75") {
+        panic!("sm_75: {log}");
     }
 }
