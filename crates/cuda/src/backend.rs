@@ -247,6 +247,11 @@ const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
 /// `mla_split_tc_h`'s default ring depth (`TS_CUDA_MS_NB` to measure 2..=4). H200, tg64 @16k:
 /// 2 tiles 402, 3 431, 4 334 tok/s (same tokens).
 const MS_NB: usize = 3;
+/// Whether the one-warp-per-token routing (`moe_route_warp`, and the fused decode MoE built on it)
+/// covers this routing: at most 256 experts, top 32, and no expert-group limit that binds.
+fn warp_route(p: &MoeParams) -> bool {
+    p.n_experts <= 256 && p.k <= 32 && (p.n_group == 1 || p.topk_group >= p.n_group)
+}
 /// A grouped `mmq_q8` product's expert lists (`moe_group`'s `cnt`, `off`, `perm` over `n_exp`
 /// experts) and, for experts from `e_sh` on, a shared FFN's chunks: `sh` = (matrix, row bytes,
 /// bytes between chunks, e_sh).
@@ -2199,7 +2204,7 @@ impl Backend for CudaBackend {
         let Some(g) = self.scratch(S::G, 4 * pairs * ff) else { return };
         let Some(u) = self.scratch(S::U, 4 * pairs * ff) else { return };
         let Some(y) = self.scratch(S::Y, 4 * pairs * hdim) else { return };
-        let warp_route = ne <= 256 && k <= 32 && (p.n_group == 1 || p.topk_group >= p.n_group);
+        let warp_route = warp_route(p);
         let fast = n <= GEMV_MAX_TOKENS
             && !self.exact
             && [experts.gate.dtype, experts.up.dtype, experts.down.dtype].iter().all(|&t| t == GgmlType::Q8_0)
@@ -2741,16 +2746,10 @@ impl Backend for CudaBackend {
             let Some(g) = self.scratch(S::G, 4 * pairs * ff) else { return true };
             let Some(u) = self.scratch(S::U, 4 * pairs * ff) else { return true };
             let Some(y) = self.scratch(S::Y, 4 * pairs * hdim) else { return true };
-            let warp_route = ne <= 256 && k <= 32 && (p.n_group == 1 || p.topk_group >= p.n_group);
-            self.moe_mmq(x, xr, logits, lr, &experts, Some(&shared), p, warp_route, (sel_e, sel_w, g, u, y), out, o);
+            self.moe_mmq(x, xr, logits, lr, &experts, Some(&shared), p, warp_route(p), (sel_e, sel_w, g, u, y), out, o);
             return true;
         }
-        let ok = self.fused
-            && (1..=GEMV_MAX_TOKENS).contains(&n)
-            && (q8 || h16)
-            && shapes
-            && ne <= 256
-            && (p.n_group == 1 || p.topk_group >= p.n_group);
+        let ok = self.fused && (1..=GEMV_MAX_TOKENS).contains(&n) && (q8 || h16) && shapes && warp_route(p);
         if !ok {
             return false;
         }
