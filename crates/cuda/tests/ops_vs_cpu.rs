@@ -813,9 +813,7 @@ fn mla_f16_latent_cache() {
     let freqs: Vec<f32> = (0..rd / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / rd as f32)).collect();
     let grope = g.upload_rope(&RopeSpec { mode: RopeMode::Normal, dim: rd, freqs, mscale: 1.0 }).unwrap();
     let gw = norm_weight(g, &randn(&mut r, kl, 1.0));
-    let wshape = [nope, kl, heads];
-    let (wb, _) = weight(&mut r, GgmlType::Q8_0, &wshape, 0.5);
-    let wk = g.upload_weight(&td("w_uk", GgmlType::Q8_0, &wshape, &wb), WeightUse::Matmul).unwrap();
+    let wk = absorb_weight(g, &mut r, nope, kl, heads);
     let prior: Vec<TokenMeta> =
         (0..slots as u32).flat_map(|sl| (0..slot_len).map(move |p| TokenMeta { token: 0, pos: p, slot: sl })).collect();
     for &n in &[1usize, 3] {
@@ -1072,6 +1070,14 @@ fn bench_matmul() {
 // Each is checked against the CPU backend (whose defaults are the plain op chains) and against
 // the same chain of plain ops on the GPU. With TS_CUDA_FUSED=0 the same tests check the fallbacks.
 
+/// The absorbed query product's weight of an MLA test (W_uk: `heads` matrices of `nope` x `kl`,
+/// Q8_0), uploaded for a matmul.
+fn absorb_weight(g: &CudaBackend, r: &mut StdRng, nope: usize, kl: usize, heads: usize) -> CudaWeight {
+    let wshape = [nope, kl, heads];
+    let (wb, _) = weight(r, GgmlType::Q8_0, &wshape, 0.5);
+    g.upload_weight(&td("w_uk", GgmlType::Q8_0, &wshape, &wb), WeightUse::Matmul).unwrap()
+}
+
 fn norm_weight<B: Backend>(b: &B, v: &[f32]) -> B::Weight {
     let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
     let shape = [v.len()];
@@ -1321,9 +1327,7 @@ fn fused_mla_rope_absorb() {
         let spec = RopeSpec { mode: RopeMode::Normal, dim: rd, freqs, mscale: 1.0 };
         let grope = g.upload_rope(&spec).unwrap();
         let gw = norm_weight(g, &randn(&mut r, nw, 1.0));
-        let wshape = [nope, kl, heads];
-        let (wb, _) = weight(&mut r, GgmlType::Q8_0, &wshape, 0.5);
-        let wk = g.upload_weight(&td("w_uk", GgmlType::Q8_0, &wshape, &wb), WeightUse::Matmul).unwrap();
+        let wk = absorb_weight(g, &mut r, nope, kl, heads);
         for &n in &[1usize, 3] {
             let meta = BatchMeta { tokens: seq_meta(n, r.random_range(0..slot_len - n as u32), 1, 100, &mut r), outputs: vec![], slot_len };
             let gb = batch(g, &meta);
