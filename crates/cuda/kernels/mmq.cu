@@ -110,6 +110,8 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 //     expert e is pair p = perm[off[e] + j], activation row p / in_div, output row p. Experts
 //     e >= e_sh are chunks of a shared FFN's matrix: chunk e - e_sh at Ws + (e - e_sh)*ws_stride,
 //     rows ws_row_bytes apart (gate/up: ff-row blocks; down: ff-column blocks of every row).
+//   W2 (grouped only, else null): two products of one input in one launch (the MoE's gate and
+//     up): blocks x >= gridDim.x / 2 take W2, Ws2 and out2 for W, Ws and out.
 // Fragments come from shared memory with ldmatrix (an 8x8 b16 matrix is 8 rows of 16 int8, the
 // m16n8k32 fragment layout), the scales once per stage as 4 packed f16 per row; NST stages
 // in flight (cp.async). Warps: WR along the rows x WC along the tokens, each MI m16 tiles x NI n8
@@ -123,8 +125,16 @@ template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride,
-                                         const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh) {
+                                         const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2,
+                                         const u8* Ws2, float* out2) {
 #if __CUDA_ARCH__ >= 800
+    int bx = blockIdx.x;
+    if (W2 && bx >= (int)(gridDim.x >> 1)) {
+        bx -= gridDim.x >> 1;
+        W = W2;
+        Ws = Ws2;
+        out = out2;
+    }
     constexpr int BN = WC * NI * 8;
     constexpr int ROWS = MMQ_BM + BN;
     constexpr int RS = GPS == 1 ? MMQ_GB : GPS * MMQ_GB + 16;  // shared row stride, bytes
@@ -205,7 +215,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         dst_row[tid] = d;
     }
     __syncthreads();
-    const int m0 = blockIdx.x * MMQ_BM;
+    const int m0 = bx * MMQ_BM;
     const bool sh = cnt && e >= e_sh;
     const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
     const i64 rb = sh ? ws_row_bytes : row_bytes;
@@ -334,10 +344,12 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
-             i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh) { \
+             i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
+             const u8* W2, const u8* Ws2, float* out2) {                                                        \
         PDL_ENTRY();                                                                                            \
         mmq_impl<WR, WC, MI, NI, GPS, NST, SKIP>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
-                                 out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh);   \
+                                 out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh,    \
+                                 W2, Ws2, out2);                                                                 \
     }
 // 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, 3 stages, 3 blocks per SM (at 4
 // they spill). 64 x 16 tiles (4 x 1 warps of 16 x 16): two groups per stage, double-buffered,

@@ -254,7 +254,8 @@ fn warp_route(p: &MoeParams) -> bool {
 }
 /// A grouped `mmq_q8` product's expert lists (`moe_group`'s `cnt`, `off`, `perm` over `n_exp`
 /// experts) and, for experts from `e_sh` on, a shared FFN's chunks: `sh` = (matrix, row bytes,
-/// bytes between chunks, e_sh).
+/// bytes between chunks, e_sh). `pair` = (experts, shared matrix or 0, output): a second
+/// product of the same shapes and input in the same launch (the upper half of `grid.0`).
 #[derive(Clone, Copy)]
 struct MmqGroups {
     cnt: u64,
@@ -262,9 +263,10 @@ struct MmqGroups {
     perm: u64,
     n_exp: usize,
     sh: Option<(u64, usize, usize, usize)>,
+    pair: Option<(u64, u64, u64)>,
 }
 impl MmqGroups {
-    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None };
+    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None };
 }
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
@@ -617,6 +619,12 @@ pub struct CudaBackend {
     /// Batched MoE with the shared FFN folded into the grouped expert products (`moe_shared`
     /// above the decode size); `TS_CUDA_MOE_SH=0` leaves it to the caller's chain, to compare.
     moe_sh: bool,
+    /// The grouped MoE's gate and up products in one launch (`mmq_q8`'s `W2`);
+    /// `TS_CUDA_MOE_GU=0`: two launches, to compare.
+    moe_gu: bool,
+    /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
+    /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
+    mmq_bn16: usize,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -790,6 +798,8 @@ impl CudaBackend {
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             ms_nb,
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
+            moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
+            mmq_bn16: std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -1164,7 +1174,7 @@ impl CudaBackend {
             self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, xr.n, k, 0, xq);
             // Too few tiles to fill the device (small matrices, decode-size batches): split K
             // over blocks (at least 2 groups each) into partial outputs, then sum them in order.
-            let bn = if ng <= 16 { 16 } else { 64 };
+            let bn = if ng <= self.mmq_bn16 { 16 } else { 64 };
             let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
             // The partial outputs fit the part scratch's fixed size, so that it never grows after
             // the warm-up at open (the decode step there allocates it, see the MLA decode).
@@ -1308,8 +1318,9 @@ impl CudaBackend {
         (nsplit, split_stride): (usize, usize),
         bn: usize,
     ) {
-        let MmqGroups { cnt, off, perm, n_exp: ne, sh } = experts.unwrap_or(MmqGroups::NONE);
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
+        let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         let (name, smem) = match (bn, self.mmq16) {
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
@@ -1343,6 +1354,9 @@ impl CudaBackend {
                 l(sh_row_bytes),
                 l(sh_stride),
                 i(e_sh),
+                A::P(w2),
+                A::P(sh2),
+                A::P(out2),
             ],
         );
     }
@@ -1395,13 +1409,25 @@ impl CudaBackend {
         // The shared chunks: gate/up chunk c is rows c*ff.. of the shared matrix; down chunk c
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
-            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh: sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne)) })
+            let sh = sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne));
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None })
         };
         let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
         let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
         let sd = shared.map(|s| (s.down, ff / 128 * 144));
-        self.mmq_launch(experts.gate, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
-        self.mmq_launch(experts.up, ff, hg, xq, (ff.div_ceil(64) as u32, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);
+        let (gate, up) = (experts.gate, experts.up);
+        let gx = ff.div_ceil(64) as u32;
+        // Gate and up in one launch where their layouts agree (TS_CUDA_MOE_GU=0: two).
+        if self.moe_gu && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
+            let gr = groups(sg).map(|mut m| {
+                m.pair = Some((up.mem.ptr, su.map_or(0, |(s, _)| s.mem.ptr), u));
+                m
+            });
+            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
+        } else {
+            self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
+            self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);
+        }
         let act = match p.glu {
             Glu::SwiGlu => 1,
             Glu::GeGluTanh => 2,
