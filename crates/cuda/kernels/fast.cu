@@ -404,9 +404,13 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
 // and the weighted latent sum (KL32 values per lane per head). Writes per (token, split, head) the
 // running max, sum and unnormalised output; mla_combine merges the splits.
 #define MLA_T 8
+// With `out` (one split, gridDim.x == 1) the block writes the normalised output there instead
+// (token t, head h at out + ooff + t*o_tok + h*o_head): acc * (1 / l), the bits mla_combine
+// gives for one split, one launch fewer.
 template <int W32, int KL32, int NTHR, typename C>
 __device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
-                               const int* pos, const int* slot, int slot_len, int nh, float scale, float* part) {
+                               const int* pos, const int* slot, int slot_len, int nh, float scale, float* part,
+                               float* out, i64 ooff, i64 o_tok, i64 o_head) {
     constexpr int W = W32 * 32, KL = KL32 * 32, TF4 = MLA_T * W / 4, PF = (TF4 + NTHR - 1) / NTHR;
     __shared__ __align__(16) float tile[2][MLA_T * W];
     const int t = blockIdx.y, sp = blockIdx.x, nsp = gridDim.x;
@@ -506,6 +510,13 @@ __device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, 
     }
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
+        if (out) {
+            const float inv = 1.0f / l[hh];
+            float* o = out + ooff + t * o_tok + (h0 + hh) * o_head;
+#pragma unroll
+            for (int i = 0; i < KL32; i++) o[lane + 32 * i] = acc[hh][i] * inv;
+            continue;
+        }
         float* o = part + (((i64)t * nsp + sp) * nh + h0 + hh) * stride;
         if (lane == 0) { o[0] = m[hh]; o[1] = l[hh]; }
 #pragma unroll
@@ -516,9 +527,11 @@ __device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, 
 #define MLA_SPLIT_INST(NAME, W32, KL32, NTHR, C)                                                            \
     extern "C" __global__ void __launch_bounds__(NTHR) NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head,     \
                                                             const C* cache, const int* pos, const int* slot,      \
-                                                            int slot_len, int nh, float scale, float* part) {     \
+                                                            int slot_len, int nh, float scale, float* part,       \
+                                                            float* out, i64 ooff, i64 o_tok, i64 o_head) {        \
         PDL_ENTRY();                                                                                           \
-        mla_split_impl<W32, KL32, NTHR, C>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part); \
+        mla_split_impl<W32, KL32, NTHR, C>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part, \
+                                           out, ooff, o_tok, o_head);                                          \
     }
 MLA_SPLIT_INST(mla_split_18_16, 18, 16, 256, float)
 MLA_SPLIT_INST(mla_split_18_16_h, 18, 16, 256, u16)

@@ -604,6 +604,9 @@ pub struct CudaBackend {
     /// `TS_CUDA_MLA_SPLITS=n`: the split MLA decode cuts a token's context into n runs (1..=256)
     /// instead of 2 per SM over the batch's tokens; to measure.
     mla_splits: usize,
+    /// Fewest keys a split of a batched SIMT MLA decode takes ([`CudaBackend::batch_mla_splits`]),
+    /// 0 = no limit (one wave of splits, as before); `TS_CUDA_MLA_KEYS`, default 256.
+    mla_keys: usize,
     /// MLA latent caches in f16 where the kernels allow (`alloc_latent_cache`);
     /// `TS_CUDA_MLA_F16=0` keeps them f32, to compare.
     mla_f16: bool,
@@ -795,6 +798,7 @@ impl CudaBackend {
             pdl: major >= 9 && std::env::var("TS_CUDA_PDL").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            mla_keys: std::env::var("TS_CUDA_MLA_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(256),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             ms_nb,
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
@@ -1417,8 +1421,10 @@ impl CudaBackend {
         let sd = shared.map(|s| (s.down, ff / 128 * 144));
         let (gate, up) = (experts.gate, experts.up);
         let gx = ff.div_ceil(64) as u32;
-        // Gate and up in one launch where their layouts agree (TS_CUDA_MOE_GU=0: two).
-        if self.moe_gu && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
+        // Gate and up in one launch where their layouts agree, for decode-size batches (16-token
+        // tiles; TS_CUDA_MOE_GU=0: two). Measured on the H200: 64 sequences 6,069 vs 6,009 tok/s;
+        // prompts (64-token tiles) lost 2% (pp512 15,014 vs 15,347), so they keep two launches.
+        if self.moe_gu && bn == 16 && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
             let gr = groups(sg).map(|mut m| {
                 m.pair = Some((up.mem.ptr, su.map_or(0, |(s, _)| s.mem.ptr), u));
                 m
@@ -2119,7 +2125,14 @@ impl Backend for CudaBackend {
             // (TS_CUDA_MLA_SPLITS to measure). The tensor-core kernel on one long-context token
             // (16 heads: one row group): one wave, tg64 at 16k 410 vs 382 with 2 per SM.
             let simt16 = kname.starts_with("mla_split_18_16");
-            let auto = if (simt16 && n > 1) || (use_tc && n * nh == 16) { self.sm_count } else { 2 * self.sm_count } / n;
+            // Batches on the SIMT kernel: also no more splits than runs of `mla_keys` keys in the
+            // longest context (64 sequences of short contexts: one split each, written without
+            // the merge, 6,171 vs 6,069 tok/s with 2; docs/PERF.md).
+            let auto = if simt16 && n > 1 {
+                self.batch_mla_splits(n, batch.tokens.iter().map(|t| t.pos))
+            } else {
+                if use_tc && n * nh == 16 { self.sm_count } else { 2 * self.sm_count } / n
+            };
             let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
             let per_tok = 4 * nsp * nh * (kl + 2);
             let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
@@ -2128,27 +2141,32 @@ impl Backend for CudaBackend {
             for t0 in (0..n).step_by(chunk) {
                 let nc = chunk.min(n - t0);
                 let (pos, slot) = (batch.pos_ptr() + 4 * t0 as u64, batch.slot_ptr() + 4 * t0 as u64);
-                // The tensor-core kernel takes a block per 16-head row group of a token.
+                // The tensor-core kernel takes a block per 16-head row group of a token. The SIMT
+                // kernels with one split write the output themselves (no merge to do).
                 let (gy, smem) = if use_tc { (nc * nh / 16, ms_smem) } else { (nc, 0) };
-                self.launch(
-                    kname,
-                    (nsp as u32, gy as u32, 1),
-                    threads,
-                    smem as u32,
-                    &[
-                        A::P(q.0.ptr),
-                        l(qr.off + t0 * nh * qr.stride),
-                        l(nh * qr.stride),
-                        l(qr.stride),
-                        A::P(cache.mem.ptr),
-                        A::P(pos),
-                        A::P(slot),
-                        A::I(batch.slot_len as i32),
-                        i(nh),
-                        A::F(p.scale),
-                        A::P(part),
-                    ],
-                );
+                let direct = !use_tc && nsp == 1;
+                let ooff = o.off + t0 * nh * o.stride;
+                let args = [
+                    A::P(q.0.ptr),
+                    l(qr.off + t0 * nh * qr.stride),
+                    l(nh * qr.stride),
+                    l(qr.stride),
+                    A::P(cache.mem.ptr),
+                    A::P(pos),
+                    A::P(slot),
+                    A::I(batch.slot_len as i32),
+                    i(nh),
+                    A::F(p.scale),
+                    A::P(part),
+                    A::P(if direct { out.0.ptr } else { 0 }),
+                    l(ooff),
+                    l(nh * o.stride),
+                    l(o.stride),
+                ];
+                self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &args[..if use_tc { 11 } else { 15 }]);
+                if direct {
+                    continue;
+                }
                 self.launch(
                     "mla_combine",
                     ((nc * nh) as u32, kl.div_ceil(64) as u32, 1),
@@ -2161,7 +2179,7 @@ impl Backend for CudaBackend {
                         i(kl),
                         A::P(pos),
                         A::P(out.0.ptr),
-                        l(o.off + t0 * nh * o.stride),
+                        l(ooff),
                         l(nh * o.stride),
                         l(o.stride),
                     ],
@@ -2390,7 +2408,10 @@ impl Backend for CudaBackend {
 
     /// Whether the batch counts as long-context for the MLA decode (`TS_CUDA_MLA_LONG`).
     fn graph_class(&self, batch: &BatchMeta) -> u64 {
-        self.long_context(batch.tokens.iter().map(|t| t.pos)) as u64
+        let pos = || batch.tokens.iter().map(|t| t.pos);
+        let n = batch.tokens.len();
+        let splits = if n > 1 { self.batch_mla_splits(n, pos()) as u64 } else { 0 };
+        self.long_context(pos()) as u64 | splits << 1
     }
 
     /// CUDA graphs for steps of up to [`GRAPH_MAX_TOKENS`] tokens (decode, batched decode): a key runs eagerly the
@@ -2867,6 +2888,17 @@ impl Backend for CudaBackend {
 impl CudaBackend {
     /// Whether a batch with these positions counts as long-context (`mla_long`): the one choice
     /// of kernel the step's graph key gets from [`Backend::graph_class`].
+    /// Splits a token of a batch of `n` (> 1) gets on the 16-head SIMT MLA decode: one wave
+    /// (`sm_count / n`, the kernel holds an SM alone), and no more than the runs of
+    /// [`CudaBackend::mla_keys`] keys in the longest context; part of the step's graph key.
+    fn batch_mla_splits(&self, n: usize, pos: impl Iterator<Item = u32>) -> usize {
+        let wave = (self.sm_count / n).max(1);
+        match (self.mla_keys, pos.max()) {
+            (0, _) | (_, None) => wave,
+            (k, Some(p)) => wave.min((p as usize + 1).div_ceil(k)),
+        }
+    }
+
     fn long_context(&self, pos: impl Iterator<Item = u32>) -> bool {
         self.mla_long > 0 && pos.max().is_some_and(|p| p >= self.mla_long)
     }
