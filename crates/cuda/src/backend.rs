@@ -2131,7 +2131,7 @@ impl Backend for CudaBackend {
             let auto = if simt16 && n > 1 {
                 self.batch_mla_splits(n, batch.tokens.iter().map(|t| t.pos))
             } else {
-                if use_tc && n * nh == 16 { self.sm_count } else { 2 * self.sm_count } / n
+                (if use_tc && n * nh == 16 { self.sm_count } else { 2 * self.sm_count }) / n
             };
             let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
             let per_tok = 4 * nsp * nh * (kl + 2);
@@ -2172,17 +2172,7 @@ impl Backend for CudaBackend {
                     ((nc * nh) as u32, kl.div_ceil(64) as u32, 1),
                     32 * nsp.min(8) as u32, // a warp per split, up to 8 (MC_WARPS); float2 rows: kl (512, 128) is even
                     0,
-                    &[
-                        A::P(part),
-                        i(nsp),
-                        i(nh),
-                        i(kl),
-                        A::P(pos),
-                        A::P(out.0.ptr),
-                        l(ooff),
-                        l(nh * o.stride),
-                        l(o.stride),
-                    ],
+                    &[A::P(part), i(nsp), i(nh), i(kl), A::P(pos), A::P(out.0.ptr), l(ooff), l(nh * o.stride), l(o.stride)],
                 );
             }
             return;
