@@ -2876,8 +2876,6 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
-    /// Whether a batch with these positions counts as long-context (`mla_long`): the one choice
-    /// of kernel the step's graph key gets from [`Backend::graph_class`].
     /// Splits a token of a batch of `n` (> 1) gets on the 16-head SIMT MLA decode: one wave
     /// (`sm_count / n`, the kernel holds an SM alone), and no more than the runs of
     /// [`CudaBackend::mla_keys`] keys in the longest context; part of the step's graph key.
@@ -2889,6 +2887,8 @@ impl CudaBackend {
         }
     }
 
+    /// Whether a batch with these positions counts as long-context (`mla_long`), part of the
+    /// step's graph key ([`Backend::graph_class`]).
     fn long_context(&self, pos: impl Iterator<Item = u32>) -> bool {
         self.mla_long > 0 && pos.max().is_some_and(|p| p >= self.mla_long)
     }
