@@ -253,6 +253,14 @@ fn gemm_with(
     assert!(wdata.len() >= m * wrb, "gemm: weights are {} bytes, need {}", wdata.len(), m * wrb);
     assert!(acts.len() >= n * arb, "gemm: activations are {} bytes, need {}", acts.len(), n * arb);
     assert!(out_stride >= m && out.len() >= (n - 1) * out_stride + m, "gemm: output too small for n = {n}, stride {out_stride}, m = {m}");
+    // Fewer rows than the tiled kernel takes, for the types that have it: the tiled kernel's
+    // per-row arithmetic without its unpacking (a row gives the same bits in any batch).
+    #[cfg(target_arch = "x86_64")]
+    if path == Path::Avx2 && n < TILED_MIN_ROWS && avx2::invariant_supported(w) {
+        // SAFETY: Avx2 only after detection; sizes checked above and inside.
+        unsafe { avx2::gemm_invariant(w, wdata, m, k, acts, n, out, out_stride) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if path == Path::Avx2 && n >= TILED_MIN_ROWS && avx2::tiled_supported(w) {
         let (nb, ng, at) = (k / 32, n.div_ceil(4), act_type(w));
@@ -1859,6 +1867,101 @@ mod avx2 {
         o
     }
 
+    /// Weight types whose products of fewer than four activation rows [`gemm_invariant`] computes
+    /// with [`gemm_tiled`]'s per-row arithmetic (the others keep their own kernels there).
+    pub fn invariant_supported(w: GgmlType) -> bool {
+        matches!(w, GgmlType::Q4_1 | GgmlType::Q8_0)
+    }
+
+    /// One activation row (`a`: raw quantised blocks, [`act_type`]) against four weight rows,
+    /// nb blocks: lanes [e0, o0, e2, o2 | e1, o1, e3, o3], e_t + o_t being weight row t's dot.
+    ///
+    /// The same arithmetic as [`tile_kernel`] gives the pair (weight row, activation row): per
+    /// block, the exact integer sums over the elements {0-3, 8-11, 16-19, 24-27} (e) and the
+    /// others (o) (there the lanes 2r and 2r + 1 of the chunk-broadcast `maddubs`; here a whole
+    /// row's `maddubs` + `madd` and two lane folds: integers, so the grouping does not matter),
+    /// then per lane one `fma(d_w·d_a, sum, acc)` and, for Q4_1, `fma(m, S, acc)` with S = the
+    /// Q8_1 block's s on the e lane and 0 on the o lane, blocks in order. So a row's result is the
+    /// same bits alone (1-3 rows) as among four or more (the tiled kernel): the server's batch
+    /// invariance without padding.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn invariant_x4(w: GgmlType, rows: [*const u8; 4], a: *const u8, nb: usize) -> __m256 {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_ps();
+        let q41 = w == GgmlType::Q4_1;
+        let (wbs, abs) = if q41 { (20, 36) } else { (34, 34) };
+        let u32_at = |p: *const u8| (p as *const i32).read_unaligned();
+        for b in 0..nb {
+            let ab = a.add(b * abs);
+            // The activation block's f16 d (and Q8_1's s) as f32, [d, s] repeated.
+            let ds = _mm256_cvtph_ps(_mm_set1_epi32(u32_at(ab)));
+            let y = ld256(ab.add(if q41 { 4 } else { 2 }));
+            let wb: [*const u8; 4] = std::array::from_fn(|t| rows[t].add(b * wbs));
+            // Per weight row: 8 i32 lanes, lane L = the products of elements 4L..4L+3; folded to
+            // [L0+L4, L1+L5, L2+L6, L3+L7].
+            let h: [__m128i; 4] = std::array::from_fn(|t| {
+                let v = if q41 {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(wb[t].add(4)), y), ones)
+                } else {
+                    let q = ld256(wb[t].add(2));
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q)), ones)
+                };
+                _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
+            });
+            let x = _mm256_set_m128i(h[1], h[0]);
+            let z = _mm256_set_m128i(h[3], h[2]);
+            // [e, o, e, o] per 128-bit half, then rows (0, 2 | 1, 3) side by side.
+            let x = _mm256_add_epi32(x, _mm256_shuffle_epi32::<0b01_00_11_10>(x));
+            let z = _mm256_add_epi32(z, _mm256_shuffle_epi32::<0b01_00_11_10>(z));
+            let p = _mm256_unpacklo_epi64(x, z);
+            // The weight rows' f16 d (and Q4_1's m) in the lane order of p: [d0 m0 d2 m2 d1 m1 d3 m3]
+            // (Q8_0: the u16 after d is a quant byte pair, its value unused).
+            let dm = _mm256_cvtph_ps(_mm_setr_epi32(u32_at(wb[0]), u32_at(wb[2]), u32_at(wb[1]), u32_at(wb[3])));
+            let dw = _mm256_moveldup_ps(dm);
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_moveldup_ps(ds)), _mm256_cvtepi32_ps(p), acc);
+            if q41 {
+                let sa = _mm256_blend_ps::<0b1010_1010>(_mm256_movehdup_ps(ds), _mm256_setzero_ps());
+                acc = _mm256_fmadd_ps(_mm256_movehdup_ps(dm), sa, acc);
+            }
+        }
+        acc
+    }
+
+    /// Weight rows 0..m of `w` ([`invariant_supported`]) against `n` activation rows (raw
+    /// quantised rows, [`act_type`]), out[r·out_stride + i]: each pair with the arithmetic
+    /// [`gemm_tiled`] gives it, bit for bit ([`invariant_x4`]). Four weight rows a call, a
+    /// quarter of the matrix apart (four long streams for the prefetchers, as the n = 1 kernels).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gemm_invariant(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize) {
+        let wrb = w.row_bytes(k).expect("whole blocks");
+        let arb = act_type(w).row_bytes(k).expect("whole blocks");
+        let nb = k / 32;
+        assert!(invariant_supported(w) && wdata.len() >= m * wrb && acts.len() >= n * arb);
+        let mut call = |rows: [usize; 4], cnt: usize| {
+            let ptrs = rows.map(|i| wdata[i * wrb..(i + 1) * wrb].as_ptr());
+            for r in 0..n {
+                let v: [f32; 8] = std::mem::transmute(invariant_x4(w, ptrs, acts[r * arb..(r + 1) * arb].as_ptr(), nb));
+                // Weight row t's two lanes added, as pair_sums does.
+                let dots = [v[0] + v[1], v[4] + v[5], v[2] + v[3], v[6] + v[7]];
+                for t in 0..cnt {
+                    out[r * out_stride + rows[t]] = dots[t];
+                }
+            }
+        };
+        let q = m / 4;
+        for i in 0..q {
+            call([i, i + q, i + 2 * q, i + 3 * q], 4);
+        }
+        // A tail of 1-3 rows repeats its last row.
+        let mut i = 4 * q;
+        while i < m {
+            call(std::array::from_fn(|t| (i + t).min(m - 1)), (m - i).min(4));
+            i += 4;
+        }
+    }
+
     /// The tiled prompt GEMM over weight rows 0..m and activation rows 0..n (see
     /// [`super::gemm`] for the layout), given the activation rows packed by [`act_pack`] per
     /// group of four (group g at word g·nb·ACT_WORDS of `packed`) and `tile` scratch of at least
@@ -2135,6 +2238,61 @@ mod tests {
                             let idx = j * stride + i;
                             if idx < out.len() {
                                 assert!(out[idx].is_nan(), "{} gemm wrote outside the tile at {idx}", w.name());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Batch invariance: for the types with [`avx2::gemm_invariant`], a row's result from 1-3
+    /// activation rows equals, bit for bit, the same row's among 4-9 rows (the tiled kernel),
+    /// wherever it sits; Q8_0 with ±127 and −128 weight quants, every row's length a tail case.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn quant_dot_small_batches_match_the_tiled_kernel_bit_for_bit() {
+        if !simd_available() {
+            return;
+        }
+        let mut rng = Rng(23);
+        for w in [Q4_1, Q8_0] {
+            for &(m, k) in &[(1usize, 32usize), (3, 64), (4, 96), (7, 576), (13, 1536), (64, 576)] {
+                let mut wdata = quantize_rows(w, &random_vals(&mut rng, m * k, true));
+                let wrb = w.row_bytes(k).unwrap();
+                if w == Q8_0 && m > 3 {
+                    for blk in wdata[2 * wrb..3 * wrb].chunks_exact_mut(34) {
+                        blk[2..].iter_mut().enumerate().for_each(|(t, q)| *q = if t % 3 == 0 { 127 } else { 0x80 });
+                    }
+                }
+                let arb = act_type(w).row_bytes(k).unwrap();
+                let big = 9;
+                let mut x = random_vals(&mut rng, big * k, true);
+                for (t, v) in x[k..2 * k].iter_mut().enumerate() {
+                    *v = if t % 3 == 0 { -1.0 } else { 1.0 };
+                }
+                let mut acts = vec![0u8; big * arb];
+                for j in 0..big {
+                    quantize_act(w, &x[j * k..(j + 1) * k], &mut acts[j * arb..(j + 1) * arb]);
+                }
+                for nbig in 4..=big {
+                    let mut all = vec![f32::NAN; nbig * m];
+                    gemm(w, &wdata, m, k, &acts, nbig, &mut all, m);
+                    for n in 1..=3usize {
+                        for j0 in 0..=nbig - n {
+                            let mut few = vec![f32::NAN; n * m];
+                            gemm(w, &wdata, m, k, &acts[j0 * arb..(j0 + n) * arb], n, &mut few, m);
+                            for r in 0..n {
+                                for i in 0..m {
+                                    let (a, b) = (few[r * m + i], all[(j0 + r) * m + i]);
+                                    assert_eq!(
+                                        a.to_bits(),
+                                        b.to_bits(),
+                                        "{} m={m} k={k}: row {} of {n} vs of {nbig}: {a} vs {b}",
+                                        w.name(),
+                                        j0 + r
+                                    );
+                                }
                             }
                         }
                     }
