@@ -42,6 +42,13 @@
 //! quants do not fit that scheme (see `avx2::tile_kernel`): its blocks hold |q| and q, and the
 //! kernel moves q's sign onto the activations (1.37x the 8-row kernel: 32 → 44 GMAC/s).
 //!
+//! Products of one to three activation rows with Q4_1 or Q8_0 weights (decode) take
+//! `avx2::gemm_invariant`: the tiled kernel's per-row arithmetic (per block two exact integer
+//! half-sums, the same FMA chain, the same final add) on raw weight rows, four a quarter of the
+//! matrix apart. A row then gives the same bits alone as in any batch of four or more, and decode
+//! is no slower than the earlier four-row kernel (in cache 7-10% faster). The other types keep
+//! their own n < 4 kernels (equal to the tiled results up to float rounding).
+//!
 //! Not done: a NEON path — aarch64 currently runs the scalar kernels.
 //!
 //! ## Invariants (checked with `assert!` in the public functions)
