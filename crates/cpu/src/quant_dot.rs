@@ -223,6 +223,22 @@ struct V32([u8; 32]);
 /// 7 others took different kernels and sampled texts diverged (crates/server, batch invariance).
 const TILED_MIN_ROWS: usize = 4;
 
+/// `call(rows, cnt)` over weight rows 0..m four at a time, the four a quarter of the matrix apart
+/// (each one long sequential stream that the hardware prefetchers follow; four adjacent rows were
+/// four short streams restarting every call: 2-4x slower from DRAM), then a tail of 1-3 rows
+/// padded by repeating its last row (`cnt` rows of the four are real).
+fn quarter_rows(m: usize, mut call: impl FnMut([usize; 4], usize)) {
+    let q = m / 4;
+    for i in 0..q {
+        call([i, i + q, i + 2 * q, i + 3 * q], 4);
+    }
+    let mut i = 4 * q;
+    while i < m {
+        call(std::array::from_fn(|t| (i + t).min(m - 1)), (m - i).min(4));
+        i += 4;
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize, path: Path) {
     GEMM_SCRATCH.with(|c| match c.try_borrow_mut() {
@@ -302,11 +318,8 @@ fn gemm_with(
     if path == Path::Avx2 && n == 1 {
         if let Some(kern) = avx2::x4_kernel(w) {
             let row = |i: usize| wdata[i * wrb..(i + 1) * wrb].as_ptr();
-            // The four rows of a call are a quarter of the matrix apart, so each is one long
-            // sequential stream that the hardware prefetchers follow (four adjacent rows were
-            // four short streams restarting every call: 2-4x slower from DRAM).
-            let q = m / 4;
-            let mut call = |rows: [usize; 4], cnt: usize| {
+            // The four rows of a call are a quarter of the matrix apart ([`quarter_rows`]).
+            let call = |rows: [usize; 4], cnt: usize| {
                 // SAFETY: Avx2 is only chosen after detection; every row pointer is a whole
                 // weight row (bounds checked by the slicing), acts a whole activation row and
                 // act_scales holds its pre-converted scales.
@@ -315,15 +328,7 @@ fn gemm_with(
                     out[rows[t]] = r[t];
                 }
             };
-            for i in 0..q {
-                call([i, i + q, i + 2 * q, i + 3 * q], 4);
-            }
-            // A tail of 1-3 rows repeats its last row (identical per-row arithmetic).
-            let mut i = 4 * q;
-            while i < m {
-                call(std::array::from_fn(|t| (i + t).min(m - 1)), (m - i).min(4));
-                i += 4;
-            }
+            quarter_rows(m, call);
             return;
         }
     }
@@ -1946,7 +1951,7 @@ mod avx2 {
         let arb = act_type(w).row_bytes(k).expect("whole blocks");
         let nb = k / 32;
         assert!(invariant_supported(w) && wdata.len() >= m * wrb && acts.len() >= n * arb);
-        let mut call = |rows: [usize; 4], cnt: usize| {
+        let call = |rows: [usize; 4], cnt: usize| {
             let ptrs = rows.map(|i| wdata[i * wrb..(i + 1) * wrb].as_ptr());
             for r in 0..n {
                 let v: [f32; 8] = std::mem::transmute(invariant_x4(w, ptrs, acts[r * arb..(r + 1) * arb].as_ptr(), nb));
@@ -1957,16 +1962,7 @@ mod avx2 {
                 }
             }
         };
-        let q = m / 4;
-        for i in 0..q {
-            call([i, i + q, i + 2 * q, i + 3 * q], 4);
-        }
-        // A tail of 1-3 rows repeats its last row.
-        let mut i = 4 * q;
-        while i < m {
-            call(std::array::from_fn(|t| (i + t).min(m - 1)), (m - i).min(4));
-            i += 4;
-        }
+        super::quarter_rows(m, call);
     }
 
     /// The tiled prompt GEMM over weight rows 0..m and activation rows 0..n (see
