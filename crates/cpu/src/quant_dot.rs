@@ -42,12 +42,13 @@
 //! quants do not fit that scheme (see `avx2::tile_kernel`): its blocks hold |q| and q, and the
 //! kernel moves q's sign onto the activations (1.37x the 8-row kernel: 32 → 44 GMAC/s).
 //!
-//! Products of one to three activation rows with Q4_1 or Q8_0 weights (decode) take
-//! `avx2::gemm_invariant`: the tiled kernel's per-row arithmetic (per block two exact integer
-//! half-sums, the same FMA chain, the same final add) on raw weight rows, four a quarter of the
-//! matrix apart. A row then gives the same bits alone as in any batch of four or more, and decode
-//! is no slower than the earlier four-row kernel (in cache 7-10% faster). The other types keep
-//! their own n < 4 kernels (equal to the tiled results up to float rounding).
+//! Products of one to three activation rows with Q4_0, Q5_0, Q4_1, Q5_1 or Q8_0 weights
+//! (decode) take `avx2::gemm_invariant`: the tiled kernel's per-row arithmetic (per block two
+//! exact integer half-sums, the same FMA chains, the same final add) on raw weight rows, four a
+//! quarter of the matrix apart. A row then gives the same bits alone as in any batch of four or
+//! more, and decode is no slower than the earlier four-row kernels (Q4_1 +7%, Q8_0 +9%, Q5_1
+//! +18%, Q4_0 and Q5_0 the same, in cache). The K-quants keep their own n < 4 kernels (equal to
+//! the tiled results up to float rounding).
 //!
 //! Not done: a NEON path — aarch64 currently runs the scalar kernels.
 //!
@@ -859,6 +860,11 @@ mod avx2 {
     unsafe fn f16_at(p: *const u8) -> f32 {
         let h = (p as *const u16).read_unaligned();
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    #[inline(always)]
+    unsafe fn u32_at(p: *const u8) -> i32 {
+        (p as *const i32).read_unaligned()
     }
 
     #[inline(always)]
@@ -1882,7 +1888,8 @@ mod avx2 {
     /// Weight types whose products of fewer than four activation rows [`gemm_invariant`] computes
     /// with [`gemm_tiled`]'s per-row arithmetic (the others keep their own kernels there).
     pub fn invariant_supported(w: GgmlType) -> bool {
-        matches!(w, GgmlType::Q4_1 | GgmlType::Q8_0)
+        use GgmlType::*;
+        matches!(w, Q4_0 | Q5_0 | Q4_1 | Q5_1 | Q8_0)
     }
 
     /// One activation row (`a`: raw quantised blocks, [`act_type`]) against four weight rows,
@@ -1892,49 +1899,87 @@ mod avx2 {
     /// block, the exact integer sums over the elements {0-3, 8-11, 16-19, 24-27} (e) and the
     /// others (o) (there the lanes 2r and 2r + 1 of the chunk-broadcast `maddubs`; here a whole
     /// row's `maddubs` + `madd` and two lane folds: integers, so the grouping does not matter),
-    /// then per lane one `fma(d_w·d_a, sum, acc)` and, for Q4_1, `fma(m, S, acc)` with S = the
-    /// Q8_1 block's s on the e lane and 0 on the o lane, blocks in order. So a row's result is the
-    /// same bits alone (1-3 rows) as among four or more (the tiled kernel): the server's batch
-    /// invariance without padding.
+    /// then per lane one `fma(d_w·d_a, sum, acc)` and, but for Q8_0, `fma(c, S, acc)` with
+    /// [`unpack_row`]'s offset c and [`act_pack`]'s S (Q4_1/Q5_1: c = m, S = the Q8_1 block's s
+    /// on e and 0 on o; Q4_0/Q5_0: c = −8d / −16d, S = d_a·Σy over elements 0..16 on e and
+    /// 16..32 on o), blocks in order. So a row's result is the same bits alone (1-3 rows) as among
+    /// four or more (the tiled kernel): the server's batch invariance without padding.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn invariant_x4(w: GgmlType, rows: [*const u8; 4], a: *const u8, nb: usize) -> __m256 {
+    unsafe fn invariant_x4<const W: u8>(rows: [*const u8; 4], a: *const u8, nb: usize) -> __m256 {
+        use GgmlType::*;
+        let w = match W {
+            0 => Q4_0,
+            1 => Q5_0,
+            2 => Q4_1,
+            3 => Q5_1,
+            _ => Q8_0,
+        };
         let ones = _mm256_set1_epi16(1);
+        let ones8 = _mm256_set1_epi8(1);
+        let x10 = _mm256_set1_epi8(0x10);
         let mut acc = _mm256_setzero_ps();
-        let q41 = w == GgmlType::Q4_1;
-        let (wbs, abs) = if q41 { (20, 36) } else { (34, 34) };
-        let u32_at = |p: *const u8| (p as *const i32).read_unaligned();
+        let min = matches!(w, Q4_1 | Q5_1);
+        let (wbs, abs) = match w {
+            Q4_0 => (18, 34),
+            Q5_0 => (22, 34),
+            Q4_1 => (20, 36),
+            Q5_1 => (24, 36),
+            _ => (34, 34),
+        };
+        let centre = match w {
+            Q4_0 => -8.0,
+            Q5_0 => -16.0,
+            _ => 0.0,
+        };
         for b in 0..nb {
             let ab = a.add(b * abs);
             // The activation block's f16 d (and Q8_1's s) as f32, [d, s] repeated.
             let ds = _mm256_cvtph_ps(_mm_set1_epi32(u32_at(ab)));
-            let y = ld256(ab.add(if q41 { 4 } else { 2 }));
-            let wb: [*const u8; 4] = std::array::from_fn(|t| rows[t].add(b * wbs));
+            let y = ld256(ab.add(if min { 4 } else { 2 }));
+            let wb = [rows[0].add(b * wbs), rows[1].add(b * wbs), rows[2].add(b * wbs), rows[3].add(b * wbs)];
             // Per weight row: 8 i32 lanes, lane L = the products of elements 4L..4L+3; folded to
-            // [L0+L4, L1+L5, L2+L6, L3+L7].
-            let h: [__m128i; 4] = std::array::from_fn(|t| {
-                let v = if q41 {
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(wb[t].add(4)), y), ones)
-                } else {
-                    let q = ld256(wb[t].add(2));
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q)), ones)
+            // [L0+L4, L1+L5, L2+L6, L3+L7]. (Plain loops, not closures: a closure is not compiled
+            // with this function's target features, and its intrinsics then become calls.)
+            let mut h = [_mm_setzero_si128(); 4];
+            for t in 0..4 {
+                let q = match w {
+                    Q4_0 => nibbles(wb[t].add(2)),
+                    Q5_0 => _mm256_or_si256(nibbles(wb[t].add(6)), _mm256_and_si256(bits_to_bytes(wb[t].add(2)), x10)),
+                    Q4_1 => nibbles(wb[t].add(4)),
+                    Q5_1 => _mm256_or_si256(nibbles(wb[t].add(8)), _mm256_and_si256(bits_to_bytes(wb[t].add(4)), x10)),
+                    _ => ld256(wb[t].add(2)),
                 };
-                _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
-            });
+                let v = if w == Q8_0 {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q)), ones)
+                } else {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones)
+                };
+                h[t] = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+            }
             let x = _mm256_set_m128i(h[1], h[0]);
             let z = _mm256_set_m128i(h[3], h[2]);
             // [e, o, e, o] per 128-bit half, then rows (0, 2 | 1, 3) side by side.
             let x = _mm256_add_epi32(x, _mm256_shuffle_epi32::<0b01_00_11_10>(x));
             let z = _mm256_add_epi32(z, _mm256_shuffle_epi32::<0b01_00_11_10>(z));
             let p = _mm256_unpacklo_epi64(x, z);
-            // The weight rows' f16 d (and Q4_1's m) in the lane order of p: [d0 m0 d2 m2 d1 m1 d3 m3]
-            // (Q8_0: the u16 after d is a quant byte pair, its value unused).
+            // The weight rows' f16 d (and the min types' m) in the lane order of p:
+            // [d0 m0 d2 m2 d1 m1 d3 m3] (other types: the u16 after d is not read as a value).
             let dm = _mm256_cvtph_ps(_mm_setr_epi32(u32_at(wb[0]), u32_at(wb[2]), u32_at(wb[1]), u32_at(wb[3])));
             let dw = _mm256_moveldup_ps(dm);
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_moveldup_ps(ds)), _mm256_cvtepi32_ps(p), acc);
-            if q41 {
+            let da = _mm256_moveldup_ps(ds);
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc);
+            if min {
                 let sa = _mm256_blend_ps::<0b1010_1010>(_mm256_movehdup_ps(ds), _mm256_setzero_ps());
                 acc = _mm256_fmadd_ps(_mm256_movehdup_ps(dm), sa, acc);
+            } else if w != Q8_0 {
+                // act_pack's S: d_a times the quant sums of elements 0..16 and 16..32 (lanes 0, 4).
+                let v = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones);
+                let v = _mm256_hadd_epi32(v, v);
+                let v = _mm256_hadd_epi32(v, v);
+                let sv = _mm256_mul_ps(da, _mm256_cvtepi32_ps(v));
+                let sa = _mm256_permutevar8x32_ps(sv, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(centre)), sa, acc);
             }
         }
         acc
@@ -1954,7 +1999,14 @@ mod avx2 {
         let call = |rows: [usize; 4], cnt: usize| {
             let ptrs = rows.map(|i| wdata[i * wrb..(i + 1) * wrb].as_ptr());
             for r in 0..n {
-                let v: [f32; 8] = std::mem::transmute(invariant_x4(w, ptrs, acts[r * arb..(r + 1) * arb].as_ptr(), nb));
+                let a = acts[r * arb..(r + 1) * arb].as_ptr();
+                let v: [f32; 8] = std::mem::transmute(match w {
+                    GgmlType::Q4_0 => invariant_x4::<0>(ptrs, a, nb),
+                    GgmlType::Q5_0 => invariant_x4::<1>(ptrs, a, nb),
+                    GgmlType::Q4_1 => invariant_x4::<2>(ptrs, a, nb),
+                    GgmlType::Q5_1 => invariant_x4::<3>(ptrs, a, nb),
+                    _ => invariant_x4::<4>(ptrs, a, nb),
+                });
                 // Weight row t's two lanes added, as pair_sums does.
                 let dots = [v[0] + v[1], v[4] + v[5], v[2] + v[3], v[6] + v[7]];
                 for t in 0..cnt {
@@ -2249,7 +2301,7 @@ mod tests {
         }
     }
 
-    /// Batch invariance: for the types with [`avx2::gemm_invariant`], a row's result from 1-3
+    /// Batch invariance: for the types with `avx2::gemm_invariant`, a row's result from 1-3
     /// activation rows equals, bit for bit, the same row's among 4-9 rows (the tiled kernel),
     /// wherever it sits; Q8_0 with ±127 and −128 weight quants, every row's length a tail case.
     #[cfg(target_arch = "x86_64")]
@@ -2259,7 +2311,7 @@ mod tests {
             return;
         }
         let mut rng = Rng(23);
-        for w in [Q4_1, Q8_0] {
+        for w in [Q4_0, Q5_0, Q4_1, Q5_1, Q8_0] {
             for &(m, k) in &[(1usize, 32usize), (3, 64), (4, 96), (7, 576), (13, 1536), (64, 576)] {
                 let mut wdata = quantize_rows(w, &random_vals(&mut rng, m * k, true));
                 let wrb = w.row_bytes(k).unwrap();
