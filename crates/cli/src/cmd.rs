@@ -745,6 +745,14 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             println!("  {k}: {v}");
         }
         println!("  KV cache: {} bytes per token of context", i.cache_bytes_per_token);
+        println!(
+            "  batch-invariant on this CPU: {}",
+            if i.batch_invariant {
+                "yes (a row gets the same bits in any batch: `serve` needs no padding)"
+            } else {
+                "no (`serve` pads its forwards to --row-multiple rows)"
+            }
+        );
     }
     Ok(())
 }

@@ -46,7 +46,9 @@ pub struct ServeArgs {
     #[arg(long = "max-body-bytes", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
     /// Pad each forward to a multiple of this many rows so that a request's text does not depend
-    /// on what runs beside it (4 matches the CPU kernels' row groups; 1 turns padding off).
+    /// on what runs beside it (4 matches the CPU kernels' row groups; 1 turns padding off). Not
+    /// applied to a model whose products are batch-invariant anyway (on the CPU: every matrix of
+    /// Q4_0, Q5_0, Q4_1, Q5_1 or Q8_0, as the default SmolLM2).
     #[arg(long = "row-multiple", default_value_t = 4)]
     pub row_multiple: usize,
     /// CPU referee mode: f32 activations in the matmuls (slower).

@@ -155,6 +155,13 @@ pub trait Backend: Send + Sync {
         4
     }
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<Self::Weight>;
+    /// Whether products with weights of type `w` give each activation row the same bits
+    /// whatever the other rows of the call (batch invariance: a server then needs no padding
+    /// for a request's text not to depend on its neighbours). `false` unless a backend knows.
+    fn batch_invariant(&self, w: crate::GgmlType) -> bool {
+        let _ = w;
+        false
+    }
     fn upload_rope(&self, spec: &RopeSpec) -> Result<Self::Rope>;
     /// An empty batch handle with room for `max_tokens` tokens.
     fn alloc_batch(&self, max_tokens: usize) -> Result<Self::Batch>;

@@ -453,6 +453,10 @@ impl Backend for CpuBackend {
             .ok_or_else(|| BackendError::OutOfMemory { device: "cpu".into(), what: "cache size overflows".into() })?;
         Ok(CpuBuf::new(len))
     }
+    fn batch_invariant(&self, w: GgmlType) -> bool {
+        !self.exact && crate::quant_dot::batch_invariant(w)
+    }
+
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<CpuWeight> {
         let err = |what: String| BackendError::Weight { name: t.name.to_string(), what };
         if !t.dtype.is_supported_weight() {

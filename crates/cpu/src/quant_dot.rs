@@ -216,6 +216,18 @@ type GemmScratch = (Vec<f32>, Vec<f32>, Vec<V32>, Vec<V32>);
 #[repr(C, align(32))]
 struct V32([u8; 32]);
 
+/// Whether [`gemm`] gives each activation row of weights `w` the same bits for any row count:
+/// on AVX2, the types with the tiled kernel's arithmetic at every n (`avx2::gemm_invariant`
+/// below four rows). Elsewhere not claimed.
+pub fn batch_invariant(w: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        return avx2::tiled_supported(w) && avx2::invariant_supported(w);
+    }
+    let _ = w;
+    false
+}
+
 /// Activation rows from which [`gemm`] uses the tiled prompt kernel (weights unpacked once per
 /// tile of rows, then reused for every activation row) where the weight type has one. Four, the
 /// server's row multiple: the tiled kernel computes each activation row in lanes of its own with

@@ -69,6 +69,9 @@ pub struct Binder<'a, B: Backend> {
     src_bytes_total: u64,
     /// Quantise-at-load target (`--quant`), from [`REQUANT`] at construction.
     requant: Option<GgmlType>,
+    /// Whether every matrix uploaded so far (two or more dimensions, as stored) is of a type
+    /// whose products the backend computes batch-invariantly ([`Backend::batch_invariant`]).
+    pub batch_invariant: std::cell::Cell<bool>,
 }
 
 impl<'a, B: Backend> Binder<'a, B> {
@@ -82,6 +85,7 @@ impl<'a, B: Backend> Binder<'a, B> {
             bytes: RefCell::new(0),
             src_bytes_done: RefCell::new(0),
             src_bytes_total: total,
+            batch_invariant: std::cell::Cell::new(true),
             requant: REQUANT.with(Cell::get),
         }
     }
@@ -132,6 +136,10 @@ impl<'a, B: Backend> Binder<'a, B> {
     /// ([`requant_target`]).
     pub fn upload(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<B::Weight> {
         let src_len = t.data.len() as u64;
+        let stored = requant_target(t, usage, self.requant).unwrap_or(t.dtype);
+        if t.shape.iter().filter(|&&d| d > 1).count() >= 2 && !self.be.batch_invariant(stored) {
+            self.batch_invariant.set(false);
+        }
         let w = match requant_target(t, usage, self.requant) {
             Some(ty) => {
                 let bytes = requantize(t, ty).map_err(|e| self.err(t.name, format!("quantising to {}: {e}", ty.name())))?;

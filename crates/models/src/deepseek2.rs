@@ -908,6 +908,9 @@ impl<B: Backend> DeepSeek2<B> {
             weight_bytes: *b.bytes.borrow(),
             cache_bytes_per_token: (c.n_layers * c.cache_width() * vb) as u64,
             details,
+            // Not claimed: the absorbed MLA weights are built on the host and the MoE groups
+            // tokens by expert; neither path has been checked for batch invariance.
+            batch_invariant: false,
         }
     }
 

@@ -471,6 +471,7 @@ impl<B: Backend> Gemma3<B> {
             n_params: *b.n_params.borrow(),
             weight_bytes: *b.bytes.borrow(),
             cache_bytes_per_token: (cfg.n_layers * nkv * (d + dv) * 4) as u64,
+            batch_invariant: b.batch_invariant.get(),
             details: vec![
                 ("heads".into(), format!("{nh} query, {nkv} kv, head dim {d} (v {dv}), q/k RMSNorm per head, scale {:.6}", cfg.attn_scale)),
                 (

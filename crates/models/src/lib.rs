@@ -78,6 +78,10 @@ pub struct ModelInfo {
     pub cache_bytes_per_token: u64,
     /// Extra human lines for `inspect` (geometry, experts …).
     pub details: Vec<(String, String)>,
+    /// Whether a forward gives each token row the same bits whatever else is in the batch, so
+    /// that a server needs no padding for determinism (every matrix's type is batch-invariant on
+    /// the backend, [`Backend::batch_invariant`]; a family with batch-dependent paths says no).
+    pub batch_invariant: bool,
 }
 
 /// What one forward hands back for its output rows (`batch.outputs`, in that order).

@@ -250,6 +250,7 @@ impl<B: Backend> Llama<B> {
             n_params: *b.n_params.borrow(),
             weight_bytes: *b.bytes.borrow(),
             cache_bytes_per_token: (cfg.n_layers * 2 * nkv * d * 4) as u64,
+            batch_invariant: b.batch_invariant.get(),
             details: vec![
                 ("heads".into(), format!("{nh} query, {nkv} kv, head dim {d}")),
                 ("ffn".into(), format!("SwiGLU, width {ff}")),

@@ -37,6 +37,9 @@
 //! pad slot, the model's last one) until both its token count and its logits-row count are
 //! multiples of 4: every group is full, alone or among fifteen others. The padding is at most
 //! `2 * (row_multiple - 1)` rows; decoding reads each weight once per group, so it costs little.
+//! A model that reports [`ts_models::ModelInfo::batch_invariant`] (on AVX2, every matrix of
+//! Q4_0, Q5_0, Q4_1, Q5_1 or Q8_0: their products of 1-3 rows have the 4-row arithmetic) is not
+//! padded: single-stream decoding then computes one row, not four.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -358,8 +361,11 @@ impl<'m, 't> Stepper<'m, 't> {
     fn new(model: &'m mut dyn Model, tok: &'t Tokenizer, cfg: EngineConfig, metrics: Arc<Metrics>, occupancy: Arc<AtomicU64>) -> Self {
         let o = model.options();
         let n_vocab = model.info().n_vocab;
-        let row_multiple = cfg.row_multiple.max(1);
-        let n_seqs = o.n_slots - usize::from(row_multiple > 1);
+        let configured = cfg.row_multiple.max(1);
+        let n_seqs = o.n_slots - usize::from(configured > 1);
+        // A model whose every row gets the same bits in any batch needs no padding (module doc,
+        // "Batch invariance"); its pad slot then stays unused.
+        let row_multiple = if model.info().batch_invariant { 1 } else { configured };
         let max_out = n_seqs + row_multiple - 1;
         Stepper {
             n_vocab,
@@ -878,6 +884,7 @@ mod tests {
             weight_bytes: 0,
             cache_bytes_per_token: 0,
             details: Vec::new(),
+            batch_invariant: false,
         };
         let pad_slot = (row_multiple > 1).then_some(n_seqs as u32);
         let model = Counting { info, opts, filled: vec![0; n_slots], seen: seen.clone(), row_multiple, pad_slot };
