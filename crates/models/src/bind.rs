@@ -136,11 +136,11 @@ impl<'a, B: Backend> Binder<'a, B> {
     /// ([`requant_target`]).
     pub fn upload(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<B::Weight> {
         let src_len = t.data.len() as u64;
-        let stored = requant_target(t, usage, self.requant).unwrap_or(t.dtype);
-        if t.shape.iter().filter(|&&d| d > 1).count() >= 2 && !self.be.batch_invariant(stored) {
+        let target = requant_target(t, usage, self.requant);
+        if t.shape.iter().filter(|&&d| d > 1).count() >= 2 && !self.be.batch_invariant(target.unwrap_or(t.dtype)) {
             self.batch_invariant.set(false);
         }
-        let w = match requant_target(t, usage, self.requant) {
+        let w = match target {
             Some(ty) => {
                 let bytes = requantize(t, ty).map_err(|e| self.err(t.name, format!("quantising to {}: {e}", ty.name())))?;
                 let q = TensorData { name: t.name, dtype: ty, shape: t.shape, data: &bytes, keep: None };
