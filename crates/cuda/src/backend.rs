@@ -20,7 +20,7 @@
 //!   largest use and is then reused; nothing else is allocated after open.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
@@ -220,6 +220,8 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_64",
     "mmq_q8_16",
     "mmq_q8_16g1",
+    "mmq_q8_rows",
+    "mmq_q8_rows6",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
@@ -520,6 +522,8 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_64",
         "mmq_q8_16",
         "mmq_q8_16g1",
+        "mmq_q8_rows",
+        "mmq_q8_rows6",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -625,6 +629,12 @@ pub struct CudaBackend {
     /// The grouped MoE's gate and up products in one launch (`mmq_q8`'s `W2`);
     /// `TS_CUDA_MOE_GU=0`: two launches, to compare.
     moe_gu: bool,
+    /// Grouped expert products on 16-token tiles read their weights straight into the mma
+    /// fragments (`mmq_q8_rows`, the same bits as `mmq_q8_16`); `TS_CUDA_MOE_ROWS=0` (or
+    /// [`CudaBackend::set_moe_rows`]) takes `mmq_q8_16`, to compare.
+    moe_rows: AtomicBool,
+    /// `mmq_q8_rows` bounded to 6 blocks an SM (`TS_CUDA_MOE_ROWS=6`), a measurement knob.
+    moe_rows6: bool,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: usize,
@@ -803,6 +813,8 @@ impl CudaBackend {
             ms_nb,
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
+            moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
+            moe_rows6: std::env::var("TS_CUDA_MOE_ROWS").is_ok_and(|v| v == "6"),
             mmq_bn16: std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
@@ -861,6 +873,12 @@ impl CudaBackend {
             },
             Ordering::Relaxed,
         );
+    }
+
+    /// Grouped 16-token expert tiles on `mmq_q8_rows` (true, the default) or `mmq_q8_16` (the
+    /// same bits; for the test that says so).
+    pub fn set_moe_rows(&self, on: bool) {
+        self.moe_rows.store(on, Ordering::Relaxed);
     }
 
     pub fn fused(&self) -> bool {
@@ -1332,7 +1350,12 @@ impl CudaBackend {
         let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
+        // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
+        // tile's activation rows whole in shared memory.
+        let rows_smem = 16 * (ngroups * 144 + 16);
+        let rows = cnt != 0 && bn == 16 && self.moe_rows.load(Ordering::Relaxed) && rows_smem <= self.smem_max;
         let (name, smem) = match (bn, self.mmq16) {
+            _ if rows => (if self.moe_rows6 { "mmq_q8_rows6" } else { "mmq_q8_rows" }, rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ => ("mmq_q8_64", MMQ_SMEM),
