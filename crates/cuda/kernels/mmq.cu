@@ -388,6 +388,7 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 // Grouped only (cnt != null, no split K); the grid and arguments are mmq_q8_16's (64 rows a
 // block of 4 warps, tiles of 16 tokens along y, W2 in the upper half of x). Dynamic shared
 // memory: 16 rows of ngroups*144 + 16 bytes.
+template <int NBUF>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
@@ -483,18 +484,20 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             }
         }
     };
-    Grp v0, v1;
-    load(v0, 0);
-    load(v1, 1);
+    // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
+    Grp v[NBUF];
+#pragma unroll
+    for (int i = 0; i < NBUF; i++) load(v[i], i);
     cp_wait<0>();
     __syncthreads();
     if (r0 >= m) return;  // no barrier past here
-    for (int gi = 0; gi < ngroups; gi += 2) {
-        mul(v0, gi);
-        if (gi + 2 < ngroups) load(v0, gi + 2);
-        if (gi + 1 < ngroups) {
-            mul(v1, gi + 1);
-            if (gi + 3 < ngroups) load(v1, gi + 3);
+    for (int gi = 0; gi < ngroups; gi += NBUF) {
+#pragma unroll
+        for (int i = 0; i < NBUF; i++) {
+            if (gi + i < ngroups) {
+                mul(v[i], gi + i);
+                if (gi + i + NBUF < ngroups) load(v[i], gi + i + NBUF);
+            }
         }
     }
 #pragma unroll
@@ -508,19 +511,25 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 #endif
 }
 
-#define MMQ_ROWS_INST(NAME, MINB)                                                                                 \
+#define MMQ_ROWS_INST(NAME, NBUF, MINB)                                                                                 \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
              const u8* W2, const u8* Ws2, float* out2) {                                                        \
         PDL_ENTRY();                                                                                            \
-        mmq_rows_impl(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
+        mmq_rows_impl<NBUF>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
                             ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2); \
     }
-// 4 blocks per SM by the bounds (102 registers: 5 fit), or 6 (TS_CUDA_MOE_ROWS=6; 85 registers).
-MMQ_ROWS_INST(mmq_q8_rows, 4)
-MMQ_ROWS_INST(mmq_q8_rows6, 6)
+// Two groups in flight a warp (96 registers: 5 blocks an SM). Measured on the H200 (bench
+// --parallel 64 -n 32, each pair in one call): 6,575 / 6,587 tok/s against mmq_q8_16's 6,150 /
+// 6,150, same tokens; three groups in flight (113 registers) 6,633 / 6,634 but 10,861 against
+// 11,094 at 128 sequences; four (142) 6,296 / 6,319; the first build (102 registers) 6,652
+// against 6,129, and bounded to 6 blocks (79 registers) 5,506. 16 and 32 sequences: +11%, +9%.
+// Nsight at 64 sequences (gate/up): 189 us against 204, 45.5M instructions against 73M, 2.3 TB/s
+// against 2.1, issue slots 35% busy and 10 cycles between a warp's instructions: still waiting on
+// memory, with 20 warps an SM and 2 groups (4.6 KB) in flight each.
+MMQ_ROWS_INST(mmq_q8_rows, 2, 4)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

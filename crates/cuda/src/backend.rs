@@ -221,7 +221,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_16",
     "mmq_q8_16g1",
     "mmq_q8_rows",
-    "mmq_q8_rows6",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
@@ -523,7 +522,6 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_16",
         "mmq_q8_16g1",
         "mmq_q8_rows",
-        "mmq_q8_rows6",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -633,8 +631,6 @@ pub struct CudaBackend {
     /// fragments (`mmq_q8_rows`, the same bits as `mmq_q8_16`); `TS_CUDA_MOE_ROWS=0` (or
     /// [`CudaBackend::set_moe_rows`]) takes `mmq_q8_16`, to compare.
     moe_rows: AtomicBool,
-    /// `mmq_q8_rows` bounded to 6 blocks an SM (`TS_CUDA_MOE_ROWS=6`), a measurement knob.
-    moe_rows6: bool,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: usize,
@@ -814,7 +810,6 @@ impl CudaBackend {
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
-            moe_rows6: std::env::var("TS_CUDA_MOE_ROWS").is_ok_and(|v| v == "6"),
             mmq_bn16: std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
@@ -1355,7 +1350,7 @@ impl CudaBackend {
         let rows_smem = 16 * (ngroups * 144 + 16);
         let rows = cnt != 0 && bn == 16 && self.moe_rows.load(Ordering::Relaxed) && rows_smem <= self.smem_max;
         let (name, smem) = match (bn, self.mmq16) {
-            _ if rows => (if self.moe_rows6 { "mmq_q8_rows6" } else { "mmq_q8_rows" }, rows_smem),
+            _ if rows => ("mmq_q8_rows", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ => ("mmq_q8_64", MMQ_SMEM),

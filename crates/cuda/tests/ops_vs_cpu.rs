@@ -1615,8 +1615,8 @@ fn fused_moe_shared() {
 /// The grouped expert products on 16-token tiles (batched decode) read their weights straight
 /// into the mma fragments (`mmq_q8_rows`): bit for bit what `mmq_q8_16` gives (a second backend
 /// with it off), at V2-Lite's shapes (64 experts, 2 shared chunks; 16 groups in, 11 out), with
-/// routing skewed so some experts see more than one tile, and at widths that end inside a warp's
-/// 16 rows and inside a 128-group. (With `TS_CUDA_MOE_ROWS=0` both sides run `mmq_q8_16`.)
+/// routing skewed so some experts see more than one tile, and at a width that ends inside a
+/// 64-row block and inside a 128-group. (With `TS_CUDA_MOE_ROWS=0` both sides run `mmq_q8_16`.)
 #[test]
 fn moe_rows_exact() {
     let Some(g) = gpu() else { return };
@@ -1633,8 +1633,8 @@ fn moe_rows_exact() {
         (2048usize, 1408usize, 64usize, 6usize, 2usize, 64usize, 0.0f32),
         (2048, 1408, 64, 6, 2, 24, 0.0),
         (2048, 1408, 64, 6, 2, 64, 6.0),
-        (200, 384, 16, 4, 1, 24, 0.0),
-        (200, 384, 16, 4, 1, 40, 3.0),
+        (224, 384, 16, 4, 1, 24, 0.0),
+        (224, 384, 16, 4, 1, 40, 3.0),
     ];
     let ty = GgmlType::Q8_0;
     for &(hdim, ff, ne, k, nsh, n, bias) in &cases {

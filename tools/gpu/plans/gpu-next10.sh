@@ -6,13 +6,18 @@
 #    and the same summation order as mmq_q8_16: the same bits (ops_vs_cpu moe_rows_exact; the
 #    --parallel 64 hash must stay 33948fa635fb0682). TS_CUDA_MOE_ROWS=0: mmq_q8_16; =6: the
 #    variant bounded to 6 blocks an SM (79 registers against 102).
+# Ran 2026-11-30 (parts a and b; then .dev's r3 run of TS_CUDA_MOE_ROWS=3/4, groups in flight):
+# figures in docs/PERF.md and kernels/mmq.cu; the 6-block and 3/4-group variants were removed.
 #   tools/gpu/plans/gpu-next10.sh BIN OPS_TEST BASE_BIN [a|b]
 #   BASE_BIN: main's build (.dev/n8/turbospark).
 set -u
 B=$1; OPS=$2; M=$3; PART=${4:-a}
 source "$(dirname "$0")/lib.sh"
 if [ "$PART" = b ]; then
-  [ -f $V ] || "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
+  [ -f $V ] || "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
+  "$OPS" moe_rows_exact 2>&1 | grep -E "moe_rows:|test result|panicked" | head -12
+  wait
+  for e in "" TS_CUDA_MOE_ROWS=0; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash; done
   # Nsight on the new kernel at 64 sequences (the gate/up launch and the down launch).
   NCU_EXTRA='--section ComputeWorkloadAnalysis --section InstructionStats' NCU_SKIP=300 NCU_COUNT=2 NCU_LINES=70 tools/gpu/ncu.sh "$B" 'mmq_q8_rows' -p 0 -n 4 --parallel 64 -r 1
   # The server under 64 clients.
