@@ -11,5 +11,5 @@ V=/tmp/v2lite-q8_0.gguf
 export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
 [ -f $V ] || "$T" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
 TS_CUDA_GRAPHS=0 "$NCU" --kernel-name "regex:$RE" --launch-skip ${NCU_SKIP:-40} --launch-count ${NCU_COUNT:-6} \
-  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-  "$T" bench --backend cuda -m $V "$@" 2>&1 | grep -vE "^\s*$|----" | grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Stall|Warp Cycles Per Issued|Issued Ipc|Compute \(SM\)|L2 Hit|L1/TEX Hit|Grid Size|Waves Per SM|One or More Eligible|ERR|error|==PROF==|WARN" | head -${NCU_LINES:-200}
+  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis ${NCU_EXTRA:-} \
+  "$T" bench --backend cuda -m $V "$@" 2>&1 | grep -vE "^\s*$|----" | grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Stall|Warp Cycles Per Issued|Issued Ipc|Compute \(SM\)|L2 Hit|L1/TEX Hit|Grid Size|Waves Per SM|Issue Slots|SM Busy|Executed Ipc|Executed Instructions|One or More Eligible|ERR|error|==PROF==|WARN" | head -${NCU_LINES:-200}

@@ -100,6 +100,44 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 #endif
 
 
+// Tile y of a grouped product's expert tiles (ceil(cnt[e]/BN) each, in expert order) for the
+// first warp (tid < 32) to find: tile_e (-1 past the last tile) and tile_start, in shared memory;
+// the caller syncs.
+template <int BN>
+__device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid, int& tile_e, int& tile_start) {
+    // The first warp loads the counts at once (lane l holds experts l*per ..), scans the per-lane
+    // tile totals, and the lane whose range holds y walks its few experts. (A serial walk over the
+    // experts costs one dependent load per expert before the first weight is requested.)
+    const int per = (n_exp + 31) >> 5;  // <= MOE_MAX_EXPERTS / 32 = 16
+    int tl[16];
+    int mine = 0;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int x = tid * per + i;
+        tl[i] = (i < per && x < n_exp) ? (cnt[x] + BN - 1) / BN : 0;
+        mine += tl[i];
+    }
+    int incl = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (tid >= o) incl += v;
+    }
+    const int y = blockIdx.y, excl = incl - mine;
+    if (tid == 31 && y >= incl) tile_e = -1;  // past the last tile
+    if (y >= excl && y < incl) {
+        int yy = y - excl;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            if (yy >= 0 && yy < tl[i]) {
+                tile_e = tid * per + i;
+                tile_start = yy * BN;
+            }
+            yy -= tl[i];
+        }
+    }
+}
+
 // out[ooff + dst_j * ostride + row] = W_e[row] . X[src_j] for the tile's rows and tokens.
 //   W, row_bytes, mat_bytes, m: the weights (matrix e at W + e*mat_bytes), m rows.
 //   ngroups: groups of 128 per row (weights and activations alike).
@@ -148,40 +186,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     // Which matrix and which tokens this tile covers.
     int e = 0, start, count;
     if (cnt) {
-        // Tile y of the experts' tiles (ceil(cnt[e]/BN) each, in expert order): the first warp
-        // loads the counts at once (lane l holds experts l*per ..), scans the per-lane tile
-        // totals, and the lane whose range holds y walks its few experts. (A serial walk over
-        // the experts costs one dependent load per expert before the first weight is requested.)
-        if (tid < 32) {
-            const int per = (n_exp + 31) >> 5;  // <= MOE_MAX_EXPERTS / 32 = 16
-            int tl[16];
-            int mine = 0;
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const int x = tid * per + i;
-                tl[i] = (i < per && x < n_exp) ? (cnt[x] + BN - 1) / BN : 0;
-                mine += tl[i];
-            }
-            int incl = mine;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (tid >= o) incl += v;
-            }
-            const int y = blockIdx.y, excl = incl - mine;
-            if (tid == 31 && y >= incl) tile_e = -1;  // past the last tile
-            if (y >= excl && y < incl) {
-                int yy = y - excl;
-#pragma unroll
-                for (int i = 0; i < 16; i++) {
-                    if (yy >= 0 && yy < tl[i]) {
-                        tile_e = tid * per + i;
-                        tile_start = yy * BN;
-                    }
-                    yy -= tl[i];
-                }
-            }
-        }
+        if (tid < 32) mmq_find_tile<BN>(cnt, n_exp, tid, tile_e, tile_start);
         __syncthreads();
         e = tile_e;
         if (e < 0) return;
@@ -364,6 +369,167 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3, false)
 MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
 MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
+
+// The grouped expert product for tiles of few tokens (the batched decode: about 6 tokens an
+// expert) with the weights read the way the decode GEMVs read them, straight into the mma
+// fragments, with no shared-memory staging and no barrier after the start. mmq_q8_16 at 64
+// sequences is latency-bound (Nsight: 2.1 TB/s, half the issue slots empty, 73M instructions a
+// gate/up launch, most of them the cp.async staging and its bookkeeping), and a 64-row tile
+// stream reads at most 3.6 TB/s on the H200 where whole rows read 4.2 (tools/gpu/bwprobe.cu).
+//  * The tile's (<= 16) activation rows are copied whole into shared memory once (rows padded by
+//    16 bytes: the 8 rows of a fragment load fall in different banks).
+//  * Each warp owns 16 weight rows (g and g+8 of the m16 tile) and walks K a group at a time,
+//    the next group's loads in flight while one is multiplied.
+//  * Within a 32-value block the int32 dot product does not depend on the order of k, so thread
+//    t takes the block's bytes 8t..8t+7 of its row (one 8-byte load) as the fragment's k
+//    4t..4t+3 (a0/a1) and 16+4t..16+4t+3 (a2/a3), and reads the activations' block the same
+//    way: the same int32 per block as mmq_q8_16, scaled and summed in the same order, so the
+//    same bits.
+// Grouped only (cnt != null, no split K); the grid and arguments are mmq_q8_16's (64 rows a
+// block of 4 warps, tiles of 16 tokens along y, W2 in the upper half of x). Dynamic shared
+// memory: 16 rows of ngroups*144 + 16 bytes.
+template <int NBUF>
+__device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
+                                              const u8* X, i64 xrow, int n, const int* cnt, const int* off,
+                                              const int* perm, int n_exp, int in_div, float* out, i64 ooff,
+                                              i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
+                                              i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
+                                              float* out2) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int BN = 16;
+    int bx = blockIdx.x;
+    if (W2 && bx >= (int)(gridDim.x >> 1)) {
+        bx -= gridDim.x >> 1;
+        W = W2;
+        Ws = Ws2;
+        out = out2;
+    }
+    extern __shared__ __align__(16) u8 mmq_sm[];
+    __shared__ int src_row[BN], dst_row[BN];
+    __shared__ int tile_e, tile_start;
+    const int tid = threadIdx.x;
+    if (tid < 32) mmq_find_tile<BN>(cnt, n_exp, tid, tile_e, tile_start);
+    __syncthreads();
+    const int e = tile_e;
+    if (e < 0) return;
+    const int start = tile_start;
+    const int nt = min(BN, cnt[e] - start);
+    if (nt <= 0) return;
+    if (tid < BN) {
+        const int p = perm[off[e] + start + min(tid, nt - 1)];  // past the end: the last row again
+        src_row[tid] = p / in_div;
+        dst_row[tid] = p;
+    }
+    __syncthreads();
+    // The activation rows of the n8 tiles in use, whole.
+    const int xb = ngroups * MMQ_GB, rs = xb + 16, pieces = xb >> 4, nb = nt > 8 ? 16 : 8;
+    for (int c = tid; c < nb * pieces; c += MMQ_THREADS) {
+        const int r = c / pieces, q = c - r * pieces;
+        cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + q * 16);
+    }
+    cp_commit();
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = bx * MMQ_BM + warp * 16;
+    const bool sh = e >= e_sh;
+    const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
+    const i64 rb = sh ? ws_row_bytes : row_bytes;
+    const u8* pa = Wt + (i64)min(r0 + g, m - 1) * rb;
+    const u8* pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb;
+    // One group of this thread's two rows: the 4 scales of each, its 8 bytes of each block.
+    struct Grp {
+        uint2 ha, hb, qa[4], qb[4];
+    };
+    auto load = [&](Grp& v, int gi) {
+        const u8* a = pa + (i64)min(gi, ngroups - 1) * MMQ_GB;
+        const u8* b = pb + (i64)min(gi, ngroups - 1) * MMQ_GB;
+        v.ha = __ldg((const uint2*)a);
+        v.hb = __ldg((const uint2*)b);
+#pragma unroll
+        for (int bl = 0; bl < 4; bl++) {
+            v.qa[bl] = __ldg((const uint2*)(a + 16 + 32 * bl + 8 * t));
+            v.qb[bl] = __ldg((const uint2*)(b + 16 + 32 * bl + 8 * t));
+        }
+    };
+    float acc[2][4];
+#pragma unroll
+    for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
+    auto mul = [&](const Grp& v, int gi) {
+        float dg[4], dg8[4];  // the scales of rows g and g+8
+#pragma unroll
+        for (int bl = 0; bl < 4; bl++) {
+            dg[bl] = hsel(v.ha, bl);
+            dg8[bl] = hsel(v.hb, bl);
+        }
+        const u8* xg = mmq_sm + gi * MMQ_GB;
+#pragma unroll
+        for (int ni = 0; ni < 2; ni++) {
+            if (ni * 8 >= nt) break;  // only padding tokens (block-uniform)
+            const uint2 h0 = *(const uint2*)(xg + (ni * 8 + 2 * t) * rs);
+            const uint2 h1 = *(const uint2*)(xg + (ni * 8 + 2 * t + 1) * rs);
+            const u8* xq = xg + (ni * 8 + g) * rs + 16 + 8 * t;
+#pragma unroll
+            for (int bl = 0; bl < 4; bl++) {
+                const uint2 bq = *(const uint2*)(xq + 32 * bl);
+                const u32 a[4] = {v.qa[bl].x, v.qb[bl].x, v.qa[bl].y, v.qb[bl].y};
+                const u32 b[2] = {bq.x, bq.y};
+                int c[4] = {0, 0, 0, 0};
+                mma_s8(c, a, b);
+                const float d0 = hsel(h0, bl), d1 = hsel(h1, bl);
+                acc[ni][0] += (float)c[0] * (dg[bl] * d0);
+                acc[ni][1] += (float)c[1] * (dg[bl] * d1);
+                acc[ni][2] += (float)c[2] * (dg8[bl] * d0);
+                acc[ni][3] += (float)c[3] * (dg8[bl] * d1);
+            }
+        }
+    };
+    // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
+    Grp v[NBUF];
+#pragma unroll
+    for (int i = 0; i < NBUF; i++) load(v[i], i);
+    cp_wait<0>();
+    __syncthreads();
+    if (r0 >= m) return;  // no barrier past here
+    for (int gi = 0; gi < ngroups; gi += NBUF) {
+#pragma unroll
+        for (int i = 0; i < NBUF; i++) {
+            if (gi + i < ngroups) {
+                mul(v[i], gi + i);
+                if (gi + i + NBUF < ngroups) load(v[i], gi + i + NBUF);
+            }
+        }
+    }
+#pragma unroll
+    for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int row = r0 + g + (c >> 1) * 8;
+            const int j = ni * 8 + 2 * t + (c & 1);
+            if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[ni][c];
+        }
+#endif
+}
+
+#define MMQ_ROWS_INST(NAME, NBUF, MINB)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
+        NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
+             const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
+             i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
+             const u8* W2, const u8* Ws2, float* out2) {                                                        \
+        PDL_ENTRY();                                                                                            \
+        mmq_rows_impl<NBUF>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
+                            ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2); \
+    }
+// Two groups in flight a warp (96 registers: 5 blocks an SM). Measured on the H200 (bench
+// --parallel 64 -n 32, each pair in one call): 6,575 / 6,587 tok/s against mmq_q8_16's 6,150 /
+// 6,150, same tokens; three groups in flight (113 registers) 6,633 / 6,634 but 10,861 against
+// 11,094 at 128 sequences; four (142) 6,296 / 6,319; the first build (102 registers) 6,652
+// against 6,129, and bounded to 6 blocks (79 registers) 5,506. 16 and 32 sequences: +11%, +9%.
+// Nsight at 64 sequences (gate/up): 189 us against 204, 45.5M instructions against 73M, 2.3 TB/s
+// against 2.1, issue slots 35% busy and 10 cycles between a warp's instructions: still waiting on
+// memory, with 20 warps an SM and 2 groups (4.6 KB) in flight each.
+MMQ_ROWS_INST(mmq_q8_rows, 2, 4)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

@@ -20,7 +20,7 @@
 //!   largest use and is then reused; nothing else is allocated after open.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
@@ -220,6 +220,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_64",
     "mmq_q8_16",
     "mmq_q8_16g1",
+    "mmq_q8_rows",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
@@ -520,6 +521,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_64",
         "mmq_q8_16",
         "mmq_q8_16g1",
+        "mmq_q8_rows",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -625,6 +627,10 @@ pub struct CudaBackend {
     /// The grouped MoE's gate and up products in one launch (`mmq_q8`'s `W2`);
     /// `TS_CUDA_MOE_GU=0`: two launches, to compare.
     moe_gu: bool,
+    /// Grouped expert products on 16-token tiles read their weights straight into the mma
+    /// fragments (`mmq_q8_rows`, the same bits as `mmq_q8_16`); `TS_CUDA_MOE_ROWS=0` (or
+    /// [`CudaBackend::set_moe_rows`]) takes `mmq_q8_16`, to compare.
+    moe_rows: AtomicBool,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: usize,
@@ -803,6 +809,7 @@ impl CudaBackend {
             ms_nb,
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
+            moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
             mmq_bn16: std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
@@ -861,6 +868,12 @@ impl CudaBackend {
             },
             Ordering::Relaxed,
         );
+    }
+
+    /// Grouped 16-token expert tiles on `mmq_q8_rows` (true, the default) or `mmq_q8_16` (the
+    /// same bits; for the test that says so).
+    pub fn set_moe_rows(&self, on: bool) {
+        self.moe_rows.store(on, Ordering::Relaxed);
     }
 
     pub fn fused(&self) -> bool {
@@ -1066,6 +1079,35 @@ impl CudaBackend {
         (total.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1)
     }
 
+    /// The int8 tensor-core product of quantised activations `xq` (`n` rows of `ngroups` groups,
+    /// `ng` tokens per matrix over `g` matrices of `w`) into `out`/`o`; split K where the tiles
+    /// would not fill the device. The caller holds `scratch_op`.
+    fn mmq_dense(&self, w: &CudaWeight, ngroups: usize, xq: u64, (n, ng, g): (usize, usize, usize), out: &CudaBuf, o: Rows) {
+        let m = w.ne(1);
+        // Too few tiles to fill the device (small matrices, decode-size batches): split K
+        // over blocks (at least 2 groups each) into partial outputs, then sum them in order.
+        let bn = if ng <= self.mmq_bn16 { 16 } else { 64 };
+        let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
+        // The partial outputs fit the part scratch's fixed size, so that it never grows after
+        // the warm-up at open (the decode step there allocates it, see the MLA decode).
+        let fit = PART_MIN_BYTES / (4 * n * m).max(1);
+        let nsplit = if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).min(fit).clamp(1, 16) };
+        let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
+        if nsplit == 1 {
+            self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);
+            return;
+        }
+        let Some(part) = self.scratch(S::Part, (4 * nsplit * n * m).max(PART_MIN_BYTES)) else { return };
+        self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, n * m), bn);
+        self.launch(
+            "mmq_sum_splits",
+            Self::grid1(n * m),
+            256,
+            0,
+            &[A::P(part), i(nsplit), l(n * m), i(n), i(m), A::P(out.0.ptr), l(o.off), l(o.stride)],
+        );
+    }
+
     /// `out = W x` per group: `g` matrices of `w`, row `r` of `xr` uses matrix `r % g`.
     fn matmul_groups(&self, x: &CudaBuf, xr: Rows, w: &CudaWeight, g: usize, out: &CudaBuf, o: Rows) {
         let (k, m) = (w.ne(0), w.ne(1));
@@ -1176,29 +1218,7 @@ impl CudaBackend {
             let ngroups = k.div_ceil(128);
             let Some(xq) = self.scratch(S::Xq, xr.n * ngroups * 144) else { return };
             self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, xr.n, k, 0, xq);
-            // Too few tiles to fill the device (small matrices, decode-size batches): split K
-            // over blocks (at least 2 groups each) into partial outputs, then sum them in order.
-            let bn = if ng <= self.mmq_bn16 { 16 } else { 64 };
-            let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
-            // The partial outputs fit the part scratch's fixed size, so that it never grows after
-            // the warm-up at open (the decode step there allocates it, see the MLA decode).
-            let fit = PART_MIN_BYTES / (4 * xr.n * m).max(1);
-            let nsplit =
-                if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).min(fit).clamp(1, 16) };
-            let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
-            if nsplit == 1 {
-                self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);
-                return;
-            }
-            let Some(part) = self.scratch(S::Part, (4 * nsplit * xr.n * m).max(PART_MIN_BYTES)) else { return };
-            self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, xr.n * m), bn);
-            self.launch(
-                "mmq_sum_splits",
-                Self::grid1(xr.n * m),
-                256,
-                0,
-                &[A::P(part), i(nsplit), l(xr.n * m), i(xr.n), i(m), A::P(out.0.ptr), l(o.off), l(o.stride)],
-            );
+            self.mmq_dense(w, ngroups, xq, (xr.n, ng, g), out, o);
             return;
         }
         // cuBLAS, column-major view: C[m, ng] (ldc = o.stride*g) = op(A)^T[m, k] * B[k, ng],
@@ -1325,7 +1345,12 @@ impl CudaBackend {
         let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
+        // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
+        // tile's activation rows whole in shared memory.
+        let rows_smem = 16 * (ngroups * 144 + 16);
+        let rows = cnt != 0 && bn == 16 && self.moe_rows.load(Ordering::Relaxed) && rows_smem <= self.smem_max;
         let (name, smem) = match (bn, self.mmq16) {
+            _ if rows => ("mmq_q8_rows", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ => ("mmq_q8_64", MMQ_SMEM),
@@ -2501,6 +2526,27 @@ impl Backend for CudaBackend {
                     && o.width == w.ne(1)
                     && w.ne(1) > 0
             });
+        // Above the GEMV sizes, on the int8 tensor cores: the input quantised once for all jobs
+        // (each `matmul` would quantise it again; the same bits).
+        let mmq = self.tc
+            && jobs.len() >= 2
+            && n > GEMV_MAX_TOKENS
+            && MMQ_SMEM <= self.smem_max
+            && jobs.iter().all(|(w, _, o)| {
+                w.dtype == GgmlType::Q8_0 && w.shape.len() <= 3 && w.ne(2) == 1 && w.ne(0) == k && o.n == n && o.width == w.ne(1)
+            });
+        if mmq {
+            x.check(xr);
+            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+            let ngroups = k.div_ceil(128);
+            let Some(xq) = self.scratch(S::Xq, n * ngroups * 144) else { return };
+            self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, k, 0, xq);
+            for &(w, out, o) in jobs {
+                out.check(o);
+                self.mmq_dense(w, ngroups, xq, (n, n, 1), out, o);
+            }
+            return;
+        }
         if !fast {
             for &(w, out, o) in jobs {
                 self.matmul(x, xr, w, out, o);

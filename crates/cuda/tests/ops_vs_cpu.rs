@@ -1612,6 +1612,82 @@ fn fused_moe_shared() {
     rep.finish();
 }
 
+/// The grouped expert products on 16-token tiles (batched decode) read their weights straight
+/// into the mma fragments (`mmq_q8_rows`): bit for bit what `mmq_q8_16` gives (a second backend
+/// with it off), at V2-Lite's shapes (64 experts, 2 shared chunks; 16 groups in, 11 out), with
+/// routing skewed so some experts see more than one tile, and at a width that ends inside a
+/// 64-row block and inside a 128-group. (With `TS_CUDA_MOE_ROWS=0` both sides run `mmq_q8_16`.)
+#[test]
+fn moe_rows_exact() {
+    let Some(g) = gpu() else { return };
+    if !g.tensor_cores() || !g.fused() {
+        eprintln!("moe_rows_exact: no tensor cores or fused kernels, skipped");
+        return;
+    }
+    let plain = &CudaBackend::new(0).expect("second backend");
+    plain.set_moe_rows(false);
+    let mut r = rng(33);
+    let mut rep = Report::new("moe_rows");
+    // (hdim, ff, experts, k, shared chunks, tokens, logit bias on the first 4 experts)
+    let cases = [
+        (2048usize, 1408usize, 64usize, 6usize, 2usize, 64usize, 0.0f32),
+        (2048, 1408, 64, 6, 2, 24, 0.0),
+        (2048, 1408, 64, 6, 2, 64, 6.0),
+        (224, 384, 16, 4, 1, 24, 0.0),
+        (224, 384, 16, 4, 1, 40, 3.0),
+    ];
+    let ty = GgmlType::Q8_0;
+    for &(hdim, ff, ne, k, nsh, n, bias) in &cases {
+        let sf = nsh * ff;
+        let shapes: [Vec<usize>; 6] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3).0).collect();
+        let up = |b: &CudaBackend| -> [CudaWeight; 6] {
+            std::array::from_fn(|i| b.upload_weight(&td("w", ty, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap())
+        };
+        let (gw, pw) = (up(g), up(plain));
+        let p = MoeParams {
+            n_experts: ne,
+            k,
+            gating: Gating::Softmax,
+            norm_topk: false,
+            scale: 1.0,
+            n_group: 1,
+            topk_group: 1,
+            glu: Glu::SwiGlu,
+        };
+        let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
+        let x = randn(&mut r, xr.end(), 1.0);
+        let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
+        let mut lg = randn(&mut r, lr.end(), 2.0);
+        for t in 0..n {
+            for e in 0..4 {
+                lg[lr.off + t * lr.stride + e] += bias;
+            }
+        }
+        let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
+        let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} n={n} bias={bias}");
+        let mut outs = Vec::new();
+        for (b, w) in [(g, &gw), (plain, &pw)] {
+            let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
+            poison(b, &bo, o.end());
+            let ex = Experts { gate: &w[0], up: &w[1], down: &w[2] };
+            let sh = Experts { gate: &w[3], up: &w[4], down: &w[5] };
+            if !b.moe_shared(&bx, xr, &bl, lr, ex, sh, &p, &bo, o) {
+                rep.failures.push(format!("{lab}: moe_shared declined"));
+            }
+            // The routed experts alone (no shared chunks in the grouped products).
+            let (ro, rr) = (b.alloc(o.end()).unwrap(), o);
+            poison(b, &ro, o.end());
+            b.moe(&bx, xr, &bl, lr, Experts { gate: &w[0], up: &w[1], down: &w[2] }, &p, &ro, rr);
+            outs.push((get(b, &bo, o), get(b, &ro, o)));
+        }
+        rep.check(&format!("{lab} moe_shared (exact)"), &outs[0].0, &outs[1].0, 0.0, 0.0);
+        rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
+    }
+    rep.finish();
+}
+
 /// Bit-for-bit checks of a fused op's named outputs `a` against its chain's `b` (atol 0: any
 /// difference, or a NaN left by an unwritten element, fails).
 fn exact(rep: &mut Report, lab: &str, names: &[&str], a: &[Vec<f32>], b: &[Vec<f32>]) {

@@ -13,3 +13,21 @@ ops_and_model() {
   grep -E "FAIL|test result|panicked" $O/ops.txt | head -20
   wait
 }
+# `ab_decode BASE BRANCH ENV...`: tg128 of each build with its token hash, then twice: the base
+# build at `--parallel 64 -n 32` and the branch under each ENV setting ("" = its defaults).
+ab_decode() {
+  local base=$1 br=$2; shift 2
+  b "" "$base" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+  b "" "$br" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+  for r in 1 2; do
+    b "" "$base" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
+    for e in "$@"; do b "$e" "$br" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash; done
+  done
+}
+# `ab_prompts BIN...`: pp512 and pp2048 of each build in turn.
+ab_prompts() {
+  for bin in "$@"; do
+    b "" "$bin" bench --backend cuda -m $V -p 512 -n 0 -r 3
+    b "" "$bin" bench --backend cuda -m $V -p 2048 -n 0 -r 3
+  done
+}

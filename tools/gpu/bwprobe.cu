@@ -1,0 +1,208 @@
+// Read bandwidth of the access patterns our Q8_0 kernels use, on the card itself (docs/GPU.md):
+// is the grouped expert product's 2.3 TB/s (mmq_q8_16 at 64 sequences) a property of how it
+// reads the weights, or of the rest of the kernel? Each probe reads expert matrices laid out as
+// the backend keeps them (rows of 16 groups x 144 bytes: K = 2048), 64 experts x 1408 rows (one
+// MoE matrix of V2-Lite, 207 MB: four times the L2), and only sums what it read.
+//   nvcc -O3 -arch=sm_90 -o /tmp/bwprobe tools/gpu/bwprobe.cu && /tmp/bwprobe
+// Probes:
+//   stream      every thread reads 16-byte words, 8 in flight, grid-stride (the ceiling);
+//   tile NST/GPS  mmq_q8's weight stream: a 128-thread block takes 64 rows of one expert and
+//               walks K in stages of GPS groups (GPS x 144 bytes of each row) through NST
+//               cp.async buffers in shared memory, one barrier a stage (mmq_q8_16: GPS 2, NST 2,
+//               4 blocks per SM);
+//   rows NST    the same bytes per block and stage, but a stage is 8 whole rows (K-contiguous);
+//   warp-rows   no shared memory: each warp reads whole rows into registers, 4 rows at a time
+//               (the decode GEMVs' way).
+#include <cstdio>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+
+typedef unsigned char u8;
+typedef unsigned long long u64;
+constexpr int GB = 144, GROUPS = 16, ROW = GB * GROUPS, ROWS = 1408, EXPERTS = 64, BM = 64;
+
+__device__ unsigned long long sink;
+
+__device__ __forceinline__ void cp16(void* s, const void* g) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g));
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void wait_n() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__global__ void stream(const uint4* p, u64 n) {
+    uint32_t acc = 0;
+    u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x, step = (u64)gridDim.x * blockDim.x;
+    for (; i + 7 * step < n; i += 8 * step) {
+        uint4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = __ldcs(p + i + u * step);
+#pragma unroll
+        for (int u = 0; u < 8; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n; i += step) { uint4 v = p[i]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+    if (acc == 0x12345678u) sink = acc;
+}
+
+// Block (x: row tile, y: expert): 64 rows, stages of GPS groups.
+template <int NST, int GPS>
+__global__ void __launch_bounds__(128) tile(const u8* w) {
+    extern __shared__ __align__(16) u8 sm[];
+    constexpr int RS = GPS * GB + 16, STAGE = BM * RS, PIECES = 9 * GPS, PER = (BM * PIECES + 127) / 128;
+    const int tid = threadIdx.x;
+    const u8* base = w + ((u64)blockIdx.y * ROWS + blockIdx.x * BM) * ROW;
+    const int nst = GROUPS / GPS;
+    auto load = [&](int s) {
+        if (s < nst) {
+            u8* st = sm + (s % NST) * STAGE;
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                const int c = tid + i * 128;
+                if (c < BM * PIECES) {
+                    const int r = c / PIECES, q = c - r * PIECES;
+                    const int row = min(blockIdx.x * BM + r, ROWS - 1) - blockIdx.x * BM;
+                    cp16(st + r * RS + q * 16, base + (u64)row * ROW + s * GPS * GB + q * 16);
+                }
+            }
+        }
+        commit();
+    };
+    uint32_t acc = 0;
+#pragma unroll
+    for (int s = 0; s < NST - 1; s++) load(s);
+    for (int s = 0; s < nst; s++) {
+        wait_n<NST - 2>();
+        __syncthreads();
+        load(s + NST - 1);
+        const uint32_t* st = (const uint32_t*)(sm + (s % NST) * STAGE);
+        for (int i = tid; i < STAGE / 4; i += 128) acc ^= st[i];
+    }
+    if (acc == 0x12345678u) sink = acc;
+}
+
+// The same bytes per stage, but a stage is BM / (GROUPS / GPS) whole rows.
+template <int NST, int GPS>
+__global__ void __launch_bounds__(128) rows(const u8* w) {
+    extern __shared__ __align__(16) u8 sm[];
+    constexpr int RPS = BM * GPS / GROUPS, STAGE = RPS * ROW, PIECES = ROW / 16, PER = (RPS * PIECES + 127) / 128;
+    const int tid = threadIdx.x;
+    const u8* base = w + ((u64)blockIdx.y * ROWS + blockIdx.x * BM) * ROW;
+    const int nst = GROUPS / GPS;
+    auto load = [&](int s) {
+        if (s < nst) {
+            u8* st = sm + (s % NST) * STAGE;
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                const int c = tid + i * 128;
+                if (c < RPS * PIECES) {
+                    const int r = s * RPS + c / PIECES, q = c % PIECES;
+                    const int row = min(blockIdx.x * BM + r, ROWS - 1) - blockIdx.x * BM;
+                    cp16(st + (c / PIECES) * ROW + q * 16, base + (u64)row * ROW + q * 16);
+                }
+            }
+        }
+        commit();
+    };
+    uint32_t acc = 0;
+#pragma unroll
+    for (int s = 0; s < NST - 1; s++) load(s);
+    for (int s = 0; s < nst; s++) {
+        wait_n<NST - 2>();
+        __syncthreads();
+        load(s + NST - 1);
+        const uint32_t* st = (const uint32_t*)(sm + (s % NST) * STAGE);
+        for (int i = tid; i < STAGE / 4; i += 128) acc ^= st[i];
+    }
+    if (acc == 0x12345678u) sink = acc;
+}
+
+// Each warp: RW rows at a time, whole rows in 16-byte words straight to registers.
+template <int RW>
+__global__ void warp_rows(const u8* w, int rows_per_warp) {
+    const int lane = threadIdx.x & 31;
+    const u64 warp = (blockIdx.x * (u64)blockDim.x + threadIdx.x) >> 5;
+    const u64 total = (u64)EXPERTS * ROWS;
+    uint32_t acc = 0;
+    for (u64 r0 = warp * rows_per_warp; r0 < min(total, (warp + 1) * rows_per_warp); r0 += RW) {
+        uint4 v[RW][5];
+#pragma unroll
+        for (int k = 0; k < RW; k++)
+#pragma unroll
+            for (int u = 0; u < 5; u++) {
+                const int word = lane + 32 * u;  // 144 words of 16 bytes a row
+                v[k][u] = (r0 + k < total && word < ROW / 16) ? __ldcs((const uint4*)(w + (r0 + k) * ROW) + word) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+        for (int k = 0; k < RW; k++)
+#pragma unroll
+            for (int u = 0; u < 5; u++) acc ^= v[k][u].x ^ v[k][u].y ^ v[k][u].z ^ v[k][u].w;
+    }
+    if (acc == 0x12345678u) sink = acc;
+}
+
+template <typename F>
+float timed(F launch, int reps) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    launch();  // warm-up
+    cudaEventRecord(a);
+    for (int i = 0; i < reps; i++) launch();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    return ms / reps;
+}
+
+int main() {
+    const size_t mat = (size_t)EXPERTS * ROWS * ROW;  // 207.6 MB
+    const int copies = 8;                              // launches rotate over 8 copies (1.66 GB): nothing stays in L2
+    u8* w;
+    CK(cudaMalloc(&w, mat * copies));
+    CK(cudaMemset(w, 1, mat * copies));
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    printf("bwprobe: %d SMs; one launch reads %.1f MB (64 experts x %d rows x %d bytes)\n", sms, mat / 1e6, ROWS, ROW);
+    int it = 0;
+    auto report = [&](const char* name, float ms, int occ) {
+        printf("%-22s %8.1f us  %6.2f TB/s  (blocks/SM %d)\n", name, ms * 1e3, mat / (ms * 1e-3) / 1e12, occ);
+    };
+    {
+        float ms = timed([&] { stream<<<sms * 8, 256>>>((const uint4*)(w + (it++ % copies) * mat), mat / 16); }, 20);
+        report("stream", ms, 8);
+    }
+    dim3 grid(ROWS / BM + (ROWS % BM != 0), EXPERTS);
+#define TILE(NST, GPS)                                                                                         \
+    {                                                                                                          \
+        const int smem = NST * BM * (GPS * GB + 16);                                                           \
+        cudaFuncSetAttribute(tile<NST, GPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);               \
+        int occ = 0;                                                                                           \
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, tile<NST, GPS>, 128, smem);                        \
+        float ms = timed([&] { tile<NST, GPS><<<grid, 128, smem>>>(w + (it++ % copies) * mat); }, 20);        \
+        report("tile NST=" #NST " GPS=" #GPS, ms, occ);                                                        \
+    }
+    TILE(2, 2) TILE(3, 2) TILE(4, 2) TILE(2, 1) TILE(3, 1) TILE(4, 1) TILE(6, 1) TILE(2, 4) TILE(3, 4)
+#define ROWS_(NST, GPS)                                                                                        \
+    {                                                                                                          \
+        const int smem = NST * (BM * GPS / GROUPS) * ROW;                                                      \
+        cudaFuncSetAttribute(rows<NST, GPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);               \
+        int occ = 0;                                                                                           \
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, rows<NST, GPS>, 128, smem);                        \
+        float ms = timed([&] { rows<NST, GPS><<<grid, 128, smem>>>(w + (it++ % copies) * mat); }, 20);        \
+        report("rows NST=" #NST " GPS=" #GPS, ms, occ);                                                        \
+    }
+    ROWS_(2, 2) ROWS_(3, 2) ROWS_(4, 2)
+#define WARPS(RW, RPW)                                                                                         \
+    {                                                                                                          \
+        const size_t warps = ((size_t)EXPERTS * ROWS + RPW - 1) / RPW;                                         \
+        float ms = timed([&] { warp_rows<RW><<<(warps + 7) / 8, 256>>>(w + (it++ % copies) * mat, RPW); }, 20); \
+        report("warp-rows RW=" #RW " rows/warp=" #RPW, ms, 0);                                                 \
+    }
+    WARPS(1, 8) WARPS(2, 8) WARPS(4, 8) WARPS(4, 32) WARPS(8, 32)
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
