@@ -20,7 +20,7 @@
 //!   largest use and is then reused; nothing else is allocated after open.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
@@ -221,6 +221,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_16",
     "mmq_q8_16g1",
     "mmq_q8_rows",
+    "mmq_q8_rows_d",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
@@ -522,6 +523,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_16",
         "mmq_q8_16g1",
         "mmq_q8_rows",
+        "mmq_q8_rows_d",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -633,7 +635,11 @@ pub struct CudaBackend {
     moe_rows: AtomicBool,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
-    mmq_bn16: usize,
+    mmq_bn16: AtomicUsize,
+    /// Dense Q8_0 products of up to this many tokens run on `mmq_q8_rows` (16-token tiles, the
+    /// weights straight into the fragments); `TS_CUDA_MMQ_ROWS=n`, default 0 (none), a
+    /// measurement knob ([`CudaBackend::set_mmq_tiles`]).
+    mmq_rows_dense: AtomicUsize,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -810,7 +816,8 @@ impl CudaBackend {
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
-            mmq_bn16: std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
+            mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
+            mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(0)),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -874,6 +881,13 @@ impl CudaBackend {
     /// same bits; for the test that says so).
     pub fn set_moe_rows(&self, on: bool) {
         self.moe_rows.store(on, Ordering::Relaxed);
+    }
+
+    /// Dense Q8_0 products of up to `bn16` tokens on 16-token tiles, and of up to `rows` tokens
+    /// on `mmq_q8_rows` (`TS_CUDA_MMQ_BN16`, `TS_CUDA_MMQ_ROWS`; for the tests that say so).
+    pub fn set_mmq_tiles(&self, bn16: usize, rows: usize) {
+        self.mmq_bn16.store(bn16, Ordering::Relaxed);
+        self.mmq_rows_dense.store(rows, Ordering::Relaxed);
     }
 
     pub fn fused(&self) -> bool {
@@ -1086,7 +1100,7 @@ impl CudaBackend {
         let m = w.ne(1);
         // Too few tiles to fill the device (small matrices, decode-size batches): split K
         // over blocks (at least 2 groups each) into partial outputs, then sum them in order.
-        let bn = if ng <= self.mmq_bn16 { 16 } else { 64 };
+        let bn = if ng <= self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed)) { 16 } else { 64 };
         let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
         // The partial outputs fit the part scratch's fixed size, so that it never grows after
         // the warm-up at open (the decode step there allocates it, see the MLA decode).
@@ -1347,10 +1361,13 @@ impl CudaBackend {
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
         // tile's activation rows whole in shared memory.
-        let rows_smem = 16 * (ngroups * 144 + 16);
-        let rows = cnt != 0 && bn == 16 && self.moe_rows.load(Ordering::Relaxed) && rows_smem <= self.smem_max;
+        // (Rows padded to a stride of 8 words mod 32: at most 124 bytes more.)
+        let rows_smem = 16 * (ngroups * 144 + 128);
+        let rows = bn == 16
+            && rows_smem <= self.smem_max
+            && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
         let (name, smem) = match (bn, self.mmq16) {
-            _ if rows => ("mmq_q8_rows", rows_smem),
+            _ if rows => (if cnt != 0 { "mmq_q8_rows" } else { "mmq_q8_rows_d" }, rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ => ("mmq_q8_64", MMQ_SMEM),

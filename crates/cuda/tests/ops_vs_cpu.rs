@@ -534,6 +534,55 @@ fn matmul_grouped_types() {
     rep.finish();
 }
 
+/// Dense Q8_0 products on `mmq_q8_rows` (16-token tiles, the weights straight into the mma
+/// fragments) give bit for bit what `mmq_q8_16` gives on the same tiles (so the same split K):
+/// V2-Lite's kv_a, q and o_proj at batched-decode sizes, the absorbed output per head (3-D), and
+/// 97 rows (a warp's 16 rows cut short).
+#[test]
+fn mmq_rows_dense_exact() {
+    let Some(g) = gpu() else { return };
+    if !g.tensor_cores() {
+        eprintln!("mmq_rows_dense_exact: no tensor cores, skipped");
+        return;
+    }
+    let rows = &CudaBackend::new(0).expect("second backend");
+    rows.set_mmq_tiles(16, 64);
+    let plain = &CudaBackend::new(0).expect("third backend");
+    plain.set_mmq_tiles(64, 0);
+    let mut r = rng(34);
+    let mut rep = Report::new("mmq_rows_dense");
+    for &(k, m, gr, ntok) in &[
+        (2048usize, 576usize, 1usize, 64usize),
+        (2048, 3072, 1, 64),
+        (2048, 2048, 1, 24),
+        (2048, 576, 1, 12),
+        (512, 128, 16, 64),
+        (1408, 97, 1, 40),
+    ] {
+        let shape: Vec<usize> = if gr == 1 { vec![k, m] } else { vec![k, m, gr] };
+        let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
+        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
+        let (wr, wp) = (rows.upload_weight(&t, WeightUse::Matmul).unwrap(), plain.upload_weight(&t, WeightUse::Matmul).unwrap());
+        let n = ntok * gr;
+        let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+        let o = Rows { off: 2, n, width: m, stride: m + 2 };
+        let x = randn(&mut r, xr.end(), 1.0);
+        let (xa, xb) = (buf(rows, &x), buf(plain, &x));
+        let (oa, ob) = (rows.alloc(o.end()).unwrap(), plain.alloc(o.end()).unwrap());
+        poison(rows, &oa, o.end());
+        poison(plain, &ob, o.end());
+        if gr == 1 {
+            rows.matmul(&xa, xr, &wr, &oa, o);
+            plain.matmul(&xb, xr, &wp, &ob, o);
+        } else {
+            rows.matmul_grouped(&xa, xr, &wr, &oa, o);
+            plain.matmul_grouped(&xb, xr, &wp, &ob, o);
+        }
+        rep.check(&format!("[{k},{m},{gr}] tokens={ntok} (exact)"), &get(rows, &oa, o), &get(plain, &ob, o), 0.0, 0.0);
+    }
+    rep.finish();
+}
+
 #[test]
 fn rope_modes() {
     let Some(g) = gpu() else { return };

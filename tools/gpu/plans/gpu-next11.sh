@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# First GPU run of branch gpu-next11 (written 2026-11-30, ninth session, after gpu-next10 ran;
+# NOT RUN ON A GPU):
+#  - mmq_q8_rows (grouped, the default for 16-token expert tiles since gpu-next10): activation
+#    rows in shared memory at a stride of 8 words mod 32 (was 4: the 4 rows of a half-warp's
+#    8-byte fragment loads shared banks two ways), bounded to 5 blocks an SM (91 registers; the
+#    build on main has 96, 5 blocks too). Same bits: the --parallel 64 hash stays 33948fa635fb0682.
+#  - mmq_q8_rows_d: dense Q8_0 products on the same kernel (split K: each block copies and walks
+#    its own groups), for products of up to TS_CUDA_MMQ_ROWS=n tokens (default 0: off). At 64
+#    sequences the dense products are 139 mmq_q8_64 launches of 10.9 us (15% of the step) that
+#    read ~0.6 GB a step (0.15 ms at 4 TB/s). Other tiles, so other split-K sums: other hashes
+#    (ops_vs_cpu mmq_rows_dense_exact checks it bit for bit against mmq_q8_16 on the same tiles).
+#  - tools/gpu/bwprobe.cu: frag16, mmq_q8_rows' own loads, from the row-major layout and from a
+#    16-row tiled one (is DRAM locality what holds the kernel at 2.3 TB/s?).
+#   tools/gpu/plans/gpu-next11.sh BIN OPS_TEST BASE_BIN [a|b]   (about 6 and 5 minutes)
+#   BASE_BIN: main's kernels (.dev/n10/turbospark: gpu-next10's last build, main's mmq_q8_rows).
+# Expect: ops_vs_cpu 25 pass; default hash 33948fa635fb0682 at --parallel 64 -n 32 -r 2.
+set -u
+B=$1; OPS=$2; M=$3; PART=${4:-a}
+source "$(dirname "$0")/lib.sh"
+if [ "$PART" = b ]; then
+  [ -f $V ] || "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
+  /usr/local/cuda/bin/nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/bwprobe tools/gpu/bwprobe.cu && /tmp/bwprobe
+  wait
+  # Why mmq_q8_rows waits: the stall reasons per issued instruction (a separate call: if a
+  # metric name is unknown here, only this line is lost).
+  M1=smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  TS_CUDA_GRAPHS=0 "$NCU" --kernel-name regex:mmq_q8_rows --launch-skip 300 --launch-count 1 --metrics $M1 \
+    "$B" bench --backend cuda -m $V -p 0 -n 4 --parallel 64 -r 1 2>&1 | grep -E "stalled|mmq_q8_rows|ERR|rror" | head -12
+  TS_CUDA_MMQ_ROWS=64 TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/par64.csv "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 1 2>&1 | grep -E "cuda trace|tg"
+  python3 tools/gpu/trace.py $O/par64.csv 8 2>/dev/null | head -14
+  for bin in "$M" "$B"; do
+    echo "== server $bin"
+    TS_LOAD_SECONDS=20 tools/gpu/prefill.sh "$bin" "$OPS" $O/pf serve 2>&1 | grep -E "tokens:|TTFT|requests:|failures"
+  done
+  exit 0
+fi
+ops_and_model
+grep -E "mmq_rows_dense|moe_rows" $O/ops.txt | grep -E "FAIL|ok|exact" | head -6
+for r in 1 2; do
+  b "" "$M" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
+  for e in "" TS_CUDA_MMQ_ROWS=16 TS_CUDA_MMQ_ROWS=32 TS_CUDA_MMQ_ROWS=64; do
+    b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
+  done
+done
+for e in "" TS_CUDA_MMQ_ROWS=64; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 32 -r 1; done
