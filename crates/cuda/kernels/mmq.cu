@@ -395,7 +395,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
                                               i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
                                               i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                                              float* out2) {
+                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
     int bx = blockIdx.x;
@@ -404,6 +404,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         W = W2;
         Ws = Ws2;
         out = out2;
+        Wtl = W2tl;
     }
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
@@ -458,16 +459,27 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     const bool sh = !DENSE && e >= e_sh;
     const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
     const i64 rb = sh ? ws_row_bytes : row_bytes;
-    const u8* pa = Wt + (i64)min(r0 + g, m - 1) * rb + (i64)g0 * MMQ_GB;
-    const u8* pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb + (i64)g0 * MMQ_GB;
+    // Routed experts with a 16-row tiled copy (TS_CUDA_MOE_TILED=1): the warp's tile is
+    // group-major, rows 144 bytes apart within a group, groups 16 rows apart.
+    const bool tl = !DENSE && Wtl && !sh;
+    const int gstride = tl ? 16 * MMQ_GB : MMQ_GB;
+    const u8* pa;
+    const u8* pb;
+    if (tl) {
+        pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(r0 >> 4, (m - 1) >> 4) * 16 * rb + g * MMQ_GB;
+        pb = pa + 8 * MMQ_GB;
+    } else {
+        pa = Wt + (i64)min(r0 + g, m - 1) * rb + (i64)g0 * MMQ_GB;
+        pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb + (i64)g0 * MMQ_GB;
+    }
     // One group of this thread's two rows: the 4 scales of each, its 8 bytes of each block.
     // (Group indices from here on count from g0.)
     struct Grp {
         uint2 ha, hb, qa[4], qb[4];
     };
     auto load = [&](Grp& v, int gi) {
-        const u8* a = pa + (i64)min(gi, ng - 1) * MMQ_GB;
-        const u8* b = pb + (i64)min(gi, ng - 1) * MMQ_GB;
+        const u8* a = pa + (i64)min(gi, ng - 1) * gstride;
+        const u8* b = pb + (i64)min(gi, ng - 1) * gstride;
         v.ha = __ldg((const uint2*)a);
         v.hb = __ldg((const uint2*)b);
 #pragma unroll
@@ -542,10 +554,11 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
-             const u8* W2, const u8* Ws2, float* out2) {                                                        \
+             const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {      \
         PDL_ENTRY();                                                                                            \
         mmq_rows_impl<NBUF, DENSE>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
-                            ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2); \
+                            ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2, \
+                            Wtl, W2tl, tl_mat_bytes);                                                           \
     }
 // Two groups in flight a warp (96 registers: 5 blocks an SM). Measured on the H200 (bench
 // --parallel 64 -n 32, each pair in one call): 6,575 / 6,587 tok/s against mmq_q8_16's 6,150 /

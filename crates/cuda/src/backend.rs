@@ -99,6 +99,11 @@ pub struct CudaWeight {
     mem: DevMem,
     /// Device bytes of one row of `shape[0]` elements.
     row_bytes: usize,
+    /// A second copy of a 3-D Q8_0 stack (`TS_CUDA_MOE_TILED=1`, an experiment): each matrix in
+    /// tiles of 16 rows (rows padded with zeros to a multiple of 16), each tile group-major, so
+    /// one tile's group (16 rows x 144 bytes) is one contiguous 2,304-byte piece: the grouped
+    /// expert products (`mmq_q8_rows`) read it instead of the row-major copy.
+    tiled: Option<DevMem>,
 }
 
 impl WeightInfo for CudaWeight {
@@ -119,6 +124,13 @@ impl CudaWeight {
     }
     fn mat_bytes(&self) -> usize {
         self.row_bytes * self.ne(1)
+    }
+    /// Bytes of one matrix of the tiled copy ([`CudaWeight::tiled`]).
+    fn tiled_mat_bytes(&self) -> usize {
+        self.row_bytes * self.ne(1).next_multiple_of(16)
+    }
+    fn tiled_ptr(&self) -> u64 {
+        self.tiled.as_ref().map_or(0, |t| t.ptr)
     }
 }
 
@@ -266,9 +278,11 @@ struct MmqGroups {
     n_exp: usize,
     sh: Option<(u64, usize, usize, usize)>,
     pair: Option<(u64, u64, u64)>,
+    /// The pair's weights in 16-row tiles ([`CudaWeight::tiled`]), or 0.
+    pair_tiled: u64,
 }
 impl MmqGroups {
-    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None };
+    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0 };
 }
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
@@ -423,6 +437,25 @@ fn dev_row_bytes(t: GgmlType, ne0: usize) -> usize {
 /// The file's blocks -> the device layout (see `kernels/common.cuh`): 4-byte aligned blocks, and
 /// Q8_0 regrouped so that each group of 4 blocks is `[4 f16 scales, 8 pad bytes, 128 quants]`
 /// (144 bytes, 16-byte aligned; each row padded with zero blocks to a whole group).
+/// The 16-row tiled copy of a stack of Q8_0 matrices in the device layout (`rows` rows of `rb`
+/// bytes each; [`CudaWeight::tiled`]): per matrix, per tile of 16 rows, per group of 144 bytes,
+/// the tile's 16 rows; rows past `rows` are zeros (zero scales).
+fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
+    let (ng, rows16) = (rb / 144, rows.next_multiple_of(16));
+    let mats = data.len() / (rb * rows).max(1);
+    let mut out = vec![0u8; mats * rows16 * rb];
+    for e in 0..mats {
+        for r in 0..rows {
+            let src = &data[(e * rows + r) * rb..][..rb];
+            let tile = e * rows16 * rb + (r / 16) * 16 * rb;
+            for gi in 0..ng {
+                out[tile + gi * 16 * 144 + (r % 16) * 144..][..144].copy_from_slice(&src[gi * 144..][..144]);
+            }
+        }
+    }
+    out
+}
+
 fn repack(t: GgmlType, data: &[u8], ne0: usize) -> Vec<u8> {
     use GgmlType::*;
     let ts = t.type_size();
@@ -633,6 +666,9 @@ pub struct CudaBackend {
     /// fragments (`mmq_q8_rows`, the same bits as `mmq_q8_16`); `TS_CUDA_MOE_ROWS=0` (or
     /// [`CudaBackend::set_moe_rows`]) takes `mmq_q8_16`, to compare.
     moe_rows: AtomicBool,
+    /// Expert stacks also uploaded in 16-row tiles for `mmq_q8_rows` ([`CudaWeight::tiled`]);
+    /// `TS_CUDA_MOE_TILED=1`, an experiment (twice the expert memory).
+    moe_tiled: AtomicBool,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -816,6 +852,7 @@ impl CudaBackend {
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
+            moe_tiled: AtomicBool::new(std::env::var("TS_CUDA_MOE_TILED").is_ok_and(|v| v == "1")),
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(0)),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
@@ -875,6 +912,12 @@ impl CudaBackend {
             },
             Ordering::Relaxed,
         );
+    }
+
+    /// Expert stacks uploaded from now on also get a 16-row tiled copy ([`CudaWeight::tiled`]);
+    /// `TS_CUDA_MOE_TILED=1` sets it at start (for the test that says so).
+    pub fn set_moe_tiled(&self, on: bool) {
+        self.moe_tiled.store(on, Ordering::Relaxed);
     }
 
     /// Grouped 16-token expert tiles on `mmq_q8_rows` (true, the default) or `mmq_q8_16` (the
@@ -1356,7 +1399,7 @@ impl CudaBackend {
         (nsplit, split_stride): (usize, usize),
         bn: usize,
     ) {
-        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair } = experts.unwrap_or(MmqGroups::NONE);
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
@@ -1372,39 +1415,38 @@ impl CudaBackend {
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ => ("mmq_q8_64", MMQ_SMEM),
         };
-        self.launch(
-            name,
-            grid,
-            128,
-            smem as u32,
-            &[
-                A::P(w.mem.ptr),
-                l(w.row_bytes),
-                l(w.mat_bytes()),
-                i(m),
-                i(ngroups),
-                A::P(xq),
-                l(ngroups * 144),
-                i(n),
-                A::P(cnt),
-                A::P(off),
-                A::P(perm),
-                i(ne),
-                i(in_div),
-                A::P(out),
-                l(ooff),
-                l(ostride),
-                i(nsplit),
-                l(split_stride),
-                A::P(sh_ptr),
-                l(sh_row_bytes),
-                l(sh_stride),
-                i(e_sh),
-                A::P(w2),
-                A::P(sh2),
-                A::P(out2),
-            ],
-        );
+        let args = [
+            A::P(w.mem.ptr),
+            l(w.row_bytes),
+            l(w.mat_bytes()),
+            i(m),
+            i(ngroups),
+            A::P(xq),
+            l(ngroups * 144),
+            i(n),
+            A::P(cnt),
+            A::P(off),
+            A::P(perm),
+            i(ne),
+            i(in_div),
+            A::P(out),
+            l(ooff),
+            l(ostride),
+            i(nsplit),
+            l(split_stride),
+            A::P(sh_ptr),
+            l(sh_row_bytes),
+            l(sh_stride),
+            i(e_sh),
+            A::P(w2),
+            A::P(sh2),
+            A::P(out2),
+            // mmq_q8_rows only: the 16-row tiled copies (or 0).
+            A::P(if cnt != 0 { w.tiled_ptr() } else { 0 }),
+            A::P(pair_tiled),
+            l(w.tiled_mat_bytes()),
+        ];
+        self.launch(name, grid, 128, smem as u32, if rows { &args } else { &args[..25] });
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
@@ -1456,7 +1498,7 @@ impl CudaBackend {
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
             let sh = sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne));
-            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None })
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0 })
         };
         let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
         let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
@@ -1469,6 +1511,7 @@ impl CudaBackend {
         if self.moe_gu && bn == 16 && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
             let gr = groups(sg).map(|mut m| {
                 m.pair = Some((up.mem.ptr, su.map_or(0, |(s, _)| s.mem.ptr), u));
+                m.pair_tiled = up.tiled_ptr();
                 m
             });
             self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
@@ -1706,13 +1749,21 @@ impl Backend for CudaBackend {
             let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
             let mem = self.alloc_mem(bytes.len(), &format!("tensor '{}'", t.name))?;
             self.upload_bytes(&mem, 0, &bytes)?;
-            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4 });
+            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4, tiled: None });
         }
         let data = repack(t.dtype, t.data, ne0);
         let row_bytes = dev_row_bytes(t.dtype, ne0);
         let mem = self.alloc_mem(data.len(), &format!("tensor '{}'", t.name))?;
         self.upload_bytes(&mem, 0, &data)?;
-        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes })
+        let tiled = if self.moe_tiled.load(Ordering::Relaxed) && t.dtype == GgmlType::Q8_0 && t.shape.len() == 3 && t.shape[2] > 1 {
+            let bytes = tile16(&data, row_bytes, t.shape[1]);
+            let mem = self.alloc_mem(bytes.len(), &format!("tensor '{}' (16-row tiles)", t.name))?;
+            self.upload_bytes(&mem, 0, &bytes)?;
+            Some(mem)
+        } else {
+            None
+        };
+        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled })
     }
 
     fn upload_rope(&self, spec: &RopeSpec) -> Result<CudaRope> {
@@ -3052,6 +3103,30 @@ impl Nrc<'_> {
 
 #[cfg(test)]
 mod tests {
+    /// The 16-row tiled copy: row r's group gi of matrix e lands at tile r/16, group gi, slot
+    /// r%16; the padding rows are zeros.
+    #[test]
+    fn tile16_places_every_group() {
+        let (rb, rows, mats) = (3 * 144, 21, 2);
+        let data: Vec<u8> = (0..mats * rows * rb).map(|i| (i * 7 % 251) as u8).collect();
+        let t = super::tile16(&data, rb, rows);
+        let rows16 = 32;
+        assert_eq!(t.len(), mats * rows16 * rb);
+        for e in 0..mats {
+            for r in 0..rows16 {
+                for gi in 0..3 {
+                    let at = e * rows16 * rb + (r / 16) * 16 * rb + gi * 16 * 144 + (r % 16) * 144;
+                    let got = &t[at..at + 144];
+                    if r < rows {
+                        assert_eq!(got, &data[(e * rows + r) * rb + gi * 144..][..144], "e {e} row {r} group {gi}");
+                    } else {
+                        assert!(got.iter().all(|&b| b == 0), "padding row {r}");
+                    }
+                }
+            }
+        }
+    }
+
     /// Kernel names built on the stack equal the format! strings; an over-long one is cut, never
     /// a panic.
     #[test]

@@ -1665,7 +1665,8 @@ fn fused_moe_shared() {
 /// into the mma fragments (`mmq_q8_rows`): bit for bit what `mmq_q8_16` gives (a second backend
 /// with it off), at V2-Lite's shapes (64 experts, 2 shared chunks; 16 groups in, 11 out), with
 /// routing skewed so some experts see more than one tile, and at a width that ends inside a
-/// 64-row block and inside a 128-group. (With `TS_CUDA_MOE_ROWS=0` both sides run `mmq_q8_16`.)
+/// 64-row block and inside a 128-group; and from a 16-row tiled copy of the experts. (With
+/// `TS_CUDA_MOE_ROWS=0` all three run `mmq_q8_16`.)
 #[test]
 fn moe_rows_exact() {
     let Some(g) = gpu() else { return };
@@ -1675,6 +1676,9 @@ fn moe_rows_exact() {
     }
     let plain = &CudaBackend::new(0).expect("second backend");
     plain.set_moe_rows(false);
+    // The experts also in 16-row tiles (TS_CUDA_MOE_TILED), read by mmq_q8_rows: the same bits.
+    let tiled = &CudaBackend::new(0).expect("third backend");
+    tiled.set_moe_tiled(true);
     let mut r = rng(33);
     let mut rep = Report::new("moe_rows");
     // (hdim, ff, experts, k, shared chunks, tokens, logit bias on the first 4 experts)
@@ -1694,7 +1698,7 @@ fn moe_rows_exact() {
         let up = |b: &CudaBackend| -> [CudaWeight; 6] {
             std::array::from_fn(|i| b.upload_weight(&td("w", ty, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap())
         };
-        let (gw, pw) = (up(g), up(plain));
+        let (gw, pw, tw) = (up(g), up(plain), up(tiled));
         let p = MoeParams {
             n_experts: ne,
             k,
@@ -1717,7 +1721,7 @@ fn moe_rows_exact() {
         let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
         let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} n={n} bias={bias}");
         let mut outs = Vec::new();
-        for (b, w) in [(g, &gw), (plain, &pw)] {
+        for (b, w) in [(g, &gw), (plain, &pw), (tiled, &tw)] {
             let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
             poison(b, &bo, o.end());
             let ex = Experts { gate: &w[0], up: &w[1], down: &w[2] };
@@ -1733,6 +1737,8 @@ fn moe_rows_exact() {
         }
         rep.check(&format!("{lab} moe_shared (exact)"), &outs[0].0, &outs[1].0, 0.0, 0.0);
         rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
+        rep.check(&format!("{lab} moe_shared, tiled experts (exact)"), &outs[2].0, &outs[1].0, 0.0, 0.0);
+        rep.check(&format!("{lab} moe, tiled experts (exact)"), &outs[2].1, &outs[1].1, 0.0, 0.0);
     }
     rep.finish();
 }

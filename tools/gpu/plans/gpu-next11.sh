@@ -10,11 +10,15 @@
 #    sequences the dense products are 139 mmq_q8_64 launches of 10.9 us (15% of the step) that
 #    read ~0.6 GB a step (0.15 ms at 4 TB/s). Other tiles, so other split-K sums: other hashes
 #    (ops_vs_cpu mmq_rows_dense_exact checks it bit for bit against mmq_q8_16 on the same tiles).
+#  - TS_CUDA_MOE_TILED=1: expert stacks also uploaded in 16-row tiles (each tile group-major, so
+#    a warp's group of 16 rows is one contiguous 2,304-byte piece; twice the expert memory), read
+#    by mmq_q8_rows. Same bits (moe_rows_exact checks a third backend with it on).
 #  - tools/gpu/bwprobe.cu: frag16, mmq_q8_rows' own loads, from the row-major layout and from a
 #    16-row tiled one (is DRAM locality what holds the kernel at 2.3 TB/s?).
-#   tools/gpu/plans/gpu-next11.sh BIN OPS_TEST BASE_BIN [a|b]   (about 6 and 5 minutes)
+#   tools/gpu/plans/gpu-next11.sh BIN OPS_TEST BASE_BIN [a|b]   (about 8 and 5 minutes)
 #   BASE_BIN: main's kernels (.dev/n10/turbospark: gpu-next10's last build, main's mmq_q8_rows).
-# Expect: ops_vs_cpu 25 pass; default hash 33948fa635fb0682 at --parallel 64 -n 32 -r 2.
+# Expect: ops_vs_cpu 25 pass; hash 33948fa635fb0682 at --parallel 64 -n 32 -r 2 by default and
+# with TS_CUDA_MOE_TILED=1 (TS_CUDA_MMQ_ROWS changes the dense split-K sums: another hash).
 set -u
 B=$1; OPS=$2; M=$3; PART=${4:-a}
 source "$(dirname "$0")/lib.sh"
@@ -40,7 +44,7 @@ ops_and_model
 grep -E "mmq_rows_dense|moe_rows" $O/ops.txt | grep -E "FAIL|ok|exact" | head -6
 for r in 1 2; do
   b "" "$M" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
-  for e in "" TS_CUDA_MMQ_ROWS=16 TS_CUDA_MMQ_ROWS=32 TS_CUDA_MMQ_ROWS=64; do
+  for e in "" TS_CUDA_MOE_TILED=1 TS_CUDA_MMQ_ROWS=32 TS_CUDA_MMQ_ROWS=64 "TS_CUDA_MOE_TILED=1 TS_CUDA_MMQ_ROWS=64"; do
     b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
   done
 done
