@@ -359,6 +359,12 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// A hint: `weights` are read soon after the next routed-expert op (the next layer's
+    /// attention). A backend may use that op's bandwidth-bound phase to move them closer (CUDA:
+    /// into L2 during a decode MoE's down products, `TS_CUDA_L2PF=1`). Never changes a result.
+    /// Default: nothing.
+    fn prefetch_hint(&self, _weights: &[&Self::Weight]) {}
+
     // ---- recorded steps (optional) --------------------------------------------------------------
     /// Start a forward step of `n_tokens` tokens whose sequence of ops (shapes, buffers, weights)
     /// is fully determined by `key`, per-step values (token ids, positions, slots) coming only

@@ -171,3 +171,19 @@ extern "C" __global__ void gather_rows(const float* x, i64 xoff, i64 xstride, co
     float* dst = out + ooff + (i64)blockIdx.x * ostride;
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
 }
+
+// Asks L2 for up to 6 byte ranges (the next layer's attention weights: TS_CUDA_L2PF=1, launched
+// between the decode MoE's gate/up and down products, so the lines arrive while the down
+// products stream), then waits for the kernel before it like every kernel does, so the chain of
+// dependencies is unchanged (the down products wait for this one, this one for the gate/up).
+extern "C" __global__ void l2_prefetch(const u8* p0, i64 n0, const u8* p1, i64 n1, const u8* p2, i64 n2, const u8* p3,
+                                       i64 n3, const u8* p4, i64 n4, const u8* p5, i64 n5) {
+    pdl_trigger();
+    const u8* p[6] = {p0, p1, p2, p3, p4, p5};
+    const i64 n[6] = {n0, n1, n2, n3, n4, n5};
+    const i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x, nt = (i64)gridDim.x * blockDim.x;
+#pragma unroll
+    for (int k = 0; k < 6; k++)
+        for (i64 o = t * 128; o < n[k]; o += nt * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p[k] + o));
+    pdl_wait();
+}

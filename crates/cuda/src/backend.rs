@@ -558,6 +558,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_rows",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
+        "l2_prefetch",
         "mla_prefill",
     ]
     .iter()
@@ -669,6 +670,11 @@ pub struct CudaBackend {
     /// Expert stacks also uploaded in 16-row tiles for `mmq_q8_rows` ([`CudaWeight::tiled`]);
     /// `TS_CUDA_MOE_TILED=1`, an experiment (twice the expert memory).
     moe_tiled: AtomicBool,
+    /// [`Backend::prefetch_hint`] taken up (`TS_CUDA_L2PF=1`, an experiment): the hinted weights
+    /// are prefetched into L2 between the next decode MoE's gate/up and down products.
+    l2pf: AtomicBool,
+    /// The hinted (pointer, bytes) ranges not yet prefetched, and how many.
+    pf_pending: Mutex<([(u64, usize); 6], usize)>,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -853,6 +859,8 @@ impl CudaBackend {
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
             moe_tiled: AtomicBool::new(std::env::var("TS_CUDA_MOE_TILED").is_ok_and(|v| v == "1")),
+            l2pf: AtomicBool::new(std::env::var("TS_CUDA_L2PF").is_ok_and(|v| v == "1")),
+            pf_pending: Mutex::new(([(0, 0); 6], 0)),
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(0)),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
@@ -912,6 +920,11 @@ impl CudaBackend {
             },
             Ordering::Relaxed,
         );
+    }
+
+    /// Prefetch hints taken up (`TS_CUDA_L2PF=1`) or ignored (for the test that says so).
+    pub fn set_l2pf(&self, on: bool) {
+        self.l2pf.store(on, Ordering::Relaxed);
     }
 
     /// Expert stacks uploaded from now on also get a 16-row tiled copy ([`CudaWeight::tiled`]);
@@ -1380,6 +1393,21 @@ impl CudaBackend {
         );
     }
 
+    /// The hinted weights ([`Backend::prefetch_hint`]) into L2, if any are pending: one
+    /// `l2_prefetch` launch (a block per SM) placed between a decode MoE's gate/up and down.
+    fn l2_prefetch_pending(&self) {
+        let (ranges, n) = std::mem::replace(&mut *self.pf_pending.lock().unwrap_or_else(|e| e.into_inner()), ([(0, 0); 6], 0));
+        if n == 0 {
+            return;
+        }
+        let mut args = [A::I(0); 12];
+        for (j, &(p, b)) in ranges.iter().enumerate() {
+            args[2 * j] = A::P(p);
+            args[2 * j + 1] = l(b);
+        }
+        self.launch("l2_prefetch", (self.sm_count as u32, 1, 1), 256, 0, &args);
+    }
+
     /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` the grouped expert product's lists
     /// ([`MmqGroups`]), `None` for the dense one (`grid.2 / nsplit` matrices of `n` tokens);
     /// `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the splits'
@@ -1569,6 +1597,7 @@ impl CudaBackend {
                 [A::P(x.0.ptr), l(xr.off), l(xr.stride), A::I(act), A::P(g), l(ff)],
             ),
         );
+        self.l2_prefetch_pending();
         self.launch(
             KName::of(format_args!("moe_down_sh_{tn}")).as_str(),
             (hdim.div_ceil(8) as u32, n as u32, 1),
@@ -2898,6 +2927,8 @@ impl Backend for CudaBackend {
             let Some(u) = self.scratch(S::U, 4 * pairs * ff) else { return true };
             let Some(y) = self.scratch(S::Y, 4 * pairs * hdim) else { return true };
             self.moe_mmq(x, xr, logits, lr, &experts, Some(&shared), p, warp_route(p), (sel_e, sel_w, g, u, y), out, o);
+            // (A prefetch hint is for decode steps only: dropped.)
+            *self.pf_pending.lock().unwrap_or_else(|e| e.into_inner()) = ([(0, 0); 6], 0);
             return true;
         }
         let ok = self.fused && (1..=GEMV_MAX_TOKENS).contains(&n) && (q8 || h16) && shapes && warp_route(p);
@@ -2971,6 +3002,7 @@ impl Backend for CudaBackend {
                 [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
             ),
         );
+        self.l2_prefetch_pending();
         self.launch(
             "moe_down_sh_q8",
             (hdim.div_ceil(4) as u32, n as u32, 1),
@@ -2979,6 +3011,18 @@ impl Backend for CudaBackend {
             &moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o),
         );
         true
+    }
+
+    fn prefetch_hint(&self, weights: &[&CudaWeight]) {
+        if !self.l2pf.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut ranges = [(0, 0); 6];
+        let n = weights.len().min(6);
+        for (r, w) in ranges.iter_mut().zip(weights) {
+            *r = (w.mem.ptr, w.mem.bytes);
+        }
+        *self.pf_pending.lock().unwrap_or_else(|e| e.into_inner()) = (ranges, n);
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -1743,6 +1743,80 @@ fn moe_rows_exact() {
     rep.finish();
 }
 
+/// Prefetch hints taken up (`TS_CUDA_L2PF`: an `l2_prefetch` launch between the decode MoE's
+/// gate/up and down) change no bit of the MoE's output, eager or replayed from a recording, Q8_0
+/// and bf16 experts.
+#[test]
+fn l2_prefetch_changes_nothing() {
+    let Some(e) = gpu() else { return };
+    let g = &CudaBackend::new(0).expect("second backend");
+    g.set_l2pf(true);
+    let mut r = rng(35);
+    let mut rep = Report::new("l2_prefetch");
+    let (hdim, ff, ne, k, nsh) = (2048usize, 1408usize, 16usize, 6usize, 2usize);
+    let sf = nsh * ff;
+    for ty in [GgmlType::Q8_0, GgmlType::BF16] {
+        let shapes: [Vec<usize>; 7] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim], vec![hdim, 3072]];
+        let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3).0).collect();
+        let up = |b: &CudaBackend| -> Vec<CudaWeight> {
+            shapes.iter().zip(&ws).map(|(s, w)| b.upload_weight(&td("w", ty, s, w), WeightUse::Matmul).unwrap()).collect()
+        };
+        let (gw, ew) = (up(g), up(e));
+        let p = MoeParams {
+            n_experts: ne,
+            k,
+            gating: Gating::Softmax,
+            norm_topk: false,
+            scale: 1.0,
+            n_group: 1,
+            topk_group: 1,
+            glu: Glu::SwiGlu,
+        };
+        for &n in &[1usize, 3] {
+            let xr = Rows::packed(n, hdim);
+            let lr = Rows::packed(n, ne);
+            let key = 0x12f0_u64 ^ r.random::<u64>();
+            let (gx, gl, go) = (g.alloc(n * hdim).unwrap(), g.alloc(n * ne).unwrap(), g.alloc(n * hdim).unwrap());
+            let (ex, el, eo) = (e.alloc(n * hdim).unwrap(), e.alloc(n * ne).unwrap(), e.alloc(n * hdim).unwrap());
+            let step = |b: &CudaBackend, w: &[CudaWeight], x: &CudaBuf, lg: &CudaBuf, o: &CudaBuf| {
+                b.prefetch_hint(&[&w[6], &w[3]]);
+                let ok = b.moe_shared(
+                    x,
+                    xr,
+                    lg,
+                    lr,
+                    Experts { gate: &w[0], up: &w[1], down: &w[2] },
+                    Experts { gate: &w[3], up: &w[4], down: &w[5] },
+                    &p,
+                    o,
+                    xr,
+                );
+                assert!(ok, "the fused decode MoE declined");
+            };
+            for s in 0..3 {
+                let x = randn(&mut r, n * hdim, 1.0);
+                let lg = randn(&mut r, n * ne, 2.0);
+                for (b, xb, lb, ob) in [(g, &gx, &gl, &go), (e, &ex, &el, &eo)] {
+                    b.write(xb, 0, &x).unwrap();
+                    b.write(lb, 0, &lg).unwrap();
+                    poison(b, ob, n * hdim);
+                }
+                // Step 0 eager, then recorded and replayed.
+                if s == 0 || !g.graph_begin(key, n) {
+                    step(g, &gw, &gx, &gl, &go);
+                    if s > 0 && !g.graph_end() {
+                        step(g, &gw, &gx, &gl, &go);
+                    }
+                }
+                step(e, &ew, &ex, &el, &eo);
+                rep.check(&format!("{} n={n} step {s} (exact)", ty.name()), &get(g, &go, xr), &get(e, &eo, xr), 0.0, 0.0);
+            }
+        }
+    }
+    rep.finish();
+}
+
 /// Bit-for-bit checks of a fused op's named outputs `a` against its chain's `b` (atol 0: any
 /// difference, or a NaN left by an unwritten element, fails).
 fn exact(rep: &mut Report, lab: &str, names: &[&str], a: &[Vec<f32>], b: &[Vec<f32>]) {

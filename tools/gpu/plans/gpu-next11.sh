@@ -13,11 +13,16 @@
 #  - TS_CUDA_MOE_TILED=1: expert stacks also uploaded in 16-row tiles (each tile group-major, so
 #    a warp's group of 16 rows is one contiguous 2,304-byte piece; twice the expert memory), read
 #    by mmq_q8_rows. Same bits (moe_rows_exact checks a third backend with it on).
+#  - TS_CUDA_L2PF=1: Backend::prefetch_hint (deepseek2 names the next layer's attention weights
+#    before each MoE) taken up by an l2_prefetch launch between the decode MoE's gate/up and down
+#    products: ~14.6 MB a layer into L2 while the down products stream, for the latency-bound
+#    attention GEMVs after (knockout, fourth session: q/kv_a 13.4 us a layer against ~2 at
+#    bandwidth). Same bits (ops_vs_cpu l2_prefetch_changes_nothing; tg128 keeps its hash).
 #  - tools/gpu/bwprobe.cu: frag16, mmq_q8_rows' own loads, from the row-major layout and from a
 #    16-row tiled one (is DRAM locality what holds the kernel at 2.3 TB/s?).
-#   tools/gpu/plans/gpu-next11.sh BIN OPS_TEST BASE_BIN [a|b]   (about 8 and 5 minutes)
+#   tools/gpu/plans/gpu-next11.sh BIN OPS_TEST BASE_BIN [a|b]   (about 8 and 7 minutes)
 #   BASE_BIN: main's kernels (.dev/n10/turbospark: gpu-next10's last build, main's mmq_q8_rows).
-# Expect: ops_vs_cpu 25 pass; hash 33948fa635fb0682 at --parallel 64 -n 32 -r 2 by default and
+# Expect: ops_vs_cpu 26 pass; tg128 hash 756941f1d106faec with and without TS_CUDA_L2PF; hash 33948fa635fb0682 at --parallel 64 -n 32 -r 2 by default and
 # with TS_CUDA_MOE_TILED=1 (TS_CUDA_MMQ_ROWS changes the dense split-K sums: another hash).
 set -u
 B=$1; OPS=$2; M=$3; PART=${4:-a}
@@ -34,6 +39,9 @@ if [ "$PART" = b ]; then
     "$B" bench --backend cuda -m $V -p 0 -n 4 --parallel 64 -r 1 2>&1 | grep -E "stalled|mmq_q8_rows|ERR|rror" | head -12
   TS_CUDA_MMQ_ROWS=64 TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/par64.csv "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 1 2>&1 | grep -E "cuda trace|tg"
   python3 tools/gpu/trace.py $O/par64.csv 8 2>/dev/null | head -14
+  "$B" synth --preset deepseek-v2-lite --quant bf16 -o /tmp/v2lite-bf16.gguf >/dev/null 2>&1
+  for e in "" TS_CUDA_L2PF=1 "" TS_CUDA_L2PF=1; do b "$e" "$B" bench --backend cuda -m /tmp/v2lite-bf16.gguf -p 0 -n 128 -r 3 --hash; done
+  rm -f /tmp/v2lite-bf16.gguf
   for bin in "$M" "$B"; do
     echo "== server $bin"
     TS_LOAD_SECONDS=20 tools/gpu/prefill.sh "$bin" "$OPS" $O/pf serve 2>&1 | grep -E "tokens:|TTFT|requests:|failures"
@@ -44,8 +52,10 @@ ops_and_model
 grep -E "mmq_rows_dense|moe_rows" $O/ops.txt | grep -E "FAIL|ok|exact" | head -6
 for r in 1 2; do
   b "" "$M" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
-  for e in "" TS_CUDA_MOE_TILED=1 TS_CUDA_MMQ_ROWS=32 TS_CUDA_MMQ_ROWS=64 "TS_CUDA_MOE_TILED=1 TS_CUDA_MMQ_ROWS=64"; do
+  for e in "" TS_CUDA_MOE_TILED=1 TS_CUDA_MMQ_ROWS=64 "TS_CUDA_MOE_TILED=1 TS_CUDA_MMQ_ROWS=64"; do
     b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
   done
 done
 for e in "" TS_CUDA_MMQ_ROWS=64; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 32 -r 1; done
+# The L2 prefetch of the next layer's attention weights (decode).
+for r in 1 2; do for e in "" TS_CUDA_L2PF=1; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done; done
