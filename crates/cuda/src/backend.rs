@@ -225,6 +225,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "gemv_q8_multi_8",
     "moe_gateup_sh_q8q",
     "moe_down_sh_q8",
+    "moe_down_sh_q8_w4",
     "mla_prefill",
     "mla_prefill_h",
     "mla_split_tc",
@@ -545,6 +546,9 @@ fn kernel_names() -> Vec<String> {
         "gemv_q8_multi_4",
         "gemv_q8_multi_8",
         "moe_down_sh_q8",
+        "moe_down_sh_q8_w4",
+        "moe_down_sh_f16_w4",
+        "moe_down_sh_bf16_w4",
         "moe_gateup_sh_f16",
         "moe_down_sh_f16",
         "moe_gateup_sh_bf16",
@@ -673,6 +677,9 @@ pub struct CudaBackend {
     /// [`Backend::prefetch_hint`] taken up (`TS_CUDA_L2PF=1`, an experiment): the hinted weights
     /// are prefetched into L2 between the next decode MoE's gate/up and down products.
     l2pf: AtomicBool,
+    /// The decode MoE's down products with four warps a row (`TS_CUDA_DOWN_WPR=4`; the
+    /// defaults are two for Q8_0, one for f16/bf16), a measurement knob: another summation order.
+    down_w4: bool,
     /// The hinted (pointer, bytes) ranges not yet prefetched, and how many.
     pf_pending: Mutex<([(u64, usize); 6], usize)>,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -860,6 +867,7 @@ impl CudaBackend {
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
             moe_tiled: AtomicBool::new(std::env::var("TS_CUDA_MOE_TILED").is_ok_and(|v| v == "1")),
             l2pf: AtomicBool::new(std::env::var("TS_CUDA_L2PF").is_ok_and(|v| v == "1")),
+            down_w4: std::env::var("TS_CUDA_DOWN_WPR").is_ok_and(|v| v == "4"),
             pf_pending: Mutex::new(([(0, 0); 6], 0)),
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(0)),
@@ -1599,8 +1607,8 @@ impl CudaBackend {
         );
         self.l2_prefetch_pending();
         self.launch(
-            KName::of(format_args!("moe_down_sh_{tn}")).as_str(),
-            (hdim.div_ceil(8) as u32, n as u32, 1),
+            KName::of(format_args!("moe_down_sh_{tn}{}", if self.down_w4 { "_w4" } else { "" })).as_str(),
+            (hdim.div_ceil(if self.down_w4 { 2 } else { 8 }) as u32, n as u32, 1),
             256,
             0,
             &moe_down_args(experts.down, shared.down, (hdim, ff, k, nsh), sel_e, (g, ff), out, o),
@@ -3004,8 +3012,8 @@ impl Backend for CudaBackend {
         );
         self.l2_prefetch_pending();
         self.launch(
-            "moe_down_sh_q8",
-            (hdim.div_ceil(4) as u32, n as u32, 1),
+            if self.down_w4 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
+            (hdim.div_ceil(if self.down_w4 { 2 } else { 4 }) as u32, n as u32, 1),
             256,
             0,
             &moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o),

@@ -18,15 +18,37 @@
 #    products: ~14.6 MB a layer into L2 while the down products stream, for the latency-bound
 #    attention GEMVs after (knockout, fourth session: q/kv_a 13.4 us a layer against ~2 at
 #    bandwidth). Same bits (ops_vs_cpu l2_prefetch_changes_nothing; tg128 keeps its hash).
+#  - TS_CUDA_DOWN_WPR=4: the decode MoE's down products with four warps a row (Q8_0: 2 by
+#    default, 15.4 us a layer at 1.7 TB/s in Nsight; bf16: 1, 20.8 us at 2.2 TB/s, 11 dependent
+#    batches of loads a warp). Another summation order: other tokens.
 #  - tools/gpu/bwprobe.cu: frag16, mmq_q8_rows' own loads, from the row-major layout and from a
 #    16-row tiled one (is DRAM locality what holds the kernel at 2.3 TB/s?).
-#   tools/gpu/plans/gpu-next11.sh BIN OPS_TEST BASE_BIN [a|b]   (about 8 and 7 minutes)
+#   tools/gpu/plans/gpu-next11.sh BIN OPS_TEST BASE_BIN [a|b|c]   (about 8, 5 and 7 minutes)
 #   BASE_BIN: main's kernels (.dev/n10/turbospark: gpu-next10's last build, main's mmq_q8_rows).
 # Expect: ops_vs_cpu 26 pass; tg128 hash 756941f1d106faec with and without TS_CUDA_L2PF; hash 33948fa635fb0682 at --parallel 64 -n 32 -r 2 by default and
 # with TS_CUDA_MOE_TILED=1 (TS_CUDA_MMQ_ROWS changes the dense split-K sums: another hash).
 set -u
 B=$1; OPS=$2; M=$3; PART=${4:-a}
 source "$(dirname "$0")/lib.sh"
+if [ "$PART" = c ]; then
+  # Decode: the L2 prefetch of the next layer's attention weights (same tokens) and the down
+  # products with four warps a row (another summation order: other tokens).
+  [ -f $V ] || "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
+  echo "== ops_vs_cpu moe with TS_CUDA_DOWN_WPR=4"
+  TS_CUDA_DOWN_WPR=4 "$OPS" --test-threads 2 moe 2>&1 | grep -E "FAIL|test result|panicked" | head -6
+  wait
+  for r in 1 2; do
+    for e in "" TS_CUDA_L2PF=1 TS_CUDA_DOWN_WPR=4 "TS_CUDA_L2PF=1 TS_CUDA_DOWN_WPR=4"; do
+      b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+    done
+  done
+  "$B" synth --preset deepseek-v2-lite --quant bf16 -o /tmp/v2lite-bf16.gguf >/dev/null 2>&1
+  for e in "" TS_CUDA_L2PF=1 TS_CUDA_DOWN_WPR=4 "TS_CUDA_L2PF=1 TS_CUDA_DOWN_WPR=4"; do
+    b "$e" "$B" bench --backend cuda -m /tmp/v2lite-bf16.gguf -p 0 -n 128 -r 3 --hash
+  done
+  rm -f /tmp/v2lite-bf16.gguf
+  exit 0
+fi
 if [ "$PART" = b ]; then
   [ -f $V ] || "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
   /usr/local/cuda/bin/nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/bwprobe tools/gpu/bwprobe.cu && /tmp/bwprobe
@@ -39,9 +61,6 @@ if [ "$PART" = b ]; then
     "$B" bench --backend cuda -m $V -p 0 -n 4 --parallel 64 -r 1 2>&1 | grep -E "stalled|mmq_q8_rows|ERR|rror" | head -12
   TS_CUDA_MMQ_ROWS=64 TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/par64.csv "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 1 2>&1 | grep -E "cuda trace|tg"
   python3 tools/gpu/trace.py $O/par64.csv 8 2>/dev/null | head -14
-  "$B" synth --preset deepseek-v2-lite --quant bf16 -o /tmp/v2lite-bf16.gguf >/dev/null 2>&1
-  for e in "" TS_CUDA_L2PF=1 "" TS_CUDA_L2PF=1; do b "$e" "$B" bench --backend cuda -m /tmp/v2lite-bf16.gguf -p 0 -n 128 -r 3 --hash; done
-  rm -f /tmp/v2lite-bf16.gguf
   for bin in "$M" "$B"; do
     echo "== server $bin"
     TS_LOAD_SECONDS=20 tools/gpu/prefill.sh "$bin" "$OPS" $O/pf serve 2>&1 | grep -E "tokens:|TTFT|requests:|failures"
@@ -57,5 +76,3 @@ for r in 1 2; do
   done
 done
 for e in "" TS_CUDA_MMQ_ROWS=64; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 32 -r 1; done
-# The L2 prefetch of the next layer's attention weights (decode).
-for r in 1 2; do for e in "" TS_CUDA_L2PF=1; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done; done
