@@ -61,9 +61,13 @@ if [ "$PART" = b ]; then
     "$B" bench --backend cuda -m $V -p 0 -n 4 --parallel 64 -r 1 2>&1 | grep -E "stalled|mmq_q8_rows|ERR|rror" | head -12
   TS_CUDA_MMQ_ROWS=64 TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/par64.csv "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 1 2>&1 | grep -E "cuda trace|tg"
   python3 tools/gpu/trace.py $O/par64.csv 8 2>/dev/null | head -14
-  for bin in "$M" "$B"; do
-    echo "== server $bin"
-    TS_LOAD_SECONDS=20 tools/gpu/prefill.sh "$bin" "$OPS" $O/pf serve 2>&1 | grep -E "tokens:|TTFT|requests:|failures"
+  # The server's steps average ~78 tokens (64 decoding plus new prompts of 32): the dense
+  # products then take two 64-token tiles; on the rows kernel (TS_CUDA_MMQ_ROWS=128) 16-token
+  # tiles follow the token count.
+  for run in "- $M" "- $B" "TS_CUDA_MMQ_ROWS=128 $B"; do
+    set -- $run; e=$1; bin=$2; [ "$e" = - ] && e=""
+    echo "== server ${e:-default} $bin"
+    env $e TS_LOAD_SECONDS=20 tools/gpu/prefill.sh "$bin" "$OPS" $O/pf serve 2>&1 | grep -E "tokens:|TTFT|requests:|failures|steps_total|batch_tokens"
   done
   exit 0
 fi
