@@ -429,7 +429,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     const int g0 = DENSE ? split * gps : 0, ng = DENSE ? min(ngroups, g0 + gps) - g0 : ngroups;
     if (DENSE) out += split * split_stride;
     const int nt = min(BN, count - start);
-    if (nt <= 0 || ng <= 0) return;
+    if (nt <= 0) return;  // (a split with no groups, ng <= 0, still writes its zero partials)
     if (tid < BN) {
         const int j = min(tid, nt - 1);  // past the end: the last row again
         int s, d;
@@ -524,8 +524,10 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     };
     // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
     Grp v[NBUF];
+    if (ng > 0) {
 #pragma unroll
-    for (int i = 0; i < NBUF; i++) load(v[i], i);
+        for (int i = 0; i < NBUF; i++) load(v[i], i);
+    }
     cp_wait<0>();
     __syncthreads();
     if (r0 >= m) return;  // no barrier past here

@@ -537,7 +537,8 @@ fn matmul_grouped_types() {
 /// Dense Q8_0 products on `mmq_q8_rows` (16-token tiles, the weights straight into the mma
 /// fragments) give bit for bit what `mmq_q8_16` gives on the same tiles (so the same split K):
 /// V2-Lite's kv_a, q and o_proj at batched-decode sizes, the absorbed output per head (3-D), and
-/// 97 rows (a warp's 16 rows cut short).
+/// 97 rows (a warp's 16 rows cut short; its 11 groups in 5 splits of 3 leave the last split
+/// none, which must still write zeros).
 #[test]
 fn mmq_rows_dense_exact() {
     let Some(g) = gpu() else { return };
