@@ -48,6 +48,27 @@ __global__ void stream(const uint4* p, u64 n) {
     if (acc == 0x12345678u) sink = acc;
 }
 
+// The cp.async pipeline both staged probes share: stage s (of nst) copied by load(s) into buffer
+// s % NST, NST - 1 stages ahead, one barrier a stage, then every word of the stage read.
+template <int NST, int STAGE, typename L>
+__device__ __forceinline__ void staged(const u8* sm, int nst, L load) {
+    uint32_t acc = 0;
+    auto issue = [&](int s) {
+        if (s < nst) load(s);
+        commit();  // (empty groups keep the count uniform)
+    };
+#pragma unroll
+    for (int s = 0; s < NST - 1; s++) issue(s);
+    for (int s = 0; s < nst; s++) {
+        wait_n<NST - 2>();
+        __syncthreads();
+        issue(s + NST - 1);
+        const uint32_t* st = (const uint32_t*)(sm + (s % NST) * STAGE);
+        for (int i = threadIdx.x; i < STAGE / 4; i += 128) acc ^= st[i];
+    }
+    if (acc == 0x12345678u) sink = acc;
+}
+
 // Block (x: row tile, y: expert): 64 rows, stages of GPS groups.
 template <int NST, int GPS>
 __global__ void __launch_bounds__(128) tile(const u8* w) {
@@ -57,31 +78,18 @@ __global__ void __launch_bounds__(128) tile(const u8* w) {
     const u8* base = w + ((u64)blockIdx.y * ROWS + blockIdx.x * BM) * ROW;
     const int nst = GROUPS / GPS;
     auto load = [&](int s) {
-        if (s < nst) {
-            u8* st = sm + (s % NST) * STAGE;
+        u8* st = sm + (s % NST) * STAGE;
 #pragma unroll
-            for (int i = 0; i < PER; i++) {
-                const int c = tid + i * 128;
-                if (c < BM * PIECES) {
-                    const int r = c / PIECES, q = c - r * PIECES;
-                    const int row = min(blockIdx.x * BM + r, ROWS - 1) - blockIdx.x * BM;
-                    cp16(st + r * RS + q * 16, base + (u64)row * ROW + s * GPS * GB + q * 16);
-                }
+        for (int i = 0; i < PER; i++) {
+            const int c = tid + i * 128;
+            if (c < BM * PIECES) {
+                const int r = c / PIECES, q = c - r * PIECES;
+                const int row = min(blockIdx.x * BM + r, ROWS - 1) - blockIdx.x * BM;
+                cp16(st + r * RS + q * 16, base + (u64)row * ROW + s * GPS * GB + q * 16);
             }
         }
-        commit();
     };
-    uint32_t acc = 0;
-#pragma unroll
-    for (int s = 0; s < NST - 1; s++) load(s);
-    for (int s = 0; s < nst; s++) {
-        wait_n<NST - 2>();
-        __syncthreads();
-        load(s + NST - 1);
-        const uint32_t* st = (const uint32_t*)(sm + (s % NST) * STAGE);
-        for (int i = tid; i < STAGE / 4; i += 128) acc ^= st[i];
-    }
-    if (acc == 0x12345678u) sink = acc;
+    staged<NST, STAGE>(sm, nst, load);
 }
 
 // The same bytes per stage, but a stage is BM / (GROUPS / GPS) whole rows.
@@ -93,31 +101,18 @@ __global__ void __launch_bounds__(128) rows(const u8* w) {
     const u8* base = w + ((u64)blockIdx.y * ROWS + blockIdx.x * BM) * ROW;
     const int nst = GROUPS / GPS;
     auto load = [&](int s) {
-        if (s < nst) {
-            u8* st = sm + (s % NST) * STAGE;
+        u8* st = sm + (s % NST) * STAGE;
 #pragma unroll
-            for (int i = 0; i < PER; i++) {
-                const int c = tid + i * 128;
-                if (c < RPS * PIECES) {
-                    const int r = s * RPS + c / PIECES, q = c % PIECES;
-                    const int row = min(blockIdx.x * BM + r, ROWS - 1) - blockIdx.x * BM;
-                    cp16(st + (c / PIECES) * ROW + q * 16, base + (u64)row * ROW + q * 16);
-                }
+        for (int i = 0; i < PER; i++) {
+            const int c = tid + i * 128;
+            if (c < RPS * PIECES) {
+                const int r = s * RPS + c / PIECES, q = c % PIECES;
+                const int row = min(blockIdx.x * BM + r, ROWS - 1) - blockIdx.x * BM;
+                cp16(st + (c / PIECES) * ROW + q * 16, base + (u64)row * ROW + q * 16);
             }
         }
-        commit();
     };
-    uint32_t acc = 0;
-#pragma unroll
-    for (int s = 0; s < NST - 1; s++) load(s);
-    for (int s = 0; s < nst; s++) {
-        wait_n<NST - 2>();
-        __syncthreads();
-        load(s + NST - 1);
-        const uint32_t* st = (const uint32_t*)(sm + (s % NST) * STAGE);
-        for (int i = tid; i < STAGE / 4; i += 128) acc ^= st[i];
-    }
-    if (acc == 0x12345678u) sink = acc;
+    staged<NST, STAGE>(sm, nst, load);
 }
 
 // Each warp: RW rows at a time, whole rows in 16-byte words straight to registers.
