@@ -389,6 +389,14 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 // grid and arguments are mmq_q8_16's (64 rows a block of 4 warps, tiles of 16 tokens along y,
 // W2 in the upper half of x, split and matrix along z). Dynamic shared memory: at most 16 rows
 // of ngroups*144 + 124 bytes.
+// Measurement defines (TS_CUDA_DEFINES="MMQ_ROWS_PAD=0 MMQ_ROWS_MINB=4"): the activation rows'
+// padding rule and the grouped kernel's blocks-an-SM bound.
+#ifndef MMQ_ROWS_PAD
+#define MMQ_ROWS_PAD 1
+#endif
+#ifndef MMQ_ROWS_MINB
+#define MMQ_ROWS_MINB 5
+#endif
 template <int NBUF, bool DENSE>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
@@ -447,7 +455,13 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     __syncthreads();
     // The activation rows of the n8 tiles in use, groups g0.. only. A row's stride in words is
     // 8 mod 32, so the 4 rows of a half-warp's 8-byte fragment loads start 8 banks apart.
+    // (MMQ_ROWS_PAD=0, a measurement define: rows padded by 16 bytes instead, a stride of
+    // 4 words mod 32 for 16 groups.)
+#if MMQ_ROWS_PAD
     const int xb = ng * MMQ_GB, rs = xb + 4 * (((8 - 4 * ng) % 32 + 32) % 32), pieces = xb >> 4;
+#else
+    const int xb = ng * MMQ_GB, rs = xb + 16, pieces = xb >> 4;
+#endif
     const int nb = nt > 8 ? 16 : 8;
     for (int c = tid; c < nb * pieces; c += MMQ_THREADS) {
         const int r = c / pieces, q = c - r * pieces;
@@ -570,7 +584,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 // Nsight at 64 sequences (gate/up): 189 us against 204, 45.5M instructions against 73M, 2.3 TB/s
 // against 2.1, issue slots 35% busy and 10 cycles between a warp's instructions: still waiting on
 // memory, with 20 warps an SM and 2 groups (4.6 KB) in flight each.
-MMQ_ROWS_INST(mmq_q8_rows, 2, 5, false)
+MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false)
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix), split K as mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true)
 

@@ -811,6 +811,11 @@ impl CudaBackend {
         if ms_nb != MS_NB {
             defs.push(format!("-DMS_NB={ms_nb}"));
         }
+        // Measurement defines for the kernels (`TS_CUDA_DEFINES="NAME=VALUE ..."`, e.g. the
+        // MMQ_ROWS_* choices in kernels/mmq.cu): each becomes a `-D` option (and another cache key).
+        if let Ok(d) = std::env::var("TS_CUDA_DEFINES") {
+            defs.extend(d.split_whitespace().map(|x| format!("-D{x}")));
+        }
         let defs: Vec<&str> = defs.iter().map(String::as_str).collect();
         let (cubin, kernels_from_cache) = kernels::load_or_compile(&arch, &defs).map_err(BackendError::Device)?;
         let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| dev_err(&format!("cannot load the {arch} kernels"), e))?;
@@ -1441,7 +1446,7 @@ impl CudaBackend {
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
         // tile's activation rows whole in shared memory.
         // (Rows padded to a stride of 8 words mod 32: at most 124 bytes more.)
-        let rows_smem = 16 * (ngroups * 144 + 128);
+        let rows_smem = 16 * (ngroups * 144 + (4 * ((8 + 32 * 4 - 4 * ngroups % 32) % 32)).max(16));
         let rows = bn == 16
             && rows_smem <= self.smem_max
             && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
