@@ -43,6 +43,21 @@ extern "C" __global__ void copy_rows(const float* src, i64 soff, i64 sstride, fl
         dst[at(i, width, doff, dstride)] = src[at(i, width, soff, sstride)];
 }
 
+// The 16-row tiled copy of a stack of Q8_0 matrices in the device layout (CudaWeight::tiled;
+// the host reference is backend.rs's tile16): per matrix, per tile of 16 rows, per 144-byte
+// group, the tile's 16 rows; rows past `rows` are zeros. One thread per 16 bytes of the output.
+extern "C" __global__ void tile16_q8(const uint4* src, uint4* dst, i64 rows, i64 rows16, i64 ng, i64 total) { PDL_ENTRY();
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        i64 j = i / 9;
+        const i64 c = i - j * 9, r16 = j % 16;
+        j /= 16;
+        const i64 g = j % ng;
+        j /= ng;
+        const i64 tiles = rows16 / 16, tile = j % tiles, e = j / tiles, r = tile * 16 + r16;
+        dst[i] = r < rows ? src[((e * rows + r) * ng + g) * 9 + c] : make_uint4(0, 0, 0, 0);
+    }
+}
+
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float C = 0.7978846f;  // sqrt(2/pi)
     return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x)));
@@ -170,20 +185,4 @@ extern "C" __global__ void gather_rows(const float* x, i64 xoff, i64 xstride, co
     const float* src = x + xoff + (i64)idx[blockIdx.x] * xstride;
     float* dst = out + ooff + (i64)blockIdx.x * ostride;
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
-}
-
-// Asks L2 for up to 6 byte ranges (the next layer's attention weights: TS_CUDA_L2PF=1, launched
-// between the decode MoE's gate/up and down products, so the lines arrive while the down
-// products stream), then waits for the kernel before it like every kernel does, so the chain of
-// dependencies is unchanged (the down products wait for this one, this one for the gate/up).
-extern "C" __global__ void l2_prefetch(const u8* p0, i64 n0, const u8* p1, i64 n1, const u8* p2, i64 n2, const u8* p3,
-                                       i64 n3, const u8* p4, i64 n4, const u8* p5, i64 n5) {
-    pdl_trigger();
-    const u8* p[6] = {p0, p1, p2, p3, p4, p5};
-    const i64 n[6] = {n0, n1, n2, n3, n4, n5};
-    const i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x, nt = (i64)gridDim.x * blockDim.x;
-#pragma unroll
-    for (int k = 0; k < 6; k++)
-        for (i64 o = t * 128; o < n[k]; o += nt * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p[k] + o));
-    pdl_wait();
 }

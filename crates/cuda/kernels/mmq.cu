@@ -584,8 +584,15 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 // Nsight at 64 sequences (gate/up): 189 us against 204, 45.5M instructions against 73M, 2.3 TB/s
 // against 2.1, issue slots 35% busy and 10 cycles between a warp's instructions: still waiting on
 // memory, with 20 warps an SM and 2 groups (4.6 KB) in flight each.
+// gpu-next11 (same tokens): rows at a stride of 8 words mod 32 halve the shared-memory bank
+// conflicts (Nsight: 1.08M against 2.14M a gate/up launch) for no time (181 us against 180);
+// padding rule x blocks-bound (MMQ_ROWS_PAD 1/0 x MMQ_ROWS_MINB 5/4): 6,656, 6,673, 6,697, 6,669
+// against main's 6,561 / 6,583, all within 0.6% of each other; the tiled expert copy (16 rows,
+// group-major, TS_CUDA_MOE_TILED) 7,228 (PAD 1, MINB 5: 91 registers, the defaults) / 7,214:
+// DRAM locality, not the shared memory, held it back. (MINB 4 gives PAD 1 102 registers.)
 MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false)
-// Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix), split K as mmq_q8_16 splits it.
+// Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 32), split K as
+// mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].

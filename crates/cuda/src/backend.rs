@@ -20,7 +20,7 @@
 //!   largest use and is then reused; nothing else is allocated after open.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
@@ -435,13 +435,12 @@ fn dev_row_bytes(t: GgmlType, ne0: usize) -> usize {
     }
 }
 
-/// The file's blocks -> the device layout (see `kernels/common.cuh`): 4-byte aligned blocks, and
-/// Q8_0 regrouped so that each group of 4 blocks is `[4 f16 scales, 8 pad bytes, 128 quants]`
-/// (144 bytes, 16-byte aligned; each row padded with zero blocks to a whole group).
 /// The 16-row tiled copy of a stack of Q8_0 matrices in the device layout (`rows` rows of `rb`
 /// bytes each; [`CudaWeight::tiled`]): per matrix, per tile of 16 rows, per group of 144 bytes,
-/// the tile's 16 rows; rows past `rows` are zeros (zero scales).
-fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
+/// the tile's 16 rows; rows past `rows` are zeros (zero scales). The CPU reference of the
+/// `tile16_q8` kernel, which makes the copy on the device at load (this permutation on the host
+/// took ~20 s for V2-Lite's experts).
+pub fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
     let (ng, rows16) = (rb / 144, rows.next_multiple_of(16));
     let mats = data.len() / (rb * rows).max(1);
     let mut out = vec![0u8; mats * rows16 * rb];
@@ -457,6 +456,9 @@ fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
     out
 }
 
+/// The file's blocks -> the device layout (see `kernels/common.cuh`): 4-byte aligned blocks, and
+/// Q8_0 regrouped so that each group of 4 blocks is `[4 f16 scales, 8 pad bytes, 128 quants]`
+/// (144 bytes, 16-byte aligned; each row padded with zero blocks to a whole group).
 fn repack(t: GgmlType, data: &[u8], ne0: usize) -> Vec<u8> {
     use GgmlType::*;
     let ts = t.type_size();
@@ -509,6 +511,7 @@ fn kernel_names() -> Vec<String> {
         "argmax_final",
         "gather_rows",
         "copy_rows",
+        "tile16_q8",
         "glu_rows",
         "rope_rows",
         "cache_write",
@@ -562,7 +565,6 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_rows",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
-        "l2_prefetch",
         "mla_prefill",
     ]
     .iter()
@@ -671,23 +673,25 @@ pub struct CudaBackend {
     /// fragments (`mmq_q8_rows`, the same bits as `mmq_q8_16`); `TS_CUDA_MOE_ROWS=0` (or
     /// [`CudaBackend::set_moe_rows`]) takes `mmq_q8_16`, to compare.
     moe_rows: AtomicBool,
-    /// Expert stacks also uploaded in 16-row tiles for `mmq_q8_rows` ([`CudaWeight::tiled`]);
-    /// `TS_CUDA_MOE_TILED=1`, an experiment (twice the expert memory).
-    moe_tiled: AtomicBool,
-    /// [`Backend::prefetch_hint`] taken up (`TS_CUDA_L2PF=1`, an experiment): the hinted weights
-    /// are prefetched into L2 between the next decode MoE's gate/up and down products.
-    l2pf: AtomicBool,
-    /// The decode MoE's down products with four warps a row (`TS_CUDA_DOWN_WPR=4`; the
-    /// defaults are two for Q8_0, one for f16/bf16), a measurement knob: another summation order.
-    down_w4: bool,
-    /// The hinted (pointer, bytes) ranges not yet prefetched, and how many.
-    pf_pending: Mutex<([(u64, usize); 6], usize)>,
+    /// Q8_0 expert stacks also uploaded in 16-row tiles for `mmq_q8_rows` ([`CudaWeight::tiled`],
+    /// twice their memory; --parallel 64 decode 6,656 -> 7,228 tok/s on the H200): 2 = when
+    /// memory allows (the default: see [`CudaBackend::tile_fits`]), 1 = always, 0 = never
+    /// (`TS_CUDA_MOE_TILED=auto|1|0`).
+    moe_tiled: AtomicU8,
+    /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
+    load_left: AtomicU64,
+    /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
+    /// f16/bf16 only (one warp a row before; bf16 tg128 413 -> 435 tok/s on the H200), not for
+    /// Q8_0 (two warps; four measured 583 -> 568). `TS_CUDA_DOWN_WPR=4` for both, `=1` for
+    /// neither, to compare: each choice is another summation order.
+    down_w4: (bool, bool),
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
     /// Dense Q8_0 products of up to this many tokens run on `mmq_q8_rows` (16-token tiles, the
-    /// weights straight into the fragments); `TS_CUDA_MMQ_ROWS=n`, default 0 (none), a
-    /// measurement knob ([`CudaBackend::set_mmq_tiles`]).
+    /// weights straight into the fragments, split K); `TS_CUDA_MMQ_ROWS=n`, default 32 (on the
+    /// H200, --parallel 32 decode 2,809 -> 3,174 tok/s with them there; at 64 sequences
+    /// mmq_q8_64's tiles were 1.4% faster) ([`CudaBackend::set_mmq_tiles`]).
     mmq_rows_dense: AtomicUsize,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
@@ -870,12 +874,19 @@ impl CudaBackend {
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
-            moe_tiled: AtomicBool::new(std::env::var("TS_CUDA_MOE_TILED").is_ok_and(|v| v == "1")),
-            l2pf: AtomicBool::new(std::env::var("TS_CUDA_L2PF").is_ok_and(|v| v == "1")),
-            down_w4: std::env::var("TS_CUDA_DOWN_WPR").is_ok_and(|v| v == "4"),
-            pf_pending: Mutex::new(([(0, 0); 6], 0)),
+            moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
+                Ok("0") => 0,
+                Ok("1") => 1,
+                _ => 2,
+            }),
+            load_left: AtomicU64::new(0),
+            down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
+                Ok("4") => (true, true),
+                Ok("1" | "2") => (false, false),
+                _ => (false, true),
+            },
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
-            mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(0)),
+            mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(32)),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -935,15 +946,34 @@ impl CudaBackend {
         );
     }
 
-    /// Prefetch hints taken up (`TS_CUDA_L2PF=1`) or ignored (for the test that says so).
-    pub fn set_l2pf(&self, on: bool) {
-        self.l2pf.store(on, Ordering::Relaxed);
-    }
-
     /// Expert stacks uploaded from now on also get a 16-row tiled copy ([`CudaWeight::tiled`]);
     /// `TS_CUDA_MOE_TILED=1` sets it at start (for the test that says so).
     pub fn set_moe_tiled(&self, on: bool) {
-        self.moe_tiled.store(on, Ordering::Relaxed);
+        self.moe_tiled.store(on as u8, Ordering::Relaxed);
+    }
+
+    /// Whether a tiled copy of `bytes` may be made now (`TS_CUDA_MOE_TILED` unset): after it,
+    /// the tensors still to come (their source bytes + 1/8 for the device layout's padding)
+    /// must leave a quarter of the device (at least 8 GiB) free for the KV cache, the scratch
+    /// and the graphs. Tiling stops where memory gets short; untiled stacks take the row-major
+    /// copy (the same bits).
+    /// A weight's device bytes read back: (the row-major copy, the tiled copy if any); for the
+    /// test of the `tile16_q8` kernel against [`tile16`].
+    pub fn weight_bytes(&self, w: &CudaWeight) -> Result<(Vec<u8>, Option<Vec<u8>>)> {
+        let rd = |m: &DevMem| -> Result<Vec<u8>> {
+            let mut v = vec![0u8; m.bytes];
+            self.stream.synchronize().map_err(|e| dev_err("synchronize", e))?;
+            unsafe { drv::memcpy_dtoh_sync(&mut v, m.ptr) }.map_err(|e| dev_err("device-to-host copy", e))?;
+            Ok(v)
+        };
+        Ok((rd(&w.mem)?, w.tiled.as_ref().map(rd).transpose()?))
+    }
+
+    fn tile_fits(&self, bytes: usize) -> bool {
+        let Ok((free, total)) = self.memory_info() else { return false };
+        let left = self.load_left.load(Ordering::Relaxed) as usize;
+        let reserve = (total / 4).max(8 << 30);
+        free.saturating_sub(bytes).saturating_sub(left + left / 8) >= reserve
     }
 
     /// Grouped 16-token expert tiles on `mmq_q8_rows` (true, the default) or `mmq_q8_16` (the
@@ -1406,21 +1436,6 @@ impl CudaBackend {
         );
     }
 
-    /// The hinted weights ([`Backend::prefetch_hint`]) into L2, if any are pending: one
-    /// `l2_prefetch` launch (a block per SM) placed between a decode MoE's gate/up and down.
-    fn l2_prefetch_pending(&self) {
-        let (ranges, n) = std::mem::replace(&mut *self.pf_pending.lock().unwrap_or_else(|e| e.into_inner()), ([(0, 0); 6], 0));
-        if n == 0 {
-            return;
-        }
-        let mut args = [A::I(0); 12];
-        for (j, &(p, b)) in ranges.iter().enumerate() {
-            args[2 * j] = A::P(p);
-            args[2 * j + 1] = l(b);
-        }
-        self.launch("l2_prefetch", (self.sm_count as u32, 1, 1), 256, 0, &args);
-    }
-
     /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` the grouped expert product's lists
     /// ([`MmqGroups`]), `None` for the dense one (`grid.2 / nsplit` matrices of `n` tokens);
     /// `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the splits'
@@ -1610,10 +1625,9 @@ impl CudaBackend {
                 [A::P(x.0.ptr), l(xr.off), l(xr.stride), A::I(act), A::P(g), l(ff)],
             ),
         );
-        self.l2_prefetch_pending();
         self.launch(
-            KName::of(format_args!("moe_down_sh_{tn}{}", if self.down_w4 { "_w4" } else { "" })).as_str(),
-            (hdim.div_ceil(if self.down_w4 { 2 } else { 8 }) as u32, n as u32, 1),
+            KName::of(format_args!("moe_down_sh_{tn}{}", if self.down_w4.1 { "_w4" } else { "" })).as_str(),
+            (hdim.div_ceil(if self.down_w4.1 { 2 } else { 8 }) as u32, n as u32, 1),
             256,
             0,
             &moe_down_args(experts.down, shared.down, (hdim, ff, k, nsh), sel_e, (g, ff), out, o),
@@ -1774,6 +1788,10 @@ impl Backend for CudaBackend {
         Ok(CudaCache { mem: self.alloc_mem(bytes, &format!("MLA cache of {rows} rows x {width} (f16)"))?, rows, width, half: true })
     }
 
+    fn load_remaining(&self, src_bytes: u64) {
+        self.load_left.store(src_bytes, Ordering::Relaxed);
+    }
+
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<CudaWeight> {
         let err = |what: String| BackendError::Weight { name: t.name.to_string(), what };
         if !t.dtype.is_supported_weight() || tname(t.dtype).is_none() {
@@ -1797,11 +1815,21 @@ impl Backend for CudaBackend {
         let row_bytes = dev_row_bytes(t.dtype, ne0);
         let mem = self.alloc_mem(data.len(), &format!("tensor '{}'", t.name))?;
         self.upload_bytes(&mem, 0, &data)?;
-        let tiled = if self.moe_tiled.load(Ordering::Relaxed) && t.dtype == GgmlType::Q8_0 && t.shape.len() == 3 && t.shape[2] > 1 {
-            let bytes = tile16(&data, row_bytes, t.shape[1]);
-            let mem = self.alloc_mem(bytes.len(), &format!("tensor '{}' (16-row tiles)", t.name))?;
-            self.upload_bytes(&mem, 0, &bytes)?;
-            Some(mem)
+        let stack = t.dtype == GgmlType::Q8_0 && t.shape.len() == 3 && t.shape[2] > 1;
+        let tile = stack
+            && match self.moe_tiled.load(Ordering::Relaxed) {
+                0 => false,
+                1 => true,
+                _ => self.tile_fits(row_bytes * t.shape[1].next_multiple_of(16) * t.shape[2]),
+            };
+        let tiled = if tile {
+            let (rows, rows16, mats) = (t.shape[1], t.shape[1].next_multiple_of(16), t.shape[2]);
+            let tl = self.alloc_mem(mats * rows16 * row_bytes, &format!("tensor '{}' (16-row tiles)", t.name))?;
+            let ng = row_bytes / 144;
+            let total = mats * rows16 * ng * 9;
+            let blocks = total.div_ceil(256).min(65_536) as u32;
+            self.launch("tile16_q8", (blocks, 1, 1), 256, 0, &[A::P(mem.ptr), A::P(tl.ptr), l(rows), l(rows16), l(ng), l(total)]);
+            Some(tl)
         } else {
             None
         };
@@ -2940,8 +2968,6 @@ impl Backend for CudaBackend {
             let Some(u) = self.scratch(S::U, 4 * pairs * ff) else { return true };
             let Some(y) = self.scratch(S::Y, 4 * pairs * hdim) else { return true };
             self.moe_mmq(x, xr, logits, lr, &experts, Some(&shared), p, warp_route(p), (sel_e, sel_w, g, u, y), out, o);
-            // (A prefetch hint is for decode steps only: dropped.)
-            *self.pf_pending.lock().unwrap_or_else(|e| e.into_inner()) = ([(0, 0); 6], 0);
             return true;
         }
         let ok = self.fused && (1..=GEMV_MAX_TOKENS).contains(&n) && (q8 || h16) && shapes && warp_route(p);
@@ -3015,27 +3041,14 @@ impl Backend for CudaBackend {
                 [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
             ),
         );
-        self.l2_prefetch_pending();
         self.launch(
-            if self.down_w4 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
-            (hdim.div_ceil(if self.down_w4 { 2 } else { 4 }) as u32, n as u32, 1),
+            if self.down_w4.0 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
+            (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),
             256,
             0,
             &moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o),
         );
         true
-    }
-
-    fn prefetch_hint(&self, weights: &[&CudaWeight]) {
-        if !self.l2pf.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut ranges = [(0, 0); 6];
-        let n = weights.len().min(6);
-        for (r, w) in ranges.iter_mut().zip(weights) {
-            *r = (w.mem.ptr, w.mem.bytes);
-        }
-        *self.pf_pending.lock().unwrap_or_else(|e| e.into_inner()) = (ranges, n);
     }
 
     fn synchronize(&self) -> Result<()> {

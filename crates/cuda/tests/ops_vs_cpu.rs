@@ -1666,7 +1666,8 @@ fn fused_moe_shared() {
 /// into the mma fragments (`mmq_q8_rows`): bit for bit what `mmq_q8_16` gives (a second backend
 /// with it off), at V2-Lite's shapes (64 experts, 2 shared chunks; 16 groups in, 11 out), with
 /// routing skewed so some experts see more than one tile, and at a width that ends inside a
-/// 64-row block and inside a 128-group; and from a 16-row tiled copy of the experts. (With
+/// 64-row block and inside a 128-group; and from a 16-row tiled copy of the experts (made on the
+/// device by `tile16_q8`, checked byte for byte against the host's `tile16`). (With
 /// `TS_CUDA_MOE_ROWS=0` all three run `mmq_q8_16`.)
 #[test]
 fn moe_rows_exact() {
@@ -1680,6 +1681,10 @@ fn moe_rows_exact() {
     // The experts also in 16-row tiles (TS_CUDA_MOE_TILED), read by mmq_q8_rows: the same bits.
     let tiled = &CudaBackend::new(0).expect("third backend");
     tiled.set_moe_tiled(true);
+    // (The default, TS_CUDA_MOE_TILED unset, tiles when memory allows: the row-major reads on
+    // a backend of their own.)
+    let rowmaj = &CudaBackend::new(0).expect("fourth backend");
+    rowmaj.set_moe_tiled(false);
     let mut r = rng(33);
     let mut rep = Report::new("moe_rows");
     // (hdim, ff, experts, k, shared chunks, tokens, logit bias on the first 4 experts)
@@ -1699,7 +1704,15 @@ fn moe_rows_exact() {
         let up = |b: &CudaBackend| -> [CudaWeight; 6] {
             std::array::from_fn(|i| b.upload_weight(&td("w", ty, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap())
         };
-        let (gw, pw, tw) = (up(g), up(plain), up(tiled));
+        let (gw, pw, tw) = (up(rowmaj), up(plain), up(tiled));
+        // The tiled copies made on the device (tile16_q8) against the host reference.
+        for (j, rows) in [(0usize, ff), (2, hdim)] {
+            let (rm, tl) = tiled.weight_bytes(&tw[j]).unwrap();
+            let want = ts_cuda::backend::tile16(&rm, rm.len() / (rows * ne), rows);
+            if tl.as_deref() != Some(&want[..]) {
+                rep.failures.push(format!("H={hdim} ff={ff} E={ne}: tile16_q8 of weight {j} differs from tile16"));
+            }
+        }
         let p = MoeParams {
             n_experts: ne,
             k,
@@ -1722,7 +1735,7 @@ fn moe_rows_exact() {
         let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
         let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} n={n} bias={bias}");
         let mut outs = Vec::new();
-        for (b, w) in [(g, &gw), (plain, &pw), (tiled, &tw)] {
+        for (b, w) in [(rowmaj, &gw), (plain, &pw), (tiled, &tw)] {
             let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
             poison(b, &bo, o.end());
             let ex = Experts { gate: &w[0], up: &w[1], down: &w[2] };
@@ -1740,80 +1753,6 @@ fn moe_rows_exact() {
         rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
         rep.check(&format!("{lab} moe_shared, tiled experts (exact)"), &outs[2].0, &outs[1].0, 0.0, 0.0);
         rep.check(&format!("{lab} moe, tiled experts (exact)"), &outs[2].1, &outs[1].1, 0.0, 0.0);
-    }
-    rep.finish();
-}
-
-/// Prefetch hints taken up (`TS_CUDA_L2PF`: an `l2_prefetch` launch between the decode MoE's
-/// gate/up and down) change no bit of the MoE's output, eager or replayed from a recording, Q8_0
-/// and bf16 experts.
-#[test]
-fn l2_prefetch_changes_nothing() {
-    let Some(e) = gpu() else { return };
-    let g = &CudaBackend::new(0).expect("second backend");
-    g.set_l2pf(true);
-    let mut r = rng(35);
-    let mut rep = Report::new("l2_prefetch");
-    let (hdim, ff, ne, k, nsh) = (2048usize, 1408usize, 16usize, 6usize, 2usize);
-    let sf = nsh * ff;
-    for ty in [GgmlType::Q8_0, GgmlType::BF16] {
-        let shapes: [Vec<usize>; 7] =
-            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim], vec![hdim, 3072]];
-        let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3).0).collect();
-        let up = |b: &CudaBackend| -> Vec<CudaWeight> {
-            shapes.iter().zip(&ws).map(|(s, w)| b.upload_weight(&td("w", ty, s, w), WeightUse::Matmul).unwrap()).collect()
-        };
-        let (gw, ew) = (up(g), up(e));
-        let p = MoeParams {
-            n_experts: ne,
-            k,
-            gating: Gating::Softmax,
-            norm_topk: false,
-            scale: 1.0,
-            n_group: 1,
-            topk_group: 1,
-            glu: Glu::SwiGlu,
-        };
-        for &n in &[1usize, 3] {
-            let xr = Rows::packed(n, hdim);
-            let lr = Rows::packed(n, ne);
-            let key = 0x12f0_u64 ^ r.random::<u64>();
-            let (gx, gl, go) = (g.alloc(n * hdim).unwrap(), g.alloc(n * ne).unwrap(), g.alloc(n * hdim).unwrap());
-            let (ex, el, eo) = (e.alloc(n * hdim).unwrap(), e.alloc(n * ne).unwrap(), e.alloc(n * hdim).unwrap());
-            let step = |b: &CudaBackend, w: &[CudaWeight], x: &CudaBuf, lg: &CudaBuf, o: &CudaBuf| {
-                b.prefetch_hint(&[&w[6], &w[3]]);
-                let ok = b.moe_shared(
-                    x,
-                    xr,
-                    lg,
-                    lr,
-                    Experts { gate: &w[0], up: &w[1], down: &w[2] },
-                    Experts { gate: &w[3], up: &w[4], down: &w[5] },
-                    &p,
-                    o,
-                    xr,
-                );
-                assert!(ok, "the fused decode MoE declined");
-            };
-            for s in 0..3 {
-                let x = randn(&mut r, n * hdim, 1.0);
-                let lg = randn(&mut r, n * ne, 2.0);
-                for (b, xb, lb, ob) in [(g, &gx, &gl, &go), (e, &ex, &el, &eo)] {
-                    b.write(xb, 0, &x).unwrap();
-                    b.write(lb, 0, &lg).unwrap();
-                    poison(b, ob, n * hdim);
-                }
-                // Step 0 eager, then recorded and replayed.
-                if s == 0 || !g.graph_begin(key, n) {
-                    step(g, &gw, &gx, &gl, &go);
-                    if s > 0 && !g.graph_end() {
-                        step(g, &gw, &gx, &gl, &go);
-                    }
-                }
-                step(e, &ew, &ex, &el, &eo);
-                rep.check(&format!("{} n={n} step {s} (exact)", ty.name()), &get(g, &go, xr), &get(e, &eo, xr), 0.0, 0.0);
-            }
-        }
     }
     rep.finish();
 }

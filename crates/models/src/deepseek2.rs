@@ -1013,7 +1013,7 @@ impl<B: Backend> DeepSeek2<B> {
                                             // `s.y` holds a delta (the previous layer's FFN output) not yet added to the residual: the
                                             // add is fused with the next norm (`add_rms_norm`).
         let mut pending = false;
-        for (li, l) in self.layers.iter().enumerate() {
+        for l in &self.layers {
             // ---- attention ----
             if pending {
                 be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
@@ -1041,13 +1041,6 @@ impl<B: Backend> DeepSeek2<B> {
             be.matmul(&s.av, Rows::packed(n, nh * vd), &l.wo, &s.y, rx);
             be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.ffn_norm), c.eps, &s.h, rx);
             // ---- FFN (its output in s.y, added to x by the next layer or after the loop) ----
-            // The next layer's attention weights are read right after it: a hint to the backend.
-            if let Some(nl) = self.layers.get(li + 1) {
-                match &nl.q {
-                    QProj::Plain { wq } => be.prefetch_hint(&[wq, &nl.wkv_a, &nl.w_uk, &nl.w_uv, &nl.wo]),
-                    QProj::LowRank { wq_a, wq_b, .. } => be.prefetch_hint(&[wq_a, wq_b, &nl.wkv_a, &nl.w_uk, &nl.w_uv, &nl.wo]),
-                }
-            }
             match &l.ffn {
                 Ffn::Dense(f) => swiglu(be, s, f, n, h),
                 Ffn::Moe { router, gate_exps, up_exps, down_exps, shared } => {
