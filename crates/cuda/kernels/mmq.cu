@@ -591,7 +591,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 // group-major, TS_CUDA_MOE_TILED) 7,228 (PAD 1, MINB 5: 91 registers, the defaults) / 7,214:
 // DRAM locality, not the shared memory, held it back. (MINB 4 gives PAD 1 102 registers.)
 MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false)
-// Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 32), split K as
+// Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true)
 

@@ -689,9 +689,10 @@ pub struct CudaBackend {
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
     /// Dense Q8_0 products of up to this many tokens run on `mmq_q8_rows` (16-token tiles, the
-    /// weights straight into the fragments, split K); `TS_CUDA_MMQ_ROWS=n`, default 32 (on the
-    /// H200, --parallel 32 decode 2,809 -> 3,174 tok/s with them there; at 64 sequences
-    /// mmq_q8_64's tiles were 1.4% faster) ([`CudaBackend::set_mmq_tiles`]).
+    /// weights straight into the fragments, split K); `TS_CUDA_MMQ_ROWS=n`, default 48. On the
+    /// H200 (tiled experts), --parallel 32 decode 3,437 -> 4,132 tok/s with them there, 48
+    /// sequences 5,335 -> 5,661; at 64 (row-major experts) mmq_q8_64's tiles were 1.4% faster
+    /// ([`CudaBackend::set_mmq_tiles`]).
     mmq_rows_dense: AtomicUsize,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
@@ -886,7 +887,7 @@ impl CudaBackend {
                 _ => (false, true),
             },
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
-            mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(32)),
+            mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
