@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# RAN 2026-11-30 (tenth session; docs/PERF.md, "Experts in 16-row tiles"). TS_CUDA_L2PF was removed
+# after it (it lost 2.5%); its runs of part c now measure the defaults.
 # First GPU run of branch gpu-next11 (written 2026-11-30, ninth session, after gpu-next10 ran;
 # NOT RUN ON A GPU):
 #  - mmq_q8_rows (grouped, the default for 16-token expert tiles since gpu-next10): activation
