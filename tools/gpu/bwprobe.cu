@@ -12,7 +12,9 @@
 //               4 blocks per SM);
 //   rows NST    the same bytes per block and stage, but a stage is 8 whole rows (K-contiguous);
 //   warp-rows   no shared memory: each warp reads whole rows into registers, 4 rows at a time
-//               (the decode GEMVs' way).
+//               (the decode GEMVs' way);
+//   frag16      mmq_q8_rows' loads (16 rows a warp, 8 bytes a thread a block, NB groups in
+//               flight), from the row-major layout and from a 16-row tiled one.
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -137,6 +139,50 @@ __global__ void warp_rows(const u8* w, int rows_per_warp) {
     if (acc == 0x12345678u) sink = acc;
 }
 
+// mmq_q8_rows' weight stream: each warp takes 16 rows of one expert and walks K a group at a
+// time, thread (g, t) loading rows g and g+8: the 8-byte scale header and bytes 8t..8t+7 of each
+// of the 4 blocks (10 loads of 8 bytes a group), NB groups in flight. TILED: the same loads from
+// a layout where a 16-row tile's group is one contiguous 2304-byte piece (tile-major, then
+// group, then row), as a re-laid-out weight copy would have it: does DRAM locality hold the
+// kernel to 2.3 TB/s?
+template <int NB, bool TILED>
+__global__ void frag16(const u8* w) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const u64 warp = (blockIdx.x * (u64)blockDim.x + threadIdx.x) >> 5;  // one 16-row tile each
+    const u64 tiles = (u64)EXPERTS * (ROWS / 16);
+    if (warp >= tiles) return;
+    auto at = [&](int row, int gi) -> const u8* {  // row 0..15 of this tile, group gi
+        return TILED ? w + warp * (u64)(16 * ROW) + (u64)gi * (16 * GB) + row * GB
+                     : w + (warp * 16 + row) * (u64)ROW + (u64)gi * GB;
+    };
+    uint32_t acc = 0;
+    uint2 v[NB][10];
+    auto load = [&](uint2* d, int gi) {
+        const u8* a = at(g, gi);
+        const u8* b = at(g + 8, gi);
+        d[0] = __ldg((const uint2*)a);
+        d[1] = __ldg((const uint2*)b);
+#pragma unroll
+        for (int bl = 0; bl < 4; bl++) {
+            d[2 + bl] = __ldg((const uint2*)(a + 16 + 32 * bl + 8 * t));
+            d[6 + bl] = __ldg((const uint2*)(b + 16 + 32 * bl + 8 * t));
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < NB; i++) load(v[i], i);
+    for (int gi = 0; gi < GROUPS; gi += NB) {
+#pragma unroll
+        for (int i = 0; i < NB; i++) {
+            if (gi + i < GROUPS) {
+#pragma unroll
+                for (int u = 0; u < 10; u++) acc ^= v[i][u].x + v[i][u].y;
+                if (gi + i + NB < GROUPS) load(v[i], gi + i + NB);
+            }
+        }
+    }
+    if (acc == 0x12345678u) sink = acc;
+}
+
 template <typename F>
 float timed(F launch, int reps) {
     cudaEvent_t a, b;
@@ -197,6 +243,15 @@ int main() {
         report("warp-rows RW=" #RW " rows/warp=" #RPW, ms, 0);                                                 \
     }
     WARPS(1, 8) WARPS(2, 8) WARPS(4, 8) WARPS(4, 32) WARPS(8, 32)
+#define FRAG(NB, TILED, TPB)                                                                                   \
+    {                                                                                                          \
+        const size_t warps = (size_t)EXPERTS * (ROWS / 16), per = TPB / 32;                                    \
+        int occ = 0;                                                                                           \
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, frag16<NB, TILED>, TPB, 0);                        \
+        float ms = timed([&] { frag16<NB, TILED><<<(warps + per - 1) / per, TPB>>>(w + (it++ % copies) * mat); }, 20); \
+        report(TILED ? "frag16 tiled NB=" #NB " TPB=" #TPB : "frag16 rows NB=" #NB " TPB=" #TPB, ms, occ);   \
+    }
+    FRAG(2, false, 128) FRAG(4, false, 128) FRAG(2, true, 128) FRAG(4, true, 128) FRAG(2, false, 256) FRAG(2, true, 256)
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     return 0;

@@ -155,6 +155,12 @@ pub trait Backend: Send + Sync {
         4
     }
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<Self::Weight>;
+    /// Told before each [`Backend::upload_weight`] of a load: the source bytes of the tensors
+    /// still to come after this one. A backend that spends spare memory on second copies of
+    /// weights (CUDA's tiled expert stacks) keeps room for them with it; default: ignored.
+    fn load_remaining(&self, src_bytes: u64) {
+        let _ = src_bytes;
+    }
     /// Whether products with weights of type `w` give each activation row the same bits
     /// whatever the other rows of the call (batch invariance: a server then needs no padding
     /// for a request's text not to depend on its neighbours). `false` unless a backend knows.

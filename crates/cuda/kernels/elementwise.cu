@@ -43,6 +43,21 @@ extern "C" __global__ void copy_rows(const float* src, i64 soff, i64 sstride, fl
         dst[at(i, width, doff, dstride)] = src[at(i, width, soff, sstride)];
 }
 
+// The 16-row tiled copy of a stack of Q8_0 matrices in the device layout (CudaWeight::tiled;
+// the host reference is backend.rs's tile16): per matrix, per tile of 16 rows, per 144-byte
+// group, the tile's 16 rows; rows past `rows` are zeros. One thread per 16 bytes of the output.
+extern "C" __global__ void tile16_q8(const uint4* src, uint4* dst, i64 rows, i64 rows16, i64 ng, i64 total) { PDL_ENTRY();
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        i64 j = i / 9;
+        const i64 c = i - j * 9, r16 = j % 16;
+        j /= 16;
+        const i64 g = j % ng;
+        j /= ng;
+        const i64 tiles = rows16 / 16, tile = j % tiles, e = j / tiles, r = tile * 16 + r16;
+        dst[i] = r < rows ? src[((e * rows + r) * ng + g) * 9 + c] : make_uint4(0, 0, 0, 0);
+    }
+}
+
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float C = 0.7978846f;  // sqrt(2/pi)
     return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x)));

@@ -344,11 +344,10 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 // each over half of the slots' pieces, summed in a fixed order: twice the loads in flight of one
 // warp per row, which left the SMs a third full at batch 1.
 #define MOE_SH_MAX_SLOTS 64
-#define DOWN_WPR 2
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
-    moe_down_sh_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
-                   const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
-                   i64 ostride) {
+template <int DOWN_WPR>
+__device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
+                                                    int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
+                                                    const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride) {
     pdl_trigger();
     __shared__ float red[GQ_WARPS];
     __shared__ int es[MOE_SH_MAX_SLOTS];
@@ -401,6 +400,22 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
         for (int j = 1; j < DOWN_WPR; j++) v += red[warp + j];
         out[ooff + (i64)t * ostride + row0] = v;
     }
+}
+// Two warps a row (the default) or four (TS_CUDA_DOWN_WPR=4: a warp's 11 rounds of loads at
+// V2-Lite's shapes become 6, in 2 dependent batches instead of 3; another summation order).
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
+    moe_down_sh_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
+                   const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
+                   i64 ostride) {
+    moe_down_sh_q8_impl<2>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
+                           ostride);
+}
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
+    moe_down_sh_q8_w4(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
+                      const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
+                      i64 ostride) {
+    moe_down_sh_q8_impl<4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
+                           ostride);
 }
 
 // ---- MoE decode with the shared experts folded in, f16/bf16 experts (Backend::moe_shared) --------
@@ -482,24 +497,28 @@ __device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes
     if (lane == 0) out[(i64)P * ostride + row] = act_fn(act == 0 ? 1 : 2, g) * u * wsl;
 }
 
-template <int T>
+// WPR warps a row, each over its share of the slots' pieces, summed in warp order (WPR 1: the
+// default; 4: TS_CUDA_DOWN_WPR=4, 11 dependent batches of loads at V2-Lite's shapes become 3).
+template <int T, int WPR>
 __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k,
                                      const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh, const float* h,
                                      i64 hstride, float* out, i64 ooff, i64 ostride) {
     pdl_trigger();
     __shared__ int es[MOE_SH_MAX_SLOTS];
+    __shared__ float red[GQ_WARPS];
     const int t = blockIdx.y;
     const int ks = k + nsh;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = blockIdx.x * GQ_WARPS + warp;
+    const int row0 = blockIdx.x * (GQ_WARPS / WPR) + warp / WPR, hw = warp % WPR;
     const int row = min(row0, m - 1);
-    const int n8 = kdim >> 3, total = ks * n8;
+    const int n8 = kdim >> 3, all = ks * n8;
+    const int per = (all + WPR - 1) / WPR, Pa = hw * per, total = min(all, Pa + per);
     pdl_wait();
     if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? sel_e[t * k + threadIdx.x] : 0;
     __syncthreads();
     const float* hr = h + (i64)t * ks * hstride;
     float acc = 0.f;
-    for (int P0 = lane; P0 < total; P0 += 128) {
+    for (int P0 = Pa + lane; P0 < total; P0 += 128) {
         uint4 q[4];
         float4 a[4], b[4];
 #pragma unroll
@@ -527,7 +546,17 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
         }
     }
     acc = warp_sum(acc);
-    if (lane == 0 && row0 < m) out[ooff + (i64)t * ostride + row0] = acc;
+    if (WPR == 1) {
+        if (lane == 0 && row0 < m) out[ooff + (i64)t * ostride + row0] = acc;
+        return;
+    }
+    if (lane == 0) red[warp] = acc;
+    __syncthreads();
+    if (hw == 0 && lane == 0 && row0 < m) {
+        float v = red[warp];
+        for (int j = 1; j < WPR; j++) v += red[warp + j];
+        out[ooff + (i64)t * ostride + row0] = v;
+    }
 }
 
 #define MOE_SH_H16(name, T)                                                                                     \
@@ -541,8 +570,14 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
     extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_down_sh_##name(             \
         const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e, const u8* Sd,      \
         i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
-        moe_down_sh_h16_impl<T>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride,    \
-                                out, ooff, ostride);                                                             \
+        moe_down_sh_h16_impl<T, 1>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride, \
+                                   out, ooff, ostride);                                                          \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_down_sh_##name##_w4(         \
+        const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e, const u8* Sd,      \
+        i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
+        moe_down_sh_h16_impl<T, 4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride, \
+                                   out, ooff, ostride);                                                          \
     }
 MOE_SH_H16(f16, T_F16)
 MOE_SH_H16(bf16, T_BF16)

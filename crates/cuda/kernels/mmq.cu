@@ -376,8 +376,8 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 // sequences is latency-bound (Nsight: 2.1 TB/s, half the issue slots empty, 73M instructions a
 // gate/up launch, most of them the cp.async staging and its bookkeeping), and a 64-row tile
 // stream reads at most 3.6 TB/s on the H200 where whole rows read 4.2 (tools/gpu/bwprobe.cu).
-//  * The tile's (<= 16) activation rows are copied whole into shared memory once (rows padded by
-//    16 bytes: the 8 rows of a fragment load fall in different banks).
+//  * The tile's (<= 16) activation rows are copied whole into shared memory once (row stride 8
+//    words mod 32: the 4 rows of a half-warp's 8-byte fragment loads fall in different banks).
 //  * Each warp owns 16 weight rows (g and g+8 of the m16 tile) and walks K a group at a time,
 //    the next group's loads in flight while one is multiplied.
 //  * Within a 32-value block the int32 dot product does not depend on the order of k, so thread
@@ -385,16 +385,25 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 //    4t..4t+3 (a0/a1) and 16+4t..16+4t+3 (a2/a3), and reads the activations' block the same
 //    way: the same int32 per block as mmq_q8_16, scaled and summed in the same order, so the
 //    same bits.
-// Grouped only (cnt != null, no split K); the grid and arguments are mmq_q8_16's (64 rows a
-// block of 4 warps, tiles of 16 tokens along y, W2 in the upper half of x). Dynamic shared
-// memory: 16 rows of ngroups*144 + 16 bytes.
-template <int NBUF>
+// Grouped and dense products (split K too: the block's groups only are copied and walked); the
+// grid and arguments are mmq_q8_16's (64 rows a block of 4 warps, tiles of 16 tokens along y,
+// W2 in the upper half of x, split and matrix along z). Dynamic shared memory: at most 16 rows
+// of ngroups*144 + 124 bytes.
+// Measurement defines (TS_CUDA_DEFINES="MMQ_ROWS_PAD=0 MMQ_ROWS_MINB=4"): the activation rows'
+// padding rule and the grouped kernel's blocks-an-SM bound.
+#ifndef MMQ_ROWS_PAD
+#define MMQ_ROWS_PAD 1
+#endif
+#ifndef MMQ_ROWS_MINB
+#define MMQ_ROWS_MINB 5
+#endif
+template <int NBUF, bool DENSE>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
                                               i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
                                               i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                                              float* out2) {
+                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
     int bx = blockIdx.x;
@@ -403,45 +412,88 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         W = W2;
         Ws = Ws2;
         out = out2;
+        Wtl = W2tl;
     }
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
     __shared__ int tile_e, tile_start;
     const int tid = threadIdx.x;
-    if (tid < 32) mmq_find_tile<BN>(cnt, n_exp, tid, tile_e, tile_start);
-    __syncthreads();
-    const int e = tile_e;
-    if (e < 0) return;
-    const int start = tile_start;
-    const int nt = min(BN, cnt[e] - start);
-    if (nt <= 0) return;
+    int e, start, count;
+    if (!DENSE) {
+        if (tid < 32) mmq_find_tile<BN>(cnt, n_exp, tid, tile_e, tile_start);
+        __syncthreads();
+        e = tile_e;
+        if (e < 0) return;
+        start = tile_start;
+        count = cnt[e];
+    } else {
+        e = blockIdx.z / nsplit;
+        start = blockIdx.y * BN;
+        count = n;
+    }
+    // Split K (dense only): this block sums groups [g0, g1) into its own partial output.
+    const int split = DENSE ? blockIdx.z % nsplit : 0, zg = gridDim.z / nsplit;
+    const int gps = DENSE ? (ngroups + nsplit - 1) / nsplit : ngroups;
+    const int g0 = DENSE ? split * gps : 0, ng = DENSE ? min(ngroups, g0 + gps) - g0 : ngroups;
+    if (DENSE) out += split * split_stride;
+    const int nt = min(BN, count - start);
+    if (nt <= 0) return;  // (a split with no groups, ng <= 0, still writes its zero partials)
     if (tid < BN) {
-        const int p = perm[off[e] + start + min(tid, nt - 1)];  // past the end: the last row again
-        src_row[tid] = p / in_div;
-        dst_row[tid] = p;
+        const int j = min(tid, nt - 1);  // past the end: the last row again
+        int s, d;
+        if (!DENSE) {
+            const int p = perm[off[e] + start + j];
+            s = p / in_div;
+            d = p;
+        } else {
+            s = (start + j) * zg + e;
+            d = s;
+        }
+        src_row[tid] = s;
+        dst_row[tid] = d;
     }
     __syncthreads();
-    // The activation rows of the n8 tiles in use, whole.
-    const int xb = ngroups * MMQ_GB, rs = xb + 16, pieces = xb >> 4, nb = nt > 8 ? 16 : 8;
+    // The activation rows of the n8 tiles in use, groups g0.. only. A row's stride in words is
+    // 8 mod 32, so the 4 rows of a half-warp's 8-byte fragment loads start 8 banks apart.
+    // (MMQ_ROWS_PAD=0, a measurement define: rows padded by 16 bytes instead, a stride of
+    // 4 words mod 32 for 16 groups.)
+#if MMQ_ROWS_PAD
+    const int xb = ng * MMQ_GB, rs = xb + 4 * (((8 - 4 * ng) % 32 + 32) % 32), pieces = xb >> 4;
+#else
+    const int xb = ng * MMQ_GB, rs = xb + 16, pieces = xb >> 4;
+#endif
+    const int nb = nt > 8 ? 16 : 8;
     for (int c = tid; c < nb * pieces; c += MMQ_THREADS) {
         const int r = c / pieces, q = c - r * pieces;
-        cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + q * 16);
+        cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + (i64)g0 * MMQ_GB + q * 16);
     }
     cp_commit();
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int r0 = bx * MMQ_BM + warp * 16;
-    const bool sh = e >= e_sh;
+    const bool sh = !DENSE && e >= e_sh;
     const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
     const i64 rb = sh ? ws_row_bytes : row_bytes;
-    const u8* pa = Wt + (i64)min(r0 + g, m - 1) * rb;
-    const u8* pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb;
+    // Routed experts with a 16-row tiled copy (TS_CUDA_MOE_TILED=1): the warp's tile is
+    // group-major, rows 144 bytes apart within a group, groups 16 rows apart.
+    const bool tl = !DENSE && Wtl && !sh;
+    const int gstride = tl ? 16 * MMQ_GB : MMQ_GB;
+    const u8* pa;
+    const u8* pb;
+    if (tl) {
+        pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(r0 >> 4, (m - 1) >> 4) * 16 * rb + g * MMQ_GB;
+        pb = pa + 8 * MMQ_GB;
+    } else {
+        pa = Wt + (i64)min(r0 + g, m - 1) * rb + (i64)g0 * MMQ_GB;
+        pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb + (i64)g0 * MMQ_GB;
+    }
     // One group of this thread's two rows: the 4 scales of each, its 8 bytes of each block.
+    // (Group indices from here on count from g0.)
     struct Grp {
         uint2 ha, hb, qa[4], qb[4];
     };
     auto load = [&](Grp& v, int gi) {
-        const u8* a = pa + (i64)min(gi, ngroups - 1) * MMQ_GB;
-        const u8* b = pb + (i64)min(gi, ngroups - 1) * MMQ_GB;
+        const u8* a = pa + (i64)min(gi, ng - 1) * gstride;
+        const u8* b = pb + (i64)min(gi, ng - 1) * gstride;
         v.ha = __ldg((const uint2*)a);
         v.hb = __ldg((const uint2*)b);
 #pragma unroll
@@ -486,17 +538,19 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     };
     // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
     Grp v[NBUF];
+    if (ng > 0) {
 #pragma unroll
-    for (int i = 0; i < NBUF; i++) load(v[i], i);
+        for (int i = 0; i < NBUF; i++) load(v[i], i);
+    }
     cp_wait<0>();
     __syncthreads();
     if (r0 >= m) return;  // no barrier past here
-    for (int gi = 0; gi < ngroups; gi += NBUF) {
+    for (int gi = 0; gi < ng; gi += NBUF) {
 #pragma unroll
         for (int i = 0; i < NBUF; i++) {
-            if (gi + i < ngroups) {
+            if (gi + i < ng) {
                 mul(v[i], gi + i);
-                if (gi + i + NBUF < ngroups) load(v[i], gi + i + NBUF);
+                if (gi + i + NBUF < ng) load(v[i], gi + i + NBUF);
             }
         }
     }
@@ -511,15 +565,16 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 #endif
 }
 
-#define MMQ_ROWS_INST(NAME, NBUF, MINB)                                                                                 \
+#define MMQ_ROWS_INST(NAME, NBUF, MINB, DENSE)                                                                  \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
-             const u8* W2, const u8* Ws2, float* out2) {                                                        \
+             const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {      \
         PDL_ENTRY();                                                                                            \
-        mmq_rows_impl<NBUF>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
-                            ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2); \
+        mmq_rows_impl<NBUF, DENSE>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
+                            ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2, \
+                            Wtl, W2tl, tl_mat_bytes);                                                           \
     }
 // Two groups in flight a warp (96 registers: 5 blocks an SM). Measured on the H200 (bench
 // --parallel 64 -n 32, each pair in one call): 6,575 / 6,587 tok/s against mmq_q8_16's 6,150 /
@@ -529,7 +584,16 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 // Nsight at 64 sequences (gate/up): 189 us against 204, 45.5M instructions against 73M, 2.3 TB/s
 // against 2.1, issue slots 35% busy and 10 cycles between a warp's instructions: still waiting on
 // memory, with 20 warps an SM and 2 groups (4.6 KB) in flight each.
-MMQ_ROWS_INST(mmq_q8_rows, 2, 4)
+// gpu-next11 (same tokens): rows at a stride of 8 words mod 32 halve the shared-memory bank
+// conflicts (Nsight: 1.08M against 2.14M a gate/up launch) for no time (181 us against 180);
+// padding rule x blocks-bound (MMQ_ROWS_PAD 1/0 x MMQ_ROWS_MINB 5/4): 6,656, 6,673, 6,697, 6,669
+// against main's 6,561 / 6,583, all within 0.6% of each other; the tiled expert copy (16 rows,
+// group-major, TS_CUDA_MOE_TILED) 7,228 (PAD 1, MINB 5: 91 registers, the defaults) / 7,214:
+// DRAM locality, not the shared memory, held it back. (MINB 4 gives PAD 1 102 registers.)
+MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false)
+// Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
+// mmq_q8_16 splits it.
+MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

@@ -20,7 +20,7 @@
 //!   largest use and is then reused; nothing else is allocated after open.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
@@ -99,6 +99,11 @@ pub struct CudaWeight {
     mem: DevMem,
     /// Device bytes of one row of `shape[0]` elements.
     row_bytes: usize,
+    /// A second copy of a 3-D Q8_0 stack (`TS_CUDA_MOE_TILED=1`, an experiment): each matrix in
+    /// tiles of 16 rows (rows padded with zeros to a multiple of 16), each tile group-major, so
+    /// one tile's group (16 rows x 144 bytes) is one contiguous 2,304-byte piece: the grouped
+    /// expert products (`mmq_q8_rows`) read it instead of the row-major copy.
+    tiled: Option<DevMem>,
 }
 
 impl WeightInfo for CudaWeight {
@@ -119,6 +124,13 @@ impl CudaWeight {
     }
     fn mat_bytes(&self) -> usize {
         self.row_bytes * self.ne(1)
+    }
+    /// Bytes of one matrix of the tiled copy ([`CudaWeight::tiled`]).
+    fn tiled_mat_bytes(&self) -> usize {
+        self.row_bytes * self.ne(1).next_multiple_of(16)
+    }
+    fn tiled_ptr(&self) -> u64 {
+        self.tiled.as_ref().map_or(0, |t| t.ptr)
     }
 }
 
@@ -213,6 +225,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "gemv_q8_multi_8",
     "moe_gateup_sh_q8q",
     "moe_down_sh_q8",
+    "moe_down_sh_q8_w4",
     "mla_prefill",
     "mla_prefill_h",
     "mla_split_tc",
@@ -221,6 +234,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_16",
     "mmq_q8_16g1",
     "mmq_q8_rows",
+    "mmq_q8_rows_d",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
@@ -265,9 +279,11 @@ struct MmqGroups {
     n_exp: usize,
     sh: Option<(u64, usize, usize, usize)>,
     pair: Option<(u64, u64, u64)>,
+    /// The pair's weights in 16-row tiles ([`CudaWeight::tiled`]), or 0.
+    pair_tiled: u64,
 }
 impl MmqGroups {
-    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None };
+    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0 };
 }
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
@@ -419,6 +435,27 @@ fn dev_row_bytes(t: GgmlType, ne0: usize) -> usize {
     }
 }
 
+/// The 16-row tiled copy of a stack of Q8_0 matrices in the device layout (`rows` rows of `rb`
+/// bytes each; [`CudaWeight::tiled`]): per matrix, per tile of 16 rows, per group of 144 bytes,
+/// the tile's 16 rows; rows past `rows` are zeros (zero scales). The CPU reference of the
+/// `tile16_q8` kernel, which makes the copy on the device at load (this permutation on the host
+/// took ~20 s for V2-Lite's experts).
+pub fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
+    let (ng, rows16) = (rb / 144, rows.next_multiple_of(16));
+    let mats = data.len() / (rb * rows).max(1);
+    let mut out = vec![0u8; mats * rows16 * rb];
+    for e in 0..mats {
+        for r in 0..rows {
+            let src = &data[(e * rows + r) * rb..][..rb];
+            let tile = e * rows16 * rb + (r / 16) * 16 * rb;
+            for gi in 0..ng {
+                out[tile + gi * 16 * 144 + (r % 16) * 144..][..144].copy_from_slice(&src[gi * 144..][..144]);
+            }
+        }
+    }
+    out
+}
+
 /// The file's blocks -> the device layout (see `kernels/common.cuh`): 4-byte aligned blocks, and
 /// Q8_0 regrouped so that each group of 4 blocks is `[4 f16 scales, 8 pad bytes, 128 quants]`
 /// (144 bytes, 16-byte aligned; each row padded with zero blocks to a whole group).
@@ -474,6 +511,7 @@ fn kernel_names() -> Vec<String> {
         "argmax_final",
         "gather_rows",
         "copy_rows",
+        "tile16_q8",
         "glu_rows",
         "rope_rows",
         "cache_write",
@@ -511,6 +549,9 @@ fn kernel_names() -> Vec<String> {
         "gemv_q8_multi_4",
         "gemv_q8_multi_8",
         "moe_down_sh_q8",
+        "moe_down_sh_q8_w4",
+        "moe_down_sh_f16_w4",
+        "moe_down_sh_bf16_w4",
         "moe_gateup_sh_f16",
         "moe_down_sh_f16",
         "moe_gateup_sh_bf16",
@@ -522,6 +563,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_16",
         "mmq_q8_16g1",
         "mmq_q8_rows",
+        "mmq_q8_rows_d",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -631,9 +673,27 @@ pub struct CudaBackend {
     /// fragments (`mmq_q8_rows`, the same bits as `mmq_q8_16`); `TS_CUDA_MOE_ROWS=0` (or
     /// [`CudaBackend::set_moe_rows`]) takes `mmq_q8_16`, to compare.
     moe_rows: AtomicBool,
+    /// Q8_0 expert stacks also uploaded in 16-row tiles for `mmq_q8_rows` ([`CudaWeight::tiled`],
+    /// twice their memory; --parallel 64 decode 6,656 -> 7,228 tok/s on the H200): 2 = when
+    /// memory allows (the default: see [`CudaBackend::tile_fits`]), 1 = always, 0 = never
+    /// (`TS_CUDA_MOE_TILED=auto|1|0`).
+    moe_tiled: AtomicU8,
+    /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
+    load_left: AtomicU64,
+    /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
+    /// f16/bf16 only (one warp a row before; bf16 tg128 413 -> 435 tok/s on the H200), not for
+    /// Q8_0 (two warps; four measured 583 -> 568). `TS_CUDA_DOWN_WPR=4` for both, `=1` for
+    /// neither, to compare: each choice is another summation order.
+    down_w4: (bool, bool),
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
-    mmq_bn16: usize,
+    mmq_bn16: AtomicUsize,
+    /// Dense Q8_0 products of up to this many tokens run on `mmq_q8_rows` (16-token tiles, the
+    /// weights straight into the fragments, split K); `TS_CUDA_MMQ_ROWS=n`, default 48. On the
+    /// H200 (tiled experts), --parallel 32 decode 3,437 -> 4,132 tok/s with them there, 48
+    /// sequences 5,335 -> 5,661; at 64 (row-major experts) mmq_q8_64's tiles were 1.4% faster
+    /// ([`CudaBackend::set_mmq_tiles`]).
+    mmq_rows_dense: AtomicUsize,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -756,6 +816,11 @@ impl CudaBackend {
         if ms_nb != MS_NB {
             defs.push(format!("-DMS_NB={ms_nb}"));
         }
+        // Measurement defines for the kernels (`TS_CUDA_DEFINES="NAME=VALUE ..."`, e.g. the
+        // MMQ_ROWS_* choices in kernels/mmq.cu): each becomes a `-D` option (and another cache key).
+        if let Ok(d) = std::env::var("TS_CUDA_DEFINES") {
+            defs.extend(d.split_whitespace().map(|x| format!("-D{x}")));
+        }
         let defs: Vec<&str> = defs.iter().map(String::as_str).collect();
         let (cubin, kernels_from_cache) = kernels::load_or_compile(&arch, &defs).map_err(BackendError::Device)?;
         let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| dev_err(&format!("cannot load the {arch} kernels"), e))?;
@@ -810,7 +875,19 @@ impl CudaBackend {
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
-            mmq_bn16: std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
+            moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
+                Ok("0") => 0,
+                Ok("1") => 1,
+                _ => 2,
+            }),
+            load_left: AtomicU64::new(0),
+            down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
+                Ok("4") => (true, true),
+                Ok("1" | "2") => (false, false),
+                _ => (false, true),
+            },
+            mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
+            mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -870,10 +947,47 @@ impl CudaBackend {
         );
     }
 
+    /// Expert stacks uploaded from now on also get a 16-row tiled copy ([`CudaWeight::tiled`]);
+    /// `TS_CUDA_MOE_TILED=1` sets it at start (for the test that says so).
+    pub fn set_moe_tiled(&self, on: bool) {
+        self.moe_tiled.store(on as u8, Ordering::Relaxed);
+    }
+
+    /// Whether a tiled copy of `bytes` may be made now (`TS_CUDA_MOE_TILED` unset): after it,
+    /// the tensors still to come (their source bytes + 1/8 for the device layout's padding)
+    /// must leave a quarter of the device (at least 8 GiB) free for the KV cache, the scratch
+    /// and the graphs. Tiling stops where memory gets short; untiled stacks take the row-major
+    /// copy (the same bits).
+    /// A weight's device bytes read back: (the row-major copy, the tiled copy if any); for the
+    /// test of the `tile16_q8` kernel against [`tile16`].
+    pub fn weight_bytes(&self, w: &CudaWeight) -> Result<(Vec<u8>, Option<Vec<u8>>)> {
+        let rd = |m: &DevMem| -> Result<Vec<u8>> {
+            let mut v = vec![0u8; m.bytes];
+            self.stream.synchronize().map_err(|e| dev_err("synchronize", e))?;
+            unsafe { drv::memcpy_dtoh_sync(&mut v, m.ptr) }.map_err(|e| dev_err("device-to-host copy", e))?;
+            Ok(v)
+        };
+        Ok((rd(&w.mem)?, w.tiled.as_ref().map(rd).transpose()?))
+    }
+
+    fn tile_fits(&self, bytes: usize) -> bool {
+        let Ok((free, total)) = self.memory_info() else { return false };
+        let left = self.load_left.load(Ordering::Relaxed) as usize;
+        let reserve = (total / 4).max(8 << 30);
+        free.saturating_sub(bytes).saturating_sub(left + left / 8) >= reserve
+    }
+
     /// Grouped 16-token expert tiles on `mmq_q8_rows` (true, the default) or `mmq_q8_16` (the
     /// same bits; for the test that says so).
     pub fn set_moe_rows(&self, on: bool) {
         self.moe_rows.store(on, Ordering::Relaxed);
+    }
+
+    /// Dense Q8_0 products of up to `bn16` tokens on 16-token tiles, and of up to `rows` tokens
+    /// on `mmq_q8_rows` (`TS_CUDA_MMQ_BN16`, `TS_CUDA_MMQ_ROWS`; for the tests that say so).
+    pub fn set_mmq_tiles(&self, bn16: usize, rows: usize) {
+        self.mmq_bn16.store(bn16, Ordering::Relaxed);
+        self.mmq_rows_dense.store(rows, Ordering::Relaxed);
     }
 
     pub fn fused(&self) -> bool {
@@ -1086,7 +1200,7 @@ impl CudaBackend {
         let m = w.ne(1);
         // Too few tiles to fill the device (small matrices, decode-size batches): split K
         // over blocks (at least 2 groups each) into partial outputs, then sum them in order.
-        let bn = if ng <= self.mmq_bn16 { 16 } else { 64 };
+        let bn = if ng <= self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed)) { 16 } else { 64 };
         let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
         // The partial outputs fit the part scratch's fixed size, so that it never grows after
         // the warm-up at open (the decode step there allocates it, see the MLA decode).
@@ -1342,52 +1456,54 @@ impl CudaBackend {
         (nsplit, split_stride): (usize, usize),
         bn: usize,
     ) {
-        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair } = experts.unwrap_or(MmqGroups::NONE);
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
         // tile's activation rows whole in shared memory.
-        let rows_smem = 16 * (ngroups * 144 + 16);
-        let rows = cnt != 0 && bn == 16 && self.moe_rows.load(Ordering::Relaxed) && rows_smem <= self.smem_max;
+        // (Rows padded to a stride of 8 words mod 32: at most 124 bytes more.)
+        let rows_smem = 16 * (ngroups * 144 + (4 * ((8 + 32 * 4 - 4 * ngroups % 32) % 32)).max(16));
+        let rows = bn == 16
+            && rows_smem <= self.smem_max
+            && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
         let (name, smem) = match (bn, self.mmq16) {
-            _ if rows => ("mmq_q8_rows", rows_smem),
+            _ if rows => (if cnt != 0 { "mmq_q8_rows" } else { "mmq_q8_rows_d" }, rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ => ("mmq_q8_64", MMQ_SMEM),
         };
-        self.launch(
-            name,
-            grid,
-            128,
-            smem as u32,
-            &[
-                A::P(w.mem.ptr),
-                l(w.row_bytes),
-                l(w.mat_bytes()),
-                i(m),
-                i(ngroups),
-                A::P(xq),
-                l(ngroups * 144),
-                i(n),
-                A::P(cnt),
-                A::P(off),
-                A::P(perm),
-                i(ne),
-                i(in_div),
-                A::P(out),
-                l(ooff),
-                l(ostride),
-                i(nsplit),
-                l(split_stride),
-                A::P(sh_ptr),
-                l(sh_row_bytes),
-                l(sh_stride),
-                i(e_sh),
-                A::P(w2),
-                A::P(sh2),
-                A::P(out2),
-            ],
-        );
+        let args = [
+            A::P(w.mem.ptr),
+            l(w.row_bytes),
+            l(w.mat_bytes()),
+            i(m),
+            i(ngroups),
+            A::P(xq),
+            l(ngroups * 144),
+            i(n),
+            A::P(cnt),
+            A::P(off),
+            A::P(perm),
+            i(ne),
+            i(in_div),
+            A::P(out),
+            l(ooff),
+            l(ostride),
+            i(nsplit),
+            l(split_stride),
+            A::P(sh_ptr),
+            l(sh_row_bytes),
+            l(sh_stride),
+            i(e_sh),
+            A::P(w2),
+            A::P(sh2),
+            A::P(out2),
+            // mmq_q8_rows only: the 16-row tiled copies (or 0).
+            A::P(if cnt != 0 { w.tiled_ptr() } else { 0 }),
+            A::P(pair_tiled),
+            l(w.tiled_mat_bytes()),
+        ];
+        self.launch(name, grid, 128, smem as u32, if rows { &args } else { &args[..25] });
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
@@ -1439,7 +1555,7 @@ impl CudaBackend {
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
             let sh = sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne));
-            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None })
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0 })
         };
         let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
         let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
@@ -1452,6 +1568,7 @@ impl CudaBackend {
         if self.moe_gu && bn == 16 && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
             let gr = groups(sg).map(|mut m| {
                 m.pair = Some((up.mem.ptr, su.map_or(0, |(s, _)| s.mem.ptr), u));
+                m.pair_tiled = up.tiled_ptr();
                 m
             });
             self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
@@ -1510,8 +1627,8 @@ impl CudaBackend {
             ),
         );
         self.launch(
-            KName::of(format_args!("moe_down_sh_{tn}")).as_str(),
-            (hdim.div_ceil(8) as u32, n as u32, 1),
+            KName::of(format_args!("moe_down_sh_{tn}{}", if self.down_w4.1 { "_w4" } else { "" })).as_str(),
+            (hdim.div_ceil(if self.down_w4.1 { 2 } else { 8 }) as u32, n as u32, 1),
             256,
             0,
             &moe_down_args(experts.down, shared.down, (hdim, ff, k, nsh), sel_e, (g, ff), out, o),
@@ -1672,6 +1789,10 @@ impl Backend for CudaBackend {
         Ok(CudaCache { mem: self.alloc_mem(bytes, &format!("MLA cache of {rows} rows x {width} (f16)"))?, rows, width, half: true })
     }
 
+    fn load_remaining(&self, src_bytes: u64) {
+        self.load_left.store(src_bytes, Ordering::Relaxed);
+    }
+
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<CudaWeight> {
         let err = |what: String| BackendError::Weight { name: t.name.to_string(), what };
         if !t.dtype.is_supported_weight() || tname(t.dtype).is_none() {
@@ -1689,13 +1810,31 @@ impl Backend for CudaBackend {
             let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
             let mem = self.alloc_mem(bytes.len(), &format!("tensor '{}'", t.name))?;
             self.upload_bytes(&mem, 0, &bytes)?;
-            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4 });
+            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4, tiled: None });
         }
         let data = repack(t.dtype, t.data, ne0);
         let row_bytes = dev_row_bytes(t.dtype, ne0);
         let mem = self.alloc_mem(data.len(), &format!("tensor '{}'", t.name))?;
         self.upload_bytes(&mem, 0, &data)?;
-        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes })
+        let stack = t.dtype == GgmlType::Q8_0 && t.shape.len() == 3 && t.shape[2] > 1;
+        let tile = stack
+            && match self.moe_tiled.load(Ordering::Relaxed) {
+                0 => false,
+                1 => true,
+                _ => self.tile_fits(row_bytes * t.shape[1].next_multiple_of(16) * t.shape[2]),
+            };
+        let tiled = if tile {
+            let (rows, rows16, mats) = (t.shape[1], t.shape[1].next_multiple_of(16), t.shape[2]);
+            let tl = self.alloc_mem(mats * rows16 * row_bytes, &format!("tensor '{}' (16-row tiles)", t.name))?;
+            let ng = row_bytes / 144;
+            let total = mats * rows16 * ng * 9;
+            let blocks = total.div_ceil(256).min(65_536) as u32;
+            self.launch("tile16_q8", (blocks, 1, 1), 256, 0, &[A::P(mem.ptr), A::P(tl.ptr), l(rows), l(rows16), l(ng), l(total)]);
+            Some(tl)
+        } else {
+            None
+        };
+        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled })
     }
 
     fn upload_rope(&self, spec: &RopeSpec) -> Result<CudaRope> {
@@ -2904,8 +3043,8 @@ impl Backend for CudaBackend {
             ),
         );
         self.launch(
-            "moe_down_sh_q8",
-            (hdim.div_ceil(4) as u32, n as u32, 1),
+            if self.down_w4.0 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
+            (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),
             256,
             0,
             &moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o),
@@ -3035,6 +3174,30 @@ impl Nrc<'_> {
 
 #[cfg(test)]
 mod tests {
+    /// The 16-row tiled copy: row r's group gi of matrix e lands at tile r/16, group gi, slot
+    /// r%16; the padding rows are zeros.
+    #[test]
+    fn tile16_places_every_group() {
+        let (rb, rows, mats) = (3 * 144, 21, 2);
+        let data: Vec<u8> = (0..mats * rows * rb).map(|i| (i * 7 % 251) as u8).collect();
+        let t = super::tile16(&data, rb, rows);
+        let rows16 = 32;
+        assert_eq!(t.len(), mats * rows16 * rb);
+        for e in 0..mats {
+            for r in 0..rows16 {
+                for gi in 0..3 {
+                    let at = e * rows16 * rb + (r / 16) * 16 * rb + gi * 16 * 144 + (r % 16) * 144;
+                    let got = &t[at..at + 144];
+                    if r < rows {
+                        assert_eq!(got, &data[(e * rows + r) * rb + gi * 144..][..144], "e {e} row {r} group {gi}");
+                    } else {
+                        assert!(got.iter().all(|&b| b == 0), "padding row {r}");
+                    }
+                }
+            }
+        }
+    }
+
     /// Kernel names built on the stack equal the format! strings; an over-long one is cut, never
     /// a panic.
     #[test]

@@ -534,6 +534,56 @@ fn matmul_grouped_types() {
     rep.finish();
 }
 
+/// Dense Q8_0 products on `mmq_q8_rows` (16-token tiles, the weights straight into the mma
+/// fragments) give bit for bit what `mmq_q8_16` gives on the same tiles (so the same split K):
+/// V2-Lite's kv_a, q and o_proj at batched-decode sizes, the absorbed output per head (3-D), and
+/// 97 rows (a warp's 16 rows cut short; its 11 groups in 5 splits of 3 leave the last split
+/// none, which must still write zeros).
+#[test]
+fn mmq_rows_dense_exact() {
+    let Some(g) = gpu() else { return };
+    if !g.tensor_cores() {
+        eprintln!("mmq_rows_dense_exact: no tensor cores, skipped");
+        return;
+    }
+    let rows = &CudaBackend::new(0).expect("second backend");
+    rows.set_mmq_tiles(16, 64);
+    let plain = &CudaBackend::new(0).expect("third backend");
+    plain.set_mmq_tiles(64, 0);
+    let mut r = rng(34);
+    let mut rep = Report::new("mmq_rows_dense");
+    for &(k, m, gr, ntok) in &[
+        (2048usize, 576usize, 1usize, 64usize),
+        (2048, 3072, 1, 64),
+        (2048, 2048, 1, 24),
+        (2048, 576, 1, 12),
+        (512, 128, 16, 64),
+        (1408, 97, 1, 40),
+    ] {
+        let shape: Vec<usize> = if gr == 1 { vec![k, m] } else { vec![k, m, gr] };
+        let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
+        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
+        let (wr, wp) = (rows.upload_weight(&t, WeightUse::Matmul).unwrap(), plain.upload_weight(&t, WeightUse::Matmul).unwrap());
+        let n = ntok * gr;
+        let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+        let o = Rows { off: 2, n, width: m, stride: m + 2 };
+        let x = randn(&mut r, xr.end(), 1.0);
+        let (xa, xb) = (buf(rows, &x), buf(plain, &x));
+        let (oa, ob) = (rows.alloc(o.end()).unwrap(), plain.alloc(o.end()).unwrap());
+        poison(rows, &oa, o.end());
+        poison(plain, &ob, o.end());
+        if gr == 1 {
+            rows.matmul(&xa, xr, &wr, &oa, o);
+            plain.matmul(&xb, xr, &wp, &ob, o);
+        } else {
+            rows.matmul_grouped(&xa, xr, &wr, &oa, o);
+            plain.matmul_grouped(&xb, xr, &wp, &ob, o);
+        }
+        rep.check(&format!("[{k},{m},{gr}] tokens={ntok} (exact)"), &get(rows, &oa, o), &get(plain, &ob, o), 0.0, 0.0);
+    }
+    rep.finish();
+}
+
 #[test]
 fn rope_modes() {
     let Some(g) = gpu() else { return };
@@ -1616,7 +1666,9 @@ fn fused_moe_shared() {
 /// into the mma fragments (`mmq_q8_rows`): bit for bit what `mmq_q8_16` gives (a second backend
 /// with it off), at V2-Lite's shapes (64 experts, 2 shared chunks; 16 groups in, 11 out), with
 /// routing skewed so some experts see more than one tile, and at a width that ends inside a
-/// 64-row block and inside a 128-group. (With `TS_CUDA_MOE_ROWS=0` both sides run `mmq_q8_16`.)
+/// 64-row block and inside a 128-group; and from a 16-row tiled copy of the experts (made on the
+/// device by `tile16_q8`, checked byte for byte against the host's `tile16`). (With
+/// `TS_CUDA_MOE_ROWS=0` all three run `mmq_q8_16`.)
 #[test]
 fn moe_rows_exact() {
     let Some(g) = gpu() else { return };
@@ -1626,6 +1678,13 @@ fn moe_rows_exact() {
     }
     let plain = &CudaBackend::new(0).expect("second backend");
     plain.set_moe_rows(false);
+    // The experts also in 16-row tiles (TS_CUDA_MOE_TILED), read by mmq_q8_rows: the same bits.
+    let tiled = &CudaBackend::new(0).expect("third backend");
+    tiled.set_moe_tiled(true);
+    // (The default, TS_CUDA_MOE_TILED unset, tiles when memory allows: the row-major reads on
+    // a backend of their own.)
+    let rowmaj = &CudaBackend::new(0).expect("fourth backend");
+    rowmaj.set_moe_tiled(false);
     let mut r = rng(33);
     let mut rep = Report::new("moe_rows");
     // (hdim, ff, experts, k, shared chunks, tokens, logit bias on the first 4 experts)
@@ -1645,7 +1704,15 @@ fn moe_rows_exact() {
         let up = |b: &CudaBackend| -> [CudaWeight; 6] {
             std::array::from_fn(|i| b.upload_weight(&td("w", ty, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap())
         };
-        let (gw, pw) = (up(g), up(plain));
+        let (gw, pw, tw) = (up(rowmaj), up(plain), up(tiled));
+        // The tiled copies made on the device (tile16_q8) against the host reference.
+        for (j, rows) in [(0usize, ff), (2, hdim)] {
+            let (rm, tl) = tiled.weight_bytes(&tw[j]).unwrap();
+            let want = ts_cuda::backend::tile16(&rm, rm.len() / (rows * ne), rows);
+            if tl.as_deref() != Some(&want[..]) {
+                rep.failures.push(format!("H={hdim} ff={ff} E={ne}: tile16_q8 of weight {j} differs from tile16"));
+            }
+        }
         let p = MoeParams {
             n_experts: ne,
             k,
@@ -1668,7 +1735,7 @@ fn moe_rows_exact() {
         let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
         let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} n={n} bias={bias}");
         let mut outs = Vec::new();
-        for (b, w) in [(g, &gw), (plain, &pw)] {
+        for (b, w) in [(rowmaj, &gw), (plain, &pw), (tiled, &tw)] {
             let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
             poison(b, &bo, o.end());
             let ex = Experts { gate: &w[0], up: &w[1], down: &w[2] };
@@ -1684,6 +1751,8 @@ fn moe_rows_exact() {
         }
         rep.check(&format!("{lab} moe_shared (exact)"), &outs[0].0, &outs[1].0, 0.0, 0.0);
         rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
+        rep.check(&format!("{lab} moe_shared, tiled experts (exact)"), &outs[2].0, &outs[1].0, 0.0, 0.0);
+        rep.check(&format!("{lab} moe, tiled experts (exact)"), &outs[2].1, &outs[1].1, 0.0, 0.0);
     }
     rep.finish();
 }

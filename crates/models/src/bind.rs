@@ -140,6 +140,8 @@ impl<'a, B: Backend> Binder<'a, B> {
         if t.shape.iter().filter(|&&d| d > 1).count() >= 2 && !self.be.batch_invariant(target.unwrap_or(t.dtype)) {
             self.batch_invariant.set(false);
         }
+        let left = self.src_bytes_total.saturating_sub(*self.src_bytes_done.borrow() + src_len);
+        self.be.load_remaining(left);
         let w = match target {
             Some(ty) => {
                 let bytes = requantize(t, ty).map_err(|e| self.err(t.name, format!("quantising to {}: {e}", ty.name())))?;
