@@ -43,18 +43,32 @@ extern "C" __global__ void copy_rows(const float* src, i64 soff, i64 sstride, fl
         dst[at(i, width, doff, dstride)] = src[at(i, width, soff, sstride)];
 }
 
-// The 16-row tiled copy of a stack of Q8_0 matrices in the device layout (CudaWeight::tiled;
-// the host reference is backend.rs's tile16): per matrix, per tile of 16 rows, per 144-byte
-// group, the tile's 16 rows; rows past `rows` are zeros. One thread per 16 bytes of the output.
-extern "C" __global__ void tile16_q8(const uint4* src, uint4* dst, i64 rows, i64 rows16, i64 ng, i64 total) { PDL_ENTRY();
+// The tiled copy of a stack of Q8_0 matrices in the device layout (CudaWeight::tiled; the host
+// reference is backend.rs's tile16): per matrix, per tile of 16 rows, per 144-byte group, 2,176
+// bytes in mmq_q8_rows' load order (MMQ_TG in mmq.cu): 16-byte chunk c < 8 holds the 4 f16
+// scales of rows c and c+8; chunk 8 + 32*bl + 4*g + t holds bytes 8t..8t+7 of block bl of row g,
+// then of row g+8. Rows past `rows` are zeros. One thread per 16 bytes of the output.
+extern "C" __global__ void tile16_q8(const u8* src, uint4* dst, i64 rows, i64 rows16, i64 ng, i64 total) { PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
-        i64 j = i / 9;
-        const i64 c = i - j * 9, r16 = j % 16;
-        j /= 16;
-        const i64 g = j % ng;
+        i64 j = i / 136;
+        const int c = (int)(i - j * 136);
+        const i64 gi = j % ng;
         j /= ng;
-        const i64 tiles = rows16 / 16, tile = j % tiles, e = j / tiles, r = tile * 16 + r16;
-        dst[i] = r < rows ? src[((e * rows + r) * ng + g) * 9 + c] : make_uint4(0, 0, 0, 0);
+        const i64 tiles = rows16 / 16, tile = j % tiles, e = j / tiles;
+        int r, o;  // row within the tile (of the first half), byte offset within the row's group
+        if (c < 8) {
+            r = c;
+            o = 0;
+        } else {
+            const int q = c - 8, bl = q >> 5, lane = q & 31;
+            r = lane >> 2;
+            o = 16 + 32 * bl + 8 * (lane & 3);
+        }
+        const i64 ra = tile * 16 + r, rb = ra + 8, rowb = ng * 144;
+        const u8* base = src + e * rows * rowb + gi * 144 + o;
+        const uint2 a = ra < rows ? *(const uint2*)(base + ra * rowb) : make_uint2(0, 0);
+        const uint2 b = rb < rows ? *(const uint2*)(base + rb * rowb) : make_uint2(0, 0);
+        dst[i] = make_uint4(a.x, a.y, b.x, b.y);
     }
 }
 

@@ -22,6 +22,11 @@
 #define MMQ_BN 64
 #define MMQ_THREADS 128
 #define MMQ_GB 144
+// Bytes of one group of a 16-row tile of the tiled expert copy (CudaWeight::tiled, tile16_q8):
+// 8 x 16 bytes of scales (rows g and g+8 for g < 8), then per block 32 lanes x 16 bytes (lane
+// 4g+t: its 8 bytes of row g, then of row g+8). No padding: 2,176 bytes where 16 rows of the
+// row-major layout hold 2,304.
+#define MMQ_TG 2176
 #define MMQ_ROWS (MMQ_BM + MMQ_BN)
 
 // Quantise `n` rows of `k` values into groups of 4 Q8_0 blocks (dst row j at dst + j*drow bytes,
@@ -473,15 +478,14 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     const bool sh = !DENSE && e >= e_sh;
     const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
     const i64 rb = sh ? ws_row_bytes : row_bytes;
-    // Routed experts with a 16-row tiled copy (TS_CUDA_MOE_TILED=1): the warp's tile is
-    // group-major, rows 144 bytes apart within a group, groups 16 rows apart.
+    // Routed experts with a tiled copy (CudaWeight::tiled): the warp's 16 rows are one tile,
+    // MMQ_TG bytes a group, in the order the lanes load them (see tile16_q8).
     const bool tl = !DENSE && Wtl && !sh;
-    const int gstride = tl ? 16 * MMQ_GB : MMQ_GB;
     const u8* pa;
     const u8* pb;
     if (tl) {
-        pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(r0 >> 4, (m - 1) >> 4) * 16 * rb + g * MMQ_GB;
-        pb = pa + 8 * MMQ_GB;
+        pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(r0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
+        pb = pa;
     } else {
         pa = Wt + (i64)min(r0 + g, m - 1) * rb + (i64)g0 * MMQ_GB;
         pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb + (i64)g0 * MMQ_GB;
@@ -492,8 +496,24 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         uint2 ha, hb, qa[4], qb[4];
     };
     auto load = [&](Grp& v, int gi) {
-        const u8* a = pa + (i64)min(gi, ng - 1) * gstride;
-        const u8* b = pb + (i64)min(gi, ng - 1) * gstride;
+        const int gc = min(gi, ng - 1);
+        if (tl) {
+            // One 16-byte load a lane for the scales of rows g and g+8, one a block for its 8
+            // bytes of each: every block a warp's 512 contiguous bytes.
+            const u8* p = pa + (i64)gc * MMQ_TG;
+            const uint4 h = __ldg((const uint4*)(p + 16 * g));
+            v.ha = make_uint2(h.x, h.y);
+            v.hb = make_uint2(h.z, h.w);
+#pragma unroll
+            for (int bl = 0; bl < 4; bl++) {
+                const uint4 q = __ldg((const uint4*)(p + 128 + 512 * bl + 16 * lane));
+                v.qa[bl] = make_uint2(q.x, q.y);
+                v.qb[bl] = make_uint2(q.z, q.w);
+            }
+            return;
+        }
+        const u8* a = pa + (i64)gc * MMQ_GB;
+        const u8* b = pb + (i64)gc * MMQ_GB;
         v.ha = __ldg((const uint2*)a);
         v.hb = __ldg((const uint2*)b);
 #pragma unroll

@@ -99,10 +99,10 @@ pub struct CudaWeight {
     mem: DevMem,
     /// Device bytes of one row of `shape[0]` elements.
     row_bytes: usize,
-    /// A second copy of a 3-D Q8_0 stack (`TS_CUDA_MOE_TILED=1`, an experiment): each matrix in
-    /// tiles of 16 rows (rows padded with zeros to a multiple of 16), each tile group-major, so
-    /// one tile's group (16 rows x 144 bytes) is one contiguous 2,304-byte piece: the grouped
-    /// expert products (`mmq_q8_rows`) read it instead of the row-major copy.
+    /// A second copy of a 3-D Q8_0 stack ([`CudaBackend::moe_tiled`]): each matrix in tiles of
+    /// 16 rows (padded with zero rows), each tile's group in the order `mmq_q8_rows`' lanes
+    /// load it ([`tile16`]): a warp reads 512 contiguous bytes a load, and the grouped expert
+    /// products (`mmq_q8_rows`) read this copy instead of the row-major one.
     tiled: Option<DevMem>,
 }
 
@@ -127,7 +127,7 @@ impl CudaWeight {
     }
     /// Bytes of one matrix of the tiled copy ([`CudaWeight::tiled`]).
     fn tiled_mat_bytes(&self) -> usize {
-        self.row_bytes * self.ne(1).next_multiple_of(16)
+        tile16_mat_bytes(self.row_bytes, self.ne(1))
     }
     fn tiled_ptr(&self) -> u64 {
         self.tiled.as_ref().map_or(0, |t| t.ptr)
@@ -435,21 +435,43 @@ fn dev_row_bytes(t: GgmlType, ne0: usize) -> usize {
     }
 }
 
-/// The 16-row tiled copy of a stack of Q8_0 matrices in the device layout (`rows` rows of `rb`
-/// bytes each; [`CudaWeight::tiled`]): per matrix, per tile of 16 rows, per group of 144 bytes,
-/// the tile's 16 rows; rows past `rows` are zeros (zero scales). The CPU reference of the
-/// `tile16_q8` kernel, which makes the copy on the device at load (this permutation on the host
-/// took ~20 s for V2-Lite's experts).
+/// Bytes of one 16-row tile's group in the tiled copy (`MMQ_TG` in kernels/mmq.cu).
+const TILE_GROUP: usize = 2176;
+
+/// Bytes of one matrix of `rows` rows of `rb` device bytes in the tiled copy.
+fn tile16_mat_bytes(rb: usize, rows: usize) -> usize {
+    rows.next_multiple_of(16) / 16 * (rb / 144) * TILE_GROUP
+}
+
+/// The tiled copy of a stack of Q8_0 matrices in the device layout (`rows` rows of `rb` bytes
+/// each; [`CudaWeight::tiled`]): per matrix, per tile of 16 rows, per 144-byte group,
+/// [`TILE_GROUP`] bytes in the order `mmq_q8_rows`' lanes load them: 16-byte chunk `c < 8` holds
+/// the 4 f16 scales of rows `c` and `c + 8` of the tile; chunk `8 + 32*bl + 4*g + t` holds bytes
+/// `8t..8t+8` of block `bl` of row `g`, then of row `g + 8` (the 8 pad bytes of each row's group
+/// are left out). Rows past `rows` are zeros. The CPU reference of the `tile16_q8` kernel, which
+/// makes the copy on the device at load.
 pub fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
-    let (ng, rows16) = (rb / 144, rows.next_multiple_of(16));
+    let ng = rb / 144;
     let mats = data.len() / (rb * rows).max(1);
-    let mut out = vec![0u8; mats * rows16 * rb];
+    let tiles = rows.next_multiple_of(16) / 16;
+    let mut out = vec![0u8; mats * tile16_mat_bytes(rb, rows)];
+    let piece = |e: usize, r: usize, at: usize| -> [u8; 8] {
+        if r < rows {
+            data[(e * rows + r) * rb + at..][..8].try_into().expect("8 bytes")
+        } else {
+            [0; 8]
+        }
+    };
     for e in 0..mats {
-        for r in 0..rows {
-            let src = &data[(e * rows + r) * rb..][..rb];
-            let tile = e * rows16 * rb + (r / 16) * 16 * rb;
+        for tile in 0..tiles {
             for gi in 0..ng {
-                out[tile + gi * 16 * 144 + (r % 16) * 144..][..144].copy_from_slice(&src[gi * 144..][..144]);
+                let grp = ((e * tiles + tile) * ng + gi) * TILE_GROUP;
+                for c in 0..TILE_GROUP / 16 {
+                    let (r, o) = if c < 8 { (c, 0) } else { ((c - 8) % 32 / 4, 16 + 32 * ((c - 8) / 32) + 8 * ((c - 8) % 4)) };
+                    let ra = tile * 16 + r;
+                    out[grp + 16 * c..][..8].copy_from_slice(&piece(e, ra, gi * 144 + o));
+                    out[grp + 16 * c + 8..][..8].copy_from_slice(&piece(e, ra + 8, gi * 144 + o));
+                }
             }
         }
     }
@@ -1821,13 +1843,13 @@ impl Backend for CudaBackend {
             && match self.moe_tiled.load(Ordering::Relaxed) {
                 0 => false,
                 1 => true,
-                _ => self.tile_fits(row_bytes * t.shape[1].next_multiple_of(16) * t.shape[2]),
+                _ => self.tile_fits(tile16_mat_bytes(row_bytes, t.shape[1]) * t.shape[2]),
             };
         let tiled = if tile {
             let (rows, rows16, mats) = (t.shape[1], t.shape[1].next_multiple_of(16), t.shape[2]);
-            let tl = self.alloc_mem(mats * rows16 * row_bytes, &format!("tensor '{}' (16-row tiles)", t.name))?;
+            let tl = self.alloc_mem(mats * tile16_mat_bytes(row_bytes, rows), &format!("tensor '{}' (16-row tiles)", t.name))?;
             let ng = row_bytes / 144;
-            let total = mats * rows16 * ng * 9;
+            let total = mats * rows16 / 16 * ng * (TILE_GROUP / 16);
             let blocks = total.div_ceil(256).min(65_536) as u32;
             self.launch("tile16_q8", (blocks, 1, 1), 256, 0, &[A::P(mem.ptr), A::P(tl.ptr), l(rows), l(rows16), l(ng), l(total)]);
             Some(tl)
@@ -3174,24 +3196,38 @@ impl Nrc<'_> {
 
 #[cfg(test)]
 mod tests {
-    /// The 16-row tiled copy: row r's group gi of matrix e lands at tile r/16, group gi, slot
-    /// r%16; the padding rows are zeros.
+    /// The tiled copy: what each lane of `mmq_q8_rows` loads from it (one 16-byte load for
+    /// the scales of rows g and g+8, one a block for its 8 bytes of both) is what it loads from
+    /// the row-major layout; padding rows are zeros; the size is `tile16_mat_bytes`.
     #[test]
     fn tile16_places_every_group() {
         let (rb, rows, mats) = (3 * 144, 21, 2);
-        let data: Vec<u8> = (0..mats * rows * rb).map(|i| (i * 7 % 251) as u8).collect();
+        let data: Vec<u8> = (0..mats * rows * rb).map(|i| (i * 7 % 251) as u8 | 1).collect();
         let t = super::tile16(&data, rb, rows);
-        let rows16 = 32;
-        assert_eq!(t.len(), mats * rows16 * rb);
+        assert_eq!(t.len(), mats * super::tile16_mat_bytes(rb, rows));
+        let at = |e: usize, r: usize, o: usize| -> &[u8] {
+            if r < rows {
+                &data[(e * rows + r) * rb + o..][..8]
+            } else {
+                &[0u8; 8]
+            }
+        };
         for e in 0..mats {
-            for r in 0..rows16 {
+            for tile in 0..2 {
                 for gi in 0..3 {
-                    let at = e * rows16 * rb + (r / 16) * 16 * rb + gi * 16 * 144 + (r % 16) * 144;
-                    let got = &t[at..at + 144];
-                    if r < rows {
-                        assert_eq!(got, &data[(e * rows + r) * rb + gi * 144..][..144], "e {e} row {r} group {gi}");
-                    } else {
-                        assert!(got.iter().all(|&b| b == 0), "padding row {r}");
+                    let p = ((e * 2 + tile) * 3 + gi) * super::TILE_GROUP;
+                    for lane in 0..32 {
+                        let (g, tt) = (lane / 4, lane % 4);
+                        let (ra, rb2) = (tile * 16 + g, tile * 16 + g + 8);
+                        let h = &t[p + 16 * g..][..16];
+                        assert_eq!(&h[..8], at(e, ra, gi * 144), "scales e {e} tile {tile} group {gi} row {ra}");
+                        assert_eq!(&h[8..], at(e, rb2, gi * 144), "scales e {e} tile {tile} group {gi} row {rb2}");
+                        for bl in 0..4 {
+                            let q = &t[p + 128 + 512 * bl + 16 * lane..][..16];
+                            let o = gi * 144 + 16 + 32 * bl + 8 * tt;
+                            assert_eq!(&q[..8], at(e, ra, o), "quants e {e} row {ra} group {gi} block {bl}");
+                            assert_eq!(&q[8..], at(e, rb2, o), "quants e {e} row {rb2} group {gi} block {bl}");
+                        }
                     }
                 }
             }
