@@ -137,11 +137,16 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
     if let (Some((free0, _)), Some((free1, total))) = (free_before, be.device_memory()) {
         let cache = info.cache_bytes_per_token * (opts.ctx * opts.n_slots) as u64;
         let used = free0.saturating_sub(free1) as u64;
+        let copies = if info.weight_copy_bytes > 0 {
+            format!(" (+{:.2} GiB tiled copies for batched decode; TS_CUDA_MOE_TILED=0 goes without)", info.weight_copy_bytes as f64 / GIB)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "turbospark: GPU memory: weights {:.2} GiB, KV cache {:.2} GiB, scratch and other {:.2} GiB; {:.2} GiB of {:.2} GiB free",
+            "turbospark: GPU memory: weights {:.2} GiB{copies}, KV cache {:.2} GiB, scratch and other {:.2} GiB; {:.2} GiB of {:.2} GiB free",
             info.weight_bytes as f64 / GIB,
             cache as f64 / GIB,
-            used.saturating_sub(info.weight_bytes + cache) as f64 / GIB,
+            used.saturating_sub(info.weight_bytes + info.weight_copy_bytes + cache) as f64 / GIB,
             free1 as f64 / GIB,
             total as f64 / GIB
         );

@@ -118,6 +118,11 @@ pub trait WeightInfo {
     fn shape(&self) -> &[usize];
     /// Bytes it occupies on the device.
     fn bytes(&self) -> usize;
+    /// Bytes of second layouts of the same values that the backend keeps for faster kernels
+    /// (CUDA's tiled expert stacks), not counted in [`WeightInfo::bytes`]; default none.
+    fn copy_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// The ops a forward needs. All ops are enqueued in order; [`Backend::read`] waits for them.

@@ -116,6 +116,9 @@ impl WeightInfo for CudaWeight {
     fn bytes(&self) -> usize {
         self.mem.bytes
     }
+    fn copy_bytes(&self) -> usize {
+        self.tiled.as_ref().map_or(0, |t| t.bytes)
+    }
 }
 
 impl CudaWeight {

@@ -64,6 +64,8 @@ pub struct Binder<'a, B: Backend> {
     pub n_params: RefCell<u64>,
     /// Bytes uploaded so far.
     pub bytes: RefCell<u64>,
+    /// Bytes of the backend's second layouts of them ([`ts_core::WeightInfo::copy_bytes`]).
+    pub copy_bytes: RefCell<u64>,
     /// Source bytes uploaded so far / in all (for progress).
     src_bytes_done: RefCell<u64>,
     src_bytes_total: u64,
@@ -83,6 +85,7 @@ impl<'a, B: Backend> Binder<'a, B> {
             used: RefCell::new(BTreeSet::new()),
             n_params: RefCell::new(0),
             bytes: RefCell::new(0),
+            copy_bytes: RefCell::new(0),
             src_bytes_done: RefCell::new(0),
             src_bytes_total: total,
             batch_invariant: std::cell::Cell::new(true),
@@ -161,6 +164,7 @@ impl<'a, B: Backend> Binder<'a, B> {
             }
         });
         *self.bytes.borrow_mut() += ts_core::WeightInfo::bytes(&w) as u64;
+        *self.copy_bytes.borrow_mut() += ts_core::WeightInfo::copy_bytes(&w) as u64;
         Ok(w)
     }
 

@@ -906,6 +906,7 @@ impl<B: Backend> DeepSeek2<B> {
             n_embd: c.n_embd,
             n_params: *b.n_params.borrow(),
             weight_bytes: *b.bytes.borrow(),
+            weight_copy_bytes: *b.copy_bytes.borrow(),
             cache_bytes_per_token: (c.n_layers * c.cache_width() * vb) as u64,
             details,
             // Not claimed: the absorbed MLA weights are built on the host and the MoE groups

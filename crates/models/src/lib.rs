@@ -74,6 +74,9 @@ pub struct ModelInfo {
     pub n_params: u64,
     /// Bytes of weights as stored on the backend.
     pub weight_bytes: u64,
+    /// Bytes of the backend's second layouts of weights, kept for faster kernels (CUDA: the
+    /// tiled expert stacks of the batched decode), on top of `weight_bytes`.
+    pub weight_copy_bytes: u64,
     /// Bytes of KV cache per token of context (all layers).
     pub cache_bytes_per_token: u64,
     /// Extra human lines for `inspect` (geometry, experts …).

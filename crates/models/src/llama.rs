@@ -249,6 +249,7 @@ impl<B: Backend> Llama<B> {
             n_embd: h,
             n_params: *b.n_params.borrow(),
             weight_bytes: *b.bytes.borrow(),
+            weight_copy_bytes: *b.copy_bytes.borrow(),
             cache_bytes_per_token: (cfg.n_layers * 2 * nkv * d * 4) as u64,
             batch_invariant: b.batch_invariant.get(),
             details: vec![

@@ -882,6 +882,7 @@ mod tests {
             n_embd: 1,
             n_params: 0,
             weight_bytes: 0,
+            weight_copy_bytes: 0,
             cache_bytes_per_token: 0,
             details: Vec::new(),
             batch_invariant: false,
