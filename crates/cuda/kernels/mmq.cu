@@ -143,6 +143,28 @@ __device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid
     }
 }
 
+// The tile a block covers: for grouped products (cnt != null) the expert and first token that
+// mmq_find_tile gives (false: the block is past the last tile); for dense ones matrix
+// blockIdx.z / nsplit and the tokens from blockIdx.y * BN. Every thread of the block calls it
+// (grouped: one barrier). tile_e / tile_start: the caller's shared words.
+template <int BN>
+__device__ __forceinline__ bool mmq_block_tile(const int* cnt, int n_exp, int n, int nsplit, int& tile_e,
+                                               int& tile_start, int& e, int& start, int& count) {
+    if (cnt) {
+        if (threadIdx.x < 32) mmq_find_tile<BN>(cnt, n_exp, threadIdx.x, tile_e, tile_start);
+        __syncthreads();
+        e = tile_e;
+        if (e < 0) return false;
+        start = tile_start;
+        count = cnt[e];
+    } else {
+        e = blockIdx.z / nsplit;
+        start = blockIdx.y * BN;
+        count = n;
+    }
+    return true;
+}
+
 // out[ooff + dst_j * ostride + row] = W_e[row] . X[src_j] for the tile's rows and tokens.
 //   W, row_bytes, mat_bytes, m: the weights (matrix e at W + e*mat_bytes), m rows.
 //   ngroups: groups of 128 per row (weights and activations alike).
@@ -190,18 +212,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     const int tid = threadIdx.x;
     // Which matrix and which tokens this tile covers.
     int e = 0, start, count;
-    if (cnt) {
-        if (tid < 32) mmq_find_tile<BN>(cnt, n_exp, tid, tile_e, tile_start);
-        __syncthreads();
-        e = tile_e;
-        if (e < 0) return;
-        start = tile_start;
-        count = cnt[e];
-    } else {
-        e = blockIdx.z / nsplit;
-        start = blockIdx.y * BN;
-        count = n;
-    }
+    if (!mmq_block_tile<BN>(cnt, n_exp, n, nsplit, tile_e, tile_start, e, start, count)) return;
     // Split K (dense products with too few tiles to fill the device): this block sums groups
     // [g0, g1) into its own partial output (reduced by mmq_sum_splits in a fixed order).
     const int split = cnt ? 0 : blockIdx.z % nsplit, zg = gridDim.z / nsplit;
@@ -424,18 +435,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     __shared__ int tile_e, tile_start;
     const int tid = threadIdx.x;
     int e, start, count;
-    if (!DENSE) {
-        if (tid < 32) mmq_find_tile<BN>(cnt, n_exp, tid, tile_e, tile_start);
-        __syncthreads();
-        e = tile_e;
-        if (e < 0) return;
-        start = tile_start;
-        count = cnt[e];
-    } else {
-        e = blockIdx.z / nsplit;
-        start = blockIdx.y * BN;
-        count = n;
-    }
+    if (!mmq_block_tile<BN>(DENSE ? nullptr : cnt, n_exp, n, nsplit, tile_e, tile_start, e, start, count)) return;
     // Split K (dense only): this block sums groups [g0, g1) into its own partial output.
     const int split = DENSE ? blockIdx.z % nsplit : 0, zg = gridDim.z / nsplit;
     const int gps = DENSE ? (ngroups + nsplit - 1) / nsplit : ngroups;
