@@ -1850,12 +1850,19 @@ impl Backend for CudaBackend {
             };
         let tiled = if tile {
             let (rows, rows16, mats) = (t.shape[1], t.shape[1].next_multiple_of(16), t.shape[2]);
-            let tl = self.alloc_mem(mats * tile16_mat_bytes(row_bytes, rows), &format!("tensor '{}' (16-row tiles)", t.name))?;
-            let ng = row_bytes / 144;
-            let total = mats * rows16 / 16 * ng * (TILE_GROUP / 16);
-            let blocks = total.div_ceil(256).min(65_536) as u32;
-            self.launch("tile16_q8", (blocks, 1, 1), 256, 0, &[A::P(mem.ptr), A::P(tl.ptr), l(rows), l(rows16), l(ng), l(total)]);
-            Some(tl)
+            // Out of memory for the copy: an error only when asked for (TS_CUDA_MOE_TILED=1);
+            // by default the stack stays row-major (the same bits, only slower).
+            match self.alloc_mem(mats * tile16_mat_bytes(row_bytes, rows), &format!("tensor '{}' (16-row tiles)", t.name)) {
+                Ok(tl) => {
+                    let ng = row_bytes / 144;
+                    let total = mats * rows16 / 16 * ng * (TILE_GROUP / 16);
+                    let blocks = total.div_ceil(256).min(65_536) as u32;
+                    self.launch("tile16_q8", (blocks, 1, 1), 256, 0, &[A::P(mem.ptr), A::P(tl.ptr), l(rows), l(rows16), l(ng), l(total)]);
+                    Some(tl)
+                }
+                Err(BackendError::OutOfMemory { .. }) if self.moe_tiled.load(Ordering::Relaxed) == 2 => None,
+                Err(e) => return Err(e),
+            }
         } else {
             None
         };
