@@ -497,8 +497,9 @@ __device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes
     if (lane == 0) out[(i64)P * ostride + row] = act_fn(act == 0 ? 1 : 2, g) * u * wsl;
 }
 
-// WPR warps a row, each over its share of the slots' pieces, summed in warp order (WPR 1: the
-// default; 4: TS_CUDA_DOWN_WPR=4, 11 dependent batches of loads at V2-Lite's shapes become 3).
+// WPR warps a row, each over its share of the slots' pieces, summed in warp order (WPR 4, the
+// default since the tenth session: 11 dependent batches of loads at V2-Lite's shapes become 3,
+// bf16 tg128 +5.4%; WPR 1 with TS_CUDA_DOWN_WPR=1).
 template <int T, int WPR>
 __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k,
                                      const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh, const float* h,
