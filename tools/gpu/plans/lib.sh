@@ -5,11 +5,13 @@
 export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
 V=/tmp/v2lite-q8_0.gguf
 O=${OUT:-/tmp}
-b() { local e=$1; shift; echo "-- ${e:-default} $*"; env $e "$@" 2>&1 | grep -E "^\| .*(pp|tg)|hash|rror" | sed -E 's/.*\| (pp|tg)/\1/'; }
+# (Each run is cut off after $TS_RUN_LIMIT seconds, default 240, so that a hung kernel costs one
+# run, not the whole device call.)
+b() { local e=$1; shift; echo "-- ${e:-default} $*"; env $e timeout ${TS_RUN_LIMIT:-240} "$@" 2>&1 | grep -E "^\| .*(pp|tg)|hash|rror" | sed -E 's/.*\| (pp|tg)/\1/'; }
 ops_and_model() {
   "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
   echo "== ops_vs_cpu"
-  "$OPS" --test-threads 2 > $O/ops.txt 2>&1
+  timeout ${TS_OPS_LIMIT:-300} "$OPS" --test-threads 2 > $O/ops.txt 2>&1 || echo "ops_vs_cpu: exit $? (124: cut off)"
   grep -E "FAIL|test result|panicked" $O/ops.txt | head -20
   wait
 }
