@@ -147,6 +147,31 @@ __device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid
 // mmq_find_tile gives (false: the block is past the last tile); for dense ones matrix
 // blockIdx.z / nsplit and the tokens from blockIdx.y * BN. Every thread of the block calls it
 // (grouped: one barrier). tile_e / tile_start: the caller's shared words.
+// The tile's token rows, by the first BN threads (a barrier follows in the caller): where
+// token j of the tile reads its activations (src_row) and writes its output (dst_row). Grouped
+// products (perm != null): the j-th pair of expert e from `start` (activation row pair / in_div);
+// dense ones: row (start + j) * zg + e. Past the tile's nt tokens the last row again (loaded,
+// never stored).
+template <int BN>
+__device__ __forceinline__ void mmq_tile_rows(const int* perm, const int* off, int e, int start, int nt,
+                                              int in_div, int zg, int* src_row, int* dst_row) {
+    const int tid = threadIdx.x;
+    if (tid < BN) {
+        const int j = min(tid, nt - 1);
+        int s, d;
+        if (perm) {
+            const int p = perm[off[e] + start + j];
+            s = p / in_div;
+            d = p;
+        } else {
+            s = (start + j) * zg + e;
+            d = s;
+        }
+        src_row[tid] = s;
+        dst_row[tid] = d;
+    }
+}
+
 template <int BN>
 __device__ __forceinline__ bool mmq_block_tile(const int* cnt, int n_exp, int n, int nsplit, int& tile_e,
                                                int& tile_start, int& e, int& start, int& count) {
@@ -221,20 +246,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     out += split * split_stride;
     const int nt = min(BN, count - start);
     if (nt <= 0) return;
-    if (tid < BN) {
-        const int j = min(tid, nt - 1);  // past the end: repeat the last row (loaded, never stored)
-        int s, d;
-        if (cnt) {
-            const int p = perm[off[e] + start + j];
-            s = p / in_div;
-            d = p;
-        } else {
-            s = (start + j) * zg + e;
-            d = s;
-        }
-        src_row[tid] = s;
-        dst_row[tid] = d;
-    }
+    mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, zg, src_row, dst_row);
     __syncthreads();
     const int m0 = bx * MMQ_BM;
     const bool sh = cnt && e >= e_sh;
@@ -443,20 +455,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     if (DENSE) out += split * split_stride;
     const int nt = min(BN, count - start);
     if (nt <= 0) return;  // (a split with no groups, ng <= 0, still writes its zero partials)
-    if (tid < BN) {
-        const int j = min(tid, nt - 1);  // past the end: the last row again
-        int s, d;
-        if (!DENSE) {
-            const int p = perm[off[e] + start + j];
-            s = p / in_div;
-            d = p;
-        } else {
-            s = (start + j) * zg + e;
-            d = s;
-        }
-        src_row[tid] = s;
-        dst_row[tid] = d;
-    }
+    mmq_tile_rows<BN>(DENSE ? nullptr : perm, off, e, start, nt, in_div, zg, src_row, dst_row);
     __syncthreads();
     // The activation rows of the n8 tiles in use, groups g0.. only. A row's stride in words is
     // 8 mod 32, so the 4 rows of a half-warp's 8-byte fragment loads start 8 banks apart.
