@@ -346,10 +346,6 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* s, const void* g) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(s)), "l"(g));
 }
-// 8 bytes (cp.async takes 4, 8 or 16; below 16 only through L1, .ca).
-__device__ __forceinline__ void cp_async8(void* s, const void* g) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(s)), "l"(g));
-}
 // As cp_async16, copying only the first `bytes` (0 or 16) and zero-filling the rest.
 __device__ __forceinline__ void cp_async16_z(void* s, const void* g, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(bytes));

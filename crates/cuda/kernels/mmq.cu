@@ -425,50 +425,6 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 #ifndef MMQ_ROWS_MINB
 #define MMQ_ROWS_MINB 5
 #endif
-#if __CUDA_ARCH__ >= 800
-// One group of a thread's two weight rows (g and g+8 of the warp's 16): the 4 f16 scales of
-// each, its 8 bytes of each 32-value block. mmq_rows_mul is the staged kernel's multiply;
-// mmq_rows_impl keeps the same body written out in its own lambda, because calling this function
-// there changes its register allocation (mmq_q8_rows 92 -> 94, mmq_q8_rows_d 100 -> 107 under
-// NVRTC 13.0) and these kernels' speed has moved with smaller changes. One of the two goes once
-// the staged kernel is measured.
-struct MmqGrp {
-    uint2 ha, hb, qa[4], qb[4];
-};
-// acc[ni][c] += the group's products with the tile's activation rows (group start xg in shared
-// memory, rows rs bytes apart; only the n8 tiles that hold some of the nt tokens).
-__device__ __forceinline__ void mmq_rows_mul(float (&acc)[2][4], const MmqGrp& v, const u8* xs, int gi, int rs, int nt,
-                                             int g, int t) {
-    float dg[4], dg8[4];  // the scales of rows g and g+8
-#pragma unroll
-    for (int bl = 0; bl < 4; bl++) {
-        dg[bl] = hsel(v.ha, bl);
-        dg8[bl] = hsel(v.hb, bl);
-    }
-    const u8* xg = xs + gi * MMQ_GB;
-#pragma unroll
-    for (int ni = 0; ni < 2; ni++) {
-        if (ni * 8 >= nt) break;  // only padding tokens (block-uniform)
-        const uint2 h0 = *(const uint2*)(xg + (ni * 8 + 2 * t) * rs);
-        const uint2 h1 = *(const uint2*)(xg + (ni * 8 + 2 * t + 1) * rs);
-        const u8* xq = xg + (ni * 8 + g) * rs + 16 + 8 * t;
-#pragma unroll
-        for (int bl = 0; bl < 4; bl++) {
-            const uint2 bq = *(const uint2*)(xq + 32 * bl);
-            const u32 a[4] = {v.qa[bl].x, v.qb[bl].x, v.qa[bl].y, v.qb[bl].y};
-            const u32 b[2] = {bq.x, bq.y};
-            int c[4] = {0, 0, 0, 0};
-            mma_s8(c, a, b);
-            const float d0 = hsel(h0, bl), d1 = hsel(h1, bl);
-            acc[ni][0] += (float)c[0] * (dg[bl] * d0);
-            acc[ni][1] += (float)c[1] * (dg[bl] * d1);
-            acc[ni][2] += (float)c[2] * (dg8[bl] * d0);
-            acc[ni][3] += (float)c[3] * (dg8[bl] * d1);
-        }
-    }
-}
-#endif
-
 template <int NBUF, bool DENSE>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
@@ -533,8 +489,11 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         pa = Wt + (i64)min(r0 + g, m - 1) * rb + (i64)g0 * MMQ_GB;
         pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb + (i64)g0 * MMQ_GB;
     }
+    // One group of this thread's two rows: the 4 scales of each, its 8 bytes of each block.
     // (Group indices from here on count from g0.)
-    using Grp = MmqGrp;
+    struct Grp {
+        uint2 ha, hb, qa[4], qb[4];
+    };
     auto load = [&](Grp& v, int gi) {
         const int gc = min(gi, ng - 1);
         if (tl) {
@@ -654,166 +613,6 @@ MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false)
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true)
-
-// The grouped product of mmq_q8_rows (the same tiles, tokens, arithmetic and bits) with the
-// weights staged through shared memory instead of registers (TS_CUDA_ROWS_ST=WxN): W warps a
-// block (16*W rows), and each warp's groups pass through its own ring of N stages of MMQ_TG
-// bytes, filled by cp.async in the tiled copy's layout (from the tiles: 5 x 16 bytes a lane; from
-// row-major rows, the shared experts' or an untiled stack's: 10 x 8 bytes a lane, into the same
-// places). mmq_q8_rows keeps 2 groups a warp in flight in 20 registers a group (5 blocks, 20 warps
-// an SM: 40 groups, 87 KB); here a warp has N-1 groups in flight at no register cost, and the
-// tile's activation rows are shared by W warps instead of 4. Only the warp's own lanes touch its
-// ring, so the stages need __syncwarp, not barriers. Dynamic shared memory: the activation rows
-// as mmq_q8_rows, then W*N*MMQ_TG bytes.
-template <int W, int NST>
-__device__ __forceinline__ void mmq_rows_st_impl(const u8* W1, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
-                                                 const u8* X, i64 xrow, const int* cnt, const int* off,
-                                                 const int* perm, int n_exp, int in_div, float* out, i64 ooff,
-                                                 i64 ostride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride,
-                                                 int e_sh, const u8* W2, const u8* Ws2, float* out2, const u8* Wtl,
-                                                 const u8* W2tl, i64 tl_mat_bytes) {
-#if __CUDA_ARCH__ >= 800
-    constexpr int BN = 16;
-    static_assert(NST >= 2, "at least one group in flight while one is used");
-    int bx = blockIdx.x;
-    const u8* Wm = W1;
-    if (W2 && bx >= (int)(gridDim.x >> 1)) {
-        bx -= gridDim.x >> 1;
-        Wm = W2;
-        Ws = Ws2;
-        out = out2;
-        Wtl = W2tl;
-    }
-    extern __shared__ __align__(16) u8 mmq_sm[];
-    __shared__ int src_row[BN], dst_row[BN];
-    __shared__ int tile_e, tile_start;
-    const int tid = threadIdx.x;
-    int e, start, count;
-    if (!mmq_block_tile<BN>(cnt, n_exp, 0, 1, tile_e, tile_start, e, start, count)) return;
-    const int nt = min(BN, count - start);
-    if (nt <= 0) return;
-    mmq_tile_rows<BN>(perm, off, e, start, nt, in_div, 1, src_row, dst_row);
-    __syncthreads();
-    const int ng = ngroups;
-#if MMQ_ROWS_PAD
-    const int xb = ng * MMQ_GB, rs = xb + 4 * (((8 - 4 * ng) % 32 + 32) % 32), pieces = xb >> 4;
-#else
-    const int xb = ng * MMQ_GB, rs = xb + 16, pieces = xb >> 4;
-#endif
-    const int nb = nt > 8 ? 16 : 8;
-    for (int c = tid; c < nb * pieces; c += W * 32) {
-        const int r = c / pieces, q = c - r * pieces;
-        cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + q * 16);
-    }
-    cp_commit();
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = bx * (16 * W) + warp * 16;
-    const bool sh = e >= e_sh;
-    const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : Wm + (i64)e * mat_bytes;
-    const i64 rb = sh ? ws_row_bytes : row_bytes;
-    const bool tl = Wtl && !sh;
-    const u8* pa;
-    const u8* pb;
-    if (tl) {
-        pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(r0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
-        pb = pa;
-    } else {
-        pa = Wt + (i64)min(r0 + g, m - 1) * rb;
-        pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb;
-    }
-    // Dynamic shared memory is 16 activation rows (rs bytes each, a multiple of 16), then the rings.
-    u8* ring = mmq_sm + 16 * rs + warp * (NST * MMQ_TG);
-    // Copy group gi (if it exists) into stage gi % NST in the tiled layout; one commit either way,
-    // so that "all but the newest NST-1 commits are done" always includes group gi - (NST-1).
-    auto issue = [&](int gi) {
-        if (gi < ng) {
-            u8* st = ring + (gi % NST) * MMQ_TG;
-            if (tl) {
-                const u8* p = pa + (i64)gi * MMQ_TG;
-                if (lane < 8) cp_async16(st + 16 * lane, p + 16 * lane);
-#pragma unroll
-                for (int bl = 0; bl < 4; bl++) cp_async16(st + 128 + 512 * bl + 16 * lane, p + 128 + 512 * bl + 16 * lane);
-            } else {
-                const u8* a = pa + (i64)gi * MMQ_GB;
-                const u8* b = pb + (i64)gi * MMQ_GB;
-                if (t == 0) {
-                    cp_async8(st + 16 * g, a);
-                    cp_async8(st + 16 * g + 8, b);
-                }
-#pragma unroll
-                for (int bl = 0; bl < 4; bl++) {
-                    cp_async8(st + 128 + 512 * bl + 16 * lane, a + 16 + 32 * bl + 8 * t);
-                    cp_async8(st + 128 + 512 * bl + 16 * lane + 8, b + 16 + 32 * bl + 8 * t);
-                }
-            }
-        }
-        cp_commit();
-    };
-    const bool live = r0 < m;  // warps past the matrix copy and multiply nothing
-    if (live) {
-#pragma unroll
-        for (int i = 0; i < NST - 1; i++) issue(i);
-    }
-    // The activation rows (the oldest commit) are in; every thread's copies, past the barrier.
-    if (live) cp_wait<NST - 1>();
-    else cp_wait<0>();
-    __syncthreads();
-    if (!live) return;  // no barrier past here
-    float acc[2][4];
-#pragma unroll
-    for (int ni = 0; ni < 2; ni++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
-    for (int gi = 0; gi < ng; gi++) {
-        issue(gi + NST - 1);  // into the stage group gi - 1 used (the warp left it below)
-        cp_wait<NST - 1>();   // group gi is in: this lane's copies ...
-        __syncwarp();         // ... and the other lanes' (the scales come from lanes 0-7 / t == 0)
-        const u8* st = ring + (gi % NST) * MMQ_TG;
-        MmqGrp v;
-        const uint4 h = *(const uint4*)(st + 16 * g);
-        v.ha = make_uint2(h.x, h.y);
-        v.hb = make_uint2(h.z, h.w);
-#pragma unroll
-        for (int bl = 0; bl < 4; bl++) {
-            const uint4 q = *(const uint4*)(st + 128 + 512 * bl + 16 * lane);
-            v.qa[bl] = make_uint2(q.x, q.y);
-            v.qb[bl] = make_uint2(q.z, q.w);
-        }
-        __syncwarp();  // every lane has read the stage: it may be refilled
-        mmq_rows_mul(acc, v, mmq_sm, gi, rs, nt, g, t);
-    }
-#pragma unroll
-    for (int ni = 0; ni < 2; ni++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int row = r0 + g + (c >> 1) * 8;
-            const int j = ni * 8 + 2 * t + (c & 1);
-            if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[ni][c];
-        }
-#endif
-}
-
-// Same arguments as mmq_q8_rows (n, nsplit, split_stride unused: grouped only).
-#define MMQ_ROWS_ST_INST(W, NST, MINB)                                                                          \
-    extern "C" __global__ void __launch_bounds__(W * 32, MINB)                                                  \
-        mmq_q8_rows_st##W##x##NST(const u8* W1, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,  \
-                                  i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,  \
-                                  int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride,  \
-                                  const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2,        \
-                                  const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) { \
-        PDL_ENTRY();                                                                                            \
-        mmq_rows_st_impl<W, NST>(W1, row_bytes, mat_bytes, m, ngroups, X, xrow, cnt, off, perm, n_exp, in_div,  \
-                                 out, ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2, Wtl,     \
-                                 W2tl, tl_mat_bytes);                                                           \
-    }
-// Shapes to measure (W warps x N stages; blocks an SM by shared memory at V2-Lite's gate/up, 16
-// groups: 37 KB of activation rows + W*N*2,176 bytes; groups in flight an SM while one a warp
-// is used): 4x4 (3 blocks: 12 warps, 36 groups), 8x4 (2: 16 warps, 48), 4x8 (2: 8 warps, 56),
-// 8x3 (2: 16 warps, 32). (16x2 spills at 2 blocks of 512 threads.)
-MMQ_ROWS_ST_INST(4, 4, 3)
-MMQ_ROWS_ST_INST(8, 4, 2)
-MMQ_ROWS_ST_INST(4, 8, 2)
-MMQ_ROWS_ST_INST(8, 3, 2)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

@@ -238,21 +238,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_16g1",
     "mmq_q8_rows",
     "mmq_q8_rows_d",
-    "mmq_q8_rows_st4x4",
-    "mmq_q8_rows_st8x4",
-    "mmq_q8_rows_st4x8",
-    "mmq_q8_rows_st8x3",
 ];
-/// The `mmq_q8_rows_st<W>x<N>` shapes kernels/mmq.cu instantiates (W warps, N stages), and their
-/// kernels' names.
-pub const ROWS_ST_SHAPES: &[(usize, usize)] = &[(4, 4), (8, 4), (4, 8), (8, 3)];
-const ROWS_ST_NAMES: &[&str] = &["mmq_q8_rows_st4x4", "mmq_q8_rows_st8x4", "mmq_q8_rows_st4x8", "mmq_q8_rows_st8x3"];
-/// `"WxN"` (one of [`ROWS_ST_SHAPES`]) as (W, N); anything else is None.
-fn rows_st_parse(v: &str) -> Option<(usize, usize)> {
-    let (w, n) = v.split_once('x')?;
-    let wn = (w.trim().parse().ok()?, n.trim().parse().ok()?);
-    ROWS_ST_SHAPES.contains(&wn).then_some(wn)
-}
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
 /// Dynamic shared memory of an `mmq_q8` kernel: `nst` stages of 64 + `bn` rows of `gps` groups
@@ -603,10 +589,6 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_16g1",
         "mmq_q8_rows",
         "mmq_q8_rows_d",
-        "mmq_q8_rows_st4x4",
-        "mmq_q8_rows_st8x4",
-        "mmq_q8_rows_st4x8",
-        "mmq_q8_rows_st8x3",
         "mmq_sum_splits",
         "mla_prefill",
     ]
@@ -737,10 +719,6 @@ pub struct CudaBackend {
     /// sequences 5,335 -> 5,661; at 64 (row-major experts) mmq_q8_64's tiles were 1.4% faster
     /// ([`CudaBackend::set_mmq_tiles`]).
     mmq_rows_dense: AtomicUsize,
-    /// The grouped expert products on `mmq_q8_rows_st<W>x<N>` (the weights staged through
-    /// shared memory by cp.async: W warps a block, N stages a warp) instead of `mmq_q8_rows`:
-    /// packed as `W << 8 | N`, 0 for off; `TS_CUDA_ROWS_ST=WxN` ([`CudaBackend::set_rows_st`]).
-    rows_st: AtomicUsize,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -935,7 +913,6 @@ impl CudaBackend {
             },
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
-            rows_st: AtomicUsize::new(std::env::var("TS_CUDA_ROWS_ST").ok().and_then(|v| rows_st_parse(&v)).map_or(0, |(w, n)| w << 8 | n)),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -1029,13 +1006,6 @@ impl CudaBackend {
     /// same bits; for the test that says so).
     pub fn set_moe_rows(&self, on: bool) {
         self.moe_rows.store(on, Ordering::Relaxed);
-    }
-
-    /// The grouped expert products on `mmq_q8_rows_st<W>x<N>` (`Some((W, N))`, one of the
-    /// instantiated shapes) or on `mmq_q8_rows` (`None`); the same bits either way.
-    pub fn set_rows_st(&self, shape: Option<(usize, usize)>) {
-        let v = shape.filter(|wn| ROWS_ST_SHAPES.contains(wn)).map_or(0, |(w, n)| w << 8 | n);
-        self.rows_st.store(v, Ordering::Relaxed);
     }
 
     /// Dense Q8_0 products of up to `bn16` tokens on 16-token tiles, and of up to `rows` tokens
@@ -1521,60 +1491,13 @@ impl CudaBackend {
         let rows = bn == 16
             && rows_smem <= self.smem_max
             && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
-        let args = self.mmq_args(
-            w,
-            m,
-            ngroups,
-            xq,
-            n,
-            (cnt, off, perm, ne, in_div),
-            (out, ooff, ostride),
-            (nsplit, split_stride),
-            (sh_ptr, sh_row_bytes, sh_stride, e_sh),
-            (w2, sh2, out2),
-            pair_tiled,
-        );
-        // The staged variant of the grouped rows kernel: W warps a block (16*W rows), the
-        // activation rows then W rings of N stages of 2,176 bytes.
-        let st = if rows && cnt != 0 { self.rows_st.load(Ordering::Relaxed) } else { 0 };
-        let (st_w, st_n) = (st >> 8, st & 0xff);
-        let st_smem = rows_smem + st_w * st_n * 2176;
-        if st != 0 && st_smem <= self.smem_max {
-            let name = ROWS_ST_NAMES[ROWS_ST_SHAPES.iter().position(|&wn| wn == (st_w, st_n)).unwrap_or(0)];
-            let halves = if w2 != 0 { 2 } else { 1 };
-            let grid = (halves * m.div_ceil(16 * st_w) as u32, grid.1, grid.2);
-            self.launch(name, grid, 32 * st_w as u32, st_smem as u32, &args);
-            return;
-        }
         let (name, smem) = match (bn, self.mmq16) {
             _ if rows => (if cnt != 0 { "mmq_q8_rows" } else { "mmq_q8_rows_d" }, rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ => ("mmq_q8_64", MMQ_SMEM),
         };
-        self.launch(name, grid, 128, smem as u32, if rows { &args } else { &args[..25] });
-    }
-
-    /// The arguments of the `mmq_q8` kernels (kernels/mmq.cu, in order; the rows kernels take
-    /// all 28, the others the first 25): the weights, the activations, the expert lists (`cnt`,
-    /// `off`, `perm`: 0 for a dense product), the output, split K, the shared experts' chunks, the
-    /// second matrix of a gate/up pair and the tiled copies.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-    fn mmq_args(
-        &self,
-        w: &CudaWeight,
-        m: usize,
-        ngroups: usize,
-        xq: u64,
-        n: usize,
-        (cnt, off, perm, ne, in_div): (u64, u64, u64, usize, usize),
-        (out, ooff, ostride): (u64, usize, usize),
-        (nsplit, split_stride): (usize, usize),
-        (sh_ptr, sh_row_bytes, sh_stride, e_sh): (u64, usize, usize, usize),
-        (w2, sh2, out2): (u64, u64, u64),
-        pair_tiled: u64,
-    ) -> [A; 28] {
-        [
+        let args = [
             A::P(w.mem.ptr),
             l(w.row_bytes),
             l(w.mat_bytes()),
@@ -1604,7 +1527,8 @@ impl CudaBackend {
             A::P(if cnt != 0 { w.tiled_ptr() } else { 0 }),
             A::P(pair_tiled),
             l(w.tiled_mat_bytes()),
-        ]
+        ];
+        self.launch(name, grid, 128, smem as u32, if rows { &args } else { &args[..25] });
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The eleventh session's branch gpu-next14 (2026-11-30): the staged rows kernels
-# (TS_CUDA_ROWS_ST=WxN, mmq_q8_rows_st<W>x<N>), one build against its own switches:
+# (TS_CUDA_ROWS_ST=WxN, mmq_q8_rows_st<W>x<N>, commit d6e2013), one build against its own switches.
+# Measured (part a, H200): every shape the same bits and slower than mmq_q8_rows (64 sequences
+# 7,480 / 7,461 against 4x4 6,970 / 6,928, 8x4 7,147 / 7,142, 4x8 6,709 / 6,714, 8x3 7,207 /
+# 7,239; 32 sequences 4,306 against 8x4 3,993), so the kernels were removed (docs/PERF.md).
 #   tools/gpu/plans/gpu-next14.sh BIN OPS [a|b]
 # a (~7 min): ops_vs_cpu's moe_rows_exact (every staged shape, tiled and row-major, bit for bit
 #    against mmq_q8_16), then 64 sequences: the default (mmq_q8_rows) and each shape, twice,
