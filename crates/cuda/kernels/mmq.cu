@@ -425,15 +425,6 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 #ifndef MMQ_ROWS_MINB
 #define MMQ_ROWS_MINB 5
 #endif
-// MMQ_XS32=0 (a measurement define): the activation scales converted from f16 in every warp's
-// multiply, as before the eleventh session.
-#ifndef MMQ_XS32
-#define MMQ_XS32 1
-#endif
-#if __CUDA_ARCH__ >= 800
-// Component s (0..3, a compile-time constant after unrolling) of a float4.
-__device__ __forceinline__ float f4sel(float4 v, int s) { return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w; }
-#endif
 template <int NBUF, bool DENSE>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
@@ -546,13 +537,8 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 #pragma unroll
         for (int ni = 0; ni < 2; ni++) {
             if (ni * 8 >= nt) break;  // only padding tokens (block-uniform)
-#if MMQ_XS32
-            const float4 h0 = *(const float4*)(xg + (ni * 8 + 2 * t) * rs);
-            const float4 h1 = *(const float4*)(xg + (ni * 8 + 2 * t + 1) * rs);
-#else
             const uint2 h0 = *(const uint2*)(xg + (ni * 8 + 2 * t) * rs);
             const uint2 h1 = *(const uint2*)(xg + (ni * 8 + 2 * t + 1) * rs);
-#endif
             const u8* xq = xg + (ni * 8 + g) * rs + 16 + 8 * t;
 #pragma unroll
             for (int bl = 0; bl < 4; bl++) {
@@ -561,11 +547,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
                 const u32 b[2] = {bq.x, bq.y};
                 int c[4] = {0, 0, 0, 0};
                 mma_s8(c, a, b);
-#if MMQ_XS32
-                const float d0 = f4sel(h0, bl), d1 = f4sel(h1, bl);
-#else
                 const float d0 = hsel(h0, bl), d1 = hsel(h1, bl);
-#endif
                 acc[ni][0] += (float)c[0] * (dg[bl] * d0);
                 acc[ni][1] += (float)c[1] * (dg[bl] * d1);
                 acc[ni][2] += (float)c[2] * (dg8[bl] * d0);
@@ -581,18 +563,6 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     }
     cp_wait<0>();
     __syncthreads();
-#if MMQ_XS32
-    // Each activation group's 16-byte header (4 f16 scales, 8 pad bytes) becomes its 4 scales as
-    // f32, in place and exactly (h2f), once a block: mul then reads a token's 4 scales with one
-    // 16-byte load instead of converting 8 halves a token pair per group in every warp.
-    for (int c = tid; c < nb * ng; c += MMQ_THREADS) {
-        const int r = c / ng;
-        u8* hp = mmq_sm + r * rs + (c - r * ng) * MMQ_GB;
-        const uint2 h = *(const uint2*)hp;
-        *(float4*)hp = make_float4(hsel(h, 0), hsel(h, 1), hsel(h, 2), hsel(h, 3));
-    }
-    __syncthreads();
-#endif
     if (r0 >= m) return;  // no barrier past here
     for (int gi = 0; gi < ng; gi += NBUF) {
 #pragma unroll

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The eleventh session's second measurement (2026-11-30): the rows kernels' activation scales as
 # f32 in place (MMQ_XS32, default 1) against the f16 conversions in every warp (MMQ_XS32=0, the
-# build before), one binary:
+# build before), one binary. Measured (H200): the same bits, slower (64 sequences 7,390 / 7,389
+# against 7,503 / 7,494; 32 sequences 4,197 against 4,300), so MMQ_XS32 was removed again. The same
+# call: server 5,534 tok/s (forward 20.36 of 20.72 s, 1,821 steps of 78.2 tokens), and the trace
+# of the 64-sequence step (docs/PERF.md).
 #   tools/gpu/plans/gpu-next15.sh BIN OPS
 # ops_vs_cpu's rows tests (bit for bit against mmq_q8_16), 64 sequences interleaved twice, 32
 # sequences, the server (64 clients, 20 s) with the default, and a trace of the 64-sequence step.
