@@ -666,9 +666,10 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 // group-major, TS_CUDA_MOE_TILED) 7,228 (PAD 1, MINB 5: 91 registers, the defaults) / 7,214:
 // DRAM locality, not the shared memory, held it back. (MINB 4 gives PAD 1 102 registers.)
 MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false, 1)
-// Two or four row sets a warp (TS_CUDA_ROWS_R=2|4): 128 or 256 rows a block, the same bits.
+// Two row sets a warp: 128 rows a block, the same bits (96 registers). The default from 12 pairs
+// an expert (CudaBackend::rows_r): 128 sequences 12,663 -> 13,122 tok/s on the H200, 64 the same,
+// 32 sequences -1.5%; four row sets (256 rows a block) lost at all three (64: 7,085 vs 7,512).
 MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
-MMQ_ROWS_INST(mmq_q8_rows_r4, 2, MMQ_ROWS_MINB, false, 4)
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)
