@@ -425,7 +425,7 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 #ifndef MMQ_ROWS_MINB
 #define MMQ_ROWS_MINB 5
 #endif
-template <int NBUF, bool DENSE>
+template <int NBUF, bool DENSE, int R>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
@@ -473,7 +473,9 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     }
     cp_commit();
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = bx * MMQ_BM + warp * 16;
+    // R row sets a warp (grouped only): rows r0 + s*MMQ_BM for s < R, one after the other.
+    static_assert(R == 1 || !DENSE, "row sets are for grouped products");
+    const int r0 = bx * (MMQ_BM * R) + warp * 16;
     const bool sh = !DENSE && e >= e_sh;
     const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
     const i64 rb = sh ? ws_row_bytes : row_bytes;
@@ -555,43 +557,97 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             }
         }
     };
+    auto store = [&](int rr0) {
+#pragma unroll
+        for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int row = rr0 + g + (c >> 1) * 8;
+                const int j = ni * 8 + 2 * t + (c & 1);
+                if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[ni][c];
+            }
+    };
     // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
     Grp v[NBUF];
-    if (ng > 0) {
+    if constexpr (R == 1) {
+        if (ng > 0) {
 #pragma unroll
-        for (int i = 0; i < NBUF; i++) load(v[i], i);
-    }
-    cp_wait<0>();
-    __syncthreads();
-    if (r0 >= m) return;  // no barrier past here
-    for (int gi = 0; gi < ng; gi += NBUF) {
+            for (int i = 0; i < NBUF; i++) load(v[i], i);
+        }
+        cp_wait<0>();
+        __syncthreads();
+        if (r0 >= m) return;  // no barrier past here
+        for (int gi = 0; gi < ng; gi += NBUF) {
 #pragma unroll
-        for (int i = 0; i < NBUF; i++) {
-            if (gi + i < ng) {
-                mul(v[i], gi + i);
-                if (gi + i + NBUF < ng) load(v[i], gi + i + NBUF);
+            for (int i = 0; i < NBUF; i++) {
+                if (gi + i < ng) {
+                    mul(v[i], gi + i);
+                    if (gi + i + NBUF < ng) load(v[i], gi + i + NBUF);
+                }
+            }
+        }
+        store(r0);
+    } else {
+        // The warp's row sets that exist walk as one stream of nrs * ng groups: the next set's
+        // first groups load while the last ones of the set before are multiplied, and the block's
+        // start (its tile, the activation rows) is paid once for R sets.
+        int nrs = 0;
+#pragma unroll
+        for (int s2 = 0; s2 < R; s2++) nrs += r0 + s2 * MMQ_BM < m;
+        const int nv = nrs * ng;
+        int ls = 0, lg = 0;  // the next group to load: row set ls, group lg
+        auto load_next = [&](Grp& x) {
+            load(x, lg);
+            if (++lg == ng) {
+                lg = 0;
+                ++ls;
+                const int rs0 = r0 + ls * MMQ_BM;
+                if (tl) {
+                    pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(rs0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
+                    pb = pa;
+                } else {
+                    pa = Wt + (i64)min(rs0 + g, m - 1) * rb;
+                    pb = Wt + (i64)min(rs0 + g + 8, m - 1) * rb;
+                }
+            }
+        };
+#pragma unroll
+        for (int i = 0; i < NBUF; i++)
+            if (i < nv) load_next(v[i]);
+        cp_wait<0>();
+        __syncthreads();
+        if (nv == 0) return;  // no barrier past here
+        int ms = 0, mg = 0;  // the group to multiply: row set ms, group mg
+        for (int vi = 0; vi < nv; vi += NBUF) {
+#pragma unroll
+            for (int i = 0; i < NBUF; i++) {
+                if (vi + i < nv) {
+                    mul(v[i], mg);
+                    if (vi + i + NBUF < nv) load_next(v[i]);
+                    if (++mg == ng) {
+                        store(r0 + ms * MMQ_BM);
+                        mg = 0;
+                        ++ms;
+#pragma unroll
+                        for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                            for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
+                    }
+                }
             }
         }
     }
-#pragma unroll
-    for (int ni = 0; ni < 2; ni++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int row = r0 + g + (c >> 1) * 8;
-            const int j = ni * 8 + 2 * t + (c & 1);
-            if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[ni][c];
-        }
 #endif
 }
 
-#define MMQ_ROWS_INST(NAME, NBUF, MINB, DENSE)                                                                  \
+#define MMQ_ROWS_INST(NAME, NBUF, MINB, DENSE, R)                                                                  \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
              const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {      \
         PDL_ENTRY();                                                                                            \
-        mmq_rows_impl<NBUF, DENSE>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
+        mmq_rows_impl<NBUF, DENSE, R>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
                             ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2, \
                             Wtl, W2tl, tl_mat_bytes);                                                           \
     }
@@ -609,10 +665,14 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 // against main's 6,561 / 6,583, all within 0.6% of each other; the tiled expert copy (16 rows,
 // group-major, TS_CUDA_MOE_TILED) 7,228 (PAD 1, MINB 5: 91 registers, the defaults) / 7,214:
 // DRAM locality, not the shared memory, held it back. (MINB 4 gives PAD 1 102 registers.)
-MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false)
+MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false, 1)
+// Two row sets a warp: 128 rows a block, the same bits (96 registers). The default from 12 pairs
+// an expert (CudaBackend::rows_r): 128 sequences 12,663 -> 13,122 tok/s on the H200, 64 the same,
+// 32 sequences -1.5%; four row sets (256 rows a block) lost at all three (64: 7,085 vs 7,512).
+MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
-MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true)
+MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

@@ -237,6 +237,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_16",
     "mmq_q8_16g1",
     "mmq_q8_rows",
+    "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
 ];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
@@ -588,6 +589,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_16",
         "mmq_q8_16g1",
         "mmq_q8_rows",
+        "mmq_q8_rows_r2",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
         "mla_prefill",
@@ -719,6 +721,12 @@ pub struct CudaBackend {
     /// sequences 5,335 -> 5,661; at 64 (row-major experts) mmq_q8_64's tiles were 1.4% faster
     /// ([`CudaBackend::set_mmq_tiles`]).
     mmq_rows_dense: AtomicUsize,
+    /// Row sets a warp of the grouped expert products on the rows kernel: 1 (`mmq_q8_rows`), 2
+    /// (`mmq_q8_rows_r2`, 128 rows a block, the same bits), or 0 for the default: 2 from 12
+    /// (token, slot) pairs an expert (V2-Lite: ~99 tokens). On the H200, 128 sequences 12,663 ->
+    /// 13,122 tok/s with 2, 64 the same (7,512 / 7,509 vs 7,512 / 7,516), 32 sequences 4,309 ->
+    /// 4,243, and 4 row sets lost at all three. `TS_CUDA_ROWS_R=1|2` ([`CudaBackend::set_rows_r`]).
+    rows_r: AtomicUsize,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -913,6 +921,11 @@ impl CudaBackend {
             },
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
+            rows_r: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R").as_deref() {
+                Ok("1") => 1,
+                Ok("2") => 2,
+                _ => 0,
+            }),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -1006,6 +1019,12 @@ impl CudaBackend {
     /// same bits; for the test that says so).
     pub fn set_moe_rows(&self, on: bool) {
         self.moe_rows.store(on, Ordering::Relaxed);
+    }
+
+    /// Row sets a warp of the grouped products on the rows kernel: 1 or 2, 0 for the default
+    /// (by pairs an expert); the same bits either way.
+    pub fn set_rows_r(&self, r: usize) {
+        self.rows_r.store(r.min(2), Ordering::Relaxed);
     }
 
     /// Dense Q8_0 products of up to `bn16` tokens on 16-token tiles, and of up to `rows` tokens
@@ -1491,8 +1510,18 @@ impl CudaBackend {
         let rows = bn == 16
             && rows_smem <= self.smem_max
             && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
+        // Grouped rows with R row sets a warp: 64*R rows a block, so fewer blocks along x.
+        // (grid.1 holds ceil(pairs / 16) + ne tiles: ne is the grouped product's expert count.)
+        let rr = match self.rows_r.load(Ordering::Relaxed) {
+            _ if !rows || cnt == 0 => 1,
+            0 if (grid.1 as usize).saturating_sub(ne) * 16 >= 12 * ne => 2,
+            0 => 1,
+            r => r,
+        };
+        let grid = if rr > 1 { ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(64 * rr) as u32, grid.1, grid.2) } else { grid };
         let (name, smem) = match (bn, self.mmq16) {
-            _ if rows => (if cnt != 0 { "mmq_q8_rows" } else { "mmq_q8_rows_d" }, rows_smem),
+            _ if rows && cnt != 0 => (if rr == 2 { "mmq_q8_rows_r2" } else { "mmq_q8_rows" }, rows_smem),
+            _ if rows => ("mmq_q8_rows_d", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ => ("mmq_q8_64", MMQ_SMEM),

@@ -1685,6 +1685,9 @@ fn moe_rows_exact() {
     // a backend of their own.)
     let rowmaj = &CudaBackend::new(0).expect("fourth backend");
     rowmaj.set_moe_tiled(false);
+    // One row set a warp on both (mmq_q8_rows); two below (the default picks by pairs an expert).
+    tiled.set_rows_r(1);
+    rowmaj.set_rows_r(1);
     let mut r = rng(33);
     let mut rep = Report::new("moe_rows");
     // (hdim, ff, experts, k, shared chunks, tokens, logit bias on the first 4 experts)
@@ -1734,20 +1737,39 @@ fn moe_rows_exact() {
         }
         let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
         let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} n={n} bias={bias}");
-        let mut outs = Vec::new();
-        for (b, w) in [(rowmaj, &gw), (plain, &pw), (tiled, &tw)] {
+        let mut declined = 0;
+        let mut run = |b: &CudaBackend, w: &[CudaWeight; 6]| {
             let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
             poison(b, &bo, o.end());
             let ex = Experts { gate: &w[0], up: &w[1], down: &w[2] };
             let sh = Experts { gate: &w[3], up: &w[4], down: &w[5] };
             if !b.moe_shared(&bx, xr, &bl, lr, ex, sh, &p, &bo, o) {
-                rep.failures.push(format!("{lab}: moe_shared declined"));
+                declined += 1;
             }
             // The routed experts alone (no shared chunks in the grouped products).
             let (ro, rr) = (b.alloc(o.end()).unwrap(), o);
             poison(b, &ro, o.end());
             b.moe(&bx, xr, &bl, lr, Experts { gate: &w[0], up: &w[1], down: &w[2] }, &p, &ro, rr);
-            outs.push((get(b, &bo, o), get(b, &ro, o)));
+            (get(b, &bo, o), get(b, &ro, o))
+        };
+        let mut outs = Vec::new();
+        for (b, w) in [(rowmaj, &gw), (plain, &pw), (tiled, &tw)] {
+            outs.push(run(b, w));
+        }
+        // Two row sets a warp (mmq_q8_rows_r2), from the tiles and from row-major stacks: the
+        // same bits.
+        let mut sets = Vec::new();
+        for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
+            b.set_rows_r(2);
+            sets.push((format!("2 row sets {kind}"), run(b, w)));
+            b.set_rows_r(1);
+        }
+        if declined > 0 {
+            rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
+        }
+        for (what, (sh_out, moe_out)) in &sets {
+            rep.check(&format!("{lab} moe_shared, {what} (exact)"), sh_out, &outs[1].0, 0.0, 0.0);
+            rep.check(&format!("{lab} moe, {what} (exact)"), moe_out, &outs[1].1, 0.0, 0.0);
         }
         rep.check(&format!("{lab} moe_shared (exact)"), &outs[0].0, &outs[1].0, 0.0, 0.0);
         rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
