@@ -48,23 +48,13 @@ extern "C" __global__ void copy_rows(const float* src, i64 soff, i64 sstride, fl
 // bytes in mmq_q8_rows' load order (MMQ_TG in mmq.cu): 16-byte chunk c < 8 holds the 4 f16
 // scales of rows c and c+8; chunk 8 + 32*bl + 4*g + t holds bytes 8t..8t+7 of block bl of row g,
 // then of row g+8. Rows past `rows` are zeros. One thread per 16 bytes of the output.
-extern "C" __global__ void tile16_q8(const u8* src, uint4* dst, i64 rows, i64 rows16, i64 ng, i64 total, int gm) { PDL_ENTRY();
-    const i64 tiles = rows16 / 16;
+extern "C" __global__ void tile16_q8(const u8* src, uint4* dst, i64 rows, i64 rows16, i64 ng, i64 total) { PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
         i64 j = i / 136;
         const int c = (int)(i - j * 136);
-        i64 gi, tile, e;
-        if (gm) {  // group-major: (e * ng + gi) * tiles + tile
-            tile = j % tiles;
-            j /= tiles;
-            gi = j % ng;
-            e = j / ng;
-        } else {  // tile-major: (e * tiles + tile) * ng + gi
-            gi = j % ng;
-            j /= ng;
-            tile = j % tiles;
-            e = j / tiles;
-        }
+        const i64 gi = j % ng;
+        j /= ng;
+        const i64 tiles = rows16 / 16, tile = j % tiles, e = j / tiles;
         int r, o;  // row within the tile (of the first half), byte offset within the row's group
         if (c < 8) {
             r = c;

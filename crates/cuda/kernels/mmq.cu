@@ -431,8 +431,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
                                               i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
                                               i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes,
-                                              i64 tl_gs) {
+                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
     int bx = blockIdx.x;
@@ -485,11 +484,8 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     const bool tl = !DENSE && Wtl && !sh;
     const u8* pa;
     const u8* pb;
-    // tl_gs: bytes between a tile's groups (MMQ_TG tile-major, tiles * MMQ_TG group-major); tl_ts
-    // between tiles.
-    const i64 tl_ts = tl_gs == MMQ_TG ? (i64)ngroups * MMQ_TG : MMQ_TG;
     if (tl) {
-        pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(r0 >> 4, (m - 1) >> 4) * tl_ts;
+        pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(r0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
         pb = pa;
     } else {
         pa = Wt + (i64)min(r0 + g, m - 1) * rb + (i64)g0 * MMQ_GB;
@@ -505,7 +501,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         if (tl) {
             // One 16-byte load a lane for the scales of rows g and g+8, one a block for its 8
             // bytes of each: every block a warp's 512 contiguous bytes.
-            const u8* p = pa + (i64)gc * tl_gs;
+            const u8* p = pa + (i64)gc * MMQ_TG;
             const uint4 h = __ldg((const uint4*)(p + 16 * g));
             v.ha = make_uint2(h.x, h.y);
             v.hb = make_uint2(h.z, h.w);
@@ -607,7 +603,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
                 ++ls;
                 const int rs0 = r0 + ls * MMQ_BM;
                 if (tl) {
-                    pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(rs0 >> 4, (m - 1) >> 4) * tl_ts;
+                    pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(rs0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
                     pb = pa;
                 } else {
                     pa = Wt + (i64)min(rs0 + g, m - 1) * rb;
@@ -649,11 +645,11 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
-             const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, i64 tl_gs) { \
+             const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {      \
         PDL_ENTRY();                                                                                            \
         mmq_rows_impl<NBUF, DENSE, R>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
                             ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2, \
-                            Wtl, W2tl, tl_mat_bytes, tl_gs);                                                    \
+                            Wtl, W2tl, tl_mat_bytes);                                                           \
     }
 // Two groups in flight a warp (96 registers: 5 blocks an SM). Measured on the H200 (bench
 // --parallel 64 -n 32, each pair in one call): 6,575 / 6,587 tok/s against mmq_q8_16's 6,150 /

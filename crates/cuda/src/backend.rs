@@ -104,10 +104,6 @@ pub struct CudaWeight {
     /// load it ([`tile16`]): a warp reads 512 contiguous bytes a load, and the grouped expert
     /// products (`mmq_q8_rows`) read this copy instead of the row-major one.
     tiled: Option<DevMem>,
-    /// The tiled copy's order ([`tile16`]): tile-major (false: a tile's groups one after the
-    /// other) or group-major (true: group g of every tile of a matrix one after the other, so
-    /// the warps on one expert's tiles read neighbouring bytes at the same step).
-    tiled_gm: bool,
 }
 
 impl WeightInfo for CudaWeight {
@@ -138,14 +134,6 @@ impl CudaWeight {
     }
     fn tiled_ptr(&self) -> u64 {
         self.tiled.as_ref().map_or(0, |t| t.ptr)
-    }
-    /// Bytes between consecutive groups of one tile in the tiled copy.
-    fn tiled_group_stride(&self) -> usize {
-        if self.tiled_gm {
-            self.ne(1).div_ceil(16) * TILE_GROUP
-        } else {
-            TILE_GROUP
-        }
     }
 }
 
@@ -464,11 +452,9 @@ fn tile16_mat_bytes(rb: usize, rows: usize) -> usize {
 /// [`TILE_GROUP`] bytes in the order `mmq_q8_rows`' lanes load them: 16-byte chunk `c < 8` holds
 /// the 4 f16 scales of rows `c` and `c + 8` of the tile; chunk `8 + 32*bl + 4*g + t` holds bytes
 /// `8t..8t+8` of block `bl` of row `g`, then of row `g + 8` (the 8 pad bytes of each row's group
-/// are left out). Rows past `rows` are zeros. With `gm` the groups are ordered group-major within
-/// each matrix (group g of tile t at `(g * tiles + t) * TILE_GROUP`), else tile-major (`(t * ng
-/// + g) * TILE_GROUP`). The CPU reference of the `tile16_q8` kernel, which makes the copy on the
-/// device at load.
-pub fn tile16(data: &[u8], rb: usize, rows: usize, gm: bool) -> Vec<u8> {
+/// are left out). Rows past `rows` are zeros. The CPU reference of the `tile16_q8` kernel, which
+/// makes the copy on the device at load.
+pub fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
     let ng = rb / 144;
     let mats = data.len() / (rb * rows).max(1);
     let tiles = rows.next_multiple_of(16) / 16;
@@ -483,7 +469,7 @@ pub fn tile16(data: &[u8], rb: usize, rows: usize, gm: bool) -> Vec<u8> {
     for e in 0..mats {
         for tile in 0..tiles {
             for gi in 0..ng {
-                let grp = if gm { (e * ng + gi) * tiles + tile } else { (e * tiles + tile) * ng + gi } * TILE_GROUP;
+                let grp = ((e * tiles + tile) * ng + gi) * TILE_GROUP;
                 for c in 0..TILE_GROUP / 16 {
                     let (r, o) = if c < 8 { (c, 0) } else { ((c - 8) % 32 / 4, 16 + 32 * ((c - 8) / 32) + 8 * ((c - 8) % 4)) };
                     let ra = tile * 16 + r;
@@ -719,9 +705,6 @@ pub struct CudaBackend {
     /// memory allows (the default: see [`CudaBackend::tile_fits`]), 1 = always, 0 = never
     /// (`TS_CUDA_MOE_TILED=auto|1|0`).
     moe_tiled: AtomicU8,
-    /// Tiled copies made from now on are group-major ([`CudaWeight::tiled_gm`]);
-    /// `TS_CUDA_TILE_GM=1` ([`CudaBackend::set_tile_gm`]).
-    tile_gm: AtomicBool,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -925,7 +908,6 @@ impl CudaBackend {
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
-            tile_gm: AtomicBool::new(std::env::var("TS_CUDA_TILE_GM").is_ok_and(|v| v == "1")),
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -1007,11 +989,6 @@ impl CudaBackend {
     /// `TS_CUDA_MOE_TILED=1` sets it at start (for the test that says so).
     pub fn set_moe_tiled(&self, on: bool) {
         self.moe_tiled.store(on as u8, Ordering::Relaxed);
-    }
-
-    /// Tiled copies made from now on are group-major (true) or tile-major; the same bits.
-    pub fn set_tile_gm(&self, on: bool) {
-        self.tile_gm.store(on, Ordering::Relaxed);
     }
 
     /// Whether a tiled copy of `bytes` may be made now (`TS_CUDA_MOE_TILED` unset): after it,
@@ -1579,7 +1556,6 @@ impl CudaBackend {
             A::P(if cnt != 0 { w.tiled_ptr() } else { 0 }),
             A::P(pair_tiled),
             l(w.tiled_mat_bytes()),
-            l(w.tiled_group_stride()),
         ];
         self.launch(name, grid, 128, smem as u32, if rows { &args } else { &args[..25] });
     }
@@ -1888,7 +1864,7 @@ impl Backend for CudaBackend {
             let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
             let mem = self.alloc_mem(bytes.len(), &format!("tensor '{}'", t.name))?;
             self.upload_bytes(&mem, 0, &bytes)?;
-            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4, tiled: None, tiled_gm: false });
+            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4, tiled: None });
         }
         let data = repack(t.dtype, t.data, ne0);
         let row_bytes = dev_row_bytes(t.dtype, ne0);
@@ -1910,14 +1886,7 @@ impl Backend for CudaBackend {
                     let ng = row_bytes / 144;
                     let total = mats * rows16 / 16 * ng * (TILE_GROUP / 16);
                     let blocks = total.div_ceil(256).min(65_536) as u32;
-                    let gm = self.tile_gm.load(Ordering::Relaxed) as usize;
-                    self.launch(
-                        "tile16_q8",
-                        (blocks, 1, 1),
-                        256,
-                        0,
-                        &[A::P(mem.ptr), A::P(tl.ptr), l(rows), l(rows16), l(ng), l(total), i(gm)],
-                    );
+                    self.launch("tile16_q8", (blocks, 1, 1), 256, 0, &[A::P(mem.ptr), A::P(tl.ptr), l(rows), l(rows16), l(ng), l(total)]);
                     Some(tl)
                 }
                 Err(BackendError::OutOfMemory { .. }) if self.moe_tiled.load(Ordering::Relaxed) == 2 => None,
@@ -1926,8 +1895,7 @@ impl Backend for CudaBackend {
         } else {
             None
         };
-        let tiled_gm = tiled.is_some() && self.tile_gm.load(Ordering::Relaxed);
-        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled, tiled_gm })
+        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled })
     }
 
     fn upload_rope(&self, spec: &RopeSpec) -> Result<CudaRope> {
@@ -3269,37 +3237,35 @@ impl Nrc<'_> {
 mod tests {
     /// The tiled copy: what each lane of `mmq_q8_rows` loads from it (one 16-byte load for
     /// the scales of rows g and g+8, one a block for its 8 bytes of both) is what it loads from
-    /// the row-major layout; padding rows are zeros; the size is `tile16_mat_bytes`. Both orders.
+    /// the row-major layout; padding rows are zeros; the size is `tile16_mat_bytes`.
     #[test]
     fn tile16_places_every_group() {
         let (rb, rows, mats) = (3 * 144, 21, 2);
         let data: Vec<u8> = (0..mats * rows * rb).map(|i| (i * 7 % 251) as u8 | 1).collect();
-        for gm in [false, true] {
-            let t = super::tile16(&data, rb, rows, gm);
-            assert_eq!(t.len(), mats * super::tile16_mat_bytes(rb, rows));
-            let at = |e: usize, r: usize, o: usize| -> &[u8] {
-                if r < rows {
-                    &data[(e * rows + r) * rb + o..][..8]
-                } else {
-                    &[0u8; 8]
-                }
-            };
-            for e in 0..mats {
-                for tile in 0..2 {
-                    for gi in 0..3 {
-                        let p = if gm { (e * 3 + gi) * 2 + tile } else { (e * 2 + tile) * 3 + gi } * super::TILE_GROUP;
-                        for lane in 0..32 {
-                            let (g, tt) = (lane / 4, lane % 4);
-                            let (ra, rb2) = (tile * 16 + g, tile * 16 + g + 8);
-                            let h = &t[p + 16 * g..][..16];
-                            assert_eq!(&h[..8], at(e, ra, gi * 144), "gm {gm}: scales e {e} tile {tile} group {gi} row {ra}");
-                            assert_eq!(&h[8..], at(e, rb2, gi * 144), "scales e {e} tile {tile} group {gi} row {rb2}");
-                            for bl in 0..4 {
-                                let q = &t[p + 128 + 512 * bl + 16 * lane..][..16];
-                                let o = gi * 144 + 16 + 32 * bl + 8 * tt;
-                                assert_eq!(&q[..8], at(e, ra, o), "quants e {e} row {ra} group {gi} block {bl}");
-                                assert_eq!(&q[8..], at(e, rb2, o), "quants e {e} row {rb2} group {gi} block {bl}");
-                            }
+        let t = super::tile16(&data, rb, rows);
+        assert_eq!(t.len(), mats * super::tile16_mat_bytes(rb, rows));
+        let at = |e: usize, r: usize, o: usize| -> &[u8] {
+            if r < rows {
+                &data[(e * rows + r) * rb + o..][..8]
+            } else {
+                &[0u8; 8]
+            }
+        };
+        for e in 0..mats {
+            for tile in 0..2 {
+                for gi in 0..3 {
+                    let p = ((e * 2 + tile) * 3 + gi) * super::TILE_GROUP;
+                    for lane in 0..32 {
+                        let (g, tt) = (lane / 4, lane % 4);
+                        let (ra, rb2) = (tile * 16 + g, tile * 16 + g + 8);
+                        let h = &t[p + 16 * g..][..16];
+                        assert_eq!(&h[..8], at(e, ra, gi * 144), "scales e {e} tile {tile} group {gi} row {ra}");
+                        assert_eq!(&h[8..], at(e, rb2, gi * 144), "scales e {e} tile {tile} group {gi} row {rb2}");
+                        for bl in 0..4 {
+                            let q = &t[p + 128 + 512 * bl + 16 * lane..][..16];
+                            let o = gi * 144 + 16 + 32 * bl + 8 * tt;
+                            assert_eq!(&q[..8], at(e, ra, o), "quants e {e} row {ra} group {gi} block {bl}");
+                            assert_eq!(&q[8..], at(e, rb2, o), "quants e {e} row {rb2} group {gi} block {bl}");
                         }
                     }
                 }

@@ -1708,18 +1708,12 @@ fn moe_rows_exact() {
             std::array::from_fn(|i| b.upload_weight(&td("w", ty, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap())
         };
         let (gw, pw, tw) = (up(rowmaj), up(plain), up(tiled));
-        // The same stacks tiled group-major (TS_CUDA_TILE_GM).
-        tiled.set_tile_gm(true);
-        let gmw = up(tiled);
-        tiled.set_tile_gm(false);
         // The tiled copies made on the device (tile16_q8) against the host reference.
-        for (ws, gm) in [(&tw, false), (&gmw, true)] {
-            for (j, rows) in [(0usize, ff), (2, hdim)] {
-                let (rm, tl) = tiled.weight_bytes(&ws[j]).unwrap();
-                let want = ts_cuda::backend::tile16(&rm, rm.len() / (rows * ne), rows, gm);
-                if tl.as_deref() != Some(&want[..]) {
-                    rep.failures.push(format!("H={hdim} ff={ff} E={ne}: tile16_q8 (gm {gm}) of weight {j} differs from tile16"));
-                }
+        for (j, rows) in [(0usize, ff), (2, hdim)] {
+            let (rm, tl) = tiled.weight_bytes(&tw[j]).unwrap();
+            let want = ts_cuda::backend::tile16(&rm, rm.len() / (rows * ne), rows);
+            if tl.as_deref() != Some(&want[..]) {
+                rep.failures.push(format!("H={hdim} ff={ff} E={ne}: tile16_q8 of weight {j} differs from tile16"));
             }
         }
         let p = MoeParams {
@@ -1765,13 +1759,11 @@ fn moe_rows_exact() {
         // Two row sets a warp (mmq_q8_rows_r2), from the tiles and from row-major stacks: the
         // same bits.
         let mut sets = Vec::new();
-        for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major"), (tiled, &gmw, "tiled group-major")] {
+        for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
             b.set_rows_r(2);
             sets.push((format!("2 row sets {kind}"), run(b, w)));
             b.set_rows_r(1);
         }
-        // One row set from the group-major tiles.
-        sets.push(("tiled group-major".to_string(), run(tiled, &gmw)));
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
         }
