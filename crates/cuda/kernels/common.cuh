@@ -346,6 +346,11 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* s, const void* g) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(s)), "l"(g));
 }
+// As cp_async16 to a shared-space address (smem_addr of the destination). A generic pointer
+// costs a shared-window conversion at every copy (two S2R and a 64-bit add on sm_90).
+__device__ __forceinline__ void cp_async16_s(u32 s, const void* g) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g));
+}
 // As cp_async16, copying only the first `bytes` (0 or 16) and zero-filling the rest.
 __device__ __forceinline__ void cp_async16_z(void* s, const void* g, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(bytes));
