@@ -355,6 +355,10 @@ __device__ __forceinline__ void cp_async16_s(u32 s, const void* g) {
 __device__ __forceinline__ void cp_async16_z(void* s, const void* g, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(bytes));
 }
+// As cp_async16_z to a shared-space address.
+__device__ __forceinline__ void cp_async16_zs(u32 s, const void* g, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(bytes));
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {

@@ -166,15 +166,21 @@ __device__ __forceinline__ void mla_softmax_tile(float* p0, float* p1, float mx0
 // q: token t, head h at q + qoff + t*q_tok + h*q_head (576 values: absorbed nope ; rope).
 // cache: rows of 576 f32 or f16 (C); token t reads rows slot[0]*slot_len + [0, pos[t]].
 // out: token t, head h at out + ooff + t*o_tok + h*o_head (512 values).
-template <typename C>
+// ASYNC (f16 caches only): the key tiles stream through two shared buffers by cp.async, the
+// next tile's copies in flight while one is used (otherwise every thread loads a tile into
+// registers and stores it between two barriers, and no load overlaps the multiplies). The same
+// f16 bits land in shared memory either way, so the same results.
+template <typename C, bool ASYNC>
 __device__ __forceinline__ void mla_prefill_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
                                                  const int* pos, const int* slot, int slot_len, int n, int nh,
                                                  float scale, float* out, i64 ooff, i64 o_tok, i64 o_head) {
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) u8 mp_sm[];
     u16* Qs = (u16*)mp_sm;                           // [MP_RG*16][MP_LD]
-    u16* Ks = Qs + MP_RG * 16 * MP_LD;               // [MP_KT][MP_LD]
-    float* Ss = (float*)(Ks + MP_KT * MP_LD);        // [MP_RG][16][MP_KT]
+    static_assert(!ASYNC || sizeof(C) == 2, "cp.async copies f16 cache rows as they are");
+    constexpr int NKB = ASYNC ? 2 : 1;                // key tile buffers
+    u16* Ks = Qs + MP_RG * 16 * MP_LD;               // [NKB][MP_KT][MP_LD]
+    float* Ss = (float*)(Ks + NKB * MP_KT * MP_LD);  // [MP_RG][16][MP_KT]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const int hg = nh >> 4;                          // row groups per token
@@ -210,20 +216,47 @@ __device__ __forceinline__ void mla_prefill_impl(const float* q, i64 qoff, i64 q
     const u16* Qw = Qs + (warp >> 1) * 16 * MP_LD;
     float* Sw = Ss + (warp >> 1) * 16 * MP_KT;
     const int lr = lane & 7, li = lane >> 3;
-    for (int k0 = 0; k0 <= kmax; k0 += MP_KT) {
-        __syncthreads();  // the previous tile's Ks and Ss are no longer read
-        for (int idx = tid; idx < MP_KT * (MP_W / 4); idx += MP_THREADS) {
-            const int r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-            uint2 h = make_uint2(0u, 0u);
-            if (k0 + r <= kmax) h = raw_h4(cache_raw(cache + (base + k0 + r) * MP_W + 4 * c4));
-            u32* d = (u32*)(Ks + r * MP_LD + 4 * c4);
-            d[0] = h.x;
-            d[1] = h.y;
+    // Tile k0 (rows past kmax zero) into key buffer b: cp.async (ASYNC, one commit group per
+    // tile, empty past the last) or loads and stores.
+    const u32 ks_sm = ASYNC ? smem_addr(Ks) : 0u;
+    auto fill = [&](int kk0, int b) {
+        if constexpr (ASYNC) {
+            if (kk0 <= kmax) {
+                for (int idx = tid; idx < MP_KT * (MP_W / 8); idx += MP_THREADS) {
+                    const int r = idx / (MP_W / 8), c8 = idx - r * (MP_W / 8);
+                    const bool in = kk0 + r <= kmax;
+                    cp_async16_zs(ks_sm + (u32)(((b * MP_KT + r) * MP_LD + 8 * c8) * 2),
+                                  cache + (base + (in ? kk0 + r : kk0)) * MP_W + 8 * c8, in ? 16 : 0);
+                }
+            }
+            cp_commit();
+        } else {
+            for (int idx = tid; idx < MP_KT * (MP_W / 4); idx += MP_THREADS) {
+                const int r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+                uint2 h = make_uint2(0u, 0u);
+                if (kk0 + r <= kmax) h = raw_h4(cache_raw(cache + (base + kk0 + r) * MP_W + 4 * c4));
+                u32* d = (u32*)(Ks + (b * MP_KT + r) * MP_LD + 4 * c4);
+                d[0] = h.x;
+                d[1] = h.y;
+            }
+        }
+    };
+    if constexpr (ASYNC) fill(0, 0);
+    int it = 0;
+    for (int k0 = 0; k0 <= kmax; k0 += MP_KT, ++it) {
+        __syncthreads();  // the previous tile's buffer and Ss are no longer read
+        const int b = ASYNC ? (it & 1) : 0;
+        if constexpr (ASYNC) {
+            fill(k0 + MP_KT, b ^ 1);  // into the buffer the previous tile used
+            cp_wait<1>();             // this tile's copies (the next tile's may still fly)
+        } else {
+            fill(k0, 0);
         }
         __syncthreads();
+        const u16* Kt = Ks + b * MP_KT * MP_LD;
         // Scores of keys [k0 + 16*half, +16) for this warp's 16 rows: two n8 tiles.
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        qk_scores<4>(s, Qw, Ks + half * 16 * MP_LD, 0, MP_W, li, lr);
+        qk_scores<4>(s, Qw, Kt + half * 16 * MP_LD, 0, MP_W, li, lr);
         store_scores(Sw, MP_KT, half * 16, g, t, s);
         __syncthreads();
         // Online softmax over the tile's 32 keys (those up to this row group's position).
@@ -233,7 +266,7 @@ __device__ __forceinline__ void mla_prefill_impl(const float* q, i64 qoff, i64 q
         u32 pa[2][4];
         mla_softmax_tile<32>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
         // O[:, 256*half + (0..256)] += P V: V rows are the tile's keys (first 512 values).
-        pv_accumulate<16>(o, pa, Ks + half * 256, li, lr);
+        pv_accumulate<16>(o, pa, Kt + half * 256, li, lr);
     }
     if (!active) return;
     const int tok = my_rg / hg, h0 = (my_rg - tok * hg) * 16;
@@ -250,16 +283,18 @@ __device__ __forceinline__ void mla_prefill_impl(const float* q, i64 qoff, i64 q
     }
 #endif
 }
-#define MLA_PREFILL_INST(NAME, C)                                                                            \
+#define MLA_PREFILL_INST(NAME, C, ASYNC)                                                                     \
     extern "C" __global__ void __launch_bounds__(MP_THREADS)                                                    \
         NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache, const int* pos, const int* slot,  \
              int slot_len, int n, int nh, float scale, float* out, i64 ooff, i64 o_tok, i64 o_head) {           \
         PDL_ENTRY();                                                                                            \
-        mla_prefill_impl<C>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, n, nh, scale, out, ooff, o_tok, \
-                            o_head);                                                                            \
+        mla_prefill_impl<C, ASYNC>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, n, nh, scale, out, ooff,  \
+                                   o_tok, o_head);                                                              \
     }
-MLA_PREFILL_INST(mla_prefill, float)
-MLA_PREFILL_INST(mla_prefill_h, u16)
+MLA_PREFILL_INST(mla_prefill, float, false)
+MLA_PREFILL_INST(mla_prefill_h, u16, false)
+// Key tiles through two cp.async buffers (TS_CUDA_MLA_PFA=1; 37 KB more shared memory).
+MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 
 // ---- MLA decode split over the context on the f16 tensor cores (flash-decoding) -----------------
 // mla_split's job (fast.cu: the context [0, pos+1) of token t cut into gridDim.x runs of whole

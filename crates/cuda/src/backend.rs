@@ -231,6 +231,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "moe_down_sh_q8_w4",
     "mla_prefill",
     "mla_prefill_h",
+    "mla_prefill_ha",
     "mla_split_tc",
     "mla_split_tc_h",
     "mmq_q8_64",
@@ -263,6 +264,8 @@ const fn ms_smem_h(nb: usize) -> usize {
 /// Dynamic shared memory of `mla_prefill` / `mla_prefill_h` (kernels/mla_prefill.cu): the 64
 /// query rows of 4 row groups, one 32-key tile, the scores of 4 row groups.
 const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
+/// `mla_prefill_ha`'s: two key tiles (the cp.async double buffer).
+const MP_SMEM_A: usize = MP_SMEM + 32 * 584 * 2;
 /// `mla_split_tc_h`'s default ring depth (`TS_CUDA_MS_NB` to measure 2..=4). H200, tg64 @16k:
 /// 2 tiles 402, 3 431, 4 334 tok/s (same tokens).
 const MS_NB: usize = 3;
@@ -561,6 +564,7 @@ fn kernel_names() -> Vec<String> {
         "mla_split_tc",
         "mla_split_tc_h",
         "mla_prefill_h",
+        "mla_prefill_ha",
         "norm_rope_cache_h",
         "mla_rope_absorb_1_h",
         "cache_write_h",
@@ -730,6 +734,10 @@ pub struct CudaBackend {
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
+    /// One sequence's prompt attention on an f16 cache streams its key tiles through two
+    /// cp.async buffers (`mla_prefill_ha`, the same results) instead of loading each between two
+    /// barriers; `TS_CUDA_MLA_PFA=1` ([`CudaBackend::set_mla_prefill_async`]). Off until measured.
+    mla_pfa: AtomicBool,
     /// The split MLA decode on the f16 tensor cores (`mla_split_tc`): 0 where no SIMT split
     /// kernel is built for the shape (heads other than 16), 1 wherever it applies, 2 never.
     /// `TS_CUDA_MLATC=1` / `=0`, or [`CudaBackend::set_mla_tensor_cores`].
@@ -928,6 +936,7 @@ impl CudaBackend {
             }),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
+            mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").is_ok_and(|v| v == "1")),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
                 Ok("1") => 1,
                 Ok("0") => 2,
@@ -989,6 +998,12 @@ impl CudaBackend {
     /// `TS_CUDA_MOE_TILED=1` sets it at start (for the test that says so).
     pub fn set_moe_tiled(&self, on: bool) {
         self.moe_tiled.store(on as u8, Ordering::Relaxed);
+    }
+
+    /// One sequence's prompt attention on an f16 cache through `mla_prefill_ha` (true) or
+    /// `mla_prefill_h`; the same results.
+    pub fn set_mla_prefill_async(&self, on: bool) {
+        self.mla_pfa.store(on, Ordering::Relaxed);
     }
 
     /// Whether a tiled copy of `bytes` may be made now (`TS_CUDA_MOE_TILED` unset): after it,
@@ -2314,11 +2329,16 @@ impl Backend for CudaBackend {
             && MP_SMEM <= self.smem_max
         {
             let groups = n * nh / 16;
+            let (name, smem) = match (cache.half, self.mla_pfa.load(Ordering::Relaxed) && MP_SMEM_A <= self.smem_max) {
+                (true, true) => ("mla_prefill_ha", MP_SMEM_A),
+                (true, false) => ("mla_prefill_h", MP_SMEM),
+                (false, _) => ("mla_prefill", MP_SMEM),
+            };
             self.launch(
-                if cache.half { "mla_prefill_h" } else { "mla_prefill" },
+                name,
                 (groups.div_ceil(4) as u32, 1, 1),
                 256,
-                MP_SMEM as u32,
+                smem as u32,
                 &[
                     A::P(q.0.ptr),
                     l(qr.off),

@@ -856,6 +856,16 @@ fn mla_f16_latent_cache() {
         let got = get(g, &oh, o);
         rep.check(&format!("{lab} f16 vs f32 cache (exact)"), &got, &get(g, &of, o), 0.0, 0.0);
         rep.check(&format!("{lab} vs cpu"), &got, &get(c, &oc, o), 1e-2, 1e-2);
+        if one {
+            // The prompt kernel with its key tiles through cp.async buffers (mla_prefill_ha):
+            // the same bits.
+            let oa = g.alloc(o.end()).unwrap();
+            poison(g, &oa, o.end());
+            g.set_mla_prefill_async(true);
+            g.mla_attention(&gq, qr, &gh, &gb, &p, &oa, o);
+            g.set_mla_prefill_async(false);
+            rep.check(&format!("{lab} cp.async key tiles (exact)"), &get(g, &oa, o), &got, 0.0, 0.0);
+        }
     }
     // Writes: mla_rope_cache_write (1 token: with the absorbed product, mla_rope_absorb_1_h; 3:
     // norm_rope_cache_h then the product) into an f16 and an f32 cache.
