@@ -4,9 +4,9 @@
 # (loads and stores between two barriers, nothing overlapped), one binary:
 #   tools/gpu/plans/gpu-next20.sh BIN OPS      (about 4 minutes)
 # ops_vs_cpu's mla_f16_latent_cache checks mla_prefill_ha bit for bit; then pp512 and pp2048
-# interleaved twice (mla_prefill_h was 11.5% of a 512-token prompt, ~20% at 2048), and the
-# Nsight instruction mix of the prompt expert product after the shared-space stage addresses
-# (tools/gpu/plans/ncu-rows.sh, mmq64 part) for the next trim.
+# interleaved twice (mla_prefill_h was 11.5% of a 512-token prompt, ~20% at 2048). Worth running
+# after it: tools/gpu/plans/ncu-rows.sh, for the prompt expert product's instruction mix after the
+# shared-space stage addresses.
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
