@@ -1774,6 +1774,10 @@ fn moe_rows_exact() {
             sets.push((format!("2 row sets {kind}"), run(b, w)));
             b.set_rows_r(1);
         }
+        // The final sums four columns a thread (moe_combine4): the same bits.
+        plain.set_combine4(true);
+        sets.push(("moe_combine4".to_string(), run(plain, &pw)));
+        plain.set_combine4(false);
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
         }
