@@ -13,16 +13,13 @@
 set -u
 B=$1; OPS=$2; PART=${3:-a}
 source "$(dirname "$0")/lib.sh"
-P="bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash"
 "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
 if [ "$PART" = a ]; then
   echo "== ops_vs_cpu moe_rows_exact"
   timeout 200 "$OPS" --test-threads 1 moe_rows_exact > $O/ops.txt 2>&1 || echo "ops_vs_cpu: exit $?"
   grep -E "FAIL|test result|panicked|differs|declined" $O/ops.txt | head -20
   wait
-  for r in 1 2; do
-    for e in "" TS_CUDA_ROWS_ST=4x4 TS_CUDA_ROWS_ST=8x4 TS_CUDA_ROWS_ST=4x8 TS_CUDA_ROWS_ST=8x3; do b "$e" "$B" $P; done
-  done
+  ab64 2 "" TS_CUDA_ROWS_ST=4x4 TS_CUDA_ROWS_ST=8x4 TS_CUDA_ROWS_ST=4x8 TS_CUDA_ROWS_ST=8x3
   for e in "" TS_CUDA_ROWS_ST=${ST:-8x4}; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 32 -r 1; done
   exit 0
 fi

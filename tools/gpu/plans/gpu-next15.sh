@@ -12,15 +12,8 @@
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
-P="bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash"
-"$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
-echo "== ops_vs_cpu rows"
-timeout 200 "$OPS" --test-threads 1 rows_ > $O/ops.txt 2>&1 || echo "ops_vs_cpu: exit $?"
-grep -E "FAIL|test result|panicked|differs|declined" $O/ops.txt | head -20
-wait
-for r in 1 2; do
-  for e in "" TS_CUDA_DEFINES=MMQ_XS32=0; do b "$e" "$B" $P; done
-done
+ops_tests 200 1 rows_
+ab64 2 "" TS_CUDA_DEFINES=MMQ_XS32=0
 for e in "" TS_CUDA_DEFINES=MMQ_XS32=0; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 32 -r 1; done
 echo "== server default"
 TS_LOAD_SECONDS=20 tools/gpu/prefill.sh "$B" none $O/pf serve 2>&1 | grep -E "tokens:|TTFT|failures|steps_total|batch_tokens|seconds"

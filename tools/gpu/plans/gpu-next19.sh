@@ -8,9 +8,6 @@
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
-"$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
-timeout 70 "$OPS" --test-threads 2 matmul_all_types mmq_rows_dense_exact > $O/ops.txt 2>&1 || echo "ops_vs_cpu: exit $?"
-grep -E "FAIL|test result|panicked" $O/ops.txt | head -10
-wait
+ops_tests 70 2 matmul_all_types mmq_rows_dense_exact
 for e in "" TS_CUDA_DEFINES=MMQ_SADDR=0; do b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3; done
 for e in "" TS_CUDA_DEFINES=MMQ_SADDR=0; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash; done

@@ -14,12 +14,9 @@
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
-"$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
-timeout 200 "$OPS" --test-threads 2 mla_f16_latent_cache moe_rows_exact > $O/ops.txt 2>&1 || echo "ops_vs_cpu: exit $?"
-grep -E "FAIL|test result|panicked" $O/ops.txt | head -10
-wait
+ops_tests 200 2 mla_f16_latent_cache moe_rows_exact
 for r in 1 2; do
   for e in "" TS_CUDA_MLA_PFA=1 TS_CUDA_COMBINE4=1; do b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3; done
 done
 for e in "" TS_CUDA_MLA_PFA=1; do b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 2; done
-for e in "" TS_CUDA_COMBINE4=1 "" TS_CUDA_COMBINE4=1; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash; done
+ab64 2 "" TS_CUDA_COMBINE4=1

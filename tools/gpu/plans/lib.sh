@@ -15,6 +15,24 @@ ops_and_model() {
   grep -E "FAIL|test result|panicked" $O/ops.txt | head -20
   wait
 }
+# `ops_tests LIMIT THREADS FILTER...`: the model synthesised in the background while the named
+# ops_vs_cpu tests run for at most LIMIT seconds (summary lines; the log in $O/ops.txt).
+ops_tests() {
+  local lim=$1 th=$2; shift 2
+  "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
+  echo "== ops_vs_cpu $*"
+  timeout $lim "$OPS" --test-threads $th "$@" > $O/ops.txt 2>&1 || echo "ops_vs_cpu: exit $?"
+  grep -E "FAIL|test result|panicked|differs|declined" $O/ops.txt | head -20
+  wait
+}
+# `ab64 ROUNDS ENV...`: `--parallel 64 -n 32 -r 2 --hash` under each ENV setting ("" = the
+# defaults) in turn, ROUNDS times.
+ab64() {
+  local n=$1; shift
+  for r in $(seq $n); do
+    for e in "$@"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash; done
+  done
+}
 # `ab_decode BASE BRANCH ENV...`: tg128 of each build with its token hash, then twice: the base
 # build at `--parallel 64 -n 32` and the branch under each ENV setting ("" = its defaults).
 ab_decode() {
