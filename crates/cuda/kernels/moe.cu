@@ -238,6 +238,21 @@ MOE_H16(bf16, T_BF16)
 
 // out[t] = sum_j w[t*k+j] * y[t*ks+j] over the k routed slots with an expert, then plus
 // y[t*ks+j] for the shared slots k <= j < ks (moe_group's pairs). Overwrites every element.
+extern "C" __global__ void moe_combine(const float* y, int k, int ks, i64 width, i64 ntok, const int* sel_e,
+                                       const float* sel_w, float* out, i64 ooff, i64 ostride) { PDL_ENTRY();
+    i64 total = ntok * width;
+    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+        i64 t = idx / width, i = idx % width;
+        float s = 0.f;
+        for (int j = 0; j < k; j++) {
+            i64 q = t * k + j;
+            if (sel_e[q] >= 0) s += sel_w[q] * y[(t * ks + j) * width + i];
+        }
+        for (int j = k; j < ks; j++) s += y[(t * ks + j) * width + i];
+        out[ooff + t * ostride + i] = s;
+    }
+}
+
 // moe_combine for width % 4 == 0 and 16-byte aligned output rows: block (t, x) sums four
 // columns a thread of token t's ks rows, every row's load issued before the sums (the slot's
 // routing is tested after its load, not before), with no 64-bit division an element. The same
@@ -269,19 +284,4 @@ extern "C" __global__ void moe_combine4(const float* y, int k, int ks, i64 width
         s.w += v.w;
     }
     *(float4*)(out + ooff + t * ostride + i) = s;
-}
-
-extern "C" __global__ void moe_combine(const float* y, int k, int ks, i64 width, i64 ntok, const int* sel_e,
-                                       const float* sel_w, float* out, i64 ooff, i64 ostride) { PDL_ENTRY();
-    i64 total = ntok * width;
-    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
-        i64 t = idx / width, i = idx % width;
-        float s = 0.f;
-        for (int j = 0; j < k; j++) {
-            i64 q = t * k + j;
-            if (sel_e[q] >= 0) s += sel_w[q] * y[(t * ks + j) * width + i];
-        }
-        for (int j = k; j < ks; j++) s += y[(t * ks + j) * width + i];
-        out[ooff + t * ostride + i] = s;
-    }
 }
