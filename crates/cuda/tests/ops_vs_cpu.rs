@@ -1748,7 +1748,7 @@ fn moe_rows_exact() {
         let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
         let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} n={n} bias={bias}");
         let mut declined = 0;
-        let mut run = |b: &CudaBackend, w: &[CudaWeight; 6]| {
+        let mut run = |b: &CudaBackend, w: &[CudaWeight; 6], o: Rows| {
             let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
             poison(b, &bo, o.end());
             let ex = Experts { gate: &w[0], up: &w[1], down: &w[2] };
@@ -1764,19 +1764,22 @@ fn moe_rows_exact() {
         };
         let mut outs = Vec::new();
         for (b, w) in [(rowmaj, &gw), (plain, &pw), (tiled, &tw)] {
-            outs.push(run(b, w));
+            outs.push(run(b, w, o));
         }
         // Two row sets a warp (mmq_q8_rows_r2), from the tiles and from row-major stacks: the
         // same bits.
         let mut sets = Vec::new();
         for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
             b.set_rows_r(2);
-            sets.push((format!("2 row sets {kind}"), run(b, w)));
+            sets.push((format!("2 row sets {kind}"), run(b, w, o)));
             b.set_rows_r(1);
         }
-        // The final sums four columns a thread (moe_combine4): the same bits.
+        // The final sums four columns a thread (moe_combine4, which needs 16-byte aligned output
+        // rows: another view) against moe_combine in the same view: the same bits.
+        let o4 = Rows { off: 4, n, width: hdim, stride: hdim + 4 };
+        let want4 = run(plain, &pw, o4);
         plain.set_combine4(true);
-        sets.push(("moe_combine4".to_string(), run(plain, &pw)));
+        let got4 = run(plain, &pw, o4);
         plain.set_combine4(false);
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
@@ -1785,6 +1788,8 @@ fn moe_rows_exact() {
             rep.check(&format!("{lab} moe_shared, {what} (exact)"), sh_out, &outs[1].0, 0.0, 0.0);
             rep.check(&format!("{lab} moe, {what} (exact)"), moe_out, &outs[1].1, 0.0, 0.0);
         }
+        rep.check(&format!("{lab} moe_shared, moe_combine4 (exact)"), &got4.0, &want4.0, 0.0, 0.0);
+        rep.check(&format!("{lab} moe, moe_combine4 (exact)"), &got4.1, &want4.1, 0.0, 0.0);
         rep.check(&format!("{lab} moe_shared (exact)"), &outs[0].0, &outs[1].0, 0.0, 0.0);
         rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
         rep.check(&format!("{lab} moe_shared, tiled experts (exact)"), &outs[2].0, &outs[1].0, 0.0, 0.0);
