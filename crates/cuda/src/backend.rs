@@ -288,9 +288,11 @@ struct MmqGroups {
     pair: Option<(u64, u64, u64)>,
     /// The pair's weights in 16-row tiles ([`CudaWeight::tiled`]), or 0.
     pair_tiled: u64,
+    /// (token, slot) pairs over all `n_exp` experts (picks the rows kernel's row sets).
+    pairs: usize,
 }
 impl MmqGroups {
-    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0 };
+    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0 };
 }
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
@@ -1526,7 +1528,7 @@ impl CudaBackend {
         (nsplit, split_stride): (usize, usize),
         bn: usize,
     ) {
-        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled } = experts.unwrap_or(MmqGroups::NONE);
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
@@ -1537,10 +1539,9 @@ impl CudaBackend {
             && rows_smem <= self.smem_max
             && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
         // Grouped rows with R row sets a warp: 64*R rows a block, so fewer blocks along x.
-        // (grid.1 holds ceil(pairs / 16) + ne tiles: ne is the grouped product's expert count.)
         let rr = match self.rows_r.load(Ordering::Relaxed) {
             _ if !rows || cnt == 0 => 1,
-            0 if (grid.1 as usize).saturating_sub(ne) * 16 >= 12 * ne => 2,
+            0 if pairs >= 12 * ne => 2,
             0 => 1,
             r => r,
         };
@@ -1635,7 +1636,7 @@ impl CudaBackend {
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
             let sh = sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne));
-            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0 })
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs })
         };
         let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
         let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
