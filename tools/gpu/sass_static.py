@@ -11,7 +11,7 @@ set NVDISASM).
 
 Usage: tools/gpu/sass_static.py [-D NAME=VAL ...] KERNEL [KERNEL ...]
 e.g.   tools/gpu/sass_static.py mmq_q8_64 mmq_q8_rows
-       tools/gpu/sass_static.py -D MMQ_LDSM_S=1 mmq_q8_64
+       tools/gpu/sass_static.py -D MMQ_ROWS_PAD=0 mmq_q8_rows
 """
 import collections, ctypes, glob, os, re, subprocess, sys, tempfile
 

@@ -293,7 +293,8 @@ __device__ __forceinline__ void mla_prefill_impl(const float* q, i64 qoff, i64 q
     }
 MLA_PREFILL_INST(mla_prefill, float, false)
 MLA_PREFILL_INST(mla_prefill_h, u16, false)
-// Key tiles through two cp.async buffers (TS_CUDA_MLA_PFA=1; 37 KB more shared memory).
+// Key tiles through two cp.async buffers (the default where the 37 KB more shared memory fit;
+// TS_CUDA_MLA_PFA=0 takes mla_prefill_h).
 MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 
 // ---- MLA decode split over the context on the f16 tensor cores (flash-decoding) -----------------

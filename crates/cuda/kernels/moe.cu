@@ -252,36 +252,3 @@ extern "C" __global__ void moe_combine(const float* y, int k, int ks, i64 width,
         out[ooff + t * ostride + i] = s;
     }
 }
-
-// moe_combine for width % 4 == 0 and 16-byte aligned output rows: block (t, x) sums four
-// columns a thread of token t's ks rows, every row's load issued before the sums (the slot's
-// routing is tested after its load, not before), with no 64-bit division an element. The same
-// operations in the same order, so the same bits (TS_CUDA_COMBINE4=1; off until measured).
-extern "C" __global__ void moe_combine4(const float* y, int k, int ks, i64 width, const int* sel_e, const float* sel_w,
-                                        float* out, i64 ooff, i64 ostride) { PDL_ENTRY();
-    const i64 t = blockIdx.x, i = ((i64)blockIdx.y * blockDim.x + threadIdx.x) * 4;
-    if (i >= width) return;
-    const float* yt = y + t * ks * width + i;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-    for (int j = 0; j < k; j++) {
-        const float4 v = *(const float4*)(yt + j * width);
-        const i64 q = t * k + j;
-        if (sel_e[q] >= 0) {
-            const float w = sel_w[q];
-            s.x += w * v.x;
-            s.y += w * v.y;
-            s.z += w * v.z;
-            s.w += w * v.w;
-        }
-    }
-#pragma unroll 4
-    for (int j = k; j < ks; j++) {
-        const float4 v = *(const float4*)(yt + j * width);
-        s.x += v.x;
-        s.y += v.y;
-        s.z += v.z;
-        s.w += v.w;
-    }
-    *(float4*)(out + ooff + t * ostride + i) = s;
-}

@@ -553,7 +553,6 @@ fn kernel_names() -> Vec<String> {
         "moe_route",
         "moe_group",
         "moe_combine",
-        "moe_combine4",
         "gemv_q8_1",
         "gemv_q8_2",
         "gemv_q8_4",
@@ -739,12 +738,9 @@ pub struct CudaBackend {
     rope_absorb: bool,
     /// One sequence's prompt attention on an f16 cache streams its key tiles through two
     /// cp.async buffers (`mla_prefill_ha`, the same results) instead of loading each between two
-    /// barriers; `TS_CUDA_MLA_PFA=1` ([`CudaBackend::set_mla_prefill_async`]). Off until measured.
+    /// barriers, where the shared memory allows (measured 2026-11-30: pp512 +3%, pp2048 +8%);
+    /// `TS_CUDA_MLA_PFA=0` ([`CudaBackend::set_mla_prefill_async`]) loads them between barriers.
     mla_pfa: AtomicBool,
-    /// The MoE's final sums through `moe_combine4` (four columns a thread, one block row a
-    /// token; the same bits); `TS_CUDA_COMBINE4=1` ([`CudaBackend::set_combine4`]). Off until
-    /// measured.
-    combine4: AtomicBool,
     /// The split MLA decode on the f16 tensor cores (`mla_split_tc`): 0 where no SIMT split
     /// kernel is built for the shape (heads other than 16), 1 wherever it applies, 2 never.
     /// `TS_CUDA_MLATC=1` / `=0`, or [`CudaBackend::set_mla_tensor_cores`].
@@ -943,8 +939,7 @@ impl CudaBackend {
             }),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
-            mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").is_ok_and(|v| v == "1")),
-            combine4: AtomicBool::new(std::env::var("TS_CUDA_COMBINE4").is_ok_and(|v| v == "1")),
+            mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
                 Ok("1") => 1,
                 Ok("0") => 2,
@@ -1012,11 +1007,6 @@ impl CudaBackend {
     /// `mla_prefill_h`; the same results.
     pub fn set_mla_prefill_async(&self, on: bool) {
         self.mla_pfa.store(on, Ordering::Relaxed);
-    }
-
-    /// The MoE's final sums through `moe_combine4` (true) or `moe_combine`; the same bits.
-    pub fn set_combine4(&self, on: bool) {
-        self.combine4.store(on, Ordering::Relaxed);
     }
 
     /// Whether a tiled copy of `bytes` may be made now (`TS_CUDA_MOE_TILED` unset): after it,
@@ -1667,17 +1657,10 @@ impl CudaBackend {
     }
 
     /// out rows = the router-weighted sum of each token's `k` routed rows of `y` (slots with
-    /// `sel_e < 0` left out) plus its `ks - k` shared rows unweighted (`moe_combine`, or
-    /// `moe_combine4` with `TS_CUDA_COMBINE4=1` where the rows allow 16-byte accesses: the
-    /// same bits).
+    /// `sel_e < 0` left out) plus its `ks - k` shared rows unweighted (`moe_combine`; a
+    /// four-columns-a-thread variant measured +0.3% on prompts and ±0 at 64 sequences, dropped).
     #[allow(clippy::too_many_arguments)]
     fn moe_combine(&self, y: u64, (k, ks): (usize, usize), hdim: usize, n: usize, (sel_e, sel_w): (u64, u64), out: &CudaBuf, o: Rows) {
-        if self.combine4.load(Ordering::Relaxed) && hdim % 4 == 0 && o.off % 4 == 0 && o.stride % 4 == 0 {
-            let grid = (n as u32, hdim.div_ceil(4 * 256) as u32, 1);
-            let args = [A::P(y), i(k), i(ks), l(hdim), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)];
-            self.launch("moe_combine4", grid, 256, 0, &args);
-            return;
-        }
         self.launch(
             "moe_combine",
             Self::grid1(n * hdim),

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Written in the eleventh session (2026-11-30), NOT yet run on a GPU. Three switches, off by
+# Written in the eleventh session (2026-11-30); RUN in the twelfth (docs/PERF.md, "Prompt key tiles
+# through cp.async"): MLA_PFA pp512 +2.9%, pp2048 +8.1% (now the default); MMQ_LDSM_S pp512 +3.0%,
+# pp2048 +2.9%, 64 seq +0.7% (now the only path; the define is gone, so this script's last two
+# settings measure the defaults); COMBINE4 +0.3% (dropped). Three switches, off by
 # default until this runs, one binary against itself:
 #  - TS_CUDA_MLA_PFA=1: the one-sequence prompt attention's f16 key tiles through two cp.async
 #    buffers (mla_prefill_ha) instead of loads and stores between two barriers (mla_prefill_h was
