@@ -14,7 +14,11 @@
 //   warp-rows   no shared memory: each warp reads whole rows into registers, 4 rows at a time
 //               (the decode GEMVs' way);
 //   frag16      mmq_q8_rows' loads (16 rows a warp, 8 bytes a thread a block, NB groups in
-//               flight), from the row-major layout and from a 16-row tiled one.
+//               flight), from the row-major layout and from a 16-row tiled one;
+//   bulk CH/NST/CW/PB  the Hopper bulk copy engine (cp.async.bulk, "TMA" without a tensor map):
+//               one producer thread a block streams the block's PB contiguous bytes in chunks of
+//               CH into NST shared buffers (full/empty mbarriers), CW consumer warps read every
+//               word of each chunk (as a kernel fed this way would read its fragments).
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -183,6 +187,67 @@ __global__ void frag16(const u8* w) {
     if (acc == 0x12345678u) sink = acc;
 }
 
+__device__ __forceinline__ void mbar_init(uint32_t a, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n)); }
+__device__ __forceinline__ void mbar_expect(uint32_t a, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory"); }
+__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nLAB_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra LAB_WAIT;\n}\n" ::"r"(a),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t mbar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src), "r"(bytes),
+                 "r"(mbar)
+                 : "memory");
+}
+
+// Block b streams bytes [b*pb, (b+1)*pb) of w: warp CW's lane 0 issues the chunks, warps 0..CW-1
+// read them. full[s]: the chunk in buffer s has landed (1 arrival + CH transaction bytes);
+// empty[s]: the CW consumer warps are done with it.
+template <int CH, int NST, int CW>
+__global__ void bulk(const u8* w, u64 pb) {
+    extern __shared__ __align__(128) u8 sm[];
+    __shared__ __align__(8) u64 bar[2 * NST];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u8* src = w + blockIdx.x * pb;
+    const int nch = (int)(pb / CH);
+    const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(sm), b0 = (uint32_t)__cvta_generic_to_shared(bar);
+    if (threadIdx.x == 0)
+        for (int s = 0; s < NST; s++) {
+            mbar_init(b0 + 8 * s, 1);
+            mbar_init(b0 + 8 * (NST + s), CW);
+        }
+    __syncthreads();
+    if (warp == CW) {
+        if (lane == 0)
+            for (int c = 0; c < nch; c++) {
+                const int s = c % NST;
+                if (c >= NST) mbar_wait(b0 + 8 * (NST + s), ((c / NST) - 1) & 1);
+                mbar_expect(b0 + 8 * s, CH);
+                bulk_copy(s0 + s * CH, src + (u64)c * CH, CH, b0 + 8 * s);
+            }
+        return;
+    }
+    uint32_t acc = 0;
+    for (int c = 0; c < nch; c++) {
+        const int s = c % NST;
+        mbar_wait(b0 + 8 * s, (c / NST) & 1);
+        const uint4* p = (const uint4*)(sm + s * CH);
+        for (int i = threadIdx.x; i < CH / 16; i += CW * 32) {
+            const uint4 v = p[i];
+            acc ^= v.x ^ v.y ^ v.z ^ v.w;
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(b0 + 8 * (NST + s));
+    }
+    if (acc == 0x12345678u) sink = acc;
+}
+
 template <typename F>
 float timed(F launch, int reps) {
     cudaEvent_t a, b;
@@ -252,6 +317,20 @@ int main() {
         report(TILED ? "frag16 tiled NB=" #NB " TPB=" #TPB : "frag16 rows NB=" #NB " TPB=" #TPB, ms, occ);   \
     }
     FRAG(2, false, 128) FRAG(4, false, 128) FRAG(2, true, 128) FRAG(4, true, 128) FRAG(2, false, 256) FRAG(2, true, 256)
+#define BULK(CH, NST, CW, PBR)                                                                                 \
+    {                                                                                                          \
+        const int smem = NST * CH;                                                                             \
+        const u64 pb = (u64)PBR * ROW;                                                                         \
+        cudaFuncSetAttribute(bulk<CH, NST, CW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);            \
+        int occ = 0;                                                                                           \
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, bulk<CH, NST, CW>, 32 * (CW + 1), smem);           \
+        float ms = timed([&] { bulk<CH, NST, CW><<<mat / pb, 32 * (CW + 1), smem>>>(w + (it++ % copies) * mat, pb); }, 20); \
+        report("bulk CH=" #CH " NST=" #NST " CW=" #CW " rows=" #PBR, ms, occ);                              \
+    }
+    // Chunks of 2, 4, 8, 16 rows' worth (4,608 .. 36,864 bytes); 64- and 16-row blocks.
+    BULK(4608, 4, 4, 64) BULK(4608, 8, 4, 64) BULK(9216, 4, 4, 64) BULK(9216, 8, 4, 64) BULK(18432, 4, 4, 64)
+    BULK(18432, 2, 4, 64) BULK(36864, 2, 4, 64) BULK(9216, 4, 2, 64) BULK(9216, 4, 8, 64) BULK(4608, 4, 4, 16)
+    BULK(9216, 4, 4, 16) BULK(2304, 8, 4, 16) BULK(2304, 16, 4, 64) BULK(1152, 16, 4, 64)
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     return 0;

@@ -439,6 +439,57 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 #ifndef MMQ_ROWS_MINB
 #define MMQ_ROWS_MINB 5
 #endif
+// One group of a thread's two rows in the rows kernels (g and g+8 of a 16-row tile): the 4
+// scales of each, its 8 bytes of each 32-value block.
+struct RowsGrp {
+    uint2 ha, hb, qa[4], qb[4];
+};
+// acc[ni][c] += the group's products with the tile's (<= 16) activation rows, whose group starts
+// at xg (rows rs bytes apart): one m16n8k32 int8 mma a block and n8 tile, each int32 scaled by
+// the weight row's and the token's block scales and summed in block order.
+__device__ __forceinline__ void rows_mul(float (&acc)[2][4], const RowsGrp& v, const u8* xg, int rs, int nt, int g, int t) {
+#if __CUDA_ARCH__ >= 800
+    float dg[4], dg8[4];  // the scales of rows g and g+8
+#pragma unroll
+    for (int bl = 0; bl < 4; bl++) {
+        dg[bl] = hsel(v.ha, bl);
+        dg8[bl] = hsel(v.hb, bl);
+    }
+#pragma unroll
+    for (int ni = 0; ni < 2; ni++) {
+        if (ni * 8 >= nt) break;  // only padding tokens (block-uniform)
+        const uint2 h0 = *(const uint2*)(xg + (ni * 8 + 2 * t) * rs);
+        const uint2 h1 = *(const uint2*)(xg + (ni * 8 + 2 * t + 1) * rs);
+        const u8* xq = xg + (ni * 8 + g) * rs + 16 + 8 * t;
+#pragma unroll
+        for (int bl = 0; bl < 4; bl++) {
+            const uint2 bq = *(const uint2*)(xq + 32 * bl);
+            const u32 a[4] = {v.qa[bl].x, v.qb[bl].x, v.qa[bl].y, v.qb[bl].y};
+            const u32 b[2] = {bq.x, bq.y};
+            int c[4] = {0, 0, 0, 0};
+            mma_s8(c, a, b);
+            const float d0 = hsel(h0, bl), d1 = hsel(h1, bl);
+            acc[ni][0] += (float)c[0] * (dg[bl] * d0);
+            acc[ni][1] += (float)c[1] * (dg[bl] * d1);
+            acc[ni][2] += (float)c[2] * (dg8[bl] * d0);
+            acc[ni][3] += (float)c[3] * (dg8[bl] * d1);
+        }
+    }
+#endif
+}
+// The warp's 16 rows from rr0 (rows < m) for the tile's nt tokens, to their output rows.
+__device__ __forceinline__ void rows_store(const float (&acc)[2][4], float* out, i64 ooff, i64 ostride, const int* dst_row, int rr0,
+                                           int m, int nt, int g, int t) {
+#pragma unroll
+    for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int row = rr0 + g + (c >> 1) * 8;
+            const int j = ni * 8 + 2 * t + (c & 1);
+            if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[ni][c];
+        }
+}
+
 template <int NBUF, bool DENSE, int R>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
@@ -505,11 +556,8 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         pa = Wt + (i64)min(r0 + g, m - 1) * rb + (i64)g0 * MMQ_GB;
         pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb + (i64)g0 * MMQ_GB;
     }
-    // One group of this thread's two rows: the 4 scales of each, its 8 bytes of each block.
     // (Group indices from here on count from g0.)
-    struct Grp {
-        uint2 ha, hb, qa[4], qb[4];
-    };
+    using Grp = RowsGrp;
     auto load = [&](Grp& v, int gi) {
         const int gc = min(gi, ng - 1);
         if (tl) {
@@ -542,45 +590,8 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     for (int ni = 0; ni < 2; ni++)
 #pragma unroll
         for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
-    auto mul = [&](const Grp& v, int gi) {
-        float dg[4], dg8[4];  // the scales of rows g and g+8
-#pragma unroll
-        for (int bl = 0; bl < 4; bl++) {
-            dg[bl] = hsel(v.ha, bl);
-            dg8[bl] = hsel(v.hb, bl);
-        }
-        const u8* xg = mmq_sm + gi * MMQ_GB;
-#pragma unroll
-        for (int ni = 0; ni < 2; ni++) {
-            if (ni * 8 >= nt) break;  // only padding tokens (block-uniform)
-            const uint2 h0 = *(const uint2*)(xg + (ni * 8 + 2 * t) * rs);
-            const uint2 h1 = *(const uint2*)(xg + (ni * 8 + 2 * t + 1) * rs);
-            const u8* xq = xg + (ni * 8 + g) * rs + 16 + 8 * t;
-#pragma unroll
-            for (int bl = 0; bl < 4; bl++) {
-                const uint2 bq = *(const uint2*)(xq + 32 * bl);
-                const u32 a[4] = {v.qa[bl].x, v.qb[bl].x, v.qa[bl].y, v.qb[bl].y};
-                const u32 b[2] = {bq.x, bq.y};
-                int c[4] = {0, 0, 0, 0};
-                mma_s8(c, a, b);
-                const float d0 = hsel(h0, bl), d1 = hsel(h1, bl);
-                acc[ni][0] += (float)c[0] * (dg[bl] * d0);
-                acc[ni][1] += (float)c[1] * (dg[bl] * d1);
-                acc[ni][2] += (float)c[2] * (dg8[bl] * d0);
-                acc[ni][3] += (float)c[3] * (dg8[bl] * d1);
-            }
-        }
-    };
-    auto store = [&](int rr0) {
-#pragma unroll
-        for (int ni = 0; ni < 2; ni++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int row = rr0 + g + (c >> 1) * 8;
-                const int j = ni * 8 + 2 * t + (c & 1);
-                if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[ni][c];
-            }
-    };
+    auto mul = [&](const Grp& v, int gi) { rows_mul(acc, v, mmq_sm + gi * MMQ_GB, rs, nt, g, t); };
+    auto store = [&](int rr0) { rows_store(acc, out, ooff, ostride, dst_row, rr0, m, nt, g, t); };
     // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
     Grp v[NBUF];
     if constexpr (R == 1) {

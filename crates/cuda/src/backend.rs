@@ -693,6 +693,10 @@ pub struct CudaBackend {
     /// ([`Backend::graph_class`]). Default 2560: on the H200 with the f16 cache, tg64 from 2048
     /// SIMT 527 vs tensor cores 492 tok/s, from 3072 459 vs 487.
     mla_long: u32,
+    /// Batched MLA decode of sm_count/2 .. sm_count rows with contexts of 64+ positions on the
+    /// tensor-core split kernel ([`CudaBackend::batch_mla_tc`]); `TS_CUDA_MLA_BATCH_TC=1`. Off
+    /// until measured on its own (the wider `TS_CUDA_MLATC=1` was measured; docs/GPU.md).
+    mla_batch_tc: bool,
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
     ms_nb: usize,
@@ -938,6 +942,7 @@ impl CudaBackend {
                 _ => 0,
             }),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
+            mla_batch_tc: std::env::var("TS_CUDA_MLA_BATCH_TC").is_ok_and(|v| v == "1"),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -2322,7 +2327,11 @@ impl Backend for CudaBackend {
             && match self.mla_tc.load(Ordering::Relaxed) {
                 1 => true,
                 2 => simt.is_none() && cache.half, // an f16 cache has no per-(token, head) kernel
-                _ => simt.is_none() || self.long_context(batch.tokens.iter().map(|t| t.pos)),
+                _ => {
+                    simt.is_none()
+                        || self.long_context(batch.tokens.iter().map(|t| t.pos))
+                        || self.batch_mla_tc(n, batch.tokens.iter().map(|t| t.pos))
+                }
             };
         let split = if use_tc { Some((if cache.half { "mla_split_tc_h" } else { "mla_split_tc" }, 128u32)) } else { simt };
         // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
@@ -2649,7 +2658,7 @@ impl Backend for CudaBackend {
         let pos = || batch.tokens.iter().map(|t| t.pos);
         let n = batch.tokens.len();
         let splits = if n > 1 { self.batch_mla_splits(n, pos()) as u64 } else { 0 };
-        self.long_context(pos()) as u64 | splits << 1
+        (self.long_context(pos()) || (n > 1 && self.batch_mla_tc(n, pos()))) as u64 | splits << 1
     }
 
     /// CUDA graphs for steps of up to [`GRAPH_MAX_TOKENS`] tokens (decode, batched decode): a key runs eagerly the
@@ -3154,6 +3163,20 @@ impl CudaBackend {
             (0, _) | (_, None) => wave,
             (k, Some(p)) => wave.min((p as usize + 1).div_ceil(k)),
         }
+    }
+
+    /// Whether a batched MLA decode of `n` tokens on the 16-head kernels takes the tensor-core
+    /// split kernel (`mla_split_tc_h`, 2 * sm_count / n splits a token) instead of the SIMT one:
+    /// from sm_count / 2 to sm_count tokens the SIMT kernel gets one split a token (one block an
+    /// SM, 255 registers), so the SMs past n idle while each block walks its whole context. From
+    /// 64 positions on the tensor cores pay: the server at 64 clients (steps of ~76 rows, contexts
+    /// of 32-160) 5,357 -> 5,813 tok/s on the H200 with the tensor-core kernel for every batch
+    /// (`TS_CUDA_MLATC=1`, 10-s runs; its trace had the SIMT kernel at 50 us a layer, 14% of the
+    /// step). Short contexts (the bench's 64 and 128 sequences of <= 32 positions) keep the SIMT
+    /// kernel. Only with `TS_CUDA_MLA_BATCH_TC=1` until this rule is measured on its own
+    /// (tools/gpu/plans/gpu-next27.sh).
+    fn batch_mla_tc(&self, n: usize, pos: impl Iterator<Item = u32>) -> bool {
+        self.mla_batch_tc && n > self.sm_count / 2 && n <= self.sm_count && pos.max().is_some_and(|p| p >= 64)
     }
 
     /// Whether a batch with these positions counts as long-context (`mla_long`), part of the

@@ -785,7 +785,7 @@ fn mla_split_tensor_cores() {
     let mut r = rng(27);
     let mut rep = Report::new("mla_split_tc");
     let slot_len = 4096u32;
-    for &(nh, n) in &[(16usize, 1usize), (16, 3), (16, 8), (16, 64), (32, 2), (128, 1)] {
+    for &(nh, n) in &[(16usize, 1usize), (16, 3), (16, 8), (16, 64), (16, 100), (32, 2), (128, 1)] {
         let (kl, rd) = (512usize, 64usize);
         let w = kl + rd;
         let long = if n <= 8 { r.random_range(2000..4000u32) } else { r.random_range(0..700u32) };

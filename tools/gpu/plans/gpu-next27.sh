@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Written in the twelfth session (2026-11-30), NOT yet run (the session's device time ran out):
+# batched MLA decode of sm_count/2 .. sm_count rows with contexts from 64 positions on the
+# tensor-core split kernel (CudaBackend::batch_mla_tc, TS_CUDA_MLA_BATCH_TC=1, off until this
+# runs), after TS_CUDA_MLATC=1 (the tensor cores for every batch and token) gave the server
+# 5,357 -> 5,813 in 10-s runs (gpu-next26). ops_vs_cpu's mla_split_tensor_cores (now with a
+# 100-row case) and mla_attention_latent_cache, then the server at 64 clients for 15 s without
+# and with the switch, twice. Turn it on if it wins (and delete the switch).
+#   tools/gpu/plans/gpu-next27.sh BIN OPS
+set -u
+B=$1; OPS=$2
+source "$(dirname "$0")/lib.sh"
+ops_tests 60 2 mla_split_tensor_cores mla_attention_latent_cache
+serve64() {
+  echo "-- ${1:-default}"
+  env $1 "$B" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 --row-multiple 1 > $O/serve.log 2>&1 &
+  local sp=$!
+  for i in $(seq 1 150); do curl -sf http://127.0.0.1:8089/health >/dev/null && break; sleep 1; done
+  "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration 15 --max-tokens 128 --prompt-ids 32 --temperature 0 | grep -E "tokens:"
+  kill -INT $sp; wait $sp 2>/dev/null
+}
+for r in 1 2; do for e in "" TS_CUDA_MLA_BATCH_TC=1; do serve64 "$e"; done; done
