@@ -697,6 +697,12 @@ pub struct CudaBackend {
     /// tensor-core split kernel ([`CudaBackend::batch_mla_tc`]); `TS_CUDA_MLA_BATCH_TC=1`. Off
     /// until measured on its own (the wider `TS_CUDA_MLATC=1` was measured; docs/GPU.md).
     mla_batch_tc: bool,
+    /// Dense products of several 64-token tiles split K by their row tiles alone
+    /// ([`CudaBackend::mmq_dense`]): the server's ~76-row steps ran their dense products at
+    /// 21.5 us against 11.3 at 64 rows (two token tiles, half the splits, each block twice the
+    /// K). `TS_CUDA_MMQ_SPLIT_ROWS=1`; other split sums, so other bits at those sizes. Off
+    /// until measured (tools/gpu/plans/gpu-next27.sh).
+    mmq_split_rows: bool,
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
     ms_nb: usize,
@@ -943,6 +949,7 @@ impl CudaBackend {
             }),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             mla_batch_tc: std::env::var("TS_CUDA_MLA_BATCH_TC").is_ok_and(|v| v == "1"),
+            mmq_split_rows: std::env::var("TS_CUDA_MMQ_SPLIT_ROWS").is_ok_and(|v| v == "1"),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -1272,7 +1279,10 @@ impl CudaBackend {
         // The partial outputs fit the part scratch's fixed size, so that it never grows after
         // the warm-up at open (the decode step there allocates it, see the MLA decode).
         let fit = PART_MIN_BYTES / (4 * n * m).max(1);
-        let nsplit = if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).min(fit).clamp(1, 16) };
+        // (With `split_rows`, the split count from the row tiles alone: a second, partly empty
+        // token tile then adds blocks instead of halving the splits and doubling each block's K.)
+        let st = if self.mmq_split_rows { m.div_ceil(64) * g } else { tiles };
+        let nsplit = if st >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(st).min(ngroups / 2).min(fit).clamp(1, 16) };
         let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
         if nsplit == 1 {
             self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);

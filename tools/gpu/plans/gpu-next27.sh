@@ -6,6 +6,10 @@
 # 5,357 -> 5,813 in 10-s runs (gpu-next26). ops_vs_cpu's mla_split_tensor_cores (now with a
 # 100-row case) and mla_attention_latent_cache, then the server at 64 clients for 15 s without
 # and with the switch, twice. Turn it on if it wins (and delete the switch).
+# Also TS_CUDA_MMQ_SPLIT_ROWS=1: dense products of several 64-token tiles split K by their row
+# tiles alone (the server's 76-row steps ran their dense products at 21.5 us against 11.3 at 64
+# rows: two token tiles halved the splits); other split sums, so --parallel 128's hash changes
+# with it (282e057fc6ee8e5f without). About 7 minutes.
 #   tools/gpu/plans/gpu-next27.sh BIN OPS
 set -u
 B=$1; OPS=$2
@@ -19,4 +23,7 @@ serve64() {
   "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration 15 --max-tokens 128 --prompt-ids 32 --temperature 0 | grep -E "tokens:"
   kill -INT $sp; wait $sp 2>/dev/null
 }
-for r in 1 2; do for e in "" TS_CUDA_MLA_BATCH_TC=1; do serve64 "$e"; done; done
+for r in 1 2; do
+  for e in "" TS_CUDA_MLA_BATCH_TC=1 TS_CUDA_MMQ_SPLIT_ROWS=1 "TS_CUDA_MLA_BATCH_TC=1 TS_CUDA_MMQ_SPLIT_ROWS=1"; do serve64 "$e"; done
+done
+for e in "" TS_CUDA_MMQ_SPLIT_ROWS=1; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash; done
