@@ -15,12 +15,4 @@ set -u
 B=$1
 source "$(dirname "$0")/lib.sh"
 "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
-serve64() {
-  echo "-- ${1:-default}"
-  env $1 "$B" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 --row-multiple 1 > $O/serve.log 2>&1 &
-  local sp=$!
-  for i in $(seq 1 150); do curl -sf http://127.0.0.1:8089/health >/dev/null && break; sleep 1; done
-  "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration 10 --max-tokens 128 --prompt-ids 32 --temperature 0 | grep -E "tokens:"
-  kill -INT $sp; wait $sp 2>/dev/null
-}
-for e in "" TS_CUDA_MLATC=1 TS_CUDA_MLA_SPLITS=2 "TS_CUDA_MLATC=1 TS_CUDA_MMQ_ROWS=128"; do serve64 "$e"; done
+for e in "" TS_CUDA_MLATC=1 TS_CUDA_MLA_SPLITS=2 "TS_CUDA_MLATC=1 TS_CUDA_MMQ_ROWS=128"; do serve64 "$e" 10; done

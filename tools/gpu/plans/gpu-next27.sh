@@ -15,15 +15,7 @@ set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 ops_tests 60 2 mla_split_tensor_cores mla_attention_latent_cache
-serve64() {
-  echo "-- ${1:-default}"
-  env $1 "$B" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 --row-multiple 1 > $O/serve.log 2>&1 &
-  local sp=$!
-  for i in $(seq 1 150); do curl -sf http://127.0.0.1:8089/health >/dev/null && break; sleep 1; done
-  "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration 15 --max-tokens 128 --prompt-ids 32 --temperature 0 | grep -E "tokens:"
-  kill -INT $sp; wait $sp 2>/dev/null
-}
 for r in 1 2; do
-  for e in "" TS_CUDA_MLA_BATCH_TC=1 TS_CUDA_MMQ_SPLIT_ROWS=1 "TS_CUDA_MLA_BATCH_TC=1 TS_CUDA_MMQ_SPLIT_ROWS=1"; do serve64 "$e"; done
+  for e in "" TS_CUDA_MLA_BATCH_TC=1 TS_CUDA_MMQ_SPLIT_ROWS=1 "TS_CUDA_MLA_BATCH_TC=1 TS_CUDA_MMQ_SPLIT_ROWS=1"; do serve64 "$e" 15; done
 done
 for e in "" TS_CUDA_MMQ_SPLIT_ROWS=1; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash; done
