@@ -702,7 +702,7 @@ pub struct CudaBackend {
     /// 21.5 us against 11.3 at 64 rows (two token tiles, half the splits, each block twice the
     /// K). `TS_CUDA_MMQ_SPLIT_ROWS=1`; other split sums, so other bits at those sizes. Off
     /// until measured (tools/gpu/plans/gpu-next27.sh).
-    mmq_split_rows: bool,
+    mmq_split_rows: AtomicBool,
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
     ms_nb: usize,
@@ -949,7 +949,7 @@ impl CudaBackend {
             }),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             mla_batch_tc: std::env::var("TS_CUDA_MLA_BATCH_TC").is_ok_and(|v| v == "1"),
-            mmq_split_rows: std::env::var("TS_CUDA_MMQ_SPLIT_ROWS").is_ok_and(|v| v == "1"),
+            mmq_split_rows: AtomicBool::new(std::env::var("TS_CUDA_MMQ_SPLIT_ROWS").is_ok_and(|v| v == "1")),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -1062,6 +1062,12 @@ impl CudaBackend {
     pub fn set_mmq_tiles(&self, bn16: usize, rows: usize) {
         self.mmq_bn16.store(bn16, Ordering::Relaxed);
         self.mmq_rows_dense.store(rows, Ordering::Relaxed);
+    }
+
+    /// Dense products of several 64-token tiles split K by their row tiles alone (true;
+    /// `TS_CUDA_MMQ_SPLIT_ROWS=1`) or by all their tiles (false, the default).
+    pub fn set_mmq_split_rows(&self, on: bool) {
+        self.mmq_split_rows.store(on, Ordering::Relaxed);
     }
 
     pub fn fused(&self) -> bool {
@@ -1281,7 +1287,7 @@ impl CudaBackend {
         let fit = PART_MIN_BYTES / (4 * n * m).max(1);
         // (With `split_rows`, the split count from the row tiles alone: a second, partly empty
         // token tile then adds blocks instead of halving the splits and doubling each block's K.)
-        let st = if self.mmq_split_rows { m.div_ceil(64) * g } else { tiles };
+        let st = if self.mmq_split_rows.load(Ordering::Relaxed) { m.div_ceil(64) * g } else { tiles };
         let nsplit = if st >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(st).min(ngroups / 2).min(fit).clamp(1, 16) };
         let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
         if nsplit == 1 {

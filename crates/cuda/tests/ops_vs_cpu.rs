@@ -584,6 +584,45 @@ fn mmq_rows_dense_exact() {
     rep.finish();
 }
 
+/// Dense products of more than one 64-token tile with the split count from the row tiles alone
+/// (`TS_CUDA_MMQ_SPLIT_ROWS`: more, shorter splits): the same products as the default split, summed
+/// in other groups, so equal to rounding.
+#[test]
+fn mmq_split_rows() {
+    let Some(g) = gpu() else { return };
+    if !g.tensor_cores() {
+        eprintln!("mmq_split_rows: no tensor cores, skipped");
+        return;
+    }
+    let split = &CudaBackend::new(0).expect("second backend");
+    split.set_mmq_split_rows(true);
+    let mut r = rng(35);
+    let mut rep = Report::new("mmq_split_rows");
+    for &(k, m, gr, ntok) in &[(2048usize, 3072usize, 1usize, 76usize), (2048, 576, 1, 128), (2048, 2048, 1, 100), (512, 128, 16, 76)] {
+        let shape: Vec<usize> = if gr == 1 { vec![k, m] } else { vec![k, m, gr] };
+        let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
+        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
+        let (ws, wp) = (split.upload_weight(&t, WeightUse::Matmul).unwrap(), g.upload_weight(&t, WeightUse::Matmul).unwrap());
+        let n = ntok * gr;
+        let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+        let o = Rows { off: 2, n, width: m, stride: m + 2 };
+        let x = randn(&mut r, xr.end(), 1.0);
+        let (xa, xb) = (buf(split, &x), buf(g, &x));
+        let (oa, ob) = (split.alloc(o.end()).unwrap(), g.alloc(o.end()).unwrap());
+        poison(split, &oa, o.end());
+        poison(g, &ob, o.end());
+        if gr == 1 {
+            split.matmul(&xa, xr, &ws, &oa, o);
+            g.matmul(&xb, xr, &wp, &ob, o);
+        } else {
+            split.matmul_grouped(&xa, xr, &ws, &oa, o);
+            g.matmul_grouped(&xb, xr, &wp, &ob, o);
+        }
+        rep.check(&format!("[{k},{m},{gr}] tokens={ntok}"), &get(split, &oa, o), &get(g, &ob, o), 1e-5, 1e-5);
+    }
+    rep.finish();
+}
+
 #[test]
 fn rope_modes() {
     let Some(g) = gpu() else { return };

@@ -8,13 +8,14 @@
 # and with the switch, twice. Turn it on if it wins (and delete the switch).
 # Also TS_CUDA_MMQ_SPLIT_ROWS=1: dense products of several 64-token tiles split K by their row
 # tiles alone (the server's 76-row steps ran their dense products at 21.5 us against 11.3 at 64
-# rows: two token tiles halved the splits); other split sums, so --parallel 128's hash changes
+# rows: two token tiles halved the splits; ops_vs_cpu mmq_split_rows checks it against the default
+# split); other split sums, so --parallel 128's hash changes
 # with it (282e057fc6ee8e5f without). About 7 minutes.
 #   tools/gpu/plans/gpu-next27.sh BIN OPS
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
-ops_tests 60 2 mla_split_tensor_cores mla_attention_latent_cache
+ops_tests 90 2 mla_split_tensor_cores mla_attention_latent_cache mmq_split_rows
 for r in 1 2; do
   for e in "" TS_CUDA_MLA_BATCH_TC=1 TS_CUDA_MMQ_SPLIT_ROWS=1 "TS_CUDA_MLA_BATCH_TC=1 TS_CUDA_MMQ_SPLIT_ROWS=1"; do serve64 "$e" 15; done
 done
