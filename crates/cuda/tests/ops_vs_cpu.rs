@@ -534,6 +534,31 @@ fn matmul_grouped_types() {
     rep.finish();
 }
 
+/// One random Q8_0 product of `ntok` tokens (per matrix of `gr`; `matmul_grouped` when `gr > 1`)
+/// on two backends from the same weight and activations: (a's output, b's output).
+fn dense_q8_pair(a: &CudaBackend, b: &CudaBackend, r: &mut StdRng, (k, m, gr, ntok): (usize, usize, usize, usize)) -> (Vec<f32>, Vec<f32>) {
+    let shape: Vec<usize> = if gr == 1 { vec![k, m] } else { vec![k, m, gr] };
+    let (bytes, _) = weight(r, GgmlType::Q8_0, &shape, 0.5);
+    let t = td("w", GgmlType::Q8_0, &shape, &bytes);
+    let (wa, wb) = (a.upload_weight(&t, WeightUse::Matmul).unwrap(), b.upload_weight(&t, WeightUse::Matmul).unwrap());
+    let n = ntok * gr;
+    let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+    let o = Rows { off: 2, n, width: m, stride: m + 2 };
+    let x = randn(r, xr.end(), 1.0);
+    let (xa, xb) = (buf(a, &x), buf(b, &x));
+    let (oa, ob) = (a.alloc(o.end()).unwrap(), b.alloc(o.end()).unwrap());
+    poison(a, &oa, o.end());
+    poison(b, &ob, o.end());
+    if gr == 1 {
+        a.matmul(&xa, xr, &wa, &oa, o);
+        b.matmul(&xb, xr, &wb, &ob, o);
+    } else {
+        a.matmul_grouped(&xa, xr, &wa, &oa, o);
+        b.matmul_grouped(&xb, xr, &wb, &ob, o);
+    }
+    (get(a, &oa, o), get(b, &ob, o))
+}
+
 /// Dense Q8_0 products on `mmq_q8_rows` (16-token tiles, the weights straight into the mma
 /// fragments) give bit for bit what `mmq_q8_16` gives on the same tiles (so the same split K):
 /// V2-Lite's kv_a, q and o_proj at batched-decode sizes, the absorbed output per head (3-D), and
@@ -560,26 +585,8 @@ fn mmq_rows_dense_exact() {
         (512, 128, 16, 64),
         (1408, 97, 1, 40),
     ] {
-        let shape: Vec<usize> = if gr == 1 { vec![k, m] } else { vec![k, m, gr] };
-        let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
-        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
-        let (wr, wp) = (rows.upload_weight(&t, WeightUse::Matmul).unwrap(), plain.upload_weight(&t, WeightUse::Matmul).unwrap());
-        let n = ntok * gr;
-        let xr = Rows { off: 1, n, width: k, stride: k + 3 };
-        let o = Rows { off: 2, n, width: m, stride: m + 2 };
-        let x = randn(&mut r, xr.end(), 1.0);
-        let (xa, xb) = (buf(rows, &x), buf(plain, &x));
-        let (oa, ob) = (rows.alloc(o.end()).unwrap(), plain.alloc(o.end()).unwrap());
-        poison(rows, &oa, o.end());
-        poison(plain, &ob, o.end());
-        if gr == 1 {
-            rows.matmul(&xa, xr, &wr, &oa, o);
-            plain.matmul(&xb, xr, &wp, &ob, o);
-        } else {
-            rows.matmul_grouped(&xa, xr, &wr, &oa, o);
-            plain.matmul_grouped(&xb, xr, &wp, &ob, o);
-        }
-        rep.check(&format!("[{k},{m},{gr}] tokens={ntok} (exact)"), &get(rows, &oa, o), &get(plain, &ob, o), 0.0, 0.0);
+        let (got, want) = dense_q8_pair(rows, plain, &mut r, (k, m, gr, ntok));
+        rep.check(&format!("[{k},{m},{gr}] tokens={ntok} (exact)"), &got, &want, 0.0, 0.0);
     }
     rep.finish();
 }
@@ -599,26 +606,8 @@ fn mmq_split_rows() {
     let mut r = rng(35);
     let mut rep = Report::new("mmq_split_rows");
     for &(k, m, gr, ntok) in &[(2048usize, 3072usize, 1usize, 76usize), (2048, 576, 1, 128), (2048, 2048, 1, 100), (512, 128, 16, 76)] {
-        let shape: Vec<usize> = if gr == 1 { vec![k, m] } else { vec![k, m, gr] };
-        let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
-        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
-        let (ws, wp) = (split.upload_weight(&t, WeightUse::Matmul).unwrap(), g.upload_weight(&t, WeightUse::Matmul).unwrap());
-        let n = ntok * gr;
-        let xr = Rows { off: 1, n, width: k, stride: k + 3 };
-        let o = Rows { off: 2, n, width: m, stride: m + 2 };
-        let x = randn(&mut r, xr.end(), 1.0);
-        let (xa, xb) = (buf(split, &x), buf(g, &x));
-        let (oa, ob) = (split.alloc(o.end()).unwrap(), g.alloc(o.end()).unwrap());
-        poison(split, &oa, o.end());
-        poison(g, &ob, o.end());
-        if gr == 1 {
-            split.matmul(&xa, xr, &ws, &oa, o);
-            g.matmul(&xb, xr, &wp, &ob, o);
-        } else {
-            split.matmul_grouped(&xa, xr, &ws, &oa, o);
-            g.matmul_grouped(&xb, xr, &wp, &ob, o);
-        }
-        rep.check(&format!("[{k},{m},{gr}] tokens={ntok}"), &get(split, &oa, o), &get(g, &ob, o), 1e-5, 1e-5);
+        let (got, want) = dense_q8_pair(split, g, &mut r, (k, m, gr, ntok));
+        rep.check(&format!("[{k},{m},{gr}] tokens={ntok}"), &got, &want, 1e-5, 1e-5);
     }
     rep.finish();
 }
