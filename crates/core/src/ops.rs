@@ -95,6 +95,10 @@ pub struct MoeParams {
 pub enum WeightUse {
     /// `y = W x` (matrix rows are `shape[1]`, each of `shape[0]` values; 3-D = a stack of them).
     Matmul,
+    /// A `Matmul` weight of a MoE FFN: an expert stack, or a shared expert FFN that the MoE
+    /// runs with its experts. Used exactly as `Matmul`; a backend may keep a second layout of
+    /// these for its prompt-size grouped products (the CUDA backend's f16 copies).
+    Expert,
     /// Rows gathered by token id. (A `Matmul` weight must serve `embed` too, so a tied
     /// embedding is uploaded once, as `Matmul`, and used for both.)
     Embedding,

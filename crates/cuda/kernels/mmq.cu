@@ -710,3 +710,196 @@ extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 spl
         out[ooff + r * ostride + c] = v;
     }
 }
+
+// ---- The f16 prompt path: expert products as plain f16 tensor-core GEMMs -------------------------
+// The int8 products above pay a per-32 scale epilogue after every mma (I2F, the scale product and
+// an FMA per output: 384 of ~560 instructions a warp and stage on the prompt expert tiles). With
+// an f16 copy of the weights (CudaWeight::half, each value f16(q * d) of its block: q * d is exact
+// in f32, then rounded once) and f16 activations, an m16n8k16 mma accumulates straight into f32
+// with nothing after it. Costs the copy's memory (2 bytes a weight), so it is made only where it
+// fits (CudaBackend::f16_copy).
+
+// The f16 copy of Q8_0 rows in the device layout (ng groups of 144 bytes a row), each value
+// f16(q * d), in 8 KB chunks of 64 rows x 64 values (rows a multiple of 64 per matrix, so tiles
+// never straddle two): chunk (r / 64, c / 64) at ((r / 64) * (K / 64) + c / 64) * 4096 halves,
+// row r % 64 of it 64 halves from there, so a 64-row tile's K-stage is one contiguous read.
+// Measured on the H200 against row-major copies (same call): pp512 19,334 -> 19,522, pp2048
+// 17,754 -> 17,874. One thread per 8 values.
+extern "C" __global__ void q8_to_f16(const u8* src, uint4* dst, i64 total, int ng) { PDL_ENTRY();
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        const i64 row = i / (ng * 16);
+        const int c = (int)(i - row * ng * 16), gi = c >> 4, p = c & 15;
+        const u8* gp = src + (row * ng + gi) * MMQ_GB;
+        const float d = h2f(((const u16*)gp)[p >> 2]);
+        const uint2 q = *(const uint2*)(gp + 16 + 8 * p);  // block p/4, bytes 8*(p%4)..
+        const u32 w[2] = {q.x, q.y};
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const u32 x = w[j >> 1] >> (16 * (j & 1));
+            const float lo = (float)(signed char)(x & 0xff) * d, hi = (float)(signed char)((x >> 8) & 0xff) * d;
+            o[j] = (u32)f2h(lo) | (u32)f2h(hi) << 16;
+        }
+        // (the 16-byte piece c of row `row`: value c*8 = stage c/8, piece c%8 of the stage)
+        const i64 at = ((row >> 6) * (ng * 2) + (c >> 3)) * 512 + (row & 63) * 8 + (c & 7);
+        dst[at] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
+// Activation rows to f16 for the f16 products: dst row j (k halves, k % 8 == 0) = f16(x) with
+// x = src[off + j*stride + c], or with act (1 = SiLU, 2 = GELU-tanh) act(src) * src2 (the GLU of
+// gate and up rows, same offsets and strides). One thread per 8 values. (Clamped to the f16
+// range: an activation past 65504 saturates instead of turning into inf.)
+extern "C" __global__ void f16_rows(const float* src, const float* src2, i64 off, i64 stride, int n, int k, int act,
+                                    uint4* dst) { PDL_ENTRY();
+    const int per = k >> 3;
+    const i64 total = (i64)n * per;
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        const i64 row = i / per;
+        const int c = (int)(i - row * per) * 8;
+        const float* s = src + off + row * stride + c;
+        const float* s2 = act ? src2 + off + row * stride + c : nullptr;
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float a = s[2 * j], b = s[2 * j + 1];
+            if (act) {
+                a = act_fn(act, a) * s2[2 * j];
+                b = act_fn(act, b) * s2[2 * j + 1];
+            }
+            o[j] = (u32)f2h_sat(a) | (u32)f2h_sat(b) << 16;
+        }
+        dst[i] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
+// out[ooff + dst_j * ostride + row] = W_e[row] . X[src_j] with f16 weights and activations, f32
+// accumulation: mmq_impl's tiles, gathers, shared chunks and dense layout (see there; no split K,
+// no pairs), k % 64 == 0 values a row; W in q8_to_f16's 64 x 64 tiles, `row_bytes` from one
+// 64-row tile to the next; rows of X `xrow` bytes apart.
+// K in stages of 64 values (128 bytes a row, padded to 144 in shared memory: 36 words, so the 8
+// rows of an ldmatrix phase fall in different banks), NST stages in flight (cp.async). Warps WR
+// along the rows x WC along the tokens, each MI m16 x NI n8 tiles. The fragments load exactly as
+// in mmq_impl: a 32-byte span of a row is 32 int8 there and 16 halves here, in the same places.
+template <int WR, int WC, int MI, int NI, int NST>
+__device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow,
+                                         int n, const int* cnt, const int* off, const int* perm, int n_exp, int in_div,
+                                         float* out, i64 ooff, i64 ostride, const u8* Ws, i64 ws_row_bytes,
+                                         i64 ws_stride, int e_sh) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int BM = WR * MI * 16, BN = WC * NI * 8, THREADS = WR * WC * 32;
+    constexpr int RS = 144, ROWS = BM + BN, STAGE = ROWS * RS, PIECES = 8;
+    constexpr int PER = (ROWS * PIECES + THREADS - 1) / THREADS;
+    static_assert(THREADS >= BN && NI % 2 == 0, "mmf tile");
+    extern __shared__ __align__(16) u8 mmq_sm[];
+    __shared__ int src_row[BN], dst_row[BN];
+    __shared__ int tile_e, tile_start;
+    const int tid = threadIdx.x;
+    int e = 0, start, count;
+    if (!mmq_block_tile<BN>(cnt, n_exp, n, 1, tile_e, tile_start, e, start, count)) return;
+    const int nt = min(BN, count - start);
+    if (nt <= 0) return;
+    mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, gridDim.z, src_row, dst_row);
+    __syncthreads();
+    const int m0 = blockIdx.x * BM;
+    const bool sh = cnt && e >= e_sh;
+    const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
+    const i64 rb = sh ? ws_row_bytes : row_bytes;
+    // This thread's 16-byte pieces of every stage: (row r, piece q) for c = tid + i*THREADS. The
+    // first WPER are weight rows (the tiled copy: `rb` bytes from one 64-row tile to the next, a
+    // tile's next stage 8 KB on), the rest activation rows (128 bytes on).
+    constexpr int WPER = BM * PIECES / THREADS;
+    static_assert(BM * PIECES % THREADS == 0, "mmf: a thread's pieces are weights, then activations");
+    const u8* srcp[PER];
+    u32 dsto[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int c = tid + i * THREADS;
+        srcp[i] = X;
+        dsto[i] = 0;
+        if (c < ROWS * PIECES) {
+            const int r = c >> 3, q = c & 7;
+            const int wr = min(m0 + r, m - 1);
+            const u8* rowp = r >= BM ? X + (i64)src_row[r - BM] * xrow : Wt + (i64)(wr >> 6) * rb + (wr & 63) * 128;
+            srcp[i] = rowp + q * 16;
+            dsto[i] = (u32)(r * RS + q * 16);
+        }
+    }
+    const int nstages = k >> 6;
+    const u32 sm0 = smem_addr(mmq_sm);
+    auto load = [&](int s) {
+        if (s < nstages) {
+            const u32 st = sm0 + (u32)((s % NST) * STAGE);
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if ((ROWS * PIECES) % THREADS == 0 || tid + i * THREADS < ROWS * PIECES)
+                    cp_async16_s(st + dsto[i], srcp[i] + (i64)s * (i < WPER ? 8192 : 128));
+        }
+        cp_commit();
+    };
+    const int warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3, lr = lane & 7, li = lane >> 3;
+    const int wm = (warp % WR) * MI * 16, wn = (warp / WR) * NI * 8;
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int a = 0; a < MI; a++)
+#pragma unroll
+        for (int b = 0; b < NI; b++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
+#pragma unroll
+    for (int s = 0; s < NST - 1; s++) load(s);
+    for (int s = 0; s < nstages; s++) {
+        cp_wait<NST - 2>();
+        __syncthreads();  // stage s has landed for every thread; stage s-1 is consumed
+        load(s + NST - 1);
+        const u32 As_s = sm0 + (u32)((s % NST) * STAGE + wm * RS);
+        const u32 Bs_s = sm0 + (u32)((s % NST) * STAGE + (BM + wn) * RS);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            u32 a[MI][4], b[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) ldsm4_s(a[mi], As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RS + kk * 32 + (li >> 1) * 16));
+#pragma unroll
+            for (int np = 0; np < NI / 2; np++) {
+                u32 r[4];
+                ldsm4_s(r, Bs_s + (u32)((np * 16 + (li >> 1) * 8 + lr) * RS + kk * 32 + (li & 1) * 16));
+                b[2 * np][0] = r[0];
+                b[2 * np][1] = r[1];
+                b[2 * np + 1][0] = r[2];
+                b[2 * np + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) mma_f16(acc[mi][ni], a[mi], b[ni]);
+        }
+    }
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int row = m0 + wm + mi * 16 + g + (c >> 1) * 8;
+                const int j = wn + ni * 8 + 2 * t + (c & 1);
+                if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[mi][ni][c];
+            }
+#endif
+}
+
+#define MMF_INST(NAME, WR, WC, MI, NI, NST, MINB)                                                                   \
+    extern "C" __global__ void __launch_bounds__(WR * WC * 32, MINB)                                            \
+        NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow, int n, const int* cnt, \
+             const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff, i64 ostride,          \
+             const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh) {                                          \
+        PDL_ENTRY();                                                                                            \
+        mmf_impl<WR, WC, MI, NI, NST>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
+                                      ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh);                        \
+    }
+// 256 rows x 64 tokens: 4 x 2 warps of 64 x 32, 3 stages (138 KB of shared memory, one block an
+// SM). Tiles measured on the H200 (pp512 / pp2048 tok/s, same calls; the int8 path 18,067 /
+// 16,803): 64 x 64 on 2 x 2 warps of 32 x 32 16,769 / 15,638; 128 x 64 on 4 x 2 warps of 32 x 32
+// 19,508 / 17,828; 128 x 64 on 4 warps of 32 x 64 19,482 / 17,743; this one 19,824 / 17,970.
+// Without `volatile` on the fragment loads and mma: the same code, 19,554 / 17,831 on 128 x 64.
+MMF_INST(mmf16_256, 4, 2, 4, 4, 3, 1)

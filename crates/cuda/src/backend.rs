@@ -104,6 +104,11 @@ pub struct CudaWeight {
     /// load it ([`tile16`]): a warp reads 512 contiguous bytes a load, and the grouped expert
     /// products (`mmq_q8_rows`) read this copy instead of the row-major one.
     tiled: Option<DevMem>,
+    /// An f16 copy of a Q8_0 MoE weight for prompt-size products ([`CudaBackend::f16_copy`]):
+    /// each value `f16(q * d)` of its block, in 8 KB tiles of 64 rows x 64 values (`q8_to_f16`;
+    /// `shape[0]` a multiple of 128, `shape[1]` of 64); the grouped expert products of prompts
+    /// read it on the f16 tensor cores (`mmf16_256`) instead of the int8 ones.
+    half: Option<DevMem>,
 }
 
 impl WeightInfo for CudaWeight {
@@ -117,7 +122,7 @@ impl WeightInfo for CudaWeight {
         self.mem.bytes
     }
     fn copy_bytes(&self) -> usize {
-        self.tiled.as_ref().map_or(0, |t| t.bytes)
+        self.tiled.as_ref().map_or(0, |t| t.bytes) + self.half.as_ref().map_or(0, |t| t.bytes)
     }
 }
 
@@ -134,6 +139,12 @@ impl CudaWeight {
     }
     fn tiled_ptr(&self) -> u64 {
         self.tiled.as_ref().map_or(0, |t| t.ptr)
+    }
+    /// The f16 copy ([`CudaWeight::half`]), if there is one: (pointer, bytes from one 64-row
+    /// tile to the next, matrix bytes).
+    fn half(&self) -> Option<(u64, usize, usize)> {
+        let k = self.ne(0);
+        self.half.as_ref().map(|h| (h.ptr, 128 * k, 2 * k * self.ne(1)))
     }
 }
 
@@ -211,8 +222,12 @@ enum S {
     Hq,
     /// Row arg-max ids on their way to the host, then the first pass's keys (`argmax_rows`).
     Ids,
+    /// Activation rows in f16 for the f16 products (`f16_rows`, `mmf16_*`).
+    Xh,
+    /// The MoE's GLU output in f16 (input of the f16 down projection).
+    Hh,
 }
-const N_SCRATCH: usize = 14;
+const N_SCRATCH: usize = 16;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -240,7 +255,10 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
+    "mmf16_256",
 ];
+/// Dynamic shared memory of `mmf16_256` (kernels/mmq.cu): 3 stages of 256 + 64 rows of 144 bytes.
+const MMF_SMEM: usize = 3 * 320 * 144;
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
 /// Dynamic shared memory of an `mmq_q8` kernel: `nst` stages of 64 + `bn` rows of `gps` groups
@@ -598,6 +616,9 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_rows_r2",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
+        "q8_to_f16",
+        "f16_rows",
+        "mmf16_256",
         "mla_prefill",
     ]
     .iter()
@@ -693,16 +714,6 @@ pub struct CudaBackend {
     /// ([`Backend::graph_class`]). Default 2560: on the H200 with the f16 cache, tg64 from 2048
     /// SIMT 527 vs tensor cores 492 tok/s, from 3072 459 vs 487.
     mla_long: u32,
-    /// Batched MLA decode of sm_count/2 .. sm_count rows with contexts of 64+ positions on the
-    /// tensor-core split kernel ([`CudaBackend::batch_mla_tc`]); `TS_CUDA_MLA_BATCH_TC=1`. Off
-    /// until measured on its own (the wider `TS_CUDA_MLATC=1` was measured; docs/GPU.md).
-    mla_batch_tc: bool,
-    /// Dense products of several 64-token tiles split K by their row tiles alone
-    /// ([`CudaBackend::mmq_dense`]): the server's ~76-row steps ran their dense products at
-    /// 21.5 us against 11.3 at 64 rows (two token tiles, half the splits, each block twice the
-    /// K). `TS_CUDA_MMQ_SPLIT_ROWS=1`; other split sums, so other bits at those sizes. Off
-    /// until measured (tools/gpu/plans/gpu-next27.sh).
-    mmq_split_rows: AtomicBool,
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
     ms_nb: usize,
@@ -721,6 +732,16 @@ pub struct CudaBackend {
     /// memory allows (the default: see [`CudaBackend::tile_fits`]), 1 = always, 0 = never
     /// (`TS_CUDA_MOE_TILED=auto|1|0`).
     moe_tiled: AtomicU8,
+    /// Q8_0 MoE matrices ([`WeightUse::Expert`]: expert stacks and shared FFNs, rows a multiple
+    /// of 128 values) also uploaded as f16 ([`CudaWeight::half`], 1.9 times their memory) for
+    /// the prompt MoE's f16 tensor-core products (`mmf16_*`): 2 = when memory allows (the
+    /// default, [`CudaBackend::tile_fits`]), 1 = always, 0 = never (`TS_CUDA_F16=auto|1|0`).
+    /// Measured on the H200 (synthetic V2-Lite Q8_0, same call): pp512 18,069 -> 19,865,
+    /// pp2048 16,834 -> 18,024 tok/s (+9.9%, +7.1%); decode untouched.
+    f16_copy: AtomicU8,
+    /// Prompt MoEs on the f16 products where the copies exist; `TS_CUDA_MOE_F16=0` keeps them on
+    /// the int8 ones, to compare.
+    moe_f16: bool,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -929,6 +950,12 @@ impl CudaBackend {
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
+            f16_copy: AtomicU8::new(match std::env::var("TS_CUDA_F16").as_deref() {
+                Ok("1") => 1,
+                Ok("0") => 0,
+                _ => 2,
+            }),
+            moe_f16: std::env::var("TS_CUDA_MOE_F16").map_or(true, |v| v != "0"),
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -948,8 +975,6 @@ impl CudaBackend {
                 _ => 0,
             }),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
-            mla_batch_tc: std::env::var("TS_CUDA_MLA_BATCH_TC").is_ok_and(|v| v == "1"),
-            mmq_split_rows: AtomicBool::new(std::env::var("TS_CUDA_MMQ_SPLIT_ROWS").is_ok_and(|v| v == "1")),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -1015,6 +1040,12 @@ impl CudaBackend {
         self.moe_tiled.store(on as u8, Ordering::Relaxed);
     }
 
+    /// Q8_0 matrices uploaded from now on also get an f16 copy ([`CudaWeight::half`]); prompt
+    /// MoEs whose three matrices (and shared FFN) have one run on the f16 tensor cores.
+    pub fn set_f16_copy(&self, on: bool) {
+        self.f16_copy.store(on as u8, Ordering::Relaxed);
+    }
+
     /// One sequence's prompt attention on an f16 cache through `mla_prefill_ha` (true) or
     /// `mla_prefill_h`; the same results.
     pub fn set_mla_prefill_async(&self, on: bool) {
@@ -1029,13 +1060,20 @@ impl CudaBackend {
     /// A weight's device bytes read back: (the row-major copy, the tiled copy if any); for the
     /// test of the `tile16_q8` kernel against [`tile16`].
     pub fn weight_bytes(&self, w: &CudaWeight) -> Result<(Vec<u8>, Option<Vec<u8>>)> {
-        let rd = |m: &DevMem| -> Result<Vec<u8>> {
-            let mut v = vec![0u8; m.bytes];
-            self.stream.synchronize().map_err(|e| dev_err("synchronize", e))?;
-            unsafe { drv::memcpy_dtoh_sync(&mut v, m.ptr) }.map_err(|e| dev_err("device-to-host copy", e))?;
-            Ok(v)
-        };
-        Ok((rd(&w.mem)?, w.tiled.as_ref().map(rd).transpose()?))
+        Ok((self.read_mem(&w.mem)?, w.tiled.as_ref().map(|m| self.read_mem(m)).transpose()?))
+    }
+
+    /// A weight's f16 copy read back ([`CudaWeight::half`]), if it has one; for the test of
+    /// the `q8_to_f16` kernel.
+    pub fn half_bytes(&self, w: &CudaWeight) -> Result<Option<Vec<u8>>> {
+        w.half.as_ref().map(|m| self.read_mem(m)).transpose()
+    }
+
+    fn read_mem(&self, m: &DevMem) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; m.bytes];
+        self.stream.synchronize().map_err(|e| dev_err("synchronize", e))?;
+        unsafe { drv::memcpy_dtoh_sync(&mut v, m.ptr) }.map_err(|e| dev_err("device-to-host copy", e))?;
+        Ok(v)
     }
 
     fn tile_fits(&self, bytes: usize) -> bool {
@@ -1062,12 +1100,6 @@ impl CudaBackend {
     pub fn set_mmq_tiles(&self, bn16: usize, rows: usize) {
         self.mmq_bn16.store(bn16, Ordering::Relaxed);
         self.mmq_rows_dense.store(rows, Ordering::Relaxed);
-    }
-
-    /// Dense products of several 64-token tiles split K by their row tiles alone (true;
-    /// `TS_CUDA_MMQ_SPLIT_ROWS=1`) or by all their tiles (false, the default).
-    pub fn set_mmq_split_rows(&self, on: bool) {
-        self.mmq_split_rows.store(on, Ordering::Relaxed);
     }
 
     pub fn fused(&self) -> bool {
@@ -1285,10 +1317,7 @@ impl CudaBackend {
         // The partial outputs fit the part scratch's fixed size, so that it never grows after
         // the warm-up at open (the decode step there allocates it, see the MLA decode).
         let fit = PART_MIN_BYTES / (4 * n * m).max(1);
-        // (With `split_rows`, the split count from the row tiles alone: a second, partly empty
-        // token tile then adds blocks instead of halving the splits and doubling each block's K.)
-        let st = if self.mmq_split_rows.load(Ordering::Relaxed) { m.div_ceil(64) * g } else { tiles };
-        let nsplit = if st >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(st).min(ngroups / 2).min(fit).clamp(1, 16) };
+        let nsplit = if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).min(fit).clamp(1, 16) };
         let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
         if nsplit == 1 {
             self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);
@@ -1634,15 +1663,46 @@ impl CudaBackend {
             return;
         };
         self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
-        let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
-        let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
-        let Some(hq) = self.scratch(S::Hq, pairs * fg * 144) else { return };
-        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
         // Tokens per tile: 16 when the experts see few tokens each (batched decode; the block's
         // work then shrinks with them), else 64. Upper bound of the tiles over all experts: sum
         // of ceil(cnt/bn) <= pairs/bn + experts.
         let bn = if pairs <= 16 * ne_all { 16 } else { 64 };
         let tiles = (pairs.div_ceil(bn) + ne_all) as u32;
+        let act = match p.glu {
+            Glu::SwiGlu => 1,
+            Glu::GeGluTanh => 2,
+        };
+        if bn == 64 && self.moe_f16 && MMF_SMEM <= self.smem_max {
+            let h = |w: &CudaWeight| w.half();
+            if let ([Some(hg), Some(hu), Some(hd)], Some(sh)) = (
+                [h(experts.gate), h(experts.up), h(experts.down)],
+                match shared {
+                    None => Some(None),
+                    Some(s) => match [h(s.gate), h(s.up), h(s.down)] {
+                        [Some(a), Some(b), Some(c)] => Some(Some([a, b, c])),
+                        _ => None,
+                    },
+                },
+            ) {
+                let (Some(xh), Some(hh)) = (self.scratch(S::Xh, 2 * n * hdim), self.scratch(S::Hh, 2 * pairs * ff)) else { return };
+                self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);
+                // The shared chunks as in the int8 path: gate/up chunk c is rows c*ff.. of the
+                // shared matrix (ff/64 tiles, 2*ff*hdim bytes on), down chunk c columns c*ff..
+                // of each of its rows (ff/64 stages of 8 KB on).
+                let grp =
+                    |i: usize| (cnt, off, perm, ne_all, sh.map(|s| (s[i].0, s[i].1, if i < 2 { 2 * ff * hdim } else { 128 * ff }, ne)));
+                self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff));
+                self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff));
+                self.f16_rows(g, u, (0, ff), pairs, ff, act, hh);
+                self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim));
+                self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o);
+                return;
+            }
+        }
+        let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
+        let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
+        let Some(hq) = self.scratch(S::Hq, pairs * fg * 144) else { return };
+        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
         // The shared chunks: gate/up chunk c is rows c*ff.. of the shared matrix; down chunk c
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
@@ -1668,13 +1728,73 @@ impl CudaBackend {
             self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
             self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);
         }
-        let act = match p.glu {
-            Glu::SwiGlu => 1,
-            Glu::GeGluTanh => 2,
-        };
         self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, groups(sd), 1, (y, 0, hdim), (1, 0), bn);
         self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o);
+    }
+
+    /// `n` rows of `k` values (`k % 8 == 0`) from `src` at (offset, row stride) to f16 rows at
+    /// `dst`; with `act` (1 SiLU, 2 GELU-tanh) `act(src) * src2` (`f16_rows`).
+    #[allow(clippy::too_many_arguments)]
+    fn f16_rows(&self, src: u64, src2: u64, (off, stride): (usize, usize), n: usize, k: usize, act: i32, dst: u64) {
+        let total = n * k / 8;
+        self.launch(
+            "f16_rows",
+            (total.div_ceil(256).min(65_536) as u32, 1, 1),
+            256,
+            0,
+            &[A::P(src), A::P(src2), l(off), l(stride), i(n), i(k), A::I(act), A::P(dst)],
+        );
+    }
+
+    /// One grouped f16 product (`mmf16_*`, kernels/mmq.cu; the tile from [`CudaBackend::mmf`]):
+    /// the experts' f16 copies `(pointer, row bytes, matrix bytes)` of `m` rows of `k` values
+    /// times the f16 rows `xh` gathered by the expert lists `(cnt, off, perm, experts, shared
+    /// chunks (pointer, row bytes, chunk stride, first chunk's expert index))` over `tiles` token
+    /// tiles, pair p reading row p / in_div and writing row p of `out` = (pointer, offset, row
+    /// stride).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn mmf_launch(
+        &self,
+        (w, row_bytes, mat_bytes): (u64, usize, usize),
+        m: usize,
+        k: usize,
+        xh: u64,
+        tiles: u32,
+        (cnt, off, perm, ne, sh): (u64, u64, u64, usize, Option<(u64, usize, usize, usize)>),
+        in_div: usize,
+        (out, ooff, ostride): (u64, usize, usize),
+    ) {
+        let (sp, srb, sst, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
+        // mmf16_256: 256 rows x 64 tokens a block, 256 threads, 3 stages of 320 rows x 144 bytes.
+        self.launch(
+            "mmf16_256",
+            (m.div_ceil(256) as u32, tiles, 1),
+            256,
+            MMF_SMEM as u32,
+            &[
+                A::P(w),
+                l(row_bytes),
+                l(mat_bytes),
+                i(m),
+                i(k),
+                A::P(xh),
+                l(2 * k),
+                i(0),
+                A::P(cnt),
+                A::P(off),
+                A::P(perm),
+                i(ne),
+                i(in_div),
+                A::P(out),
+                l(ooff),
+                l(ostride),
+                A::P(sp),
+                l(srb),
+                l(sst),
+                i(e_sh),
+            ],
+        );
     }
 
     /// out rows = the router-weighted sum of each token's `k` routed rows of `y` (slots with
@@ -1910,7 +2030,7 @@ impl Backend for CudaBackend {
             let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
             let mem = self.alloc_mem(bytes.len(), &format!("tensor '{}'", t.name))?;
             self.upload_bytes(&mem, 0, &bytes)?;
-            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4, tiled: None });
+            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4, tiled: None, half: None });
         }
         let data = repack(t.dtype, t.data, ne0);
         let row_bytes = dev_row_bytes(t.dtype, ne0);
@@ -1941,7 +2061,33 @@ impl Backend for CudaBackend {
         } else {
             None
         };
-        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled })
+        // The f16 copy for prompt MoEs: Q8_0 expert matrices (and shared FFNs) of whole groups.
+        let half_bytes = 2 * ne0 * rows;
+        let half = usage == WeightUse::Expert
+            && t.dtype == GgmlType::Q8_0
+            && t.shape.len() >= 2
+            && ne0 % 128 == 0
+            && t.shape[1] % 64 == 0
+            && match self.f16_copy.load(Ordering::Relaxed) {
+                0 => false,
+                1 => true,
+                _ => self.tile_fits(half_bytes),
+            };
+        let half = if half {
+            match self.alloc_mem(half_bytes, &format!("tensor '{}' (f16 copy)", t.name)) {
+                Ok(h) => {
+                    let total = half_bytes / 16;
+                    let blocks = total.div_ceil(256).min(65_536) as u32;
+                    self.launch("q8_to_f16", (blocks, 1, 1), 256, 0, &[A::P(mem.ptr), A::P(h.ptr), l(total), i(row_bytes / 144)]);
+                    Some(h)
+                }
+                Err(BackendError::OutOfMemory { .. }) if self.f16_copy.load(Ordering::Relaxed) == 2 => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled, half })
     }
 
     fn upload_rope(&self, spec: &RopeSpec) -> Result<CudaRope> {
@@ -2343,11 +2489,7 @@ impl Backend for CudaBackend {
             && match self.mla_tc.load(Ordering::Relaxed) {
                 1 => true,
                 2 => simt.is_none() && cache.half, // an f16 cache has no per-(token, head) kernel
-                _ => {
-                    simt.is_none()
-                        || self.long_context(batch.tokens.iter().map(|t| t.pos))
-                        || self.batch_mla_tc(n, batch.tokens.iter().map(|t| t.pos))
-                }
+                _ => simt.is_none() || self.long_context(batch.tokens.iter().map(|t| t.pos)),
             };
         let split = if use_tc { Some((if cache.half { "mla_split_tc_h" } else { "mla_split_tc" }, 128u32)) } else { simt };
         // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
@@ -2674,7 +2816,7 @@ impl Backend for CudaBackend {
         let pos = || batch.tokens.iter().map(|t| t.pos);
         let n = batch.tokens.len();
         let splits = if n > 1 { self.batch_mla_splits(n, pos()) as u64 } else { 0 };
-        (self.long_context(pos()) || (n > 1 && self.batch_mla_tc(n, pos()))) as u64 | splits << 1
+        self.long_context(pos()) as u64 | splits << 1
     }
 
     /// CUDA graphs for steps of up to [`GRAPH_MAX_TOKENS`] tokens (decode, batched decode): a key runs eagerly the
@@ -3179,20 +3321,6 @@ impl CudaBackend {
             (0, _) | (_, None) => wave,
             (k, Some(p)) => wave.min((p as usize + 1).div_ceil(k)),
         }
-    }
-
-    /// Whether a batched MLA decode of `n` tokens on the 16-head kernels takes the tensor-core
-    /// split kernel (`mla_split_tc_h`, 2 * sm_count / n splits a token) instead of the SIMT one:
-    /// from sm_count / 2 to sm_count tokens the SIMT kernel gets one split a token (one block an
-    /// SM, 255 registers), so the SMs past n idle while each block walks its whole context. From
-    /// 64 positions on the tensor cores pay: the server at 64 clients (steps of ~76 rows, contexts
-    /// of 32-160) 5,357 -> 5,813 tok/s on the H200 with the tensor-core kernel for every batch
-    /// (`TS_CUDA_MLATC=1`, 10-s runs; its trace had the SIMT kernel at 50 us a layer, 14% of the
-    /// step). Short contexts (the bench's 64 and 128 sequences of <= 32 positions) keep the SIMT
-    /// kernel. Only with `TS_CUDA_MLA_BATCH_TC=1` until this rule is measured on its own
-    /// (tools/gpu/plans/gpu-next27.sh).
-    fn batch_mla_tc(&self, n: usize, pos: impl Iterator<Item = u32>) -> bool {
-        self.mla_batch_tc && n > self.sm_count / 2 && n <= self.sm_count && pos.max().is_some_and(|p| p >= 64)
     }
 
     /// Whether a batch with these positions counts as long-context (`mla_long`), part of the

@@ -591,27 +591,6 @@ fn mmq_rows_dense_exact() {
     rep.finish();
 }
 
-/// Dense products of more than one 64-token tile with the split count from the row tiles alone
-/// (`TS_CUDA_MMQ_SPLIT_ROWS`: more, shorter splits): the same products as the default split, summed
-/// in other groups, so equal to rounding.
-#[test]
-fn mmq_split_rows() {
-    let Some(g) = gpu() else { return };
-    if !g.tensor_cores() {
-        eprintln!("mmq_split_rows: no tensor cores, skipped");
-        return;
-    }
-    let split = &CudaBackend::new(0).expect("second backend");
-    split.set_mmq_split_rows(true);
-    let mut r = rng(35);
-    let mut rep = Report::new("mmq_split_rows");
-    for &(k, m, gr, ntok) in &[(2048usize, 3072usize, 1usize, 76usize), (2048, 576, 1, 128), (2048, 2048, 1, 100), (512, 128, 16, 76)] {
-        let (got, want) = dense_q8_pair(split, g, &mut r, (k, m, gr, ntok));
-        rep.check(&format!("[{k},{m},{gr}] tokens={ntok}"), &got, &want, 1e-5, 1e-5);
-    }
-    rep.finish();
-}
-
 #[test]
 fn rope_modes() {
     let Some(g) = gpu() else { return };
@@ -1695,6 +1674,90 @@ fn fused_moe_shared() {
                 8e-2
             };
             rep.check(&format!("{lab} vs f64"), &got, &exact, tol64, 1e-3);
+        }
+    }
+    rep.finish();
+}
+
+/// Prompt-size MoEs with f16 copies of the Q8_0 weights (`set_f16_copy`): the copies made on the
+/// device (`q8_to_f16`) equal the host's f16 of each dequantised value in 64 x 64 tiles, bit for
+/// bit; the grouped
+/// products on the f16 tensor cores (`f16_rows`, `mmf16_64`, `mmf16_128`), with and without a
+/// shared FFN folded in, against f64 of the dequantised weights; and closer to it than the int8
+/// path (which rounds the activations to 8 bits), so the f16 path is known to have run.
+#[test]
+fn moe_f16_prompt() {
+    let Some(g0) = gpu() else { return };
+    if !g0.tensor_cores() || !g0.fused() {
+        eprintln!("moe_f16_prompt: no tensor cores or fused kernels, skipped");
+        return;
+    }
+    let f = &CudaBackend::new(0).expect("second backend");
+    f.set_f16_copy(true);
+    // The int8 path for comparison: a backend that makes no f16 copies.
+    let g = &CudaBackend::new(0).expect("third backend");
+    g.set_f16_copy(false);
+    let mut r = rng(36);
+    let mut rep = Report::new("moe_f16");
+    // (hdim, ff, experts, k, shared chunks, glu, tokens): V2-Lite's widths with fewer experts.
+    let cases = [
+        (256usize, 256usize, 16usize, 4usize, 2usize, Glu::SwiGlu, 300usize),
+        (512, 384, 16, 6, 0, Glu::GeGluTanh, 100),
+        (256, 128, 32, 6, 1, Glu::SwiGlu, 600),
+        (2048, 1408, 8, 6, 2, Glu::SwiGlu, 96),
+    ];
+    for (ci, &(hdim, ff, ne, k, nsh, glu, n)) in cases.iter().enumerate() {
+        let sf = nsh.max(1) * ff;
+        let ty = GgmlType::Q8_0;
+        let shapes: [Vec<usize>; 6] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
+        let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Expert).unwrap();
+        let fw: Vec<CudaWeight> = (0..6).map(|i| up(f, i)).collect();
+        let gw: Vec<CudaWeight> = (0..6).map(|i| up(g, i)).collect();
+        for (i, w) in fw.iter().enumerate().take(3) {
+            let mut want: Vec<u8> = ws[i].1.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+            // In 8 KB chunks of 64 rows x 64 values, chunk (r/64, c/64) at (r/64 * K/64 + c/64).
+            let kk = shapes[i][0];
+            let rm = std::mem::take(&mut want);
+            want = vec![0u8; rm.len()];
+            for (row, src) in rm.chunks(2 * kk).enumerate() {
+                for (s, piece) in src.chunks(128).enumerate() {
+                    let at = ((row / 64 * (kk / 64) + s) * 64 + row % 64) * 128;
+                    want[at..at + 128].copy_from_slice(piece);
+                }
+            }
+            if f.half_bytes(w).unwrap().as_deref() != Some(&want[..]) {
+                rep.failures.push(format!("case {ci}: q8_to_f16 of weight {i} differs from the host's f16"));
+            }
+        }
+        let p = MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: false, scale: 1.0, n_group: 1, topk_group: 1, glu };
+        let xr = Rows { off: 3, n, width: hdim, stride: hdim + 5 };
+        let x = randn(&mut r, xr.end(), 1.0);
+        let lr = Rows::packed(n, ne);
+        let lg = randn(&mut r, lr.end(), 2.0);
+        let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
+        let run = |b: &CudaBackend, w: &[CudaWeight]| -> Vec<f32> {
+            let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
+            poison(b, &bo, o.end());
+            let experts = Experts { gate: &w[0], up: &w[1], down: &w[2] };
+            if nsh == 0 {
+                b.moe(&bx, xr, &bl, lr, experts, &p, &bo, o);
+            } else {
+                assert!(b.moe_shared(&bx, xr, &bl, lr, experts, Experts { gate: &w[3], up: &w[4], down: &w[5] }, &p, &bo, o));
+            }
+            get(b, &bo, o)
+        };
+        let (got, int8) = (run(f, &fw), run(g, &gw));
+        let mut exact = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
+        if nsh > 0 {
+            add_shared_f64(&mut exact, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, glu);
+        }
+        let lab = format!("case {ci} H={hdim} ff={ff} E={ne} k={k} shared={nsh} {glu:?} n={n}");
+        let e16 = rep.check(&format!("{lab} f16 vs f64"), &got, &exact, 1e-2, 1e-3);
+        let e8 = rep.check(&format!("{lab} int8 vs f64"), &int8, &exact, 0.15, 1e-4);
+        if !(e16 < e8 / 3.0) {
+            rep.failures.push(format!("{lab}: f16 path error {e16:.2e} is not well under the int8 path's {e8:.2e} (did it run?)"));
         }
     }
     rep.finish();

@@ -29,7 +29,7 @@ pub fn requant_target(t: &TensorData<'_>, usage: WeightUse, target: Option<GgmlT
     let router = t.name.ends_with("ffn_gate_inp.weight") || t.name.ends_with("mlp.gate.weight");
     let float = matches!(t.dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
     let whole = t.shape.first().is_some_and(|&k| k > 0 && k % ty.block_size() == 0);
-    (usage == WeightUse::Matmul && float && whole && !router && ty != t.dtype).then_some(ty)
+    (matches!(usage, WeightUse::Matmul | WeightUse::Expert) && float && whole && !router && ty != t.dtype).then_some(ty)
 }
 
 /// `t`'s bytes quantised to `ty` (rows of `shape[0]` values, in parallel over row chunks).

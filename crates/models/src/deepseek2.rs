@@ -756,9 +756,12 @@ impl<B: Backend> DeepSeek2<B> {
                     )
                 }
             };
-            let dense = |ff: usize, g: &str, u: &str, d: &str| -> Result<DenseFfn<B>> {
-                Ok(DenseFfn { gate: mat(g, h, ff)?, up: mat(u, h, ff)?, down: mat(d, ff, h)?, ff })
+            // (A MoE's shared FFN is bound as `Expert`: it rides in the experts' launches.)
+            let ffn_of = |ff: usize, g: &str, u: &str, d: &str, usage: WeightUse| -> Result<DenseFfn<B>> {
+                let m = |r: &str, i: usize, o: usize| b.get(&n(r), &[i, o], usage);
+                Ok(DenseFfn { gate: m(g, h, ff)?, up: m(u, h, ff)?, down: m(d, ff, h)?, ff })
             };
+            let dense = |ff: usize, g: &str, u: &str, d: &str| ffn_of(ff, g, u, d, WeightUse::Matmul);
             let ffn = match cfg.moe {
                 Some(e) if l >= cfg.n_dense_lead => {
                     let (ne, fe) = (e.n_experts, e.ff_exp);
@@ -776,13 +779,13 @@ impl<B: Backend> DeepSeek2<B> {
                             stack_experts(&b, l, "down_proj", [fe, h], ne)?,
                         ),
                         _ => (
-                            b.get(&n("ffn_gate_exps"), &[h, fe, ne], WeightUse::Matmul)?,
-                            b.get(&n("ffn_up_exps"), &[h, fe, ne], WeightUse::Matmul)?,
-                            b.get(&n("ffn_down_exps"), &[fe, h, ne], WeightUse::Matmul)?,
+                            b.get(&n("ffn_gate_exps"), &[h, fe, ne], WeightUse::Expert)?,
+                            b.get(&n("ffn_up_exps"), &[h, fe, ne], WeightUse::Expert)?,
+                            b.get(&n("ffn_down_exps"), &[fe, h, ne], WeightUse::Expert)?,
                         ),
                     };
                     let shared = if e.n_shared > 0 {
-                        Some(dense(e.n_shared * fe, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")?)
+                        Some(ffn_of(e.n_shared * fe, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", WeightUse::Expert)?)
                     } else {
                         None
                     };
@@ -939,7 +942,7 @@ fn stack_experts<B: Backend>(b: &Binder<'_, B>, l: usize, proj: &str, shape: [us
     let stacked = format!("model.layers.{l}.mlp.experts.*.{proj}.weight");
     b.upload(
         &TensorData { name: &stacked, dtype: first.dtype, shape: &[shape[0], shape[1], n_experts], data: &buf, keep: None },
-        WeightUse::Matmul,
+        WeightUse::Expert,
     )
 }
 

@@ -11,7 +11,7 @@ b() { local e=$1; shift; echo "-- ${e:-default} $*"; env $e timeout ${TS_RUN_LIM
 ops_and_model() {
   "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
   echo "== ops_vs_cpu"
-  timeout ${TS_OPS_LIMIT:-300} "$OPS" --test-threads 2 > $O/ops.txt 2>&1 || echo "ops_vs_cpu: exit $? (124: cut off)"
+  timeout ${TS_OPS_LIMIT:-300} "$OPS" --test-threads ${TS_OPS_THREADS:-2} > $O/ops.txt 2>&1 || echo "ops_vs_cpu: exit $? (124: cut off)"
   grep -E "FAIL|test result|panicked" $O/ops.txt | head -20
   wait
 }
