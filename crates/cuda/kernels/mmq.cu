@@ -903,3 +903,9 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
 // 19,508 / 17,828; 128 x 64 on 4 warps of 32 x 64 19,482 / 17,743; this one 19,824 / 17,970.
 // Without `volatile` on the fragment loads and mma: the same code, 19,554 / 17,831 on 128 x 64.
 MMF_INST(mmf16_256, 4, 2, 4, 4, 3, 1)
+// Four stages in flight (TS_CUDA_MMF=256s4: 184 KB of shared memory, past the 160 KB the other
+// fast paths may take; 128s4: 111 KB, two blocks an SM). Not yet measured: every tile above held
+// about 100 KB a SM in flight and landed within 2% of the others, as a kernel waiting on memory
+// latency would.
+MMF_INST(mmf16_256s4, 4, 2, 4, 4, 4, 1)
+MMF_INST(mmf16_128s4, 4, 2, 2, 4, 4, 2)

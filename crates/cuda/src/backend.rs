@@ -255,10 +255,10 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
-    "mmf16_256",
 ];
-/// Dynamic shared memory of `mmf16_256` (kernels/mmq.cu): 3 stages of 256 + 64 rows of 144 bytes.
-const MMF_SMEM: usize = 3 * 320 * 144;
+/// The f16 prompt products' tiles (kernels/mmq.cu, `MMF_INST`): (kernel, rows a block, stages);
+/// 256 threads and 64 tokens a block each, `nst * (rows + 64) * 144` bytes of shared memory.
+const MMF_TILES: [(&str, usize, usize); 3] = [("mmf16_256", 256, 3), ("mmf16_256s4", 256, 4), ("mmf16_128s4", 128, 4)];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
 /// Dynamic shared memory of an `mmq_q8` kernel: `nst` stages of 64 + `bn` rows of `gps` groups
@@ -619,6 +619,8 @@ fn kernel_names() -> Vec<String> {
         "q8_to_f16",
         "f16_rows",
         "mmf16_256",
+        "mmf16_256s4",
+        "mmf16_128s4",
         "mla_prefill",
     ]
     .iter()
@@ -742,6 +744,9 @@ pub struct CudaBackend {
     /// Prompt MoEs on the f16 products where the copies exist; `TS_CUDA_MOE_F16=0` keeps them on
     /// the int8 ones, to compare.
     moe_f16: bool,
+    /// The f16 products' tile ([`MMF_TILES`]: kernel, rows a block, stages; `TS_CUDA_MMF`), or
+    /// None where the device lacks its shared memory (prompt MoEs then stay on int8).
+    mmf: Option<(&'static str, usize, usize)>,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -916,6 +921,20 @@ impl CudaBackend {
                 smem_max = smem_max.min(48 * 1024);
             }
         }
+        // The f16 prompt tile (TS_CUDA_MMF=256|256s4|128s4, default 256): its own shared-memory
+        // attribute (256s4 takes more than the fast paths' cap); 0 (the int8 path) where the
+        // device cannot give it.
+        let mmf = match std::env::var("TS_CUDA_MMF").as_deref() {
+            Ok("256s4") => 1,
+            Ok("128s4") => 2,
+            _ => 0,
+        };
+        let (mname, mrows, mnst) = MMF_TILES[mmf];
+        let mmf_smem = mnst * (mrows + 64) * 144;
+        let mmf_ok = mmf_smem <= optin
+            && funcs[mname]
+                .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, mmf_smem as i32)
+                .is_ok();
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -956,6 +975,7 @@ impl CudaBackend {
                 _ => 2,
             }),
             moe_f16: std::env::var("TS_CUDA_MOE_F16").map_or(true, |v| v != "0"),
+            mmf: mmf_ok.then_some(MMF_TILES[mmf]),
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -1672,7 +1692,7 @@ impl CudaBackend {
             Glu::SwiGlu => 1,
             Glu::GeGluTanh => 2,
         };
-        if bn == 64 && self.moe_f16 && MMF_SMEM <= self.smem_max {
+        if bn == 64 && self.moe_f16 && self.mmf.is_some() {
             let h = |w: &CudaWeight| w.half();
             if let ([Some(hg), Some(hu), Some(hd)], Some(sh)) = (
                 [h(experts.gate), h(experts.up), h(experts.down)],
@@ -1766,12 +1786,12 @@ impl CudaBackend {
         (out, ooff, ostride): (u64, usize, usize),
     ) {
         let (sp, srb, sst, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
-        // mmf16_256: 256 rows x 64 tokens a block, 256 threads, 3 stages of 320 rows x 144 bytes.
+        let Some((name, rows, nst)) = self.mmf else { return };
         self.launch(
-            "mmf16_256",
-            (m.div_ceil(256) as u32, tiles, 1),
+            name,
+            (m.div_ceil(rows) as u32, tiles, 1),
             256,
-            MMF_SMEM as u32,
+            (nst * (rows + 64) * 144) as u32,
             &[
                 A::P(w),
                 l(row_bytes),

@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# Thirteenth session (2026-12-01): the f16 copies in 64 x 64 tiles as the only layout (gpu-next32
-# measured them +1.0% / +0.7% over row-major). moe_f16_prompt and fused_moe_shared, then pp512 /
-# pp2048 (int8 in gpu-next32: 17,963 / 16,811; tiled copies there 19,522 / 17,874). ~2 minutes.
+# Written in the thirteenth session (2026-12-01), NOT yet run (the device time ran out):
+# 1. The f16 copies in 64 x 64 tiles as the only layout. gpu-next32 measured them +1.0% / +0.7%
+#    over row-major, under a switch: 19,522 / 17,874 (int8 17,963 / 16,811). The fold into the
+#    one layout compiles but has not run.
+# 2. Four stages in flight for the f16 products (TS_CUDA_MMF=256s4: 184 KB of shared memory;
+#    128s4: two blocks an SM). All tiles measured so far held ~100 KB a SM in flight and landed
+#    within 2% of each other.
+# moe_f16_prompt on the three tiles, then fused_moe_shared, then pp512 / pp2048 on the int8 path
+# and the three tiles. Keep the best tile and delete the others. About 4 minutes.
 #   tools/gpu/plans/gpu-next33.sh BIN OPS
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 ops_tests 80 2 moe_f16_prompt fused_moe_shared
-b "" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
-b "" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
+for t in 256s4 128s4; do TS_CUDA_MMF=$t timeout 60 "$OPS" moe_f16_prompt 2>&1 | grep -E "test result|FAIL|differs"; done
+for e in "TS_CUDA_F16=0" "" "TS_CUDA_MMF=256s4" "TS_CUDA_MMF=128s4"; do
+  b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
+  b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
+done
