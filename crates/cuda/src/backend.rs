@@ -2084,6 +2084,8 @@ impl Backend for CudaBackend {
         // The f16 copy for prompt MoEs: Q8_0 expert matrices (and shared FFNs) of whole groups.
         let half_bytes = 2 * ne0 * rows;
         let half = usage == WeightUse::Expert
+            && self.tc
+            && self.mmf.is_some()
             && t.dtype == GgmlType::Q8_0
             && t.shape.len() >= 2
             && ne0 % 128 == 0
