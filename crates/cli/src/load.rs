@@ -138,7 +138,11 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
         let cache = info.cache_bytes_per_token * (opts.ctx * opts.n_slots) as u64;
         let used = free0.saturating_sub(free1) as u64;
         let copies = if info.weight_copy_bytes > 0 {
-            format!(" (+{:.2} GiB tiled copies for batched decode; TS_CUDA_MOE_TILED=0 goes without)", info.weight_copy_bytes as f64 / GIB)
+            format!(
+                " (+{:.2} GiB second layouts of the MoE weights: 16-row tiles for batched decode, f16 for prompts; \
+                 TS_CUDA_MOE_TILED=0 / TS_CUDA_F16=0 go without)",
+                info.weight_copy_bytes as f64 / GIB
+            )
         } else {
             String::new()
         };
