@@ -51,14 +51,15 @@ ab_prompts() {
     b "" "$bin" bench --backend cuda -m $V -p 2048 -n 0 -r 3
   done
 }
-# `serve64 ENV SECONDS`: `serve` under ENV settings ("" = the defaults) with 64 slots, and
-# `loadtest` with 64 streaming clients (token-id prompts of 32, 128 tokens each) for SECONDS; the
-# aggregate line. The load test counts whole requests (128 tokens), so short runs are +-5%.
+# `serve64 ENV SECONDS [SERVE_ARGS]`: `serve` under ENV settings ("" = the defaults) and extra
+# arguments with 64 slots, and `loadtest` with 64 streaming clients (token-id prompts of 32, 128
+# tokens each) for SECONDS; the aggregate and latency lines. The load test counts whole requests
+# (128 tokens), so short runs are +-5%.
 serve64() {
-  echo "-- ${1:-default}"
-  env $1 "$B" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 --row-multiple 1 > $O/serve.log 2>&1 &
+  echo "-- ${1:-default} ${3:-}"
+  env $1 "$B" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 --row-multiple 1 ${3:-} > $O/serve.log 2>&1 &
   local sp=$!
   for i in $(seq 1 150); do curl -sf http://127.0.0.1:8089/health >/dev/null && break; sleep 1; done
-  "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration $2 --max-tokens 128 --prompt-ids 32 --temperature 0 | grep -E "tokens:"
+  "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration $2 --max-tokens 128 --prompt-ids 32 --temperature 0 | grep -E "^tokens:|^TTFT"
   kill -INT $sp; wait $sp 2>/dev/null
 }
