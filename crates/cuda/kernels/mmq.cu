@@ -781,11 +781,17 @@ extern "C" __global__ void f16_rows(const float* src, const float* src2, i64 off
 // rows of an ldmatrix phase fall in different banks), NST stages in flight (cp.async). Warps WR
 // along the rows x WC along the tokens, each MI m16 x NI n8 tiles. The fragments load exactly as
 // in mmq_impl: a 32-byte span of a row is 32 int8 there and 16 halves here, in the same places.
-template <int WR, int WC, int MI, int NI, int NST>
+// GLU (the MoE's gate and up in one launch, mmf16_gu): W and Ws are the gate's copies, W2 and Ws2
+// the up's (same shapes); each warp's m16 tiles mi < MI/2 hold gate rows and mi >= MI/2 the up
+// rows of the same ff rows, so a block covers BM/2 ff rows, and the epilogue writes
+// f16(act(gate) * up) (act 1 SiLU, 2 GELU-tanh) to the u16 rows at `out` instead of two f32
+// products: the same f32 sums as the two plain launches, then f16_rows' arithmetic, so the same
+// bits as gate, up and f16_rows one after the other.
+template <int WR, int WC, int MI, int NI, int NST, bool GLU>
 __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow,
                                          int n, const int* cnt, const int* off, const int* perm, int n_exp, int in_div,
                                          float* out, i64 ooff, i64 ostride, const u8* Ws, i64 ws_row_bytes,
-                                         i64 ws_stride, int e_sh) {
+                                         i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2, int act) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BM = WR * MI * 16, BN = WC * NI * 8, THREADS = WR * WC * 32;
     constexpr int RS = 144, ROWS = BM + BN, STAGE = ROWS * RS, PIECES = 8;
@@ -801,10 +807,12 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
     if (nt <= 0) return;
     mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, gridDim.z, src_row, dst_row);
     __syncthreads();
-    const int m0 = blockIdx.x * BM;
+    const int m0 = blockIdx.x * (GLU ? BM / 2 : BM);
     const bool sh = cnt && e >= e_sh;
     const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
+    const u8* Wt2 = GLU ? (sh ? Ws2 + (i64)(e - e_sh) * ws_stride : W2 + (i64)e * mat_bytes) : Wt;
     const i64 rb = sh ? ws_row_bytes : row_bytes;
+    static_assert(!GLU || MI % 2 == 0, "mmf GLU: gate and up halves of a warp's rows");
     // This thread's 16-byte pieces of every stage: (row r, piece q) for c = tid + i*THREADS. The
     // first WPER are weight rows (the tiled copy: `rb` bytes from one 64-row tile to the next, a
     // tile's next stage 8 KB on), the rest activation rows (128 bytes on).
@@ -819,8 +827,11 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
         dsto[i] = 0;
         if (c < ROWS * PIECES) {
             const int r = c >> 3, q = c & 7;
-            const int wr = min(m0 + r, m - 1);
-            const u8* rowp = r >= BM ? X + (i64)src_row[r - BM] * xrow : Wt + (i64)(wr >> 6) * rb + (wr & 63) * 128;
+            // GLU: shared row r is warp-row r / (MI*16), gate for its first MI*8 rows, up after.
+            const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
+            const int wr = min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
+            const u8* wb = GLU && rin >= hm ? Wt2 : Wt;
+            const u8* rowp = r >= BM ? X + (i64)src_row[r - BM] * xrow : wb + (i64)(wr >> 6) * rb + (wr & 63) * 128;
             srcp[i] = rowp + q * 16;
             dsto[i] = (u32)(r * RS + q * 16);
         }
@@ -875,16 +886,31 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
                 for (int ni = 0; ni < NI; ni++) mma_f16(acc[mi][ni], a[mi], b[ni]);
         }
     }
+    if constexpr (GLU) {
+        u16* oh = (u16*)out;
 #pragma unroll
-    for (int mi = 0; mi < MI; mi++)
+        for (int mi = 0; mi < MI / 2; mi++)
 #pragma unroll
-        for (int ni = 0; ni < NI; ni++)
+            for (int ni = 0; ni < NI; ni++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int row = m0 + wm + mi * 16 + g + (c >> 1) * 8;
-                const int j = wn + ni * 8 + 2 * t + (c & 1);
-                if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[mi][ni][c];
-            }
+                for (int c = 0; c < 4; c++) {
+                    const int row = m0 + (warp % WR) * (MI * 8) + mi * 16 + g + (c >> 1) * 8;
+                    const int j = wn + ni * 8 + 2 * t + (c & 1);
+                    if (row < m && j < nt)
+                        oh[ooff + (i64)dst_row[j] * ostride + row] = f2h_sat(act_fn(act, acc[mi][ni][c]) * acc[mi + MI / 2][ni][c]);
+                }
+    } else {
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int row = m0 + wm + mi * 16 + g + (c >> 1) * 8;
+                    const int j = wn + ni * 8 + 2 * t + (c & 1);
+                    if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[mi][ni][c];
+                }
+    }
 #endif
 }
 
@@ -894,8 +920,8 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
              const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff, i64 ostride,          \
              const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh) {                                          \
         PDL_ENTRY();                                                                                            \
-        mmf_impl<WR, WC, MI, NI, NST>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
-                                      ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh);                        \
+        mmf_impl<WR, WC, MI, NI, NST, false>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, \
+                                             out, ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh, nullptr, nullptr, 0); \
     }
 // 256 rows x 64 tokens: 4 x 2 warps of 64 x 32, 3 stages (138 KB of shared memory, one block an
 // SM). Tiles measured on the H200 (pp512 / pp2048 tok/s, same calls; the int8 path 18,067 /
@@ -909,3 +935,14 @@ MMF_INST(mmf16_256, 4, 2, 4, 4, 3, 1)
 // latency would.
 MMF_INST(mmf16_256s4, 4, 2, 4, 4, 4, 1)
 MMF_INST(mmf16_128s4, 4, 2, 2, 4, 4, 2)
+// The MoE's gate and up with the GLU (TS_CUDA_MMF_GU=1; not yet measured): mmf16_256's tile, 128
+// ff rows of gate and of up a block, the f16 GLU rows out; saves the up launch, the f32 gate and
+// up rows (8 bytes a pair and ff row, written and read again) and the f16_rows launch.
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mmf16_gu(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow, const int* cnt, const int* off,
+             const int* perm, int n_exp, int in_div, u16* out, i64 ostride, const u8* Ws, i64 ws_stride, int e_sh,
+             const u8* W2, const u8* Ws2, int act) {
+    PDL_ENTRY();
+    mmf_impl<4, 2, 4, 4, 3, true>(W, row_bytes, mat_bytes, m, k, X, xrow, 0, cnt, off, perm, n_exp, in_div, (float*)out, 0,
+                                  ostride, Ws, row_bytes, ws_stride, e_sh, W2, Ws2, act);
+}

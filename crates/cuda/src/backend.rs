@@ -259,6 +259,8 @@ const BIG_SMEM_KERNELS: &[&str] = &[
 /// The f16 prompt products' tiles (kernels/mmq.cu, `MMF_INST`): (kernel, rows a block, stages);
 /// 256 threads and 64 tokens a block each, `nst * (rows + 64) * 144` bytes of shared memory.
 const MMF_TILES: [(&str, usize, usize); 3] = [("mmf16_256", 256, 3), ("mmf16_256s4", 256, 4), ("mmf16_128s4", 128, 4)];
+/// Shared memory of `mmf16_gu` (`mmf16_256`'s tile: 3 stages of 256 + 64 rows of 144 bytes).
+const MMF_GU_SMEM: usize = 3 * 320 * 144;
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
 /// Dynamic shared memory of an `mmq_q8` kernel: `nst` stages of 64 + `bn` rows of `gps` groups
@@ -621,6 +623,7 @@ fn kernel_names() -> Vec<String> {
         "mmf16_256",
         "mmf16_256s4",
         "mmf16_128s4",
+        "mmf16_gu",
         "mla_prefill",
     ]
     .iter()
@@ -747,6 +750,11 @@ pub struct CudaBackend {
     /// The f16 products' tile ([`MMF_TILES`]: kernel, rows a block, stages; `TS_CUDA_MMF`), or
     /// None where the device lacks its shared memory (prompt MoEs then stay on int8).
     mmf: Option<(&'static str, usize, usize)>,
+    /// The prompt MoE's gate, up and GLU in one f16 launch (`mmf16_gu`, the same bits as gate,
+    /// up and `f16_rows`); `TS_CUDA_MMF_GU=1` or [`CudaBackend::set_mmf_gu`]. Off until measured.
+    mmf_gu: AtomicBool,
+    /// Whether the device gives `mmf16_gu` its shared memory.
+    mmf_gu_ok: bool,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -935,6 +943,10 @@ impl CudaBackend {
             && funcs[mname]
                 .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, mmf_smem as i32)
                 .is_ok();
+        let mmf_gu_ok = MMF_GU_SMEM <= optin
+            && funcs["mmf16_gu"]
+                .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, MMF_GU_SMEM as i32)
+                .is_ok();
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -976,6 +988,8 @@ impl CudaBackend {
             }),
             moe_f16: std::env::var("TS_CUDA_MOE_F16").map_or(true, |v| v != "0"),
             mmf: mmf_ok.then_some(MMF_TILES[mmf]),
+            mmf_gu: AtomicBool::new(std::env::var("TS_CUDA_MMF_GU").is_ok_and(|v| v == "1")),
+            mmf_gu_ok,
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -1058,6 +1072,11 @@ impl CudaBackend {
     /// `TS_CUDA_MOE_TILED=1` sets it at start (for the test that says so).
     pub fn set_moe_tiled(&self, on: bool) {
         self.moe_tiled.store(on as u8, Ordering::Relaxed);
+    }
+
+    /// The prompt MoE's gate, up and GLU in one launch (`mmf16_gu`) or three (false).
+    pub fn set_mmf_gu(&self, on: bool) {
+        self.mmf_gu.store(on, Ordering::Relaxed);
     }
 
     /// Q8_0 matrices uploaded from now on also get an f16 copy ([`CudaWeight::half`]); prompt
@@ -1711,9 +1730,43 @@ impl CudaBackend {
                 // of each of its rows (ff/64 stages of 8 KB on).
                 let grp =
                     |i: usize| (cnt, off, perm, ne_all, sh.map(|s| (s[i].0, s[i].1, if i < 2 { 2 * ff * hdim } else { 128 * ff }, ne)));
-                self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff));
-                self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff));
-                self.f16_rows(g, u, (0, ff), pairs, ff, act, hh);
+                if self.mmf_gu.load(Ordering::Relaxed) && self.mmf_gu_ok && (hg.1, hg.2) == (hu.1, hu.2) {
+                    // Gate, up and the GLU in one launch: 128 ff rows of each a block.
+                    let (sg, su) = sh.map_or((0, 0), |s| (s[0].0, s[1].0));
+                    let e_sh = if sh.is_some() { ne } else { i32::MAX as usize };
+                    self.launch(
+                        "mmf16_gu",
+                        (ff.div_ceil(128) as u32, tiles, 1),
+                        256,
+                        MMF_GU_SMEM as u32,
+                        &[
+                            A::P(hg.0),
+                            l(hg.1),
+                            l(hg.2),
+                            i(ff),
+                            i(hdim),
+                            A::P(xh),
+                            l(2 * hdim),
+                            A::P(cnt),
+                            A::P(off),
+                            A::P(perm),
+                            i(ne_all),
+                            i(ks),
+                            A::P(hh),
+                            l(ff),
+                            A::P(sg),
+                            l(2 * ff * hdim),
+                            i(e_sh),
+                            A::P(hu.0),
+                            A::P(su),
+                            A::I(act),
+                        ],
+                    );
+                } else {
+                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff));
+                    self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff));
+                    self.f16_rows(g, u, (0, ff), pairs, ff, act, hh);
+                }
                 self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim));
                 self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o);
                 return;

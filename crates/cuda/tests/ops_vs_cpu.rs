@@ -1679,12 +1679,14 @@ fn fused_moe_shared() {
     rep.finish();
 }
 
-/// Prompt-size MoEs with f16 copies of the Q8_0 weights (`set_f16_copy`): the copies made on the
-/// device (`q8_to_f16`) equal the host's f16 of each dequantised value in 64 x 64 tiles, bit for
-/// bit; the grouped
-/// products on the f16 tensor cores (`f16_rows`, `mmf16_64`, `mmf16_128`), with and without a
-/// shared FFN folded in, against f64 of the dequantised weights; and closer to it than the int8
-/// path (which rounds the activations to 8 bits), so the f16 path is known to have run.
+/// Prompt-size MoEs with f16 copies of the Q8_0 weights (`set_f16_copy`):
+/// - the copies made on the device (`q8_to_f16`) equal the host's f16 of each dequantised value
+///   in 64 x 64 tiles, bit for bit;
+/// - the grouped products on the f16 tensor cores (`f16_rows`, the `mmf16_*` tile `TS_CUDA_MMF`
+///   picks), with and without a shared FFN folded in, against f64 of the dequantised weights,
+///   and closer to it than the int8 path (which rounds the activations to 8 bits), so the f16
+///   path is known to have run;
+/// - gate, up and the GLU in one launch (`mmf16_gu`) give bit for bit what the three give.
 #[test]
 fn moe_f16_prompt() {
     let Some(g0) = gpu() else { return };
@@ -1697,6 +1699,10 @@ fn moe_f16_prompt() {
     // The int8 path for comparison: a backend that makes no f16 copies.
     let g = &CudaBackend::new(0).expect("third backend");
     g.set_f16_copy(false);
+    // Gate, up and the GLU in one launch (mmf16_gu): the same bits as the three.
+    let fu = &CudaBackend::new(0).expect("fourth backend");
+    fu.set_f16_copy(true);
+    fu.set_mmf_gu(true);
     let mut r = rng(36);
     let mut rep = Report::new("moe_f16");
     // (hdim, ff, experts, k, shared chunks, glu, tokens): V2-Lite's widths with fewer experts.
@@ -1714,6 +1720,7 @@ fn moe_f16_prompt() {
         let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
         let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Expert).unwrap();
         let fw: Vec<CudaWeight> = (0..6).map(|i| up(f, i)).collect();
+        let uw: Vec<CudaWeight> = (0..6).map(|i| up(fu, i)).collect();
         let gw: Vec<CudaWeight> = (0..6).map(|i| up(g, i)).collect();
         for (i, w) in fw.iter().enumerate().take(3) {
             let mut want: Vec<u8> = ws[i].1.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
@@ -1748,13 +1755,14 @@ fn moe_f16_prompt() {
             }
             get(b, &bo, o)
         };
-        let (got, int8) = (run(f, &fw), run(g, &gw));
+        let (got, int8, fused) = (run(f, &fw), run(g, &gw), run(fu, &uw));
         let mut exact = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
         if nsh > 0 {
             add_shared_f64(&mut exact, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, glu);
         }
         let lab = format!("case {ci} H={hdim} ff={ff} E={ne} k={k} shared={nsh} {glu:?} n={n}");
         let e16 = rep.check(&format!("{lab} f16 vs f64"), &got, &exact, 1e-2, 1e-3);
+        rep.check(&format!("{lab} mmf16_gu vs gate, up, f16_rows (exact)"), &fused, &got, 0.0, 0.0);
         let e8 = rep.check(&format!("{lab} int8 vs f64"), &int8, &exact, 0.15, 1e-4);
         if !(e16 < e8 / 3.0) {
             rep.failures.push(format!("{lab}: f16 path error {e16:.2e} is not well under the int8 path's {e8:.2e} (did it run?)"));

@@ -6,15 +6,17 @@
 # 2. Four stages in flight for the f16 products (TS_CUDA_MMF=256s4: 184 KB of shared memory;
 #    128s4: two blocks an SM). All tiles measured so far held ~100 KB a SM in flight and landed
 #    within 2% of each other.
-# moe_f16_prompt on the three tiles, then fused_moe_shared, then pp512 / pp2048 on the int8 path
-# and the three tiles. Keep the best tile and delete the others. About 4 minutes.
+# 3. Gate, up and the GLU in one f16 launch (TS_CUDA_MMF_GU=1, mmf16_gu): no up launch, no f32
+#    gate and up rows, no f16_rows launch; moe_f16_prompt checks it bit for bit against the three.
+# moe_f16_prompt on the three tiles, then fused_moe_shared, then pp512 / pp2048 on the int8 path,
+# the three tiles and GU. Keep the best and delete the rest. About 5 minutes.
 #   tools/gpu/plans/gpu-next33.sh BIN OPS
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 ops_tests 80 2 moe_f16_prompt fused_moe_shared
 for t in 256s4 128s4; do TS_CUDA_MMF=$t timeout 60 "$OPS" moe_f16_prompt 2>&1 | grep -E "test result|FAIL|differs"; done
-for e in "TS_CUDA_F16=0" "" "TS_CUDA_MMF=256s4" "TS_CUDA_MMF=128s4"; do
+for e in "TS_CUDA_F16=0" "" "TS_CUDA_MMF=256s4" "TS_CUDA_MMF=128s4" "TS_CUDA_MMF_GU=1"; do
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
   b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
 done
