@@ -211,6 +211,32 @@ __device__ __forceinline__ bool mmq_block_tile(const int* cnt, int n_exp, int n,
 // whole 32-byte sectors) at a time, halving the barriers per byte and the DRAM pages touched per
 // stage; a shared row then holds GPS groups plus 16 pad bytes (304 bytes = 76 words: the 8 rows
 // of an ldmatrix phase still fall in 32 different banks).
+// A warp's MI x NI m16n8 accumulator tiles (rows from r0, tokens from j0 of the block's tile) to
+// out[ooff + dst_row[j] * ostride + row], rows below m and tokens below nt only.
+template <int MI, int NI>
+__device__ __forceinline__ void acc_store(const float (&acc)[MI][NI][4], float* out, i64 ooff, i64 ostride, const int* dst_row,
+                                          int r0, int j0, int m, int nt, int g, int t) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int row = r0 + mi * 16 + g + (c >> 1) * 8;
+                const int j = j0 + ni * 8 + 2 * t + (c & 1);
+                if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[mi][ni][c];
+            }
+}
+// A warp's MI x NI m16n8 accumulator tiles, zeroed.
+template <int MI, int NI>
+__device__ __forceinline__ void acc_zero(float (&acc)[MI][NI][4]) {
+#pragma unroll
+    for (int a = 0; a < MI; a++)
+#pragma unroll
+        for (int b = 0; b < NI; b++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
+}
 template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
@@ -296,12 +322,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     const int lr = lane & 7, li = lane >> 3;
     const int wm = (warp % WR) * MI * 16, wn = (warp / WR) * NI * 8;
     float acc[MI][NI][4];
-#pragma unroll
-    for (int a = 0; a < MI; a++)
-#pragma unroll
-        for (int b = 0; b < NI; b++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
+    acc_zero(acc);
 #pragma unroll
     for (int st = 0; st < NST - 1; st++) load(st);
     for (int gi = 0; gi < nstages; gi++) {
@@ -374,16 +395,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         }
         }
     }
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int row = m0 + wm + mi * 16 + g + (c >> 1) * 8;
-                const int j = wn + ni * 8 + 2 * t + (c & 1);
-                if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[mi][ni][c];
-            }
+    acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
 #endif
 }
 
@@ -852,12 +864,7 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
     const int g = lane >> 2, t = lane & 3, lr = lane & 7, li = lane >> 3;
     const int wm = (warp % WR) * MI * 16, wn = (warp / WR) * NI * 8;
     float acc[MI][NI][4];
-#pragma unroll
-    for (int a = 0; a < MI; a++)
-#pragma unroll
-        for (int b = 0; b < NI; b++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
+    acc_zero(acc);
 #pragma unroll
     for (int s = 0; s < NST - 1; s++) load(s);
     for (int s = 0; s < nstages; s++) {
@@ -900,16 +907,7 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
                         oh[ooff + (i64)dst_row[j] * ostride + row] = f2h_sat(act_fn(act, acc[mi][ni][c]) * acc[mi + MI / 2][ni][c]);
                 }
     } else {
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int row = m0 + wm + mi * 16 + g + (c >> 1) * 8;
-                    const int j = wn + ni * 8 + 2 * t + (c & 1);
-                    if (row < m && j < nt) out[ooff + (i64)dst_row[j] * ostride + row] = acc[mi][ni][c];
-                }
+        acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
     }
 #endif
 }

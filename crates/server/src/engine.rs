@@ -963,6 +963,20 @@ mod tests {
         (text, None, 0)
     }
 
+    /// A job's first event, which must be a text delta (bounded wait).
+    fn first_delta(rx: &mut Receiver<Event>) -> String {
+        let t0 = Instant::now();
+        let first = loop {
+            if let Ok(ev) = rx.try_recv() {
+                break ev;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no first token");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let Event::Delta { text, .. } = first else { panic!("expected a delta, got {first:?}") };
+        text
+    }
+
     fn expect(from: u32, n: u32) -> String {
         (from..from + n).map(|t| format!("<{t}>")).collect()
     }
@@ -979,15 +993,7 @@ mod tests {
         let (a, mut ra) = job(vec![1, 2, 3], 60);
         e.submit(a).expect("queued");
         // Wait for A's first token, then send a 100-token prompt.
-        let t0 = Instant::now();
-        let first = loop {
-            if let Ok(ev) = ra.try_recv() {
-                break ev;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(10), "no first token");
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        let Event::Delta { text: first, .. } = first else { panic!("expected a delta, got {first:?}") };
+        let first = first_delta(&mut ra);
         let steps_before = seen.lock().expect("lock").len();
         let long: Vec<u32> = (100..200).collect();
         let (b, mut rb) = job(long, 5);
@@ -1027,15 +1033,7 @@ mod tests {
         let (e, seen, _m) = engine_cfg(2, cfg);
         let (a, mut ra) = job(vec![1, 2, 3], 40);
         e.submit(a).expect("queued");
-        let t0 = Instant::now();
-        let first = loop {
-            if let Ok(ev) = ra.try_recv() {
-                break ev;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(10), "no first token");
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        let Event::Delta { text: first, .. } = first else { panic!("expected a delta, got {first:?}") };
+        let first = first_delta(&mut ra);
         let (b, mut rb) = job(vec![500, 501, 502], 4);
         e.submit(b).expect("queued");
         let (rest_a, fa, _) = collect(&mut ra);
