@@ -741,8 +741,9 @@ pub struct CudaBackend {
     /// of 128 values) also uploaded as f16 ([`CudaWeight::half`], 1.9 times their memory) for
     /// the prompt MoE's f16 tensor-core products (`mmf16_*`): 2 = when memory allows (the
     /// default, [`CudaBackend::tile_fits`]), 1 = always, 0 = never (`TS_CUDA_F16=auto|1|0`).
-    /// Measured on the H200 (synthetic V2-Lite Q8_0, same call): pp512 18,069 -> 19,865,
-    /// pp2048 16,834 -> 18,024 tok/s (+9.9%, +7.1%); decode untouched.
+    /// Measured on the H200 (synthetic V2-Lite Q8_0, same call, `mmf16_256` on the 64 x 64-tiled
+    /// copy): pp512 17,963 -> 19,522, pp2048 16,811 -> 17,874 tok/s (+8.7%, +6.3%); decode
+    /// untouched (same hashes).
     f16_copy: AtomicU8,
     /// Prompt MoEs on the f16 products where the copies exist; `TS_CUDA_MOE_F16=0` keeps them on
     /// the int8 ones, to compare.
