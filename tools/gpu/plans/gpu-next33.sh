@@ -8,13 +8,15 @@
 #    within 2% of each other.
 # 3. Gate, up and the GLU in one f16 launch (TS_CUDA_MMF_GU=1, mmf16_gu): no up launch, no f32
 #    gate and up rows, no f16_rows launch; moe_f16_prompt checks it bit for bit against the three.
-# moe_f16_prompt on the three tiles, then fused_moe_shared, then pp512 / pp2048 on the int8 path,
-# the three tiles and GU. Keep the best and delete the rest. About 5 minutes.
+# The whole ops_vs_cpu (its moe_f16_prompt also checks GU bit for bit), moe_f16_prompt on the two
+# other tiles, then pp512 / pp2048 on the int8 path, the three tiles and GU. Keep the best and
+# delete the rest. About 6 minutes.
 #   tools/gpu/plans/gpu-next33.sh BIN OPS
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
-ops_tests 80 2 moe_f16_prompt fused_moe_shared
+TS_OPS_LIMIT=150 TS_OPS_THREADS=4 ops_and_model
+grep -E "moe_f16: case 3" $O/ops.txt | head -3
 for t in 256s4 128s4; do TS_CUDA_MMF=$t timeout 60 "$OPS" moe_f16_prompt 2>&1 | grep -E "test result|FAIL|differs"; done
 for e in "TS_CUDA_F16=0" "" "TS_CUDA_MMF=256s4" "TS_CUDA_MMF=128s4" "TS_CUDA_MMF_GU=1"; do
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
