@@ -937,10 +937,10 @@ MMF_INST(mmf16_128s4, 4, 2, 2, 4, 4, 2)
 // ff rows of gate and of up a block, the f16 GLU rows out; saves the up launch, the f32 gate and
 // up rows (8 bytes a pair and ff row, written and read again) and the f16_rows launch.
 extern "C" __global__ void __launch_bounds__(256, 1)
-    mmf16_gu(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow, const int* cnt, const int* off,
-             const int* perm, int n_exp, int in_div, u16* out, i64 ostride, const u8* Ws, i64 ws_stride, int e_sh,
-             const u8* W2, const u8* Ws2, int act) {
-    PDL_ENTRY();
-    mmf_impl<4, 2, 4, 4, 3, true>(W, row_bytes, mat_bytes, m, k, X, xrow, 0, cnt, off, perm, n_exp, in_div, (float*)out, 0,
-                                  ostride, Ws, row_bytes, ws_stride, e_sh, W2, Ws2, act);
+    mmf16_gu(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow, int n, const int* cnt,
+             const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff, i64 ostride, const u8* Ws,
+             i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2, int act) {
+    PDL_ENTRY();  // (the MMF_INST arguments, then the up copies and the activation; `out` holds u16 rows)
+    mmf_impl<4, 2, 4, 4, 3, true>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, out, ooff,
+                                  ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, act);
 }

@@ -1732,43 +1732,15 @@ impl CudaBackend {
                 let grp =
                     |i: usize| (cnt, off, perm, ne_all, sh.map(|s| (s[i].0, s[i].1, if i < 2 { 2 * ff * hdim } else { 128 * ff }, ne)));
                 if self.mmf_gu.load(Ordering::Relaxed) && self.mmf_gu_ok && (hg.1, hg.2) == (hu.1, hu.2) {
-                    // Gate, up and the GLU in one launch: 128 ff rows of each a block.
-                    let (sg, su) = sh.map_or((0, 0), |s| (s[0].0, s[1].0));
-                    let e_sh = if sh.is_some() { ne } else { i32::MAX as usize };
-                    self.launch(
-                        "mmf16_gu",
-                        (ff.div_ceil(128) as u32, tiles, 1),
-                        256,
-                        MMF_GU_SMEM as u32,
-                        &[
-                            A::P(hg.0),
-                            l(hg.1),
-                            l(hg.2),
-                            i(ff),
-                            i(hdim),
-                            A::P(xh),
-                            l(2 * hdim),
-                            A::P(cnt),
-                            A::P(off),
-                            A::P(perm),
-                            i(ne_all),
-                            i(ks),
-                            A::P(hh),
-                            l(ff),
-                            A::P(sg),
-                            l(2 * ff * hdim),
-                            i(e_sh),
-                            A::P(hu.0),
-                            A::P(su),
-                            A::I(act),
-                        ],
-                    );
+                    // Gate, up and the GLU in one launch (f16 GLU rows into hh).
+                    let glu = Some((hu.0, sh.map_or(0, |s| s[1].0), act));
+                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (hh, 0, ff), glu);
                 } else {
-                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff));
-                    self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff));
+                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff), None);
+                    self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff), None);
                     self.f16_rows(g, u, (0, ff), pairs, ff, act, hh);
                 }
-                self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim));
+                self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim), None);
                 self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o);
                 return;
             }
@@ -1826,7 +1798,8 @@ impl CudaBackend {
     /// times the f16 rows `xh` gathered by the expert lists `(cnt, off, perm, experts, shared
     /// chunks (pointer, row bytes, chunk stride, first chunk's expert index))` over `tiles` token
     /// tiles, pair p reading row p / in_div and writing row p of `out` = (pointer, offset, row
-    /// stride).
+    /// stride). With `glu` = (the up copy, its shared FFN's, the activation): gate and up in one
+    /// launch (`mmf16_gu`, `w` the gate), writing f16 GLU rows to `out`.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn mmf_launch(
         &self,
@@ -1838,37 +1811,42 @@ impl CudaBackend {
         (cnt, off, perm, ne, sh): (u64, u64, u64, usize, Option<(u64, usize, usize, usize)>),
         in_div: usize,
         (out, ooff, ostride): (u64, usize, usize),
+        glu: Option<(u64, u64, i32)>,
     ) {
         let (sp, srb, sst, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let Some((name, rows, nst)) = self.mmf else { return };
-        self.launch(
-            name,
-            (m.div_ceil(rows) as u32, tiles, 1),
-            256,
-            (nst * (rows + 64) * 144) as u32,
-            &[
-                A::P(w),
-                l(row_bytes),
-                l(mat_bytes),
-                i(m),
-                i(k),
-                A::P(xh),
-                l(2 * k),
-                i(0),
-                A::P(cnt),
-                A::P(off),
-                A::P(perm),
-                i(ne),
-                i(in_div),
-                A::P(out),
-                l(ooff),
-                l(ostride),
-                A::P(sp),
-                l(srb),
-                l(sst),
-                i(e_sh),
-            ],
-        );
+        // mmf16_gu: mmf16_256's tile, 128 ff rows each of gate and up a block.
+        let (name, rows, smem) = match glu {
+            Some(_) => ("mmf16_gu", 128, MMF_GU_SMEM),
+            None => (name, rows, nst * (rows + 64) * 144),
+        };
+        let (w2, ws2, act) = glu.unwrap_or((0, 0, 0));
+        let args = [
+            A::P(w),
+            l(row_bytes),
+            l(mat_bytes),
+            i(m),
+            i(k),
+            A::P(xh),
+            l(2 * k),
+            i(0),
+            A::P(cnt),
+            A::P(off),
+            A::P(perm),
+            i(ne),
+            i(in_div),
+            A::P(out),
+            l(ooff),
+            l(ostride),
+            A::P(sp),
+            l(srb),
+            l(sst),
+            i(e_sh),
+            A::P(w2),
+            A::P(ws2),
+            A::I(act),
+        ];
+        self.launch(name, (m.div_ceil(rows) as u32, tiles, 1), 256, smem as u32, if glu.is_some() { &args } else { &args[..20] });
     }
 
     /// out rows = the router-weighted sum of each token's `k` routed rows of `y` (slots with
