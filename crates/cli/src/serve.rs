@@ -42,15 +42,6 @@ pub struct ServeArgs {
     /// Most prompt tokens per forward pass (chunked prefill keeps decoding going during long prompts).
     #[arg(long = "prefill-chunk", default_value_t = 128)]
     pub prefill_chunk: usize,
-    /// Hold prompt tokens back while other sequences decode until at least this many wait (or
-    /// --prefill-wait steps pass), so that prompt work comes in whole tiles of rows: on a GPU a
-    /// step of 65 rows costs nearly what one of 128 does. 0 (the default): every step takes the
-    /// prompt tokens that wait. Texts are unchanged; only when a prompt starts moves.
-    #[arg(long = "prefill-batch", default_value_t = 0)]
-    pub prefill_batch: usize,
-    /// Most steps in a row that --prefill-batch holds prompt tokens back.
-    #[arg(long = "prefill-wait", default_value_t = 8)]
-    pub prefill_wait: usize,
     /// Largest request body in bytes.
     #[arg(long = "max-body-bytes", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -93,8 +84,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         max_body_bytes: a.max_body_bytes,
         handle_ctrl_c: true,
         row_multiple: a.row_multiple.max(1),
-        prefill_batch: a.prefill_batch,
-        prefill_wait: a.prefill_wait,
         request_timeout: (a.request_timeout > 0.0).then(|| std::time::Duration::from_secs_f64(a.request_timeout.min(1e9))),
         ..ServerConfig::default()
     };

@@ -927,20 +927,24 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
 // 19,508 / 17,828; 128 x 64 on 4 warps of 32 x 64 19,482 / 17,743; this one 19,824 / 17,970.
 // Without `volatile` on the fragment loads and mma: the same code, 19,554 / 17,831 on 128 x 64.
 MMF_INST(mmf16_256, 4, 2, 4, 4, 3, 1)
-// Four stages in flight (TS_CUDA_MMF=256s4: 184 KB of shared memory, past the 160 KB the other
-// fast paths may take; 128s4: 111 KB, two blocks an SM). Not yet measured: every tile above held
-// about 100 KB a SM in flight and landed within 2% of the others, as a kernel waiting on memory
-// latency would.
+// Four stages in flight (the default where the device gives its 184 KB of shared memory, past
+// the 160 KB the other fast paths may take; TS_CUDA_MMF=s3 keeps three): pp512 21,249 -> 21,842,
+// pp2048 19,361 -> 19,760 with the GLU kernels below (same call). A 128-row tile of four stages
+// (two blocks an SM) gained 0.6% and was dropped.
 MMF_INST(mmf16_256s4, 4, 2, 4, 4, 4, 1)
-MMF_INST(mmf16_128s4, 4, 2, 2, 4, 4, 2)
-// The MoE's gate and up with the GLU (TS_CUDA_MMF_GU=1; not yet measured): mmf16_256's tile, 128
-// ff rows of gate and of up a block, the f16 GLU rows out; saves the up launch, the f32 gate and
-// up rows (8 bytes a pair and ff row, written and read again) and the f16_rows launch.
-extern "C" __global__ void __launch_bounds__(256, 1)
-    mmf16_gu(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow, int n, const int* cnt,
-             const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff, i64 ostride, const u8* Ws,
-             i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2, int act) {
-    PDL_ENTRY();  // (the MMF_INST arguments, then the up copies and the activation; `out` holds u16 rows)
-    mmf_impl<4, 2, 4, 4, 3, true>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, out, ooff,
-                                  ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, act);
-}
+// The MoE's gate and up with the GLU (default; TS_CUDA_MMF_GU=0 for the three launches): the
+// plain tile's 256 rows, 128 ff rows of gate and of up a block, the f16 GLU rows out; saves the
+// up launch, the f32 gate and up rows (8 bytes a pair and ff row, written and read again) and the
+// f16_rows launch. Measured on the H200 (same call): pp512 19,949 -> 21,538, pp2048 18,229 ->
+// 19,454 (three stages). NST stages as the plain tile's.
+#define MMF_GU_INST(NAME, NST)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                             \
+        NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow, int n, const int* cnt,  \
+             const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff, i64 ostride, const u8* Ws, \
+             i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2, int act) {                      \
+        PDL_ENTRY(); /* the MMF_INST arguments, then the up copies and the activation; `out` holds u16 rows */        \
+        mmf_impl<4, 2, 4, 4, NST, true>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, out,  \
+                                        ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, act);              \
+    }
+MMF_GU_INST(mmf16_gu, 3)
+MMF_GU_INST(mmf16_gu_s4, 4)

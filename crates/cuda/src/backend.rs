@@ -256,11 +256,14 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
 ];
-/// The f16 prompt products' tiles (kernels/mmq.cu, `MMF_INST`): (kernel, rows a block, stages);
-/// 256 threads and 64 tokens a block each, `nst * (rows + 64) * 144` bytes of shared memory.
-const MMF_TILES: [(&str, usize, usize); 3] = [("mmf16_256", 256, 3), ("mmf16_256s4", 256, 4), ("mmf16_128s4", 128, 4)];
-/// Shared memory of `mmf16_gu` (`mmf16_256`'s tile: 3 stages of 256 + 64 rows of 144 bytes).
-const MMF_GU_SMEM: usize = 3 * 320 * 144;
+/// The f16 prompt products (kernels/mmq.cu, `MMF_INST`, `MMF_GU_INST`): (plain kernel, gate-up-GLU
+/// kernel, stages in flight), the first whose shared memory the device gives. Both take 256
+/// threads, 256 weight rows (128 ff rows of gate and of up for the GLU one) and 64 tokens a
+/// block, `stages * 320 * 144` bytes of shared memory. Four stages (184 KB) measured on the H200
+/// against three (same call): pp512 21,249 -> 21,842, pp2048 19,361 -> 19,760; a 128-row tile of
+/// four stages (two blocks an SM) was +0.6% against three and dropped. `TS_CUDA_MMF=s3` forces
+/// three.
+const MMF_TILES: [(&str, &str, usize); 2] = [("mmf16_256s4", "mmf16_gu_s4", 4), ("mmf16_256", "mmf16_gu", 3)];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
 /// Dynamic shared memory of an `mmq_q8` kernel: `nst` stages of 64 + `bn` rows of `gps` groups
@@ -622,8 +625,8 @@ fn kernel_names() -> Vec<String> {
         "f16_rows",
         "mmf16_256",
         "mmf16_256s4",
-        "mmf16_128s4",
         "mmf16_gu",
+        "mmf16_gu_s4",
         "mla_prefill",
     ]
     .iter()
@@ -748,14 +751,13 @@ pub struct CudaBackend {
     /// Prompt MoEs on the f16 products where the copies exist; `TS_CUDA_MOE_F16=0` keeps them on
     /// the int8 ones, to compare.
     moe_f16: bool,
-    /// The f16 products' tile ([`MMF_TILES`]: kernel, rows a block, stages; `TS_CUDA_MMF`), or
+    /// The f16 products' kernels ([`MMF_TILES`]: plain, gate-up-GLU, shared bytes), or
     /// None where the device lacks its shared memory (prompt MoEs then stay on int8).
-    mmf: Option<(&'static str, usize, usize)>,
+    mmf: Option<(&'static str, &'static str, usize)>,
     /// The prompt MoE's gate, up and GLU in one f16 launch (`mmf16_gu`, the same bits as gate,
-    /// up and `f16_rows`); `TS_CUDA_MMF_GU=1` or [`CudaBackend::set_mmf_gu`]. Off until measured.
+    /// up and `f16_rows`); default on, `TS_CUDA_MMF_GU=0` or [`CudaBackend::set_mmf_gu`] for the
+    /// three launches. Measured on the H200: pp512 19,949 -> 21,538, pp2048 18,229 -> 19,454.
     mmf_gu: AtomicBool,
-    /// Whether the device gives `mmf16_gu` its shared memory.
-    mmf_gu_ok: bool,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -930,24 +932,19 @@ impl CudaBackend {
                 smem_max = smem_max.min(48 * 1024);
             }
         }
-        // The f16 prompt tile (TS_CUDA_MMF=256|256s4|128s4, default 256): its own shared-memory
-        // attribute (256s4 takes more than the fast paths' cap); 0 (the int8 path) where the
-        // device cannot give it.
-        let mmf = match std::env::var("TS_CUDA_MMF").as_deref() {
-            Ok("256s4") => 1,
-            Ok("128s4") => 2,
-            _ => 0,
-        };
-        let (mname, mrows, mnst) = MMF_TILES[mmf];
-        let mmf_smem = mnst * (mrows + 64) * 144;
-        let mmf_ok = mmf_smem <= optin
-            && funcs[mname]
-                .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, mmf_smem as i32)
-                .is_ok();
-        let mmf_gu_ok = MMF_GU_SMEM <= optin
-            && funcs["mmf16_gu"]
-                .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, MMF_GU_SMEM as i32)
-                .is_ok();
+        // The f16 prompt kernels: the most stages whose shared memory the device gives (their own
+        // attribute: four stages take more than the fast paths' cap); None (the int8 path) where
+        // none fits.
+        let s3 = std::env::var("TS_CUDA_MMF").is_ok_and(|v| v == "s3");
+        let mmf = MMF_TILES.iter().filter(|t| !s3 || t.2 == 3).find_map(|&(plain, gu, nst)| {
+            let smem = nst * 320 * 144;
+            let set = |name: &str| {
+                funcs[name]
+                    .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                    .is_ok()
+            };
+            (smem <= optin && set(plain) && set(gu)).then_some((plain, gu, smem))
+        });
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -988,9 +985,8 @@ impl CudaBackend {
                 _ => 2,
             }),
             moe_f16: std::env::var("TS_CUDA_MOE_F16").map_or(true, |v| v != "0"),
-            mmf: mmf_ok.then_some(MMF_TILES[mmf]),
-            mmf_gu: AtomicBool::new(std::env::var("TS_CUDA_MMF_GU").is_ok_and(|v| v == "1")),
-            mmf_gu_ok,
+            mmf,
+            mmf_gu: AtomicBool::new(std::env::var("TS_CUDA_MMF_GU").map_or(true, |v| v != "0")),
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -1731,7 +1727,7 @@ impl CudaBackend {
                 // of each of its rows (ff/64 stages of 8 KB on).
                 let grp =
                     |i: usize| (cnt, off, perm, ne_all, sh.map(|s| (s[i].0, s[i].1, if i < 2 { 2 * ff * hdim } else { 128 * ff }, ne)));
-                if self.mmf_gu.load(Ordering::Relaxed) && self.mmf_gu_ok && (hg.1, hg.2) == (hu.1, hu.2) {
+                if self.mmf_gu.load(Ordering::Relaxed) && (hg.1, hg.2) == (hu.1, hu.2) {
                     // Gate, up and the GLU in one launch (f16 GLU rows into hh).
                     let glu = Some((hu.0, sh.map_or(0, |s| s[1].0), act));
                     self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (hh, 0, ff), glu);
@@ -1814,12 +1810,9 @@ impl CudaBackend {
         glu: Option<(u64, u64, i32)>,
     ) {
         let (sp, srb, sst, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
-        let Some((name, rows, nst)) = self.mmf else { return };
-        // mmf16_gu: mmf16_256's tile, 128 ff rows each of gate and up a block.
-        let (name, rows, smem) = match glu {
-            Some(_) => ("mmf16_gu", 128, MMF_GU_SMEM),
-            None => (name, rows, nst * (rows + 64) * 144),
-        };
+        let Some((plain, gu, smem)) = self.mmf else { return };
+        // mmf16_gu*: the plain tile, 128 ff rows each of gate and up a block.
+        let (name, rows) = if glu.is_some() { (gu, 128) } else { (plain, 256) };
         let (w2, ws2, act) = glu.unwrap_or((0, 0, 0));
         let args = [
             A::P(w),

@@ -1694,8 +1694,10 @@ fn moe_f16_prompt() {
         eprintln!("moe_f16_prompt: no tensor cores or fused kernels, skipped");
         return;
     }
+    // The three launches (gate, up, f16_rows) on this one; the default, one launch, on `fu`.
     let f = &CudaBackend::new(0).expect("second backend");
     f.set_f16_copy(true);
+    f.set_mmf_gu(false);
     // The int8 path for comparison: a backend that makes no f16 copies.
     let g = &CudaBackend::new(0).expect("third backend");
     g.set_f16_copy(false);

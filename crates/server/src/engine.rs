@@ -12,16 +12,6 @@
 //!
 //! The batch, output and logits buffers are allocated once and reused by every step.
 //!
-//! ## Prompt tiles
-//! On a GPU a step's cost goes up in tiles of rows: the H200 runs a 64-row step of V2-Lite in
-//! 8.4 ms and a 128-row one in 9.6, but 64 decode rows plus ~12 prompt tokens took 9.8–10.9 ms,
-//! a second, mostly empty tile paid for every step. With [`EngineConfig::prefill_batch`] = N
-//! (`serve --prefill-batch N`; 0, the default, turns it off), prompt tokens are held back while
-//! others decode until at least N of them wait, or until they have waited
-//! [`EngineConfig::prefill_wait`] steps; then they go as usual, up to `prefill_chunk` a step.
-//! Most steps are then pure decode, and the prompt work comes in full tiles. A prompt's tokens
-//! are the same whenever they run, so the text does not change, only when it starts.
-//!
 //! ## Greedy rows come back as ids
 //! A row whose sampler is a plain arg-max ([`Sampler::is_plain_greedy`]) and that wants no
 //! log-probabilities asks the model for its arg-max only ([`Outputs::argmax`], computed where the
@@ -169,11 +159,6 @@ pub struct EngineConfig {
     /// doc, "Batch invariance"). `1` disables padding; otherwise the model's last cache slot is
     /// reserved for the padding and `n_slots - 1` sequences are served.
     pub row_multiple: usize,
-    /// Hold prompt tokens back while others decode until at least this many wait (module doc,
-    /// "Prompt tiles"); 0: every step takes what waits.
-    pub prefill_batch: usize,
-    /// Most steps in a row that prompt tokens are held back for [`Self::prefill_batch`].
-    pub prefill_wait: usize,
 }
 
 impl EngineConfig {
@@ -347,11 +332,6 @@ struct Stepper<'m, 't> {
     n_vocab: usize,
     max_batch: usize,
     prefill_chunk: usize,
-    /// [`EngineConfig::prefill_batch`], [`EngineConfig::prefill_wait`], and the steps in a row
-    /// that prompt tokens have been held back so far.
-    prefill_batch: usize,
-    prefill_wait: usize,
-    prefill_held: usize,
     /// Pad forwards to multiples of this (1: no padding).
     row_multiple: usize,
     /// The slot padding tokens write (the model's last), when padding.
@@ -391,9 +371,6 @@ impl<'m, 't> Stepper<'m, 't> {
             n_vocab,
             max_batch: o.max_batch,
             prefill_chunk: cfg.prefill_chunk.max(1),
-            prefill_batch: cfg.prefill_batch,
-            prefill_wait: cfg.prefill_wait,
-            prefill_held: 0,
             row_multiple,
             pad_slot: n_seqs as u32,
             batch: BatchMeta { tokens: Vec::with_capacity(o.max_batch), outputs: Vec::with_capacity(max_out), slot_len: o.ctx as u32 },
@@ -568,16 +545,6 @@ impl<'m, 't> Stepper<'m, 't> {
         }
         let pad_room = 2 * (self.row_multiple - 1);
         let mut budget = self.prefill_chunk.min(self.max_batch - self.batch.tokens.len() - pad_room);
-        // Prompt tokens wait for company while others decode (module doc, "Prompt tiles").
-        if self.prefill_batch > 0 && !self.batch.tokens.is_empty() {
-            let pending: usize = self.active.iter().filter(|s| !s.decoding()).map(|s| s.job.prompt.len() - s.n_past).sum();
-            if pending > 0 && pending < self.prefill_batch && self.prefill_held < self.prefill_wait {
-                budget = 0;
-                self.prefill_held += 1;
-            } else {
-                self.prefill_held = 0;
-            }
-        }
         for (i, s) in self.active.iter_mut().enumerate() {
             if budget == 0 {
                 break;
@@ -901,13 +868,9 @@ mod tests {
     }
 
     fn engine_padded(n_seqs: usize, chunk: usize, max_queue: usize, row_multiple: usize) -> (Arc<Engine>, Seen, Arc<Metrics>) {
-        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, row_multiple, prefill_batch: 0, prefill_wait: 0 })
-    }
-
-    fn engine_cfg(n_seqs: usize, cfg: EngineConfig) -> (Arc<Engine>, Seen, Arc<Metrics>) {
-        let row_multiple = cfg.row_multiple;
         let nv = 1000;
         let seen: Seen = Arc::default();
+        let cfg = EngineConfig { max_queue, prefill_chunk: chunk, row_multiple };
         let n_slots = cfg.model_slots(n_seqs);
         let opts = RuntimeOptions { ctx: 512, n_slots, max_batch: cfg.max_batch(n_seqs) };
         let info = ModelInfo {
@@ -1020,37 +983,6 @@ mod tests {
             b_steps.iter().filter(|(toks, _)| toks.len() > toks.iter().filter(|t| t.2 >= 100 && t.2 < 200 && t.1 < 100).count()).count();
         assert!(mixed >= 3, "decode tokens rode along in only {mixed} prefill steps");
         assert_eq!(m.completion_tokens.load(Relaxed), 65);
-        drop(seen);
-        e.shutdown();
-    }
-
-    /// With prompt tiles on (`prefill_batch` 8, `prefill_wait` 3): a 3-token prompt that arrives
-    /// while another sequence decodes waits 3 steps and then goes whole, in one forward; a
-    /// prompt that arrives with nothing decoding goes at once; the texts are as without.
-    #[test]
-    fn prompts_wait_for_a_tile_while_others_decode() {
-        let cfg = EngineConfig { max_queue: 4, prefill_chunk: 16, row_multiple: 1, prefill_batch: 8, prefill_wait: 3 };
-        let (e, seen, _m) = engine_cfg(2, cfg);
-        let (a, mut ra) = job(vec![1, 2, 3], 40);
-        e.submit(a).expect("queued");
-        let first = first_delta(&mut ra);
-        let (b, mut rb) = job(vec![500, 501, 502], 4);
-        e.submit(b).expect("queued");
-        let (rest_a, fa, _) = collect(&mut ra);
-        let (text_b, fb, _) = collect(&mut rb);
-        assert_eq!(format!("{first}{rest_a}"), expect(4, 40));
-        assert_eq!(fa, Some(Finish::Length));
-        assert_eq!((text_b.as_str(), fb), (expect(503, 4).as_str(), Some(Finish::Length)));
-        let seen = seen.lock().expect("lock");
-        // A's prompt went in the first forward (nothing was decoding).
-        assert_eq!(seen[0].0.iter().filter(|t| t.2 <= 3 && t.1 < 3).count(), 3);
-        // B's prompt: one forward, all 3 tokens, at least 3 steps after B's slot was first free
-        // to take it (A decodes in every step, so the steps in between are A's alone).
-        let b_prompt = |toks: &Vec<(u32, u32, u32)>| toks.iter().filter(|t| (500..503).contains(&t.2) && t.1 < 3).count();
-        let b_steps: Vec<usize> = (0..seen.len()).filter(|&i| b_prompt(&seen[i].0) > 0).collect();
-        assert_eq!(b_steps.len(), 1, "B's prompt went in {} forwards", b_steps.len());
-        assert_eq!(b_prompt(&seen[b_steps[0]].0), 3);
-        assert!(b_steps[0] >= 4, "B's prompt went at step {}", b_steps[0]);
         drop(seen);
         e.shutdown();
     }

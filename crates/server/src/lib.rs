@@ -95,10 +95,6 @@ pub struct ServerConfig {
     /// with `finish_reason` "length", one still waiting for a slot is answered 503; its slot is
     /// freed either way. `None`: no limit.
     pub request_timeout: Option<std::time::Duration>,
-    /// Hold prompt tokens back while others decode until this many wait (0: off; see
-    /// [`engine`], "Prompt tiles"), at most [`Self::prefill_wait`] steps in a row.
-    pub prefill_batch: usize,
-    pub prefill_wait: usize,
 }
 
 /// [`ServerConfig::request_timeout`]'s default (`--request-timeout 600`).
@@ -114,8 +110,6 @@ impl Default for ServerConfig {
             http_threads: 2,
             row_multiple: 4,
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
-            prefill_batch: 0,
-            prefill_wait: 8,
         }
     }
 }
@@ -123,13 +117,7 @@ impl Default for ServerConfig {
 impl ServerConfig {
     /// The engine's part of the configuration.
     pub fn engine(&self) -> EngineConfig {
-        EngineConfig {
-            max_queue: self.max_queue,
-            prefill_chunk: self.prefill_chunk,
-            row_multiple: self.row_multiple,
-            prefill_batch: self.prefill_batch,
-            prefill_wait: self.prefill_wait,
-        }
+        EngineConfig { max_queue: self.max_queue, prefill_chunk: self.prefill_chunk, row_multiple: self.row_multiple }
     }
 
     /// How to load the model to serve `max_seqs` sequences of `ctx` tokens: the slots (plus the

@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# RUN 2026-12-01 (fourteenth session): ops_vs_cpu 25/25, moe_f16_prompt passed on all tiles (GU
+# exact). pp512 / pp2048: int8 18,070 / 16,842; 256 19,949 / 18,229; 256s4 20,206 / 18,423;
+# 128s4 20,078 / 18,312; GU 21,538 / 19,454. Kept GU (default) and four stages (then 21,842 /
+# 19,760); 128s4 deleted.
 # Written in the thirteenth session (2026-12-01), NOT yet run (the device time ran out):
 # 1. The f16 copies in 64 x 64 tiles as the only layout. gpu-next32 measured them +1.0% / +0.7%
 #    over row-major, under a switch: 19,522 / 17,874 (int8 17,963 / 16,811). The fold into the

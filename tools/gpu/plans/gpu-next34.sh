@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# RUN 2026-12-01 (fourteenth session, with TS_CUDA_MMF_GU=1 on every server): 5,910 / 5,907
+# without; 5,909 / 5,938 with 64; 5,815 / 5,943 with 64 and wait 4; 5,942 / 5,936 with 32. Noise:
+# the load test's clients run in step, so prompts already arrive together. Dropped (the serve
+# options no longer exist).
 # Written in the thirteenth session (2026-12-01), NOT yet run: prompt tiles for the server
 # (serve --prefill-batch N: prompt tokens held back while others decode until N wait, at most
 # --prefill-wait steps). A server step of 64 decode rows plus ~12 prompt tokens took 9.8-10.9 ms,
