@@ -200,8 +200,10 @@ __device__ __forceinline__ bool mmq_block_tile(const int* cnt, int n_exp, int n,
 //     expert e is pair p = perm[off[e] + j], activation row p / in_div, output row p. Experts
 //     e >= e_sh are chunks of a shared FFN's matrix: chunk e - e_sh at Ws + (e - e_sh)*ws_stride,
 //     rows ws_row_bytes apart (gate/up: ff-row blocks; down: ff-column blocks of every row).
-//   W2 (grouped only, else null): two products of one input in one launch (the MoE's gate and
-//     up): blocks x >= gridDim.x / 2 take W2, Ws2 and out2 for W, Ws and out.
+//   W2 (else null): two products of one input in one launch. Grouped (the MoE's gate and up):
+//     blocks x >= gridDim.x / 2 take W2, Ws2 and out2 for W, Ws and out. Dense (matmul_many's q
+//     and kv_a, one matrix each): blocks x >= bx1 take W2 (same row bytes), its m2 rows, and
+//     out2, ooff2, ostride2, split_stride2 for the output (or the partials).
 // Fragments come from shared memory with ldmatrix (an 8x8 b16 matrix is 8 rows of 16 int8, the
 // m16n8k32 fragment layout), the scales once per stage as 4 packed f16 per row; NST stages
 // in flight (cp.async). Warps: WR along the rows x WC along the tokens, each MI m16 tiles x NI n8
@@ -242,10 +244,21 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride,
                                          const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2,
-                                         const u8* Ws2, float* out2) {
+                                         const u8* Ws2, float* out2, int m2, int bx1, i64 ooff2, i64 ostride2,
+                                         i64 split_stride2) {
 #if __CUDA_ARCH__ >= 800
     int bx = blockIdx.x;
-    if (W2 && bx >= (int)(gridDim.x >> 1)) {
+    if (W2 && !cnt) {
+        if (bx >= bx1) {
+            bx -= bx1;
+            W = W2;
+            m = m2;
+            out = out2;
+            ooff = ooff2;
+            ostride = ostride2;
+            split_stride = split_stride2;
+        }
+    } else if (W2 && bx >= (int)(gridDim.x >> 1)) {
         bx -= gridDim.x >> 1;
         W = W2;
         Ws = Ws2;
@@ -404,11 +417,12 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
-             const u8* W2, const u8* Ws2, float* out2) {                                                        \
+             const u8* W2, const u8* Ws2, float* out2, int m2, int bx1, i64 ooff2, i64 ostride2,                \
+             i64 split_stride2) {                                                                               \
         PDL_ENTRY();                                                                                            \
         mmq_impl<WR, WC, MI, NI, GPS, NST, SKIP>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
                                  out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh,    \
-                                 W2, Ws2, out2);                                                                 \
+                                 W2, Ws2, out2, m2, bx1, ooff2, ostride2, split_stride2);                        \
     }
 // 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, 3 stages, 3 blocks per SM (at 4
 // they spill). 64 x 16 tiles (4 x 1 warps of 16 x 16): two groups per stage, double-buffered,
@@ -710,6 +724,27 @@ MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)
+
+// The partials of a dense pair (mmq_impl's W2, split K) summed as mmq_sum_splits sums each: one
+// launch over rows x (m + m2) values, the first m columns from part into out, the rest from
+// part2 (split_stride2 apart, rows of m2) into out2. The same bits as two mmq_sum_splits.
+extern "C" __global__ void mmq_sum_splits2(const float* part, const float* part2, int nsplit, i64 split_stride,
+                                           i64 split_stride2, int rows, int m, int m2, float* out, i64 ooff,
+                                           i64 ostride, float* out2, i64 ooff2, i64 ostride2) { PDL_ENTRY();
+    const int mt = m + m2;
+    const i64 total = (i64)rows * mt;
+    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+        const i64 r = idx / mt;
+        const int c = (int)(idx - r * mt);
+        const bool first = c < m;
+        const float* p = first ? part + r * m + c : part2 + r * m2 + (c - m);
+        const i64 ss = first ? split_stride : split_stride2;
+        float v = 0.f;
+        for (int s = 0; s < nsplit; s++) v += p[s * ss];
+        if (first) out[ooff + r * ostride + c] = v;
+        else out2[ooff2 + r * ostride2 + (c - m)] = v;
+    }
+}
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

@@ -266,6 +266,17 @@ const BIG_SMEM_KERNELS: &[&str] = &[
 const MMF_TILES: [(&str, &str, usize); 2] = [("mmf16_256s4", "mmf16_gu_s4", 4), ("mmf16_256", "mmf16_gu", 3)];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
+/// The second matrix of a dense pair launch (kernels/mmq.cu, mmq_impl's W2 for dense products):
+/// its weights (same row bytes as the first), rows, the first block along x that takes it, its
+/// output (pointer, offset, row stride) and the distance between its split partials.
+#[derive(Clone, Copy)]
+struct DensePair {
+    w: u64,
+    m: usize,
+    bx1: usize,
+    out: (u64, usize, usize),
+    split_stride: usize,
+}
 /// Dynamic shared memory of an `mmq_q8` kernel: `nst` stages of 64 + `bn` rows of `gps` groups
 /// of 144 bytes (plus 16 pad bytes per row when `gps > 1`; kernels/mmq.cu).
 const fn mmq_smem(bn: usize, gps: usize, nst: usize) -> usize {
@@ -621,6 +632,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_rows_r2",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
+        "mmq_sum_splits2",
         "q8_to_f16",
         "f16_rows",
         "mmf16_256",
@@ -774,6 +786,10 @@ pub struct CudaBackend {
     /// sequences 5,335 -> 5,661; at 64 (row-major experts) mmq_q8_64's tiles were 1.4% faster
     /// ([`CudaBackend::set_mmq_tiles`]).
     mmq_rows_dense: AtomicUsize,
+    /// `matmul_many` of two Q8_0 jobs above the 16-token tiles (q and kv_a) in one `mmq_q8_64`
+    /// launch and one split-K sum ([`CudaBackend::mmq_dense_pair`]) instead of two of each;
+    /// `TS_CUDA_MMQ_PAIR=1` or [`CudaBackend::set_mmq_pair`]. Off until measured.
+    mmq_pair: AtomicBool,
     /// Row sets a warp of the grouped expert products on the rows kernel: 1 (`mmq_q8_rows`), 2
     /// (`mmq_q8_rows_r2`, 128 rows a block, the same bits), or 0 for the default: 2 from 12
     /// (token, slot) pairs an expert (V2-Lite: ~99 tokens). On the H200, 128 sequences 12,663 ->
@@ -999,6 +1015,7 @@ impl CudaBackend {
                 _ => (false, true),
             },
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
+            mmq_pair: AtomicBool::new(std::env::var("TS_CUDA_MMQ_PAIR").is_ok_and(|v| v == "1")),
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             rows_r: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R").as_deref() {
                 Ok("1") => 1,
@@ -1136,6 +1153,11 @@ impl CudaBackend {
     pub fn set_mmq_tiles(&self, bn16: usize, rows: usize) {
         self.mmq_bn16.store(bn16, Ordering::Relaxed);
         self.mmq_rows_dense.store(rows, Ordering::Relaxed);
+    }
+
+    /// Two-job `matmul_many` in one launch ([`CudaBackend::mmq_pair`]); for the test.
+    pub fn set_mmq_pair(&self, on: bool) {
+        self.mmq_pair.store(on, Ordering::Relaxed);
     }
 
     pub fn fused(&self) -> bool {
@@ -1356,17 +1378,63 @@ impl CudaBackend {
         let nsplit = if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).min(fit).clamp(1, 16) };
         let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
         if nsplit == 1 {
-            self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);
+            self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn, None);
             return;
         }
         let Some(part) = self.scratch(S::Part, (4 * nsplit * n * m).max(PART_MIN_BYTES)) else { return };
-        self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, n * m), bn);
+        self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, n * m), bn, None);
         self.launch(
             "mmq_sum_splits",
             Self::grid1(n * m),
             256,
             0,
             &[A::P(part), i(nsplit), l(n * m), i(n), i(m), A::P(out.0.ptr), l(o.off), l(o.stride)],
+        );
+    }
+
+    /// Two dense products of the same quantised input `xq` (`n` rows of `ngroups` groups) in one
+    /// `mmq_q8_64` launch (blocks x < ceil(m1/64) take the first matrix), K split by the tiles
+    /// of both, then one sum of both partials (`mmq_sum_splits2`): two dependent launches where
+    /// two products take four. The caller holds `scratch_op` and checks that both are 2-D Q8_0
+    /// of `ngroups` groups a row and that `n` is past the 16-token tiles.
+    fn mmq_dense_pair(&self, a: (&CudaWeight, &CudaBuf, Rows), b: (&CudaWeight, &CudaBuf, Rows), ngroups: usize, xq: u64, n: usize) {
+        let ((w1, out1, o1), (w2, out2, o2)) = (a, b);
+        let (m1, m2) = (w1.ne(1), w2.ne(1));
+        let bx1 = m1.div_ceil(64);
+        let tiles = (bx1 + m2.div_ceil(64)) * n.div_ceil(64);
+        let fit = PART_MIN_BYTES / (4 * n * (m1 + m2)).max(1);
+        let nsplit = if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).min(fit).clamp(1, 16) };
+        let grid = ((bx1 + m2.div_ceil(64)) as u32, n.div_ceil(64) as u32, nsplit as u32);
+        if nsplit == 1 {
+            let d = DensePair { w: w2.mem.ptr, m: m2, bx1, out: (out2.0.ptr, o2.off, o2.stride), split_stride: 0 };
+            self.mmq_launch(w1, m1, ngroups, xq, grid, n, None, 1, (out1.0.ptr, o1.off, o1.stride), (1, 0), 64, Some(d));
+            return;
+        }
+        let Some(part) = self.scratch(S::Part, (4 * nsplit * n * (m1 + m2)).max(PART_MIN_BYTES)) else { return };
+        let part2 = part + (4 * nsplit * n * m1) as u64;
+        let d = DensePair { w: w2.mem.ptr, m: m2, bx1, out: (part2, 0, m2), split_stride: n * m2 };
+        self.mmq_launch(w1, m1, ngroups, xq, grid, n, None, 1, (part, 0, m1), (nsplit, n * m1), 64, Some(d));
+        self.launch(
+            "mmq_sum_splits2",
+            Self::grid1(n * (m1 + m2)),
+            256,
+            0,
+            &[
+                A::P(part),
+                A::P(part2),
+                i(nsplit),
+                l(n * m1),
+                l(n * m2),
+                i(n),
+                i(m1),
+                i(m2),
+                A::P(out1.0.ptr),
+                l(o1.off),
+                l(o1.stride),
+                A::P(out2.0.ptr),
+                l(o2.off),
+                l(o2.stride),
+            ],
         );
     }
 
@@ -1603,6 +1671,7 @@ impl CudaBackend {
         (out, ooff, ostride): (u64, usize, usize),
         (nsplit, split_stride): (usize, usize),
         bn: usize,
+        dense2: Option<DensePair>,
     ) {
         let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
@@ -1660,7 +1729,18 @@ impl CudaBackend {
             A::P(pair_tiled),
             l(w.tiled_mat_bytes()),
         ];
-        self.launch(name, grid, 128, smem as u32, if rows { &args } else { &args[..25] });
+        if rows {
+            self.launch(name, grid, 128, smem as u32, &args);
+            return;
+        }
+        // The mmq_q8 tiles: the dense pair's second matrix (or none).
+        let d = dense2.unwrap_or(DensePair { w: 0, m: 0, bx1: 0, out: (0, 0, 0), split_stride: 0 });
+        let mut am = [A::I(0); 30];
+        am[..25].copy_from_slice(&args[..25]);
+        am[22] = A::P(d.w.max(w2));
+        am[24] = A::P(d.out.0.max(out2));
+        am[25..].copy_from_slice(&[i(d.m), i(d.bx1), l(d.out.1), l(d.out.2), l(d.split_stride)]);
+        self.launch(name, grid, 128, smem as u32, &am);
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
@@ -1765,13 +1845,13 @@ impl CudaBackend {
                 m.pair_tiled = up.tiled_ptr();
                 m
             });
-            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
+            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn, None);
         } else {
-            self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
-            self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);
+            self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn, None);
+            self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn, None);
         }
         self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
-        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, groups(sd), 1, (y, 0, hdim), (1, 0), bn);
+        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, groups(sd), 1, (y, 0, hdim), (1, 0), bn, None);
         self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o);
     }
 
@@ -2978,6 +3058,15 @@ impl Backend for CudaBackend {
             let ngroups = k.div_ceil(128);
             let Some(xq) = self.scratch(S::Xq, n * ngroups * 144) else { return };
             self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, k, 0, xq);
+            let tiles16 = self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed));
+            if let [(w1, out1, o1), (w2, out2, o2)] = jobs {
+                if self.mmq_pair.load(Ordering::Relaxed) && n > tiles16 && w1.row_bytes == w2.row_bytes {
+                    out1.check(*o1);
+                    out2.check(*o2);
+                    self.mmq_dense_pair((w1, out1, *o1), (w2, out2, *o2), ngroups, xq, n);
+                    return;
+                }
+            }
             for &(w, out, o) in jobs {
                 out.check(o);
                 self.mmq_dense(w, ngroups, xq, (n, n, 1), out, o);

@@ -591,6 +591,61 @@ fn mmq_rows_dense_exact() {
     rep.finish();
 }
 
+/// `matmul_many` of two Q8_0 jobs in one `mmq_q8_64` launch and one split-K sum
+/// (`set_mmq_pair`): V2-Lite's q and kv_a (and a pair whose rows end inside a 64-row tile) at 64
+/// and 100 tokens (split K) and 512 (no split), against the CPU and against the two separate
+/// products (the split differs, so the sums are grouped differently: tight tolerance, not bits).
+#[test]
+fn mmq_dense_pair() {
+    let Some(g) = gpu() else { return };
+    if !g.tensor_cores() {
+        eprintln!("mmq_dense_pair: no tensor cores, skipped");
+        return;
+    }
+    let c = cpu();
+    let pb = &CudaBackend::new(0).expect("second backend");
+    pb.set_mmq_pair(true);
+    let mut r = rng(39);
+    let mut rep = Report::new("mmq_dense_pair");
+    for &(k, m1, m2) in &[(2048usize, 3072usize, 576usize), (1408, 97, 200)] {
+        let mut ws = Vec::new();
+        for m in [m1, m2] {
+            let shape = [k, m];
+            let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
+            ws.push(bytes);
+        }
+        let upl =
+            |b: &CudaBackend, i: usize, m: usize| b.upload_weight(&td("w", GgmlType::Q8_0, &[k, m], &ws[i]), WeightUse::Matmul).unwrap();
+        let (pw1, pw2, gw1, gw2) = (upl(pb, 0, m1), upl(pb, 1, m2), upl(g, 0, m1), upl(g, 1, m2));
+        let cw1 = c.upload_weight(&td("w", GgmlType::Q8_0, &[k, m1], &ws[0]), WeightUse::Matmul).unwrap();
+        let cw2 = c.upload_weight(&td("w", GgmlType::Q8_0, &[k, m2], &ws[1]), WeightUse::Matmul).unwrap();
+        for &n in &[64usize, 100, 512] {
+            let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+            let x = randn(&mut r, xr.end(), 1.0);
+            // Both outputs in one buffer, as q and kv_a are not: offsets and strides of their own.
+            let o1 = Rows { off: 2, n, width: m1, stride: m1 + 1 };
+            let o2 = Rows { off: o1.end() + 3, n, width: m2, stride: m2 + 2 };
+            let run = |b: &CudaBackend, w1: &CudaWeight, w2: &CudaWeight| {
+                let (bx, bo) = (buf(b, &x), b.alloc(o2.end()).unwrap());
+                poison(b, &bo, o2.end());
+                b.matmul_many(&bx, xr, &[(w1, &bo, o1), (w2, &bo, o2)]);
+                (get(b, &bo, o1), get(b, &bo, o2))
+            };
+            let (p1, p2) = run(pb, &pw1, &pw2);
+            let (s1, s2) = run(g, &gw1, &gw2);
+            let (cx, co) = (buf(c, &x), c.alloc(o2.end()).unwrap());
+            c.matmul_many(&cx, xr, &[(&cw1, &co, o1), (&cw2, &co, o2)]);
+            let (tc, _) = matmul_tol(GgmlType::Q8_0, n);
+            for (j, (got, sep, o)) in [(&p1, &s1, o1), (&p2, &s2, o2)].into_iter().enumerate() {
+                let lab = format!("k={k} m={m1}+{m2} n={n} job {j}");
+                rep.check(&format!("{lab} pair vs cpu"), got, &get(c, &co, o), tc, 1e-3);
+                rep.check(&format!("{lab} pair vs two launches"), got, sep, 1e-5, 1e-5);
+            }
+        }
+    }
+    rep.finish();
+}
+
 #[test]
 fn rope_modes() {
     let Some(g) = gpu() else { return };
