@@ -96,6 +96,28 @@ extern "C" __global__ void moe_route_quant(const float* logits, i64 loff, i64 ls
                          drow);
 }
 
+// The batched MoE's first three steps in one launch (decode-size batches on the int8 grouped
+// products; TS_CUDA_MOE_RGQ=1): block 0 routes every token (a warp per token, in turn) and then
+// groups the (token, slot) pairs by expert (moe_group's body, after a barrier: its reads of sel_e
+// see the block's own writes); blocks 1.. quantise the input rows (a warp per group). The same
+// bodies as moe_route_warp, moe_group and quant_q8_groups, so the same bits; two dependent
+// launches fewer per layer. 1024 threads a block (moe_group's).
+extern "C" __global__ void moe_route_group_quant(const float* logits, i64 loff, i64 lstride, int n, int E, int k,
+                                                 int gating, int norm_topk, float scale, int* sel_e, float* sel_w,
+                                                 int nsh, int* cnt, int* off, int* perm, const float* src, i64 xoff,
+                                                 i64 xstride, int kdim, u8* dst, i64 drow) { PDL_ENTRY();
+    const int wpb = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    if (blockIdx.x == 0) {
+        for (int t = warp; t < n; t += wpb)
+            route_warp_body(t, logits, loff, lstride, n, E, k, gating, norm_topk, scale, sel_e, sel_w);
+        __syncthreads();
+        moe_group_body(sel_e, n, k, nsh, E, cnt, off, perm);
+    } else {
+        quant_group_body((i64)(blockIdx.x - 1) * wpb + warp, src, nullptr, xoff, xstride, n, kdim, 0, nullptr, 0, 1, dst,
+                         drow);
+    }
+}
+
 #if __CUDA_ARCH__ >= 800
 // Scale s (0..3) of a group header read as 4 packed f16.
 __device__ __forceinline__ float hsel(uint2 h, int s) {

@@ -74,7 +74,9 @@ __device__ __forceinline__ int moe_pair_expert(const int* sel_e, int p, int k, i
     const int t = p / ks, j = p - t * ks;
     return j < k ? sel_e[t * k + j] : E + (j - k);
 }
-extern "C" __global__ void moe_group(const int* sel_e, int ntok, int k, int nsh, int E, int* cnt, int* off, int* perm) { PDL_ENTRY();
+// (The body, by one whole block; also run by moe_route_group_quant, mmq.cu.)
+__device__ __forceinline__ void moe_group_body(const int* sel_e, int ntok, int k, int nsh, int E, int* cnt, int* off,
+                                               int* perm) {
     __shared__ int c[MOE_MAX_EXPERTS], o[MOE_MAX_EXPERTS];
     const int ks = k + nsh, npairs = ntok * ks;
     E += nsh;  // the shared chunks count as experts from here on
@@ -96,6 +98,9 @@ extern "C" __global__ void moe_group(const int* sel_e, int ntok, int k, int nsh,
         int e = moe_pair_expert(sel_e, p, k, ks, E - nsh);
         if (e >= 0) perm[o[e] + atomicAdd(&c[e], 1)] = p;
     }
+}
+extern "C" __global__ void moe_group(const int* sel_e, int ntok, int k, int nsh, int E, int* cnt, int* off, int* perm) { PDL_ENTRY();
+    moe_group_body(sel_e, ntok, k, nsh, E, cnt, off, perm);
 }
 
 // Decode-size expert product: block row y = pair p (token p / k, slot p % k); out row p =

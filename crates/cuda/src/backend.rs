@@ -266,6 +266,9 @@ const BIG_SMEM_KERNELS: &[&str] = &[
 const MMF_TILES: [(&str, &str, usize); 2] = [("mmf16_256s4", "mmf16_gu_s4", 4), ("mmf16_256", "mmf16_gu", 3)];
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
+/// Most tokens whose routing one block does in `moe_route_group_quant` (a warp per token in
+/// turn: 32 warps, so at most 8 tokens a warp).
+const MOE_RGQ_MAX_TOKENS: usize = 256;
 /// The second matrix of a dense pair launch (kernels/mmq.cu, mmq_impl's W2 for dense products):
 /// its weights (same row bytes as the first), rows, the first block along x that takes it, its
 /// output (pointer, offset, row stride) and the distance between its split partials.
@@ -586,6 +589,7 @@ fn kernel_names() -> Vec<String> {
         "attention_16",
         "moe_route",
         "moe_group",
+        "moe_route_group_quant",
         "moe_combine",
         "gemv_q8_1",
         "gemv_q8_2",
@@ -786,6 +790,11 @@ pub struct CudaBackend {
     /// sequences 5,335 -> 5,661; at 64 (row-major experts) mmq_q8_64's tiles were 1.4% faster
     /// ([`CudaBackend::set_mmq_tiles`]).
     mmq_rows_dense: AtomicUsize,
+    /// The batched MoE's routing, grouping and input quantisation in one launch
+    /// (`moe_route_group_quant`, the same bits; decode-size batches of at most
+    /// [`MOE_RGQ_MAX_TOKENS`] on the int8 grouped products); `TS_CUDA_MOE_RGQ=1` or
+    /// [`CudaBackend::set_moe_rgq`]. Off until measured.
+    moe_rgq: AtomicBool,
     /// `matmul_many` of two Q8_0 jobs above the 16-token tiles (q and kv_a) in one `mmq_q8_64`
     /// launch and one split-K sum ([`CudaBackend::mmq_dense_pair`]) instead of two of each;
     /// `TS_CUDA_MMQ_PAIR=1` or [`CudaBackend::set_mmq_pair`]. Off until measured.
@@ -1016,6 +1025,7 @@ impl CudaBackend {
             },
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
             mmq_pair: AtomicBool::new(std::env::var("TS_CUDA_MMQ_PAIR").is_ok_and(|v| v == "1")),
+            moe_rgq: AtomicBool::new(std::env::var("TS_CUDA_MOE_RGQ").is_ok_and(|v| v == "1")),
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             rows_r: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R").as_deref() {
                 Ok("1") => 1,
@@ -1153,6 +1163,11 @@ impl CudaBackend {
     pub fn set_mmq_tiles(&self, bn16: usize, rows: usize) {
         self.mmq_bn16.store(bn16, Ordering::Relaxed);
         self.mmq_rows_dense.store(rows, Ordering::Relaxed);
+    }
+
+    /// The batched MoE's first three launches as one ([`CudaBackend::moe_rgq`]); for the test.
+    pub fn set_moe_rgq(&self, on: bool) {
+        self.moe_rgq.store(on, Ordering::Relaxed);
     }
 
     /// Two-job `matmul_many` in one launch ([`CudaBackend::mmq_pair`]); for the test.
@@ -1772,23 +1787,61 @@ impl CudaBackend {
         let ks = k + nsh;
         let pairs = n * ks;
         let ne_all = ne + nsh;
-        self.route(logits, lr, p, warp_route, sel_e, sel_w);
         let (Some(cnt), Some(off), Some(perm)) =
             (self.scratch(S::Cnt, 4 * ne_all), self.scratch(S::Off, 4 * ne_all), self.scratch(S::Perm, 4 * pairs))
         else {
             return;
         };
-        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
         // Tokens per tile: 16 when the experts see few tokens each (batched decode; the block's
         // work then shrinks with them), else 64. Upper bound of the tiles over all experts: sum
         // of ceil(cnt/bn) <= pairs/bn + experts.
         let bn = if pairs <= 16 * ne_all { 16 } else { 64 };
+        let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
+        // Routing, grouping and the input's quantisation in one launch (`moe_route_group_quant`)
+        // where the int8 path follows and a block routes the tokens quickly enough.
+        let rgq = bn == 16 && warp_route && n <= MOE_RGQ_MAX_TOKENS && self.moe_rgq.load(Ordering::Relaxed);
+        if rgq {
+            let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
+            let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
+            self.launch(
+                "moe_route_group_quant",
+                (1 + (n * hg).div_ceil(32) as u32, 1, 1),
+                1024,
+                0,
+                &[
+                    A::P(logits.0.ptr),
+                    l(lr.off),
+                    l(lr.stride),
+                    i(n),
+                    i(ne),
+                    i(k),
+                    gating,
+                    A::I(p.norm_topk as i32),
+                    A::F(p.scale),
+                    A::P(sel_e),
+                    A::P(sel_w),
+                    i(nsh),
+                    A::P(cnt),
+                    A::P(off),
+                    A::P(perm),
+                    A::P(x.0.ptr),
+                    l(xr.off),
+                    l(xr.stride),
+                    i(hdim),
+                    A::P(xq),
+                    l(hg * 144),
+                ],
+            );
+        } else {
+            self.route(logits, lr, p, warp_route, sel_e, sel_w);
+            self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
+        }
         let tiles = (pairs.div_ceil(bn) + ne_all) as u32;
         let act = match p.glu {
             Glu::SwiGlu => 1,
             Glu::GeGluTanh => 2,
         };
-        if bn == 64 && self.moe_f16 && self.mmf.is_some() {
+        if !rgq && bn == 64 && self.moe_f16 && self.mmf.is_some() {
             let h = |w: &CudaWeight| w.half();
             if let ([Some(hg), Some(hu), Some(hd)], Some(sh)) = (
                 [h(experts.gate), h(experts.up), h(experts.down)],
@@ -1821,10 +1874,11 @@ impl CudaBackend {
                 return;
             }
         }
-        let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
         let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
         let Some(hq) = self.scratch(S::Hq, pairs * fg * 144) else { return };
-        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
+        if !rgq {
+            self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
+        }
         // The shared chunks: gate/up chunk c is rows c*ff.. of the shared matrix; down chunk c
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {

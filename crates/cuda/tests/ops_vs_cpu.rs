@@ -1833,8 +1833,9 @@ fn moe_f16_prompt() {
 /// with it off), at V2-Lite's shapes (64 experts, 2 shared chunks; 16 groups in, 11 out), with
 /// routing skewed so some experts see more than one tile, and at a width that ends inside a
 /// 64-row block and inside a 128-group; and from a 16-row tiled copy of the experts (made on the
-/// device by `tile16_q8`, checked byte for byte against the host's `tile16`). (With
-/// `TS_CUDA_MOE_ROWS=0` all three run `mmq_q8_16`.)
+/// device by `tile16_q8`, checked byte for byte against the host's `tile16`); and with the
+/// routing, grouping and input quantisation in one launch (`moe_route_group_quant`). (With
+/// `TS_CUDA_MOE_ROWS=0` all of them run `mmq_q8_16`.)
 #[test]
 fn moe_rows_exact() {
     let Some(g) = gpu() else { return };
@@ -1851,6 +1852,9 @@ fn moe_rows_exact() {
     // a backend of their own.)
     let rowmaj = &CudaBackend::new(0).expect("fourth backend");
     rowmaj.set_moe_tiled(false);
+    // Routing, grouping and the input's quantisation in one launch (moe_route_group_quant).
+    let rgq = &CudaBackend::new(0).expect("fifth backend");
+    rgq.set_moe_rgq(true);
     // One row set a warp on both (mmq_q8_rows); two below (the default picks by pairs an expert).
     tiled.set_rows_r(1);
     rowmaj.set_rows_r(1);
@@ -1873,7 +1877,7 @@ fn moe_rows_exact() {
         let up = |b: &CudaBackend| -> [CudaWeight; 6] {
             std::array::from_fn(|i| b.upload_weight(&td("w", ty, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap())
         };
-        let (gw, pw, tw) = (up(rowmaj), up(plain), up(tiled));
+        let (gw, pw, tw, qw) = (up(rowmaj), up(plain), up(tiled), up(rgq));
         // The tiled copies made on the device (tile16_q8) against the host reference.
         for (j, rows) in [(0usize, ff), (2, hdim)] {
             let (rm, tl) = tiled.weight_bytes(&tw[j]).unwrap();
@@ -1919,7 +1923,7 @@ fn moe_rows_exact() {
             (get(b, &bo, o), get(b, &ro, o))
         };
         let mut outs = Vec::new();
-        for (b, w) in [(rowmaj, &gw), (plain, &pw), (tiled, &tw)] {
+        for (b, w) in [(rowmaj, &gw), (plain, &pw), (tiled, &tw), (rgq, &qw)] {
             outs.push(run(b, w, o));
         }
         // Two row sets a warp (mmq_q8_rows_r2), from the tiles and from row-major stacks: the
@@ -1941,6 +1945,8 @@ fn moe_rows_exact() {
         rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
         rep.check(&format!("{lab} moe_shared, tiled experts (exact)"), &outs[2].0, &outs[1].0, 0.0, 0.0);
         rep.check(&format!("{lab} moe, tiled experts (exact)"), &outs[2].1, &outs[1].1, 0.0, 0.0);
+        rep.check(&format!("{lab} moe_shared, route-group-quant launch (exact)"), &outs[3].0, &outs[1].0, 0.0, 0.0);
+        rep.check(&format!("{lab} moe, route-group-quant launch (exact)"), &outs[3].1, &outs[1].1, 0.0, 0.0);
     }
     rep.finish();
 }

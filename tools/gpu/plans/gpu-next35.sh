@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
-# Written in the fourteenth session (2026-12-01), NOT yet run (the device time ran out):
-# matmul_many's two Q8_0 jobs (q and kv_a; layer 0's gate and up) in one mmq_q8_64 launch and
+# Written in the fourteenth session (2026-12-01), NOT yet run (the device time ran out). Two
+# switches that cut dependent launches from the 64-sequence step, each off until measured:
+# 1. TS_CUDA_MOE_RGQ=1: the batched MoE's routing, grouping and input quantisation in one launch
+#    (moe_route_group_quant, the same bits: moe_rows_exact checks it): two launches fewer a
+#    layer (~3 us each in the trace), ~0.15 ms a step.
+# 2. TS_CUDA_MMQ_PAIR=1: matmul_many's two Q8_0 jobs (q and kv_a; layer 0's gate and up) in one mmq_q8_64 launch and
 # one split-K sum (TS_CUDA_MMQ_PAIR=1, `mmq_dense_pair`): two dependent launches where there were
 # four. The trace of the 64-sequence step has a dense product at ~10 us after its input is ready
 # whatever its loop costs, and a sum at 2.2 us; estimate ~10 us a layer, ~0.27 ms of the 8.4-ms
 # step (+3%). The whole ops_vs_cpu (its mmq_dense_pair checks the pair against the CPU and
 # against the two launches), then 64 sequences twice, 128, prompts, and the server at 64
-# clients, each without and with. If it wins, make it the default and delete the switch.
-# About 7 minutes.
+# clients, each without and with. If they win, make them the defaults and delete the switches.
+# About 8 minutes.
 #   tools/gpu/plans/gpu-next35.sh BIN OPS
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 TS_OPS_LIMIT=150 TS_OPS_THREADS=4 ops_and_model
-ab64 2 "" "TS_CUDA_MMQ_PAIR=1"
-for e in "" "TS_CUDA_MMQ_PAIR=1"; do
+ab64 2 "" "TS_CUDA_MOE_RGQ=1" "TS_CUDA_MMQ_PAIR=1" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
+for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"; do
   b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
   b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
 done
 serve64 "" 15
-serve64 "TS_CUDA_MMQ_PAIR=1" 15
+serve64 "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" 15
