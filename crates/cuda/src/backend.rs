@@ -1671,7 +1671,9 @@ impl CudaBackend {
     /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` the grouped expert product's lists
     /// ([`MmqGroups`]), `None` for the dense one (`grid.2 / nsplit` matrices of `n` tokens);
     /// `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the splits'
-    /// partial outputs); `bn` the tokens per tile (64 or 16; `grid.1` counts such tiles).
+    /// partial outputs); `bn` the tokens per tile (64 or 16; `grid.1` counts such tiles);
+    /// `dense2` a dense pair's second matrix ([`CudaBackend::mmq_dense_pair`]; the `mmq_q8`
+    /// tiles only, not the rows kernels).
     #[allow(clippy::too_many_arguments)]
     fn mmq_launch(
         &self,
@@ -1748,13 +1750,15 @@ impl CudaBackend {
             self.launch(name, grid, 128, smem as u32, &args);
             return;
         }
-        // The mmq_q8 tiles: the dense pair's second matrix (or none).
-        let d = dense2.unwrap_or(DensePair { w: 0, m: 0, bx1: 0, out: (0, 0, 0), split_stride: 0 });
+        // The mmq_q8 tiles take the dense pair's second matrix after the common arguments (its
+        // weights and output in the grouped pair's W2 and out2).
         let mut am = [A::I(0); 30];
         am[..25].copy_from_slice(&args[..25]);
-        am[22] = A::P(d.w.max(w2));
-        am[24] = A::P(d.out.0.max(out2));
-        am[25..].copy_from_slice(&[i(d.m), i(d.bx1), l(d.out.1), l(d.out.2), l(d.split_stride)]);
+        if let Some(d) = dense2 {
+            am[22] = A::P(d.w);
+            am[24] = A::P(d.out.0);
+            am[25..].copy_from_slice(&[i(d.m), i(d.bx1), l(d.out.1), l(d.out.2), l(d.split_stride)]);
+        }
         self.launch(name, grid, 128, smem as u32, &am);
     }
 
