@@ -1806,36 +1806,23 @@ impl CudaBackend {
         let rgq = bn == 16 && warp_route && n <= MOE_RGQ_MAX_TOKENS && self.moe_rgq.load(Ordering::Relaxed);
         if rgq {
             let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
-            let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
-            self.launch(
-                "moe_route_group_quant",
-                (1 + (n * hg).div_ceil(32) as u32, 1, 1),
-                1024,
-                0,
-                &[
-                    A::P(logits.0.ptr),
-                    l(lr.off),
-                    l(lr.stride),
-                    i(n),
-                    i(ne),
-                    i(k),
-                    gating,
-                    A::I(p.norm_topk as i32),
-                    A::F(p.scale),
-                    A::P(sel_e),
-                    A::P(sel_w),
-                    i(nsh),
-                    A::P(cnt),
-                    A::P(off),
-                    A::P(perm),
-                    A::P(x.0.ptr),
-                    l(xr.off),
-                    l(xr.stride),
-                    i(hdim),
-                    A::P(xq),
-                    l(hg * 144),
-                ],
-            );
+            let mut args = [A::I(0); 21];
+            args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
+            args[9..].copy_from_slice(&[
+                A::P(sel_e),
+                A::P(sel_w),
+                i(nsh),
+                A::P(cnt),
+                A::P(off),
+                A::P(perm),
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                i(hdim),
+                A::P(xq),
+                l(hg * 144),
+            ]);
+            self.launch("moe_route_group_quant", (1 + (n * hg).div_ceil(32) as u32, 1, 1), 1024, 0, &args);
         } else {
             self.route(logits, lr, p, warp_route, sel_e, sel_w);
             self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
@@ -2043,11 +2030,8 @@ impl CudaBackend {
     /// groups too). Both take the same leading arguments; the group counts only go to the latter.
     fn route(&self, logits: &CudaBuf, lr: Rows, p: &MoeParams, warp_route: bool, sel_e: u64, sel_w: u64) {
         let n = lr.n;
-        let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
-        let lead =
-            [A::P(logits.0.ptr), l(lr.off), l(lr.stride), i(n), i(p.n_experts), i(p.k), gating, A::I(p.norm_topk as i32), A::F(p.scale)];
         let mut args = [A::I(0); 13];
-        args[..9].copy_from_slice(&lead);
+        args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
         if warp_route {
             args[9..11].copy_from_slice(&[A::P(sel_e), A::P(sel_w)]);
             self.launch("moe_route_warp", (n.div_ceil(4) as u32, 1, 1), 128, 0, &args[..11]);
@@ -2055,6 +2039,13 @@ impl CudaBackend {
             args[9..13].copy_from_slice(&[i(p.n_group), i(p.topk_group), A::P(sel_e), A::P(sel_w)]);
             self.launch("moe_route", (n.div_ceil(128) as u32, 1, 1), 128, 0, &args);
         }
+    }
+
+    /// The routing kernels' leading arguments (`moe_route*`, `route_warp_body`): the logits rows,
+    /// tokens, experts, k, gating (1 = sigmoid), whether the top k are renormalised, the scale.
+    fn route_lead(logits: &CudaBuf, lr: Rows, p: &MoeParams) -> [A; 9] {
+        let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
+        [A::P(logits.0.ptr), l(lr.off), l(lr.stride), i(lr.n), i(p.n_experts), i(p.k), gating, A::I(p.norm_topk as i32), A::F(p.scale)]
     }
 
     /// Host-side check that every token's cache rows `[slot*slot_len, slot*slot_len + pos]` lie in
@@ -3443,31 +3434,10 @@ impl Backend for CudaBackend {
         let Some(hq) = self.scratch(S::Hq, n * ks * hrow) else { return true };
         // The routing and the input's quantisation in one launch (moe_route_quant).
         let ngroups = hdim.div_ceil(128);
-        self.launch(
-            "moe_route_quant",
-            ((n.div_ceil(8) + (n * ngroups).div_ceil(8)) as u32, 1, 1),
-            256,
-            0,
-            &[
-                A::P(logits.0.ptr),
-                l(lr.off),
-                l(lr.stride),
-                i(n),
-                i(p.n_experts),
-                i(k),
-                A::I(matches!(p.gating, Gating::Sigmoid) as i32),
-                A::I(p.norm_topk as i32),
-                A::F(p.scale),
-                A::P(sel_e),
-                A::P(sel_w),
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                i(hdim),
-                A::P(xq),
-                l(xrow),
-            ],
-        );
+        let mut args = [A::I(0); 17];
+        args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
+        args[9..].copy_from_slice(&[A::P(sel_e), A::P(sel_w), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(hdim), A::P(xq), l(xrow)]);
+        self.launch("moe_route_quant", ((n.div_ceil(8) + (n * ngroups).div_ceil(8)) as u32, 1, 1), 256, 0, &args);
         let act = match p.glu {
             Glu::SwiGlu => 0,
             Glu::GeGluTanh => 1,
