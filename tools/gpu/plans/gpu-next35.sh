@@ -11,7 +11,7 @@
 # step (+3%). The whole ops_vs_cpu (its mmq_dense_pair checks the pair against the CPU and
 # against the two launches), then 64 sequences twice, 128, prompts, and the server at 64
 # clients, each without and with. If they win, make them the defaults and delete the switches.
-# The default's hash must stay 33948fa635fb0682 at 64 sequences (tg128 756941f1d106faec): the
+# The default's hashes must stay 33948fa635fb0682 at 64 sequences and 3092e559ddb510ec for tg32: the
 # routing launches' arguments were refactored (route_lead) after the last device run.
 # About 8 minutes.
 #   tools/gpu/plans/gpu-next35.sh BIN OPS
