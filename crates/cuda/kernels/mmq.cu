@@ -223,9 +223,10 @@ __device__ __forceinline__ bool mmq_block_tile(const int* cnt, int n_exp, int n,
 //     e >= e_sh are chunks of a shared FFN's matrix: chunk e - e_sh at Ws + (e - e_sh)*ws_stride,
 //     rows ws_row_bytes apart (gate/up: ff-row blocks; down: ff-column blocks of every row).
 //   W2 (else null): two products of one input in one launch. Grouped (the MoE's gate and up):
-//     blocks x >= gridDim.x / 2 take W2, Ws2 and out2 for W, Ws and out. Dense (matmul_many's q
-//     and kv_a, one matrix each): blocks x >= bx1 take W2 (same row bytes), its m2 rows, and
-//     out2, ooff2, ostride2, split_stride2 for the output (or the partials).
+//     blocks x >= gridDim.x / 2 take W2, Ws2 and out2 for W, Ws and out. Dense (PAIR, the
+//     mmq_q8_64p kernel: matmul_many's q and kv_a, one matrix each): blocks x >= bx1 take W2
+//     (same row bytes), its m2 rows, and out2, ooff2, ostride2, split_stride2 for the output
+//     (or the partials).
 // Fragments come from shared memory with ldmatrix (an 8x8 b16 matrix is 8 rows of 16 int8, the
 // m16n8k32 fragment layout), the scales once per stage as 4 packed f16 per row; NST stages
 // in flight (cp.async). Warps: WR along the rows x WC along the tokens, each MI m16 tiles x NI n8
@@ -261,7 +262,7 @@ __device__ __forceinline__ void acc_zero(float (&acc)[MI][NI][4]) {
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
 }
-template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP>
+template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP, bool PAIR>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride,
@@ -270,7 +271,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
                                          i64 split_stride2) {
 #if __CUDA_ARCH__ >= 800
     int bx = blockIdx.x;
-    if (W2 && !cnt) {
+    if (PAIR) {  // (a template switch: the dense pair's branch costs the plain tiles registers)
         if (bx >= bx1) {
             bx -= bx1;
             W = W2;
@@ -434,7 +435,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #endif
 }
 
-#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, NST, MINB, SKIP)                                                                    \
+#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, NST, MINB, SKIP, PAIR)                                                                    \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
@@ -442,7 +443,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
              const u8* W2, const u8* Ws2, float* out2, int m2, int bx1, i64 ooff2, i64 ostride2,                \
              i64 split_stride2) {                                                                               \
         PDL_ENTRY();                                                                                            \
-        mmq_impl<WR, WC, MI, NI, GPS, NST, SKIP>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
+        mmq_impl<WR, WC, MI, NI, GPS, NST, SKIP, PAIR>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
                                  out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh,    \
                                  W2, Ws2, out2, m2, bx1, ooff2, ostride2, split_stride2);                        \
     }
@@ -456,9 +457,12 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 // The padding-tile skip pays on the 16-token tiles (batched decode: most experts see <= 8
 // tokens) and costs the 64-token tiles 2% of pp512 (15,424-15,448 without vs 15,032-15,136 with,
 // same H200 run; 148 vs 168 registers): those run without it.
-MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3, false)
-MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
-MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
+MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3, false, false)
+MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true, false)
+MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true, false)
+// Two dense products in one launch (matmul_many's two jobs, TS_CUDA_MMQ_PAIR=1; not yet
+// measured): mmq_q8_64's tile with the pair's branch.
+MMQ_INST(mmq_q8_64p, 2, 2, 2, 4, 1, 3, 3, false, true)
 
 // The grouped expert product for tiles of few tokens (the batched decode: about 6 tokens an
 // expert) with the weights read the way the decode GEMVs read them, straight into the mma

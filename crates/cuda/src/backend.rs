@@ -250,6 +250,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc",
     "mla_split_tc_h",
     "mmq_q8_64",
+    "mmq_q8_64p",
     "mmq_q8_16",
     "mmq_q8_16g1",
     "mmq_q8_rows",
@@ -630,6 +631,7 @@ fn kernel_names() -> Vec<String> {
         "moe_route_quant",
         "moe_gateup_sh_q8q",
         "mmq_q8_64",
+        "mmq_q8_64p",
         "mmq_q8_16",
         "mmq_q8_16g1",
         "mmq_q8_rows",
@@ -1709,6 +1711,8 @@ impl CudaBackend {
         };
         let grid = if rr > 1 { ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(64 * rr) as u32, grid.1, grid.2) } else { grid };
         let (name, smem) = match (bn, self.mmq16) {
+            // (A dense pair always comes with 64-token tiles: mmq_dense_pair.)
+            _ if dense2.is_some() => ("mmq_q8_64p", MMQ_SMEM),
             _ if rows && cnt != 0 => (if rr == 2 { "mmq_q8_rows_r2" } else { "mmq_q8_rows" }, rows_smem),
             _ if rows => ("mmq_q8_rows_d", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
