@@ -457,7 +457,13 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 // The padding-tile skip pays on the 16-token tiles (batched decode: most experts see <= 8
 // tokens) and costs the 64-token tiles 2% of pp512 (15,424-15,448 without vs 15,032-15,136 with,
 // same H200 run; 148 vs 168 registers): those run without it.
-MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, 3, false, false)
+// (At 3 blocks an SM mmq_q8_64 spills 20 bytes: one local load a stage in Nsight's SASS view of
+// the 64-sequence step's dense products. TS_CUDA_DEFINES="MMQ64_MINB=2" measures 2 blocks
+// without the spill.)
+#ifndef MMQ64_MINB
+#define MMQ64_MINB 3
+#endif
+MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, MMQ64_MINB, false, false)
 MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true, false)
 MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true, false)
 // Two dense products in one launch (matmul_many's two jobs, TS_CUDA_MMQ_PAIR=1; not yet

@@ -13,7 +13,7 @@
 # clients, each without and with. If they win, make them the defaults and delete the switches.
 # The default's hashes must stay 33948fa635fb0682 at 64 sequences and 3092e559ddb510ec for tg32: the
 # routing launches' arguments were refactored (route_lead) after the last device run.
-# About 8 minutes.
+# Then mmq_q8_64 at two blocks an SM (TS_CUDA_DEFINES=MMQ64_MINB=2: no spill). About 9 minutes.
 #   tools/gpu/plans/gpu-next35.sh BIN OPS
 set -u
 B=$1; OPS=$2
@@ -24,6 +24,11 @@ for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"; do
   b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
   b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
+done
+# mmq_q8_64 without its 20 spilled bytes (two blocks an SM instead of three).
+for e in "" "TS_CUDA_DEFINES=MMQ64_MINB=2"; do
+  b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
+  b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
 done
 serve64 "" 15
 serve64 "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" 15
