@@ -1015,3 +1015,182 @@ MMF_INST(mmf16_256s4, 4, 2, 4, 4, 4, 1)
     }
 MMF_GU_INST(mmf16_gu, 3)
 MMF_GU_INST(mmf16_gu_s4, 4)
+
+// ---- Prompt expert products on f16 tensor cores straight from the Q8_0 weights ----------------
+// (TS_CUDA_MMF_Q8=1; written 2026-12-01, NOT yet run on a GPU.) The f16 copies above cost 1.88x the
+// experts' bytes (~29 GB on V2-Lite) and make each launch read twice the bytes of the Q8_0
+// weights; Nsight has mmf16_gu_s4 waiting on its stages' data at 2.4 TB/s. Here the stage holds the
+// Q8_0 group as the int8 path stages it (64 rows of 144 bytes per k128: the 16-byte header of four
+// f16 scales, then 128 int8), the A fragments come by ldmatrix as in mmq_impl (lane: row g or g+8,
+// int8 k = 4t..4t+3 of a 16-value half of a 32-value block) and are turned into f16 in registers:
+// q ^ 0x80 placed under the f16 exponent of 1024 (0x64xx = 1024 + q + 128), minus 1152 (exact), times
+// the block's f16 scale (one rounding: f16(q * d), the value q8_to_f16 stores, so the weights are the
+// f16 copy's bit for bit). The HMMA's k slots (2t, 2t+1 | 2t+8, 2t+9) then hold the actual k
+// (4t, 4t+1 | 4t+2, 4t+3): a permutation within each 16-value chunk, so the B fragments are read to
+// match, 8 bytes a thread (k 4t..4t+3 of token g) from f16 activation rows in their natural order
+// (a row stride of 72 words: a half-warp's 8-byte loads fall in 32 different banks). Same tiles,
+// gathers, shared chunks and GLU epilogue as mmf_impl; k % 128 == 0.
+__device__ __forceinline__ void q8x4_to_h2(u32 q, u32 d2, u32& lo, u32& hi) {
+    const u32 w = q ^ 0x80808080u;
+    u32 l = __byte_perm(w, 0x64646464u, 0x4140), h = __byte_perm(w, 0x64646464u, 0x4342);
+    const u32 bias = 0x64806480u;  // f16x2 (1152, 1152)
+    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(l) : "r"(l), "r"(bias));
+    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(h) : "r"(h), "r"(bias));
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(l), "r"(d2));
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(h), "r"(d2));
+}
+__device__ __forceinline__ uint2 lds64_s(u32 a) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+    return v;
+}
+// Scale s (0..3) of a group header as f16x2 (the same f16 twice).
+__device__ __forceinline__ u32 hsel2(uint2 h, int s) {
+    const u32 w = s < 2 ? h.x : h.y;
+    const u32 v = (s & 1) ? (w >> 16) : (w & 0xffffu);
+    return v | v << 16;
+}
+template <int WR, int WC, int MI, int NI, int NST, bool GLU>
+__device__ __forceinline__ void mmfq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow,
+                                          int n, const int* cnt, const int* off, const int* perm, int n_exp, int in_div,
+                                          float* out, i64 ooff, i64 ostride, const u8* Ws, i64 ws_row_bytes,
+                                          i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2, int act) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int BM = WR * MI * 16, BN = WC * NI * 8, THREADS = WR * WC * 32;
+    constexpr int RA = 144, RB = 288;  // shared row strides: a Q8_0 group row; 128 f16 + 32 pad bytes
+    constexpr int SA = BM * RA, STAGE = SA + BN * RB;
+    constexpr int WP = BM * 9, NP = WP + BN * 16;  // 16-byte pieces a stage: weights, then activations
+    constexpr int PER = (NP + THREADS - 1) / THREADS, WPER = WP / THREADS;
+    static_assert(THREADS >= BN && WP % THREADS == 0 && (BN * 16) % THREADS == 0, "mmfq tile");
+    static_assert(!GLU || MI % 2 == 0, "mmfq GLU: gate and up halves of a warp's rows");
+    extern __shared__ __align__(16) u8 mmq_sm[];
+    __shared__ int src_row[BN], dst_row[BN];
+    __shared__ int tile_e, tile_start;
+    const int tid = threadIdx.x;
+    int e = 0, start, count;
+    if (!mmq_block_tile<BN>(cnt, n_exp, n, 1, tile_e, tile_start, e, start, count)) return;
+    const int nt = min(BN, count - start);
+    if (nt <= 0) return;
+    mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, gridDim.z, src_row, dst_row);
+    __syncthreads();
+    const int m0 = blockIdx.x * (GLU ? BM / 2 : BM);
+    const bool sh = cnt && e >= e_sh;
+    const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
+    const u8* Wt2 = GLU ? (sh ? Ws2 + (i64)(e - e_sh) * ws_stride : W2 + (i64)e * mat_bytes) : Wt;
+    const i64 rb = sh ? ws_row_bytes : row_bytes;
+    // This thread's pieces: the first WPER weight pieces (row r = c / 9, piece c % 9 of its group;
+    // 144 bytes on a stage), the rest activation pieces (row j, piece q of 16; 256 bytes on).
+    const u8* srcp[PER];
+    u32 dsto[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int c = tid + i * THREADS;
+        srcp[i] = X;
+        dsto[i] = 0;
+        if (i < WPER) {
+            const int r = c / 9, q = c - r * 9;
+            const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
+            const int wr = min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
+            const u8* wb = GLU && rin >= hm ? Wt2 : Wt;
+            srcp[i] = wb + (i64)wr * rb + q * 16;
+            dsto[i] = (u32)(r * RA + q * 16);
+        } else if (c < NP) {
+            const int j = (c - WP) >> 4, q = (c - WP) & 15;
+            srcp[i] = X + (i64)src_row[j] * xrow + q * 16;
+            dsto[i] = (u32)(SA + j * RB + q * 16);
+        }
+    }
+    const int nstages = k >> 7;
+    const u32 sm0 = smem_addr(mmq_sm);
+    auto load = [&](int s) {
+        if (s < nstages) {
+            const u32 st = sm0 + (u32)((s % NST) * STAGE);
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (NP % THREADS == 0 || tid + i * THREADS < NP)
+                    cp_async16_s(st + dsto[i], srcp[i] + (i64)s * (i < WPER ? 144 : 256));
+        }
+        cp_commit();
+    };
+    const int warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3, lr = lane & 7, li = lane >> 3;
+    const int wm = (warp % WR) * MI * 16, wn = (warp / WR) * NI * 8;
+    float acc[MI][NI][4];
+    acc_zero(acc);
+#pragma unroll
+    for (int s = 0; s < NST - 1; s++) load(s);
+    for (int s = 0; s < nstages; s++) {
+        cp_wait<NST - 2>();
+        __syncthreads();  // stage s has landed for every thread; stage s-1 is consumed
+        load(s + NST - 1);
+        const u8* Ag = mmq_sm + (s % NST) * STAGE + wm * RA;
+        const u32 As_s = sm0 + (u32)((s % NST) * STAGE + wm * RA);
+        const u32 Bs_s = sm0 + (u32)((s % NST) * STAGE + SA + wn * RB);
+        uint2 ha[MI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            ha[mi][0] = *(const uint2*)(Ag + (mi * 16 + g) * RA);
+            ha[mi][1] = *(const uint2*)(Ag + (mi * 16 + g + 8) * RA);
+        }
+#pragma unroll
+        for (int b32 = 0; b32 < 4; b32++) {  // the group's four 32-value blocks (one scale each)
+            u32 bf[2][NI][2];
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {
+                    const uint2 v = lds64_s(Bs_s + (u32)((ni * 8 + g) * RB + (b32 * 32 + c * 16 + 4 * t) * 2));
+                    bf[c][ni][0] = v.x;
+                    bf[c][ni][1] = v.y;
+                }
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                u32 q[4];
+                ldsm4_s(q, As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RA + 16 + b32 * 32 + (li >> 1) * 16));
+                const u32 d0 = hsel2(ha[mi][0], b32), d1 = hsel2(ha[mi][1], b32);
+                u32 a0[4], a1[4];
+                q8x4_to_h2(q[0], d0, a0[0], a0[2]);
+                q8x4_to_h2(q[1], d1, a0[1], a0[3]);
+                q8x4_to_h2(q[2], d0, a1[0], a1[2]);
+                q8x4_to_h2(q[3], d1, a1[1], a1[3]);
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {
+                    mma_f16(acc[mi][ni], a0, bf[0][ni]);
+                    mma_f16(acc[mi][ni], a1, bf[1][ni]);
+                }
+            }
+        }
+    }
+    if constexpr (GLU) {
+        u16* oh = (u16*)out;
+#pragma unroll
+        for (int mi = 0; mi < MI / 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int row = m0 + (warp % WR) * (MI * 8) + mi * 16 + g + (c >> 1) * 8;
+                    const int j = wn + ni * 8 + 2 * t + (c & 1);
+                    if (row < m && j < nt)
+                        oh[ooff + (i64)dst_row[j] * ostride + row] = f2h_sat(act_fn(act, acc[mi][ni][c]) * acc[mi + MI / 2][ni][c]);
+                }
+    } else {
+        acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
+    }
+#endif
+}
+// 256 rows (128 ff rows of gate and of up for the GLU one) x 64 tokens on 4 x 2 warps of 64 x 32,
+// three stages of 54 KB (162 KB of shared memory).
+#define MMFQ_INST(NAME, NST, GLU)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 1) NAME(MMFQ_ARGS) {                            \
+        PDL_ENTRY();                                                                                  \
+        mmfq_impl<4, 2, 4, 4, NST, GLU>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, \
+                                        in_div, out, ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, \
+                                        Ws2, act);                                                    \
+    }
+#define MMFQ_ARGS                                                                                             \
+    const u8 *W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8 *X, i64 xrow, int n, const int *cnt,     \
+        const int *off, const int *perm, int n_exp, int in_div, float *out, i64 ooff, i64 ostride, const u8 *Ws, \
+        i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8 *W2, const u8 *Ws2, int act
+MMFQ_INST(mmfq_256, 3, false)
+MMFQ_INST(mmfq_gu, 3, true)

@@ -265,6 +265,9 @@ const BIG_SMEM_KERNELS: &[&str] = &[
 /// four stages (two blocks an SM) was +0.6% against three and dropped. `TS_CUDA_MMF=s3` forces
 /// three.
 const MMF_TILES: [(&str, &str, usize); 2] = [("mmf16_256s4", "mmf16_gu_s4", 4), ("mmf16_256", "mmf16_gu", 3)];
+/// Shared memory of the `mmfq_*` kernels (kernels/mmq.cu): 3 stages of 256 weight rows of one
+/// Q8_0 group (144 bytes) and 64 activation rows of 128 f16 (288 bytes with the pad).
+const MMFQ_SMEM: usize = 3 * (256 * 144 + 64 * 288);
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
 /// Most tokens whose routing one block does in `moe_route_group_quant` (a warp per token in
@@ -645,6 +648,8 @@ fn kernel_names() -> Vec<String> {
         "mmf16_256s4",
         "mmf16_gu",
         "mmf16_gu_s4",
+        "mmfq_256",
+        "mmfq_gu",
         "mla_prefill",
     ]
     .iter()
@@ -776,6 +781,12 @@ pub struct CudaBackend {
     /// up and `f16_rows`); default on, `TS_CUDA_MMF_GU=0` or [`CudaBackend::set_mmf_gu`] for the
     /// three launches. Measured on the H200: pp512 19,949 -> 21,538, pp2048 18,229 -> 19,454.
     mmf_gu: AtomicBool,
+    /// Prompt MoEs on the f16 tensor cores straight from the Q8_0 weights (`mmfq_*`: no f16
+    /// copies needed, half the bytes a launch); `TS_CUDA_MMF_Q8=1` or
+    /// [`CudaBackend::set_mmf_q8`]. Written, not yet run on a GPU: off.
+    mmf_q8: AtomicBool,
+    /// Whether the device gives the `mmfq_*` kernels their shared memory.
+    mmfq_ok: bool,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -972,6 +983,12 @@ impl CudaBackend {
             };
             (smem <= optin && set(plain) && set(gu)).then_some((plain, gu, smem))
         });
+        let mmfq_ok = MMFQ_SMEM <= optin
+            && ["mmfq_256", "mmfq_gu"].iter().all(|name| {
+                funcs[*name]
+                    .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, MMFQ_SMEM as i32)
+                    .is_ok()
+            });
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -1014,6 +1031,8 @@ impl CudaBackend {
             moe_f16: std::env::var("TS_CUDA_MOE_F16").map_or(true, |v| v != "0"),
             mmf,
             mmf_gu: AtomicBool::new(std::env::var("TS_CUDA_MMF_GU").map_or(true, |v| v != "0")),
+            mmf_q8: AtomicBool::new(std::env::var("TS_CUDA_MMF_Q8").is_ok_and(|v| v == "1")),
+            mmfq_ok,
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -1165,6 +1184,11 @@ impl CudaBackend {
     pub fn set_mmq_tiles(&self, bn16: usize, rows: usize) {
         self.mmq_bn16.store(bn16, Ordering::Relaxed);
         self.mmq_rows_dense.store(rows, Ordering::Relaxed);
+    }
+
+    /// Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores ([`CudaBackend::mmf_q8`]).
+    pub fn set_mmf_q8(&self, on: bool) {
+        self.mmf_q8.store(on, Ordering::Relaxed);
     }
 
     /// The batched MoE's first three launches as one ([`CudaBackend::moe_rgq`]); for the test.
@@ -1836,8 +1860,17 @@ impl CudaBackend {
             Glu::SwiGlu => 1,
             Glu::GeGluTanh => 2,
         };
-        if !rgq && bn == 64 && self.moe_f16 && self.mmf.is_some() {
-            let h = |w: &CudaWeight| w.half();
+        // Prompt-size MoEs on the f16 tensor cores: from the f16 copies, or (`mmf_q8`) straight
+        // from the Q8_0 weights, turned into f16 in registers (`mmfq_*`).
+        let q8w = |w: &CudaWeight| w.dtype == GgmlType::Q8_0;
+        let q8 = self.mmf_q8.load(Ordering::Relaxed)
+            && self.mmfq_ok
+            && hdim % 128 == 0
+            && ff % 128 == 0
+            && [experts.gate, experts.up, experts.down].into_iter().all(q8w)
+            && shared.is_none_or(|s| [s.gate, s.up, s.down].into_iter().all(q8w));
+        if !rgq && bn == 64 && self.moe_f16 && (q8 || self.mmf.is_some()) {
+            let h = |w: &CudaWeight| if q8 { Some((w.mem.ptr, w.row_bytes, w.mat_bytes())) } else { w.half() };
             if let ([Some(hg), Some(hu), Some(hd)], Some(sh)) = (
                 [h(experts.gate), h(experts.up), h(experts.down)],
                 match shared {
@@ -1851,20 +1884,26 @@ impl CudaBackend {
                 let (Some(xh), Some(hh)) = (self.scratch(S::Xh, 2 * n * hdim), self.scratch(S::Hh, 2 * pairs * ff)) else { return };
                 self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);
                 // The shared chunks as in the int8 path: gate/up chunk c is rows c*ff.. of the
-                // shared matrix (ff/64 tiles, 2*ff*hdim bytes on), down chunk c columns c*ff..
-                // of each of its rows (ff/64 stages of 8 KB on).
-                let grp =
-                    |i: usize| (cnt, off, perm, ne_all, sh.map(|s| (s[i].0, s[i].1, if i < 2 { 2 * ff * hdim } else { 128 * ff }, ne)));
+                // shared matrix (f16 copy: ff/64 tiles, 2*ff*hdim bytes on; Q8_0: ff rows on),
+                // down chunk c columns c*ff.. of each of its rows (f16 copy: ff/64 stages of 8 KB
+                // on; Q8_0: ff/128 groups of 144 bytes on).
+                let chunk = |i: usize, rb: usize| match (q8, i < 2) {
+                    (false, true) => 2 * ff * hdim,
+                    (false, false) => 128 * ff,
+                    (true, true) => ff * rb,
+                    (true, false) => ff / 128 * 144,
+                };
+                let grp = |i: usize| (cnt, off, perm, ne_all, sh.map(|s| (s[i].0, s[i].1, chunk(i, s[i].1), ne)));
                 if self.mmf_gu.load(Ordering::Relaxed) && (hg.1, hg.2) == (hu.1, hu.2) {
                     // Gate, up and the GLU in one launch (f16 GLU rows into hh).
                     let glu = Some((hu.0, sh.map_or(0, |s| s[1].0), act));
-                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (hh, 0, ff), glu);
+                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (hh, 0, ff), glu, q8);
                 } else {
-                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff), None);
-                    self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff), None);
+                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff), None, q8);
+                    self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff), None, q8);
                     self.f16_rows(g, u, (0, ff), pairs, ff, act, hh);
                 }
-                self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim), None);
+                self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim), None, q8);
                 self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o);
                 return;
             }
@@ -1937,10 +1976,16 @@ impl CudaBackend {
         in_div: usize,
         (out, ooff, ostride): (u64, usize, usize),
         glu: Option<(u64, u64, i32)>,
+        q8: bool,
     ) {
         let (sp, srb, sst, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
-        let Some((plain, gu, smem)) = self.mmf else { return };
-        // mmf16_gu*: the plain tile, 128 ff rows each of gate and up a block.
+        // mmf16_gu* / mmfq_gu: the plain tile, 128 ff rows each of gate and up a block. The mmfq
+        // kernels take every argument; the plain mmf16 ones the first 20.
+        let (plain, gu, smem) = match (q8, self.mmf) {
+            (true, _) => ("mmfq_256", "mmfq_gu", MMFQ_SMEM),
+            (false, Some(t)) => t,
+            (false, None) => return,
+        };
         let (name, rows) = if glu.is_some() { (gu, 128) } else { (plain, 256) };
         let (w2, ws2, act) = glu.unwrap_or((0, 0, 0));
         let args = [
@@ -1968,7 +2013,7 @@ impl CudaBackend {
             A::P(ws2),
             A::I(act),
         ];
-        self.launch(name, (m.div_ceil(rows) as u32, tiles, 1), 256, smem as u32, if glu.is_some() { &args } else { &args[..20] });
+        self.launch(name, (m.div_ceil(rows) as u32, tiles, 1), 256, smem as u32, if glu.is_some() || q8 { &args } else { &args[..20] });
     }
 
     /// out rows = the router-weighted sum of each token's `k` routed rows of `y` (slots with

@@ -1741,7 +1741,10 @@ fn fused_moe_shared() {
 ///   picks), with and without a shared FFN folded in, against f64 of the dequantised weights,
 ///   and closer to it than the int8 path (which rounds the activations to 8 bits), so the f16
 ///   path is known to have run;
-/// - gate, up and the GLU in one launch (`mmf16_gu`) give bit for bit what the three give.
+/// - gate, up and the GLU in one launch (`mmf16_gu`) give bit for bit what the three give;
+/// - the same products straight from the Q8_0 weights (`set_mmf_q8`, `mmfq_*`, no copies): the
+///   same f16 weights, the 16 products of each mma paired differently, so within 1e-4 of the
+///   copies' result.
 #[test]
 fn moe_f16_prompt() {
     let Some(g0) = gpu() else { return };
@@ -1760,6 +1763,10 @@ fn moe_f16_prompt() {
     let fu = &CudaBackend::new(0).expect("fourth backend");
     fu.set_f16_copy(true);
     fu.set_mmf_gu(true);
+    // Straight from the Q8_0 weights: no copies.
+    let fq = &CudaBackend::new(0).expect("fifth backend");
+    fq.set_f16_copy(false);
+    fq.set_mmf_q8(true);
     let mut r = rng(36);
     let mut rep = Report::new("moe_f16");
     // (hdim, ff, experts, k, shared chunks, glu, tokens): V2-Lite's widths with fewer experts.
@@ -1779,6 +1786,7 @@ fn moe_f16_prompt() {
         let fw: Vec<CudaWeight> = (0..6).map(|i| up(f, i)).collect();
         let uw: Vec<CudaWeight> = (0..6).map(|i| up(fu, i)).collect();
         let gw: Vec<CudaWeight> = (0..6).map(|i| up(g, i)).collect();
+        let qw: Vec<CudaWeight> = (0..6).map(|i| up(fq, i)).collect();
         for (i, w) in fw.iter().enumerate().take(3) {
             let mut want: Vec<u8> = ws[i].1.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
             // In 8 KB chunks of 64 rows x 64 values, chunk (r/64, c/64) at (r/64 * K/64 + c/64).
@@ -1812,7 +1820,7 @@ fn moe_f16_prompt() {
             }
             get(b, &bo, o)
         };
-        let (got, int8, fused) = (run(f, &fw), run(g, &gw), run(fu, &uw));
+        let (got, int8, fused, direct) = (run(f, &fw), run(g, &gw), run(fu, &uw), run(fq, &qw));
         let mut exact = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
         if nsh > 0 {
             add_shared_f64(&mut exact, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, glu);
@@ -1820,6 +1828,7 @@ fn moe_f16_prompt() {
         let lab = format!("case {ci} H={hdim} ff={ff} E={ne} k={k} shared={nsh} {glu:?} n={n}");
         let e16 = rep.check(&format!("{lab} f16 vs f64"), &got, &exact, 1e-2, 1e-3);
         rep.check(&format!("{lab} mmf16_gu vs gate, up, f16_rows (exact)"), &fused, &got, 0.0, 0.0);
+        rep.check(&format!("{lab} mmfq (Q8_0 weights) vs the f16 copies"), &direct, &fused, 1e-4, 1e-4);
         let e8 = rep.check(&format!("{lab} int8 vs f64"), &int8, &exact, 0.15, 1e-4);
         if !(e16 < e8 / 3.0) {
             rep.failures.push(format!("{lab}: f16 path error {e16:.2e} is not well under the int8 path's {e8:.2e} (did it run?)"));

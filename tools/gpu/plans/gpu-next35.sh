@@ -13,7 +13,8 @@
 # clients, each without and with. If they win, make them the defaults and delete the switches.
 # The default's hashes must stay 33948fa635fb0682 at 64 sequences and 3092e559ddb510ec for tg32: the
 # routing launches' arguments were refactored (route_lead) after the last device run.
-# Then mmq_q8_64 at two blocks an SM (TS_CUDA_DEFINES=MMQ64_MINB=2: no spill). About 9 minutes.
+# Then prompt MoEs straight from the Q8_0 weights (TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0) and mmq_q8_64 at
+# two blocks an SM (TS_CUDA_DEFINES=MMQ64_MINB=2: no spill). About 10 minutes.
 #   tools/gpu/plans/gpu-next35.sh BIN OPS
 set -u
 B=$1; OPS=$2
@@ -22,6 +23,12 @@ TS_OPS_LIMIT=150 TS_OPS_THREADS=4 ops_and_model
 ab64 2 "" "TS_CUDA_MOE_RGQ=1" "TS_CUDA_MMQ_PAIR=1" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
 for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"; do
   b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash
+  b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
+  b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
+done
+# Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores (TS_CUDA_MMF_Q8=1, mmfq_*:
+# half the bytes a launch, no f16 copies; moe_f16_prompt checks it against the copies' path).
+for e in "" "TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0"; do
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
   b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
 done
