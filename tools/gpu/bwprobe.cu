@@ -19,8 +19,18 @@
 //               one producer thread a block streams the block's PB contiguous bytes in chunks of
 //               CH into NST shared buffers (full/empty mbarriers), CW consumer warps read every
 //               word of each chunk (as a kernel fed this way would read its fragments).
+//   rk NB/BPS/W/P  mmq_q8_rows' loads as the kernel issues them today (fifteenth session): the
+//               2,176-byte groups of the 16-row tiled copy (one 16-byte scale load and four
+//               512-byte block loads a lane), a warp a tile, 4 warps a block, grid (row tiles,
+//               experts) as the kernel's; NB groups in flight a warp, at most BPS blocks an SM
+//               (dynamic shared memory stands in for the tile's activation rows), W fused
+//               multiply-adds a group on the loaded words (0: loads only; ~100: the kernel's
+//               multiply), and P: one persistent wave whose warps stream their tiles one after
+//               another without a gap (the kernel's ragged last wave removed).
+// `bwprobe NAME...` runs only the probes whose names start with one of the NAMEs.
 #include <cstdio>
 #include <cstdint>
+#include <cstring>
 #include <cuda_runtime.h>
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
@@ -248,6 +258,49 @@ __global__ void bulk(const u8* w, u64 pb) {
     if (acc == 0x12345678u) sink = acc;
 }
 
+// mmq_q8_rows' weight stream (see the header, "rk"). Tile t of the matrix: 16 groups of TG bytes
+// at w + t * 16 * TG; block (x, y) takes tiles (y * 88 + 4x + warp) (88 16-row tiles an expert).
+constexpr int TG = 2176, TILES_PER_EXPERT = ROWS / 16;
+template <int NB, int W, bool P>
+__global__ void __launch_bounds__(128) rk(const u8* w, int items) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    // The warp's stream: item i of the block is work item blockIdx.x + i * gridDim.x (P) or the
+    // block's own (x, y); an item is one tile of 16 groups.
+    const int per = P ? (items - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 1;
+    const int total = per * GROUPS;
+    auto src = [&](int gi) -> const u8* {
+        const int it = gi / GROUPS, grp = gi - it * GROUPS;
+        const int item = P ? blockIdx.x + it * gridDim.x : blockIdx.y * (TILES_PER_EXPERT / 4) + blockIdx.x;
+        const u64 tile = (u64)item * 4 + warp;
+        return w + (tile * GROUPS + grp) * TG;
+    };
+    uint4 v[NB][5];
+    auto load = [&](uint4* d, int gi) {
+        const u8* p = src(min(gi, total - 1));
+        d[0] = __ldg((const uint4*)(p + 16 * g));
+#pragma unroll
+        for (int bl = 0; bl < 4; bl++) d[1 + bl] = __ldg((const uint4*)(p + 128 + 512 * bl + 16 * lane));
+    };
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < NB; i++) load(v[i], i);
+    for (int gi = 0; gi < total; gi += NB) {
+#pragma unroll
+        for (int i = 0; i < NB; i++) {
+            if (gi + i < total) {
+                uint32_t x = 0;
+#pragma unroll
+                for (int u = 0; u < 5; u++) x ^= v[i][u].x ^ v[i][u].y ^ v[i][u].z ^ v[i][u].w;
+                float f = __int_as_float((x & 0x007fffffu) | 0x3f800000u);
+#pragma unroll
+                for (int r = 0; r < W; r++) acc[r & 3] = fmaf(acc[r & 3], f, 1e-7f * r);
+                acc[0] += f;
+                if (gi + i + NB < total) load(v[i], gi + i + NB);
+            }
+        }
+    }
+    if (acc[0] + acc[1] + acc[2] + acc[3] == 1.2345f) sink = 1;
+}
 template <typename F>
 float timed(F launch, int reps) {
     cudaEvent_t a, b;
@@ -263,7 +316,17 @@ float timed(F launch, int reps) {
     return ms / reps;
 }
 
-int main() {
+static int g_argc;
+static char** g_argv;
+static bool want(const char* name) {
+    if (g_argc < 2) return true;
+    for (int i = 1; i < g_argc; i++)
+        if (strncmp(name, g_argv[i], strlen(g_argv[i])) == 0) return true;
+    return false;
+}
+int main(int argc, char** argv) {
+    g_argc = argc;
+    g_argv = argv;
     const size_t mat = (size_t)EXPERTS * ROWS * ROW;  // 207.6 MB
     const int copies = 8;                              // launches rotate over 8 copies (1.66 GB): nothing stays in L2
     u8* w;
@@ -276,13 +339,13 @@ int main() {
     auto report = [&](const char* name, float ms, int occ) {
         printf("%-22s %8.1f us  %6.2f TB/s  (blocks/SM %d)\n", name, ms * 1e3, mat / (ms * 1e-3) / 1e12, occ);
     };
-    {
+    if (want("stream")) {
         float ms = timed([&] { stream<<<sms * 8, 256>>>((const uint4*)(w + (it++ % copies) * mat), mat / 16); }, 20);
         report("stream", ms, 8);
     }
     dim3 grid(ROWS / BM + (ROWS % BM != 0), EXPERTS);
 #define TILE(NST, GPS)                                                                                         \
-    {                                                                                                          \
+    if (want("tile")) {                                                                                                          \
         const int smem = NST * BM * (GPS * GB + 16);                                                           \
         cudaFuncSetAttribute(tile<NST, GPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);               \
         int occ = 0;                                                                                           \
@@ -292,7 +355,7 @@ int main() {
     }
     TILE(2, 2) TILE(3, 2) TILE(4, 2) TILE(2, 1) TILE(3, 1) TILE(4, 1) TILE(6, 1) TILE(2, 4) TILE(3, 4)
 #define ROWS_(NST, GPS)                                                                                        \
-    {                                                                                                          \
+    if (want("rows")) {                                                                                                          \
         const int smem = NST * (BM * GPS / GROUPS) * ROW;                                                      \
         cudaFuncSetAttribute(rows<NST, GPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);               \
         int occ = 0;                                                                                           \
@@ -302,14 +365,14 @@ int main() {
     }
     ROWS_(2, 2) ROWS_(3, 2) ROWS_(4, 2)
 #define WARPS(RW, RPW)                                                                                         \
-    {                                                                                                          \
+    if (want("warp-rows")) {                                                                                                          \
         const size_t warps = ((size_t)EXPERTS * ROWS + RPW - 1) / RPW;                                         \
         float ms = timed([&] { warp_rows<RW><<<(warps + 7) / 8, 256>>>(w + (it++ % copies) * mat, RPW); }, 20); \
         report("warp-rows RW=" #RW " rows/warp=" #RPW, ms, 0);                                                 \
     }
     WARPS(1, 8) WARPS(2, 8) WARPS(4, 8) WARPS(4, 32) WARPS(8, 32)
 #define FRAG(NB, TILED, TPB)                                                                                   \
-    {                                                                                                          \
+    if (want("frag16")) {                                                                                                          \
         const size_t warps = (size_t)EXPERTS * (ROWS / 16), per = TPB / 32;                                    \
         int occ = 0;                                                                                           \
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, frag16<NB, TILED>, TPB, 0);                        \
@@ -318,7 +381,7 @@ int main() {
     }
     FRAG(2, false, 128) FRAG(4, false, 128) FRAG(2, true, 128) FRAG(4, true, 128) FRAG(2, false, 256) FRAG(2, true, 256)
 #define BULK(CH, NST, CW, PBR)                                                                                 \
-    {                                                                                                          \
+    if (want("bulk")) {                                                                                                          \
         const int smem = NST * CH;                                                                             \
         const u64 pb = (u64)PBR * ROW;                                                                         \
         cudaFuncSetAttribute(bulk<CH, NST, CW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);            \
@@ -331,6 +394,28 @@ int main() {
     BULK(4608, 4, 4, 64) BULK(4608, 8, 4, 64) BULK(9216, 4, 4, 64) BULK(9216, 8, 4, 64) BULK(18432, 4, 4, 64)
     BULK(18432, 2, 4, 64) BULK(36864, 2, 4, 64) BULK(9216, 4, 2, 64) BULK(9216, 4, 8, 64) BULK(4608, 4, 4, 16)
     BULK(9216, 4, 4, 16) BULK(2304, 8, 4, 16) BULK(2304, 16, 4, 64) BULK(1152, 16, 4, 64)
+    // mmq_q8_rows' loads (rk): the grid of one gate matrix (22 row tiles x 64 experts, 196 MB).
+    const size_t rk_bytes = (size_t)EXPERTS * TILES_PER_EXPERT * GROUPS * TG;
+    auto rk_report = [&](const char* name, float ms, int occ) {
+        printf("%-22s %8.1f us  %6.2f TB/s  (blocks/SM %d)\n", name, ms * 1e3, rk_bytes / (ms * 1e-3) / 1e12, occ);
+    };
+#define RK(NB, BPS, W, P)                                                                                      \
+    if (want("rk")) {                                                                                          \
+        const int smem = BPS >= 16 ? 0 : (228 * 1024) / (BPS + 1) + 1024;                                      \
+        cudaFuncSetAttribute(rk<NB, W, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);                 \
+        int occ = 0;                                                                                           \
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, rk<NB, W, P>, 128, smem);                          \
+        const int items = EXPERTS * (TILES_PER_EXPERT / 4);                                                    \
+        const dim3 grid = P ? dim3(sms * occ) : dim3(TILES_PER_EXPERT / 4, EXPERTS);                           \
+        float ms = timed([&] { rk<NB, W, P><<<grid, 128, smem>>>(w + (it++ % copies) * mat, items); }, 20);   \
+        rk_report("rk NB=" #NB " BPS=" #BPS " W=" #W " P=" #P, ms, occ);                                       \
+    }
+    // The kernel today: 2 groups in flight, 5 blocks an SM, ~100 multiply instructions a group.
+    RK(2, 5, 0, false) RK(2, 5, 96, false) RK(2, 5, 96, true)
+    // More warps, or more groups a warp, at the same multiply.
+    RK(2, 8, 96, false) RK(2, 16, 96, false) RK(3, 5, 96, false) RK(4, 5, 96, false) RK(1, 10, 96, false)
+    // Loads only, more warps; persistent at the kernel's occupancy and at more.
+    RK(2, 16, 0, false) RK(4, 5, 0, false) RK(2, 8, 96, true) RK(4, 5, 96, true) RK(2, 5, 0, true)
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     return 0;

@@ -1194,3 +1194,5 @@ __device__ __forceinline__ void mmfq_impl(const u8* W, i64 row_bytes, i64 mat_by
         i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8 *W2, const u8 *Ws2, int act
 MMFQ_INST(mmfq_256, 3, false)
 MMFQ_INST(mmfq_gu, 3, true)
+MMFQ_INST(mmfq_256s4, 4, false)
+MMFQ_INST(mmfq_gu_s4, 4, true)

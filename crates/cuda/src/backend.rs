@@ -265,9 +265,14 @@ const BIG_SMEM_KERNELS: &[&str] = &[
 /// four stages (two blocks an SM) was +0.6% against three and dropped. `TS_CUDA_MMF=s3` forces
 /// three.
 const MMF_TILES: [(&str, &str, usize); 2] = [("mmf16_256s4", "mmf16_gu_s4", 4), ("mmf16_256", "mmf16_gu", 3)];
-/// Shared memory of the `mmfq_*` kernels (kernels/mmq.cu): 3 stages of 256 weight rows of one
-/// Q8_0 group (144 bytes) and 64 activation rows of 128 f16 (288 bytes with the pad).
-const MMFQ_SMEM: usize = 3 * (256 * 144 + 64 * 288);
+/// The prompt products straight from Q8_0 weights (kernels/mmq.cu, `MMFQ_INST`), as
+/// [`MMF_TILES`]: the first whose shared memory the device gives, a stage being 256 weight rows
+/// of one Q8_0 group (144 bytes) and 64 activation rows of 128 f16 (288 bytes with the pad):
+/// 216 KB for four stages, 162 KB for three. Neither measured yet; `TS_CUDA_MMF=s3` forces three
+/// here too.
+const MMFQ_TILES: [(&str, &str, usize); 2] = [("mmfq_256s4", "mmfq_gu_s4", 4), ("mmfq_256", "mmfq_gu", 3)];
+/// Shared memory of an `mmfq_*` stage.
+const MMFQ_STAGE: usize = 256 * 144 + 64 * 288;
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
 /// Most tokens whose routing one block does in `moe_route_group_quant` (a warp per token in
@@ -650,6 +655,8 @@ fn kernel_names() -> Vec<String> {
         "mmf16_gu_s4",
         "mmfq_256",
         "mmfq_gu",
+        "mmfq_256s4",
+        "mmfq_gu_s4",
         "mla_prefill",
     ]
     .iter()
@@ -785,8 +792,9 @@ pub struct CudaBackend {
     /// copies needed, half the bytes a launch); `TS_CUDA_MMF_Q8=1` or
     /// [`CudaBackend::set_mmf_q8`]. Written, not yet run on a GPU: off.
     mmf_q8: AtomicBool,
-    /// Whether the device gives the `mmfq_*` kernels their shared memory.
-    mmfq_ok: bool,
+    /// The `mmfq_*` kernels (plain, gate-up-GLU, shared memory) from [`MMFQ_TILES`]: the first
+    /// whose shared memory the device gives (none: the f16 copies' path).
+    mmfq: Option<(&'static str, &'static str, usize)>,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -983,12 +991,15 @@ impl CudaBackend {
             };
             (smem <= optin && set(plain) && set(gu)).then_some((plain, gu, smem))
         });
-        let mmfq_ok = MMFQ_SMEM <= optin
-            && ["mmfq_256", "mmfq_gu"].iter().all(|name| {
-                funcs[*name]
-                    .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, MMFQ_SMEM as i32)
+        let mmfq = MMFQ_TILES.iter().filter(|t| !s3 || t.2 == 3).find_map(|&(plain, gu, nst)| {
+            let smem = nst * MMFQ_STAGE;
+            let set = |name: &str| {
+                funcs[name]
+                    .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
                     .is_ok()
-            });
+            };
+            (smem <= optin && set(plain) && set(gu)).then_some((plain, gu, smem))
+        });
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -1032,7 +1043,7 @@ impl CudaBackend {
             mmf,
             mmf_gu: AtomicBool::new(std::env::var("TS_CUDA_MMF_GU").map_or(true, |v| v != "0")),
             mmf_q8: AtomicBool::new(std::env::var("TS_CUDA_MMF_Q8").is_ok_and(|v| v == "1")),
-            mmfq_ok,
+            mmfq,
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -1864,7 +1875,7 @@ impl CudaBackend {
         // from the Q8_0 weights, turned into f16 in registers (`mmfq_*`).
         let q8w = |w: &CudaWeight| w.dtype == GgmlType::Q8_0;
         let q8 = self.mmf_q8.load(Ordering::Relaxed)
-            && self.mmfq_ok
+            && self.mmfq.is_some()
             && hdim % 128 == 0
             && ff % 128 == 0
             && [experts.gate, experts.up, experts.down].into_iter().all(q8w)
@@ -1982,7 +1993,10 @@ impl CudaBackend {
         // mmf16_gu* / mmfq_gu: the plain tile, 128 ff rows each of gate and up a block. The mmfq
         // kernels take every argument; the plain mmf16 ones the first 20.
         let (plain, gu, smem) = match (q8, self.mmf) {
-            (true, _) => ("mmfq_256", "mmfq_gu", MMFQ_SMEM),
+            (true, _) => match self.mmfq {
+                Some(t) => t,
+                None => return,
+            },
             (false, Some(t)) => t,
             (false, None) => return,
         };

@@ -15,10 +15,16 @@
 # routing launches' arguments were refactored (route_lead) after the last device run.
 # Then prompt MoEs straight from the Q8_0 weights (TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0) and mmq_q8_64 at
 # two blocks an SM (TS_CUDA_DEFINES=MMQ64_MINB=2: no spill). About 10 minutes.
+# Added in the fifteenth session (which had no device time): first, bwprobe's `rk` probes (~30 s):
+# mmq_q8_rows' loads as the kernel issues them today, at its occupancy and multiply, against more
+# warps, more groups a warp and a persistent grid (is its ~2.9 TB/s the load pattern, the
+# occupancy or the ragged last wave?); and the prompt MoE from Q8_0 at four stages and three.
 #   tools/gpu/plans/gpu-next35.sh BIN OPS
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
+echo "== bwprobe"
+/usr/local/cuda/bin/nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/bwprobe tools/gpu/bwprobe.cu 2>/dev/null && timeout 120 /tmp/bwprobe stream warp-rows frag16 rk
 TS_OPS_LIMIT=150 TS_OPS_THREADS=4 ops_and_model
 ab64 2 "" "TS_CUDA_MOE_RGQ=1" "TS_CUDA_MMQ_PAIR=1" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
 for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"; do
@@ -28,7 +34,8 @@ for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"; do
 done
 # Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores (TS_CUDA_MMF_Q8=1, mmfq_*:
 # half the bytes a launch, no f16 copies; moe_f16_prompt checks it against the copies' path).
-for e in "" "TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0"; do
+# Four stages (216 KB, the default where it fits) and three (TS_CUDA_MMF=s3).
+for e in "" "TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0" "TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0 TS_CUDA_MMF=s3"; do
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
   b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
 done
