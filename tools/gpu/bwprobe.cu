@@ -261,7 +261,26 @@ __global__ void bulk(const u8* w, u64 pb) {
 // mmq_q8_rows' weight stream (see the header, "rk"). Tile t of the matrix: 16 groups of TG bytes
 // at w + t * 16 * TG; block (x, y) takes tiles (y * 88 + 4x + warp) (88 16-row tiles an expert).
 constexpr int TG = 2176, TILES_PER_EXPERT = ROWS / 16;
-template <int NB, int W, bool P>
+// The load's cache operators: 0 __ldg (ld.global.nc, the kernel's), 1 ld.global.cg (L2 only),
+// 2 ld.global.nc.L1::no_allocate.L2::256B (no L1 line, 256-byte L2 fetches), 3 ld.global.cs
+// (streaming, evict first).
+template <int C>
+__device__ __forceinline__ uint4 ldc(const u8* p) {
+    uint4 v;
+    if constexpr (C == 0) {
+        v = __ldg((const uint4*)p);
+    } else if constexpr (C == 1) {
+        asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    } else if constexpr (C == 2) {
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    } else {
+        asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    }
+    return v;
+}
+template <int NB, int W, bool P, int C = 0>
 __global__ void __launch_bounds__(128) rk(const u8* w, int items) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     // The warp's stream: item i of the block is work item blockIdx.x + i * gridDim.x (P) or the
@@ -277,9 +296,9 @@ __global__ void __launch_bounds__(128) rk(const u8* w, int items) {
     uint4 v[NB][5];
     auto load = [&](uint4* d, int gi) {
         const u8* p = src(min(gi, total - 1));
-        d[0] = __ldg((const uint4*)(p + 16 * g));
+        d[0] = ldc<C>(p + 16 * g);
 #pragma unroll
-        for (int bl = 0; bl < 4; bl++) d[1 + bl] = __ldg((const uint4*)(p + 128 + 512 * bl + 16 * lane));
+        for (int bl = 0; bl < 4; bl++) d[1 + bl] = ldc<C>(p + 128 + 512 * bl + 16 * lane);
     };
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -399,23 +418,26 @@ int main(int argc, char** argv) {
     auto rk_report = [&](const char* name, float ms, int occ) {
         printf("%-22s %8.1f us  %6.2f TB/s  (blocks/SM %d)\n", name, ms * 1e3, rk_bytes / (ms * 1e-3) / 1e12, occ);
     };
-#define RK(NB, BPS, W, P)                                                                                      \
+#define RKC(NB, BPS, W, P, C)                                                                                  \
     if (want("rk")) {                                                                                          \
         const int smem = BPS >= 16 ? 0 : (228 * 1024) / (BPS + 1) + 1024;                                      \
-        cudaFuncSetAttribute(rk<NB, W, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);                 \
+        cudaFuncSetAttribute(rk<NB, W, P, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);              \
         int occ = 0;                                                                                           \
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, rk<NB, W, P>, 128, smem);                          \
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, rk<NB, W, P, C>, 128, smem);                       \
         const int items = EXPERTS * (TILES_PER_EXPERT / 4);                                                    \
         const dim3 grid = P ? dim3(sms * occ) : dim3(TILES_PER_EXPERT / 4, EXPERTS);                           \
-        float ms = timed([&] { rk<NB, W, P><<<grid, 128, smem>>>(w + (it++ % copies) * mat, items); }, 20);   \
-        rk_report("rk NB=" #NB " BPS=" #BPS " W=" #W " P=" #P, ms, occ);                                       \
+        float ms = timed([&] { rk<NB, W, P, C><<<grid, 128, smem>>>(w + (it++ % copies) * mat, items); }, 20); \
+        rk_report("rk NB=" #NB " BPS=" #BPS " W=" #W " P=" #P " C=" #C, ms, occ);                              \
     }
+#define RK(NB, BPS, W, P) RKC(NB, BPS, W, P, 0)
     // The kernel today: 2 groups in flight, 5 blocks an SM, ~100 multiply instructions a group.
     RK(2, 5, 0, false) RK(2, 5, 96, false) RK(2, 5, 96, true)
     // More warps, or more groups a warp, at the same multiply.
     RK(2, 8, 96, false) RK(2, 16, 96, false) RK(3, 5, 96, false) RK(4, 5, 96, false) RK(1, 10, 96, false)
     // Loads only, more warps; persistent at the kernel's occupancy and at more.
     RK(2, 16, 0, false) RK(4, 5, 0, false) RK(2, 8, 96, true) RK(4, 5, 96, true) RK(2, 5, 0, true)
+    // The kernel's shape under other cache operators (see ldc).
+    RKC(2, 5, 96, false, 1) RKC(2, 5, 96, false, 2) RKC(2, 5, 96, false, 3) RKC(4, 5, 96, false, 2)
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     return 0;
