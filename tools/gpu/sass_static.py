@@ -9,7 +9,7 @@ Needs libnvrtc.so.13 (pip install nvidia-cuda-nvrtc==13.0.88; its lib folder on 
 and nvdisasm (pip download --no-deps nvidia-cuda-nvdisasm; unzip; nvidia/cu13/bin/nvdisasm, or
 set NVDISASM).
 
-Usage: tools/gpu/sass_static.py [-D NAME=VAL ...] KERNEL [KERNEL ...]
+Usage: tools/gpu/sass_static.py [-D NAME=VAL ...] KERNEL [KERNEL ...]   (SASS_DUMP=1: print the loop too)
 e.g.   tools/gpu/sass_static.py mmq_q8_64 mmq_q8_rows
        tools/gpu/sass_static.py -D MMQ_ROWS_PAD=0 mmq_q8_rows
 """
@@ -100,6 +100,8 @@ def main():
         r = res.get(fn, {})
         print(f"{fn}: {r.get('regs', '?')} registers, {r.get('spill', '?')} B spilled; {len(ins)} instructions, "
               f"{what} {len(body)}: " + ', '.join(f'{k} {v}' for k, v in c.most_common(24)))
+        if os.environ.get('SASS_DUMP'):
+            print('\n'.join(body))
 
 
 if __name__ == '__main__':

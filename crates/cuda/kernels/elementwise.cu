@@ -46,8 +46,10 @@ extern "C" __global__ void copy_rows(const float* src, i64 soff, i64 sstride, fl
 // The tiled copy of a stack of Q8_0 matrices in the device layout (CudaWeight::tiled; the host
 // reference is backend.rs's tile16): per matrix, per tile of 16 rows, per 144-byte group, 2,176
 // bytes in mmq_q8_rows' load order (MMQ_TG in mmq.cu): 16-byte chunk c < 8 holds the 4 f16
-// scales of rows c and c+8; chunk 8 + 32*bl + 4*g + t holds bytes 8t..8t+7 of block bl of row g,
-// then of row g+8. Rows past `rows` are zeros. One thread per 16 bytes of the output.
+// scales of rows c and c+8; chunk 8 + 32*bl + 4*g + t holds bytes 8t..8t+7 of block bl of rows g
+// and g+8, word by word (row g's first 4 bytes, row g+8's, row g's next 4, row g+8's): the int8
+// mma's A fragment {a0, a1, a2, a3} as one 16-byte load puts it in four registers, with no moves.
+// Rows past `rows` are zeros. One thread per 16 bytes of the output.
 extern "C" __global__ void tile16_q8(const u8* src, uint4* dst, i64 rows, i64 rows16, i64 ng, i64 total) { PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
         i64 j = i / 136;
@@ -68,7 +70,7 @@ extern "C" __global__ void tile16_q8(const u8* src, uint4* dst, i64 rows, i64 ro
         const u8* base = src + e * rows * rowb + gi * 144 + o;
         const uint2 a = ra < rows ? *(const uint2*)(base + ra * rowb) : make_uint2(0, 0);
         const uint2 b = rb < rows ? *(const uint2*)(base + rb * rowb) : make_uint2(0, 0);
-        dst[i] = make_uint4(a.x, a.y, b.x, b.y);
+        dst[i] = c < 8 ? make_uint4(a.x, a.y, b.x, b.y) : make_uint4(a.x, b.x, a.y, b.y);
     }
 }
 

@@ -24,8 +24,8 @@
 #define MMQ_GB 144
 // Bytes of one group of a 16-row tile of the tiled expert copy (CudaWeight::tiled, tile16_q8):
 // 8 x 16 bytes of scales (rows g and g+8 for g < 8), then per block 32 lanes x 16 bytes (lane
-// 4g+t: its 8 bytes of row g, then of row g+8). No padding: 2,176 bytes where 16 rows of the
-// row-major layout hold 2,304.
+// 4g+t: its 8 bytes of rows g and g+8 word by word, the A fragment's register order). No
+// padding: 2,176 bytes where 16 rows of the row-major layout hold 2,304.
 #define MMQ_TG 2176
 #define MMQ_ROWS (MMQ_BM + MMQ_BN)
 
@@ -627,9 +627,10 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             v.hb = make_uint2(h.z, h.w);
 #pragma unroll
             for (int bl = 0; bl < 4; bl++) {
+                // Words: row g's first 4 bytes, row g+8's, row g's next 4, row g+8's (a0..a3).
                 const uint4 q = __ldg((const uint4*)(p + 128 + 512 * bl + 16 * lane));
-                v.qa[bl] = make_uint2(q.x, q.y);
-                v.qb[bl] = make_uint2(q.z, q.w);
+                v.qa[bl] = make_uint2(q.x, q.z);
+                v.qb[bl] = make_uint2(q.y, q.w);
             }
             return;
         }

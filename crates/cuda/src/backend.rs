@@ -502,9 +502,10 @@ fn tile16_mat_bytes(rb: usize, rows: usize) -> usize {
 /// each; [`CudaWeight::tiled`]): per matrix, per tile of 16 rows, per 144-byte group,
 /// [`TILE_GROUP`] bytes in the order `mmq_q8_rows`' lanes load them: 16-byte chunk `c < 8` holds
 /// the 4 f16 scales of rows `c` and `c + 8` of the tile; chunk `8 + 32*bl + 4*g + t` holds bytes
-/// `8t..8t+8` of block `bl` of row `g`, then of row `g + 8` (the 8 pad bytes of each row's group
-/// are left out). Rows past `rows` are zeros. The CPU reference of the `tile16_q8` kernel, which
-/// makes the copy on the device at load.
+/// `8t..8t+8` of block `bl` of rows `g` and `g + 8` word by word (4 bytes of row `g`, 4 of row
+/// `g + 8`, the next 4 of each: the int8 mma's A fragment in register order); the 8 pad bytes of
+/// each row's group are left out. Rows past `rows` are zeros. The CPU reference of the
+/// `tile16_q8` kernel, which makes the copy on the device at load.
 pub fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
     let ng = rb / 144;
     let mats = data.len() / (rb * rows).max(1);
@@ -524,8 +525,17 @@ pub fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
                 for c in 0..TILE_GROUP / 16 {
                     let (r, o) = if c < 8 { (c, 0) } else { ((c - 8) % 32 / 4, 16 + 32 * ((c - 8) / 32) + 8 * ((c - 8) % 4)) };
                     let ra = tile * 16 + r;
-                    out[grp + 16 * c..][..8].copy_from_slice(&piece(e, ra, gi * 144 + o));
-                    out[grp + 16 * c + 8..][..8].copy_from_slice(&piece(e, ra + 8, gi * 144 + o));
+                    let (a, b) = (piece(e, ra, gi * 144 + o), piece(e, ra + 8, gi * 144 + o));
+                    let chunk = &mut out[grp + 16 * c..][..16];
+                    if c < 8 {
+                        chunk[..8].copy_from_slice(&a);
+                        chunk[8..].copy_from_slice(&b);
+                    } else {
+                        // Words a0, b0, a1, b1.
+                        for (w, src) in [&a[..4], &b[..4], &a[4..], &b[4..]].into_iter().enumerate() {
+                            chunk[4 * w..][..4].copy_from_slice(src);
+                        }
+                    }
                 }
             }
         }
@@ -3653,7 +3663,7 @@ impl Nrc<'_> {
 #[cfg(test)]
 mod tests {
     /// The tiled copy: what each lane of `mmq_q8_rows` loads from it (one 16-byte load for
-    /// the scales of rows g and g+8, one a block for its 8 bytes of both) is what it loads from
+    /// the scales of rows g and g+8, one a block for its 8 bytes of both, word-interleaved) is what it loads from
     /// the row-major layout; padding rows are zeros; the size is `tile16_mat_bytes`.
     #[test]
     fn tile16_places_every_group() {
@@ -3679,10 +3689,12 @@ mod tests {
                         assert_eq!(&h[..8], at(e, ra, gi * 144), "scales e {e} tile {tile} group {gi} row {ra}");
                         assert_eq!(&h[8..], at(e, rb2, gi * 144), "scales e {e} tile {tile} group {gi} row {rb2}");
                         for bl in 0..4 {
+                            // Words: row g's bytes 8t.., row g+8's, row g's 8t+4.., row g+8's.
                             let q = &t[p + 128 + 512 * bl + 16 * lane..][..16];
                             let o = gi * 144 + 16 + 32 * bl + 8 * tt;
-                            assert_eq!(&q[..8], at(e, ra, o), "quants e {e} row {ra} group {gi} block {bl}");
-                            assert_eq!(&q[8..], at(e, rb2, o), "quants e {e} row {rb2} group {gi} block {bl}");
+                            let (a, b) = (at(e, ra, o), at(e, rb2, o));
+                            assert_eq!([&q[..4], &q[8..12]].concat(), a, "quants e {e} row {ra} group {gi} block {bl}");
+                            assert_eq!([&q[4..8], &q[12..]].concat(), b, "quants e {e} row {rb2} group {gi} block {bl}");
                         }
                     }
                 }
