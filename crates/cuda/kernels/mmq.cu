@@ -758,6 +758,176 @@ MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)
 
+// ---- The grouped expert product fed by the bulk copy engine (TS_CUDA_ROWS_BULK; sm_90) --------
+// (Written in the fifteenth session, NOT yet run on a GPU.) mmq_q8_rows keeps two groups (4.3 KB)
+// in flight a warp in registers, 20 warps an SM: ~87 KB an SM, and Nsight has its warps waiting on
+// those loads at ~4 us; bwprobe reads 4.2 TB/s only with ~140 KB or more in flight an SM (whole
+// rows in registers from 64 warps, or bulk copies of large chunks). The twelfth session's
+// bulk-fed kernel (4 consumer warps and a producer a block, 2 blocks an SM) had the bytes in
+// flight but only 8 warps to multiply them and lost 6-20%. This one gives each block 8 consumer
+// warps (128 rows, one 16-row tile a warp as in mmq_q8_rows) and a producer warp whose lane 0
+// keeps NST stages of G groups of the 8 tiles in flight through cp.async.bulk (one copy a tile and
+// stage from the tiled copy; one a row for row-major stacks and the shared experts' chunks), the
+// tile's activation rows copied the same way once. With G 1 and NST 4: 72 KB of ring and <= 37 KB
+// of activation rows, 2 blocks (16 consumer warps, up to 144 KB in flight) an SM. The consumers
+// read a stage's group from shared memory exactly as mmq_q8_rows reads it from the tiled copy
+// (five 16-byte loads a lane) and multiply with rows_mul: the same bits as mmq_q8_rows.
+// full[s]: stage s has landed (the producer's arrival + its bytes); empty[s]: the 8 consumer
+// warps are done with it. Grid as mmq_q8_rows' with 128 rows a block along x (W2 in the upper
+// half); 288 threads; dynamic shared memory NST * 8 * G * 2304 + the activation rows.
+#define RB_CW 8
+__device__ __forceinline__ void mbar_init(u32 a, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n)); }
+__device__ __forceinline__ void mbar_expect(u32 a, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory"); }
+__device__ __forceinline__ void mbar_wait(u32 a, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nMBAR_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra MBAR_WAIT;\n}\n" ::"r"(a),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 mbar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
+                 "r"(bytes), "r"(mbar)
+                 : "memory");
+}
+template <int G, int NST>
+__device__ __forceinline__ void mmq_rows_b_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
+                                                const u8* X, i64 xrow, int n, const int* cnt, const int* off,
+                                                const int* perm, int n_exp, int in_div, float* out, i64 ooff,
+                                                i64 ostride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh,
+                                                const u8* W2, const u8* Ws2, float* out2, const u8* Wtl,
+                                                const u8* W2tl, i64 tl_mat_bytes) {
+#if __CUDA_ARCH__ >= 900
+    constexpr int BN = 16, SLOT = G * 16 * MMQ_GB, STAGE = RB_CW * SLOT, BM = RB_CW * 16;
+    int bx = blockIdx.x;
+    if (W2 && bx >= (int)(gridDim.x >> 1)) {
+        bx -= gridDim.x >> 1;
+        W = W2;
+        Ws = Ws2;
+        out = out2;
+        Wtl = W2tl;
+    }
+    extern __shared__ __align__(128) u8 mmq_sm[];
+    __shared__ __align__(8) unsigned long long bars[2 * NST + 1];
+    __shared__ int src_row[BN], dst_row[BN];
+    __shared__ int tile_e, tile_start;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    int e, start, count;
+    if (!mmq_block_tile<BN>(cnt, n_exp, n, 1, tile_e, tile_start, e, start, count)) return;
+    const int nt = min(BN, count - start);
+    if (nt <= 0) return;
+    mmq_tile_rows<BN>(perm, off, e, start, nt, in_div, 1, src_row, dst_row);
+    const u32 full0 = smem_addr(bars), empty0 = full0 + 8 * NST, xbar = full0 + 16 * NST;
+    if (tid == 0) {
+        for (int s = 0; s < NST; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, RB_CW);
+        }
+        mbar_init(xbar, 1);
+    }
+    __syncthreads();  // the tile's rows and the barriers; no block-wide barrier past here
+    const int ng = ngroups, nstages = (ng + G - 1) / G;
+    // The activation rows (as mmq_q8_rows lays them out: a row stride of 8 words mod 32).
+    const int xb = ng * MMQ_GB, rs = xb + 4 * (((8 - 4 * ng) % 32 + 32) % 32);
+    const int nb = nt > 8 ? 16 : 8;
+    const u32 ring = smem_addr(mmq_sm), xs = ring + NST * STAGE;
+    const bool sh = e >= e_sh;
+    const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
+    const i64 rb = sh ? ws_row_bytes : row_bytes;
+    const bool tl = Wtl && !sh;
+    const int r0 = bx * BM;
+    if (warp == RB_CW) {
+        // The producer: lane 0 issues every copy.
+        if (lane == 0) {
+            mbar_expect(xbar, (u32)(nb * xb));
+            for (int r = 0; r < nb; r++) bulk_g2s(xs + r * rs, X + (i64)src_row[r] * xrow, xb, xbar);
+            for (int st = 0; st < nstages; st++) {
+                const int s = st % NST, gc = min(G, ng - st * G);
+                if (st >= NST) mbar_wait(empty0 + 8 * s, ((st / NST) - 1) & 1);
+                const u32 full = full0 + 8 * s, dst = ring + s * STAGE;
+                mbar_expect(full, (u32)(RB_CW * gc * (tl ? MMQ_TG : 16 * MMQ_GB)));
+                for (int c = 0; c < RB_CW; c++) {
+                    // Consumer c's tile (past the last row: the last tile again, never stored).
+                    const int tr = min((r0 >> 4) + c, (m - 1) >> 4);
+                    if (tl) {
+                        const u8* src = Wtl + (i64)e * tl_mat_bytes + ((i64)tr * ng + st * G) * MMQ_TG;
+                        bulk_g2s(dst + c * SLOT, src, gc * MMQ_TG, full);
+                    } else {
+                        for (int r = 0; r < 16; r++) {
+                            const u8* src = Wt + (i64)min(tr * 16 + r, m - 1) * rb + (i64)st * G * MMQ_GB;
+                            bulk_g2s(dst + c * SLOT + r * G * MMQ_GB, src, gc * MMQ_GB, full);
+                        }
+                    }
+                }
+            }
+        }
+        return;
+    }
+    float acc[2][4];
+#pragma unroll
+    for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
+    mbar_wait(xbar, 0);
+    const u8* xsp = mmq_sm + NST * STAGE;
+    for (int st = 0; st < nstages; st++) {
+        const int s = st % NST, gc = min(G, ng - st * G);
+        mbar_wait(full0 + 8 * s, (st / NST) & 1);
+        const u8* slot = mmq_sm + s * STAGE + warp * SLOT;
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+            if (j < gc) {
+                RowsGrp v;
+                if (tl) {
+                    const u8* p = slot + j * MMQ_TG;
+                    const uint4 h = *(const uint4*)(p + 16 * g);
+                    v.ha = make_uint2(h.x, h.y);
+                    v.hb = make_uint2(h.z, h.w);
+#pragma unroll
+                    for (int bl = 0; bl < 4; bl++) {
+                        const uint4 q = *(const uint4*)(p + 128 + 512 * bl + 16 * lane);
+                        v.qa[bl] = make_uint2(q.x, q.z);
+                        v.qb[bl] = make_uint2(q.y, q.w);
+                    }
+                } else {
+                    const u8* a = slot + g * (G * MMQ_GB) + j * MMQ_GB;
+                    const u8* b = a + 8 * (G * MMQ_GB);
+                    v.ha = *(const uint2*)a;
+                    v.hb = *(const uint2*)b;
+#pragma unroll
+                    for (int bl = 0; bl < 4; bl++) {
+                        v.qa[bl] = *(const uint2*)(a + 16 + 32 * bl + 8 * t);
+                        v.qb[bl] = *(const uint2*)(b + 16 + 32 * bl + 8 * t);
+                    }
+                }
+                rows_mul(acc, v, xsp + (st * G + j) * MMQ_GB, rs, nt, g, t);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * s);
+    }
+    rows_store(acc, out, ooff, ostride, dst_row, r0 + warp * 16, m, nt, g, t);
+#endif
+}
+#define MMQ_ROWS_B_INST(NAME, G, NST)                                                                            \
+    extern "C" __global__ void __launch_bounds__((RB_CW + 1) * 32, 2)                                           \
+        NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
+             const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
+             i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
+             const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {      \
+        PDL_ENTRY();                                                                                            \
+        mmq_rows_b_impl<G, NST>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div,  \
+                                out, ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2, Wtl, W2tl,  \
+                                tl_mat_bytes);                                                                  \
+    }
+MMQ_ROWS_B_INST(mmq_q8_rows_b1x4, 1, 4)
+MMQ_ROWS_B_INST(mmq_q8_rows_b2x2, 2, 2)
+MMQ_ROWS_B_INST(mmq_q8_rows_b1x3, 1, 3)
+
 // The partials of a dense pair (mmq_impl's W2, split K) summed as mmq_sum_splits sums each: one
 // launch over rows x (m + m2) values, the first m columns from part into out, the rest from
 // part2 (split_stride2 apart, rows of m2) into out2. The same bits as two mmq_sum_splits.

@@ -256,6 +256,9 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
+    "mmq_q8_rows_b1x4",
+    "mmq_q8_rows_b2x2",
+    "mmq_q8_rows_b1x3",
 ];
 /// The f16 prompt products (kernels/mmq.cu, `MMF_INST`, `MMF_GU_INST`): (plain kernel, gate-up-GLU
 /// kernel, stages in flight), the first whose shared memory the device gives. Both take 256
@@ -271,6 +274,11 @@ const MMF_TILES: [(&str, &str, usize); 2] = [("mmf16_256s4", "mmf16_gu_s4", 4), 
 /// 216 KB for four stages, 162 KB for three. Neither measured yet; `TS_CUDA_MMF=s3` forces three
 /// here too.
 const MMFQ_TILES: [(&str, &str, usize); 2] = [("mmfq_256s4", "mmfq_gu_s4", 4), ("mmfq_256", "mmfq_gu", 3)];
+/// The bulk-fed grouped expert products (kernels/mmq.cu, `MMQ_ROWS_B_INST`; sm_90): (kernel,
+/// groups a stage, stages), picked by `TS_CUDA_ROWS_BULK=GxNST` or
+/// [`CudaBackend::set_rows_bulk`]. 288 threads, 128 rows a block, the ring's shared memory
+/// `NST * 8 * G * 2304` bytes before the tile's activation rows. Not yet run on a GPU: off.
+const ROWS_BULK: [(&str, usize, usize); 3] = [("mmq_q8_rows_b1x4", 1, 4), ("mmq_q8_rows_b2x2", 2, 2), ("mmq_q8_rows_b1x3", 1, 3)];
 /// Shared memory of an `mmfq_*` stage.
 const MMFQ_STAGE: usize = 256 * 144 + 64 * 288;
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
@@ -655,6 +663,9 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_rows",
         "mmq_q8_rows_r2",
         "mmq_q8_rows_d",
+        "mmq_q8_rows_b1x4",
+        "mmq_q8_rows_b2x2",
+        "mmq_q8_rows_b1x3",
         "mmq_sum_splits",
         "mmq_sum_splits2",
         "q8_to_f16",
@@ -826,6 +837,12 @@ pub struct CudaBackend {
     /// [`MOE_RGQ_MAX_TOKENS`] on the int8 grouped products); `TS_CUDA_MOE_RGQ=1` or
     /// [`CudaBackend::set_moe_rgq`]. Off until measured.
     moe_rgq: AtomicBool,
+    /// Grouped 16-token expert tiles on a bulk-fed kernel: 0 off (`mmq_q8_rows`), else
+    /// [`ROWS_BULK`]`[i - 1]` (sm_90 only); `TS_CUDA_ROWS_BULK=GxNST` or
+    /// [`CudaBackend::set_rows_bulk`]. Off until measured.
+    rows_bulk: AtomicUsize,
+    /// Whether the bulk-fed kernels can run here (sm_90 or later).
+    bulk_ok: bool,
     /// `matmul_many` of two Q8_0 jobs above the 16-token tiles (q and kv_a) in one `mmq_q8_64`
     /// launch and one split-K sum ([`CudaBackend::mmq_dense_pair`]) instead of two of each;
     /// `TS_CUDA_MMQ_PAIR=1` or [`CudaBackend::set_mmq_pair`]. Off until measured.
@@ -1068,6 +1085,13 @@ impl CudaBackend {
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
             mmq_pair: AtomicBool::new(std::env::var("TS_CUDA_MMQ_PAIR").is_ok_and(|v| v == "1")),
             moe_rgq: AtomicBool::new(std::env::var("TS_CUDA_MOE_RGQ").is_ok_and(|v| v == "1")),
+            rows_bulk: AtomicUsize::new(
+                std::env::var("TS_CUDA_ROWS_BULK")
+                    .ok()
+                    .and_then(|v| ROWS_BULK.iter().position(|b| format!("{}x{}", b.1, b.2) == v))
+                    .map_or(0, |i| i + 1),
+            ),
+            bulk_ok: major >= 9,
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             rows_r: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R").as_deref() {
                 Ok("1") => 1,
@@ -1215,6 +1239,26 @@ impl CudaBackend {
     /// The batched MoE's first three launches as one ([`CudaBackend::moe_rgq`]); for the test.
     pub fn set_moe_rgq(&self, on: bool) {
         self.moe_rgq.store(on, Ordering::Relaxed);
+    }
+
+    /// The bulk-fed grouped expert kernel: `Some("GxNST")` (one of [`ROWS_BULK`]'s, e.g.
+    /// "1x4"), or `None` for `mmq_q8_rows`; false where it is not one of them or the device is
+    /// older than sm_90. For the tests.
+    pub fn set_rows_bulk(&self, which: Option<&str>) -> bool {
+        let i = match which {
+            None => 0,
+            Some(v) => match ROWS_BULK.iter().position(|b| format!("{}x{}", b.1, b.2) == v) {
+                Some(i) if self.bulk_ok => i + 1,
+                _ => return false,
+            },
+        };
+        self.rows_bulk.store(i, Ordering::Relaxed);
+        true
+    }
+
+    /// The `GxNST` names of the bulk-fed kernels ([`CudaBackend::set_rows_bulk`]).
+    pub fn rows_bulk_kinds() -> impl Iterator<Item = String> {
+        ROWS_BULK.iter().map(|b| format!("{}x{}", b.1, b.2))
     }
 
     /// Two-job `matmul_many` in one launch ([`CudaBackend::mmq_pair`]); for the test.
@@ -1754,7 +1798,20 @@ impl CudaBackend {
             0 => 1,
             r => r,
         };
-        let grid = if rr > 1 { ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(64 * rr) as u32, grid.1, grid.2) } else { grid };
+        // The bulk-fed kernel (grouped, one row set): 128 rows and 288 threads a block.
+        let bulk = match self.rows_bulk.load(Ordering::Relaxed) {
+            b if b > 0 && self.bulk_ok && rows && cnt != 0 && rr == 1 => {
+                let (name, g, nst) = ROWS_BULK[b - 1];
+                let smem = nst * 8 * g * 2304 + rows_smem;
+                (smem <= self.smem_max).then_some((name, smem))
+            }
+            _ => None,
+        };
+        let grid = match (bulk, rr) {
+            (Some(_), _) => ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(128) as u32, grid.1, grid.2),
+            (None, 2..) => ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(64 * rr) as u32, grid.1, grid.2),
+            _ => grid,
+        };
         let (name, smem) = match (bn, self.mmq16) {
             // (A dense pair always comes with 64-token tiles: mmq_dense_pair.)
             _ if dense2.is_some() => ("mmq_q8_64p", MMQ_SMEM),
@@ -1795,6 +1852,10 @@ impl CudaBackend {
             A::P(pair_tiled),
             l(w.tiled_mat_bytes()),
         ];
+        if let Some((bname, bsmem)) = bulk {
+            self.launch(bname, grid, 288, bsmem as u32, &args);
+            return;
+        }
         if rows {
             self.launch(name, grid, 128, smem as u32, &args);
             return;

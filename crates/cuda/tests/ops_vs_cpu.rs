@@ -1943,6 +1943,16 @@ fn moe_rows_exact() {
             sets.push((format!("2 row sets {kind}"), run(b, w, o)));
             b.set_rows_r(1);
         }
+        // The bulk-fed kernels (mmq_q8_rows_b*, sm_90), from the tiles and from row-major
+        // stacks (the shared chunks are row-major in both): the same bits.
+        for kind in CudaBackend::rows_bulk_kinds() {
+            for (b, w, lay) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
+                if b.set_rows_bulk(Some(&kind)) {
+                    sets.push((format!("bulk-fed {kind} {lay}"), run(b, w, o)));
+                    b.set_rows_bulk(None);
+                }
+            }
+        }
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
         }

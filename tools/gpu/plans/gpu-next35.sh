@@ -19,6 +19,11 @@
 # mmq_q8_rows' loads as the kernel issues them today, at its occupancy and multiply, against more
 # warps, more groups a warp and a persistent grid (is its ~2.9 TB/s the load pattern, the
 # occupancy or the ragged last wave?); and the prompt MoE from Q8_0 at four stages and three.
+# Also new (fifteenth session): the tiled expert copy word-interleaved (DEFAULT now: moe_rows_exact
+# and its tile16 check must pass and the 64-sequence hash stay 33948fa635fb0682; if not, revert
+# commit 0e9849b), and the bulk-fed grouped expert kernels TS_CUDA_ROWS_BULK=1x4|2x2|1x3
+# (mmq_q8_rows_b*: 8 consumer warps + a bulk-copy producer a block, 2 blocks an SM; moe_rows_exact
+# checks them against mmq_q8_rows bit for bit).
 #   tools/gpu/plans/gpu-next35.sh BIN OPS
 set -u
 B=$1; OPS=$2
@@ -31,6 +36,11 @@ for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"; do
   b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
   b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
+done
+# The bulk-fed grouped expert kernels (same bits; 64 and 128 sequences).
+ab64 1 "" "TS_CUDA_ROWS_BULK=1x4" "TS_CUDA_ROWS_BULK=2x2" "TS_CUDA_ROWS_BULK=1x3"
+for e in "" "TS_CUDA_ROWS_BULK=1x4" "TS_CUDA_ROWS_BULK=2x2"; do
+  b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash
 done
 # Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores (TS_CUDA_MMF_Q8=1, mmfq_*:
 # half the bytes a launch, no f16 copies; moe_f16_prompt checks it against the copies' path).
