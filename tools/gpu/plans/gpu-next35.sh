@@ -24,24 +24,21 @@
 # commit 0e9849b), and the bulk-fed grouped expert kernels TS_CUDA_ROWS_BULK=1x4|2x2|1x3
 # (mmq_q8_rows_b*: 8 consumer warps + a bulk-copy producer a block, 2 blocks an SM; moe_rows_exact
 # checks them against mmq_q8_rows bit for bit).
+# Split in the fifteenth session into two calls of < 10 minutes: this one (the probes, every op
+# test, the two biggest prospects: bulk-fed experts at 64 sequences, prompt MoEs from Q8_0) and
+# gpu-next36.sh (the rest). Each line of output is stamped with the seconds since the start.
 #   tools/gpu/plans/gpu-next35.sh BIN OPS
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
-echo "== bwprobe"
+T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+stamp "== bwprobe"
 /usr/local/cuda/bin/nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/bwprobe tools/gpu/bwprobe.cu 2>/dev/null && timeout 120 /tmp/bwprobe stream warp-rows frag16 rk
+stamp "== ops"
 TS_OPS_LIMIT=150 TS_OPS_THREADS=4 ops_and_model
-ab64 2 "" "TS_CUDA_MOE_RGQ=1" "TS_CUDA_MMQ_PAIR=1" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
-for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"; do
-  b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash
-  b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
-  b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
-done
-# The bulk-fed grouped expert kernels (same bits; 64 and 128 sequences).
-ab64 1 "" "TS_CUDA_ROWS_BULK=1x4" "TS_CUDA_ROWS_BULK=2x2" "TS_CUDA_ROWS_BULK=1x3"
-for e in "" "TS_CUDA_ROWS_BULK=1x4" "TS_CUDA_ROWS_BULK=2x2"; do
-  b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash
-done
+stamp "== 64 sequences"
+ab64 2 "" "TS_CUDA_ROWS_BULK=1x4" "TS_CUDA_ROWS_BULK=2x2" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
+stamp "== prompts"
 # Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores (TS_CUDA_MMF_Q8=1, mmfq_*:
 # half the bytes a launch, no f16 copies; moe_f16_prompt checks it against the copies' path).
 # Four stages (216 KB, the default where it fits) and three (TS_CUDA_MMF=s3).
@@ -49,10 +46,4 @@ for e in "" "TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0" "TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0 TS_
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
   b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
 done
-# mmq_q8_64 without its 20 spilled bytes (two blocks an SM instead of three).
-for e in "" "TS_CUDA_DEFINES=MMQ64_MINB=2"; do
-  b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
-  b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
-done
-serve64 "" 15
-serve64 "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" 15
+stamp "== done"
