@@ -1352,13 +1352,14 @@ __device__ __forceinline__ void mmfq_impl(const u8* W, i64 row_bytes, i64 mat_by
 }
 // 256 rows (128 ff rows of gate and of up for the GLU one) x 64 tokens on 4 x 2 warps of 64 x 32,
 // three stages of 54 KB (162 KB of shared memory).
-#define MMFQ_INST(NAME, NST, GLU)                                                                     \
+#define MMFQ_INST_L(NAME, WR, WC, MI, NI, NST, GLU)                                                   \
     extern "C" __global__ void __launch_bounds__(256, 1) NAME(MMFQ_ARGS) {                            \
         PDL_ENTRY();                                                                                  \
-        mmfq_impl<4, 2, 4, 4, NST, GLU>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, \
-                                        in_div, out, ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, \
-                                        Ws2, act);                                                    \
+        mmfq_impl<WR, WC, MI, NI, NST, GLU>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, \
+                                            n_exp, in_div, out, ooff, ostride, Ws, ws_row_bytes, ws_stride, \
+                                            e_sh, W2, Ws2, act);                                      \
     }
+#define MMFQ_INST(NAME, NST, GLU) MMFQ_INST_L(NAME, 4, 2, 4, 4, NST, GLU)
 #define MMFQ_ARGS                                                                                             \
     const u8 *W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8 *X, i64 xrow, int n, const int *cnt,     \
         const int *off, const int *perm, int n_exp, int in_div, float *out, i64 ooff, i64 ostride, const u8 *Ws, \
@@ -1367,3 +1368,8 @@ MMFQ_INST(mmfq_256, 3, false)
 MMFQ_INST(mmfq_gu, 3, true)
 MMFQ_INST(mmfq_256s4, 4, false)
 MMFQ_INST(mmfq_gu_s4, 4, true)
+// The same tile on 8 x 1 warps of 32 rows x 64 tokens (TS_CUDA_MMF_Q8=2): each weight fragment is
+// turned into f16 by one warp instead of two (the 4 x 2 layout's two token columns convert the
+// same rows), for twice the activation fragment loads. Static SASS: see GPU.md.
+MMFQ_INST_L(mmfq8_256s4, 8, 1, 2, 8, 4, false)
+MMFQ_INST_L(mmfq8_gu_s4, 8, 1, 2, 8, 4, true)

@@ -678,6 +678,8 @@ fn kernel_names() -> Vec<String> {
         "mmfq_gu",
         "mmfq_256s4",
         "mmfq_gu_s4",
+        "mmfq8_256s4",
+        "mmfq8_gu_s4",
         "mla_prefill",
     ]
     .iter()
@@ -810,12 +812,16 @@ pub struct CudaBackend {
     /// three launches. Measured on the H200: pp512 19,949 -> 21,538, pp2048 18,229 -> 19,454.
     mmf_gu: AtomicBool,
     /// Prompt MoEs on the f16 tensor cores straight from the Q8_0 weights (`mmfq_*`: no f16
-    /// copies needed, half the bytes a launch); `TS_CUDA_MMF_Q8=1` or
-    /// [`CudaBackend::set_mmf_q8`]. Written, not yet run on a GPU: off.
-    mmf_q8: AtomicBool,
+    /// copies needed, half the bytes a launch): 0 off, 1 the 4 x 2 warp layout ([`MMFQ_TILES`]),
+    /// 2 the 8 x 1 one (`mmfq8_*`, where its four stages fit; else the 4 x 2 tiles);
+    /// `TS_CUDA_MMF_Q8=1|2` or [`CudaBackend::set_mmf_q8`]. Written, not yet run on a GPU: off.
+    mmf_q8: AtomicUsize,
     /// The `mmfq_*` kernels (plain, gate-up-GLU, shared memory) from [`MMFQ_TILES`]: the first
     /// whose shared memory the device gives (none: the f16 copies' path).
     mmfq: Option<(&'static str, &'static str, usize)>,
+    /// The `mmfq8_*` kernels (8 x 1 warps, four stages) where the device gives their shared
+    /// memory and three stages are not forced (`TS_CUDA_MMF=s3`).
+    mmfq8: Option<(&'static str, &'static str, usize)>,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -1027,6 +1033,19 @@ impl CudaBackend {
             };
             (smem <= optin && set(plain) && set(gu)).then_some((plain, gu, smem))
         });
+        let mmfq8 = (!s3 && 4 * MMFQ_STAGE <= optin)
+            .then(|| {
+                let set = |name: &str| {
+                    funcs[name]
+                        .set_attribute(
+                            drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            (4 * MMFQ_STAGE) as i32,
+                        )
+                        .is_ok()
+                };
+                (set("mmfq8_256s4") && set("mmfq8_gu_s4")).then_some(("mmfq8_256s4", "mmfq8_gu_s4", 4 * MMFQ_STAGE))
+            })
+            .flatten();
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -1069,7 +1088,12 @@ impl CudaBackend {
             moe_f16: std::env::var("TS_CUDA_MOE_F16").map_or(true, |v| v != "0"),
             mmf,
             mmf_gu: AtomicBool::new(std::env::var("TS_CUDA_MMF_GU").map_or(true, |v| v != "0")),
-            mmf_q8: AtomicBool::new(std::env::var("TS_CUDA_MMF_Q8").is_ok_and(|v| v == "1")),
+            mmf_q8: AtomicUsize::new(match std::env::var("TS_CUDA_MMF_Q8").as_deref() {
+                Ok("1") => 1,
+                Ok("2") => 2,
+                _ => 0,
+            }),
+            mmfq8,
             mmfq,
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
@@ -1231,9 +1255,10 @@ impl CudaBackend {
         self.mmq_rows_dense.store(rows, Ordering::Relaxed);
     }
 
-    /// Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores ([`CudaBackend::mmf_q8`]).
-    pub fn set_mmf_q8(&self, on: bool) {
-        self.mmf_q8.store(on, Ordering::Relaxed);
+    /// Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores ([`CudaBackend::mmf_q8`]):
+    /// 0 off, 1 the 4 x 2 warp layout, 2 the 8 x 1 one.
+    pub fn set_mmf_q8(&self, mode: usize) {
+        self.mmf_q8.store(mode.min(2), Ordering::Relaxed);
     }
 
     /// The batched MoE's first three launches as one ([`CudaBackend::moe_rgq`]); for the test.
@@ -1945,7 +1970,7 @@ impl CudaBackend {
         // Prompt-size MoEs on the f16 tensor cores: from the f16 copies, or (`mmf_q8`) straight
         // from the Q8_0 weights, turned into f16 in registers (`mmfq_*`).
         let q8w = |w: &CudaWeight| w.dtype == GgmlType::Q8_0;
-        let q8 = self.mmf_q8.load(Ordering::Relaxed)
+        let q8 = self.mmf_q8.load(Ordering::Relaxed) > 0
             && self.mmfq.is_some()
             && hdim % 128 == 0
             && ff % 128 == 0
@@ -2064,9 +2089,9 @@ impl CudaBackend {
         // mmf16_gu* / mmfq_gu: the plain tile, 128 ff rows each of gate and up a block. The mmfq
         // kernels take every argument; the plain mmf16 ones the first 20.
         let (plain, gu, smem) = match (q8, self.mmf) {
-            (true, _) => match self.mmfq {
-                Some(t) => t,
-                None => return,
+            (true, _) => match (self.mmf_q8.load(Ordering::Relaxed), self.mmfq8, self.mmfq) {
+                (2, Some(t), _) | (_, _, Some(t)) => t,
+                _ => return,
             },
             (false, Some(t)) => t,
             (false, None) => return,

@@ -1742,7 +1742,7 @@ fn fused_moe_shared() {
 ///   and closer to it than the int8 path (which rounds the activations to 8 bits), so the f16
 ///   path is known to have run;
 /// - gate, up and the GLU in one launch (`mmf16_gu`) give bit for bit what the three give;
-/// - the same products straight from the Q8_0 weights (`set_mmf_q8`, `mmfq_*`, no copies): the
+/// - the same products straight from the Q8_0 weights (`set_mmf_q8`, `mmfq_*` and `mmfq8_*`, no copies): the
 ///   same f16 weights, the 16 products of each mma paired differently, so within 1e-4 of the
 ///   copies' result.
 #[test]
@@ -1766,7 +1766,7 @@ fn moe_f16_prompt() {
     // Straight from the Q8_0 weights: no copies.
     let fq = &CudaBackend::new(0).expect("fifth backend");
     fq.set_f16_copy(false);
-    fq.set_mmf_q8(true);
+    fq.set_mmf_q8(1);
     let mut r = rng(36);
     let mut rep = Report::new("moe_f16");
     // (hdim, ff, experts, k, shared chunks, glu, tokens): V2-Lite's widths with fewer experts.
@@ -1821,6 +1821,10 @@ fn moe_f16_prompt() {
             get(b, &bo, o)
         };
         let (got, int8, fused, direct) = (run(f, &fw), run(g, &gw), run(fu, &uw), run(fq, &qw));
+        // The 8 x 1 warp layout (mmfq8_*, four stages; the 4 x 2 tiles where they do not fit).
+        fq.set_mmf_q8(2);
+        let direct8 = run(fq, &qw);
+        fq.set_mmf_q8(1);
         let mut exact = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
         if nsh > 0 {
             add_shared_f64(&mut exact, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, glu);
@@ -1829,6 +1833,7 @@ fn moe_f16_prompt() {
         let e16 = rep.check(&format!("{lab} f16 vs f64"), &got, &exact, 1e-2, 1e-3);
         rep.check(&format!("{lab} mmf16_gu vs gate, up, f16_rows (exact)"), &fused, &got, 0.0, 0.0);
         rep.check(&format!("{lab} mmfq (Q8_0 weights) vs the f16 copies"), &direct, &fused, 1e-4, 1e-4);
+        rep.check(&format!("{lab} mmfq8 (Q8_0 weights, 8 x 1 warps) vs the f16 copies"), &direct8, &fused, 1e-4, 1e-4);
         let e8 = rep.check(&format!("{lab} int8 vs f64"), &int8, &exact, 0.15, 1e-4);
         if !(e16 < e8 / 3.0) {
             rep.failures.push(format!("{lab}: f16 path error {e16:.2e} is not well under the int8 path's {e8:.2e} (did it run?)"));
