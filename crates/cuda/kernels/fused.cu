@@ -344,6 +344,15 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 // each over half of the slots' pieces, summed in a fixed order: twice the loads in flight of one
 // warp per row, which left the SMs a third full at batch 1.
 #define MOE_SH_MAX_SLOTS 64
+// MOE_DOWN_EARLY (a measurement define, TS_CUDA_DEFINES="MOE_DOWN_EARLY=1"; written in the
+// fifteenth session, not yet run): moe_gateup_sh_q8q lets the next kernel start only after its
+// own wait for the routing kernel has returned, so the down kernel can read the routed experts'
+// ids (sel_e, written by the routing kernel two launches back, read past L1) and issue its first
+// weight loads before its own wait: its resident blocks stream weights during the gate/up
+// kernel's tail instead of idling. The same loads and sums, so the same bits.
+#ifndef MOE_DOWN_EARLY
+#define MOE_DOWN_EARLY 0
+#endif
 template <int DOWN_WPR>
 __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
                                                     int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
@@ -360,35 +369,84 @@ __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes,
     const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
     const int per = (total + DOWN_WPR - 1) / DOWN_WPR;
     const int Pa = h * per, Pb = min(total, Pa + per);
+#if MOE_DOWN_EARLY
+    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
+    __syncthreads();
+#else
     pdl_wait();
     if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(sel_e[t * k + threadIdx.x], 0) : 0;
     __syncthreads();
+#endif
     const u8* hr = hq + (i64)t * ks * hrow;
-    auto load = [&](int P, uint4& q, float& d, uint4& x, float& dx) {
-        if (P < Pb) {
-            const int s = P / np, p = P - s * np, b = p >> 1;
-            const i64 go = (i64)(b >> 2) * 144;
-            const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes + go
-                                 : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes + go;
-            const u8* xp = hr + (i64)s * hrow + go;
-            const int qo = 16 + 32 * (b & 3) + 16 * (p & 1);
-            q = *(const uint4*)(gp + qo);
-            d = h2f(((const u16*)gp)[b & 3]);
-            x = *(const uint4*)(xp + qo);
-            dx = h2f(((const u16*)xp)[b & 3]);
-        } else {
-            q = make_uint4(0u, 0u, 0u, 0u);
-            x = q;
-            d = 0.f;
-            dx = 0.f;
-        }
+    // Piece P's place: its weights at gp, activations at xp, block b, quants at offset qo.
+    auto locate = [&](int P, const u8*& gp, const u8*& xp, int& qo, int& b) {
+        const int s = P / np, p = P - s * np;
+        b = p >> 1;
+        const i64 go = (i64)(b >> 2) * 144;
+        gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes + go : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes + go;
+        xp = hr + (i64)s * hrow + go;
+        qo = 16 + 32 * (b & 3) + 16 * (p & 1);
     };
     float acc = 0.f;
+#if MOE_DOWN_EARLY
+    // The first round's weights before the wait (the activations come from the gate/up kernel);
+    // the same loads and sums as below.
+    uint4 q[4];
+    float dw[4];
+    const u8* xps[4];
+    int qos[4], bs[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int P = Pa + lane + 32 * u;
+        q[u] = make_uint4(0u, 0u, 0u, 0u);
+        dw[u] = 0.f;
+        if (P < Pb) {
+            const u8* gp;
+            locate(P, gp, xps[u], qos[u], bs[u]);
+            q[u] = *(const uint4*)(gp + qos[u]);
+            dw[u] = h2f(((const u16*)gp)[bs[u] & 3]);
+        }
+    }
+    pdl_wait();
+    if (Pa + lane < Pb) {
+        uint4 x[4];
+        float dx[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            x[u] = make_uint4(0u, 0u, 0u, 0u);
+            dx[u] = 0.f;
+            if (Pa + lane + 32 * u < Pb) {
+                x[u] = *(const uint4*)(xps[u] + qos[u]);
+                dx[u] = h2f(((const u16*)xps[u])[bs[u] & 3]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc += (float)dot16v(q[u], x[u]) * (dw[u] * dx[u]);
+    }
+    for (int P0 = Pa + lane + 128; P0 < Pb; P0 += 128) {
+#else
     for (int P0 = Pa + lane; P0 < Pb; P0 += 128) {
+#endif
         uint4 q[4], x[4];
         float dw[4], dx[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) load(P0 + 32 * u, q[u], dw[u], x[u], dx[u]);
+        for (int u = 0; u < 4; u++) {
+            const int P = P0 + 32 * u;
+            if (P < Pb) {
+                const u8 *gp, *xp;
+                int qo, b;
+                locate(P, gp, xp, qo, b);
+                q[u] = *(const uint4*)(gp + qo);
+                dw[u] = h2f(((const u16*)gp)[b & 3]);
+                x[u] = *(const uint4*)(xp + qo);
+                dx[u] = h2f(((const u16*)xp)[b & 3]);
+            } else {
+                q[u] = make_uint4(0u, 0u, 0u, 0u);
+                x[u] = q[u];
+                dw[u] = 0.f;
+                dx[u] = 0.f;
+            }
+        }
 #pragma unroll
         for (int u = 0; u < 4; u++) acc += (float)dot16v(q[u], x[u]) * (dw[u] * dx[u]);
     }
@@ -457,6 +515,7 @@ __device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes
     float wsl = 1.f;
     if (s < k) {
         pdl_wait();  // the routed experts' ids come from the previous kernel
+        if (MOE_DOWN_EARLY) pdl_trigger();
         const int e = sel_e[t * k + s];
         if (e < 0) {
             if (lane == 0 && row < m) out[(i64)P * ostride + row] = 0.f;
@@ -596,7 +655,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_gateup_sh_q8q(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
                       const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
                       u8* hq, i64 hrow) {
-    pdl_trigger();
+    if (!MOE_DOWN_EARLY) pdl_trigger();  // (MOE_DOWN_EARLY: after the wait below)
     __shared__ float glu[GU_ROWS];
     const int ks = k + nsh;
     int t, s;
@@ -614,6 +673,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     bool zero = false;
     if (s < k) {
         pdl_wait();  // the routed experts' ids come from the previous kernel
+        if (MOE_DOWN_EARLY) pdl_trigger();
         const int e = sel_e[t * k + s];
         zero = e < 0;
         wsl = zero ? 0.f : sel_w[t * k + s];
@@ -632,6 +692,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
         load_q8_4(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
         load_q8_4(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
         pdl_wait();
+        if (MOE_DOWN_EARLY) pdl_trigger();
     }
     const u8* xr = xq + (i64)t * xrow;
     for (int i = 0; i < rpw; i++) {
