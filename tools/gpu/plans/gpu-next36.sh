@@ -4,15 +4,16 @@
 # missing). Each switch against the defaults in the same call:
 #  - TS_CUDA_MOE_RGQ=1 and TS_CUDA_MMQ_PAIR=1 one at a time (routing, grouping and quantisation in
 #    one launch; matmul_many's two Q8_0 jobs in one launch), 128 sequences and prompts with both;
-#  - the bulk-fed experts at 128 sequences and the 1x3 ring;
+#  - the bulk-fed experts at 128 sequences (1x4);
 #  - mmq_q8_64 at two blocks an SM (TS_CUDA_DEFINES=MMQ64_MINB=2: no spill);
 #  - single-stream decode with TS_CUDA_DEFINES=MOE_DOWN_EARLY=1 (the decode MoE's down kernel
 #    loads its first weights before its wait, the gate/up kernel triggering it after its own
 #    wait for the routing): the same hash as the default, twice each, alternating;
-#  - the server at 64 clients with the winners (edit SERVE_ENV after reading gpu-next35's output).
-#   tools/gpu/plans/gpu-next36.sh BIN [SERVE_ENV]
+#  - then (a third call, ~2 minutes, once the winners are known) the server at 64 clients:
+#    `serve64 "" 15; serve64 "WINNERS" 15` (lib.sh).
+#   tools/gpu/plans/gpu-next36.sh BIN
 set -u
-B=$1; SERVE_ENV=${2:-"TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"}
+B=$1
 source "$(dirname "$0")/lib.sh"
 T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 [ -f $V ] || "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
@@ -23,16 +24,13 @@ for r in 1 2; do
   done
 done
 stamp "== 64 sequences"
-ab64 1 "" "TS_CUDA_MOE_RGQ=1" "TS_CUDA_MMQ_PAIR=1" "TS_CUDA_ROWS_BULK=1x3" "TS_CUDA_DEFINES=MMQ64_MINB=2"
+ab64 1 "" "TS_CUDA_MOE_RGQ=1" "TS_CUDA_MMQ_PAIR=1" "TS_CUDA_DEFINES=MMQ64_MINB=2"
 stamp "== 128 sequences"
-for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" "TS_CUDA_ROWS_BULK=1x4" "TS_CUDA_ROWS_BULK=2x2"; do
+for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" "TS_CUDA_ROWS_BULK=1x4"; do
   b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash
 done
 stamp "== prompts"
 for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" "TS_CUDA_DEFINES=MMQ64_MINB=2"; do
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
 done
-stamp "== server"
-serve64 "" 15
-serve64 "$SERVE_ENV" 15
 stamp "== done"
