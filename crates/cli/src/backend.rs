@@ -20,12 +20,16 @@ impl AnyBackend {
     /// `Auto` takes CUDA device 0 when one opens, else the CPU; `Cuda` without a GPU is an error.
     /// `exact` selects the CPU's f32-activation referee mode, `no_mmap` copies the CPU's weights
     /// instead of reading them from the file's memory map (the GPU copies them to the device
-    /// either way).
-    pub fn new(kind: BackendKind, threads: Option<usize>, exact: bool, no_mmap: bool) -> Result<Self> {
+    /// either way), `invariant` the CPU's batch-invariant products for every quantised type
+    /// (`CpuBackend::invariant`, for the server).
+    pub fn new(kind: BackendKind, threads: Option<usize>, exact: bool, no_mmap: bool, invariant: bool) -> Result<Self> {
         let cpu = || -> Result<Self> {
             let mut b = CpuBackend::new(threads)?;
             if exact {
                 b = b.exact();
+            }
+            if invariant {
+                b = b.invariant();
             }
             if no_mmap {
                 b = b.copy_weights();

@@ -77,7 +77,7 @@ pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) ->
     if o.exact && o.backend == crate::BackendKind::Cuda {
         bail!("--exact is a CPU mode; use it with --backend cpu");
     }
-    let be = AnyBackend::new(o.backend, o.threads, o.exact, o.no_mmap)?;
+    let be = AnyBackend::new(o.backend, o.threads, o.exact, o.no_mmap, o.invariant)?;
     let free_before = be.device_memory();
     let requant = o.quant.map(|q| q.ggml());
     if let Some((free, total)) = free_before {

@@ -90,6 +90,10 @@ pub struct ModelOpts {
     /// projection serve as a matrix too, and are quantised with it).
     #[arg(long = "quant", value_enum)]
     pub quant: Option<QuantKind>,
+    /// CPU: every quantised type's products batch-invariant (`CpuBackend::invariant`); set by
+    /// `serve`, whose forwards then need no padding.
+    #[arg(skip)]
+    pub invariant: bool,
 }
 
 /// Weight types `--quant` can produce.

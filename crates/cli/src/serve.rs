@@ -48,7 +48,8 @@ pub struct ServeArgs {
     /// Pad each forward to a multiple of this many rows so that a request's text does not depend
     /// on what runs beside it (4 matches the CPU kernels' row groups; 1 turns padding off). Not
     /// applied to a model whose products are batch-invariant anyway (on the CPU: every matrix of
-    /// Q4_0, Q5_0, Q4_1, Q5_1 or Q8_0, as the default SmolLM2).
+    /// Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, as the default SmolLM2 and Gemma 3's
+    /// Q4_K_M).
     #[arg(long = "row-multiple", default_value_t = 4)]
     pub row_multiple: usize,
     /// CPU referee mode: f32 activations in the matmuls (slower).
@@ -99,6 +100,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         batch_size: ro.max_batch,
         no_mmap: a.no_mmap,
         quant: a.quant,
+        // Q4_K/Q5_K/Q6_K products of 1-3 rows on the tiled kernel: a model of them needs no
+        // padded forwards to keep texts independent of the batch (--row-multiple).
+        invariant: true,
     };
     let l = load::load(&o, Some(&hub::SMOLLM2), ro.n_slots)?;
     let file = l.path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());

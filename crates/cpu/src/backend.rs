@@ -161,6 +161,10 @@ pub struct CpuBackend {
     /// Copy every weight into memory of its own at upload instead of reading it in place from
     /// the file's memory map ([`CpuBackend::copy_weights`]; `--no-mmap`).
     copy_weights: bool,
+    /// Batch-invariant products for every quantised type with the tiled kernel
+    /// ([`CpuBackend::invariant`]): a server's rows then get the same bits alone or batched
+    /// without padding its forwards.
+    invariant: bool,
 }
 
 impl CpuBackend {
@@ -174,6 +178,7 @@ impl CpuBackend {
             moe_scratch: Mutex::new(MoeScratch::default()),
             exact: false,
             copy_weights: false,
+            invariant: false,
         })
     }
     /// Copy the weights at upload (more memory, a slower load) instead of reading them from the
@@ -181,6 +186,14 @@ impl CpuBackend {
     /// mapped file that is truncated under a running process faults it).
     pub fn copy_weights(mut self) -> Self {
         self.copy_weights = true;
+        self
+    }
+    /// Products of one to three activation rows with Q4_K, Q5_K or Q6_K weights on the tiled
+    /// prompt kernel (`quant_dot::gemm_mode`), so that those types are batch-invariant too
+    /// ([`Backend::batch_invariant`]): for the server, which then need not pad its forwards to
+    /// four rows. Costs those matrices about half their single-row decode speed.
+    pub fn invariant(mut self) -> Self {
+        self.invariant = true;
         self
     }
     /// The referee mode (see the `exact` field): slower, f32 activations throughout.
@@ -270,7 +283,7 @@ impl CpuBackend {
             if n == 1 {
                 // SAFETY: tasks write disjoint column ranges [i0, i0+mc) of the output row.
                 let dst = unsafe { std::slice::from_raw_parts_mut(optr.add(j.o.off + i0), mc) };
-                quant_dot::gemm(j.dtype, w, mc, k, acts, 1, dst, mc);
+                quant_dot::gemm_mode(j.dtype, w, mc, k, acts, 1, dst, mc, self.invariant);
                 return;
             }
             TILE.with(|t| {
@@ -278,7 +291,7 @@ impl CpuBackend {
                 if tile.len() < n * mc {
                     tile.resize(n * mc, 0.0);
                 }
-                quant_dot::gemm(j.dtype, w, mc, k, acts, n, &mut tile[..n * mc], mc);
+                quant_dot::gemm_mode(j.dtype, w, mc, k, acts, n, &mut tile[..n * mc], mc, self.invariant);
                 for r in 0..n {
                     // SAFETY: each task writes its own columns [i0, i0+mc) of every row.
                     let dst = unsafe { std::slice::from_raw_parts_mut(optr.add(j.o.off + r * j.o.stride + i0), mc) };
@@ -454,7 +467,7 @@ impl Backend for CpuBackend {
         Ok(CpuBuf::new(len))
     }
     fn batch_invariant(&self, w: GgmlType) -> bool {
-        !self.exact && crate::quant_dot::batch_invariant(w)
+        !self.exact && crate::quant_dot::batch_invariant_mode(w, self.invariant)
     }
 
     fn upload_weight(&self, t: &TensorData<'_>, usage: WeightUse) -> Result<CpuWeight> {

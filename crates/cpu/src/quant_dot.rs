@@ -48,7 +48,8 @@
 //! quarter of the matrix apart. A row then gives the same bits alone as in any batch of four or
 //! more, and decode is no slower than the earlier four-row kernels (Q4_1 +7%, Q8_0 +9%, Q5_1
 //! +18%, Q4_0 and Q5_0 the same, in cache). The K-quants keep their own n < 4 kernels (equal to
-//! the tiled results up to float rounding).
+//! the tiled results up to float rounding), except under [`gemm_mode`]'s `invariant` (the
+//! server's backend), where their small batches take the tiled kernel too.
 //!
 //! Not done: a NEON path — aarch64 currently runs the scalar kernels.
 //!
@@ -177,17 +178,38 @@ pub fn vec_dot_scalar(w: GgmlType, w_row: &[u8], act: &[u8], k: usize) -> f32 {
 /// bound by re-reading weights; weight rows are processed in L2-sized chunks.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize) {
+    gemm_mode(w, wdata, m, k, acts, n, out, out_stride, false)
+}
+
+/// [`gemm`], with `invariant`: products of one to three activation rows whose weight type has
+/// the tiled prompt kernel but no [`batch_invariant`] small-batch kernel (Q4_K, Q5_K, Q6_K) run
+/// the tiled kernel too (its short activation group repeats the last row), so that every row
+/// gets the same bits in any batch. The server asks for it (no padding of its forwards); it
+/// costs those types' decode about half their n = 1 speed, so the other commands do not.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_mode(
+    w: GgmlType,
+    wdata: &[u8],
+    m: usize,
+    k: usize,
+    acts: &[u8],
+    n: usize,
+    out: &mut [f32],
+    out_stride: usize,
+    invariant: bool,
+) {
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
-        return gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Avx2);
+        return gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Avx2, invariant);
     }
-    gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Scalar)
+    let _ = invariant;
+    gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Scalar, false)
 }
 
 /// The portable path of [`gemm`].
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_scalar(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize) {
-    gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Scalar)
+    gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Scalar, false)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -220,11 +242,16 @@ struct V32([u8; 32]);
 /// on AVX2, the types with the tiled kernel's arithmetic at every n (`avx2::gemm_invariant`
 /// below four rows). Elsewhere not claimed.
 pub fn batch_invariant(w: GgmlType) -> bool {
+    batch_invariant_mode(w, false)
+}
+
+/// [`batch_invariant`] for [`gemm_mode`]: with `invariant`, every type with the tiled kernel.
+pub fn batch_invariant_mode(w: GgmlType, invariant: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
-        return avx2::tiled_supported(w) && avx2::invariant_supported(w);
+        return avx2::tiled_supported(w) && (invariant || avx2::invariant_supported(w));
     }
-    let _ = w;
+    let _ = (w, invariant);
     false
 }
 
@@ -253,16 +280,40 @@ fn quarter_rows(m: usize, mut call: impl FnMut([usize; 4], usize)) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn gemm_impl(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize, path: Path) {
+fn gemm_impl(
+    w: GgmlType,
+    wdata: &[u8],
+    m: usize,
+    k: usize,
+    acts: &[u8],
+    n: usize,
+    out: &mut [f32],
+    out_stride: usize,
+    path: Path,
+    invariant: bool,
+) {
     GEMM_SCRATCH.with(|c| match c.try_borrow_mut() {
         Ok(mut c) => {
             let (scales, sc4, tile, packed) = &mut *c;
-            gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, scales, sc4, tile, packed)
+            gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, invariant, scales, sc4, tile, packed)
         }
         // (Not reached: gemm does not call itself. Fresh buffers keep it correct if it did.)
-        Err(_) => {
-            gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, &mut Vec::new(), &mut Vec::new(), &mut Vec::new(), &mut Vec::new())
-        }
+        Err(_) => gemm_with(
+            w,
+            wdata,
+            m,
+            k,
+            acts,
+            n,
+            out,
+            out_stride,
+            path,
+            invariant,
+            &mut Vec::new(),
+            &mut Vec::new(),
+            &mut Vec::new(),
+            &mut Vec::new(),
+        ),
     })
 }
 
@@ -277,6 +328,7 @@ fn gemm_with(
     out: &mut [f32],
     out_stride: usize,
     path: Path,
+    invariant: bool,
     act_scales: &mut Vec<f32>,
     sc4: &mut Vec<f32>,
     tile: &mut Vec<V32>,
@@ -297,8 +349,9 @@ fn gemm_with(
         unsafe { avx2::gemm_invariant(w, wdata, m, k, acts, n, out, out_stride) };
         return;
     }
+    // (`invariant`: small batches of the types without that kernel take the tiled one below.)
     #[cfg(target_arch = "x86_64")]
-    if path == Path::Avx2 && n >= TILED_MIN_ROWS && avx2::tiled_supported(w) {
+    if path == Path::Avx2 && (n >= TILED_MIN_ROWS || invariant) && avx2::tiled_supported(w) {
         let (nb, ng, at) = (k / 32, n.div_ceil(4), act_type(w));
         packed.clear();
         packed.resize(ng * nb * avx2::ACT_WORDS, V32::default());
@@ -2365,6 +2418,64 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// `gemm_mode(.., invariant)`: the K-quants' products of 1-3 rows take the tiled kernel, so
+    /// every row of any batch gets the same bits ([`batch_invariant_mode`] says so); without
+    /// the mode they keep their own kernels (and the claim is not made).
+    #[test]
+    fn quant_dot_invariant_mode_makes_k_quants_batch_invariant() {
+        if !simd_available() {
+            return;
+        }
+        let mut rng = Rng(29);
+        for w in [Q4K, Q5K, Q6K] {
+            assert!(!batch_invariant(w) && batch_invariant_mode(w, true), "{}", w.name());
+            let mut differs = false;
+            for &(m, k) in &[(1usize, 256usize), (5, 512), (13, 768), (64, 512)] {
+                let wdata = quantize_rows(w, &random_vals(&mut rng, m * k, true));
+                let arb = act_type(w).row_bytes(k).unwrap();
+                let big = 7;
+                let x = random_vals(&mut rng, big * k, true);
+                let mut acts = vec![0u8; big * arb];
+                for j in 0..big {
+                    quantize_act(w, &x[j * k..(j + 1) * k], &mut acts[j * arb..(j + 1) * arb]);
+                }
+                for nbig in 4..=big {
+                    let mut all = vec![f32::NAN; nbig * m];
+                    gemm_mode(w, &wdata, m, k, &acts, nbig, &mut all, m, true);
+                    for n in 1..=3usize {
+                        for j0 in 0..=nbig - n {
+                            let mut few = vec![f32::NAN; n * m];
+                            gemm_mode(w, &wdata, m, k, &acts[j0 * arb..(j0 + n) * arb], n, &mut few, m, true);
+                            for r in 0..n {
+                                for i in 0..m {
+                                    let (a, b) = (few[r * m + i], all[(j0 + r) * m + i]);
+                                    assert_eq!(
+                                        a.to_bits(),
+                                        b.to_bits(),
+                                        "{} m={m} k={k}: row {} of {n} vs of {nbig}: {a} vs {b}",
+                                        w.name(),
+                                        j0 + r
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+                // The mode's small batches agree with the K-quants' own kernels to rounding.
+                let mut own = vec![0f32; m];
+                let mut tiled = vec![0f32; m];
+                gemm(w, &wdata, m, k, &acts[..arb], 1, &mut own, m);
+                gemm_mode(w, &wdata, m, k, &acts[..arb], 1, &mut tiled, m, true);
+                for i in 0..m {
+                    assert!((own[i] - tiled[i]).abs() <= 1e-4 * (1.0 + own[i].abs()), "{} row {i}: {} vs {}", w.name(), own[i], tiled[i]);
+                }
+                differs |= own.iter().zip(&tiled).any(|(a, b)| a.to_bits() != b.to_bits());
+            }
+            // (Else the mode would change nothing: the own kernels would already be invariant.)
+            assert!(differs, "{}: the own single-row kernel gave the tiled kernel's bits everywhere", w.name());
         }
     }
 

@@ -105,3 +105,51 @@ fn gemma3_chunked_outputs_agree_with_full_logits() {
     // 20 output rows: gemma3 computes them in chunks of 16 (rows 0-15, then 16-19).
     check_file(&p, 10, &[1, 4, 15, 16, 19]);
 }
+
+/// With `CpuBackend::invariant`, a gemma3 of Q4_K / Q6_K / Q5_0 matrices (the Q4_K_M mix) is
+/// batch-invariant: the model says so, and a sequence's decode logits are the same bits alone
+/// (one row), beside one other sequence (two rows) and among five (the tiled kernel's groups).
+/// That is what lets the server run such a model without padding its forwards. (The kernels'
+/// own test shows the K-quants' single-row kernels differ from the tiled one in the last bits;
+/// in a model this small the 8-bit activations of the next matrix mostly absorb such a
+/// difference, so this checks the wiring and the rest of the forward, not the kernels.)
+#[test]
+fn gemma3_k_quants_are_batch_invariant_in_invariant_mode() {
+    let p = TempPath::new("ts-models-outputs", "gemma3-inv.gguf");
+    synth_dense(DensePreset::Gemma3Tiny, 7, &p).expect("synth");
+    let src = ts_formats::open_model(&p).expect("open");
+    let opts = RuntimeOptions { ctx: 32, n_slots: 6, max_batch: 64 };
+    let plain = ts_models::load(src.as_ref(), Arc::new(CpuBackend::new(Some(1)).expect("cpu")), opts).expect("load");
+    assert!(!plain.info().batch_invariant, "the K-quants' own small-batch kernels are not invariant");
+    let mut m = ts_models::load(src.as_ref(), Arc::new(CpuBackend::new(Some(2)).expect("cpu").invariant()), opts).expect("load");
+    assert!(m.info().batch_invariant);
+    let nv = m.info().n_vocab;
+    // Sequence 0's 5-token prompt, then its token at position 5, with `others` more sequences
+    // (slots 1..) of 7 prompt tokens decoding at position 7 beside it.
+    let mut run = |others: u32| -> Vec<f32> {
+        let mut tokens = Vec::new();
+        for slot in 0..=others {
+            let len = if slot == 0 { 5 } else { 7 };
+            for pos in 0..len {
+                tokens.push(TokenMeta { token: (11 * pos + 5 * slot + 2) % 4000, pos, slot });
+            }
+        }
+        let n = tokens.len() as u32;
+        let mut sink = vec![0f32; nv];
+        let b = BatchMeta { tokens, outputs: vec![n - 1], slot_len: 32 };
+        m.forward(&b, &mut sink).expect("prompts");
+        let mut tokens = vec![TokenMeta { token: 99, pos: 5, slot: 0 }];
+        tokens.extend((1..=others).map(|slot| TokenMeta { token: 100 + slot, pos: 7, slot }));
+        let b = BatchMeta { tokens, outputs: vec![0], slot_len: 32 };
+        let mut lg = vec![0f32; nv];
+        m.forward(&b, &mut lg).expect("decode");
+        lg
+    };
+    let alone = run(0);
+    assert!(alone.iter().any(|&v| v != alone[0]), "degenerate logits");
+    for others in [1u32, 4] {
+        let got = run(others);
+        let same = alone.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "sequence 0's logits differ alone and beside {others} others");
+    }
+}
