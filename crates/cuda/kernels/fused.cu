@@ -326,15 +326,19 @@ __device__ __forceinline__ int dot16v(uint4 w, uint4 x) {
 // the shared slots of every token first, then the routed ones. Blocks become resident in this
 // order while the routing still runs, and only the shared slots' weights are known before it
 // ends: the first resident blocks load instead of waiting.
-__device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s) {
-    const int ks = k + nsh, nshared = gridDim.y / ks * nsh;
-    if ((int)blockIdx.y < nshared) {
-        *t = blockIdx.y / nsh;
-        *s = k + blockIdx.y % nsh;
+// (moe_slot_of: the same for unit y of ny.)
+__device__ __forceinline__ void moe_slot_of(int y, int ny, int k, int nsh, int* t, int* s) {
+    const int ks = k + nsh, nshared = ny / ks * nsh;
+    if (y < nshared) {
+        *t = y / nsh;
+        *s = k + y % nsh;
     } else {
-        *t = (blockIdx.y - nshared) / k;
-        *s = (blockIdx.y - nshared) % k;
+        *t = (y - nshared) / k;
+        *s = (y - nshared) % k;
     }
+}
+__device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s) {
+    moe_slot_of(blockIdx.y, gridDim.y, k, nsh, t, s);
 }
 
 // As moe_down_q8 over the ks slots of token t (block (x, t)): slot s's quantised activation row
@@ -353,30 +357,33 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 #ifndef MOE_DOWN_EARLY
 #define MOE_DOWN_EARLY 0
 #endif
-template <int DOWN_WPR>
-__device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
-                                                    int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
-                                                    const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride) {
-    pdl_trigger();
-    __shared__ float red[GQ_WARPS];
-    __shared__ int es[MOE_SH_MAX_SLOTS];
-    const int t = blockIdx.y;
+// One block's rows (bx) of token t. EARLY (MOE_DOWN_EARLY, or the fused kernel's first unit):
+// the routed experts' ids read past L1 and the first round of weight loads issued before
+// `wait()` (the PDL wait, or the fused kernel's grid barrier); else `wait()` first. CG: the
+// activations read past L1 (the fused kernel's, written by other blocks of the same launch; its
+// sel_e is then in shared memory). red, es: the block's shared words.
+template <int DOWN_WPR, bool EARLY, bool CG, typename Wait>
+__device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
+                                              int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
+                                              const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride, float* red,
+                                              int* es, Wait wait) {
     const int ks = k + nsh;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rows_per_block = GQ_WARPS / DOWN_WPR;
-    const int row0 = blockIdx.x * rows_per_block + warp / DOWN_WPR;
+    const int row0 = bx * rows_per_block + warp / DOWN_WPR;
     const int row = min(row0, m - 1), h = warp % DOWN_WPR;
     const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
     const int per = (total + DOWN_WPR - 1) / DOWN_WPR;
     const int Pa = h * per, Pb = min(total, Pa + per);
-#if MOE_DOWN_EARLY
-    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
+    if constexpr (EARLY) {
+        // (CG: the fused kernel's ids, in its own shared memory.)
+        if (threadIdx.x < ks)
+            es[threadIdx.x] = (int)threadIdx.x < k ? max(CG ? sel_e[t * k + threadIdx.x] : __ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
+    } else {
+        wait();
+        if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(sel_e[t * k + threadIdx.x], 0) : 0;
+    }
     __syncthreads();
-#else
-    pdl_wait();
-    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(sel_e[t * k + threadIdx.x], 0) : 0;
-    __syncthreads();
-#endif
     const u8* hr = hq + (i64)t * ks * hrow;
     // Piece P's place: its weights at gp, activations at xp, block b, quants at offset qo.
     auto locate = [&](int P, const u8*& gp, const u8*& xp, int& qo, int& b) {
@@ -388,7 +395,16 @@ __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes,
         qo = 16 + 32 * (b & 3) + 16 * (p & 1);
     };
     float acc = 0.f;
-#if MOE_DOWN_EARLY
+    // Activation loads (past L1 with CG).
+    auto ldx = [&](const u8* p) -> uint4 {
+        if constexpr (CG) return __ldcg((const uint4*)p);
+        else return *(const uint4*)p;
+    };
+    auto ldd = [&](const u8* p) -> u16 {
+        if constexpr (CG) return __ldcg((const unsigned short*)p);
+        else return *(const u16*)p;
+    };
+    if constexpr (EARLY) {
     // The first round's weights before the wait (the activations come from the gate/up kernel);
     // the same loads and sums as below.
     uint4 q[4];
@@ -407,7 +423,7 @@ __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes,
             dw[u] = h2f(((const u16*)gp)[bs[u] & 3]);
         }
     }
-    pdl_wait();
+    wait();
     if (Pa + lane < Pb) {
         uint4 x[4];
         float dx[4];
@@ -416,17 +432,15 @@ __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes,
             x[u] = make_uint4(0u, 0u, 0u, 0u);
             dx[u] = 0.f;
             if (Pa + lane + 32 * u < Pb) {
-                x[u] = *(const uint4*)(xps[u] + qos[u]);
-                dx[u] = h2f(((const u16*)xps[u])[bs[u] & 3]);
+                x[u] = ldx(xps[u] + qos[u]);
+                dx[u] = h2f(ldd(xps[u] + 2 * (bs[u] & 3)));
             }
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) acc += (float)dot16v(q[u], x[u]) * (dw[u] * dx[u]);
     }
-    for (int P0 = Pa + lane + 128; P0 < Pb; P0 += 128) {
-#else
-    for (int P0 = Pa + lane; P0 < Pb; P0 += 128) {
-#endif
+    }
+    for (int P0 = Pa + lane + (EARLY ? 128 : 0); P0 < Pb; P0 += 128) {
         uint4 q[4], x[4];
         float dw[4], dx[4];
 #pragma unroll
@@ -438,8 +452,8 @@ __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes,
                 locate(P, gp, xp, qo, b);
                 q[u] = *(const uint4*)(gp + qo);
                 dw[u] = h2f(((const u16*)gp)[b & 3]);
-                x[u] = *(const uint4*)(xp + qo);
-                dx[u] = h2f(((const u16*)xp)[b & 3]);
+                x[u] = ldx(xp + qo);
+                dx[u] = h2f(ldd(xp + 2 * (b & 3)));
             } else {
                 q[u] = make_uint4(0u, 0u, 0u, 0u);
                 x[u] = q[u];
@@ -458,6 +472,17 @@ __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes,
         for (int j = 1; j < DOWN_WPR; j++) v += red[warp + j];
         out[ooff + (i64)t * ostride + row0] = v;
     }
+}
+template <int DOWN_WPR>
+__device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
+                                                    int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
+                                                    const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride) {
+    pdl_trigger();
+    __shared__ float red[GQ_WARPS];
+    __shared__ int es[MOE_SH_MAX_SLOTS];
+    moe_down_unit<DOWN_WPR, MOE_DOWN_EARLY != 0, false>(blockIdx.x, blockIdx.y, Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd,
+                                                        srow_bytes, nsh, hq, hrow, out, ooff, ostride, red, es,
+                                                        [] { pdl_wait(); });
 }
 // Two warps a row (the default) or four (TS_CUDA_DOWN_WPR=4: a warp's 11 rounds of loads at
 // V2-Lite's shapes become 6, in 2 dependent batches instead of 3; another summation order).
@@ -651,19 +676,19 @@ MOE_SH_H16(bf16, T_BF16)
 // through global memory fewer per layer, the same bits. Needs m % 32 == 0 (the host checks
 // m % 128 == 0).
 #define GU_ROWS 32
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
-    moe_gateup_sh_q8q(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
-                      const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
-                      u8* hq, i64 hrow) {
-    if (!MOE_DOWN_EARLY) pdl_trigger();  // (MOE_DOWN_EARLY: after the wait below)
-    __shared__ float glu[GU_ROWS];
+// One block's 32 rows (bx) of token t's slot s. WAIT: the PDL wait where the standalone kernel
+// has it (the routed slots before they read sel_e, the shared ones after their first loads);
+// else the caller has waited. glu: the block's 32 shared words.
+template <bool WAIT>
+__device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
+                                                    i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
+                                                    int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
+                                                    int act, u8* hq, i64 hrow, float* glu) {
     const int ks = k + nsh;
-    int t, s;
-    moe_slot_of_block(k, nsh, &t, &s);
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpw = GU_ROWS / GQ_WARPS;
-    const int row0 = blockIdx.x * GU_ROWS + warp * rpw;
+    const int row0 = bx * GU_ROWS + warp * rpw;
     const int np = 2 * (kdim >> 5);
     uint4 qg[4], qu[4];
     float dg[4], du[4];
@@ -672,8 +697,10 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     float wsl = 1.f;
     bool zero = false;
     if (s < k) {
-        pdl_wait();  // the routed experts' ids come from the previous kernel
-        if (MOE_DOWN_EARLY) pdl_trigger();
+        if (WAIT) {
+            pdl_wait();  // the routed experts' ids come from the previous kernel
+            if (MOE_DOWN_EARLY) pdl_trigger();
+        }
         const int e = sel_e[t * k + s];
         zero = e < 0;
         wsl = zero ? 0.f : sel_w[t * k + s];
@@ -691,8 +718,10 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
         rstride = row_bytes;
         load_q8_4(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
         load_q8_4(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
-        pdl_wait();
-        if (MOE_DOWN_EARLY) pdl_trigger();
+        if (WAIT) {
+            pdl_wait();
+            if (MOE_DOWN_EARLY) pdl_trigger();
+        }
     }
     const u8* xr = xq + (i64)t * xrow;
     for (int i = 0; i < rpw; i++) {
@@ -731,10 +760,21 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
         const float a = warp_max(fabsf(v));
         const float d = a / 127.f;
         const float id = d != 0.f ? 1.0f / d : 0.f;
-        const int b = blockIdx.x & 3;  // this block's Q8_0 block within its 128-value group
-        u8* gp = hq + (i64)P * hrow + (i64)(blockIdx.x >> 2) * 144;
+        const int b = bx & 3;  // this block's Q8_0 block within its 128-value group
+        u8* gp = hq + (i64)P * hrow + (i64)(bx >> 2) * 144;
         gp[16 + 32 * b + lane] = (u8)(i8)(int)roundf(v * id);
         if (lane == 0) ((u16*)gp)[b] = f2h(d);
         if (b == 0 && lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
     }
+}
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
+    moe_gateup_sh_q8q(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
+                      const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
+                      u8* hq, i64 hrow) {
+    if (!MOE_DOWN_EARLY) pdl_trigger();  // (MOE_DOWN_EARLY: after the wait in the unit)
+    __shared__ float glu[GU_ROWS];
+    int t, s;
+    moe_slot_of_block(k, nsh, &t, &s);
+    moe_gateup_q8q_unit<true>(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
+                              xrow, act, hq, hrow, glu);
 }

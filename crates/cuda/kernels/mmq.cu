@@ -1373,3 +1373,87 @@ MMFQ_INST(mmfq_gu_s4, 4, true)
 // same rows), for twice the activation fragment loads. Static SASS: see GPU.md.
 MMFQ_INST_L(mmfq8_256s4, 8, 1, 2, 8, 4, false)
 MMFQ_INST_L(mmfq8_gu_s4, 8, 1, 2, 8, 4, true)
+
+// ---- The decode MoE in one launch (TS_CUDA_MOE_FUSED=1; written in the fifteenth session, NOT
+// yet run on a GPU) -------------------------------------------------------------------------------
+// (Here, after quant_group_body; the MoE bodies are in fused.cu.) moe_route_quant,
+// moe_gateup_sh_q8q and moe_down_sh_q8 as one persistent kernel: every block
+// routes the tokens (route_warp_body) and quantises the input rows (quant_group_body) into its
+// own shared memory, so the gate/up rows need no launch boundary before them; the gate/up units
+// (32 rows of one (token, slot), moe_gateup_q8q_unit) go round-robin over the blocks; then one
+// grid barrier, before which each block has issued its first down unit's weight loads
+// (moe_down_unit's EARLY path), so the down products' stream starts while the last gate/up
+// units finish instead of after a launch. The same bodies in the same order, so the same bits as
+// the three launches. Every block must be resident at once: the host sizes the grid to the
+// device's occupancy, and the kernel lets its dependents launch only after the barrier (their
+// early blocks could otherwise hold the resources a block of this one still waits for). A block
+// that never arrives traps after ~4 s instead of hanging the device.
+// bar: two words, zero before the first launch: arrivals, and the generation.
+__device__ __forceinline__ void grid_sync(unsigned* bar, unsigned nblocks) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned* gen = bar + 1;
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(bar, 1u) == nblocks - 1) {
+            atomicExch(bar, 0u);
+            __threadfence();
+            atomicAdd(bar + 1, 1u);
+        } else {
+            unsigned spins = 0;
+            while (*gen == g) {
+                if (++spins > (1u << 26)) __trap();
+                __nanosleep(64);
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+#define MOE_FUSED_MAX_PAIRS 64
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
+    moe_fused_q8(const float* logits, i64 loff, i64 lstride, int n, int E, int k, int gating, int norm_topk, float scale,
+                 const float* x, i64 xoff, i64 xstride, int hdim, const u8* Wg, const u8* Wu, i64 row_bytes,
+                 i64 mat_bytes, int ff, const u8* Sg, const u8* Su, int nsh, int act, u8* hq, i64 hrow, const u8* Wd,
+                 i64 drow_bytes, i64 dmat_bytes, const u8* Sd, i64 srow_bytes, float* out, i64 ooff, i64 ostride,
+                 unsigned* bar) {
+    extern __shared__ __align__(16) u8 fsm[];  // the input rows quantised: n rows of xrow bytes
+    __shared__ int sel_e[MOE_FUSED_MAX_PAIRS];
+    __shared__ float sel_w[MOE_FUSED_MAX_PAIRS];
+    __shared__ float glu[GU_ROWS];
+    __shared__ float red[GQ_WARPS];
+    __shared__ int es[MOE_SH_MAX_SLOTS];
+    const int warp = threadIdx.x >> 5;
+    const int ks = k + nsh, nbx = ff / GU_ROWS, ngu = nbx * n * ks;
+    const int dpb = GQ_WARPS / 2, ndx = (hdim + dpb - 1) / dpb, ndown = ndx * n;
+    const int xg = (hdim + 127) >> 7;
+    const i64 xrow = (i64)xg * 144;
+    pdl_wait();  // the logits and the input rows come from the kernels before
+    for (int t = warp; t < n; t += GQ_WARPS) route_warp_body(t, logits, loff, lstride, n, E, k, gating, norm_topk, scale, sel_e, sel_w);
+    for (int gid = warp; gid < n * xg; gid += GQ_WARPS)
+        quant_group_body(gid, x, nullptr, xoff, xstride, n, hdim, 0, nullptr, 0, 1, fsm, xrow);
+    __syncthreads();
+    for (int y = blockIdx.x; y < ngu; y += gridDim.x) {
+        int t, s;
+        moe_slot_of(y / nbx, n * ks, k, nsh, &t, &s);
+        moe_gateup_q8q_unit<false>(y % nbx, t, s, Wg, Wu, row_bytes, mat_bytes, ff, hdim, sel_e, sel_w, k, Sg, Su, nsh,
+                                   fsm, xrow, act, hq, hrow, glu);
+        __syncthreads();  // (glu again for the next unit)
+    }
+    auto barrier = [&] {
+        grid_sync(bar, gridDim.x);
+        pdl_trigger();
+    };
+    int y = blockIdx.x;
+    if (y >= ndown) {
+        barrier();
+        return;
+    }
+    moe_down_unit<2, true, true>(y % ndx, y / ndx, Wd, drow_bytes, dmat_bytes, hdim, ff, k, sel_e, Sd, srow_bytes, nsh, hq,
+                                 hrow, out, ooff, ostride, red, es, barrier);
+    for (y += gridDim.x; y < ndown; y += gridDim.x) {
+        __syncthreads();
+        moe_down_unit<2, false, true>(y % ndx, y / ndx, Wd, drow_bytes, dmat_bytes, hdim, ff, k, sel_e, Sd, srow_bytes, nsh,
+                                      hq, hrow, out, ooff, ostride, red, es, [] {});
+    }
+}

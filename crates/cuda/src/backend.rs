@@ -655,6 +655,7 @@ fn kernel_names() -> Vec<String> {
         "moe_down_sh_bf16",
         "quant_q8_groups",
         "moe_route_quant",
+        "moe_fused_q8",
         "moe_gateup_sh_q8q",
         "mmq_q8_64",
         "mmq_q8_64p",
@@ -849,6 +850,13 @@ pub struct CudaBackend {
     rows_bulk: AtomicUsize,
     /// Whether the bulk-fed kernels can run here (sm_90 or later).
     bulk_ok: bool,
+    /// The decode MoE (Q8_0, 1-8 tokens) in one persistent launch (`moe_fused_q8`: routing,
+    /// gate/up and down around one grid barrier); `TS_CUDA_MOE_FUSED=1` or
+    /// [`CudaBackend::set_moe_fused`]. Written, not yet run on a GPU: off.
+    moe_fused: AtomicBool,
+    /// `moe_fused_q8`'s blocks an SM (0: it cannot run) and its grid barrier's two words.
+    fused_occ: usize,
+    fused_bar: DevMem,
     /// `matmul_many` of two Q8_0 jobs above the 16-token tiles (q and kv_a) in one `mmq_q8_64`
     /// launch and one split-K sum ([`CudaBackend::mmq_dense_pair`]) instead of two of each;
     /// `TS_CUDA_MMQ_PAIR=1` or [`CudaBackend::set_mmq_pair`]. Off until measured.
@@ -1050,6 +1058,19 @@ impl CudaBackend {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("cannot create the cuBLAS handle", e))?;
+        // moe_fused_q8 needs every block resident at once: its blocks an SM at the most shared
+        // memory it takes (8 tokens' quantised input rows), and the zeroed words of its barrier.
+        let fused_occ = funcs["moe_fused_q8"]
+            .occupancy_max_active_blocks_per_multiprocessor(256, GEMV_MAX_TOKENS * 16 * 144, None)
+            .map_or(0, |b| b as usize);
+        let fused_bar = {
+            let s = stream.alloc_zeros::<u8>(8).map_err(|e| dev_err("the fused MoE's barrier", e))?;
+            let ptr = {
+                let (p, _g) = s.device_ptr(&stream);
+                p
+            };
+            DevMem { _slice: s, ptr, bytes: 8 }
+        };
         let exact = std::env::var("TS_CUDA_EXACT").is_ok_and(|v| v == "1");
         Ok(CudaBackend {
             ctx,
@@ -1116,6 +1137,9 @@ impl CudaBackend {
                     .map_or(0, |i| i + 1),
             ),
             bulk_ok: major >= 9,
+            moe_fused: AtomicBool::new(std::env::var("TS_CUDA_MOE_FUSED").is_ok_and(|v| v == "1")),
+            fused_occ,
+            fused_bar,
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             rows_r: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R").as_deref() {
                 Ok("1") => 1,
@@ -1279,6 +1303,16 @@ impl CudaBackend {
         };
         self.rows_bulk.store(i, Ordering::Relaxed);
         true
+    }
+
+    /// The decode MoE in one launch ([`CudaBackend::moe_fused`]); for the tests.
+    pub fn set_moe_fused(&self, on: bool) {
+        self.moe_fused.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the decode MoE takes the one-launch kernel (on, and it fits the device).
+    pub fn moe_fused_active(&self) -> bool {
+        self.moe_fused.load(Ordering::Relaxed) && self.fused_occ > 0
     }
 
     /// The `GxNST` names of the bulk-fed kernels ([`CudaBackend::set_rows_bulk`]).
@@ -3591,17 +3625,53 @@ impl Backend for CudaBackend {
         let (xrow, hrow) = (hdim.div_ceil(128) * 144, ff.div_ceil(128) * 144);
         let Some(xq) = self.scratch(S::Xq, n * xrow) else { return true };
         let Some(hq) = self.scratch(S::Hq, n * ks * hrow) else { return true };
+        let dw = experts.down;
+        let act = match p.glu {
+            Glu::SwiGlu => 0,
+            Glu::GeGluTanh => 1,
+        };
+        // All of it in one persistent launch (moe_fused_q8): every block resident, so the grid
+        // is at most the device's blocks at once.
+        let (ngu, ndown) = (ff / 32 * n * ks, hdim.div_ceil(4) * n);
+        if self.moe_fused.load(Ordering::Relaxed) && self.fused_occ > 0 && n * k <= 64 && ff % 32 == 0 {
+            let grid = (self.sm_count * self.fused_occ).min(ngu.max(ndown));
+            let mut args = [A::I(0); 33];
+            args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
+            args[9..].copy_from_slice(&[
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                i(hdim),
+                A::P(experts.gate.mem.ptr),
+                A::P(experts.up.mem.ptr),
+                l(experts.gate.row_bytes),
+                l(experts.gate.mat_bytes()),
+                i(ff),
+                A::P(shared.gate.mem.ptr),
+                A::P(shared.up.mem.ptr),
+                i(nsh),
+                A::I(act),
+                A::P(hq),
+                l(hrow),
+                A::P(dw.mem.ptr),
+                l(dw.row_bytes),
+                l(dw.mat_bytes()),
+                A::P(shared.down.mem.ptr),
+                l(shared.down.row_bytes),
+                A::P(out.0.ptr),
+                l(o.off),
+                l(o.stride),
+                A::P(self.fused_bar.ptr),
+            ]);
+            self.launch("moe_fused_q8", (grid as u32, 1, 1), 256, (n * xrow) as u32, &args);
+            return true;
+        }
         // The routing and the input's quantisation in one launch (moe_route_quant).
         let ngroups = hdim.div_ceil(128);
         let mut args = [A::I(0); 17];
         args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
         args[9..].copy_from_slice(&[A::P(sel_e), A::P(sel_w), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(hdim), A::P(xq), l(xrow)]);
         self.launch("moe_route_quant", ((n.div_ceil(8) + (n * ngroups).div_ceil(8)) as u32, 1, 1), 256, 0, &args);
-        let act = match p.glu {
-            Glu::SwiGlu => 0,
-            Glu::GeGluTanh => 1,
-        };
-        let dw = experts.down;
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
         self.launch(
             "moe_gateup_sh_q8q",

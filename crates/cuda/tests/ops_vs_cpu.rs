@@ -1627,6 +1627,12 @@ fn fused_moe_shared() {
     let Some(g) = gpu() else { return };
     fused_banner(g);
     let c = cpu();
+    // The decode MoE in one persistent launch (moe_fused_q8): the three launches' bits.
+    let gf = &CudaBackend::new(0).expect("second backend");
+    gf.set_moe_fused(true);
+    if !gf.moe_fused_active() {
+        eprintln!("moe_shared: the one-launch decode MoE cannot run here (occupancy 0)");
+    }
     let mut r = rng(15);
     let mut rep = Report::new("moe_shared");
     // (hdim, ff, experts, k, gating, norm, scale, groups, topk groups, shared chunks, glu, fused
@@ -1659,6 +1665,8 @@ fn fused_moe_shared() {
         let cu = |i: usize| c.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let gex = [gu(0), gu(1), gu(2)];
         let gsh = [gu(3), gu(4), gu(5)];
+        let fu = |i: usize| gf.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let (fex, fsh) = ([fu(0), fu(1), fu(2)], [fu(3), fu(4), fu(5)]);
         let cex = [cu(0), cu(1), cu(2)];
         let csh = [cu(3), cu(4), cu(5)];
         let p = MoeParams { n_experts: ne, k, gating, norm_topk, scale, n_group, topk_group, glu };
@@ -1699,6 +1707,12 @@ fn fused_moe_shared() {
                 rep.failures.push(format!("{lab}: the CPU's moe_shared returned true (its default declines)"));
             }
             let got = get(g, &go, o);
+            if q8 && ran && n <= ts_cuda::GEMV_MAX_TOKENS && gf.moe_fused_active() {
+                let (fx, fl, fo) = (buf(gf, &x), buf(gf, &lg), gf.alloc(o.end()).unwrap());
+                poison(gf, &fo, o.end());
+                run_moe_shared(gf, &fx, xr, &fl, lr, &fex, &fsh, &p, &fo, o, true);
+                rep.check(&format!("{lab} one persistent launch (exact)"), &get(gf, &fo, o), &got, 0.0, 0.0);
+            }
             // vs the same op chain on the GPU: the fused kernels sum in another order, which can move
             // an activation across a Q8_0 rounding boundary (one quantum of one element).
             // (f16/bf16: f32 activations on both sides, only the summation order differs.)

@@ -8,7 +8,9 @@
 #  - mmq_q8_64 at two blocks an SM (TS_CUDA_DEFINES=MMQ64_MINB=2: no spill);
 #  - single-stream decode with TS_CUDA_DEFINES=MOE_DOWN_EARLY=1 (the decode MoE's down kernel
 #    loads its first weights before its wait, the gate/up kernel triggering it after its own
-#    wait for the routing): the same hash as the default, twice each, alternating;
+#    wait for the routing), and TS_CUDA_MOE_FUSED=1 (moe_fused_q8: the decode MoE's routing,
+#    gate/up and down in one persistent launch around one grid barrier; fused_moe_shared in
+#    gpu-next35's ops run checks its bits): the same hash as the default, twice each, alternating;
 #  - then (a third call, ~2 minutes, once the winners are known) the server at 64 clients:
 #    `serve64 "" 15; serve64 "WINNERS" 15` (lib.sh).
 #   tools/gpu/plans/gpu-next36.sh BIN
@@ -19,7 +21,7 @@ T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 [ -f $V ] || "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
 stamp "== decode"
 for r in 1 2; do
-  for e in "" "TS_CUDA_DEFINES=MOE_DOWN_EARLY=1"; do
+  for e in "" "TS_CUDA_DEFINES=MOE_DOWN_EARLY=1" "TS_CUDA_MOE_FUSED=1"; do
     b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
   done
 done
