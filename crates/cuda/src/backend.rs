@@ -854,8 +854,7 @@ pub struct CudaBackend {
     /// gate/up and down around one grid barrier); `TS_CUDA_MOE_FUSED=1` or
     /// [`CudaBackend::set_moe_fused`]. Written, not yet run on a GPU: off.
     moe_fused: AtomicBool,
-    /// `moe_fused_q8`'s blocks an SM (0: it cannot run) and its grid barrier's two words.
-    fused_occ: usize,
+    /// `moe_fused_q8`'s grid barrier: two words, zero before the first launch.
     fused_bar: DevMem,
     /// `matmul_many` of two Q8_0 jobs above the 16-token tiles (q and kv_a) in one `mmq_q8_64`
     /// launch and one split-K sum ([`CudaBackend::mmq_dense_pair`]) instead of two of each;
@@ -1058,11 +1057,7 @@ impl CudaBackend {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("cannot create the cuBLAS handle", e))?;
-        // moe_fused_q8 needs every block resident at once: its blocks an SM at the most shared
-        // memory it takes (8 tokens' quantised input rows), and the zeroed words of its barrier.
-        let fused_occ = funcs["moe_fused_q8"]
-            .occupancy_max_active_blocks_per_multiprocessor(256, GEMV_MAX_TOKENS * 16 * 144, None)
-            .map_or(0, |b| b as usize);
+        // The zeroed words of moe_fused_q8's grid barrier.
         let fused_bar = {
             let s = stream.alloc_zeros::<u8>(8).map_err(|e| dev_err("the fused MoE's barrier", e))?;
             let ptr = {
@@ -1138,7 +1133,6 @@ impl CudaBackend {
             ),
             bulk_ok: major >= 9,
             moe_fused: AtomicBool::new(std::env::var("TS_CUDA_MOE_FUSED").is_ok_and(|v| v == "1")),
-            fused_occ,
             fused_bar,
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             rows_r: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R").as_deref() {
@@ -1312,7 +1306,16 @@ impl CudaBackend {
 
     /// Whether the decode MoE takes the one-launch kernel (on, and it fits the device).
     pub fn moe_fused_active(&self) -> bool {
-        self.moe_fused.load(Ordering::Relaxed) && self.fused_occ > 0
+        self.moe_fused.load(Ordering::Relaxed) && self.fused_blocks(GEMV_MAX_TOKENS * 16 * 144) > 0
+    }
+
+    /// `moe_fused_q8`'s blocks an SM with `smem` bytes of dynamic shared memory (0: it cannot
+    /// run): every block of its grid must be resident at once.
+    fn fused_blocks(&self, smem: usize) -> usize {
+        self.funcs
+            .get("moe_fused_q8")
+            .and_then(|f| f.occupancy_max_active_blocks_per_multiprocessor(256, smem, None).ok())
+            .map_or(0, |b| b as usize)
     }
 
     /// The `GxNST` names of the bulk-fed kernels ([`CudaBackend::set_rows_bulk`]).
@@ -3633,8 +3636,13 @@ impl Backend for CudaBackend {
         // All of it in one persistent launch (moe_fused_q8): every block resident, so the grid
         // is at most the device's blocks at once.
         let (ngu, ndown) = (ff / 32 * n * ks, hdim.div_ceil(4) * n);
-        if self.moe_fused.load(Ordering::Relaxed) && self.fused_occ > 0 && n * k <= 64 && ff % 32 == 0 {
-            let grid = (self.sm_count * self.fused_occ).min(ngu.max(ndown));
+        let fused_occ = if self.moe_fused.load(Ordering::Relaxed) && n * k <= 64 && ff % 32 == 0 && n * xrow <= 48 * 1024 {
+            self.fused_blocks(n * xrow)
+        } else {
+            0
+        };
+        if fused_occ > 0 {
+            let grid = (self.sm_count * fused_occ).min(ngu.max(ndown));
             let mut args = [A::I(0); 33];
             args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
             args[9..].copy_from_slice(&[
