@@ -298,22 +298,10 @@ fn gemm_impl(
             gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, invariant, scales, sc4, tile, packed)
         }
         // (Not reached: gemm does not call itself. Fresh buffers keep it correct if it did.)
-        Err(_) => gemm_with(
-            w,
-            wdata,
-            m,
-            k,
-            acts,
-            n,
-            out,
-            out_stride,
-            path,
-            invariant,
-            &mut Vec::new(),
-            &mut Vec::new(),
-            &mut Vec::new(),
-            &mut Vec::new(),
-        ),
+        Err(_) => {
+            let (scales, sc4, tile, packed) = &mut GemmScratch::default();
+            gemm_with(w, wdata, m, k, acts, n, out, out_stride, path, invariant, scales, sc4, tile, packed)
+        }
     })
 }
 

@@ -548,6 +548,21 @@ __device__ __forceinline__ void rows_store(const float (&acc)[2][4], float* out,
         }
 }
 
+// The rows kernels' pair launch (gate and up): blocks of the upper half along x take the second
+// matrix (W2 and its shared, output and tiled copies). Returns the block's row block.
+__device__ __forceinline__ int rows_pair_half(const u8*& W, const u8*& Ws, float*& out, const u8*& Wtl, const u8* W2,
+                                              const u8* Ws2, float* out2, const u8* W2tl) {
+    int bx = blockIdx.x;
+    if (W2 && bx >= (int)(gridDim.x >> 1)) {
+        bx -= gridDim.x >> 1;
+        W = W2;
+        Ws = Ws2;
+        out = out2;
+        Wtl = W2tl;
+    }
+    return bx;
+}
+
 template <int NBUF, bool DENSE, int R>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
@@ -557,14 +572,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
                                               float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
-    int bx = blockIdx.x;
-    if (W2 && bx >= (int)(gridDim.x >> 1)) {
-        bx -= gridDim.x >> 1;
-        W = W2;
-        Ws = Ws2;
-        out = out2;
-        Wtl = W2tl;
-    }
+    const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
     __shared__ int tile_e, tile_start;
@@ -803,14 +811,7 @@ __device__ __forceinline__ void mmq_rows_b_impl(const u8* W, i64 row_bytes, i64 
                                                 const u8* W2tl, i64 tl_mat_bytes) {
 #if __CUDA_ARCH__ >= 900
     constexpr int BN = 16, SLOT = G * 16 * MMQ_GB, STAGE = RB_CW * SLOT, BM = RB_CW * 16;
-    int bx = blockIdx.x;
-    if (W2 && bx >= (int)(gridDim.x >> 1)) {
-        bx -= gridDim.x >> 1;
-        W = W2;
-        Ws = Ws2;
-        out = out2;
-        Wtl = W2tl;
-    }
+    const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
     extern __shared__ __align__(128) u8 mmq_sm[];
     __shared__ __align__(8) unsigned long long bars[2 * NST + 1];
     __shared__ int src_row[BN], dst_row[BN];
