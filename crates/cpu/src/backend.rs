@@ -904,6 +904,70 @@ mod tests {
     use ts_core::WeightUse;
     use ts_formats::TensorData;
 
+    /// `moe` gives a token the same bits alone and in any batch, for Q8_0 experts: its expert
+    /// products see 1-3 rows or 4 and more depending on the batch (the invariant kernels and the
+    /// tiled one), and its router-weighted sums run in expert order per token. This is what lets
+    /// deepseek2 report `batch_invariant` (a whole model's logits mostly hide a last-bit
+    /// difference behind the next matrix's 8-bit activations; the MoE output does not).
+    #[test]
+    fn moe_rows_are_batch_invariant() {
+        if !crate::quant_dot::batch_invariant(GgmlType::Q8_0) {
+            return;
+        }
+        let (hdim, ff, ne, k) = (256usize, 128usize, 4usize, 2usize);
+        let mut seed = 7u64;
+        let mut rnd = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+                })
+                .collect()
+        };
+        let be = CpuBackend::new(Some(2)).expect("backend");
+        let up = |shape: &[usize], v: &[f32]| {
+            let mut q = vec![0u8; GgmlType::Q8_0.row_bytes(shape[0]).unwrap() * v.len() / shape[0]];
+            ts_formats::quant::quantize(GgmlType::Q8_0, v, &mut q).unwrap();
+            be.upload_weight(&TensorData { name: "w", dtype: GgmlType::Q8_0, shape, data: &q, keep: None }, WeightUse::Matmul).unwrap()
+        };
+        let (gw, uw, dw) = (rnd(hdim * ff * ne), rnd(hdim * ff * ne), rnd(ff * hdim * ne));
+        let gate = up(&[hdim, ff, ne], &gw);
+        let upw = up(&[hdim, ff, ne], &uw);
+        let down = up(&[ff, hdim, ne], &dw);
+        let p = MoeParams {
+            n_experts: ne,
+            k,
+            gating: Gating::Softmax,
+            norm_topk: false,
+            scale: 1.0,
+            n_group: 1,
+            topk_group: 1,
+            glu: Glu::SwiGlu,
+        };
+        let n = 9;
+        let (x, lg) = (rnd(n * hdim), rnd(n * ne));
+        let run = |rows: &[usize]| -> Vec<Vec<f32>> {
+            let m = rows.len();
+            let xb = CpuBuf::new(m * hdim);
+            let lb = CpuBuf::new(m * ne);
+            for (i, &r) in rows.iter().enumerate() {
+                unsafe { xb.row_mut(Rows::packed(m, hdim), i) }.copy_from_slice(&x[r * hdim..(r + 1) * hdim]);
+                unsafe { lb.row_mut(Rows::packed(m, ne), i) }.copy_from_slice(&lg[r * ne..(r + 1) * ne]);
+            }
+            let ob = CpuBuf::new(m * hdim);
+            let ex = Experts { gate: &gate, up: &upw, down: &down };
+            be.moe(&xb, Rows::packed(m, hdim), &lb, Rows::packed(m, ne), ex, &p, &ob, Rows::packed(m, hdim));
+            (0..m).map(|i| unsafe { ob.row(Rows::packed(m, hdim), i) }.to_vec()).collect()
+        };
+        let all = run(&(0..n).collect::<Vec<_>>());
+        for r in 0..n {
+            let alone = run(&[r]);
+            assert!(alone[0].iter().zip(&all[r]).all(|(a, b)| a.to_bits() == b.to_bits()), "token {r}: alone vs among {n}");
+        }
+        let pair = run(&[2, 5]);
+        assert!(pair[1].iter().zip(&all[5]).all(|(a, b)| a.to_bits() == b.to_bits()), "token 5 in a pair vs among {n}");
+    }
+
     /// Bytes that come with a [`Keep`] are used in place (unless `copy_weights`), and stay valid
     /// after every other owner of the memory is gone; bytes without one are copied.
     #[test]

@@ -246,10 +246,13 @@ pub fn batch_invariant(w: GgmlType) -> bool {
 }
 
 /// [`batch_invariant`] for [`gemm_mode`]: with `invariant`, every type with the tiled kernel.
+/// The float types (F32, F16, BF16) are invariant either way: their kernel (`float_rows`) runs
+/// each activation row's lanes with the same arithmetic for one row as for a group of four.
 pub fn batch_invariant_mode(w: GgmlType, invariant: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
-        return avx2::tiled_supported(w) && (invariant || avx2::invariant_supported(w));
+        return matches!(w, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+            || avx2::tiled_supported(w) && (invariant || avx2::invariant_supported(w));
     }
     let _ = (w, invariant);
     false
@@ -2400,6 +2403,46 @@ mod tests {
                                         w.name(),
                                         j0 + r
                                     );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The float types' products are batch-invariant as they are (no mode): each row of a
+    /// 1-3 row batch equals that row in batches of 4-9, bit for bit, with k tails of 8 and 1.
+    #[test]
+    fn quant_dot_float_types_are_batch_invariant() {
+        if !simd_available() {
+            return;
+        }
+        let mut rng = Rng(31);
+        for w in [F32, F16, BF16] {
+            assert!(batch_invariant(w), "{}", w.name());
+            for &(m, k) in &[(3usize, 64usize), (7, 200), (5, 33)] {
+                let vals = random_vals(&mut rng, m * k, true);
+                let wdata: Vec<u8> = match w {
+                    F32 => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    F16 => vals.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+                    _ => vals.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+                };
+                let arb = 4 * k;
+                let big = 9;
+                let acts: Vec<u8> = random_vals(&mut rng, big * k, true).iter().flat_map(|v| v.to_le_bytes()).collect();
+                for nbig in 4..=big {
+                    let mut all = vec![f32::NAN; nbig * m];
+                    gemm(w, &wdata, m, k, &acts, nbig, &mut all, m);
+                    for n in 1..=3usize {
+                        for j0 in 0..=nbig - n {
+                            let mut few = vec![f32::NAN; n * m];
+                            gemm(w, &wdata, m, k, &acts[j0 * arb..(j0 + n) * arb], n, &mut few, m);
+                            for r in 0..n {
+                                for i in 0..m {
+                                    let (a, b) = (few[r * m + i], all[(j0 + r) * m + i]);
+                                    assert_eq!(a.to_bits(), b.to_bits(), "{} m={m} k={k}: row {} of {n} vs of {nbig}", w.name(), j0 + r);
                                 }
                             }
                         }

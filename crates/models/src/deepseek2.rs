@@ -912,9 +912,12 @@ impl<B: Backend> DeepSeek2<B> {
             weight_copy_bytes: *b.copy_bytes.borrow(),
             cache_bytes_per_token: (c.n_layers * c.cache_width() * vb) as u64,
             details,
-            // Not claimed: the absorbed MLA weights are built on the host and the MoE groups
-            // tokens by expert; neither path has been checked for batch invariance.
-            batch_invariant: false,
+            // Every op of the forward is per row given the matrices' products: the absorbed MLA
+            // weights (host-built ones are F32) go through the Binder like the rest, and the
+            // MoE's expert products and router-weighted sums give a token the same bits however
+            // the batch groups tokens by expert (ts-cpu's `moe_rows_are_batch_invariant`,
+            // ts-models' `deepseek2_is_batch_invariant_on_the_cpu`).
+            batch_invariant: b.batch_invariant.get(),
         }
     }
 

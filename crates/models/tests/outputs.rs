@@ -153,3 +153,52 @@ fn gemma3_k_quants_are_batch_invariant_in_invariant_mode() {
         assert!(same, "sequence 0's logits differ alone and beside {others} others");
     }
 }
+
+/// DeepSeek-V2 on the CPU is batch-invariant for its Q8_0 (and float) files, in every layout:
+/// the model says so, and a sequence's decode logits are the same bits alone, beside one other
+/// sequence and among five, while the MoE groups the batch's tokens by expert differently each
+/// time (expert products of 1-3 rows on the invariant kernels, of 4 or more on the tiled one) and
+/// the absorbed MLA weights are the file's (MLA layout) or built on the host (legacy, HF). (As
+/// for gemma3 above, the next matrix's 8-bit activations mostly hide a kernel's last-bit
+/// difference in a model this small: ts-cpu's `moe_rows_are_batch_invariant` is the MoE's
+/// sharp test, this one the wiring and the rest of the forward.)
+#[test]
+fn deepseek2_is_batch_invariant_on_the_cpu() {
+    for (format, quant, file) in [
+        (SynthFormat::Gguf, GgmlType::Q8_0, "ds2-inv.gguf"),
+        (SynthFormat::GgufLegacy, GgmlType::Q8_0, "ds2-inv-legacy.gguf"),
+        (SynthFormat::Hf, GgmlType::BF16, "ds2-inv-hf"),
+    ] {
+        let p = TempPath::new("ts-models-outputs", file);
+        synth_spec(&Preset::Tiny.spec(), quant, 11, &p, format).expect("synth");
+        let src = ts_formats::open_model(&p).expect("open");
+        let opts = RuntimeOptions { ctx: 32, n_slots: 6, max_batch: 64 };
+        let mut m = ts_models::load(src.as_ref(), Arc::new(CpuBackend::new(Some(2)).expect("cpu")), opts).expect("load");
+        assert!(m.info().batch_invariant, "{format:?}");
+        let nv = m.info().n_vocab;
+        let mut run = |others: u32| -> Vec<f32> {
+            let mut tokens = Vec::new();
+            for slot in 0..=others {
+                let len = if slot == 0 { 5 } else { 7 };
+                for pos in 0..len {
+                    tokens.push(TokenMeta { token: (37 * pos + 101 * slot + 3) % 1000, pos, slot });
+                }
+            }
+            let n = tokens.len() as u32;
+            let mut sink = vec![0f32; nv];
+            m.forward(&BatchMeta { tokens, outputs: vec![n - 1], slot_len: 32 }, &mut sink).expect("prompts");
+            let mut tokens = vec![TokenMeta { token: 99, pos: 5, slot: 0 }];
+            tokens.extend((1..=others).map(|slot| TokenMeta { token: 200 + 13 * slot, pos: 7, slot }));
+            let mut lg = vec![0f32; nv];
+            m.forward(&BatchMeta { tokens, outputs: vec![0], slot_len: 32 }, &mut lg).expect("decode");
+            lg
+        };
+        let alone = run(0);
+        assert!(alone.iter().any(|&v| v != alone[0]), "degenerate logits");
+        for others in [1u32, 4] {
+            let got = run(others);
+            let same = alone.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{format:?}: sequence 0's logits differ alone and beside {others} others");
+        }
+    }
+}
