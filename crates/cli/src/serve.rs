@@ -48,8 +48,8 @@ pub struct ServeArgs {
     /// Pad each forward to a multiple of this many rows so that a request's text does not depend
     /// on what runs beside it (4 matches the CPU kernels' row groups; 1 turns padding off). Not
     /// applied to a model whose products are batch-invariant anyway (on the CPU: every matrix of
-    /// Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, as the default SmolLM2 and Gemma 3's
-    /// Q4_K_M).
+    /// Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F32, F16 or BF16, as the default SmolLM2,
+    /// Gemma 3's Q4_K_M and DeepSeek-V2 Q8_0).
     #[arg(long = "row-multiple", default_value_t = 4)]
     pub row_multiple: usize,
     /// CPU referee mode: f32 activations in the matmuls (slower).

@@ -39,8 +39,8 @@
 //! `2 * (row_multiple - 1)` rows; decoding reads each weight once per group, so it costs little.
 //! A model that reports [`ts_models::ModelInfo::batch_invariant`] (on AVX2, every matrix of
 //! Q4_0, Q5_0, Q4_1, Q5_1 or Q8_0: their products of 1-3 rows have the 4-row arithmetic; with
-//! `CpuBackend::invariant`, which `turbospark serve` sets, Q4_K, Q5_K and Q6_K as well) is not
-//! padded: single-stream decoding then computes one row, not four.
+//! `CpuBackend::invariant`, which `turbospark serve` sets, Q4_K, Q5_K and Q6_K as well; F32, F16
+//! and BF16 always) is not padded: single-stream decoding then computes one row, not four.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
