@@ -1038,6 +1038,30 @@ extern "C" __global__ void f16_rows(const float* src, const float* src2, i64 off
 // f16(act(gate) * up) (act 1 SiLU, 2 GELU-tanh) to the u16 rows at `out` instead of two f32
 // products: the same f32 sums as the two plain launches, then f16_rows' arithmetic, so the same
 // bits as gate, up and f16_rows one after the other.
+// The f16 tiles' epilogue (mmf_impl, mmfq_impl): the f32 products of the warp's tiles to `out`,
+// or with GLU (gate rows in the first MI/2 m16 tiles, up rows in the rest) f16(act(gate) * up)
+// to the u16 rows at `out`.
+template <int WR, int MI, int NI, bool GLU>
+__device__ __forceinline__ void mmf_epilogue(const float (&acc)[MI][NI][4], float* out, i64 ooff, i64 ostride,
+                                             const int* dst_row, int m0, int wm, int wn, int m, int nt, int warp, int g,
+                                             int t, int act) {
+    if constexpr (GLU) {
+        u16* oh = (u16*)out;
+#pragma unroll
+        for (int mi = 0; mi < MI / 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int row = m0 + (warp % WR) * (MI * 8) + mi * 16 + g + (c >> 1) * 8;
+                    const int j = wn + ni * 8 + 2 * t + (c & 1);
+                    if (row < m && j < nt)
+                        oh[ooff + (i64)dst_row[j] * ostride + row] = f2h_sat(act_fn(act, acc[mi][ni][c]) * acc[mi + MI / 2][ni][c]);
+                }
+    } else {
+        acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
+    }
+}
 template <int WR, int WC, int MI, int NI, int NST, bool GLU>
 __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow,
                                          int n, const int* cnt, const int* off, const int* perm, int n_exp, int in_div,
@@ -1132,22 +1156,7 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
                 for (int ni = 0; ni < NI; ni++) mma_f16(acc[mi][ni], a[mi], b[ni]);
         }
     }
-    if constexpr (GLU) {
-        u16* oh = (u16*)out;
-#pragma unroll
-        for (int mi = 0; mi < MI / 2; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int row = m0 + (warp % WR) * (MI * 8) + mi * 16 + g + (c >> 1) * 8;
-                    const int j = wn + ni * 8 + 2 * t + (c & 1);
-                    if (row < m && j < nt)
-                        oh[ooff + (i64)dst_row[j] * ostride + row] = f2h_sat(act_fn(act, acc[mi][ni][c]) * acc[mi + MI / 2][ni][c]);
-                }
-    } else {
-        acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
-    }
+    mmf_epilogue<WR, MI, NI, GLU>(acc, out, ooff, ostride, dst_row, m0, wm, wn, m, nt, warp, g, t, act);
 #endif
 }
 
@@ -1333,22 +1342,7 @@ __device__ __forceinline__ void mmfq_impl(const u8* W, i64 row_bytes, i64 mat_by
             }
         }
     }
-    if constexpr (GLU) {
-        u16* oh = (u16*)out;
-#pragma unroll
-        for (int mi = 0; mi < MI / 2; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int row = m0 + (warp % WR) * (MI * 8) + mi * 16 + g + (c >> 1) * 8;
-                    const int j = wn + ni * 8 + 2 * t + (c & 1);
-                    if (row < m && j < nt)
-                        oh[ooff + (i64)dst_row[j] * ostride + row] = f2h_sat(act_fn(act, acc[mi][ni][c]) * acc[mi + MI / 2][ni][c]);
-                }
-    } else {
-        acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
-    }
+    mmf_epilogue<WR, MI, NI, GLU>(acc, out, ooff, ostride, dst_row, m0, wm, wn, m, nt, warp, g, t, act);
 #endif
 }
 // 256 rows (128 ff rows of gate and of up for the GLU one) x 64 tokens on 4 x 2 warps of 64 x 32,

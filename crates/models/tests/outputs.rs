@@ -123,35 +123,7 @@ fn gemma3_k_quants_are_batch_invariant_in_invariant_mode() {
     assert!(!plain.info().batch_invariant, "the K-quants' own small-batch kernels are not invariant");
     let mut m = ts_models::load(src.as_ref(), Arc::new(CpuBackend::new(Some(2)).expect("cpu").invariant()), opts).expect("load");
     assert!(m.info().batch_invariant);
-    let nv = m.info().n_vocab;
-    // Sequence 0's 5-token prompt, then its token at position 5, with `others` more sequences
-    // (slots 1..) of 7 prompt tokens decoding at position 7 beside it.
-    let mut run = |others: u32| -> Vec<f32> {
-        let mut tokens = Vec::new();
-        for slot in 0..=others {
-            let len = if slot == 0 { 5 } else { 7 };
-            for pos in 0..len {
-                tokens.push(TokenMeta { token: (11 * pos + 5 * slot + 2) % 4000, pos, slot });
-            }
-        }
-        let n = tokens.len() as u32;
-        let mut sink = vec![0f32; nv];
-        let b = BatchMeta { tokens, outputs: vec![n - 1], slot_len: 32 };
-        m.forward(&b, &mut sink).expect("prompts");
-        let mut tokens = vec![TokenMeta { token: 99, pos: 5, slot: 0 }];
-        tokens.extend((1..=others).map(|slot| TokenMeta { token: 100 + slot, pos: 7, slot }));
-        let b = BatchMeta { tokens, outputs: vec![0], slot_len: 32 };
-        let mut lg = vec![0f32; nv];
-        m.forward(&b, &mut lg).expect("decode");
-        lg
-    };
-    let alone = run(0);
-    assert!(alone.iter().any(|&v| v != alone[0]), "degenerate logits");
-    for others in [1u32, 4] {
-        let got = run(others);
-        let same = alone.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "sequence 0's logits differ alone and beside {others} others");
-    }
+    decode_is_batch_invariant(m.as_mut(), |pos, slot| (11 * pos + 5 * slot + 2) % 4000, "gemma3");
 }
 
 /// DeepSeek-V2 on the CPU is batch-invariant for its Q8_0 (and float) files, in every layout:
@@ -175,30 +147,35 @@ fn deepseek2_is_batch_invariant_on_the_cpu() {
         let opts = RuntimeOptions { ctx: 32, n_slots: 6, max_batch: 64 };
         let mut m = ts_models::load(src.as_ref(), Arc::new(CpuBackend::new(Some(2)).expect("cpu")), opts).expect("load");
         assert!(m.info().batch_invariant, "{format:?}");
-        let nv = m.info().n_vocab;
-        let mut run = |others: u32| -> Vec<f32> {
-            let mut tokens = Vec::new();
-            for slot in 0..=others {
-                let len = if slot == 0 { 5 } else { 7 };
-                for pos in 0..len {
-                    tokens.push(TokenMeta { token: (37 * pos + 101 * slot + 3) % 1000, pos, slot });
-                }
+        decode_is_batch_invariant(m.as_mut(), |pos, slot| (37 * pos + 101 * slot + 3) % 1000, &format!("{format:?}"));
+    }
+}
+
+/// Sequence 0's 5-token prompt, then its token at position 5, alone and with 1 and 4 more
+/// sequences (slots 1.., 7 prompt tokens, decoding at position 7) beside it: its logits must be
+/// the same bits. Token ids come from `tok(pos, slot)`.
+fn decode_is_batch_invariant(m: &mut dyn Model, tok: impl Fn(u32, u32) -> u32, what: &str) {
+    let nv = m.info().n_vocab;
+    let mut run = |others: u32| -> Vec<f32> {
+        let mut tokens = Vec::new();
+        for slot in 0..=others {
+            for pos in 0..if slot == 0 { 5 } else { 7 } {
+                tokens.push(TokenMeta { token: tok(pos, slot), pos, slot });
             }
-            let n = tokens.len() as u32;
-            let mut sink = vec![0f32; nv];
-            m.forward(&BatchMeta { tokens, outputs: vec![n - 1], slot_len: 32 }, &mut sink).expect("prompts");
-            let mut tokens = vec![TokenMeta { token: 99, pos: 5, slot: 0 }];
-            tokens.extend((1..=others).map(|slot| TokenMeta { token: 200 + 13 * slot, pos: 7, slot }));
-            let mut lg = vec![0f32; nv];
-            m.forward(&BatchMeta { tokens, outputs: vec![0], slot_len: 32 }, &mut lg).expect("decode");
-            lg
-        };
-        let alone = run(0);
-        assert!(alone.iter().any(|&v| v != alone[0]), "degenerate logits");
-        for others in [1u32, 4] {
-            let got = run(others);
-            let same = alone.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{format:?}: sequence 0's logits differ alone and beside {others} others");
         }
+        let n = tokens.len() as u32;
+        let mut sink = vec![0f32; nv];
+        m.forward(&BatchMeta { tokens, outputs: vec![n - 1], slot_len: 32 }, &mut sink).expect("prompts");
+        let tokens = (0..=others).map(|slot| TokenMeta { token: tok(9, slot), pos: if slot == 0 { 5 } else { 7 }, slot }).collect();
+        let mut lg = vec![0f32; nv];
+        m.forward(&BatchMeta { tokens, outputs: vec![0], slot_len: 32 }, &mut lg).expect("decode");
+        lg
+    };
+    let alone = run(0);
+    assert!(alone.iter().any(|&v| v != alone[0]), "{what}: degenerate logits");
+    for others in [1u32, 4] {
+        let got = run(others);
+        let same = alone.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{what}: sequence 0's logits differ alone and beside {others} others");
     }
 }
