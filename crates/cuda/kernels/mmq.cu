@@ -812,7 +812,7 @@ __device__ __forceinline__ void mmq_rows_b_impl(const u8* W, i64 row_bytes, i64 
 #if __CUDA_ARCH__ >= 900
     constexpr int BN = 16, SLOT = G * 16 * MMQ_GB, STAGE = RB_CW * SLOT, BM = RB_CW * 16;
     const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
-    extern __shared__ __align__(128) u8 mmq_sm[];
+    extern __shared__ __align__(16) u8 mmq_sm[];  // (16: the bulk copies need no more)
     __shared__ __align__(8) unsigned long long bars[2 * NST + 1];
     __shared__ int src_row[BN], dst_row[BN];
     __shared__ int tile_e, tile_start;
