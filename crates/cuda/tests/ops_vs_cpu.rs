@@ -22,6 +22,14 @@ static GPU: OnceLock<Option<CudaBackend>> = OnceLock::new();
 static CPU: OnceLock<CpuBackend> = OnceLock::new();
 static SEED: OnceLock<u64> = OnceLock::new();
 
+/// Whether to check the kernels that wait on barriers of their own and have not yet run on a
+/// GPU (`TS_OPS_NEW=1`: the bulk-fed expert products' mbarrier rings, `moe_fused_q8`'s grid
+/// barrier). A mistake there hangs or traps, and a trap spoils the CUDA context every test of
+/// this process shares: run them in a process of their own first (`gpu-next35.sh`).
+fn new_kernels() -> bool {
+    std::env::var("TS_OPS_NEW").is_ok_and(|v| v == "1")
+}
+
 fn gpu() -> Option<&'static CudaBackend> {
     GPU.get_or_init(|| match CudaBackend::new(0) {
         Ok(b) => {
@@ -1627,10 +1635,11 @@ fn fused_moe_shared() {
     let Some(g) = gpu() else { return };
     fused_banner(g);
     let c = cpu();
-    // The decode MoE in one persistent launch (moe_fused_q8): the three launches' bits.
+    // The decode MoE in one persistent launch (moe_fused_q8): the three launches' bits. Only
+    // with TS_OPS_NEW=1 (see `new_kernels`).
     let gf = &CudaBackend::new(0).expect("second backend");
-    gf.set_moe_fused(true);
-    if !gf.moe_fused_active() {
+    gf.set_moe_fused(new_kernels());
+    if new_kernels() && !gf.moe_fused_active() {
         eprintln!("moe_shared: the one-launch decode MoE cannot run here (occupancy 0)");
     }
     let mut r = rng(15);
@@ -1963,8 +1972,9 @@ fn moe_rows_exact() {
             b.set_rows_r(1);
         }
         // The bulk-fed kernels (mmq_q8_rows_b*, sm_90), from the tiles and from row-major
-        // stacks (the shared chunks are row-major in both): the same bits.
-        for kind in CudaBackend::rows_bulk_kinds() {
+        // stacks (the shared chunks are row-major in both): the same bits. Only with
+        // TS_OPS_NEW=1 (see `new_kernels`).
+        for kind in CudaBackend::rows_bulk_kinds().filter(|_| new_kernels()) {
             for (b, w, lay) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
                 if b.set_rows_bulk(Some(&kind)) {
                     sets.push((format!("bulk-fed {kind} {lay}"), run(b, w, o)));

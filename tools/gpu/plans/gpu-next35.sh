@@ -34,10 +34,21 @@ source "$(dirname "$0")/lib.sh"
 T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 stamp "== bwprobe"
 /usr/local/cuda/bin/nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/bwprobe tools/gpu/bwprobe.cu 2>/dev/null && timeout 120 /tmp/bwprobe stream warp-rows frag16 rk
+# The kernels with barriers of their own (bulk-fed experts' mbarrier rings, moe_fused_q8's grid
+# barrier) in a process of their own first: a hang or a trap there must not take the whole op
+# run with it (TS_OPS_NEW=1; the main run below leaves them out). Their benchmarks run only if
+# this passed.
+stamp "== the new barrier kernels, alone"
+TS_OPS_NEW=1 timeout 120 "$OPS" --test-threads 2 moe_rows_exact fused_moe_shared > $O/ops_new.txt 2>&1; NEW_RC=$?
+grep -E "FAIL|test result|panicked|differs" $O/ops_new.txt | head -12; echo "new kernels: exit $NEW_RC (124: cut off)"
 stamp "== ops"
 TS_OPS_LIMIT=150 TS_OPS_THREADS=4 ops_and_model
 stamp "== 64 sequences"
-ab64 2 "" "TS_CUDA_ROWS_BULK=1x4" "TS_CUDA_ROWS_BULK=2x2" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
+if [ $NEW_RC = 0 ]; then
+  ab64 2 "" "TS_CUDA_ROWS_BULK=1x4" "TS_CUDA_ROWS_BULK=2x2" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
+else
+  ab64 2 "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
+fi
 stamp "== prompts"
 # Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores (TS_CUDA_MMF_Q8=1, mmfq_*:
 # half the bytes a launch, no f16 copies; moe_f16_prompt checks it against the copies' path).

@@ -13,7 +13,9 @@
 #    gpu-next35's ops run checks its bits): the same hash as the default, twice each, alternating;
 #  - then (a third call, ~2 minutes, once the winners are known) the server at 64 clients:
 #    `serve64 "" 15; serve64 "WINNERS" 15` (lib.sh).
-#   tools/gpu/plans/gpu-next36.sh BIN
+# The one-launch MoE and the bulk-fed kernels run only where gpu-next35's isolated check of
+# them passed: FUSED=1 and BULK=1 in the environment say so.
+#   [FUSED=1] [BULK=1] tools/gpu/plans/gpu-next36.sh BIN
 set -u
 B=$1
 source "$(dirname "$0")/lib.sh"
@@ -21,14 +23,14 @@ T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 [ -f $V ] || "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
 stamp "== decode"
 for r in 1 2; do
-  for e in "" "TS_CUDA_DEFINES=MOE_DOWN_EARLY=1" "TS_CUDA_MOE_FUSED=1"; do
+  for e in "" "TS_CUDA_DEFINES=MOE_DOWN_EARLY=1" ${FUSED:+"TS_CUDA_MOE_FUSED=1"}; do
     b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
   done
 done
 stamp "== 64 sequences"
 ab64 1 "" "TS_CUDA_MOE_RGQ=1" "TS_CUDA_MMQ_PAIR=1" "TS_CUDA_DEFINES=MMQ64_MINB=2"
 stamp "== 128 sequences"
-for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" "TS_CUDA_ROWS_BULK=1x4"; do
+for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" ${BULK:+"TS_CUDA_ROWS_BULK=1x4"}; do
   b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash
 done
 stamp "== prompts"
