@@ -37,9 +37,9 @@ stamp "== bwprobe"
 # The kernels with barriers of their own (bulk-fed experts' mbarrier rings, moe_fused_q8's grid
 # barrier) in a process of their own first: a hang or a trap there must not take the whole op
 # run with it (TS_OPS_NEW=1; the main run below leaves them out). Their benchmarks run only if
-# this passed.
+# this passed. (This run pays the NVRTC compile, ~1 minute; the runs after it read the disk cache.)
 stamp "== the new barrier kernels, alone"
-TS_OPS_NEW=1 timeout 120 "$OPS" --test-threads 2 moe_rows_exact fused_moe_shared > $O/ops_new.txt 2>&1; NEW_RC=$?
+TS_OPS_NEW=1 timeout 180 "$OPS" --test-threads 2 moe_rows_exact fused_moe_shared > $O/ops_new.txt 2>&1; NEW_RC=$?
 grep -E "FAIL|test result|panicked|differs" $O/ops_new.txt | head -12; echo "new kernels: exit $NEW_RC (124: cut off)"
 stamp "== ops"
 TS_OPS_LIMIT=150 TS_OPS_THREADS=4 ops_and_model
