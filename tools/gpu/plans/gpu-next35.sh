@@ -45,16 +45,17 @@ stamp "== ops"
 TS_OPS_LIMIT=150 TS_OPS_THREADS=4 ops_and_model
 stamp "== 64 sequences"
 if [ $NEW_RC = 0 ]; then
-  ab64 2 "" "TS_CUDA_ROWS_BULK=1x4" "TS_CUDA_ROWS_BULK=2x2" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
+  ab64 1 "" "TS_CUDA_ROWS_BULK=1x4" "TS_CUDA_ROWS_BULK=2x2" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
 else
-  ab64 2 "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
+  ab64 1 "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1"
 fi
 stamp "== prompts"
 # Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores (TS_CUDA_MMF_Q8=1, mmfq_*:
 # half the bytes a launch, no f16 copies; moe_f16_prompt checks it against the copies' path).
-# Four stages (216 KB, the default where it fits) and three (TS_CUDA_MMF=s3).
+# Four stages (216 KB, the default where it fits).
 # And the 8 x 1 warp layout (TS_CUDA_MMF_Q8=2, mmfq8_*: each weight fragment converted once).
-for e in "" "TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0" "TS_CUDA_MMF_Q8=2 TS_CUDA_F16=0" "TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0 TS_CUDA_MMF=s3"; do
+# (Three stages, TS_CUDA_MMF=s3, in gpu-next36.)
+for e in "" "TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0" "TS_CUDA_MMF_Q8=2 TS_CUDA_F16=0"; do
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
   b "$e" "$B" bench --backend cuda -m $V -p 2048 -n 0 -r 3
 done

@@ -34,7 +34,9 @@ for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" ${BULK:+"TS_CUDA_ROWS_BULK=1x
   b "$e" "$B" bench --backend cuda -m $V -p 0 -n 16 --parallel 128 -r 1 --hash
 done
 stamp "== prompts"
-for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" "TS_CUDA_DEFINES=MMQ64_MINB=2"; do
+for e in "" "TS_CUDA_MOE_RGQ=1 TS_CUDA_MMQ_PAIR=1" "TS_CUDA_DEFINES=MMQ64_MINB=2" "TS_CUDA_MMF_Q8=1 TS_CUDA_F16=0 TS_CUDA_MMF=s3"; do
   b "$e" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
 done
+# A second round of the 64-sequence winners of gpu-next35 (one round there).
+[ -n "${BULK:-}" ] && ab64 1 "" "TS_CUDA_ROWS_BULK=1x4"
 stamp "== done"
