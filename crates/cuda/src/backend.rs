@@ -1022,37 +1022,22 @@ impl CudaBackend {
         // attribute: four stages take more than the fast paths' cap); None (the int8 path) where
         // none fits.
         let s3 = std::env::var("TS_CUDA_MMF").is_ok_and(|v| v == "s3");
-        let mmf = MMF_TILES.iter().filter(|t| !s3 || t.2 == 3).find_map(|&(plain, gu, nst)| {
-            let smem = nst * 320 * 144;
-            let set = |name: &str| {
-                funcs[name]
-                    .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-                    .is_ok()
-            };
-            (smem <= optin && set(plain) && set(gu)).then_some((plain, gu, smem))
-        });
-        let mmfq = MMFQ_TILES.iter().filter(|t| !s3 || t.2 == 3).find_map(|&(plain, gu, nst)| {
-            let smem = nst * MMFQ_STAGE;
-            let set = |name: &str| {
-                funcs[name]
-                    .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-                    .is_ok()
-            };
-            (smem <= optin && set(plain) && set(gu)).then_some((plain, gu, smem))
-        });
-        let mmfq8 = (!s3 && 4 * MMFQ_STAGE <= optin)
-            .then(|| {
+        // A tile set (plain kernel, gate-up-GLU kernel, stages) with `stage` bytes a stage: the
+        // first of `tiles` (three stages only under s3) whose shared memory the device gives.
+        let pick = |tiles: &[(&'static str, &'static str, usize)], stage: usize| {
+            tiles.iter().filter(|t| !s3 || t.2 == 3).find_map(|&(plain, gu, nst)| {
+                let smem = nst * stage;
                 let set = |name: &str| {
                     funcs[name]
-                        .set_attribute(
-                            drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            (4 * MMFQ_STAGE) as i32,
-                        )
+                        .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
                         .is_ok()
                 };
-                (set("mmfq8_256s4") && set("mmfq8_gu_s4")).then_some(("mmfq8_256s4", "mmfq8_gu_s4", 4 * MMFQ_STAGE))
+                (smem <= optin && set(plain) && set(gu)).then_some((plain, gu, smem))
             })
-            .flatten();
+        };
+        let mmf = pick(&MMF_TILES, 320 * 144);
+        let mmfq = pick(&MMFQ_TILES, MMFQ_STAGE);
+        let mmfq8 = pick(&[("mmfq8_256s4", "mmfq8_gu_s4", 4)], MMFQ_STAGE);
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
