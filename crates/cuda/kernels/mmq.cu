@@ -1038,6 +1038,16 @@ extern "C" __global__ void f16_rows(const float* src, const float* src2, i64 off
 // f16(act(gate) * up) (act 1 SiLU, 2 GELU-tanh) to the u16 rows at `out` instead of two f32
 // products: the same f32 sums as the two plain launches, then f16_rows' arithmetic, so the same
 // bits as gate, up and f16_rows one after the other.
+// The f16 tiles' matrices (mmf_impl, mmfq_impl): expert e's, or for a shared chunk (sh) chunk
+// e - e_sh of the shared FFN's; with GLU the up matrix's too (else wt2 = wt); and their row bytes.
+template <bool GLU>
+__device__ __forceinline__ void mmf_tile_weights(bool sh, int e, const u8* W, i64 row_bytes, i64 mat_bytes, const u8* Ws,
+                                                 i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
+                                                 const u8*& wt, const u8*& wt2, i64& rb) {
+    wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
+    wt2 = GLU ? (sh ? Ws2 + (i64)(e - e_sh) * ws_stride : W2 + (i64)e * mat_bytes) : wt;
+    rb = sh ? ws_row_bytes : row_bytes;
+}
 // The f16 tiles' epilogue (mmf_impl, mmfq_impl): the f32 products of the warp's tiles to `out`,
 // or with GLU (gate rows in the first MI/2 m16 tiles, up rows in the rest) f16(act(gate) * up)
 // to the u16 rows at `out`.
@@ -1083,10 +1093,9 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
     mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, gridDim.z, src_row, dst_row);
     __syncthreads();
     const int m0 = blockIdx.x * (GLU ? BM / 2 : BM);
-    const bool sh = cnt && e >= e_sh;
-    const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
-    const u8* Wt2 = GLU ? (sh ? Ws2 + (i64)(e - e_sh) * ws_stride : W2 + (i64)e * mat_bytes) : Wt;
-    const i64 rb = sh ? ws_row_bytes : row_bytes;
+    const u8 *Wt, *Wt2;
+    i64 rb;
+    mmf_tile_weights<GLU>(cnt && e >= e_sh, e, W, row_bytes, mat_bytes, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, Wt, Wt2, rb);
     static_assert(!GLU || MI % 2 == 0, "mmf GLU: gate and up halves of a warp's rows");
     // This thread's 16-byte pieces of every stage: (row r, piece q) for c = tid + i*THREADS. The
     // first WPER are weight rows (the tiled copy: `rb` bytes from one 64-row tile to the next, a
@@ -1255,10 +1264,9 @@ __device__ __forceinline__ void mmfq_impl(const u8* W, i64 row_bytes, i64 mat_by
     mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, gridDim.z, src_row, dst_row);
     __syncthreads();
     const int m0 = blockIdx.x * (GLU ? BM / 2 : BM);
-    const bool sh = cnt && e >= e_sh;
-    const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
-    const u8* Wt2 = GLU ? (sh ? Ws2 + (i64)(e - e_sh) * ws_stride : W2 + (i64)e * mat_bytes) : Wt;
-    const i64 rb = sh ? ws_row_bytes : row_bytes;
+    const u8 *Wt, *Wt2;
+    i64 rb;
+    mmf_tile_weights<GLU>(cnt && e >= e_sh, e, W, row_bytes, mat_bytes, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, Wt, Wt2, rb);
     // This thread's pieces: the first WPER weight pieces (row r = c / 9, piece c % 9 of its group;
     // 144 bytes on a stage), the rest activation pieces (row j, piece q of 16; 256 bytes on).
     const u8* srcp[PER];
