@@ -9,7 +9,8 @@ Needs libnvrtc.so.13 (pip install nvidia-cuda-nvrtc==13.0.88; its lib folder on 
 and nvdisasm (pip download --no-deps nvidia-cuda-nvdisasm; unzip; nvidia/cu13/bin/nvdisasm, or
 set NVDISASM).
 
-Usage: tools/gpu/sass_static.py [-D NAME=VAL ...] KERNEL [KERNEL ...]   (SASS_DUMP=1: print the loop too)
+Usage: tools/gpu/sass_static.py [-D NAME=VAL ...] KERNEL [KERNEL ...]   (SASS_DUMP=1: print the loop too;
+       SASS_ARCH=sm_90a: the build H100/H200 get, with the wgmma kernels)
 e.g.   tools/gpu/sass_static.py mmq_q8_64 mmq_q8_rows
        tools/gpu/sass_static.py -D MMQ_ROWS_PAD=0 mmq_q8_rows
 """
@@ -28,7 +29,7 @@ def compile_cubin(defines):
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b'turbospark.cu', 0, None, None):
         sys.exit('nvrtcCreateProgram failed')
-    opts = [b'--std=c++17', b'-default-device', b'--gpu-architecture=sm_90', b'--ptxas-options=-v']
+    opts = [b'--std=c++17', b'-default-device', b'--gpu-architecture=' + os.environ.get('SASS_ARCH', 'sm_90').encode(), b'--ptxas-options=-v']
     opts += [b'-D' + d.encode() for d in defines]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
@@ -76,6 +77,9 @@ def main():
     nvd = os.environ.get('NVDISASM') or next(iter(glob.glob('/tmp/nvd/nvidia/cu13/bin/nvdisasm')), 'nvdisasm')
     cubin, log = compile_cubin(defines)
     res = resources(log)
+    for line in log.splitlines():
+        if 'warning' in line.lower() and any(f in line for f in args):
+            print(line)
     with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
         f.write(cubin)
         f.flush()
@@ -88,7 +92,7 @@ def main():
             continue
         end = next((i for i in range(start + 1, len(sass)) if sass[i].startswith('.text.')), len(sass))
         ins = [m.group(1).strip() for l in sass[start:end] if (m := re.match(r'\s*/\*[0-9a-f]+\*/\s+(.*?);', l))]
-        mma = [i for i, s in enumerate(ins) if opcode(s) in ('IMMA', 'HMMA')]
+        mma = [i for i, s in enumerate(ins) if opcode(s) in ('IMMA', 'HMMA', 'HGMMA')]
         lo, hi, what = 0, len(ins) - 1, 'function'
         if mma:
             bars = [k for k in range(mma[0]) if 'BAR.SYNC' in ins[k]]

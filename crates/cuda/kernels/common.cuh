@@ -20,6 +20,7 @@ typedef signed char i8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
+typedef unsigned long long u64;
 
 #define T_F32 0
 #define T_F16 1

@@ -348,25 +348,19 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 // each over half of the slots' pieces, summed in a fixed order: twice the loads in flight of one
 // warp per row, which left the SMs a third full at batch 1.
 #define MOE_SH_MAX_SLOTS 64
-// MOE_DOWN_EARLY (a measurement define, TS_CUDA_DEFINES="MOE_DOWN_EARLY=1"; written in the
-// fifteenth session, not yet run): moe_gateup_sh_q8q lets the next kernel start only after its
-// own wait for the routing kernel has returned, so the down kernel can read the routed experts'
-// ids (sel_e, written by the routing kernel two launches back, read past L1) and issue its first
-// weight loads before its own wait: its resident blocks stream weights during the gate/up
-// kernel's tail instead of idling. The same loads and sums, so the same bits.
-#ifndef MOE_DOWN_EARLY
-#define MOE_DOWN_EARLY 0
-#endif
-// One block's rows (bx) of token t. EARLY (MOE_DOWN_EARLY, or the fused kernel's first unit):
-// the routed experts' ids read past L1 and the first round of weight loads issued before
-// `wait()` (the PDL wait, or the fused kernel's grid barrier); else `wait()` first. CG: the
-// activations read past L1 (the fused kernel's, written by other blocks of the same launch; its
-// sel_e is then in shared memory). red, es: the block's shared words.
-template <int DOWN_WPR, bool EARLY, bool CG, typename Wait>
+// The down kernel starts early: moe_gateup_sh_q8q lets it launch only after its own wait for
+// the routing kernel has returned (so the routed experts' ids, sel_e, written two launches back,
+// are final), and the down kernel reads those ids past L1 and issues its first round of weight
+// loads before its own PDL wait: its resident blocks stream weights during the gate/up kernel's
+// tail instead of idling. The same loads and sums as waiting first, so the same bits. Measured
+// on the H200 (gpu-next38, synthetic V2-Lite Q8_0, tg128 twice each way, same hash): 585.8 /
+// 581.2 -> 603.2 / 602.1 tok/s (+3.3%).
+// One block's rows (bx) of token t. red, es: the block's shared words.
+template <int DOWN_WPR>
 __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
                                               int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
                                               const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride, float* red,
-                                              int* es, Wait wait) {
+                                              int* es) {
     const int ks = k + nsh;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rows_per_block = GQ_WARPS / DOWN_WPR;
@@ -375,14 +369,7 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
     const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
     const int per = (total + DOWN_WPR - 1) / DOWN_WPR;
     const int Pa = h * per, Pb = min(total, Pa + per);
-    if constexpr (EARLY) {
-        // (CG: the fused kernel's ids, in its own shared memory.)
-        if (threadIdx.x < ks)
-            es[threadIdx.x] = (int)threadIdx.x < k ? max(CG ? sel_e[t * k + threadIdx.x] : __ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
-    } else {
-        wait();
-        if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(sel_e[t * k + threadIdx.x], 0) : 0;
-    }
+    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
     __syncthreads();
     const u8* hr = hq + (i64)t * ks * hrow;
     // Piece P's place: its weights at gp, activations at xp, block b, quants at offset qo.
@@ -395,16 +382,9 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
         qo = 16 + 32 * (b & 3) + 16 * (p & 1);
     };
     float acc = 0.f;
-    // Activation loads (past L1 with CG).
-    auto ldx = [&](const u8* p) -> uint4 {
-        if constexpr (CG) return __ldcg((const uint4*)p);
-        else return *(const uint4*)p;
-    };
-    auto ldd = [&](const u8* p) -> u16 {
-        if constexpr (CG) return __ldcg((const unsigned short*)p);
-        else return *(const u16*)p;
-    };
-    if constexpr (EARLY) {
+    auto ldx = [&](const u8* p) -> uint4 { return *(const uint4*)p; };
+    auto ldd = [&](const u8* p) -> u16 { return *(const u16*)p; };
+    {
     // The first round's weights before the wait (the activations come from the gate/up kernel);
     // the same loads and sums as below.
     uint4 q[4];
@@ -423,7 +403,7 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
             dw[u] = h2f(((const u16*)gp)[bs[u] & 3]);
         }
     }
-    wait();
+    pdl_wait();
     if (Pa + lane < Pb) {
         uint4 x[4];
         float dx[4];
@@ -440,7 +420,7 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
         for (int u = 0; u < 4; u++) acc += (float)dot16v(q[u], x[u]) * (dw[u] * dx[u]);
     }
     }
-    for (int P0 = Pa + lane + (EARLY ? 128 : 0); P0 < Pb; P0 += 128) {
+    for (int P0 = Pa + lane + 128; P0 < Pb; P0 += 128) {
         uint4 q[4], x[4];
         float dw[4], dx[4];
 #pragma unroll
@@ -480,9 +460,8 @@ __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes,
     pdl_trigger();
     __shared__ float red[GQ_WARPS];
     __shared__ int es[MOE_SH_MAX_SLOTS];
-    moe_down_unit<DOWN_WPR, MOE_DOWN_EARLY != 0, false>(blockIdx.x, blockIdx.y, Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd,
-                                                        srow_bytes, nsh, hq, hrow, out, ooff, ostride, red, es,
-                                                        [] { pdl_wait(); });
+    moe_down_unit<DOWN_WPR>(blockIdx.x, blockIdx.y, Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq,
+                            hrow, out, ooff, ostride, red, es);
 }
 // Two warps a row (the default) or four (TS_CUDA_DOWN_WPR=4: a warp's 11 rounds of loads at
 // V2-Lite's shapes become 6, in 2 dependent batches instead of 3; another summation order).
@@ -540,7 +519,6 @@ __device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes
     float wsl = 1.f;
     if (s < k) {
         pdl_wait();  // the routed experts' ids come from the previous kernel
-        if (MOE_DOWN_EARLY) pdl_trigger();
         const int e = sel_e[t * k + s];
         if (e < 0) {
             if (lane == 0 && row < m) out[(i64)P * ostride + row] = 0.f;
@@ -676,10 +654,9 @@ MOE_SH_H16(bf16, T_BF16)
 // through global memory fewer per layer, the same bits. Needs m % 32 == 0 (the host checks
 // m % 128 == 0).
 #define GU_ROWS 32
-// One block's 32 rows (bx) of token t's slot s. WAIT: the PDL wait where the standalone kernel
-// has it (the routed slots before they read sel_e, the shared ones after their first loads);
-// else the caller has waited. glu: the block's 32 shared words.
-template <bool WAIT>
+// One block's 32 rows (bx) of token t's slot s, with the PDL wait (the routed slots before they
+// read sel_e, the shared ones after their first loads) and the trigger for the down kernel after
+// it (see moe_down_unit). glu: the block's 32 shared words.
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
@@ -697,10 +674,8 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     float wsl = 1.f;
     bool zero = false;
     if (s < k) {
-        if (WAIT) {
-            pdl_wait();  // the routed experts' ids come from the previous kernel
-            if (MOE_DOWN_EARLY) pdl_trigger();
-        }
+        pdl_wait();  // the routed experts' ids come from the previous kernel
+        pdl_trigger();
         const int e = sel_e[t * k + s];
         zero = e < 0;
         wsl = zero ? 0.f : sel_w[t * k + s];
@@ -718,10 +693,8 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         rstride = row_bytes;
         load_q8_4(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
         load_q8_4(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
-        if (WAIT) {
-            pdl_wait();
-            if (MOE_DOWN_EARLY) pdl_trigger();
-        }
+        pdl_wait();
+        pdl_trigger();
     }
     const u8* xr = xq + (i64)t * xrow;
     for (int i = 0; i < rpw; i++) {
@@ -771,10 +744,9 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_gateup_sh_q8q(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
                       const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
                       u8* hq, i64 hrow) {
-    if (!MOE_DOWN_EARLY) pdl_trigger();  // (MOE_DOWN_EARLY: after the wait in the unit)
     __shared__ float glu[GU_ROWS];
     int t, s;
     moe_slot_of_block(k, nsh, &t, &s);
-    moe_gateup_q8q_unit<true>(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
+    moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
                               xrow, act, hq, hrow, glu);
 }

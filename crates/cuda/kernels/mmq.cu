@@ -96,28 +96,6 @@ extern "C" __global__ void moe_route_quant(const float* logits, i64 loff, i64 ls
                          drow);
 }
 
-// The batched MoE's first three steps in one launch (decode-size batches on the int8 grouped
-// products; TS_CUDA_MOE_RGQ=1): block 0 routes every token (a warp per token, in turn) and then
-// groups the (token, slot) pairs by expert (moe_group's body, after a barrier: its reads of sel_e
-// see the block's own writes); blocks 1.. quantise the input rows (a warp per group). The same
-// bodies as moe_route_warp, moe_group and quant_q8_groups, so the same bits; two dependent
-// launches fewer per layer. 1024 threads a block (moe_group's).
-extern "C" __global__ void moe_route_group_quant(const float* logits, i64 loff, i64 lstride, int n, int E, int k,
-                                                 int gating, int norm_topk, float scale, int* sel_e, float* sel_w,
-                                                 int nsh, int* cnt, int* off, int* perm, const float* src, i64 xoff,
-                                                 i64 xstride, int kdim, u8* dst, i64 drow) { PDL_ENTRY();
-    const int wpb = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    if (blockIdx.x == 0) {
-        for (int t = warp; t < n; t += wpb)
-            route_warp_body(t, logits, loff, lstride, n, E, k, gating, norm_topk, scale, sel_e, sel_w);
-        __syncthreads();
-        moe_group_body(sel_e, n, k, nsh, E, cnt, off, perm);
-    } else {
-        quant_group_body((i64)(blockIdx.x - 1) * wpb + warp, src, nullptr, xoff, xstride, n, kdim, 0, nullptr, 0, 1, dst,
-                         drow);
-    }
-}
-
 #if __CUDA_ARCH__ >= 800
 // Scale s (0..3) of a group header read as 4 packed f16.
 __device__ __forceinline__ float hsel(uint2 h, int s) {
@@ -130,8 +108,11 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 // Tile y of a grouped product's expert tiles (ceil(cnt[e]/BN) each, in expert order) for the
 // first warp (tid < 32) to find: tile_e (-1 past the last tile) and tile_start, in shared memory;
 // the caller syncs.
+// skip (mmq_q8_rows with its first tiles early, see mmq_rows_impl): every expert's first tile is
+// left out (blocks y < n_exp take those), so tile y - n_exp of the rest.
 template <int BN>
-__device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid, int& tile_e, int& tile_start) {
+__device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid, int& tile_e, int& tile_start,
+                                              int skip = 0) {
     // The first warp loads the counts at once (lane l holds experts l*per ..), scans the per-lane
     // tile totals, and the lane whose range holds y walks its few experts. (A serial walk over the
     // experts costs one dependent load per expert before the first weight is requested.)
@@ -141,7 +122,7 @@ __device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         const int x = tid * per + i;
-        tl[i] = (i < per && x < n_exp) ? (cnt[x] + BN - 1) / BN : 0;
+        tl[i] = (i < per && x < n_exp) ? max((cnt[x] + BN - 1) / BN - skip, 0) : 0;
         mine += tl[i];
     }
     int incl = mine;
@@ -150,7 +131,7 @@ __device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid
         const int v = __shfl_up_sync(0xffffffffu, incl, o);
         if (tid >= o) incl += v;
     }
-    const int y = blockIdx.y, excl = incl - mine;
+    const int y = blockIdx.y - skip * n_exp, excl = incl - mine;
     if (tid == 31 && y >= incl) tile_e = -1;  // past the last tile
     if (y >= excl && y < incl) {
         int yy = y - excl;
@@ -158,7 +139,7 @@ __device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid
         for (int i = 0; i < 16; i++) {
             if (yy >= 0 && yy < tl[i]) {
                 tile_e = tid * per + i;
-                tile_start = yy * BN;
+                tile_start = (yy + skip) * BN;
             }
             yy -= tl[i];
         }
@@ -222,11 +203,8 @@ __device__ __forceinline__ bool mmq_block_tile(const int* cnt, int n_exp, int n,
 //     expert e is pair p = perm[off[e] + j], activation row p / in_div, output row p. Experts
 //     e >= e_sh are chunks of a shared FFN's matrix: chunk e - e_sh at Ws + (e - e_sh)*ws_stride,
 //     rows ws_row_bytes apart (gate/up: ff-row blocks; down: ff-column blocks of every row).
-//   W2 (else null): two products of one input in one launch. Grouped (the MoE's gate and up):
-//     blocks x >= gridDim.x / 2 take W2, Ws2 and out2 for W, Ws and out. Dense (PAIR, the
-//     mmq_q8_64p kernel: matmul_many's q and kv_a, one matrix each): blocks x >= bx1 take W2
-//     (same row bytes), its m2 rows, and out2, ooff2, ostride2, split_stride2 for the output
-//     (or the partials).
+//   W2 (else null): two products of one input in one launch (the MoE's gate and up): blocks
+//     x >= gridDim.x / 2 take W2, Ws2 and out2 for W, Ws and out.
 // Fragments come from shared memory with ldmatrix (an 8x8 b16 matrix is 8 rows of 16 int8, the
 // m16n8k32 fragment layout), the scales once per stage as 4 packed f16 per row; NST stages
 // in flight (cp.async). Warps: WR along the rows x WC along the tokens, each MI m16 tiles x NI n8
@@ -262,26 +240,15 @@ __device__ __forceinline__ void acc_zero(float (&acc)[MI][NI][4]) {
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
 }
-template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP, bool PAIR>
+template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride,
                                          const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2,
-                                         const u8* Ws2, float* out2, int m2, int bx1, i64 ooff2, i64 ostride2,
-                                         i64 split_stride2) {
+                                         const u8* Ws2, float* out2) {
 #if __CUDA_ARCH__ >= 800
     int bx = blockIdx.x;
-    if (PAIR) {  // (a template switch: the dense pair's branch costs the plain tiles registers)
-        if (bx >= bx1) {
-            bx -= bx1;
-            W = W2;
-            m = m2;
-            out = out2;
-            ooff = ooff2;
-            ostride = ostride2;
-            split_stride = split_stride2;
-        }
-    } else if (W2 && bx >= (int)(gridDim.x >> 1)) {
+    if (W2 && bx >= (int)(gridDim.x >> 1)) {
         bx -= gridDim.x >> 1;
         W = W2;
         Ws = Ws2;
@@ -435,17 +402,16 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #endif
 }
 
-#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, NST, MINB, SKIP, PAIR)                                                                    \
+#define MMQ_INST(NAME, WR, WC, MI, NI, GPS, NST, MINB, SKIP)                                                  \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
-             const u8* W2, const u8* Ws2, float* out2, int m2, int bx1, i64 ooff2, i64 ostride2,                \
-             i64 split_stride2) {                                                                               \
+             const u8* W2, const u8* Ws2, float* out2) {                                                        \
         PDL_ENTRY();                                                                                            \
-        mmq_impl<WR, WC, MI, NI, GPS, NST, SKIP, PAIR>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, \
-                                 out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh,    \
-                                 W2, Ws2, out2, m2, bx1, ooff2, ostride2, split_stride2);                        \
+        mmq_impl<WR, WC, MI, NI, GPS, NST, SKIP>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, \
+                                                 in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, \
+                                                 ws_stride, e_sh, W2, Ws2, out2);                               \
     }
 // 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, 3 stages, 3 blocks per SM (at 4
 // they spill). 64 x 16 tiles (4 x 1 warps of 16 x 16): two groups per stage, double-buffered,
@@ -459,16 +425,14 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 // same H200 run; 148 vs 168 registers): those run without it.
 // (At 3 blocks an SM mmq_q8_64 spills 20 bytes: one local load a stage in Nsight's SASS view of
 // the 64-sequence step's dense products. TS_CUDA_DEFINES="MMQ64_MINB=2" measures 2 blocks
-// without the spill.)
+// without the spill: on the H200 (gpu-next38) 64 sequences 7,655 -> 7,708 tok/s (+0.7%), pp512
+// 22,001 -> 21,589 (-1.9%); kept at 3.)
 #ifndef MMQ64_MINB
 #define MMQ64_MINB 3
 #endif
-MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, MMQ64_MINB, false, false)
-MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true, false)
-MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true, false)
-// Two dense products in one launch (matmul_many's two jobs, TS_CUDA_MMQ_PAIR=1; not yet
-// measured): mmq_q8_64's tile with the pair's branch.
-MMQ_INST(mmq_q8_64p, 2, 2, 2, 4, 1, 3, 3, false, true)
+MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, MMQ64_MINB, false)
+MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
+MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 
 // The grouped expert product for tiles of few tokens (the batched decode: about 6 tokens an
 // expert) with the weights read the way the decode GEMVs read them, straight into the mma
@@ -563,13 +527,22 @@ __device__ __forceinline__ int rows_pair_half(const u8*& W, const u8*& Ws, float
     return bx;
 }
 
+// The weights are the only input known before the previous kernel ends, so each warp issues
+// its first NBUF groups before the PDL wait whenever the block's matrix follows from its index:
+// always for dense products (matrix blockIdx.z / nsplit), and for grouped ones with `early`
+// (the host's choice when the experts are busy, pairs >= 2 x experts): blocks y < n_exp then
+// take expert y's first tile (an expert without tokens leaves after the wait, its loads unused)
+// and blocks y >= n_exp the experts' later tiles (mmq_find_tile with skip). Without `early` every
+// grouped block finds its tile from the counts first. The same loads and sums either way, so
+// the same bits; only when the weight stream starts moves: during the previous kernel's tail
+// instead of two dependent loads (counts, then the token list) after it.
 template <int NBUF, bool DENSE, int R>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
                                               i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
                                               i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {
+                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
     const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
@@ -577,51 +550,38 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     __shared__ int src_row[BN], dst_row[BN];
     __shared__ int tile_e, tile_start;
     const int tid = threadIdx.x;
-    int e, start, count;
-    if (!mmq_block_tile<BN>(DENSE ? nullptr : cnt, n_exp, n, nsplit, tile_e, tile_start, e, start, count)) return;
     // Split K (dense only): this block sums groups [g0, g1) into its own partial output.
     const int split = DENSE ? blockIdx.z % nsplit : 0, zg = gridDim.z / nsplit;
     const int gps = DENSE ? (ngroups + nsplit - 1) / nsplit : ngroups;
     const int g0 = DENSE ? split * gps : 0, ng = DENSE ? min(ngroups, g0 + gps) - g0 : ngroups;
     if (DENSE) out += split * split_stride;
-    const int nt = min(BN, count - start);
-    if (nt <= 0) return;  // (a split with no groups, ng <= 0, still writes its zero partials)
-    mmq_tile_rows<BN>(DENSE ? nullptr : perm, off, e, start, nt, in_div, zg, src_row, dst_row);
-    __syncthreads();
-    // The activation rows of the n8 tiles in use, groups g0.. only. A row's stride in words is
-    // 8 mod 32, so the 4 rows of a half-warp's 8-byte fragment loads start 8 banks apart.
-    // (MMQ_ROWS_PAD=0, a measurement define: rows padded by 16 bytes instead, a stride of
-    // 4 words mod 32 for 16 groups.)
-#if MMQ_ROWS_PAD
-    const int xb = ng * MMQ_GB, rs = xb + 4 * (((8 - 4 * ng) % 32 + 32) % 32), pieces = xb >> 4;
-#else
-    const int xb = ng * MMQ_GB, rs = xb + 16, pieces = xb >> 4;
-#endif
-    const int nb = nt > 8 ? 16 : 8;
-    for (int c = tid; c < nb * pieces; c += MMQ_THREADS) {
-        const int r = c / pieces, q = c - r * pieces;
-        cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + (i64)g0 * MMQ_GB + q * 16);
-    }
-    cp_commit();
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     // R row sets a warp (grouped only): rows r0 + s*MMQ_BM for s < R, one after the other.
     static_assert(R == 1 || !DENSE, "row sets are for grouped products");
     const int r0 = bx * (MMQ_BM * R) + warp * 16;
-    const bool sh = !DENSE && e >= e_sh;
-    const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
-    const i64 rb = sh ? ws_row_bytes : row_bytes;
-    // Routed experts with a tiled copy (CudaWeight::tiled): the warp's 16 rows are one tile,
-    // MMQ_TG bytes a group, in the order the lanes load them (see tile16_q8).
-    const bool tl = !DENSE && Wtl && !sh;
-    const u8* pa;
-    const u8* pb;
-    if (tl) {
-        pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(r0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
-        pb = pa;
-    } else {
-        pa = Wt + (i64)min(r0 + g, m - 1) * rb + (i64)g0 * MMQ_GB;
-        pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb + (i64)g0 * MMQ_GB;
-    }
+    // The block's matrix before the wait (pre), or from the counts after it.
+    const bool pre = DENSE || (early && (int)blockIdx.y < n_exp);
+    int e = DENSE ? blockIdx.z / nsplit : blockIdx.y, start = DENSE ? blockIdx.y * BN : 0, count = n;
+    const u8* Wt = nullptr;
+    i64 rb = 0;
+    bool tl = false;
+    const u8* pa = nullptr;
+    const u8* pb = nullptr;
+    auto matrix = [&]() {
+        const bool sh = !DENSE && e >= e_sh;
+        Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
+        rb = sh ? ws_row_bytes : row_bytes;
+        // Routed experts with a tiled copy (CudaWeight::tiled): the warp's 16 rows are one tile,
+        // MMQ_TG bytes a group, in the order the lanes load them (see tile16_q8).
+        tl = !DENSE && Wtl && !sh;
+        if (tl) {
+            pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(r0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
+            pb = pa;
+        } else {
+            pa = Wt + (i64)min(r0 + g, m - 1) * rb + (i64)g0 * MMQ_GB;
+            pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb + (i64)g0 * MMQ_GB;
+        }
+    };
     // (Group indices from here on count from g0.)
     using Grp = RowsGrp;
     auto load = [&](Grp& v, int gi) {
@@ -652,6 +612,84 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             v.qb[bl] = __ldg((const uint2*)(b + 16 + 32 * bl + 8 * t));
         }
     };
+    // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
+    // R > 1: the warp's row sets that exist walk as one stream of nrs * ng groups (the next
+    // set's first groups load while the last ones of the set before are multiplied; the block's
+    // start is paid once for R sets).
+    Grp v[NBUF];
+    int nrs = 0;
+#pragma unroll
+    for (int s2 = 0; s2 < R; s2++) nrs += r0 + s2 * MMQ_BM < m;
+    const int nv = R == 1 ? ng : nrs * ng;
+    int ls = 0, lg = 0;  // the next group to load: row set ls, group lg (R > 1)
+    auto load_next = [&](Grp& x) {
+        load(x, lg);
+        if (++lg == ng) {
+            lg = 0;
+            ++ls;
+            const int rs0 = r0 + ls * MMQ_BM;
+            if (tl) {
+                pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(rs0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
+                pb = pa;
+            } else {
+                pa = Wt + (i64)min(rs0 + g, m - 1) * rb;
+                pb = Wt + (i64)min(rs0 + g + 8, m - 1) * rb;
+            }
+        }
+    };
+    auto first_loads = [&]() {
+        if constexpr (R == 1) {
+            if (ng > 0) {
+#pragma unroll
+                for (int i = 0; i < NBUF; i++) load(v[i], i);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < NBUF; i++)
+                if (i < nv) load_next(v[i]);
+        }
+    };
+    if (pre) {
+        matrix();
+        first_loads();
+    }
+    pdl_wait();
+    if (!DENSE) {
+        if (pre) {
+            count = cnt[e];
+            if (count == 0) return;  // every thread alike, before any barrier
+        } else {
+            if (tid < 32) mmq_find_tile<BN>(cnt, n_exp, tid, tile_e, tile_start, early ? 1 : 0);
+            __syncthreads();
+            e = tile_e;
+            if (e < 0) return;
+            start = tile_start;
+            count = cnt[e];
+        }
+    }
+    const int nt = min(BN, count - start);
+    if (nt <= 0) return;  // (a split with no groups, ng <= 0, still writes its zero partials)
+    mmq_tile_rows<BN>(DENSE ? nullptr : perm, off, e, start, nt, in_div, zg, src_row, dst_row);
+    if (!pre) {
+        matrix();
+        first_loads();
+    }
+    __syncthreads();
+    // The activation rows of the n8 tiles in use, groups g0.. only. A row's stride in words is
+    // 8 mod 32, so the 4 rows of a half-warp's 8-byte fragment loads start 8 banks apart.
+    // (MMQ_ROWS_PAD=0, a measurement define: rows padded by 16 bytes instead, a stride of
+    // 4 words mod 32 for 16 groups.)
+#if MMQ_ROWS_PAD
+    const int xb = ng * MMQ_GB, rs = xb + 4 * (((8 - 4 * ng) % 32 + 32) % 32), pieces = xb >> 4;
+#else
+    const int xb = ng * MMQ_GB, rs = xb + 16, pieces = xb >> 4;
+#endif
+    const int nb = nt > 8 ? 16 : 8;
+    for (int c = tid; c < nb * pieces; c += MMQ_THREADS) {
+        const int r = c / pieces, q = c - r * pieces;
+        cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + (i64)g0 * MMQ_GB + q * 16);
+    }
+    cp_commit();
     float acc[2][4];
 #pragma unroll
     for (int ni = 0; ni < 2; ni++)
@@ -659,15 +697,9 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
     auto mul = [&](const Grp& v, int gi) { rows_mul(acc, v, mmq_sm + gi * MMQ_GB, rs, nt, g, t); };
     auto store = [&](int rr0) { rows_store(acc, out, ooff, ostride, dst_row, rr0, m, nt, g, t); };
-    // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
-    Grp v[NBUF];
+    cp_wait<0>();
+    __syncthreads();
     if constexpr (R == 1) {
-        if (ng > 0) {
-#pragma unroll
-            for (int i = 0; i < NBUF; i++) load(v[i], i);
-        }
-        cp_wait<0>();
-        __syncthreads();
         if (r0 >= m) return;  // no barrier past here
         for (int gi = 0; gi < ng; gi += NBUF) {
 #pragma unroll
@@ -680,34 +712,6 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         }
         store(r0);
     } else {
-        // The warp's row sets that exist walk as one stream of nrs * ng groups: the next set's
-        // first groups load while the last ones of the set before are multiplied, and the block's
-        // start (its tile, the activation rows) is paid once for R sets.
-        int nrs = 0;
-#pragma unroll
-        for (int s2 = 0; s2 < R; s2++) nrs += r0 + s2 * MMQ_BM < m;
-        const int nv = nrs * ng;
-        int ls = 0, lg = 0;  // the next group to load: row set ls, group lg
-        auto load_next = [&](Grp& x) {
-            load(x, lg);
-            if (++lg == ng) {
-                lg = 0;
-                ++ls;
-                const int rs0 = r0 + ls * MMQ_BM;
-                if (tl) {
-                    pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(rs0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
-                    pb = pa;
-                } else {
-                    pa = Wt + (i64)min(rs0 + g, m - 1) * rb;
-                    pb = Wt + (i64)min(rs0 + g + 8, m - 1) * rb;
-                }
-            }
-        };
-#pragma unroll
-        for (int i = 0; i < NBUF; i++)
-            if (i < nv) load_next(v[i]);
-        cp_wait<0>();
-        __syncthreads();
         if (nv == 0) return;  // no barrier past here
         int ms = 0, mg = 0;  // the group to multiply: row set ms, group mg
         for (int vi = 0; vi < nv; vi += NBUF) {
@@ -729,6 +733,8 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             }
         }
     }
+#else
+    pdl_wait();
 #endif
 }
 
@@ -737,11 +743,12 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
-             const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {      \
-        PDL_ENTRY();                                                                                            \
+             const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes,        \
+             int early) {                                                                                       \
+        pdl_trigger(); /* the wait is mmq_rows_impl's, after the first weight loads */                          \
         mmq_rows_impl<NBUF, DENSE, R>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
                             ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2, \
-                            Wtl, W2tl, tl_mat_bytes);                                                           \
+                            Wtl, W2tl, tl_mat_bytes, early);                                                    \
     }
 // Two groups in flight a warp (96 registers: 5 blocks an SM). Measured on the H200 (bench
 // --parallel 64 -n 32, each pair in one call): 6,575 / 6,587 tok/s against mmq_q8_16's 6,150 /
@@ -765,190 +772,6 @@ MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)
-
-// ---- The grouped expert product fed by the bulk copy engine (TS_CUDA_ROWS_BULK; sm_90) --------
-// (Written in the fifteenth session, NOT yet run on a GPU.) mmq_q8_rows keeps two groups (4.3 KB)
-// in flight a warp in registers, 20 warps an SM: ~87 KB an SM, and Nsight has its warps waiting on
-// those loads at ~4 us; bwprobe reads 4.2 TB/s only with ~140 KB or more in flight an SM (whole
-// rows in registers from 64 warps, or bulk copies of large chunks). The twelfth session's
-// bulk-fed kernel (4 consumer warps and a producer a block, 2 blocks an SM) had the bytes in
-// flight but only 8 warps to multiply them and lost 6-20%. This one gives each block 8 consumer
-// warps (128 rows, one 16-row tile a warp as in mmq_q8_rows) and a producer warp whose lane 0
-// keeps NST stages of G groups of the 8 tiles in flight through cp.async.bulk (one copy a tile and
-// stage from the tiled copy; one a row for row-major stacks and the shared experts' chunks), the
-// tile's activation rows copied the same way once. With G 1 and NST 4: 72 KB of ring and <= 37 KB
-// of activation rows, 2 blocks (16 consumer warps, up to 144 KB in flight) an SM. The consumers
-// read a stage's group from shared memory exactly as mmq_q8_rows reads it from the tiled copy
-// (five 16-byte loads a lane) and multiply with rows_mul: the same bits as mmq_q8_rows.
-// full[s]: stage s has landed (the producer's arrival + its bytes); empty[s]: the 8 consumer
-// warps are done with it. Grid as mmq_q8_rows' with 128 rows a block along x (W2 in the upper
-// half); 288 threads; dynamic shared memory NST * 8 * G * 2304 + the activation rows.
-#define RB_CW 8
-__device__ __forceinline__ void mbar_init(u32 a, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n)); }
-__device__ __forceinline__ void mbar_expect(u32 a, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory"); }
-__device__ __forceinline__ void mbar_wait(u32 a, u32 parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nMBAR_WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra MBAR_WAIT;\n}\n" ::"r"(a),
-        "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 mbar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
-                 "r"(bytes), "r"(mbar)
-                 : "memory");
-}
-template <int G, int NST>
-__device__ __forceinline__ void mmq_rows_b_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
-                                                const u8* X, i64 xrow, int n, const int* cnt, const int* off,
-                                                const int* perm, int n_exp, int in_div, float* out, i64 ooff,
-                                                i64 ostride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh,
-                                                const u8* W2, const u8* Ws2, float* out2, const u8* Wtl,
-                                                const u8* W2tl, i64 tl_mat_bytes) {
-#if __CUDA_ARCH__ >= 900
-    constexpr int BN = 16, SLOT = G * 16 * MMQ_GB, STAGE = RB_CW * SLOT, BM = RB_CW * 16;
-    const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
-    extern __shared__ __align__(16) u8 mmq_sm[];  // (16: the bulk copies need no more)
-    __shared__ __align__(8) unsigned long long bars[2 * NST + 1];
-    __shared__ int src_row[BN], dst_row[BN];
-    __shared__ int tile_e, tile_start;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    int e, start, count;
-    if (!mmq_block_tile<BN>(cnt, n_exp, n, 1, tile_e, tile_start, e, start, count)) return;
-    const int nt = min(BN, count - start);
-    if (nt <= 0) return;
-    mmq_tile_rows<BN>(perm, off, e, start, nt, in_div, 1, src_row, dst_row);
-    const u32 full0 = smem_addr(bars), empty0 = full0 + 8 * NST, xbar = full0 + 16 * NST;
-    if (tid == 0) {
-        for (int s = 0; s < NST; s++) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, RB_CW);
-        }
-        mbar_init(xbar, 1);
-    }
-    __syncthreads();  // the tile's rows and the barriers; no block-wide barrier past here
-    const int ng = ngroups, nstages = (ng + G - 1) / G;
-    // The activation rows (as mmq_q8_rows lays them out: a row stride of 8 words mod 32).
-    const int xb = ng * MMQ_GB, rs = xb + 4 * (((8 - 4 * ng) % 32 + 32) % 32);
-    const int nb = nt > 8 ? 16 : 8;
-    const u32 ring = smem_addr(mmq_sm), xs = ring + NST * STAGE;
-    const bool sh = e >= e_sh;
-    const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
-    const i64 rb = sh ? ws_row_bytes : row_bytes;
-    const bool tl = Wtl && !sh;
-    const int r0 = bx * BM;
-    if (warp == RB_CW) {
-        // The producer: lane 0 issues every copy.
-        if (lane == 0) {
-            mbar_expect(xbar, (u32)(nb * xb));
-            for (int r = 0; r < nb; r++) bulk_g2s(xs + r * rs, X + (i64)src_row[r] * xrow, xb, xbar);
-            for (int st = 0; st < nstages; st++) {
-                const int s = st % NST, gc = min(G, ng - st * G);
-                if (st >= NST) mbar_wait(empty0 + 8 * s, ((st / NST) - 1) & 1);
-                const u32 full = full0 + 8 * s, dst = ring + s * STAGE;
-                mbar_expect(full, (u32)(RB_CW * gc * (tl ? MMQ_TG : 16 * MMQ_GB)));
-                for (int c = 0; c < RB_CW; c++) {
-                    // Consumer c's tile (past the last row: the last tile again, never stored).
-                    const int tr = min((r0 >> 4) + c, (m - 1) >> 4);
-                    if (tl) {
-                        const u8* src = Wtl + (i64)e * tl_mat_bytes + ((i64)tr * ng + st * G) * MMQ_TG;
-                        bulk_g2s(dst + c * SLOT, src, gc * MMQ_TG, full);
-                    } else {
-                        for (int r = 0; r < 16; r++) {
-                            const u8* src = Wt + (i64)min(tr * 16 + r, m - 1) * rb + (i64)st * G * MMQ_GB;
-                            bulk_g2s(dst + c * SLOT + r * G * MMQ_GB, src, gc * MMQ_GB, full);
-                        }
-                    }
-                }
-            }
-        }
-        return;
-    }
-    float acc[2][4];
-#pragma unroll
-    for (int ni = 0; ni < 2; ni++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
-    mbar_wait(xbar, 0);
-    const u8* xsp = mmq_sm + NST * STAGE;
-    for (int st = 0; st < nstages; st++) {
-        const int s = st % NST, gc = min(G, ng - st * G);
-        mbar_wait(full0 + 8 * s, (st / NST) & 1);
-        const u8* slot = mmq_sm + s * STAGE + warp * SLOT;
-#pragma unroll
-        for (int j = 0; j < G; j++) {
-            if (j < gc) {
-                RowsGrp v;
-                if (tl) {
-                    const u8* p = slot + j * MMQ_TG;
-                    const uint4 h = *(const uint4*)(p + 16 * g);
-                    v.ha = make_uint2(h.x, h.y);
-                    v.hb = make_uint2(h.z, h.w);
-#pragma unroll
-                    for (int bl = 0; bl < 4; bl++) {
-                        const uint4 q = *(const uint4*)(p + 128 + 512 * bl + 16 * lane);
-                        v.qa[bl] = make_uint2(q.x, q.z);
-                        v.qb[bl] = make_uint2(q.y, q.w);
-                    }
-                } else {
-                    const u8* a = slot + g * (G * MMQ_GB) + j * MMQ_GB;
-                    const u8* b = a + 8 * (G * MMQ_GB);
-                    v.ha = *(const uint2*)a;
-                    v.hb = *(const uint2*)b;
-#pragma unroll
-                    for (int bl = 0; bl < 4; bl++) {
-                        v.qa[bl] = *(const uint2*)(a + 16 + 32 * bl + 8 * t);
-                        v.qb[bl] = *(const uint2*)(b + 16 + 32 * bl + 8 * t);
-                    }
-                }
-                rows_mul(acc, v, xsp + (st * G + j) * MMQ_GB, rs, nt, g, t);
-            }
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * s);
-    }
-    rows_store(acc, out, ooff, ostride, dst_row, r0 + warp * 16, m, nt, g, t);
-#endif
-}
-#define MMQ_ROWS_B_INST(NAME, G, NST)                                                                            \
-    extern "C" __global__ void __launch_bounds__((RB_CW + 1) * 32, 2)                                           \
-        NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
-             const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
-             i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
-             const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes) {      \
-        PDL_ENTRY();                                                                                            \
-        mmq_rows_b_impl<G, NST>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div,  \
-                                out, ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2, Wtl, W2tl,  \
-                                tl_mat_bytes);                                                                  \
-    }
-MMQ_ROWS_B_INST(mmq_q8_rows_b1x4, 1, 4)
-MMQ_ROWS_B_INST(mmq_q8_rows_b2x2, 2, 2)
-MMQ_ROWS_B_INST(mmq_q8_rows_b1x3, 1, 3)
-
-// The partials of a dense pair (mmq_impl's W2, split K) summed as mmq_sum_splits sums each: one
-// launch over rows x (m + m2) values, the first m columns from part into out, the rest from
-// part2 (split_stride2 apart, rows of m2) into out2. The same bits as two mmq_sum_splits.
-extern "C" __global__ void mmq_sum_splits2(const float* part, const float* part2, int nsplit, i64 split_stride,
-                                           i64 split_stride2, int rows, int m, int m2, float* out, i64 ooff,
-                                           i64 ostride, float* out2, i64 ooff2, i64 ostride2) { PDL_ENTRY();
-    const int mt = m + m2;
-    const i64 total = (i64)rows * mt;
-    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
-        const i64 r = idx / mt;
-        const int c = (int)(idx - r * mt);
-        const bool first = c < m;
-        const float* p = first ? part + r * m + c : part2 + r * m2 + (c - m);
-        const i64 ss = first ? split_stride : split_stride2;
-        float v = 0.f;
-        for (int s = 0; s < nsplit; s++) v += p[s * ss];
-        if (first) out[ooff + r * ostride + c] = v;
-        else out2[ooff2 + r * ostride2 + (c - m)] = v;
-    }
-}
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,
@@ -997,12 +820,18 @@ extern "C" __global__ void q8_to_f16(const u8* src, uint4* dst, i64 total, int n
     }
 }
 
+// Where k goes in its 16-value chunk of an activation row read by the wgmma kernels (mmfw_impl):
+// k = 4a + 2b + c (a < 4, b, c < 2) at 2a + 8b + c, so that the wgmma's k slots, read in order
+// from shared memory, hold the activations the A fragments' permuted k slots need.
+__device__ __forceinline__ int perm16(int k) { return (k & ~15) | ((k >> 1) & 6) | ((k << 2) & 8) | (k & 1); }
 // Activation rows to f16 for the f16 products: dst row j (k halves, k % 8 == 0) = f16(x) with
 // x = src[off + j*stride + c], or with act (1 = SiLU, 2 = GELU-tanh) act(src) * src2 (the GLU of
 // gate and up rows, same offsets and strides). One thread per 8 values. (Clamped to the f16
 // range: an activation past 65504 saturates instead of turning into inf.)
+// perm (the wgmma kernels' input, mmfw_impl): each pair of values at its perm16 place, one
+// 4-byte store each.
 extern "C" __global__ void f16_rows(const float* src, const float* src2, i64 off, i64 stride, int n, int k, int act,
-                                    uint4* dst) { PDL_ENTRY();
+                                    uint4* dst, int perm) { PDL_ENTRY();
     const int per = k >> 3;
     const i64 total = (i64)n * per;
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
@@ -1020,7 +849,13 @@ extern "C" __global__ void f16_rows(const float* src, const float* src2, i64 off
             }
             o[j] = (u32)f2h_sat(a) | (u32)f2h_sat(b) << 16;
         }
-        dst[i] = make_uint4(o[0], o[1], o[2], o[3]);
+        if (perm) {
+            u32* d32 = (u32*)dst + row * (k >> 1);
+#pragma unroll
+            for (int j = 0; j < 4; j++) d32[perm16(c + 2 * j) >> 1] = o[j];
+        } else {
+            dst[i] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
     }
 }
 
@@ -1051,7 +886,9 @@ __device__ __forceinline__ void mmf_tile_weights(bool sh, int e, const u8* W, i6
 // The f16 tiles' epilogue (mmf_impl, mmfq_impl): the f32 products of the warp's tiles to `out`,
 // or with GLU (gate rows in the first MI/2 m16 tiles, up rows in the rest) f16(act(gate) * up)
 // to the u16 rows at `out`.
-template <int WR, int MI, int NI, bool GLU>
+// PERM (the wgmma kernels' GLU rows, see mmfw_impl): each f16 value stored at its k-permuted
+// place (perm16) in its 16-value chunk.
+template <int WR, int MI, int NI, bool GLU, bool PERM = false>
 __device__ __forceinline__ void mmf_epilogue(const float (&acc)[MI][NI][4], float* out, i64 ooff, i64 ostride,
                                              const int* dst_row, int m0, int wm, int wn, int m, int nt, int warp, int g,
                                              int t, int act) {
@@ -1066,7 +903,8 @@ __device__ __forceinline__ void mmf_epilogue(const float (&acc)[MI][NI][4], floa
                     const int row = m0 + (warp % WR) * (MI * 8) + mi * 16 + g + (c >> 1) * 8;
                     const int j = wn + ni * 8 + 2 * t + (c & 1);
                     if (row < m && j < nt)
-                        oh[ooff + (i64)dst_row[j] * ostride + row] = f2h_sat(act_fn(act, acc[mi][ni][c]) * acc[mi + MI / 2][ni][c]);
+                        oh[ooff + (i64)dst_row[j] * ostride + (PERM ? perm16(row) : row)] =
+                            f2h_sat(act_fn(act, acc[mi][ni][c]) * acc[mi + MI / 2][ni][c]);
                 }
     } else {
         acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
@@ -1367,96 +1205,228 @@ __device__ __forceinline__ void mmfq_impl(const u8* W, i64 row_bytes, i64 mat_by
     const u8 *W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8 *X, i64 xrow, int n, const int *cnt,     \
         const int *off, const int *perm, int n_exp, int in_div, float *out, i64 ooff, i64 ostride, const u8 *Ws, \
         i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8 *W2, const u8 *Ws2, int act
-MMFQ_INST(mmfq_256, 3, false)
-MMFQ_INST(mmfq_gu, 3, true)
-MMFQ_INST(mmfq_256s4, 4, false)
-MMFQ_INST(mmfq_gu_s4, 4, true)
 // The same tile on 8 x 1 warps of 32 rows x 64 tokens (TS_CUDA_MMF_Q8=2): each weight fragment is
 // turned into f16 by one warp instead of two (the 4 x 2 layout's two token columns convert the
 // same rows), for twice the activation fragment loads. Static SASS: see GPU.md.
 MMFQ_INST_L(mmfq8_256s4, 8, 1, 2, 8, 4, false)
 MMFQ_INST_L(mmfq8_gu_s4, 8, 1, 2, 8, 4, true)
 
-// ---- The decode MoE in one launch (TS_CUDA_MOE_FUSED=1; written in the fifteenth session, NOT
-// yet run on a GPU) -------------------------------------------------------------------------------
-// (Here, after quant_group_body; the MoE bodies are in fused.cu.) moe_route_quant,
-// moe_gateup_sh_q8q and moe_down_sh_q8 as one persistent kernel: every block
-// routes the tokens (route_warp_body) and quantises the input rows (quant_group_body) into its
-// own shared memory, so the gate/up rows need no launch boundary before them; the gate/up units
-// (32 rows of one (token, slot), moe_gateup_q8q_unit) go round-robin over the blocks; then one
-// grid barrier, before which each block has issued its first down unit's weight loads
-// (moe_down_unit's EARLY path), so the down products' stream starts while the last gate/up
-// units finish instead of after a launch. The same bodies in the same order, so the same bits as
-// the three launches. Every block must be resident at once: the host sizes the grid to the
-// device's occupancy, and the kernel lets its dependents launch only after the barrier (their
-// early blocks could otherwise hold the resources a block of this one still waits for). A block
-// that never arrives traps after ~4 s instead of hanging the device.
-// bar: two words, zero before the first launch: arrivals, and the generation.
-__device__ __forceinline__ void grid_sync(unsigned* bar, unsigned nblocks) {
+// ---- Prompt expert products on wgmma (sm_90a) straight from the Q8_0 weights --------------------
+// (Written 2026-12-01, seventeenth session; TS_CUDA_MMF_W=1, off until measured.) The tensor cores
+// read the activations from shared memory themselves: wgmma with A (the weights) from registers
+// and B (the tokens x 16 k) from shared memory by descriptor, asynchronous, two warpgroups a
+// block. The A fragments are mmfq8's (the same ldmatrix, the same q8x4_to_h2 conversion: the
+// weights are the f16 copy's values bit for bit; the wgmma A register layout per warp is
+// mma.sync's), so a warp still owns 32 rows (two m16 tiles): warp w of warpgroup G feeds rows
+// 32(4G + w) + 16T .. of the warpgroup's m64 tile T. Those fragments hold k in permuted slots
+// (slot 2a + 8b + c holds k = 4a + 2b + c of each 16), which mma.sync matched by loading B to
+// suit; wgmma reads B in order, so the activation rows come permuted in memory (perm16: f16_rows
+// with `perm`, and the GLU kernel's epilogue), and the down product reads the GLU kernel's
+// output as it was written.
+// Tiles of up to 128 tokens (the hot experts of a prompt see hundreds): a tile of 64 or fewer
+// takes m64n64k16 and loads half the activation rows, a larger one m64n128k16, so the weights
+// are staged and converted once for twice the tokens (Nsight on the 64-token mmfq8 / mmfw:
+// warps waiting on each stage's data, the weights mostly from L2, re-read by every token tile).
+// B's stage layout is the wgmma canonical K-major one without swizzle: 8 x 8 core matrices of
+// 128 contiguous bytes, 16-byte chunk q (8 k values) of token j at q * 2048 + j * 16 (LBO 2048
+// bytes between k-adjacent core matrices, SBO 128 between token-adjacent ones; MMFW_SWAP_LS=1,
+// a measurement define, swaps the two). Stage s: 256 weight rows of one Q8_0 group (144 bytes)
+// then 32 KB of activations, three in flight by cp.async; the tensor cores read shared memory
+// through the async proxy, so each thread fences (fence.proxy.async) after its copies land and
+// before the stage's barrier. Same gathers, shared chunks and epilogue (GLU rows permuted) as
+// mmfq8; k % 128 == 0.
+#ifndef MMFW_SWAP_LS
+#define MMFW_SWAP_LS 0
+#endif
+// MMFW_KO (a measurement define; wrong results on purpose): 1 leaves the wgmma out, 2 the A
+// fragments' conversion (the raw words go in), 3 the stage loads after the first NST - 1 (every
+// stage multiplies stale shared memory): which part holds the kernel's time.
+#ifndef MMFW_KO
+#define MMFW_KO 0
+#endif
+template <bool B>
+struct BoolC {
+    static constexpr bool value = B;
+};
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ u64 wg_desc(u32 a, u32 lbo, u32 sbo) {
+    return (u64)((a & 0x3FFFF) >> 4) | ((u64)((lbo & 0x3FFFF) >> 4) << 16) | ((u64)((sbo & 0x3FFFF) >> 4) << 32);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+#define WG_D8(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+// d (this thread's share of a 64 x 64 f32 tile, in mma.sync's m16n8 order per n8 column) += A
+// (64 x 16 f16, this thread's 4 registers) B (16 x 64 f16 in shared memory, `desc`).
+__device__ __forceinline__ void wgmma_64x64x16(float (&d)[16][4], const u32 (&a)[4], u64 desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : WG_D8(0), WG_D8(1), WG_D8(2), WG_D8(3), WG_D8(4), WG_D8(5), WG_D8(6), WG_D8(7)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+        : "memory");
+}
+// The same for 128 tokens (all 16 n8 columns of d).
+__device__ __forceinline__ void wgmma_64x128x16(float (&d)[16][4], const u32 (&a)[4], u64 desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : WG_D8(0), WG_D8(1), WG_D8(2), WG_D8(3), WG_D8(4), WG_D8(5), WG_D8(6), WG_D8(7), WG_D8(8), WG_D8(9),
+          WG_D8(10), WG_D8(11), WG_D8(12), WG_D8(13), WG_D8(14), WG_D8(15)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+        : "memory");
+}
+#undef WG_D8
+#endif
+template <int NST, bool GLU>
+__device__ __forceinline__ void mmfw_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow,
+                                          int n, const int* cnt, const int* off, const int* perm, int n_exp, int in_div,
+                                          float* out, i64 ooff, i64 ostride, const u8* Ws, i64 ws_row_bytes,
+                                          i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2, int act) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int WR = 8, MI = 2, NI = 16, BM = 256, BN = 128, THREADS = 256;
+    constexpr int RA = 144, SA = BM * RA, KC = BN * 16, STAGE = SA + 16 * KC;
+    constexpr int WP = BM * 9, NP = WP + BN * 16;  // 16-byte pieces a stage: weights, then activations
+    constexpr int PER = NP / THREADS, WPER = WP / THREADS;
+    static_assert(WP % THREADS == 0 && NP % THREADS == 0, "mmfw tile");
+    extern __shared__ __align__(16) u8 mmq_sm[];
+    __shared__ int src_row[BN], dst_row[BN];
+    __shared__ int tile_e, tile_start;
+    const int tid = threadIdx.x;
+    int e = 0, start, count;
+    if (!mmq_block_tile<BN>(cnt, n_exp, n, 1, tile_e, tile_start, e, start, count)) return;
+    const int nt = min(BN, count - start);
+    if (nt <= 0) return;
+    const bool half = nt <= BN / 2;  // (uniform over the block)
+    mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, gridDim.z, src_row, dst_row);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile unsigned* gen = bar + 1;
-        const unsigned g = *gen;
-        __threadfence();
-        if (atomicAdd(bar, 1u) == nblocks - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
+    const int m0 = blockIdx.x * (GLU ? BM / 2 : BM);
+    const u8 *Wt, *Wt2;
+    i64 rb;
+    mmf_tile_weights<GLU>(cnt && e >= e_sh, e, W, row_bytes, mat_bytes, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, Wt, Wt2, rb);
+    // This thread's pieces: the first WPER weight pieces as in mmfq_impl, then activation pieces:
+    // piece c2 of the stage's 2,048 is 16-byte chunk q of token j, consecutive threads taking the
+    // two halves of a row's 32-byte sector, then the next token (tokens past 64 left out of a
+    // half tile).
+    const u8* srcp[PER];
+    u32 dsto[PER];
+    bool live[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int c = tid + i * THREADS;
+        live[i] = true;
+        if (i < WPER) {
+            const int r = c / 9, q = c - r * 9;
+            const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
+            const int wr = min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
+            const u8* wb = GLU && rin >= hm ? Wt2 : Wt;
+            srcp[i] = wb + (i64)wr * rb + q * 16;
+            dsto[i] = (u32)(r * RA + q * 16);
         } else {
-            unsigned spins = 0;
-            while (*gen == g) {
-                if (++spins > (1u << 26)) __trap();
-                __nanosleep(64);
-            }
+            const int c2 = c - WP, j = (c2 >> 1) & (BN - 1), q = ((c2 >> 8) << 1) | (c2 & 1);
+            srcp[i] = X + (i64)src_row[j] * xrow + q * 16;
+            dsto[i] = (u32)(SA + q * KC + j * 16);
+            live[i] = !half || j < BN / 2;
         }
-        __threadfence();
     }
-    __syncthreads();
-}
-#define MOE_FUSED_MAX_PAIRS 64
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
-    moe_fused_q8(const float* logits, i64 loff, i64 lstride, int n, int E, int k, int gating, int norm_topk, float scale,
-                 const float* x, i64 xoff, i64 xstride, int hdim, const u8* Wg, const u8* Wu, i64 row_bytes,
-                 i64 mat_bytes, int ff, const u8* Sg, const u8* Su, int nsh, int act, u8* hq, i64 hrow, const u8* Wd,
-                 i64 drow_bytes, i64 dmat_bytes, const u8* Sd, i64 srow_bytes, float* out, i64 ooff, i64 ostride,
-                 unsigned* bar) {
-    extern __shared__ __align__(16) u8 fsm[];  // the input rows quantised: n rows of xrow bytes
-    __shared__ int sel_e[MOE_FUSED_MAX_PAIRS];
-    __shared__ float sel_w[MOE_FUSED_MAX_PAIRS];
-    __shared__ float glu[GU_ROWS];
-    __shared__ float red[GQ_WARPS];
-    __shared__ int es[MOE_SH_MAX_SLOTS];
-    const int warp = threadIdx.x >> 5;
-    const int ks = k + nsh, nbx = ff / GU_ROWS, ngu = nbx * n * ks;
-    const int dpb = GQ_WARPS / 2, ndx = (hdim + dpb - 1) / dpb, ndown = ndx * n;
-    const int xg = (hdim + 127) >> 7;
-    const i64 xrow = (i64)xg * 144;
-    pdl_wait();  // the logits and the input rows come from the kernels before
-    for (int t = warp; t < n; t += GQ_WARPS) route_warp_body(t, logits, loff, lstride, n, E, k, gating, norm_topk, scale, sel_e, sel_w);
-    for (int gid = warp; gid < n * xg; gid += GQ_WARPS)
-        quant_group_body(gid, x, nullptr, xoff, xstride, n, hdim, 0, nullptr, 0, 1, fsm, xrow);
-    __syncthreads();
-    for (int y = blockIdx.x; y < ngu; y += gridDim.x) {
-        int t, s;
-        moe_slot_of(y / nbx, n * ks, k, nsh, &t, &s);
-        moe_gateup_q8q_unit<false>(y % nbx, t, s, Wg, Wu, row_bytes, mat_bytes, ff, hdim, sel_e, sel_w, k, Sg, Su, nsh,
-                                   fsm, xrow, act, hq, hrow, glu);
-        __syncthreads();  // (glu again for the next unit)
-    }
-    auto barrier = [&] {
-        grid_sync(bar, gridDim.x);
-        pdl_trigger();
+    const int nstages = k >> 7;
+    const u32 sm0 = smem_addr(mmq_sm);
+    auto load = [&](int s) {
+        if (s < nstages && (MMFW_KO != 3 || s < NST - 1)) {
+            const u32 st = sm0 + (u32)((s % NST) * STAGE);
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (live[i]) cp_async16_s(st + dsto[i], srcp[i] + (i64)s * (i < WPER ? 144 : 256));
+        }
+        cp_commit();
     };
-    int y = blockIdx.x;
-    if (y >= ndown) {
-        barrier();
-        return;
+    const int warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, lr = lane & 7, li = lane >> 3;
+    const int wm = warp * MI * 16;
+    float acc[MI][NI][4];
+    acc_zero(acc);
+#pragma unroll
+    for (int s = 0; s < NST - 1; s++) load(s);
+    // The main loop once for half tiles and once for whole ones (HALF a constant in each: no
+    // branch between the wgmma of a block, which ptxas would fence).
+    auto main_loop = [&](auto half_c) {
+    constexpr bool HALF = decltype(half_c)::value;
+    for (int s = 0; s < nstages; s++) {
+        cp_wait<NST - 2>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();  // stage s has landed for every thread; stage s-1 is consumed
+        load(s + NST - 1);
+        const u8* Ag = mmq_sm + (s % NST) * STAGE + wm * RA;
+        const u32 As_s = sm0 + (u32)((s % NST) * STAGE + wm * RA);
+        const u32 Bs_s = sm0 + (u32)((s % NST) * STAGE + SA);
+        uint2 ha[MI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            ha[mi][0] = *(const uint2*)(Ag + (mi * 16 + g) * RA);
+            ha[mi][1] = *(const uint2*)(Ag + (mi * 16 + g + 8) * RA);
+        }
+        u32 a[2][MI][2][4];  // [buffer][m16 tile][k16 half][register]
+#pragma unroll
+        for (int b32 = 0; b32 < 4; b32++) {  // the group's four 32-value blocks (one scale each)
+            const int bb = b32 & 1;
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                u32 q[4];
+                ldsm4_s(q, As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RA + 16 + b32 * 32 + (li >> 1) * 16));
+                const u32 d0 = hsel2(ha[mi][0], b32), d1 = hsel2(ha[mi][1], b32);
+                if (MMFW_KO == 2) {
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) a[bb][mi][c][r] = q[(2 * c + r) & 3] ^ d0;
+                } else {
+                q8x4_to_h2(q[0], d0, a[bb][mi][0][0], a[bb][mi][0][2]);
+                q8x4_to_h2(q[1], d1, a[bb][mi][0][1], a[bb][mi][0][3]);
+                q8x4_to_h2(q[2], d0, a[bb][mi][1][0], a[bb][mi][1][2]);
+                q8x4_to_h2(q[3], d1, a[bb][mi][1][1], a[bb][mi][1][3]);
+                }
+            }
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const u32 ba = Bs_s + (u32)((b32 * 2 + c) * 2 * KC);
+                const u64 desc = MMFW_SWAP_LS ? wg_desc(ba, 128, KC) : wg_desc(ba, KC, 128);
+#pragma unroll
+                for (int mi = 0; mi < MI; mi++) {
+                    if (MMFW_KO == 1) acc[mi][0][0] += __uint_as_float(a[bb][mi][c][0] ^ (u32)desc);
+                    else if constexpr (HALF) wgmma_64x64x16(acc[mi], a[bb][mi][c], desc);
+                    else wgmma_64x128x16(acc[mi], a[bb][mi][c], desc);
+                }
+            }
+            wg_commit();
+            wg_wait<1>();  // the block before this one is done with its A registers
+        }
+        wg_wait<0>();  // every read of this stage's shared memory done before its reload
     }
-    moe_down_unit<2, true, true>(y % ndx, y / ndx, Wd, drow_bytes, dmat_bytes, hdim, ff, k, sel_e, Sd, srow_bytes, nsh, hq,
-                                 hrow, out, ooff, ostride, red, es, barrier);
-    for (y += gridDim.x; y < ndown; y += gridDim.x) {
-        __syncthreads();
-        moe_down_unit<2, false, true>(y % ndx, y / ndx, Wd, drow_bytes, dmat_bytes, hdim, ff, k, sel_e, Sd, srow_bytes, nsh,
-                                      hq, hrow, out, ooff, ostride, red, es, [] {});
-    }
+    };
+    if (half) main_loop(BoolC<true>{});
+    else main_loop(BoolC<false>{});
+    mmf_epilogue<WR, MI, NI, GLU, true>(acc, out, ooff, ostride, dst_row, m0, wm, 0, m, nt, warp, g, lane & 3, act);
+#endif
 }
+// 256 rows (128 ff rows of gate and of up for the GLU one) x up to 128 tokens, three stages of
+// 68 KB (204 KB of shared memory, one block an SM).
+#define MMFW_INST(NAME, NST, GLU)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 1) NAME(MMFQ_ARGS) {                              \
+        PDL_ENTRY();                                                                                    \
+        mmfw_impl<NST, GLU>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
+                            ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, act);            \
+    }
+MMFW_INST(mmfw_256s3, 3, false)
+MMFW_INST(mmfw_gu_s3, 3, true)

@@ -250,15 +250,11 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc",
     "mla_split_tc_h",
     "mmq_q8_64",
-    "mmq_q8_64p",
     "mmq_q8_16",
     "mmq_q8_16g1",
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
-    "mmq_q8_rows_b1x4",
-    "mmq_q8_rows_b2x2",
-    "mmq_q8_rows_b1x3",
 ];
 /// The f16 prompt products (kernels/mmq.cu, `MMF_INST`, `MMF_GU_INST`): (plain kernel, gate-up-GLU
 /// kernel, stages in flight), the first whose shared memory the device gives. Both take 256
@@ -268,35 +264,15 @@ const BIG_SMEM_KERNELS: &[&str] = &[
 /// four stages (two blocks an SM) was +0.6% against three and dropped. `TS_CUDA_MMF=s3` forces
 /// three.
 const MMF_TILES: [(&str, &str, usize); 2] = [("mmf16_256s4", "mmf16_gu_s4", 4), ("mmf16_256", "mmf16_gu", 3)];
-/// The prompt products straight from Q8_0 weights (kernels/mmq.cu, `MMFQ_INST`), as
-/// [`MMF_TILES`]: the first whose shared memory the device gives, a stage being 256 weight rows
-/// of one Q8_0 group (144 bytes) and 64 activation rows of 128 f16 (288 bytes with the pad):
-/// 216 KB for four stages, 162 KB for three. Neither measured yet; `TS_CUDA_MMF=s3` forces three
-/// here too.
-const MMFQ_TILES: [(&str, &str, usize); 2] = [("mmfq_256s4", "mmfq_gu_s4", 4), ("mmfq_256", "mmfq_gu", 3)];
-/// The bulk-fed grouped expert products (kernels/mmq.cu, `MMQ_ROWS_B_INST`; sm_90): (kernel,
-/// groups a stage, stages), picked by `TS_CUDA_ROWS_BULK=GxNST` or
-/// [`CudaBackend::set_rows_bulk`]. 288 threads, 128 rows a block, the ring's shared memory
-/// `NST * 8 * G * 2304` bytes before the tile's activation rows. Not yet run on a GPU: off.
-const ROWS_BULK: [(&str, usize, usize); 3] = [("mmq_q8_rows_b1x4", 1, 4), ("mmq_q8_rows_b2x2", 2, 2), ("mmq_q8_rows_b1x3", 1, 3)];
 /// Shared memory of an `mmfq_*` stage.
 const MMFQ_STAGE: usize = 256 * 144 + 64 * 288;
+/// Shared memory of an `mmfw_*` stage (kernels/mmq.cu, `mmfw_impl`): 256 weight rows of one
+/// Q8_0 group, then 128 activation rows of 128 f16 in wgmma's core-matrix layout (no pad).
+const MMFW_STAGE: usize = 256 * 144 + 128 * 256;
+/// Tokens a tile of the `mmfw_*` kernels (a tile of 64 or fewer runs at half width).
+const MMFW_BN: usize = 128;
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
-/// Most tokens whose routing one block does in `moe_route_group_quant` (a warp per token in
-/// turn: 32 warps, so at most 8 tokens a warp).
-const MOE_RGQ_MAX_TOKENS: usize = 256;
-/// The second matrix of a dense pair launch (kernels/mmq.cu, mmq_impl's W2 for dense products):
-/// its weights (same row bytes as the first), rows, the first block along x that takes it, its
-/// output (pointer, offset, row stride) and the distance between its split partials.
-#[derive(Clone, Copy)]
-struct DensePair {
-    w: u64,
-    m: usize,
-    bx1: usize,
-    out: (u64, usize, usize),
-    split_stride: usize,
-}
 /// Dynamic shared memory of an `mmq_q8` kernel: `nst` stages of 64 + `bn` rows of `gps` groups
 /// of 144 bytes (plus 16 pad bytes per row when `gps > 1`; kernels/mmq.cu).
 const fn mmq_smem(bn: usize, gps: usize, nst: usize) -> usize {
@@ -616,7 +592,6 @@ fn kernel_names() -> Vec<String> {
         "attention_16",
         "moe_route",
         "moe_group",
-        "moe_route_group_quant",
         "moe_combine",
         "gemv_q8_1",
         "gemv_q8_2",
@@ -655,32 +630,24 @@ fn kernel_names() -> Vec<String> {
         "moe_down_sh_bf16",
         "quant_q8_groups",
         "moe_route_quant",
-        "moe_fused_q8",
         "moe_gateup_sh_q8q",
         "mmq_q8_64",
-        "mmq_q8_64p",
         "mmq_q8_16",
         "mmq_q8_16g1",
         "mmq_q8_rows",
         "mmq_q8_rows_r2",
         "mmq_q8_rows_d",
-        "mmq_q8_rows_b1x4",
-        "mmq_q8_rows_b2x2",
-        "mmq_q8_rows_b1x3",
         "mmq_sum_splits",
-        "mmq_sum_splits2",
         "q8_to_f16",
         "f16_rows",
         "mmf16_256",
         "mmf16_256s4",
         "mmf16_gu",
         "mmf16_gu_s4",
-        "mmfq_256",
-        "mmfq_gu",
-        "mmfq_256s4",
-        "mmfq_gu_s4",
         "mmfq8_256s4",
         "mmfq8_gu_s4",
+        "mmfw_256s3",
+        "mmfw_gu_s3",
         "mla_prefill",
     ]
     .iter()
@@ -812,17 +779,26 @@ pub struct CudaBackend {
     /// up and `f16_rows`); default on, `TS_CUDA_MMF_GU=0` or [`CudaBackend::set_mmf_gu`] for the
     /// three launches. Measured on the H200: pp512 19,949 -> 21,538, pp2048 18,229 -> 19,454.
     mmf_gu: AtomicBool,
-    /// Prompt MoEs on the f16 tensor cores straight from the Q8_0 weights (`mmfq_*`: no f16
-    /// copies needed, half the bytes a launch): 0 off, 1 the 4 x 2 warp layout ([`MMFQ_TILES`]),
-    /// 2 the 8 x 1 one (`mmfq8_*`, where its four stages fit; else the 4 x 2 tiles);
-    /// `TS_CUDA_MMF_Q8=1|2` or [`CudaBackend::set_mmf_q8`]. Written, not yet run on a GPU: off.
-    mmf_q8: AtomicUsize,
-    /// The `mmfq_*` kernels (plain, gate-up-GLU, shared memory) from [`MMFQ_TILES`]: the first
-    /// whose shared memory the device gives (none: the f16 copies' path).
-    mmfq: Option<(&'static str, &'static str, usize)>,
-    /// The `mmfq8_*` kernels (8 x 1 warps, four stages) where the device gives their shared
-    /// memory and three stages are not forced (`TS_CUDA_MMF=s3`).
+    /// Prompt MoEs on the f16 tensor cores straight from the Q8_0 weights (`mmfq8_*`, each
+    /// weight fragment turned into f16 in registers: no f16 copies needed, half the bytes a
+    /// launch): 2 = where the f16 copies are absent (the default), 1 = always, 0 = never (the
+    /// int8 products then); `TS_CUDA_MMF_Q8=auto|1|0` or [`CudaBackend::set_mmf_q8`]. Measured
+    /// on the H200 (gpu-next35, synthetic V2-Lite Q8_0, same call, without copies): pp512
+    /// 21,882 and pp2048 19,630 tok/s against 22,001 and 19,747 from the f16 copies (-0.5%,
+    /// -0.6%) and ~18,000 / ~16,900 on the int8 products; the same kernel on 4 x 2 warps
+    /// (each fragment converted by two warps) 20,775 / 18,661, deleted.
+    mmf_q8: AtomicU8,
+    /// The `mmfq8_*` kernels (plain, gate-up-GLU, shared memory: 8 x 1 warps, four stages of
+    /// [`MMFQ_STAGE`]) where the device gives their shared memory; None: not available.
     mmfq8: Option<(&'static str, &'static str, usize)>,
+    /// The same products on wgmma (`mmfw_*`, sm_90a: A from registers, the activations read by
+    /// the tensor cores from shared memory, k-permuted rows; see kernels/mmq.cu) in place of
+    /// `mmfq8_*`: `TS_CUDA_MMF_W=1` or [`CudaBackend::set_mmf_w`]. Written in the seventeenth
+    /// session; off until measured.
+    mmf_w: AtomicBool,
+    /// The `mmfw_*` kernels where the kernels were built for sm_90a and the device gives their
+    /// shared memory.
+    mmfw: Option<(&'static str, &'static str, usize)>,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -839,33 +815,18 @@ pub struct CudaBackend {
     /// sequences 5,335 -> 5,661; at 64 (row-major experts) mmq_q8_64's tiles were 1.4% faster
     /// ([`CudaBackend::set_mmq_tiles`]).
     mmq_rows_dense: AtomicUsize,
-    /// The batched MoE's routing, grouping and input quantisation in one launch
-    /// (`moe_route_group_quant`, the same bits; decode-size batches of at most
-    /// [`MOE_RGQ_MAX_TOKENS`] on the int8 grouped products); `TS_CUDA_MOE_RGQ=1` or
-    /// [`CudaBackend::set_moe_rgq`]. Off until measured.
-    moe_rgq: AtomicBool,
-    /// Grouped 16-token expert tiles on a bulk-fed kernel: 0 off (`mmq_q8_rows`), else
-    /// [`ROWS_BULK`]`[i - 1]` (sm_90 only); `TS_CUDA_ROWS_BULK=GxNST` or
-    /// [`CudaBackend::set_rows_bulk`]. Off until measured.
-    rows_bulk: AtomicUsize,
-    /// Whether the bulk-fed kernels can run here (sm_90 or later).
-    bulk_ok: bool,
-    /// The decode MoE (Q8_0, 1-8 tokens) in one persistent launch (`moe_fused_q8`: routing,
-    /// gate/up and down around one grid barrier); `TS_CUDA_MOE_FUSED=1` or
-    /// [`CudaBackend::set_moe_fused`]. Written, not yet run on a GPU: off.
-    moe_fused: AtomicBool,
-    /// `moe_fused_q8`'s grid barrier: two words, zero before the first launch.
-    fused_bar: DevMem,
-    /// `matmul_many` of two Q8_0 jobs above the 16-token tiles (q and kv_a) in one `mmq_q8_64`
-    /// launch and one split-K sum ([`CudaBackend::mmq_dense_pair`]) instead of two of each;
-    /// `TS_CUDA_MMQ_PAIR=1` or [`CudaBackend::set_mmq_pair`]. Off until measured.
-    mmq_pair: AtomicBool,
     /// Row sets a warp of the grouped expert products on the rows kernel: 1 (`mmq_q8_rows`), 2
     /// (`mmq_q8_rows_r2`, 128 rows a block, the same bits), or 0 for the default: 2 from 12
     /// (token, slot) pairs an expert (V2-Lite: ~99 tokens). On the H200, 128 sequences 12,663 ->
     /// 13,122 tok/s with 2, 64 the same (7,512 / 7,509 vs 7,512 / 7,516), 32 sequences 4,309 ->
     /// 4,243, and 4 row sets lost at all three. `TS_CUDA_ROWS_R=1|2` ([`CudaBackend::set_rows_r`]).
     rows_r: AtomicUsize,
+    /// Grouped products on the rows kernels with each expert's first tile at block y = expert,
+    /// its first weight loads issued before the PDL wait (`mmq_rows_impl`'s `early`), where the
+    /// batch gives at least two (token, slot) pairs an expert; `TS_CUDA_ROWS_EARLY=0` or
+    /// [`CudaBackend::set_rows_early`] finds every block's tile from the counts first. The same
+    /// bits either way. On the H200 (gpu-next39, same call, same hash): 64 sequences 7,669 -> 7,732.
+    rows_early: AtomicBool,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -983,7 +944,9 @@ impl CudaBackend {
         let stream = ctx.new_stream().map_err(|e| dev_err("cannot create a CUDA stream", e))?;
         let dev_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let (major, minor) = ctx.compute_capability().map_err(|e| dev_err("cannot read the compute capability", e))?;
-        let arch = format!("sm_{major}{minor}");
+        // sm_90 devices (H100, H200) get the sm_90a build: the same code plus the wgmma kernels
+        // (an sm_90a CUBIN runs on exactly those).
+        let arch = if (major, minor) == (9, 0) { "sm_90a".to_string() } else { format!("sm_{major}{minor}") };
         let trace = std::env::var("TS_CUDA_TRACE").is_ok_and(|v| v == "1");
         let ms_nb = std::env::var("TS_CUDA_MS_NB").ok().and_then(|v| v.parse().ok()).unwrap_or(MS_NB).clamp(2, 4);
         let mut defs: Vec<String> = Vec::new();
@@ -1036,21 +999,12 @@ impl CudaBackend {
             })
         };
         let mmf = pick(&MMF_TILES, 320 * 144);
-        let mmfq = pick(&MMFQ_TILES, MMFQ_STAGE);
         let mmfq8 = pick(&[("mmfq8_256s4", "mmfq8_gu_s4", 4)], MMFQ_STAGE);
+        let mmfw = if arch == "sm_90a" { pick(&[("mmfw_256s3", "mmfw_gu_s3", 3)], MMFW_STAGE) } else { None };
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("cannot create the cuBLAS handle", e))?;
-        // The zeroed words of moe_fused_q8's grid barrier.
-        let fused_bar = {
-            let s = stream.alloc_zeros::<u8>(8).map_err(|e| dev_err("the fused MoE's barrier", e))?;
-            let ptr = {
-                let (p, _g) = s.device_ptr(&stream);
-                p
-            };
-            DevMem { _slice: s, ptr, bytes: 8 }
-        };
         let exact = std::env::var("TS_CUDA_EXACT").is_ok_and(|v| v == "1");
         Ok(CudaBackend {
             ctx,
@@ -1089,13 +1043,14 @@ impl CudaBackend {
             moe_f16: std::env::var("TS_CUDA_MOE_F16").map_or(true, |v| v != "0"),
             mmf,
             mmf_gu: AtomicBool::new(std::env::var("TS_CUDA_MMF_GU").map_or(true, |v| v != "0")),
-            mmf_q8: AtomicUsize::new(match std::env::var("TS_CUDA_MMF_Q8").as_deref() {
+            mmf_q8: AtomicU8::new(match std::env::var("TS_CUDA_MMF_Q8").as_deref() {
                 Ok("1") => 1,
-                Ok("2") => 2,
-                _ => 0,
+                Ok("0") => 0,
+                _ => 2,
             }),
             mmfq8,
-            mmfq,
+            mmf_w: AtomicBool::new(std::env::var("TS_CUDA_MMF_W").is_ok_and(|v| v == "1")),
+            mmfw,
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -1108,23 +1063,13 @@ impl CudaBackend {
                 _ => (false, true),
             },
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
-            mmq_pair: AtomicBool::new(std::env::var("TS_CUDA_MMQ_PAIR").is_ok_and(|v| v == "1")),
-            moe_rgq: AtomicBool::new(std::env::var("TS_CUDA_MOE_RGQ").is_ok_and(|v| v == "1")),
-            rows_bulk: AtomicUsize::new(
-                std::env::var("TS_CUDA_ROWS_BULK")
-                    .ok()
-                    .and_then(|v| ROWS_BULK.iter().position(|b| format!("{}x{}", b.1, b.2) == v))
-                    .map_or(0, |i| i + 1),
-            ),
-            bulk_ok: major >= 9,
-            moe_fused: AtomicBool::new(std::env::var("TS_CUDA_MOE_FUSED").is_ok_and(|v| v == "1")),
-            fused_bar,
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             rows_r: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R").as_deref() {
                 Ok("1") => 1,
                 Ok("2") => 2,
                 _ => 0,
             }),
+            rows_early: AtomicBool::new(std::env::var("TS_CUDA_ROWS_EARLY").map_or(true, |v| v != "0")),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
@@ -1251,6 +1196,12 @@ impl CudaBackend {
         self.rows_r.store(r.min(2), Ordering::Relaxed);
     }
 
+    /// Grouped products' first tiles by block index, their first loads before the PDL wait
+    /// (true, the default) or every tile found from the counts first; the same bits.
+    pub fn set_rows_early(&self, on: bool) {
+        self.rows_early.store(on, Ordering::Relaxed);
+    }
+
     /// Dense Q8_0 products of up to `bn16` tokens on 16-token tiles, and of up to `rows` tokens
     /// on `mmq_q8_rows` (`TS_CUDA_MMQ_BN16`, `TS_CUDA_MMQ_ROWS`; for the tests that say so).
     pub fn set_mmq_tiles(&self, bn16: usize, rows: usize) {
@@ -1258,59 +1209,45 @@ impl CudaBackend {
         self.mmq_rows_dense.store(rows, Ordering::Relaxed);
     }
 
+    /// Prompt MoEs from Q8_0 on wgmma ([`CudaBackend::mmf_w`]) instead of `mmfq8_*`. False where
+    /// those kernels cannot run here (not an sm_90a build, or too little shared memory).
+    pub fn set_mmf_w(&self, on: bool) -> bool {
+        self.mmf_w.store(on, Ordering::Relaxed);
+        self.mmfw.is_some()
+    }
+
     /// Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores ([`CudaBackend::mmf_q8`]):
-    /// 0 off, 1 the 4 x 2 warp layout, 2 the 8 x 1 one.
-    pub fn set_mmf_q8(&self, mode: usize) {
+    /// 0 never, 1 always, 2 where the f16 copies are absent. False where the device lacks the
+    /// kernels' shared memory (the setting is kept; those MoEs then take another path).
+    pub fn set_mmf_q8(&self, mode: u8) -> bool {
         self.mmf_q8.store(mode.min(2), Ordering::Relaxed);
+        self.mmfq8.is_some()
     }
 
-    /// The batched MoE's first three launches as one ([`CudaBackend::moe_rgq`]); for the test.
-    pub fn set_moe_rgq(&self, on: bool) {
-        self.moe_rgq.store(on, Ordering::Relaxed);
+    /// Tokens per tile of the grouped expert products ([`CudaBackend::moe_mmq`]) for `pairs`
+    /// (token, slot) pairs over `ne_all` experts (routed + shared chunks): 16 when the experts
+    /// see few tokens each (batched decode; the block's work then shrinks with them), else 64.
+    fn moe_tile_tokens(pairs: usize, ne_all: usize) -> usize {
+        if pairs <= 16 * ne_all {
+            16
+        } else {
+            64
+        }
     }
 
-    /// The bulk-fed grouped expert kernel: `Some("GxNST")` (one of [`ROWS_BULK`]'s, e.g.
-    /// "1x4"), or `None` for `mmq_q8_rows`; false where it is not one of them or the device is
-    /// older than sm_90. For the tests.
-    pub fn set_rows_bulk(&self, which: Option<&str>) -> bool {
-        let i = match which {
-            None => 0,
-            Some(v) => match ROWS_BULK.iter().position(|b| format!("{}x{}", b.1, b.2) == v) {
-                Some(i) if self.bulk_ok => i + 1,
-                _ => return false,
-            },
-        };
-        self.rows_bulk.store(i, Ordering::Relaxed);
-        true
-    }
-
-    /// The decode MoE in one launch ([`CudaBackend::moe_fused`]); for the tests.
-    pub fn set_moe_fused(&self, on: bool) {
-        self.moe_fused.store(on, Ordering::Relaxed);
-    }
-
-    /// Whether the decode MoE takes the one-launch kernel (on, and it fits the device).
-    pub fn moe_fused_active(&self) -> bool {
-        self.moe_fused.load(Ordering::Relaxed) && self.fused_blocks(GEMV_MAX_TOKENS * 16 * 144) > 0
-    }
-
-    /// `moe_fused_q8`'s blocks an SM with `smem` bytes of dynamic shared memory (0: it cannot
-    /// run): every block of its grid must be resident at once.
-    fn fused_blocks(&self, smem: usize) -> usize {
-        self.funcs
-            .get("moe_fused_q8")
-            .and_then(|f| f.occupancy_max_active_blocks_per_multiprocessor(256, smem, None).ok())
-            .map_or(0, |b| b as usize)
-    }
-
-    /// The `GxNST` names of the bulk-fed kernels ([`CudaBackend::set_rows_bulk`]).
-    pub fn rows_bulk_kinds() -> impl Iterator<Item = String> {
-        ROWS_BULK.iter().map(|b| format!("{}x{}", b.1, b.2))
-    }
-
-    /// Two-job `matmul_many` in one launch ([`CudaBackend::mmq_pair`]); for the test.
-    pub fn set_mmq_pair(&self, on: bool) {
-        self.mmq_pair.store(on, Ordering::Relaxed);
+    /// Whether a batched MoE of `n` tokens (> [`GEMV_MAX_TOKENS`], on the tensor cores) with
+    /// `k` routed slots, `nsh` shared chunks of width `ff` each and `n_experts` routed experts,
+    /// Q8_0 weights without f16 copies and `hdim`-wide rows, runs its products on the f16 tensor
+    /// cores straight from the Q8_0 weights (`mmfq8_*`: f16 activations, no 8-bit rounding)
+    /// rather than on the int8 ones. For the tests, whose tolerances against the CPU (which
+    /// rounds activations to 8 bits) depend on it.
+    pub fn moe_q8_runs_f16(&self, n: usize, k: usize, n_experts: usize, nsh: usize, hdim: usize, ff: usize) -> bool {
+        Self::moe_tile_tokens(n * (k + nsh), n_experts + nsh) == 64
+            && self.moe_f16
+            && self.mmf_q8.load(Ordering::Relaxed) != 0
+            && self.mmfq8.is_some()
+            && hdim % 128 == 0
+            && ff % 128 == 0
     }
 
     pub fn fused(&self) -> bool {
@@ -1531,63 +1468,17 @@ impl CudaBackend {
         let nsplit = if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).min(fit).clamp(1, 16) };
         let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
         if nsplit == 1 {
-            self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn, None);
+            self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);
             return;
         }
         let Some(part) = self.scratch(S::Part, (4 * nsplit * n * m).max(PART_MIN_BYTES)) else { return };
-        self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, n * m), bn, None);
+        self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, n * m), bn);
         self.launch(
             "mmq_sum_splits",
             Self::grid1(n * m),
             256,
             0,
             &[A::P(part), i(nsplit), l(n * m), i(n), i(m), A::P(out.0.ptr), l(o.off), l(o.stride)],
-        );
-    }
-
-    /// Two dense products of the same quantised input `xq` (`n` rows of `ngroups` groups) in one
-    /// `mmq_q8_64` launch (blocks x < ceil(m1/64) take the first matrix), K split by the tiles
-    /// of both, then one sum of both partials (`mmq_sum_splits2`): two dependent launches where
-    /// two products take four. The caller holds `scratch_op` and checks that both are 2-D Q8_0
-    /// of `ngroups` groups a row and that `n` is past the 16-token tiles.
-    fn mmq_dense_pair(&self, a: (&CudaWeight, &CudaBuf, Rows), b: (&CudaWeight, &CudaBuf, Rows), ngroups: usize, xq: u64, n: usize) {
-        let ((w1, out1, o1), (w2, out2, o2)) = (a, b);
-        let (m1, m2) = (w1.ne(1), w2.ne(1));
-        let bx1 = m1.div_ceil(64);
-        let tiles = (bx1 + m2.div_ceil(64)) * n.div_ceil(64);
-        let fit = PART_MIN_BYTES / (4 * n * (m1 + m2)).max(1);
-        let nsplit = if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).min(fit).clamp(1, 16) };
-        let grid = ((bx1 + m2.div_ceil(64)) as u32, n.div_ceil(64) as u32, nsplit as u32);
-        if nsplit == 1 {
-            let d = DensePair { w: w2.mem.ptr, m: m2, bx1, out: (out2.0.ptr, o2.off, o2.stride), split_stride: 0 };
-            self.mmq_launch(w1, m1, ngroups, xq, grid, n, None, 1, (out1.0.ptr, o1.off, o1.stride), (1, 0), 64, Some(d));
-            return;
-        }
-        let Some(part) = self.scratch(S::Part, (4 * nsplit * n * (m1 + m2)).max(PART_MIN_BYTES)) else { return };
-        let part2 = part + (4 * nsplit * n * m1) as u64;
-        let d = DensePair { w: w2.mem.ptr, m: m2, bx1, out: (part2, 0, m2), split_stride: n * m2 };
-        self.mmq_launch(w1, m1, ngroups, xq, grid, n, None, 1, (part, 0, m1), (nsplit, n * m1), 64, Some(d));
-        self.launch(
-            "mmq_sum_splits2",
-            Self::grid1(n * (m1 + m2)),
-            256,
-            0,
-            &[
-                A::P(part),
-                A::P(part2),
-                i(nsplit),
-                l(n * m1),
-                l(n * m2),
-                i(n),
-                i(m1),
-                i(m2),
-                A::P(out1.0.ptr),
-                l(o1.off),
-                l(o1.stride),
-                A::P(out2.0.ptr),
-                l(o2.off),
-                l(o2.stride),
-            ],
         );
     }
 
@@ -1809,9 +1700,7 @@ impl CudaBackend {
     /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` the grouped expert product's lists
     /// ([`MmqGroups`]), `None` for the dense one (`grid.2 / nsplit` matrices of `n` tokens);
     /// `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the splits'
-    /// partial outputs); `bn` the tokens per tile (64 or 16; `grid.1` counts such tiles);
-    /// `dense2` a dense pair's second matrix ([`CudaBackend::mmq_dense_pair`]; the `mmq_q8`
-    /// tiles only, not the rows kernels).
+    /// partial outputs); `bn` the tokens per tile (64 or 16; `grid.1` counts such tiles).
     #[allow(clippy::too_many_arguments)]
     fn mmq_launch(
         &self,
@@ -1826,7 +1715,6 @@ impl CudaBackend {
         (out, ooff, ostride): (u64, usize, usize),
         (nsplit, split_stride): (usize, usize),
         bn: usize,
-        dense2: Option<DensePair>,
     ) {
         let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
@@ -1845,23 +1733,11 @@ impl CudaBackend {
             0 => 1,
             r => r,
         };
-        // The bulk-fed kernel (grouped, one row set): 128 rows and 288 threads a block.
-        let bulk = match self.rows_bulk.load(Ordering::Relaxed) {
-            b if b > 0 && self.bulk_ok && rows && cnt != 0 && rr == 1 => {
-                let (name, g, nst) = ROWS_BULK[b - 1];
-                let smem = nst * 8 * g * 2304 + rows_smem;
-                (smem <= self.smem_max).then_some((name, smem))
-            }
-            _ => None,
-        };
-        let grid = match (bulk, rr) {
-            (Some(_), _) => ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(128) as u32, grid.1, grid.2),
-            (None, 2..) => ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(64 * rr) as u32, grid.1, grid.2),
+        let grid = match rr {
+            2.. => ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(64 * rr) as u32, grid.1, grid.2),
             _ => grid,
         };
         let (name, smem) = match (bn, self.mmq16) {
-            // (A dense pair always comes with 64-token tiles: mmq_dense_pair.)
-            _ if dense2.is_some() => ("mmq_q8_64p", MMQ_SMEM),
             _ if rows && cnt != 0 => (if rr == 2 { "mmq_q8_rows_r2" } else { "mmq_q8_rows" }, rows_smem),
             _ if rows => ("mmq_q8_rows_d", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
@@ -1894,29 +1770,18 @@ impl CudaBackend {
             A::P(w2),
             A::P(sh2),
             A::P(out2),
-            // mmq_q8_rows only: the 16-row tiled copies (or 0).
+            // mmq_q8_rows only: the 16-row tiled copies (or 0), and whether each block y < n_exp
+            // takes expert y's first tile and issues its first weight loads before the PDL wait
+            // (see mmq_rows_impl): only where few experts go without tokens (an idle expert's
+            // blocks load their first groups for nothing).
             A::P(if cnt != 0 { w.tiled_ptr() } else { 0 }),
             A::P(pair_tiled),
             l(w.tiled_mat_bytes()),
+            i((cnt != 0 && self.rows_early.load(Ordering::Relaxed) && pairs >= 2 * ne) as usize),
         ];
-        if let Some((bname, bsmem)) = bulk {
-            self.launch(bname, grid, 288, bsmem as u32, &args);
-            return;
-        }
-        if rows {
-            self.launch(name, grid, 128, smem as u32, &args);
-            return;
-        }
-        // The mmq_q8 tiles take the dense pair's second matrix after the common arguments (its
-        // weights and output in the grouped pair's W2 and out2).
-        let mut am = [A::I(0); 30];
-        am[..25].copy_from_slice(&args[..25]);
-        if let Some(d) = dense2 {
-            am[22] = A::P(d.w);
-            am[24] = A::P(d.out.0);
-            am[25..].copy_from_slice(&[i(d.m), i(d.bx1), l(d.out.1), l(d.out.2), l(d.split_stride)]);
-        }
-        self.launch(name, grid, 128, smem as u32, &am);
+        // (The mmq_q8 tiles take the common arguments only.)
+        let na = if rows { args.len() } else { 25 };
+        self.launch(name, grid, 128, smem as u32, &args[..na]);
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
@@ -1956,49 +1821,31 @@ impl CudaBackend {
         // Tokens per tile: 16 when the experts see few tokens each (batched decode; the block's
         // work then shrinks with them), else 64. Upper bound of the tiles over all experts: sum
         // of ceil(cnt/bn) <= pairs/bn + experts.
-        let bn = if pairs <= 16 * ne_all { 16 } else { 64 };
+        let bn = Self::moe_tile_tokens(pairs, ne_all);
         let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
-        // Routing, grouping and the input's quantisation in one launch (`moe_route_group_quant`)
-        // where the int8 path follows and a block routes the tokens quickly enough.
-        let rgq = bn == 16 && warp_route && n <= MOE_RGQ_MAX_TOKENS && self.moe_rgq.load(Ordering::Relaxed);
-        if rgq {
-            let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
-            let mut args = [A::I(0); 21];
-            args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
-            args[9..].copy_from_slice(&[
-                A::P(sel_e),
-                A::P(sel_w),
-                i(nsh),
-                A::P(cnt),
-                A::P(off),
-                A::P(perm),
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                i(hdim),
-                A::P(xq),
-                l(hg * 144),
-            ]);
-            self.launch("moe_route_group_quant", (1 + (n * hg).div_ceil(32) as u32, 1, 1), 1024, 0, &args);
-        } else {
-            self.route(logits, lr, p, warp_route, sel_e, sel_w);
-            self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
-        }
+        self.route(logits, lr, p, warp_route, sel_e, sel_w);
+        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
         let tiles = (pairs.div_ceil(bn) + ne_all) as u32;
         let act = match p.glu {
             Glu::SwiGlu => 1,
             Glu::GeGluTanh => 2,
         };
-        // Prompt-size MoEs on the f16 tensor cores: from the f16 copies, or (`mmf_q8`) straight
-        // from the Q8_0 weights, turned into f16 in registers (`mmfq_*`).
+        // Prompt-size MoEs on the f16 tensor cores: from the f16 copies, or (`mmf_q8`; by
+        // default where the copies are absent) straight from the Q8_0 weights, turned into f16
+        // in registers (`mmfq8_*`).
         let q8w = |w: &CudaWeight| w.dtype == GgmlType::Q8_0;
-        let q8 = self.mmf_q8.load(Ordering::Relaxed) > 0
-            && self.mmfq.is_some()
+        let halves = [experts.gate, experts.up, experts.down].into_iter().all(|w| w.half().is_some())
+            && shared.is_none_or(|s| [s.gate, s.up, s.down].into_iter().all(|w| w.half().is_some()));
+        let q8 = match self.mmf_q8.load(Ordering::Relaxed) {
+            0 => false,
+            1 => true,
+            _ => !halves,
+        } && self.mmfq8.is_some()
             && hdim % 128 == 0
             && ff % 128 == 0
             && [experts.gate, experts.up, experts.down].into_iter().all(q8w)
             && shared.is_none_or(|s| [s.gate, s.up, s.down].into_iter().all(q8w));
-        if !rgq && bn == 64 && self.moe_f16 && (q8 || self.mmf.is_some()) {
+        if bn == 64 && self.moe_f16 && (q8 || self.mmf.is_some()) {
             let h = |w: &CudaWeight| if q8 { Some((w.mem.ptr, w.row_bytes, w.mat_bytes())) } else { w.half() };
             if let ([Some(hg), Some(hu), Some(hd)], Some(sh)) = (
                 [h(experts.gate), h(experts.up), h(experts.down)],
@@ -2011,7 +1858,11 @@ impl CudaBackend {
                 },
             ) {
                 let (Some(xh), Some(hh)) = (self.scratch(S::Xh, 2 * n * hdim), self.scratch(S::Hh, 2 * pairs * ff)) else { return };
-                self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);
+                // On wgmma (`mmfw_*`, from Q8_0 only) the f16 rows are k-permuted (perm16).
+                let wg = q8 && self.mmf_w.load(Ordering::Relaxed) && self.mmfw.is_some();
+                // (its token tiles are MMFW_BN wide: at most pairs / MMFW_BN + experts of them)
+                let tiles = if wg { (pairs.div_ceil(MMFW_BN) + ne_all) as u32 } else { tiles };
+                self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, wg);
                 // The shared chunks as in the int8 path: gate/up chunk c is rows c*ff.. of the
                 // shared matrix (f16 copy: ff/64 tiles, 2*ff*hdim bytes on; Q8_0: ff rows on),
                 // down chunk c columns c*ff.. of each of its rows (f16 copy: ff/64 stages of 8 KB
@@ -2026,22 +1877,20 @@ impl CudaBackend {
                 if self.mmf_gu.load(Ordering::Relaxed) && (hg.1, hg.2) == (hu.1, hu.2) {
                     // Gate, up and the GLU in one launch (f16 GLU rows into hh).
                     let glu = Some((hu.0, sh.map_or(0, |s| s[1].0), act));
-                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (hh, 0, ff), glu, q8);
+                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (hh, 0, ff), glu, (q8, wg));
                 } else {
-                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff), None, q8);
-                    self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff), None, q8);
-                    self.f16_rows(g, u, (0, ff), pairs, ff, act, hh);
+                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff), None, (q8, wg));
+                    self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff), None, (q8, wg));
+                    self.f16_rows(g, u, (0, ff), pairs, ff, act, hh, wg);
                 }
-                self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim), None, q8);
+                self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim), None, (q8, wg));
                 self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o);
                 return;
             }
         }
         let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
         let Some(hq) = self.scratch(S::Hq, pairs * fg * 144) else { return };
-        if !rgq {
-            self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
-        }
+        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
         // The shared chunks: gate/up chunk c is rows c*ff.. of the shared matrix; down chunk c
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
@@ -2062,27 +1911,28 @@ impl CudaBackend {
                 m.pair_tiled = up.tiled_ptr();
                 m
             });
-            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn, None);
+            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
         } else {
-            self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn, None);
-            self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn, None);
+            self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
+            self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);
         }
         self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
-        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, groups(sd), 1, (y, 0, hdim), (1, 0), bn, None);
+        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, groups(sd), 1, (y, 0, hdim), (1, 0), bn);
         self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o);
     }
 
     /// `n` rows of `k` values (`k % 8 == 0`) from `src` at (offset, row stride) to f16 rows at
-    /// `dst`; with `act` (1 SiLU, 2 GELU-tanh) `act(src) * src2` (`f16_rows`).
+    /// `dst`; with `act` (1 SiLU, 2 GELU-tanh) `act(src) * src2` (`f16_rows`); with `perm` each
+    /// value at its k-permuted place for the wgmma kernels (perm16 in kernels/mmq.cu).
     #[allow(clippy::too_many_arguments)]
-    fn f16_rows(&self, src: u64, src2: u64, (off, stride): (usize, usize), n: usize, k: usize, act: i32, dst: u64) {
+    fn f16_rows(&self, src: u64, src2: u64, (off, stride): (usize, usize), n: usize, k: usize, act: i32, dst: u64, perm: bool) {
         let total = n * k / 8;
         self.launch(
             "f16_rows",
             (total.div_ceil(256).min(65_536) as u32, 1, 1),
             256,
             0,
-            &[A::P(src), A::P(src2), l(off), l(stride), i(n), i(k), A::I(act), A::P(dst)],
+            &[A::P(src), A::P(src2), l(off), l(stride), i(n), i(k), A::I(act), A::P(dst), i(perm as usize)],
         );
     }
 
@@ -2105,18 +1955,15 @@ impl CudaBackend {
         in_div: usize,
         (out, ooff, ostride): (u64, usize, usize),
         glu: Option<(u64, u64, i32)>,
-        q8: bool,
+        (q8, wg): (bool, bool),
     ) {
         let (sp, srb, sst, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
-        // mmf16_gu* / mmfq_gu: the plain tile, 128 ff rows each of gate and up a block. The mmfq
-        // kernels take every argument; the plain mmf16 ones the first 20.
-        let (plain, gu, smem) = match (q8, self.mmf) {
-            (true, _) => match (self.mmf_q8.load(Ordering::Relaxed), self.mmfq8, self.mmfq) {
-                (2, Some(t), _) | (_, _, Some(t)) => t,
-                _ => return,
-            },
-            (false, Some(t)) => t,
-            (false, None) => return,
+        // mmf16_gu* / mmfq8_gu / mmfw_gu: the plain tile, 128 ff rows each of gate and up a
+        // block. The mmfq8 and mmfw kernels take every argument; the plain mmf16 ones the first
+        // 20. `wg` (from Q8_0 on wgmma): the k-permuted f16 rows in `xh`, and with `glu` out.
+        let (plain, gu, smem) = match (q8, wg, self.mmf, self.mmfq8, self.mmfw) {
+            (true, true, _, _, Some(t)) | (true, false, _, Some(t), _) | (false, _, Some(t), _, _) => t,
+            _ => return,
         };
         let (name, rows) = if glu.is_some() { (gu, 128) } else { (plain, 256) };
         let (w2, ws2, act) = glu.unwrap_or((0, 0, 0));
@@ -3288,15 +3135,6 @@ impl Backend for CudaBackend {
             let ngroups = k.div_ceil(128);
             let Some(xq) = self.scratch(S::Xq, n * ngroups * 144) else { return };
             self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, k, 0, xq);
-            let tiles16 = self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed));
-            if let [(w1, out1, o1), (w2, out2, o2)] = jobs {
-                if self.mmq_pair.load(Ordering::Relaxed) && n > tiles16 && w1.row_bytes == w2.row_bytes {
-                    out1.check(*o1);
-                    out2.check(*o2);
-                    self.mmq_dense_pair((w1, out1, *o1), (w2, out2, *o2), ngroups, xq, n);
-                    return;
-                }
-            }
             for &(w, out, o) in jobs {
                 out.check(o);
                 self.mmq_dense(w, ngroups, xq, (n, n, 1), out, o);
@@ -3618,47 +3456,6 @@ impl Backend for CudaBackend {
             Glu::SwiGlu => 0,
             Glu::GeGluTanh => 1,
         };
-        // All of it in one persistent launch (moe_fused_q8): every block resident, so the grid
-        // is at most the device's blocks at once.
-        let (ngu, ndown) = (ff / 32 * n * ks, hdim.div_ceil(4) * n);
-        let fused_occ = if self.moe_fused.load(Ordering::Relaxed) && n * k <= 64 && ff % 32 == 0 && n * xrow <= 48 * 1024 {
-            self.fused_blocks(n * xrow)
-        } else {
-            0
-        };
-        if fused_occ > 0 {
-            let grid = (self.sm_count * fused_occ).min(ngu.max(ndown));
-            let mut args = [A::I(0); 33];
-            args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
-            args[9..].copy_from_slice(&[
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                i(hdim),
-                A::P(experts.gate.mem.ptr),
-                A::P(experts.up.mem.ptr),
-                l(experts.gate.row_bytes),
-                l(experts.gate.mat_bytes()),
-                i(ff),
-                A::P(shared.gate.mem.ptr),
-                A::P(shared.up.mem.ptr),
-                i(nsh),
-                A::I(act),
-                A::P(hq),
-                l(hrow),
-                A::P(dw.mem.ptr),
-                l(dw.row_bytes),
-                l(dw.mat_bytes()),
-                A::P(shared.down.mem.ptr),
-                l(shared.down.row_bytes),
-                A::P(out.0.ptr),
-                l(o.off),
-                l(o.stride),
-                A::P(self.fused_bar.ptr),
-            ]);
-            self.launch("moe_fused_q8", (grid as u32, 1, 1), 256, (n * xrow) as u32, &args);
-            return true;
-        }
         // The routing and the input's quantisation in one launch (moe_route_quant).
         let ngroups = hdim.div_ceil(128);
         let mut args = [A::I(0); 17];

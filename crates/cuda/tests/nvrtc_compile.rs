@@ -23,6 +23,19 @@ fn all_kernels_compile_for_sm_90() {
     }
 }
 
+/// The build an H100 or H200 gets (`CudaBackend::new` picks sm_90a there): the same kernels plus
+/// the wgmma ones (`mmfw_*`, whose bodies are empty in a plain sm_90 build).
+#[test]
+fn all_kernels_compile_for_sm_90a() {
+    if !ts_cuda::kernels::nvrtc_available() {
+        eprintln!("\n*** SKIP: libnvrtc could not be loaded; kernels were NOT compiled for sm_90a ***\n");
+        return;
+    }
+    if let Err(log) = ts_cuda::kernels::compile_cubin("sm_90a") {
+        panic!("{log}");
+    }
+}
+
 /// Registers, spills and shared memory per kernel as ptxas reports them (sm_90):
 /// `cargo test --release -p ts-cuda --test nvrtc_compile -- --ignored --nocapture`.
 #[test]
