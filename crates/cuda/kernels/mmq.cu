@@ -1430,3 +1430,178 @@ __device__ __forceinline__ void mmfw_impl(const u8* W, i64 row_bytes, i64 mat_by
     }
 MMFW_INST(mmfw_256s3, 3, false)
 MMFW_INST(mmfw_gu_s3, 3, true)
+
+// ---- The same on a producer warp (TS_CUDA_MMF_W=2; written in the seventeenth session, NOT yet
+// run on a GPU) ------------------------------------------------------------------------------------
+// mmfw's knockouts (PERF.md, "Prompt MoE on wgmma") ran pp512 at 36,830 without the A
+// conversion and 42,101 without the stage copies, against 21,433 with both: the stage's first
+// ldmatrix waits a memory latency on a register that the copies issued just before it had used
+// (ptxas gave the two the same register). Here the 8 multiplying warps issue no copies: a third
+// warpgroup (the producers, 384 threads a block) keeps the NST stages filled with cp.async,
+// each thread p < 128 its own rows (weight rows p and p + 128, all nine pieces; token p, all 16
+// chunks, left out of a half tile past 64), pointers advanced in place. Registers by
+// setmaxnreg: 232 for the multiplying warpgroups, 40 for the producers (the block's 168 at
+// entry would spill the 128 accumulators). A producer signals a stage full once its copies have
+// landed (cp.async.wait_group, then fence.proxy.async for the tensor cores' reads, then an
+// arrival on the stage's `full` mbarrier, 128 arrivals a phase); each multiplying warp arrives on the stage's `empty` mbarrier
+// when its warpgroup's wgmma are done with it (8 a phase), and the producer waits for that
+// before reusing the buffer. The same copies into the same places and the same products, so
+// mmfw's bits.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(u32 a, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n)); }
+__device__ __forceinline__ void mbar_arrive(u32 a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory"); }
+__device__ __forceinline__ void mbar_wait(u32 a, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nMBW_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra MBW_%=;\n}\n" ::"r"(a),
+        "r"(parity)
+        : "memory");
+}
+#endif
+template <int NST, bool GLU>
+__device__ __forceinline__ void mmfw_ws_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X,
+                                             i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
+                                             int in_div, float* out, i64 ooff, i64 ostride, const u8* Ws,
+                                             i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
+                                             int act) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int WR = 8, MI = 2, NI = 16, BM = 256, BN = 128, CW = 8, NPROD = 128;
+    constexpr int RA = 144, SA = BM * RA, KC = BN * 16, STAGE = SA + 16 * KC;
+    extern __shared__ __align__(16) u8 mmq_sm[];
+    __shared__ int src_row[BN], dst_row[BN];
+    __shared__ int tile_e, tile_start;
+    __shared__ __align__(8) unsigned long long bars[2 * NST];
+    const int tid = threadIdx.x;
+    int e = 0, start, count;
+    if (!mmq_block_tile<BN>(cnt, n_exp, n, 1, tile_e, tile_start, e, start, count)) return;
+    const int nt = min(BN, count - start);
+    if (nt <= 0) return;
+    const bool half = nt <= BN / 2;  // (uniform over the block)
+    mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, gridDim.z, src_row, dst_row);
+    const u32 full0 = smem_addr(bars), empty0 = full0 + 8 * NST;
+    if (tid == 0) {
+        for (int s = 0; s < NST; s++) {
+            mbar_init(full0 + 8 * s, NPROD);
+            mbar_init(empty0 + 8 * s, CW);
+        }
+    }
+    __syncthreads();  // the tile's rows and the barriers; no block-wide barrier past here
+    const int m0 = blockIdx.x * (GLU ? BM / 2 : BM);
+    const int nstages = k >> 7;
+    const u32 sm0 = smem_addr(mmq_sm);
+    const int warp = tid >> 5, lane = tid & 31;
+    if (warp >= CW) {
+        // The producers.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        const int p = tid - CW * 32;
+        const u8 *Wt, *Wt2;
+        i64 rb;
+        mmf_tile_weights<GLU>(cnt && e >= e_sh, e, W, row_bytes, mat_bytes, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, Wt, Wt2, rb);
+        const u8* wp[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = p + NPROD * i;
+            const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
+            const int wr = min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
+            wp[i] = (GLU && rin >= hm ? Wt2 : Wt) + (i64)wr * rb;
+        }
+        const u8* xp = X + (i64)src_row[p] * xrow;
+        const bool xlive = !half || p < BN / 2;  // (uniform over a warp)
+        auto signal = [&](int s) {  // stage s's copies (every lane's) have landed
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            mbar_arrive(full0 + 8 * (s % NST));
+        };
+        for (int s = 0; s < nstages; s++) {
+            const int b = s % NST;
+            if (s >= NST) mbar_wait(empty0 + 8 * b, ((s / NST) - 1) & 1);
+            const u32 st = sm0 + (u32)(b * STAGE);
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const u32 d = st + (u32)((p + NPROD * i) * RA);
+#pragma unroll
+                for (int q = 0; q < 9; q++) cp_async16_s(d + q * 16, wp[i] + q * 16);
+                wp[i] += 144;
+            }
+            if (xlive) {
+                const u32 d = st + (u32)(SA + p * 16);
+#pragma unroll
+                for (int q = 0; q < 16; q++) cp_async16_s(d + q * KC, xp + q * 16);
+            }
+            xp += 256;
+            cp_commit();
+            if (s >= NST - 1) {
+                cp_wait<NST - 1>();
+                signal(s - (NST - 1));
+            }
+        }
+        cp_wait<0>();
+        for (int s = max(0, nstages - (NST - 1)); s < nstages; s++) signal(s);
+        return;
+    }
+    // The multiplying warps: as mmfw_impl's, each stage waited for on its `full` barrier.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int g = lane >> 2, lr = lane & 7, li = lane >> 3;
+    const int wm = warp * MI * 16;
+    float acc[MI][NI][4];
+    acc_zero(acc);
+    auto main_loop = [&](auto half_c) {
+    constexpr bool HALF = decltype(half_c)::value;
+    for (int s = 0; s < nstages; s++) {
+        const int b = s % NST;
+        mbar_wait(full0 + 8 * b, (s / NST) & 1);
+        const u8* Ag = mmq_sm + b * STAGE + wm * RA;
+        const u32 As_s = sm0 + (u32)(b * STAGE + wm * RA);
+        const u32 Bs_s = sm0 + (u32)(b * STAGE + SA);
+        uint2 ha[MI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            ha[mi][0] = *(const uint2*)(Ag + (mi * 16 + g) * RA);
+            ha[mi][1] = *(const uint2*)(Ag + (mi * 16 + g + 8) * RA);
+        }
+        u32 a[2][MI][2][4];
+#pragma unroll
+        for (int b32 = 0; b32 < 4; b32++) {
+            const int bb = b32 & 1;
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                u32 q[4];
+                ldsm4_s(q, As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RA + 16 + b32 * 32 + (li >> 1) * 16));
+                const u32 d0 = hsel2(ha[mi][0], b32), d1 = hsel2(ha[mi][1], b32);
+                q8x4_to_h2(q[0], d0, a[bb][mi][0][0], a[bb][mi][0][2]);
+                q8x4_to_h2(q[1], d1, a[bb][mi][0][1], a[bb][mi][0][3]);
+                q8x4_to_h2(q[2], d0, a[bb][mi][1][0], a[bb][mi][1][2]);
+                q8x4_to_h2(q[3], d1, a[bb][mi][1][1], a[bb][mi][1][3]);
+            }
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const u32 ba = Bs_s + (u32)((b32 * 2 + c) * 2 * KC);
+                const u64 desc = MMFW_SWAP_LS ? wg_desc(ba, 128, KC) : wg_desc(ba, KC, 128);
+#pragma unroll
+                for (int mi = 0; mi < MI; mi++) {
+                    if constexpr (HALF) wgmma_64x64x16(acc[mi], a[bb][mi][c], desc);
+                    else wgmma_64x128x16(acc[mi], a[bb][mi][c], desc);
+                }
+            }
+            wg_commit();
+            wg_wait<1>();
+        }
+        wg_wait<0>();  // this warpgroup's reads of the stage are done
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * b);
+    }
+    };
+    if (half) main_loop(BoolC<true>{});
+    else main_loop(BoolC<false>{});
+    mmf_epilogue<WR, MI, NI, GLU, true>(acc, out, ooff, ostride, dst_row, m0, wm, 0, m, nt, warp, g, lane & 3, act);
+#endif
+}
+#define MMFW_WS_INST(NAME, NST, GLU)                                                                     \
+    extern "C" __global__ void __launch_bounds__(384, 1) NAME(MMFQ_ARGS) {                               \
+        PDL_ENTRY();                                                                                     \
+        mmfw_ws_impl<NST, GLU>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
+                               ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, act);          \
+    }
+MMFW_WS_INST(mmfw_ws_256s3, 3, false)
+MMFW_WS_INST(mmfw_ws_gu_s3, 3, true)

@@ -648,6 +648,8 @@ fn kernel_names() -> Vec<String> {
         "mmfq8_gu_s4",
         "mmfw_256s3",
         "mmfw_gu_s3",
+        "mmfw_ws_256s3",
+        "mmfw_ws_gu_s3",
         "mla_prefill",
     ]
     .iter()
@@ -791,14 +793,16 @@ pub struct CudaBackend {
     /// The `mmfq8_*` kernels (plain, gate-up-GLU, shared memory: 8 x 1 warps, four stages of
     /// [`MMFQ_STAGE`]) where the device gives their shared memory; None: not available.
     mmfq8: Option<(&'static str, &'static str, usize)>,
-    /// The same products on wgmma (`mmfw_*`, sm_90a: A from registers, the activations read by
-    /// the tensor cores from shared memory, k-permuted rows; see kernels/mmq.cu) in place of
-    /// `mmfq8_*`: `TS_CUDA_MMF_W=1` or [`CudaBackend::set_mmf_w`]. Written in the seventeenth
-    /// session; off until measured.
-    mmf_w: AtomicBool,
-    /// The `mmfw_*` kernels where the kernels were built for sm_90a and the device gives their
-    /// shared memory.
+    /// The same products on wgmma (sm_90a: A from registers, the activations read by the tensor
+    /// cores from shared memory, k-permuted rows; see kernels/mmq.cu) in place of `mmfq8_*`: 0
+    /// off, 1 `mmfw_*` (every warp copies and multiplies; measured on the H200: the same bits,
+    /// pp512 21,510 vs 21,745, pp2048 19,373 vs 19,640), 2 `mmfw_ws_*` (a producer warpgroup
+    /// copies; written, not yet run); `TS_CUDA_MMF_W=1|2` or [`CudaBackend::set_mmf_w`].
+    mmf_w: AtomicU8,
+    /// The `mmfw_*` and `mmfw_ws_*` kernels where the kernels were built for sm_90a and the
+    /// device gives their shared memory.
     mmfw: Option<(&'static str, &'static str, usize)>,
+    mmfw_ws: Option<(&'static str, &'static str, usize)>,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -1000,7 +1004,11 @@ impl CudaBackend {
         };
         let mmf = pick(&MMF_TILES, 320 * 144);
         let mmfq8 = pick(&[("mmfq8_256s4", "mmfq8_gu_s4", 4)], MMFQ_STAGE);
-        let mmfw = if arch == "sm_90a" { pick(&[("mmfw_256s3", "mmfw_gu_s3", 3)], MMFW_STAGE) } else { None };
+        let (mmfw, mmfw_ws) = if arch == "sm_90a" {
+            (pick(&[("mmfw_256s3", "mmfw_gu_s3", 3)], MMFW_STAGE), pick(&[("mmfw_ws_256s3", "mmfw_ws_gu_s3", 3)], MMFW_STAGE))
+        } else {
+            (None, None)
+        };
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -1049,8 +1057,13 @@ impl CudaBackend {
                 _ => 2,
             }),
             mmfq8,
-            mmf_w: AtomicBool::new(std::env::var("TS_CUDA_MMF_W").is_ok_and(|v| v == "1")),
+            mmf_w: AtomicU8::new(match std::env::var("TS_CUDA_MMF_W").as_deref() {
+                Ok("1") => 1,
+                Ok("2") => 2,
+                _ => 0,
+            }),
             mmfw,
+            mmfw_ws,
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -1209,11 +1222,21 @@ impl CudaBackend {
         self.mmq_rows_dense.store(rows, Ordering::Relaxed);
     }
 
-    /// Prompt MoEs from Q8_0 on wgmma ([`CudaBackend::mmf_w`]) instead of `mmfq8_*`. False where
-    /// those kernels cannot run here (not an sm_90a build, or too little shared memory).
-    pub fn set_mmf_w(&self, on: bool) -> bool {
-        self.mmf_w.store(on, Ordering::Relaxed);
-        self.mmfw.is_some()
+    /// Prompt MoEs from Q8_0 on wgmma ([`CudaBackend::mmf_w`]: 0 off, 1 `mmfw_*`, 2
+    /// `mmfw_ws_*`) instead of `mmfq8_*`. False where the kernels asked for cannot run here (not
+    /// an sm_90a build, or too little shared memory; those MoEs then stay on `mmfq8_*`).
+    pub fn set_mmf_w(&self, mode: u8) -> bool {
+        self.mmf_w.store(mode.min(2), Ordering::Relaxed);
+        self.wgmma_kernels().is_some() || mode == 0
+    }
+
+    /// The wgmma prompt kernels `mmf_w` asks for and their block size, where they can run.
+    fn wgmma_kernels(&self) -> Option<((&'static str, &'static str, usize), u32)> {
+        match self.mmf_w.load(Ordering::Relaxed) {
+            1 => self.mmfw.map(|t| (t, 256)),
+            2 => self.mmfw_ws.map(|t| (t, 384)),
+            _ => None,
+        }
     }
 
     /// Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores ([`CudaBackend::mmf_q8`]):
@@ -1859,7 +1882,7 @@ impl CudaBackend {
             ) {
                 let (Some(xh), Some(hh)) = (self.scratch(S::Xh, 2 * n * hdim), self.scratch(S::Hh, 2 * pairs * ff)) else { return };
                 // On wgmma (`mmfw_*`, from Q8_0 only) the f16 rows are k-permuted (perm16).
-                let wg = q8 && self.mmf_w.load(Ordering::Relaxed) && self.mmfw.is_some();
+                let wg = q8 && self.wgmma_kernels().is_some();
                 // (its token tiles are MMFW_BN wide: at most pairs / MMFW_BN + experts of them)
                 let tiles = if wg { (pairs.div_ceil(MMFW_BN) + ne_all) as u32 } else { tiles };
                 self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, wg);
@@ -1961,8 +1984,9 @@ impl CudaBackend {
         // mmf16_gu* / mmfq8_gu / mmfw_gu: the plain tile, 128 ff rows each of gate and up a
         // block. The mmfq8 and mmfw kernels take every argument; the plain mmf16 ones the first
         // 20. `wg` (from Q8_0 on wgmma): the k-permuted f16 rows in `xh`, and with `glu` out.
-        let (plain, gu, smem) = match (q8, wg, self.mmf, self.mmfq8, self.mmfw) {
-            (true, true, _, _, Some(t)) | (true, false, _, Some(t), _) | (false, _, Some(t), _, _) => t,
+        let ((plain, gu, smem), threads) = match (q8, wg, self.mmf, self.mmfq8, self.wgmma_kernels()) {
+            (true, true, _, _, Some(t)) => t,
+            (true, false, _, Some(t), _) | (false, _, Some(t), _, _) => (t, 256),
             _ => return,
         };
         let (name, rows) = if glu.is_some() { (gu, 128) } else { (plain, 256) };
@@ -1992,7 +2016,7 @@ impl CudaBackend {
             A::P(ws2),
             A::I(act),
         ];
-        self.launch(name, (m.div_ceil(rows) as u32, tiles, 1), 256, smem as u32, if glu.is_some() || q8 { &args } else { &args[..20] });
+        self.launch(name, (m.div_ceil(rows) as u32, tiles, 1), threads, smem as u32, if glu.is_some() || q8 { &args } else { &args[..20] });
     }
 
     /// out rows = the router-weighted sum of each token's `k` routed rows of `y` (slots with

@@ -1706,8 +1706,9 @@ fn fused_moe_shared() {
 ///   copies): the same f16 weights, the 16 products of each mma paired differently, so within
 ///   1e-4 of the copies' result; and with copies present but `set_mmf_q8(1)`, the same bits as
 ///   without copies;
-/// - the same on wgmma (`mmfw_*`, `set_mmf_w`, sm_90a builds only): within 1e-4 of `mmfq8_*`,
-///   and its gate-up kernel the same bits as its three launches (k-permuted f16 rows both ways).
+/// - the same on wgmma (`mmfw_*` and `mmfw_ws_*`, `set_mmf_w`, sm_90a builds only): within 1e-4
+///   of `mmfq8_*` (seen: the same bits), and their gate-up kernels the same bits as their three
+///   launches (k-permuted f16 rows both ways).
 #[test]
 fn moe_f16_prompt() {
     let Some(g0) = gpu() else { return };
@@ -1793,17 +1794,19 @@ fn moe_f16_prompt() {
         fu.set_mmf_q8(1);
         let forced = run(fu, &uw);
         fu.set_mmf_q8(2);
-        // The same products on wgmma (mmfw_*, sm_90a), gate-up in one launch and in three.
-        let wg = if fq.set_mmf_w(true) {
-            let one = run(fq, &qw);
-            fq.set_mmf_gu(false);
-            let three = run(fq, &qw);
-            fq.set_mmf_gu(true);
-            fq.set_mmf_w(false);
-            Some((one, three))
-        } else {
-            None
-        };
+        // The same products on wgmma (sm_90a; mmfw_*, then mmfw_ws_* with a producer warpgroup),
+        // gate-up in one launch and in three.
+        let mut wg = Vec::new();
+        for mode in [1u8, 2] {
+            if fq.set_mmf_w(mode) {
+                let one = run(fq, &qw);
+                fq.set_mmf_gu(false);
+                let three = run(fq, &qw);
+                fq.set_mmf_gu(true);
+                wg.push((mode, one, three));
+            }
+        }
+        fq.set_mmf_w(0);
         let mut exact = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
         if nsh > 0 {
             add_shared_f64(&mut exact, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, glu);
@@ -1815,13 +1818,13 @@ fn moe_f16_prompt() {
             rep.check(&format!("{lab} mmfq8 (Q8_0 weights) vs the f16 copies"), &direct, &fused, 1e-4, 1e-4);
             rep.check(&format!("{lab} mmfq8 forced past the copies (exact)"), &forced, &direct, 0.0, 0.0);
         }
-        match &wg {
-            Some((one, three)) => {
-                rep.check(&format!("{lab} mmfw (wgmma) vs mmfq8"), one, &direct, 1e-4, 1e-4);
-                rep.check(&format!("{lab} mmfw_gu vs gate, up, f16_rows on wgmma (exact)"), three, one, 0.0, 0.0);
-            }
-            None if ci == 0 => eprintln!("moe_f16_prompt: no wgmma kernels here (not an sm_90a build); their checks skipped"),
-            None => {}
+        for (mode, one, three) in &wg {
+            let kind = if *mode == 1 { "mmfw" } else { "mmfw_ws" };
+            rep.check(&format!("{lab} {kind} (wgmma) vs mmfq8"), one, &direct, 1e-4, 1e-4);
+            rep.check(&format!("{lab} {kind}_gu vs gate, up, f16_rows on wgmma (exact)"), three, one, 0.0, 0.0);
+        }
+        if wg.is_empty() && ci == 0 {
+            eprintln!("moe_f16_prompt: no wgmma kernels here (not an sm_90a build); their checks skipped");
         }
         let e8 = rep.check(&format!("{lab} int8 vs f64"), &int8, &exact, 0.15, 1e-4);
         if !(e16 < e8 / 3.0) {
