@@ -1447,7 +1447,7 @@ MMFW_INST(mmfw_gu_s3, 3, true)
 // when its warpgroup's wgmma are done with it (8 a phase), and the producer waits for that
 // before reusing the buffer. The same copies into the same places and the same products, so
 // mmfw's bits.
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(u32 a, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n)); }
 __device__ __forceinline__ void mbar_arrive(u32 a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory"); }
 __device__ __forceinline__ void mbar_wait(u32 a, u32 parity) {
@@ -1605,3 +1605,130 @@ __device__ __forceinline__ void mmfw_ws_impl(const u8* W, i64 row_bytes, i64 mat
     }
 MMFW_WS_INST(mmfw_ws_256s3, 3, false)
 MMFW_WS_INST(mmfw_ws_gu_s3, 3, true)
+
+// ---- The f16 copies' prompt kernels with a producer warp (TS_CUDA_MMF=ws; written in the
+// seventeenth session, NOT yet run on a GPU) --------------------------------------------------------
+// mmf_impl's tile (256 rows x 64 tokens on 4 x 2 warps of 64 x 32, the same loads into the same
+// places, the same mma and epilogue, so the same bits), but the 8 multiplying warps issue no
+// copies: a ninth warp (288 threads) keeps the NST stages filled, lane l copying rows l + 32i
+// (i < 10: the 256 weight rows, then the 64 activation rows) with their pointers advanced in
+// place, and signals a stage on its `full` mbarrier (32 arrivals) once its copies have landed;
+// each multiplying warp arrives on the stage's `empty` mbarrier (8) when its fragments are read.
+// Why: in the static SASS of mmf16_gu_s4, mmfq8_gu_s4 and mmq_q8_64 alike, the stage's
+// ldmatrix writes registers that the stage copies issued just before it use as addresses, and
+// Nsight has that ldmatrix first among the stalls (long scoreboard); the wgmma kernel's
+// knockouts (PERF.md) ran fast without the copies or without the work between them.
+template <int NST, bool GLU>
+__device__ __forceinline__ void mmf_ws_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow,
+                                            int n, const int* cnt, const int* off, const int* perm, int n_exp, int in_div,
+                                            float* out, i64 ooff, i64 ostride, const u8* Ws, i64 ws_row_bytes,
+                                            i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2, int act) {
+#if __CUDA_ARCH__ >= 900
+    constexpr int WR = 4, WC = 2, MI = 4, NI = 4, CW = WR * WC;
+    constexpr int BM = WR * MI * 16, BN = WC * NI * 8;
+    constexpr int RS = 144, ROWS = BM + BN, STAGE = ROWS * RS, RPL = ROWS / 32;
+    static_assert(ROWS % 32 == 0, "mmf_ws: rows a lane");
+    extern __shared__ __align__(16) u8 mmq_sm[];
+    __shared__ int src_row[BN], dst_row[BN];
+    __shared__ int tile_e, tile_start;
+    __shared__ __align__(8) unsigned long long bars[2 * NST];
+    const int tid = threadIdx.x;
+    int e = 0, start, count;
+    if (!mmq_block_tile<BN>(cnt, n_exp, n, 1, tile_e, tile_start, e, start, count)) return;
+    const int nt = min(BN, count - start);
+    if (nt <= 0) return;
+    mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, gridDim.z, src_row, dst_row);
+    const u32 full0 = smem_addr(bars), empty0 = full0 + 8 * NST;
+    if (tid == 0) {
+        for (int s = 0; s < NST; s++) {
+            mbar_init(full0 + 8 * s, 32);
+            mbar_init(empty0 + 8 * s, CW);
+        }
+    }
+    __syncthreads();  // the tile's rows and the barriers; no block-wide barrier past here
+    const int m0 = blockIdx.x * (GLU ? BM / 2 : BM);
+    const int nstages = k >> 6;
+    const u32 sm0 = smem_addr(mmq_sm);
+    const int warp = tid >> 5, lane = tid & 31;
+    if (warp == CW) {
+        const u8 *Wt, *Wt2;
+        i64 rb;
+        mmf_tile_weights<GLU>(cnt && e >= e_sh, e, W, row_bytes, mat_bytes, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, Wt, Wt2, rb);
+        const u8* rp[RPL];
+#pragma unroll
+        for (int i = 0; i < RPL; i++) {
+            const int r = lane + 32 * i;
+            const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
+            const int wr = min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
+            const u8* wb = GLU && rin >= hm ? Wt2 : Wt;
+            rp[i] = r >= BM ? X + (i64)src_row[r - BM] * xrow : wb + (i64)(wr >> 6) * rb + (wr & 63) * 128;
+        }
+        auto signal = [&](int s) { mbar_arrive(full0 + 8 * (s % NST)); };
+        for (int s = 0; s < nstages; s++) {
+            const int b = s % NST;
+            if (s >= NST) mbar_wait(empty0 + 8 * b, ((s / NST) - 1) & 1);
+            const u32 st = sm0 + (u32)(b * STAGE);
+#pragma unroll
+            for (int i = 0; i < RPL; i++) {
+                const u32 d = st + (u32)((lane + 32 * i) * RS);
+#pragma unroll
+                for (int q = 0; q < 8; q++) cp_async16_s(d + q * 16, rp[i] + q * 16);
+                rp[i] += 32 * i >= BM ? 128 : 8192;  // (rows past BM are activations; i is a constant)
+            }
+            cp_commit();
+            if (s >= NST - 1) {
+                cp_wait<NST - 1>();
+                signal(s - (NST - 1));
+            }
+        }
+        cp_wait<0>();
+        for (int s = max(0, nstages - (NST - 1)); s < nstages; s++) signal(s);
+        return;
+    }
+    const int g = lane >> 2, t = lane & 3, lr = lane & 7, li = lane >> 3;
+    const int wm = (warp % WR) * MI * 16, wn = (warp / WR) * NI * 8;
+    float acc[MI][NI][4];
+    acc_zero(acc);
+    for (int s = 0; s < nstages; s++) {
+        const int b = s % NST;
+        mbar_wait(full0 + 8 * b, (s / NST) & 1);
+        const u32 As_s = sm0 + (u32)(b * STAGE + wm * RS);
+        const u32 Bs_s = sm0 + (u32)(b * STAGE + (BM + wn) * RS);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            u32 a[MI][4], bf[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) ldsm4_s(a[mi], As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RS + kk * 32 + (li >> 1) * 16));
+#pragma unroll
+            for (int np = 0; np < NI / 2; np++) {
+                u32 r[4];
+                ldsm4_s(r, Bs_s + (u32)((np * 16 + (li >> 1) * 8 + lr) * RS + kk * 32 + (li & 1) * 16));
+                bf[2 * np][0] = r[0];
+                bf[2 * np][1] = r[1];
+                bf[2 * np + 1][0] = r[2];
+                bf[2 * np + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) mma_f16(acc[mi][ni], a[mi], bf[ni]);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * b);
+    }
+    mmf_epilogue<WR, MI, NI, GLU>(acc, out, ooff, ostride, dst_row, m0, wm, wn, m, nt, warp, g, t, act);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(288, 1)
+    mmf16_ws_256s4(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow, int n, const int* cnt,
+                   const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff, i64 ostride, const u8* Ws,
+                   i64 ws_row_bytes, i64 ws_stride, int e_sh) {
+    PDL_ENTRY();
+    mmf_ws_impl<4, false>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, out, ooff, ostride, Ws,
+                          ws_row_bytes, ws_stride, e_sh, nullptr, nullptr, 0);
+}
+extern "C" __global__ void __launch_bounds__(288, 1) mmf16_ws_gu_s4(MMFQ_ARGS) {
+    PDL_ENTRY();
+    mmf_ws_impl<4, true>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, out, ooff, ostride, Ws,
+                         ws_row_bytes, ws_stride, e_sh, W2, Ws2, act);
+}

@@ -644,6 +644,8 @@ fn kernel_names() -> Vec<String> {
         "mmf16_256s4",
         "mmf16_gu",
         "mmf16_gu_s4",
+        "mmf16_ws_256s4",
+        "mmf16_ws_gu_s4",
         "mmfq8_256s4",
         "mmfq8_gu_s4",
         "mmfw_256s3",
@@ -777,6 +779,10 @@ pub struct CudaBackend {
     /// The f16 products' kernels ([`MMF_TILES`]: plain, gate-up-GLU, shared bytes), or
     /// None where the device lacks its shared memory (prompt MoEs then stay on int8).
     mmf: Option<(&'static str, &'static str, usize)>,
+    /// Threads a block of the `mmf` kernels: 256, or 288 for the producer-warp tiles
+    /// (`mmf16_ws_*`, `TS_CUDA_MMF=ws`: the stage copies on a ninth warp; written in the
+    /// seventeenth session, not yet run).
+    mmf_threads: u32,
     /// The prompt MoE's gate, up and GLU in one f16 launch (`mmf16_gu`, the same bits as gate,
     /// up and `f16_rows`); default on, `TS_CUDA_MMF_GU=0` or [`CudaBackend::set_mmf_gu`] for the
     /// three launches. Measured on the H200: pp512 19,949 -> 21,538, pp2048 18,229 -> 19,454.
@@ -1002,7 +1008,9 @@ impl CudaBackend {
                 (smem <= optin && set(plain) && set(gu)).then_some((plain, gu, smem))
             })
         };
-        let mmf = pick(&MMF_TILES, 320 * 144);
+        let ws = std::env::var("TS_CUDA_MMF").is_ok_and(|v| v == "ws") && major >= 9;
+        let mmf = if ws { pick(&[("mmf16_ws_256s4", "mmf16_ws_gu_s4", 4)], 320 * 144) } else { pick(&MMF_TILES, 320 * 144) };
+        let mmf_threads = if ws && mmf.is_some() { 288 } else { 256 };
         let mmfq8 = pick(&[("mmfq8_256s4", "mmfq8_gu_s4", 4)], MMFQ_STAGE);
         let (mmfw, mmfw_ws) = if arch == "sm_90a" {
             (pick(&[("mmfw_256s3", "mmfw_gu_s3", 3)], MMFW_STAGE), pick(&[("mmfw_ws_256s3", "mmfw_ws_gu_s3", 3)], MMFW_STAGE))
@@ -1050,6 +1058,7 @@ impl CudaBackend {
             }),
             moe_f16: std::env::var("TS_CUDA_MOE_F16").map_or(true, |v| v != "0"),
             mmf,
+            mmf_threads,
             mmf_gu: AtomicBool::new(std::env::var("TS_CUDA_MMF_GU").map_or(true, |v| v != "0")),
             mmf_q8: AtomicU8::new(match std::env::var("TS_CUDA_MMF_Q8").as_deref() {
                 Ok("1") => 1,
@@ -1986,7 +1995,8 @@ impl CudaBackend {
         // 20. `wg` (from Q8_0 on wgmma): the k-permuted f16 rows in `xh`, and with `glu` out.
         let ((plain, gu, smem), threads) = match (q8, wg, self.mmf, self.mmfq8, self.wgmma_kernels()) {
             (true, true, _, _, Some(t)) => t,
-            (true, false, _, Some(t), _) | (false, _, Some(t), _, _) => (t, 256),
+            (true, false, _, Some(t), _) => (t, 256),
+            (false, _, Some(t), _, _) => (t, self.mmf_threads),
             _ => return,
         };
         let (name, rows) = if glu.is_some() { (gu, 128) } else { (plain, 256) };
