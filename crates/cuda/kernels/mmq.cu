@@ -873,6 +873,15 @@ extern "C" __global__ void f16_rows(const float* src, const float* src2, i64 off
 // f16(act(gate) * up) (act 1 SiLU, 2 GELU-tanh) to the u16 rows at `out` instead of two f32
 // products: the same f32 sums as the two plain launches, then f16_rows' arithmetic, so the same
 // bits as gate, up and f16_rows one after the other.
+// The weight row (clamped to m - 1) that shared row r of an f16 tile stages (mmf_impl and its
+// kin), and in `up` whether it is the up matrix's: with GLU, shared row r is warp-row
+// r / (MI*16), gate for its first MI*8 rows, up after.
+template <int MI, bool GLU>
+__device__ __forceinline__ int mmf_weight_row(int r, int m0, int m, bool& up) {
+    const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
+    up = GLU && rin >= hm;
+    return min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
+}
 // The f16 tiles' matrices (mmf_impl, mmfq_impl): expert e's, or for a shared chunk (sh) chunk
 // e - e_sh of the shared FFN's; with GLU the up matrix's too (else wt2 = wt); and their row bytes.
 template <bool GLU>
@@ -908,6 +917,31 @@ __device__ __forceinline__ void mmf_epilogue(const float (&acc)[MI][NI][4], floa
                 }
     } else {
         acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
+    }
+}
+// One stage of an f16 tile (mmf_impl, mmf_ws_impl): 64 k values of the warp's MI m16 x NI n8
+// tiles from the weight rows at As_s and the activation rows at Bs_s (shared-space addresses,
+// rows RS bytes apart), by ldmatrix and m16n8k16.
+template <int MI, int NI, int RS>
+__device__ __forceinline__ void mmf_stage(float (&acc)[MI][NI][4], u32 As_s, u32 Bs_s, int li, int lr) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        u32 a[MI][4], b[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) ldsm4_s(a[mi], As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RS + kk * 32 + (li >> 1) * 16));
+#pragma unroll
+        for (int np = 0; np < NI / 2; np++) {
+            u32 r[4];
+            ldsm4_s(r, Bs_s + (u32)((np * 16 + (li >> 1) * 8 + lr) * RS + kk * 32 + (li & 1) * 16));
+            b[2 * np][0] = r[0];
+            b[2 * np][1] = r[1];
+            b[2 * np + 1][0] = r[2];
+            b[2 * np + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) mma_f16(acc[mi][ni], a[mi], b[ni]);
     }
 }
 template <int WR, int WC, int MI, int NI, int NST, bool GLU>
@@ -949,11 +983,9 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
         dsto[i] = 0;
         if (c < ROWS * PIECES) {
             const int r = c >> 3, q = c & 7;
-            // GLU: shared row r is warp-row r / (MI*16), gate for its first MI*8 rows, up after.
-            const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
-            const int wr = min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
-            const u8* wb = GLU && rin >= hm ? Wt2 : Wt;
-            const u8* rowp = r >= BM ? X + (i64)src_row[r - BM] * xrow : wb + (i64)(wr >> 6) * rb + (wr & 63) * 128;
+            bool up;
+            const int wr = mmf_weight_row<MI, GLU>(r, m0, m, up);
+            const u8* rowp = r >= BM ? X + (i64)src_row[r - BM] * xrow : (up ? Wt2 : Wt) + (i64)(wr >> 6) * rb + (wr & 63) * 128;
             srcp[i] = rowp + q * 16;
             dsto[i] = (u32)(r * RS + q * 16);
         }
@@ -981,27 +1013,7 @@ __device__ __forceinline__ void mmf_impl(const u8* W, i64 row_bytes, i64 mat_byt
         cp_wait<NST - 2>();
         __syncthreads();  // stage s has landed for every thread; stage s-1 is consumed
         load(s + NST - 1);
-        const u32 As_s = sm0 + (u32)((s % NST) * STAGE + wm * RS);
-        const u32 Bs_s = sm0 + (u32)((s % NST) * STAGE + (BM + wn) * RS);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            u32 a[MI][4], b[NI][2];
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) ldsm4_s(a[mi], As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RS + kk * 32 + (li >> 1) * 16));
-#pragma unroll
-            for (int np = 0; np < NI / 2; np++) {
-                u32 r[4];
-                ldsm4_s(r, Bs_s + (u32)((np * 16 + (li >> 1) * 8 + lr) * RS + kk * 32 + (li & 1) * 16));
-                b[2 * np][0] = r[0];
-                b[2 * np][1] = r[1];
-                b[2 * np + 1][0] = r[2];
-                b[2 * np + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) mma_f16(acc[mi][ni], a[mi], b[ni]);
-        }
+        mmf_stage<MI, NI, RS>(acc, sm0 + (u32)((s % NST) * STAGE + wm * RS), sm0 + (u32)((s % NST) * STAGE + (BM + wn) * RS), li, lr);
     }
     mmf_epilogue<WR, MI, NI, GLU>(acc, out, ooff, ostride, dst_row, m0, wm, wn, m, nt, warp, g, t, act);
 #endif
@@ -1116,10 +1128,9 @@ __device__ __forceinline__ void mmfq_impl(const u8* W, i64 row_bytes, i64 mat_by
         dsto[i] = 0;
         if (i < WPER) {
             const int r = c / 9, q = c - r * 9;
-            const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
-            const int wr = min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
-            const u8* wb = GLU && rin >= hm ? Wt2 : Wt;
-            srcp[i] = wb + (i64)wr * rb + q * 16;
+            bool up;
+            const int wr = mmf_weight_row<MI, GLU>(r, m0, m, up);
+            srcp[i] = (up ? Wt2 : Wt) + (i64)wr * rb + q * 16;
             dsto[i] = (u32)(r * RA + q * 16);
         } else if (c < NP) {
             const int j = (c - WP) >> 4, q = (c - WP) & 15;
@@ -1289,6 +1300,59 @@ __device__ __forceinline__ void wgmma_64x128x16(float (&d)[16][4], const u32 (&a
 }
 #undef WG_D8
 #endif
+// One stage (128 k values) of a wgmma tile (mmfw_impl, mmfw_ws_impl): the warp's two m16 tiles
+// of weight rows at Ag / As_s (the Q8_0 group rows, RA bytes apart) converted to f16 A fragments
+// 32 values at a time and multiplied into acc with the warpgroup's activations at Bs_s (chunk
+// rows KC bytes apart); HALF: 64 tokens (m64n64k16), else 128 (m64n128k16). Returns after the
+// warpgroup's wgmma are done with the stage.
+template <bool HALF, int MI, int NI, int RA, int KC>
+__device__ __forceinline__ void mmfw_stage(float (&acc)[MI][NI][4], const u8* Ag, u32 As_s, u32 Bs_s, int g, int li, int lr) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    uint2 ha[MI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) {
+        ha[mi][0] = *(const uint2*)(Ag + (mi * 16 + g) * RA);
+        ha[mi][1] = *(const uint2*)(Ag + (mi * 16 + g + 8) * RA);
+    }
+    u32 a[2][MI][2][4];  // [buffer][m16 tile][k16 half][register]
+#pragma unroll
+    for (int b32 = 0; b32 < 4; b32++) {  // the group's four 32-value blocks (one scale each)
+        const int bb = b32 & 1;
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            u32 q[4];
+            ldsm4_s(q, As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RA + 16 + b32 * 32 + (li >> 1) * 16));
+            const u32 d0 = hsel2(ha[mi][0], b32), d1 = hsel2(ha[mi][1], b32);
+            if (MMFW_KO == 2) {
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) a[bb][mi][c][r] = q[(2 * c + r) & 3] ^ d0;
+            } else {
+                q8x4_to_h2(q[0], d0, a[bb][mi][0][0], a[bb][mi][0][2]);
+                q8x4_to_h2(q[1], d1, a[bb][mi][0][1], a[bb][mi][0][3]);
+                q8x4_to_h2(q[2], d0, a[bb][mi][1][0], a[bb][mi][1][2]);
+                q8x4_to_h2(q[3], d1, a[bb][mi][1][1], a[bb][mi][1][3]);
+            }
+        }
+        wg_fence();
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const u32 ba = Bs_s + (u32)((b32 * 2 + c) * 2 * KC);
+            const u64 desc = MMFW_SWAP_LS ? wg_desc(ba, 128, KC) : wg_desc(ba, KC, 128);
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                if (MMFW_KO == 1) acc[mi][0][0] += __uint_as_float(a[bb][mi][c][0] ^ (u32)desc);
+                else if constexpr (HALF) wgmma_64x64x16(acc[mi], a[bb][mi][c], desc);
+                else wgmma_64x128x16(acc[mi], a[bb][mi][c], desc);
+            }
+        }
+        wg_commit();
+        wg_wait<1>();  // the block before this one is done with its A registers
+    }
+    wg_wait<0>();  // every read of this stage's shared memory done
+#endif
+}
 template <int NST, bool GLU>
 __device__ __forceinline__ void mmfw_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow,
                                           int n, const int* cnt, const int* off, const int* perm, int n_exp, int in_div,
@@ -1328,10 +1392,9 @@ __device__ __forceinline__ void mmfw_impl(const u8* W, i64 row_bytes, i64 mat_by
         live[i] = true;
         if (i < WPER) {
             const int r = c / 9, q = c - r * 9;
-            const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
-            const int wr = min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
-            const u8* wb = GLU && rin >= hm ? Wt2 : Wt;
-            srcp[i] = wb + (i64)wr * rb + q * 16;
+            bool up;
+            const int wr = mmf_weight_row<MI, GLU>(r, m0, m, up);
+            srcp[i] = (up ? Wt2 : Wt) + (i64)wr * rb + q * 16;
             dsto[i] = (u32)(r * RA + q * 16);
         } else {
             const int c2 = c - WP, j = (c2 >> 1) & (BN - 1), q = ((c2 >> 8) << 1) | (c2 & 1);
@@ -1361,59 +1424,15 @@ __device__ __forceinline__ void mmfw_impl(const u8* W, i64 row_bytes, i64 mat_by
     // The main loop once for half tiles and once for whole ones (HALF a constant in each: no
     // branch between the wgmma of a block, which ptxas would fence).
     auto main_loop = [&](auto half_c) {
-    constexpr bool HALF = decltype(half_c)::value;
-    for (int s = 0; s < nstages; s++) {
-        cp_wait<NST - 2>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();  // stage s has landed for every thread; stage s-1 is consumed
-        load(s + NST - 1);
-        const u8* Ag = mmq_sm + (s % NST) * STAGE + wm * RA;
-        const u32 As_s = sm0 + (u32)((s % NST) * STAGE + wm * RA);
-        const u32 Bs_s = sm0 + (u32)((s % NST) * STAGE + SA);
-        uint2 ha[MI][2];
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++) {
-            ha[mi][0] = *(const uint2*)(Ag + (mi * 16 + g) * RA);
-            ha[mi][1] = *(const uint2*)(Ag + (mi * 16 + g + 8) * RA);
+        constexpr bool HALF = decltype(half_c)::value;
+        for (int s = 0; s < nstages; s++) {
+            cp_wait<NST - 2>();
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();  // stage s has landed for every thread; stage s-1 is consumed
+            load(s + NST - 1);
+            mmfw_stage<HALF, MI, NI, RA, KC>(acc, mmq_sm + (s % NST) * STAGE + wm * RA, sm0 + (u32)((s % NST) * STAGE + wm * RA),
+                                           sm0 + (u32)((s % NST) * STAGE + SA), g, li, lr);  // (its wgmma done on return)
         }
-        u32 a[2][MI][2][4];  // [buffer][m16 tile][k16 half][register]
-#pragma unroll
-        for (int b32 = 0; b32 < 4; b32++) {  // the group's four 32-value blocks (one scale each)
-            const int bb = b32 & 1;
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                u32 q[4];
-                ldsm4_s(q, As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RA + 16 + b32 * 32 + (li >> 1) * 16));
-                const u32 d0 = hsel2(ha[mi][0], b32), d1 = hsel2(ha[mi][1], b32);
-                if (MMFW_KO == 2) {
-#pragma unroll
-                    for (int c = 0; c < 2; c++)
-#pragma unroll
-                        for (int r = 0; r < 4; r++) a[bb][mi][c][r] = q[(2 * c + r) & 3] ^ d0;
-                } else {
-                q8x4_to_h2(q[0], d0, a[bb][mi][0][0], a[bb][mi][0][2]);
-                q8x4_to_h2(q[1], d1, a[bb][mi][0][1], a[bb][mi][0][3]);
-                q8x4_to_h2(q[2], d0, a[bb][mi][1][0], a[bb][mi][1][2]);
-                q8x4_to_h2(q[3], d1, a[bb][mi][1][1], a[bb][mi][1][3]);
-                }
-            }
-            wg_fence();
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const u32 ba = Bs_s + (u32)((b32 * 2 + c) * 2 * KC);
-                const u64 desc = MMFW_SWAP_LS ? wg_desc(ba, 128, KC) : wg_desc(ba, KC, 128);
-#pragma unroll
-                for (int mi = 0; mi < MI; mi++) {
-                    if (MMFW_KO == 1) acc[mi][0][0] += __uint_as_float(a[bb][mi][c][0] ^ (u32)desc);
-                    else if constexpr (HALF) wgmma_64x64x16(acc[mi], a[bb][mi][c], desc);
-                    else wgmma_64x128x16(acc[mi], a[bb][mi][c], desc);
-                }
-            }
-            wg_commit();
-            wg_wait<1>();  // the block before this one is done with its A registers
-        }
-        wg_wait<0>();  // every read of this stage's shared memory done before its reload
-    }
     };
     if (half) main_loop(BoolC<true>{});
     else main_loop(BoolC<false>{});
@@ -1502,9 +1521,9 @@ __device__ __forceinline__ void mmfw_ws_impl(const u8* W, i64 row_bytes, i64 mat
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int r = p + NPROD * i;
-            const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
-            const int wr = min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
-            wp[i] = (GLU && rin >= hm ? Wt2 : Wt) + (i64)wr * rb;
+            bool up;
+            const int wr = mmf_weight_row<MI, GLU>(r, m0, m, up);
+            wp[i] = (up ? Wt2 : Wt) + (i64)wr * rb;
         }
         const u8* xp = X + (i64)src_row[p] * xrow;
         const bool xlive = !half || p < BN / 2;  // (uniform over a warp)
@@ -1546,51 +1565,15 @@ __device__ __forceinline__ void mmfw_ws_impl(const u8* W, i64 row_bytes, i64 mat
     float acc[MI][NI][4];
     acc_zero(acc);
     auto main_loop = [&](auto half_c) {
-    constexpr bool HALF = decltype(half_c)::value;
-    for (int s = 0; s < nstages; s++) {
-        const int b = s % NST;
-        mbar_wait(full0 + 8 * b, (s / NST) & 1);
-        const u8* Ag = mmq_sm + b * STAGE + wm * RA;
-        const u32 As_s = sm0 + (u32)(b * STAGE + wm * RA);
-        const u32 Bs_s = sm0 + (u32)(b * STAGE + SA);
-        uint2 ha[MI][2];
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++) {
-            ha[mi][0] = *(const uint2*)(Ag + (mi * 16 + g) * RA);
-            ha[mi][1] = *(const uint2*)(Ag + (mi * 16 + g + 8) * RA);
+        constexpr bool HALF = decltype(half_c)::value;
+        for (int s = 0; s < nstages; s++) {
+            const int b = s % NST;
+            mbar_wait(full0 + 8 * b, (s / NST) & 1);
+            mmfw_stage<HALF, MI, NI, RA, KC>(acc, mmq_sm + b * STAGE + wm * RA, sm0 + (u32)(b * STAGE + wm * RA), sm0 + (u32)(b * STAGE + SA),
+                                           g, li, lr);  // (this warpgroup's reads of the stage done on return)
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * b);
         }
-        u32 a[2][MI][2][4];
-#pragma unroll
-        for (int b32 = 0; b32 < 4; b32++) {
-            const int bb = b32 & 1;
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                u32 q[4];
-                ldsm4_s(q, As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RA + 16 + b32 * 32 + (li >> 1) * 16));
-                const u32 d0 = hsel2(ha[mi][0], b32), d1 = hsel2(ha[mi][1], b32);
-                q8x4_to_h2(q[0], d0, a[bb][mi][0][0], a[bb][mi][0][2]);
-                q8x4_to_h2(q[1], d1, a[bb][mi][0][1], a[bb][mi][0][3]);
-                q8x4_to_h2(q[2], d0, a[bb][mi][1][0], a[bb][mi][1][2]);
-                q8x4_to_h2(q[3], d1, a[bb][mi][1][1], a[bb][mi][1][3]);
-            }
-            wg_fence();
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const u32 ba = Bs_s + (u32)((b32 * 2 + c) * 2 * KC);
-                const u64 desc = MMFW_SWAP_LS ? wg_desc(ba, 128, KC) : wg_desc(ba, KC, 128);
-#pragma unroll
-                for (int mi = 0; mi < MI; mi++) {
-                    if constexpr (HALF) wgmma_64x64x16(acc[mi], a[bb][mi][c], desc);
-                    else wgmma_64x128x16(acc[mi], a[bb][mi][c], desc);
-                }
-            }
-            wg_commit();
-            wg_wait<1>();
-        }
-        wg_wait<0>();  // this warpgroup's reads of the stage are done
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * b);
-    }
     };
     if (half) main_loop(BoolC<true>{});
     else main_loop(BoolC<false>{});
@@ -1658,10 +1641,9 @@ __device__ __forceinline__ void mmf_ws_impl(const u8* W, i64 row_bytes, i64 mat_
 #pragma unroll
         for (int i = 0; i < RPL; i++) {
             const int r = lane + 32 * i;
-            const int hm = MI * 8, rw = r / (2 * hm), rin = r % (2 * hm);
-            const int wr = min(GLU ? m0 + rw * hm + rin % hm : m0 + r, m - 1);
-            const u8* wb = GLU && rin >= hm ? Wt2 : Wt;
-            rp[i] = r >= BM ? X + (i64)src_row[r - BM] * xrow : wb + (i64)(wr >> 6) * rb + (wr & 63) * 128;
+            bool up;
+            const int wr = mmf_weight_row<MI, GLU>(r, m0, m, up);
+            rp[i] = r >= BM ? X + (i64)src_row[r - BM] * xrow : (up ? Wt2 : Wt) + (i64)(wr >> 6) * rb + (wr & 63) * 128;
         }
         auto signal = [&](int s) { mbar_arrive(full0 + 8 * (s % NST)); };
         for (int s = 0; s < nstages; s++) {
@@ -1692,27 +1674,7 @@ __device__ __forceinline__ void mmf_ws_impl(const u8* W, i64 row_bytes, i64 mat_
     for (int s = 0; s < nstages; s++) {
         const int b = s % NST;
         mbar_wait(full0 + 8 * b, (s / NST) & 1);
-        const u32 As_s = sm0 + (u32)(b * STAGE + wm * RS);
-        const u32 Bs_s = sm0 + (u32)(b * STAGE + (BM + wn) * RS);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            u32 a[MI][4], bf[NI][2];
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) ldsm4_s(a[mi], As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RS + kk * 32 + (li >> 1) * 16));
-#pragma unroll
-            for (int np = 0; np < NI / 2; np++) {
-                u32 r[4];
-                ldsm4_s(r, Bs_s + (u32)((np * 16 + (li >> 1) * 8 + lr) * RS + kk * 32 + (li & 1) * 16));
-                bf[2 * np][0] = r[0];
-                bf[2 * np][1] = r[1];
-                bf[2 * np + 1][0] = r[2];
-                bf[2 * np + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) mma_f16(acc[mi][ni], a[mi], bf[ni]);
-        }
+        mmf_stage<MI, NI, RS>(acc, sm0 + (u32)(b * STAGE + wm * RS), sm0 + (u32)(b * STAGE + (BM + wn) * RS), li, lr);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * b);
     }
