@@ -365,6 +365,7 @@ template <int N>
 __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // Four 8x8 b16 matrices (8 rows of 16 bytes each; lane l gives the address of row l % 8 of
 // matrix l / 8), plain and transposed.
 __device__ __forceinline__ void ldsm4(u32* r, const void* p) {

@@ -1460,15 +1460,22 @@ MMFW_INST(mmfw_gu_s3, 3, true)
 // each thread p < 128 its own rows (weight rows p and p + 128, all nine pieces; token p, all 16
 // chunks, left out of a half tile past 64), pointers advanced in place. Registers by
 // setmaxnreg: 232 for the multiplying warpgroups, 40 for the producers (the block's 168 at
-// entry would spill the 128 accumulators). A producer signals a stage full once its copies have
-// landed (cp.async.wait_group, then fence.proxy.async for the tensor cores' reads, then an
-// arrival on the stage's `full` mbarrier, 128 arrivals a phase); each multiplying warp arrives on the stage's `empty` mbarrier
-// when its warpgroup's wgmma are done with it (8 a phase), and the producer waits for that
-// before reusing the buffer. The same copies into the same places and the same products, so
+// entry would spill the 128 accumulators). Each producer's copies of a stage end in an
+// asynchronous arrival on the stage's `full` mbarrier (cp.async.mbarrier.arrive: it fires once
+// they have landed, the producer going on at once; 128 arrivals a phase), and the multiplying
+// warps fence (fence.proxy.async: the copies are generic-proxy writes, the tensor cores read
+// through the async proxy) after their wait on it; each multiplying warp arrives on the stage's
+// `empty` mbarrier when its warpgroup's wgmma are done with it (8 a phase), and the producer
+// waits for that before reusing the buffer. The same copies into the same places and the same products, so
 // mmfw's bits.
 #if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(u32 a, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n)); }
 __device__ __forceinline__ void mbar_arrive(u32 a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory"); }
+// An arrival on the mbarrier at `a` once every cp.async this thread has issued so far has landed
+// (the thread goes on at once; the barrier's count includes the arrival).
+__device__ __forceinline__ void cp_async_arrive(u32 a) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(u32 a, u32 parity) {
     asm volatile(
         "{\n.reg .pred p;\nMBW_%=:\n"
@@ -1527,10 +1534,6 @@ __device__ __forceinline__ void mmfw_ws_impl(const u8* W, i64 row_bytes, i64 mat
         }
         const u8* xp = X + (i64)src_row[p] * xrow;
         const bool xlive = !half || p < BN / 2;  // (uniform over a warp)
-        auto signal = [&](int s) {  // stage s's copies (every lane's) have landed
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            mbar_arrive(full0 + 8 * (s % NST));
-        };
         for (int s = 0; s < nstages; s++) {
             const int b = s % NST;
             if (s >= NST) mbar_wait(empty0 + 8 * b, ((s / NST) - 1) & 1);
@@ -1548,14 +1551,9 @@ __device__ __forceinline__ void mmfw_ws_impl(const u8* W, i64 row_bytes, i64 mat
                 for (int q = 0; q < 16; q++) cp_async16_s(d + q * KC, xp + q * 16);
             }
             xp += 256;
-            cp_commit();
-            if (s >= NST - 1) {
-                cp_wait<NST - 1>();
-                signal(s - (NST - 1));
-            }
+            cp_async_arrive(full0 + 8 * b);
         }
-        cp_wait<0>();
-        for (int s = max(0, nstages - (NST - 1)); s < nstages; s++) signal(s);
+        cp_async_wait_all();
         return;
     }
     // The multiplying warps: as mmfw_impl's, each stage waited for on its `full` barrier.
@@ -1569,6 +1567,9 @@ __device__ __forceinline__ void mmfw_ws_impl(const u8* W, i64 row_bytes, i64 mat
         for (int s = 0; s < nstages; s++) {
             const int b = s % NST;
             mbar_wait(full0 + 8 * b, (s / NST) & 1);
+            // (the producers' copies are generic-proxy writes; the tensor cores read through the
+            // async proxy)
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             mmfw_stage<HALF, MI, NI, RA, KC>(acc, mmq_sm + b * STAGE + wm * RA, sm0 + (u32)(b * STAGE + wm * RA), sm0 + (u32)(b * STAGE + SA),
                                            g, li, lr);  // (this warpgroup's reads of the stage done on return)
             __syncwarp();
@@ -1595,7 +1596,8 @@ MMFW_WS_INST(mmfw_ws_gu_s3, 3, true)
 // places, the same mma and epilogue, so the same bits), but the 8 multiplying warps issue no
 // copies: a ninth warp (288 threads) keeps the NST stages filled, lane l copying rows l + 32i
 // (i < 10: the 256 weight rows, then the 64 activation rows) with their pointers advanced in
-// place, and signals a stage on its `full` mbarrier (32 arrivals) once its copies have landed;
+// place, its copies of a stage ending in an asynchronous arrival on the stage's `full` mbarrier
+// (cp.async.mbarrier.arrive: it fires once they have landed; 32 arrivals a phase);
 // each multiplying warp arrives on the stage's `empty` mbarrier (8) when its fragments are read.
 // Why: in the static SASS of mmf16_gu_s4, mmfq8_gu_s4 and mmq_q8_64 alike, the stage's
 // ldmatrix writes registers that the stage copies issued just before it use as addresses, and
@@ -1645,7 +1647,6 @@ __device__ __forceinline__ void mmf_ws_impl(const u8* W, i64 row_bytes, i64 mat_
             const int wr = mmf_weight_row<MI, GLU>(r, m0, m, up);
             rp[i] = r >= BM ? X + (i64)src_row[r - BM] * xrow : (up ? Wt2 : Wt) + (i64)(wr >> 6) * rb + (wr & 63) * 128;
         }
-        auto signal = [&](int s) { mbar_arrive(full0 + 8 * (s % NST)); };
         for (int s = 0; s < nstages; s++) {
             const int b = s % NST;
             if (s >= NST) mbar_wait(empty0 + 8 * b, ((s / NST) - 1) & 1);
@@ -1657,14 +1658,9 @@ __device__ __forceinline__ void mmf_ws_impl(const u8* W, i64 row_bytes, i64 mat_
                 for (int q = 0; q < 8; q++) cp_async16_s(d + q * 16, rp[i] + q * 16);
                 rp[i] += 32 * i >= BM ? 128 : 8192;  // (rows past BM are activations; i is a constant)
             }
-            cp_commit();
-            if (s >= NST - 1) {
-                cp_wait<NST - 1>();
-                signal(s - (NST - 1));
-            }
+            cp_async_arrive(full0 + 8 * b);
         }
-        cp_wait<0>();
-        for (int s = max(0, nstages - (NST - 1)); s < nstages; s++) signal(s);
+        cp_async_wait_all();
         return;
     }
     const int g = lane >> 2, t = lane & 3, lr = lane & 7, li = lane >> 3;
