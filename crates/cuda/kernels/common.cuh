@@ -366,6 +366,25 @@ __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// mbarriers in shared memory (the producer-warp kernels of mmq.cu): init with an arrival count,
+// arrive, wait for the phase of the given parity to complete.
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(u32 a, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n)); }
+__device__ __forceinline__ void mbar_arrive(u32 a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory"); }
+// An arrival on the mbarrier at `a` once every cp.async this thread has issued so far has landed
+// (the thread goes on at once; the barrier's count includes the arrival).
+__device__ __forceinline__ void cp_async_arrive(u32 a) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 a, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nMBW_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra MBW_%=;\n}\n" ::"r"(a),
+        "r"(parity)
+        : "memory");
+}
+#endif
 // Four 8x8 b16 matrices (8 rows of 16 bytes each; lane l gives the address of row l % 8 of
 // matrix l / 8), plain and transposed.
 __device__ __forceinline__ void ldsm4(u32* r, const void* p) {

@@ -240,6 +240,72 @@ __device__ __forceinline__ void acc_zero(float (&acc)[MI][NI][4]) {
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
 }
+// One 128-value group of an int8 tile (mmq_impl, mmq_ws_impl): the warp's MI m16 x NI n8 tiles
+// from the weight rows at As and the activation rows at Bs (rows RS bytes apart; As_s and Bs_s
+// the same places as shared-space addresses), m16n8k32 int8 products scaled by the rows' and
+// tokens' block scales and summed in block order; SKIP leaves out n8 tiles past the tile's nt
+// tokens (wn: the warp's first token). The fragment loads take the shared-space addresses:
+// 32-bit address arithmetic instead of generic pointers (measured 2026-11-30: pp512 +3%,
+// pp2048 +3%, 64 sequences +1%; with generic pointers each of a stage's 16 ldmatrix paid 64-bit
+// adds).
+template <int MI, int NI, int RS, bool SKIP>
+__device__ __forceinline__ void mmq_group(float (&acc)[MI][NI][4], const u8* As, const u8* Bs, u32 As_s, u32 Bs_s, int wn,
+                                          int nt, int g, int t, int lr, int li) {
+    uint2 ha[MI][2], hb[NI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) {
+        ha[mi][0] = *(const uint2*)(As + (mi * 16 + g) * RS);
+        ha[mi][1] = *(const uint2*)(As + (mi * 16 + g + 8) * RS);
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ni++) {
+        hb[ni][0] = *(const uint2*)(Bs + (ni * 8 + 2 * t) * RS);
+        hb[ni][1] = *(const uint2*)(Bs + (ni * 8 + 2 * t + 1) * RS);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        u32 a[MI][4], b[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            ldsm4_s(a[mi], As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RS + 16 + s * 32 + (li >> 1) * 16));
+        }
+#pragma unroll
+        for (int np = 0; np < NI / 2; np++) {
+            u32 r[4];
+            if (SKIP && wn + np * 16 >= nt) break;  // only padding tokens past here (warp-uniform)
+            ldsm4_s(r, Bs_s + (u32)((np * 16 + (li >> 1) * 8 + lr) * RS + 16 + s * 32 + (li & 1) * 16));
+            b[2 * np][0] = r[0];
+            b[2 * np][1] = r[1];
+            b[2 * np + 1][0] = r[2];
+            b[2 * np + 1][1] = r[3];
+        }
+        float da[MI][2], db[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            da[mi][0] = hsel(ha[mi][0], s);
+            da[mi][1] = hsel(ha[mi][1], s);
+        }
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+            db[ni][0] = hsel(hb[ni][0], s);
+            db[ni][1] = hsel(hb[ni][1], s);
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) {
+                // n8 tiles holding only padding tokens are skipped: an expert with 8 or
+                // fewer tokens (most, in batched decode) costs half the 16-token tile's work.
+                if (SKIP && wn + ni * 8 >= nt) break;
+                int c[4] = {0, 0, 0, 0};
+                mma_s8(c, a[mi], b[ni]);
+                acc[mi][ni][0] += (float)c[0] * (da[mi][0] * db[ni][0]);
+                acc[mi][ni][1] += (float)c[1] * (da[mi][0] * db[ni][1]);
+                acc[mi][ni][2] += (float)c[2] * (da[mi][1] * db[ni][0]);
+                acc[mi][ni][3] += (float)c[3] * (da[mi][1] * db[ni][1]);
+            }
+    }
+}
 template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
@@ -334,68 +400,9 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         load(gi + NST - 1);   // into the buffer of stage gi-1
 #pragma unroll
         for (int h = 0; h < GPS; h++) {
-        if (GPS > 1 && gi * GPS + h >= g1 - g0) break;  // a short last stage
-        const u8* As = mmq_sm + (gi % NST) * STAGE + wm * RS + h * MMQ_GB;
-        const u8* Bs = mmq_sm + (gi % NST) * STAGE + (MMQ_BM + wn) * RS + h * MMQ_GB;
-        // The same two places as shared-space addresses, for the fragment loads: 32-bit address
-        // arithmetic instead of generic pointers (measured 2026-11-30: pp512 +3%, pp2048 +3%,
-        // 64 sequences +1%; with generic pointers each of a stage's 16 ldmatrix paid 64-bit adds).
-        const u32 As_s = sm0 + (u32)((gi % NST) * STAGE + wm * RS + h * MMQ_GB);
-        const u32 Bs_s = sm0 + (u32)((gi % NST) * STAGE + (MMQ_BM + wn) * RS + h * MMQ_GB);
-        uint2 ha[MI][2], hb[NI][2];
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++) {
-            ha[mi][0] = *(const uint2*)(As + (mi * 16 + g) * RS);
-            ha[mi][1] = *(const uint2*)(As + (mi * 16 + g + 8) * RS);
-        }
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++) {
-            hb[ni][0] = *(const uint2*)(Bs + (ni * 8 + 2 * t) * RS);
-            hb[ni][1] = *(const uint2*)(Bs + (ni * 8 + 2 * t + 1) * RS);
-        }
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-            u32 a[MI][4], b[NI][2];
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                ldsm4_s(a[mi], As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RS + 16 + s * 32 + (li >> 1) * 16));
-            }
-#pragma unroll
-            for (int np = 0; np < NI / 2; np++) {
-                u32 r[4];
-                if (SKIP && wn + np * 16 >= nt) break;  // only padding tokens past here (warp-uniform)
-                ldsm4_s(r, Bs_s + (u32)((np * 16 + (li >> 1) * 8 + lr) * RS + 16 + s * 32 + (li & 1) * 16));
-                b[2 * np][0] = r[0];
-                b[2 * np][1] = r[1];
-                b[2 * np + 1][0] = r[2];
-                b[2 * np + 1][1] = r[3];
-            }
-            float da[MI][2], db[NI][2];
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                da[mi][0] = hsel(ha[mi][0], s);
-                da[mi][1] = hsel(ha[mi][1], s);
-            }
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++) {
-                db[ni][0] = hsel(hb[ni][0], s);
-                db[ni][1] = hsel(hb[ni][1], s);
-            }
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    // n8 tiles holding only padding tokens are skipped: an expert with 8 or
-                    // fewer tokens (most, in batched decode) costs half the 16-token tile's work.
-                    if (SKIP && wn + ni * 8 >= nt) break;
-                    int c[4] = {0, 0, 0, 0};
-                    mma_s8(c, a[mi], b[ni]);
-                    acc[mi][ni][0] += (float)c[0] * (da[mi][0] * db[ni][0]);
-                    acc[mi][ni][1] += (float)c[1] * (da[mi][0] * db[ni][1]);
-                    acc[mi][ni][2] += (float)c[2] * (da[mi][1] * db[ni][0]);
-                    acc[mi][ni][3] += (float)c[3] * (da[mi][1] * db[ni][1]);
-                }
-        }
+            if (GPS > 1 && gi * GPS + h >= g1 - g0) break;  // a short last stage
+            const int a0 = (gi % NST) * STAGE + wm * RS + h * MMQ_GB, b0 = (gi % NST) * STAGE + (MMQ_BM + wn) * RS + h * MMQ_GB;
+            mmq_group<MI, NI, RS, SKIP>(acc, mmq_sm + a0, mmq_sm + b0, sm0 + (u32)a0, sm0 + (u32)b0, wn, nt, g, t, lr, li);
         }
     }
     acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
@@ -433,6 +440,109 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, MMQ64_MINB, false)
 MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
 MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
+
+// mmq_q8_64's tile with the stage copies on a fifth warp (TS_CUDA_MMQ_WS=1; written in the
+// seventeenth session, NOT yet run on a GPU): the 4 multiplying warps issue no copies, so none
+// of their registers waits on one (the static SASS of mmq_q8_64 has the stage's ldmatrix
+// writing registers that the copies issued just before it use as addresses; the dense products
+// of the 64-sequence step take ~10 us each whatever their loop costs). Lane l of the producer
+// copies rows l + 32i (i < 4: the 64 weight rows, then the 64 activation rows), nine pieces
+// each, pointers advanced in place, its copies of a stage ending in an asynchronous arrival on
+// the stage's `full` mbarrier (32 arrivals); each multiplying warp arrives on `empty` (4) when
+// its fragments are read. Split K, groups, shared chunks and W2 as mmq_impl; the same loads and
+// sums, so the same bits. 160 threads, two blocks an SM (its 168 registers; at three the cap
+// would be 136).
+template <int NST>
+__device__ __forceinline__ void mmq_ws_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
+                                            i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
+                                            int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride,
+                                            const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2,
+                                            const u8* Ws2, float* out2) {
+#if __CUDA_ARCH__ >= 900
+    constexpr int WR = 2, MI = 2, NI = 4, CW = 4, BN = 64, ROWS = MMQ_BM + BN, RS = MMQ_GB, STAGE = ROWS * RS;
+    int bx = blockIdx.x;
+    if (W2 && bx >= (int)(gridDim.x >> 1)) {
+        bx -= gridDim.x >> 1;
+        W = W2;
+        Ws = Ws2;
+        out = out2;
+    }
+    extern __shared__ __align__(16) u8 mmq_sm[];
+    __shared__ int src_row[BN], dst_row[BN];
+    __shared__ int tile_e, tile_start;
+    __shared__ __align__(8) unsigned long long bars[2 * NST];
+    const int tid = threadIdx.x;
+    int e = 0, start, count;
+    if (!mmq_block_tile<BN>(cnt, n_exp, n, nsplit, tile_e, tile_start, e, start, count)) return;
+    const int split = cnt ? 0 : blockIdx.z % nsplit, zg = gridDim.z / nsplit;
+    const int gps = (ngroups + nsplit - 1) / nsplit;
+    const int g0 = split * gps, g1 = min(ngroups, g0 + gps);
+    out += split * split_stride;
+    const int nt = min(BN, count - start);
+    if (nt <= 0) return;
+    mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, zg, src_row, dst_row);
+    const u32 full0 = smem_addr(bars), empty0 = full0 + 8 * NST;
+    if (tid == 0) {
+        for (int s = 0; s < NST; s++) {
+            mbar_init(full0 + 8 * s, 32);
+            mbar_init(empty0 + 8 * s, CW);
+        }
+    }
+    __syncthreads();  // the tile's rows and the barriers; no block-wide barrier past here
+    const int m0 = bx * MMQ_BM;
+    const int nstages = g1 - g0;  // (one group a stage; a split without groups writes zeros)
+    const u32 sm0 = smem_addr(mmq_sm);
+    const int warp = tid >> 5, lane = tid & 31;
+    if (warp == CW) {
+        const bool sh = cnt && e >= e_sh;
+        const u8* Wt = sh ? Ws + (i64)(e - e_sh) * ws_stride : W + (i64)e * mat_bytes;
+        const i64 rb = sh ? ws_row_bytes : row_bytes;
+        const u8* rp[ROWS / 32];
+#pragma unroll
+        for (int i = 0; i < ROWS / 32; i++) {
+            const int r = lane + 32 * i;
+            rp[i] = (r < MMQ_BM ? Wt + (i64)min(m0 + r, m - 1) * rb : X + (i64)src_row[r - MMQ_BM] * xrow) + (i64)g0 * MMQ_GB;
+        }
+        for (int s = 0; s < nstages; s++) {
+            const int b = s % NST;
+            if (s >= NST) mbar_wait(empty0 + 8 * b, ((s / NST) - 1) & 1);
+            const u32 st = sm0 + (u32)(b * STAGE);
+#pragma unroll
+            for (int i = 0; i < ROWS / 32; i++) {
+                const u32 d = st + (u32)((lane + 32 * i) * RS);
+#pragma unroll
+                for (int q = 0; q < 9; q++) cp_async16_s(d + q * 16, rp[i] + q * 16);
+                rp[i] += MMQ_GB;
+            }
+            cp_async_arrive(full0 + 8 * b);
+        }
+        cp_async_wait_all();
+        return;
+    }
+    const int g = lane >> 2, t = lane & 3, lr = lane & 7, li = lane >> 3;
+    const int wm = (warp % WR) * MI * 16, wn = (warp / WR) * NI * 8;
+    float acc[MI][NI][4];
+    acc_zero(acc);
+    for (int s = 0; s < nstages; s++) {
+        const int b = s % NST;
+        mbar_wait(full0 + 8 * b, (s / NST) & 1);
+        const int a0 = b * STAGE + wm * RS, b0 = b * STAGE + (MMQ_BM + wn) * RS;
+        mmq_group<MI, NI, RS, false>(acc, mmq_sm + a0, mmq_sm + b0, sm0 + (u32)a0, sm0 + (u32)b0, wn, nt, g, t, lr, li);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * b);
+    }
+    acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(160, 2)
+    mmq_q8_64ws(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n, const int* cnt,
+                const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff, i64 ostride, int nsplit,
+                i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
+                float* out2) {
+    PDL_ENTRY();
+    mmq_ws_impl<3>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, ooff, ostride,
+                   nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2);
+}
 
 // The grouped expert product for tiles of few tokens (the batched decode: about 6 tokens an
 // expert) with the weights read the way the decode GEMVs read them, straight into the mma
@@ -1468,23 +1578,6 @@ MMFW_INST(mmfw_gu_s3, 3, true)
 // `empty` mbarrier when its warpgroup's wgmma are done with it (8 a phase), and the producer
 // waits for that before reusing the buffer. The same copies into the same places and the same products, so
 // mmfw's bits.
-#if __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void mbar_init(u32 a, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n)); }
-__device__ __forceinline__ void mbar_arrive(u32 a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory"); }
-// An arrival on the mbarrier at `a` once every cp.async this thread has issued so far has landed
-// (the thread goes on at once; the barrier's count includes the arrival).
-__device__ __forceinline__ void cp_async_arrive(u32 a) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 a, u32 parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nMBW_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra MBW_%=;\n}\n" ::"r"(a),
-        "r"(parity)
-        : "memory");
-}
-#endif
 template <int NST, bool GLU>
 __device__ __forceinline__ void mmfw_ws_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X,
                                              i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,

@@ -250,6 +250,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc",
     "mla_split_tc_h",
     "mmq_q8_64",
+    "mmq_q8_64ws",
     "mmq_q8_16",
     "mmq_q8_16g1",
     "mmq_q8_rows",
@@ -632,6 +633,7 @@ fn kernel_names() -> Vec<String> {
         "moe_route_quant",
         "moe_gateup_sh_q8q",
         "mmq_q8_64",
+        "mmq_q8_64ws",
         "mmq_q8_16",
         "mmq_q8_16g1",
         "mmq_q8_rows",
@@ -825,6 +827,10 @@ pub struct CudaBackend {
     /// sequences 5,335 -> 5,661; at 64 (row-major experts) mmq_q8_64's tiles were 1.4% faster
     /// ([`CudaBackend::set_mmq_tiles`]).
     mmq_rows_dense: AtomicUsize,
+    /// The 64-token int8 tiles with their stage copies on a producer warp (`mmq_q8_64ws`, 160
+    /// threads, two blocks an SM; sm_90) in place of `mmq_q8_64`: `TS_CUDA_MMQ_WS=1`. The same
+    /// bits. Written in the seventeenth session, not yet run.
+    mmq_ws: bool,
     /// Row sets a warp of the grouped expert products on the rows kernel: 1 (`mmq_q8_rows`), 2
     /// (`mmq_q8_rows_r2`, 128 rows a block, the same bits), or 0 for the default: 2 from 12
     /// (token, slot) pairs an expert (V2-Lite: ~99 tokens). On the H200, 128 sequences 12,663 ->
@@ -1085,6 +1091,7 @@ impl CudaBackend {
                 _ => (false, true),
             },
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
+            mmq_ws: major >= 9 && std::env::var("TS_CUDA_MMQ_WS").is_ok_and(|v| v == "1"),
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             rows_r: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R").as_deref() {
                 Ok("1") => 1,
@@ -1774,6 +1781,7 @@ impl CudaBackend {
             _ if rows => ("mmq_q8_rows_d", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
+            _ if self.mmq_ws => ("mmq_q8_64ws", MMQ_SMEM),
             _ => ("mmq_q8_64", MMQ_SMEM),
         };
         let args = [
@@ -1813,7 +1821,8 @@ impl CudaBackend {
         ];
         // (The mmq_q8 tiles take the common arguments only.)
         let na = if rows { args.len() } else { 25 };
-        self.launch(name, grid, 128, smem as u32, &args[..na]);
+        // (mmq_q8_64ws: the 4 multiplying warps and a producer warp)
+        self.launch(name, grid, if name == "mmq_q8_64ws" { 160 } else { 128 }, smem as u32, &args[..na]);
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
