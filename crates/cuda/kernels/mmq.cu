@@ -240,10 +240,11 @@ __device__ __forceinline__ void acc_zero(float (&acc)[MI][NI][4]) {
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
 }
-// One 128-value group of an int8 tile (mmq_impl, mmq_ws_impl): the warp's MI m16 x NI n8 tiles
-// from the weight rows at As and the activation rows at Bs (rows RS bytes apart; As_s and Bs_s
-// the same places as shared-space addresses), m16n8k32 int8 products scaled by the rows' and
-// tokens' block scales and summed in block order; SKIP leaves out n8 tiles past the tile's nt
+// One 128-value group of an int8 tile (mmq_ws_impl; mmq_impl keeps the same body inline, as it
+// was measured: through this function its static SASS moves by a few instructions and spills):
+// the warp's MI m16 x NI n8 tiles from the weight rows at As and the activation rows at Bs (rows
+// RS bytes apart; As_s and Bs_s the same places as shared-space addresses), m16n8k32 int8
+// products scaled by the rows' and tokens' block scales and summed in block order; SKIP leaves out n8 tiles past the tile's nt
 // tokens (wn: the warp's first token). The fragment loads take the shared-space addresses:
 // 32-bit address arithmetic instead of generic pointers (measured 2026-11-30: pp512 +3%,
 // pp2048 +3%, 64 sequences +1%; with generic pointers each of a stage's 16 ldmatrix paid 64-bit
@@ -400,9 +401,68 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         load(gi + NST - 1);   // into the buffer of stage gi-1
 #pragma unroll
         for (int h = 0; h < GPS; h++) {
-            if (GPS > 1 && gi * GPS + h >= g1 - g0) break;  // a short last stage
-            const int a0 = (gi % NST) * STAGE + wm * RS + h * MMQ_GB, b0 = (gi % NST) * STAGE + (MMQ_BM + wn) * RS + h * MMQ_GB;
-            mmq_group<MI, NI, RS, SKIP>(acc, mmq_sm + a0, mmq_sm + b0, sm0 + (u32)a0, sm0 + (u32)b0, wn, nt, g, t, lr, li);
+        if (GPS > 1 && gi * GPS + h >= g1 - g0) break;  // a short last stage
+        const u8* As = mmq_sm + (gi % NST) * STAGE + wm * RS + h * MMQ_GB;
+        const u8* Bs = mmq_sm + (gi % NST) * STAGE + (MMQ_BM + wn) * RS + h * MMQ_GB;
+        // The same two places as shared-space addresses, for the fragment loads: 32-bit address
+        // arithmetic instead of generic pointers (measured 2026-11-30: pp512 +3%, pp2048 +3%,
+        // 64 sequences +1%; with generic pointers each of a stage's 16 ldmatrix paid 64-bit adds).
+        const u32 As_s = sm0 + (u32)((gi % NST) * STAGE + wm * RS + h * MMQ_GB);
+        const u32 Bs_s = sm0 + (u32)((gi % NST) * STAGE + (MMQ_BM + wn) * RS + h * MMQ_GB);
+        uint2 ha[MI][2], hb[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            ha[mi][0] = *(const uint2*)(As + (mi * 16 + g) * RS);
+            ha[mi][1] = *(const uint2*)(As + (mi * 16 + g + 8) * RS);
+        }
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+            hb[ni][0] = *(const uint2*)(Bs + (ni * 8 + 2 * t) * RS);
+            hb[ni][1] = *(const uint2*)(Bs + (ni * 8 + 2 * t + 1) * RS);
+        }
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            u32 a[MI][4], b[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                ldsm4_s(a[mi], As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RS + 16 + s * 32 + (li >> 1) * 16));
+            }
+#pragma unroll
+            for (int np = 0; np < NI / 2; np++) {
+                u32 r[4];
+                if (SKIP && wn + np * 16 >= nt) break;  // only padding tokens past here (warp-uniform)
+                ldsm4_s(r, Bs_s + (u32)((np * 16 + (li >> 1) * 8 + lr) * RS + 16 + s * 32 + (li & 1) * 16));
+                b[2 * np][0] = r[0];
+                b[2 * np][1] = r[1];
+                b[2 * np + 1][0] = r[2];
+                b[2 * np + 1][1] = r[3];
+            }
+            float da[MI][2], db[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                da[mi][0] = hsel(ha[mi][0], s);
+                da[mi][1] = hsel(ha[mi][1], s);
+            }
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) {
+                db[ni][0] = hsel(hb[ni][0], s);
+                db[ni][1] = hsel(hb[ni][1], s);
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {
+                    // n8 tiles holding only padding tokens are skipped: an expert with 8 or
+                    // fewer tokens (most, in batched decode) costs half the 16-token tile's work.
+                    if (SKIP && wn + ni * 8 >= nt) break;
+                    int c[4] = {0, 0, 0, 0};
+                    mma_s8(c, a[mi], b[ni]);
+                    acc[mi][ni][0] += (float)c[0] * (da[mi][0] * db[ni][0]);
+                    acc[mi][ni][1] += (float)c[1] * (da[mi][0] * db[ni][1]);
+                    acc[mi][ni][2] += (float)c[2] * (da[mi][1] * db[ni][0]);
+                    acc[mi][ni][3] += (float)c[3] * (da[mi][1] * db[ni][1]);
+                }
+        }
         }
     }
     acc_store(acc, out, ooff, ostride, dst_row, m0 + wm, wn, m, nt, g, t);
