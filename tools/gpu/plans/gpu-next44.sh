@@ -15,14 +15,11 @@
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
-T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
 stamp "== op test: wgmma kernels (mmfw, mmfw_ws)"
-timeout 180 "$OPS" --nocapture --test-threads 1 moe_f16_prompt > $O/ops_w.txt 2>&1; echo "exit $? (124: cut off)"
-grep -E "mmfw|FAIL|test result|panicked|skipped" $O/ops_w.txt | head -24
+op_log 180 1 ops_w.txt "mmfw|skipped|" "" moe_f16_prompt
 stamp "== op test: the f16 copies' kernels on a producer warp (TS_CUDA_MMF=ws)"
-TS_CUDA_MMF=ws timeout 180 "$OPS" --nocapture --test-threads 1 moe_f16_prompt > $O/ops_ws.txt 2>&1; echo "exit $? (124: cut off)"
-grep -E "FAIL|test result|panicked" $O/ops_ws.txt | head -8
+op_log 180 1 ops_ws.txt "" "TS_CUDA_MMF=ws" moe_f16_prompt
 wait
 stamp "== prompts"
 for r in 1 2; do

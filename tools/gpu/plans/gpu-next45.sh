@@ -9,11 +9,9 @@
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
-T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
 stamp "== every op test with TS_CUDA_MMQ_WS=1"
-TS_CUDA_MMQ_WS=1 timeout 200 "$OPS" --test-threads 4 > $O/ops_mmqws.txt 2>&1; echo "exit $? (124: cut off)"
-grep -E "FAIL|test result|panicked" $O/ops_mmqws.txt | head -12
+op_log 200 4 ops_mmqws.txt "" "TS_CUDA_MMQ_WS=1"
 wait
 stamp "== 64 sequences"
 ab64 2 "" "TS_CUDA_MMQ_WS=1"

@@ -66,3 +66,13 @@ serve64() {
   curl -sf http://127.0.0.1:8089/metrics | grep -E "^turbospark_(steps_total|batch_tokens_total|step_seconds_total|forward_seconds_total|prompt_tokens_total|completion_tokens_total) " | tr '\n' ' '; echo
   kill -INT $sp; wait $sp 2>/dev/null
 }
+# `stamp MSG`: MSG with the seconds since lib.sh was sourced.
+T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+# `op_log LIMIT THREADS LOG PATTERN ENV FILTER...`: ops_vs_cpu (with --nocapture) under ENV settings
+# ("" = none) for at most LIMIT seconds, its output in $O/LOG, then its exit status and the lines
+# matching PATTERN (besides failures and the summary).
+op_log() {
+  local lim=$1 th=$2 log=$3 pat=$4 e=$5; shift 5
+  env $e timeout $lim "$OPS" --nocapture --test-threads $th "$@" > $O/$log 2>&1; echo "exit $? (124: cut off)"
+  grep -E "${pat}FAIL|test result|panicked" $O/$log | head -24
+}
