@@ -969,7 +969,9 @@ extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 spl
 // row r % 64 of it 64 halves from there, so a 64-row tile's K-stage is one contiguous read.
 // Measured on the H200 against row-major copies (same call): pp512 19,334 -> 19,522, pp2048
 // 17,754 -> 17,874. One thread per 8 values.
-extern "C" __global__ void q8_to_f16(const u8* src, uint4* dst, i64 total, int ng) { PDL_ENTRY();
+// tiled = 0: row-major instead (row r's values at r * K halves), the layout cuBLAS reads: the shared
+// FFN's copies where it runs on cuBLAS (CudaBackend::shared_blas).
+extern "C" __global__ void q8_to_f16(const u8* src, uint4* dst, i64 total, int ng, int tiled) { PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
         const i64 row = i / (ng * 16);
         const int c = (int)(i - row * ng * 16), gi = c >> 4, p = c & 15;
@@ -985,7 +987,7 @@ extern "C" __global__ void q8_to_f16(const u8* src, uint4* dst, i64 total, int n
             o[j] = (u32)f2h(lo) | (u32)f2h(hi) << 16;
         }
         // (the 16-byte piece c of row `row`: value c*8 = stage c/8, piece c%8 of the stage)
-        const i64 at = ((row >> 6) * (ng * 2) + (c >> 3)) * 512 + (row & 63) * 8 + (c & 7);
+        const i64 at = tiled ? ((row >> 6) * (ng * 2) + (c >> 3)) * 512 + (row & 63) * 8 + (c & 7) : i;
         dst[at] = make_uint4(o[0], o[1], o[2], o[3]);
     }
 }

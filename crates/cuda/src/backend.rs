@@ -107,8 +107,11 @@ pub struct CudaWeight {
     /// An f16 copy of a Q8_0 MoE weight for prompt-size products ([`CudaBackend::f16_copy`]):
     /// each value `f16(q * d)` of its block, in 8 KB tiles of 64 rows x 64 values (`q8_to_f16`;
     /// `shape[0]` a multiple of 128, `shape[1]` of 64); the grouped expert products of prompts
-    /// read it on the f16 tensor cores (`mmf16_256`) instead of the int8 ones.
+    /// read it on the f16 tensor cores (`mmf16_256`) instead of the int8 ones. Row-major
+    /// instead (`half_rm`) for the shared FFN on cuBLAS ([`CudaBackend::shared_blas`]).
     half: Option<DevMem>,
+    /// `half` is row-major (`shape[0]` halves a row, matrix after matrix), not tiled.
+    half_rm: bool,
 }
 
 impl WeightInfo for CudaWeight {
@@ -144,7 +147,11 @@ impl CudaWeight {
     /// tile to the next, matrix bytes).
     fn half(&self) -> Option<(u64, usize, usize)> {
         let k = self.ne(0);
-        self.half.as_ref().map(|h| (h.ptr, 128 * k, 2 * k * self.ne(1)))
+        self.half.as_ref().filter(|_| !self.half_rm).map(|h| (h.ptr, 128 * k, 2 * k * self.ne(1)))
+    }
+    /// The row-major f16 copy's pointer ([`CudaWeight::half_rm`]), if there is one.
+    fn half_rm(&self) -> Option<u64> {
+        self.half.as_ref().filter(|_| self.half_rm).map(|h| h.ptr)
     }
 }
 
@@ -226,8 +233,13 @@ enum S {
     Xh,
     /// The MoE's GLU output in f16 (input of the f16 down projection).
     Hh,
+    /// The shared FFN on cuBLAS ([`CudaBackend::shared_blas`]): its gate then up rows (f32),
+    /// its GLU rows (f16), its output rows (f32).
+    Gu,
+    Hs,
+    Ys,
 }
-const N_SCRATCH: usize = 16;
+const N_SCRATCH: usize = 19;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -798,6 +810,13 @@ pub struct CudaBackend {
     /// -0.6%) and ~18,000 / ~16,900 on the int8 products; the same kernel on 4 x 2 warps
     /// (each fragment converted by two warps) 20,775 / 18,661, deleted.
     mmf_q8: AtomicU8,
+    /// Prompt MoEs: the shared FFN on cuBLAS from row-major f16 copies of its three matrices
+    /// ([`CudaBackend::shared_blas`]), the routed experts on the grouped `mmfq8` kernels from
+    /// Q8_0 (no copies of them); off: the shared FFN's chunks ride in the grouped kernels and
+    /// every expert matrix gets a tiled f16 copy where it fits (the sixteenth session's path).
+    /// Decides the copies at upload. `TS_CUDA_MOE_BLAS=0` or [`CudaBackend::set_moe_blas`];
+    /// default on.
+    moe_blas: AtomicBool,
     /// The `mmfq8_*` kernels (plain, gate-up-GLU, shared memory: 8 x 1 warps, four stages of
     /// [`MMFQ_STAGE`]) where the device gives their shared memory; None: not available.
     mmfq8: Option<(&'static str, &'static str, usize)>,
@@ -1072,6 +1091,7 @@ impl CudaBackend {
                 _ => 2,
             }),
             mmfq8,
+            moe_blas: AtomicBool::new(std::env::var("TS_CUDA_MOE_BLAS").map_or(true, |v| v != "0")),
             mmf_w: AtomicU8::new(match std::env::var("TS_CUDA_MMF_W").as_deref() {
                 Ok("1") => 1,
                 Ok("2") => 2,
@@ -1255,6 +1275,12 @@ impl CudaBackend {
         }
     }
 
+    /// [`CudaBackend::moe_blas`]: the prompt MoE's shared FFN on cuBLAS; decides the f16 copies
+    /// of the expert weights uploaded from now on (with it, row-major copies of 2-D ones only).
+    pub fn set_moe_blas(&self, on: bool) {
+        self.moe_blas.store(on, Ordering::Relaxed);
+    }
+
     /// Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores ([`CudaBackend::mmf_q8`]):
     /// 0 never, 1 always, 2 where the f16 copies are absent. False where the device lacks the
     /// kernels' shared memory (the setting is kept; those MoEs then take another path).
@@ -1281,6 +1307,8 @@ impl CudaBackend {
     /// rather than on the int8 ones. For the tests, whose tolerances against the CPU (which
     /// rounds activations to 8 bits) depend on it.
     pub fn moe_q8_runs_f16(&self, n: usize, k: usize, n_experts: usize, nsh: usize, hdim: usize, ff: usize) -> bool {
+        // (with the shared FFN on cuBLAS the grouped kernels see the routed pairs alone)
+        let nsh = if nsh > 0 && self.moe_blas.load(Ordering::Relaxed) && self.mmfq8.is_some() && n > GRAPH_MAX_TOKENS { 0 } else { nsh };
         Self::moe_tile_tokens(n * (k + nsh), n_experts + nsh) == 64
             && self.moe_f16
             && self.mmf_q8.load(Ordering::Relaxed) != 0
@@ -1850,6 +1878,25 @@ impl CudaBackend {
     ) {
         let n = xr.n;
         let (hdim, ff, ne, k) = (xr.width, experts.gate.ne(1), p.n_experts, p.k);
+        // The shared FFN on cuBLAS (its row-major copies exist only with moe_blas), added by
+        // the combine; the routed experts then as without a shared FFN.
+        let mut add = 0;
+        let shared = match shared.map(|s| (s, [s.gate.half_rm(), s.up.half_rm(), s.down.half_rm()])) {
+            Some((s, [Some(cg), Some(cu), Some(cd)])) if self.moe_blas.load(Ordering::Relaxed) && n > GRAPH_MAX_TOKENS => {
+                let act = match p.glu {
+                    Glu::SwiGlu => 1,
+                    Glu::GeGluTanh => 2,
+                };
+                match self.shared_blas(x, xr, (cg, cu, cd, s.gate.ne(1)), act) {
+                    Some(ys) => {
+                        add = ys;
+                        None
+                    }
+                    None => return,
+                }
+            }
+            other => other.map(|(s, _)| s),
+        };
         let nsh = shared.map_or(0, |s| s.gate.ne(1) / ff);
         let ks = k + nsh;
         let pairs = n * ks;
@@ -1903,7 +1950,6 @@ impl CudaBackend {
                 let wg = q8 && self.wgmma_kernels().is_some();
                 // (its token tiles are MMFW_BN wide: at most pairs / MMFW_BN + experts of them)
                 let tiles = if wg { (pairs.div_ceil(MMFW_BN) + ne_all) as u32 } else { tiles };
-                self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, wg);
                 // The shared chunks as in the int8 path: gate/up chunk c is rows c*ff.. of the
                 // shared matrix (f16 copy: ff/64 tiles, 2*ff*hdim bytes on; Q8_0: ff rows on),
                 // down chunk c columns c*ff.. of each of its rows (f16 copy: ff/64 stages of 8 KB
@@ -1915,6 +1961,7 @@ impl CudaBackend {
                     (true, false) => ff / 128 * 144,
                 };
                 let grp = |i: usize| (cnt, off, perm, ne_all, sh.map(|s| (s[i].0, s[i].1, chunk(i, s[i].1), ne)));
+                self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, wg);
                 if self.mmf_gu.load(Ordering::Relaxed) && (hg.1, hg.2) == (hu.1, hu.2) {
                     // Gate, up and the GLU in one launch (f16 GLU rows into hh).
                     let glu = Some((hu.0, sh.map_or(0, |s| s[1].0), act));
@@ -1925,7 +1972,7 @@ impl CudaBackend {
                     self.f16_rows(g, u, (0, ff), pairs, ff, act, hh, wg);
                 }
                 self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim), None, (q8, wg));
-                self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o);
+                self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
                 return;
             }
         }
@@ -1959,7 +2006,79 @@ impl CudaBackend {
         }
         self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, groups(sd), 1, (y, 0, hdim), (1, 0), bn);
-        self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o);
+        self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
+    }
+
+    /// The shared FFN of a prompt-size MoE on cuBLAS, from the row-major f16 copies `(gate, up,
+    /// down, sf)` of its `sf` rows: x to f16, gate and up (one batched call where up's copy lies
+    /// after gate's), the GLU (`f16_rows`), down; returns its f32 output rows (n x hdim, for
+    /// `moe_combine` to add), None after a failure. No copy, no count from the device: the
+    /// shapes are known on the host, so this needs no synchronisation. Why: on the H200 one
+    /// 512 x 2048 x 5632 GEMM runs at ~700 TFLOP/s where the grouped 64-token tiles reach ~130
+    /// (bound by their weight traffic from L2); busy routed experts on cuBLAS were measured too
+    /// (gpu-next46/47: their counts must come to the host, and with one sync a layer the eager
+    /// prompt's launches fall behind the GPU: pp512 21,529 against 21,652, dropped).
+    fn shared_blas(&self, x: &CudaBuf, xr: Rows, (cg, cu, cd, sf): (u64, u64, u64, usize), act: i32) -> Option<u64> {
+        let (n, hdim) = (xr.n, xr.width);
+        let (Some(xh), Some(gu), Some(hs), Some(ys)) =
+            (self.scratch(S::Xh, 2 * n * hdim), self.scratch(S::Gu, 8 * n * sf), self.scratch(S::Hs, 2 * n * sf), self.scratch(S::Ys, 4 * n * hdim))
+        else {
+            return None;
+        };
+        if let Err(e) = self.ctx.bind_to_thread() {
+            self.fail(format!("cuda context: {e:?}"));
+            return None;
+        }
+        self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, false);
+        let up_rows = 4 * (n * sf) as u64;
+        if cu > cg {
+            self.gemm_h16((cg, hdim, ((cu - cg) / 2) as i64), (xh, hdim), (gu, sf, (n * sf) as i64), (sf, n, hdim), 2);
+        } else {
+            self.gemm_h16((cg, hdim, 0), (xh, hdim), (gu, sf, 0), (sf, n, hdim), 1);
+            self.gemm_h16((cu, hdim, 0), (xh, hdim), (gu + up_rows, sf, 0), (sf, n, hdim), 1);
+        }
+        self.f16_rows(gu, gu + up_rows, (0, sf), n, sf, act, hs, false);
+        self.gemm_h16((cd, sf, 0), (hs, sf), (ys, hdim, 0), (hdim, n, sf), 1);
+        Some(ys)
+    }
+
+    /// cuBLAS, f16 in and f32 out (f32 accumulation), `batch` products: C_b[j][r] =
+    /// sum_i W_b[r][i] X[j][i] for r < m, j < n, i < k, with W_b at `w + 2*b*stride_w` (rows of
+    /// `lda` halves), X rows of `ldx` halves (the same for every b), C_b at `c + 4*b*stride_c`
+    /// (rows of `ldc` floats).
+    fn gemm_h16(&self, (w, lda, stride_w): (u64, usize, i64), (x, ldx): (u64, usize), (c, ldc, stride_c): (u64, usize, i64), (m, n, k): (usize, usize, usize), batch: i32) {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        let r = unsafe {
+            blas_result::gemm_strided_batched_ex(
+                *blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                m as i32,
+                n as i32,
+                k as i32,
+                &alpha as *const f32 as *const _,
+                w as *const _,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                lda as i32,
+                stride_w,
+                x as *const _,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                ldx as i32,
+                0,
+                &beta as *const f32 as *const _,
+                c as *mut _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                ldc as i32,
+                stride_c,
+                batch,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if let Err(e) = r {
+            self.fail(format!("cublasGemmStridedBatchedEx (f16, {m}x{k} by {n} rows, batch {batch}): {e:?}"));
+        }
     }
 
     /// `n` rows of `k` values (`k % 8 == 0`) from `src` at (offset, row stride) to f16 rows at
@@ -2042,13 +2161,15 @@ impl CudaBackend {
     /// `sel_e < 0` left out) plus its `ks - k` shared rows unweighted (`moe_combine`; a
     /// four-columns-a-thread variant measured +0.3% on prompts and ±0 at 64 sequences, dropped).
     #[allow(clippy::too_many_arguments)]
-    fn moe_combine(&self, y: u64, (k, ks): (usize, usize), hdim: usize, n: usize, (sel_e, sel_w): (u64, u64), out: &CudaBuf, o: Rows) {
+    /// `add` (0: none): `n` rows of `hdim` f32 added too (the shared FFN's, [`CudaBackend::shared_blas`]).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine(&self, y: u64, (k, ks): (usize, usize), hdim: usize, n: usize, (sel_e, sel_w): (u64, u64), out: &CudaBuf, o: Rows, add: u64) {
         self.launch(
             "moe_combine",
             Self::grid1(n * hdim),
             256,
             0,
-            &[A::P(y), i(k), i(ks), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride)],
+            &[A::P(y), i(k), i(ks), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride), A::P(add)],
         );
     }
 
@@ -2275,7 +2396,7 @@ impl Backend for CudaBackend {
             let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
             let mem = self.alloc_mem(bytes.len(), &format!("tensor '{}'", t.name))?;
             self.upload_bytes(&mem, 0, &bytes)?;
-            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4, tiled: None, half: None });
+            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4, tiled: None, half: None, half_rm: false });
         }
         let data = repack(t.dtype, t.data, ne0);
         let row_bytes = dev_row_bytes(t.dtype, ne0);
@@ -2320,12 +2441,16 @@ impl Backend for CudaBackend {
                 1 => true,
                 _ => self.tile_fits(half_bytes),
             };
-        let half = if half {
+        // With the shared FFN on cuBLAS (moe_blas): a row-major copy of the shared FFN's matrices
+        // (2-D) only; the routed experts run from Q8_0 on mmfq8, which needs no copy.
+        let half_rm = self.moe_blas.load(Ordering::Relaxed) && self.mmfq8.is_some();
+        let half = if half && !(half_rm && t.shape.len() > 2) {
             match self.alloc_mem(half_bytes, &format!("tensor '{}' (f16 copy)", t.name)) {
                 Ok(h) => {
                     let total = half_bytes / 16;
                     let blocks = total.div_ceil(256).min(65_536) as u32;
-                    self.launch("q8_to_f16", (blocks, 1, 1), 256, 0, &[A::P(mem.ptr), A::P(h.ptr), l(total), i(row_bytes / 144)]);
+                    let args = [A::P(mem.ptr), A::P(h.ptr), l(total), i(row_bytes / 144), i(!half_rm as usize)];
+                    self.launch("q8_to_f16", (blocks, 1, 1), 256, 0, &args);
                     Some(h)
                 }
                 Err(BackendError::OutOfMemory { .. }) if self.f16_copy.load(Ordering::Relaxed) == 2 => None,
@@ -2334,7 +2459,7 @@ impl Backend for CudaBackend {
         } else {
             None
         };
-        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled, half })
+        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled, half, half_rm })
     }
 
     fn upload_rope(&self, spec: &RopeSpec) -> Result<CudaRope> {
@@ -3055,7 +3180,7 @@ impl Backend for CudaBackend {
                 );
             }
         }
-        self.moe_combine(y, (k, k), hdim, n, (sel_e, sel_w), out, o);
+        self.moe_combine(y, (k, k), hdim, n, (sel_e, sel_w), out, o, 0);
     }
 
     /// Whether the batch counts as long-context for the MLA decode (`TS_CUDA_MLA_LONG`).

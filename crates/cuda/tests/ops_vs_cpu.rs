@@ -1708,7 +1708,10 @@ fn fused_moe_shared() {
 ///   without copies;
 /// - the same on wgmma (`mmfw_*` and `mmfw_ws_*`, `set_mmf_w`, sm_90a builds only): within 1e-4
 ///   of `mmfq8_*` (seen: the same bits), and their gate-up kernels the same bits as their three
-///   launches (k-permuted f16 rows both ways).
+///   launches (k-permuted f16 rows both ways);
+/// - the shared FFN on cuBLAS (`set_moe_blas`, the default; its row-major copies checked byte
+///   for byte, the routed experts without copies on `mmfq8_*`): within 1e-4 of `mmfq8_*` with
+///   the shared chunks in the grouped kernels (the same f16 operands, summed in another order).
 #[test]
 fn moe_f16_prompt() {
     let Some(g0) = gpu() else { return };
@@ -1719,6 +1722,7 @@ fn moe_f16_prompt() {
     // The three launches (gate, up, f16_rows) on this one; the default, one launch, on `fu`.
     let f = &CudaBackend::new(0).expect("second backend");
     f.set_f16_copy(true);
+    f.set_moe_blas(false);
     f.set_mmf_gu(false);
     // The int8 path for comparison: a backend that makes no f16 copies and does not take the
     // products from Q8_0 on the f16 tensor cores either.
@@ -1728,7 +1732,12 @@ fn moe_f16_prompt() {
     // Gate, up and the GLU in one launch (mmf16_gu): the same bits as the three.
     let fu = &CudaBackend::new(0).expect("fourth backend");
     fu.set_f16_copy(true);
+    fu.set_moe_blas(false);
     fu.set_mmf_gu(true);
+    // The shared FFN on cuBLAS from row-major copies, the routed experts on mmfq8 (the default).
+    let fb = &CudaBackend::new(0).expect("sixth backend");
+    fb.set_f16_copy(true);
+    fb.set_moe_blas(true);
     // Straight from the Q8_0 weights: no copies (the default then).
     let fq = &CudaBackend::new(0).expect("fifth backend");
     fq.set_f16_copy(false);
@@ -1756,6 +1765,19 @@ fn moe_f16_prompt() {
         let uw: Vec<CudaWeight> = (0..6).map(|i| up(fu, i)).collect();
         let gw: Vec<CudaWeight> = (0..6).map(|i| up(g, i)).collect();
         let qw: Vec<CudaWeight> = (0..6).map(|i| up(fq, i)).collect();
+        let bw: Vec<CudaWeight> = (0..6).map(|i| up(fb, i)).collect();
+        if have_mmfq8 {
+            for (i, w) in bw.iter().enumerate() {
+                let want: Vec<u8> = ws[i].1.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+                let got = fb.half_bytes(w).unwrap();
+                if i < 3 && got.is_some() {
+                    rep.failures.push(format!("case {ci}: routed weight {i} got an f16 copy with the shared FFN on cuBLAS"));
+                }
+                if i >= 3 && got.as_deref() != Some(&want[..]) {
+                    rep.failures.push(format!("case {ci}: row-major q8_to_f16 of shared weight {i} differs from the host's f16"));
+                }
+            }
+        }
         for (i, w) in fw.iter().enumerate().take(3) {
             let mut want: Vec<u8> = ws[i].1.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
             // In 8 KB chunks of 64 rows x 64 values, chunk (r/64, c/64) at (r/64 * K/64 + c/64).
@@ -1790,6 +1812,7 @@ fn moe_f16_prompt() {
             get(b, &bo, o)
         };
         let (got, int8, fused, direct) = (run(f, &fw), run(g, &gw), run(fu, &uw), run(fq, &qw));
+        let blas = run(fb, &bw);
         // mmfq8 forced where the copies exist (the copies' backend, one launch): the same bits.
         fu.set_mmf_q8(1);
         let forced = run(fu, &uw);
@@ -1817,6 +1840,8 @@ fn moe_f16_prompt() {
         if have_mmfq8 {
             rep.check(&format!("{lab} mmfq8 (Q8_0 weights) vs the f16 copies"), &direct, &fused, 1e-4, 1e-4);
             rep.check(&format!("{lab} mmfq8 forced past the copies (exact)"), &forced, &direct, 0.0, 0.0);
+            // (the shared FFN goes to cuBLAS past 128 tokens: cases 0 and 2)
+            rep.check(&format!("{lab} shared FFN on cuBLAS vs mmfq8"), &blas, &direct, 1e-4, 1e-4);
         }
         for (mode, one, three) in &wg {
             let kind = if *mode == 1 { "mmfw" } else { "mmfw_ws" };
