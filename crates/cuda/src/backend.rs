@@ -658,14 +658,10 @@ fn kernel_names() -> Vec<String> {
         "mmf16_256s4",
         "mmf16_gu",
         "mmf16_gu_s4",
-        "mmf16_ws_256s4",
-        "mmf16_ws_gu_s4",
         "mmfq8_256s4",
         "mmfq8_gu_s4",
         "mmfw_256s3",
         "mmfw_gu_s3",
-        "mmfw_ws_256s3",
-        "mmfw_ws_gu_s3",
         "mla_prefill",
     ]
     .iter()
@@ -793,10 +789,6 @@ pub struct CudaBackend {
     /// The f16 products' kernels ([`MMF_TILES`]: plain, gate-up-GLU, shared bytes), or
     /// None where the device lacks its shared memory (prompt MoEs then stay on int8).
     mmf: Option<(&'static str, &'static str, usize)>,
-    /// Threads a block of the `mmf` kernels: 256, or 288 for the producer-warp tiles
-    /// (`mmf16_ws_*`, `TS_CUDA_MMF=ws`: the stage copies on a ninth warp; written in the
-    /// seventeenth session, not yet run).
-    mmf_threads: u32,
     /// The prompt MoE's gate, up and GLU in one f16 launch (`mmf16_gu`, the same bits as gate,
     /// up and `f16_rows`); default on, `TS_CUDA_MMF_GU=0` or [`CudaBackend::set_mmf_gu`] for the
     /// three launches. Measured on the H200: pp512 19,949 -> 21,538, pp2048 18,229 -> 19,454.
@@ -823,13 +815,13 @@ pub struct CudaBackend {
     /// The same products on wgmma (sm_90a: A from registers, the activations read by the tensor
     /// cores from shared memory, k-permuted rows; see kernels/mmq.cu) in place of `mmfq8_*`: 0
     /// off, 1 `mmfw_*` (every warp copies and multiplies; measured on the H200: the same bits,
-    /// pp512 21,510 vs 21,745, pp2048 19,373 vs 19,640), 2 `mmfw_ws_*` (a producer warpgroup
-    /// copies; written, not yet run); `TS_CUDA_MMF_W=1|2` or [`CudaBackend::set_mmf_w`].
+    /// pp512 21,510 vs 21,745, pp2048 19,373 vs 19,640); `TS_CUDA_MMF_W=1` or
+    /// [`CudaBackend::set_mmf_w`]. (A producer-warpgroup twin, `mmfw_ws_*`, ran 19,618 against
+    /// 21,444 in the eighteenth session and was deleted.)
     mmf_w: AtomicU8,
-    /// The `mmfw_*` and `mmfw_ws_*` kernels where the kernels were built for sm_90a and the
-    /// device gives their shared memory.
+    /// The `mmfw_*` kernels where the kernels were built for sm_90a and the device gives their
+    /// shared memory.
     mmfw: Option<(&'static str, &'static str, usize)>,
-    mmfw_ws: Option<(&'static str, &'static str, usize)>,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -1033,15 +1025,11 @@ impl CudaBackend {
                 (smem <= optin && set(plain) && set(gu)).then_some((plain, gu, smem))
             })
         };
-        let ws = std::env::var("TS_CUDA_MMF").is_ok_and(|v| v == "ws") && major >= 9;
-        let mmf = if ws { pick(&[("mmf16_ws_256s4", "mmf16_ws_gu_s4", 4)], 320 * 144) } else { pick(&MMF_TILES, 320 * 144) };
-        let mmf_threads = if ws && mmf.is_some() { 288 } else { 256 };
+        // (A producer-warp twin of the copies' tiles, `mmf16_ws_*`, ran pp512 14,743 against
+        // 21,786 in the eighteenth session and was deleted.)
+        let mmf = pick(&MMF_TILES, 320 * 144);
         let mmfq8 = pick(&[("mmfq8_256s4", "mmfq8_gu_s4", 4)], MMFQ_STAGE);
-        let (mmfw, mmfw_ws) = if arch == "sm_90a" {
-            (pick(&[("mmfw_256s3", "mmfw_gu_s3", 3)], MMFW_STAGE), pick(&[("mmfw_ws_256s3", "mmfw_ws_gu_s3", 3)], MMFW_STAGE))
-        } else {
-            (None, None)
-        };
+        let mmfw = if arch == "sm_90a" { pick(&[("mmfw_256s3", "mmfw_gu_s3", 3)], MMFW_STAGE) } else { None };
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -1083,7 +1071,6 @@ impl CudaBackend {
             }),
             moe_f16: std::env::var("TS_CUDA_MOE_F16").map_or(true, |v| v != "0"),
             mmf,
-            mmf_threads,
             mmf_gu: AtomicBool::new(std::env::var("TS_CUDA_MMF_GU").map_or(true, |v| v != "0")),
             mmf_q8: AtomicU8::new(match std::env::var("TS_CUDA_MMF_Q8").as_deref() {
                 Ok("1") => 1,
@@ -1094,11 +1081,9 @@ impl CudaBackend {
             moe_blas: AtomicBool::new(std::env::var("TS_CUDA_MOE_BLAS").map_or(true, |v| v != "0")),
             mmf_w: AtomicU8::new(match std::env::var("TS_CUDA_MMF_W").as_deref() {
                 Ok("1") => 1,
-                Ok("2") => 2,
                 _ => 0,
             }),
             mmfw,
-            mmfw_ws,
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -1258,11 +1243,11 @@ impl CudaBackend {
         self.mmq_rows_dense.store(rows, Ordering::Relaxed);
     }
 
-    /// Prompt MoEs from Q8_0 on wgmma ([`CudaBackend::mmf_w`]: 0 off, 1 `mmfw_*`, 2
-    /// `mmfw_ws_*`) instead of `mmfq8_*`. False where the kernels asked for cannot run here (not
+    /// Prompt MoEs from Q8_0 on wgmma ([`CudaBackend::mmf_w`]: 0 off, 1 `mmfw_*`) instead of
+    /// `mmfq8_*`. False where the kernels asked for cannot run here (not
     /// an sm_90a build, or too little shared memory; those MoEs then stay on `mmfq8_*`).
     pub fn set_mmf_w(&self, mode: u8) -> bool {
-        self.mmf_w.store(mode.min(2), Ordering::Relaxed);
+        self.mmf_w.store(mode.min(1), Ordering::Relaxed);
         self.wgmma_kernels().is_some() || mode == 0
     }
 
@@ -1270,7 +1255,6 @@ impl CudaBackend {
     fn wgmma_kernels(&self) -> Option<((&'static str, &'static str, usize), u32)> {
         match self.mmf_w.load(Ordering::Relaxed) {
             1 => self.mmfw.map(|t| (t, 256)),
-            2 => self.mmfw_ws.map(|t| (t, 384)),
             _ => None,
         }
     }
@@ -2124,7 +2108,7 @@ impl CudaBackend {
         let ((plain, gu, smem), threads) = match (q8, wg, self.mmf, self.mmfq8, self.wgmma_kernels()) {
             (true, true, _, _, Some(t)) => t,
             (true, false, _, Some(t), _) => (t, 256),
-            (false, _, Some(t), _, _) => (t, self.mmf_threads),
+            (false, _, Some(t), _, _) => (t, 256),
             _ => return,
         };
         let (name, rows) = if glu.is_some() { (gu, 128) } else { (plain, 256) };

@@ -1706,7 +1706,7 @@ fn fused_moe_shared() {
 ///   copies): the same f16 weights, the 16 products of each mma paired differently, so within
 ///   1e-4 of the copies' result; and with copies present but `set_mmf_q8(1)`, the same bits as
 ///   without copies;
-/// - the same on wgmma (`mmfw_*` and `mmfw_ws_*`, `set_mmf_w`, sm_90a builds only): within 1e-4
+/// - the same on wgmma (`mmfw_*`, `set_mmf_w`, sm_90a builds only): within 1e-4
 ///   of `mmfq8_*` (seen: the same bits), and their gate-up kernels the same bits as their three
 ///   launches (k-permuted f16 rows both ways);
 /// - the shared FFN on cuBLAS (`set_moe_blas`, the default; its row-major copies checked byte
@@ -1817,10 +1817,10 @@ fn moe_f16_prompt() {
         fu.set_mmf_q8(1);
         let forced = run(fu, &uw);
         fu.set_mmf_q8(2);
-        // The same products on wgmma (sm_90a; mmfw_*, then mmfw_ws_* with a producer warpgroup),
+        // The same products on wgmma (sm_90a; mmfw_*),
         // gate-up in one launch and in three.
         let mut wg = Vec::new();
-        for mode in [1u8, 2] {
+        for mode in [1u8] {
             if fq.set_mmf_w(mode) {
                 let one = run(fq, &qw);
                 fq.set_mmf_gu(false);
@@ -1843,8 +1843,8 @@ fn moe_f16_prompt() {
             // (the shared FFN goes to cuBLAS past 128 tokens: cases 0 and 2)
             rep.check(&format!("{lab} shared FFN on cuBLAS vs mmfq8"), &blas, &direct, 1e-4, 1e-4);
         }
-        for (mode, one, three) in &wg {
-            let kind = if *mode == 1 { "mmfw" } else { "mmfw_ws" };
+        for (_, one, three) in &wg {
+            let kind = "mmfw";
             rep.check(&format!("{lab} {kind} (wgmma) vs mmfq8"), one, &direct, 1e-4, 1e-4);
             rep.check(&format!("{lab} {kind}_gu vs gate, up, f16_rows on wgmma (exact)"), three, one, 0.0, 0.0);
         }
