@@ -1677,43 +1677,13 @@ impl CudaBackend {
             );
             (wb, blas_sys::cudaDataType::CUDA_R_16BF, xb, blas_sys::cudaDataType::CUDA_R_16BF, k * g, k)
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
         // cuBLAS runs on whichever context is current on this thread.
         if let Err(e) = self.ctx.bind_to_thread() {
             self.fail(format!("cuda context: {e:?}"));
             return;
         }
-        let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
-        let r = unsafe {
-            blas_result::gemm_strided_batched_ex(
-                *blas.handle(),
-                blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                m as i32,
-                ng as i32,
-                k as i32,
-                &alpha as *const f32 as *const _,
-                a_ptr as *const _,
-                a_type,
-                k as i32,
-                (m * k) as i64,
-                b_ptr as *const _,
-                b_type,
-                ldb as i32,
-                stride_b as i64,
-                &beta as *const f32 as *const _,
-                (out.0.ptr + 4 * o.off as u64) as *mut _,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                (o.stride * g) as i32,
-                o.stride as i64,
-                g as i32,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        };
-        if let Err(e) = r {
-            self.fail(format!("cublasGemmStridedBatchedEx ({m}x{k} by {ng} tokens, {} groups): {e:?}", g));
-        }
+        let c = out.0.ptr + 4 * o.off as u64;
+        self.gemm_ex((a_ptr, a_type, k, (m * k) as i64), (b_ptr, b_type, ldb, stride_b as i64), (c, o.stride * g, o.stride as i64), (m, ng, k), g as i32);
     }
 
     /// Quantise `n` rows of `k` values (row j at `src + off + j*stride`, f32) into Q8_0 groups at
@@ -2026,11 +1996,27 @@ impl CudaBackend {
         Some(ys)
     }
 
-    /// cuBLAS, f16 in and f32 out (f32 accumulation), `batch` products: C_b[j][r] =
-    /// sum_i W_b[r][i] X[j][i] for r < m, j < n, i < k, with W_b at `w + 2*b*stride_w` (rows of
-    /// `lda` halves), X rows of `ldx` halves (the same for every b), C_b at `c + 4*b*stride_c`
-    /// (rows of `ldc` floats).
-    fn gemm_h16(&self, (w, lda, stride_w): (u64, usize, i64), (x, ldx): (u64, usize), (c, ldc, stride_c): (u64, usize, i64), (m, n, k): (usize, usize, usize), batch: i32) {
+    /// [`CudaBackend::gemm_ex`] with f16 weights and activations (the activations the same for
+    /// every product of the batch).
+    fn gemm_h16(&self, (w, lda, stride_w): (u64, usize, i64), (x, ldx): (u64, usize), c: (u64, usize, i64), mnk: (usize, usize, usize), batch: i32) {
+        let h = blas_sys::cudaDataType::CUDA_R_16F;
+        self.gemm_ex((w, h, lda, stride_w), (x, h, ldx, 0), c, mnk, batch);
+    }
+
+    /// cuBLAS with f32 out and f32 accumulation, `batch` products (column-major view: C_b[m, n]
+    /// = W_b^T[m, k] X_b[k, n]): C_b[j][r] = sum_i W_b[r][i] X_b[j][i] for r < m, j < n, i < k,
+    /// with W_b at `w` + b * `stride_w` elements (rows of `lda` elements of `wt`), X_b likewise
+    /// (rows of `ldx`), C_b at `c` + b * `stride_c` floats (rows of `ldc`). The context must be
+    /// current on this thread.
+    #[allow(clippy::type_complexity)]
+    fn gemm_ex(
+        &self,
+        (w, wt, lda, stride_w): (u64, blas_sys::cudaDataType, usize, i64),
+        (x, xt, ldx, stride_x): (u64, blas_sys::cudaDataType, usize, i64),
+        (c, ldc, stride_c): (u64, usize, i64),
+        (m, n, k): (usize, usize, usize),
+        batch: i32,
+    ) {
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
         let r = unsafe {
@@ -2043,13 +2029,13 @@ impl CudaBackend {
                 k as i32,
                 &alpha as *const f32 as *const _,
                 w as *const _,
-                blas_sys::cudaDataType::CUDA_R_16F,
+                wt,
                 lda as i32,
                 stride_w,
                 x as *const _,
-                blas_sys::cudaDataType::CUDA_R_16F,
+                xt,
                 ldx as i32,
-                0,
+                stride_x,
                 &beta as *const f32 as *const _,
                 c as *mut _,
                 blas_sys::cudaDataType::CUDA_R_32F,
@@ -2061,7 +2047,7 @@ impl CudaBackend {
             )
         };
         if let Err(e) = r {
-            self.fail(format!("cublasGemmStridedBatchedEx (f16, {m}x{k} by {n} rows, batch {batch}): {e:?}"));
+            self.fail(format!("cublasGemmStridedBatchedEx ({m}x{k} by {n} rows, batch {batch}): {e:?}"));
         }
     }
 
