@@ -1915,7 +1915,10 @@ impl CudaBackend {
                     (true, false) => ff / 128 * 144,
                 };
                 let grp = |i: usize| (cnt, off, perm, ne_all, sh.map(|s| (s[i].0, s[i].1, chunk(i, s[i].1), ne)));
-                self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, wg);
+                // (shared_blas, when it ran, left these very rows in xh: same slot, same size)
+                if add == 0 || wg {
+                    self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, wg);
+                }
                 if self.mmf_gu.load(Ordering::Relaxed) && (hg.1, hg.2) == (hu.1, hu.2) {
                     // Gate, up and the GLU in one launch (f16 GLU rows into hh).
                     let glu = Some((hu.0, sh.map_or(0, |s| s[1].0), act));
