@@ -19,7 +19,7 @@ import collections, ctypes, glob, os, re, subprocess, sys, tempfile
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
 K = os.path.join(ROOT, 'crates', 'cuda', 'kernels')
 # Program order of crates/cuda/src/kernels.rs (SOURCES).
-FILES = ['common.cuh', 'elementwise.cu', 'matmul.cu', 'attention.cu', 'moe.cu', 'fast.cu', 'fused.cu', 'mmq.cu',
+FILES = ['common.cuh', 'elementwise.cu', 'matmul.cu', 'attention.cu', 'moe.cu', 'fast.cu', 'fused.cu', 'mmq.cu', 'mmh.cu',
          'mla_prefill.cu']
 
 

@@ -199,6 +199,9 @@ enum A {
     L(i64),
     I(i32),
     F(f32),
+    /// A TMA descriptor passed by value (a `__grid_constant__ TmaMap` parameter, kernels/mmh.cu);
+    /// the pointee must live until the launch call returns (the driver copies it then).
+    T(*const drv_sys::CUtensorMap),
 }
 
 fn l(v: usize) -> A {
@@ -238,8 +241,11 @@ enum S {
     Gu,
     Hs,
     Ys,
+    /// The prompt MoE's input rows in f16, one per (token, slot) pair in expert order
+    /// (`moe_gather_h`, the input of `mmh_gu`).
+    Xs,
 }
-const N_SCRATCH: usize = 19;
+const N_SCRATCH: usize = 20;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -284,6 +290,12 @@ const MMFQ_STAGE: usize = 256 * 144 + 64 * 288;
 const MMFW_STAGE: usize = 256 * 144 + 128 * 256;
 /// Tokens a tile of the `mmfw_*` kernels (a tile of 64 or fewer runs at half width).
 const MMFW_BN: usize = 128;
+/// Dynamic shared memory of the `mmh_*` kernels (kernels/mmh.cu): four stages of 128 pair rows
+/// and 256 weight rows of 128 bytes, plus 1 KB to align the first stage to 1,024 bytes (the
+/// 128-byte swizzle's period).
+const MMH_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
+/// (Token, slot) pairs a tile of the `mmh_*` kernels.
+const MMH_BM: usize = 128;
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
 const FAST_SMEM_MAX: usize = 160 * 1024;
 /// Dynamic shared memory of an `mmq_q8` kernel: `nst` stages of 64 + `bn` rows of `gps` groups
@@ -662,6 +674,9 @@ fn kernel_names() -> Vec<String> {
         "mmfq8_gu_s4",
         "mmfw_256s3",
         "mmfw_gu_s3",
+        "mmh_gu",
+        "mmh_dn",
+        "moe_gather_h",
         "mla_prefill",
     ]
     .iter()
@@ -822,6 +837,26 @@ pub struct CudaBackend {
     /// The `mmfw_*` kernels where the kernels were built for sm_90a and the device gives their
     /// shared memory.
     mmfw: Option<(&'static str, &'static str, usize)>,
+    /// The `mmh_*` kernels (kernels/mmh.cu: wgmma with both operands from shared memory, fed by
+    /// TMA from a producer warpgroup) can run here: an sm_90a build that got their shared memory.
+    mmh: bool,
+    /// Prompt MoEs on `mmh_*` where it can run, from row-major f16 copies of the expert stacks
+    /// made at upload (where memory allows, as the other copies), with the shared FFN on
+    /// cuBLAS ([`CudaBackend::moe_blas`]); default on, `TS_CUDA_MMH=0` or
+    /// [`CudaBackend::set_mmh`] (which also decides the copies of weights uploaded after it).
+    mmh_on: AtomicBool,
+    /// Prompt MoEs run on `mmh_*` so far (for the tests to see that the path ran).
+    mmh_runs: AtomicUsize,
+    /// Dense Q8_0 products of prompts (more than [`GRAPH_MAX_TOKENS`] rows) on cuBLAS in f16,
+    /// from row-major f16 copies of the matrices made at upload where memory allows (rows of
+    /// whole 128-value groups; `f16(q * d)` of each value) and f16 activations (`f16_rows`),
+    /// instead of the int8 tiles (`mmq_q8_64`, activations rounded to 8 bits); default on,
+    /// `TS_CUDA_DENSE_BLAS=0` or [`CudaBackend::set_dense_blas`] (which also decides the copies
+    /// of weights uploaded after it). Batched decode keeps the int8 tiles.
+    dense_blas: AtomicBool,
+    /// `TS_CUDA_MOE_COUNTS=1`: each grouped MoE prints how its pairs spread over the experts
+    /// ([`CudaBackend::print_moe_counts`]; a measurement mode that waits for the device).
+    moe_counts: bool,
     /// Source bytes of the load's tensors still to come ([`Backend::load_remaining`]).
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
@@ -1030,6 +1065,13 @@ impl CudaBackend {
         let mmf = pick(&MMF_TILES, 320 * 144);
         let mmfq8 = pick(&[("mmfq8_256s4", "mmfq8_gu_s4", 4)], MMFQ_STAGE);
         let mmfw = if arch == "sm_90a" { pick(&[("mmfw_256s3", "mmfw_gu_s3", 3)], MMFW_STAGE) } else { None };
+        let mmh = arch == "sm_90a"
+            && MMH_SMEM <= optin
+            && ["mmh_gu", "mmh_dn"].iter().all(|n| {
+                funcs[*n]
+                    .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, MMH_SMEM as i32)
+                    .is_ok()
+            });
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -1084,6 +1126,11 @@ impl CudaBackend {
                 _ => 0,
             }),
             mmfw,
+            mmh,
+            mmh_on: AtomicBool::new(std::env::var("TS_CUDA_MMH").map_or(true, |v| v != "0")),
+            mmh_runs: AtomicUsize::new(0),
+            moe_counts: std::env::var("TS_CUDA_MOE_COUNTS").is_ok_and(|v| v == "1"),
+            dense_blas: AtomicBool::new(std::env::var("TS_CUDA_DENSE_BLAS").map_or(true, |v| v != "0")),
             moe_tiled: AtomicU8::new(match std::env::var("TS_CUDA_MOE_TILED").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -1263,6 +1310,28 @@ impl CudaBackend {
     /// of the expert weights uploaded from now on (with it, row-major copies of 2-D ones only).
     pub fn set_moe_blas(&self, on: bool) {
         self.moe_blas.store(on, Ordering::Relaxed);
+    }
+
+    /// Prompt MoEs on `mmh_*` ([`CudaBackend::mmh_on`]); weights uploaded after this get (or
+    /// do not get) the row-major f16 stack copies it reads. False where it cannot run here.
+    pub fn set_mmh(&self, on: bool) -> bool {
+        self.mmh_on.store(on, Ordering::Relaxed);
+        self.mmh || !on
+    }
+
+    /// Dense Q8_0 prompt products on cuBLAS in f16 ([`CudaBackend::dense_blas`]).
+    pub fn set_dense_blas(&self, on: bool) {
+        self.dense_blas.store(on, Ordering::Relaxed);
+    }
+
+    /// How many prompt MoEs ran on `mmh_*` on this backend.
+    pub fn mmh_runs(&self) -> usize {
+        self.mmh_runs.load(Ordering::Relaxed)
+    }
+
+    /// Whether expert stacks get row-major f16 copies for `mmh_*` (with the shared FFN on cuBLAS).
+    fn mmh_copies(&self) -> bool {
+        self.mmh && self.mmh_on.load(Ordering::Relaxed) && self.moe_blas.load(Ordering::Relaxed)
     }
 
     /// Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores ([`CudaBackend::mmf_q8`]):
@@ -1446,6 +1515,7 @@ impl CudaBackend {
                 A::L(v) => v as *const i64 as *mut std::ffi::c_void,
                 A::I(v) => v as *const i32 as *mut std::ffi::c_void,
                 A::F(v) => v as *const f32 as *mut std::ffi::c_void,
+                A::T(m) => *m as *mut std::ffi::c_void,
             };
         }
         // Programmatic dependent launch: the kernel may start while the previous one finishes
@@ -1637,6 +1707,18 @@ impl CudaBackend {
             return;
         }
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(wh) = w.half_rm().filter(|_| ng > GRAPH_MAX_TOKENS && self.dense_blas.load(Ordering::Relaxed)) {
+            // Prompts from the row-major f16 copy on cuBLAS, the activation rows in f16.
+            let Some(xh) = self.scratch(S::XBf16, 2 * k * xr.n) else { return };
+            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), xr.n, k, 0, xh, false);
+            if let Err(e) = self.ctx.bind_to_thread() {
+                self.fail(format!("cuda context: {e:?}"));
+                return;
+            }
+            let c = out.0.ptr + 4 * o.off as u64;
+            self.gemm_h16((wh, k, (m * k) as i64), (xh, k * g, k as i64), (c, o.stride * g, o.stride as i64), (m, ng, k), g as i32);
+            return;
+        }
         if self.tc && w.dtype == GgmlType::Q8_0 && MMQ_SMEM <= self.smem_max {
             // Int8 tensor cores (kernels/mmq.cu): quantise the activation rows once, then one
             // launch for all `g` matrices.
@@ -1867,11 +1949,24 @@ impl CudaBackend {
         let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
         self.route(logits, lr, p, warp_route, sel_e, sel_w);
         self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
+        if self.moe_counts {
+            self.print_moe_counts(cnt, ne_all);
+        }
         let tiles = (pairs.div_ceil(bn) + ne_all) as u32;
         let act = match p.glu {
             Glu::SwiGlu => 1,
             Glu::GeGluTanh => 2,
         };
+        // Prompt-size MoEs on Hopper's wgmma fed by TMA (`mmh_*`), from the stacks' row-major
+        // f16 copies, the shared FFN (if any) already on cuBLAS.
+        if bn == 64 && nsh == 0 && self.mmh && self.mmh_on.load(Ordering::Relaxed) && hdim % 256 == 0 && ff % 128 == 0 {
+            if let [Some(wg), Some(wu), Some(wd)] = [experts.gate.half_rm(), experts.up.half_rm(), experts.down.half_rm()] {
+                if self.moe_mmh(x, xr, add != 0, (wg, wu, wd), (ne, k, ff), (cnt, off, perm), act, y) {
+                    self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
+                }
+                return;
+            }
+        }
         // Prompt-size MoEs on the f16 tensor cores: from the f16 copies, or (`mmf_q8`; by
         // default where the copies are absent) straight from the Q8_0 weights, turned into f16
         // in registers (`mmfq8_*`).
@@ -1966,6 +2061,106 @@ impl CudaBackend {
         self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
     }
 
+    /// `TS_CUDA_MOE_COUNTS=1` (a measurement mode: it waits for the device): one line on stderr
+    /// per grouped MoE, how its pairs spread over the experts.
+    fn print_moe_counts(&self, cnt: u64, ne: usize) {
+        let mut c = vec![0i32; ne];
+        let ok = self.stream.synchronize().is_ok() && unsafe { drv::memcpy_dtoh_sync(&mut c[..], cnt) }.is_ok();
+        if !ok {
+            return;
+        }
+        let mut s: Vec<i32> = c.iter().copied().filter(|&v| v > 0).collect();
+        s.sort_unstable_by(|a, b| b.cmp(a));
+        let total: i32 = s.iter().sum();
+        let tiles: i32 = s.iter().map(|v| (v + 127) / 128).sum();
+        eprintln!("moe counts: {total} pairs over {} of {ne} experts, 128-pair tiles {tiles}, largest {:?}", s.len(), &s[..s.len().min(8)]);
+    }
+
+    /// The routed experts of a prompt-size MoE on `mmh_*` (kernels/mmh.cu), after the routing
+    /// and grouping (`cnt`, `off`, `perm` over the `ne` experts, `k` slots a token, no shared
+    /// slots): x's rows in f16 (already in the `Xh` scratch when `have_xh`: shared_blas made
+    /// them), gathered into expert order (`moe_gather_h`), gate, up and the GLU in one launch
+    /// (`mmh_gu`, f16 GLU rows in expert order), down (`mmh_dn`, f32 rows of `y` by pair).
+    /// `(wg, wu, wd)`: the stacks' row-major f16 copies. False after a failure (reported).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_mmh(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        have_xh: bool,
+        (wg, wu, wd): (u64, u64, u64),
+        (ne, k, ff): (usize, usize, usize),
+        (cnt, off, perm): (u64, u64, u64),
+        act: i32,
+        y: u64,
+    ) -> bool {
+        let (n, hdim) = (xr.n, xr.width);
+        let pairs = n * k;
+        let (Some(xh), Some(xs), Some(hs)) =
+            (self.scratch(S::Xh, 2 * n * hdim), self.scratch(S::Xs, 2 * pairs * hdim), self.scratch(S::Hh, 2 * pairs * ff))
+        else {
+            return false;
+        };
+        if !have_xh {
+            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, false);
+        }
+        let gather = [A::P(xh), A::P(perm), A::P(cnt), A::P(off), i(ne), i(k), i(hdim / 8), A::P(xs)];
+        self.launch("moe_gather_h", Self::grid1(pairs * hdim / 8), 256, 0, &gather);
+        let (Some(tx), Some(tg), Some(tu), Some(th), Some(td)) = (
+            self.tma_f16(xs, hdim, pairs, MMH_BM as u32),
+            self.tma_f16(wg, hdim, ne * ff, 128),
+            self.tma_f16(wu, hdim, ne * ff, 128),
+            self.tma_f16(hs, ff, pairs, MMH_BM as u32),
+            self.tma_f16(wd, ff, ne * hdim, 256),
+        ) else {
+            return false;
+        };
+        let tiles = (pairs.div_ceil(MMH_BM) + ne) as u32;
+        let smem = MMH_SMEM as u32;
+        let gu = [A::T(&tx), A::T(&tg), A::T(&tu), A::P(cnt), A::P(off), i(ne), i(ff), i(hdim), A::P(hs), A::I(act)];
+        self.launch("mmh_gu", ((ff / 128) as u32, tiles, 1), 384, smem, &gu);
+        let dn = [A::T(&th), A::T(&td), A::P(cnt), A::P(off), A::P(perm), i(ne), i(hdim), i(ff), A::P(y)];
+        self.launch("mmh_dn", ((hdim / 256) as u32, tiles, 1), 384, smem, &dn);
+        self.mmh_runs.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// A TMA descriptor (`TmaMap`, kernels/mmh.cu) of `rows` row-major rows of `cols` f16 values
+    /// at `ptr`, read in boxes of 64 values (128 bytes, with the 128-byte swizzle) by
+    /// `box_rows` rows; rows past the end read as zeros. None after a failure (reported).
+    fn tma_f16(&self, ptr: u64, cols: usize, rows: usize, box_rows: u32) -> Option<drv_sys::CUtensorMap> {
+        use drv_sys::{
+            CUtensorMapDataType_enum as Ty, CUtensorMapFloatOOBfill_enum as Oob, CUtensorMapInterleave_enum as Il,
+            CUtensorMapL2promotion_enum as L2, CUtensorMapSwizzle_enum as Sw,
+        };
+        let mut map = drv_sys::CUtensorMap { opaque: [0; 16] };
+        let (dims, strides, boxd, es) = ([cols as u64, rows as u64], [2 * cols as u64], [64u32, box_rows], [1u32, 1]);
+        let r = unsafe {
+            drv_sys::cuTensorMapEncodeTiled(
+                &mut map,
+                Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                2,
+                ptr as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxd.as_ptr(),
+                es.as_ptr(),
+                Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                Sw::CU_TENSOR_MAP_SWIZZLE_128B,
+                L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                Oob::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        }
+        .result();
+        match r {
+            Ok(()) => Some(map),
+            Err(e) => {
+                self.fail(format!("cuTensorMapEncodeTiled ({rows} rows of {cols} f16, boxes of {box_rows}): {e:?}"));
+                None
+            }
+        }
+    }
+
     /// The shared FFN of a prompt-size MoE on cuBLAS, from the row-major f16 copies `(gate, up,
     /// down, sf)` of its `sf` rows: x to f16, gate and up (one batched call where up's copy lies
     /// after gate's), the GLU (`f16_rows`), down; returns its f32 output rows (n x hdim, for
@@ -1989,21 +2184,21 @@ impl CudaBackend {
         self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, false);
         let up_rows = 4 * (n * sf) as u64;
         if cu > cg {
-            self.gemm_h16((cg, hdim, ((cu - cg) / 2) as i64), (xh, hdim), (gu, sf, (n * sf) as i64), (sf, n, hdim), 2);
+            self.gemm_h16((cg, hdim, ((cu - cg) / 2) as i64), (xh, hdim, 0), (gu, sf, (n * sf) as i64), (sf, n, hdim), 2);
         } else {
-            self.gemm_h16((cg, hdim, 0), (xh, hdim), (gu, sf, 0), (sf, n, hdim), 1);
-            self.gemm_h16((cu, hdim, 0), (xh, hdim), (gu + up_rows, sf, 0), (sf, n, hdim), 1);
+            self.gemm_h16((cg, hdim, 0), (xh, hdim, 0), (gu, sf, 0), (sf, n, hdim), 1);
+            self.gemm_h16((cu, hdim, 0), (xh, hdim, 0), (gu + up_rows, sf, 0), (sf, n, hdim), 1);
         }
         self.f16_rows(gu, gu + up_rows, (0, sf), n, sf, act, hs, false);
-        self.gemm_h16((cd, sf, 0), (hs, sf), (ys, hdim, 0), (hdim, n, sf), 1);
+        self.gemm_h16((cd, sf, 0), (hs, sf, 0), (ys, hdim, 0), (hdim, n, sf), 1);
         Some(ys)
     }
 
-    /// [`CudaBackend::gemm_ex`] with f16 weights and activations (the activations the same for
-    /// every product of the batch).
-    fn gemm_h16(&self, (w, lda, stride_w): (u64, usize, i64), (x, ldx): (u64, usize), c: (u64, usize, i64), mnk: (usize, usize, usize), batch: i32) {
+    /// [`CudaBackend::gemm_ex`] with f16 weights and activations (activation rows `ldx` halves
+    /// apart, product b's from `x` + b * `stride_x` halves).
+    fn gemm_h16(&self, (w, lda, stride_w): (u64, usize, i64), (x, ldx, stride_x): (u64, usize, i64), c: (u64, usize, i64), mnk: (usize, usize, usize), batch: i32) {
         let h = blas_sys::cudaDataType::CUDA_R_16F;
-        self.gemm_ex((w, h, lda, stride_w), (x, h, ldx, 0), c, mnk, batch);
+        self.gemm_ex((w, h, lda, stride_w), (x, h, ldx, stride_x), c, mnk, batch);
     }
 
     /// cuBLAS with f32 out and f32 accumulation, `batch` products (column-major view: C_b[m, n]
@@ -2414,10 +2609,24 @@ impl Backend for CudaBackend {
                 1 => true,
                 _ => self.tile_fits(half_bytes),
             };
+        // Dense matrices for cuBLAS (dense_blas): a row-major copy.
+        let dense = usage == WeightUse::Matmul
+            && self.tc
+            && self.dense_blas.load(Ordering::Relaxed)
+            && t.dtype == GgmlType::Q8_0
+            && t.shape.len() >= 2
+            && ne0 % 128 == 0
+            && match self.f16_copy.load(Ordering::Relaxed) {
+                0 => false,
+                1 => true,
+                _ => self.tile_fits(half_bytes),
+            };
+        let half = half || dense;
         // With the shared FFN on cuBLAS (moe_blas): a row-major copy of the shared FFN's matrices
-        // (2-D) only; the routed experts run from Q8_0 on mmfq8, which needs no copy.
-        let half_rm = self.moe_blas.load(Ordering::Relaxed) && self.mmfq8.is_some();
-        let half = if half && !(half_rm && t.shape.len() > 2) {
+        // (2-D); the routed experts' stacks get one only for mmh_* (otherwise they run from
+        // Q8_0 on mmfq8, which needs no copy).
+        let half_rm = dense || (self.moe_blas.load(Ordering::Relaxed) && (self.mmfq8.is_some() || self.mmh_copies()));
+        let half = if half && !(!dense && half_rm && t.shape.len() > 2 && !self.mmh_copies()) {
             match self.alloc_mem(half_bytes, &format!("tensor '{}' (f16 copy)", t.name)) {
                 Ok(h) => {
                     let total = half_bytes / 16;

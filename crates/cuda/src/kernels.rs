@@ -21,6 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("fast.cu", include_str!("../kernels/fast.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
+    ("mmh.cu", include_str!("../kernels/mmh.cu")),
     ("mla_prefill.cu", include_str!("../kernels/mla_prefill.cu")),
 ];
 

@@ -1734,10 +1734,21 @@ fn moe_f16_prompt() {
     fu.set_f16_copy(true);
     fu.set_moe_blas(false);
     fu.set_mmf_gu(true);
-    // The shared FFN on cuBLAS from row-major copies, the routed experts on mmfq8 (the default).
+    // The shared FFN on cuBLAS from row-major copies, the routed experts on mmfq8 (the default
+    // off sm_90a).
     let fb = &CudaBackend::new(0).expect("sixth backend");
     fb.set_f16_copy(true);
     fb.set_moe_blas(true);
+    fb.set_mmh(false);
+    // The shared FFN on cuBLAS, the routed experts on wgmma fed by TMA from row-major f16 copies
+    // of the stacks (mmh_*, sm_90a; the default there).
+    let fh = &CudaBackend::new(0).expect("seventh backend");
+    fh.set_f16_copy(true);
+    fh.set_moe_blas(true);
+    let have_mmh = fh.set_mmh(true);
+    if !have_mmh {
+        eprintln!("moe_f16_prompt: no mmh kernels here (not an sm_90a build); their checks skipped");
+    }
     // Straight from the Q8_0 weights: no copies (the default then).
     let fq = &CudaBackend::new(0).expect("fifth backend");
     fq.set_f16_copy(false);
@@ -1753,6 +1764,7 @@ fn moe_f16_prompt() {
         (512, 384, 16, 6, 0, Glu::GeGluTanh, 100),
         (256, 128, 32, 6, 1, Glu::SwiGlu, 600),
         (2048, 1408, 8, 6, 2, Glu::SwiGlu, 96),
+        (2048, 1408, 16, 6, 2, Glu::SwiGlu, 200),
     ];
     for (ci, &(hdim, ff, ne, k, nsh, glu, n)) in cases.iter().enumerate() {
         let sf = nsh.max(1) * ff;
@@ -1766,6 +1778,16 @@ fn moe_f16_prompt() {
         let gw: Vec<CudaWeight> = (0..6).map(|i| up(g, i)).collect();
         let qw: Vec<CudaWeight> = (0..6).map(|i| up(fq, i)).collect();
         let bw: Vec<CudaWeight> = (0..6).map(|i| up(fb, i)).collect();
+        let hw: Vec<CudaWeight> = (0..6).map(|i| up(fh, i)).collect();
+        if have_mmh {
+            // Every matrix gets a row-major copy: f16(q * d) of each value, as the host rounds it.
+            for (i, w) in hw.iter().enumerate() {
+                let want: Vec<u8> = ws[i].1.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+                if fh.half_bytes(w).unwrap().as_deref() != Some(&want[..]) {
+                    rep.failures.push(format!("case {ci}: row-major q8_to_f16 of weight {i} (mmh) differs from the host's f16"));
+                }
+            }
+        }
         if have_mmfq8 {
             for (i, w) in bw.iter().enumerate() {
                 let want: Vec<u8> = ws[i].1.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
@@ -1813,6 +1835,9 @@ fn moe_f16_prompt() {
         };
         let (got, int8, fused, direct) = (run(f, &fw), run(g, &gw), run(fu, &uw), run(fq, &qw));
         let blas = run(fb, &bw);
+        let runs0 = fh.mmh_runs();
+        let mmh = run(fh, &hw);
+        let mmh_ran = fh.mmh_runs() > runs0;
         // mmfq8 forced where the copies exist (the copies' backend, one launch): the same bits.
         fu.set_mmf_q8(1);
         let forced = run(fu, &uw);
@@ -1842,6 +1867,16 @@ fn moe_f16_prompt() {
             rep.check(&format!("{lab} mmfq8 forced past the copies (exact)"), &forced, &direct, 0.0, 0.0);
             // (the shared FFN goes to cuBLAS past 128 tokens: cases 0 and 2)
             rep.check(&format!("{lab} shared FFN on cuBLAS vs mmfq8"), &blas, &direct, 1e-4, 1e-4);
+        }
+        if have_mmh {
+            // (the routed experts go to mmh_* where the shared FFN went to cuBLAS or there is
+            // none: every case but the 96-token one)
+            let want_ran = nsh == 0 || n > ts_cuda::GRAPH_MAX_TOKENS;
+            if mmh_ran != want_ran {
+                rep.failures.push(format!("{lab}: mmh ran: {mmh_ran}, expected {want_ran}"));
+            }
+            rep.check(&format!("{lab} mmh (wgmma + TMA) vs mmfq8"), &mmh, &direct, 1e-4, 1e-4);
+            rep.check(&format!("{lab} mmh vs f64"), &mmh, &exact, 1e-2, 1e-3);
         }
         for (_, one, three) in &wg {
             let kind = "mmfw";
