@@ -75,21 +75,52 @@ __device__ __forceinline__ void wgmma_ss_64x256(float (&d)[128], u64 da, u64 db)
 #undef WG8
 #endif
 
-// The tile loop of both kernels (see the file's head). ta: the pairs' rows (k values each), tb:
-// the weight rows (tb2: the up rows for GLU); m: weight rows an expert (ff for gate/up, hdim for
-// down); out: hs (u16, GLU) or y (f32), row stride ostride.
-template <bool GLU>
-__device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, const TmaMap* tb2, const int* cnt, const int* off,
-                                         const int* perm, int n_exp, int m, int k, void* out, i64 ostride, int act) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Q8_0 -> f16 for mmh8_*: the 4 int8 of w times the f16 scale pair d2 (both halves d), as two
+// f16x2 words (values 0,1 and 2,3): each byte + 128 made a half 1024 + b by placing it under
+// 0x64, 1152 subtracted (exact: q), then one f16 product q * d, rounded once as the f16 copies'
+// f2h(q * d) is (the f32 product of an int8 and an f16 is exact).
+__device__ __forceinline__ void q8x4_h2(u32 w, u32 d2, u32& lo, u32& hi) {
+    const u32 x = w ^ 0x80808080u;
+    u32 a, b;
+    asm("prmt.b32 %0, %1, 0x64646464, 0x4140;" : "=r"(a) : "r"(x));
+    asm("prmt.b32 %0, %1, 0x64646464, 0x4342;" : "=r"(b) : "r"(x));
+    const u32 k1152 = 0x64806480u;
+    asm("{sub.rn.f16x2 %0, %0, %1;\nmul.rn.f16x2 %0, %0, %2;}" : "+r"(a) : "r"(k1152), "r"(d2));
+    asm("{sub.rn.f16x2 %0, %0, %1;\nmul.rn.f16x2 %0, %0, %2;}" : "+r"(b) : "r"(k1152), "r"(d2));
+    lo = a;
+    hi = b;
+}
+#endif
+
+// The tile loop of the four kernels (see the file's head). ta: the pairs' rows (k values each);
+// f16 weights (Q8 false): tb the weight rows (tb2 the up rows for GLU); Q8_0 weights (Q8): tb /
+// tb2 their quants (64-byte boxes), tbs / tb2s their group headers (16-byte boxes, the four f16
+// scales first); m: weight rows an expert (ff for gate/up, hdim for down); out: hs (u16, GLU) or
+// y (f32), row stride ostride.
+// Q8: three stages of 16 KB of pair rows, 32 KB of f16 weight rows and the raw 16 + 4 KB they
+// come from; warp 0 of the producer warpgroup issues the copies, warps 1-3 turn each landed
+// stage's raw rows into f16 (the 128-byte swizzle by hand: 16-byte chunk c of row r at chunk
+// c ^ (r % 8)), fence them to the async proxy and arrive on the stage's conv barrier, which the
+// multiplying warpgroups wait for besides the copies' full barrier.
+template <bool GLU, bool Q8>
+__device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, const TmaMap* tbs, const TmaMap* tb2,
+                                         const TmaMap* tb2s, const int* cnt, const int* off, const int* perm, int n_exp,
+                                         int m, int k, void* out, i64 ostride, int act) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int NST = Q8 ? 3 : MMH_NST;
+    constexpr int RAWQ = 256 * 64, RAWS = 256 * 16;
+    constexpr int STAGE = MMH_STAGE + (Q8 ? RAWQ + RAWS : 0);
+    constexpr u32 TX = MMH_A_BYTES + (Q8 ? RAWQ + RAWS : MMH_B_BYTES);
     extern __shared__ __align__(1024) u8 mmh_sm[];
-    __shared__ __align__(8) u64 full_bar[MMH_NST], empty_bar[MMH_NST];
+    __shared__ __align__(8) u64 full_bar[NST], conv_bar[NST], empty_bar[NST];
     __shared__ int tile_e, tile_start;
     const int tid = threadIdx.x;
     if (tid < 32) mmq_find_tile<128>(cnt, n_exp, tid, tile_e, tile_start);
     if (tid == 0) {
-        for (int s = 0; s < MMH_NST; s++) {
+        for (int s = 0; s < NST; s++) {
             mbar_init(smem_addr(&full_bar[s]), 1);
+            mbar_init(smem_addr(&conv_bar[s]), 96);  // every converting thread (Q8)
             mbar_init(smem_addr(&empty_bar[s]), 8);  // lane 0 of each consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -101,33 +132,89 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
     const int n0 = blockIdx.x * (GLU ? 128 : 256);  // the tile's first weight row of the expert
     const int nk = k >> 6;
     const u32 base = (smem_addr(mmh_sm) + 1023u) & ~1023u;
-    const int wg = tid >> 7;
+    const int wg = tid >> 7, lane = tid & 31, warp = (tid & 127) >> 5;
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if constexpr (Q8) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
             for (int s = 0; s < nk; s++) {
-                const int st = s % MMH_NST;
+                const int st = s % NST;
                 const u32 fb = smem_addr(&full_bar[st]);
-                if (s >= MMH_NST) mbar_wait(smem_addr(&empty_bar[st]), ((s / MMH_NST) - 1) & 1);
-                mbar_expect_tx(fb, MMH_STAGE);
-                const u32 sa = base + (u32)(st * MMH_STAGE), sb = sa + MMH_A_BYTES;
+                if (s >= NST) mbar_wait(smem_addr(&empty_bar[st]), ((s / NST) - 1) & 1);
+                mbar_expect_tx(fb, TX);
+                const u32 sa = base + (u32)(st * STAGE), sb = sa + MMH_A_BYTES;
                 tma_2d(sa, ta, fb, s * 64, row0);
-                if constexpr (GLU) {
-                    tma_2d(sb, tb, fb, s * 64, e * m + n0);
-                    tma_2d(sb + MMH_B_BYTES / 2, tb2, fb, s * 64, e * m + n0);
+                const int wr = e * m + n0;
+                if constexpr (Q8) {
+                    const int xq = (s >> 1) * 144 + 16 + (s & 1) * 64, xs = (s >> 1) * 144;
+                    const u32 rq = sb + MMH_B_BYTES, rs = rq + RAWQ;
+                    if constexpr (GLU) {
+                        tma_2d(rq, tb, fb, xq, wr);
+                        tma_2d(rq + RAWQ / 2, tb2, fb, xq, wr);
+                        tma_2d(rs, tbs, fb, xs, wr);
+                        tma_2d(rs + RAWS / 2, tb2s, fb, xs, wr);
+                    } else {
+                        tma_2d(rq, tb, fb, xq, wr);
+                        tma_2d(rs, tbs, fb, xs, wr);
+                    }
+                } else if constexpr (GLU) {
+                    tma_2d(sb, tb, fb, s * 64, wr);
+                    tma_2d(sb + MMH_B_BYTES / 2, tb2, fb, s * 64, wr);
                 } else {
-                    tma_2d(sb, tb, fb, s * 64, e * m + n0);
+                    tma_2d(sb, tb, fb, s * 64, wr);
+                }
+            }
+        }
+        if constexpr (Q8) {
+            if (warp > 0) {
+                const int cw = warp - 1, q = lane & 3;
+                for (int s = 0; s < nk; s++) {
+                    const int st = s % NST;
+                    mbar_wait(smem_addr(&full_bar[st]), (s / NST) & 1);
+                    const u32 sb = base + (u32)(st * STAGE) + MMH_A_BYTES, rq = sb + MMH_B_BYTES, rs = rq + RAWQ;
+                    const u32 hs = 2 * (2 * (s & 1) + (q >> 1));  // this lane's scale in the header
+                    for (int i = cw; i < 32; i += 3) {
+                        const int r = i * 8 + (lane >> 2);
+                        uint4 w;
+                        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                     : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+                                     : "r"(rq + (u32)(r * 64 + q * 16)));
+                        u32 dd;
+                        asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(dd) : "r"(rs + (u32)(r * 16) + hs));
+                        const u32 d2 = dd | (dd << 16);
+                        u32 o[8];
+                        q8x4_h2(w.x, d2, o[0], o[1]);
+                        q8x4_h2(w.y, d2, o[2], o[3]);
+                        q8x4_h2(w.z, d2, o[4], o[5]);
+                        q8x4_h2(w.w, d2, o[6], o[7]);
+                        const u32 rb = sb + (u32)(r * 128), sw = (u32)(r & 7);
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(rb + (((2u * q) ^ sw) << 4)), "r"(o[0]),
+                                     "r"(o[1]), "r"(o[2]), "r"(o[3])
+                                     : "memory");
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(rb + (((2u * q + 1) ^ sw) << 4)), "r"(o[4]),
+                                     "r"(o[5]), "r"(o[6]), "r"(o[7])
+                                     : "memory");
+                    }
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    mbar_arrive(smem_addr(&conv_bar[st]));
                 }
             }
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1, t = tid & 127, warp = t >> 5, lane = tid & 31;
+    if constexpr (Q8) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    else asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1;
+    // Stage s is ready to multiply: its copies have landed and (Q8) its weights are f16.
+    auto ready = [&](int s) {
+        const int st = s % NST;
+        if constexpr (Q8) mbar_wait(smem_addr(&conv_bar[st]), (s / NST) & 1);
+        mbar_wait(smem_addr(&full_bar[st]), (s / NST) & 1);
+    };
     if (c * 64 >= nt) {  // no pairs for this warpgroup: release the stages as they come
         for (int s = 0; s < nk; s++) {
-            mbar_wait(smem_addr(&full_bar[s % MMH_NST]), (s / MMH_NST) & 1);
-            if (s > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(s - 1) % MMH_NST]));
+            ready(s);
+            if (s > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(s - 1) % NST]));
         }
         return;
     }
@@ -135,15 +222,15 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
 #pragma unroll
     for (int i = 0; i < 128; i++) d[i] = 0.f;
     for (int s = 0; s < nk; s++) {
-        const int st = s % MMH_NST;
-        mbar_wait(smem_addr(&full_bar[st]), (s / MMH_NST) & 1);
-        const u32 sa = base + (u32)(st * MMH_STAGE) + (u32)(c * 64 * 128), sb = base + (u32)(st * MMH_STAGE) + MMH_A_BYTES;
+        const int st = s % NST;
+        ready(s);
+        const u32 sa = base + (u32)(st * STAGE) + (u32)(c * 64 * 128), sb = base + (u32)(st * STAGE) + MMH_A_BYTES;
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) wgmma_ss_64x256(d, mmh_desc(sa + kk * 32), mmh_desc(sb + kk * 32));
         wg_commit();
         wg_wait<1>();  // the previous stage's wgmma are done with its shared memory
-        if (s > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(s - 1) % MMH_NST]));
+        if (s > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(s - 1) % NST]));
     }
     wg_wait<0>();
     // Thread (warp, lane) holds pair rows r = c*64 + warp*16 + lane/4 (+8) and weight rows
@@ -169,20 +256,35 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
     }
 #endif
 }
-// Grid: (ff / 128, expert tiles' upper bound = pairs / 128 + experts), 384 threads,
+// f16 weights. Grid: (ff / 128, expert tiles' upper bound = pairs / 128 + experts), 384 threads,
 // MMH_NST * MMH_STAGE + 1024 bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(384, 1)
     mmh_gu(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tg, const __grid_constant__ TmaMap tu,
            const int* cnt, const int* off, int n_exp, int ff, int hdim, u16* hs, int act) {
     PDL_ENTRY();
-    mmh_impl<true>(&ta, &tg, &tu, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
+    mmh_impl<true, false>(&ta, &tg, nullptr, &tu, nullptr, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
 }
 // Grid: (hdim / 256, the same tiles).
 extern "C" __global__ void __launch_bounds__(384, 1)
     mmh_dn(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap td, const int* cnt, const int* off,
            const int* perm, int n_exp, int hdim, int ff, float* y) {
     PDL_ENTRY();
-    mmh_impl<false>(&ta, &td, &td, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
+    mmh_impl<false, false>(&ta, &td, nullptr, &td, nullptr, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
+}
+// Q8_0 weights (the repacked rows: groups of 144 bytes), the same grids, 3 * (MMH_STAGE + 20 KB)
+// + 1024 bytes of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(384, 1)
+    mmh8_gu(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tgq, const __grid_constant__ TmaMap tgs,
+            const __grid_constant__ TmaMap tuq, const __grid_constant__ TmaMap tus, const int* cnt, const int* off, int n_exp,
+            int ff, int hdim, u16* hs, int act) {
+    PDL_ENTRY();
+    mmh_impl<true, true>(&ta, &tgq, &tgs, &tuq, &tus, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
+}
+extern "C" __global__ void __launch_bounds__(384, 1)
+    mmh8_dn(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tdq, const __grid_constant__ TmaMap tds,
+            const int* cnt, const int* off, const int* perm, int n_exp, int hdim, int ff, float* y) {
+    PDL_ENTRY();
+    mmh_impl<false, true>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
 
 // xs[j] = xh[perm[j] / in_div] for the pairs j < (the experts' total) in expert order, rows of

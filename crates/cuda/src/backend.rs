@@ -192,6 +192,13 @@ pub struct CudaRope {
     mscale: f32,
 }
 
+/// The expert stacks of `CudaBackend::moe_mmh`: row-major f16 copies (gate, up, down), or the
+/// Q8_0 stacks themselves as (pointer, row bytes).
+enum MmhWeights {
+    F16(u64, u64, u64),
+    Q8([(u64, usize); 3]),
+}
+
 /// A kernel argument.
 #[derive(Clone, Copy)]
 enum A {
@@ -294,6 +301,9 @@ const MMFW_BN: usize = 128;
 /// and 256 weight rows of 128 bytes, plus 1 KB to align the first stage to 1,024 bytes (the
 /// 128-byte swizzle's period).
 const MMH_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
+/// Dynamic shared memory of the `mmh8_*` kernels: three stages, each with the raw Q8_0 rows (256
+/// rows of 64 quants and of a 16-byte group header) beside the f16 ones made from them.
+const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
 /// (Token, slot) pairs a tile of the `mmh_*` kernels.
 const MMH_BM: usize = 128;
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
@@ -676,6 +686,8 @@ fn kernel_names() -> Vec<String> {
         "mmfw_gu_s3",
         "mmh_gu",
         "mmh_dn",
+        "mmh8_gu",
+        "mmh8_dn",
         "moe_gather_h",
         "mla_prefill",
     ]
@@ -840,11 +852,13 @@ pub struct CudaBackend {
     /// The `mmh_*` kernels (kernels/mmh.cu: wgmma with both operands from shared memory, fed by
     /// TMA from a producer warpgroup) can run here: an sm_90a build that got their shared memory.
     mmh: bool,
-    /// Prompt MoEs on `mmh_*` where it can run, from row-major f16 copies of the expert stacks
-    /// made at upload (where memory allows, as the other copies), with the shared FFN on
-    /// cuBLAS ([`CudaBackend::moe_blas`]); default on, `TS_CUDA_MMH=0` or
+    /// Prompt MoEs on `mmh_*` where it can run, with the shared FFN on cuBLAS
+    /// ([`CudaBackend::moe_blas`]): 0 off, 1 from row-major f16 copies of the expert stacks
+    /// made at upload (where memory allows, as the other copies; `mmh_gu`, `mmh_dn`), 2
+    /// straight from the Q8_0 stacks, turned into f16 in shared memory by the producer
+    /// warpgroup (`mmh8_gu`, `mmh8_dn`; half the bytes, no copies). `TS_CUDA_MMH=0|f16|q8` or
     /// [`CudaBackend::set_mmh`] (which also decides the copies of weights uploaded after it).
-    mmh_on: AtomicBool,
+    mmh_mode: AtomicU8,
     /// Prompt MoEs run on `mmh_*` so far (for the tests to see that the path ran).
     mmh_runs: AtomicUsize,
     /// Dense Q8_0 products of prompts (more than [`GRAPH_MAX_TOKENS`] rows) on cuBLAS in f16,
@@ -1067,9 +1081,10 @@ impl CudaBackend {
         let mmfw = if arch == "sm_90a" { pick(&[("mmfw_256s3", "mmfw_gu_s3", 3)], MMFW_STAGE) } else { None };
         let mmh = arch == "sm_90a"
             && MMH_SMEM <= optin
-            && ["mmh_gu", "mmh_dn"].iter().all(|n| {
+            && MMH8_SMEM <= optin
+            && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM)].iter().all(|(n, b)| {
                 funcs[*n]
-                    .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, MMH_SMEM as i32)
+                    .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32)
                     .is_ok()
             });
         if !unsafe { blas_sys::is_culib_present() } {
@@ -1127,7 +1142,11 @@ impl CudaBackend {
             }),
             mmfw,
             mmh,
-            mmh_on: AtomicBool::new(std::env::var("TS_CUDA_MMH").map_or(true, |v| v != "0")),
+            mmh_mode: AtomicU8::new(match std::env::var("TS_CUDA_MMH").as_deref() {
+                Ok("0") => 0,
+                Ok("f16") => 1,
+                _ => 2,
+            }),
             mmh_runs: AtomicUsize::new(0),
             moe_counts: std::env::var("TS_CUDA_MOE_COUNTS").is_ok_and(|v| v == "1"),
             dense_blas: AtomicBool::new(std::env::var("TS_CUDA_DENSE_BLAS").map_or(true, |v| v != "0")),
@@ -1312,11 +1331,12 @@ impl CudaBackend {
         self.moe_blas.store(on, Ordering::Relaxed);
     }
 
-    /// Prompt MoEs on `mmh_*` ([`CudaBackend::mmh_on`]); weights uploaded after this get (or
-    /// do not get) the row-major f16 stack copies it reads. False where it cannot run here.
-    pub fn set_mmh(&self, on: bool) -> bool {
-        self.mmh_on.store(on, Ordering::Relaxed);
-        self.mmh || !on
+    /// Prompt MoEs on `mmh_*` ([`CudaBackend::mmh_mode`]: 0 off, 1 f16 copies, 2 Q8_0); weights
+    /// uploaded after this get (or do not get) the row-major f16 stack copies mode 1 reads.
+    /// False where it cannot run here.
+    pub fn set_mmh(&self, mode: u8) -> bool {
+        self.mmh_mode.store(mode.min(2), Ordering::Relaxed);
+        self.mmh || mode == 0
     }
 
     /// Dense Q8_0 prompt products on cuBLAS in f16 ([`CudaBackend::dense_blas`]).
@@ -1331,7 +1351,7 @@ impl CudaBackend {
 
     /// Whether expert stacks get row-major f16 copies for `mmh_*` (with the shared FFN on cuBLAS).
     fn mmh_copies(&self) -> bool {
-        self.mmh && self.mmh_on.load(Ordering::Relaxed) && self.moe_blas.load(Ordering::Relaxed)
+        self.mmh && self.mmh_mode.load(Ordering::Relaxed) == 1 && self.moe_blas.load(Ordering::Relaxed)
     }
 
     /// Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores ([`CudaBackend::mmf_q8`]):
@@ -1959,9 +1979,18 @@ impl CudaBackend {
         };
         // Prompt-size MoEs on Hopper's wgmma fed by TMA (`mmh_*`), from the stacks' row-major
         // f16 copies, the shared FFN (if any) already on cuBLAS.
-        if bn == 64 && nsh == 0 && self.mmh && self.mmh_on.load(Ordering::Relaxed) && hdim % 256 == 0 && ff % 128 == 0 {
-            if let [Some(wg), Some(wu), Some(wd)] = [experts.gate.half_rm(), experts.up.half_rm(), experts.down.half_rm()] {
-                if self.moe_mmh(x, xr, add != 0, (wg, wu, wd), (ne, k, ff), (cnt, off, perm), act, y) {
+        let mode = self.mmh_mode.load(Ordering::Relaxed);
+        if bn == 64 && nsh == 0 && self.mmh && mode != 0 && hdim % 256 == 0 && ff % 128 == 0 {
+            let [g8, u8_, d8] = [experts.gate, experts.up, experts.down];
+            let w = match [g8.half_rm(), u8_.half_rm(), d8.half_rm()] {
+                [Some(wg), Some(wu), Some(wd)] if mode == 1 => Some(MmhWeights::F16(wg, wu, wd)),
+                _ if mode == 2 && [g8, u8_, d8].iter().all(|w| w.dtype == GgmlType::Q8_0) => {
+                    Some(MmhWeights::Q8([g8, u8_, d8].map(|w| (w.mem.ptr, w.row_bytes))))
+                }
+                _ => None,
+            };
+            if let Some(w) = w {
+                if self.moe_mmh(x, xr, add != 0, w, (ne, k, ff), (cnt, off, perm), act, y) {
                     self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
                 }
                 return;
@@ -2081,14 +2110,15 @@ impl CudaBackend {
     /// slots): x's rows in f16 (already in the `Xh` scratch when `have_xh`: shared_blas made
     /// them), gathered into expert order (`moe_gather_h`), gate, up and the GLU in one launch
     /// (`mmh_gu`, f16 GLU rows in expert order), down (`mmh_dn`, f32 rows of `y` by pair).
-    /// `(wg, wu, wd)`: the stacks' row-major f16 copies. False after a failure (reported).
+    /// `w`: the stacks (gate, up, down) as row-major f16 copies or as Q8_0. False after a
+    /// failure (reported).
     #[allow(clippy::too_many_arguments)]
     fn moe_mmh(
         &self,
         x: &CudaBuf,
         xr: Rows,
         have_xh: bool,
-        (wg, wu, wd): (u64, u64, u64),
+        w: MmhWeights,
         (ne, k, ff): (usize, usize, usize),
         (cnt, off, perm): (u64, u64, u64),
         act: i32,
@@ -2106,21 +2136,45 @@ impl CudaBackend {
         }
         let gather = [A::P(xh), A::P(perm), A::P(cnt), A::P(off), i(ne), i(k), i(hdim / 8), A::P(xs)];
         self.launch("moe_gather_h", Self::grid1(pairs * hdim / 8), 256, 0, &gather);
-        let (Some(tx), Some(tg), Some(tu), Some(th), Some(td)) = (
-            self.tma_f16(xs, hdim, pairs, MMH_BM as u32),
-            self.tma_f16(wg, hdim, ne * ff, 128),
-            self.tma_f16(wu, hdim, ne * ff, 128),
-            self.tma_f16(hs, ff, pairs, MMH_BM as u32),
-            self.tma_f16(wd, ff, ne * hdim, 256),
-        ) else {
+        let (Some(tx), Some(th)) = (self.tma_f16(xs, hdim, pairs, MMH_BM as u32), self.tma_f16(hs, ff, pairs, MMH_BM as u32)) else {
             return false;
         };
         let tiles = (pairs.div_ceil(MMH_BM) + ne) as u32;
-        let smem = MMH_SMEM as u32;
-        let gu = [A::T(&tx), A::T(&tg), A::T(&tu), A::P(cnt), A::P(off), i(ne), i(ff), i(hdim), A::P(hs), A::I(act)];
-        self.launch("mmh_gu", ((ff / 128) as u32, tiles, 1), 384, smem, &gu);
-        let dn = [A::T(&th), A::T(&td), A::P(cnt), A::P(off), A::P(perm), i(ne), i(hdim), i(ff), A::P(y)];
-        self.launch("mmh_dn", ((hdim / 256) as u32, tiles, 1), 384, smem, &dn);
+        let (gx, dx) = (((ff / 128) as u32, tiles, 1), ((hdim / 256) as u32, tiles, 1));
+        // (argument lists: the maps, then these; fixed arrays, nothing allocated)
+        let gu = |m: [A; 5], n: usize| -> [A; 12] {
+            let t = [A::P(cnt), A::P(off), i(ne), i(ff), i(hdim), A::P(hs), A::I(act)];
+            std::array::from_fn(|j| if j < n { m[j] } else { t.get(j - n).copied().unwrap_or(A::I(0)) })
+        };
+        let dn = |m: [A; 3], n: usize| -> [A; 10] {
+            let t = [A::P(cnt), A::P(off), A::P(perm), i(ne), i(hdim), i(ff), A::P(y)];
+            std::array::from_fn(|j| if j < n { m[j] } else { t.get(j - n).copied().unwrap_or(A::I(0)) })
+        };
+        match w {
+            MmhWeights::F16(wg, wu, wd) => {
+                let (Some(tg), Some(tu), Some(td)) =
+                    (self.tma_f16(wg, hdim, ne * ff, 128), self.tma_f16(wu, hdim, ne * ff, 128), self.tma_f16(wd, ff, ne * hdim, 256))
+                else {
+                    return false;
+                };
+                let smem = MMH_SMEM as u32;
+                let z = A::I(0);
+                self.launch("mmh_gu", gx, 384, smem, &gu([A::T(&tx), A::T(&tg), A::T(&tu), z, z], 3)[..10]);
+                self.launch("mmh_dn", dx, 384, smem, &dn([A::T(&th), A::T(&td), z], 2)[..9]);
+            }
+            MmhWeights::Q8([(wg, rg), (wu, ru), (wd, rd)]) => {
+                // The quants (64-byte boxes) and the group headers (16-byte boxes) of each stack.
+                let maps = |p: u64, rb: usize, rows: usize, br: u32| (self.tma_u8(p, rb, rows, 64, br), self.tma_u8(p, rb, rows, 16, br));
+                let ((Some(gq), Some(gs)), (Some(uq), Some(us)), (Some(dq), Some(ds))) =
+                    (maps(wg, rg, ne * ff, 128), maps(wu, ru, ne * ff, 128), maps(wd, rd, ne * hdim, 256))
+                else {
+                    return false;
+                };
+                let smem = MMH8_SMEM as u32;
+                self.launch("mmh8_gu", gx, 384, smem, &gu([A::T(&tx), A::T(&gq), A::T(&gs), A::T(&uq), A::T(&us)], 5));
+                self.launch("mmh8_dn", dx, 384, smem, &dn([A::T(&th), A::T(&dq), A::T(&ds)], 3));
+            }
+        }
         self.mmh_runs.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -2129,16 +2183,24 @@ impl CudaBackend {
     /// at `ptr`, read in boxes of 64 values (128 bytes, with the 128-byte swizzle) by
     /// `box_rows` rows; rows past the end read as zeros. None after a failure (reported).
     fn tma_f16(&self, ptr: u64, cols: usize, rows: usize, box_rows: u32) -> Option<drv_sys::CUtensorMap> {
+        self.tma_2d(ptr, (cols, 2, rows), (64, box_rows), true)
+    }
+
+    /// A 2-D TMA descriptor: `rows` rows of `cols` elements of `size` bytes (2: f16, 1: bytes)
+    /// at `ptr`, boxes of `box_x` elements by `box_rows` rows, with the 128-byte swizzle or none.
+    fn tma_2d(&self, ptr: u64, (cols, size, rows): (usize, usize, usize), (box_x, box_rows): (u32, u32), swizzle: bool) -> Option<drv_sys::CUtensorMap> {
         use drv_sys::{
             CUtensorMapDataType_enum as Ty, CUtensorMapFloatOOBfill_enum as Oob, CUtensorMapInterleave_enum as Il,
             CUtensorMapL2promotion_enum as L2, CUtensorMapSwizzle_enum as Sw,
         };
         let mut map = drv_sys::CUtensorMap { opaque: [0; 16] };
-        let (dims, strides, boxd, es) = ([cols as u64, rows as u64], [2 * cols as u64], [64u32, box_rows], [1u32, 1]);
+        let (dims, strides, boxd, es) = ([cols as u64, rows as u64], [(size * cols) as u64], [box_x, box_rows], [1u32, 1]);
+        let ty = if size == 2 { Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 } else { Ty::CU_TENSOR_MAP_DATA_TYPE_UINT8 };
+        let sw = if swizzle { Sw::CU_TENSOR_MAP_SWIZZLE_128B } else { Sw::CU_TENSOR_MAP_SWIZZLE_NONE };
         let r = unsafe {
             drv_sys::cuTensorMapEncodeTiled(
                 &mut map,
-                Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                ty,
                 2,
                 ptr as *mut std::ffi::c_void,
                 dims.as_ptr(),
@@ -2146,7 +2208,7 @@ impl CudaBackend {
                 boxd.as_ptr(),
                 es.as_ptr(),
                 Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                Sw::CU_TENSOR_MAP_SWIZZLE_128B,
+                sw,
                 L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 Oob::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
             )
@@ -2155,10 +2217,17 @@ impl CudaBackend {
         match r {
             Ok(()) => Some(map),
             Err(e) => {
-                self.fail(format!("cuTensorMapEncodeTiled ({rows} rows of {cols} f16, boxes of {box_rows}): {e:?}"));
+                self.fail(format!("cuTensorMapEncodeTiled ({rows} rows of {cols} x {size} bytes, boxes of {box_x} x {box_rows}): {e:?}"));
                 None
             }
         }
+    }
+
+    /// A TMA descriptor of `rows` rows of `row_bytes` bytes at `ptr`, read in boxes of `box_x`
+    /// bytes by `box_rows` rows, unswizzled (the Q8_0 rows of `mmh8_*`). None after a failure
+    /// (reported).
+    fn tma_u8(&self, ptr: u64, row_bytes: usize, rows: usize, box_x: u32, box_rows: u32) -> Option<drv_sys::CUtensorMap> {
+        self.tma_2d(ptr, (row_bytes, 1, rows), (box_x, box_rows), false)
     }
 
     /// The shared FFN of a prompt-size MoE on cuBLAS, from the row-major f16 copies `(gate, up,

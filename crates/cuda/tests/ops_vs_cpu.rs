@@ -1739,13 +1739,16 @@ fn moe_f16_prompt() {
     let fb = &CudaBackend::new(0).expect("sixth backend");
     fb.set_f16_copy(true);
     fb.set_moe_blas(true);
-    fb.set_mmh(false);
-    // The shared FFN on cuBLAS, the routed experts on wgmma fed by TMA from row-major f16 copies
-    // of the stacks (mmh_*, sm_90a; the default there).
+    fb.set_mmh(0);
+    // The shared FFN on cuBLAS, the routed experts on wgmma fed by TMA (sm_90a) from row-major
+    // f16 copies of the stacks (mmh_*), and straight from Q8_0 (mmh8_*, the default there).
     let fh = &CudaBackend::new(0).expect("seventh backend");
     fh.set_f16_copy(true);
     fh.set_moe_blas(true);
-    let have_mmh = fh.set_mmh(true);
+    let have_mmh = fh.set_mmh(1);
+    let f8 = &CudaBackend::new(0).expect("eighth backend");
+    f8.set_moe_blas(true);
+    f8.set_mmh(2);
     if !have_mmh {
         eprintln!("moe_f16_prompt: no mmh kernels here (not an sm_90a build); their checks skipped");
     }
@@ -1779,6 +1782,7 @@ fn moe_f16_prompt() {
         let qw: Vec<CudaWeight> = (0..6).map(|i| up(fq, i)).collect();
         let bw: Vec<CudaWeight> = (0..6).map(|i| up(fb, i)).collect();
         let hw: Vec<CudaWeight> = (0..6).map(|i| up(fh, i)).collect();
+        let h8: Vec<CudaWeight> = (0..6).map(|i| up(f8, i)).collect();
         if have_mmh {
             // Every matrix gets a row-major copy: f16(q * d) of each value, as the host rounds it.
             for (i, w) in hw.iter().enumerate() {
@@ -1835,9 +1839,10 @@ fn moe_f16_prompt() {
         };
         let (got, int8, fused, direct) = (run(f, &fw), run(g, &gw), run(fu, &uw), run(fq, &qw));
         let blas = run(fb, &bw);
-        let runs0 = fh.mmh_runs();
+        let (runs0, runs8) = (fh.mmh_runs(), f8.mmh_runs());
         let mmh = run(fh, &hw);
-        let mmh_ran = fh.mmh_runs() > runs0;
+        let mmh8 = run(f8, &h8);
+        let mmh_ran = fh.mmh_runs() > runs0 && f8.mmh_runs() > runs8;
         // mmfq8 forced where the copies exist (the copies' backend, one launch): the same bits.
         fu.set_mmf_q8(1);
         let forced = run(fu, &uw);
@@ -1877,6 +1882,8 @@ fn moe_f16_prompt() {
             }
             rep.check(&format!("{lab} mmh (wgmma + TMA) vs mmfq8"), &mmh, &direct, 1e-4, 1e-4);
             rep.check(&format!("{lab} mmh vs f64"), &mmh, &exact, 1e-2, 1e-3);
+            // (the same f16 weights, made in shared memory: the same bits)
+            rep.check(&format!("{lab} mmh8 (from Q8_0) vs mmh (f16 copies) (exact)"), &mmh8, &mmh, 0.0, 0.0);
         }
         for (_, one, three) in &wg {
             let kind = "mmfw";
