@@ -531,8 +531,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if m.ctx_size.is_none() {
         m.ctx_size = Some(need.max(512));
     }
-    if a.parallel > 0 && m.batch_size < a.parallel {
-        m.batch_size = a.parallel;
+    if a.parallel > 0 && m.batch_size.is_some_and(|b| b < a.parallel) {
+        m.batch_size = Some(a.parallel);
     }
     let mut l = load::load(&m, None, 1 + a.parallel)?;
     let ctx = l.model.options().ctx;

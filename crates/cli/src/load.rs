@@ -56,11 +56,13 @@ pub struct Loaded {
     pub backend_name: String,
 }
 
-/// Default context: the model's training context, capped at 4096.
-pub fn runtime_options(o: &ModelOpts, src: &dyn TensorSource, n_slots: usize) -> RuntimeOptions {
+/// Default context: the model's training context, capped at 4096. Default batch (`-b`): 2048
+/// tokens on a GPU, 512 on the CPU.
+pub fn runtime_options(o: &ModelOpts, src: &dyn TensorSource, n_slots: usize, gpu: bool) -> RuntimeOptions {
     let train = train_ctx(src).unwrap_or(4096);
     let ctx = o.ctx_size.unwrap_or(train.min(4096)).max(1);
-    RuntimeOptions { ctx, n_slots, max_batch: o.batch_size.clamp(1, 65536) }
+    let batch = o.batch_size.unwrap_or(if gpu { 2048 } else { 512 });
+    RuntimeOptions { ctx, n_slots, max_batch: batch.clamp(1, 65536) }
 }
 
 fn train_ctx(src: &dyn TensorSource) -> Option<usize> {
@@ -73,11 +75,11 @@ fn train_ctx(src: &dyn TensorSource) -> Option<usize> {
 pub fn load(o: &ModelOpts, default: Option<&hub::KnownModel>, n_slots: usize) -> Result<Loaded> {
     let path = resolve(o.model.as_deref(), default)?;
     let src = open_source(&path)?;
-    let opts = runtime_options(o, src.as_ref(), n_slots);
     if o.exact && o.backend == crate::BackendKind::Cuda {
         bail!("--exact is a CPU mode; use it with --backend cpu");
     }
     let be = AnyBackend::new(o.backend, o.threads, o.exact, o.no_mmap, o.invariant)?;
+    let opts = runtime_options(o, src.as_ref(), n_slots, matches!(be, AnyBackend::Cuda(_)));
     let free_before = be.device_memory();
     let requant = o.quant.map(|q| q.ggml());
     if let Some((free, total)) = free_before {

@@ -97,7 +97,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         threads: a.threads,
         ctx_size: a.ctx_size,
         exact: a.exact,
-        batch_size: ro.max_batch,
+        batch_size: Some(ro.max_batch),
         no_mmap: a.no_mmap,
         quant: a.quant,
         // Q4_K/Q5_K/Q6_K products of 1-3 rows on the tiled kernel: a model of them needs no

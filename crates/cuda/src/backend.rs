@@ -856,8 +856,12 @@ pub struct CudaBackend {
     /// ([`CudaBackend::moe_blas`]): 0 off, 1 from row-major f16 copies of the expert stacks
     /// made at upload (where memory allows, as the other copies; `mmh_gu`, `mmh_dn`), 2
     /// straight from the Q8_0 stacks, turned into f16 in shared memory by the producer
-    /// warpgroup (`mmh8_gu`, `mmh8_dn`; half the bytes, no copies). `TS_CUDA_MMH=0|f16|q8` or
-    /// [`CudaBackend::set_mmh`] (which also decides the copies of weights uploaded after it).
+    /// warpgroup (`mmh8_gu`, `mmh8_dn`; half the bytes, no copies), 3 (the default) the copies
+    /// where they were made, else Q8_0. `TS_CUDA_MMH=0|f16|q8` or [`CudaBackend::set_mmh`]
+    /// (which also decides the copies of weights uploaded after it). The same bits either way.
+    /// Measured on the H200 (gpu-next51, synthetic V2-Lite Q8_0, dense products on cuBLAS,
+    /// same call): pp512 29,840 from the copies, 26,346 from Q8_0 (the conversion, three
+    /// stages deep, costs more than the bytes it saves).
     mmh_mode: AtomicU8,
     /// Prompt MoEs run on `mmh_*` so far (for the tests to see that the path ran).
     mmh_runs: AtomicUsize,
@@ -1145,7 +1149,8 @@ impl CudaBackend {
             mmh_mode: AtomicU8::new(match std::env::var("TS_CUDA_MMH").as_deref() {
                 Ok("0") => 0,
                 Ok("f16") => 1,
-                _ => 2,
+                Ok("q8") => 2,
+                _ => 3,
             }),
             mmh_runs: AtomicUsize::new(0),
             moe_counts: std::env::var("TS_CUDA_MOE_COUNTS").is_ok_and(|v| v == "1"),
@@ -1331,11 +1336,11 @@ impl CudaBackend {
         self.moe_blas.store(on, Ordering::Relaxed);
     }
 
-    /// Prompt MoEs on `mmh_*` ([`CudaBackend::mmh_mode`]: 0 off, 1 f16 copies, 2 Q8_0); weights
-    /// uploaded after this get (or do not get) the row-major f16 stack copies mode 1 reads.
-    /// False where it cannot run here.
+    /// Prompt MoEs on `mmh_*` ([`CudaBackend::mmh_mode`]: 0 off, 1 f16 copies, 2 Q8_0, 3
+    /// copies where made); weights uploaded after this get (or do not get) the row-major f16
+    /// stack copies modes 1 and 3 read. False where it cannot run here.
     pub fn set_mmh(&self, mode: u8) -> bool {
-        self.mmh_mode.store(mode.min(2), Ordering::Relaxed);
+        self.mmh_mode.store(mode.min(3), Ordering::Relaxed);
         self.mmh || mode == 0
     }
 
@@ -1351,7 +1356,7 @@ impl CudaBackend {
 
     /// Whether expert stacks get row-major f16 copies for `mmh_*` (with the shared FFN on cuBLAS).
     fn mmh_copies(&self) -> bool {
-        self.mmh && self.mmh_mode.load(Ordering::Relaxed) == 1 && self.moe_blas.load(Ordering::Relaxed)
+        self.mmh && matches!(self.mmh_mode.load(Ordering::Relaxed), 1 | 3) && self.moe_blas.load(Ordering::Relaxed)
     }
 
     /// Prompt MoEs straight from the Q8_0 weights on the f16 tensor cores ([`CudaBackend::mmf_q8`]):
@@ -1983,8 +1988,8 @@ impl CudaBackend {
         if bn == 64 && nsh == 0 && self.mmh && mode != 0 && hdim % 256 == 0 && ff % 128 == 0 {
             let [g8, u8_, d8] = [experts.gate, experts.up, experts.down];
             let w = match [g8.half_rm(), u8_.half_rm(), d8.half_rm()] {
-                [Some(wg), Some(wu), Some(wd)] if mode == 1 => Some(MmhWeights::F16(wg, wu, wd)),
-                _ if mode == 2 && [g8, u8_, d8].iter().all(|w| w.dtype == GgmlType::Q8_0) => {
+                [Some(wg), Some(wu), Some(wd)] if mode != 2 => Some(MmhWeights::F16(wg, wu, wd)),
+                _ if mode >= 2 && [g8, u8_, d8].iter().all(|w| w.dtype == GgmlType::Q8_0) => {
                     Some(MmhWeights::Q8([g8, u8_, d8].map(|w| (w.mem.ptr, w.row_bytes))))
                 }
                 _ => None,
@@ -3539,6 +3544,28 @@ impl Backend for CudaBackend {
                     && o.width == w.ne(1)
                     && w.ne(1) > 0
             });
+        // Prompts with every matrix's f16 copy (dense_blas): the input in f16 once, one cuBLAS
+        // product a job (the same bits as each `matmul` alone).
+        let blas = n > GRAPH_MAX_TOKENS
+            && self.dense_blas.load(Ordering::Relaxed)
+            && jobs.len() >= 2
+            && jobs.iter().all(|(w, _, o)| w.half_rm().is_some() && w.ne(2) == 1 && w.ne(0) == k && o.n == n && o.width == w.ne(1));
+        if blas {
+            x.check(xr);
+            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(xh) = self.scratch(S::XBf16, 2 * k * n) else { return };
+            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, k, 0, xh, false);
+            if let Err(e) = self.ctx.bind_to_thread() {
+                self.fail(format!("cuda context: {e:?}"));
+                return;
+            }
+            for &(w, out, o) in jobs {
+                out.check(o);
+                let (Some(wh), m) = (w.half_rm(), w.ne(1)) else { continue };
+                self.gemm_h16((wh, k, 0), (xh, k, 0), (out.0.ptr + 4 * o.off as u64, o.stride, 0), (m, n, k), 1);
+            }
+            return;
+        }
         // Above the GEMV sizes, on the int8 tensor cores: the input quantised once for all jobs
         // (each `matmul` would quantise it again; the same bits).
         let mmq = self.tc

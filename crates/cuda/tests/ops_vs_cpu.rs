@@ -1729,6 +1729,7 @@ fn moe_f16_prompt() {
     let g = &CudaBackend::new(0).expect("third backend");
     g.set_f16_copy(false);
     g.set_mmf_q8(0);
+    g.set_mmh(0);
     // Gate, up and the GLU in one launch (mmf16_gu): the same bits as the three.
     let fu = &CudaBackend::new(0).expect("fourth backend");
     fu.set_f16_copy(true);
