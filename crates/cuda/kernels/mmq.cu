@@ -992,18 +992,12 @@ extern "C" __global__ void q8_to_f16(const u8* src, uint4* dst, i64 total, int n
     }
 }
 
-// Where k goes in its 16-value chunk of an activation row read by the wgmma kernels (mmfw_impl):
-// k = 4a + 2b + c (a < 4, b, c < 2) at 2a + 8b + c, so that the wgmma's k slots, read in order
-// from shared memory, hold the activations the A fragments' permuted k slots need.
-__device__ __forceinline__ int perm16(int k) { return (k & ~15) | ((k >> 1) & 6) | ((k << 2) & 8) | (k & 1); }
 // Activation rows to f16 for the f16 products: dst row j (k halves, k % 8 == 0) = f16(x) with
 // x = src[off + j*stride + c], or with act (1 = SiLU, 2 = GELU-tanh) act(src) * src2 (the GLU of
 // gate and up rows, same offsets and strides). One thread per 8 values. (Clamped to the f16
 // range: an activation past 65504 saturates instead of turning into inf.)
-// perm (the wgmma kernels' input, mmfw_impl): each pair of values at its perm16 place, one
-// 4-byte store each.
 extern "C" __global__ void f16_rows(const float* src, const float* src2, i64 off, i64 stride, int n, int k, int act,
-                                    uint4* dst, int perm) { PDL_ENTRY();
+                                    uint4* dst) { PDL_ENTRY();
     const int per = k >> 3;
     const i64 total = (i64)n * per;
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
@@ -1021,13 +1015,7 @@ extern "C" __global__ void f16_rows(const float* src, const float* src2, i64 off
             }
             o[j] = (u32)f2h_sat(a) | (u32)f2h_sat(b) << 16;
         }
-        if (perm) {
-            u32* d32 = (u32*)dst + row * (k >> 1);
-#pragma unroll
-            for (int j = 0; j < 4; j++) d32[perm16(c + 2 * j) >> 1] = o[j];
-        } else {
-            dst[i] = make_uint4(o[0], o[1], o[2], o[3]);
-        }
+        dst[i] = make_uint4(o[0], o[1], o[2], o[3]);
     }
 }
 
@@ -1067,9 +1055,7 @@ __device__ __forceinline__ void mmf_tile_weights(bool sh, int e, const u8* W, i6
 // The f16 tiles' epilogue (mmf_impl, mmfq_impl): the f32 products of the warp's tiles to `out`,
 // or with GLU (gate rows in the first MI/2 m16 tiles, up rows in the rest) f16(act(gate) * up)
 // to the u16 rows at `out`.
-// PERM (the wgmma kernels' GLU rows, see mmfw_impl): each f16 value stored at its k-permuted
-// place (perm16) in its 16-value chunk.
-template <int WR, int MI, int NI, bool GLU, bool PERM = false>
+template <int WR, int MI, int NI, bool GLU>
 __device__ __forceinline__ void mmf_epilogue(const float (&acc)[MI][NI][4], float* out, i64 ooff, i64 ostride,
                                              const int* dst_row, int m0, int wm, int wn, int m, int nt, int warp, int g,
                                              int t, int act) {
@@ -1084,7 +1070,7 @@ __device__ __forceinline__ void mmf_epilogue(const float (&acc)[MI][NI][4], floa
                     const int row = m0 + (warp % WR) * (MI * 8) + mi * 16 + g + (c >> 1) * 8;
                     const int j = wn + ni * 8 + 2 * t + (c & 1);
                     if (row < m && j < nt)
-                        oh[ooff + (i64)dst_row[j] * ostride + (PERM ? perm16(row) : row)] =
+                        oh[ooff + (i64)dst_row[j] * ostride + row] =
                             f2h_sat(act_fn(act, acc[mi][ni][c]) * acc[mi + MI / 2][ni][c]);
                 }
     } else {
@@ -1393,231 +1379,3 @@ __device__ __forceinline__ void mmfq_impl(const u8* W, i64 row_bytes, i64 mat_by
 // same rows), for twice the activation fragment loads. Static SASS: see GPU.md.
 MMFQ_INST_L(mmfq8_256s4, 8, 1, 2, 8, 4, false)
 MMFQ_INST_L(mmfq8_gu_s4, 8, 1, 2, 8, 4, true)
-
-// ---- Prompt expert products on wgmma (sm_90a) straight from the Q8_0 weights --------------------
-// (Written 2026-12-01, seventeenth session; TS_CUDA_MMF_W=1, off until measured.) The tensor cores
-// read the activations from shared memory themselves: wgmma with A (the weights) from registers
-// and B (the tokens x 16 k) from shared memory by descriptor, asynchronous, two warpgroups a
-// block. The A fragments are mmfq8's (the same ldmatrix, the same q8x4_to_h2 conversion: the
-// weights are the f16 copy's values bit for bit; the wgmma A register layout per warp is
-// mma.sync's), so a warp still owns 32 rows (two m16 tiles): warp w of warpgroup G feeds rows
-// 32(4G + w) + 16T .. of the warpgroup's m64 tile T. Those fragments hold k in permuted slots
-// (slot 2a + 8b + c holds k = 4a + 2b + c of each 16), which mma.sync matched by loading B to
-// suit; wgmma reads B in order, so the activation rows come permuted in memory (perm16: f16_rows
-// with `perm`, and the GLU kernel's epilogue), and the down product reads the GLU kernel's
-// output as it was written.
-// Tiles of up to 128 tokens (the hot experts of a prompt see hundreds): a tile of 64 or fewer
-// takes m64n64k16 and loads half the activation rows, a larger one m64n128k16, so the weights
-// are staged and converted once for twice the tokens (Nsight on the 64-token mmfq8 / mmfw:
-// warps waiting on each stage's data, the weights mostly from L2, re-read by every token tile).
-// B's stage layout is the wgmma canonical K-major one without swizzle: 8 x 8 core matrices of
-// 128 contiguous bytes, 16-byte chunk q (8 k values) of token j at q * 2048 + j * 16 (LBO 2048
-// bytes between k-adjacent core matrices, SBO 128 between token-adjacent ones; MMFW_SWAP_LS=1,
-// a measurement define, swaps the two). Stage s: 256 weight rows of one Q8_0 group (144 bytes)
-// then 32 KB of activations, three in flight by cp.async; the tensor cores read shared memory
-// through the async proxy, so each thread fences (fence.proxy.async) after its copies land and
-// before the stage's barrier. Same gathers, shared chunks and epilogue (GLU rows permuted) as
-// mmfq8; k % 128 == 0.
-#ifndef MMFW_SWAP_LS
-#define MMFW_SWAP_LS 0
-#endif
-// MMFW_KO (a measurement define; wrong results on purpose): 1 leaves the wgmma out, 2 the A
-// fragments' conversion (the raw words go in), 3 the stage loads after the first NST - 1 (every
-// stage multiplies stale shared memory): which part holds the kernel's time.
-#ifndef MMFW_KO
-#define MMFW_KO 0
-#endif
-template <bool B>
-struct BoolC {
-    static constexpr bool value = B;
-};
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ u64 wg_desc(u32 a, u32 lbo, u32 sbo) {
-    return (u64)((a & 0x3FFFF) >> 4) | ((u64)((lbo & 0x3FFFF) >> 4) << 16) | ((u64)((sbo & 0x3FFFF) >> 4) << 32);
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-#define WG_D8(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
-// d (this thread's share of a 64 x 64 f32 tile, in mma.sync's m16n8 order per n8 column) += A
-// (64 x 16 f16, this thread's 4 registers) B (16 x 64 f16 in shared memory, `desc`).
-__device__ __forceinline__ void wgmma_64x64x16(float (&d)[16][4], const u32 (&a)[4], u64 desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : WG_D8(0), WG_D8(1), WG_D8(2), WG_D8(3), WG_D8(4), WG_D8(5), WG_D8(6), WG_D8(7)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
-        : "memory");
-}
-// The same for 128 tokens (all 16 n8 columns of d).
-__device__ __forceinline__ void wgmma_64x128x16(float (&d)[16][4], const u32 (&a)[4], u64 desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : WG_D8(0), WG_D8(1), WG_D8(2), WG_D8(3), WG_D8(4), WG_D8(5), WG_D8(6), WG_D8(7), WG_D8(8), WG_D8(9),
-          WG_D8(10), WG_D8(11), WG_D8(12), WG_D8(13), WG_D8(14), WG_D8(15)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
-        : "memory");
-}
-#undef WG_D8
-#endif
-// One stage (128 k values) of a wgmma tile (mmfw_impl): the warp's two m16 tiles
-// of weight rows at Ag / As_s (the Q8_0 group rows, RA bytes apart) converted to f16 A fragments
-// 32 values at a time and multiplied into acc with the warpgroup's activations at Bs_s (chunk
-// rows KC bytes apart); HALF: 64 tokens (m64n64k16), else 128 (m64n128k16). Returns after the
-// warpgroup's wgmma are done with the stage.
-template <bool HALF, int MI, int NI, int RA, int KC>
-__device__ __forceinline__ void mmfw_stage(float (&acc)[MI][NI][4], const u8* Ag, u32 As_s, u32 Bs_s, int g, int li, int lr) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    uint2 ha[MI][2];
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++) {
-        ha[mi][0] = *(const uint2*)(Ag + (mi * 16 + g) * RA);
-        ha[mi][1] = *(const uint2*)(Ag + (mi * 16 + g + 8) * RA);
-    }
-    u32 a[2][MI][2][4];  // [buffer][m16 tile][k16 half][register]
-#pragma unroll
-    for (int b32 = 0; b32 < 4; b32++) {  // the group's four 32-value blocks (one scale each)
-        const int bb = b32 & 1;
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++) {
-            u32 q[4];
-            ldsm4_s(q, As_s + (u32)((mi * 16 + (li & 1) * 8 + lr) * RA + 16 + b32 * 32 + (li >> 1) * 16));
-            const u32 d0 = hsel2(ha[mi][0], b32), d1 = hsel2(ha[mi][1], b32);
-            if (MMFW_KO == 2) {
-#pragma unroll
-                for (int c = 0; c < 2; c++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) a[bb][mi][c][r] = q[(2 * c + r) & 3] ^ d0;
-            } else {
-                q8x4_to_h2(q[0], d0, a[bb][mi][0][0], a[bb][mi][0][2]);
-                q8x4_to_h2(q[1], d1, a[bb][mi][0][1], a[bb][mi][0][3]);
-                q8x4_to_h2(q[2], d0, a[bb][mi][1][0], a[bb][mi][1][2]);
-                q8x4_to_h2(q[3], d1, a[bb][mi][1][1], a[bb][mi][1][3]);
-            }
-        }
-        wg_fence();
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const u32 ba = Bs_s + (u32)((b32 * 2 + c) * 2 * KC);
-            const u64 desc = MMFW_SWAP_LS ? wg_desc(ba, 128, KC) : wg_desc(ba, KC, 128);
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                if (MMFW_KO == 1) acc[mi][0][0] += __uint_as_float(a[bb][mi][c][0] ^ (u32)desc);
-                else if constexpr (HALF) wgmma_64x64x16(acc[mi], a[bb][mi][c], desc);
-                else wgmma_64x128x16(acc[mi], a[bb][mi][c], desc);
-            }
-        }
-        wg_commit();
-        wg_wait<1>();  // the block before this one is done with its A registers
-    }
-    wg_wait<0>();  // every read of this stage's shared memory done
-#endif
-}
-template <int NST, bool GLU>
-__device__ __forceinline__ void mmfw_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, const u8* X, i64 xrow,
-                                          int n, const int* cnt, const int* off, const int* perm, int n_exp, int in_div,
-                                          float* out, i64 ooff, i64 ostride, const u8* Ws, i64 ws_row_bytes,
-                                          i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2, int act) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int WR = 8, MI = 2, NI = 16, BM = 256, BN = 128, THREADS = 256;
-    constexpr int RA = 144, SA = BM * RA, KC = BN * 16, STAGE = SA + 16 * KC;
-    constexpr int WP = BM * 9, NP = WP + BN * 16;  // 16-byte pieces a stage: weights, then activations
-    constexpr int PER = NP / THREADS, WPER = WP / THREADS;
-    static_assert(WP % THREADS == 0 && NP % THREADS == 0, "mmfw tile");
-    extern __shared__ __align__(16) u8 mmq_sm[];
-    __shared__ int src_row[BN], dst_row[BN];
-    __shared__ int tile_e, tile_start;
-    const int tid = threadIdx.x;
-    int e = 0, start, count;
-    if (!mmq_block_tile<BN>(cnt, n_exp, n, 1, tile_e, tile_start, e, start, count)) return;
-    const int nt = min(BN, count - start);
-    if (nt <= 0) return;
-    const bool half = nt <= BN / 2;  // (uniform over the block)
-    mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, gridDim.z, src_row, dst_row);
-    __syncthreads();
-    const int m0 = blockIdx.x * (GLU ? BM / 2 : BM);
-    const u8 *Wt, *Wt2;
-    i64 rb;
-    mmf_tile_weights<GLU>(cnt && e >= e_sh, e, W, row_bytes, mat_bytes, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, Wt, Wt2, rb);
-    // This thread's pieces: the first WPER weight pieces as in mmfq_impl, then activation pieces:
-    // piece c2 of the stage's 2,048 is 16-byte chunk q of token j, consecutive threads taking the
-    // two halves of a row's 32-byte sector, then the next token (tokens past 64 left out of a
-    // half tile).
-    const u8* srcp[PER];
-    u32 dsto[PER];
-    bool live[PER];
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int c = tid + i * THREADS;
-        live[i] = true;
-        if (i < WPER) {
-            const int r = c / 9, q = c - r * 9;
-            bool up;
-            const int wr = mmf_weight_row<MI, GLU>(r, m0, m, up);
-            srcp[i] = (up ? Wt2 : Wt) + (i64)wr * rb + q * 16;
-            dsto[i] = (u32)(r * RA + q * 16);
-        } else {
-            const int c2 = c - WP, j = (c2 >> 1) & (BN - 1), q = ((c2 >> 8) << 1) | (c2 & 1);
-            srcp[i] = X + (i64)src_row[j] * xrow + q * 16;
-            dsto[i] = (u32)(SA + q * KC + j * 16);
-            live[i] = !half || j < BN / 2;
-        }
-    }
-    const int nstages = k >> 7;
-    const u32 sm0 = smem_addr(mmq_sm);
-    auto load = [&](int s) {
-        if (s < nstages && (MMFW_KO != 3 || s < NST - 1)) {
-            const u32 st = sm0 + (u32)((s % NST) * STAGE);
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if (live[i]) cp_async16_s(st + dsto[i], srcp[i] + (i64)s * (i < WPER ? 144 : 256));
-        }
-        cp_commit();
-    };
-    const int warp = tid >> 5, lane = tid & 31;
-    const int g = lane >> 2, lr = lane & 7, li = lane >> 3;
-    const int wm = warp * MI * 16;
-    float acc[MI][NI][4];
-    acc_zero(acc);
-#pragma unroll
-    for (int s = 0; s < NST - 1; s++) load(s);
-    // The main loop once for half tiles and once for whole ones (HALF a constant in each: no
-    // branch between the wgmma of a block, which ptxas would fence).
-    auto main_loop = [&](auto half_c) {
-        constexpr bool HALF = decltype(half_c)::value;
-        for (int s = 0; s < nstages; s++) {
-            cp_wait<NST - 2>();
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            __syncthreads();  // stage s has landed for every thread; stage s-1 is consumed
-            load(s + NST - 1);
-            mmfw_stage<HALF, MI, NI, RA, KC>(acc, mmq_sm + (s % NST) * STAGE + wm * RA, sm0 + (u32)((s % NST) * STAGE + wm * RA),
-                                           sm0 + (u32)((s % NST) * STAGE + SA), g, li, lr);  // (its wgmma done on return)
-        }
-    };
-    if (half) main_loop(BoolC<true>{});
-    else main_loop(BoolC<false>{});
-    mmf_epilogue<WR, MI, NI, GLU, true>(acc, out, ooff, ostride, dst_row, m0, wm, 0, m, nt, warp, g, lane & 3, act);
-#endif
-}
-// 256 rows (128 ff rows of gate and of up for the GLU one) x up to 128 tokens, three stages of
-// 68 KB (204 KB of shared memory, one block an SM).
-#define MMFW_INST(NAME, NST, GLU)                                                                       \
-    extern "C" __global__ void __launch_bounds__(256, 1) NAME(MMFQ_ARGS) {                              \
-        PDL_ENTRY();                                                                                    \
-        mmfw_impl<NST, GLU>(W, row_bytes, mat_bytes, m, k, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
-                            ooff, ostride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, act);            \
-    }
-MMFW_INST(mmfw_256s3, 3, false)
-MMFW_INST(mmfw_gu_s3, 3, true)

@@ -292,11 +292,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
 const MMF_TILES: [(&str, &str, usize); 2] = [("mmf16_256s4", "mmf16_gu_s4", 4), ("mmf16_256", "mmf16_gu", 3)];
 /// Shared memory of an `mmfq_*` stage.
 const MMFQ_STAGE: usize = 256 * 144 + 64 * 288;
-/// Shared memory of an `mmfw_*` stage (kernels/mmq.cu, `mmfw_impl`): 256 weight rows of one
-/// Q8_0 group, then 128 activation rows of 128 f16 in wgmma's core-matrix layout (no pad).
-const MMFW_STAGE: usize = 256 * 144 + 128 * 256;
-/// Tokens a tile of the `mmfw_*` kernels (a tile of 64 or fewer runs at half width).
-const MMFW_BN: usize = 128;
 /// Dynamic shared memory of the `mmh_*` kernels (kernels/mmh.cu): four stages of 128 pair rows
 /// and 256 weight rows of 128 bytes, plus 1 KB to align the first stage to 1,024 bytes (the
 /// 128-byte swizzle's period).
@@ -682,8 +677,6 @@ fn kernel_names() -> Vec<String> {
         "mmf16_gu_s4",
         "mmfq8_256s4",
         "mmfq8_gu_s4",
-        "mmfw_256s3",
-        "mmfw_gu_s3",
         "mmh_gu",
         "mmh_dn",
         "mmh8_gu",
@@ -839,16 +832,9 @@ pub struct CudaBackend {
     /// The `mmfq8_*` kernels (plain, gate-up-GLU, shared memory: 8 x 1 warps, four stages of
     /// [`MMFQ_STAGE`]) where the device gives their shared memory; None: not available.
     mmfq8: Option<(&'static str, &'static str, usize)>,
-    /// The same products on wgmma (sm_90a: A from registers, the activations read by the tensor
-    /// cores from shared memory, k-permuted rows; see kernels/mmq.cu) in place of `mmfq8_*`: 0
-    /// off, 1 `mmfw_*` (every warp copies and multiplies; measured on the H200: the same bits,
-    /// pp512 21,510 vs 21,745, pp2048 19,373 vs 19,640); `TS_CUDA_MMF_W=1` or
-    /// [`CudaBackend::set_mmf_w`]. (A producer-warpgroup twin, `mmfw_ws_*`, ran 19,618 against
-    /// 21,444 in the eighteenth session and was deleted.)
-    mmf_w: AtomicU8,
-    /// The `mmfw_*` kernels where the kernels were built for sm_90a and the device gives their
-    /// shared memory.
-    mmfw: Option<(&'static str, &'static str, usize)>,
+    // (The seventeenth session's `mmfw_*`, wgmma with the weights converted in registers,
+    // pp512 21,510 against mmfq8's 21,745, and its producer-warpgroup twin were deleted once
+    // `mmh_*` replaced both: see docs/PERF.md.)
     /// The `mmh_*` kernels (kernels/mmh.cu: wgmma with both operands from shared memory, fed by
     /// TMA from a producer warpgroup) can run here: an sm_90a build that got their shared memory.
     mmh: bool,
@@ -1082,7 +1068,6 @@ impl CudaBackend {
         // 21,786 in the eighteenth session and was deleted.)
         let mmf = pick(&MMF_TILES, 320 * 144);
         let mmfq8 = pick(&[("mmfq8_256s4", "mmfq8_gu_s4", 4)], MMFQ_STAGE);
-        let mmfw = if arch == "sm_90a" { pick(&[("mmfw_256s3", "mmfw_gu_s3", 3)], MMFW_STAGE) } else { None };
         let mmh = arch == "sm_90a"
             && MMH_SMEM <= optin
             && MMH8_SMEM <= optin
@@ -1140,11 +1125,6 @@ impl CudaBackend {
             }),
             mmfq8,
             moe_blas: AtomicBool::new(std::env::var("TS_CUDA_MOE_BLAS").map_or(true, |v| v != "0")),
-            mmf_w: AtomicU8::new(match std::env::var("TS_CUDA_MMF_W").as_deref() {
-                Ok("1") => 1,
-                _ => 0,
-            }),
-            mmfw,
             mmh,
             mmh_mode: AtomicU8::new(match std::env::var("TS_CUDA_MMH").as_deref() {
                 Ok("0") => 0,
@@ -1312,22 +1292,6 @@ impl CudaBackend {
     pub fn set_mmq_tiles(&self, bn16: usize, rows: usize) {
         self.mmq_bn16.store(bn16, Ordering::Relaxed);
         self.mmq_rows_dense.store(rows, Ordering::Relaxed);
-    }
-
-    /// Prompt MoEs from Q8_0 on wgmma ([`CudaBackend::mmf_w`]: 0 off, 1 `mmfw_*`) instead of
-    /// `mmfq8_*`. False where the kernels asked for cannot run here (not
-    /// an sm_90a build, or too little shared memory; those MoEs then stay on `mmfq8_*`).
-    pub fn set_mmf_w(&self, mode: u8) -> bool {
-        self.mmf_w.store(mode.min(1), Ordering::Relaxed);
-        self.wgmma_kernels().is_some() || mode == 0
-    }
-
-    /// The wgmma prompt kernels `mmf_w` asks for and their block size, where they can run.
-    fn wgmma_kernels(&self) -> Option<((&'static str, &'static str, usize), u32)> {
-        match self.mmf_w.load(Ordering::Relaxed) {
-            1 => self.mmfw.map(|t| (t, 256)),
-            _ => None,
-        }
     }
 
     /// [`CudaBackend::moe_blas`]: the prompt MoE's shared FFN on cuBLAS; decides the f16 copies
@@ -1735,7 +1699,7 @@ impl CudaBackend {
         if let Some(wh) = w.half_rm().filter(|_| ng > GRAPH_MAX_TOKENS && self.dense_blas.load(Ordering::Relaxed)) {
             // Prompts from the row-major f16 copy on cuBLAS, the activation rows in f16.
             let Some(xh) = self.scratch(S::XBf16, 2 * k * xr.n) else { return };
-            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), xr.n, k, 0, xh, false);
+            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), xr.n, k, 0, xh);
             if let Err(e) = self.ctx.bind_to_thread() {
                 self.fail(format!("cuda context: {e:?}"));
                 return;
@@ -2029,10 +1993,6 @@ impl CudaBackend {
                 },
             ) {
                 let (Some(xh), Some(hh)) = (self.scratch(S::Xh, 2 * n * hdim), self.scratch(S::Hh, 2 * pairs * ff)) else { return };
-                // On wgmma (`mmfw_*`, from Q8_0 only) the f16 rows are k-permuted (perm16).
-                let wg = q8 && self.wgmma_kernels().is_some();
-                // (its token tiles are MMFW_BN wide: at most pairs / MMFW_BN + experts of them)
-                let tiles = if wg { (pairs.div_ceil(MMFW_BN) + ne_all) as u32 } else { tiles };
                 // The shared chunks as in the int8 path: gate/up chunk c is rows c*ff.. of the
                 // shared matrix (f16 copy: ff/64 tiles, 2*ff*hdim bytes on; Q8_0: ff rows on),
                 // down chunk c columns c*ff.. of each of its rows (f16 copy: ff/64 stages of 8 KB
@@ -2045,19 +2005,19 @@ impl CudaBackend {
                 };
                 let grp = |i: usize| (cnt, off, perm, ne_all, sh.map(|s| (s[i].0, s[i].1, chunk(i, s[i].1), ne)));
                 // (shared_blas, when it ran, left these very rows in xh: same slot, same size)
-                if add == 0 || wg {
-                    self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, wg);
+                if add == 0 {
+                    self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);
                 }
                 if self.mmf_gu.load(Ordering::Relaxed) && (hg.1, hg.2) == (hu.1, hu.2) {
                     // Gate, up and the GLU in one launch (f16 GLU rows into hh).
                     let glu = Some((hu.0, sh.map_or(0, |s| s[1].0), act));
-                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (hh, 0, ff), glu, (q8, wg));
+                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (hh, 0, ff), glu, q8);
                 } else {
-                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff), None, (q8, wg));
-                    self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff), None, (q8, wg));
-                    self.f16_rows(g, u, (0, ff), pairs, ff, act, hh, wg);
+                    self.mmf_launch(hg, ff, hdim, xh, tiles, grp(0), ks, (g, 0, ff), None, q8);
+                    self.mmf_launch(hu, ff, hdim, xh, tiles, grp(1), ks, (u, 0, ff), None, q8);
+                    self.f16_rows(g, u, (0, ff), pairs, ff, act, hh);
                 }
-                self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim), None, (q8, wg));
+                self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim), None, q8);
                 self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
                 return;
             }
@@ -2137,7 +2097,7 @@ impl CudaBackend {
             return false;
         };
         if !have_xh {
-            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, false);
+            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);
         }
         let gather = [A::P(xh), A::P(perm), A::P(cnt), A::P(off), i(ne), i(k), i(hdim / 8), A::P(xs)];
         self.launch("moe_gather_h", Self::grid1(pairs * hdim / 8), 256, 0, &gather);
@@ -2255,7 +2215,7 @@ impl CudaBackend {
             self.fail(format!("cuda context: {e:?}"));
             return None;
         }
-        self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh, false);
+        self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);
         let up_rows = 4 * (n * sf) as u64;
         if cu > cg {
             self.gemm_h16((cg, hdim, ((cu - cg) / 2) as i64), (xh, hdim, 0), (gu, sf, (n * sf) as i64), (sf, n, hdim), 2);
@@ -2263,7 +2223,7 @@ impl CudaBackend {
             self.gemm_h16((cg, hdim, 0), (xh, hdim, 0), (gu, sf, 0), (sf, n, hdim), 1);
             self.gemm_h16((cu, hdim, 0), (xh, hdim, 0), (gu + up_rows, sf, 0), (sf, n, hdim), 1);
         }
-        self.f16_rows(gu, gu + up_rows, (0, sf), n, sf, act, hs, false);
+        self.f16_rows(gu, gu + up_rows, (0, sf), n, sf, act, hs);
         self.gemm_h16((cd, sf, 0), (hs, sf, 0), (ys, hdim, 0), (hdim, n, sf), 1);
         Some(ys)
     }
@@ -2324,17 +2284,16 @@ impl CudaBackend {
     }
 
     /// `n` rows of `k` values (`k % 8 == 0`) from `src` at (offset, row stride) to f16 rows at
-    /// `dst`; with `act` (1 SiLU, 2 GELU-tanh) `act(src) * src2` (`f16_rows`); with `perm` each
-    /// value at its k-permuted place for the wgmma kernels (perm16 in kernels/mmq.cu).
+    /// `dst`; with `act` (1 SiLU, 2 GELU-tanh) `act(src) * src2` (`f16_rows`).
     #[allow(clippy::too_many_arguments)]
-    fn f16_rows(&self, src: u64, src2: u64, (off, stride): (usize, usize), n: usize, k: usize, act: i32, dst: u64, perm: bool) {
+    fn f16_rows(&self, src: u64, src2: u64, (off, stride): (usize, usize), n: usize, k: usize, act: i32, dst: u64) {
         let total = n * k / 8;
         self.launch(
             "f16_rows",
             (total.div_ceil(256).min(65_536) as u32, 1, 1),
             256,
             0,
-            &[A::P(src), A::P(src2), l(off), l(stride), i(n), i(k), A::I(act), A::P(dst), i(perm as usize)],
+            &[A::P(src), A::P(src2), l(off), l(stride), i(n), i(k), A::I(act), A::P(dst)],
         );
     }
 
@@ -2357,16 +2316,14 @@ impl CudaBackend {
         in_div: usize,
         (out, ooff, ostride): (u64, usize, usize),
         glu: Option<(u64, u64, i32)>,
-        (q8, wg): (bool, bool),
+        q8: bool,
     ) {
         let (sp, srb, sst, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
-        // mmf16_gu* / mmfq8_gu / mmfw_gu: the plain tile, 128 ff rows each of gate and up a
-        // block. The mmfq8 and mmfw kernels take every argument; the plain mmf16 ones the first
-        // 20. `wg` (from Q8_0 on wgmma): the k-permuted f16 rows in `xh`, and with `glu` out.
-        let ((plain, gu, smem), threads) = match (q8, wg, self.mmf, self.mmfq8, self.wgmma_kernels()) {
-            (true, true, _, _, Some(t)) => t,
-            (true, false, _, Some(t), _) => (t, 256),
-            (false, _, Some(t), _, _) => (t, 256),
+        // mmf16_gu* / mmfq8_gu: the plain tile, 128 ff rows each of gate and up a block. The
+        // mmfq8 kernels take every argument; the plain mmf16 ones the first 20.
+        let ((plain, gu, smem), threads) = match (q8, self.mmf, self.mmfq8) {
+            (true, _, Some(t)) => (t, 256),
+            (false, Some(t), _) => (t, 256),
             _ => return,
         };
         let (name, rows) = if glu.is_some() { (gu, 128) } else { (plain, 256) };
@@ -3554,7 +3511,7 @@ impl Backend for CudaBackend {
             x.check(xr);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
             let Some(xh) = self.scratch(S::XBf16, 2 * k * n) else { return };
-            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, k, 0, xh, false);
+            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, k, 0, xh);
             if let Err(e) = self.ctx.bind_to_thread() {
                 self.fail(format!("cuda context: {e:?}"));
                 return;

@@ -24,7 +24,7 @@ fn all_kernels_compile_for_sm_90() {
 }
 
 /// The build an H100 or H200 gets (`CudaBackend::new` picks sm_90a there): the same kernels plus
-/// the wgmma ones (`mmfw_*`, whose bodies are empty in a plain sm_90 build).
+/// the wgmma ones (`mmh_*`, `mmh8_*`, whose bodies are empty in a plain sm_90 build).
 #[test]
 fn all_kernels_compile_for_sm_90a() {
     if !ts_cuda::kernels::nvrtc_available() {
