@@ -1698,12 +1698,7 @@ impl CudaBackend {
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(wh) = w.half_rm().filter(|_| ng > GRAPH_MAX_TOKENS && self.dense_blas.load(Ordering::Relaxed)) {
             // Prompts from the row-major f16 copy on cuBLAS, the activation rows in f16.
-            let Some(xh) = self.scratch(S::XBf16, 2 * k * xr.n) else { return };
-            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), xr.n, k, 0, xh);
-            if let Err(e) = self.ctx.bind_to_thread() {
-                self.fail(format!("cuda context: {e:?}"));
-                return;
-            }
+            let Some(xh) = self.f16_input(x, xr) else { return };
             let c = out.0.ptr + 4 * o.off as u64;
             self.gemm_h16((wh, k, (m * k) as i64), (xh, k * g, k as i64), (c, o.stride * g, o.stride as i64), (m, ng, k), g as i32);
             return;
@@ -2106,15 +2101,9 @@ impl CudaBackend {
         };
         let tiles = (pairs.div_ceil(MMH_BM) + ne) as u32;
         let (gx, dx) = (((ff / 128) as u32, tiles, 1), ((hdim / 256) as u32, tiles, 1));
-        // (argument lists: the maps, then these; fixed arrays, nothing allocated)
-        let gu = |m: [A; 5], n: usize| -> [A; 12] {
-            let t = [A::P(cnt), A::P(off), i(ne), i(ff), i(hdim), A::P(hs), A::I(act)];
-            std::array::from_fn(|j| if j < n { m[j] } else { t.get(j - n).copied().unwrap_or(A::I(0)) })
-        };
-        let dn = |m: [A; 3], n: usize| -> [A; 10] {
-            let t = [A::P(cnt), A::P(off), A::P(perm), i(ne), i(hdim), i(ff), A::P(y)];
-            std::array::from_fn(|j| if j < n { m[j] } else { t.get(j - n).copied().unwrap_or(A::I(0)) })
-        };
+        // (each kernel's maps come first, then these)
+        let (a_cnt, a_off, a_perm, a_ne) = (A::P(cnt), A::P(off), A::P(perm), i(ne));
+        let (a_ff, a_hdim, a_hs, a_act, a_y) = (i(ff), i(hdim), A::P(hs), A::I(act), A::P(y));
         match w {
             MmhWeights::F16(wg, wu, wd) => {
                 let (Some(tg), Some(tu), Some(td)) =
@@ -2123,9 +2112,8 @@ impl CudaBackend {
                     return false;
                 };
                 let smem = MMH_SMEM as u32;
-                let z = A::I(0);
-                self.launch("mmh_gu", gx, 384, smem, &gu([A::T(&tx), A::T(&tg), A::T(&tu), z, z], 3)[..10]);
-                self.launch("mmh_dn", dx, 384, smem, &dn([A::T(&th), A::T(&td), z], 2)[..9]);
+                self.launch("mmh_gu", gx, 384, smem, &[A::T(&tx), A::T(&tg), A::T(&tu), a_cnt, a_off, a_ne, a_ff, a_hdim, a_hs, a_act]);
+                self.launch("mmh_dn", dx, 384, smem, &[A::T(&th), A::T(&td), a_cnt, a_off, a_perm, a_ne, a_hdim, a_ff, a_y]);
             }
             MmhWeights::Q8([(wg, rg), (wu, ru), (wd, rd)]) => {
                 // The quants (64-byte boxes) and the group headers (16-byte boxes) of each stack.
@@ -2136,8 +2124,9 @@ impl CudaBackend {
                     return false;
                 };
                 let smem = MMH8_SMEM as u32;
-                self.launch("mmh8_gu", gx, 384, smem, &gu([A::T(&tx), A::T(&gq), A::T(&gs), A::T(&uq), A::T(&us)], 5));
-                self.launch("mmh8_dn", dx, 384, smem, &dn([A::T(&th), A::T(&dq), A::T(&ds)], 3));
+                let gu = [A::T(&tx), A::T(&gq), A::T(&gs), A::T(&uq), A::T(&us), a_cnt, a_off, a_ne, a_ff, a_hdim, a_hs, a_act];
+                self.launch("mmh8_gu", gx, 384, smem, &gu);
+                self.launch("mmh8_dn", dx, 384, smem, &[A::T(&th), A::T(&dq), A::T(&ds), a_cnt, a_off, a_perm, a_ne, a_hdim, a_ff, a_y]);
             }
         }
         self.mmh_runs.fetch_add(1, Ordering::Relaxed);
@@ -2226,6 +2215,19 @@ impl CudaBackend {
         self.f16_rows(gu, gu + up_rows, (0, sf), n, sf, act, hs);
         self.gemm_h16((cd, sf, 0), (hs, sf, 0), (ys, hdim, 0), (hdim, n, sf), 1);
         Some(ys)
+    }
+
+    /// The activation rows `xr` of `x` in f16 (`f16_rows`, packed rows, the `XBf16` scratch) for
+    /// the dense products on cuBLAS, with the context current on this thread; None after a
+    /// failure (reported). The caller holds `scratch_op`.
+    fn f16_input(&self, x: &CudaBuf, xr: Rows) -> Option<u64> {
+        let xh = self.scratch(S::XBf16, 2 * xr.width * xr.n)?;
+        self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), xr.n, xr.width, 0, xh);
+        if let Err(e) = self.ctx.bind_to_thread() {
+            self.fail(format!("cuda context: {e:?}"));
+            return None;
+        }
+        Some(xh)
     }
 
     /// [`CudaBackend::gemm_ex`] with f16 weights and activations (activation rows `ldx` halves
@@ -3510,12 +3512,7 @@ impl Backend for CudaBackend {
         if blas {
             x.check(xr);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(xh) = self.scratch(S::XBf16, 2 * k * n) else { return };
-            self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, k, 0, xh);
-            if let Err(e) = self.ctx.bind_to_thread() {
-                self.fail(format!("cuda context: {e:?}"));
-                return;
-            }
+            let Some(xh) = self.f16_input(x, xr) else { return };
             for &(w, out, o) in jobs {
                 out.check(o);
                 let (Some(wh), m) = (w.half_rm(), w.ne(1)) else { continue };
