@@ -2659,7 +2659,8 @@ impl Backend for CudaBackend {
         // (2-D); the routed experts' stacks get one only for mmh_* (otherwise they run from
         // Q8_0 on mmfq8, which needs no copy).
         let half_rm = dense || (self.moe_blas.load(Ordering::Relaxed) && (self.mmfq8.is_some() || self.mmh_copies()));
-        let half = if half && !(!dense && half_rm && t.shape.len() > 2 && !self.mmh_copies()) {
+        let unused_stack = !dense && half_rm && t.shape.len() > 2 && !self.mmh_copies();
+        let half = if half && !unused_stack {
             match self.alloc_mem(half_bytes, &format!("tensor '{}' (f16 copy)", t.name)) {
                 Ok(h) => {
                     let total = half_bytes / 16;
