@@ -354,6 +354,33 @@ pub trait Backend: Send + Sync {
             self.matmul_grouped(q, src, wk, qd, dst);
         }
     }
+    /// The attention's output side of an MLA layer in one op: [`Backend::mla_attention`] of `q`
+    /// into `lat`, the per-head value product `av = lat · W_uv` ([`Backend::matmul_grouped`] over
+    /// rows `avr`), the output product `y = av · W_o` ([`Backend::matmul`], `av` read as rows
+    /// `avo`: `[n, n_heads * v]`, `y` as rows `xr`), then [`Backend::add_rms_norm`]`(x, y, w, eps,
+    /// out)`: the default is those four ops. `lat`, `av` and `y` are the chain's scratch, which a
+    /// backend may leave unwritten (the CUDA backend, for one token: the merge of the context
+    /// splits and both products in one kernel, whose per-head rows the norm adds).
+    #[allow(clippy::too_many_arguments)]
+    fn mla_attention_out(
+        &self,
+        (q, qr): (&Self::Buf, Rows),
+        cache: &Self::Cache,
+        batch: &Self::Batch,
+        p: &MlaParams,
+        (w_uv, wo): (&Self::Weight, &Self::Weight),
+        (lat, lr, av, avr, avo): (&Self::Buf, Rows, &Self::Buf, Rows, Rows),
+        (x, xr, y): (&Self::Buf, Rows, &Self::Buf),
+        w: Option<&Self::Weight>,
+        eps: f32,
+        out: &Self::Buf,
+        o: Rows,
+    ) {
+        self.mla_attention(q, qr, cache, batch, p, lat, lr);
+        self.matmul_grouped(lat, lr, w_uv, av, avr);
+        self.matmul(av, avo, wo, y, xr);
+        self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
+    }
     /// Routed experts plus a shared FFN in one op: `out[r] = moe(x)[r] + down_s(glu(gate_s x[r],
     /// up_s x[r]))` with 2-D shared weights (`[H, ff_s]`, `[H, ff_s]`, `[ff_s, H]`). Returns false,
     /// having enqueued nothing, when the backend has no such path for these shapes (the default):

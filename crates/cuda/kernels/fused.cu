@@ -750,3 +750,250 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
                               xrow, act, hq, hrow, glu);
 }
+
+// ---- The MLA decode's output side in one launch (Backend::mla_attention_out, one token) ---------
+// Block (c, h), 256 threads: head h's merge of the context splits (mla_combine's formulas: the
+// splits' maxima, their weights exp(m_s - M), the weighted sum of the splits' rows, times 1/L;
+// warp w sums splits w, w + 8, ... and the warps' sums meet in shared memory in warp order), its
+// value row v_h = W_uv[h] . lat_h (lat_h quantised to Q8_0 as quant_rows_smem does, dp4a over
+// 16-quant pieces, 8 lanes a row), and head h's share of output rows [c*R, c*R + nr) of W_o:
+// part[h][r] = W_o[r, 128h .. 128h+128) . v_h, with v_h quantised the same way (o_proj's input
+// blocks do not straddle heads: vd = 128). add_rms_norm_parts then adds the heads' rows in head
+// order to the residual. Both weight slices (W_uv[h]: vd rows; the W_o slice: nr rows of one
+// 144-byte group) are copied to shared memory before the PDL wait, so they are on chip when the
+// attention ends: the merge, the W_uv product and the W_o product were three dependent launches.
+// Needs kl % 128 == 0, kl <= 512, vd == 128, W_o rows of nh groups (its input nh * 128), part's
+// rows as the split kernels write them (m, l, kl sums), or lat (part null: the split wrote the
+// merged rows itself) at lat + loff + h * lstride.
+#define MO_THREADS 256
+#define MO_WARPS (MO_THREADS / 32)
+#define MO_VD 128
+#define MO_KL 512
+// 16 bytes global -> shared: cp.async where the card has it (sm_80+), else a plain copy.
+__device__ __forceinline__ void mo_cp16(u8* s, const u8* g) {
+#if __CUDA_ARCH__ >= 800
+    cp_async16(s, g);
+#else
+    *(uint4*)s = *(const uint4*)g;
+#endif
+}
+extern "C" __global__ void __launch_bounds__(MO_THREADS)
+    mla_out_q8(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
+               const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
+               float* outp) {
+    extern __shared__ __align__(16) u8 smo[];
+    const int c = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int r0 = c * R, nr = min(R, H - r0);
+    u8* suv = smo;                                     // MO_VD rows of uv_row_bytes
+    u8* so = suv + MO_VD * uv_row_bytes;               // R rows of 144 bytes
+    float* wsum = (float*)(so + (i64)R * 144);         // MO_WARPS x kl: the warps' merge sums
+    i8* latq = (i8*)(wsum + MO_WARPS * kl);            // kl quants
+    float* latd = (float*)(latq + kl);                 // kl / 32 scales
+    i8* vq = (i8*)(latd + kl / 32);                    // MO_VD quants
+    float* vdd = (float*)(vq + MO_VD);                 // MO_VD / 32 scales
+    float* fw = vdd + MO_VD / 32;                      // MLA_MAX_SPLITS split weights
+    float* red = fw + MLA_MAX_SPLITS;                  // 2 x MO_WARPS
+    {
+        const u8* g = Wuv + (i64)h * uv_mat_bytes;
+        const int n16 = (int)(MO_VD * uv_row_bytes / 16);
+        for (int i = tid; i < n16; i += MO_THREADS) mo_cp16(suv + 16 * i, g + 16 * (i64)i);
+        for (int i = tid; i < nr * 9; i += MO_THREADS) {
+            const int r = i / 9, j = i - r * 9;
+            mo_cp16(so + r * 144 + 16 * j, Wo + (i64)(r0 + r) * o_row_bytes + (i64)h * 144 + 16 * j);
+        }
+#if __CUDA_ARCH__ >= 800
+        cp_commit();
+#endif
+    }
+    // Positions come from the batch upload, which no kernel of the step writes.
+    const int end = pos[0] + 1;
+    pdl_trigger();
+    pdl_wait();
+    const int i = 2 * tid;
+    float2 lv = make_float2(0.f, 0.f);
+    if (part) {
+        const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
+        const int nact = min(nsp, (end + chunk - 1) / chunk);
+        const int stride = kl + 2;
+        const i64 sstride = (i64)nh * stride;
+        const float* pp = part + (i64)h * stride;
+        float ms = NEG_INF, ls = 0.f;
+        if (tid < nact) {
+            ms = pp[tid * sstride];
+            ls = pp[tid * sstride + 1];
+        }
+        float M = warp_max(ms);
+        if (lane == 0) red[warp] = M;
+        __syncthreads();
+        M = red[0];
+        for (int w = 1; w < MO_WARPS; w++) M = fmaxf(M, red[w]);
+        float L = 0.f;
+        for (int s = tid; s < nact; s += MO_THREADS) {
+            const float f = expf((s == tid ? ms : pp[s * sstride]) - M);
+            fw[s] = f;
+            L += (s == tid ? ls : pp[s * sstride + 1]) * f;
+        }
+        L = warp_sum(L);
+        if (lane == 0) red[MO_WARPS + warp] = L;
+        __syncthreads();
+        // Warp w: splits w, w + MO_WARPS, ...; lane: the float2 at 2 * lane + 64 * j (kl / 64 of
+        // them; a split's row starts 2 floats past a multiple of kl + 2, so 8-byte loads).
+        const int nj = kl >> 6;
+        float2 acc[MO_KL / 64];
+#pragma unroll
+        for (int j = 0; j < MO_KL / 64; j++) acc[j] = make_float2(0.f, 0.f);
+        for (int s0 = warp; s0 < nact; s0 += 2 * MO_WARPS) {
+            float2 v[2][MO_KL / 64];
+            float f[2];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int s = s0 + u * MO_WARPS;
+                f[u] = s < nact ? fw[s] : 0.f;
+#pragma unroll
+                for (int j = 0; j < MO_KL / 64; j++)
+                    v[u][j] = s < nact && j < nj ? *(const float2*)(pp + s * sstride + 2 + 2 * lane + 64 * j)
+                                                 : make_float2(0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int j = 0; j < MO_KL / 64; j++) {
+                    acc[j].x += v[u][j].x * f[u];
+                    acc[j].y += v[u][j].y * f[u];
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < MO_KL / 64; j++)
+            if (j < nj) *(float2*)(wsum + warp * kl + 2 * lane + 64 * j) = acc[j];
+        __syncthreads();
+        float den = 0.f;
+        for (int w = 0; w < MO_WARPS; w++) den += red[MO_WARPS + w];
+        if (i < kl) {
+            float2 r = *(const float2*)(wsum + i);
+            for (int w = 1; w < MO_WARPS; w++) {
+                const float2 t = *(const float2*)(wsum + w * kl + i);
+                r.x += t.x;
+                r.y += t.y;
+            }
+            const float inv = 1.0f / den;
+            lv = make_float2(r.x * inv, r.y * inv);
+        }
+    } else if (i < kl) {
+        lv = *(const float2*)(lat + loff + (i64)h * lstride + i);
+    }
+    // lat_h to Q8_0: 16 lanes a 32-value block (ggml's quantize_row_q8_0, the scale f16-rounded).
+    {
+        float a = fmaxf(fabsf(lv.x), fabsf(lv.y));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8));
+        const float d = a / 127.f, id = d != 0.f ? 1.0f / d : 0.f;
+        if (i < kl) {
+            latq[i] = (i8)(int)roundf(lv.x * id);
+            latq[i + 1] = (i8)(int)roundf(lv.y * id);
+            if ((tid & 15) == 0) latd[i >> 5] = h2f(f2h(d));
+        }
+    }
+#if __CUDA_ARCH__ >= 800
+    cp_async_wait_all();
+#endif
+    __syncthreads();
+    // v_h: 8 lanes a row (up to 4 pieces of 16 quants each), 4 rows a warp a pass, 4 passes;
+    // warp w's lane group g has rows 32p + 4w + g. The value rows go to the o phase through
+    // shared memory quantised: first the floats (in wsum, free now).
+    const int np = kl >> 4, sub = lane & 7, g8 = lane >> 3;
+    float* vf = wsum;
+#pragma unroll
+    for (int ps = 0; ps < MO_VD / (4 * MO_WARPS); ps++) {
+        const int row = 32 * ps + 4 * warp + g8;
+        const u8* wr = suv + row * uv_row_bytes;
+        float acc = 0.f;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int p = sub + 8 * u;
+            if (p < np) {
+                const int b = p >> 1;
+                const u8* gp = wr + (b >> 2) * 144;
+                const uint4 q = *(const uint4*)(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
+                acc += (float)dot16(q, latq + 16 * p) * (h2f(((const u16*)gp)[b & 3]) * latd[b]);
+            }
+        }
+        acc = group_sum(acc, 8);
+        if (sub == 0) vf[row] = acc;
+    }
+    __syncthreads();
+    if (warp < MO_VD / 32) {
+        const float v = vf[32 * warp + lane];
+        const float d = warp_max(fabsf(v)) / 127.f, id = d != 0.f ? 1.0f / d : 0.f;
+        vq[32 * warp + lane] = (i8)(int)roundf(v * id);
+        if (lane == 0) vdd[warp] = h2f(f2h(d));
+    }
+    __syncthreads();
+    // Output rows: 8 lanes a row (the head's 8 pieces), 32 rows a pass of the block.
+#pragma unroll 4
+    for (int rr0 = warp * 4; rr0 < nr; rr0 += 4 * MO_WARPS) {
+        const int rr = rr0 + g8;
+        float acc = 0.f;
+        if (rr < nr) {
+            const u8* gp = so + rr * 144;
+            const int b = sub >> 1;
+            const uint4 q = *(const uint4*)(gp + 16 + 32 * b + 16 * (sub & 1));
+            acc = (float)dot16(q, vq + 16 * sub) * (h2f(((const u16*)gp)[b]) * vdd[b]);
+        }
+        acc = group_sum(acc, 8);
+        if (sub == 0 && rr < nr) outp[(i64)h * H + r0 + rr] = acc;
+    }
+}
+
+// x += parts[0] + parts[1] + ... + parts[np - 1] (np rows pstride apart, added in that order),
+// then out = rms_norm(x) * w: add_rms_norm with the delta in per-head rows (mla_out_q8). One row
+// of up to NP_PER * NP_THREADS values, np <= MO_MAX_PARTS. 1,024 threads with every load of a
+// thread (its x values and all their partial rows) issued before any is used: one L2 round trip.
+// (At 256 threads, eight values a thread and the partial rows loaded as they were added, this
+// kernel took 16 us a layer on the H200, more than the three launches mla_out_q8 replaces.)
+#define MO_MAX_PARTS 16
+#define NP_THREADS 1024
+#define NP_PER 2
+extern "C" __global__ void __launch_bounds__(NP_THREADS)
+    add_rms_norm_parts(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w, int has_w,
+                       float eps, float* out, i64 ooff, int width) {
+    __shared__ float red[32];
+    const int tid = threadIdx.x;
+    float wv[NP_PER];
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = tid + k * NP_THREADS;
+        wv[k] = has_w && i < width ? w[i] : 1.f;
+    }
+    PDL_ENTRY();
+    float* xr = x + xoff;
+    float xv[NP_PER], pv[NP_PER][MO_MAX_PARTS];
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = min(tid + k * NP_THREADS, width - 1);
+        xv[k] = xr[i];
+#pragma unroll
+        for (int j = 0; j < MO_MAX_PARTS; j++) pv[k][j] = parts[(i64)min(j, np - 1) * pstride + i];
+    }
+    float v[NP_PER], ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        float d = pv[k][0];
+#pragma unroll
+        for (int j = 1; j < MO_MAX_PARTS; j++)
+            if (j < np) d += pv[k][j];
+        v[k] = tid + k * NP_THREADS < width ? xv[k] + d : 0.f;
+        ss += v[k] * v[k];
+    }
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++)
+        if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
+    const float inv = block_rms_inv(ss, red, width, eps);
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = tid + k * NP_THREADS;
+        if (i < width) out[ooff + i] = has_w ? v[k] * inv * wv[k] : v[k] * inv;
+    }
+}

@@ -251,8 +251,11 @@ enum S {
     /// The prompt MoE's input rows in f16, one per (token, slot) pair in expert order
     /// (`moe_gather_h`, the input of `mmh_gu`).
     Xs,
+    /// One token's attention output per head (`mla_out_q8`: `[n_heads, H]`), which
+    /// `add_rms_norm_parts` adds up.
+    Ho,
 }
-const N_SCRATCH: usize = 20;
+const N_SCRATCH: usize = 21;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -281,6 +284,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
+    "mla_out_q8",
 ];
 /// The f16 prompt products (kernels/mmq.cu, `MMF_INST`, `MMF_GU_INST`): (plain kernel, gate-up-GLU
 /// kernel, stages in flight), the first whose shared memory the device gives. Both take 256
@@ -299,6 +303,16 @@ const MMH_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
 /// Dynamic shared memory of the `mmh8_*` kernels: three stages, each with the raw Q8_0 rows (256
 /// rows of 64 quants and of a 16-byte group header) beside the f16 ones made from them.
 const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
+/// `mla_out_q8` (kernels/fused.cu): value rows a head (V2's v_head_dim), heads it takes (the
+/// norm adds one row per head), and its dynamic shared memory for `kl` latent values, W_uv rows
+/// of `uv_row_bytes` and `r` rows of W_o: the W_uv and W_o slices, the 8 warps' merge sums, the
+/// latent and value rows' Q8_0 copies, the split weights and a reduction area (the kernel's
+/// layout).
+const MO_VD: usize = 128;
+const MO_MAX_PARTS: usize = 16;
+const fn mla_out_smem(kl: usize, uv_row_bytes: usize, r: usize) -> usize {
+    MO_VD * uv_row_bytes + r * 144 + 4 * 8 * kl + kl + 4 * (kl / 32) + MO_VD + 4 * (MO_VD / 32) + 4 * (256 + 16)
+}
 /// (Token, slot) pairs a tile of the `mmh_*` kernels.
 const MMH_BM: usize = 128;
 /// The most dynamic shared memory the fast paths ask for (the activation rows, quantised).
@@ -643,6 +657,8 @@ fn kernel_names() -> Vec<String> {
         "mla_combine",
         "gemv_f32_split",
         "add_rms_norm",
+        "add_rms_norm_parts",
+        "mla_out_q8",
         "rope_copy_rows",
         "norm_rope_cache",
         "mla_rope_absorb_1",
@@ -768,6 +784,11 @@ pub struct CudaBackend {
     /// Fewest keys a split of a batched SIMT MLA decode takes ([`CudaBackend::batch_mla_splits`]),
     /// 0 = no limit (one wave of splits, as before); `TS_CUDA_MLA_KEYS`, default 256.
     mla_keys: usize,
+    /// One token's attention output side in one kernel ([`Backend::mla_attention_out`]:
+    /// `mla_out_q8` + `add_rms_norm_parts`) with this many W_o rows a block; 0 = the plain chain
+    /// (merge, W_uv and W_o GEMVs, add_rms_norm). `TS_CUDA_MLA_OUT` (0 or the row count),
+    /// default 256.
+    mla_out: AtomicUsize,
     /// MLA latent caches in f16 where the kernels allow (`alloc_latent_cache`);
     /// `TS_CUDA_MLA_F16=0` keeps them f32, to compare.
     mla_f16: bool,
@@ -1072,9 +1093,7 @@ impl CudaBackend {
             && MMH_SMEM <= optin
             && MMH8_SMEM <= optin
             && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM)].iter().all(|(n, b)| {
-                funcs[*n]
-                    .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32)
-                    .is_ok()
+                funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32).is_ok()
             });
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
@@ -1105,6 +1124,7 @@ impl CudaBackend {
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_keys: std::env::var("TS_CUDA_MLA_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(256),
+            mla_out: AtomicUsize::new(std::env::var("TS_CUDA_MLA_OUT").ok().and_then(|v| v.parse().ok()).unwrap_or(256)),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             ms_nb,
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
@@ -1308,6 +1328,12 @@ impl CudaBackend {
         self.mmh || mode == 0
     }
 
+    /// One token's attention output side in `mla_out_q8` with `rows` W_o rows a block (0: the
+    /// plain chain), as `TS_CUDA_MLA_OUT`; for steps recorded after this call.
+    pub fn set_mla_out(&self, rows: usize) {
+        self.mla_out.store(rows, Ordering::Relaxed);
+    }
+
     /// Dense Q8_0 prompt products on cuBLAS in f16 ([`CudaBackend::dense_blas`]).
     pub fn set_dense_blas(&self, on: bool) {
         self.dense_blas.store(on, Ordering::Relaxed);
@@ -1417,6 +1443,182 @@ impl CudaBackend {
     }
 
     /// Device pointer of scratch slot `s`, grown to at least `bytes` (contents undefined).
+    /// [`Backend::mla_attention`]; with `defer`, a one-token step on the split kernels leaves
+    /// the merge of its splits to the caller and returns (the partial rows, the split count)
+    /// (`mla_out_q8` merges them). None: `out` is written (or the backend failed).
+    #[allow(clippy::too_many_arguments)]
+    fn mla_attention_run(
+        &self,
+        q: &CudaBuf,
+        qr: Rows,
+        cache: &CudaCache,
+        batch: &CudaBatch,
+        p: &MlaParams,
+        out: &CudaBuf,
+        o: Rows,
+        defer: bool,
+    ) -> Option<(u64, usize)> {
+        let (nh, kl, rd) = (p.n_heads, p.kv_lora, p.rope_dim);
+        let w = kl + rd;
+        assert_eq!(qr.width, w);
+        assert_eq!(o.width, kl);
+        assert_eq!(qr.n, batch.tokens.len() * nh);
+        assert_eq!(cache.width, w, "mla_attention: cache width");
+        q.check(qr);
+        out.check(o);
+        if !self.check_cache_rows(batch, cache.rows, "mla_attention") {
+            return None;
+        }
+        let n = batch.tokens.len();
+        let simt = match (w, kl, nh, cache.half) {
+            (576, 512, 16, false) => Some(("mla_split_18_16", 256u32)),
+            (576, 512, 16, true) => Some(("mla_split_18_16_h", 256u32)),
+            (160, 128, 4, false) => Some(("mla_split_5_4", 64u32)),
+            _ => None,
+        };
+        // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes; an f16
+        // cache's kernel streams its key tiles through a cp.async ring.
+        let ms_smem = if cache.half { ms_smem_h(self.ms_nb) } else { MS_SMEM };
+        let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && ms_smem <= self.smem_max;
+        let use_tc = tc_ok
+            && match self.mla_tc.load(Ordering::Relaxed) {
+                1 => true,
+                2 => simt.is_none() && cache.half, // an f16 cache has no per-(token, head) kernel
+                _ => simt.is_none() || self.long_context(batch.tokens.iter().map(|t| t.pos)),
+            };
+        let split = if use_tc { Some((if cache.half { "mla_split_tc_h" } else { "mla_split_tc" }, 128u32)) } else { simt };
+        // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
+        // (kernels/mla_prefill.cu); other batches take the split kernel, or the
+        // per-(token, head) kernel for shapes the split kernel is not built for.
+        let one_slot = batch.tokens.iter().all(|t| t.slot == batch.tokens[0].slot);
+        if self.tc
+            && n > GEMV_MAX_TOKENS
+            && (w, kl) == (576, 512)
+            && nh % 16 == 0
+            && one_slot
+            && qr.off % 4 == 0
+            && qr.stride % 4 == 0
+            && MP_SMEM <= self.smem_max
+        {
+            let groups = n * nh / 16;
+            let (name, smem) = match (cache.half, self.mla_pfa.load(Ordering::Relaxed) && MP_SMEM_A <= self.smem_max) {
+                (true, true) => ("mla_prefill_ha", MP_SMEM_A),
+                (true, false) => ("mla_prefill_h", MP_SMEM),
+                (false, _) => ("mla_prefill", MP_SMEM),
+            };
+            self.launch(
+                name,
+                (groups.div_ceil(4) as u32, 1, 1),
+                256,
+                smem as u32,
+                &[
+                    A::P(q.0.ptr),
+                    l(qr.off),
+                    l(nh * qr.stride),
+                    l(qr.stride),
+                    A::P(cache.mem.ptr),
+                    A::P(batch.pos_ptr()),
+                    A::P(batch.slot_ptr()),
+                    A::I(batch.slot_len as i32),
+                    i(n),
+                    i(nh),
+                    A::F(p.scale),
+                    A::P(out.0.ptr),
+                    l(o.off),
+                    l(nh * o.stride),
+                    l(o.stride),
+                ],
+            );
+            return None;
+        }
+        if let Some((kname, threads)) = split {
+            // Decode steps, and batches of several sequences (the server's steps): split over
+            // the context, all heads of a token per block, then merge (kernels/fast.cu). The
+            // tokens go in chunks whose partial results fit the fixed `Part` scratch.
+            // Two blocks per SM over the batch's tokens, except the 16-head SIMT kernel (it holds
+            // an SM alone at 255 registers) for batches: one wave, sm_count / n. Measured on the
+            // H200: 64 sequences 5,648 tok/s with 2 splits each (the merge then 2 warps); one
+            // token: one wave gave tg64 at 16k 358 vs 340 but tg128 568 vs 582, so 2 per SM there
+            // (TS_CUDA_MLA_SPLITS to measure). The tensor-core kernel on one long-context token
+            // (16 heads: one row group): one wave, tg64 at 16k 410 vs 382 with 2 per SM.
+            let simt16 = kname.starts_with("mla_split_18_16");
+            // Batches on the SIMT kernel: also no more splits than runs of `mla_keys` keys in the
+            // longest context (64 sequences of short contexts: one split each, written without
+            // the merge, 6,171 vs 6,069 tok/s with 2; docs/PERF.md).
+            let auto = if simt16 && n > 1 {
+                self.batch_mla_splits(n, batch.tokens.iter().map(|t| t.pos))
+            } else {
+                (if use_tc && n * nh == 16 { self.sm_count } else { 2 * self.sm_count }) / n
+            };
+            let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
+            let per_tok = 4 * nsp * nh * (kl + 2);
+            let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
+            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(part) = self.scratch(S::Part, (per_tok * chunk).max(PART_MIN_BYTES)) else { return None };
+            for t0 in (0..n).step_by(chunk) {
+                let nc = chunk.min(n - t0);
+                let (pos, slot) = (batch.pos_ptr() + 4 * t0 as u64, batch.slot_ptr() + 4 * t0 as u64);
+                // The tensor-core kernel takes a block per 16-head row group of a token. The SIMT
+                // kernels with one split write the output themselves (no merge to do).
+                let (gy, smem) = if use_tc { (nc * nh / 16, ms_smem) } else { (nc, 0) };
+                let direct = !use_tc && nsp == 1;
+                let ooff = o.off + t0 * nh * o.stride;
+                let args = [
+                    A::P(q.0.ptr),
+                    l(qr.off + t0 * nh * qr.stride),
+                    l(nh * qr.stride),
+                    l(qr.stride),
+                    A::P(cache.mem.ptr),
+                    A::P(pos),
+                    A::P(slot),
+                    A::I(batch.slot_len as i32),
+                    i(nh),
+                    A::F(p.scale),
+                    A::P(part),
+                    A::P(if direct { out.0.ptr } else { 0 }),
+                    l(ooff),
+                    l(nh * o.stride),
+                    l(o.stride),
+                ];
+                self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &args[..if use_tc { 11 } else { 15 }]);
+                if direct {
+                    continue;
+                }
+                if defer && n == 1 {
+                    return Some((part, nsp));
+                }
+                self.launch(
+                    "mla_combine",
+                    ((nc * nh) as u32, kl.div_ceil(64) as u32, 1),
+                    32 * nsp.min(8) as u32, // a warp per split, up to 8 (MC_WARPS); float2 rows: kl (512, 128) is even
+                    0,
+                    &[A::P(part), i(nsp), i(nh), i(kl), A::P(pos), A::P(out.0.ptr), l(ooff), l(nh * o.stride), l(o.stride)],
+                );
+            }
+            return None;
+        }
+        if cache.half {
+            // alloc_latent_cache gives f16 only where the kernels above cover every batch.
+            self.fail(format!("mla_attention: no kernel reads this f16 cache (queries at offset {} stride {})", qr.off, qr.stride));
+            return None;
+        }
+        self.attention_launch(
+            (q, qr.off, nh * qr.stride, qr.stride),
+            (cache.mem.ptr, w, 0),
+            (cache.mem.ptr, w, 0),
+            (out, o.off, nh * o.stride, o.stride),
+            batch,
+            nh,
+            nh,
+            w,
+            kl,
+            p.scale,
+            0,
+            0.0,
+        );
+        None
+    }
+
     fn scratch(&self, s: S, bytes: usize) -> Option<u64> {
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let slot = &mut sc[s as usize];
@@ -1749,7 +1951,13 @@ impl CudaBackend {
             return;
         }
         let c = out.0.ptr + 4 * o.off as u64;
-        self.gemm_ex((a_ptr, a_type, k, (m * k) as i64), (b_ptr, b_type, ldb, stride_b as i64), (c, o.stride * g, o.stride as i64), (m, ng, k), g as i32);
+        self.gemm_ex(
+            (a_ptr, a_type, k, (m * k) as i64),
+            (b_ptr, b_type, ldb, stride_b as i64),
+            (c, o.stride * g, o.stride as i64),
+            (m, ng, k),
+            g as i32,
+        );
     }
 
     /// Quantise `n` rows of `k` values (row j at `src + off + j*stride`, f32) into Q8_0 groups at
@@ -2142,7 +2350,13 @@ impl CudaBackend {
 
     /// A 2-D TMA descriptor: `rows` rows of `cols` elements of `size` bytes (2: f16, 1: bytes)
     /// at `ptr`, boxes of `box_x` elements by `box_rows` rows, with the 128-byte swizzle or none.
-    fn tma_2d(&self, ptr: u64, (cols, size, rows): (usize, usize, usize), (box_x, box_rows): (u32, u32), swizzle: bool) -> Option<drv_sys::CUtensorMap> {
+    fn tma_2d(
+        &self,
+        ptr: u64,
+        (cols, size, rows): (usize, usize, usize),
+        (box_x, box_rows): (u32, u32),
+        swizzle: bool,
+    ) -> Option<drv_sys::CUtensorMap> {
         use drv_sys::{
             CUtensorMapDataType_enum as Ty, CUtensorMapFloatOOBfill_enum as Oob, CUtensorMapInterleave_enum as Il,
             CUtensorMapL2promotion_enum as L2, CUtensorMapSwizzle_enum as Sw,
@@ -2195,9 +2409,12 @@ impl CudaBackend {
     /// prompt's launches fall behind the GPU: pp512 21,529 against 21,652, dropped).
     fn shared_blas(&self, x: &CudaBuf, xr: Rows, (cg, cu, cd, sf): (u64, u64, u64, usize), act: i32) -> Option<u64> {
         let (n, hdim) = (xr.n, xr.width);
-        let (Some(xh), Some(gu), Some(hs), Some(ys)) =
-            (self.scratch(S::Xh, 2 * n * hdim), self.scratch(S::Gu, 8 * n * sf), self.scratch(S::Hs, 2 * n * sf), self.scratch(S::Ys, 4 * n * hdim))
-        else {
+        let (Some(xh), Some(gu), Some(hs), Some(ys)) = (
+            self.scratch(S::Xh, 2 * n * hdim),
+            self.scratch(S::Gu, 8 * n * sf),
+            self.scratch(S::Hs, 2 * n * sf),
+            self.scratch(S::Ys, 4 * n * hdim),
+        ) else {
             return None;
         };
         if let Err(e) = self.ctx.bind_to_thread() {
@@ -2232,7 +2449,14 @@ impl CudaBackend {
 
     /// [`CudaBackend::gemm_ex`] with f16 weights and activations (activation rows `ldx` halves
     /// apart, product b's from `x` + b * `stride_x` halves).
-    fn gemm_h16(&self, (w, lda, stride_w): (u64, usize, i64), (x, ldx, stride_x): (u64, usize, i64), c: (u64, usize, i64), mnk: (usize, usize, usize), batch: i32) {
+    fn gemm_h16(
+        &self,
+        (w, lda, stride_w): (u64, usize, i64),
+        (x, ldx, stride_x): (u64, usize, i64),
+        c: (u64, usize, i64),
+        mnk: (usize, usize, usize),
+        batch: i32,
+    ) {
         let h = blas_sys::cudaDataType::CUDA_R_16F;
         self.gemm_ex((w, h, lda, stride_w), (x, h, ldx, stride_x), c, mnk, batch);
     }
@@ -2364,7 +2588,17 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     /// `add` (0: none): `n` rows of `hdim` f32 added too (the shared FFN's, [`CudaBackend::shared_blas`]).
     #[allow(clippy::too_many_arguments)]
-    fn moe_combine(&self, y: u64, (k, ks): (usize, usize), hdim: usize, n: usize, (sel_e, sel_w): (u64, u64), out: &CudaBuf, o: Rows, add: u64) {
+    fn moe_combine(
+        &self,
+        y: u64,
+        (k, ks): (usize, usize),
+        hdim: usize,
+        n: usize,
+        (sel_e, sel_w): (u64, u64),
+        out: &CudaBuf,
+        o: Rows,
+        add: u64,
+    ) {
         self.launch(
             "moe_combine",
             Self::grid1(n * hdim),
@@ -2597,7 +2831,15 @@ impl Backend for CudaBackend {
             let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
             let mem = self.alloc_mem(bytes.len(), &format!("tensor '{}'", t.name))?;
             self.upload_bytes(&mem, 0, &bytes)?;
-            return Ok(CudaWeight { dtype: GgmlType::F32, shape: t.shape.to_vec(), mem, row_bytes: ne0 * 4, tiled: None, half: None, half_rm: false });
+            return Ok(CudaWeight {
+                dtype: GgmlType::F32,
+                shape: t.shape.to_vec(),
+                mem,
+                row_bytes: ne0 * 4,
+                tiled: None,
+                half: None,
+                half_rm: false,
+            });
         }
         let data = repack(t.dtype, t.data, ne0);
         let row_bytes = dev_row_bytes(t.dtype, ne0);
@@ -3051,161 +3293,7 @@ impl Backend for CudaBackend {
     }
 
     fn mla_attention(&self, q: &CudaBuf, qr: Rows, cache: &CudaCache, batch: &CudaBatch, p: &MlaParams, out: &CudaBuf, o: Rows) {
-        let (nh, kl, rd) = (p.n_heads, p.kv_lora, p.rope_dim);
-        let w = kl + rd;
-        assert_eq!(qr.width, w);
-        assert_eq!(o.width, kl);
-        assert_eq!(qr.n, batch.tokens.len() * nh);
-        assert_eq!(cache.width, w, "mla_attention: cache width");
-        q.check(qr);
-        out.check(o);
-        if !self.check_cache_rows(batch, cache.rows, "mla_attention") {
-            return;
-        }
-        let n = batch.tokens.len();
-        let simt = match (w, kl, nh, cache.half) {
-            (576, 512, 16, false) => Some(("mla_split_18_16", 256u32)),
-            (576, 512, 16, true) => Some(("mla_split_18_16_h", 256u32)),
-            (160, 128, 4, false) => Some(("mla_split_5_4", 64u32)),
-            _ => None,
-        };
-        // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes; an f16
-        // cache's kernel streams its key tiles through a cp.async ring.
-        let ms_smem = if cache.half { ms_smem_h(self.ms_nb) } else { MS_SMEM };
-        let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && ms_smem <= self.smem_max;
-        let use_tc = tc_ok
-            && match self.mla_tc.load(Ordering::Relaxed) {
-                1 => true,
-                2 => simt.is_none() && cache.half, // an f16 cache has no per-(token, head) kernel
-                _ => simt.is_none() || self.long_context(batch.tokens.iter().map(|t| t.pos)),
-            };
-        let split = if use_tc { Some((if cache.half { "mla_split_tc_h" } else { "mla_split_tc" }, 128u32)) } else { simt };
-        // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
-        // (kernels/mla_prefill.cu); other batches take the split kernel, or the
-        // per-(token, head) kernel for shapes the split kernel is not built for.
-        let one_slot = batch.tokens.iter().all(|t| t.slot == batch.tokens[0].slot);
-        if self.tc
-            && n > GEMV_MAX_TOKENS
-            && (w, kl) == (576, 512)
-            && nh % 16 == 0
-            && one_slot
-            && qr.off % 4 == 0
-            && qr.stride % 4 == 0
-            && MP_SMEM <= self.smem_max
-        {
-            let groups = n * nh / 16;
-            let (name, smem) = match (cache.half, self.mla_pfa.load(Ordering::Relaxed) && MP_SMEM_A <= self.smem_max) {
-                (true, true) => ("mla_prefill_ha", MP_SMEM_A),
-                (true, false) => ("mla_prefill_h", MP_SMEM),
-                (false, _) => ("mla_prefill", MP_SMEM),
-            };
-            self.launch(
-                name,
-                (groups.div_ceil(4) as u32, 1, 1),
-                256,
-                smem as u32,
-                &[
-                    A::P(q.0.ptr),
-                    l(qr.off),
-                    l(nh * qr.stride),
-                    l(qr.stride),
-                    A::P(cache.mem.ptr),
-                    A::P(batch.pos_ptr()),
-                    A::P(batch.slot_ptr()),
-                    A::I(batch.slot_len as i32),
-                    i(n),
-                    i(nh),
-                    A::F(p.scale),
-                    A::P(out.0.ptr),
-                    l(o.off),
-                    l(nh * o.stride),
-                    l(o.stride),
-                ],
-            );
-            return;
-        }
-        if let Some((kname, threads)) = split {
-            // Decode steps, and batches of several sequences (the server's steps): split over
-            // the context, all heads of a token per block, then merge (kernels/fast.cu). The
-            // tokens go in chunks whose partial results fit the fixed `Part` scratch.
-            // Two blocks per SM over the batch's tokens, except the 16-head SIMT kernel (it holds
-            // an SM alone at 255 registers) for batches: one wave, sm_count / n. Measured on the
-            // H200: 64 sequences 5,648 tok/s with 2 splits each (the merge then 2 warps); one
-            // token: one wave gave tg64 at 16k 358 vs 340 but tg128 568 vs 582, so 2 per SM there
-            // (TS_CUDA_MLA_SPLITS to measure). The tensor-core kernel on one long-context token
-            // (16 heads: one row group): one wave, tg64 at 16k 410 vs 382 with 2 per SM.
-            let simt16 = kname.starts_with("mla_split_18_16");
-            // Batches on the SIMT kernel: also no more splits than runs of `mla_keys` keys in the
-            // longest context (64 sequences of short contexts: one split each, written without
-            // the merge, 6,171 vs 6,069 tok/s with 2; docs/PERF.md).
-            let auto = if simt16 && n > 1 {
-                self.batch_mla_splits(n, batch.tokens.iter().map(|t| t.pos))
-            } else {
-                (if use_tc && n * nh == 16 { self.sm_count } else { 2 * self.sm_count }) / n
-            };
-            let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
-            let per_tok = 4 * nsp * nh * (kl + 2);
-            let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
-            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(part) = self.scratch(S::Part, (per_tok * chunk).max(PART_MIN_BYTES)) else { return };
-            for t0 in (0..n).step_by(chunk) {
-                let nc = chunk.min(n - t0);
-                let (pos, slot) = (batch.pos_ptr() + 4 * t0 as u64, batch.slot_ptr() + 4 * t0 as u64);
-                // The tensor-core kernel takes a block per 16-head row group of a token. The SIMT
-                // kernels with one split write the output themselves (no merge to do).
-                let (gy, smem) = if use_tc { (nc * nh / 16, ms_smem) } else { (nc, 0) };
-                let direct = !use_tc && nsp == 1;
-                let ooff = o.off + t0 * nh * o.stride;
-                let args = [
-                    A::P(q.0.ptr),
-                    l(qr.off + t0 * nh * qr.stride),
-                    l(nh * qr.stride),
-                    l(qr.stride),
-                    A::P(cache.mem.ptr),
-                    A::P(pos),
-                    A::P(slot),
-                    A::I(batch.slot_len as i32),
-                    i(nh),
-                    A::F(p.scale),
-                    A::P(part),
-                    A::P(if direct { out.0.ptr } else { 0 }),
-                    l(ooff),
-                    l(nh * o.stride),
-                    l(o.stride),
-                ];
-                self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &args[..if use_tc { 11 } else { 15 }]);
-                if direct {
-                    continue;
-                }
-                self.launch(
-                    "mla_combine",
-                    ((nc * nh) as u32, kl.div_ceil(64) as u32, 1),
-                    32 * nsp.min(8) as u32, // a warp per split, up to 8 (MC_WARPS); float2 rows: kl (512, 128) is even
-                    0,
-                    &[A::P(part), i(nsp), i(nh), i(kl), A::P(pos), A::P(out.0.ptr), l(ooff), l(nh * o.stride), l(o.stride)],
-                );
-            }
-            return;
-        }
-        if cache.half {
-            // alloc_latent_cache gives f16 only where the kernels above cover every batch.
-            self.fail(format!("mla_attention: no kernel reads this f16 cache (queries at offset {} stride {})", qr.off, qr.stride));
-            return;
-        }
-        self.attention_launch(
-            (q, qr.off, nh * qr.stride, qr.stride),
-            (cache.mem.ptr, w, 0),
-            (cache.mem.ptr, w, 0),
-            (out, o.off, nh * o.stride, o.stride),
-            batch,
-            nh,
-            nh,
-            w,
-            kl,
-            p.scale,
-            0,
-            0.0,
-        );
+        self.mla_attention_run(q, qr, cache, batch, p, out, o, false);
     }
 
     fn moe(
@@ -3583,6 +3671,104 @@ impl Backend for CudaBackend {
                 &args,
             );
         }
+    }
+
+    fn mla_attention_out(
+        &self,
+        (q, qr): (&CudaBuf, Rows),
+        cache: &CudaCache,
+        batch: &CudaBatch,
+        p: &MlaParams,
+        (w_uv, wo): (&CudaWeight, &CudaWeight),
+        (lat, lr, av, avr, avo): (&CudaBuf, Rows, &CudaBuf, Rows, Rows),
+        (x, xr, y): (&CudaBuf, Rows, &CudaBuf),
+        w: Option<&CudaWeight>,
+        eps: f32,
+        out: &CudaBuf,
+        o: Rows,
+    ) {
+        let (nh, kl, hd) = (p.n_heads, p.kv_lora, xr.width);
+        let rows = self.mla_out.load(Ordering::Relaxed);
+        // One token (a decode step) of V2's shapes with Q8_0 value and output weights:
+        // mla_out_q8's preconditions (kernels/fused.cu), else the plain chain.
+        let one = self.fused
+            && rows > 0
+            && batch.tokens.len() == 1
+            && xr.n == 1
+            && o.n == 1
+            && o.width == hd
+            && lr.n == nh
+            && lr.width == kl
+            && lr.off % 2 == 0
+            && lr.stride % 2 == 0
+            && w_uv.dtype == GgmlType::Q8_0
+            && wo.dtype == GgmlType::Q8_0
+            && (w_uv.ne(0), w_uv.ne(1), w_uv.ne(2)) == (kl, MO_VD, nh)
+            && w_uv.row_bytes == kl / 128 * 144
+            && kl % 128 == 0
+            && kl <= 512
+            && nh <= MO_MAX_PARTS
+            && (wo.ne(0), wo.ne(1)) == (nh * MO_VD, hd)
+            && wo.row_bytes == nh * 144
+            && hd <= 2 * 1024
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == hd)
+            && mla_out_smem(kl, w_uv.row_bytes, rows) <= self.smem_max;
+        if !one {
+            self.mla_attention(q, qr, cache, batch, p, lat, lr);
+            self.matmul_grouped(lat, lr, w_uv, av, avr);
+            self.matmul(av, avo, wo, y, xr);
+            self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
+            return;
+        }
+        x.check(xr);
+        out.check(o);
+        lat.check(lr);
+        // The split kernel's partial rows, merged by mla_out_q8; or lat, written merged.
+        let (part, nsp) = self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true).unwrap_or((0, 0));
+        let Some(ho) = self.scratch(S::Ho, 4 * nh * hd) else { return };
+        self.launch(
+            "mla_out_q8",
+            (hd.div_ceil(rows) as u32, nh as u32, 1),
+            256,
+            mla_out_smem(kl, w_uv.row_bytes, rows) as u32,
+            &[
+                A::P(part),
+                i(nsp),
+                A::P(lat.0.ptr),
+                l(lr.off),
+                l(lr.stride),
+                A::P(batch.pos_ptr()),
+                i(nh),
+                i(kl),
+                A::P(w_uv.mem.ptr),
+                l(w_uv.row_bytes),
+                l(w_uv.mat_bytes()),
+                A::P(wo.mem.ptr),
+                l(wo.row_bytes),
+                i(hd),
+                i(rows),
+                A::P(ho),
+            ],
+        );
+        self.launch(
+            "add_rms_norm_parts",
+            (1, 1, 1),
+            1024,
+            0,
+            &[
+                A::P(x.0.ptr),
+                l(xr.off),
+                A::P(ho),
+                l(hd),
+                i(nh),
+                A::P(w.map_or(0, |w| w.mem.ptr)),
+                A::I(w.is_some() as i32),
+                A::F(eps),
+                A::P(out.0.ptr),
+                l(o.off),
+                i(hd),
+            ],
+        );
     }
 
     fn add_rms_norm(&self, x: &CudaBuf, xr: Rows, delta: &CudaBuf, dr: Rows, w: Option<&CudaWeight>, eps: f32, out: &CudaBuf, o: Rows) {

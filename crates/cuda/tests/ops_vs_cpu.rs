@@ -1451,6 +1451,96 @@ fn fused_mla_rope_absorb() {
     rep.finish();
 }
 
+/// `mla_attention_out` on one backend for one decode token at position `hist` of slot 1 (a cache
+/// of random rows up to it): returns (x after the residual add, the normed rows).
+#[allow(clippy::too_many_arguments)]
+fn run_mla_out<B: Backend>(
+    b: &B,
+    p: &MlaParams,
+    hist: u32,
+    cache_rows: &[f32],
+    (uvb, wob): (&[u8], &[u8]),
+    (q, x, nw): (&[f32], &[f32], &[f32]),
+) -> (Vec<f32>, Vec<f32>) {
+    let (nh, kl) = (p.n_heads, p.kv_lora);
+    let (w, hd, slot_len) = (kl + p.rope_dim, x.len(), 4096u32);
+    let all: Vec<TokenMeta> = (0..=hist).map(|pos| TokenMeta { token: 0, pos, slot: 1 }).collect();
+    let cache = b.alloc_cache(2 * slot_len as usize, w).unwrap();
+    fill_cache(b, &cache, cache_rows, w, &all, slot_len);
+    let bt = batch(b, &BatchMeta { tokens: vec![TokenMeta { token: 1, pos: hist, slot: 1 }], outputs: vec![], slot_len });
+    let (uvs, wos) = ([kl, 128, nh], [nh * 128, hd]);
+    let uv = b.upload_weight(&td("w_uv", GgmlType::Q8_0, &uvs, uvb), WeightUse::Matmul).unwrap();
+    let wo = b.upload_weight(&td("wo", GgmlType::Q8_0, &wos, wob), WeightUse::Matmul).unwrap();
+    let norm = norm_weight(b, nw);
+    let (gq, gx) = (buf(b, q), buf(b, x));
+    let (lr, avr) = (Rows::packed(nh, kl), Rows::packed(nh, 128));
+    let (lat, av, y, out) = (b.alloc(lr.end()).unwrap(), b.alloc(avr.end()).unwrap(), b.alloc(hd).unwrap(), b.alloc(hd).unwrap());
+    poison(b, &out, hd);
+    let xr = Rows::packed(1, hd);
+    b.mla_attention_out(
+        (&gq, Rows::packed(nh, w)),
+        &cache,
+        &bt,
+        p,
+        (&uv, &wo),
+        (&lat, lr, &av, avr, Rows::packed(1, nh * 128)),
+        (&gx, xr, &y),
+        Some(&norm),
+        1e-6,
+        &out,
+        xr,
+    );
+    (get(b, &gx, xr), get(b, &out, xr))
+}
+
+/// The MLA decode's output side in one op (`mla_attention_out`; on the GPU for one token
+/// `mla_out_q8`, the merge of the context splits and the W_uv and W_o products in one kernel,
+/// then `add_rms_norm_parts`) against the same GPU's plain chain (merge, the two Q8_0 GEMVs,
+/// add_rms_norm: `set_mla_out(0)`) and the CPU's: V2-Lite's shapes at short and long histories
+/// (16 heads from 2,560 positions take the tensor-core split), other W_o row tiles, and a small
+/// shape (4 heads, kv_lora 128, a W_o of 1,000 rows).
+#[test]
+fn fused_mla_attention_out() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let g = &CudaBackend::new(0).expect("second backend");
+    let c = cpu();
+    let mut r = rng(31);
+    let mut rep = Report::new("mla_attention_out");
+    // (heads, kv_lora, rope, hidden, W_o rows a block, position)
+    let cases: [(usize, usize, usize, usize, usize, u32); 7] = [
+        (16, 512, 64, 2048, 256, 0),
+        (16, 512, 64, 2048, 256, 5),
+        (16, 512, 64, 2048, 128, 130),
+        (16, 512, 64, 2048, 256, 700),
+        (16, 512, 64, 2048, 256, 3000),
+        (16, 512, 64, 1536, 96, 300),
+        (4, 128, 32, 1000, 256, 40),
+    ];
+    for (nh, kl, rd, hd, rows, hist) in cases {
+        let w = kl + rd;
+        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+        let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
+        let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+        let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+        let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+        let args = (&q[..], &x[..], &nw[..]);
+        g.set_mla_out(rows);
+        let (fx, fo) = run_mla_out(g, &p, hist, &cache_rows, (&uvb, &wob), args);
+        g.set_mla_out(0);
+        let (px, po) = run_mla_out(g, &p, hist, &cache_rows, (&uvb, &wob), args);
+        let (cx, co) = run_mla_out(c, &p, hist, &cache_rows, (&uvb, &wob), args);
+        // The tensor-core split rounds queries, keys and probabilities to f16.
+        let tol = if nh == 16 && hist >= 2560 { 2e-2 } else { 5e-3 };
+        let lab = format!("heads={nh} kv_lora={kl} H={hd} rows={rows} pos={hist}");
+        rep.check(&format!("{lab} x vs gpu chain"), &fx, &px, 2e-3, 1e-3);
+        rep.check(&format!("{lab} out vs gpu chain"), &fo, &po, 2e-3, 1e-3);
+        rep.check(&format!("{lab} x vs cpu"), &fx, &cx, tol, tol);
+        rep.check(&format!("{lab} out vs cpu"), &fo, &co, tol, tol);
+    }
+    rep.finish();
+}
+
 #[test]
 fn fused_matmul_many() {
     let Some(g) = gpu() else { return };

@@ -1043,10 +1043,20 @@ impl<B: Backend> DeepSeek2<B> {
             // ... and q_abs = q_nope . W_uk ([n*nh, kv_lora], its first columns), also in that op.
             let absorb = Some((&l.w_uk, q_nope, rqm.cols(0, kl)));
             be.mla_rope_cache_write(&s.kv, rkv, kl, Some(&l.kv_a_norm), c.eps, q_rope, absorb, bt, &self.rope, &l.cache);
-            be.mla_attention(&s.qm, rqm, &l.cache, bt, &mla, &s.lat, rlat);
-            be.matmul_grouped(&s.lat, rlat, &l.w_uv, &s.av, rav);
-            be.matmul(&s.av, Rows::packed(n, nh * vd), &l.wo, &s.y, rx);
-            be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.ffn_norm), c.eps, &s.h, rx);
+            // lat = attention(q_abs, cache); av = lat . W_uv per head; y = av . W_o; x += y; h = norm(x).
+            be.mla_attention_out(
+                (&s.qm, rqm),
+                &l.cache,
+                bt,
+                &mla,
+                (&l.w_uv, &l.wo),
+                (&s.lat, rlat, &s.av, rav, Rows::packed(n, nh * vd)),
+                (&s.x, rx, &s.y),
+                Some(&l.ffn_norm),
+                c.eps,
+                &s.h,
+                rx,
+            );
             // ---- FFN (its output in s.y, added to x by the next layer or after the loop) ----
             match &l.ffn {
                 Ffn::Dense(f) => swiglu(be, s, f, n, h),
