@@ -769,6 +769,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
 #define MO_WARPS (MO_THREADS / 32)
 #define MO_VD 128
 #define MO_KL 512
+static_assert(MLA_MAX_SPLITS <= MO_THREADS, "mla_out_q8: a thread reads at most one split's (m, l)");
 // 16 bytes global -> shared: cp.async where the card has it (sm_80+), else a plain copy.
 __device__ __forceinline__ void mo_cp16(u8* s, const u8* g) {
 #if __CUDA_ARCH__ >= 800
@@ -828,11 +829,12 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS)
         __syncthreads();
         M = red[0];
         for (int w = 1; w < MO_WARPS; w++) M = fmaxf(M, red[w]);
+        // (nsp <= MLA_MAX_SPLITS == MO_THREADS: a thread has at most one split.)
         float L = 0.f;
-        for (int s = tid; s < nact; s += MO_THREADS) {
-            const float f = expf((s == tid ? ms : pp[s * sstride]) - M);
-            fw[s] = f;
-            L += (s == tid ? ls : pp[s * sstride + 1]) * f;
+        if (tid < nact) {
+            const float f = expf(ms - M);
+            fw[tid] = f;
+            L = ls * f;
         }
         L = warp_sum(L);
         if (lane == 0) red[MO_WARPS + warp] = L;
