@@ -356,11 +356,14 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 // on the H200 (gpu-next38, synthetic V2-Lite Q8_0, tg128 twice each way, same hash): 585.8 /
 // 581.2 -> 603.2 / 602.1 tok/s (+3.3%).
 // One block's rows (bx) of token t. red, es: the block's shared words.
-template <int DOWN_WPR>
+// SYNC (moe_sh_q8_one, one token): instead of the PDL wait before its activations, each warp
+// waits until the counters (cnt) of the slots its pieces read show all `need` gate/up units of
+// the slot done, and reads the activations past L1 (other blocks of the same launch wrote them).
+template <int DOWN_WPR, bool SYNC = false>
 __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
                                               int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
                                               const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride, float* red,
-                                              int* es) {
+                                              int* es, const unsigned* cnt = nullptr, unsigned need = 0) {
     const int ks = k + nsh;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rows_per_block = GQ_WARPS / DOWN_WPR;
@@ -382,8 +385,8 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
         qo = 16 + 32 * (b & 3) + 16 * (p & 1);
     };
     float acc = 0.f;
-    auto ldx = [&](const u8* p) -> uint4 { return *(const uint4*)p; };
-    auto ldd = [&](const u8* p) -> u16 { return *(const u16*)p; };
+    auto ldx = [&](const u8* p) -> uint4 { return SYNC ? __ldcg((const uint4*)p) : *(const uint4*)p; };
+    auto ldd = [&](const u8* p) -> u16 { return SYNC ? __ldcg((const unsigned short*)p) : *(const u16*)p; };
     {
     // The first round's weights before the wait (the activations come from the gate/up kernel);
     // the same loads and sums as below.
@@ -403,7 +406,20 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
             dw[u] = h2f(((const u16*)gp)[bs[u] & 3]);
         }
     }
-    pdl_wait();
+    if (SYNC) {
+        // The slots of pieces [Pa, Pb): spin on their counters (acquire), then the warp goes on.
+        if (lane == 0 && Pa < Pb) {
+            for (int s = Pa / np; s <= (Pb - 1) / np; s++) {
+                unsigned v;
+                do {
+                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(cnt + s) : "memory");
+                } while (v < need);
+            }
+        }
+        __syncwarp();
+    } else {
+        pdl_wait();
+    }
     if (Pa + lane < Pb) {
         uint4 x[4];
         float dx[4];
@@ -749,6 +765,60 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_slot_of_block(k, nsh, &t, &s);
     moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
                               xrow, act, hq, hrow, glu);
+}
+
+// ---- The decode MoE in one launch (one token): moe_gateup_sh_q8q's units, then moe_down_sh_q8's
+// units, each down warp starting as soon as the slots it reads are done ---------------------------
+// Work items: the ks * m/32 gate/up units (moe_slot_of's order: the shared slots first, whose
+// weights are loaded before the PDL wait), then the down units (4 output rows each, two warps a
+// row, as moe_down_sh_q8). Block b takes items b, b + gridDim.x, ...; the host makes the grid no
+// larger than the blocks the card holds at once, so every block is resident and a unit a down
+// warp waits for belongs to a block that is running or done, whatever order blocks start in.
+// A gate/up unit ends by adding 1 to its slot's counter, after its quantised GLU words are
+// visible (each writer fences, then the block barrier, then the atomic); a down unit issues its
+// first weights, then its warps wait on the counters of their slots (moe_down_unit<.., true>).
+// The units' loads, sums and order are the two kernels': the same bits. Between launches the
+// counters are zero: the last down unit to finish (cnt[ks] counts them) resets them.
+// Against the two launches it removes the kernel boundary and the wait for the whole gate/up
+// grid: a down warp whose slots are done starts while other slots still stream.
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
+    moe_sh_q8_one(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
+                  const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
+                  u8* hq, i64 hrow, const u8* Wd, i64 drow_bytes, i64 dmat_bytes, int hdim, const u8* Sd,
+                  i64 srow_bytes, float* out, i64 ooff, unsigned* cnt) {
+    __shared__ float glu[GU_ROWS];
+    __shared__ float red[GQ_WARPS];
+    __shared__ int es[MOE_SH_MAX_SLOTS];
+    const int ks = k + nsh;
+    const int gu_units = m / GU_ROWS, ngu = ks * gu_units;
+    const int nd = (hdim + 3) / 4, items = ngu + nd;
+    for (int it = blockIdx.x; it < items; it += gridDim.x) {
+        if (it < ngu) {
+            int t, s;
+            moe_slot_of(it / gu_units, ks, k, nsh, &t, &s);
+            moe_gateup_q8q_unit(it % gu_units, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh,
+                                xq, xrow, act, hq, hrow, glu);
+            if (threadIdx.x < 32) __threadfence();  // warp 0 wrote the unit's GLU words
+            __syncthreads();
+            if (threadIdx.x == 0) atomicAdd(cnt + s, 1u);
+        } else {
+            pdl_wait();  // sel_e comes from the routing kernel
+            pdl_trigger();
+            moe_down_unit<2, true>(it - ngu, 0, Wd, drow_bytes, dmat_bytes, hdim, kdim, k, sel_e, Sd, srow_bytes, nsh, hq,
+                                   hrow, out, ooff, 0, red, es, cnt, (unsigned)gu_units);
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence();
+                if (atomicAdd(cnt + ks, 1u) == (unsigned)nd - 1) {
+                    for (int s = 0; s < ks; s++) cnt[s] = 0u;
+                    cnt[ks] = 0u;
+                    __threadfence();
+                }
+            }
+        }
+        __syncthreads();  // the shared words are the next item's
+    }
+    pdl_wait();  // a block with no item still waits (it must not end before its predecessor)
 }
 
 // ---- The MLA decode's output side in one launch (Backend::mla_attention_out, one token) ---------

@@ -254,8 +254,11 @@ enum S {
     /// One token's attention output per head (`mla_out_q8`: `[n_heads, H]`), which
     /// `add_rms_norm_parts` adds up.
     Ho,
+    /// The one-launch decode MoE's slot counters (`moe_sh_q8_one`: `k + n_shared` of them and
+    /// one for its down units; zero between launches).
+    Sync,
 }
-const N_SCRATCH: usize = 21;
+const N_SCRATCH: usize = 22;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -309,6 +312,9 @@ const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
 /// latent and value rows' Q8_0 copies, the split weights and a reduction area (the kernel's
 /// layout).
 const MO_VD: usize = 128;
+/// Slots (routed + shared experts a token) the decode MoE kernels take (`MOE_SH_MAX_SLOTS` in
+/// kernels/fused.cu).
+const MOE_SH_MAX_SLOTS: usize = 64;
 const MO_MAX_PARTS: usize = 16;
 const fn mla_out_smem(kl: usize, uv_row_bytes: usize, r: usize) -> usize {
     MO_VD * uv_row_bytes + r * 144 + 4 * 8 * kl + kl + 4 * (kl / 32) + MO_VD + 4 * (MO_VD / 32) + 4 * (256 + 16)
@@ -659,6 +665,7 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm",
         "add_rms_norm_parts",
         "mla_out_q8",
+        "moe_sh_q8_one",
         "rope_copy_rows",
         "norm_rope_cache",
         "mla_rope_absorb_1",
@@ -889,6 +896,12 @@ pub struct CudaBackend {
     /// Q8_0 (two warps; four measured 583 -> 568). `TS_CUDA_DOWN_WPR=4` for both, `=1` for
     /// neither, to compare: each choice is another summation order.
     down_w4: (bool, bool),
+    /// The Q8_0 decode MoE of one token in one launch (`moe_sh_q8_one`) on at most this many
+    /// blocks (all resident at once: the card's occupancy for it times the SMs); 0 = off, the
+    /// two launches `moe_gateup_sh_q8q` + `moe_down_sh_q8` (`TS_CUDA_MOE_ONE=0`, or
+    /// [`CudaBackend::set_moe_one`]). The same bits either way.
+    moe_one: AtomicUsize,
+    moe_one_cap: usize,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -1095,6 +1108,9 @@ impl CudaBackend {
             && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM)].iter().all(|(n, b)| {
                 funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32).is_ok()
             });
+        // Blocks of the one-launch decode MoE the card holds at once (it needs them all resident).
+        let moe_one_cap =
+            funcs["moe_sh_q8_one"].occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_or(0, |b| b as usize * sm_count);
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -1161,6 +1177,8 @@ impl CudaBackend {
                 _ => 2,
             }),
             load_left: AtomicU64::new(0),
+            moe_one: AtomicUsize::new(if std::env::var("TS_CUDA_MOE_ONE").is_ok_and(|v| v == "0") { 0 } else { moe_one_cap }),
+            moe_one_cap,
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
                 Ok("1" | "2") => (false, false),
@@ -1332,6 +1350,13 @@ impl CudaBackend {
     /// plain chain), as `TS_CUDA_MLA_OUT`; for steps recorded after this call.
     pub fn set_mla_out(&self, rows: usize) {
         self.mla_out.store(rows, Ordering::Relaxed);
+    }
+
+    /// The one-token Q8_0 decode MoE in one launch (`moe_sh_q8_one`) or two; for steps recorded
+    /// after this call. False where it cannot run (no occupancy for it).
+    pub fn set_moe_one(&self, on: bool) -> bool {
+        self.moe_one.store(if on { self.moe_one_cap } else { 0 }, Ordering::Relaxed);
+        !on || self.moe_one_cap > 0
     }
 
     /// Dense Q8_0 prompt products on cuBLAS in f16 ([`CudaBackend::dense_blas`]).
@@ -4049,6 +4074,34 @@ impl Backend for CudaBackend {
         args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
         args[9..].copy_from_slice(&[A::P(sel_e), A::P(sel_w), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(hdim), A::P(xq), l(xrow)]);
         self.launch("moe_route_quant", ((n.div_ceil(8) + (n * ngroups).div_ceil(8)) as u32, 1, 1), 256, 0, &args);
+        // One token: gate/up and down in one launch whose down warps start on their slots as
+        // those finish (moe_sh_q8_one; two warps a down row, as moe_down_sh_q8).
+        let cap = self.moe_one.load(Ordering::Relaxed);
+        if n == 1 && cap > 0 && !self.down_w4.0 && ks < MOE_SH_MAX_SLOTS {
+            let Some(cnt) = self.scratch(S::Sync, 4 * (ks + 1)) else { return true };
+            let items = ks * ff / 32 + hdim.div_ceil(4);
+            let mut args = [A::I(0); 26];
+            args[..17].copy_from_slice(&moe_gateup_args::<5, 17>(
+                &experts,
+                &shared,
+                (ff, hdim, k, nsh),
+                (sel_e, sel_w),
+                [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
+            ));
+            args[17..].copy_from_slice(&[
+                A::P(dw.mem.ptr),
+                l(dw.row_bytes),
+                l(dw.mat_bytes()),
+                i(hdim),
+                A::P(shared.down.mem.ptr),
+                l(shared.down.row_bytes),
+                A::P(out.0.ptr),
+                l(o.off),
+                A::P(cnt),
+            ]);
+            self.launch("moe_sh_q8_one", (items.min(cap) as u32, 1, 1), 256, 0, &args);
+            return true;
+        }
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
         self.launch(
             "moe_gateup_sh_q8q",
