@@ -354,6 +354,10 @@ pub trait Backend: Send + Sync {
             self.matmul_grouped(q, src, wk, qd, dst);
         }
     }
+    /// A hint that `weights` (up to four) are read soon, after the next attention: a backend may
+    /// start bringing them closer (the CUDA backend: into L2, from a one-token attention kernel,
+    /// which leaves the memory bus mostly idle). Changes no result. Default: nothing.
+    fn prefetch_hint(&self, _weights: &[&Self::Weight]) {}
     /// The attention's output side of an MLA layer in one op: [`Backend::mla_attention`] of `q`
     /// into `lat`, the per-head value product `av = lat · W_uv` ([`Backend::matmul_grouped`] over
     /// rows `avr`), the output product `y = av · W_o` ([`Backend::matmul`], `av` read as rows

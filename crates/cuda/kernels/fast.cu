@@ -524,11 +524,40 @@ __device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, 
     }
 }
 
+// Up to four weight regions (pointer null: none) asked into L2 with the bulk copy engine's
+// prefetch (one instruction a 64 KB chunk, nothing waits for it), spread over the grid's
+// blocks, lanes of warp 0: Backend::prefetch_hint's weights, from the one-token attention kernel
+// (latency-bound, most of its blocks idle at short contexts), so that the MoE that follows finds
+// its shared experts and router in L2. Weights are never written: before the PDL wait.
+#define PF_CHUNK 65536
+__device__ __forceinline__ void l2_prefetch_part(const u8* p, i64 bytes, i64 c0, i64 step) {
+#if __CUDA_ARCH__ >= 900
+    for (i64 c = c0; c * PF_CHUNK < bytes; c += step) {
+        const i64 off = c * PF_CHUNK;
+        const unsigned sz = (unsigned)min((i64)PF_CHUNK, bytes - off);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(sz) : "memory");
+    }
+#endif
+}
+__device__ __forceinline__ void l2_prefetch4(const u8* p0, i64 b0, const u8* p1, i64 b1, const u8* p2, i64 b2,
+                                             const u8* p3, i64 b3) {
+    if (threadIdx.x >= 32) return;
+    const i64 nb = (i64)gridDim.x * gridDim.y * gridDim.z;
+    const i64 b = blockIdx.x + (i64)gridDim.x * (blockIdx.y + (i64)gridDim.y * blockIdx.z);
+    const i64 c0 = b + nb * threadIdx.x, step = nb * 32;
+    if (p0) l2_prefetch_part(p0, b0, c0, step);
+    if (p1) l2_prefetch_part(p1, b1, c0, step);
+    if (p2) l2_prefetch_part(p2, b2, c0, step);
+    if (p3) l2_prefetch_part(p3, b3, c0, step);
+}
 #define MLA_SPLIT_INST(NAME, W32, KL32, NTHR, C)                                                            \
     extern "C" __global__ void __launch_bounds__(NTHR) NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head,     \
                                                             const C* cache, const int* pos, const int* slot,      \
                                                             int slot_len, int nh, float scale, float* part,       \
-                                                            float* out, i64 ooff, i64 o_tok, i64 o_head) {        \
+                                                            float* out, i64 ooff, i64 o_tok, i64 o_head,          \
+                                                            const u8* pf0, i64 pb0, const u8* pf1, i64 pb1,       \
+                                                            const u8* pf2, i64 pb2, const u8* pf3, i64 pb3) {     \
+        l2_prefetch4(pf0, pb0, pf1, pb1, pf2, pb2, pf3, pb3);                                                  \
         PDL_ENTRY();                                                                                           \
         mla_split_impl<W32, KL32, NTHR, C>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part, \
                                            out, ooff, o_tok, o_head);                                          \

@@ -902,6 +902,10 @@ pub struct CudaBackend {
     /// [`CudaBackend::set_moe_one`]). The same bits either way.
     moe_one: AtomicUsize,
     moe_one_cap: usize,
+    /// Weights the next one-token attention kernel asks into L2 ([`Backend::prefetch_hint`]:
+    /// (device pointer, bytes), up to four; zeros: none). `TS_CUDA_L2PF=0` ignores the hints.
+    l2_hint: Mutex<[(u64, usize); 4]>,
+    l2pf: bool,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -1179,6 +1183,8 @@ impl CudaBackend {
             load_left: AtomicU64::new(0),
             moe_one: AtomicUsize::new(if std::env::var("TS_CUDA_MOE_ONE").is_ok_and(|v| v == "0") { 0 } else { moe_one_cap }),
             moe_one_cap,
+            l2_hint: Mutex::new([(0, 0); 4]),
+            l2pf: std::env::var("TS_CUDA_L2PF").map_or(true, |v| v != "0"),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
                 Ok("1" | "2") => (false, false),
@@ -1483,6 +1489,10 @@ impl CudaBackend {
         o: Rows,
         defer: bool,
     ) -> Option<(u64, usize)> {
+        // Backend::prefetch_hint's regions go with a one-token step's split kernel, and with no
+        // other launch (they are taken either way).
+        let hint = std::mem::take(&mut *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()));
+        let hint = if batch.tokens.len() == 1 { hint } else { [(0, 0); 4] };
         let (nh, kl, rd) = (p.n_heads, p.kv_lora, p.rope_dim);
         let w = kl + rd;
         assert_eq!(qr.width, w);
@@ -1604,8 +1614,16 @@ impl CudaBackend {
                     l(ooff),
                     l(nh * o.stride),
                     l(o.stride),
+                    A::P(hint[0].0),
+                    l(hint[0].1),
+                    A::P(hint[1].0),
+                    l(hint[1].1),
+                    A::P(hint[2].0),
+                    l(hint[2].1),
+                    A::P(hint[3].0),
+                    l(hint[3].1),
                 ];
-                self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &args[..if use_tc { 11 } else { 15 }]);
+                self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &args[..if use_tc { 11 } else { 23 }]);
                 if direct {
                     continue;
                 }
@@ -3696,6 +3714,16 @@ impl Backend for CudaBackend {
                 &args,
             );
         }
+    }
+
+    fn prefetch_hint(&self, weights: &[&CudaWeight]) {
+        let mut h = [(0u64, 0usize); 4];
+        if self.l2pf {
+            for (slot, w) in h.iter_mut().zip(weights) {
+                *slot = (w.mem.ptr, w.mem.bytes / 16 * 16);
+            }
+        }
+        *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()) = h;
     }
 
     fn mla_attention_out(

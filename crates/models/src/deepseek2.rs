@@ -1043,6 +1043,11 @@ impl<B: Backend> DeepSeek2<B> {
             // ... and q_abs = q_nope . W_uk ([n*nh, kv_lora], its first columns), also in that op.
             let absorb = Some((&l.w_uk, q_nope, rqm.cols(0, kl)));
             be.mla_rope_cache_write(&s.kv, rkv, kl, Some(&l.kv_a_norm), c.eps, q_rope, absorb, bt, &self.rope, &l.cache);
+            // The MoE's weights known before its routing (router, shared experts) are read right
+            // after the attention: a backend may fetch them while it runs.
+            if let Ffn::Moe { router, shared: Some(f), .. } = &l.ffn {
+                be.prefetch_hint(&[router, &f.gate, &f.up, &f.down]);
+            }
             // lat = attention(q_abs, cache); av = lat . W_uv per head; y = av . W_o; x += y; h = norm(x).
             be.mla_attention_out(
                 (&s.qm, rqm),

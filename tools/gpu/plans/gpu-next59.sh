@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Branch gpu-next59 (twentieth session, written without device time left; not yet run): the
-# one-token Q8_0 decode MoE in one launch (moe_sh_q8_one: the gate/up units, then down units
-# whose warps wait on per-slot counters instead of the kernel boundary; the same loads and sums,
-# so the same bits: tg128's hash must stay 0b6c3741dd283d38). ptxas: 80 registers, 172 bytes
-# of spills. Op tests first (a hang or a fault must show there), then tg128 one launch vs two
-# (TS_CUDA_MOE_ONE=0), interleaved, with hashes; the traces of both; 64 sequences (untouched).
+# Branch gpu-next59 (twentieth session, written without device time left; not yet run), two
+# switches, neither changes a bit (tg128's hash must stay 0b6c3741dd283d38 in every setting):
+#  * TS_CUDA_MOE_ONE: the one-token Q8_0 decode MoE in one launch (moe_sh_q8_one: the gate/up
+#    units, then down units whose warps wait on per-slot counters instead of the kernel
+#    boundary; ptxas: 80 registers, 172 bytes of spills); 0 = the two launches.
+#  * TS_CUDA_L2PF: Backend::prefetch_hint: the one-token attention kernel asks the router and
+#    the shared experts (~20 MB) into L2 (cp.async.bulk.prefetch.L2) for the MoE after it;
+#    0 = no prefetch.
+# Op tests first (a hang or a fault must show there), then tg128 under the four settings,
+# interleaved, with hashes; traces of all-on and all-off; 64 sequences (untouched paths).
 #   tools/gpu/plans/gpu-next59.sh BIN OPS
 set -u
 B=$1; OPS=$2
@@ -16,10 +20,10 @@ op_log 120 4 ops.txt "moe_one|" "" moe_one_launch_exact fused_moe_shared fused_r
 wait
 stamp "== tg128"
 for r in 1 2; do
-  for e in "TS_CUDA_MOE_ONE=0" ""; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+  for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" "" "TS_CUDA_MOE_ONE=0" "TS_CUDA_L2PF=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
 done
 stamp "== traces"
-for e in "TS_CUDA_MOE_ONE=0" ""; do
+for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" ""; do
   echo "-- trace ${e:-default}"
   env $e TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m $V -p 0 -n 32 -r 1 >/dev/null 2>&1
   python3 tools/gpu/trace.py $O/tr.csv 16 | head -16; rm -f $O/tr.csv
