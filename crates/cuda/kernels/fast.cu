@@ -151,6 +151,45 @@ __device__ __forceinline__ void load_q8_4(const u8* wr, int p0, int np, int lpr,
     }
 }
 
+// The decode MoE's weight loads (measurement define TS_WNA=1, TS_CUDA_DEFINES): without it plain
+// loads; with it loads that do not allocate in L1 (weights are read once a token), so that the
+// activation rows every warp of an SM re-reads stay in L1 whatever the SM's shared-memory
+// carve-out left of it.
+__device__ __forceinline__ uint4 ldw16(const u8* p) {
+#if defined(TS_WNA) && __CUDA_ARCH__ >= 700
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#else
+    return *(const uint4*)p;
+#endif
+}
+__device__ __forceinline__ float ldw_scale(const u8* p) {
+#if defined(TS_WNA) && __CUDA_ARCH__ >= 700
+    unsigned short v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return h2f(v);
+#else
+    return h2f(*(const u16*)p);
+#endif
+}
+// load_q8_4 for weights (ldw16 / ldw_scale).
+__device__ __forceinline__ void load_q8_4w(const u8* wr, int p0, int np, int lpr, uint4* q, float* dw) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int p = p0 + u * lpr;
+        const int b = p >> 1;
+        if (p < np) {
+            const u8* gp = wr + (i64)(b >> 2) * 144;
+            q[u] = ldw16(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
+            dw[u] = ldw_scale(gp + 2 * (b & 3));
+        } else {
+            q[u] = make_uint4(0u, 0u, 0u, 0u);
+            dw[u] = 0.f;
+        }
+    }
+}
+
 __device__ __forceinline__ float group_sum(float v, int lpr) {
     for (int o = lpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -402,8 +402,8 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
         if (P < Pb) {
             const u8* gp;
             locate(P, gp, xps[u], qos[u], bs[u]);
-            q[u] = *(const uint4*)(gp + qos[u]);
-            dw[u] = h2f(((const u16*)gp)[bs[u] & 3]);
+            q[u] = ldw16(gp + qos[u]);
+            dw[u] = ldw_scale(gp + 2 * (bs[u] & 3));
         }
     }
     if (SYNC) {
@@ -446,8 +446,8 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
                 const u8 *gp, *xp;
                 int qo, b;
                 locate(P, gp, xp, qo, b);
-                q[u] = *(const uint4*)(gp + qo);
-                dw[u] = h2f(((const u16*)gp)[b & 3]);
+                q[u] = ldw16(gp + qo);
+                dw[u] = ldw_scale(gp + 2 * (b & 3));
                 x[u] = ldx(xp + qo);
                 dx[u] = h2f(ldd(xp + 2 * (b & 3)));
             } else {
@@ -699,16 +699,16 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         Wtu = Wu + (i64)max(e, 0) * mat_bytes;
         rstride = row_bytes;
         if (!zero) {
-            load_q8_4(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
-            load_q8_4(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
+            load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
+            load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
         }
     } else {
         // The shared experts' weights are known before the previous kernel ends.
         Wtg = Sg + (i64)(s - k) * m * row_bytes;
         Wtu = Su + (i64)(s - k) * m * row_bytes;
         rstride = row_bytes;
-        load_q8_4(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
-        load_q8_4(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
+        load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
+        load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
         pdl_wait();
         pdl_trigger();
     }
@@ -721,8 +721,8 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
             const u8* wu = Wtu + (i64)row * rstride;
             for (int p0 = lane; p0 < np; p0 += 128) {
                 if (i > 0 || p0 != lane) {
-                    load_q8_4(wg, p0, np, 32, qg, dg);
-                    load_q8_4(wu, p0, np, 32, qu, du);
+                    load_q8_4w(wg, p0, np, 32, qg, dg);
+                    load_q8_4w(wu, p0, np, 32, qu, du);
                 }
                 uint4 xv[4];
                 float dx[4];
