@@ -9,7 +9,8 @@
 #    0 = no prefetch.
 #  * TS_CUDA_DEFINES=TS_WNA=1: the decode MoE's weight loads skip L1 (ld.global.nc.L1::no_allocate),
 #    so the activation rows stay in L1 (a guess at why gate/up ran 6 us slower after 2 blocks an
-#    SM of mla_out_q8 with 110 KB of shared memory each, gpu-next57). The first run compiles.
+#    SM of mla_out_q8 with 110 KB of shared memory each, gpu-next57: also run with
+#    TS_CUDA_MLA_OUT=128, which should then gain instead of lose). The first run compiles.
 # Op tests first (a hang or a fault must show there), then tg128 under the four settings,
 # interleaved, with hashes; traces of all-on and all-off; 64 sequences (untouched paths).
 #   tools/gpu/plans/gpu-next59.sh BIN OPS
@@ -23,7 +24,7 @@ op_log 120 4 ops.txt "moe_one|" "" moe_one_launch_exact fused_moe_shared fused_r
 wait
 stamp "== tg128"
 for r in 1 2; do
-  for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" "" "TS_CUDA_MOE_ONE=0" "TS_CUDA_L2PF=0" "TS_CUDA_DEFINES=TS_WNA=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+  for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" "" "TS_CUDA_MOE_ONE=0" "TS_CUDA_L2PF=0" "TS_CUDA_DEFINES=TS_WNA=1" "TS_CUDA_MLA_OUT=128 TS_CUDA_DEFINES=TS_WNA=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
 done
 stamp "== traces"
 for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" ""; do
