@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Branch gpu-next59 (twentieth session, written without device time left; not yet run), two
+# Branch gpu-next59 (twentieth session, written without device time left; not yet run), three
 # switches, neither changes a bit (tg128's hash must stay 0b6c3741dd283d38 in every setting):
 #  * TS_CUDA_MOE_ONE: the one-token Q8_0 decode MoE in one launch (moe_sh_q8_one: the gate/up
 #    units, then down units whose warps wait on per-slot counters instead of the kernel
@@ -11,7 +11,7 @@
 #    so the activation rows stay in L1 (a guess at why gate/up ran 6 us slower after 2 blocks an
 #    SM of mla_out_q8 with 110 KB of shared memory each, gpu-next57: also run with
 #    TS_CUDA_MLA_OUT=128, which should then gain instead of lose). The first run compiles.
-# Op tests first (a hang or a fault must show there), then tg128 under the four settings,
+# Op tests first (a hang or a fault must show there), then tg128 under each setting,
 # interleaved, with hashes; traces of all-on and all-off; 64 sequences (untouched paths).
 #   tools/gpu/plans/gpu-next59.sh BIN OPS
 set -u
