@@ -11,8 +11,11 @@
 #    so the activation rows stay in L1 (a guess at why gate/up ran 6 us slower after 2 blocks an
 #    SM of mla_out_q8 with 110 KB of shared memory each, gpu-next57: also run with
 #    TS_CUDA_MLA_OUT=128, which should then gain instead of lose). The first run compiles.
+# And the server's --prefill-hold (new prompts held back while others decode, until 128 prompt
+# tokens wait or 8 steps passed: more steps of decode rows alone).
 # Op tests first (a hang or a fault must show there), then tg128 under each setting,
-# interleaved, with hashes; traces of all-on and all-off; 64 sequences (untouched paths).
+# interleaved, with hashes; traces of all-on and all-off; 64 sequences (untouched paths); the
+# server at 64 clients without and with --prefill-hold 128.
 #   tools/gpu/plans/gpu-next59.sh BIN OPS
 set -u
 B=$1; OPS=$2
@@ -33,4 +36,7 @@ for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" ""; do
   python3 tools/gpu/trace.py $O/tr.csv 16 | head -16; rm -f $O/tr.csv
 done
 b "" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
+stamp "== server"
+serve64 "" 15
+serve64 "" 15 "--prefill-hold 128"
 stamp "== done"
