@@ -8,9 +8,13 @@
 // (so the sum of squares is reduced in the same order). `out` may be `x` or `delta` (same view):
 // every thread reads and writes only its own elements, and (rows up to NORM_PER * blockDim, as
 // rms_norm) reads all of them, into registers, before it writes any.
+// pf0..pf3: up to four weight regions asked into L2 (Backend::prefetch_hint, l2_prefetch4) before
+// the PDL wait: a decode layer's attention weights, while the layer's first kernel runs.
 extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride,
                                         const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride,
-                                        int width) {
+                                        int width, const u8* pf0, i64 pb0, const u8* pf1, i64 pb1, const u8* pf2,
+                                        i64 pb2, const u8* pf3, i64 pb3) {
+    l2_prefetch4(pf0, pb0, pf1, pb1, pf2, pb2, pf3, pb3);
     float* xr = x + xoff + blockIdx.x * xstride;
     norm_block_row<true>(xr, xr, d + doff + blockIdx.x * dstride, w, has_w, eps, out + ooff + blockIdx.x * ostride, width);
 }

@@ -902,10 +902,13 @@ pub struct CudaBackend {
     /// [`CudaBackend::set_moe_one`]). The same bits either way.
     moe_one: AtomicUsize,
     moe_one_cap: usize,
-    /// Weights the next one-token attention kernel asks into L2 ([`Backend::prefetch_hint`]:
-    /// (device pointer, bytes), up to four; zeros: none). `TS_CUDA_L2PF=0` ignores the hints.
+    /// Weights the next one-row `add_rms_norm` or one-token attention kernel asks into L2
+    /// ([`Backend::prefetch_hint`]: (device pointer, bytes), up to four; zeros: none; taken by
+    /// the next launch of either kernel). `TS_CUDA_L2PF=0` ignores the hints, `=2` lets the norm
+    /// use its own (one block: its bulk prefetches may be too slow to help).
     l2_hint: Mutex<[(u64, usize); 4]>,
-    l2pf: bool,
+    /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
+    l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -1184,7 +1187,7 @@ impl CudaBackend {
             moe_one: AtomicUsize::new(if std::env::var("TS_CUDA_MOE_ONE").is_ok_and(|v| v == "0") { 0 } else { moe_one_cap }),
             moe_one_cap,
             l2_hint: Mutex::new([(0, 0); 4]),
-            l2pf: std::env::var("TS_CUDA_L2PF").map_or(true, |v| v != "0"),
+            l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
                 Ok("1" | "2") => (false, false),
@@ -3718,7 +3721,7 @@ impl Backend for CudaBackend {
 
     fn prefetch_hint(&self, weights: &[&CudaWeight]) {
         let mut h = [(0u64, 0usize); 4];
-        if self.l2pf {
+        if self.l2pf > 0 {
             for (slot, w) in h.iter_mut().zip(weights) {
                 *slot = (w.mem.ptr, w.mem.bytes / 16 * 16);
             }
@@ -3839,6 +3842,10 @@ impl Backend for CudaBackend {
             assert_eq!(w.dtype, GgmlType::F32, "norm weights must be uploaded as WeightUse::Vector");
         }
         let block = xr.width.next_power_of_two().clamp(32, 256) as u32;
+        // Backend::prefetch_hint's regions go with a one-row norm (a decode layer's start) under
+        // TS_CUDA_L2PF=2 (taken either way): one block's bulk prefetches, a measurement.
+        let hint = std::mem::take(&mut *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()));
+        let hint = if xr.n == 1 && self.l2pf >= 2 { hint } else { [(0, 0); 4] };
         self.launch(
             "add_rms_norm",
             (xr.n as u32, 1, 1),
@@ -3858,6 +3865,14 @@ impl Backend for CudaBackend {
                 l(o.off),
                 l(o.stride),
                 i(xr.width),
+                A::P(hint[0].0),
+                l(hint[0].1),
+                A::P(hint[1].0),
+                l(hint[1].1),
+                A::P(hint[2].0),
+                l(hint[2].1),
+                A::P(hint[3].0),
+                l(hint[3].1),
             ],
         );
     }

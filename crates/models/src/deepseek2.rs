@@ -1023,6 +1023,13 @@ impl<B: Backend> DeepSeek2<B> {
         for l in &self.layers {
             // ---- attention ----
             if pending {
+                // The attention's weights, which the layer's first products and its output side
+                // read: a backend may fetch them while this norm runs.
+                let wq = match &l.q {
+                    QProj::Plain { wq } => wq,
+                    QProj::LowRank { wq_a, .. } => wq_a,
+                };
+                be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.wo]);
                 be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
             } else {
                 be.rms_norm(&s.x, rx, Some(&l.attn_norm), c.eps, &s.h, rx);

@@ -6,7 +6,8 @@
 #    boundary; ptxas: 80 registers, 172 bytes of spills); 0 = the two launches.
 #  * TS_CUDA_L2PF: Backend::prefetch_hint: the one-token attention kernel asks the router and
 #    the shared experts (~20 MB) into L2 (cp.async.bulk.prefetch.L2) for the MoE after it;
-#    0 = no prefetch.
+#    0 = no prefetch; 2 = also the attention's weights (q, kv_a, w_uk, wo: ~14 MB) from the
+#    layer's first norm (one block issues them all: maybe too slow to help).
 #  * TS_CUDA_DEFINES=TS_WNA=1: the decode MoE's weight loads skip L1 (ld.global.nc.L1::no_allocate),
 #    so the activation rows stay in L1 (a guess at why gate/up ran 6 us slower after 2 blocks an
 #    SM of mla_out_q8 with 110 KB of shared memory each, gpu-next57: also run with
@@ -16,19 +17,24 @@
 # Op tests first (a hang or a fault must show there), then tg128 under each setting,
 # interleaved, with hashes; traces of all-on and all-off; 64 sequences (untouched paths); the
 # server at 64 clients without and with --prefill-hold 128.
-#   tools/gpu/plans/gpu-next59.sh BIN OPS
+#   tools/gpu/plans/gpu-next59.sh BIN OPS a   (op tests, tg128: ~6 minutes)
+#   tools/gpu/plans/gpu-next59.sh BIN OPS b   (traces, 64 sequences, the server: ~4 minutes)
 set -u
-B=$1; OPS=$2
+B=$1; OPS=$2; PART=${3:-a}
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
 "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
+if [ "$PART" = a ]; then
 stamp "== op tests"
 op_log 120 4 ops.txt "moe_one|" "" moe_one_launch_exact fused_moe_shared fused_recorded
 wait
 stamp "== tg128"
 for r in 1 2; do
-  for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" "" "TS_CUDA_MOE_ONE=0" "TS_CUDA_L2PF=0" "TS_CUDA_DEFINES=TS_WNA=1" "TS_CUDA_MLA_OUT=128 TS_CUDA_DEFINES=TS_WNA=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+  for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" "" "TS_CUDA_MOE_ONE=0" "TS_CUDA_L2PF=0" "TS_CUDA_L2PF=2" "TS_CUDA_DEFINES=TS_WNA=1" "TS_CUDA_MLA_OUT=128 TS_CUDA_DEFINES=TS_WNA=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
 done
+fi
+wait
+if [ "$PART" = b ]; then
 stamp "== traces"
 for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" ""; do
   echo "-- trace ${e:-default}"
@@ -39,4 +45,5 @@ b "" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
 stamp "== server"
 serve64 "" 15
 serve64 "" 15 "--prefill-hold 128"
+fi
 stamp "== done"
