@@ -1073,3 +1073,79 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
         if (i < width) out[ooff + i] = has_w ? v[k] * inv * wv[k] : v[k] * inv;
     }
 }
+
+// add_rms_norm_parts, then the normed row's product with a few-row f32 matrix (the MoE router,
+// Backend::mla_attention_out's `next`): block b of ceil(m / 8) normalises the row itself (the
+// same loads and sums as add_rms_norm_parts: the same bits; block 0 writes x and out) and
+// computes rows 8b .. 8b+7 of W . h with gemv_f32_split's arithmetic (four warps a row, a
+// quarter of the width each, the quarters added in order: the same logits). Its weight rows are
+// loaded before the PDL wait. Needs width % 128 == 0 and width <= NP_PER * NP_THREADS.
+extern "C" __global__ void __launch_bounds__(NP_THREADS)
+    add_rms_norm_parts_router(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w, int has_w,
+                              float eps, float* out, i64 ooff, int width, const float* R, int m, float* lg, i64 loff) {
+    __shared__ float red[32];
+    __shared__ float qsum[NP_THREADS / 32];
+    __shared__ __align__(16) float hs[NP_PER * NP_THREADS];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int r = 8 * blockIdx.x + (warp >> 2), quarter = warp & 3;
+    const int q4 = width / 16;  // float4s a quarter
+    const float4* wr = (const float4*)(R + (i64)min(r, m - 1) * width) + quarter * q4;
+    float4 wq[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) wq[u] = lane + 32 * u < q4 ? wr[lane + 32 * u] : make_float4(0.f, 0.f, 0.f, 0.f);
+    float wv[NP_PER];
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = tid + k * NP_THREADS;
+        wv[k] = has_w && i < width ? w[i] : 1.f;
+    }
+    PDL_ENTRY();
+    float* xr = x + xoff;
+    float xv[NP_PER], pv[NP_PER][MO_MAX_PARTS];
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = min(tid + k * NP_THREADS, width - 1);
+        xv[k] = xr[i];
+#pragma unroll
+        for (int j = 0; j < MO_MAX_PARTS; j++) pv[k][j] = parts[(i64)min(j, np - 1) * pstride + i];
+    }
+    float v[NP_PER], ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        float d = pv[k][0];
+#pragma unroll
+        for (int j = 1; j < MO_MAX_PARTS; j++)
+            if (j < np) d += pv[k][j];
+        v[k] = tid + k * NP_THREADS < width ? xv[k] + d : 0.f;
+        ss += v[k] * v[k];
+    }
+    if (blockIdx.x == 0) {
+#pragma unroll
+        for (int k = 0; k < NP_PER; k++)
+            if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
+    }
+    const float inv = block_rms_inv(ss, red, width, eps);
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = tid + k * NP_THREADS;
+        if (i < width) {
+            const float o = has_w ? v[k] * inv * wv[k] : v[k] * inv;
+            hs[i] = o;
+            if (blockIdx.x == 0) out[ooff + i] = o;
+        }
+    }
+    __syncthreads();
+    const float4* h4 = (const float4*)hs + quarter * q4;
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        if (lane + 32 * u < q4) {
+            const float4 hv = h4[lane + 32 * u];
+            acc += wq[u].x * hv.x + wq[u].y * hv.y + wq[u].z * hv.z + wq[u].w * hv.w;
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) qsum[warp] = acc;
+    __syncthreads();
+    if (quarter == 0 && lane == 0 && r < m) lg[loff + r] = qsum[warp] + qsum[warp + 1] + qsum[warp + 2] + qsum[warp + 3];
+}

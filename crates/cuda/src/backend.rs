@@ -664,6 +664,7 @@ fn kernel_names() -> Vec<String> {
         "gemv_f32_split",
         "add_rms_norm",
         "add_rms_norm_parts",
+        "add_rms_norm_parts_router",
         "mla_out_q8",
         "moe_sh_q8_one",
         "rope_copy_rows",
@@ -907,6 +908,9 @@ pub struct CudaBackend {
     /// the next launch of either kernel). `TS_CUDA_L2PF=0` ignores the hints, `=2` lets the norm
     /// use its own (one block: its bulk prefetches may be too slow to help).
     l2_hint: Mutex<[(u64, usize); 4]>,
+    /// `mla_attention_out`'s `next` product (the MoE router) in the norm's launch
+    /// (`add_rms_norm_parts_router`); `TS_CUDA_NORM_ROUTER=0`: two launches. The same bits.
+    norm_router: AtomicBool,
     /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
     l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -1187,6 +1191,7 @@ impl CudaBackend {
             moe_one: AtomicUsize::new(if std::env::var("TS_CUDA_MOE_ONE").is_ok_and(|v| v == "0") { 0 } else { moe_one_cap }),
             moe_one_cap,
             l2_hint: Mutex::new([(0, 0); 4]),
+            norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
@@ -1366,6 +1371,12 @@ impl CudaBackend {
     pub fn set_moe_one(&self, on: bool) -> bool {
         self.moe_one.store(if on { self.moe_one_cap } else { 0 }, Ordering::Relaxed);
         !on || self.moe_one_cap > 0
+    }
+
+    /// `mla_attention_out`'s `next` product in the norm's launch or after it (the same bits);
+    /// for steps recorded after this call.
+    pub fn set_norm_router(&self, on: bool) {
+        self.norm_router.store(on, Ordering::Relaxed);
     }
 
     /// Dense Q8_0 prompt products on cuBLAS in f16 ([`CudaBackend::dense_blas`]).
@@ -3742,6 +3753,7 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &CudaBuf,
         o: Rows,
+        next: Option<(&CudaWeight, &CudaBuf, Rows)>,
     ) {
         let (nh, kl, hd) = (p.n_heads, p.kv_lora, xr.width);
         let rows = self.mla_out.load(Ordering::Relaxed);
@@ -3774,6 +3786,9 @@ impl Backend for CudaBackend {
             self.matmul_grouped(lat, lr, w_uv, av, avr);
             self.matmul(av, avo, wo, y, xr);
             self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
+            if let Some((nw, nb, nr)) = next {
+                self.matmul(out, o, nw, nb, nr);
+            }
             return;
         }
         x.check(xr);
@@ -3806,6 +3821,43 @@ impl Backend for CudaBackend {
                 A::P(ho),
             ],
         );
+        // With `next` a few-row f32 matrix of the row's width (the MoE router): the norm and
+        // that product in one launch (add_rms_norm_parts_router, the same bits as the two).
+        let fused_next = next.filter(|(nw, _, nr)| {
+            self.norm_router.load(Ordering::Relaxed)
+                && nw.dtype == GgmlType::F32
+                && nw.ne(0) == hd
+                && hd % 128 == 0
+                && nr.n == 1
+                && nr.width == nw.ne(1)
+        });
+        if let Some((nw, nb, nr)) = fused_next {
+            nb.check(nr);
+            self.launch(
+                "add_rms_norm_parts_router",
+                (nw.ne(1).div_ceil(8) as u32, 1, 1),
+                1024,
+                0,
+                &[
+                    A::P(x.0.ptr),
+                    l(xr.off),
+                    A::P(ho),
+                    l(hd),
+                    i(nh),
+                    A::P(w.map_or(0, |w| w.mem.ptr)),
+                    A::I(w.is_some() as i32),
+                    A::F(eps),
+                    A::P(out.0.ptr),
+                    l(o.off),
+                    i(hd),
+                    A::P(nw.mem.ptr),
+                    i(nw.ne(1)),
+                    A::P(nb.0.ptr),
+                    l(nr.off),
+                ],
+            );
+            return;
+        }
         self.launch(
             "add_rms_norm_parts",
             (1, 1, 1),
@@ -3825,6 +3877,9 @@ impl Backend for CudaBackend {
                 i(hd),
             ],
         );
+        if let Some((nw, nb, nr)) = next {
+            self.matmul(out, o, nw, nb, nr);
+        }
     }
 
     fn add_rms_norm(&self, x: &CudaBuf, xr: Rows, delta: &CudaBuf, dr: Rows, w: Option<&CudaWeight>, eps: f32, out: &CudaBuf, o: Rows) {

@@ -1055,6 +1055,11 @@ impl<B: Backend> DeepSeek2<B> {
             if let Ffn::Moe { router, shared: Some(f), .. } = &l.ffn {
                 be.prefetch_hint(&[router, &f.gate, &f.up, &f.down]);
             }
+            // A MoE layer's router logits of h: [n, E], with the norm where the backend can.
+            let router = match (&l.ffn, c.moe) {
+                (Ffn::Moe { router, .. }, Some(e)) => Some((router, &s.rl, Rows::packed(n, e.n_experts))),
+                _ => None,
+            };
             // lat = attention(q_abs, cache); av = lat . W_uv per head; y = av . W_o; x += y; h = norm(x).
             be.mla_attention_out(
                 (&s.qm, rqm),
@@ -1068,14 +1073,14 @@ impl<B: Backend> DeepSeek2<B> {
                 c.eps,
                 &s.h,
                 rx,
+                router,
             );
             // ---- FFN (its output in s.y, added to x by the next layer or after the loop) ----
             match &l.ffn {
                 Ffn::Dense(f) => swiglu(be, s, f, n, h),
-                Ffn::Moe { router, gate_exps, up_exps, down_exps, shared } => {
+                Ffn::Moe { gate_exps, up_exps, down_exps, shared, .. } => {
                     let Some(e) = c.moe else { return Err(ModelError::Run("MoE layer without an expert config".into())) };
-                    let rr = Rows::packed(n, e.n_experts); // router logits: [n, E]
-                    be.matmul(&s.h, rx, router, &s.rl, rr);
+                    let rr = Rows::packed(n, e.n_experts); // router logits: [n, E], made above
                     let p = MoeParams {
                         n_experts: e.n_experts,
                         k: e.k,

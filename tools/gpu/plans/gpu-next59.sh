@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Branch gpu-next59 (twentieth session, written without device time left; not yet run), three
-# switches, neither changes a bit (tg128's hash must stay 0b6c3741dd283d38 in every setting):
+# Branch gpu-next59 (twentieth session, written without device time left; not yet run), four
+# switches, none changes a bit (tg128's hash must stay 0b6c3741dd283d38 in every setting):
 #  * TS_CUDA_MOE_ONE: the one-token Q8_0 decode MoE in one launch (moe_sh_q8_one: the gate/up
 #    units, then down units whose warps wait on per-slot counters instead of the kernel
 #    boundary; ptxas: 80 registers, 172 bytes of spills); 0 = the two launches.
@@ -12,6 +12,9 @@
 #    so the activation rows stay in L1 (a guess at why gate/up ran 6 us slower after 2 blocks an
 #    SM of mla_out_q8 with 110 KB of shared memory each, gpu-next57: also run with
 #    TS_CUDA_MLA_OUT=128, which should then gain instead of lose). The first run compiles.
+#  * TS_CUDA_NORM_ROUTER: the MoE router's f32 product in the launch of the norm before it
+#    (add_rms_norm_parts_router: 8 blocks each normalise the row and take 8 router rows);
+#    0 = two launches.
 # And the server's --prefill-hold (new prompts held back while others decode, until 128 prompt
 # tokens wait or 8 steps passed: more steps of decode rows alone).
 # Op tests first (a hang or a fault must show there), then tg128 under each setting,
@@ -26,17 +29,17 @@ export TS_RUN_LIMIT=90
 "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
 if [ "$PART" = a ]; then
 stamp "== op tests"
-op_log 120 4 ops.txt "moe_one|" "" moe_one_launch_exact fused_moe_shared fused_recorded
+op_log 120 4 ops.txt "moe_one|router in|" "" moe_one_launch_exact fused_moe_shared fused_recorded fused_mla_attention_out
 wait
 stamp "== tg128"
 for r in 1 2; do
-  for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" "" "TS_CUDA_MOE_ONE=0" "TS_CUDA_L2PF=0" "TS_CUDA_L2PF=2" "TS_CUDA_DEFINES=TS_WNA=1" "TS_CUDA_MLA_OUT=128 TS_CUDA_DEFINES=TS_WNA=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+  for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0 TS_CUDA_NORM_ROUTER=0" "" "TS_CUDA_MOE_ONE=0" "TS_CUDA_L2PF=0" "TS_CUDA_L2PF=2" "TS_CUDA_NORM_ROUTER=0" "TS_CUDA_DEFINES=TS_WNA=1" "TS_CUDA_MLA_OUT=128 TS_CUDA_DEFINES=TS_WNA=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
 done
 fi
 wait
 if [ "$PART" = b ]; then
 stamp "== traces"
-for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" ""; do
+for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0 TS_CUDA_NORM_ROUTER=0" ""; do
   echo "-- trace ${e:-default}"
   env $e TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m $V -p 0 -n 32 -r 1 >/dev/null 2>&1
   python3 tools/gpu/trace.py $O/tr.csv 16 | head -16; rm -f $O/tr.csv
