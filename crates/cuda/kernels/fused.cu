@@ -677,10 +677,25 @@ MOE_SH_H16(bf16, T_BF16)
 // One block's 32 rows (bx) of token t's slot s, with the PDL wait (the routed slots before they
 // read sel_e, the shared ones after their first loads) and the trigger for the down kernel after
 // it (see moe_down_unit). glu: the block's 32 shared words.
+// Spin until *flag != 0 (thread 0, acquire, then a fence), then the block barrier: what the
+// flag's writer wrote before it is visible to the whole block. Null: nothing to wait for.
+__device__ __forceinline__ void mo_wait_flag(const unsigned* flag) {
+    if (!flag) return;
+    if (threadIdx.x == 0) {
+        unsigned v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+        } while (v == 0u);
+        __threadfence();
+    }
+    __syncthreads();
+}
+// ready (moe_sh_q8_one): the flag its block 0 sets once sel_e, sel_w and xq are written; null
+// (moe_gateup_sh_q8q): they come from the previous kernel.
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
-                                                    int act, u8* hq, i64 hrow, float* glu) {
+                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr) {
     const int ks = k + nsh;
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -696,6 +711,7 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     if (s < k) {
         pdl_wait();  // the routed experts' ids come from the previous kernel
         pdl_trigger();
+        mo_wait_flag(ready);
         const int e = sel_e[t * k + s];
         zero = e < 0;
         wsl = zero ? 0.f : sel_w[t * k + s];
@@ -715,6 +731,7 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
         pdl_wait();
         pdl_trigger();
+        mo_wait_flag(ready);
     }
     const u8* xr = xq + (i64)t * xrow;
     for (int i = 0; i < rpw; i++) {
@@ -785,37 +802,56 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
 // counters are zero: the last down unit to finish (cnt[ks] counts them) resets them.
 // Against the two launches it removes the kernel boundary and the wait for the whole gate/up
 // grid: a down warp whose slots are done starts while other slots still stream.
+// With logits (non-null): the routing and the input's quantisation too (moe_route_quant's
+// bodies, the same bits), done by block 0 before its items; the other blocks' units wait for
+// the flag cnt[ks + 1] it sets (mo_wait_flag): one launch fewer again.
+__device__ __forceinline__ void quant_group_body(i64 gid, const float* src, const float* src2, i64 off, i64 stride, int n,
+                                                 int k, int act, const float* rw, int rk, int rks, u8* dst, i64 drow);
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
-    moe_sh_q8_one(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
-                  const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
+    moe_sh_q8_one(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, int* sel_e,
+                  float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, u8* xq, i64 xrow, int act,
                   u8* hq, i64 hrow, const u8* Wd, i64 drow_bytes, i64 dmat_bytes, int hdim, const u8* Sd,
-                  i64 srow_bytes, float* out, i64 ooff, unsigned* cnt) {
+                  i64 srow_bytes, float* out, i64 ooff, unsigned* cnt, const float* logits, i64 loff, int E,
+                  int gating, int norm_topk, float scale, const float* src, i64 soff) {
     __shared__ float glu[GU_ROWS];
     __shared__ float red[GQ_WARPS];
     __shared__ int es[MOE_SH_MAX_SLOTS];
     const int ks = k + nsh;
     const int gu_units = m / GU_ROWS, ngu = ks * gu_units;
     const int nd = (hdim + 3) / 4, items = ngu + nd;
+    const unsigned* ready = logits ? cnt + ks + 1 : nullptr;
+    if (logits && blockIdx.x == 0) {
+        pdl_wait();
+        pdl_trigger();
+        const int warp = threadIdx.x >> 5;
+        if (warp == 0) route_warp_body(0, logits, loff, 0, 1, E, k, gating, norm_topk, scale, sel_e, sel_w);
+        for (int g = warp; g < (kdim + 127) / 128; g += GQ_WARPS)
+            quant_group_body(g, src, nullptr, soff, 0, 1, kdim, 0, nullptr, 0, 1, xq, xrow);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(cnt + ks + 1), "r"(1u) : "memory");
+    }
     for (int it = blockIdx.x; it < items; it += gridDim.x) {
         if (it < ngu) {
             int t, s;
             moe_slot_of(it / gu_units, ks, k, nsh, &t, &s);
             moe_gateup_q8q_unit(it % gu_units, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh,
-                                xq, xrow, act, hq, hrow, glu);
+                                xq, xrow, act, hq, hrow, glu, ready);
             if (threadIdx.x < 32) __threadfence();  // warp 0 wrote the unit's GLU words
             __syncthreads();
             if (threadIdx.x == 0) atomicAdd(cnt + s, 1u);
         } else {
-            pdl_wait();  // sel_e comes from the routing kernel
+            pdl_wait();  // sel_e comes from the routing kernel (or block 0: the flag)
             pdl_trigger();
-            moe_down_unit<2, true>(it - ngu, 0, Wd, drow_bytes, dmat_bytes, hdim, kdim, k, sel_e, Sd, srow_bytes, nsh, hq,
+            mo_wait_flag(ready);
+            // (The down product's input width is the gate/up rows, m.)
+            moe_down_unit<2, true>(it - ngu, 0, Wd, drow_bytes, dmat_bytes, hdim, m, k, sel_e, Sd, srow_bytes, nsh, hq,
                                    hrow, out, ooff, 0, red, es, cnt, (unsigned)gu_units);
             __syncthreads();
             if (threadIdx.x == 0) {
                 __threadfence();
                 if (atomicAdd(cnt + ks, 1u) == (unsigned)nd - 1) {
-                    for (int s = 0; s < ks; s++) cnt[s] = 0u;
-                    cnt[ks] = 0u;
+                    for (int s = 0; s <= ks + 1; s++) cnt[s] = 0u;
                     __threadfence();
                 }
             }

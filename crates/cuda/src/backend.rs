@@ -254,8 +254,8 @@ enum S {
     /// One token's attention output per head (`mla_out_q8`: `[n_heads, H]`), which
     /// `add_rms_norm_parts` adds up.
     Ho,
-    /// The one-launch decode MoE's slot counters (`moe_sh_q8_one`: `k + n_shared` of them and
-    /// one for its down units; zero between launches).
+    /// The one-launch decode MoE's slot counters (`moe_sh_q8_one`: `k + n_shared` of them, one
+    /// for its down units, its routing's ready flag; zero between launches).
     Sync,
 }
 const N_SCRATCH: usize = 22;
@@ -903,6 +903,9 @@ pub struct CudaBackend {
     /// [`CudaBackend::set_moe_one`]). The same bits either way.
     moe_one: AtomicUsize,
     moe_one_cap: usize,
+    /// With `moe_one`: the routing and the input's quantisation in its block 0, not in
+    /// `moe_route_quant` before it (`TS_CUDA_MOE_ONE_ROUTE=0`); the same bits.
+    moe_one_route: bool,
     /// Weights the next one-row `add_rms_norm` or one-token attention kernel asks into L2
     /// ([`Backend::prefetch_hint`]: (device pointer, bytes), up to four; zeros: none; taken by
     /// the next launch of either kernel). `TS_CUDA_L2PF=0` ignores the hints, `=2` lets the norm
@@ -1190,6 +1193,7 @@ impl CudaBackend {
             load_left: AtomicU64::new(0),
             moe_one: AtomicUsize::new(if std::env::var("TS_CUDA_MOE_ONE").is_ok_and(|v| v == "0") { 0 } else { moe_one_cap }),
             moe_one_cap,
+            moe_one_route: std::env::var("TS_CUDA_MOE_ONE_ROUTE").map_or(true, |v| v != "0"),
             l2_hint: Mutex::new([(0, 0); 4]),
             norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
@@ -4166,19 +4170,25 @@ impl Backend for CudaBackend {
             Glu::SwiGlu => 0,
             Glu::GeGluTanh => 1,
         };
-        // The routing and the input's quantisation in one launch (moe_route_quant).
-        let ngroups = hdim.div_ceil(128);
-        let mut args = [A::I(0); 17];
-        args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
-        args[9..].copy_from_slice(&[A::P(sel_e), A::P(sel_w), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(hdim), A::P(xq), l(xrow)]);
-        self.launch("moe_route_quant", ((n.div_ceil(8) + (n * ngroups).div_ceil(8)) as u32, 1, 1), 256, 0, &args);
         // One token: gate/up and down in one launch whose down warps start on their slots as
-        // those finish (moe_sh_q8_one; two warps a down row, as moe_down_sh_q8).
+        // those finish (moe_sh_q8_one; two warps a down row, as moe_down_sh_q8), with the routing
+        // and the input's quantisation in its block 0 (TS_CUDA_MOE_ONE_ROUTE=0: moe_route_quant).
         let cap = self.moe_one.load(Ordering::Relaxed);
-        if n == 1 && cap > 0 && !self.down_w4.0 && ks < MOE_SH_MAX_SLOTS {
-            let Some(cnt) = self.scratch(S::Sync, 4 * (ks + 1)) else { return true };
+        let one = n == 1 && cap > 0 && !self.down_w4.0 && ks + 2 <= MOE_SH_MAX_SLOTS;
+        let inline_route = one && self.moe_one_route;
+        if !inline_route {
+            // The routing and the input's quantisation in one launch (moe_route_quant).
+            let ngroups = hdim.div_ceil(128);
+            let mut args = [A::I(0); 17];
+            args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
+            args[9..].copy_from_slice(&[A::P(sel_e), A::P(sel_w), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(hdim), A::P(xq), l(xrow)]);
+            self.launch("moe_route_quant", ((n.div_ceil(8) + (n * ngroups).div_ceil(8)) as u32, 1, 1), 256, 0, &args);
+        }
+        if one {
+            let Some(cnt) = self.scratch(S::Sync, 4 * (ks + 2)) else { return true };
             let items = ks * ff / 32 + hdim.div_ceil(4);
-            let mut args = [A::I(0); 26];
+            let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
+            let mut args = [A::I(0); 36];
             args[..17].copy_from_slice(&moe_gateup_args::<5, 17>(
                 &experts,
                 &shared,
@@ -4196,6 +4206,14 @@ impl Backend for CudaBackend {
                 A::P(out.0.ptr),
                 l(o.off),
                 A::P(cnt),
+                A::P(if inline_route { logits.0.ptr } else { 0 }),
+                l(lr.off),
+                i(p.n_experts),
+                gating,
+                A::I(p.norm_topk as i32),
+                A::F(p.scale),
+                A::P(x.0.ptr),
+                l(xr.off),
             ]);
             self.launch("moe_sh_q8_one", (items.min(cap) as u32, 1, 1), 256, 0, &args);
             return true;

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Branch gpu-next59 (twentieth session, written without device time left; not yet run), four
 # switches, none changes a bit (tg128's hash must stay 0b6c3741dd283d38 in every setting):
-#  * TS_CUDA_MOE_ONE: the one-token Q8_0 decode MoE in one launch (moe_sh_q8_one: the gate/up
+#  * TS_CUDA_MOE_ONE: the one-token Q8_0 decode MoE in one launch (moe_sh_q8_one, ptxas: 80
+#    registers, 232 bytes of spills: the gate/up
 #    units, then down units whose warps wait on per-slot counters instead of the kernel
-#    boundary; ptxas: 80 registers, 172 bytes of spills); 0 = the two launches.
+#    boundary; its block 0 also does the routing and the input's quantisation, so
+#    moe_route_quant goes too (TS_CUDA_MOE_ONE_ROUTE=0 keeps it); 0 = the two launches.
 #  * TS_CUDA_L2PF: Backend::prefetch_hint: the one-token attention kernel asks the router and
 #    the shared experts (~20 MB) into L2 (cp.async.bulk.prefetch.L2) for the MoE after it;
 #    0 = no prefetch; 2 = also the attention's weights (q, kv_a, w_uk, wo: ~14 MB) from the
@@ -20,7 +22,7 @@
 # Op tests first (a hang or a fault must show there), then tg128 under each setting,
 # interleaved, with hashes; traces of all-on and all-off; 64 sequences (untouched paths); the
 # server at 64 clients without and with --prefill-hold 128.
-#   tools/gpu/plans/gpu-next59.sh BIN OPS a   (op tests, tg128: ~6 minutes)
+#   tools/gpu/plans/gpu-next59.sh BIN OPS a   (op tests, tg128 under nine settings: ~8 minutes)
 #   tools/gpu/plans/gpu-next59.sh BIN OPS b   (traces, 64 sequences, the server: ~4 minutes)
 set -u
 B=$1; OPS=$2; PART=${3:-a}
@@ -33,7 +35,7 @@ op_log 120 4 ops.txt "moe_one|router in|" "" moe_one_launch_exact fused_moe_shar
 wait
 stamp "== tg128"
 for r in 1 2; do
-  for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0 TS_CUDA_NORM_ROUTER=0" "" "TS_CUDA_MOE_ONE=0" "TS_CUDA_L2PF=0" "TS_CUDA_L2PF=2" "TS_CUDA_NORM_ROUTER=0" "TS_CUDA_DEFINES=TS_WNA=1" "TS_CUDA_MLA_OUT=128 TS_CUDA_DEFINES=TS_WNA=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+  for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0 TS_CUDA_NORM_ROUTER=0" "" "TS_CUDA_MOE_ONE=0" "TS_CUDA_MOE_ONE_ROUTE=0" "TS_CUDA_L2PF=0" "TS_CUDA_L2PF=2" "TS_CUDA_NORM_ROUTER=0" "TS_CUDA_DEFINES=TS_WNA=1" "TS_CUDA_MLA_OUT=128 TS_CUDA_DEFINES=TS_WNA=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
 done
 fi
 wait
