@@ -1112,15 +1112,20 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
 
 // add_rms_norm_parts, then the normed row's product with a few-row f32 matrix (the MoE router,
 // Backend::mla_attention_out's `next`): block b of ceil(m / 8) normalises the row itself (the
-// same loads and sums as add_rms_norm_parts: the same bits; block 0 writes x and out) and
+// same loads and sums as add_rms_norm_parts: the same bits; block 0 writes out, and the last
+// block to finish reading the residual writes x: every block reads x, so a block that wrote it
+// while another had yet to read it would add the delta twice there; `done` counts the blocks
+// past their loads, zero between launches) and
 // computes rows 8b .. 8b+7 of W . h with gemv_f32_split's arithmetic (four warps a row, a
 // quarter of the width each, the quarters added in order: the same logits). Its weight rows are
 // loaded before the PDL wait. Needs width % 128 == 0 and width <= NP_PER * NP_THREADS.
 extern "C" __global__ void __launch_bounds__(NP_THREADS)
     add_rms_norm_parts_router(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w, int has_w,
-                              float eps, float* out, i64 ooff, int width, const float* R, int m, float* lg, i64 loff) {
+                              float eps, float* out, i64 ooff, int width, const float* R, int m, float* lg, i64 loff,
+                              unsigned* done) {
     __shared__ float red[32];
     __shared__ float qsum[NP_THREADS / 32];
+    __shared__ int last;
     __shared__ __align__(16) float hs[NP_PER * NP_THREADS];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = 8 * blockIdx.x + (warp >> 2), quarter = warp & 3;
@@ -1155,12 +1160,20 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
         v[k] = tid + k * NP_THREADS < width ? xv[k] + d : 0.f;
         ss += v[k] * v[k];
     }
-    if (blockIdx.x == 0) {
+    // block_rms_inv's barrier follows every thread's use of its x loads: past it this block no
+    // longer reads x.
+    const float inv = block_rms_inv(ss, red, width, eps);
+    if (tid == 0) {
+        __threadfence();
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last) {
 #pragma unroll
         for (int k = 0; k < NP_PER; k++)
             if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
+        if (tid == 0) *done = 0u;
     }
-    const float inv = block_rms_inv(ss, red, width, eps);
 #pragma unroll
     for (int k = 0; k < NP_PER; k++) {
         const int i = tid + k * NP_THREADS;

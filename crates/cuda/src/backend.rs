@@ -257,8 +257,11 @@ enum S {
     /// The one-launch decode MoE's slot counters (`moe_sh_q8_one`: `k + n_shared` of them, one
     /// for its down units, its routing's ready flag; zero between launches).
     Sync,
+    /// `add_rms_norm_parts_router`'s count of blocks done reading the residual (one u32; zero
+    /// between launches: the last block writes the residual and resets it).
+    NormSync,
 }
-const N_SCRATCH: usize = 22;
+const N_SCRATCH: usize = 23;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -3837,6 +3840,7 @@ impl Backend for CudaBackend {
         });
         if let Some((nw, nb, nr)) = fused_next {
             nb.check(nr);
+            let Some(done) = self.scratch(S::NormSync, 4) else { return };
             self.launch(
                 "add_rms_norm_parts_router",
                 (nw.ne(1).div_ceil(8) as u32, 1, 1),
@@ -3858,6 +3862,7 @@ impl Backend for CudaBackend {
                     i(nw.ne(1)),
                     A::P(nb.0.ptr),
                     l(nr.off),
+                    A::P(done),
                 ],
             );
             return;
@@ -4188,7 +4193,7 @@ impl Backend for CudaBackend {
             let Some(cnt) = self.scratch(S::Sync, 4 * (ks + 2)) else { return true };
             let items = ks * ff / 32 + hdim.div_ceil(4);
             let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
-            let mut args = [A::I(0); 36];
+            let mut args = [A::I(0); 34];
             args[..17].copy_from_slice(&moe_gateup_args::<5, 17>(
                 &experts,
                 &shared,
