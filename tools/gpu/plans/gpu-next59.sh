@@ -51,4 +51,20 @@ stamp "== server"
 serve64 "" 15
 serve64 "" 15 "--prefill-hold 128"
 fi
+if [ "$PART" = c ]; then
+# Second call's part: moe_sh_q8_one measured slower (tg128 419 against 621 with the three
+# launches), so the traces compare it; the other switches with the two MoE launches.
+stamp "== traces"
+for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0 TS_CUDA_NORM_ROUTER=0" "TS_CUDA_MOE_ONE=0" ""; do
+  echo "-- trace ${e:-default}"
+  env $e TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m $V -p 0 -n 32 -r 1 >/dev/null 2>&1
+  python3 tools/gpu/trace.py $O/tr.csv 16 | head -14; rm -f $O/tr.csv
+done
+stamp "== tg128"
+for e in "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0 TS_CUDA_NORM_ROUTER=0" "TS_CUDA_MOE_ONE=0 TS_CUDA_DEFINES=TS_WNA=1" "TS_CUDA_MOE_ONE=0 TS_CUDA_L2PF=0" "TS_CUDA_MOE_ONE=0 TS_CUDA_NORM_ROUTER=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+b "TS_CUDA_MOE_ONE=0" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
+stamp "== server"
+serve64 "" 15
+serve64 "" 15 "--prefill-hold 128"
+fi
 stamp "== done"
