@@ -901,9 +901,10 @@ pub struct CudaBackend {
     /// neither, to compare: each choice is another summation order.
     down_w4: (bool, bool),
     /// The Q8_0 decode MoE of one token in one launch (`moe_sh_q8_one`) on at most this many
-    /// blocks (all resident at once: the card's occupancy for it times the SMs); 0 = off, the
-    /// two launches `moe_gateup_sh_q8q` + `moe_down_sh_q8` (`TS_CUDA_MOE_ONE=0`, or
-    /// [`CudaBackend::set_moe_one`]). The same bits either way.
+    /// blocks (all resident at once: at most the card's occupancy for it times the SMs); 0 =
+    /// off (the default), the two launches `moe_gateup_sh_q8q` + `moe_down_sh_q8`
+    /// (`TS_CUDA_MOE_ONE=1` or `=N` blocks, or [`CudaBackend::set_moe_one`]). The same bits
+    /// either way.
     moe_one: AtomicUsize,
     moe_one_cap: usize,
     /// With `moe_one`: the routing and the input's quantisation in its block 0, not in
@@ -911,8 +912,8 @@ pub struct CudaBackend {
     moe_one_route: bool,
     /// Weights the next one-row `add_rms_norm` or one-token attention kernel asks into L2
     /// ([`Backend::prefetch_hint`]: (device pointer, bytes), up to four; zeros: none; taken by
-    /// the next launch of either kernel). `TS_CUDA_L2PF=0` ignores the hints, `=2` lets the norm
-    /// use its own (one block: its bulk prefetches may be too slow to help).
+    /// the next launch of either kernel). Ignored unless `TS_CUDA_L2PF=1` (measured slower);
+    /// `=2` lets the norm use its own too (one block: slower still, tg128 310).
     l2_hint: Mutex<[(u64, usize); 4]>,
     /// `mla_attention_out`'s `next` product (the MoE router) in the norm's launch
     /// (`add_rms_norm_parts_router`); `TS_CUDA_NORM_ROUTER=0`: two launches. The same bits.
@@ -1194,12 +1195,19 @@ impl CudaBackend {
                 _ => 2,
             }),
             load_left: AtomicU64::new(0),
-            moe_one: AtomicUsize::new(if std::env::var("TS_CUDA_MOE_ONE").is_ok_and(|v| v == "0") { 0 } else { moe_one_cap }),
+            // Off unless asked: measured slower (docs/PERF.md, "One launch for the decode MoE").
+            // `TS_CUDA_MOE_ONE=1`: on, on the card's resident blocks; `=N` (N > 1): at most N.
+            moe_one: AtomicUsize::new(match std::env::var("TS_CUDA_MOE_ONE").ok().and_then(|v| v.parse::<usize>().ok()) {
+                Some(1) => moe_one_cap,
+                Some(n) => n.min(moe_one_cap),
+                None => 0,
+            }),
             moe_one_cap,
             moe_one_route: std::env::var("TS_CUDA_MOE_ONE_ROUTE").map_or(true, |v| v != "0"),
             l2_hint: Mutex::new([(0, 0); 4]),
             norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),
-            l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+            // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
+            l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
                 Ok("1" | "2") => (false, false),

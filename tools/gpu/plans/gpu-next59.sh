@@ -67,4 +67,15 @@ stamp "== server"
 serve64 "" 15
 serve64 "" 15 "--prefill-hold 128"
 fi
+if [ "$PART" = d ]; then
+# Third call: the defaults are now moe_sh_q8_one off and no L2 hints (both measured slower);
+# the norm's router on. moe_sh_q8_one ran at 630 tok/s under the trace build but 419 without
+# it: on fewer blocks (132, 264), and built with TS_TRACE, to see whether its grid is the cause.
+stamp "== tg128"
+for r in 1 2; do
+  for e in "TS_CUDA_NORM_ROUTER=0" "" "TS_CUDA_DEFINES=TS_WNA=1" "TS_CUDA_MOE_ONE=132" "TS_CUDA_MOE_ONE=264" "TS_CUDA_MOE_ONE=1 TS_CUDA_DEFINES=TS_TRACE=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+done
+stamp "== tg64 at 16k"
+for e in "TS_CUDA_NORM_ROUTER=0" "TS_CUDA_DEFINES=TS_WNA=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
+fi
 stamp "== done"
