@@ -151,12 +151,15 @@ __device__ __forceinline__ void load_q8_4(const u8* wr, int p0, int np, int lpr,
     }
 }
 
-// The decode MoE's weight loads (measurement define TS_WNA=1, TS_CUDA_DEFINES): without it plain
-// loads; with it loads that do not allocate in L1 (weights are read once a token), so that the
-// activation rows every warp of an SM re-reads stay in L1 whatever the SM's shared-memory
-// carve-out left of it.
+// The decode MoE's weight loads: loads that do not allocate in L1 (weights are read once a
+// token), so that the activation rows every warp of an SM re-reads stay in L1 whatever the SM's
+// shared-memory carve-out left of it (tg128 634 -> 649, tg64 at 16k 454 -> 476 on the H200,
+// gpu-next59). TS_WNA=0 (TS_CUDA_DEFINES, a measurement define): plain loads.
+#ifndef TS_WNA
+#define TS_WNA 1
+#endif
 __device__ __forceinline__ uint4 ldw16(const u8* p) {
-#if defined(TS_WNA) && __CUDA_ARCH__ >= 700
+#if TS_WNA && __CUDA_ARCH__ >= 700
     uint4 v;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
@@ -165,7 +168,7 @@ __device__ __forceinline__ uint4 ldw16(const u8* p) {
 #endif
 }
 __device__ __forceinline__ float ldw_scale(const u8* p) {
-#if defined(TS_WNA) && __CUDA_ARCH__ >= 700
+#if TS_WNA && __CUDA_ARCH__ >= 700
     unsigned short v;
     asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return h2f(v);
