@@ -42,6 +42,14 @@ pub struct ServeArgs {
     /// Most prompt tokens per forward pass (chunked prefill keeps decoding going during long prompts).
     #[arg(long = "prefill-chunk", default_value_t = 128)]
     pub prefill_chunk: usize,
+    /// While others decode, hold new prompts back until this many prompt tokens wait (or for
+    /// --prefill-wait steps), so that most steps carry decode tokens only: throughput at many
+    /// clients for a later first token. 0 (default): prefill every prompt at once.
+    #[arg(long = "prefill-hold", default_value_t = 0)]
+    pub prefill_hold: usize,
+    /// Most steps --prefill-hold keeps a prompt waiting.
+    #[arg(long = "prefill-wait", default_value_t = 8)]
+    pub prefill_wait: usize,
     /// Largest request body in bytes.
     #[arg(long = "max-body-bytes", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -82,6 +90,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let cfg = ServerConfig {
         max_queue: a.max_queue,
         prefill_chunk: a.prefill_chunk,
+        prefill_hold: a.prefill_hold,
+        prefill_wait: a.prefill_wait,
         max_body_bytes: a.max_body_bytes,
         handle_ctrl_c: true,
         row_multiple: a.row_multiple.max(1),

@@ -354,13 +354,20 @@ pub trait Backend: Send + Sync {
             self.matmul_grouped(q, src, wk, qd, dst);
         }
     }
+    /// A hint that `weights` (up to four) are read soon, after the next attention: a backend may
+    /// start bringing them closer (the CUDA backend: into L2, from a one-token attention kernel,
+    /// which leaves the memory bus mostly idle). Changes no result. Default: nothing.
+    fn prefetch_hint(&self, _weights: &[&Self::Weight]) {}
     /// The attention's output side of an MLA layer in one op: [`Backend::mla_attention`] of `q`
     /// into `lat`, the per-head value product `av = lat · W_uv` ([`Backend::matmul_grouped`] over
     /// rows `avr`), the output product `y = av · W_o` ([`Backend::matmul`], `av` read as rows
     /// `avo`: `[n, n_heads * v]`, `y` as rows `xr`), then [`Backend::add_rms_norm`]`(x, y, w, eps,
     /// out)`: the default is those four ops. `lat`, `av` and `y` are the chain's scratch, which a
     /// backend may leave unwritten (the CUDA backend, for one token: the merge of the context
-    /// splits and both products in one kernel, whose per-head rows the norm adds).
+    /// splits and both products in one kernel, whose per-head rows the norm adds). With `next`
+    /// = (W, buffer, rows), also the normed rows' product with W into those rows
+    /// ([`Backend::matmul`]`(out, o, W, ..)`, the default; the MoE router), which a backend may
+    /// compute in the norm's launch.
     #[allow(clippy::too_many_arguments)]
     fn mla_attention_out(
         &self,
@@ -375,11 +382,15 @@ pub trait Backend: Send + Sync {
         eps: f32,
         out: &Self::Buf,
         o: Rows,
+        next: Option<(&Self::Weight, &Self::Buf, Rows)>,
     ) {
         self.mla_attention(q, qr, cache, batch, p, lat, lr);
         self.matmul_grouped(lat, lr, w_uv, av, avr);
         self.matmul(av, avo, wo, y, xr);
         self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
+        if let Some((nw, nb, nr)) = next {
+            self.matmul(out, o, nw, nb, nr);
+        }
     }
     /// Routed experts plus a shared FFN in one op: `out[r] = moe(x)[r] + down_s(glu(gate_s x[r],
     /// up_s x[r]))` with 2-D shared weights (`[H, ff_s]`, `[H, ff_s]`, `[ff_s, H]`). Returns false,

@@ -151,6 +151,48 @@ __device__ __forceinline__ void load_q8_4(const u8* wr, int p0, int np, int lpr,
     }
 }
 
+// The decode MoE's weight loads: loads that do not allocate in L1 (weights are read once a
+// token), so that the activation rows every warp of an SM re-reads stay in L1 whatever the SM's
+// shared-memory carve-out left of it (tg128 634 -> 649, tg64 at 16k 454 -> 476 on the H200,
+// gpu-next59). TS_WNA=0 (TS_CUDA_DEFINES, a measurement define): plain loads.
+#ifndef TS_WNA
+#define TS_WNA 1
+#endif
+__device__ __forceinline__ uint4 ldw16(const u8* p) {
+#if TS_WNA && __CUDA_ARCH__ >= 700
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#else
+    return *(const uint4*)p;
+#endif
+}
+__device__ __forceinline__ float ldw_scale(const u8* p) {
+#if TS_WNA && __CUDA_ARCH__ >= 700
+    unsigned short v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return h2f(v);
+#else
+    return h2f(*(const u16*)p);
+#endif
+}
+// load_q8_4 for weights (ldw16 / ldw_scale).
+__device__ __forceinline__ void load_q8_4w(const u8* wr, int p0, int np, int lpr, uint4* q, float* dw) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int p = p0 + u * lpr;
+        const int b = p >> 1;
+        if (p < np) {
+            const u8* gp = wr + (i64)(b >> 2) * 144;
+            q[u] = ldw16(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
+            dw[u] = ldw_scale(gp + 2 * (b & 3));
+        } else {
+            q[u] = make_uint4(0u, 0u, 0u, 0u);
+            dw[u] = 0.f;
+        }
+    }
+}
+
 __device__ __forceinline__ float group_sum(float v, int lpr) {
     for (int o = lpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -524,11 +566,40 @@ __device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, 
     }
 }
 
+// Up to four weight regions (pointer null: none) asked into L2 with the bulk copy engine's
+// prefetch (one instruction a 64 KB chunk, nothing waits for it), spread over the grid's
+// blocks, lanes of warp 0: Backend::prefetch_hint's weights, from the one-token attention kernel
+// (latency-bound, most of its blocks idle at short contexts), so that the MoE that follows finds
+// its shared experts and router in L2. Weights are never written: before the PDL wait.
+#define PF_CHUNK 65536
+__device__ __forceinline__ void l2_prefetch_part(const u8* p, i64 bytes, i64 c0, i64 step) {
+#if __CUDA_ARCH__ >= 900
+    for (i64 c = c0; c * PF_CHUNK < bytes; c += step) {
+        const i64 off = c * PF_CHUNK;
+        const unsigned sz = (unsigned)min((i64)PF_CHUNK, bytes - off);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(sz) : "memory");
+    }
+#endif
+}
+__device__ __forceinline__ void l2_prefetch4(const u8* p0, i64 b0, const u8* p1, i64 b1, const u8* p2, i64 b2,
+                                             const u8* p3, i64 b3) {
+    if (threadIdx.x >= 32) return;
+    const i64 nb = (i64)gridDim.x * gridDim.y * gridDim.z;
+    const i64 b = blockIdx.x + (i64)gridDim.x * (blockIdx.y + (i64)gridDim.y * blockIdx.z);
+    const i64 c0 = b + nb * threadIdx.x, step = nb * 32;
+    if (p0) l2_prefetch_part(p0, b0, c0, step);
+    if (p1) l2_prefetch_part(p1, b1, c0, step);
+    if (p2) l2_prefetch_part(p2, b2, c0, step);
+    if (p3) l2_prefetch_part(p3, b3, c0, step);
+}
 #define MLA_SPLIT_INST(NAME, W32, KL32, NTHR, C)                                                            \
     extern "C" __global__ void __launch_bounds__(NTHR) NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head,     \
                                                             const C* cache, const int* pos, const int* slot,      \
                                                             int slot_len, int nh, float scale, float* part,       \
-                                                            float* out, i64 ooff, i64 o_tok, i64 o_head) {        \
+                                                            float* out, i64 ooff, i64 o_tok, i64 o_head,          \
+                                                            const u8* pf0, i64 pb0, const u8* pf1, i64 pb1,       \
+                                                            const u8* pf2, i64 pb2, const u8* pf3, i64 pb3) {     \
+        l2_prefetch4(pf0, pb0, pf1, pb1, pf2, pb2, pf3, pb3);                                                  \
         PDL_ENTRY();                                                                                           \
         mla_split_impl<W32, KL32, NTHR, C>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part, \
                                            out, ooff, o_tok, o_head);                                          \

@@ -8,9 +8,13 @@
 // (so the sum of squares is reduced in the same order). `out` may be `x` or `delta` (same view):
 // every thread reads and writes only its own elements, and (rows up to NORM_PER * blockDim, as
 // rms_norm) reads all of them, into registers, before it writes any.
+// pf0..pf3: up to four weight regions asked into L2 (Backend::prefetch_hint, l2_prefetch4) before
+// the PDL wait: a decode layer's attention weights, while the layer's first kernel runs.
 extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride,
                                         const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride,
-                                        int width) {
+                                        int width, const u8* pf0, i64 pb0, const u8* pf1, i64 pb1, const u8* pf2,
+                                        i64 pb2, const u8* pf3, i64 pb3) {
+    l2_prefetch4(pf0, pb0, pf1, pb1, pf2, pb2, pf3, pb3);
     float* xr = x + xoff + blockIdx.x * xstride;
     norm_block_row<true>(xr, xr, d + doff + blockIdx.x * dstride, w, has_w, eps, out + ooff + blockIdx.x * ostride, width);
 }
@@ -356,11 +360,14 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 // on the H200 (gpu-next38, synthetic V2-Lite Q8_0, tg128 twice each way, same hash): 585.8 /
 // 581.2 -> 603.2 / 602.1 tok/s (+3.3%).
 // One block's rows (bx) of token t. red, es: the block's shared words.
-template <int DOWN_WPR>
+// SYNC (moe_sh_q8_one, one token): instead of the PDL wait before its activations, each warp
+// waits until the counters (cnt) of the slots its pieces read show all `need` gate/up units of
+// the slot done, and reads the activations past L1 (other blocks of the same launch wrote them).
+template <int DOWN_WPR, bool SYNC = false>
 __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
                                               int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
                                               const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride, float* red,
-                                              int* es) {
+                                              int* es, const unsigned* cnt = nullptr, unsigned need = 0) {
     const int ks = k + nsh;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rows_per_block = GQ_WARPS / DOWN_WPR;
@@ -382,8 +389,8 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
         qo = 16 + 32 * (b & 3) + 16 * (p & 1);
     };
     float acc = 0.f;
-    auto ldx = [&](const u8* p) -> uint4 { return *(const uint4*)p; };
-    auto ldd = [&](const u8* p) -> u16 { return *(const u16*)p; };
+    auto ldx = [&](const u8* p) -> uint4 { return SYNC ? __ldcg((const uint4*)p) : *(const uint4*)p; };
+    auto ldd = [&](const u8* p) -> u16 { return SYNC ? __ldcg((const unsigned short*)p) : *(const u16*)p; };
     {
     // The first round's weights before the wait (the activations come from the gate/up kernel);
     // the same loads and sums as below.
@@ -399,11 +406,24 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
         if (P < Pb) {
             const u8* gp;
             locate(P, gp, xps[u], qos[u], bs[u]);
-            q[u] = *(const uint4*)(gp + qos[u]);
-            dw[u] = h2f(((const u16*)gp)[bs[u] & 3]);
+            q[u] = ldw16(gp + qos[u]);
+            dw[u] = ldw_scale(gp + 2 * (bs[u] & 3));
         }
     }
-    pdl_wait();
+    if (SYNC) {
+        // The slots of pieces [Pa, Pb): spin on their counters (acquire), then the warp goes on.
+        if (lane == 0 && Pa < Pb) {
+            for (int s = Pa / np; s <= (Pb - 1) / np; s++) {
+                unsigned v;
+                do {
+                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(cnt + s) : "memory");
+                } while (v < need);
+            }
+        }
+        __syncwarp();
+    } else {
+        pdl_wait();
+    }
     if (Pa + lane < Pb) {
         uint4 x[4];
         float dx[4];
@@ -430,8 +450,8 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
                 const u8 *gp, *xp;
                 int qo, b;
                 locate(P, gp, xp, qo, b);
-                q[u] = *(const uint4*)(gp + qo);
-                dw[u] = h2f(((const u16*)gp)[b & 3]);
+                q[u] = ldw16(gp + qo);
+                dw[u] = ldw_scale(gp + 2 * (b & 3));
                 x[u] = ldx(xp + qo);
                 dx[u] = h2f(ldd(xp + 2 * (b & 3)));
             } else {
@@ -657,10 +677,25 @@ MOE_SH_H16(bf16, T_BF16)
 // One block's 32 rows (bx) of token t's slot s, with the PDL wait (the routed slots before they
 // read sel_e, the shared ones after their first loads) and the trigger for the down kernel after
 // it (see moe_down_unit). glu: the block's 32 shared words.
+// Spin until *flag != 0 (thread 0, acquire, then a fence), then the block barrier: what the
+// flag's writer wrote before it is visible to the whole block. Null: nothing to wait for.
+__device__ __forceinline__ void mo_wait_flag(const unsigned* flag) {
+    if (!flag) return;
+    if (threadIdx.x == 0) {
+        unsigned v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+        } while (v == 0u);
+        __threadfence();
+    }
+    __syncthreads();
+}
+// ready (moe_sh_q8_one): the flag its block 0 sets once sel_e, sel_w and xq are written; null
+// (moe_gateup_sh_q8q): they come from the previous kernel.
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
-                                                    int act, u8* hq, i64 hrow, float* glu) {
+                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr) {
     const int ks = k + nsh;
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -676,6 +711,7 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     if (s < k) {
         pdl_wait();  // the routed experts' ids come from the previous kernel
         pdl_trigger();
+        mo_wait_flag(ready);
         const int e = sel_e[t * k + s];
         zero = e < 0;
         wsl = zero ? 0.f : sel_w[t * k + s];
@@ -683,18 +719,19 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         Wtu = Wu + (i64)max(e, 0) * mat_bytes;
         rstride = row_bytes;
         if (!zero) {
-            load_q8_4(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
-            load_q8_4(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
+            load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
+            load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
         }
     } else {
         // The shared experts' weights are known before the previous kernel ends.
         Wtg = Sg + (i64)(s - k) * m * row_bytes;
         Wtu = Su + (i64)(s - k) * m * row_bytes;
         rstride = row_bytes;
-        load_q8_4(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
-        load_q8_4(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
+        load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
+        load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
         pdl_wait();
         pdl_trigger();
+        mo_wait_flag(ready);
     }
     const u8* xr = xq + (i64)t * xrow;
     for (int i = 0; i < rpw; i++) {
@@ -705,8 +742,8 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
             const u8* wu = Wtu + (i64)row * rstride;
             for (int p0 = lane; p0 < np; p0 += 128) {
                 if (i > 0 || p0 != lane) {
-                    load_q8_4(wg, p0, np, 32, qg, dg);
-                    load_q8_4(wu, p0, np, 32, qu, du);
+                    load_q8_4w(wg, p0, np, 32, qg, dg);
+                    load_q8_4w(wu, p0, np, 32, qu, du);
                 }
                 uint4 xv[4];
                 float dx[4];
@@ -749,6 +786,79 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_slot_of_block(k, nsh, &t, &s);
     moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
                               xrow, act, hq, hrow, glu);
+}
+
+// ---- The decode MoE in one launch (one token): moe_gateup_sh_q8q's units, then moe_down_sh_q8's
+// units, each down warp starting as soon as the slots it reads are done ---------------------------
+// Work items: the ks * m/32 gate/up units (moe_slot_of's order: the shared slots first, whose
+// weights are loaded before the PDL wait), then the down units (4 output rows each, two warps a
+// row, as moe_down_sh_q8). Block b takes items b, b + gridDim.x, ...; the host makes the grid no
+// larger than the blocks the card holds at once, so every block is resident and a unit a down
+// warp waits for belongs to a block that is running or done, whatever order blocks start in.
+// A gate/up unit ends by adding 1 to its slot's counter, after its quantised GLU words are
+// visible (each writer fences, then the block barrier, then the atomic); a down unit issues its
+// first weights, then its warps wait on the counters of their slots (moe_down_unit<.., true>).
+// The units' loads, sums and order are the two kernels': the same bits. Between launches the
+// counters are zero: the last down unit to finish (cnt[ks] counts them) resets them.
+// Against the two launches it removes the kernel boundary and the wait for the whole gate/up
+// grid: a down warp whose slots are done starts while other slots still stream.
+// With logits (non-null): the routing and the input's quantisation too (moe_route_quant's
+// bodies, the same bits), done by block 0 before its items; the other blocks' units wait for
+// the flag cnt[ks + 1] it sets (mo_wait_flag): one launch fewer again.
+__device__ __forceinline__ void quant_group_body(i64 gid, const float* src, const float* src2, i64 off, i64 stride, int n,
+                                                 int k, int act, const float* rw, int rk, int rks, u8* dst, i64 drow);
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
+    moe_sh_q8_one(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, int* sel_e,
+                  float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, u8* xq, i64 xrow, int act,
+                  u8* hq, i64 hrow, const u8* Wd, i64 drow_bytes, i64 dmat_bytes, int hdim, const u8* Sd,
+                  i64 srow_bytes, float* out, i64 ooff, unsigned* cnt, const float* logits, i64 loff, int E,
+                  int gating, int norm_topk, float scale, const float* src, i64 soff) {
+    __shared__ float glu[GU_ROWS];
+    __shared__ float red[GQ_WARPS];
+    __shared__ int es[MOE_SH_MAX_SLOTS];
+    const int ks = k + nsh;
+    const int gu_units = m / GU_ROWS, ngu = ks * gu_units;
+    const int nd = (hdim + 3) / 4, items = ngu + nd;
+    const unsigned* ready = logits ? cnt + ks + 1 : nullptr;
+    if (logits && blockIdx.x == 0) {
+        pdl_wait();
+        pdl_trigger();
+        const int warp = threadIdx.x >> 5;
+        if (warp == 0) route_warp_body(0, logits, loff, 0, 1, E, k, gating, norm_topk, scale, sel_e, sel_w);
+        for (int g = warp; g < (kdim + 127) / 128; g += GQ_WARPS)
+            quant_group_body(g, src, nullptr, soff, 0, 1, kdim, 0, nullptr, 0, 1, xq, xrow);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(cnt + ks + 1), "r"(1u) : "memory");
+    }
+    for (int it = blockIdx.x; it < items; it += gridDim.x) {
+        if (it < ngu) {
+            int t, s;
+            moe_slot_of(it / gu_units, ks, k, nsh, &t, &s);
+            moe_gateup_q8q_unit(it % gu_units, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh,
+                                xq, xrow, act, hq, hrow, glu, ready);
+            if (threadIdx.x < 32) __threadfence();  // warp 0 wrote the unit's GLU words
+            __syncthreads();
+            if (threadIdx.x == 0) atomicAdd(cnt + s, 1u);
+        } else {
+            pdl_wait();  // sel_e comes from the routing kernel (or block 0: the flag)
+            pdl_trigger();
+            mo_wait_flag(ready);
+            // (The down product's input width is the gate/up rows, m.)
+            moe_down_unit<2, true>(it - ngu, 0, Wd, drow_bytes, dmat_bytes, hdim, m, k, sel_e, Sd, srow_bytes, nsh, hq,
+                                   hrow, out, ooff, 0, red, es, cnt, (unsigned)gu_units);
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence();
+                if (atomicAdd(cnt + ks, 1u) == (unsigned)nd - 1) {
+                    for (int s = 0; s <= ks + 1; s++) cnt[s] = 0u;
+                    __threadfence();
+                }
+            }
+        }
+        __syncthreads();  // the shared words are the next item's
+    }
+    pdl_wait();  // a block with no item still waits (it must not end before its predecessor)
 }
 
 // ---- The MLA decode's output side in one launch (Backend::mla_attention_out, one token) ---------
@@ -998,4 +1108,93 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
         const int i = tid + k * NP_THREADS;
         if (i < width) out[ooff + i] = has_w ? v[k] * inv * wv[k] : v[k] * inv;
     }
+}
+
+// add_rms_norm_parts, then the normed row's product with a few-row f32 matrix (the MoE router,
+// Backend::mla_attention_out's `next`): block b of ceil(m / 8) normalises the row itself (the
+// same loads and sums as add_rms_norm_parts: the same bits; block 0 writes out, and the last
+// block to finish reading the residual writes x: every block reads x, so a block that wrote it
+// while another had yet to read it would add the delta twice there; `done` counts the blocks
+// past their loads, zero between launches) and
+// computes rows 8b .. 8b+7 of W . h with gemv_f32_split's arithmetic (four warps a row, a
+// quarter of the width each, the quarters added in order: the same logits). Its weight rows are
+// loaded before the PDL wait. Needs width % 128 == 0 and width <= NP_PER * NP_THREADS.
+extern "C" __global__ void __launch_bounds__(NP_THREADS)
+    add_rms_norm_parts_router(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w, int has_w,
+                              float eps, float* out, i64 ooff, int width, const float* R, int m, float* lg, i64 loff,
+                              unsigned* done) {
+    __shared__ float red[32];
+    __shared__ float qsum[NP_THREADS / 32];
+    __shared__ int last;
+    __shared__ __align__(16) float hs[NP_PER * NP_THREADS];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int r = 8 * blockIdx.x + (warp >> 2), quarter = warp & 3;
+    const int q4 = width / 16;  // float4s a quarter
+    const float4* wr = (const float4*)(R + (i64)min(r, m - 1) * width) + quarter * q4;
+    float4 wq[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) wq[u] = lane + 32 * u < q4 ? wr[lane + 32 * u] : make_float4(0.f, 0.f, 0.f, 0.f);
+    float wv[NP_PER];
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = tid + k * NP_THREADS;
+        wv[k] = has_w && i < width ? w[i] : 1.f;
+    }
+    PDL_ENTRY();
+    float* xr = x + xoff;
+    float xv[NP_PER], pv[NP_PER][MO_MAX_PARTS];
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = min(tid + k * NP_THREADS, width - 1);
+        xv[k] = xr[i];
+#pragma unroll
+        for (int j = 0; j < MO_MAX_PARTS; j++) pv[k][j] = parts[(i64)min(j, np - 1) * pstride + i];
+    }
+    float v[NP_PER], ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        float d = pv[k][0];
+#pragma unroll
+        for (int j = 1; j < MO_MAX_PARTS; j++)
+            if (j < np) d += pv[k][j];
+        v[k] = tid + k * NP_THREADS < width ? xv[k] + d : 0.f;
+        ss += v[k] * v[k];
+    }
+    // block_rms_inv's barrier follows every thread's use of its x loads: past it this block no
+    // longer reads x.
+    const float inv = block_rms_inv(ss, red, width, eps);
+    if (tid == 0) {
+        __threadfence();
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last) {
+#pragma unroll
+        for (int k = 0; k < NP_PER; k++)
+            if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
+        if (tid == 0) *done = 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = tid + k * NP_THREADS;
+        if (i < width) {
+            const float o = has_w ? v[k] * inv * wv[k] : v[k] * inv;
+            hs[i] = o;
+            if (blockIdx.x == 0) out[ooff + i] = o;
+        }
+    }
+    __syncthreads();
+    const float4* h4 = (const float4*)hs + quarter * q4;
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        if (lane + 32 * u < q4) {
+            const float4 hv = h4[lane + 32 * u];
+            acc += wq[u].x * hv.x + wq[u].y * hv.y + wq[u].z * hv.z + wq[u].w * hv.w;
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) qsum[warp] = acc;
+    __syncthreads();
+    if (quarter == 0 && lane == 0 && r < m) lg[loff + r] = qsum[warp] + qsum[warp + 1] + qsum[warp + 2] + qsum[warp + 3];
 }

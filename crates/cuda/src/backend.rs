@@ -254,8 +254,14 @@ enum S {
     /// One token's attention output per head (`mla_out_q8`: `[n_heads, H]`), which
     /// `add_rms_norm_parts` adds up.
     Ho,
+    /// The one-launch decode MoE's slot counters (`moe_sh_q8_one`: `k + n_shared` of them, one
+    /// for its down units, its routing's ready flag; zero between launches).
+    Sync,
+    /// `add_rms_norm_parts_router`'s count of blocks done reading the residual (one u32; zero
+    /// between launches: the last block writes the residual and resets it).
+    NormSync,
 }
-const N_SCRATCH: usize = 21;
+const N_SCRATCH: usize = 23;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -309,6 +315,9 @@ const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
 /// latent and value rows' Q8_0 copies, the split weights and a reduction area (the kernel's
 /// layout).
 const MO_VD: usize = 128;
+/// Slots (routed + shared experts a token) the decode MoE kernels take (`MOE_SH_MAX_SLOTS` in
+/// kernels/fused.cu).
+const MOE_SH_MAX_SLOTS: usize = 64;
 const MO_MAX_PARTS: usize = 16;
 const fn mla_out_smem(kl: usize, uv_row_bytes: usize, r: usize) -> usize {
     MO_VD * uv_row_bytes + r * 144 + 4 * 8 * kl + kl + 4 * (kl / 32) + MO_VD + 4 * (MO_VD / 32) + 4 * (256 + 16)
@@ -658,7 +667,9 @@ fn kernel_names() -> Vec<String> {
         "gemv_f32_split",
         "add_rms_norm",
         "add_rms_norm_parts",
+        "add_rms_norm_parts_router",
         "mla_out_q8",
+        "moe_sh_q8_one",
         "rope_copy_rows",
         "norm_rope_cache",
         "mla_rope_absorb_1",
@@ -889,6 +900,26 @@ pub struct CudaBackend {
     /// Q8_0 (two warps; four measured 583 -> 568). `TS_CUDA_DOWN_WPR=4` for both, `=1` for
     /// neither, to compare: each choice is another summation order.
     down_w4: (bool, bool),
+    /// The Q8_0 decode MoE of one token in one launch (`moe_sh_q8_one`) on at most this many
+    /// blocks (all resident at once: at most the card's occupancy for it times the SMs); 0 =
+    /// off (the default), the two launches `moe_gateup_sh_q8q` + `moe_down_sh_q8`
+    /// (`TS_CUDA_MOE_ONE=1` or `=N` blocks, or [`CudaBackend::set_moe_one`]). The same bits
+    /// either way.
+    moe_one: AtomicUsize,
+    moe_one_cap: usize,
+    /// With `moe_one`: the routing and the input's quantisation in its block 0, not in
+    /// `moe_route_quant` before it (`TS_CUDA_MOE_ONE_ROUTE=0`); the same bits.
+    moe_one_route: bool,
+    /// Weights the next one-row `add_rms_norm` or one-token attention kernel asks into L2
+    /// ([`Backend::prefetch_hint`]: (device pointer, bytes), up to four; zeros: none; taken by
+    /// the next launch of either kernel). Ignored unless `TS_CUDA_L2PF=1` (measured slower);
+    /// `=2` lets the norm use its own too (one block: slower still, tg128 310).
+    l2_hint: Mutex<[(u64, usize); 4]>,
+    /// `mla_attention_out`'s `next` product (the MoE router) in the norm's launch
+    /// (`add_rms_norm_parts_router`); `TS_CUDA_NORM_ROUTER=0`: two launches. The same bits.
+    norm_router: AtomicBool,
+    /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
+    l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -1095,6 +1126,9 @@ impl CudaBackend {
             && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM)].iter().all(|(n, b)| {
                 funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32).is_ok()
             });
+        // Blocks of the one-launch decode MoE the card holds at once (it needs them all resident).
+        let moe_one_cap =
+            funcs["moe_sh_q8_one"].occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_or(0, |b| b as usize * sm_count);
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
@@ -1161,6 +1195,19 @@ impl CudaBackend {
                 _ => 2,
             }),
             load_left: AtomicU64::new(0),
+            // Off unless asked: measured slower (docs/PERF.md, "One launch for the decode MoE").
+            // `TS_CUDA_MOE_ONE=1`: on, on the card's resident blocks; `=N` (N > 1): at most N.
+            moe_one: AtomicUsize::new(match std::env::var("TS_CUDA_MOE_ONE").ok().and_then(|v| v.parse::<usize>().ok()) {
+                Some(1) => moe_one_cap,
+                Some(n) => n.min(moe_one_cap),
+                None => 0,
+            }),
+            moe_one_cap,
+            moe_one_route: std::env::var("TS_CUDA_MOE_ONE_ROUTE").map_or(true, |v| v != "0"),
+            l2_hint: Mutex::new([(0, 0); 4]),
+            norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),
+            // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
+            l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
                 Ok("1" | "2") => (false, false),
@@ -1334,6 +1381,19 @@ impl CudaBackend {
         self.mla_out.store(rows, Ordering::Relaxed);
     }
 
+    /// The one-token Q8_0 decode MoE in one launch (`moe_sh_q8_one`) or two; for steps recorded
+    /// after this call. False where it cannot run (no occupancy for it).
+    pub fn set_moe_one(&self, on: bool) -> bool {
+        self.moe_one.store(if on { self.moe_one_cap } else { 0 }, Ordering::Relaxed);
+        !on || self.moe_one_cap > 0
+    }
+
+    /// `mla_attention_out`'s `next` product in the norm's launch or after it (the same bits);
+    /// for steps recorded after this call.
+    pub fn set_norm_router(&self, on: bool) {
+        self.norm_router.store(on, Ordering::Relaxed);
+    }
+
     /// Dense Q8_0 prompt products on cuBLAS in f16 ([`CudaBackend::dense_blas`]).
     pub fn set_dense_blas(&self, on: bool) {
         self.dense_blas.store(on, Ordering::Relaxed);
@@ -1458,6 +1518,10 @@ impl CudaBackend {
         o: Rows,
         defer: bool,
     ) -> Option<(u64, usize)> {
+        // Backend::prefetch_hint's regions go with a one-token step's split kernel, and with no
+        // other launch (they are taken either way).
+        let hint = std::mem::take(&mut *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()));
+        let hint = if batch.tokens.len() == 1 { hint } else { [(0, 0); 4] };
         let (nh, kl, rd) = (p.n_heads, p.kv_lora, p.rope_dim);
         let w = kl + rd;
         assert_eq!(qr.width, w);
@@ -1579,8 +1643,16 @@ impl CudaBackend {
                     l(ooff),
                     l(nh * o.stride),
                     l(o.stride),
+                    A::P(hint[0].0),
+                    l(hint[0].1),
+                    A::P(hint[1].0),
+                    l(hint[1].1),
+                    A::P(hint[2].0),
+                    l(hint[2].1),
+                    A::P(hint[3].0),
+                    l(hint[3].1),
                 ];
-                self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &args[..if use_tc { 11 } else { 15 }]);
+                self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &args[..if use_tc { 11 } else { 23 }]);
                 if direct {
                     continue;
                 }
@@ -3673,6 +3745,16 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn prefetch_hint(&self, weights: &[&CudaWeight]) {
+        let mut h = [(0u64, 0usize); 4];
+        if self.l2pf > 0 {
+            for (slot, w) in h.iter_mut().zip(weights) {
+                *slot = (w.mem.ptr, w.mem.bytes / 16 * 16);
+            }
+        }
+        *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()) = h;
+    }
+
     fn mla_attention_out(
         &self,
         (q, qr): (&CudaBuf, Rows),
@@ -3686,6 +3768,7 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &CudaBuf,
         o: Rows,
+        next: Option<(&CudaWeight, &CudaBuf, Rows)>,
     ) {
         let (nh, kl, hd) = (p.n_heads, p.kv_lora, xr.width);
         let rows = self.mla_out.load(Ordering::Relaxed);
@@ -3718,6 +3801,9 @@ impl Backend for CudaBackend {
             self.matmul_grouped(lat, lr, w_uv, av, avr);
             self.matmul(av, avo, wo, y, xr);
             self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
+            if let Some((nw, nb, nr)) = next {
+                self.matmul(out, o, nw, nb, nr);
+            }
             return;
         }
         x.check(xr);
@@ -3750,6 +3836,45 @@ impl Backend for CudaBackend {
                 A::P(ho),
             ],
         );
+        // With `next` a few-row f32 matrix of the row's width (the MoE router): the norm and
+        // that product in one launch (add_rms_norm_parts_router, the same bits as the two).
+        let fused_next = next.filter(|(nw, _, nr)| {
+            self.norm_router.load(Ordering::Relaxed)
+                && nw.dtype == GgmlType::F32
+                && nw.ne(0) == hd
+                && hd % 128 == 0
+                && nr.n == 1
+                && nr.width == nw.ne(1)
+        });
+        if let Some((nw, nb, nr)) = fused_next {
+            nb.check(nr);
+            let Some(done) = self.scratch(S::NormSync, 4) else { return };
+            self.launch(
+                "add_rms_norm_parts_router",
+                (nw.ne(1).div_ceil(8) as u32, 1, 1),
+                1024,
+                0,
+                &[
+                    A::P(x.0.ptr),
+                    l(xr.off),
+                    A::P(ho),
+                    l(hd),
+                    i(nh),
+                    A::P(w.map_or(0, |w| w.mem.ptr)),
+                    A::I(w.is_some() as i32),
+                    A::F(eps),
+                    A::P(out.0.ptr),
+                    l(o.off),
+                    i(hd),
+                    A::P(nw.mem.ptr),
+                    i(nw.ne(1)),
+                    A::P(nb.0.ptr),
+                    l(nr.off),
+                    A::P(done),
+                ],
+            );
+            return;
+        }
         self.launch(
             "add_rms_norm_parts",
             (1, 1, 1),
@@ -3769,6 +3894,9 @@ impl Backend for CudaBackend {
                 i(hd),
             ],
         );
+        if let Some((nw, nb, nr)) = next {
+            self.matmul(out, o, nw, nb, nr);
+        }
     }
 
     fn add_rms_norm(&self, x: &CudaBuf, xr: Rows, delta: &CudaBuf, dr: Rows, w: Option<&CudaWeight>, eps: f32, out: &CudaBuf, o: Rows) {
@@ -3786,6 +3914,10 @@ impl Backend for CudaBackend {
             assert_eq!(w.dtype, GgmlType::F32, "norm weights must be uploaded as WeightUse::Vector");
         }
         let block = xr.width.next_power_of_two().clamp(32, 256) as u32;
+        // Backend::prefetch_hint's regions go with a one-row norm (a decode layer's start) under
+        // TS_CUDA_L2PF=2 (taken either way): one block's bulk prefetches, a measurement.
+        let hint = std::mem::take(&mut *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()));
+        let hint = if xr.n == 1 && self.l2pf >= 2 { hint } else { [(0, 0); 4] };
         self.launch(
             "add_rms_norm",
             (xr.n as u32, 1, 1),
@@ -3805,6 +3937,14 @@ impl Backend for CudaBackend {
                 l(o.off),
                 l(o.stride),
                 i(xr.width),
+                A::P(hint[0].0),
+                l(hint[0].1),
+                A::P(hint[1].0),
+                l(hint[1].1),
+                A::P(hint[2].0),
+                l(hint[2].1),
+                A::P(hint[3].0),
+                l(hint[3].1),
             ],
         );
     }
@@ -4043,12 +4183,54 @@ impl Backend for CudaBackend {
             Glu::SwiGlu => 0,
             Glu::GeGluTanh => 1,
         };
-        // The routing and the input's quantisation in one launch (moe_route_quant).
-        let ngroups = hdim.div_ceil(128);
-        let mut args = [A::I(0); 17];
-        args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
-        args[9..].copy_from_slice(&[A::P(sel_e), A::P(sel_w), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(hdim), A::P(xq), l(xrow)]);
-        self.launch("moe_route_quant", ((n.div_ceil(8) + (n * ngroups).div_ceil(8)) as u32, 1, 1), 256, 0, &args);
+        // One token: gate/up and down in one launch whose down warps start on their slots as
+        // those finish (moe_sh_q8_one; two warps a down row, as moe_down_sh_q8), with the routing
+        // and the input's quantisation in its block 0 (TS_CUDA_MOE_ONE_ROUTE=0: moe_route_quant).
+        let cap = self.moe_one.load(Ordering::Relaxed);
+        let one = n == 1 && cap > 0 && !self.down_w4.0 && ks + 2 <= MOE_SH_MAX_SLOTS;
+        let inline_route = one && self.moe_one_route;
+        if !inline_route {
+            // The routing and the input's quantisation in one launch (moe_route_quant).
+            let ngroups = hdim.div_ceil(128);
+            let mut args = [A::I(0); 17];
+            args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
+            args[9..].copy_from_slice(&[A::P(sel_e), A::P(sel_w), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(hdim), A::P(xq), l(xrow)]);
+            self.launch("moe_route_quant", ((n.div_ceil(8) + (n * ngroups).div_ceil(8)) as u32, 1, 1), 256, 0, &args);
+        }
+        if one {
+            let Some(cnt) = self.scratch(S::Sync, 4 * (ks + 2)) else { return true };
+            let items = ks * ff / 32 + hdim.div_ceil(4);
+            let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
+            let mut args = [A::I(0); 34];
+            args[..17].copy_from_slice(&moe_gateup_args::<5, 17>(
+                &experts,
+                &shared,
+                (ff, hdim, k, nsh),
+                (sel_e, sel_w),
+                [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
+            ));
+            args[17..].copy_from_slice(&[
+                A::P(dw.mem.ptr),
+                l(dw.row_bytes),
+                l(dw.mat_bytes()),
+                i(hdim),
+                A::P(shared.down.mem.ptr),
+                l(shared.down.row_bytes),
+                A::P(out.0.ptr),
+                l(o.off),
+                A::P(cnt),
+                A::P(if inline_route { logits.0.ptr } else { 0 }),
+                l(lr.off),
+                i(p.n_experts),
+                gating,
+                A::I(p.norm_topk as i32),
+                A::F(p.scale),
+                A::P(x.0.ptr),
+                l(xr.off),
+            ]);
+            self.launch("moe_sh_q8_one", (items.min(cap) as u32, 1, 1), 256, 0, &args);
+            return true;
+        }
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
         self.launch(
             "moe_gateup_sh_q8q",

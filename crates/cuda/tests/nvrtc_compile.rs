@@ -83,3 +83,16 @@ fn kernels_compile_for_sm_75() {
         panic!("sm_75: {log}");
     }
 }
+
+/// The measurement defines of the decode MoE (`TS_CUDA_DEFINES=TS_WNA=0`: plain weight loads, not
+/// the default's loads that do not allocate in L1) compile too.
+#[test]
+fn measurement_defines_compile_for_sm_90() {
+    if !ts_cuda::kernels::nvrtc_available() {
+        eprintln!("SKIP: libnvrtc could not be loaded");
+        return;
+    }
+    if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &["-DTS_WNA=0"]) {
+        panic!("{log}");
+    }
+}

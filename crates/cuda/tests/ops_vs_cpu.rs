@@ -1452,7 +1452,8 @@ fn fused_mla_rope_absorb() {
 }
 
 /// `mla_attention_out` on one backend for one decode token at position `hist` of slot 1 (a cache
-/// of random rows up to it): returns (x after the residual add, the normed rows).
+/// of random rows up to it), with a 64-row f32 `next` product (a router) when `rw` is given:
+/// returns (x after the residual add, the normed rows, the router's logits).
 #[allow(clippy::too_many_arguments)]
 fn run_mla_out<B: Backend>(
     b: &B,
@@ -1461,7 +1462,8 @@ fn run_mla_out<B: Backend>(
     cache_rows: &[f32],
     (uvb, wob): (&[u8], &[u8]),
     (q, x, nw): (&[f32], &[f32], &[f32]),
-) -> (Vec<f32>, Vec<f32>) {
+    rw: Option<&[u8]>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (nh, kl) = (p.n_heads, p.kv_lora);
     let (w, hd, slot_len) = (kl + p.rope_dim, x.len(), 4096u32);
     let all: Vec<TokenMeta> = (0..=hist).map(|pos| TokenMeta { token: 0, pos, slot: 1 }).collect();
@@ -1477,6 +1479,10 @@ fn run_mla_out<B: Backend>(
     let (lat, av, y, out) = (b.alloc(lr.end()).unwrap(), b.alloc(avr.end()).unwrap(), b.alloc(hd).unwrap(), b.alloc(hd).unwrap());
     poison(b, &out, hd);
     let xr = Rows::packed(1, hd);
+    let rs = [hd, 64];
+    let router = rw.map(|rw| b.upload_weight(&td("router", GgmlType::F32, &rs, rw), WeightUse::Matmul).unwrap());
+    let (lg, lgr) = (b.alloc(64).unwrap(), Rows::packed(1, 64));
+    poison(b, &lg, 64);
     b.mla_attention_out(
         (&gq, Rows::packed(nh, w)),
         &cache,
@@ -1489,8 +1495,9 @@ fn run_mla_out<B: Backend>(
         1e-6,
         &out,
         xr,
+        router.as_ref().map(|r| (r, &lg, lgr)),
     );
-    (get(b, &gx, xr), get(b, &out, xr))
+    (get(b, &gx, xr), get(b, &out, xr), if router.is_some() { get(b, &lg, lgr) } else { Vec::new() })
 }
 
 /// The MLA decode's output side in one op (`mla_attention_out`; on the GPU for one token
@@ -1525,11 +1532,24 @@ fn fused_mla_attention_out() {
         let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
         let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
         let args = (&q[..], &x[..], &nw[..]);
+        // A router of 64 f32 rows (the next product): in the norm's launch where it can be
+        // (add_rms_norm_parts_router), which must give the bits of the norm then the product.
+        let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
         g.set_mla_out(rows);
-        let (fx, fo) = run_mla_out(g, &p, hist, &cache_rows, (&uvb, &wob), args);
+        g.set_norm_router(true);
+        let (fx, fo, fl) = run_mla_out(g, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        g.set_norm_router(false);
+        let (nx, no, nl) = run_mla_out(g, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        exact(
+            &mut rep,
+            &format!("heads={nh} H={hd} pos={hist} router in the norm's launch"),
+            &["x", "out", "logits"],
+            &[fx.clone(), fo.clone(), fl.clone()],
+            &[nx, no, nl],
+        );
         g.set_mla_out(0);
-        let (px, po) = run_mla_out(g, &p, hist, &cache_rows, (&uvb, &wob), args);
-        let (cx, co) = run_mla_out(c, &p, hist, &cache_rows, (&uvb, &wob), args);
+        let (px, po, pl) = run_mla_out(g, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (cx, co, cl) = run_mla_out(c, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
         // The tensor-core split rounds queries, keys and probabilities to f16.
         let tol = if nh == 16 && hist >= 2560 { 2e-2 } else { 5e-3 };
         let lab = format!("heads={nh} kv_lora={kl} H={hd} rows={rows} pos={hist}");
@@ -1537,6 +1557,8 @@ fn fused_mla_attention_out() {
         rep.check(&format!("{lab} out vs gpu chain"), &fo, &po, 2e-3, 1e-3);
         rep.check(&format!("{lab} x vs cpu"), &fx, &cx, tol, tol);
         rep.check(&format!("{lab} out vs cpu"), &fo, &co, tol, tol);
+        rep.check(&format!("{lab} router logits vs gpu chain"), &fl, &pl, 2e-3, 1e-3);
+        rep.check(&format!("{lab} router logits vs cpu"), &fl, &cl, tol, tol);
     }
     rep.finish();
 }
@@ -1640,6 +1662,67 @@ fn run_moe_shared<B: Backend>(
     b.matmul(&gb, rf, &sh[2], &yb, ry);
     b.add(out, o, &yb, ry, out, o);
     false
+}
+
+/// The one-token Q8_0 decode MoE in one launch (`moe_sh_q8_one`: down warps that wait on
+/// per-slot counters) against the two launches (`set_moe_one(false)` on a second backend): bit
+/// for bit, on several launches in a row (the counters must be back at zero after each), and
+/// within the Q8 bars of the CPU.
+#[test]
+fn moe_one_launch_exact() {
+    let Some(g) = gpu() else { return };
+    let g2 = &CudaBackend::new(0).expect("second backend");
+    if !g.set_moe_one(true) || !g2.set_moe_one(false) {
+        eprintln!("moe_sh_q8_one: not available here, skipped");
+        return;
+    }
+    let c = cpu();
+    let mut r = rng(33);
+    let mut rep = Report::new("moe_one");
+    // (hdim, ff, experts, k, shared chunks): V2-Lite's and a small one.
+    for (hdim, ff, ne, k, nsh) in [(2048usize, 1408usize, 16usize, 6usize, 2usize), (256, 128, 16, 4, 1)] {
+        let sf = nsh * ff;
+        let shapes: [Vec<usize>; 6] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3)).collect();
+        let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let cu = |i: usize| c.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let (ge, gs) = ([up(g, 0), up(g, 1), up(g, 2)], [up(g, 3), up(g, 4), up(g, 5)]);
+        let (he, hs) = ([up(g2, 0), up(g2, 1), up(g2, 2)], [up(g2, 3), up(g2, 4), up(g2, 5)]);
+        let (ce, cs) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
+        let p = MoeParams {
+            n_experts: ne,
+            k,
+            gating: Gating::Softmax,
+            norm_topk: false,
+            scale: 1.0,
+            n_group: 1,
+            topk_group: 1,
+            glu: Glu::SwiGlu,
+        };
+        for rep_i in 0..3 {
+            let xr = Rows { off: 2, n: 1, width: hdim, stride: hdim + 2 };
+            let lr = Rows { off: 1, n: 1, width: ne, stride: ne + 3 };
+            let o = Rows { off: 1, n: 1, width: hdim, stride: hdim + 1 };
+            let (x, lg) = (randn(&mut r, xr.end(), 1.0), randn(&mut r, lr.end(), 2.0));
+            let mut outs = Vec::new();
+            for (b, e, sh) in [(g, &ge, &gs), (g2, &he, &hs)] {
+                let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
+                poison(b, &bo, o.end());
+                if !run_moe_shared(b, &bx, xr, &bl, lr, e, sh, &p, &bo, o, true) {
+                    rep.failures.push(format!("H={hdim}: moe_shared declined"));
+                }
+                outs.push(get(b, &bo, o));
+            }
+            let (cx, cl, co) = (buf(c, &x), buf(c, &lg), c.alloc(o.end()).unwrap());
+            run_moe_shared(c, &cx, xr, &cl, lr, &ce, &cs, &p, &co, o, true);
+            let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} launch {rep_i}");
+            exact(&mut rep, &lab, &["one launch vs two"], &[outs[0].clone()], &[outs[1].clone()]);
+            // (The CPU's chain rounds to 8 bits at other points: fused_moe_shared's bar.)
+            rep.check(&format!("{lab} vs cpu"), &outs[0], &get(c, &co, o), 0.25, 1e-3);
+        }
+    }
+    rep.finish();
 }
 
 /// f64 shared FFN of the dequantised weights, added to `out` (`[n, hdim]` packed).

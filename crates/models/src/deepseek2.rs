@@ -1023,6 +1023,13 @@ impl<B: Backend> DeepSeek2<B> {
         for l in &self.layers {
             // ---- attention ----
             if pending {
+                // The attention's weights, which the layer's first products and its output side
+                // read: a backend may fetch them while this norm runs.
+                let wq = match &l.q {
+                    QProj::Plain { wq } => wq,
+                    QProj::LowRank { wq_a, .. } => wq_a,
+                };
+                be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.wo]);
                 be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
             } else {
                 be.rms_norm(&s.x, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
@@ -1043,6 +1050,16 @@ impl<B: Backend> DeepSeek2<B> {
             // ... and q_abs = q_nope . W_uk ([n*nh, kv_lora], its first columns), also in that op.
             let absorb = Some((&l.w_uk, q_nope, rqm.cols(0, kl)));
             be.mla_rope_cache_write(&s.kv, rkv, kl, Some(&l.kv_a_norm), c.eps, q_rope, absorb, bt, &self.rope, &l.cache);
+            // The MoE's weights known before its routing (router, shared experts) are read right
+            // after the attention: a backend may fetch them while it runs.
+            if let Ffn::Moe { router, shared: Some(f), .. } = &l.ffn {
+                be.prefetch_hint(&[router, &f.gate, &f.up, &f.down]);
+            }
+            // A MoE layer's router logits of h: [n, E], with the norm where the backend can.
+            let router = match (&l.ffn, c.moe) {
+                (Ffn::Moe { router, .. }, Some(e)) => Some((router, &s.rl, Rows::packed(n, e.n_experts))),
+                _ => None,
+            };
             // lat = attention(q_abs, cache); av = lat . W_uv per head; y = av . W_o; x += y; h = norm(x).
             be.mla_attention_out(
                 (&s.qm, rqm),
@@ -1056,14 +1073,14 @@ impl<B: Backend> DeepSeek2<B> {
                 c.eps,
                 &s.h,
                 rx,
+                router,
             );
             // ---- FFN (its output in s.y, added to x by the next layer or after the loop) ----
             match &l.ffn {
                 Ffn::Dense(f) => swiglu(be, s, f, n, h),
-                Ffn::Moe { router, gate_exps, up_exps, down_exps, shared } => {
+                Ffn::Moe { gate_exps, up_exps, down_exps, shared, .. } => {
                     let Some(e) = c.moe else { return Err(ModelError::Run("MoE layer without an expert config".into())) };
-                    let rr = Rows::packed(n, e.n_experts); // router logits: [n, E]
-                    be.matmul(&s.h, rx, router, &s.rl, rr);
+                    let rr = Rows::packed(n, e.n_experts); // router logits: [n, E], made above
                     let p = MoeParams {
                         n_experts: e.n_experts,
                         k: e.k,

@@ -156,6 +156,14 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Most prompt tokens per step (chunked prefill).
     pub prefill_chunk: usize,
+    /// While some sequences are decoding, hold new prompts back until at least this many prompt
+    /// tokens wait (0: prefill each prompt at the first step after it arrives), or until the
+    /// oldest has waited [`EngineConfig::prefill_wait`] steps: fewer, fuller prompt steps, more
+    /// steps of decode rows alone (which a GPU replays from one recording). A throughput knob
+    /// for many clients; it delays first tokens by up to `prefill_wait` steps.
+    pub prefill_hold: usize,
+    /// Most steps a prompt is held back by [`EngineConfig::prefill_hold`].
+    pub prefill_wait: usize,
     /// Pad every forward to a multiple of this many token rows and logits rows (see the module
     /// doc, "Batch invariance"). `1` disables padding; otherwise the model's last cache slot is
     /// reserved for the padding and `n_slots - 1` sequences are served.
@@ -333,6 +341,11 @@ struct Stepper<'m, 't> {
     n_vocab: usize,
     max_batch: usize,
     prefill_chunk: usize,
+    /// [`EngineConfig::prefill_hold`], [`EngineConfig::prefill_wait`], and the steps the waiting
+    /// prompts have been held so far.
+    prefill_hold: usize,
+    prefill_wait: usize,
+    held: usize,
     /// Pad forwards to multiples of this (1: no padding).
     row_multiple: usize,
     /// The slot padding tokens write (the model's last), when padding.
@@ -372,6 +385,9 @@ impl<'m, 't> Stepper<'m, 't> {
             n_vocab,
             max_batch: o.max_batch,
             prefill_chunk: cfg.prefill_chunk.max(1),
+            prefill_hold: cfg.prefill_hold,
+            prefill_wait: cfg.prefill_wait,
+            held: 0,
             row_multiple,
             pad_slot: n_seqs as u32,
             batch: BatchMeta { tokens: Vec::with_capacity(o.max_batch), outputs: Vec::with_capacity(max_out), slot_len: o.ctx as u32 },
@@ -546,6 +562,23 @@ impl<'m, 't> Stepper<'m, 't> {
         }
         let pad_room = 2 * (self.row_multiple - 1);
         let mut budget = self.prefill_chunk.min(self.max_batch - self.batch.tokens.len() - pad_room);
+        // Prompts held back while others decode (EngineConfig::prefill_hold): only prompts not
+        // started yet (a chunked one goes on), fewer tokens than the hold, for at most
+        // prefill_wait steps.
+        let mut pending = 0;
+        let mut started = false;
+        for s in self.active.iter().filter(|s| !s.decoding()) {
+            pending += s.job.prompt.len() - s.n_past;
+            started |= s.n_past > 0;
+        }
+        let decoding = self.batch.tokens.len();
+        if self.prefill_hold > 0 && decoding > 0 && pending > 0 && !started && pending < self.prefill_hold && self.held < self.prefill_wait
+        {
+            self.held += 1;
+            budget = 0;
+        } else {
+            self.held = 0;
+        }
         for (i, s) in self.active.iter_mut().enumerate() {
             if budget == 0 {
                 break;
@@ -869,9 +902,13 @@ mod tests {
     }
 
     fn engine_padded(n_seqs: usize, chunk: usize, max_queue: usize, row_multiple: usize) -> (Arc<Engine>, Seen, Arc<Metrics>) {
+        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple })
+    }
+
+    fn engine_cfg(n_seqs: usize, cfg: EngineConfig) -> (Arc<Engine>, Seen, Arc<Metrics>) {
         let nv = 1000;
         let seen: Seen = Arc::default();
-        let cfg = EngineConfig { max_queue, prefill_chunk: chunk, row_multiple };
+        let row_multiple = cfg.row_multiple;
         let n_slots = cfg.model_slots(n_seqs);
         let opts = RuntimeOptions { ctx: 512, n_slots, max_batch: cfg.max_batch(n_seqs) };
         let info = ModelInfo {
@@ -986,6 +1023,48 @@ mod tests {
         assert_eq!(m.completion_tokens.load(Relaxed), 65);
         drop(seen);
         e.shutdown();
+    }
+
+    /// `prefill_hold`: while A decodes, B's 2-token prompt waits for C's 7 (9 >= 8 tokens) and
+    /// both go through in one forward; D's prompt alone is held at most `prefill_wait` steps,
+    /// then prefilled (its text is right, nothing starves); A keeps decoding meanwhile.
+    #[test]
+    fn prefill_hold_batches_prompts() {
+        let cfg = EngineConfig { max_queue: 8, prefill_chunk: 32, prefill_hold: 8, prefill_wait: 1000, row_multiple: 1 };
+        let (e, seen, _m) = engine_cfg(4, cfg);
+        let (a, mut ra) = job(vec![1, 2, 3], 300);
+        e.submit(a).expect("queued");
+        let first = first_delta(&mut ra);
+        let (b, mut rb) = job(vec![500, 501], 3);
+        let (c, mut rc) = job((600..607).collect(), 3);
+        e.submit(b).expect("queued");
+        e.submit(c).expect("queued");
+        assert_eq!(collect(&mut rb).0, expect(502, 3));
+        assert_eq!(collect(&mut rc).0, expect(607, 3));
+        {
+            let seen = seen.lock().expect("lock");
+            let step_of = |tok: u32| seen.iter().position(|(toks, _)| toks.iter().any(|t| t.2 == tok && t.1 == 0)).expect("prompt seen");
+            assert_eq!(step_of(500), step_of(600), "B's and C's prompts in one forward");
+            // A (tokens below 500) decoded in that forward too.
+            assert!(seen[step_of(500)].0.iter().any(|t| t.2 < 500));
+        }
+        e.shutdown();
+        // A prompt alone is held at most prefill_wait steps.
+        let cfg = EngineConfig { prefill_wait: 3, ..cfg };
+        let (e, seen, _m) = engine_cfg(4, cfg);
+        let (a, mut ra) = job(vec![1, 2, 3], 300);
+        e.submit(a).expect("queued");
+        first_delta(&mut ra);
+        let before = seen.lock().expect("lock").len();
+        let (d, mut rd) = job(vec![700, 701], 3);
+        e.submit(d).expect("queued");
+        assert_eq!(collect(&mut rd).0, expect(702, 3));
+        let seen = seen.lock().expect("lock");
+        let d_step = seen.iter().position(|(toks, _)| toks.iter().any(|t| t.2 == 700)).expect("D's prompt seen");
+        assert!(d_step >= before + 3, "D's prompt went in at step {d_step}, held fewer than 3 steps after {before}");
+        drop(seen);
+        e.shutdown();
+        assert_eq!(first, expect(4, 1));
     }
 
     #[test]

@@ -82,6 +82,11 @@ pub struct ServerConfig {
     pub max_queue: usize,
     /// Most prompt tokens per forward (chunked prefill).
     pub prefill_chunk: usize,
+    /// [`EngineConfig::prefill_hold`] and [`EngineConfig::prefill_wait`] (`--prefill-hold`,
+    /// `--prefill-wait`): new prompts held back while others decode, up to that many tokens or
+    /// steps. 0 tokens: off.
+    pub prefill_hold: usize,
+    pub prefill_wait: usize,
     /// Largest request body, in bytes (413 beyond).
     pub max_body_bytes: usize,
     /// Stop on Ctrl-C / SIGINT (the CLI; not tests).
@@ -105,6 +110,8 @@ impl Default for ServerConfig {
         ServerConfig {
             max_queue: 64,
             prefill_chunk: 128,
+            prefill_hold: 0,
+            prefill_wait: 8,
             max_body_bytes: 4 << 20,
             handle_ctrl_c: false,
             http_threads: 2,
@@ -117,7 +124,13 @@ impl Default for ServerConfig {
 impl ServerConfig {
     /// The engine's part of the configuration.
     pub fn engine(&self) -> EngineConfig {
-        EngineConfig { max_queue: self.max_queue, prefill_chunk: self.prefill_chunk, row_multiple: self.row_multiple }
+        EngineConfig {
+            max_queue: self.max_queue,
+            prefill_chunk: self.prefill_chunk,
+            prefill_hold: self.prefill_hold,
+            prefill_wait: self.prefill_wait,
+            row_multiple: self.row_multiple,
+        }
     }
 
     /// How to load the model to serve `max_seqs` sequences of `ctx` tokens: the slots (plus the
