@@ -43,8 +43,8 @@ pub struct ServeArgs {
     #[arg(long = "prefill-chunk", default_value_t = 128)]
     pub prefill_chunk: usize,
     /// While others decode, hold new prompts back until this many prompt tokens wait (or for
-    /// --prefill-wait steps), so that most steps carry decode tokens only: throughput at many
-    /// clients for a later first token. 0 (default): prefill every prompt at once.
+    /// --prefill-wait steps), so that fewer steps mix prompts with decoding. An experiment: at 64
+    /// clients on an H200 it gained nothing (docs/PERF.md). 0 (default): prefill every prompt at once.
     #[arg(long = "prefill-hold", default_value_t = 0)]
     pub prefill_hold: usize,
     /// Most steps --prefill-hold keeps a prompt waiting.
