@@ -291,6 +291,23 @@ pub trait Backend: Send + Sync {
         self.add(x, xr, delta, dr, x, xr);
         self.rms_norm(x, xr, w, eps, out, o);
     }
+    /// A layer's first norm and the products that read it: [`Backend::add_rms_norm`]`(x, delta,
+    /// w, eps, out)`, then [`Backend::matmul_many`]`(out, jobs)` (the default). A backend may
+    /// normalise the row inside each product block instead of a launch of its own (CUDA, one
+    /// token: the same bits). `out` must not be `delta`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm_matmul_many(
+        &self,
+        (x, xr): (&Self::Buf, Rows),
+        (delta, dr): (&Self::Buf, Rows),
+        w: Option<&Self::Weight>,
+        eps: f32,
+        (out, o): (&Self::Buf, Rows),
+        jobs: &[(&Self::Weight, &Self::Buf, Rows)],
+    ) {
+        self.add_rms_norm(x, xr, delta, dr, w, eps, out, o);
+        self.matmul_many(out, o, jobs);
+    }
     /// `dst = rope(src)` with `src` left unchanged (default: [`Backend::copy`] then
     /// [`Backend::rope`] on `dst`). Rows and positions as in `rope`; `dst` must not overlap `src`.
     fn rope_copy(

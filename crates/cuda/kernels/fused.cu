@@ -233,9 +233,29 @@ struct GemvJob {
     i64 ooff, ostride;
 };
 
-template <int NT>
+// With the layer's first norm in front (gemv_q8_multi_norm_1, Backend::add_rms_norm_matmul_many,
+// one token): every block computes v = x + d and the normed row h = rms_norm(v) * w itself,
+// with add_rms_norm's register path (256 threads, NORM_PER values a thread, the same sums: the
+// same bits) into shared memory, and quantises h from there. x is read by every block, so the
+// last block past its loads (`done` counts them; zero between launches, that block resets it)
+// writes x and h. Needs 128 < k <= NORM_PER * 256 (add_rms_norm's block is 256 threads), k % 128
+// == 0 (h's shared row 16-byte aligned), n == 1.
+struct NormIn {
+    float* x;
+    i64 xoff;
+    const float* d;
+    i64 doff;
+    const float* w;
+    int has_w;
+    float eps;
+    float* h;
+    i64 hoff;
+    unsigned* done;
+};
+
+template <int NT, bool NORM = false>
 __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, int t2, int ntiles, int k, const float* x, i64 xoff,
-                                   i64 xstride, int n, int lpr) {
+                                   i64 xstride, int n, int lpr, NormIn nm = NormIn{}) {
     extern __shared__ __align__(16) u8 smq[];
     const int nb = k >> 5;
     i8* xq = (i8*)smq;
@@ -261,10 +281,43 @@ __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, i
         locate(blockIdx.x, jb, r0);
         load_q8_4(jb.W + (i64)min(r0 + warp * rpw + lane / lpr, jb.m - 1) * jb.row_bytes, sub, np, lpr, q, dw);
     }
+    float wv[NORM_PER];
+    if (NORM) norm_load_w(nm.w, nm.has_w, k, wv);
     pdl_trigger();  // weights first (never written by a kernel), then wait for the activations
     pdl_wait();
     bool have = true;
-    quant_rows_smem(x + xoff + tok0 * xstride, xstride, nullptr, nt, k, xq, xd);
+    if (NORM) {
+        __shared__ float part[32];
+        __shared__ int last;
+        float* hs = (float*)(smq + NT * k + 4 * NT * nb);  // k % 128 == 0: 16-byte aligned
+        const int tid = threadIdx.x;
+        const float* xr = nm.x + nm.xoff;
+        const float* dr = nm.d + nm.doff;
+        float v[NORM_PER];
+#pragma unroll
+        for (int u = 0; u < NORM_PER; u++) v[u] = tid + u * GQ_THREADS < k ? xr[tid + u * GQ_THREADS] + dr[tid + u * GQ_THREADS] : 0.f;
+        // block_rms_inv's barriers follow every thread's use of its x loads.
+        norm_store(v, wv, nm.has_w, block_rms_inv(norm_ss(v, k), part, k, nm.eps), k, hs);
+        if (tid == 0) {
+            __threadfence();
+            last = atomicAdd(nm.done, 1u) == gridDim.x - 1;
+        }
+        __syncthreads();  // also: hs is complete
+        if (last) {
+#pragma unroll
+            for (int u = 0; u < NORM_PER; u++) {
+                const int i = tid + u * GQ_THREADS;
+                if (i < k) {
+                    nm.x[nm.xoff + i] = v[u];
+                    nm.h[nm.hoff + i] = hs[i];
+                }
+            }
+            if (tid == 0) *nm.done = 0u;
+        }
+        quant_rows_smem(hs, 0, nullptr, 1, k, xq, xd);
+    } else {
+        quant_rows_smem(x + xoff + tok0 * xstride, xstride, nullptr, nt, k, xq, xd);
+    }
     __syncthreads();
     for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         GemvJob jb;
@@ -309,6 +362,15 @@ GEMVQ_MULTI_INST(1)
 GEMVQ_MULTI_INST(2)
 GEMVQ_MULTI_INST(4)
 GEMVQ_MULTI_INST(8)
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS) gemv_q8_multi_norm_1(
+    const u8* W0, i64 rb0, int m0, float* o0, i64 ooff0, i64 ostr0, const u8* W1, i64 rb1, int m1, float* o1, i64 ooff1,
+    i64 ostr1, const u8* W2, i64 rb2, int m2, float* o2, i64 ooff2, i64 ostr2, int t1, int t2, int ntiles, int k,
+    int lpr, float* x, i64 xoff, const float* d, i64 doff, const float* w, int has_w, float eps, float* h, i64 hoff,
+    unsigned* done) {
+    gemv_q8_multi_impl<1, true>(GemvJob{W0, rb0, m0, o0, ooff0, ostr0}, GemvJob{W1, rb1, m1, o1, ooff1, ostr1},
+                                GemvJob{W2, rb2, m2, o2, ooff2, ostr2}, t1, t2, ntiles, k, nullptr, 0, 0, 1, lpr,
+                                NormIn{x, xoff, d, doff, w, has_w, eps, h, hoff, done});
+}
 
 // ---- MoE decode with the shared experts folded in (Backend::moe_shared) -------------------------
 // A token has ks = k + nsh slots: k routed experts (sel_e / sel_w) and nsh shared "experts", the

@@ -257,8 +257,9 @@ enum S {
     /// The one-launch decode MoE's slot counters (`moe_sh_q8_one`: `k + n_shared` of them, one
     /// for its down units, its routing's ready flag; zero between launches).
     Sync,
-    /// `add_rms_norm_parts_router`'s count of blocks done reading the residual (one u32; zero
-    /// between launches: the last block writes the residual and resets it).
+    /// Counts of blocks done reading the residual (u32s; zero between launches: the last block
+    /// writes the residual and resets its word): word 0 `add_rms_norm_parts_router`'s, word 1
+    /// `gemv_q8_multi_norm_1`'s.
     NormSync,
 }
 const N_SCRATCH: usize = 23;
@@ -677,6 +678,7 @@ fn kernel_names() -> Vec<String> {
         "gemv_q8_multi_2",
         "gemv_q8_multi_4",
         "gemv_q8_multi_8",
+        "gemv_q8_multi_norm_1",
         "moe_down_sh_q8",
         "moe_down_sh_q8_w4",
         "moe_down_sh_f16_w4",
@@ -918,6 +920,10 @@ pub struct CudaBackend {
     /// `mla_attention_out`'s `next` product (the MoE router) in the norm's launch
     /// (`add_rms_norm_parts_router`); `TS_CUDA_NORM_ROUTER=0`: two launches. The same bits.
     norm_router: AtomicBool,
+    /// `add_rms_norm_matmul_many` for one token as one launch (`gemv_q8_multi_norm_1`: each
+    /// block normalises the row itself); `TS_CUDA_NORM_MM=0`: the norm's launch, then the
+    /// products'. The same bits.
+    norm_mm: AtomicBool,
     /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
     l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -1206,6 +1212,7 @@ impl CudaBackend {
             moe_one_route: std::env::var("TS_CUDA_MOE_ONE_ROUTE").map_or(true, |v| v != "0"),
             l2_hint: Mutex::new([(0, 0); 4]),
             norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),
+            norm_mm: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM").map_or(true, |v| v != "0")),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
@@ -1392,6 +1399,12 @@ impl CudaBackend {
     /// for steps recorded after this call.
     pub fn set_norm_router(&self, on: bool) {
         self.norm_router.store(on, Ordering::Relaxed);
+    }
+
+    /// `add_rms_norm_matmul_many` of one token in one launch or two (the same bits); for steps
+    /// recorded after this call.
+    pub fn set_norm_mm(&self, on: bool) {
+        self.norm_mm.store(on, Ordering::Relaxed);
     }
 
     /// Dense Q8_0 prompt products on cuBLAS in f16 ([`CudaBackend::dense_blas`]).
@@ -3745,6 +3758,89 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn add_rms_norm_matmul_many(
+        &self,
+        (x, xr): (&CudaBuf, Rows),
+        (delta, dr): (&CudaBuf, Rows),
+        w: Option<&CudaWeight>,
+        eps: f32,
+        (out, o): (&CudaBuf, Rows),
+        jobs: &[(&CudaWeight, &CudaBuf, Rows)],
+    ) {
+        let k = xr.width;
+        // One token, 2 or 3 Q8_0 products of the row: gemv_q8_multi_norm_1's preconditions
+        // (kernels/fused.cu: the add_rms_norm block of 256 threads, the register path), else
+        // the two ops.
+        let one = self.fused
+            && self.norm_mm.load(Ordering::Relaxed)
+            && xr.n == 1
+            && dr.n == 1
+            && o.n == 1
+            && dr.width == k
+            && o.width == k
+            && k > 128
+            && k <= 8 * 256
+            && k % 128 == 0
+            && out.0.ptr != delta.0.ptr
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
+            && (2..=3).contains(&jobs.len())
+            && k * 9 / 8 + 4 * k <= self.smem_max
+            && jobs.iter().all(|(jw, _, jo)| {
+                jw.dtype == GgmlType::Q8_0
+                    && jw.shape.len() <= 3
+                    && jw.ne(2) == 1
+                    && jw.ne(0) == k
+                    && jo.n == 1
+                    && jo.width == jw.ne(1)
+                    && jw.ne(1) > 0
+            });
+        if !one {
+            self.add_rms_norm(x, xr, delta, dr, w, eps, out, o);
+            self.matmul_many(out, o, jobs);
+            return;
+        }
+        x.check(xr);
+        delta.check(dr);
+        out.check(o);
+        let Some(done) = self.scratch(S::NormSync, 8) else { return };
+        let lpr = (k / 16).next_power_of_two().min(32);
+        let rows_per_tile = 8 * (32 / lpr);
+        let mut args = [A::I(0); 33];
+        let mut bounds = [0usize; 3];
+        let mut total = 0usize;
+        for j in 0..3 {
+            let six = match jobs.get(j) {
+                Some(&(jw, jout, jo)) => {
+                    jout.check(jo);
+                    total += jw.ne(1).div_ceil(rows_per_tile);
+                    [A::P(jw.mem.ptr), l(jw.row_bytes), i(jw.ne(1)), A::P(jout.0.ptr), l(jo.off), l(jo.stride)]
+                }
+                None => [A::P(0), l(0), i(0), A::P(0), l(0), l(0)],
+            };
+            args[6 * j..6 * j + 6].copy_from_slice(&six);
+            bounds[j] = total;
+        }
+        args[18..].copy_from_slice(&[
+            i(bounds[0]),
+            i(bounds[1]),
+            i(total),
+            i(k),
+            i(lpr),
+            A::P(x.0.ptr),
+            l(xr.off),
+            A::P(delta.0.ptr),
+            l(dr.off),
+            A::P(w.map_or(0, |w| w.mem.ptr)),
+            A::I(w.is_some() as i32),
+            A::F(eps),
+            A::P(out.0.ptr),
+            l(o.off),
+            // Word 1 of NormSync (word 0 is add_rms_norm_parts_router's).
+            A::P(done + 4),
+        ]);
+        self.launch("gemv_q8_multi_norm_1", (total.min(self.sm_count * 8) as u32, 1, 1), 256, (k * 9 / 8 + 4 * k) as u32, &args);
+    }
+
     fn prefetch_hint(&self, weights: &[&CudaWeight]) {
         let mut h = [(0u64, 0usize); 4];
         if self.l2pf > 0 {
@@ -3848,7 +3944,7 @@ impl Backend for CudaBackend {
         });
         if let Some((nw, nb, nr)) = fused_next {
             nb.check(nr);
-            let Some(done) = self.scratch(S::NormSync, 4) else { return };
+            let Some(done) = self.scratch(S::NormSync, 8) else { return };
             self.launch(
                 "add_rms_norm_parts_router",
                 (nw.ne(1).div_ceil(8) as u32, 1, 1),

@@ -1631,6 +1631,89 @@ fn fused_matmul_many() {
     rep.finish();
 }
 
+/// add_rms_norm_matmul_many (a decode layer's first norm and its q / kv_a products; CUDA, one
+/// token: `gemv_q8_multi_norm_1`, every block normalising the row itself) against the two ops on
+/// the same GPU, bit for bit (x, the normed row, every product), and against the CPU. Three
+/// rounds on the same shapes: the kernel's block counter must be back at zero after each.
+#[test]
+fn fused_add_rms_norm_matmul_many() {
+    let Some(g) = gpu() else { return };
+    fused_banner(g);
+    let c = cpu();
+    let mut r = rng(21);
+    let mut rep = Report::new("add_rms_norm_matmul_many");
+    use GgmlType::{F16, Q8_0};
+    // (k, n, [(type, m)]): V2-Lite's q + kv_a, three jobs, the narrowest fused width, a width
+    // past the fused kernel's (5120: V2's; the two ops), two rows (the two ops), a mixed set.
+    let sets: Vec<(usize, usize, Vec<(GgmlType, usize)>)> = vec![
+        (2048, 1, vec![(Q8_0, 3072), (Q8_0, 576)]),
+        (2048, 1, vec![(Q8_0, 1536), (Q8_0, 576), (Q8_0, 97)]),
+        (256, 1, vec![(Q8_0, 64), (Q8_0, 33)]),
+        (1536, 1, vec![(Q8_0, 200), (Q8_0, 576)]),
+        (5120, 1, vec![(Q8_0, 128), (Q8_0, 64)]),
+        (2048, 2, vec![(Q8_0, 96), (Q8_0, 64)]),
+        (2048, 1, vec![(Q8_0, 96), (F16, 64)]),
+    ];
+    for (k, n, jobs) in &sets {
+        let (k, n) = (*k, *n);
+        let mut gws = Vec::new();
+        let mut cws = Vec::new();
+        for &(ty, m) in jobs {
+            let shape = [k, m];
+            let (bytes, _) = weight(&mut r, ty, &shape, 0.5);
+            let t = td("w", ty, &shape, &bytes);
+            gws.push(g.upload_weight(&t, WeightUse::Matmul).unwrap());
+            cws.push(c.upload_weight(&t, WeightUse::Matmul).unwrap());
+        }
+        let nw = randn(&mut r, k, 1.0);
+        let (gnw, cnw) = (norm_weight(g, &nw), norm_weight(c, &nw));
+        let xr = Rows { off: 3, n, width: k, stride: k + 1 };
+        let hr = Rows::packed(n, k);
+        let total_m: usize = jobs.iter().map(|j| j.1).sum();
+        let ostride = total_m + 1;
+        let mut views = Vec::new();
+        let mut col = 0;
+        for &(_, m) in jobs {
+            views.push(Rows { off: 2 + col, n, width: m, stride: ostride });
+            col += m;
+        }
+        let olen = 2 + n * ostride;
+        for round in 0..3 {
+            let x = randn(&mut r, xr.end(), 2.0);
+            let d = randn(&mut r, xr.end(), 1.0);
+            let lab = format!("k={k} n={n} jobs={} round {round}", jobs.len());
+            // The fused op on the GPU and the CPU; the two ops on the GPU.
+            let (gx, gd, px, pd, cx, cd) = (buf(g, &x), buf(g, &d), buf(g, &x), buf(g, &d), buf(c, &x), buf(c, &d));
+            let (gh, ph, ch) = (g.alloc(hr.end()).unwrap(), g.alloc(hr.end()).unwrap(), c.alloc(hr.end()).unwrap());
+            let (go, po, co) = (g.alloc(olen).unwrap(), g.alloc(olen).unwrap(), c.alloc(olen).unwrap());
+            for (b, len) in [(&gh, hr.end()), (&ph, hr.end()), (&go, olen), (&po, olen)] {
+                poison(g, b, len);
+            }
+            poison(c, &co, olen);
+            let gj: Vec<(&CudaWeight, &CudaBuf, Rows)> = gws.iter().zip(&views).map(|(w, &v)| (w, &go, v)).collect();
+            let pj: Vec<(&CudaWeight, &CudaBuf, Rows)> = gws.iter().zip(&views).map(|(w, &v)| (w, &po, v)).collect();
+            let cj: Vec<_> = cws.iter().zip(&views).map(|(w, &v)| (w, &co, v)).collect();
+            g.add_rms_norm_matmul_many((&gx, xr), (&gd, xr), Some(&gnw), 1e-6, (&gh, hr), &gj);
+            g.add_rms_norm(&px, xr, &pd, xr, Some(&gnw), 1e-6, &ph, hr);
+            g.matmul_many(&ph, hr, &pj);
+            c.add_rms_norm_matmul_many((&cx, xr), (&cd, xr), Some(&cnw), 1e-6, (&ch, hr), &cj);
+            let full = Rows::packed(1, xr.end());
+            rep.check(&format!("{lab} x (exact)"), &get(g, &gx, full), &get(g, &px, full), 0.0, 0.0);
+            rep.check(&format!("{lab} delta (exact)"), &get(g, &gd, full), &get(g, &pd, full), 0.0, 0.0);
+            rep.check(&format!("{lab} h (exact)"), &get(g, &gh, hr), &get(g, &ph, hr), 0.0, 0.0);
+            rep.check(&format!("{lab} x vs cpu"), &get(g, &gx, full), &get(c, &cx, full), 1e-5, 1e-5);
+            rep.check(&format!("{lab} h vs cpu"), &get(g, &gh, hr), &get(c, &ch, hr), 1e-5, 1e-5);
+            for (j, (&(ty, m), &v)) in jobs.iter().zip(&views).enumerate() {
+                let got = get(g, &go, v);
+                rep.check(&format!("{lab} job {j} {}x{m} (exact)", ty.name()), &got, &get(g, &po, v), 0.0, 0.0);
+                let (tc, _) = matmul_tol(ty, n);
+                rep.check(&format!("{lab} job {j} {}x{m} vs cpu", ty.name()), &got, &get(c, &co, v), tc, 1e-3);
+            }
+        }
+    }
+    rep.finish();
+}
+
 /// Routed experts plus a shared FFN on one backend: `moe_shared` when `try_fused` and the backend
 /// takes it, else moe + the shared FFN with plain ops + add. Returns whether moe_shared ran.
 #[allow(clippy::too_many_arguments)]

@@ -1030,19 +1030,24 @@ impl<B: Backend> DeepSeek2<B> {
                     QProj::LowRank { wq_a, .. } => wq_a,
                 };
                 be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.wo]);
-                be.add_rms_norm(&s.x, rx, &s.y, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
+            }
+            // q (or its low-rank first half) and kv_a read the same input: one op, with the
+            // residual add and the norm before it (one op again where the backend can).
+            let ra = Rows::packed(n, c.q_lora.unwrap_or(0)); // [n, q_lora]
+            let first = match &l.q {
+                QProj::Plain { wq } => (wq, &s.q, rq),
+                QProj::LowRank { wq_a, .. } => (wq_a, &s.qa, ra),
+            };
+            let jobs = [first, (&l.wkv_a, &s.kv, rkv)];
+            if pending {
+                be.add_rms_norm_matmul_many((&s.x, rx), (&s.y, rx), Some(&l.attn_norm), c.eps, (&s.h, rx), &jobs);
             } else {
                 be.rms_norm(&s.x, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
+                be.matmul_many(&s.h, rx, &jobs);
             }
-            // q (or its low-rank first half) and kv_a read the same input: one op.
-            match &l.q {
-                QProj::Plain { wq } => be.matmul_many(&s.h, rx, &[(wq, &s.q, rq), (&l.wkv_a, &s.kv, rkv)]),
-                QProj::LowRank { wq_a, q_a_norm, wq_b } => {
-                    let ra = Rows::packed(n, c.q_lora.unwrap_or(0)); // [n, q_lora]
-                    be.matmul_many(&s.h, rx, &[(wq_a, &s.qa, ra), (&l.wkv_a, &s.kv, rkv)]);
-                    be.rms_norm(&s.qa, ra, Some(q_a_norm), c.eps, &s.qa, ra);
-                    be.matmul(&s.qa, ra, wq_b, &s.q, rq);
-                }
+            if let QProj::LowRank { q_a_norm, wq_b, .. } = &l.q {
+                be.rms_norm(&s.qa, ra, Some(q_a_norm), c.eps, &s.qa, ra);
+                be.matmul(&s.qa, ra, wq_b, &s.q, rq);
             }
             // c = rmsnorm(c) * kv_a_norm, k_pe = rope(k_pe), cache row <- [c ; k_pe].
             // ... and the roped q_pe into the absorbed query's last columns, in the same op.
