@@ -1808,6 +1808,65 @@ fn moe_one_launch_exact() {
     rep.finish();
 }
 
+/// The one-token Q8_0 decode MoE routed inside its gate/up and down kernels
+/// (`moe_gateup_sh_q8r`, `moe_down_sh_q8r`: every block routes the token itself) against
+/// `moe_route_quant` before them (`set_moe_ri(false)`), on two fresh backends: bit for bit, with
+/// softmax and sigmoid gating, with and without renormalised weights, 16 to 160 experts; and
+/// within the Q8 bars of the CPU.
+#[test]
+fn moe_route_in_exact() {
+    let Some(_) = gpu() else { return };
+    let ga = &CudaBackend::new(0).expect("backend");
+    let gb = &CudaBackend::new(0).expect("second backend");
+    ga.set_moe_one(false);
+    gb.set_moe_one(false);
+    ga.set_moe_ri(true);
+    gb.set_moe_ri(false);
+    let c = cpu();
+    let mut r = rng(34);
+    let mut rep = Report::new("moe_route_in");
+    // (hdim, ff, experts, k, shared chunks, gating, norm_topk, scale): V2-Lite's, V2's expert
+    // count and routing on small matrices, a small one with sigmoid gating.
+    let cases = [
+        (2048usize, 1408usize, 64usize, 6usize, 2usize, Gating::Softmax, false, 1.0f32),
+        (512, 128, 160, 6, 2, Gating::Softmax, false, 16.0),
+        (256, 128, 16, 4, 1, Gating::Sigmoid, true, 2.5),
+    ];
+    for (hdim, ff, ne, k, nsh, gating, norm_topk, scale) in cases {
+        let sf = nsh * ff;
+        let shapes: [Vec<usize>; 6] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3)).collect();
+        let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let cu = |i: usize| c.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let (ae, ash) = ([up(ga, 0), up(ga, 1), up(ga, 2)], [up(ga, 3), up(ga, 4), up(ga, 5)]);
+        let (be, bsh) = ([up(gb, 0), up(gb, 1), up(gb, 2)], [up(gb, 3), up(gb, 4), up(gb, 5)]);
+        let (ce, cs) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
+        let p = MoeParams { n_experts: ne, k, gating, norm_topk, scale, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
+        for round in 0..3 {
+            let xr = Rows { off: 2, n: 1, width: hdim, stride: hdim + 2 };
+            let lr = Rows { off: 1, n: 1, width: ne, stride: ne + 3 };
+            let o = Rows { off: 1, n: 1, width: hdim, stride: hdim + 1 };
+            let (x, lg) = (randn(&mut r, xr.end(), 1.0), randn(&mut r, lr.end(), 2.0));
+            let mut outs = Vec::new();
+            for (b, e, sh) in [(ga, &ae, &ash), (gb, &be, &bsh)] {
+                let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
+                poison(b, &bo, o.end());
+                if !run_moe_shared(b, &bx, xr, &bl, lr, e, sh, &p, &bo, o, true) {
+                    rep.failures.push(format!("H={hdim}: moe_shared declined"));
+                }
+                outs.push(get(b, &bo, o));
+            }
+            let (cx, cl, co) = (buf(c, &x), buf(c, &lg), c.alloc(o.end()).unwrap());
+            run_moe_shared(c, &cx, xr, &cl, lr, &ce, &cs, &p, &co, o, true);
+            let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} {gating:?} norm={norm_topk} round {round}");
+            exact(&mut rep, &lab, &["routed inside vs moe_route_quant"], &[outs[0].clone()], &[outs[1].clone()]);
+            rep.check(&format!("{lab} vs cpu"), &outs[0], &get(c, &co, o), 0.25, 1e-3);
+        }
+    }
+    rep.finish();
+}
+
 /// f64 shared FFN of the dequantised weights, added to `out` (`[n, hdim]` packed).
 fn add_shared_f64(out: &mut [f32], x: &[f32], xr: Rows, w: [&[f32]; 3], hdim: usize, sf: usize, glu: Glu) {
     for t in 0..xr.n {
