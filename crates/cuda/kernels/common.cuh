@@ -99,6 +99,32 @@ __device__ __forceinline__ float h2f(u16 h) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
+// The decode products' weight loads (the Q8_0 MoE, fast.cu / fused.cu; the f16/bf16 MoE and
+// GEMVs, matmul.cu / fused.cu): loads that do not allocate in L1 (weights are read once a
+// token), so that the activation rows every warp of an SM re-reads stay in L1 whatever the SM's
+// shared-memory carve-out left of it (Q8_0 MoE: tg128 634 -> 649, tg64 at 16k 454 -> 476 on the
+// H200, gpu-next59). TS_WNA=0 (TS_CUDA_DEFINES, a measurement define): plain loads.
+#ifndef TS_WNA
+#define TS_WNA 1
+#endif
+__device__ __forceinline__ uint4 ldw16(const u8* p) {
+#if TS_WNA && __CUDA_ARCH__ >= 700
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#else
+    return *(const uint4*)p;
+#endif
+}
+__device__ __forceinline__ float ldw_scale(const u8* p) {
+#if TS_WNA && __CUDA_ARCH__ >= 700
+    unsigned short v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return h2f(v);
+#else
+    return h2f(*(const u16*)p);
+#endif
+}
 __device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
 // f32 -> bf16 bits, round to nearest even (NaN stays NaN).
 __device__ __forceinline__ u16 f2bf(float f) {

@@ -151,31 +151,6 @@ __device__ __forceinline__ void load_q8_4(const u8* wr, int p0, int np, int lpr,
     }
 }
 
-// The decode MoE's weight loads: loads that do not allocate in L1 (weights are read once a
-// token), so that the activation rows every warp of an SM re-reads stay in L1 whatever the SM's
-// shared-memory carve-out left of it (tg128 634 -> 649, tg64 at 16k 454 -> 476 on the H200,
-// gpu-next59). TS_WNA=0 (TS_CUDA_DEFINES, a measurement define): plain loads.
-#ifndef TS_WNA
-#define TS_WNA 1
-#endif
-__device__ __forceinline__ uint4 ldw16(const u8* p) {
-#if TS_WNA && __CUDA_ARCH__ >= 700
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-#else
-    return *(const uint4*)p;
-#endif
-}
-__device__ __forceinline__ float ldw_scale(const u8* p) {
-#if TS_WNA && __CUDA_ARCH__ >= 700
-    unsigned short v;
-    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return h2f(v);
-#else
-    return h2f(*(const u16*)p);
-#endif
-}
 // load_q8_4 for weights (ldw16 / ldw_scale).
 __device__ __forceinline__ void load_q8_4w(const u8* wr, int p0, int np, int lpr, uint4* q, float* dw) {
 #pragma unroll

@@ -654,8 +654,8 @@ __device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int c = c0 + 32 * u;
-            vg[u] = c < n8 ? *(const uint4*)(wg + (i64)c * 16) : make_uint4(0, 0, 0, 0);
-            vu[u] = c < n8 ? *(const uint4*)(wu + (i64)c * 16) : make_uint4(0, 0, 0, 0);
+            vg[u] = c < n8 ? ldw16(wg + (i64)c * 16) : make_uint4(0, 0, 0, 0);
+            vu[u] = c < n8 ? ldw16(wu + (i64)c * 16) : make_uint4(0, 0, 0, 0);
         }
     };
     float wsl = 1.f;
@@ -735,7 +735,7 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
             if (P < total && (s >= k || es[s] >= 0)) {
                 const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes
                                      : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes;
-                q[u] = *(const uint4*)(gp + (i64)c * 16);
+                q[u] = ldw16(gp + (i64)c * 16);
                 a[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c);
                 b[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c + 4);
             } else {

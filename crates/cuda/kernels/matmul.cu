@@ -100,7 +100,7 @@ __device__ void h16_row_dot(const u8* wr, int k, const float* xb, i64 xstride, i
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int c = c0 + 32 * u;
-            v[u] = c < n8 ? *(const uint4*)(wr + (i64)c * 16) : make_uint4(0, 0, 0, 0);
+            v[u] = c < n8 ? ldw16(wr + (i64)c * 16) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) {
