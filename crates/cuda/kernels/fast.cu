@@ -21,8 +21,11 @@
 // GEMVs reached ~1.2 TB/s; Nsight Compute: "Block Limit Registers 2").
 #define GQ_MIN_BLOCKS 4
 // The MoE decode kernels hold two rows' loads (gate and up) or eight at once: at 3 blocks (80
-// registers) they spill at most a few bytes.
+// registers) they spill at most a few bytes. (A measurement define: TS_CUDA_DEFINES=
+// GQ_MOE_MIN_BLOCKS=n.)
+#ifndef GQ_MOE_MIN_BLOCKS
 #define GQ_MOE_MIN_BLOCKS 3
+#endif
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int d;
