@@ -407,20 +407,6 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
     moe_slot_of(blockIdx.y, gridDim.y, k, nsh, t, s);
 }
 
-// As moe_down_q8 over the ks slots of token t (block (x, t)): slot s's quantised activation row
-// (already times its router weight; 1 for the shared slots) at hq + (t*ks + s)*hrow, and shared
-// chunk j of output row r is bytes [j*row_bytes, (j+1)*row_bytes) of the shared down row r
-// (needs kdim % 128 == 0: whole 4-block groups, checked by the host). Two warps per output row,
-// each over half of the slots' pieces, summed in a fixed order: twice the loads in flight of one
-// warp per row, which left the SMs a third full at batch 1.
-#define MOE_SH_MAX_SLOTS 64
-// The down kernel starts early: moe_gateup_sh_q8q lets it launch only after its own wait for
-// the routing kernel has returned (so the routed experts' ids, sel_e, written two launches back,
-// are final), and the down kernel reads those ids past L1 and issues its first round of weight
-// loads before its own PDL wait: its resident blocks stream weights during the gate/up kernel's
-// tail instead of idling. The same loads and sums as waiting first, so the same bits. Measured
-// on the H200 (gpu-next38, synthetic V2-Lite Q8_0, tg128 twice each way, same hash): 585.8 /
-// 581.2 -> 603.2 / 602.1 tok/s (+3.3%).
 // The decode MoE's routing inside its own kernels (one token; moe_gateup_sh_q8r,
 // moe_down_sh_q8r): every block routes the token itself (route_warp_body on the router logits)
 // and the gate/up blocks quantise the input row themselves (quant_group_body), into shared
@@ -452,6 +438,21 @@ __device__ __forceinline__ void moe_route_in(const RouteIn& ri, bool route, int 
             quant_group_body(g, ri.src, nullptr, ri.soff, 0, 1, kdim, 0, nullptr, 0, 1, ri.xs, 0);
     __syncthreads();
 }
+
+// As moe_down_q8 over the ks slots of token t (block (x, t)): slot s's quantised activation row
+// (already times its router weight; 1 for the shared slots) at hq + (t*ks + s)*hrow, and shared
+// chunk j of output row r is bytes [j*row_bytes, (j+1)*row_bytes) of the shared down row r
+// (needs kdim % 128 == 0: whole 4-block groups, checked by the host). Two warps per output row,
+// each over half of the slots' pieces, summed in a fixed order: twice the loads in flight of one
+// warp per row, which left the SMs a third full at batch 1.
+#define MOE_SH_MAX_SLOTS 64
+// The down kernel starts early: moe_gateup_sh_q8q lets it launch only after its own wait for
+// the routing kernel has returned (so the routed experts' ids, sel_e, written two launches back,
+// are final), and the down kernel reads those ids past L1 and issues its first round of weight
+// loads before its own PDL wait: its resident blocks stream weights during the gate/up kernel's
+// tail instead of idling. The same loads and sums as waiting first, so the same bits. Measured
+// on the H200 (gpu-next38, synthetic V2-Lite Q8_0, tg128 twice each way, same hash): 585.8 /
+// 581.2 -> 603.2 / 602.1 tok/s (+3.3%).
 // One block's rows (bx) of token t. red, es: the block's shared words.
 // SYNC (moe_sh_q8_one, one token): instead of the PDL wait before its activations, each warp
 // waits until the counters (cnt) of the slots its pieces read show all `need` gate/up units of

@@ -21,7 +21,7 @@ export TS_RUN_LIMIT=90
 "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
 if [ "$PART" = a ]; then
 stamp "== op tests"
-op_log 150 4 ops.txt "route_in|matmul_many|" "" fused_add_rms_norm_matmul_many moe_route_in_exact fused_moe_shared fused_matmul_many fused_add_rms_norm fused_recorded recorded_steps_replay fused_mla_attention_out moe_routing_and_experts
+op_log 150 4 ops.txt "" "" fused_add_rms_norm_matmul_many moe_route_in_exact fused_moe_shared fused_matmul_many fused_add_rms_norm fused_recorded recorded_steps_replay fused_mla_attention_out moe_routing_and_experts
 wait
 stamp "== tg128"
 for r in 1 2; do
