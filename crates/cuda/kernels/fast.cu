@@ -137,38 +137,30 @@ __device__ void quant_rows_smem(const float* src, i64 stride, const float* mul, 
 // Bytes of shared memory the prologue needs for `nrows` rows of `k`.
 // (host side: nrows * k * 9 / 8)
 
-// Pieces p0 + u*lpr (u < 4) of a Q8_0 row: 16 quants (one 16-byte load) and the block scale.
-__device__ __forceinline__ void load_q8_4(const u8* wr, int p0, int np, int lpr, uint4* q, float* dw) {
+// Pieces p0 + u*lpr (u < 4) of a Q8_0 row: 16 quants (one 16-byte load) and the block scale;
+// W: through ldw16 / ldw_scale (weights read once, past L1), else plain loads.
+template <bool W>
+__device__ __forceinline__ void load_q8_4_impl(const u8* wr, int p0, int np, int lpr, uint4* q, float* dw) {
 #pragma unroll
     for (int u = 0; u < 4; u++) {
         const int p = p0 + u * lpr;
         const int b = p >> 1;
         if (p < np) {
             const u8* gp = wr + (i64)(b >> 2) * 144;
-            q[u] = *(const uint4*)(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
-            dw[u] = h2f(((const u16*)gp)[b & 3]);
+            const u8* qp = gp + 16 + 32 * (b & 3) + 16 * (p & 1);
+            q[u] = W ? ldw16(qp) : *(const uint4*)qp;
+            dw[u] = W ? ldw_scale(gp + 2 * (b & 3)) : h2f(((const u16*)gp)[b & 3]);
         } else {
             q[u] = make_uint4(0u, 0u, 0u, 0u);
             dw[u] = 0.f;
         }
     }
 }
-
-// load_q8_4 for weights (ldw16 / ldw_scale).
+__device__ __forceinline__ void load_q8_4(const u8* wr, int p0, int np, int lpr, uint4* q, float* dw) {
+    load_q8_4_impl<false>(wr, p0, np, lpr, q, dw);
+}
 __device__ __forceinline__ void load_q8_4w(const u8* wr, int p0, int np, int lpr, uint4* q, float* dw) {
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int p = p0 + u * lpr;
-        const int b = p >> 1;
-        if (p < np) {
-            const u8* gp = wr + (i64)(b >> 2) * 144;
-            q[u] = ldw16(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
-            dw[u] = ldw_scale(gp + 2 * (b & 3));
-        } else {
-            q[u] = make_uint4(0u, 0u, 0u, 0u);
-            dw[u] = 0.f;
-        }
-    }
+    load_q8_4_impl<true>(wr, p0, np, lpr, q, dw);
 }
 
 __device__ __forceinline__ float group_sum(float v, int lpr) {

@@ -1224,19 +1224,18 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS)
 #define MO_MAX_PARTS 16
 #define NP_THREADS 1024
 #define NP_PER 2
-extern "C" __global__ void __launch_bounds__(NP_THREADS)
-    add_rms_norm_parts(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w, int has_w,
-                       float eps, float* out, i64 ooff, int width) {
-    __shared__ float red[32];
-    const int tid = threadIdx.x;
-    float wv[NP_PER];
+// A thread's norm weights (1 past the row or without weights).
+__device__ __forceinline__ void np_load_w(const float* w, int has_w, int width, float* wv) {
 #pragma unroll
     for (int k = 0; k < NP_PER; k++) {
-        const int i = tid + k * NP_THREADS;
+        const int i = threadIdx.x + k * NP_THREADS;
         wv[k] = has_w && i < width ? w[i] : 1.f;
     }
-    PDL_ENTRY();
-    float* xr = x + xoff;
+}
+// A thread's values v = x + parts[0] + ... + parts[np - 1] (in part order; every load issued
+// before any is used), and their sum of squares.
+__device__ __forceinline__ float np_sum(const float* xr, const float* parts, i64 pstride, int np, int width, float* v) {
+    const int tid = threadIdx.x;
     float xv[NP_PER], pv[NP_PER][MO_MAX_PARTS];
 #pragma unroll
     for (int k = 0; k < NP_PER; k++) {
@@ -1245,7 +1244,7 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
 #pragma unroll
         for (int j = 0; j < MO_MAX_PARTS; j++) pv[k][j] = parts[(i64)min(j, np - 1) * pstride + i];
     }
-    float v[NP_PER], ss = 0.f;
+    float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < NP_PER; k++) {
         float d = pv[k][0];
@@ -1255,6 +1254,19 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
         v[k] = tid + k * NP_THREADS < width ? xv[k] + d : 0.f;
         ss += v[k] * v[k];
     }
+    return ss;
+}
+extern "C" __global__ void __launch_bounds__(NP_THREADS)
+    add_rms_norm_parts(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w, int has_w,
+                       float eps, float* out, i64 ooff, int width) {
+    __shared__ float red[32];
+    const int tid = threadIdx.x;
+    float wv[NP_PER];
+    np_load_w(w, has_w, width, wv);
+    PDL_ENTRY();
+    float* xr = x + xoff;
+    float v[NP_PER];
+    const float ss = np_sum(xr, parts, pstride, np, width, v);
 #pragma unroll
     for (int k = 0; k < NP_PER; k++)
         if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
@@ -1291,31 +1303,11 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
 #pragma unroll
     for (int u = 0; u < 4; u++) wq[u] = lane + 32 * u < q4 ? wr[lane + 32 * u] : make_float4(0.f, 0.f, 0.f, 0.f);
     float wv[NP_PER];
-#pragma unroll
-    for (int k = 0; k < NP_PER; k++) {
-        const int i = tid + k * NP_THREADS;
-        wv[k] = has_w && i < width ? w[i] : 1.f;
-    }
+    np_load_w(w, has_w, width, wv);
     PDL_ENTRY();
     float* xr = x + xoff;
-    float xv[NP_PER], pv[NP_PER][MO_MAX_PARTS];
-#pragma unroll
-    for (int k = 0; k < NP_PER; k++) {
-        const int i = min(tid + k * NP_THREADS, width - 1);
-        xv[k] = xr[i];
-#pragma unroll
-        for (int j = 0; j < MO_MAX_PARTS; j++) pv[k][j] = parts[(i64)min(j, np - 1) * pstride + i];
-    }
-    float v[NP_PER], ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < NP_PER; k++) {
-        float d = pv[k][0];
-#pragma unroll
-        for (int j = 1; j < MO_MAX_PARTS; j++)
-            if (j < np) d += pv[k][j];
-        v[k] = tid + k * NP_THREADS < width ? xv[k] + d : 0.f;
-        ss += v[k] * v[k];
-    }
+    float v[NP_PER];
+    const float ss = np_sum(xr, parts, pstride, np, width, v);
     // block_rms_inv's barrier follows every thread's use of its x loads: past it this block no
     // longer reads x.
     const float inv = block_rms_inv(ss, red, width, eps);

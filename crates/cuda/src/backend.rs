@@ -416,6 +416,32 @@ fn moe_gateup_args<const T: usize, const N: usize>(
 /// expert ids, their inputs (`act`: a row per slot every `arow` elements or bytes: f32 GLU rows,
 /// or their Q8_0 groups) and the output view.
 #[allow(clippy::too_many_arguments)]
+/// The job table of `gemv_q8_multi_*` for up to 3 jobs sharing an input of width k: (W,
+/// row_bytes, m, out, ooff, ostride) per job (zeros past the last), then the tile bounds t1, t2
+/// and the tile count; with the lanes a row and the tile count.
+fn multi_jobs(jobs: &[(&CudaWeight, &CudaBuf, Rows)], k: usize) -> ([A; 21], usize, usize) {
+    let lpr = (k / 16).next_power_of_two().min(32);
+    let rows_per_tile = 8 * (32 / lpr);
+    let mut args = [A::I(0); 21];
+    let mut total = 0usize;
+    for j in 0..3 {
+        let six = match jobs.get(j) {
+            Some(&(w, out, o)) => {
+                out.check(o);
+                total += w.ne(1).div_ceil(rows_per_tile);
+                [A::P(w.mem.ptr), l(w.row_bytes), i(w.ne(1)), A::P(out.0.ptr), l(o.off), l(o.stride)]
+            }
+            None => [A::P(0), l(0), i(0), A::P(0), l(0), l(0)],
+        };
+        args[6 * j..6 * j + 6].copy_from_slice(&six);
+        if j < 2 {
+            args[18 + j] = i(total);
+        }
+    }
+    args[20] = i(total);
+    (args, lpr, total)
+}
+
 fn moe_down_args(
     down: &CudaWeight,
     shared: &CudaWeight,
@@ -1533,6 +1559,14 @@ impl CudaBackend {
     /// the merge of its splits to the caller and returns (the partial rows, the split count)
     /// (`mla_out_q8` merges them). None: `out` is written (or the backend failed).
     #[allow(clippy::too_many_arguments)]
+    /// The [`Backend::prefetch_hint`] regions as a kernel's 8 trailing arguments (pointer, bytes)
+    /// x 4, taken either way; zeros unless `use_them`.
+    fn take_hint(&self, use_them: bool) -> [A; 8] {
+        let h = std::mem::take(&mut *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()));
+        let h = if use_them { h } else { [(0, 0); 4] };
+        [A::P(h[0].0), l(h[0].1), A::P(h[1].0), l(h[1].1), A::P(h[2].0), l(h[2].1), A::P(h[3].0), l(h[3].1)]
+    }
+
     fn mla_attention_run(
         &self,
         q: &CudaBuf,
@@ -1546,8 +1580,7 @@ impl CudaBackend {
     ) -> Option<(u64, usize)> {
         // Backend::prefetch_hint's regions go with a one-token step's split kernel, and with no
         // other launch (they are taken either way).
-        let hint = std::mem::take(&mut *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()));
-        let hint = if batch.tokens.len() == 1 { hint } else { [(0, 0); 4] };
+        let hint = self.take_hint(batch.tokens.len() == 1);
         let (nh, kl, rd) = (p.n_heads, p.kv_lora, p.rope_dim);
         let w = kl + rd;
         assert_eq!(qr.width, w);
@@ -1669,16 +1702,11 @@ impl CudaBackend {
                     l(ooff),
                     l(nh * o.stride),
                     l(o.stride),
-                    A::P(hint[0].0),
-                    l(hint[0].1),
-                    A::P(hint[1].0),
-                    l(hint[1].1),
-                    A::P(hint[2].0),
-                    l(hint[2].1),
-                    A::P(hint[3].0),
-                    l(hint[3].1),
                 ];
-                self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &args[..if use_tc { 11 } else { 23 }]);
+                let mut all = [A::I(0); 23];
+                all[..15].copy_from_slice(&args);
+                all[15..].copy_from_slice(&hint);
+                self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &all[..if use_tc { 11 } else { 23 }]);
                 if direct {
                     continue;
                 }
@@ -3742,25 +3770,11 @@ impl Backend for CudaBackend {
                 self.matmul(x, xr, w, out, o);
                 continue;
             }
-            let lpr = (k / 16).next_power_of_two().min(32);
-            let rows_per_tile = 8 * (32 / lpr);
+            let (table, lpr, total) = multi_jobs(chunk, k);
             // The job table (a fixed array: launching allocates nothing), then the shared input.
             let mut args = [A::I(0); 27];
-            let mut bounds = [0usize; 3];
-            let mut total = 0usize;
-            for j in 0..3 {
-                let six = match chunk.get(j) {
-                    Some(&(w, out, o)) => {
-                        out.check(o);
-                        total += w.ne(1).div_ceil(rows_per_tile);
-                        [A::P(w.mem.ptr), l(w.row_bytes), i(w.ne(1)), A::P(out.0.ptr), l(o.off), l(o.stride)]
-                    }
-                    None => [A::P(0), l(0), i(0), A::P(0), l(0), l(0)],
-                };
-                args[6 * j..6 * j + 6].copy_from_slice(&six);
-                bounds[j] = total;
-            }
-            args[18..].copy_from_slice(&[i(bounds[0]), i(bounds[1]), i(total), i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
+            args[..21].copy_from_slice(&table);
+            args[21..].copy_from_slice(&[i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
             self.launch(
                 KName::of(format_args!("gemv_q8_multi_{nt}")).as_str(),
                 (total.min(self.sm_count * 8) as u32, n.div_ceil(nt) as u32, 1),
@@ -3816,27 +3830,10 @@ impl Backend for CudaBackend {
         delta.check(dr);
         out.check(o);
         let Some(done) = self.scratch(S::NormSync, 8) else { return };
-        let lpr = (k / 16).next_power_of_two().min(32);
-        let rows_per_tile = 8 * (32 / lpr);
+        let (table, lpr, total) = multi_jobs(jobs, k);
         let mut args = [A::I(0); 33];
-        let mut bounds = [0usize; 3];
-        let mut total = 0usize;
-        for j in 0..3 {
-            let six = match jobs.get(j) {
-                Some(&(jw, jout, jo)) => {
-                    jout.check(jo);
-                    total += jw.ne(1).div_ceil(rows_per_tile);
-                    [A::P(jw.mem.ptr), l(jw.row_bytes), i(jw.ne(1)), A::P(jout.0.ptr), l(jo.off), l(jo.stride)]
-                }
-                None => [A::P(0), l(0), i(0), A::P(0), l(0), l(0)],
-            };
-            args[6 * j..6 * j + 6].copy_from_slice(&six);
-            bounds[j] = total;
-        }
-        args[18..].copy_from_slice(&[
-            i(bounds[0]),
-            i(bounds[1]),
-            i(total),
+        args[..21].copy_from_slice(&table);
+        args[21..].copy_from_slice(&[
             i(k),
             i(lpr),
             A::P(x.0.ptr),
@@ -3955,54 +3952,30 @@ impl Backend for CudaBackend {
                 && nr.n == 1
                 && nr.width == nw.ne(1)
         });
+        // add_rms_norm_parts' arguments, which the router's kernel extends.
+        let norm = [
+            A::P(x.0.ptr),
+            l(xr.off),
+            A::P(ho),
+            l(hd),
+            i(nh),
+            A::P(w.map_or(0, |w| w.mem.ptr)),
+            A::I(w.is_some() as i32),
+            A::F(eps),
+            A::P(out.0.ptr),
+            l(o.off),
+            i(hd),
+        ];
         if let Some((nw, nb, nr)) = fused_next {
             nb.check(nr);
             let Some(done) = self.scratch(S::NormSync, 8) else { return };
-            self.launch(
-                "add_rms_norm_parts_router",
-                (nw.ne(1).div_ceil(8) as u32, 1, 1),
-                1024,
-                0,
-                &[
-                    A::P(x.0.ptr),
-                    l(xr.off),
-                    A::P(ho),
-                    l(hd),
-                    i(nh),
-                    A::P(w.map_or(0, |w| w.mem.ptr)),
-                    A::I(w.is_some() as i32),
-                    A::F(eps),
-                    A::P(out.0.ptr),
-                    l(o.off),
-                    i(hd),
-                    A::P(nw.mem.ptr),
-                    i(nw.ne(1)),
-                    A::P(nb.0.ptr),
-                    l(nr.off),
-                    A::P(done),
-                ],
-            );
+            let mut args = [A::I(0); 16];
+            args[..11].copy_from_slice(&norm);
+            args[11..].copy_from_slice(&[A::P(nw.mem.ptr), i(nw.ne(1)), A::P(nb.0.ptr), l(nr.off), A::P(done)]);
+            self.launch("add_rms_norm_parts_router", (nw.ne(1).div_ceil(8) as u32, 1, 1), 1024, 0, &args);
             return;
         }
-        self.launch(
-            "add_rms_norm_parts",
-            (1, 1, 1),
-            1024,
-            0,
-            &[
-                A::P(x.0.ptr),
-                l(xr.off),
-                A::P(ho),
-                l(hd),
-                i(nh),
-                A::P(w.map_or(0, |w| w.mem.ptr)),
-                A::I(w.is_some() as i32),
-                A::F(eps),
-                A::P(out.0.ptr),
-                l(o.off),
-                i(hd),
-            ],
-        );
+        self.launch("add_rms_norm_parts", (1, 1, 1), 1024, 0, &norm);
         if let Some((nw, nb, nr)) = next {
             self.matmul(out, o, nw, nb, nr);
         }
@@ -4025,37 +3998,25 @@ impl Backend for CudaBackend {
         let block = xr.width.next_power_of_two().clamp(32, 256) as u32;
         // Backend::prefetch_hint's regions go with a one-row norm (a decode layer's start) under
         // TS_CUDA_L2PF=2 (taken either way): one block's bulk prefetches, a measurement.
-        let hint = std::mem::take(&mut *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()));
-        let hint = if xr.n == 1 && self.l2pf >= 2 { hint } else { [(0, 0); 4] };
-        self.launch(
-            "add_rms_norm",
-            (xr.n as u32, 1, 1),
-            block,
-            0,
-            &[
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                A::P(delta.0.ptr),
-                l(dr.off),
-                l(dr.stride),
-                A::P(w.map_or(0, |w| w.mem.ptr)),
-                A::I(w.is_some() as i32),
-                A::F(eps),
-                A::P(out.0.ptr),
-                l(o.off),
-                l(o.stride),
-                i(xr.width),
-                A::P(hint[0].0),
-                l(hint[0].1),
-                A::P(hint[1].0),
-                l(hint[1].1),
-                A::P(hint[2].0),
-                l(hint[2].1),
-                A::P(hint[3].0),
-                l(hint[3].1),
-            ],
-        );
+        let hint = self.take_hint(xr.n == 1 && self.l2pf >= 2);
+        let mut args = [A::I(0); 21];
+        args[13..].copy_from_slice(&hint);
+        args[..13].copy_from_slice(&[
+            A::P(x.0.ptr),
+            l(xr.off),
+            l(xr.stride),
+            A::P(delta.0.ptr),
+            l(dr.off),
+            l(dr.stride),
+            A::P(w.map_or(0, |w| w.mem.ptr)),
+            A::I(w.is_some() as i32),
+            A::F(eps),
+            A::P(out.0.ptr),
+            l(o.off),
+            l(o.stride),
+            i(xr.width),
+        ]);
+        self.launch("add_rms_norm", (xr.n as u32, 1, 1), block, 0, &args);
     }
 
     fn rope_copy(&self, src: &CudaBuf, sr: Rows, dst: &CudaBuf, dr: Rows, heads_per_token: usize, batch: &CudaBatch, rope: &CudaRope) {

@@ -1759,52 +1759,11 @@ fn moe_one_launch_exact() {
         eprintln!("moe_sh_q8_one: not available here, skipped");
         return;
     }
-    let c = cpu();
-    let mut r = rng(33);
     let mut rep = Report::new("moe_one");
-    // (hdim, ff, experts, k, shared chunks): V2-Lite's and a small one.
-    for (hdim, ff, ne, k, nsh) in [(2048usize, 1408usize, 16usize, 6usize, 2usize), (256, 128, 16, 4, 1)] {
-        let sf = nsh * ff;
-        let shapes: [Vec<usize>; 6] =
-            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
-        let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3)).collect();
-        let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
-        let cu = |i: usize| c.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
-        let (ge, gs) = ([up(g, 0), up(g, 1), up(g, 2)], [up(g, 3), up(g, 4), up(g, 5)]);
-        let (he, hs) = ([up(g2, 0), up(g2, 1), up(g2, 2)], [up(g2, 3), up(g2, 4), up(g2, 5)]);
-        let (ce, cs) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
-        let p = MoeParams {
-            n_experts: ne,
-            k,
-            gating: Gating::Softmax,
-            norm_topk: false,
-            scale: 1.0,
-            n_group: 1,
-            topk_group: 1,
-            glu: Glu::SwiGlu,
-        };
-        for rep_i in 0..3 {
-            let xr = Rows { off: 2, n: 1, width: hdim, stride: hdim + 2 };
-            let lr = Rows { off: 1, n: 1, width: ne, stride: ne + 3 };
-            let o = Rows { off: 1, n: 1, width: hdim, stride: hdim + 1 };
-            let (x, lg) = (randn(&mut r, xr.end(), 1.0), randn(&mut r, lr.end(), 2.0));
-            let mut outs = Vec::new();
-            for (b, e, sh) in [(g, &ge, &gs), (g2, &he, &hs)] {
-                let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
-                poison(b, &bo, o.end());
-                if !run_moe_shared(b, &bx, xr, &bl, lr, e, sh, &p, &bo, o, true) {
-                    rep.failures.push(format!("H={hdim}: moe_shared declined"));
-                }
-                outs.push(get(b, &bo, o));
-            }
-            let (cx, cl, co) = (buf(c, &x), buf(c, &lg), c.alloc(o.end()).unwrap());
-            run_moe_shared(c, &cx, xr, &cl, lr, &ce, &cs, &p, &co, o, true);
-            let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} launch {rep_i}");
-            exact(&mut rep, &lab, &["one launch vs two"], &[outs[0].clone()], &[outs[1].clone()]);
-            // (The CPU's chain rounds to 8 bits at other points: fused_moe_shared's bar.)
-            rep.check(&format!("{lab} vs cpu"), &outs[0], &get(c, &co, o), 0.25, 1e-3);
-        }
-    }
+    // V2-Lite's shapes and a small one.
+    let cases = [(2048, 1408, 16, 6, 2, Gating::Softmax, false, 1.0), (256, 128, 16, 4, 1, Gating::Softmax, false, 1.0)];
+    moe_pair_exact(&mut rep, (g, g2), &cases, "one launch vs two", 33);
+    g.set_moe_one(false);
     rep.finish();
 }
 
@@ -1822,17 +1781,33 @@ fn moe_route_in_exact() {
     gb.set_moe_one(false);
     ga.set_moe_ri(true);
     gb.set_moe_ri(false);
-    let c = cpu();
-    let mut r = rng(34);
     let mut rep = Report::new("moe_route_in");
-    // (hdim, ff, experts, k, shared chunks, gating, norm_topk, scale): V2-Lite's, V2's expert
-    // count and routing on small matrices, a small one with sigmoid gating.
+    // V2-Lite's shapes, V2's expert count and routing on small matrices, a small one with
+    // sigmoid gating.
     let cases = [
-        (2048usize, 1408usize, 64usize, 6usize, 2usize, Gating::Softmax, false, 1.0f32),
+        (2048, 1408, 64, 6, 2, Gating::Softmax, false, 1.0),
         (512, 128, 160, 6, 2, Gating::Softmax, false, 16.0),
         (256, 128, 16, 4, 1, Gating::Sigmoid, true, 2.5),
     ];
-    for (hdim, ff, ne, k, nsh, gating, norm_topk, scale) in cases {
+    moe_pair_exact(&mut rep, (ga, gb), &cases, "routed inside vs moe_route_quant", 34);
+    rep.finish();
+}
+
+/// One-token `moe_shared` on two GPU backends set up two ways, three rounds a case
+/// ((hdim, ff, experts, k, shared chunks, gating, norm_topk, scale)): bit for bit against each
+/// other (the launches' counters and flags must be back at zero after each), and within the Q8
+/// bars of the CPU.
+#[allow(clippy::type_complexity)]
+fn moe_pair_exact(
+    rep: &mut Report,
+    (ga, gb): (&CudaBackend, &CudaBackend),
+    cases: &[(usize, usize, usize, usize, usize, Gating, bool, f32)],
+    what: &str,
+    seed: u64,
+) {
+    let c = cpu();
+    let mut r = rng(seed);
+    for &(hdim, ff, ne, k, nsh, gating, norm_topk, scale) in cases {
         let sf = nsh * ff;
         let shapes: [Vec<usize>; 6] =
             [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
@@ -1860,11 +1835,11 @@ fn moe_route_in_exact() {
             let (cx, cl, co) = (buf(c, &x), buf(c, &lg), c.alloc(o.end()).unwrap());
             run_moe_shared(c, &cx, xr, &cl, lr, &ce, &cs, &p, &co, o, true);
             let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} {gating:?} norm={norm_topk} round {round}");
-            exact(&mut rep, &lab, &["routed inside vs moe_route_quant"], &[outs[0].clone()], &[outs[1].clone()]);
+            exact(rep, &lab, &[what], &[outs[0].clone()], &[outs[1].clone()]);
+            // (The CPU's chain rounds to 8 bits at other points: fused_moe_shared's bar.)
             rep.check(&format!("{lab} vs cpu"), &outs[0], &get(c, &co, o), 0.25, 1e-3);
         }
     }
-    rep.finish();
 }
 
 /// f64 shared FFN of the dequantised weights, added to `out` (`[n, hdim]` packed).
