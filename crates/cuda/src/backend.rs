@@ -4259,6 +4259,14 @@ impl Backend for CudaBackend {
         let cap = self.moe_one.load(Ordering::Relaxed);
         let one = n == 1 && cap > 0 && !self.down_w4.0 && ks + 2 <= MOE_SH_MAX_SLOTS;
         let inline_route = one && self.moe_one_route;
+        // moe_gateup_sh_q8q's arguments, which its one-token variants extend.
+        let gu = moe_gateup_args::<5, 17>(
+            &experts,
+            &shared,
+            (ff, hdim, k, nsh),
+            (sel_e, sel_w),
+            [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
+        );
         // One token on the two launches: each block routes the token itself (moe_gateup_sh_q8r,
         // moe_down_sh_q8r; route_warp_body keeps the logits in shared memory: E <= 256).
         let route_in = !one && n == 1 && self.moe_ri.load(Ordering::Relaxed) && !self.down_w4.0 && ne <= 256 && ks <= MOE_SH_MAX_SLOTS;
@@ -4266,13 +4274,7 @@ impl Backend for CudaBackend {
             let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
             let route = [l(lr.off), i(ne), gating, A::I(p.norm_topk as i32), A::F(p.scale)];
             let mut args = [A::I(0); 25];
-            args[..17].copy_from_slice(&moe_gateup_args::<5, 17>(
-                &experts,
-                &shared,
-                (ff, hdim, k, nsh),
-                (sel_e, sel_w),
-                [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
-            ));
+            args[..17].copy_from_slice(&gu);
             args[17] = A::P(logits.0.ptr);
             args[18..23].copy_from_slice(&route);
             args[23..].copy_from_slice(&[A::P(x.0.ptr), l(xr.off)]);
@@ -4297,13 +4299,7 @@ impl Backend for CudaBackend {
             let items = ks * ff / 32 + hdim.div_ceil(4);
             let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
             let mut args = [A::I(0); 34];
-            args[..17].copy_from_slice(&moe_gateup_args::<5, 17>(
-                &experts,
-                &shared,
-                (ff, hdim, k, nsh),
-                (sel_e, sel_w),
-                [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
-            ));
+            args[..17].copy_from_slice(&gu);
             args[17..].copy_from_slice(&[
                 A::P(dw.mem.ptr),
                 l(dw.row_bytes),
@@ -4327,19 +4323,7 @@ impl Backend for CudaBackend {
             return true;
         }
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
-        self.launch(
-            "moe_gateup_sh_q8q",
-            (ff.div_ceil(32) as u32, (n * ks) as u32, 1),
-            256,
-            0,
-            &moe_gateup_args::<5, 17>(
-                &experts,
-                &shared,
-                (ff, hdim, k, nsh),
-                (sel_e, sel_w),
-                [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
-            ),
-        );
+        self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
         self.launch(
             if self.down_w4.0 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
             (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ts_core::*;
-use ts_cpu::CpuBackend;
+use ts_cpu::{CpuBackend, CpuWeight};
 use ts_cuda::{CudaBackend, CudaBuf, CudaWeight};
 use ts_formats::quant;
 
@@ -1563,6 +1563,33 @@ fn fused_mla_attention_out() {
     rep.finish();
 }
 
+/// Random `[k, m]` weights of the given types, uploaded to the GPU and the CPU.
+fn job_weights(g: &CudaBackend, c: &CpuBackend, r: &mut StdRng, k: usize, jobs: &[(GgmlType, usize)]) -> (Vec<CudaWeight>, Vec<CpuWeight>) {
+    jobs.iter()
+        .map(|&(ty, m)| {
+            let shape = [k, m];
+            let (bytes, _) = weight(r, ty, &shape, 0.5);
+            let t = td("w", ty, &shape, &bytes);
+            (g.upload_weight(&t, WeightUse::Matmul).unwrap(), c.upload_weight(&t, WeightUse::Matmul).unwrap())
+        })
+        .unzip()
+}
+
+/// The jobs' output views for `n` rows, all in one buffer: job j at its own columns of rows of
+/// (the jobs' widths + 1), from offset 2; and the buffer's length.
+fn job_views(jobs: &[(GgmlType, usize)], n: usize) -> (Vec<Rows>, usize) {
+    let ostride = jobs.iter().map(|j| j.1).sum::<usize>() + 1;
+    let mut col = 0;
+    let views = jobs
+        .iter()
+        .map(|&(_, m)| {
+            col += m;
+            Rows { off: 2 + col - m, n, width: m, stride: ostride }
+        })
+        .collect();
+    (views, 2 + n * ostride)
+}
+
 #[test]
 fn fused_matmul_many() {
     let Some(g) = gpu() else { return };
@@ -1585,28 +1612,11 @@ fn fused_matmul_many() {
     ];
     for (k, jobs) in &sets {
         let k = *k;
-        let mut gws = Vec::new();
-        let mut cws = Vec::new();
-        for &(ty, m) in jobs {
-            let shape = [k, m];
-            let (bytes, _) = weight(&mut r, ty, &shape, 0.5);
-            let t = td("w", ty, &shape, &bytes);
-            gws.push(g.upload_weight(&t, WeightUse::Matmul).unwrap());
-            cws.push(c.upload_weight(&t, WeightUse::Matmul).unwrap());
-        }
-        let total_m: usize = jobs.iter().map(|j| j.1).sum();
+        let (gws, cws) = job_weights(g, c, &mut r, k, jobs);
         for &n in &[1usize, 2, 3, 5, 8, 64] {
             let xr = Rows { off: 1, n, width: k, stride: k + 3 };
             let x = randn(&mut r, xr.end(), 1.0);
-            // All outputs in one buffer, job j at its own columns of rows of total_m + 1.
-            let ostride = total_m + 1;
-            let mut views = Vec::new();
-            let mut col = 0;
-            for &(_, m) in jobs {
-                views.push(Rows { off: 2 + col, n, width: m, stride: ostride });
-                col += m;
-            }
-            let olen = 2 + n * ostride;
+            let (views, olen) = job_views(jobs, n);
             let (gx, cx) = (buf(g, &x), buf(c, &x));
             let (go, co, po) = (g.alloc(olen).unwrap(), c.alloc(olen).unwrap(), g.alloc(olen).unwrap());
             poison(g, &go, olen);
@@ -1656,28 +1666,12 @@ fn fused_add_rms_norm_matmul_many() {
     ];
     for (k, n, jobs) in &sets {
         let (k, n) = (*k, *n);
-        let mut gws = Vec::new();
-        let mut cws = Vec::new();
-        for &(ty, m) in jobs {
-            let shape = [k, m];
-            let (bytes, _) = weight(&mut r, ty, &shape, 0.5);
-            let t = td("w", ty, &shape, &bytes);
-            gws.push(g.upload_weight(&t, WeightUse::Matmul).unwrap());
-            cws.push(c.upload_weight(&t, WeightUse::Matmul).unwrap());
-        }
+        let (gws, cws) = job_weights(g, c, &mut r, k, jobs);
         let nw = randn(&mut r, k, 1.0);
         let (gnw, cnw) = (norm_weight(g, &nw), norm_weight(c, &nw));
         let xr = Rows { off: 3, n, width: k, stride: k + 1 };
         let hr = Rows::packed(n, k);
-        let total_m: usize = jobs.iter().map(|j| j.1).sum();
-        let ostride = total_m + 1;
-        let mut views = Vec::new();
-        let mut col = 0;
-        for &(_, m) in jobs {
-            views.push(Rows { off: 2 + col, n, width: m, stride: ostride });
-            col += m;
-        }
-        let olen = 2 + n * ostride;
+        let (views, olen) = job_views(jobs, n);
         for round in 0..3 {
             let x = randn(&mut r, xr.end(), 2.0);
             let d = randn(&mut r, xr.end(), 1.0);
