@@ -1641,6 +1641,89 @@ fn fused_matmul_many() {
     rep.finish();
 }
 
+/// Dense Q8_0 products of 9-64 rows on the dp4a GEMV in token tiles (`set_gemv_rows`, a fresh
+/// backend): each row's result bit for bit what the GEMV gives that row alone, for `matmul`,
+/// `matmul_many` and `matmul_grouped`; within the Q8 bars of the CPU. A matrix above the size
+/// bound stays on the tensor cores (only checked against the CPU).
+#[test]
+fn gemv_token_tiles_exact() {
+    let Some(_) = gpu() else { return };
+    let g = &CudaBackend::new(0).expect("backend");
+    g.set_gemv_rows(64);
+    let c = cpu();
+    let mut r = rng(35);
+    let mut rep = Report::new("gemv_rows");
+    use GgmlType::Q8_0;
+    // (k, jobs): V2-Lite's q + kv_a, o_proj alone, a matrix past the 24 MB bound (tensor cores).
+    let sets: Vec<(usize, Vec<(GgmlType, usize)>)> =
+        vec![(2048, vec![(Q8_0, 3072), (Q8_0, 576)]), (2048, vec![(Q8_0, 2048)]), (2048, vec![(Q8_0, 12288)])];
+    for (k, jobs) in &sets {
+        let k = *k;
+        let (gws, cws) = job_weights(g, c, &mut r, k, jobs);
+        let small = jobs.iter().all(|&(_, m)| m * k / 32 * 34 <= 24 << 20);
+        for &n in &[9usize, 24, 64] {
+            let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+            let x = randn(&mut r, xr.end(), 1.0);
+            let (views, olen) = job_views(jobs, n);
+            let (gx, cx) = (buf(g, &x), buf(c, &x));
+            let (go, co, so) = (g.alloc(olen).unwrap(), c.alloc(olen).unwrap(), g.alloc(olen).unwrap());
+            for b in [&go, &so] {
+                poison(g, b, olen);
+            }
+            poison(c, &co, olen);
+            let gj: Vec<(&CudaWeight, &CudaBuf, Rows)> = gws.iter().zip(&views).map(|(w, &v)| (w, &go, v)).collect();
+            let cj: Vec<_> = cws.iter().zip(&views).map(|(w, &v)| (w, &co, v)).collect();
+            if gj.len() > 1 {
+                g.matmul_many(&gx, xr, &gj);
+            } else {
+                g.matmul(&gx, xr, gj[0].0, &go, views[0]);
+            }
+            c.matmul_many(&cx, xr, &cj);
+            // Each row alone (one token: the GEMV whatever the setting).
+            for t in 0..n {
+                let x1 = Rows { off: xr.off + t * xr.stride, n: 1, width: k, stride: xr.stride };
+                for (w, v) in gws.iter().zip(&views) {
+                    g.matmul(&gx, x1, w, &so, Rows { off: v.off + t * v.stride, n: 1, ..*v });
+                }
+            }
+            for (j, (&(ty, m), &v)) in jobs.iter().zip(&views).enumerate() {
+                let lab = format!("k={k} jobs={} job {j} {}x{m} n={n}", jobs.len(), ty.name());
+                let got = get(g, &go, v);
+                if small {
+                    rep.check(&format!("{lab} vs rows alone (exact)"), &got, &get(g, &so, v), 0.0, 0.0);
+                }
+                let (tc, _) = matmul_tol(ty, n);
+                rep.check(&format!("{lab} vs cpu"), &got, &get(c, &co, v), tc, 1e-3);
+            }
+        }
+    }
+    // Grouped (the absorbed query's per-head products: [n * 16 heads, 128] x [128, 512, 16]).
+    let (nope, kl, heads) = (128usize, 512usize, 16usize);
+    let shape = [nope, kl, heads];
+    let (wb, _) = weight(&mut r, Q8_0, &shape, 0.5);
+    let t = td("w_uk", Q8_0, &shape, &wb);
+    let (gw, cw) = (g.upload_weight(&t, WeightUse::Matmul).unwrap(), c.upload_weight(&t, WeightUse::Matmul).unwrap());
+    for &n in &[9usize, 64] {
+        let xr = Rows::packed(n * heads, nope);
+        let orow = Rows::packed(n * heads, kl);
+        let x = randn(&mut r, xr.end(), 1.0);
+        let (gx, cx) = (buf(g, &x), buf(c, &x));
+        let (go, co, so) = (g.alloc(orow.end()).unwrap(), c.alloc(orow.end()).unwrap(), g.alloc(orow.end()).unwrap());
+        g.matmul_grouped(&gx, xr, &gw, &go, orow);
+        c.matmul_grouped(&cx, xr, &cw, &co, orow);
+        for tk in 0..n {
+            let x1 = Rows { off: tk * heads * nope, n: heads, width: nope, stride: nope };
+            g.matmul_grouped(&gx, x1, &gw, &so, Rows { off: tk * heads * kl, n: heads, width: kl, stride: kl });
+        }
+        let lab = format!("grouped 16 x {nope}x{kl} n={n}");
+        let got = get(g, &go, orow);
+        rep.check(&format!("{lab} vs rows alone (exact)"), &got, &get(g, &so, orow), 0.0, 0.0);
+        let (tc, _) = matmul_tol(Q8_0, n);
+        rep.check(&format!("{lab} vs cpu"), &got, &get(c, &co, orow), tc, 1e-3);
+    }
+    rep.finish();
+}
+
 /// add_rms_norm_matmul_many (a decode layer's first norm and its q / kv_a products; CUDA, one
 /// token: `gemv_q8_multi_norm_1`, every block normalising the row itself) against the two ops on
 /// the same GPU, bit for bit (x, the normed row, every product), and against the CPU. Three
