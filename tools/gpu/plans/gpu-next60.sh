@@ -16,12 +16,14 @@
 # (re-read from L2): 64 sequences at 16, 32, 64 (other bits: each row's single-token bits).
 #   tools/gpu/plans/gpu-next60.sh BIN OPS a   (op tests, tg128 under four settings twice,
 #                                              16k both ways, 64 sequences: ~6 minutes)
-#   tools/gpu/plans/gpu-next60.sh BIN OPS b   (trace, bf16 both ways, MIN_BLOCKS: ~6 minutes)
+#   tools/gpu/plans/gpu-next60.sh BIN OPS b   (trace, 64 sequences with the GEMV rows, MIN_BLOCKS:
+#                                              ~7 minutes)
+#   tools/gpu/plans/gpu-next60.sh BIN OPS c   (bf16 both ways: ~4 minutes)
 set -u
 B=$1; OPS=$2; PART=${3:-a}
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
-"$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
+[ "$PART" = c ] || { "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 & }
 if [ "$PART" = a ]; then
 stamp "== op tests"
 op_log 150 4 ops.txt "" "" fused_add_rms_norm_matmul_many moe_route_in_exact fused_moe_shared fused_matmul_many fused_add_rms_norm fused_recorded recorded_steps_replay fused_mla_attention_out moe_routing_and_experts gemv_token_tiles
@@ -45,8 +47,9 @@ for r in 1 2; do
 done
 stamp "== MoE blocks an SM"
 for e in "TS_CUDA_DEFINES=GQ_MOE_MIN_BLOCKS=2" "TS_CUDA_DEFINES=GQ_MOE_MIN_BLOCKS=4" ""; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+fi
+if [ "$PART" = c ]; then
 stamp "== bf16"
-rm -f $V
 "$B" synth --preset deepseek-v2-lite --quant bf16 -o /tmp/v2lite-bf16.gguf >/dev/null 2>&1
 for e in "" "TS_CUDA_DEFINES=TS_WNA=0" ""; do b "$e" "$B" bench --backend cuda -m /tmp/v2lite-bf16.gguf -p 0 -n 128 -r 3 --hash; done
 rm -f /tmp/v2lite-bf16.gguf
