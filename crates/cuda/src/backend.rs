@@ -381,6 +381,17 @@ impl MmqGroups {
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
+/// Two argument lists as one kernel's, in a fixed array (launching allocates nothing). The
+/// lengths are checked when this compiles: an array one too long or short would otherwise
+/// panic on the host before the launch (gpu-next59's first run).
+fn cat<const N: usize, const M: usize, const T: usize>(a: [A; N], b: [A; M]) -> [A; T] {
+    const { assert!(N + M == T, "kernel arguments: the two lists' lengths do not add up to the array's") };
+    let mut v = [A::I(0); T];
+    v[..N].copy_from_slice(&a);
+    v[N..].copy_from_slice(&b);
+    v
+}
+
 /// The arguments of the decode MoE's gate/up kernels (`moe_gateup_sh_q8q`, `moe_gateup_sh_<t>`):
 /// the routed experts' and the shared FFN's gate and up weights, (ff, hdim, k, shared chunks),
 /// the slots' expert ids and router weights, then the kernel's own input and output arguments.
@@ -392,23 +403,23 @@ fn moe_gateup_args<const T: usize, const N: usize>(
     (sel_e, sel_w): (u64, u64),
     tail: [A; T],
 ) -> [A; N] {
-    let mut v = [A::I(0); N];
-    v[..12].copy_from_slice(&[
-        A::P(experts.gate.mem.ptr),
-        A::P(experts.up.mem.ptr),
-        l(experts.gate.row_bytes),
-        l(experts.gate.mat_bytes()),
-        i(ff),
-        i(hdim),
-        A::P(sel_e),
-        A::P(sel_w),
-        i(k),
-        A::P(shared.gate.mem.ptr),
-        A::P(shared.up.mem.ptr),
-        i(nsh),
-    ]);
-    v[12..].copy_from_slice(&tail);
-    v
+    cat(
+        [
+            A::P(experts.gate.mem.ptr),
+            A::P(experts.up.mem.ptr),
+            l(experts.gate.row_bytes),
+            l(experts.gate.mat_bytes()),
+            i(ff),
+            i(hdim),
+            A::P(sel_e),
+            A::P(sel_w),
+            i(k),
+            A::P(shared.gate.mem.ptr),
+            A::P(shared.up.mem.ptr),
+            i(nsh),
+        ],
+        tail,
+    )
 }
 
 /// The arguments of the decode MoE's down kernels (`moe_down_sh_q8`, `moe_down_sh_<t>`): the
@@ -1726,9 +1737,7 @@ impl CudaBackend {
                     l(nh * o.stride),
                     l(o.stride),
                 ];
-                let mut all = [A::I(0); 23];
-                all[..15].copy_from_slice(&args);
-                all[15..].copy_from_slice(&hint);
+                let all: [A; 23] = cat(args, hint);
                 self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &all[..if use_tc { 11 } else { 23 }]);
                 if direct {
                     continue;
@@ -3797,9 +3806,7 @@ impl Backend for CudaBackend {
             }
             let (table, lpr, total) = multi_jobs(chunk, k);
             // The job table (a fixed array: launching allocates nothing), then the shared input.
-            let mut args = [A::I(0); 27];
-            args[..21].copy_from_slice(&table);
-            args[21..].copy_from_slice(&[i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
+            let args: [A; 27] = cat(table, [i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(n), i(lpr)]);
             self.launch(
                 KName::of(format_args!("gemv_q8_multi_{nt}")).as_str(),
                 (total.min(self.sm_count * 8) as u32, n.div_ceil(nt) as u32, 1),
@@ -3856,23 +3863,24 @@ impl Backend for CudaBackend {
         out.check(o);
         let Some(done) = self.scratch(S::NormSync, 8) else { return };
         let (table, lpr, total) = multi_jobs(jobs, k);
-        let mut args = [A::I(0); 33];
-        args[..21].copy_from_slice(&table);
-        args[21..].copy_from_slice(&[
-            i(k),
-            i(lpr),
-            A::P(x.0.ptr),
-            l(xr.off),
-            A::P(delta.0.ptr),
-            l(dr.off),
-            A::P(w.map_or(0, |w| w.mem.ptr)),
-            A::I(w.is_some() as i32),
-            A::F(eps),
-            A::P(out.0.ptr),
-            l(o.off),
-            // Word 1 of NormSync (word 0 is add_rms_norm_parts_router's).
-            A::P(done + 4),
-        ]);
+        let args: [A; 33] = cat(
+            table,
+            [
+                i(k),
+                i(lpr),
+                A::P(x.0.ptr),
+                l(xr.off),
+                A::P(delta.0.ptr),
+                l(dr.off),
+                A::P(w.map_or(0, |w| w.mem.ptr)),
+                A::I(w.is_some() as i32),
+                A::F(eps),
+                A::P(out.0.ptr),
+                l(o.off),
+                // Word 1 of NormSync (word 0 is add_rms_norm_parts_router's).
+                A::P(done + 4),
+            ],
+        );
         self.launch("gemv_q8_multi_norm_1", (total.min(self.sm_count * 8) as u32, 1, 1), 256, (k * 9 / 8 + 4 * k) as u32, &args);
     }
 
@@ -3994,9 +4002,7 @@ impl Backend for CudaBackend {
         if let Some((nw, nb, nr)) = fused_next {
             nb.check(nr);
             let Some(done) = self.scratch(S::NormSync, 8) else { return };
-            let mut args = [A::I(0); 16];
-            args[..11].copy_from_slice(&norm);
-            args[11..].copy_from_slice(&[A::P(nw.mem.ptr), i(nw.ne(1)), A::P(nb.0.ptr), l(nr.off), A::P(done)]);
+            let args: [A; 16] = cat(norm, [A::P(nw.mem.ptr), i(nw.ne(1)), A::P(nb.0.ptr), l(nr.off), A::P(done)]);
             self.launch("add_rms_norm_parts_router", (nw.ne(1).div_ceil(8) as u32, 1, 1), 1024, 0, &args);
             return;
         }
@@ -4024,23 +4030,24 @@ impl Backend for CudaBackend {
         // Backend::prefetch_hint's regions go with a one-row norm (a decode layer's start) under
         // TS_CUDA_L2PF=2 (taken either way): one block's bulk prefetches, a measurement.
         let hint = self.take_hint(xr.n == 1 && self.l2pf >= 2);
-        let mut args = [A::I(0); 21];
-        args[13..].copy_from_slice(&hint);
-        args[..13].copy_from_slice(&[
-            A::P(x.0.ptr),
-            l(xr.off),
-            l(xr.stride),
-            A::P(delta.0.ptr),
-            l(dr.off),
-            l(dr.stride),
-            A::P(w.map_or(0, |w| w.mem.ptr)),
-            A::I(w.is_some() as i32),
-            A::F(eps),
-            A::P(out.0.ptr),
-            l(o.off),
-            l(o.stride),
-            i(xr.width),
-        ]);
+        let args: [A; 21] = cat(
+            [
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                A::P(delta.0.ptr),
+                l(dr.off),
+                l(dr.stride),
+                A::P(w.map_or(0, |w| w.mem.ptr)),
+                A::I(w.is_some() as i32),
+                A::F(eps),
+                A::P(out.0.ptr),
+                l(o.off),
+                l(o.stride),
+                i(xr.width),
+            ],
+            hint,
+        );
         self.launch("add_rms_norm", (xr.n as u32, 1, 1), block, 0, &args);
     }
 
@@ -4156,22 +4163,23 @@ impl Backend for CudaBackend {
         let (_, qblocks, nrc) = op.args();
         let lpr = (k / 16).next_power_of_two().min(32);
         let gtiles = m.div_ceil(8 * (32 / lpr)).min(self.sm_count * 8);
-        let mut args = [A::I(0); 36];
-        args[..24].copy_from_slice(&nrc);
-        args[24..].copy_from_slice(&[
-            i(qblocks),
-            A::P(wk.mem.ptr),
-            l(wk.row_bytes),
-            l(wk.mat_bytes()),
-            i(m),
-            i(k),
-            l(src.off),
-            l(src.stride),
-            l(dst.off),
-            l(dst.stride),
-            i(gtiles),
-            i(lpr),
-        ]);
+        let args: [A; 36] = cat(
+            nrc,
+            [
+                i(qblocks),
+                A::P(wk.mem.ptr),
+                l(wk.row_bytes),
+                l(wk.mat_bytes()),
+                i(m),
+                i(k),
+                l(src.off),
+                l(src.stride),
+                l(dst.off),
+                l(dst.stride),
+                i(gtiles),
+                i(lpr),
+            ],
+        );
         self.launch(cache.kernel("mla_rope_absorb_1").as_str(), ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
     }
 
@@ -4285,65 +4293,57 @@ impl Backend for CudaBackend {
         let one = n == 1 && cap > 0 && !self.down_w4.0 && ks + 2 <= MOE_SH_MAX_SLOTS;
         let inline_route = one && self.moe_one_route;
         // moe_gateup_sh_q8q's arguments, which its one-token variants extend.
-        let gu = moe_gateup_args::<5, 17>(
-            &experts,
-            &shared,
-            (ff, hdim, k, nsh),
-            (sel_e, sel_w),
-            [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)],
-        );
+        let gu: [A; 17] =
+            moe_gateup_args(&experts, &shared, (ff, hdim, k, nsh), (sel_e, sel_w), [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)]);
         // One token on the two launches: each block routes the token itself (moe_gateup_sh_q8r,
         // moe_down_sh_q8r; route_warp_body keeps the logits in shared memory: E <= 256).
         let route_in = !one && n == 1 && self.moe_ri.load(Ordering::Relaxed) && !self.down_w4.0 && ne <= 256 && ks <= MOE_SH_MAX_SLOTS;
         if route_in {
             let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
             let route = [l(lr.off), i(ne), gating, A::I(p.norm_topk as i32), A::F(p.scale)];
-            let mut args = [A::I(0); 25];
-            args[..17].copy_from_slice(&gu);
-            args[17] = A::P(logits.0.ptr);
-            args[18..23].copy_from_slice(&route);
-            args[23..].copy_from_slice(&[A::P(x.0.ptr), l(xr.off)]);
+            let lead: [A; 18] = cat(gu, [A::P(logits.0.ptr)]);
+            let args: [A; 25] = cat(cat::<18, 5, 23>(lead, route), [A::P(x.0.ptr), l(xr.off)]);
             self.launch("moe_gateup_sh_q8r", (ff.div_ceil(32) as u32, ks as u32, 1), 256, xrow as u32, &args);
-            let mut args = [A::I(0); 21];
-            args[..15].copy_from_slice(&moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o));
-            args[15] = A::P(logits.0.ptr);
-            args[16..].copy_from_slice(&route);
+            let lead: [A; 16] = cat(moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o), [A::P(logits.0.ptr)]);
+            let args: [A; 21] = cat(lead, route);
             self.launch("moe_down_sh_q8r", (hdim.div_ceil(4) as u32, 1, 1), 256, 0, &args);
             return true;
         }
         if !inline_route {
             // The routing and the input's quantisation in one launch (moe_route_quant).
             let ngroups = hdim.div_ceil(128);
-            let mut args = [A::I(0); 17];
-            args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
-            args[9..].copy_from_slice(&[A::P(sel_e), A::P(sel_w), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(hdim), A::P(xq), l(xrow)]);
+            let args: [A; 17] = cat(
+                Self::route_lead(logits, lr, p),
+                [A::P(sel_e), A::P(sel_w), A::P(x.0.ptr), l(xr.off), l(xr.stride), i(hdim), A::P(xq), l(xrow)],
+            );
             self.launch("moe_route_quant", ((n.div_ceil(8) + (n * ngroups).div_ceil(8)) as u32, 1, 1), 256, 0, &args);
         }
         if one {
             let Some(cnt) = self.scratch(S::Sync, 4 * (ks + 2)) else { return true };
             let items = ks * ff / 32 + hdim.div_ceil(4);
             let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
-            let mut args = [A::I(0); 34];
-            args[..17].copy_from_slice(&gu);
-            args[17..].copy_from_slice(&[
-                A::P(dw.mem.ptr),
-                l(dw.row_bytes),
-                l(dw.mat_bytes()),
-                i(hdim),
-                A::P(shared.down.mem.ptr),
-                l(shared.down.row_bytes),
-                A::P(out.0.ptr),
-                l(o.off),
-                A::P(cnt),
-                A::P(if inline_route { logits.0.ptr } else { 0 }),
-                l(lr.off),
-                i(p.n_experts),
-                gating,
-                A::I(p.norm_topk as i32),
-                A::F(p.scale),
-                A::P(x.0.ptr),
-                l(xr.off),
-            ]);
+            let args: [A; 34] = cat(
+                gu,
+                [
+                    A::P(dw.mem.ptr),
+                    l(dw.row_bytes),
+                    l(dw.mat_bytes()),
+                    i(hdim),
+                    A::P(shared.down.mem.ptr),
+                    l(shared.down.row_bytes),
+                    A::P(out.0.ptr),
+                    l(o.off),
+                    A::P(cnt),
+                    A::P(if inline_route { logits.0.ptr } else { 0 }),
+                    l(lr.off),
+                    i(p.n_experts),
+                    gating,
+                    A::I(p.norm_topk as i32),
+                    A::F(p.scale),
+                    A::P(x.0.ptr),
+                    l(xr.off),
+                ],
+            );
             self.launch("moe_sh_q8_one", (items.min(cap) as u32, 1, 1), 256, 0, &args);
             return true;
         }
