@@ -1690,16 +1690,7 @@ fn moe_one_launch_exact() {
         let (ge, gs) = ([up(g, 0), up(g, 1), up(g, 2)], [up(g, 3), up(g, 4), up(g, 5)]);
         let (he, hs) = ([up(g2, 0), up(g2, 1), up(g2, 2)], [up(g2, 3), up(g2, 4), up(g2, 5)]);
         let (ce, cs) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
-        let p = MoeParams {
-            n_experts: ne,
-            k,
-            gating: Gating::Softmax,
-            norm_topk: false,
-            scale: 1.0,
-            n_group: 1,
-            topk_group: 1,
-            glu: Glu::SwiGlu,
-        };
+        let p = MoeParams::top_k(ne, k);
         for rep_i in 0..3 {
             let xr = Rows { off: 2, n: 1, width: hdim, stride: hdim + 2 };
             let lr = Rows { off: 1, n: 1, width: ne, stride: ne + 3 };
@@ -1995,7 +1986,7 @@ fn moe_f16_prompt() {
                 rep.failures.push(format!("case {ci}: q8_to_f16 of weight {i} differs from the host's f16"));
             }
         }
-        let p = MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: false, scale: 1.0, n_group: 1, topk_group: 1, glu };
+        let p = MoeParams { glu, ..MoeParams::top_k(ne, k) };
         let xr = Rows { off: 3, n, width: hdim, stride: hdim + 5 };
         let x = randn(&mut r, xr.end(), 1.0);
         let lr = Rows::packed(n, ne);
@@ -2111,16 +2102,7 @@ fn moe_rows_exact() {
                 rep.failures.push(format!("H={hdim} ff={ff} E={ne}: tile16_q8 of weight {j} differs from tile16"));
             }
         }
-        let p = MoeParams {
-            n_experts: ne,
-            k,
-            gating: Gating::Softmax,
-            norm_topk: false,
-            scale: 1.0,
-            n_group: 1,
-            topk_group: 1,
-            glu: Glu::SwiGlu,
-        };
+        let p = MoeParams::top_k(ne, k);
         let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
         let x = randn(&mut r, xr.end(), 1.0);
         let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
@@ -2222,8 +2204,7 @@ fn fused_recorded_steps_replay() {
     let (gw, ew) = (upl(g), upl(e));
     let nw = randn(&mut r, hdim, 1.0);
     let (gn, en) = (norm_weight(g, &nw), norm_weight(e, &nw));
-    let p =
-        MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: true, scale: 1.0, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
+    let p = MoeParams { norm_topk: true, ..MoeParams::top_k(ne, k) };
     for &n in &[1usize, 3] {
         let rx = Rows::packed(n, hdim);
         let key = 0xf05e_u64 ^ r.random::<u64>();
