@@ -90,6 +90,14 @@ pub struct MoeParams {
     pub glu: Glu,
 }
 
+impl MoeParams {
+    /// Plain routing: softmax gating, the top `k` of `n_experts` without renormalisation or
+    /// scaling, one group, SwiGLU experts (DeepSeek-V2-Lite's). Other settings by struct update.
+    pub fn top_k(n_experts: usize, k: usize) -> Self {
+        MoeParams { n_experts, k, gating: Gating::Softmax, norm_topk: false, scale: 1.0, n_group: 1, topk_group: 1, glu: Glu::SwiGlu }
+    }
+}
+
 /// How a weight will be used, so a backend may choose its storage layout at upload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightUse {

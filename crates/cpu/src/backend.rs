@@ -934,16 +934,7 @@ mod tests {
         let gate = up(&[hdim, ff, ne], &gw);
         let upw = up(&[hdim, ff, ne], &uw);
         let down = up(&[ff, hdim, ne], &dw);
-        let p = MoeParams {
-            n_experts: ne,
-            k,
-            gating: Gating::Softmax,
-            norm_topk: false,
-            scale: 1.0,
-            n_group: 1,
-            topk_group: 1,
-            glu: Glu::SwiGlu,
-        };
+        let p = MoeParams::top_k(ne, k);
         let n = 9;
         let (x, lg) = (rnd(n * hdim), rnd(n * ne));
         let run = |rows: &[usize]| -> Vec<Vec<f32>> {

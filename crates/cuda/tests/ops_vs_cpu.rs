@@ -1894,7 +1894,7 @@ fn moe_pair_exact(
         let (ae, ash) = ([up(ga, 0), up(ga, 1), up(ga, 2)], [up(ga, 3), up(ga, 4), up(ga, 5)]);
         let (be, bsh) = ([up(gb, 0), up(gb, 1), up(gb, 2)], [up(gb, 3), up(gb, 4), up(gb, 5)]);
         let (ce, cs) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
-        let p = MoeParams { n_experts: ne, k, gating, norm_topk, scale, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
+        let p = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, k) };
         for round in 0..3 {
             let xr = Rows { off: 2, n: 1, width: hdim, stride: hdim + 2 };
             let lr = Rows { off: 1, n: 1, width: ne, stride: ne + 3 };
@@ -2189,7 +2189,7 @@ fn moe_f16_prompt() {
                 rep.failures.push(format!("case {ci}: q8_to_f16 of weight {i} differs from the host's f16"));
             }
         }
-        let p = MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: false, scale: 1.0, n_group: 1, topk_group: 1, glu };
+        let p = MoeParams { glu, ..MoeParams::top_k(ne, k) };
         let xr = Rows { off: 3, n, width: hdim, stride: hdim + 5 };
         let x = randn(&mut r, xr.end(), 1.0);
         let lr = Rows::packed(n, ne);
@@ -2305,16 +2305,7 @@ fn moe_rows_exact() {
                 rep.failures.push(format!("H={hdim} ff={ff} E={ne}: tile16_q8 of weight {j} differs from tile16"));
             }
         }
-        let p = MoeParams {
-            n_experts: ne,
-            k,
-            gating: Gating::Softmax,
-            norm_topk: false,
-            scale: 1.0,
-            n_group: 1,
-            topk_group: 1,
-            glu: Glu::SwiGlu,
-        };
+        let p = MoeParams::top_k(ne, k);
         let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
         let x = randn(&mut r, xr.end(), 1.0);
         let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
@@ -2416,8 +2407,7 @@ fn fused_recorded_steps_replay() {
     let (gw, ew) = (upl(g), upl(e));
     let nw = randn(&mut r, hdim, 1.0);
     let (gn, en) = (norm_weight(g, &nw), norm_weight(e, &nw));
-    let p =
-        MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: true, scale: 1.0, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
+    let p = MoeParams { norm_topk: true, ..MoeParams::top_k(ne, k) };
     for &n in &[1usize, 3] {
         let rx = Rows::packed(n, hdim);
         let key = 0xf05e_u64 ^ r.random::<u64>();
