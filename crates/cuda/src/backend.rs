@@ -776,9 +776,6 @@ fn kernel_names() -> Vec<String> {
 
 /// Tokens per matrix up to which matmuls use the GEMV kernels instead of cuBLAS.
 pub const GEMV_MAX_TOKENS: usize = 8;
-/// Largest matrix the dense GEMV takes above [`GEMV_MAX_TOKENS`] rows (`CudaBackend::gemv_rows`):
-/// its token tiles read the matrix once each, from L2 after the first.
-const GEMV_BATCH_MAX_BYTES: usize = 24 << 20;
 
 /// Steps of up to this many tokens are recorded as CUDA graphs (decode, and the batched decode
 /// of up to this many sequences); longer ones (prompts) are launched eagerly.
@@ -970,11 +967,6 @@ pub struct CudaBackend {
     /// (`moe_gateup_sh_q8r`, `moe_down_sh_q8r`: each block routes the token itself) instead of
     /// `moe_route_quant` before them; `TS_CUDA_MOE_RI=0`: the three launches. The same bits.
     moe_ri: AtomicBool,
-    /// Dense Q8_0 products of up to this many rows (> [`GEMV_MAX_TOKENS`]) on the dp4a GEMV in
-    /// token tiles of 8 instead of the int8 tensor-core tiles, for matrices of at most
-    /// [`GEMV_BATCH_MAX_BYTES`] (the tiles re-read them from L2): a measurement of the
-    /// 64-sequence step's small products (`TS_CUDA_GEMV_ROWS=n`; default 8: off). Other bits.
-    gemv_rows: AtomicUsize,
     /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
     l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -1265,9 +1257,6 @@ impl CudaBackend {
             norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),
             norm_mm: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM").map_or(true, |v| v != "0")),
             moe_ri: AtomicBool::new(std::env::var("TS_CUDA_MOE_RI").map_or(true, |v| v != "0")),
-            gemv_rows: AtomicUsize::new(
-                std::env::var("TS_CUDA_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMV_MAX_TOKENS).clamp(1, GRAPH_MAX_TOKENS),
-            ),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
@@ -1462,12 +1451,6 @@ impl CudaBackend {
         self.norm_mm.store(on, Ordering::Relaxed);
     }
 
-    /// Dense Q8_0 products of up to `rows` rows on the dp4a GEMV (`CudaBackend::gemv_rows`; at
-    /// most [`GRAPH_MAX_TOKENS`]); for steps recorded after this call.
-    pub fn set_gemv_rows(&self, rows: usize) {
-        self.gemv_rows.store(rows.clamp(1, GRAPH_MAX_TOKENS), Ordering::Relaxed);
-    }
-
     /// The one-token decode MoE's routing inside its two kernels or in `moe_route_quant` before
     /// them (the same bits); for steps recorded after this call.
     pub fn set_moe_ri(&self, on: bool) {
@@ -1587,12 +1570,6 @@ impl CudaBackend {
     /// the merge of its splits to the caller and returns (the partial rows, the split count)
     /// (`mla_out_q8` merges them). None: `out` is written (or the backend failed).
     #[allow(clippy::too_many_arguments)]
-    /// Whether the dense dp4a GEMV takes `n` rows of these matrices: up to [`GEMV_MAX_TOKENS`],
-    /// or up to `gemv_rows` for matrices of at most [`GEMV_BATCH_MAX_BYTES`].
-    fn gemv_takes<'w>(&self, n: usize, mut ws: impl Iterator<Item = &'w CudaWeight>) -> bool {
-        n <= GEMV_MAX_TOKENS || (n <= self.gemv_rows.load(Ordering::Relaxed) && ws.all(|w| w.mem.bytes <= GEMV_BATCH_MAX_BYTES))
-    }
-
     /// The [`Backend::prefetch_hint`] regions as a kernel's 8 trailing arguments (pointer, bytes)
     /// x 4, taken either way; zeros unless `use_them`.
     fn take_hint(&self, use_them: bool) -> [A; 8] {
@@ -1969,7 +1946,7 @@ impl CudaBackend {
             self.fail(format!("matmul: no kernels for {}", w.dtype.name()));
             return;
         };
-        if self.gemv_takes(ng, std::iter::once(w)) && w.dtype == GgmlType::Q8_0 && !self.exact {
+        if ng <= GEMV_MAX_TOKENS && w.dtype == GgmlType::Q8_0 && !self.exact {
             // dp4a GEMV (kernels/fast.cu): activations quantised to Q8_0 in shared memory.
             let nt = if ng == 1 {
                 1
@@ -3739,8 +3716,7 @@ impl Backend for CudaBackend {
         };
         let fast = self.fused
             && jobs.len() >= 2
-            && n >= 1
-            && self.gemv_takes(n, jobs.iter().map(|j| j.0))
+            && (1..=GEMV_MAX_TOKENS).contains(&n)
             && nt * k * 9 / 8 <= self.smem_max
             && jobs.iter().all(|(w, _, o)| {
                 w.dtype == GgmlType::Q8_0
@@ -3772,7 +3748,6 @@ impl Backend for CudaBackend {
         // (each `matmul` would quantise it again; the same bits).
         let mmq = self.tc
             && jobs.len() >= 2
-            && !fast
             && n > GEMV_MAX_TOKENS
             && MMQ_SMEM <= self.smem_max
             && jobs.iter().all(|(w, _, o)| {

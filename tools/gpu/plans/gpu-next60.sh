@@ -10,10 +10,7 @@
 #  * The f16/bf16 decode products' weight loads skip L1 as the Q8_0 MoE's do since
 #    gpu-next59 (TS_CUDA_DEFINES=TS_WNA=0: plain loads); bf16 tg128 both ways.
 # And GQ_MOE_MIN_BLOCKS (the decode MoE kernels' blocks an SM, 3) at 2 and 4 now that the
-# weights skip L1 (TS_CUDA_DEFINES; each first run compiles). And for #6, TS_CUDA_GEMV_ROWS=n:
-# the 64-sequence step's small dense products (q, kv_a, o, the per-head products: 10 us each
-# on the tensor-core tiles) on the dp4a GEMV in token tiles of 8, for matrices up to 24 MB
-# (re-read from L2): 64 sequences at 16, 32, 64 (other bits: each row's single-token bits).
+# weights skip L1 (TS_CUDA_DEFINES; each first run compiles).
 #   tools/gpu/plans/gpu-next60.sh BIN OPS a   (op tests, tg128 under four settings twice,
 #                                              16k both ways, 64 sequences: ~6 minutes)
 #   tools/gpu/plans/gpu-next60.sh BIN OPS b   (trace, 64 sequences with the GEMV rows, MIN_BLOCKS:
@@ -26,7 +23,7 @@ export TS_RUN_LIMIT=90
 [ "$PART" = c ] || { "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 & }
 if [ "$PART" = a ]; then
 stamp "== op tests"
-op_log 150 4 ops.txt "" "" fused_add_rms_norm_matmul_many moe_route_in_exact fused_moe_shared fused_matmul_many fused_add_rms_norm fused_recorded recorded_steps_replay fused_mla_attention_out moe_routing_and_experts gemv_token_tiles
+op_log 150 4 ops.txt "" "" fused_add_rms_norm_matmul_many moe_route_in_exact fused_moe_shared fused_matmul_many fused_add_rms_norm fused_recorded recorded_steps_replay fused_mla_attention_out moe_routing_and_experts
 wait
 stamp "== tg128"
 for r in 1 2; do
@@ -41,10 +38,6 @@ if [ "$PART" = b ]; then
 stamp "== trace"
 TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m $V -p 0 -n 32 -r 1 >/dev/null 2>&1
 python3 tools/gpu/trace.py $O/tr.csv 16 | head -16; rm -f $O/tr.csv
-stamp "== 64 sequences, small products on the GEMV"
-for r in 1 2; do
-  for e in "" "TS_CUDA_GEMV_ROWS=16" "TS_CUDA_GEMV_ROWS=32" "TS_CUDA_GEMV_ROWS=64"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash; done
-done
 stamp "== MoE blocks an SM"
 for e in "TS_CUDA_DEFINES=GQ_MOE_MIN_BLOCKS=2" "TS_CUDA_DEFINES=GQ_MOE_MIN_BLOCKS=4" ""; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
 fi
