@@ -965,7 +965,9 @@ pub struct CudaBackend {
     norm_mm: AtomicBool,
     /// The one-token Q8_0 decode MoE routes inside its gate/up and down kernels
     /// (`moe_gateup_sh_q8r`, `moe_down_sh_q8r`: each block routes the token itself) instead of
-    /// `moe_route_quant` before them; `TS_CUDA_MOE_RI=0`: the three launches. The same bits.
+    /// `moe_route_quant` before them; `TS_CUDA_MOE_RI=1` turns it on. The same bits, but off by
+    /// default: on the H200 it cost 7-10 tok/s at tg128 (662.4 / 655.0 → 654.0 / 651.5; every
+    /// block of both kernels repeats the 64-expert routing), against one launch saved.
     moe_ri: AtomicBool,
     /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
     l2pf: u8,
@@ -1256,7 +1258,7 @@ impl CudaBackend {
             l2_hint: Mutex::new([(0, 0); 4]),
             norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),
             norm_mm: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM").map_or(true, |v| v != "0")),
-            moe_ri: AtomicBool::new(std::env::var("TS_CUDA_MOE_RI").map_or(true, |v| v != "0")),
+            moe_ri: AtomicBool::new(std::env::var("TS_CUDA_MOE_RI").is_ok_and(|v| v != "0")),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
