@@ -1287,17 +1287,10 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
 // computes rows 8b .. 8b+7 of W . h with gemv_f32_split's arithmetic (four warps a row, a
 // quarter of the width each, the quarters added in order: the same logits). Its weight rows are
 // loaded before the PDL wait. Needs width % 128 == 0 and width <= NP_PER * NP_THREADS.
-// With rk > 0 (the decode MoE's routing ahead of it, CudaBackend::pre_route) also
-// moe_route_quant's work, so the MoE's kernels wait on this one: block 0 quantises the normed
-// row (hs, the bits it writes to out) into xq with quant_group_body, and the last block to write
-// its logits (done word 2; m <= 256 experts) routes them with route_warp_body (top rk, gating,
-// norm_topk, scale) into sel_e / sel_w, from a copy read past L1: the same bodies on the same
-// values, so the same bits as moe_route_quant after this kernel.
 extern "C" __global__ void __launch_bounds__(NP_THREADS)
     add_rms_norm_parts_router(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w, int has_w,
                               float eps, float* out, i64 ooff, int width, const float* R, int m, float* lg, i64 loff,
-                              unsigned* done, int rk, int gating, int norm_topk, float scale, int* sel_e, float* sel_w,
-                              u8* xq) {
+                              unsigned* done) {
     __shared__ float red[32];
     __shared__ float qsum[NP_THREADS / 32];
     __shared__ int last;
@@ -1351,22 +1344,5 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
     acc = warp_sum(acc);
     if (lane == 0) qsum[warp] = acc;
     __syncthreads();
-    if (quarter == 0 && lane == 0 && r < m) {
-        lg[loff + r] = qsum[warp] + qsum[warp + 1] + qsum[warp + 2] + qsum[warp + 3];
-        if (rk > 0) __threadfence();
-    }
-    if (rk <= 0) return;
-    if (blockIdx.x == 0)
-        for (int g = warp; g < width / 128; g += NP_THREADS / 32)
-            quant_group_body(g, hs, nullptr, 0, 0, 1, width, 0, nullptr, 0, 1, xq, 0);
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(done + 2, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (last && warp == 0) {
-        __threadfence();
-        for (int e = lane; e < m; e += 32) hs[e] = __ldcg(lg + loff + e);
-        __syncwarp();
-        route_warp_body(0, hs, 0, 0, 1, m, rk, gating, norm_topk, scale, sel_e, sel_w);
-        if (lane == 0) done[2] = 0u;
-    }
+    if (quarter == 0 && lane == 0 && r < m) lg[loff + r] = qsum[warp] + qsum[warp + 1] + qsum[warp + 2] + qsum[warp + 3];
 }

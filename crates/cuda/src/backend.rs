@@ -257,19 +257,12 @@ enum S {
     /// The one-launch decode MoE's slot counters (`moe_sh_q8_one`: `k + n_shared` of them, one
     /// for its down units, its routing's ready flag; zero between launches).
     Sync,
-    /// Counts of blocks (u32s; zero between launches: the last block resets its word): done
-    /// reading the residual (the last writes it): word 0 `add_rms_norm_parts_router`'s, word 1
-    /// `gemv_q8_multi_norm_1`'s; word 2: `add_rms_norm_parts_router`'s blocks done writing the
-    /// router logits (the last routes them).
+    /// Counts of blocks done reading the residual (u32s; zero between launches: the last block
+    /// writes the residual and resets its word): word 0 `add_rms_norm_parts_router`'s, word 1
+    /// `gemv_q8_multi_norm_1`'s.
     NormSync,
-    /// The one-token MoE's routing made ahead, in the norm's launch ([`CudaBackend::pre_route`]):
-    /// its k expert ids (i32), their weights (f32), its input row in Q8_0 groups. Written by
-    /// that launch only, read by the `moe_shared` that follows it.
-    PreE,
-    PreW,
-    PreXq,
 }
-const N_SCRATCH: usize = 26;
+const N_SCRATCH: usize = 23;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -364,24 +357,6 @@ const MS_NB: usize = 3;
 /// covers this routing: at most 256 experts, top 32, and no expert-group limit that binds.
 fn warp_route(p: &MoeParams) -> bool {
     p.n_experts <= 256 && p.k <= 32 && (p.n_group == 1 || p.topk_group >= p.n_group)
-}
-/// A one-token routing made ahead of its MoE ([`CudaBackend::pre_route`]): the logits' and the
-/// input row's places (pointer, offset in floats) and the parameters it used.
-#[derive(Clone, Copy)]
-struct Routed {
-    logits: (u64, usize),
-    input: (u64, usize),
-    p: MoeParams,
-}
-impl Routed {
-    fn serves(&self, logits: (u64, usize), input: (u64, usize), p: &MoeParams) -> bool {
-        let q = &self.p;
-        self.logits == logits
-            && self.input == input
-            && (q.n_experts, q.k, q.norm_topk, q.scale.to_bits()) == (p.n_experts, p.k, p.norm_topk, p.scale.to_bits())
-            && matches!(q.gating, Gating::Sigmoid) == matches!(p.gating, Gating::Sigmoid)
-            && warp_route(p)
-    }
 }
 /// A grouped `mmq_q8` product's expert lists (`moe_group`'s `cnt`, `off`, `perm` over `n_exp`
 /// experts) and, for experts from `e_sh` on, a shared FFN's chunks: `sh` = (matrix, row bytes,
@@ -994,17 +969,6 @@ pub struct CudaBackend {
     /// default: on the H200 it cost 7-10 tok/s at tg128 (662.4 / 655.0 → 654.0 / 651.5; every
     /// block of both kernels repeats the 64-expert routing), against one launch saved.
     moe_ri: AtomicBool,
-    /// One token's MoE routing ahead of the MoE, in the norm's launch that makes its logits
-    /// (`add_rms_norm_parts_router` with routing: moe_route_quant's bodies there, the same bits,
-    /// one dependent launch fewer a layer); `TS_CUDA_PRE_ROUTE=0`: `moe_route_quant` in the MoE.
-    pre_route: AtomicBool,
-    /// What that launch routed (set under `scratch_op` with the launch, taken by the next
-    /// `moe_shared`, which uses [`S::PreE`] / [`S::PreW`] / [`S::PreXq`] only if its logits,
-    /// input and parameters are these: stream order is `scratch_op` order, so the scratch still
-    /// holds them).
-    routed: Mutex<Option<Routed>>,
-    /// `moe_shared` ops that took a routing made ahead (for the tests: [`CudaBackend::pre_routes`]).
-    pre_routed: AtomicU64,
     /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
     l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -1295,9 +1259,6 @@ impl CudaBackend {
             norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),
             norm_mm: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM").map_or(true, |v| v != "0")),
             moe_ri: AtomicBool::new(std::env::var("TS_CUDA_MOE_RI").is_ok_and(|v| v != "0")),
-            pre_route: AtomicBool::new(std::env::var("TS_CUDA_PRE_ROUTE").map_or(true, |v| v != "0")),
-            routed: Mutex::new(None),
-            pre_routed: AtomicU64::new(0),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
@@ -1490,17 +1451,6 @@ impl CudaBackend {
     /// recorded after this call.
     pub fn set_norm_mm(&self, on: bool) {
         self.norm_mm.store(on, Ordering::Relaxed);
-    }
-
-    /// One token's MoE routing in the norm's launch before it, or in the MoE's own
-    /// (`CudaBackend::pre_route`).
-    pub fn set_pre_route(&self, on: bool) {
-        self.pre_route.store(on, Ordering::Relaxed);
-    }
-
-    /// How many `moe_shared` ops have used a routing made ahead (`pre_route`).
-    pub fn pre_routes(&self) -> u64 {
-        self.pre_routed.load(Ordering::Relaxed)
     }
 
     /// The one-token decode MoE's routing inside its two kernels or in `moe_route_quant` before
@@ -3494,8 +3444,6 @@ impl Backend for CudaBackend {
         out: &CudaBuf,
         o: Rows,
     ) {
-        // A routing made ahead (pre_route) is for moe_shared only; this op routes itself.
-        self.routed.lock().unwrap_or_else(|e| e.into_inner()).take();
         let n = xr.n;
         assert!(lr.n == n && o.n == n && lr.width == p.n_experts && o.width == xr.width);
         x.check(xr);
@@ -3890,7 +3838,7 @@ impl Backend for CudaBackend {
         x.check(xr);
         delta.check(dr);
         out.check(o);
-        let Some(done) = self.scratch(S::NormSync, 16) else { return };
+        let Some(done) = self.scratch(S::NormSync, 8) else { return };
         let (table, lpr, total) = multi_jobs(jobs, k);
         let args: [A; 33] = cat(
             table,
@@ -3936,10 +3884,9 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &CudaBuf,
         o: Rows,
-        next: Option<(&CudaWeight, &CudaBuf, Rows, &MoeParams)>,
+        next: Option<(&CudaWeight, &CudaBuf, Rows)>,
     ) {
         let (nh, kl, hd) = (p.n_heads, p.kv_lora, xr.width);
-        *self.routed.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let rows = self.mla_out.load(Ordering::Relaxed);
         // One token (a decode step) of V2's shapes with Q8_0 value and output weights:
         // mla_out_q8's preconditions (kernels/fused.cu), else the plain chain.
@@ -3970,7 +3917,7 @@ impl Backend for CudaBackend {
             self.matmul_grouped(lat, lr, w_uv, av, avr);
             self.matmul(av, avo, wo, y, xr);
             self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
-            if let Some((nw, nb, nr, _)) = next {
+            if let Some((nw, nb, nr)) = next {
                 self.matmul(out, o, nw, nb, nr);
             }
             return;
@@ -3980,9 +3927,6 @@ impl Backend for CudaBackend {
         lat.check(lr);
         // The split kernel's partial rows, merged by mla_out_q8; or lat, written merged.
         let (part, nsp) = self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true).unwrap_or((0, 0));
-        // Held from here to the routing's record (`routed`), so that no other op's launches come
-        // between this one's on the stream.
-        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         let Some(ho) = self.scratch(S::Ho, 4 * nh * hd) else { return };
         self.launch(
             "mla_out_q8",
@@ -4010,7 +3954,7 @@ impl Backend for CudaBackend {
         );
         // With `next` a few-row f32 matrix of the row's width (the MoE router): the norm and
         // that product in one launch (add_rms_norm_parts_router, the same bits as the two).
-        let fused_next = next.filter(|(nw, _, nr, _)| {
+        let fused_next = next.filter(|(nw, _, nr)| {
             self.norm_router.load(Ordering::Relaxed)
                 && nw.dtype == GgmlType::F32
                 && nw.ne(0) == hd
@@ -4032,30 +3976,15 @@ impl Backend for CudaBackend {
             l(o.off),
             i(hd),
         ];
-        if let Some((nw, nb, nr, mp)) = fused_next {
+        if let Some((nw, nb, nr)) = fused_next {
             nb.check(nr);
-            let Some(done) = self.scratch(S::NormSync, 16) else { return };
-            // The MoE's routing too (pre_route): plain top-k of at most 256 experts, the router's
-            // rows being the experts.
-            let pre = self.pre_route.load(Ordering::Relaxed) && warp_route(mp) && mp.n_experts == nw.ne(1) && mp.k > 0;
-            let mut route = [i(0), i(0), i(0), A::F(0.0), A::P(0), A::P(0), A::P(0)];
-            if pre {
-                let (Some(se), Some(sw)) = (self.scratch(S::PreE, 4 * mp.k), self.scratch(S::PreW, 4 * mp.k)) else { return };
-                let Some(xq) = self.scratch(S::PreXq, hd / 128 * 144) else { return };
-                let gating = A::I(matches!(mp.gating, Gating::Sigmoid) as i32);
-                route = [i(mp.k), gating, A::I(mp.norm_topk as i32), A::F(mp.scale), A::P(se), A::P(sw), A::P(xq)];
-            }
-            let args: [A; 23] = cat(cat::<11, 5, 16>(norm, [A::P(nw.mem.ptr), i(nw.ne(1)), A::P(nb.0.ptr), l(nr.off), A::P(done)]), route);
+            let Some(done) = self.scratch(S::NormSync, 8) else { return };
+            let args: [A; 16] = cat(norm, [A::P(nw.mem.ptr), i(nw.ne(1)), A::P(nb.0.ptr), l(nr.off), A::P(done)]);
             self.launch("add_rms_norm_parts_router", (nw.ne(1).div_ceil(8) as u32, 1, 1), 1024, 0, &args);
-            if pre {
-                *self.routed.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(Routed { logits: (nb.0.ptr, nr.off), input: (out.0.ptr, o.off), p: *mp });
-            }
             return;
         }
         self.launch("add_rms_norm_parts", (1, 1, 1), 1024, 0, &norm);
-        drop(_op);
-        if let Some((nw, nb, nr, _)) = next {
+        if let Some((nw, nb, nr)) = next {
             self.matmul(out, o, nw, nb, nr);
         }
     }
@@ -4243,8 +4172,6 @@ impl Backend for CudaBackend {
         out: &CudaBuf,
         o: Rows,
     ) -> bool {
-        // A routing made ahead for this op (pre_route) serves it or none: taken on every path.
-        let routed = self.routed.lock().unwrap_or_else(|e| e.into_inner()).take();
         let n = xr.n;
         let (hdim, ff, ne, k) = (experts.gate.ne(0), experts.gate.ne(1), p.n_experts, p.k);
         let sf = shared.gate.ne(1);
@@ -4316,28 +4243,20 @@ impl Backend for CudaBackend {
         let nsh = sf / ff;
         let ks = k + nsh;
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-        // Routed already, in the launch that made the logits (pre_route)?
-        let pre = n == 1 && routed.is_some_and(|r| r.serves((logits.0.ptr, lr.off), (x.0.ptr, xr.off), p));
-        if pre {
-            self.pre_routed.fetch_add(1, Ordering::Relaxed);
-        }
         // A scratch that cannot be had (an allocation during a capture, or a failed one) has been
         // recorded: the op counts as enqueued (the step is redone or the error reported).
-        let (se, sw) = if pre { (S::PreE, S::PreW) } else { (S::SelE, S::SelW) };
-        let Some(sel_e) = self.scratch(se, 4 * n * k) else { return true };
-        let Some(sel_w) = self.scratch(sw, 4 * n * k) else { return true };
+        let Some(sel_e) = self.scratch(S::SelE, 4 * n * k) else { return true };
+        let Some(sel_w) = self.scratch(S::SelW, 4 * n * k) else { return true };
         let Some(g) = self.scratch(S::G, 4 * n * ks * ff) else { return true };
         if h16 {
-            if !pre {
-                self.route(logits, lr, p, true, sel_e, sel_w);
-            }
+            self.route(logits, lr, p, true, sel_e, sel_w);
             self.moe_shared_h16(x, xr, p, &experts, &shared, (n, ks, nsh), (sel_e, sel_w, g), out, o);
             return true;
         }
         // Activations quantised once (the input per token, the GLU output per slot, times its
         // router weight), in the weights' group layout.
         let (xrow, hrow) = (hdim.div_ceil(128) * 144, ff.div_ceil(128) * 144);
-        let Some(xq) = self.scratch(if pre { S::PreXq } else { S::Xq }, n * xrow) else { return true };
+        let Some(xq) = self.scratch(S::Xq, n * xrow) else { return true };
         let Some(hq) = self.scratch(S::Hq, n * ks * hrow) else { return true };
         let dw = experts.down;
         let act = match p.glu {
@@ -4348,14 +4267,14 @@ impl Backend for CudaBackend {
         // those finish (moe_sh_q8_one; two warps a down row, as moe_down_sh_q8), with the routing
         // and the input's quantisation in its block 0 (TS_CUDA_MOE_ONE_ROUTE=0: moe_route_quant).
         let cap = self.moe_one.load(Ordering::Relaxed);
-        let one = n == 1 && cap > 0 && !pre && !self.down_w4.0 && ks + 2 <= MOE_SH_MAX_SLOTS;
+        let one = n == 1 && cap > 0 && !self.down_w4.0 && ks + 2 <= MOE_SH_MAX_SLOTS;
         let inline_route = one && self.moe_one_route;
         // moe_gateup_sh_q8q's arguments, which its one-token variants extend.
         let gu: [A; 17] =
             moe_gateup_args(&experts, &shared, (ff, hdim, k, nsh), (sel_e, sel_w), [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)]);
         // One token on the two launches: each block routes the token itself (moe_gateup_sh_q8r,
         // moe_down_sh_q8r; route_warp_body keeps the logits in shared memory: E <= 256).
-        let route_in = !one && !pre && n == 1 && self.moe_ri.load(Ordering::Relaxed) && !self.down_w4.0 && ne <= 256 && ks <= MOE_SH_MAX_SLOTS;
+        let route_in = !one && n == 1 && self.moe_ri.load(Ordering::Relaxed) && !self.down_w4.0 && ne <= 256 && ks <= MOE_SH_MAX_SLOTS;
         if route_in {
             let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
             let route = [l(lr.off), i(ne), gating, A::I(p.norm_topk as i32), A::F(p.scale)];
@@ -4367,7 +4286,7 @@ impl Backend for CudaBackend {
             self.launch("moe_down_sh_q8r", (hdim.div_ceil(4) as u32, 1, 1), 256, 0, &args);
             return true;
         }
-        if !inline_route && !pre {
+        if !inline_route {
             // The routing and the input's quantisation in one launch (moe_route_quant).
             let ngroups = hdim.div_ceil(128);
             let args: [A; 17] = cat(
