@@ -1030,7 +1030,8 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
 // attention ends: the merge, the W_uv product and the W_o product were three dependent launches.
 // Needs kl % 128 == 0, kl <= 512, vd == 128, W_o rows of nh groups (its input nh * 128), part's
 // rows as the split kernels write them (m, l, kl sums), or lat (part null: the split wrote the
-// merged rows itself) at lat + loff + h * lstride.
+// merged rows itself) at lat + loff + h * lstride, or with q (non-null) no split kernel at all:
+// the block attends itself (mo_attend; V2's shapes, the token's rows of an f16 cache at slot[0]).
 #define MO_THREADS 256
 #define MO_WARPS (MO_THREADS / 32)
 #define MO_VD 128
@@ -1044,10 +1045,96 @@ __device__ __forceinline__ void mo_cp16(u8* s, const u8* g) {
     *(uint4*)s = *(const uint4*)g;
 #endif
 }
+// Head h's attention in the block itself (q non-null: short contexts, CudaBackend::mo_att, where
+// the split kernel's launch and its merge cost more than every block of the head reading the
+// head's keys; V2's shapes only: an f16 cache of 576-value rows, kl 512): lanes hold the scaled
+// query's 576 values as 9 f16 pairs' places, warp w takes key rows 4w .. 4w+3, then 32 on, each
+// row loaded once for its score and its latent sum, an online softmax over each 4 (mla_split's
+// formulas); the warps' (max, sum, rows) then meet in shared memory in warp order. Returns this
+// thread's two latent values 2 tid, 2 tid + 1, normalised. Other bits than the split kernels'
+// (another order of the same sums).
+__device__ __forceinline__ float2 mo_attend(const float* qh, float scale, const u16* rows, int end, float* wsum,
+                                            float* red) {
+    constexpr int KL = 512, W = 576;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    float2 qv[9];
+#pragma unroll
+    for (int i = 0; i < 9; i++) {
+        const float2 t = *(const float2*)(qh + 2 * (lane + 32 * i));
+        qv[i] = make_float2(t.x * scale, t.y * scale);
+    }
+    float m = NEG_INF, L = 0.f;
+    float2 acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i] = make_float2(0.f, 0.f);
+    for (int j0 = 4 * warp; j0 < end; j0 += 4 * MO_WARPS) {
+        float2 c[4][9];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const u32* r = (const u32*)(rows + (i64)min(j0 + u, end - 1) * W);
+#pragma unroll
+            for (int i = 0; i < 9; i++) {
+                const u32 v = r[lane + 32 * i];
+                c[u][i] = make_float2(h2f((u16)v), h2f((u16)(v >> 16)));
+            }
+        }
+        float sc[4], mt = m;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < 9; i++) d += qv[i].x * c[u][i].x + qv[i].y * c[u][i].y;
+            d = warp_sum(d);
+            sc[u] = j0 + u < end ? d : NEG_INF;
+            mt = fmaxf(mt, sc[u]);
+        }
+        const float corr = expf(m - mt);
+        float ps = 0.f;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            sc[u] = expf(sc[u] - mt);
+            ps += sc[u];
+        }
+        L = L * corr + ps;
+        m = mt;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float x = acc[i].x * corr, y = acc[i].y * corr;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                x += sc[u] * c[u][i].x;
+                y += sc[u] * c[u][i].y;
+            }
+            acc[i] = make_float2(x, y);
+        }
+    }
+    if (lane == 0) {
+        red[warp] = m;
+        red[MO_WARPS + warp] = L;
+    }
+    __syncthreads();
+    float M = red[0];
+    for (int w = 1; w < MO_WARPS; w++) M = fmaxf(M, red[w]);
+    const float f = expf(m - M);  // 0 for a warp without rows (m = -inf)
+#pragma unroll
+    for (int i = 0; i < 8; i++) *(float2*)(wsum + warp * KL + 2 * (lane + 32 * i)) = make_float2(acc[i].x * f, acc[i].y * f);
+    float den = 0.f;
+    for (int w = 0; w < MO_WARPS; w++) den += red[MO_WARPS + w] * expf(red[w] - M);
+    __syncthreads();
+    float2 r = *(const float2*)(wsum + 2 * tid);
+    for (int w = 1; w < MO_WARPS; w++) {
+        const float2 t = *(const float2*)(wsum + w * KL + 2 * tid);
+        r.x += t.x;
+        r.y += t.y;
+    }
+    const float inv = 1.0f / den;
+    return make_float2(r.x * inv, r.y * inv);
+}
 extern "C" __global__ void __launch_bounds__(MO_THREADS)
     mla_out_q8(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
                const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
-               float* outp) {
+               float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
+               float scale) {
     extern __shared__ __align__(16) u8 smo[];
     const int c = blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1079,7 +1166,9 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS)
     pdl_wait();
     const int i = 2 * tid;
     float2 lv = make_float2(0.f, 0.f);
-    if (part) {
+    if (q) {
+        lv = mo_attend(q + qoff + (i64)h * q_head, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
+    } else if (part) {
         const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
         const int nact = min(nsp, (end + chunk - 1) / chunk);
         const int stride = kl + 2;

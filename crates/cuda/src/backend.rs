@@ -20,7 +20,7 @@
 //!   largest use and is then reused; nothing else is allocated after open.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
@@ -841,6 +841,11 @@ pub struct CudaBackend {
     /// (merge, W_uv and W_o GEMVs, add_rms_norm). `TS_CUDA_MLA_OUT` (0 or the row count),
     /// default 256.
     mla_out: AtomicUsize,
+    /// One token of V2's MLA shapes (f16 cache) at a position below this: `mla_out_q8`'s blocks
+    /// attend themselves (`mo_attend`: each of a head's blocks reads the head's keys) instead of
+    /// the split kernel's launch before it (`TS_CUDA_MO_ATT=n`, 0 = never). Part of the step's
+    /// graph key ([`Backend::graph_class`]).
+    mo_att: AtomicU32,
     /// MLA latent caches in f16 where the kernels allow (`alloc_latent_cache`);
     /// `TS_CUDA_MLA_F16=0` keeps them f32, to compare.
     mla_f16: bool,
@@ -1210,6 +1215,7 @@ impl CudaBackend {
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_keys: std::env::var("TS_CUDA_MLA_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(256),
             mla_out: AtomicUsize::new(std::env::var("TS_CUDA_MLA_OUT").ok().and_then(|v| v.parse().ok()).unwrap_or(256)),
+            mo_att: AtomicU32::new(std::env::var("TS_CUDA_MO_ATT").ok().and_then(|v| v.parse().ok()).unwrap_or(192)),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             ms_nb,
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
@@ -1451,6 +1457,12 @@ impl CudaBackend {
     /// recorded after this call.
     pub fn set_norm_mm(&self, on: bool) {
         self.norm_mm.store(on, Ordering::Relaxed);
+    }
+
+    /// One token's attention in `mla_out_q8`'s blocks below this position (`CudaBackend::mo_att`;
+    /// 0: never).
+    pub fn set_mo_att(&self, below: u32) {
+        self.mo_att.store(below, Ordering::Relaxed);
     }
 
     /// The one-token decode MoE's routing inside its two kernels or in `moe_route_quant` before
@@ -3629,7 +3641,8 @@ impl Backend for CudaBackend {
         let pos = || batch.tokens.iter().map(|t| t.pos);
         let n = batch.tokens.len();
         let splits = if n > 1 { self.batch_mla_splits(n, pos()) as u64 } else { 0 };
-        self.long_context(pos()) as u64 | splits << 1
+        let short = n == 1 && pos().all(|p| p < self.mo_att.load(Ordering::Relaxed));
+        self.long_context(pos()) as u64 | (short as u64) << 1 | splits << 2
     }
 
     /// CUDA graphs for steps of up to [`GRAPH_MAX_TOKENS`] tokens (decode, batched decode): a key runs eagerly the
@@ -3925,32 +3938,56 @@ impl Backend for CudaBackend {
         x.check(xr);
         out.check(o);
         lat.check(lr);
-        // The split kernel's partial rows, merged by mla_out_q8; or lat, written merged.
-        let (part, nsp) = self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true).unwrap_or((0, 0));
+        // A short context: the attention in mla_out_q8's blocks (mo_attend's shapes), else the
+        // split kernel's partial rows, merged by mla_out_q8; or lat, written merged.
+        let short = cache.half
+            && (qr.width, kl, cache.width, p.rope_dim) == (576, 512, 576, 64)
+            && qr.n == nh
+            && qr.off % 2 == 0
+            && qr.stride % 2 == 0
+            && batch.tokens[0].pos < self.mo_att.load(Ordering::Relaxed);
+        let (part, nsp) = if short {
+            q.check(qr);
+            self.take_hint(false);
+            if !self.check_cache_rows(batch, cache.rows, "mla_attention_out") {
+                return;
+            }
+            (0, 0)
+        } else {
+            self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true).unwrap_or((0, 0))
+        };
+        let att = if short {
+            [A::P(q.0.ptr), l(qr.off), l(qr.stride), A::P(cache.mem.ptr), A::P(batch.slot_ptr()), A::I(batch.slot_len as i32), A::F(p.scale)]
+        } else {
+            [A::P(0), l(0), l(0), A::P(0), A::P(0), A::I(0), A::F(0.0)]
+        };
         let Some(ho) = self.scratch(S::Ho, 4 * nh * hd) else { return };
         self.launch(
             "mla_out_q8",
             (hd.div_ceil(rows) as u32, nh as u32, 1),
             256,
             mla_out_smem(kl, w_uv.row_bytes, rows) as u32,
-            &[
-                A::P(part),
-                i(nsp),
-                A::P(lat.0.ptr),
-                l(lr.off),
-                l(lr.stride),
-                A::P(batch.pos_ptr()),
-                i(nh),
-                i(kl),
-                A::P(w_uv.mem.ptr),
-                l(w_uv.row_bytes),
-                l(w_uv.mat_bytes()),
-                A::P(wo.mem.ptr),
-                l(wo.row_bytes),
-                i(hd),
-                i(rows),
-                A::P(ho),
-            ],
+            &cat::<16, 7, 23>(
+                [
+                    A::P(part),
+                    i(nsp),
+                    A::P(lat.0.ptr),
+                    l(lr.off),
+                    l(lr.stride),
+                    A::P(batch.pos_ptr()),
+                    i(nh),
+                    i(kl),
+                    A::P(w_uv.mem.ptr),
+                    l(w_uv.row_bytes),
+                    l(w_uv.mat_bytes()),
+                    A::P(wo.mem.ptr),
+                    l(wo.row_bytes),
+                    i(hd),
+                    i(rows),
+                    A::P(ho),
+                ],
+                att,
+            ),
         );
         // With `next` a few-row f32 matrix of the row's width (the MoE router): the norm and
         // that product in one launch (add_rms_norm_parts_router, the same bits as the two).

@@ -1452,11 +1452,13 @@ fn fused_mla_rope_absorb() {
 }
 
 /// `mla_attention_out` on one backend for one decode token at position `hist` of slot 1 (a cache
-/// of random rows up to it), with a 64-row f32 `next` product (a router) when `rw` is given:
-/// returns (x after the residual add, the normed rows, the router's logits).
+/// of random rows up to it; the backend's latent cache with `latent`, else an f32 one), with a
+/// 64-row f32 `next` product (a router) when `rw` is given: returns (x after the residual add,
+/// the normed rows, the router's logits).
 #[allow(clippy::too_many_arguments)]
 fn run_mla_out<B: Backend>(
     b: &B,
+    latent: bool,
     p: &MlaParams,
     hist: u32,
     cache_rows: &[f32],
@@ -1467,7 +1469,8 @@ fn run_mla_out<B: Backend>(
     let (nh, kl) = (p.n_heads, p.kv_lora);
     let (w, hd, slot_len) = (kl + p.rope_dim, x.len(), 4096u32);
     let all: Vec<TokenMeta> = (0..=hist).map(|pos| TokenMeta { token: 0, pos, slot: 1 }).collect();
-    let cache = b.alloc_cache(2 * slot_len as usize, w).unwrap();
+    let cache = if latent { b.alloc_latent_cache(2 * slot_len as usize, w, kl, nh) } else { b.alloc_cache(2 * slot_len as usize, w) };
+    let cache = cache.unwrap();
     fill_cache(b, &cache, cache_rows, w, &all, slot_len);
     let bt = batch(b, &BatchMeta { tokens: vec![TokenMeta { token: 1, pos: hist, slot: 1 }], outputs: vec![], slot_len });
     let (uvs, wos) = ([kl, 128, nh], [nh * 128, hd]);
@@ -1537,9 +1540,9 @@ fn fused_mla_attention_out() {
         let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
         g.set_mla_out(rows);
         g.set_norm_router(true);
-        let (fx, fo, fl) = run_mla_out(g, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (fx, fo, fl) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
         g.set_norm_router(false);
-        let (nx, no, nl) = run_mla_out(g, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (nx, no, nl) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
         exact(
             &mut rep,
             &format!("heads={nh} H={hd} pos={hist} router in the norm's launch"),
@@ -1548,8 +1551,8 @@ fn fused_mla_attention_out() {
             &[nx, no, nl],
         );
         g.set_mla_out(0);
-        let (px, po, pl) = run_mla_out(g, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
-        let (cx, co, cl) = run_mla_out(c, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (px, po, pl) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (cx, co, cl) = run_mla_out(c, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
         // The tensor-core split rounds queries, keys and probabilities to f16.
         let tol = if nh == 16 && hist >= 2560 { 2e-2 } else { 5e-3 };
         let lab = format!("heads={nh} kv_lora={kl} H={hd} rows={rows} pos={hist}");
@@ -1784,6 +1787,45 @@ fn moe_route_in_exact() {
         (256, 128, 16, 4, 1, Gating::Sigmoid, true, 2.5),
     ];
     moe_pair_exact(&mut rep, (ga, gb), &cases, "routed inside vs moe_route_quant", 34);
+    rep.finish();
+}
+
+/// One decode token's attention inside `mla_out_q8`'s blocks (`mo_attend`, short contexts: no
+/// split kernel) against the split kernels over the same f16 latent cache (`set_mo_att(0)`) and
+/// against the CPU's chain over an f32 one: V2-Lite's shapes, positions around the warps' rows
+/// (4 a warp, 32 a block pass) and past the default threshold.
+#[test]
+fn short_attention_in_mla_out() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let g = &CudaBackend::new(0).expect("second backend");
+    let c = cpu();
+    let mut r = rng(53);
+    let mut rep = Report::new("attention in mla_out_q8");
+    let (nh, kl, rd, hd) = (16, 512, 64, 2048);
+    let w = kl + rd;
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
+    for hist in [0u32, 1, 3, 4, 31, 32, 33, 100, 191, 300, 700] {
+        let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
+        let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+        let args = (&q[..], &x[..], &nw[..]);
+        g.set_mo_att(u32::MAX);
+        let (ax, ao, al) = run_mla_out(g, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        g.set_mo_att(0);
+        let (bx, bo, bl) = run_mla_out(g, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (cx, co, _) = run_mla_out(c, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let lab = format!("pos={hist}");
+        rep.check(&format!("{lab} x vs split"), &ax, &bx, 2e-3, 1e-3);
+        rep.check(&format!("{lab} out vs split"), &ao, &bo, 2e-3, 1e-3);
+        rep.check(&format!("{lab} logits vs split"), &al, &bl, 2e-3, 1e-3);
+        // (The f16 cache rounds the keys.)
+        rep.check(&format!("{lab} x vs cpu"), &ax, &cx, 1e-2, 1e-2);
+        rep.check(&format!("{lab} out vs cpu"), &ao, &co, 1e-2, 1e-2);
+    }
+    g.set_mo_att(192);
     rep.finish();
 }
 
