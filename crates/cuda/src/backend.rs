@@ -846,6 +846,8 @@ pub struct CudaBackend {
     /// the split kernel's launch before it (`TS_CUDA_MO_ATT=n`, 0 = never). Part of the step's
     /// graph key ([`Backend::graph_class`]).
     mo_att: AtomicU32,
+    /// One-token attentions done that way (for the tests: [`CudaBackend::short_attentions`]).
+    mo_att_done: AtomicU64,
     /// MLA latent caches in f16 where the kernels allow (`alloc_latent_cache`);
     /// `TS_CUDA_MLA_F16=0` keeps them f32, to compare.
     mla_f16: bool,
@@ -1215,6 +1217,7 @@ impl CudaBackend {
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_keys: std::env::var("TS_CUDA_MLA_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(256),
             mla_out: AtomicUsize::new(std::env::var("TS_CUDA_MLA_OUT").ok().and_then(|v| v.parse().ok()).unwrap_or(256)),
+            mo_att_done: AtomicU64::new(0),
             mo_att: AtomicU32::new(std::env::var("TS_CUDA_MO_ATT").ok().and_then(|v| v.parse().ok()).unwrap_or(192)),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             ms_nb,
@@ -1463,6 +1466,11 @@ impl CudaBackend {
     /// 0: never).
     pub fn set_mo_att(&self, below: u32) {
         self.mo_att.store(below, Ordering::Relaxed);
+    }
+
+    /// How many one-token attentions `mla_out_q8`'s blocks have done themselves (`mo_att`).
+    pub fn short_attentions(&self) -> u64 {
+        self.mo_att_done.load(Ordering::Relaxed)
     }
 
     /// The one-token decode MoE's routing inside its two kernels or in `moe_route_quant` before
@@ -3952,6 +3960,7 @@ impl Backend for CudaBackend {
             if !self.check_cache_rows(batch, cache.rows, "mla_attention_out") {
                 return;
             }
+            self.mo_att_done.fetch_add(1, Ordering::Relaxed);
             (0, 0)
         } else {
             self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true).unwrap_or((0, 0))

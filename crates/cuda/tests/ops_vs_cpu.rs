@@ -1793,7 +1793,9 @@ fn moe_route_in_exact() {
 /// One decode token's attention inside `mla_out_q8`'s blocks (`mo_attend`, short contexts: no
 /// split kernel) against the split kernels over the same f16 latent cache (`set_mo_att(0)`) and
 /// against the CPU's chain over an f32 one: V2-Lite's shapes, positions around the warps' rows
-/// (4 a warp, 32 a block pass) and past the default threshold.
+/// (4 a warp, 32 a block pass) and past the default threshold. (Measured on the H200: the same
+/// bits as the split kernels at every position here: lat's Q8_0 quantisation absorbs the sums'
+/// other order, though not always: tg128's tokens differ.)
 #[test]
 fn short_attention_in_mla_out() {
     let Some(shared) = gpu() else { return };
@@ -1813,17 +1815,26 @@ fn short_attention_in_mla_out() {
         let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
         let args = (&q[..], &x[..], &nw[..]);
         g.set_mo_att(u32::MAX);
+        let done = g.short_attentions();
         let (ax, ao, al) = run_mla_out(g, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        if g.short_attentions() != done + 1 {
+            rep.failures.push(format!("pos={hist}: mla_out_q8 did not attend itself"));
+        }
         g.set_mo_att(0);
         let (bx, bo, bl) = run_mla_out(g, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        if g.short_attentions() != done + 1 {
+            rep.failures.push(format!("pos={hist}: set_mo_att(0) still attended in mla_out_q8"));
+        }
         let (cx, co, _) = run_mla_out(c, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
         let lab = format!("pos={hist}");
         rep.check(&format!("{lab} x vs split"), &ax, &bx, 2e-3, 1e-3);
         rep.check(&format!("{lab} out vs split"), &ao, &bo, 2e-3, 1e-3);
         rep.check(&format!("{lab} logits vs split"), &al, &bl, 2e-3, 1e-3);
-        // (The f16 cache rounds the keys.)
-        rep.check(&format!("{lab} x vs cpu"), &ax, &cx, 1e-2, 1e-2);
-        rep.check(&format!("{lab} out vs cpu"), &ao, &co, 1e-2, 1e-2);
+        // The f16 cache rounds the keys, and a rounding that moves one of lat's Q8_0 quants moves
+        // outputs by up to a quant step (1/127 of its block's largest): 2.4e-2 of the rms at
+        // positions 0-4 on the H200, the split kernels' figure too.
+        rep.check(&format!("{lab} x vs cpu"), &ax, &cx, 3e-2, 1e-2);
+        rep.check(&format!("{lab} out vs cpu"), &ao, &co, 3e-2, 1e-2);
     }
     g.set_mo_att(192);
     rep.finish();
