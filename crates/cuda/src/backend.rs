@@ -3966,7 +3966,15 @@ impl Backend for CudaBackend {
             self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true).unwrap_or((0, 0))
         };
         let att = if short {
-            [A::P(q.0.ptr), l(qr.off), l(qr.stride), A::P(cache.mem.ptr), A::P(batch.slot_ptr()), A::I(batch.slot_len as i32), A::F(p.scale)]
+            [
+                A::P(q.0.ptr),
+                l(qr.off),
+                l(qr.stride),
+                A::P(cache.mem.ptr),
+                A::P(batch.slot_ptr()),
+                A::I(batch.slot_len as i32),
+                A::F(p.scale),
+            ]
         } else {
             [A::P(0), l(0), l(0), A::P(0), A::P(0), A::I(0), A::F(0.0)]
         };
