@@ -1793,9 +1793,10 @@ fn moe_route_in_exact() {
 /// One decode token's attention inside `mla_out_q8`'s blocks (`mo_attend`, short contexts: no
 /// split kernel) against the split kernels over the same f16 latent cache (`set_mo_att(0)`) and
 /// against the CPU's chain over an f32 one: V2-Lite's shapes, positions around the warps' rows
-/// (4 a warp, 32 a block pass) and past the default threshold. (Measured on the H200: the same
-/// bits as the split kernels at every position here: lat's Q8_0 quantisation absorbs the sums'
-/// other order, though not always: tg128's tokens differ.)
+/// (4 a warp, 32 a block pass) and past the default threshold. The two orders of the same sums
+/// give lat's Q8_0 quants the same values but for a rare flip of one quant at a rounding
+/// boundary, which moves outputs by up to a quant step (1/127 of its block's largest): on the
+/// H200, 4.5e-3 of the rms in 6 of 2,048 outputs at position 1.
 #[test]
 fn short_attention_in_mla_out() {
     let Some(shared) = gpu() else { return };
@@ -1827,9 +1828,9 @@ fn short_attention_in_mla_out() {
         }
         let (cx, co, _) = run_mla_out(c, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
         let lab = format!("pos={hist}");
-        rep.check(&format!("{lab} x vs split"), &ax, &bx, 2e-3, 1e-3);
-        rep.check(&format!("{lab} out vs split"), &ao, &bo, 2e-3, 1e-3);
-        rep.check(&format!("{lab} logits vs split"), &al, &bl, 2e-3, 1e-3);
+        rep.check(&format!("{lab} x vs split"), &ax, &bx, 1e-2, 1e-3);
+        rep.check(&format!("{lab} out vs split"), &ao, &bo, 1e-2, 1e-3);
+        rep.check(&format!("{lab} logits vs split"), &al, &bl, 1e-2, 1e-3);
         // The f16 cache rounds the keys, and a rounding that moves one of lat's Q8_0 quants moves
         // outputs by up to a quant step (1/127 of its block's largest): 2.4e-2 of the rms at
         // positions 0-4 on the H200, the split kernels' figure too.
