@@ -3644,7 +3644,8 @@ impl Backend for CudaBackend {
         self.moe_combine(y, (k, k), hdim, n, (sel_e, sel_w), out, o, 0);
     }
 
-    /// Whether the batch counts as long-context for the MLA decode (`TS_CUDA_MLA_LONG`).
+    /// What picks the MLA decode's kernels for the batch: long-context (`TS_CUDA_MLA_LONG`), one
+    /// token at a short context (`mo_att`: the attention inside `mla_out_q8`), a batch's splits.
     fn graph_class(&self, batch: &BatchMeta) -> u64 {
         let pos = || batch.tokens.iter().map(|t| t.pos);
         let n = batch.tokens.len();
