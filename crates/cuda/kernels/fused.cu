@@ -407,37 +407,9 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
     moe_slot_of(blockIdx.y, gridDim.y, k, nsh, t, s);
 }
 
-// The decode MoE's routing inside its own kernels (one token; moe_gateup_sh_q8r,
-// moe_down_sh_q8r): every block routes the token itself (route_warp_body on the router logits)
-// and the gate/up blocks quantise the input row themselves (quant_group_body), into shared
-// memory: moe_route_quant's bodies, so the same bits, and one dependent launch fewer a layer.
-// The down kernel routes before its PDL wait: the logits come from the kernel before the
-// gate/up one, which has ended once the down kernel can start (the gate/up blocks let it
-// launch only after their own waits), and it reads them past L1.
+// (quant_group_body: kernels/mmq.cu, which follows; the one-launch MoE's block 0 runs it.)
 __device__ __forceinline__ void quant_group_body(i64 gid, const float* src, const float* src2, i64 off, i64 stride, int n,
                                                  int k, int act, const float* rw, int rk, int rks, u8* dst, i64 drow);
-struct RouteIn {
-    const float* logits;
-    i64 loff;
-    int E, gating, norm_topk;
-    float scale;
-    const float* src;  // the input row (gate/up only)
-    i64 soff;
-    int* se;           // shared: the token's k experts and weights, its quantised input row
-    float* sw;
-    u8* xs;
-};
-// route: warp 0 routes while the others quantise the kdim-wide input into xs (every warp when
-// !route: a shared slot's block needs the input only); then the block barrier.
-__device__ __forceinline__ void moe_route_in(const RouteIn& ri, bool route, int kdim, int k) {
-    const int warp = threadIdx.x >> 5;
-    const int w0 = route ? 1 : 0;
-    if (route && warp == 0) route_warp_body(0, ri.logits, ri.loff, 0, 1, ri.E, k, ri.gating, ri.norm_topk, ri.scale, ri.se, ri.sw);
-    if (warp >= w0)
-        for (int g = warp - w0; g < (kdim + 127) / 128; g += GQ_WARPS - w0)
-            quant_group_body(g, ri.src, nullptr, ri.soff, 0, 1, kdim, 0, nullptr, 0, 1, ri.xs, 0);
-    __syncthreads();
-}
 
 // As moe_down_q8 over the ks slots of token t (block (x, t)): slot s's quantised activation row
 // (already times its router weight; 1 for the shared slots) at hq + (t*ks + s)*hrow, and shared
@@ -461,8 +433,7 @@ template <int DOWN_WPR, bool SYNC = false>
 __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
                                               int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
                                               const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride, float* red,
-                                              int* es, const unsigned* cnt = nullptr, unsigned need = 0,
-                                              const RouteIn* ri = nullptr) {
+                                              int* es, const unsigned* cnt = nullptr, unsigned need = 0) {
     const int ks = k + nsh;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rows_per_block = GQ_WARPS / DOWN_WPR;
@@ -471,20 +442,7 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
     const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
     const int per = (total + DOWN_WPR - 1) / DOWN_WPR;
     const int Pa = h * per, Pb = min(total, Pa + per);
-    if (ri) {
-        // Routed here (one token, before the wait; see moe_route_in): warp 0 copies the logits
-        // to shared memory past L1 (ri->xs, E floats), then routes from there.
-        if (warp == 0) {
-            float* lg = (float*)ri->xs;
-            for (int e = lane; e < ri->E; e += 32) lg[e] = __ldcg(ri->logits + ri->loff + e);
-            __syncwarp();
-            route_warp_body(0, lg, 0, 0, 1, ri->E, k, ri->gating, ri->norm_topk, ri->scale, ri->se, ri->sw);
-        }
-        __syncthreads();
-        if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(ri->se[threadIdx.x], 0) : 0;
-    } else if (threadIdx.x < ks) {
-        es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
-    }
+    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
     __syncthreads();
     const u8* hr = hq + (i64)t * ks * hrow;
     // Piece P's place: its weights at gp, activations at xp, block b, quants at offset qo.
@@ -607,22 +565,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8_impl<4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
                            ostride);
 }
-// moe_down_sh_q8 for one token with its own routing (moe_route_in; sel_e unread).
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
-    moe_down_sh_q8r(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
-                    const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
-                    i64 ostride, const float* logits, i64 loff, int E, int gating, int norm_topk, float scale) {
-    pdl_trigger();
-    __shared__ float red[GQ_WARPS];
-    __shared__ int es[MOE_SH_MAX_SLOTS];
-    __shared__ int rse[MOE_SH_MAX_SLOTS];
-    __shared__ float rsw[MOE_SH_MAX_SLOTS];
-    __shared__ float lg[256];
-    const RouteIn ri{logits, loff, E, gating, norm_topk, scale, nullptr, 0, rse, rsw, (u8*)lg};
-    moe_down_unit<2>(blockIdx.x, 0, Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out,
-                     ooff, ostride, red, es, nullptr, 0, &ri);
-}
-
 // ---- MoE decode with the shared experts folded in, f16/bf16 experts (Backend::moe_shared) --------
 // The same slots and block order as moe_gateup_sh_q8q / moe_down_sh_q8, for 16-bit float weights
 // with 16-byte aligned rows of a multiple of 8 values and f32 activations (16-byte aligned): a
@@ -818,8 +760,7 @@ __device__ __forceinline__ void mo_wait_flag(const unsigned* flag) {
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
-                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr,
-                                                    const RouteIn* ri = nullptr) {
+                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr) {
     const int ks = k + nsh;
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -836,18 +777,6 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         pdl_wait();  // the routed experts' ids come from the previous kernel
         pdl_trigger();
         mo_wait_flag(ready);
-        if (ri) {
-            // Routed here (one token): the ids, weights and input in shared memory; the first
-            // block of slot 0 also leaves the routing in sel_e / sel_w.
-            moe_route_in(*ri, true, kdim, k);
-            if (bx == 0 && s == 0 && threadIdx.x < k) {
-                ((int*)sel_e)[threadIdx.x] = ri->se[threadIdx.x];
-                ((float*)sel_w)[threadIdx.x] = ri->sw[threadIdx.x];
-            }
-            sel_e = ri->se;
-            sel_w = ri->sw;
-            xq = ri->xs;
-        }
         const int e = sel_e[t * k + s];
         zero = e < 0;
         wsl = zero ? 0.f : sel_w[t * k + s];
@@ -868,10 +797,6 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         pdl_wait();
         pdl_trigger();
         mo_wait_flag(ready);
-        if (ri) {
-            moe_route_in(*ri, false, kdim, k);
-            xq = ri->xs;
-        }
     }
     const u8* xr = xq + (i64)t * xrow;
     for (int i = 0; i < rpw; i++) {
@@ -927,25 +852,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
                               xrow, act, hq, hrow, glu);
 }
-// moe_gateup_sh_q8q for one token with its routing and input quantisation in each block
-// (moe_route_in): sel_e / sel_w are written (by one block) but not read; xq unused. Dynamic
-// shared memory: the quantised input row (ceil(kdim / 128) * 144 bytes).
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
-    moe_gateup_sh_q8r(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
-                      const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
-                      u8* hq, i64 hrow, const float* logits, i64 loff, int E, int gating, int norm_topk, float scale,
-                      const float* src, i64 soff) {
-    extern __shared__ __align__(16) u8 smr[];
-    __shared__ float glu[GU_ROWS];
-    __shared__ int rse[MOE_SH_MAX_SLOTS];
-    __shared__ float rsw[MOE_SH_MAX_SLOTS];
-    int t, s;
-    moe_slot_of_block(k, nsh, &t, &s);
-    const RouteIn ri{logits, loff, E, gating, norm_topk, scale, src, soff, rse, rsw, smr};
-    moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
-                        xrow, act, hq, hrow, glu, nullptr, &ri);
-}
-
 // ---- The decode MoE in one launch (one token): moe_gateup_sh_q8q's units, then moe_down_sh_q8's
 // units, each down warp starting as soon as the slots it reads are done ---------------------------
 // Work items: the ks * m/32 gate/up units (moe_slot_of's order: the shared slots first, whose

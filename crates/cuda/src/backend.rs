@@ -727,8 +727,6 @@ fn kernel_names() -> Vec<String> {
         "quant_q8_groups",
         "moe_route_quant",
         "moe_gateup_sh_q8q",
-        "moe_gateup_sh_q8r",
-        "moe_down_sh_q8r",
         "mmq_q8_64",
         "mmq_q8_64ws",
         "mmq_q8_16",
@@ -970,12 +968,6 @@ pub struct CudaBackend {
     /// block normalises the row itself); `TS_CUDA_NORM_MM=0`: the norm's launch, then the
     /// products'. The same bits.
     norm_mm: AtomicBool,
-    /// The one-token Q8_0 decode MoE routes inside its gate/up and down kernels
-    /// (`moe_gateup_sh_q8r`, `moe_down_sh_q8r`: each block routes the token itself) instead of
-    /// `moe_route_quant` before them; `TS_CUDA_MOE_RI=1` turns it on. The same bits, but off by
-    /// default: on the H200 it cost 7-10 tok/s at tg128 (662.4 / 655.0 → 654.0 / 651.5; every
-    /// block of both kernels repeats the 64-expert routing), against one launch saved.
-    moe_ri: AtomicBool,
     /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
     l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -1267,7 +1259,6 @@ impl CudaBackend {
             l2_hint: Mutex::new([(0, 0); 4]),
             norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),
             norm_mm: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM").map_or(true, |v| v != "0")),
-            moe_ri: AtomicBool::new(std::env::var("TS_CUDA_MOE_RI").is_ok_and(|v| v != "0")),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
@@ -1471,12 +1462,6 @@ impl CudaBackend {
     /// How many one-token attentions `mla_out_q8`'s blocks have done themselves (`mo_att`).
     pub fn short_attentions(&self) -> u64 {
         self.mo_att_done.load(Ordering::Relaxed)
-    }
-
-    /// The one-token decode MoE's routing inside its two kernels or in `moe_route_quant` before
-    /// them (the same bits); for steps recorded after this call.
-    pub fn set_moe_ri(&self, on: bool) {
-        self.moe_ri.store(on, Ordering::Relaxed);
     }
 
     /// Dense Q8_0 prompt products on cuBLAS in f16 ([`CudaBackend::dense_blas`]).
@@ -4327,20 +4312,6 @@ impl Backend for CudaBackend {
         // moe_gateup_sh_q8q's arguments, which its one-token variants extend.
         let gu: [A; 17] =
             moe_gateup_args(&experts, &shared, (ff, hdim, k, nsh), (sel_e, sel_w), [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)]);
-        // One token on the two launches: each block routes the token itself (moe_gateup_sh_q8r,
-        // moe_down_sh_q8r; route_warp_body keeps the logits in shared memory: E <= 256).
-        let route_in = !one && n == 1 && self.moe_ri.load(Ordering::Relaxed) && !self.down_w4.0 && ne <= 256 && ks <= MOE_SH_MAX_SLOTS;
-        if route_in {
-            let gating = A::I(matches!(p.gating, Gating::Sigmoid) as i32);
-            let route = [l(lr.off), i(ne), gating, A::I(p.norm_topk as i32), A::F(p.scale)];
-            let lead: [A; 18] = cat(gu, [A::P(logits.0.ptr)]);
-            let args: [A; 25] = cat(cat::<18, 5, 23>(lead, route), [A::P(x.0.ptr), l(xr.off)]);
-            self.launch("moe_gateup_sh_q8r", (ff.div_ceil(32) as u32, ks as u32, 1), 256, xrow as u32, &args);
-            let lead: [A; 16] = cat(moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o), [A::P(logits.0.ptr)]);
-            let args: [A; 21] = cat(lead, route);
-            self.launch("moe_down_sh_q8r", (hdim.div_ceil(4) as u32, 1, 1), 256, 0, &args);
-            return true;
-        }
         if !inline_route {
             // The routing and the input's quantisation in one launch (moe_route_quant).
             let ngroups = hdim.div_ceil(128);

@@ -1764,32 +1764,6 @@ fn moe_one_launch_exact() {
     rep.finish();
 }
 
-/// The one-token Q8_0 decode MoE routed inside its gate/up and down kernels
-/// (`moe_gateup_sh_q8r`, `moe_down_sh_q8r`: every block routes the token itself) against
-/// `moe_route_quant` before them (`set_moe_ri(false)`), on two fresh backends: bit for bit, with
-/// softmax and sigmoid gating, with and without renormalised weights, 16 to 160 experts; and
-/// within the Q8 bars of the CPU.
-#[test]
-fn moe_route_in_exact() {
-    let Some(_) = gpu() else { return };
-    let ga = &CudaBackend::new(0).expect("backend");
-    let gb = &CudaBackend::new(0).expect("second backend");
-    ga.set_moe_one(false);
-    gb.set_moe_one(false);
-    ga.set_moe_ri(true);
-    gb.set_moe_ri(false);
-    let mut rep = Report::new("moe_route_in");
-    // V2-Lite's shapes, V2's expert count and routing on small matrices, a small one with
-    // sigmoid gating.
-    let cases = [
-        (2048, 1408, 64, 6, 2, Gating::Softmax, false, 1.0),
-        (512, 128, 160, 6, 2, Gating::Softmax, false, 16.0),
-        (256, 128, 16, 4, 1, Gating::Sigmoid, true, 2.5),
-    ];
-    moe_pair_exact(&mut rep, (ga, gb), &cases, "routed inside vs moe_route_quant", 34);
-    rep.finish();
-}
-
 /// One decode token's attention inside `mla_out_q8`'s blocks (`mo_attend`, short contexts: no
 /// split kernel) against the split kernels over the same f16 latent cache (`set_mo_att(0)`) and
 /// against the CPU's chain over an f32 one: V2-Lite's shapes, positions around the warps' rows
