@@ -390,9 +390,11 @@ pub trait Backend: Send + Sync {
     /// out)`: the default is those four ops. `lat`, `av` and `y` are the chain's scratch, which a
     /// backend may leave unwritten (the CUDA backend, for one token: the merge of the context
     /// splits and both products in one kernel, whose per-head rows the norm adds). With `next`
-    /// = (W, buffer, rows), also the normed rows' product with W into those rows
+    /// = (W, buffer, rows, MoE), also the normed rows' product with W into those rows
     /// ([`Backend::matmul`]`(out, o, W, ..)`, the default; the MoE router), which a backend may
-    /// compute in the norm's launch.
+    /// compute in the norm's launch; and, given the MoE's parameters, a backend may route those
+    /// logits there too, for the [`Backend::moe_shared`] of `out` and them that follows (the CUDA
+    /// backend, for one token: CudaBackend's `pre_route`).
     #[allow(clippy::too_many_arguments)]
     fn mla_attention_out(
         &self,
@@ -407,13 +409,13 @@ pub trait Backend: Send + Sync {
         eps: f32,
         out: &Self::Buf,
         o: Rows,
-        next: Option<(&Self::Weight, &Self::Buf, Rows)>,
+        next: Option<(&Self::Weight, &Self::Buf, Rows, &MoeParams)>,
     ) {
         self.mla_attention(q, qr, cache, batch, p, lat, lr);
         self.matmul_grouped(lat, lr, w_uv, av, avr);
         self.matmul(av, avo, wo, y, xr);
         self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
-        if let Some((nw, nb, nr)) = next {
+        if let Some((nw, nb, nr, _)) = next {
             self.matmul(out, o, nw, nb, nr);
         }
     }

@@ -1341,3 +1341,107 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
     __syncthreads();
     if (quarter == 0 && lane == 0 && r < m) lg[loff + r] = qsum[warp] + qsum[warp + 1] + qsum[warp + 2] + qsum[warp + 3];
 }
+
+// ---- add_rms_norm_parts_router with the one-token MoE's routing, in a cluster of 8 blocks -------
+// (CudaBackend::pre_route.) add_rms_norm_parts_router's work for one row and up to 64 router rows
+// (block b: rows 8b .. 8b+7, the same loads and sums: the same out and logits), and then
+// moe_route_quant's: block 0 quantises the normed row it holds (hs, the values it writes to out)
+// into xq with quant_group_body while the products run, and routes the logits with
+// route_warp_body (top rk, gating, norm_topk, scale) into sel_e / sel_w: the same bodies on the
+// same values, so the same bits as moe_route_quant after the two-launch norm. The blocks are one
+// thread-block cluster (sm_90): each writes its logits into block 0's shared memory as well as
+// to lg, and the cluster barrier (arrive.release / wait.acquire) is the only cross-block step:
+// no counter, no fence through L2 (the reverted counter-and-fence version of this cost 4 us a
+// layer). The same barrier orders every block's reads of x before block 0 writes it.
+// Needs width % 128 == 0, width <= NP_PER * NP_THREADS, m <= 64, rk <= 32, exactly 8 blocks.
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// A store of v into block `rank`'s copy of the shared word at p (distributed shared memory).
+__device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+#define RR_CLUSTER_DIMS __cluster_dims__(RR_CLUSTER, 1, 1)
+#else
+#define RR_CLUSTER_DIMS
+#endif
+#define RR_CLUSTER 8
+// (Defined on every architecture, as the module must export it; the body is sm_90's.)
+extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
+    add_rms_norm_parts_router_route(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w,
+                                    int has_w, float eps, float* out, i64 ooff, int width, const float* R, int m,
+                                    float* lg, i64 loff, int rk, int gating, int norm_topk, float scale, int* sel_e,
+                                    float* sel_w, u8* xq) {
+#if __CUDA_ARCH__ >= 900
+    __shared__ float red[32];
+    __shared__ float qsum[NP_THREADS / 32];
+    __shared__ float lgs[8 * RR_CLUSTER];
+    __shared__ __align__(16) float hs[NP_PER * NP_THREADS];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const unsigned rank = cluster_rank();
+    // Every block of the cluster is running before any writes another's shared memory: the
+    // first phase of the cluster barrier, waited on just before those writes.
+    cluster_arrive_relaxed();
+    const int r = 8 * blockIdx.x + (warp >> 2), quarter = warp & 3;
+    const int q4 = width / 16;  // float4s a quarter
+    const float4* wr = (const float4*)(R + (i64)min(r, m - 1) * width) + quarter * q4;
+    float4 wq[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) wq[u] = lane + 32 * u < q4 ? wr[lane + 32 * u] : make_float4(0.f, 0.f, 0.f, 0.f);
+    float wv[NP_PER];
+    np_load_w(w, has_w, width, wv);
+    PDL_ENTRY();
+    float* xr = x + xoff;
+    float v[NP_PER];
+    const float ss = np_sum(xr, parts, pstride, np, width, v);
+    const float inv = block_rms_inv(ss, red, width, eps);
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = tid + k * NP_THREADS;
+        if (i < width) {
+            const float o = has_w ? v[k] * inv * wv[k] : v[k] * inv;
+            hs[i] = o;
+            if (rank == 0) out[ooff + i] = o;
+        }
+    }
+    __syncthreads();
+    const float4* h4 = (const float4*)hs + quarter * q4;
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        if (lane + 32 * u < q4) {
+            const float4 hv = h4[lane + 32 * u];
+            acc += wq[u].x * hv.x + wq[u].y * hv.y + wq[u].z * hv.z + wq[u].w * hv.w;
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) qsum[warp] = acc;
+    __syncthreads();
+    cluster_wait();
+    if (quarter == 0 && lane == 0 && r < m) {
+        const float l = qsum[warp] + qsum[warp + 1] + qsum[warp + 2] + qsum[warp + 3];
+        lg[loff + r] = l;
+        st_cluster(&lgs[r], 0, l);
+    }
+    // Block 0 quantises its normed row while the other blocks' logits arrive.
+    if (rank == 0)
+        for (int g = warp; g < width / 128; g += NP_THREADS / 32)
+            quant_group_body(g, hs, nullptr, 0, 0, 1, width, 0, nullptr, 0, 1, xq, 0);
+    cluster_arrive();
+    cluster_wait();
+    if (rank != 0) return;
+    // Every block has read x (its loads were used before its first barrier): the residual now.
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++)
+        if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
+    if (warp == 0) route_warp_body(0, lgs, 0, 0, 1, m, rk, gating, norm_topk, scale, sel_e, sel_w);
+#endif
+}

@@ -261,8 +261,14 @@ enum S {
     /// writes the residual and resets its word): word 0 `add_rms_norm_parts_router`'s, word 1
     /// `gemv_q8_multi_norm_1`'s.
     NormSync,
+    /// The one-token MoE's routing made ahead, in the norm's launch ([`CudaBackend::pre_route`]):
+    /// its k expert ids (i32), their weights (f32), its input row in Q8_0 groups. Written by
+    /// that launch only, read by the `moe_shared` that follows it.
+    PreE,
+    PreW,
+    PreXq,
 }
-const N_SCRATCH: usize = 23;
+const N_SCRATCH: usize = 26;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -357,6 +363,24 @@ const MS_NB: usize = 3;
 /// covers this routing: at most 256 experts, top 32, and no expert-group limit that binds.
 fn warp_route(p: &MoeParams) -> bool {
     p.n_experts <= 256 && p.k <= 32 && (p.n_group == 1 || p.topk_group >= p.n_group)
+}
+/// A one-token routing made ahead of its MoE ([`CudaBackend::pre_route`]): the logits' and the
+/// input row's places (pointer, offset in floats) and the parameters it used.
+#[derive(Clone, Copy)]
+struct Routed {
+    logits: (u64, usize),
+    input: (u64, usize),
+    p: MoeParams,
+}
+impl Routed {
+    fn serves(&self, logits: (u64, usize), input: (u64, usize), p: &MoeParams) -> bool {
+        let q = &self.p;
+        self.logits == logits
+            && self.input == input
+            && (q.n_experts, q.k, q.norm_topk, q.scale.to_bits()) == (p.n_experts, p.k, p.norm_topk, p.scale.to_bits())
+            && matches!(q.gating, Gating::Sigmoid) == matches!(p.gating, Gating::Sigmoid)
+            && warp_route(p)
+    }
 }
 /// A grouped `mmq_q8` product's expert lists (`moe_group`'s `cnt`, `off`, `perm` over `n_exp`
 /// experts) and, for experts from `e_sh` on, a shared FFN's chunks: `sh` = (matrix, row bytes,
@@ -744,6 +768,7 @@ fn kernel_names() -> Vec<String> {
         "mmfq8_256s4",
         "mmfq8_gu_s4",
         "mmh_gu",
+        "add_rms_norm_parts_router_route",
         "mmh_dn",
         "mmh8_gu",
         "mmh8_dn",
@@ -968,6 +993,19 @@ pub struct CudaBackend {
     /// block normalises the row itself); `TS_CUDA_NORM_MM=0`: the norm's launch, then the
     /// products'. The same bits.
     norm_mm: AtomicBool,
+    /// One token's MoE routing ahead of the MoE, in the norm's launch that makes its logits
+    /// (`add_rms_norm_parts_router_route`, one cluster of 8 blocks, up to 64 experts:
+    /// moe_route_quant's bodies there, the same bits, one dependent launch fewer a layer);
+    /// `TS_CUDA_PRE_ROUTE=0`: `moe_route_quant` in the MoE. (A first version that met through a
+    /// counter and fences in L2, without clusters, cost 4 us a layer more than it saved.)
+    pre_route: AtomicBool,
+    /// What that launch routed (set under `scratch_op` with the launch, taken by the next
+    /// `moe_shared`, which uses [`S::PreE`] / [`S::PreW`] / [`S::PreXq`] only if its logits,
+    /// input and parameters are these: stream order is `scratch_op` order, so the scratch still
+    /// holds them).
+    routed: Mutex<Option<Routed>>,
+    /// `moe_shared` ops that took a routing made ahead (for the tests: [`CudaBackend::pre_routes`]).
+    pre_routed: AtomicU64,
     /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
     l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -1259,6 +1297,9 @@ impl CudaBackend {
             l2_hint: Mutex::new([(0, 0); 4]),
             norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),
             norm_mm: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM").map_or(true, |v| v != "0")),
+            pre_route: AtomicBool::new(std::env::var("TS_CUDA_PRE_ROUTE").map_or(true, |v| v != "0")),
+            routed: Mutex::new(None),
+            pre_routed: AtomicU64::new(0),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
@@ -1462,6 +1503,23 @@ impl CudaBackend {
     /// How many one-token attentions `mla_out_q8`'s blocks have done themselves (`mo_att`).
     pub fn short_attentions(&self) -> u64 {
         self.mo_att_done.load(Ordering::Relaxed)
+    }
+
+    /// One token's MoE routing in the norm's launch before it, or in the MoE's own
+    /// (`CudaBackend::pre_route`).
+    pub fn set_pre_route(&self, on: bool) {
+        self.pre_route.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the device runs thread-block clusters (sm_90 and later).
+    fn clusters(&self) -> bool {
+        let digits: String = self.arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect();
+        digits.parse::<u32>().is_ok_and(|v| v >= 90)
+    }
+
+    /// How many `moe_shared` ops have used a routing made ahead (`pre_route`).
+    pub fn pre_routes(&self) -> u64 {
+        self.pre_routed.load(Ordering::Relaxed)
     }
 
     /// Dense Q8_0 prompt products on cuBLAS in f16 ([`CudaBackend::dense_blas`]).
@@ -3449,6 +3507,8 @@ impl Backend for CudaBackend {
         out: &CudaBuf,
         o: Rows,
     ) {
+        // A routing made ahead (pre_route) is for moe_shared only; this op routes itself.
+        self.routed.lock().unwrap_or_else(|e| e.into_inner()).take();
         let n = xr.n;
         assert!(lr.n == n && o.n == n && lr.width == p.n_experts && o.width == xr.width);
         x.check(xr);
@@ -3845,7 +3905,7 @@ impl Backend for CudaBackend {
         x.check(xr);
         delta.check(dr);
         out.check(o);
-        let Some(done) = self.scratch(S::NormSync, 8) else { return };
+        let Some(done) = self.scratch(S::NormSync, 16) else { return };
         let (table, lpr, total) = multi_jobs(jobs, k);
         let args: [A; 33] = cat(
             table,
@@ -3891,9 +3951,10 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &CudaBuf,
         o: Rows,
-        next: Option<(&CudaWeight, &CudaBuf, Rows)>,
+        next: Option<(&CudaWeight, &CudaBuf, Rows, &MoeParams)>,
     ) {
         let (nh, kl, hd) = (p.n_heads, p.kv_lora, xr.width);
+        *self.routed.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let rows = self.mla_out.load(Ordering::Relaxed);
         // One token (a decode step) of V2's shapes with Q8_0 value and output weights:
         // mla_out_q8's preconditions (kernels/fused.cu), else the plain chain.
@@ -3924,7 +3985,7 @@ impl Backend for CudaBackend {
             self.matmul_grouped(lat, lr, w_uv, av, avr);
             self.matmul(av, avo, wo, y, xr);
             self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
-            if let Some((nw, nb, nr)) = next {
+            if let Some((nw, nb, nr, _)) = next {
                 self.matmul(out, o, nw, nb, nr);
             }
             return;
@@ -3964,6 +4025,9 @@ impl Backend for CudaBackend {
         } else {
             [A::P(0), l(0), l(0), A::P(0), A::P(0), A::I(0), A::F(0.0)]
         };
+        // Held from here to the routing's record (`routed`), so that no other op's launches come
+        // between this one's on the stream.
+        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         let Some(ho) = self.scratch(S::Ho, 4 * nh * hd) else { return };
         self.launch(
             "mla_out_q8",
@@ -3994,7 +4058,7 @@ impl Backend for CudaBackend {
         );
         // With `next` a few-row f32 matrix of the row's width (the MoE router): the norm and
         // that product in one launch (add_rms_norm_parts_router, the same bits as the two).
-        let fused_next = next.filter(|(nw, _, nr)| {
+        let fused_next = next.filter(|(nw, _, nr, _)| {
             self.norm_router.load(Ordering::Relaxed)
                 && nw.dtype == GgmlType::F32
                 && nw.ne(0) == hd
@@ -4016,15 +4080,37 @@ impl Backend for CudaBackend {
             l(o.off),
             i(hd),
         ];
-        if let Some((nw, nb, nr)) = fused_next {
+        if let Some((nw, nb, nr, mp)) = fused_next {
             nb.check(nr);
-            let Some(done) = self.scratch(S::NormSync, 8) else { return };
-            let args: [A; 16] = cat(norm, [A::P(nw.mem.ptr), i(nw.ne(1)), A::P(nb.0.ptr), l(nr.off), A::P(done)]);
+            // The MoE's routing too (pre_route): plain top-k, the router's
+            // rows being the experts.
+            // rows being the experts, at most 64 of them (one cluster of 8 blocks, sm_90 on).
+            let pre = self.pre_route.load(Ordering::Relaxed)
+                && self.clusters()
+                && warp_route(mp)
+                && mp.n_experts == nw.ne(1)
+                && mp.n_experts <= 64
+                && mp.k > 0;
+            let router = [A::P(nw.mem.ptr), i(nw.ne(1)), A::P(nb.0.ptr), l(nr.off)];
+            if pre {
+                let (Some(se), Some(sw)) = (self.scratch(S::PreE, 4 * mp.k), self.scratch(S::PreW, 4 * mp.k)) else { return };
+                let Some(xq) = self.scratch(S::PreXq, hd / 128 * 144) else { return };
+                let gating = A::I(matches!(mp.gating, Gating::Sigmoid) as i32);
+                let route = [i(mp.k), gating, A::I(mp.norm_topk as i32), A::F(mp.scale), A::P(se), A::P(sw), A::P(xq)];
+                let args: [A; 22] = cat(cat::<11, 4, 15>(norm, router), route);
+                self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
+                *self.routed.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Routed { logits: (nb.0.ptr, nr.off), input: (out.0.ptr, o.off), p: *mp });
+                return;
+            }
+            let Some(done) = self.scratch(S::NormSync, 16) else { return };
+            let args: [A; 16] = cat(cat::<11, 4, 15>(norm, router), [A::P(done)]);
             self.launch("add_rms_norm_parts_router", (nw.ne(1).div_ceil(8) as u32, 1, 1), 1024, 0, &args);
             return;
         }
         self.launch("add_rms_norm_parts", (1, 1, 1), 1024, 0, &norm);
-        if let Some((nw, nb, nr)) = next {
+        drop(_op);
+        if let Some((nw, nb, nr, _)) = next {
             self.matmul(out, o, nw, nb, nr);
         }
     }
@@ -4212,6 +4298,8 @@ impl Backend for CudaBackend {
         out: &CudaBuf,
         o: Rows,
     ) -> bool {
+        // A routing made ahead for this op (pre_route) serves it or none: taken on every path.
+        let routed = self.routed.lock().unwrap_or_else(|e| e.into_inner()).take();
         let n = xr.n;
         let (hdim, ff, ne, k) = (experts.gate.ne(0), experts.gate.ne(1), p.n_experts, p.k);
         let sf = shared.gate.ne(1);
@@ -4283,20 +4371,28 @@ impl Backend for CudaBackend {
         let nsh = sf / ff;
         let ks = k + nsh;
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+        // Routed already, in the launch that made the logits (pre_route)?
+        let pre = n == 1 && routed.is_some_and(|r| r.serves((logits.0.ptr, lr.off), (x.0.ptr, xr.off), p));
+        if pre {
+            self.pre_routed.fetch_add(1, Ordering::Relaxed);
+        }
         // A scratch that cannot be had (an allocation during a capture, or a failed one) has been
         // recorded: the op counts as enqueued (the step is redone or the error reported).
-        let Some(sel_e) = self.scratch(S::SelE, 4 * n * k) else { return true };
-        let Some(sel_w) = self.scratch(S::SelW, 4 * n * k) else { return true };
+        let (se, sw) = if pre { (S::PreE, S::PreW) } else { (S::SelE, S::SelW) };
+        let Some(sel_e) = self.scratch(se, 4 * n * k) else { return true };
+        let Some(sel_w) = self.scratch(sw, 4 * n * k) else { return true };
         let Some(g) = self.scratch(S::G, 4 * n * ks * ff) else { return true };
         if h16 {
-            self.route(logits, lr, p, true, sel_e, sel_w);
+            if !pre {
+                self.route(logits, lr, p, true, sel_e, sel_w);
+            }
             self.moe_shared_h16(x, xr, p, &experts, &shared, (n, ks, nsh), (sel_e, sel_w, g), out, o);
             return true;
         }
         // Activations quantised once (the input per token, the GLU output per slot, times its
         // router weight), in the weights' group layout.
         let (xrow, hrow) = (hdim.div_ceil(128) * 144, ff.div_ceil(128) * 144);
-        let Some(xq) = self.scratch(S::Xq, n * xrow) else { return true };
+        let Some(xq) = self.scratch(if pre { S::PreXq } else { S::Xq }, n * xrow) else { return true };
         let Some(hq) = self.scratch(S::Hq, n * ks * hrow) else { return true };
         let dw = experts.down;
         let act = match p.glu {
@@ -4307,12 +4403,12 @@ impl Backend for CudaBackend {
         // those finish (moe_sh_q8_one; two warps a down row, as moe_down_sh_q8), with the routing
         // and the input's quantisation in its block 0 (TS_CUDA_MOE_ONE_ROUTE=0: moe_route_quant).
         let cap = self.moe_one.load(Ordering::Relaxed);
-        let one = n == 1 && cap > 0 && !self.down_w4.0 && ks + 2 <= MOE_SH_MAX_SLOTS;
+        let one = n == 1 && cap > 0 && !pre && !self.down_w4.0 && ks + 2 <= MOE_SH_MAX_SLOTS;
         let inline_route = one && self.moe_one_route;
         // moe_gateup_sh_q8q's arguments, which its one-token variants extend.
         let gu: [A; 17] =
             moe_gateup_args(&experts, &shared, (ff, hdim, k, nsh), (sel_e, sel_w), [A::P(xq), l(xrow), A::I(act), A::P(hq), l(hrow)]);
-        if !inline_route {
+        if !inline_route && !pre {
             // The routing and the input's quantisation in one launch (moe_route_quant).
             let ngroups = hdim.div_ceil(128);
             let args: [A; 17] = cat(

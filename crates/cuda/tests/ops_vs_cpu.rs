@@ -1453,9 +1453,11 @@ fn fused_mla_rope_absorb() {
 
 /// `mla_attention_out` on one backend for one decode token at position `hist` of slot 1 (a cache
 /// of random rows up to it; the backend's latent cache with `latent`, else an f32 one), with a
-/// 64-row f32 `next` product (a router) when `rw` is given: returns (x after the residual add,
-/// the normed rows, the router's logits).
-#[allow(clippy::too_many_arguments)]
+/// 64-row f32 `next` product (a router) when `rw` is given, and then with `moe` = (its six Q8_0
+/// weights' shapes and bytes as `moe_pair_exact` lays them out, its parameters) `moe_shared` of
+/// the normed row and those logits: returns (x after the residual add, the normed rows, the
+/// router's logits, the MoE's output).
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
 fn run_mla_out<B: Backend>(
     b: &B,
     latent: bool,
@@ -1465,7 +1467,8 @@ fn run_mla_out<B: Backend>(
     (uvb, wob): (&[u8], &[u8]),
     (q, x, nw): (&[f32], &[f32], &[f32]),
     rw: Option<&[u8]>,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    moe: Option<(&[Vec<usize>], &[Vec<u8>], &MoeParams)>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let (nh, kl) = (p.n_heads, p.kv_lora);
     let (w, hd, slot_len) = (kl + p.rope_dim, x.len(), 4096u32);
     let all: Vec<TokenMeta> = (0..=hist).map(|pos| TokenMeta { token: 0, pos, slot: 1 }).collect();
@@ -1486,6 +1489,7 @@ fn run_mla_out<B: Backend>(
     let router = rw.map(|rw| b.upload_weight(&td("router", GgmlType::F32, &rs, rw), WeightUse::Matmul).unwrap());
     let (lg, lgr) = (b.alloc(64).unwrap(), Rows::packed(1, 64));
     poison(b, &lg, 64);
+    let plain = MoeParams::top_k(64, 6);
     b.mla_attention_out(
         (&gq, Rows::packed(nh, w)),
         &cache,
@@ -1498,9 +1502,18 @@ fn run_mla_out<B: Backend>(
         1e-6,
         &out,
         xr,
-        router.as_ref().map(|r| (r, &lg, lgr)),
+        router.as_ref().map(|r| (r, &lg, lgr, moe.map_or(&plain, |m| m.2))),
     );
-    (get(b, &gx, xr), get(b, &out, xr), if router.is_some() { get(b, &lg, lgr) } else { Vec::new() })
+    let mut mo = Vec::new();
+    if let Some((shapes, bytes, mp)) = moe {
+        let up = |i: usize| b.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &bytes[i]), WeightUse::Matmul).unwrap();
+        let (ex, sh) = ([up(0), up(1), up(2)], [up(3), up(4), up(5)]);
+        let bo = b.alloc(hd).unwrap();
+        poison(b, &bo, hd);
+        run_moe_shared(b, &out, xr, &lg, lgr, &ex, &sh, mp, &bo, xr, true);
+        mo = get(b, &bo, xr);
+    }
+    (get(b, &gx, xr), get(b, &out, xr), if router.is_some() { get(b, &lg, lgr) } else { Vec::new() }, mo)
 }
 
 /// The MLA decode's output side in one op (`mla_attention_out`; on the GPU for one token
@@ -1540,9 +1553,9 @@ fn fused_mla_attention_out() {
         let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
         g.set_mla_out(rows);
         g.set_norm_router(true);
-        let (fx, fo, fl) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (fx, fo, fl, _) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         g.set_norm_router(false);
-        let (nx, no, nl) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (nx, no, nl, _) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         exact(
             &mut rep,
             &format!("heads={nh} H={hd} pos={hist} router in the norm's launch"),
@@ -1551,8 +1564,8 @@ fn fused_mla_attention_out() {
             &[nx, no, nl],
         );
         g.set_mla_out(0);
-        let (px, po, pl) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
-        let (cx, co, cl) = run_mla_out(c, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (px, po, pl, _) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+        let (cx, co, cl, _) = run_mla_out(c, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         // The tensor-core split rounds queries, keys and probabilities to f16.
         let tol = if nh == 16 && hist >= 2560 { 2e-2 } else { 5e-3 };
         let lab = format!("heads={nh} kv_lora={kl} H={hd} rows={rows} pos={hist}");
@@ -1791,16 +1804,16 @@ fn short_attention_in_mla_out() {
         let args = (&q[..], &x[..], &nw[..]);
         g.set_mo_att(u32::MAX);
         let done = g.short_attentions();
-        let (ax, ao, al) = run_mla_out(g, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (ax, ao, al, _) = run_mla_out(g, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         if g.short_attentions() != done + 1 {
             rep.failures.push(format!("pos={hist}: mla_out_q8 did not attend itself"));
         }
         g.set_mo_att(0);
-        let (bx, bo, bl) = run_mla_out(g, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (bx, bo, bl, _) = run_mla_out(g, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         if g.short_attentions() != done + 1 {
             rep.failures.push(format!("pos={hist}: set_mo_att(0) still attended in mla_out_q8"));
         }
-        let (cx, co, _) = run_mla_out(c, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb));
+        let (cx, co, _, _) = run_mla_out(c, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         let lab = format!("pos={hist}");
         rep.check(&format!("{lab} x vs split"), &ax, &bx, 1e-2, 1e-3);
         rep.check(&format!("{lab} out vs split"), &ao, &bo, 1e-2, 1e-3);
@@ -1812,6 +1825,53 @@ fn short_attention_in_mla_out() {
         rep.check(&format!("{lab} out vs cpu"), &ao, &co, 3e-2, 1e-2);
     }
     g.set_mo_att(192);
+    rep.finish();
+}
+
+/// A decode token's attention output side, then its MoE (`moe_shared`, 64 Q8_0 experts, top 6,
+/// two shared chunks), with the MoE routed ahead in the router's launch (`pre_route`: that
+/// kernel also quantises the normed row and routes the logits; the MoE skips moe_route_quant)
+/// against a second backend that routes in the MoE (`set_pre_route(false)`): bit for bit, three
+/// positions a gating (the kernel's counter must be back at zero after each), and the first
+/// backend must have taken the routing made ahead every time.
+#[test]
+fn pre_routed_moe_exact() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let ga = &CudaBackend::new(0).expect("second backend");
+    let gb = &CudaBackend::new(0).expect("third backend");
+    gb.set_pre_route(false);
+    let mut r = rng(47);
+    let mut rep = Report::new("pre-routed moe");
+    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
+    let (w, sf) = (kl + rd, nsh * ff);
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    let shapes: [Vec<usize>; 6] =
+        [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
+    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
+    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
+    let mut taken = 0;
+    for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
+        let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
+        for hist in [3u32, 40, 300] {
+            let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
+            let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+            let moe = Some((&shapes[..], &bytes[..], &mp));
+            let (ax, ao, al, am) = run_mla_out(ga, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
+            let (bx, bo, bl, bm) = run_mla_out(gb, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
+            taken += 1;
+            if ga.pre_routes() != taken {
+                rep.failures.push(format!("{gating:?} pos={hist}: the MoE did not take the routing made ahead"));
+            }
+            let lab = format!("{gating:?} norm={norm_topk} pos={hist}");
+            exact(&mut rep, &lab, &["x", "out", "logits", "moe"], &[ax, ao, al, am], &[bx, bo, bl, bm]);
+        }
+    }
+    if gb.pre_routes() != 0 {
+        rep.failures.push("set_pre_route(false) still routed ahead".into());
+    }
     rep.finish();
 }
 

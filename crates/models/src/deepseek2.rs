@@ -1060,9 +1060,20 @@ impl<B: Backend> DeepSeek2<B> {
             if let Ffn::Moe { router, shared: Some(f), .. } = &l.ffn {
                 be.prefetch_hint(&[router, &f.gate, &f.up, &f.down]);
             }
-            // A MoE layer's router logits of h: [n, E], with the norm where the backend can.
-            let router = match (&l.ffn, c.moe) {
-                (Ffn::Moe { router, .. }, Some(e)) => Some((router, &s.rl, Rows::packed(n, e.n_experts))),
+            // A MoE layer's routing: its parameters, and the router logits of h ([n, E]) with the
+            // norm where the backend can (and the routing itself, for the MoE op below).
+            let moe = c.moe.map(|e| MoeParams {
+                n_experts: e.n_experts,
+                k: e.k,
+                gating: e.gating,
+                norm_topk: e.norm_topk && e.k > 1,
+                scale: e.scale,
+                n_group: e.n_group,
+                topk_group: e.topk_group,
+                glu: Glu::SwiGlu,
+            });
+            let router = match (&l.ffn, &moe) {
+                (Ffn::Moe { router, .. }, Some(p)) => Some((router, &s.rl, Rows::packed(n, p.n_experts), p)),
                 _ => None,
             };
             // lat = attention(q_abs, cache); av = lat . W_uv per head; y = av . W_o; x += y; h = norm(x).
@@ -1084,18 +1095,8 @@ impl<B: Backend> DeepSeek2<B> {
             match &l.ffn {
                 Ffn::Dense(f) => swiglu(be, s, f, n, h),
                 Ffn::Moe { gate_exps, up_exps, down_exps, shared, .. } => {
-                    let Some(e) = c.moe else { return Err(ModelError::Run("MoE layer without an expert config".into())) };
-                    let rr = Rows::packed(n, e.n_experts); // router logits: [n, E], made above
-                    let p = MoeParams {
-                        n_experts: e.n_experts,
-                        k: e.k,
-                        gating: e.gating,
-                        norm_topk: e.norm_topk && e.k > 1,
-                        scale: e.scale,
-                        n_group: e.n_group,
-                        topk_group: e.topk_group,
-                        glu: Glu::SwiGlu,
-                    };
+                    let Some(p) = moe else { return Err(ModelError::Run("MoE layer without an expert config".into())) };
+                    let rr = Rows::packed(n, p.n_experts); // router logits: [n, E], made above
                     let experts = || Experts { gate: gate_exps, up: up_exps, down: down_exps };
                     match shared {
                         Some(f) => {
