@@ -163,6 +163,11 @@ pub struct BenchArgs {
     /// on the backend and copies back one id per sequence, as the server does for greedy rows).
     #[arg(long = "host-argmax")]
     pub host_argmax: bool,
+    /// Enqueue each decode step only after the previous pick reached the host (the default
+    /// chains steps on the device where the backend can: the next step is enqueued with the
+    /// previous pick still on the device, so the host's turn overlaps the device's work).
+    #[arg(long = "no-chain")]
+    pub no_chain: bool,
 }
 
 #[derive(Args)]
@@ -222,6 +227,9 @@ fn generate(
     // A plain greedy sampler takes the backend's arg-max (`Session::feed_for`): one id comes back
     // per token instead of the logits row.
     let mut picked: Option<u32> = None;
+    // A plain greedy sampler on a backend that chains steps: after the first pick, each step is
+    // enqueued before the previous pick reaches the host (Session::greedy_chain; the same picks).
+    let chain = sampler.is_plain_greedy(sess.tokens.len() + 1) && sess.model.chains_argmax();
     for _ in 0..n {
         if sess.pos >= sess.ctx() {
             eprintln!("\nturbospark: context full ({} tokens)", sess.ctx());
@@ -236,6 +244,33 @@ fn generate(
         if !text.is_empty() {
             out.write_all(text.as_bytes())?;
             out.flush()?;
+        }
+        if chain && count < n {
+            let mut failed: Option<std::io::Error> = None;
+            let mut eog = false;
+            sess.greedy_chain(id, n - count, |pick| {
+                sampler.take(pick);
+                if !ignore_eos && tok.is_eog(pick) {
+                    eog = true;
+                    return false;
+                }
+                count += 1;
+                let text = dec.push(pick);
+                if !text.is_empty() {
+                    if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+                        failed = Some(e);
+                        return false;
+                    }
+                }
+                true
+            })?;
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+            if !eog && count < n && sess.pos + 1 >= sess.ctx() {
+                eprintln!("\nturbospark: context full ({} tokens)", sess.ctx());
+            }
+            break;
         }
         picked = sess.feed_for(id, sampler)?;
     }
@@ -595,15 +630,27 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             }
             let mut t = rnd();
             let t0 = Instant::now();
-            for _ in 0..a.n_gen {
-                // The next token is the arg-max, picked on the backend (one id comes back).
-                t = if a.host_argmax {
-                    sess.feed(&[t])?;
-                    ts_core::argmax(&sess.logits)
-                } else {
-                    sess.feed_greedy(&[t])?
-                };
-                hash = fnv_step(hash, t);
+            if !a.host_argmax && !a.no_chain {
+                // The picks made on the backend, each step enqueued before the previous pick
+                // reaches the host (Session::greedy_chain): the same tokens as the loop below.
+                let n = sess.greedy_chain(t, a.n_gen, |id| {
+                    hash = fnv_step(hash, id);
+                    true
+                })?;
+                if n != a.n_gen {
+                    anyhow::bail!("the greedy chain stopped after {n} of {} tokens", a.n_gen);
+                }
+            } else {
+                for _ in 0..a.n_gen {
+                    // The next token is the arg-max, picked on the backend (one id comes back).
+                    t = if a.host_argmax {
+                        sess.feed(&[t])?;
+                        ts_core::argmax(&sess.logits)
+                    } else {
+                        sess.feed_greedy(&[t])?
+                    };
+                    hash = fnv_step(hash, t);
+                }
             }
             if r > 0 {
                 v.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
@@ -627,6 +674,35 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         for r in 0..reps + 1 {
             let mut toks: Vec<u32> = (0..np).map(|_| rnd()).collect();
             let t0 = Instant::now();
+            if !a.host_argmax && !a.no_chain && l.model.chains_argmax() {
+                // Each step enqueued before the previous step's picks reach the host: its
+                // tokens are those picks on the device (TOKEN_FROM_ARGMAX + row). The same
+                // tokens, hashed in the same order, as the loop below.
+                for step in 0..a.n_gen {
+                    meta.tokens.clear();
+                    meta.outputs.clear();
+                    for (s, &t) in toks.iter().enumerate() {
+                        meta.outputs.push(s as u32);
+                        let token = if step == 0 { t } else { ts_core::TOKEN_FROM_ARGMAX + s as u32 };
+                        meta.tokens.push(ts_core::TokenMeta { token, pos: step as u32, slot: 1 + s as u32 });
+                    }
+                    l.model.forward_outputs(&meta, ts_models::Outputs::queued())?;
+                    if step > 0 {
+                        l.model.argmax_collect(&mut toks)?;
+                        for &t in &toks {
+                            phash = fnv_step(phash, t);
+                        }
+                    }
+                }
+                l.model.argmax_collect(&mut toks)?;
+                for &t in &toks {
+                    phash = fnv_step(phash, t);
+                }
+                if r > 0 {
+                    v.push((np * a.n_gen) as f64 / t0.elapsed().as_secs_f64());
+                }
+                continue;
+            }
             for step in 0..a.n_gen {
                 meta.tokens.clear();
                 meta.outputs.clear();
@@ -640,7 +716,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                     l.model.forward(&meta, &mut logits)?;
                     toks.par_iter_mut().zip(logits.par_chunks(nvu)).for_each(|(t, row)| *t = ts_core::argmax(row));
                 } else {
-                    let out = ts_models::Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut toks[..]) };
+                    let out =
+                        ts_models::Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut toks[..]), queue_argmax: false };
                     l.model.forward_outputs(&meta, out)?;
                 }
                 for &t in &toks {

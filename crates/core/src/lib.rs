@@ -97,10 +97,16 @@ impl Rows {
     }
 }
 
+/// A [`TokenMeta::token`] of `TOKEN_FROM_ARGMAX + r` stands for the arg-max of output row `r`
+/// of the last [`Backend::argmax_rows_queued`] enqueued before the batch's upload: the id stays
+/// on the device, so a greedy step can be enqueued before the previous one's id reaches the
+/// host (backends whose [`Backend::chains_argmax`] is true; `Session::greedy_chain`).
+pub const TOKEN_FROM_ARGMAX: u32 = 0xFFFF_0000;
+
 /// One token of a batch. Host-side description; see [`Backend::upload_batch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenMeta {
-    /// Vocabulary id.
+    /// Vocabulary id, or [`TOKEN_FROM_ARGMAX`]` + r` (a previous step's pick, on the device).
     pub token: u32,
     /// Position in its sequence (0-based); its cache row is `slot * slot_len + pos`.
     pub pos: u32,

@@ -4,7 +4,7 @@
 //! matches it on fresh random inputs (tests in `ts-cuda`). Shapes below use `Rows` notation:
 //! `x: [n, w]` means `n` rows of `w` values.
 
-use crate::{BatchMeta, Result, Rows, TensorData};
+use crate::{BackendError, BatchMeta, Result, Rows, TensorData};
 
 /// How rotary embedding pairs elements within the rotated part of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,6 +208,25 @@ pub trait Backend: Send + Sync {
             *o = crate::argmax(&row);
         }
         Ok(())
+    }
+
+    /// Whether this backend chains greedy steps on the device: [`Backend::argmax_rows_queued`]
+    /// and [`Backend::argmax_collect`] work, and [`Backend::upload_batch`] takes
+    /// [`crate::TOKEN_FROM_ARGMAX`] ids. Default false.
+    fn chains_argmax(&self) -> bool {
+        false
+    }
+    /// Enqueue the greedy pick of each row of `x` (as [`Backend::argmax_rows`]) without waiting:
+    /// the ids stay on the device for a later batch's [`crate::TOKEN_FROM_ARGMAX`] tokens and
+    /// come to the host through [`Backend::argmax_collect`], oldest first. At most two may be
+    /// pending (a third is refused). Default: unsupported.
+    fn argmax_rows_queued(&self, _x: &Self::Buf, _xr: Rows) -> Result<()> {
+        Err(BackendError::Unsupported("queued arg-max".into()))
+    }
+    /// The ids of the oldest pending [`Backend::argmax_rows_queued`] (`out.len()` its rows),
+    /// waiting for them. Default: unsupported.
+    fn argmax_collect(&self, _out: &mut [u32]) -> Result<()> {
+        Err(BackendError::Unsupported("queued arg-max".into()))
     }
 
     // ---- ops ----------------------------------------------------------------------------

@@ -165,6 +165,12 @@ pub struct CpuBackend {
     /// ([`CpuBackend::invariant`]): a server's rows then get the same bits alone or batched
     /// without padding its forwards.
     invariant: bool,
+    /// Queued arg-maxes ([`Backend::argmax_rows_queued`]): computed at once, handed out oldest
+    /// first; `.1` the ids of the last arg-max (queued or not), which
+    /// [`ts_core::TOKEN_FROM_ARGMAX`] tokens stand for. The CPU twin of the CUDA backend's
+    /// chained steps (nothing overlaps here: the point is the same semantics). `.2`: id lists
+    /// collected, kept for reuse (a warm chain allocates nothing).
+    argq: Mutex<(std::collections::VecDeque<Vec<u32>>, Vec<u32>, Vec<Vec<u32>>)>,
 }
 
 impl CpuBackend {
@@ -179,6 +185,7 @@ impl CpuBackend {
             exact: false,
             copy_weights: false,
             invariant: false,
+            argq: Mutex::new(Default::default()),
         })
     }
     /// Copy the weights at upload (more memory, a slower load) instead of reading them from the
@@ -515,6 +522,15 @@ impl Backend for CpuBackend {
         }
         batch.meta.tokens.clear();
         batch.meta.tokens.extend_from_slice(&meta.tokens);
+        if meta.tokens.iter().any(|t| t.token >= ts_core::TOKEN_FROM_ARGMAX) {
+            let q = self.argq.lock().unwrap_or_else(|e| e.into_inner());
+            for t in batch.meta.tokens.iter_mut().filter(|t| t.token >= ts_core::TOKEN_FROM_ARGMAX) {
+                let r = (t.token - ts_core::TOKEN_FROM_ARGMAX) as usize;
+                t.token = *q.1.get(r).ok_or_else(|| {
+                    BackendError::Unsupported(format!("a token takes row {r} of the last arg-max, which had {} rows", q.1.len()))
+                })?;
+            }
+        }
         batch.meta.outputs.clear();
         batch.meta.outputs.extend_from_slice(&meta.outputs);
         batch.meta.slot_len = meta.slot_len;
@@ -540,7 +556,38 @@ impl Backend for CpuBackend {
         for (i, o) in out.iter_mut().enumerate() {
             *o = ts_core::argmax(unsafe { x.row(xr, i) });
         }
+        let mut q = self.argq.lock().unwrap_or_else(|e| e.into_inner());
+        q.1.clear();
+        q.1.extend_from_slice(out);
         Ok(())
+    }
+
+    fn chains_argmax(&self) -> bool {
+        true
+    }
+
+    fn argmax_rows_queued(&self, x: &CpuBuf, xr: Rows) -> Result<()> {
+        if self.argq.lock().unwrap_or_else(|e| e.into_inner()).0.len() >= 2 {
+            return Err(BackendError::Unsupported("a third queued arg-max before the first was collected".into()));
+        }
+        let mut ids = self.argq.lock().unwrap_or_else(|e| e.into_inner()).2.pop().unwrap_or_default();
+        ids.resize(xr.n, 0);
+        self.argmax_rows(x, xr, &mut ids)?;
+        self.argq.lock().unwrap_or_else(|e| e.into_inner()).0.push_back(ids);
+        Ok(())
+    }
+
+    fn argmax_collect(&self, out: &mut [u32]) -> Result<()> {
+        let mut q = self.argq.lock().unwrap_or_else(|e| e.into_inner());
+        let ids = q.0.pop_front().ok_or_else(|| BackendError::Unsupported("no queued arg-max to collect".into()))?;
+        let r = if ids.len() == out.len() {
+            out.copy_from_slice(&ids);
+            Ok(())
+        } else {
+            Err(BackendError::Unsupported(format!("the queued arg-max has {} rows, not {}", ids.len(), out.len())))
+        };
+        q.2.push(ids);
+        r
     }
 
     fn embed(&self, table: &CpuWeight, batch: &CpuBatch, scale: f32, out: &CpuBuf, o: Rows) {

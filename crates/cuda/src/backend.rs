@@ -24,11 +24,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
-use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 use ts_core::{
     AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeParams, Result, RopeMode, RopeSpec, Rows,
-    TensorData, TokenMeta, WeightInfo, WeightUse,
+    TensorData, TokenMeta, WeightInfo, WeightUse, TOKEN_FROM_ARGMAX,
 };
 use ts_formats::quant;
 
@@ -167,6 +167,13 @@ pub struct CudaBatch {
     slot_len: u32,
     /// Host staging of `mem`'s contents (sized once: uploading allocates nothing).
     host: Vec<u8>,
+    /// Two page-locked copies of `host` taken in turn, each with the event recorded after its
+    /// upload: an upload from page-locked memory never waits for the stream (one from pageable
+    /// memory may), so a chained step is enqueued while the one before it runs; a copy is
+    /// rewritten only once its last upload has been done. None where none could be had.
+    pinned: Option<[HostPinned; 2]>,
+    sent: [Option<CudaEvent>; 2],
+    flip: usize,
 }
 
 impl CudaBatch {
@@ -819,6 +826,8 @@ pub struct CudaBackend {
     scratch: Mutex<Vec<Option<DevMem>>>,
     /// Staging for large reads (see [`Pinned`]); grows to the largest read.
     pinned: Mutex<Option<Pinned>>,
+    /// Queued arg-maxes ([`Backend::argmax_rows_queued`]).
+    argq: Mutex<ArgQueue>,
     /// Held for the whole of an op that uses scratch, so two threads sharing the backend cannot
     /// interleave their writes to (and reads of) the same scratch on the stream.
     scratch_op: Mutex<()>,
@@ -1098,6 +1107,45 @@ impl Drop for Pinned {
         }
     }
 }
+/// Page-locked host bytes (`cuMemAllocHost`), freed on drop.
+struct HostPinned {
+    ptr: *mut u8,
+    len: usize,
+}
+// Owned; used by one owner at a time (a batch, or the arg-max queue under its mutex).
+unsafe impl Send for HostPinned {}
+unsafe impl Sync for HostPinned {}
+impl HostPinned {
+    fn new(ctx: &CudaContext, len: usize) -> Option<Self> {
+        ctx.bind_to_thread().ok()?;
+        let ptr = unsafe { drv::malloc_host(len.max(1), 0) }.ok()?;
+        Some(HostPinned { ptr: ptr as *mut u8, len })
+    }
+    fn bytes(&mut self) -> &mut [u8] {
+        // Safety: `len` bytes were allocated at `ptr` and nothing else refers to them.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+impl Drop for HostPinned {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = drv::free_host(self.ptr as *mut std::ffi::c_void);
+        }
+    }
+}
+
+/// The queued arg-maxes on their way to the host ([`Backend::argmax_rows_queued`]): two
+/// page-locked slots of ids taken in turn, each with the event recorded after its copy, and the
+/// pending ones (slot, rows) oldest first. `rows`: the row count of the last arg-max enqueued
+/// (queued or not), whose ids a [`ts_core::TOKEN_FROM_ARGMAX`] token reads on the device.
+#[derive(Default)]
+struct ArgQueue {
+    slots: [Option<(HostPinned, CudaEvent)>; 2],
+    pending: std::collections::VecDeque<(usize, usize)>,
+    next: usize,
+    rows: usize,
+}
+
 /// Reads of at least this many bytes go through [`Pinned`] staging.
 const PINNED_MIN_BYTES: usize = 1 << 20;
 
@@ -1233,6 +1281,7 @@ impl CudaBackend {
             kernels_from_cache,
             scratch: Mutex::new((0..N_SCRATCH).map(|_| None).collect()),
             pinned: Mutex::new(None),
+            argq: Mutex::new(ArgQueue::default()),
             scratch_op: Mutex::new(()),
             error: Mutex::new(None),
             sm_count,
@@ -1628,6 +1677,33 @@ impl CudaBackend {
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
         // Pageable host memory is staged before the call returns, so `src` may go right after.
         unsafe { drv::memcpy_htod_async(mem.ptr + off as u64, src, self.stream.cu_stream()) }.map_err(|e| dev_err("host-to-device copy", e))
+    }
+
+    /// The arg-max of each row of `x` into the ids at the start of [`S::Ids`] (`argmax_part`,
+    /// then `argmax_final`); their device pointer, None where the scratch could not be had (the
+    /// failure is recorded). Not part of a recorded step (it ends with a copy to the host), so
+    /// the scratch may grow.
+    fn enqueue_argmax(&self, x: &CudaBuf, xr: Rows) -> Option<u64> {
+        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+        // Keys of ARGMAX_CHUNK values per block (8-byte aligned, after the ids).
+        let chunks = xr.width.div_ceil(ARGMAX_CHUNK).max(1);
+        let ids_bytes = (4 * xr.n).next_multiple_of(8);
+        let ids = self.scratch(S::Ids, ids_bytes + 8 * chunks * xr.n)?;
+        let part = ids + ids_bytes as u64;
+        self.launch(
+            "argmax_part",
+            (chunks as u32, xr.n as u32, 1),
+            256,
+            0,
+            &[A::P(x.0.ptr), l(xr.off), l(xr.stride), i(xr.width), i(ARGMAX_CHUNK.min(xr.width.max(1))), A::P(part)],
+        );
+        self.launch("argmax_final", (xr.n as u32, 1, 1), 32, 0, &[A::P(part), i(chunks), i(xr.width), A::P(ids)]);
+        Some(ids)
+    }
+
+    /// Device pointer of scratch slot `s` as it is (None before its first use).
+    fn scratch_ptr(&self, s: S) -> Option<u64> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())[s as usize].as_ref().map(|m| m.ptr)
     }
 
     /// Device pointer of scratch slot `s`, grown to at least `bytes` (contents undefined).
@@ -3133,7 +3209,18 @@ impl Backend for CudaBackend {
     fn alloc_batch(&self, max_tokens: usize) -> Result<CudaBatch> {
         let mt = max_tokens.max(1);
         let mem = self.alloc_mem(16 * mt, "batch")?;
-        Ok(CudaBatch { mem, max_tokens: mt, tokens: Vec::with_capacity(mt), n_outputs: 0, slot_len: 0, host: vec![0; 16 * mt] })
+        let pinned = HostPinned::new(&self.ctx, 16 * mt).zip(HostPinned::new(&self.ctx, 16 * mt)).map(|(a, b)| [a, b]);
+        Ok(CudaBatch {
+            mem,
+            max_tokens: mt,
+            tokens: Vec::with_capacity(mt),
+            n_outputs: 0,
+            slot_len: 0,
+            host: vec![0; 16 * mt],
+            pinned,
+            sent: [None, None],
+            flip: 0,
+        })
     }
 
     fn upload_batch(&self, meta: &BatchMeta, batch: &mut CudaBatch) -> Result<()> {
@@ -3153,15 +3240,58 @@ impl Backend for CudaBackend {
             let at = 4 * (field * mt + i);
             batch.host[at..at + 4].copy_from_slice(&v.to_le_bytes());
         };
+        // Tokens that are a previous step's pick: runs of (first token, first row, count), copied
+        // on the device from the last arg-max's ids after the upload.
+        let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+        let last_rows = self.argq.lock().unwrap_or_else(|e| e.into_inner()).rows;
         for (t, tm) in meta.tokens.iter().enumerate() {
-            put(0, t, tm.token);
+            let fed = tm.token >= TOKEN_FROM_ARGMAX;
+            put(0, t, if fed { 0 } else { tm.token });
             put(1, t, tm.pos);
             put(2, t, tm.slot);
+            if fed {
+                let r = (tm.token - TOKEN_FROM_ARGMAX) as usize;
+                if r >= last_rows {
+                    return Err(BackendError::Unsupported(format!(
+                        "token {t} takes row {r} of the last arg-max, which had {last_rows} rows"
+                    )));
+                }
+                match runs.last_mut() {
+                    Some((t0, r0, c)) if *t0 + *c == t && *r0 + *c == r => *c += 1,
+                    _ => runs.push((t, r, 1)),
+                }
+            }
         }
         for (i, &o) in meta.outputs.iter().enumerate() {
             put(3, i, o);
         }
-        self.upload_bytes(&batch.mem, 0, &batch.host)?;
+        match batch.pinned.as_mut() {
+            Some(pin) => {
+                // This copy's last upload must have been done before it is rewritten.
+                let k = batch.flip;
+                if let Some(ev) = &batch.sent[k] {
+                    ev.synchronize().map_err(|e| dev_err("batch upload event", e))?;
+                }
+                let stage = pin[k].bytes();
+                stage.copy_from_slice(&batch.host);
+                self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
+                unsafe { drv::memcpy_htod_async(batch.mem.ptr, &*stage, self.stream.cu_stream()) }
+                    .map_err(|e| dev_err("host-to-device copy", e))?;
+                match &batch.sent[k] {
+                    Some(ev) => ev.record(&self.stream).map_err(|e| dev_err("batch upload event", e))?,
+                    None => batch.sent[k] = Some(self.stream.record_event(None).map_err(|e| dev_err("batch upload event", e))?),
+                }
+                batch.flip ^= 1;
+            }
+            None => self.upload_bytes(&batch.mem, 0, &batch.host)?,
+        }
+        if !runs.is_empty() {
+            let ids = self.scratch_ptr(S::Ids).ok_or_else(|| BackendError::Unsupported("no arg-max to take tokens from".into()))?;
+            for (t, r, c) in runs {
+                unsafe { drv::memcpy_dtod_async(batch.tok_ptr() + 4 * t as u64, ids + 4 * r as u64, 4 * c, self.stream.cu_stream()) }
+                    .map_err(|e| dev_err("device-to-device copy", e))?;
+            }
+        }
         batch.tokens.clear();
         batch.tokens.extend_from_slice(&meta.tokens);
         batch.n_outputs = meta.outputs.len();
@@ -3225,24 +3355,61 @@ impl Backend for CudaBackend {
         if xr.width > i32::MAX as usize {
             return Err(BackendError::Unsupported(format!("arg-max over rows of {} values", xr.width)));
         }
-        // Not part of a recorded step (it ends with a copy to the host), so the scratch may grow.
-        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-        // Keys of ARGMAX_CHUNK values per block (8-byte aligned, after the ids).
-        let chunks = xr.width.div_ceil(ARGMAX_CHUNK).max(1);
-        let ids_bytes = (4 * xr.n).next_multiple_of(8);
-        let Some(ids) = self.scratch(S::Ids, ids_bytes + 8 * chunks * xr.n) else { return self.synchronize() };
-        let part = ids + ids_bytes as u64;
-        self.launch(
-            "argmax_part",
-            (chunks as u32, xr.n as u32, 1),
-            256,
-            0,
-            &[A::P(x.0.ptr), l(xr.off), l(xr.stride), i(xr.width), i(ARGMAX_CHUNK.min(xr.width.max(1))), A::P(part)],
-        );
-        self.launch("argmax_final", (xr.n as u32, 1, 1), 32, 0, &[A::P(part), i(chunks), i(xr.width), A::P(ids)]);
+        let Some(ids) = self.enqueue_argmax(x, xr) else { return self.synchronize() };
+        self.argq.lock().unwrap_or_else(|e| e.into_inner()).rows = xr.n;
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
         unsafe { drv::memcpy_dtoh_async(out, ids, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
         self.synchronize()
+    }
+
+    fn chains_argmax(&self) -> bool {
+        true
+    }
+
+    fn argmax_rows_queued(&self, x: &CudaBuf, xr: Rows) -> Result<()> {
+        x.check(xr);
+        if xr.n == 0 || xr.width > i32::MAX as usize {
+            return Err(BackendError::Unsupported(format!("queued arg-max over {} rows of {} values", xr.n, xr.width)));
+        }
+        let mut q = self.argq.lock().unwrap_or_else(|e| e.into_inner());
+        if q.pending.len() >= 2 {
+            return Err(BackendError::Unsupported("a third queued arg-max before the first was collected".into()));
+        }
+        let k = q.next;
+        // The slot is free (at most one other is pending); grown where too small.
+        if q.slots[k].as_ref().is_none_or(|(p, _)| p.len < 4 * xr.n) {
+            let pin = HostPinned::new(&self.ctx, 4 * xr.n.next_power_of_two())
+                .ok_or_else(|| BackendError::Device("pinned host allocation for arg-max ids".into()))?;
+            let ev = self.ctx.new_event(None).map_err(|e| dev_err("arg-max event", e))?;
+            q.slots[k] = Some((pin, ev));
+        }
+        let Some(ids) = self.enqueue_argmax(x, xr) else { return self.synchronize() };
+        q.rows = xr.n;
+        let Some((pin, ev)) = q.slots[k].as_mut() else { unreachable!("slot filled above") };
+        // Safety: the slot holds at least 4 * n bytes, and nothing reads them before its event.
+        let dst = unsafe { std::slice::from_raw_parts_mut(pin.ptr as *mut u32, xr.n) };
+        self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
+        unsafe { drv::memcpy_dtoh_async(dst, ids, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
+        ev.record(&self.stream).map_err(|e| dev_err("arg-max event", e))?;
+        q.pending.push_back((k, xr.n));
+        q.next ^= 1;
+        Ok(())
+    }
+
+    fn argmax_collect(&self, out: &mut [u32]) -> Result<()> {
+        let mut q = self.argq.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((k, n)) = q.pending.pop_front() else {
+            return Err(BackendError::Unsupported("no queued arg-max to collect".into()));
+        };
+        if out.len() != n {
+            return Err(BackendError::Unsupported(format!("the queued arg-max has {n} rows, not {}", out.len())));
+        }
+        let Some((pin, ev)) = q.slots[k].as_ref() else { unreachable!("a pending slot is filled") };
+        ev.synchronize().map_err(|e| dev_err("arg-max event", e))?;
+        self.take_error()?;
+        // Safety: the slot's copy of n ids is done (its event has passed).
+        out.copy_from_slice(unsafe { std::slice::from_raw_parts(pin.ptr as *const u32, n) });
+        Ok(())
     }
 
     fn gather_outputs(&self, x: &CudaBuf, xr: Rows, batch: &CudaBatch, out: &CudaBuf, o: Rows) {
@@ -3263,7 +3430,7 @@ impl Backend for CudaBackend {
         assert_eq!(o.width, dim);
         assert_eq!(o.n, batch.tokens.len());
         out.check(o);
-        if let Some(tm) = batch.tokens.iter().find(|tm| tm.token as usize >= table.ne(1)) {
+        if let Some(tm) = batch.tokens.iter().find(|tm| tm.token as usize >= table.ne(1) && tm.token < TOKEN_FROM_ARGMAX) {
             self.fail(format!("token id {} outside the vocabulary of {}", tm.token, table.ne(1)));
             return;
         }

@@ -301,6 +301,86 @@ fn argmax_rows_exact() {
     eprintln!("argmax_rows: {cases} rows identical");
 }
 
+/// Chained steps (`argmax_rows_queued`, `argmax_collect`, `TOKEN_FROM_ARGMAX` tokens): a batch
+/// uploaded after a queued arg-max embeds that arg-max's ids, taken on the device (out of row
+/// order, in runs, beside plain ids), exactly as the CPU twin does with the same logits; the
+/// collected ids are `ts_core::argmax` of the rows, oldest first, with two pending at a time; a
+/// third pending, a collect of nothing and a row past the last arg-max are errors.
+#[test]
+fn chained_argmax_tokens() {
+    if gpu().is_none() {
+        return;
+    }
+    let g = &CudaBackend::new(0).expect("second backend");
+    let c = &ts_cpu::CpuBackend::new(Some(1)).expect("cpu twin");
+    let mut r = rng(61);
+    let (dim, vocab, n) = (64usize, 5000usize, 6usize);
+    let shape = [dim, vocab];
+    let (bytes, _) = weight(&mut r, GgmlType::F32, &shape, 1.0);
+    let t = td("tok", GgmlType::F32, &shape, &bytes);
+    let (gw, cw) = (g.upload_weight(&t, WeightUse::Embedding).unwrap(), c.upload_weight(&t, WeightUse::Embedding).unwrap());
+    let xr = Rows { off: 1, n, width: vocab, stride: vocab + 2 };
+    let (gx, cx) = (g.alloc(xr.end()).unwrap(), c.alloc(xr.end()).unwrap());
+    let (mut gb, mut cb) = (g.alloc_batch(8).unwrap(), c.alloc_batch(8).unwrap());
+    let o = Rows::packed(8, dim);
+    let (go, co) = (g.alloc(o.end()).unwrap(), c.alloc(o.end()).unwrap());
+    let mut want: std::collections::VecDeque<Vec<u32>> = Default::default();
+    let mut ok = 0;
+    for round in 0..6 {
+        let a = randn(&mut r, xr.end(), 2.0);
+        g.write(&gx, 0, &a).unwrap();
+        c.write(&cx, 0, &a).unwrap();
+        g.argmax_rows_queued(&gx, xr).expect("gpu queued arg-max");
+        c.argmax_rows_queued(&cx, xr).expect("cpu queued arg-max");
+        let ids: Vec<u32> = (0..n).map(|j| ts_core::argmax(&a[xr.off + j * xr.stride..][..vocab])).collect();
+        // Tokens: rows 5, 4 (a run backwards: two copies), 0, 1, 2 (one run), a plain id, row 3.
+        let rows = [5u32, 4, 0, 1, 2, u32::MAX, 3, (round % n) as u32];
+        let tokens: Vec<TokenMeta> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, &row)| TokenMeta { token: if row == u32::MAX { 17 } else { TOKEN_FROM_ARGMAX + row }, pos: i as u32, slot: 0 })
+            .collect();
+        let meta = BatchMeta { tokens, outputs: vec![], slot_len: 64 };
+        g.upload_batch(&meta, &mut gb).expect("gpu batch");
+        c.upload_batch(&meta, &mut cb).expect("cpu batch");
+        poison(g, &go, o.end());
+        g.embed(&gw, &gb, 1.0, &go, o);
+        c.embed(&cw, &cb, 1.0, &co, o);
+        let (ge, ce) = (get(g, &go, o), get(c, &co, o));
+        assert_eq!(ge, ce, "round {round}: embedded rows of the chained tokens");
+        for (i, &row) in rows.iter().enumerate() {
+            let id = if row == u32::MAX { 17 } else { ids[row as usize] } as usize;
+            let table: Vec<f32> =
+                bytes[4 * dim * id..4 * dim * (id + 1)].chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            assert_eq!(&ge[i * dim..(i + 1) * dim], &table[..], "round {round} token {i}: not the embedding of id {id}");
+        }
+        want.push_back(ids);
+        // Two pending: a third is refused; then the oldest comes back.
+        if want.len() == 2 {
+            assert!(g.argmax_rows_queued(&gx, xr).is_err(), "a third pending arg-max");
+            let (mut gi, mut ci) = (vec![0u32; n], vec![0u32; n]);
+            g.argmax_collect(&mut gi).expect("gpu collect");
+            c.argmax_collect(&mut ci).expect("cpu collect");
+            let w = want.pop_front().unwrap();
+            assert_eq!((&gi, &ci), (&w, &w), "round {round}: collected ids");
+            ok += 1;
+        }
+    }
+    while let Some(w) = want.pop_front() {
+        let mut gi = vec![0u32; n];
+        g.argmax_collect(&mut gi).expect("gpu collect");
+        assert_eq!(gi, w);
+        let mut ci = vec![0u32; n];
+        c.argmax_collect(&mut ci).expect("cpu collect");
+        ok += 1;
+    }
+    assert!(g.argmax_collect(&mut [0u32; 6]).is_err(), "a collect of nothing");
+    let past =
+        BatchMeta { tokens: vec![TokenMeta { token: TOKEN_FROM_ARGMAX + n as u32, pos: 0, slot: 0 }], outputs: vec![], slot_len: 64 };
+    assert!(g.upload_batch(&past, &mut gb).is_err(), "a row past the last arg-max");
+    eprintln!("chained_argmax_tokens: {ok} collects, every embedded row exact");
+}
+
 /// `gather_outputs` copies the batch's output rows (indices uploaded with the batch) exactly, for
 /// any order, repeats and strided views.
 #[test]
@@ -1846,8 +1926,7 @@ fn pre_routed_moe_exact() {
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
     let (w, sf) = (kl + rd, nsh * ff);
     let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    let shapes: [Vec<usize>; 6] =
-        [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
+    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
     let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
     let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
     let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());

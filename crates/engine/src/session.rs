@@ -80,6 +80,86 @@ impl<'m> Session<'m> {
         }
     }
 
+    /// Greedy continuation: feed `first`, then each pick in turn (the plain arg-max, as
+    /// [`feed_greedy`](Self::feed_greedy) one token at a time), handing every pick to `emit`
+    /// until it returns false, `max` picks were made or the context is full. Returns the number
+    /// of picks handed over; afterwards the session is as if those feeds had run one by one
+    /// (`pos` and `tokens` count `first` and every pick fed after it, not the last pick).
+    ///
+    /// Where the backend chains steps on the device ([`Model::chains_argmax`]), the step that
+    /// feeds a pick is enqueued before that pick reaches the host (its token is the previous
+    /// step's arg-max on the device, [`ts_core::TOKEN_FROM_ARGMAX`]), so the host's turn between
+    /// tokens overlaps the device's work. When `emit` stops the chain, the one step already
+    /// enqueued past it is waited for and forgotten: it wrote only the cache row at `pos`, which
+    /// the next feed overwrites.
+    pub fn greedy_chain(&mut self, first: u32, max: usize, mut emit: impl FnMut(u32) -> bool) -> Result<usize, SessionError> {
+        let ctx = self.ctx();
+        if max == 0 {
+            return Ok(0);
+        }
+        if self.pos >= ctx {
+            return Err(SessionError::ContextFull { need: self.pos + 1, ctx });
+        }
+        if !self.model.chains_argmax() {
+            let (mut t, mut n) = (first, 0);
+            while n < max && self.pos < ctx {
+                t = self.feed_greedy(&[t])?;
+                n += 1;
+                if !emit(t) {
+                    break;
+                }
+            }
+            return Ok(n);
+        }
+        // `queued`: steps enqueued and not collected, the oldest feeding `fed` at `self.pos`.
+        let mut fed = first;
+        self.step_queued(first, self.pos)?;
+        let mut queued = 1usize;
+        let mut n = 0usize;
+        let mut id = [0u32];
+        let r = loop {
+            // The next step, fed the pick of the one before it, at the position after it: while
+            // more picks may be wanted and the context holds it.
+            let next_pos = self.pos + queued;
+            if n + queued < max && next_pos < ctx && queued < 2 {
+                if let Err(e) = self.step_queued(ts_core::TOKEN_FROM_ARGMAX, next_pos) {
+                    break Err(e);
+                }
+                queued += 1;
+            }
+            if let Err(e) = self.model.argmax_collect(&mut id) {
+                break Err(e.into());
+            }
+            queued -= 1;
+            self.pos += 1;
+            self.tokens.push(fed);
+            fed = id[0];
+            n += 1;
+            if !emit(id[0]) || n >= max || self.pos >= ctx {
+                break Ok(n);
+            }
+            if queued == 0 {
+                // Past the context's end or the wanted picks no step was enqueued: none to wait on.
+                break Ok(n);
+            }
+        };
+        // A step enqueued past the last pick handed over: waited for, its pick forgotten.
+        for _ in 0..queued {
+            let mut skip = [0u32];
+            self.model.argmax_collect(&mut skip)?;
+        }
+        r
+    }
+
+    /// One decode token (`token` at `pos` of this slot) with its arg-max queued on the backend.
+    fn step_queued(&mut self, token: u32, pos: usize) -> Result<(), SessionError> {
+        self.meta.tokens.clear();
+        self.meta.tokens.push(TokenMeta { token, pos: pos as u32, slot: self.slot });
+        self.meta.outputs.clear();
+        self.meta.outputs.push(0);
+        Ok(self.model.forward_outputs(&self.meta, Outputs::queued())?)
+    }
+
     /// The chunk loop of `feed` (`greedy` false: the last token's logits into `logits`, returns 0)
     /// and `feed_greedy` (its arg-max returned, `logits` untouched).
     fn feed_chunks(&mut self, tokens: &[u32], greedy: bool) -> Result<u32, SessionError> {
@@ -97,7 +177,7 @@ impl<'m> Session<'m> {
             self.meta.outputs.clear();
             self.meta.outputs.push(part.len() as u32 - 1);
             let out = if greedy {
-                Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut id) }
+                Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut id), queue_argmax: false }
             } else {
                 Outputs::all(&mut self.logits)
             };

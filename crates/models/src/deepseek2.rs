@@ -960,11 +960,17 @@ impl<B: Backend> Model for DeepSeek2<B> {
     fn options(&self) -> RuntimeOptions {
         self.opts
     }
+    fn chains_argmax(&self) -> bool {
+        self.be.chains_argmax()
+    }
+    fn argmax_collect(&mut self, out: &mut [u32]) -> Result<()> {
+        Ok(self.be.argmax_collect(out)?)
+    }
 
     fn forward_outputs(&mut self, batch: &BatchMeta, mut out: Outputs<'_>) -> Result<()> {
         let c = &self.cfg;
         let n = batch.len();
-        check_batch(batch, &self.opts, c.n_vocab, &out)?;
+        check_batch(batch, &self.opts, c.n_vocab, &out, self.be.chains_argmax())?;
         self.be.upload_batch(batch, &mut self.batch)?;
         // The step's ops depend only on this model, the token count, whether the tokens share
         // one slot, and the number of output rows, so a backend may record them once and replay

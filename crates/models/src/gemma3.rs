@@ -544,11 +544,17 @@ impl<B: Backend> Model for Gemma3<B> {
     fn options(&self) -> RuntimeOptions {
         self.opts
     }
+    fn chains_argmax(&self) -> bool {
+        self.be.chains_argmax()
+    }
+    fn argmax_collect(&mut self, out: &mut [u32]) -> Result<()> {
+        Ok(self.be.argmax_collect(out)?)
+    }
 
     fn forward_outputs(&mut self, batch: &BatchMeta, mut out: Outputs<'_>) -> Result<()> {
         let c = &self.cfg;
         let n = batch.len();
-        check_batch(batch, &self.opts, c.n_vocab, &out)?;
+        check_batch(batch, &self.opts, c.n_vocab, &out, self.be.chains_argmax())?;
         let be = self.be.as_ref();
         let s = &self.s;
         let (h, d, dv, nh, nkv, ff) = (c.n_embd, c.head_dim, c.v_dim, c.n_heads, c.n_kv_heads, c.n_ff);

@@ -101,12 +101,23 @@ pub struct Outputs<'a> {
     /// When set, receives [`ts_core::argmax`] of every output row (`outputs.len()` ids), computed
     /// by the backend where the logits are.
     pub argmax: Option<&'a mut [u32]>,
+    /// Enqueue the arg-max of every output row on the backend and read nothing back
+    /// ([`ts_core::ops::Backend::argmax_rows_queued`]; the ids come later through
+    /// [`Model::argmax_collect`], and a next batch may take them as
+    /// [`ts_core::TOKEN_FROM_ARGMAX`] tokens). Needs `full_rows == Some(&[])`, `argmax == None`
+    /// and a backend whose `chains_argmax` is true.
+    pub queue_argmax: bool,
 }
 
 impl<'a> Outputs<'a> {
     /// Every output row's full logits, nothing else (what [`Model::forward`] asks for).
     pub fn all(logits: &'a mut [f32]) -> Self {
-        Outputs { full_rows: None, logits, argmax: None }
+        Outputs { full_rows: None, logits, argmax: None, queue_argmax: false }
+    }
+
+    /// Only the arg-max of every output row, enqueued on the backend ([`Outputs::queue_argmax`]).
+    pub fn queued() -> Self {
+        Outputs { full_rows: Some(&[]), logits: &mut [], argmax: None, queue_argmax: true }
     }
 
     /// Hands over output rows `[first, first + rows.n)`, whose logits sit in `rows` of `buf`:
@@ -114,6 +125,13 @@ impl<'a> Outputs<'a> {
     /// of output rows they compute.
     pub(crate) fn deliver<B: Backend>(&mut self, be: &B, buf: &B::Buf, rows: Rows, first: usize) -> Result<()> {
         let (m, nv) = (rows.n, rows.width);
+        if self.queue_argmax {
+            // One queued arg-max a step: its ids are the step's, row for row.
+            if first != 0 {
+                return Err(ModelError::Run("a queued arg-max needs all output rows in one chunk".into()));
+            }
+            return Ok(be.argmax_rows_queued(buf, rows)?);
+        }
         if let Some(ids) = self.argmax.as_deref_mut() {
             be.argmax_rows(buf, rows, &mut ids[first..first + m])?;
         }
@@ -132,6 +150,9 @@ impl<'a> Outputs<'a> {
 
     /// Checks the buffers against `n_out` output rows of `n_vocab` logits.
     pub(crate) fn check(&self, n_out: usize, n_vocab: usize) -> Result<()> {
+        if self.queue_argmax && (self.argmax.is_some() || self.full_rows.is_none_or(|f| !f.is_empty()) || n_out == 0) {
+            return Err(ModelError::Run("a queued arg-max is all a step may ask for, of at least one output row".into()));
+        }
         let n_full = self.full_rows.map_or(n_out, |f| f.len());
         if let Some(f) = self.full_rows {
             if f.windows(2).any(|w| w[0] >= w[1]) || f.last().is_some_and(|&r| r as usize >= n_out) {
@@ -165,6 +186,15 @@ pub trait Model: Send {
     /// `[outputs.len(), n_vocab]`. The cache rows of every token in the batch are written.
     fn forward(&mut self, batch: &BatchMeta, logits: &mut [f32]) -> Result<()> {
         self.forward_outputs(batch, Outputs::all(logits))
+    }
+    /// Whether steps chain on the device ([`ts_core::ops::Backend::chains_argmax`]):
+    /// [`Outputs::queued`] and [`ts_core::TOKEN_FROM_ARGMAX`] tokens work. Default false.
+    fn chains_argmax(&self) -> bool {
+        false
+    }
+    /// The ids of the oldest queued arg-max ([`Outputs::queued`]), waiting for them.
+    fn argmax_collect(&mut self, _out: &mut [u32]) -> Result<()> {
+        Err(ModelError::Run("this model's backend does not queue arg-maxes".into()))
     }
 }
 

@@ -270,11 +270,17 @@ impl<B: Backend> Model for Llama<B> {
     fn options(&self) -> RuntimeOptions {
         self.opts
     }
+    fn chains_argmax(&self) -> bool {
+        self.be.chains_argmax()
+    }
+    fn argmax_collect(&mut self, out: &mut [u32]) -> Result<()> {
+        Ok(self.be.argmax_collect(out)?)
+    }
 
     fn forward_outputs(&mut self, batch: &BatchMeta, mut out: Outputs<'_>) -> Result<()> {
         let c = &self.cfg;
         let n = batch.len();
-        check_batch(batch, &self.opts, c.n_vocab, &out)?;
+        check_batch(batch, &self.opts, c.n_vocab, &out, self.be.chains_argmax())?;
         let be = self.be.as_ref();
         let s = &self.s;
         let (h, d, nh, nkv, ff) = (c.n_embd, c.head_dim, c.n_heads, c.n_kv_heads, c.n_ff);
@@ -320,7 +326,8 @@ impl<B: Backend> Model for Llama<B> {
 }
 
 /// Checks every family's forward makes before touching the device.
-pub(crate) fn check_batch(batch: &BatchMeta, o: &RuntimeOptions, n_vocab: usize, out: &Outputs<'_>) -> Result<()> {
+/// `chain`: the backend takes [`ts_core::TOKEN_FROM_ARGMAX`] tokens (it checks their rows).
+pub(crate) fn check_batch(batch: &BatchMeta, o: &RuntimeOptions, n_vocab: usize, out: &Outputs<'_>, chain: bool) -> Result<()> {
     let n = batch.len();
     if n == 0 || n > o.max_batch {
         return Err(ModelError::Run(format!("batch of {n} tokens (1..={} allowed)", o.max_batch)));
@@ -329,7 +336,7 @@ pub(crate) fn check_batch(batch: &BatchMeta, o: &RuntimeOptions, n_vocab: usize,
         return Err(ModelError::Run(format!("batch slot length {} != the cache's {}", batch.slot_len, o.ctx)));
     }
     for t in &batch.tokens {
-        if t.token as usize >= n_vocab {
+        if t.token as usize >= n_vocab && !(chain && t.token >= ts_core::TOKEN_FROM_ARGMAX) {
             return Err(ModelError::Run(format!("token id {} is outside the vocabulary ({n_vocab})", t.token)));
         }
         if t.pos as usize >= o.ctx {

@@ -41,14 +41,18 @@ fn check(model: &mut dyn Model, len: usize, full: &[u32]) {
 
     // Arg-max only: no logits at all.
     let mut ids = vec![u32::MAX; no];
-    model.forward_outputs(&b, Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut ids) }).expect("argmax only");
+    model
+        .forward_outputs(&b, Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut ids), queue_argmax: false })
+        .expect("argmax only");
     assert_eq!(ids, want);
 
     // Arg-max of every row and the full logits of some (the cache rows are rewritten with the
     // same values, so the logits must be bit-identical).
     let mut some = vec![f32::NAN; full.len() * nv];
     let mut ids = vec![u32::MAX; no];
-    model.forward_outputs(&b, Outputs { full_rows: Some(full), logits: &mut some, argmax: Some(&mut ids) }).expect("subset");
+    model
+        .forward_outputs(&b, Outputs { full_rows: Some(full), logits: &mut some, argmax: Some(&mut ids), queue_argmax: false })
+        .expect("subset");
     assert_eq!(ids, want);
     for (k, &r) in full.iter().enumerate() {
         assert_eq!(&some[k * nv..(k + 1) * nv], &all[r as usize * nv..(r as usize + 1) * nv], "full row {r}");
@@ -56,10 +60,14 @@ fn check(model: &mut dyn Model, len: usize, full: &[u32]) {
 
     // Malformed requests are errors, not panics.
     let mut short = vec![0u32; no - 1];
-    assert!(model.forward_outputs(&b, Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut short) }).is_err());
+    assert!(model
+        .forward_outputs(&b, Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut short), queue_argmax: false })
+        .is_err());
     let mut one = vec![0f32; nv];
-    assert!(model.forward_outputs(&b, Outputs { full_rows: Some(&[5, 5]), logits: &mut one, argmax: None }).is_err());
-    assert!(model.forward_outputs(&b, Outputs { full_rows: Some(&[no as u32]), logits: &mut one, argmax: None }).is_err());
+    assert!(model.forward_outputs(&b, Outputs { full_rows: Some(&[5, 5]), logits: &mut one, argmax: None, queue_argmax: false }).is_err());
+    assert!(model
+        .forward_outputs(&b, Outputs { full_rows: Some(&[no as u32]), logits: &mut one, argmax: None, queue_argmax: false })
+        .is_err());
 }
 
 /// [`check`] on the model file at `path`, on the CPU backend.

@@ -617,6 +617,7 @@ impl<'m, 't> Stepper<'m, 't> {
             full_rows: (!all_full).then_some(&self.full_rows[..]),
             logits: &mut self.logits[..n_full * nv],
             argmax: (!all_full).then_some(&mut self.argmax[..n_rows]),
+            queue_argmax: false,
         };
         let (model, batch) = (&mut *self.model, &self.batch);
         let tf = Instant::now();
