@@ -239,48 +239,6 @@ GEMVQ_INST(2)
 GEMVQ_INST(4)
 GEMVQ_INST(8)
 
-// One token's Q8_0 product for rows of 512-2,048 values (the output head's 102,400 rows): a
-// warp a row, as gemv_q8_1 with lpr 32 (one round of 4 pieces a lane: the same loads, products
-// and sums, the same bits), but with the warp's next row in flight while it sums the current
-// one, and one resident wave of blocks whose warps stride over the rows. gemv_q8_1 asks for a
-// row only after the previous one is summed, so each warp has a row's loads in flight only part
-// of the time (the head streamed at ~3.1 TB/s). Weights read past L1 (ldw16).
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
-    gemv_q8_1p(const u8* W, i64 row_bytes, int m, int k, const float* x, i64 xoff, float* out, i64 ooff) {
-    extern __shared__ __align__(16) u8 smq[];
-    const int nb = k >> 5, np = 2 * nb;
-    i8* xq = (i8*)smq;
-    float* xd = (float*)(smq + k);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int stride = gridDim.x * GQ_WARPS;
-    int row = blockIdx.x * GQ_WARPS + warp;
-    uint4 q[4], qn[4];
-    float dw[4], dn[4];
-    load_q8_4w(W + (i64)min(row, m - 1) * row_bytes, lane, np, 32, q, dw);
-    // Weights are never written by a kernel: they may be read before the previous kernel ends.
-    pdl_trigger();
-    pdl_wait();
-    quant_rows_smem(x + xoff, 0, nullptr, 1, k, xq, xd);
-    __syncthreads();
-    for (; row < m; row += stride) {
-        const int nr = row + stride;
-        if (nr < m) load_q8_4w(W + (i64)nr * row_bytes, lane, np, 32, qn, dn);
-        float acc = 0.f;
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int p = lane + 32 * u;
-            if (p < np) acc += (float)dot16(q[u], xq + 16 * p) * (dw[u] * xd[p >> 1]);
-        }
-        acc = group_sum(acc, 32);
-        if (lane == 0) out[ooff + row] = acc;
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            q[u] = qn[u];
-            dw[u] = dn[u];
-        }
-    }
-}
-
 // ---- MoE decode (Q8_0 experts) -------------------------------------------------------------------
 // Routing for plain top-k (one group): one warp per token, each lane holding E/32 scores; k rounds
 // of a warp arg-max (ties to the lower index, as ts_cpu::route). Replaces the one-thread-per-token

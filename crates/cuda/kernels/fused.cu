@@ -739,11 +739,6 @@ MOE_SH_H16(bf16, T_BF16)
 // through global memory fewer per layer, the same bits. Needs m % 32 == 0 (the host checks
 // m % 128 == 0).
 #define GU_ROWS 32
-// 1: a warp asks for its next row's first weights before reducing the current row's sums
-// (moe_gateup_q8q_unit); 0 (TS_CUDA_DEFINES=GU_EARLY=0, a measurement define): after.
-#ifndef GU_EARLY
-#define GU_EARLY 1
-#endif
 // One block's 32 rows (bx) of token t's slot s, with the PDL wait (the routed slots before they
 // read sel_e, the shared ones after their first loads) and the trigger for the down kernel after
 // it (see moe_down_unit). glu: the block's 32 shared words.
@@ -804,10 +799,6 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         mo_wait_flag(ready);
     }
     const u8* xr = xq + (i64)t * xrow;
-    // have: qg / qu hold the round about to be summed (the first round of row0 was loaded
-    // above; the first round of each next row is asked for before the current row's sums are
-    // reduced, so its loads are in flight during the shuffles: the same loads and sums).
-    bool have = true;
     for (int i = 0; i < rpw; i++) {
         const int row = row0 + i;
         float g = 0.f, u = 0.f;
@@ -815,11 +806,10 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
             const u8* wg = Wtg + (i64)row * rstride;
             const u8* wu = Wtu + (i64)row * rstride;
             for (int p0 = lane; p0 < np; p0 += 128) {
-                if (!have) {
+                if (i > 0 || p0 != lane) {
                     load_q8_4w(wg, p0, np, 32, qg, dg);
                     load_q8_4w(wu, p0, np, 32, qu, du);
                 }
-                have = false;
                 uint4 xv[4];
                 float dx[4];
                 load_q8_4(xr, p0, np, 32, xv, dx);
@@ -830,11 +820,6 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
                         u += (float)dot16v(qu[v], xv[v]) * (du[v] * dx[v]);
                     }
                 }
-            }
-            if (GU_EARLY && i + 1 < rpw) {
-                load_q8_4w(wg + rstride, lane, np, 32, qg, dg);
-                load_q8_4w(wu + rstride, lane, np, 32, qu, du);
-                have = true;
             }
             g = warp_sum(g);
             u = warp_sum(u);

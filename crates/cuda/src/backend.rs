@@ -776,7 +776,6 @@ fn kernel_names() -> Vec<String> {
         "mmfq8_gu_s4",
         "mmh_gu",
         "add_rms_norm_parts_router_route",
-        "gemv_q8_1p",
         "mmh_dn",
         "mmh8_gu",
         "mmh8_dn",
@@ -829,9 +828,6 @@ pub struct CudaBackend {
     pinned: Mutex<Option<Pinned>>,
     /// Queued arg-maxes ([`Backend::argmax_rows_queued`]).
     argq: Mutex<ArgQueue>,
-    /// One-token Q8_0 products of 512-2,048-value rows on `gemv_q8_1p` (the next row in flight;
-    /// the same bits as `gemv_q8_1`); `TS_CUDA_GEMV_PF=0`: `gemv_q8_1`.
-    gemv_pf: AtomicBool,
     /// Held for the whole of an op that uses scratch, so two threads sharing the backend cannot
     /// interleave their writes to (and reads of) the same scratch on the stream.
     scratch_op: Mutex<()>,
@@ -1286,7 +1282,6 @@ impl CudaBackend {
             scratch: Mutex::new((0..N_SCRATCH).map(|_| None).collect()),
             pinned: Mutex::new(None),
             argq: Mutex::new(ArgQueue::default()),
-            gemv_pf: AtomicBool::new(std::env::var("TS_CUDA_GEMV_PF").map_or(true, |v| v != "0")),
             scratch_op: Mutex::new(()),
             error: Mutex::new(None),
             sm_count,
@@ -1563,11 +1558,6 @@ impl CudaBackend {
     /// (`CudaBackend::pre_route`).
     pub fn set_pre_route(&self, on: bool) {
         self.pre_route.store(on, Ordering::Relaxed);
-    }
-
-    /// One-token Q8_0 products on `gemv_q8_1p` or `gemv_q8_1` (`CudaBackend::gemv_pf`).
-    pub fn set_gemv_pf(&self, on: bool) {
-        self.gemv_pf.store(on, Ordering::Relaxed);
     }
 
     /// Whether the device runs thread-block clusters (sm_90 and later).
@@ -2109,13 +2099,6 @@ impl CudaBackend {
                 8
             };
             let smem = nt * k * 9 / 8;
-            if ng == 1 && g == 1 && (512..=2048).contains(&k) && smem <= self.smem_max && self.gemv_pf.load(Ordering::Relaxed) {
-                // One token, a warp a row with the next row in flight (gemv_q8_1p: the same bits).
-                let blocks = m.div_ceil(8).min(self.sm_count * 4);
-                let args = [A::P(w.mem.ptr), l(w.row_bytes), i(m), i(k), A::P(x.0.ptr), l(xr.off), A::P(out.0.ptr), l(o.off)];
-                self.launch("gemv_q8_1p", (blocks as u32, 1, 1), 256, smem as u32, &args);
-                return;
-            }
             if smem <= self.smem_max {
                 let lpr = (k / 16).next_power_of_two().min(32);
                 let tiles = m.div_ceil(8 * (32 / lpr));

@@ -381,45 +381,6 @@ fn chained_argmax_tokens() {
     eprintln!("chained_argmax_tokens: {ok} collects, every embedded row exact");
 }
 
-/// `gemv_q8_1p` (one token, a warp's next row in flight) gives `gemv_q8_1`'s bits: rows of 512,
-/// 1,024, 1,056 and 2,048 values, from 1 row to the output head's 102,400 (more rows than the
-/// resident warps, so warps take several), an offset input and output; and both are within the
-/// Q8 bar of the CPU.
-#[test]
-fn row_prefetch_exact() {
-    if gpu().is_none() {
-        return;
-    }
-    let g = &CudaBackend::new(0).expect("second backend");
-    let c = cpu();
-    let mut r = rng(67);
-    let mut rep = Report::new("gemv_q8_1p");
-    for &(k, m) in &[(512usize, 1usize), (1024, 37), (1056, 300), (2048, 2048), (2048, 102_400)] {
-        let shape = [k, m];
-        let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &shape, 1.0 / (k as f32).sqrt());
-        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
-        let (gw, cw) = (g.upload_weight(&t, WeightUse::Matmul).unwrap(), c.upload_weight(&t, WeightUse::Matmul).unwrap());
-        let xr = Rows { off: 3, n: 1, width: k, stride: k };
-        let o = Rows { off: 5, n: 1, width: m, stride: m };
-        let x = randn(&mut r, xr.end(), 1.0);
-        let (gx, cx) = (buf(g, &x), buf(c, &x));
-        let (go, co) = (g.alloc(o.end()).unwrap(), c.alloc(o.end()).unwrap());
-        let mut outs = Vec::new();
-        for on in [true, false] {
-            g.set_gemv_pf(on);
-            poison(g, &go, o.end());
-            g.matmul(&gx, xr, &gw, &go, o);
-            outs.push(get(g, &go, o));
-        }
-        c.matmul(&cx, xr, &cw, &co, o);
-        let lab = format!("k={k} m={m}");
-        exact(&mut rep, &lab, &["out"], &outs[..1], &outs[1..]);
-        rep.check(&format!("{lab} vs cpu"), &outs[0], &get(c, &co, o), 6e-2, 1e-3);
-    }
-    g.set_gemv_pf(true);
-    rep.finish();
-}
-
 /// `gather_outputs` copies the batch's output rows (indices uploaded with the batch) exactly, for
 /// any order, repeats and strided views.
 #[test]
