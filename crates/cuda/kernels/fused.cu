@@ -1273,6 +1273,47 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
     }
 }
 
+// The router's share of a thread in add_rms_norm_parts_router(_route): row 8 * blockIdx.x +
+// warp / 4, quarter warp % 4 of its width; its four float4s of weights (zeros past the quarter).
+__device__ __forceinline__ void rr_load_rows(const float* R, int m, int width, float4* wq) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = 8 * blockIdx.x + (warp >> 2), quarter = warp & 3;
+    const int q4 = width / 16;  // float4s a quarter
+    const float4* wr = (const float4*)(R + (i64)min(r, m - 1) * width) + quarter * q4;
+#pragma unroll
+    for (int u = 0; u < 4; u++) wq[u] = lane + 32 * u < q4 ? wr[lane + 32 * u] : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+// The normed row (v times inv, times the norm weights) into hs, and into out when `write`.
+__device__ __forceinline__ void rr_norm_store(const float* v, float inv, const float* wv, int has_w, int width, float* hs,
+                                              float* out, i64 ooff, bool write) {
+#pragma unroll
+    for (int k = 0; k < NP_PER; k++) {
+        const int i = threadIdx.x + k * NP_THREADS;
+        if (i < width) {
+            const float o = has_w ? v[k] * inv * wv[k] : v[k] * inv;
+            hs[i] = o;
+            if (write) out[ooff + i] = o;
+        }
+    }
+}
+// After the barrier that follows rr_norm_store: each warp's quarter of its row's product with
+// hs into qsum[warp], then a barrier; the row's logit is then the four quarters added in order.
+__device__ __forceinline__ void rr_dot(const float* hs, const float4* wq, int width, float* qsum) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int q4 = width / 16;
+    const float4* h4 = (const float4*)hs + (warp & 3) * q4;
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        if (lane + 32 * u < q4) {
+            const float4 hv = h4[lane + 32 * u];
+            acc += wq[u].x * hv.x + wq[u].y * hv.y + wq[u].z * hv.z + wq[u].w * hv.w;
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) qsum[warp] = acc;
+    __syncthreads();
+}
 // add_rms_norm_parts, then the normed row's product with a few-row f32 matrix (the MoE router,
 // Backend::mla_attention_out's `next`): block b of ceil(m / 8) normalises the row itself (the
 // same loads and sums as add_rms_norm_parts: the same bits; block 0 writes out, and the last
@@ -1292,11 +1333,8 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
     __shared__ __align__(16) float hs[NP_PER * NP_THREADS];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = 8 * blockIdx.x + (warp >> 2), quarter = warp & 3;
-    const int q4 = width / 16;  // float4s a quarter
-    const float4* wr = (const float4*)(R + (i64)min(r, m - 1) * width) + quarter * q4;
     float4 wq[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++) wq[u] = lane + 32 * u < q4 ? wr[lane + 32 * u] : make_float4(0.f, 0.f, 0.f, 0.f);
+    rr_load_rows(R, m, width, wq);
     float wv[NP_PER];
     np_load_w(w, has_w, width, wv);
     PDL_ENTRY();
@@ -1317,28 +1355,9 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
             if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
         if (tid == 0) *done = 0u;
     }
-#pragma unroll
-    for (int k = 0; k < NP_PER; k++) {
-        const int i = tid + k * NP_THREADS;
-        if (i < width) {
-            const float o = has_w ? v[k] * inv * wv[k] : v[k] * inv;
-            hs[i] = o;
-            if (blockIdx.x == 0) out[ooff + i] = o;
-        }
-    }
+    rr_norm_store(v, inv, wv, has_w, width, hs, out, ooff, blockIdx.x == 0);
     __syncthreads();
-    const float4* h4 = (const float4*)hs + quarter * q4;
-    float acc = 0.f;
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        if (lane + 32 * u < q4) {
-            const float4 hv = h4[lane + 32 * u];
-            acc += wq[u].x * hv.x + wq[u].y * hv.y + wq[u].z * hv.z + wq[u].w * hv.w;
-        }
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) qsum[warp] = acc;
-    __syncthreads();
+    rr_dot(hs, wq, width, qsum);
     if (quarter == 0 && lane == 0 && r < m) lg[loff + r] = qsum[warp] + qsum[warp + 1] + qsum[warp + 2] + qsum[warp + 3];
 }
 
@@ -1391,11 +1410,8 @@ extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
     // first phase of the cluster barrier, waited on just before those writes.
     cluster_arrive_relaxed();
     const int r = 8 * blockIdx.x + (warp >> 2), quarter = warp & 3;
-    const int q4 = width / 16;  // float4s a quarter
-    const float4* wr = (const float4*)(R + (i64)min(r, m - 1) * width) + quarter * q4;
     float4 wq[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++) wq[u] = lane + 32 * u < q4 ? wr[lane + 32 * u] : make_float4(0.f, 0.f, 0.f, 0.f);
+    rr_load_rows(R, m, width, wq);
     float wv[NP_PER];
     np_load_w(w, has_w, width, wv);
     PDL_ENTRY();
@@ -1403,28 +1419,9 @@ extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
     float v[NP_PER];
     const float ss = np_sum(xr, parts, pstride, np, width, v);
     const float inv = block_rms_inv(ss, red, width, eps);
-#pragma unroll
-    for (int k = 0; k < NP_PER; k++) {
-        const int i = tid + k * NP_THREADS;
-        if (i < width) {
-            const float o = has_w ? v[k] * inv * wv[k] : v[k] * inv;
-            hs[i] = o;
-            if (rank == 0) out[ooff + i] = o;
-        }
-    }
+    rr_norm_store(v, inv, wv, has_w, width, hs, out, ooff, rank == 0);
     __syncthreads();
-    const float4* h4 = (const float4*)hs + quarter * q4;
-    float acc = 0.f;
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        if (lane + 32 * u < q4) {
-            const float4 hv = h4[lane + 32 * u];
-            acc += wq[u].x * hv.x + wq[u].y * hv.y + wq[u].z * hv.z + wq[u].w * hv.w;
-        }
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) qsum[warp] = acc;
-    __syncthreads();
+    rr_dot(hs, wq, width, qsum);
     cluster_wait();
     if (quarter == 0 && lane == 0 && r < m) {
         const float l = qsum[warp] + qsum[warp + 1] + qsum[warp + 2] + qsum[warp + 3];

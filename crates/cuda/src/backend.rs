@@ -3385,7 +3385,7 @@ impl Backend for CudaBackend {
         }
         let Some(ids) = self.enqueue_argmax(x, xr) else { return self.synchronize() };
         q.rows = xr.n;
-        let Some((pin, ev)) = q.slots[k].as_mut() else { unreachable!("slot filled above") };
+        let Some((pin, ev)) = q.slots[k].as_mut() else { return Err(BackendError::Device("arg-max slot missing".into())) };
         // Safety: the slot holds at least 4 * n bytes, and nothing reads them before its event.
         let dst = unsafe { std::slice::from_raw_parts_mut(pin.ptr as *mut u32, xr.n) };
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
@@ -3404,7 +3404,7 @@ impl Backend for CudaBackend {
         if out.len() != n {
             return Err(BackendError::Unsupported(format!("the queued arg-max has {n} rows, not {}", out.len())));
         }
-        let Some((pin, ev)) = q.slots[k].as_ref() else { unreachable!("a pending slot is filled") };
+        let Some((pin, ev)) = q.slots[k].as_ref() else { return Err(BackendError::Device("arg-max slot missing".into())) };
         ev.synchronize().map_err(|e| dev_err("arg-max event", e))?;
         self.take_error()?;
         // Safety: the slot's copy of n ids is done (its event has passed).
