@@ -739,6 +739,11 @@ MOE_SH_H16(bf16, T_BF16)
 // through global memory fewer per layer, the same bits. Needs m % 32 == 0 (the host checks
 // m % 128 == 0).
 #define GU_ROWS 32
+// 1: the gate/up's shared-slot blocks ask their rows into L2 before the PDL wait
+// (moe_gateup_q8q_unit); 0 (TS_CUDA_DEFINES=GU_SH_PF=0, a measurement define): they do not.
+#ifndef GU_SH_PF
+#define GU_SH_PF 1
+#endif
 // One block's 32 rows (bx) of token t's slot s, with the PDL wait (the routed slots before they
 // read sel_e, the shared ones after their first loads) and the trigger for the down kernel after
 // it (see moe_down_unit). glu: the block's 32 shared words.
@@ -794,6 +799,17 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         rstride = row_bytes;
         load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
         load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
+#if GU_SH_PF
+        // The block's other rows asked into L2 as well (its 32 rows are contiguous): the
+        // routing kernel before this one is latency-bound, so the memory is idle while these
+        // blocks wait; after the wait their loads find L2 and the routed slots' stream has the
+        // memory to itself. (Not in the one-launch MoE, whose blocks are not early.)
+        if (!ready && threadIdx.x == 0) {
+            const i64 off = (i64)bx * GU_ROWS * row_bytes, bytes = (i64)GU_ROWS * row_bytes;
+            l2_prefetch_part(Wtg + off, bytes, 0, 1);
+            l2_prefetch_part(Wtu + off, bytes, 0, 1);
+        }
+#endif
         pdl_wait();
         pdl_trigger();
         mo_wait_flag(ready);

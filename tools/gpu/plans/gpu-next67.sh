@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# Twenty-third session, main's final build: chained greedy steps and the clustered pre-routing,
-# both default; pre-routing measured both ways three times (its first call was within noise).
-# Every hash must hold (tg128 db10d2fd9a926913, 16k efeed109b1480c9a, 64 sequences
-# 33948fa635fb0682).
-#   tools/gpu/plans/gpu-next67.sh BIN OPS   (~5 minutes)
+# Twenty-third session, main: chained greedy steps and the clustered pre-routing (both default;
+# the routing measured both ways three times, its first call being within noise), and GU_SH_PF:
+# the gate/up's shared-slot blocks ask their 32 rows into L2 before their PDL wait, while the
+# latency-bound routing kernel leaves the memory idle (TS_CUDA_DEFINES=GU_SH_PF=0: not). Every
+# hash must hold (tg128 db10d2fd9a926913, 16k efeed109b1480c9a, 64 sequences 33948fa635fb0682).
+#   tools/gpu/plans/gpu-next67.sh BIN OPS   (~7 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
 "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
 stamp "== op tests"
-op_log 120 4 ops.txt "chained|" "" chained_argmax_tokens pre_routed_moe_exact fused_mla_attention_out
+op_log 120 4 ops.txt "chained|" "" chained_argmax_tokens pre_routed_moe_exact fused_moe_shared moe_one_launch_exact fused_mla_attention_out
 wait
 stamp "== tg128"
 for r in 1 2 3; do
-  for e in "" "TS_CUDA_PRE_ROUTE=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+  for e in "" "TS_CUDA_PRE_ROUTE=0" "TS_CUDA_DEFINES=GU_SH_PF=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
 done
-stamp "== tg64 at 16k, 64 sequences, prompts"
-b "" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash
+stamp "== tg64 at 16k, 64 sequences"
+for e in "" "TS_CUDA_DEFINES=GU_SH_PF=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
 b "" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
-b "" "$B" bench --backend cuda -m $V -p 512 -n 0 -r 3
+stamp "== trace"
+TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m $V -p 0 -n 32 -r 1 >/dev/null 2>&1
+python3 tools/gpu/trace.py $O/tr.csv 16 | head -10; rm -f $O/tr.csv
 stamp "== done"
