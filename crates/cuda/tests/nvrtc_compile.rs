@@ -93,7 +93,7 @@ fn measurement_defines_compile_for_sm_90() {
         eprintln!("SKIP: libnvrtc could not be loaded");
         return;
     }
-    if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &["-DTS_WNA=0", "-DGU_SH_PF=0"]) {
+    if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &["-DTS_WNA=0", "-DGU_SH_PF=0", "-DNM_RACY=1"]) {
         panic!("{log}");
     }
 }

@@ -4,6 +4,8 @@
 # the gate/up's shared-slot blocks ask their 32 rows into L2 before their PDL wait, while the
 # latency-bound routing kernel leaves the memory idle (TS_CUDA_DEFINES=GU_SH_PF=0: not). Every
 # hash must hold (tg128 db10d2fd9a926913, 16k efeed109b1480c9a, 64 sequences 33948fa635fb0682).
+# Also NM_RACY=1 once (a measurement define: the norm inside the q / kv_a product without its
+# block counter, racy): what that counter costs.
 #   tools/gpu/plans/gpu-next67.sh BIN OPS   (~7 minutes)
 set -u
 B=$1; OPS=$2
@@ -17,6 +19,9 @@ stamp "== tg128"
 for r in 1 2 3; do
   for e in "" "TS_CUDA_PRE_ROUTE=0" "TS_CUDA_DEFINES=GU_SH_PF=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
 done
+# What the norm's block counter in gemv_q8_multi_norm_1 costs (racy, measurement only: the
+# hash may change).
+b "TS_CUDA_DEFINES=NM_RACY=1" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
 stamp "== tg64 at 16k, 64 sequences"
 for e in "" "TS_CUDA_DEFINES=GU_SH_PF=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
 b "" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
