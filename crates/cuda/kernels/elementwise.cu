@@ -183,7 +183,10 @@ extern "C" __global__ void argmax_part(const float* x, i64 off, i64 stride, int 
         part[(i64)blockIdx.y * gridDim.x + blockIdx.x] = best;
     }
 }
-extern "C" __global__ void argmax_final(const unsigned long long* part, int nparts, int width, unsigned* out) { PDL_ENTRY();
+// host (non-null): the ids also into page-locked host memory mapped for the device (a queued
+// arg-max, Backend::argmax_rows_queued: no copy on the stream after this kernel).
+extern "C" __global__ void argmax_final(const unsigned long long* part, int nparts, int width, unsigned* out,
+                                        unsigned* host) { PDL_ENTRY();
     const unsigned long long* pr = part + (i64)blockIdx.x * nparts;
     unsigned long long best = 0;
     for (int i = threadIdx.x; i < nparts; i += 32) best = pr[i] > best ? pr[i] : best;
@@ -191,7 +194,26 @@ extern "C" __global__ void argmax_final(const unsigned long long* part, int npar
         unsigned long long v = __shfl_xor_sync(0xffffffffu, best, o);
         best = v > best ? v : best;
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = width > 0 ? 0xFFFFFFFFu - (unsigned)(best & 0xFFFFFFFFu) : 0u;
+    if (threadIdx.x == 0) {
+        const unsigned id = width > 0 ? 0xFFFFFFFFu - (unsigned)(best & 0xFFFFFFFFu) : 0u;
+        out[blockIdx.x] = id;
+        if (host) host[blockIdx.x] = id;
+    }
+}
+
+// One decode token's batch (Backend::upload_batch of one token, at most one output row) written
+// by a kernel from its arguments, instead of an upload and, for a token that is the last
+// arg-max's pick (ids non-null: ids[row]), a device copy: one launch in place of two copies on
+// the stream between chained steps. It waits for the previous kernel before writing (that
+// kernel may still read the batch).
+extern "C" __global__ void batch_fill_1(int* mem, i64 mt, int token, int pos, int slot, int nout, int out0,
+                                        const unsigned* ids, int row) {
+    PDL_ENTRY();
+    if (threadIdx.x != 0) return;
+    mem[0] = ids ? (int)ids[row] : token;
+    mem[mt] = pos;
+    mem[2 * mt] = slot;
+    if (nout > 0) mem[3 * mt] = out0;
 }
 
 // out row i = x row idx[i] (the batch's output rows, their indices uploaded with the batch). One

@@ -776,6 +776,7 @@ fn kernel_names() -> Vec<String> {
         "mmfq8_gu_s4",
         "mmh_gu",
         "add_rms_norm_parts_router_route",
+        "batch_fill_1",
         "mmh_dn",
         "mmh8_gu",
         "mmh8_dn",
@@ -828,6 +829,10 @@ pub struct CudaBackend {
     pinned: Mutex<Option<Pinned>>,
     /// Queued arg-maxes ([`Backend::argmax_rows_queued`]).
     argq: Mutex<ArgQueue>,
+    /// Chained steps without copies on the stream between them: a queued arg-max's ids written
+    /// by `argmax_final` into mapped host memory, and a one-token batch written by `batch_fill_1`
+    /// (its pick taken from the ids there); `TS_CUDA_BATCH_FILL=0`: the copies.
+    batch_fill: bool,
     /// Held for the whole of an op that uses scratch, so two threads sharing the backend cannot
     /// interleave their writes to (and reads of) the same scratch on the stream.
     scratch_op: Mutex<()>,
@@ -1121,6 +1126,15 @@ impl HostPinned {
         let ptr = unsafe { drv::malloc_host(len.max(1), 0) }.ok()?;
         Some(HostPinned { ptr: ptr as *mut u8, len })
     }
+    /// Page-locked bytes the device may write too, and their device address.
+    fn mapped(ctx: &CudaContext, len: usize) -> Option<(Self, u64)> {
+        ctx.bind_to_thread().ok()?;
+        let ptr = unsafe { drv::malloc_host(len.max(1), drv_sys::CU_MEMHOSTALLOC_DEVICEMAP) }.ok()?;
+        let pin = HostPinned { ptr: ptr as *mut u8, len };
+        let mut dev: drv_sys::CUdeviceptr = 0;
+        unsafe { drv_sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr, 0) }.result().ok()?;
+        Some((pin, dev))
+    }
     fn bytes(&mut self) -> &mut [u8] {
         // Safety: `len` bytes were allocated at `ptr` and nothing else refers to them.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
@@ -1140,7 +1154,8 @@ impl Drop for HostPinned {
 /// (queued or not), whose ids a [`ts_core::TOKEN_FROM_ARGMAX`] token reads on the device.
 #[derive(Default)]
 struct ArgQueue {
-    slots: [Option<(HostPinned, CudaEvent)>; 2],
+    /// (ids, their device address where `argmax_final` writes them itself (0: copied), event).
+    slots: [Option<(HostPinned, u64, CudaEvent)>; 2],
     pending: std::collections::VecDeque<(usize, usize)>,
     next: usize,
     rows: usize,
@@ -1282,6 +1297,7 @@ impl CudaBackend {
             scratch: Mutex::new((0..N_SCRATCH).map(|_| None).collect()),
             pinned: Mutex::new(None),
             argq: Mutex::new(ArgQueue::default()),
+            batch_fill: std::env::var("TS_CUDA_BATCH_FILL").map_or(true, |v| v != "0"),
             scratch_op: Mutex::new(()),
             error: Mutex::new(None),
             sm_count,
@@ -1683,7 +1699,8 @@ impl CudaBackend {
     /// then `argmax_final`); their device pointer, None where the scratch could not be had (the
     /// failure is recorded). Not part of a recorded step (it ends with a copy to the host), so
     /// the scratch may grow.
-    fn enqueue_argmax(&self, x: &CudaBuf, xr: Rows) -> Option<u64> {
+    /// `host`: the device address of mapped host memory that gets the ids too (0: none).
+    fn enqueue_argmax(&self, x: &CudaBuf, xr: Rows, host: u64) -> Option<u64> {
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         // Keys of ARGMAX_CHUNK values per block (8-byte aligned, after the ids).
         let chunks = xr.width.div_ceil(ARGMAX_CHUNK).max(1);
@@ -1697,7 +1714,7 @@ impl CudaBackend {
             0,
             &[A::P(x.0.ptr), l(xr.off), l(xr.stride), i(xr.width), i(ARGMAX_CHUNK.min(xr.width.max(1))), A::P(part)],
         );
-        self.launch("argmax_final", (xr.n as u32, 1, 1), 32, 0, &[A::P(part), i(chunks), i(xr.width), A::P(ids)]);
+        self.launch("argmax_final", (xr.n as u32, 1, 1), 32, 0, &[A::P(part), i(chunks), i(xr.width), A::P(ids), A::P(host)]);
         Some(ids)
     }
 
@@ -3265,6 +3282,36 @@ impl Backend for CudaBackend {
         for (i, &o) in meta.outputs.iter().enumerate() {
             put(3, i, o);
         }
+        if self.batch_fill && n == 1 && meta.outputs.len() <= 1 {
+            // One token: written by a kernel from its arguments (batch_fill_1), its pick taken on
+            // the device where it is one.
+            let tm = meta.tokens[0];
+            let (ids, row) = match runs.first() {
+                Some(&(_, r, _)) => {
+                    let ids = self.scratch_ptr(S::Ids).ok_or_else(|| BackendError::Unsupported("no arg-max to take tokens from".into()))?;
+                    (ids, r)
+                }
+                None => (0, 0),
+            };
+            let args = [
+                A::P(batch.mem.ptr),
+                l(mt),
+                A::I(tm.token as i32),
+                A::I(tm.pos as i32),
+                A::I(tm.slot as i32),
+                i(meta.outputs.len()),
+                A::I(meta.outputs.first().map_or(0, |&o| o as i32)),
+                A::P(ids),
+                i(row),
+            ];
+            self.launch("batch_fill_1", (1, 1, 1), 32, 0, &args);
+            self.take_error()?;
+            batch.tokens.clear();
+            batch.tokens.extend_from_slice(&meta.tokens);
+            batch.n_outputs = meta.outputs.len();
+            batch.slot_len = meta.slot_len;
+            return Ok(());
+        }
         match batch.pinned.as_mut() {
             Some(pin) => {
                 // This copy's last upload must have been done before it is rewritten.
@@ -3355,7 +3402,7 @@ impl Backend for CudaBackend {
         if xr.width > i32::MAX as usize {
             return Err(BackendError::Unsupported(format!("arg-max over rows of {} values", xr.width)));
         }
-        let Some(ids) = self.enqueue_argmax(x, xr) else { return self.synchronize() };
+        let Some(ids) = self.enqueue_argmax(x, xr, 0) else { return self.synchronize() };
         self.argq.lock().unwrap_or_else(|e| e.into_inner()).rows = xr.n;
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
         unsafe { drv::memcpy_dtoh_async(out, ids, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
@@ -3377,20 +3424,30 @@ impl Backend for CudaBackend {
         }
         let k = q.next;
         // The slot is free (at most one other is pending); grown where too small.
-        if q.slots[k].as_ref().is_none_or(|(p, _)| p.len < 4 * xr.n) {
-            let pin = HostPinned::new(&self.ctx, 4 * xr.n.next_power_of_two())
-                .ok_or_else(|| BackendError::Device("pinned host allocation for arg-max ids".into()))?;
+        if q.slots[k].as_ref().is_none_or(|(p, _, _)| p.len < 4 * xr.n) {
+            let len = 4 * xr.n.next_power_of_two();
+            // Mapped memory: argmax_final writes the ids there itself (TS_CUDA_BATCH_FILL=0: a copy).
+            let mapped = if self.batch_fill { HostPinned::mapped(&self.ctx, len) } else { None };
+            let (pin, dev) = match mapped {
+                Some(m) => m,
+                None => (
+                    HostPinned::new(&self.ctx, len).ok_or_else(|| BackendError::Device("pinned host allocation for arg-max ids".into()))?,
+                    0,
+                ),
+            };
             let ev = self.ctx.new_event(None).map_err(|e| dev_err("arg-max event", e))?;
-            q.slots[k] = Some((pin, ev));
+            q.slots[k] = Some((pin, dev, ev));
         }
-        let Some(ids) = self.enqueue_argmax(x, xr) else { return self.synchronize() };
-        q.rows = xr.n;
-        let Some((pin, ev)) = q.slots[k].as_mut() else { return Err(BackendError::Device("arg-max slot missing".into())) };
-        // Safety: the slot holds at least 4 * n bytes, and nothing reads them before its event.
-        let dst = unsafe { std::slice::from_raw_parts_mut(pin.ptr as *mut u32, xr.n) };
-        self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
-        unsafe { drv::memcpy_dtoh_async(dst, ids, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
+        let Some((pin, dev, ev)) = q.slots[k].as_mut() else { return Err(BackendError::Device("arg-max slot missing".into())) };
+        let Some(ids) = self.enqueue_argmax(x, xr, *dev) else { return self.synchronize() };
+        if *dev == 0 {
+            // Safety: the slot holds at least 4 * n bytes, and nothing reads them before its event.
+            let dst = unsafe { std::slice::from_raw_parts_mut(pin.ptr as *mut u32, xr.n) };
+            self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
+            unsafe { drv::memcpy_dtoh_async(dst, ids, self.stream.cu_stream()) }.map_err(|e| dev_err("device-to-host copy", e))?;
+        }
         ev.record(&self.stream).map_err(|e| dev_err("arg-max event", e))?;
+        q.rows = xr.n;
         q.pending.push_back((k, xr.n));
         q.next ^= 1;
         Ok(())
@@ -3404,7 +3461,7 @@ impl Backend for CudaBackend {
         if out.len() != n {
             return Err(BackendError::Unsupported(format!("the queued arg-max has {n} rows, not {}", out.len())));
         }
-        let Some((pin, ev)) = q.slots[k].as_ref() else { return Err(BackendError::Device("arg-max slot missing".into())) };
+        let Some((pin, _, ev)) = q.slots[k].as_ref() else { return Err(BackendError::Device("arg-max slot missing".into())) };
         ev.synchronize().map_err(|e| dev_err("arg-max event", e))?;
         self.take_error()?;
         // Safety: the slot's copy of n ids is done (its event has passed).

@@ -4,9 +4,11 @@
 # the gate/up's shared-slot blocks ask their 32 rows into L2 before their PDL wait, while the
 # latency-bound routing kernel leaves the memory idle (TS_CUDA_DEFINES=GU_SH_PF=0: not). Every
 # hash must hold (tg128 db10d2fd9a926913, 16k efeed109b1480c9a, 64 sequences 33948fa635fb0682).
-# Also NM_RACY=1 once (a measurement define: the norm inside the q / kv_a product without its
+# And TS_CUDA_BATCH_FILL (default on): between chained steps, argmax_final writes the ids into
+# mapped host memory and batch_fill_1 writes the one-token batch (no copies on the stream; =0:
+# the copies). Also NM_RACY=1 once (a measurement define: the norm inside the q / kv_a product without its
 # block counter, racy): what that counter costs.
-#   tools/gpu/plans/gpu-next67.sh BIN OPS   (~7 minutes)
+#   tools/gpu/plans/gpu-next67.sh BIN OPS   (~8 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
@@ -17,7 +19,7 @@ op_log 120 4 ops.txt "chained|" "" chained_argmax_tokens pre_routed_moe_exact fu
 wait
 stamp "== tg128"
 for r in 1 2 3; do
-  for e in "" "TS_CUDA_PRE_ROUTE=0" "TS_CUDA_DEFINES=GU_SH_PF=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+  for e in "" "TS_CUDA_PRE_ROUTE=0" "TS_CUDA_DEFINES=GU_SH_PF=0" "TS_CUDA_BATCH_FILL=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
 done
 # What the norm's block counter in gemv_q8_multi_norm_1 costs (racy, measurement only: the
 # hash may change).
