@@ -749,10 +749,11 @@ MOE_SH_H16(bf16, T_BF16)
 // through global memory fewer per layer, the same bits. Needs m % 32 == 0 (the host checks
 // m % 128 == 0).
 #define GU_ROWS 32
-// 1: the gate/up's shared-slot blocks ask their rows into L2 before the PDL wait
-// (moe_gateup_q8q_unit); 0 (TS_CUDA_DEFINES=GU_SH_PF=0, a measurement define): they do not.
+// 1 (TS_CUDA_DEFINES=GU_SH_PF=1, a measurement define): the gate/up's shared-slot blocks ask
+// their rows into L2 before the PDL wait (moe_gateup_q8q_unit); 0, the default until measured
+// (its op tests passed on the H200; its speed was not measured: gpu-next67): they do not.
 #ifndef GU_SH_PF
-#define GU_SH_PF 1
+#define GU_SH_PF 0
 #endif
 // One block's 32 rows (bx) of token t's slot s, with the PDL wait (the routed slots before they
 // read sel_e, the shared ones after their first loads) and the trigger for the down kernel after

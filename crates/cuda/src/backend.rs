@@ -831,8 +831,10 @@ pub struct CudaBackend {
     argq: Mutex<ArgQueue>,
     /// Chained steps without copies on the stream between them: a queued arg-max's ids written
     /// by `argmax_final` into mapped host memory, and a one-token batch written by `batch_fill_1`
-    /// (its pick taken from the ids there); `TS_CUDA_BATCH_FILL=0`: the copies.
-    batch_fill: bool,
+    /// (its pick taken from the ids there); `TS_CUDA_BATCH_FILL=1` turns it on. Off by default
+    /// until measured: `chained_argmax_tokens` passed with it on the H200, its speed was not
+    /// measured (tools/gpu/plans/gpu-next67.sh).
+    batch_fill: AtomicBool,
     /// Held for the whole of an op that uses scratch, so two threads sharing the backend cannot
     /// interleave their writes to (and reads of) the same scratch on the stream.
     scratch_op: Mutex<()>,
@@ -1297,7 +1299,7 @@ impl CudaBackend {
             scratch: Mutex::new((0..N_SCRATCH).map(|_| None).collect()),
             pinned: Mutex::new(None),
             argq: Mutex::new(ArgQueue::default()),
-            batch_fill: std::env::var("TS_CUDA_BATCH_FILL").map_or(true, |v| v != "0"),
+            batch_fill: AtomicBool::new(std::env::var("TS_CUDA_BATCH_FILL").is_ok_and(|v| v != "0")),
             scratch_op: Mutex::new(()),
             error: Mutex::new(None),
             sm_count,
@@ -1574,6 +1576,12 @@ impl CudaBackend {
     /// (`CudaBackend::pre_route`).
     pub fn set_pre_route(&self, on: bool) {
         self.pre_route.store(on, Ordering::Relaxed);
+    }
+
+    /// Chained steps without copies between them (`CudaBackend::batch_fill`); for arg-max slots
+    /// allocated and batches uploaded after this call.
+    pub fn set_batch_fill(&self, on: bool) {
+        self.batch_fill.store(on, Ordering::Relaxed);
     }
 
     /// Whether the device runs thread-block clusters (sm_90 and later).
@@ -3282,7 +3290,7 @@ impl Backend for CudaBackend {
         for (i, &o) in meta.outputs.iter().enumerate() {
             put(3, i, o);
         }
-        if self.batch_fill && n == 1 && meta.outputs.len() <= 1 {
+        if self.batch_fill.load(Ordering::Relaxed) && n == 1 && meta.outputs.len() <= 1 {
             // One token: written by a kernel from its arguments (batch_fill_1), its pick taken on
             // the device where it is one.
             let tm = meta.tokens[0];
@@ -3426,8 +3434,8 @@ impl Backend for CudaBackend {
         // The slot is free (at most one other is pending); grown where too small.
         if q.slots[k].as_ref().is_none_or(|(p, _, _)| p.len < 4 * xr.n) {
             let len = 4 * xr.n.next_power_of_two();
-            // Mapped memory: argmax_final writes the ids there itself (TS_CUDA_BATCH_FILL=0: a copy).
-            let mapped = if self.batch_fill { HostPinned::mapped(&self.ctx, len) } else { None };
+            // Mapped memory: argmax_final writes the ids there itself (with batch_fill; else a copy).
+            let mapped = if self.batch_fill.load(Ordering::Relaxed) { HostPinned::mapped(&self.ctx, len) } else { None };
             let (pin, dev) = match mapped {
                 Some(m) => m,
                 None => (

@@ -374,28 +374,35 @@ fn chained_argmax_tokens() {
         c.argmax_collect(&mut ci).expect("cpu collect");
         ok += 1;
     }
-    // One-token batches (the chained decode step: written by batch_fill_1 where that is on):
-    // a pick of the queued arg-max, then a plain id, then a pick of a synchronous arg-max.
+    // One-token batches (the chained decode step), uploaded and then written by batch_fill_1
+    // (a fresh backend for the second, so its arg-max slots are mapped memory): a pick of the
+    // queued arg-max, then a plain id, then a pick of a synchronous arg-max.
     let o1 = Rows::packed(1, dim);
     let row_of = |id: usize| -> Vec<f32> {
         bytes[4 * dim * id..4 * dim * (id + 1)].chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
     };
-    for step in 0..3 {
+    let gf = &CudaBackend::new(0).expect("third backend");
+    gf.set_batch_fill(true);
+    let gfw = gf.upload_weight(&t, WeightUse::Embedding).unwrap();
+    let (gfx, gfo, mut gfb) = (gf.alloc(xr.end()).unwrap(), gf.alloc(o.end()).unwrap(), gf.alloc_batch(8).unwrap());
+    for step in 0..6 {
+        let (g, gx, go, gw, gb) = if step < 3 { (g, &gx, &go, &gw, &mut gb) } else { (gf, &gfx, &gfo, &gfw, &mut gfb) };
+        let step = step % 3;
         let a = randn(&mut r, xr.end(), 2.0);
-        g.write(&gx, 0, &a).unwrap();
+        g.write(gx, 0, &a).unwrap();
         let ids: Vec<u32> = (0..n).map(|j| ts_core::argmax(&a[xr.off + j * xr.stride..][..vocab])).collect();
         let mut got = vec![0u32; n];
         if step == 2 {
-            g.argmax_rows(&gx, xr, &mut got).expect("gpu arg-max");
+            g.argmax_rows(gx, xr, &mut got).expect("gpu arg-max");
         } else {
-            g.argmax_rows_queued(&gx, xr).expect("gpu queued arg-max");
+            g.argmax_rows_queued(gx, xr).expect("gpu queued arg-max");
         }
         for (token, want) in [(TOKEN_FROM_ARGMAX + 2, ids[2] as usize), (17, 17)] {
             let meta = BatchMeta { tokens: vec![TokenMeta { token, pos: 3, slot: 0 }], outputs: vec![0], slot_len: 64 };
-            g.upload_batch(&meta, &mut gb).expect("one-token batch");
-            poison(g, &go, o1.end());
-            g.embed(&gw, &gb, 1.0, &go, o1);
-            assert_eq!(get(g, &go, o1), row_of(want), "one-token step {step}, token {token:#x}");
+            g.upload_batch(&meta, gb).expect("one-token batch");
+            poison(g, go, o1.end());
+            g.embed(gw, gb, 1.0, go, o1);
+            assert_eq!(get(g, go, o1), row_of(want), "one-token step {step}, token {token:#x}");
         }
         if step < 2 {
             g.argmax_collect(&mut got).expect("gpu collect");
