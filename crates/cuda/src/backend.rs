@@ -176,7 +176,41 @@ pub struct CudaBatch {
     flip: usize,
 }
 
+/// The runs of a batch's tokens that are picks of the last arg-max (`TOKEN_FROM_ARGMAX + row`):
+/// (first token, first row, count) for consecutive tokens taking consecutive rows, so that each
+/// run is one device copy; found as they are walked (an upload allocates nothing).
+struct FedRuns<'a> {
+    tokens: &'a [TokenMeta],
+    at: usize,
+}
+impl<'a> FedRuns<'a> {
+    fn of(tokens: &'a [TokenMeta]) -> Self {
+        FedRuns { tokens, at: 0 }
+    }
+}
+impl Iterator for FedRuns<'_> {
+    type Item = (usize, usize, usize);
+    fn next(&mut self) -> Option<Self::Item> {
+        let row = |t: &TokenMeta| (t.token >= TOKEN_FROM_ARGMAX).then(|| (t.token - TOKEN_FROM_ARGMAX) as usize);
+        let t0 = self.at + self.tokens[self.at..].iter().position(|t| row(t).is_some())?;
+        let r0 = row(&self.tokens[t0])?;
+        let mut c = 1;
+        while self.tokens.get(t0 + c).and_then(row) == Some(r0 + c) {
+            c += 1;
+        }
+        self.at = t0 + c;
+        Some((t0, r0, c))
+    }
+}
+
 impl CudaBatch {
+    /// Keep the uploaded batch's host description.
+    fn set_meta(&mut self, meta: &BatchMeta) {
+        self.tokens.clear();
+        self.tokens.extend_from_slice(&meta.tokens);
+        self.n_outputs = meta.outputs.len();
+        self.slot_len = meta.slot_len;
+    }
     fn tok_ptr(&self) -> u64 {
         self.mem.ptr
     }
@@ -3265,26 +3299,17 @@ impl Backend for CudaBackend {
             let at = 4 * (field * mt + i);
             batch.host[at..at + 4].copy_from_slice(&v.to_le_bytes());
         };
-        // Tokens that are a previous step's pick: runs of (first token, first row, count), copied
-        // on the device from the last arg-max's ids after the upload.
-        let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+        // Tokens that are a previous step's pick (TOKEN_FROM_ARGMAX + row) are copied on the
+        // device from the last arg-max's ids after the upload (FedRuns); their rows checked here.
         let last_rows = self.argq.lock().unwrap_or_else(|e| e.into_inner()).rows;
         for (t, tm) in meta.tokens.iter().enumerate() {
             let fed = tm.token >= TOKEN_FROM_ARGMAX;
             put(0, t, if fed { 0 } else { tm.token });
             put(1, t, tm.pos);
             put(2, t, tm.slot);
-            if fed {
-                let r = (tm.token - TOKEN_FROM_ARGMAX) as usize;
-                if r >= last_rows {
-                    return Err(BackendError::Unsupported(format!(
-                        "token {t} takes row {r} of the last arg-max, which had {last_rows} rows"
-                    )));
-                }
-                match runs.last_mut() {
-                    Some((t0, r0, c)) if *t0 + *c == t && *r0 + *c == r => *c += 1,
-                    _ => runs.push((t, r, 1)),
-                }
+            let r = tm.token.wrapping_sub(TOKEN_FROM_ARGMAX) as usize;
+            if fed && r >= last_rows {
+                return Err(BackendError::Unsupported(format!("token {t} takes row {r} of the last arg-max, which had {last_rows} rows")));
             }
         }
         for (i, &o) in meta.outputs.iter().enumerate() {
@@ -3294,8 +3319,8 @@ impl Backend for CudaBackend {
             // One token: written by a kernel from its arguments (batch_fill_1), its pick taken on
             // the device where it is one.
             let tm = meta.tokens[0];
-            let (ids, row) = match runs.first() {
-                Some(&(_, r, _)) => {
+            let (ids, row) = match FedRuns::of(&meta.tokens).next() {
+                Some((_, r, _)) => {
                     let ids = self.scratch_ptr(S::Ids).ok_or_else(|| BackendError::Unsupported("no arg-max to take tokens from".into()))?;
                     (ids, r)
                 }
@@ -3314,10 +3339,7 @@ impl Backend for CudaBackend {
             ];
             self.launch("batch_fill_1", (1, 1, 1), 32, 0, &args);
             self.take_error()?;
-            batch.tokens.clear();
-            batch.tokens.extend_from_slice(&meta.tokens);
-            batch.n_outputs = meta.outputs.len();
-            batch.slot_len = meta.slot_len;
+            batch.set_meta(meta);
             return Ok(());
         }
         match batch.pinned.as_mut() {
@@ -3340,17 +3362,12 @@ impl Backend for CudaBackend {
             }
             None => self.upload_bytes(&batch.mem, 0, &batch.host)?,
         }
-        if !runs.is_empty() {
+        for (t, r, c) in FedRuns::of(&meta.tokens) {
             let ids = self.scratch_ptr(S::Ids).ok_or_else(|| BackendError::Unsupported("no arg-max to take tokens from".into()))?;
-            for (t, r, c) in runs {
-                unsafe { drv::memcpy_dtod_async(batch.tok_ptr() + 4 * t as u64, ids + 4 * r as u64, 4 * c, self.stream.cu_stream()) }
-                    .map_err(|e| dev_err("device-to-device copy", e))?;
-            }
+            unsafe { drv::memcpy_dtod_async(batch.tok_ptr() + 4 * t as u64, ids + 4 * r as u64, 4 * c, self.stream.cu_stream()) }
+                .map_err(|e| dev_err("device-to-device copy", e))?;
         }
-        batch.tokens.clear();
-        batch.tokens.extend_from_slice(&meta.tokens);
-        batch.n_outputs = meta.outputs.len();
-        batch.slot_len = meta.slot_len;
+        batch.set_meta(meta);
         Ok(())
     }
 
@@ -4850,6 +4867,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Tokens taken from the last arg-max are copied in runs of consecutive rows.
+    #[test]
+    fn fed_runs_coalesce_consecutive_rows() {
+        use ts_core::{TokenMeta, TOKEN_FROM_ARGMAX as F};
+        let toks: Vec<TokenMeta> =
+            [F + 5, F + 4, F, F + 1, F + 2, 17, F + 3, F + 4].iter().map(|&token| TokenMeta { token, pos: 0, slot: 0 }).collect();
+        let runs: Vec<_> = super::FedRuns::of(&toks).collect();
+        assert_eq!(runs, [(0, 5, 1), (1, 4, 1), (2, 0, 3), (6, 3, 2)]);
+        let plain = [TokenMeta { token: 3, pos: 0, slot: 0 }];
+        assert_eq!(super::FedRuns::of(&plain).count(), 0);
     }
 
     /// Kernel names built on the stack equal the format! strings; an over-long one is cut, never

@@ -24,6 +24,5 @@ stamp "== tg64 at 16k, 64 sequences"
 for e in "" "TS_CUDA_PRE_ROUTE=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
 b "" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
 stamp "== trace"
-TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m $V -p 0 -n 32 -r 1 >/dev/null 2>&1
-python3 tools/gpu/trace.py $O/tr.csv 16 | head -16; rm -f $O/tr.csv
+trace_tg 16
 stamp "== done"

@@ -23,6 +23,5 @@ b "" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash
 b "" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash --no-chain
 for f in "" "--no-chain"; do b "" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash $f; done
 stamp "== trace"
-TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m $V -p 0 -n 32 -r 1 >/dev/null 2>&1
-python3 tools/gpu/trace.py $O/tr.csv 16 | head -12; rm -f $O/tr.csv
+trace_tg 12
 stamp "== done"
