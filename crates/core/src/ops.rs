@@ -124,6 +124,21 @@ pub struct Experts<'a, W> {
     pub down: &'a W,
 }
 
+/// The MoE FFN that follows an attention's output norm ([`Backend::mla_attention_out`]'s
+/// `next`): the router, where its logits go, the routing, and the layer's expert weights (the
+/// ones the [`Backend::moe_shared`] call that follows is given), so that a backend may start the
+/// work that does not wait for the routing in the norm's launch.
+pub struct MoeNext<'a, W, B> {
+    /// The router: f32 `[H, E]`.
+    pub router: &'a W,
+    /// The logits' buffer and rows there (`[n, E]`).
+    pub logits: (&'a B, Rows),
+    pub params: &'a MoeParams,
+    /// The routed experts and the shared FFN (2-D `[H, ff_s]`, `[H, ff_s]`, `[ff_s, H]`) of a
+    /// layer with shared experts; `None` promises nothing about the FFN.
+    pub ffn: Option<(Experts<'a, W>, Experts<'a, W>)>,
+}
+
 /// A device weight: its dtype and GGML-order shape as uploaded.
 pub trait WeightInfo {
     fn dtype(&self) -> crate::GgmlType;
@@ -409,11 +424,12 @@ pub trait Backend: Send + Sync {
     /// out)`: the default is those four ops. `lat`, `av` and `y` are the chain's scratch, which a
     /// backend may leave unwritten (the CUDA backend, for one token: the merge of the context
     /// splits and both products in one kernel, whose per-head rows the norm adds). With `next`
-    /// = (W, buffer, rows, MoE), also the normed rows' product with W into those rows
-    /// ([`Backend::matmul`]`(out, o, W, ..)`, the default; the MoE router), which a backend may
-    /// compute in the norm's launch; and, given the MoE's parameters, a backend may route those
-    /// logits there too, for the [`Backend::moe_shared`] of `out` and them that follows (the CUDA
-    /// backend, for one token: CudaBackend's `pre_route`).
+    /// (the MoE router, its logits' rows, the routing), also the normed rows' product with the
+    /// router into those rows ([`Backend::matmul`]`(out, o, router, ..)`, the default), which a
+    /// backend may compute in the norm's launch; and a backend may route those logits there too,
+    /// for the [`Backend::moe_shared`] of `out` and them that follows, and start that call's
+    /// shared experts there (the CUDA backend, for one token: CudaBackend's `pre_route` and
+    /// `pre_shared`).
     #[allow(clippy::too_many_arguments)]
     fn mla_attention_out(
         &self,
@@ -428,14 +444,14 @@ pub trait Backend: Send + Sync {
         eps: f32,
         out: &Self::Buf,
         o: Rows,
-        next: Option<(&Self::Weight, &Self::Buf, Rows, &MoeParams)>,
+        next: Option<MoeNext<'_, Self::Weight, Self::Buf>>,
     ) {
         self.mla_attention(q, qr, cache, batch, p, lat, lr);
         self.matmul_grouped(lat, lr, w_uv, av, avr);
         self.matmul(av, avo, wo, y, xr);
         self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
-        if let Some((nw, nb, nr, _)) = next {
-            self.matmul(out, o, nw, nb, nr);
+        if let Some(m) = next {
+            self.matmul(out, o, m.router, m.logits.0, m.logits.1);
         }
     }
     /// Routed experts plus a shared FFN in one op: `out[r] = moe(x)[r] + down_s(glu(gate_s x[r],
