@@ -1271,10 +1271,11 @@ impl CudaBackend {
         if ms_nb != MS_NB {
             defs.push(format!("-DMS_NB={ms_nb}"));
         }
-        // Measurement defines for the kernels (`TS_CUDA_DEFINES="NAME=VALUE ..."`, e.g. the
-        // MMQ_ROWS_* choices in kernels/mmq.cu): each becomes a `-D` option (and another cache key).
+        // Measurement defines for the kernels (`TS_CUDA_DEFINES="NAME=VALUE ..."`, spaces or
+        // commas between, e.g. the MMQ_ROWS_* choices in kernels/mmq.cu): each becomes a `-D`
+        // option (and another cache key).
         if let Ok(d) = std::env::var("TS_CUDA_DEFINES") {
-            defs.extend(d.split_whitespace().map(|x| format!("-D{x}")));
+            defs.extend(d.split(|c: char| c.is_whitespace() || c == ',').filter(|x| !x.is_empty()).map(|x| format!("-D{x}")));
         }
         let defs: Vec<&str> = defs.iter().map(String::as_str).collect();
         let (cubin, kernels_from_cache) = kernels::load_or_compile(&arch, &defs).map_err(BackendError::Device)?;
