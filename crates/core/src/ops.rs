@@ -124,19 +124,15 @@ pub struct Experts<'a, W> {
     pub down: &'a W,
 }
 
-/// The MoE FFN that follows an attention's output norm ([`Backend::mla_attention_out`]'s
-/// `next`): the router, where its logits go, the routing, and the layer's expert weights (the
-/// ones the [`Backend::moe_shared`] call that follows is given), so that a backend may start the
-/// work that does not wait for the routing in the norm's launch.
+/// The MoE FFN's routing that follows an attention's output norm
+/// ([`Backend::mla_attention_out`]'s `next`): the router, where its logits go, and the routing's
+/// parameters (those of the [`Backend::moe_shared`] call that follows).
 pub struct MoeNext<'a, W, B> {
     /// The router: f32 `[H, E]`.
     pub router: &'a W,
     /// The logits' buffer and rows there (`[n, E]`).
     pub logits: (&'a B, Rows),
     pub params: &'a MoeParams,
-    /// The routed experts and the shared FFN (2-D `[H, ff_s]`, `[H, ff_s]`, `[ff_s, H]`) of a
-    /// layer with shared experts; `None` promises nothing about the FFN.
-    pub ffn: Option<(Experts<'a, W>, Experts<'a, W>)>,
 }
 
 /// A device weight: its dtype and GGML-order shape as uploaded.
@@ -427,9 +423,8 @@ pub trait Backend: Send + Sync {
     /// (the MoE router, its logits' rows, the routing), also the normed rows' product with the
     /// router into those rows ([`Backend::matmul`]`(out, o, router, ..)`, the default), which a
     /// backend may compute in the norm's launch; and a backend may route those logits there too,
-    /// for the [`Backend::moe_shared`] of `out` and them that follows, and start that call's
-    /// shared experts there (the CUDA backend, for one token: CudaBackend's `pre_route` and
-    /// `pre_shared`).
+    /// for the [`Backend::moe_shared`] of `out` and them that follows (the CUDA backend, for one
+    /// token: CudaBackend's `pre_route`).
     #[allow(clippy::too_many_arguments)]
     fn mla_attention_out(
         &self,

@@ -785,8 +785,7 @@ __device__ __forceinline__ void mo_wait_flag(const unsigned* flag) {
 }
 // One warp's gate and up sums of a Q8_0 row pair (wg, wu: np 16-byte pieces) with the Q8_0 row
 // xr, each warp-summed into g and u (added to them; start them at 0). first_loaded: qg/dg and
-// qu/du already hold the pieces at p0 = lane. moe_gateup_q8q_unit's and rr_shared_gateup's
-// arithmetic: the same code, the same bits.
+// qu/du already hold the pieces at p0 = lane (moe_gateup_q8q_unit's rows).
 __device__ __forceinline__ void gu_row_dot(const u8* wg, const u8* wu, const u8* xr, int np, int lane, bool first_loaded,
                                            uint4* qg, float* dg, uint4* qu, float* du, float& g, float& u) {
     for (int p0 = lane; p0 < np; p0 += 128) {
@@ -1431,96 +1430,18 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 #define RR_CLUSTER_DIMS
 #endif
 #define RR_CLUSTER 8
-#if __CUDA_ARCH__ >= 900
-// After a block's last use of its x loads (block_rms_inv's barrier follows them): the count of
-// blocks past that point in *done (zero between launches); the last of `nblocks` writes the
-// residual x = v and zeroes the count. (As add_rms_norm_parts_router.)
-__device__ __forceinline__ void rr_last_writes_x(float* xr, const float* v, int width, int nblocks, unsigned* done) {
-    __shared__ int last;
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(done, 1u) == (unsigned)nblocks - 1;
-    }
-    __syncthreads();
-    if (last) {
-#pragma unroll
-        for (int k = 0; k < NP_PER; k++)
-            if (threadIdx.x + k * NP_THREADS < width) xr[threadIdx.x + k * NP_THREADS] = v[k];
-        if (threadIdx.x == 0) *done = 0u;
-    }
-}
-// The shared experts' gate/up in the routing launch (CudaBackend::pre_shared): block
-// RR_CLUSTER + sb takes rows 32sb .. 32sb+31 of the shared FFN's srows (its nsh blocks of m rows
-// side by side, m % 128 == 0, so that its Q8_0 GLU groups are contiguous from hqs, the first
-// shared slot's row of hq). The block normalises the row itself (the routing blocks' loads and
-// sums: the same bits), quantises it into shared memory as the routing block 0 quantises xq
-// (quant_group_body), then warp w takes row 32sb + w with moe_gateup_q8q_unit's per-row
-// arithmetic (gu_row_dot) and warp 0 quantises the 32 GLU values as that unit does (router
-// weight 1): the bytes moe_gateup_sh_q8q writes for the shared slots, which then skips them.
-// The routing kernel is latency-bound with one cluster on the GPU; these blocks use the idle
-// memory meanwhile. Their weights are asked into L2 before the PDL wait (registers are full:
-// 1,024 threads each holding the norm's 32 partial values).
-__device__ __forceinline__ void rr_shared_gateup(float* xr, const float* parts, i64 pstride, int np, const float* w,
-                                                 int has_w, float eps, int width, const u8* Sg, const u8* Su,
-                                                 i64 srow_bytes, int srows, int act, u8* hqs, unsigned* done,
-                                                 float* red, float* hs) {
-    __shared__ __align__(16) u8 xqs[NP_PER * NP_THREADS / 128 * 144];
-    __shared__ float glu[32];
-    const int sb = blockIdx.x - RR_CLUSTER;
-    if (sb >= srows / 32) return;  // the grid's blocks past the FFN (a whole last cluster)
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = 32 * sb + warp;
-    if (threadIdx.x < 2) l2_prefetch_part((threadIdx.x ? Su : Sg) + (i64)32 * sb * srow_bytes, 32 * srow_bytes, 0, 1);
-    float wv[NP_PER];
-    np_load_w(w, has_w, width, wv);
-    PDL_ENTRY();
-    float v[NP_PER];
-    const float ss = np_sum(xr, parts, pstride, np, width, v);
-    const float inv = block_rms_inv(ss, red, width, eps);
-    rr_last_writes_x(xr, v, width, RR_CLUSTER + srows / 32, done);
-    rr_norm_store(v, inv, wv, has_w, width, hs, nullptr, 0, false);
-    __syncthreads();
-    for (int g = warp; g < width / 128; g += NP_THREADS / 32)
-        quant_group_body(g, hs, nullptr, 0, 0, 1, width, 0, nullptr, 0, 1, xqs, 0);
-    __syncthreads();
-    const int npr = 2 * (width >> 5);
-    uint4 qg[4], qu[4];
-    float dg[4], du[4], g = 0.f, u = 0.f;
-    gu_row_dot(Sg + (i64)row * srow_bytes, Su + (i64)row * srow_bytes, xqs, npr, lane, false, qg, dg, qu, du, g, u);
-    if (lane == 0) glu[warp] = act_fn(act == 0 ? 1 : 2, g) * u;
-    __syncthreads();
-    if (warp == 0) {
-        float q = glu[lane];
-        q *= 1.f;
-        const float a = warp_max(fabsf(q));
-        const float d = a / 127.f;
-        const float id = d != 0.f ? 1.0f / d : 0.f;
-        const int b = sb & 3;
-        u8* gp = hqs + (i64)(sb >> 2) * 144;
-        gp[16 + 32 * b + lane] = (u8)(i8)(int)roundf(q * id);
-        if (lane == 0) ((u16*)gp)[b] = f2h(d);
-        if (b == 0 && lane < 2) ((u32*)gp)[2 + lane] = 0u;
-    }
-}
-#endif
 // (Defined on every architecture, as the module must export it; the body is sm_90's.)
 extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
     add_rms_norm_parts_router_route(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w,
                                     int has_w, float eps, float* out, i64 ooff, int width, const float* R, int m,
                                     float* lg, i64 loff, int rk, int gating, int norm_topk, float scale, int* sel_e,
-                                    float* sel_w, u8* xq, const u8* Sg, const u8* Su, i64 srow_bytes, int srows,
-                                    int act, u8* hqs, unsigned* done) {
+                                    float* sel_w, u8* xq) {
 #if __CUDA_ARCH__ >= 900
     __shared__ float red[32];
     __shared__ float qsum[NP_THREADS / 32];
     __shared__ float lgs[8 * RR_CLUSTER];
     __shared__ __align__(16) float hs[NP_PER * NP_THREADS];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    if (blockIdx.x >= RR_CLUSTER) {
-        rr_shared_gateup(x + xoff, parts, pstride, np, w, has_w, eps, width, Sg, Su, srow_bytes, srows, act, hqs, done,
-                         red, hs);
-        return;
-    }
     const unsigned rank = cluster_rank();
     // Every block of the cluster is running before any writes another's shared memory: the
     // first phase of the cluster barrier, waited on just before those writes.
@@ -1548,17 +1469,13 @@ extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
     if (rank == 0)
         for (int g = warp; g < width / 128; g += NP_THREADS / 32)
             quant_group_body(g, hs, nullptr, 0, 0, 1, width, 0, nullptr, 0, 1, xq, 0);
-    // With the shared blocks (srows > 0) the last block past its reads of x writes it.
-    if (srows > 0) rr_last_writes_x(xr, v, width, 8 + srows / 32, done);
     cluster_arrive();
     cluster_wait();
     if (rank != 0) return;
     // Every block has read x (its loads were used before its first barrier): the residual now.
-    if (srows == 0) {
 #pragma unroll
-        for (int k = 0; k < NP_PER; k++)
-            if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
-    }
+    for (int k = 0; k < NP_PER; k++)
+        if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
     if (warp == 0) route_warp_body(0, lgs, 0, 0, 1, m, rk, gating, norm_topk, scale, sel_e, sel_w);
 #endif
 }

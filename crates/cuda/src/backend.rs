@@ -412,9 +412,6 @@ struct Routed {
     logits: (u64, usize),
     input: (u64, usize),
     p: MoeParams,
-    /// The shared FFN's gate and up (pointers) whose quantised GLU rows that launch wrote into
-    /// hq (the third pointer, S::Hq's), from its slot `p.k` on (`pre_shared`).
-    shared: Option<(u64, u64, u64)>,
 }
 impl Routed {
     fn serves(&self, logits: (u64, usize), input: (u64, usize), p: &MoeParams) -> bool {
@@ -1058,14 +1055,6 @@ pub struct CudaBackend {
     routed: Mutex<Option<Routed>>,
     /// `moe_shared` ops that took a routing made ahead (for the tests: [`CudaBackend::pre_routes`]).
     pre_routed: AtomicU64,
-    /// With `pre_route`, the shared experts' gate/up (Q8_0, one token) in the routing's launch
-    /// too: blocks past its cluster that each normalise the row themselves and take 32 of the
-    /// shared FFN's rows (`rr_shared_gateup`: moe_gateup_sh_q8q's bits), while the latency-bound
-    /// routing leaves the memory idle; the MoE's gate/up then runs the routed slots only.
-    /// `TS_CUDA_PRE_SHARED=1`; off until measured.
-    pre_shared: AtomicBool,
-    /// `moe_shared` ops whose shared gate/up that launch had done (the tests).
-    pre_shared_done: AtomicU64,
     /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
     l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -1412,8 +1401,6 @@ impl CudaBackend {
             pre_route: AtomicBool::new(std::env::var("TS_CUDA_PRE_ROUTE").map_or(true, |v| v != "0")),
             routed: Mutex::new(None),
             pre_routed: AtomicU64::new(0),
-            pre_shared: AtomicBool::new(std::env::var("TS_CUDA_PRE_SHARED").is_ok_and(|v| v != "0")),
-            pre_shared_done: AtomicU64::new(0),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
@@ -1623,16 +1610,6 @@ impl CudaBackend {
     /// (`CudaBackend::pre_route`).
     pub fn set_pre_route(&self, on: bool) {
         self.pre_route.store(on, Ordering::Relaxed);
-    }
-
-    /// The shared experts' gate/up in the routing's launch (`CudaBackend::pre_shared`).
-    pub fn set_pre_shared(&self, on: bool) {
-        self.pre_shared.store(on, Ordering::Relaxed);
-    }
-
-    /// How many `moe_shared` ops found their shared gate/up done by the routing's launch.
-    pub fn pre_shared_runs(&self) -> u64 {
-        self.pre_shared_done.load(Ordering::Relaxed)
     }
 
     /// Chained steps without copies between them (`CudaBackend::batch_fill`); for arg-max slots
@@ -4352,7 +4329,7 @@ impl Backend for CudaBackend {
             l(o.off),
             i(hd),
         ];
-        if let Some(&MoeNext { router: nw, logits: (nb, nr), params: mp, ref ffn }) = fused_next {
+        if let Some(&MoeNext { router: nw, logits: (nb, nr), params: mp }) = fused_next {
             nb.check(nr);
             // The MoE's routing too (pre_route): plain top-k, the router's
             // rows being the experts.
@@ -4369,49 +4346,10 @@ impl Backend for CudaBackend {
                 let Some(xq) = self.scratch(S::PreXq, hd / 128 * 144) else { return };
                 let gating = A::I(matches!(mp.gating, Gating::Sigmoid) as i32);
                 let route = [i(mp.k), gating, A::I(mp.norm_topk as i32), A::F(mp.scale), A::P(se), A::P(sw), A::P(xq)];
-                // The shared experts' gate/up in the same launch, in blocks past the routing
-                // cluster (pre_shared), where the MoE that follows takes the one-token Q8_0 path.
-                let sh = ffn.as_ref().filter(|_| self.pre_shared.load(Ordering::Relaxed)).and_then(|(ex, sh)| {
-                    let (ff, sf) = (ex.gate.ne(1), sh.gate.ne(1));
-                    let q8 = [ex.gate, ex.up, ex.down, sh.gate, sh.up, sh.down].iter().all(|w| w.dtype == GgmlType::Q8_0);
-                    let fits = q8
-                        && self.smem_max > 0
-                        && ff > 0
-                        && ff % 128 == 0
-                        && (ex.gate.ne(0), ex.up.ne(0), ex.up.ne(1)) == (hd, hd, ff)
-                        && [sh.gate, sh.up].iter().all(|w| w.shape.len() <= 3 && w.ne(2) == 1)
-                        && (sh.gate.ne(0), sh.up.ne(0), sh.up.ne(1)) == (hd, hd, sf)
-                        && sh.gate.row_bytes == sh.up.row_bytes
-                        && sf % ff == 0
-                        && (1..=32).contains(&(sf / ff))
-                        && mp.k + sf / ff <= MOE_SH_MAX_SLOTS;
-                    if !fits {
-                        return None;
-                    }
-                    let hrow = ff / 128 * 144;
-                    let hq = self.scratch(S::Hq, (mp.k + sf / ff) * hrow)?;
-                    Some((sh.gate, sh.up, sf, hq, hrow))
-                });
-                let (tail, grid, shared) = match sh {
-                    Some((sg, su, sf, hq, hrow)) => {
-                        let Some(done) = self.scratch(S::NormSync, 16) else { return };
-                        let tail = [
-                            A::P(sg.mem.ptr),
-                            A::P(su.mem.ptr),
-                            l(sg.row_bytes),
-                            i(sf),
-                            A::I(matches!(mp.glu, Glu::GeGluTanh) as i32),
-                            A::P(hq + (mp.k * hrow) as u64),
-                            A::P(done),
-                        ];
-                        (tail, 8 + (sf / 32).next_multiple_of(8), Some((sg.mem.ptr, su.mem.ptr, hq)))
-                    }
-                    None => ([A::P(0), A::P(0), l(0), i(0), A::I(0), A::P(0), A::P(0)], 8, None),
-                };
-                let args: [A; 29] = cat(cat::<15, 7, 22>(cat::<11, 4, 15>(norm, router), route), tail);
-                self.launch("add_rms_norm_parts_router_route", (grid as u32, 1, 1), 1024, 0, &args);
+                let args: [A; 22] = cat(cat::<11, 4, 15>(norm, router), route);
+                self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
                 *self.routed.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(Routed { logits: (nb.0.ptr, nr.off), input: (out.0.ptr, o.off), p: *mp, shared });
+                    Some(Routed { logits: (nb.0.ptr, nr.off), input: (out.0.ptr, o.off), p: *mp });
                 return;
             }
             let Some(done) = self.scratch(S::NormSync, 16) else { return };
@@ -4757,15 +4695,8 @@ impl Backend for CudaBackend {
             self.launch("moe_sh_q8_one", (items.min(cap) as u32, 1, 1), 256, 0, &args);
             return true;
         }
-        // Gate/up with the GLU output quantised in the kernel (32 rows per block); the routed
-        // slots only where the routing launch did the shared ones (pre_shared: with one token
-        // and grid.y = k, moe_slot_of maps block row s to slot s < k).
-        let sh_done = pre && routed.and_then(|r| r.shared) == Some((shared.gate.mem.ptr, shared.up.mem.ptr, hq));
-        if sh_done {
-            self.pre_shared_done.fetch_add(1, Ordering::Relaxed);
-        }
-        let slots = if sh_done { k } else { n * ks };
-        self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, slots as u32, 1), 256, 0, &gu);
+        // Gate/up with the GLU output quantised in the kernel (32 rows per block).
+        self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
         self.launch(
             if self.down_w4.0 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
             (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),

@@ -1079,17 +1079,9 @@ impl<B: Backend> DeepSeek2<B> {
                 glu: Glu::SwiGlu,
             });
             let router = match (&l.ffn, &moe) {
-                (Ffn::Moe { router, gate_exps, up_exps, down_exps, shared }, Some(p)) => Some(MoeNext {
-                    router,
-                    logits: (&s.rl, Rows::packed(n, p.n_experts)),
-                    params: p,
-                    ffn: shared.as_ref().map(|f| {
-                        (
-                            Experts { gate: gate_exps, up: up_exps, down: down_exps },
-                            Experts { gate: &f.gate, up: &f.up, down: &f.down },
-                        )
-                    }),
-                }),
+                (Ffn::Moe { router, .. }, Some(p)) => {
+                    Some(MoeNext { router, logits: (&s.rl, Rows::packed(n, p.n_experts)), params: p })
+                }
                 _ => None,
             };
             // lat = attention(q_abs, cache); av = lat . W_uv per head; y = av . W_o; x += y; h = norm(x).
