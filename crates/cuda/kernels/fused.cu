@@ -428,15 +428,6 @@ __device__ __forceinline__ void quant_group_body(i64 gid, const float* src, cons
 // each over half of the slots' pieces, summed in a fixed order: twice the loads in flight of one
 // warp per row, which left the SMs a third full at batch 1.
 #define MOE_SH_MAX_SLOTS 64
-// Measurement defines (TS_CUDA_DEFINES=GU_RT_PF=1 / DN_PF=1): the decode MoE's routed gate/up
-// blocks (after their wait) and down blocks (before theirs) ask all their weight rows into L2
-// at once before reading them row by row. 0: they do not.
-#ifndef GU_RT_PF
-#define GU_RT_PF 0
-#endif
-#ifndef DN_PF
-#define DN_PF 0
-#endif
 // The down kernel starts early: moe_gateup_sh_q8q lets it launch only after its own wait for
 // the routing kernel has returned (so the routed experts' ids, sel_e, written two launches back,
 // are final), and the down kernel reads those ids past L1 and issues its first round of weight
@@ -463,15 +454,6 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
     const int Pa = h * per, Pb = min(total, Pa + per);
     if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
     __syncthreads();
-#if DN_PF
-    if (!SYNC && (int)threadIdx.x <= k) {
-        const int r0 = bx * rows_per_block, nr = min(rows_per_block, m - r0);
-        if ((int)threadIdx.x < k)
-            l2_prefetch_part(Wd + es[threadIdx.x] * mat_bytes + (i64)r0 * row_bytes, (i64)nr * row_bytes, 0, 1);
-        else if (nsh > 0)
-            l2_prefetch_part(Sd + (i64)r0 * srow_bytes, (i64)nr * srow_bytes, 0, 1);
-    }
-#endif
     const u8* hr = hq + (i64)t * ks * hrow;
     // Piece P's place: its weights at gp, activations at xp, block b, quants at offset qo.
     auto locate = [&](int P, const u8*& gp, const u8*& xp, int& qo, int& b) {
@@ -809,6 +791,7 @@ __device__ __forceinline__ void gu_row_dot(const u8* wg, const u8* wu, const u8*
 }
 // ready (moe_sh_q8_one): the flag its block 0 sets once sel_e, sel_w and xq are written; null
 // (moe_gateup_sh_q8q): they come from the previous kernel.
+template <int WARPS = GQ_WARPS>
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
@@ -816,7 +799,7 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     const int ks = k + nsh;
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int rpw = GU_ROWS / GQ_WARPS;
+    const int rpw = GU_ROWS / WARPS;
     const int row0 = bx * GU_ROWS + warp * rpw;
     const int np = 2 * (kdim >> 5);
     uint4 qg[4], qu[4];
@@ -835,12 +818,6 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         Wtg = Wg + (i64)max(e, 0) * mat_bytes;
         Wtu = Wu + (i64)max(e, 0) * mat_bytes;
         rstride = row_bytes;
-#if GU_RT_PF
-        // All of the block's 32 rows of both matrices asked into L2 at once (bulk prefetch), so
-        // the rows the warps then read one after another find L2 rather than DRAM.
-        if (!zero && !ready && threadIdx.x < 2)
-            l2_prefetch_part((threadIdx.x ? Wtu : Wtg) + (i64)bx * GU_ROWS * row_bytes, (i64)GU_ROWS * row_bytes, 0, 1);
-#endif
         if (!zero) {
             load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
             load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
@@ -879,15 +856,22 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         if (b == 0 && lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
     }
 }
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
+// GU_WARPS: the warps of a moe_gateup_sh_q8q block (8, 16 or 32: 4, 2 or 1 of its 32 rows a
+// warp, read one after another; the host's TS_CUDA_GU_WARPS, a measurement knob), each row's
+// sums by one warp whatever the count: the same bits.
+#ifndef GU_WARPS
+#define GU_WARPS GQ_WARPS
+#endif
+#define GU_MIN_BLOCKS (GU_WARPS <= 8 ? GQ_MOE_MIN_BLOCKS : GU_WARPS <= 16 ? 2 : 1)
+extern "C" __global__ void __launch_bounds__(32 * GU_WARPS, GU_MIN_BLOCKS)
     moe_gateup_sh_q8q(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
                       const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
                       u8* hq, i64 hrow) {
     __shared__ float glu[GU_ROWS];
     int t, s;
     moe_slot_of_block(k, nsh, &t, &s);
-    moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
-                              xrow, act, hq, hrow, glu);
+    moe_gateup_q8q_unit<GU_WARPS>(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh,
+                                  xq, xrow, act, hq, hrow, glu);
 }
 // ---- The decode MoE in one launch (one token): moe_gateup_sh_q8q's units, then moe_down_sh_q8's
 // units, each down warp starting as soon as the slots it reads are done ---------------------------
