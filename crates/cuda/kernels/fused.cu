@@ -791,7 +791,6 @@ __device__ __forceinline__ void gu_row_dot(const u8* wg, const u8* wu, const u8*
 }
 // ready (moe_sh_q8_one): the flag its block 0 sets once sel_e, sel_w and xq are written; null
 // (moe_gateup_sh_q8q): they come from the previous kernel.
-template <int WARPS = GQ_WARPS>
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
@@ -799,7 +798,7 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     const int ks = k + nsh;
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int rpw = GU_ROWS / WARPS;
+    const int rpw = GU_ROWS / GQ_WARPS;
     const int row0 = bx * GU_ROWS + warp * rpw;
     const int np = 2 * (kdim >> 5);
     uint4 qg[4], qu[4];
@@ -856,22 +855,18 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         if (b == 0 && lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
     }
 }
-// GU_WARPS: the warps of a moe_gateup_sh_q8q block (8, 16 or 32: 4, 2 or 1 of its 32 rows a
-// warp, read one after another; the host's TS_CUDA_GU_WARPS, a measurement knob), each row's
-// sums by one warp whatever the count: the same bits.
-#ifndef GU_WARPS
-#define GU_WARPS GQ_WARPS
-#endif
-#define GU_MIN_BLOCKS (GU_WARPS <= 8 ? GQ_MOE_MIN_BLOCKS : GU_WARPS <= 16 ? 2 : 1)
-extern "C" __global__ void __launch_bounds__(32 * GU_WARPS, GU_MIN_BLOCKS)
+// Eight warps of four rows each: 16 warps of two rows (two blocks an SM, so 264 of the 352
+// blocks resident at once) ran tg128 at 642 and 32 warps of one row at 617 against 705
+// (gpu-next70): the grid must be resident in one wave.
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_gateup_sh_q8q(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
                       const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
                       u8* hq, i64 hrow) {
     __shared__ float glu[GU_ROWS];
     int t, s;
     moe_slot_of_block(k, nsh, &t, &s);
-    moe_gateup_q8q_unit<GU_WARPS>(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh,
-                                  xq, xrow, act, hq, hrow, glu);
+    moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
+                              xrow, act, hq, hrow, glu);
 }
 // ---- The decode MoE in one launch (one token): moe_gateup_sh_q8q's units, then moe_down_sh_q8's
 // units, each down warp starting as soon as the slots it reads are done ---------------------------

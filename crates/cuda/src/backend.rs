@@ -932,9 +932,6 @@ pub struct CudaBackend {
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
     ms_nb: usize,
-    /// Warps of a `moe_gateup_sh_q8q` block (8, 16 or 32; compiled in as `-DGU_WARPS=n` when
-    /// not 8). `TS_CUDA_GU_WARPS`; a measurement knob.
-    gu_warps: u32,
     /// Batched MoE with the shared FFN folded into the grouped expert products (`moe_shared`
     /// above the decode size); `TS_CUDA_MOE_SH=0` leaves it to the caller's chain, to compare.
     moe_sh: bool,
@@ -1263,13 +1260,6 @@ impl CudaBackend {
         if ms_nb != MS_NB {
             defs.push(format!("-DMS_NB={ms_nb}"));
         }
-        let gu_warps = match std::env::var("TS_CUDA_GU_WARPS").ok().and_then(|v| v.parse().ok()) {
-            Some(w @ (16 | 32)) => w,
-            _ => 8,
-        };
-        if gu_warps != 8 {
-            defs.push(format!("-DGU_WARPS={gu_warps}"));
-        }
         // Measurement defines for the kernels (`TS_CUDA_DEFINES="NAME=VALUE ..."`, spaces or
         // commas between, e.g. the MMQ_ROWS_* choices in kernels/mmq.cu): each becomes a `-D`
         // option (and another cache key).
@@ -1362,7 +1352,6 @@ impl CudaBackend {
             mo_att: AtomicU32::new(std::env::var("TS_CUDA_MO_ATT").ok().and_then(|v| v.parse().ok()).unwrap_or(192)),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             ms_nb,
-            gu_warps,
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
@@ -4707,7 +4696,7 @@ impl Backend for CudaBackend {
             return true;
         }
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
-        self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 32 * self.gu_warps, 0, &gu);
+        self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
         self.launch(
             if self.down_w4.0 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
             (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),

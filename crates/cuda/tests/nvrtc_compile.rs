@@ -86,14 +86,14 @@ fn kernels_compile_for_sm_75() {
 
 /// The measurement defines of the decode MoE (`TS_CUDA_DEFINES=TS_WNA=0`: plain weight loads, not
 /// the default's loads that do not allocate in L1; `NM_RACY=1`: the q / kv_a product's norm
-/// without its block counter; `GU_WARPS=32`: the gate/up a row a warp) compile too.
+/// without its block counter) compile too.
 #[test]
 fn measurement_defines_compile_for_sm_90() {
     if !ts_cuda::kernels::nvrtc_available() {
         eprintln!("SKIP: libnvrtc could not be loaded");
         return;
     }
-    if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &["-DTS_WNA=0", "-DNM_RACY=1", "-DGU_WARPS=32"]) {
+    if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &["-DTS_WNA=0", "-DNM_RACY=1"]) {
         panic!("{log}");
     }
 }
