@@ -346,6 +346,19 @@ pub trait Backend: Send + Sync {
         self.add_rms_norm(x, xr, delta, dr, w, eps, out, o);
         self.matmul_many(out, o, jobs);
     }
+    /// [`Backend::add_rms_norm_matmul_many`] without the add: [`Backend::rms_norm`]`(x, w, eps,
+    /// out)`, then [`Backend::matmul_many`]`(out, jobs)` (the default); `x` is not written.
+    fn rms_norm_matmul_many(
+        &self,
+        (x, xr): (&Self::Buf, Rows),
+        w: Option<&Self::Weight>,
+        eps: f32,
+        (out, o): (&Self::Buf, Rows),
+        jobs: &[(&Self::Weight, &Self::Buf, Rows)],
+    ) {
+        self.rms_norm(x, xr, w, eps, out, o);
+        self.matmul_many(out, o, jobs);
+    }
     /// `dst = rope(src)` with `src` left unchanged (default: [`Backend::copy`] then
     /// [`Backend::rope`] on `dst`). Rows and positions as in `rope`; `dst` must not overlap `src`.
     fn rope_copy(
@@ -465,6 +478,27 @@ pub trait Backend: Send + Sync {
         _p: &MoeParams,
         _out: &Self::Buf,
         _o: Rows,
+    ) -> bool {
+        false
+    }
+
+    /// [`Backend::moe_shared`] with its result added into the residual rows: `res[r] += moe(x)[r]
+    /// + shared(x)[r]`, the same bits as `moe_shared` into a buffer and then [`Backend::add`]
+    /// (or the add inside the next [`Backend::add_rms_norm_matmul_many`]). Returns false, having
+    /// enqueued nothing, when the backend has no such path for these shapes (the default): the
+    /// caller then runs `moe_shared` into a buffer and adds it itself.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_shared_residual(
+        &self,
+        _x: &Self::Buf,
+        _xr: Rows,
+        _logits: &Self::Buf,
+        _lr: Rows,
+        _experts: Experts<'_, Self::Weight>,
+        _shared: Experts<'_, Self::Weight>,
+        _p: &MoeParams,
+        _res: &Self::Buf,
+        _rr: Rows,
     ) -> bool {
         false
     }

@@ -234,7 +234,8 @@ struct GemvJob {
 };
 
 // With the layer's first norm in front (gemv_q8_multi_norm_1, Backend::add_rms_norm_matmul_many,
-// one token): every block computes v = x + d and the normed row h = rms_norm(v) * w itself,
+// one token; Backend::rms_norm_matmul_many with d null: v = x, x not written, block 0 writes h,
+// no counter): every block computes v = x + d and the normed row h = rms_norm(v) * w itself,
 // with add_rms_norm's register path (256 threads, NORM_PER values a thread, the same sums: the
 // same bits) into shared memory, and quantises h from there. x is read by every block, so the
 // last block past its loads (`done` counts them; zero between launches, that block resets it)
@@ -299,17 +300,25 @@ __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, i
         const float* dr = nm.d + nm.doff;
         float v[NORM_PER];
 #pragma unroll
-        for (int u = 0; u < NORM_PER; u++) v[u] = tid + u * GQ_THREADS < k ? xr[tid + u * GQ_THREADS] + dr[tid + u * GQ_THREADS] : 0.f;
+        for (int u = 0; u < NORM_PER; u++) {
+            const int i = tid + u * GQ_THREADS;
+            v[u] = i < k ? (nm.d ? xr[i] + dr[i] : xr[i]) : 0.f;
+        }
         // block_rms_inv's barriers follow every thread's use of its x loads.
         norm_store(v, wv, nm.has_w, block_rms_inv(norm_ss(v, k), part, k, nm.eps), k, hs);
+        // Without a delta (d null: the norm only) x is not written, and block 0 writes h.
 #if NM_RACY
         // A measurement define only (TS_CUDA_DEFINES=NM_RACY=1: wrong results): what the counter
         // below costs, block 0 writing x with no regard for the others' reads.
         if (tid == 0) last = blockIdx.x == 0 && nm.done;
 #else
         if (tid == 0) {
-            __threadfence();
-            last = atomicAdd(nm.done, 1u) == gridDim.x - 1;
+            if (nm.d) {
+                __threadfence();
+                last = atomicAdd(nm.done, 1u) == gridDim.x - 1;
+            } else {
+                last = blockIdx.x == 0;
+            }
         }
 #endif
         __syncthreads();  // also: hs is complete
@@ -318,11 +327,11 @@ __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, i
             for (int u = 0; u < NORM_PER; u++) {
                 const int i = tid + u * GQ_THREADS;
                 if (i < k) {
-                    nm.x[nm.xoff + i] = v[u];
+                    if (nm.d) nm.x[nm.xoff + i] = v[u];
                     nm.h[nm.hoff + i] = hs[i];
                 }
             }
-            if (tid == 0 && !NM_RACY) *nm.done = 0u;
+            if (tid == 0 && !NM_RACY && nm.d) *nm.done = 0u;
         }
         quant_rows_smem(hs, 0, nullptr, 1, k, xq, xd);
     } else {
@@ -443,7 +452,7 @@ template <int DOWN_WPR, bool SYNC = false>
 __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
                                               int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
                                               const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride, float* red,
-                                              int* es, const unsigned* cnt = nullptr, unsigned need = 0) {
+                                              int* es, const unsigned* cnt = nullptr, unsigned need = 0, int radd = 0) {
     const int ks = k + nsh;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rows_per_block = GQ_WARPS / DOWN_WPR;
@@ -546,34 +555,37 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
     if (h == 0 && lane == 0 && row0 < m) {
         float v = red[warp];
         for (int j = 1; j < DOWN_WPR; j++) v += red[warp + j];
-        out[ooff + (i64)t * ostride + row0] = v;
+        // radd: out is the residual row and the sum is added to it (the add the next layer's
+        // norm would make: x + y, the same bits); this thread alone reads and writes it.
+        float* o = out + ooff + (i64)t * ostride + row0;
+        *o = radd ? *o + v : v;
     }
 }
 template <int DOWN_WPR>
 __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
                                                     int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
-                                                    const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride) {
+                                                    const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride, int radd) {
     pdl_trigger();
     __shared__ float red[GQ_WARPS];
     __shared__ int es[MOE_SH_MAX_SLOTS];
     moe_down_unit<DOWN_WPR>(blockIdx.x, blockIdx.y, Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq,
-                            hrow, out, ooff, ostride, red, es);
+                            hrow, out, ooff, ostride, red, es, nullptr, 0, radd);
 }
 // Two warps a row (the default) or four (TS_CUDA_DOWN_WPR=4: a warp's 11 rounds of loads at
 // V2-Lite's shapes become 6, in 2 dependent batches instead of 3; another summation order).
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
                    const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
-                   i64 ostride) {
+                   i64 ostride, int radd) {
     moe_down_sh_q8_impl<2>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
-                           ostride);
+                           ostride, radd);
 }
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8_w4(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
                       const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
-                      i64 ostride) {
+                      i64 ostride, int radd) {
     moe_down_sh_q8_impl<4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
-                           ostride);
+                           ostride, radd);
 }
 // ---- MoE decode with the shared experts folded in, f16/bf16 experts (Backend::moe_shared) --------
 // The same slots and block order as moe_gateup_sh_q8q / moe_down_sh_q8, for 16-bit float weights

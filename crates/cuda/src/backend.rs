@@ -1055,6 +1055,10 @@ pub struct CudaBackend {
     routed: Mutex<Option<Routed>>,
     /// `moe_shared` ops that took a routing made ahead (for the tests: [`CudaBackend::pre_routes`]).
     pre_routed: AtomicU64,
+    /// `moe_shared_residual` on the one-token Q8_0 MoE (its down kernel adds the residual), and
+    /// `rms_norm_matmul_many` in one launch (`gemv_q8_multi_norm_1` without a delta: no block
+    /// counter, x not written). `TS_CUDA_MOE_RESIDUAL=1`; off until measured.
+    moe_residual: AtomicBool,
     /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
     l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -1401,6 +1405,7 @@ impl CudaBackend {
             pre_route: AtomicBool::new(std::env::var("TS_CUDA_PRE_ROUTE").map_or(true, |v| v != "0")),
             routed: Mutex::new(None),
             pre_routed: AtomicU64::new(0),
+            moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").is_ok_and(|v| v != "0")),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
@@ -1610,6 +1615,12 @@ impl CudaBackend {
     /// (`CudaBackend::pre_route`).
     pub fn set_pre_route(&self, on: bool) {
         self.pre_route.store(on, Ordering::Relaxed);
+    }
+
+    /// The MoE's output added into the residual by its down kernel, and the norm-only product
+    /// launch (`CudaBackend::moe_residual`).
+    pub fn set_moe_residual(&self, on: bool) {
+        self.moe_residual.store(on, Ordering::Relaxed);
     }
 
     /// Chained steps without copies between them (`CudaBackend::batch_fill`); for arg-max slots
@@ -4112,69 +4123,25 @@ impl Backend for CudaBackend {
 
     fn add_rms_norm_matmul_many(
         &self,
-        (x, xr): (&CudaBuf, Rows),
-        (delta, dr): (&CudaBuf, Rows),
+        x: (&CudaBuf, Rows),
+        delta: (&CudaBuf, Rows),
         w: Option<&CudaWeight>,
         eps: f32,
-        (out, o): (&CudaBuf, Rows),
+        out: (&CudaBuf, Rows),
         jobs: &[(&CudaWeight, &CudaBuf, Rows)],
     ) {
-        let k = xr.width;
-        // One token, 2 or 3 Q8_0 products of the row: gemv_q8_multi_norm_1's preconditions
-        // (kernels/fused.cu: the add_rms_norm block of 256 threads, the register path), else
-        // the two ops.
-        let one = self.fused
-            && self.norm_mm.load(Ordering::Relaxed)
-            && xr.n == 1
-            && dr.n == 1
-            && o.n == 1
-            && dr.width == k
-            && o.width == k
-            && k > 128
-            && k <= 8 * 256
-            && k % 128 == 0
-            && out.0.ptr != delta.0.ptr
-            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
-            && (2..=3).contains(&jobs.len())
-            && k * 9 / 8 + 4 * k <= self.smem_max
-            && jobs.iter().all(|(jw, _, jo)| {
-                jw.dtype == GgmlType::Q8_0
-                    && jw.shape.len() <= 3
-                    && jw.ne(2) == 1
-                    && jw.ne(0) == k
-                    && jo.n == 1
-                    && jo.width == jw.ne(1)
-                    && jw.ne(1) > 0
-            });
-        if !one {
-            self.add_rms_norm(x, xr, delta, dr, w, eps, out, o);
-            self.matmul_many(out, o, jobs);
-            return;
-        }
-        x.check(xr);
-        delta.check(dr);
-        out.check(o);
-        let Some(done) = self.scratch(S::NormSync, 16) else { return };
-        let (table, lpr, total) = multi_jobs(jobs, k);
-        let args: [A; 33] = cat(
-            table,
-            [
-                i(k),
-                i(lpr),
-                A::P(x.0.ptr),
-                l(xr.off),
-                A::P(delta.0.ptr),
-                l(dr.off),
-                A::P(w.map_or(0, |w| w.mem.ptr)),
-                A::I(w.is_some() as i32),
-                A::F(eps),
-                A::P(out.0.ptr),
-                l(o.off),
-                // Word 1 of NormSync (word 0 is add_rms_norm_parts_router's).
-                A::P(done + 4),
-            ],
-        );
-        self.launch("gemv_q8_multi_norm_1", (total.min(self.sm_count * 8) as u32, 1, 1), 256, (k * 9 / 8 + 4 * k) as u32, &args);
+        self.norm_matmul_many(x, Some(delta), w, eps, out, jobs);
+    }
+
+    fn rms_norm_matmul_many(
+        &self,
+        x: (&CudaBuf, Rows),
+        w: Option<&CudaWeight>,
+        eps: f32,
+        out: (&CudaBuf, Rows),
+        jobs: &[(&CudaWeight, &CudaBuf, Rows)],
+    ) {
+        self.norm_matmul_many(x, None, w, eps, out, jobs);
     }
 
     fn prefetch_hint(&self, weights: &[&CudaWeight]) {
@@ -4547,8 +4514,50 @@ impl Backend for CudaBackend {
         out: &CudaBuf,
         o: Rows,
     ) -> bool {
-        // A routing made ahead for this op (pre_route) serves it or none: taken on every path.
-        let routed = self.routed.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.moe_shared_to(x, xr, logits, lr, experts, shared, p, out, o, false)
+    }
+
+    fn moe_shared_residual(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        logits: &CudaBuf,
+        lr: Rows,
+        experts: Experts<'_, CudaWeight>,
+        shared: Experts<'_, CudaWeight>,
+        p: &MoeParams,
+        res: &CudaBuf,
+        rr: Rows,
+    ) -> bool {
+        self.moe_residual.load(Ordering::Relaxed) && self.moe_shared_to(x, xr, logits, lr, experts, shared, p, res, rr, true)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
+        let r = self.stream.synchronize().map_err(|e| dev_err("cuda stream", e));
+        self.take_error()?;
+        r
+    }
+}
+
+impl CudaBackend {
+    /// `moe_shared` into `out` (radd false), or added into the residual rows `out` (radd: only
+    /// on the one-token Q8_0 path of three launches, whose down kernel adds; else it declines
+    /// with nothing taken or enqueued).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_shared_to(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        logits: &CudaBuf,
+        lr: Rows,
+        experts: Experts<'_, CudaWeight>,
+        shared: Experts<'_, CudaWeight>,
+        p: &MoeParams,
+        out: &CudaBuf,
+        o: Rows,
+        radd: bool,
+    ) -> bool {
         let n = xr.n;
         let (hdim, ff, ne, k) = (experts.gate.ne(0), experts.gate.ne(1), p.n_experts, p.k);
         let sf = shared.gate.ne(1);
@@ -4580,11 +4589,20 @@ impl Backend for CudaBackend {
             && (1..=32).contains(&(sf / ff))
             && (1..=32).contains(&k)
             && k <= ne;
+        // Into the residual: the path of three launches only (one token, Q8_0, not the one-launch
+        // MoE), decided before anything is taken or enqueued.
+        if radd && !(n == 1 && self.fused && q8 && shapes && warp_route(p) && self.moe_one.load(Ordering::Relaxed) == 0) {
+            return false;
+        }
+        // A routing made ahead for this op (pre_route) serves it or none: taken on every path
+        // (but radd's decline above).
+        let routed = self.routed.lock().unwrap_or_else(|e| e.into_inner()).take();
         // Batches above the decode size (the server's steps, prompts): the shared FFN's blocks of
         // ff rows ride in the grouped tensor-core expert products as experts E.. (moe_mmq): one
         // chain of launches instead of the routed one plus the dense FFN's (TS_CUDA_MOE_SH=0:
         // the caller's two chains, to compare).
-        let batched = self.fused
+        let batched = !radd
+            && self.fused
             && self.moe_sh
             && n > GEMV_MAX_TOKENS
             && q8
@@ -4702,20 +4720,83 @@ impl Backend for CudaBackend {
             (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),
             256,
             0,
-            &moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o),
+            &cat::<15, 1, 16>(moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o), [A::I(radd as i32)]),
         );
         true
     }
 
-    fn synchronize(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
-        let r = self.stream.synchronize().map_err(|e| dev_err("cuda stream", e));
-        self.take_error()?;
-        r
+    /// `add_rms_norm_matmul_many` (`delta` Some) and `rms_norm_matmul_many` (None).
+    fn norm_matmul_many(
+        &self,
+        (x, xr): (&CudaBuf, Rows),
+        delta: Option<(&CudaBuf, Rows)>,
+        w: Option<&CudaWeight>,
+        eps: f32,
+        (out, o): (&CudaBuf, Rows),
+        jobs: &[(&CudaWeight, &CudaBuf, Rows)],
+    ) {
+        let k = xr.width;
+        // One token, 2 or 3 Q8_0 products of the row: gemv_q8_multi_norm_1's preconditions
+        // (kernels/fused.cu: the add_rms_norm block of 256 threads, the register path), else
+        // the two ops. Without a delta, only while `moe_residual` is on (it was measured with it).
+        let one = self.fused
+            && self.norm_mm.load(Ordering::Relaxed)
+            && (delta.is_some() || self.moe_residual.load(Ordering::Relaxed))
+            && xr.n == 1
+            && delta.is_none_or(|(d, dr)| dr.n == 1 && dr.width == k && out.0.ptr != d.0.ptr)
+            && o.n == 1
+            && o.width == k
+            && k > 128
+            && k <= 8 * 256
+            && k % 128 == 0
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
+            && (2..=3).contains(&jobs.len())
+            && k * 9 / 8 + 4 * k <= self.smem_max
+            && jobs.iter().all(|(jw, _, jo)| {
+                jw.dtype == GgmlType::Q8_0
+                    && jw.shape.len() <= 3
+                    && jw.ne(2) == 1
+                    && jw.ne(0) == k
+                    && jo.n == 1
+                    && jo.width == jw.ne(1)
+                    && jw.ne(1) > 0
+            });
+        if !one {
+            match delta {
+                Some((d, dr)) => self.add_rms_norm(x, xr, d, dr, w, eps, out, o),
+                None => self.rms_norm(x, xr, w, eps, out, o),
+            }
+            self.matmul_many(out, o, jobs);
+            return;
+        }
+        x.check(xr);
+        if let Some((d, dr)) = delta {
+            d.check(dr);
+        }
+        out.check(o);
+        let Some(done) = self.scratch(S::NormSync, 16) else { return };
+        let (table, lpr, total) = multi_jobs(jobs, k);
+        let args: [A; 33] = cat(
+            table,
+            [
+                i(k),
+                i(lpr),
+                A::P(x.0.ptr),
+                l(xr.off),
+                A::P(delta.map_or(0, |(d, _)| d.0.ptr)),
+                l(delta.map_or(0, |(_, dr)| dr.off)),
+                A::P(w.map_or(0, |w| w.mem.ptr)),
+                A::I(w.is_some() as i32),
+                A::F(eps),
+                A::P(out.0.ptr),
+                l(o.off),
+                // Word 1 of NormSync (word 0 is add_rms_norm_parts_router's).
+                A::P(done + 4),
+            ],
+        );
+        self.launch("gemv_q8_multi_norm_1", (total.min(self.sm_count * 8) as u32, 1, 1), 256, (k * 9 / 8 + 4 * k) as u32, &args);
     }
-}
 
-impl CudaBackend {
     /// Splits a token of a batch of `n` (> 1) gets on the 16-head SIMT MLA decode: one wave
     /// (`sm_count / n`, the kernel holds an SM alone), and no more than the runs of
     /// [`CudaBackend::mla_keys`] keys in the longest context; part of the step's graph key.

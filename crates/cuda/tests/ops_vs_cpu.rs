@@ -1583,7 +1583,7 @@ fn run_mla_out<B: Backend>(
     (uvb, wob): (&[u8], &[u8]),
     (q, x, nw): (&[f32], &[f32], &[f32]),
     rw: Option<&[u8]>,
-    moe: Option<(&[Vec<usize>], &[Vec<u8>], &MoeParams)>,
+    moe: Option<(&[Vec<usize>], &[Vec<u8>], &MoeParams, bool)>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let (nh, kl) = (p.n_heads, p.kv_lora);
     let (w, hd, slot_len) = (kl + p.rope_dim, x.len(), 4096u32);
@@ -1621,15 +1621,27 @@ fn run_mla_out<B: Backend>(
         router.as_ref().map(|r| MoeNext { router: r, logits: (&lg, lgr), params: moe.map_or(&plain, |m| m.2) }),
     );
     let mut mo = Vec::new();
-    if let Some((shapes, bytes, mp)) = moe {
+    if let Some((shapes, bytes, mp, residual)) = moe {
         let up = |i: usize| b.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &bytes[i]), WeightUse::Matmul).unwrap();
         let (ex, sh) = ([up(0), up(1), up(2)], [up(3), up(4), up(5)]);
-        let bo = b.alloc(hd).unwrap();
-        poison(b, &bo, hd);
-        run_moe_shared(b, &out, xr, &lg, lgr, &ex, &sh, mp, &bo, xr, true);
-        mo = get(b, &bo, xr);
+        if residual {
+            // The MoE added into x: the fourth result is x after it.
+            let (e, s) = (experts3(&ex), experts3(&sh));
+            assert!(b.moe_shared_residual(&out, xr, &lg, lgr, e, s, mp, &gx, xr), "moe_shared_residual declined");
+            mo = get(b, &gx, xr);
+        } else {
+            let bo = b.alloc(hd).unwrap();
+            poison(b, &bo, hd);
+            run_moe_shared(b, &out, xr, &lg, lgr, &ex, &sh, mp, &bo, xr, true);
+            mo = get(b, &bo, xr);
+        }
     }
     (get(b, &gx, xr), get(b, &out, xr), if router.is_some() { get(b, &lg, lgr) } else { Vec::new() }, mo)
+}
+
+/// The gate, up and down of an expert stack or shared FFN as [`Experts`].
+fn experts3<W>(w: &[W; 3]) -> Experts<'_, W> {
+    Experts { gate: &w[0], up: &w[1], down: &w[2] }
 }
 
 /// The MLA decode's output side in one op (`mla_attention_out`; on the GPU for one token
@@ -1840,6 +1852,121 @@ fn fused_add_rms_norm_matmul_many() {
     rep.finish();
 }
 
+/// rms_norm_matmul_many (the layer's first norm when the MoE before it added its output into x:
+/// `gemv_q8_multi_norm_1` without a delta, with `set_moe_residual(true)`) against the two ops
+/// (rms_norm, matmul_many: the switch off) on a backend of its own, bit for bit (x untouched, the
+/// normed row, every product), and against the CPU. Three rounds a shape.
+#[test]
+fn norm_only_matmul_many_exact() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let g = &CudaBackend::new(0).expect("second backend");
+    let c = cpu();
+    let mut r = rng(23);
+    let mut rep = Report::new("rms_norm_matmul_many");
+    use GgmlType::Q8_0;
+    let sets: Vec<(usize, Vec<(GgmlType, usize)>)> =
+        vec![(2048, vec![(Q8_0, 3072), (Q8_0, 576)]), (2048, vec![(Q8_0, 1536), (Q8_0, 576), (Q8_0, 97)]), (256, vec![(Q8_0, 64), (Q8_0, 33)])];
+    for (k, jobs) in &sets {
+        let k = *k;
+        let (gws, cws) = job_weights(g, c, &mut r, k, jobs);
+        let nw = randn(&mut r, k, 1.0);
+        let (gnw, cnw) = (norm_weight(g, &nw), norm_weight(c, &nw));
+        let xr = Rows { off: 3, n: 1, width: k, stride: k + 1 };
+        let hr = Rows::packed(1, k);
+        let (views, olen) = job_views(jobs, 1);
+        for round in 0..3 {
+            let x = randn(&mut r, xr.end(), 2.0);
+            let lab = format!("k={k} jobs={} round {round}", jobs.len());
+            let (gx, px, cx) = (buf(g, &x), buf(g, &x), buf(c, &x));
+            let (gh, ph, ch) = (g.alloc(hr.end()).unwrap(), g.alloc(hr.end()).unwrap(), c.alloc(hr.end()).unwrap());
+            let (go, po, co) = (g.alloc(olen).unwrap(), g.alloc(olen).unwrap(), c.alloc(olen).unwrap());
+            for (b, len) in [(&gh, hr.end()), (&ph, hr.end()), (&go, olen), (&po, olen)] {
+                poison(g, b, len);
+            }
+            poison(c, &co, olen);
+            let gj: Vec<(&CudaWeight, &CudaBuf, Rows)> = gws.iter().zip(&views).map(|(w, &v)| (w, &go, v)).collect();
+            let pj: Vec<(&CudaWeight, &CudaBuf, Rows)> = gws.iter().zip(&views).map(|(w, &v)| (w, &po, v)).collect();
+            let cj: Vec<_> = cws.iter().zip(&views).map(|(w, &v)| (w, &co, v)).collect();
+            g.set_moe_residual(true);
+            g.rms_norm_matmul_many((&gx, xr), Some(&gnw), 1e-6, (&gh, hr), &gj);
+            g.set_moe_residual(false);
+            g.rms_norm_matmul_many((&px, xr), Some(&gnw), 1e-6, (&ph, hr), &pj);
+            c.rms_norm_matmul_many((&cx, xr), Some(&cnw), 1e-6, (&ch, hr), &cj);
+            let full = Rows::packed(1, xr.end());
+            rep.check(&format!("{lab} x untouched"), &get(g, &gx, full), &x, 0.0, 0.0);
+            rep.check(&format!("{lab} h (exact)"), &get(g, &gh, hr), &get(g, &ph, hr), 0.0, 0.0);
+            rep.check(&format!("{lab} h vs cpu"), &get(g, &gh, hr), &get(c, &ch, hr), 1e-5, 1e-5);
+            for (j, (&(ty, m), &v)) in jobs.iter().zip(&views).enumerate() {
+                let got = get(g, &go, v);
+                rep.check(&format!("{lab} job {j} {}x{m} (exact)", ty.name()), &got, &get(g, &po, v), 0.0, 0.0);
+                let (tc, _) = matmul_tol(ty, 1);
+                rep.check(&format!("{lab} job {j} {}x{m} vs cpu", ty.name()), &got, &get(c, &co, v), tc, 1e-3);
+            }
+        }
+    }
+    rep.finish();
+}
+
+/// `moe_shared_residual` (one token, V2-Lite's expert shapes and a small one; `set_moe_residual`
+/// on a backend of its own): x + moe bit for bit against `moe_shared` into a buffer then `add` on
+/// the same backend with the switch off (where `moe_shared_residual` must decline), and within the
+/// Q8 bars of the CPU (which declines too: moe_shared's chain, then add).
+#[test]
+fn moe_residual_exact() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let g = &CudaBackend::new(0).expect("second backend");
+    let c = cpu();
+    let mut r = rng(29);
+    let mut rep = Report::new("moe_shared_residual");
+    for &(hdim, ff, ne, k, nsh) in &[(2048usize, 1408usize, 64usize, 6usize, 2usize), (512, 256, 16, 4, 1)] {
+        let sf = nsh * ff;
+        let shapes: [Vec<usize>; 6] = [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
+        let gu = |i: usize| g.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap();
+        let cu = |i: usize| c.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap();
+        let (ge, gs) = ([gu(0), gu(1), gu(2)], [gu(3), gu(4), gu(5)]);
+        let (ce, cs) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
+        let p = MoeParams::top_k(ne, k);
+        for round in 0..3 {
+            let hr = Rows::packed(1, hdim);
+            let xr = Rows { off: 1, n: 1, width: hdim, stride: hdim + 1 };
+            let lr = Rows::packed(1, ne);
+            let (h, x, lg) = (randn(&mut r, hdim, 1.0), randn(&mut r, xr.end(), 1.0), randn(&mut r, ne, 2.0));
+            let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} round {round}");
+            // Into x, the switch on.
+            let (gh, gl, gx) = (buf(g, &h), buf(g, &lg), buf(g, &x));
+            g.set_moe_residual(true);
+            if !g.moe_shared_residual(&gh, hr, &gl, lr, experts3(&ge), experts3(&gs), &p, &gx, xr) {
+                rep.failures.push(format!("{lab}: moe_shared_residual declined with the switch on"));
+            }
+            // Into a buffer, then add, the switch off.
+            g.set_moe_residual(false);
+            let (ph, pl, px, py) = (buf(g, &h), buf(g, &lg), buf(g, &x), g.alloc(xr.end()).unwrap());
+            if g.moe_shared_residual(&ph, hr, &pl, lr, experts3(&ge), experts3(&gs), &p, &px, xr) {
+                rep.failures.push(format!("{lab}: moe_shared_residual ran with the switch off"));
+            }
+            if !g.moe_shared(&ph, hr, &pl, lr, experts3(&ge), experts3(&gs), &p, &py, xr) {
+                rep.failures.push(format!("{lab}: moe_shared declined"));
+            }
+            g.add(&px, xr, &py, xr, &px, xr);
+            // The CPU: its chain, then add.
+            let (ch, cl, cx, cy) = (buf(c, &h), buf(c, &lg), buf(c, &x), c.alloc(xr.end()).unwrap());
+            if c.moe_shared_residual(&ch, hr, &cl, lr, experts3(&ce), experts3(&cs), &p, &cx, xr) {
+                rep.failures.push(format!("{lab}: the CPU took moe_shared_residual"));
+            }
+            run_moe_shared(c, &ch, hr, &cl, lr, &ce, &cs, &p, &cy, xr, true);
+            c.add(&cx, xr, &cy, xr, &cx, xr);
+            let full = Rows::packed(1, xr.end());
+            let got = get(g, &gx, full);
+            rep.check(&format!("{lab} x + moe (exact)"), &got, &get(g, &px, full), 0.0, 0.0);
+            rep.check(&format!("{lab} x + moe vs cpu"), &got, &get(c, &cx, full), 2e-2, 2e-2);
+        }
+    }
+    rep.finish();
+}
+
 /// Routed experts plus a shared FFN on one backend: `moe_shared` when `try_fused` and the backend
 /// takes it, else moe + the shared FFN with plain ops + add. Returns whether moe_shared ran.
 #[allow(clippy::too_many_arguments)]
@@ -1956,7 +2083,9 @@ fn pre_routed_moe_exact() {
     fused_banner(shared);
     let ga = &CudaBackend::new(0).expect("second backend");
     let gb = &CudaBackend::new(0).expect("third backend");
+    let gc = &CudaBackend::new(0).expect("fourth backend");
     gb.set_pre_route(false);
+    gc.set_moe_residual(true);
     let mut r = rng(47);
     let mut rep = Report::new("pre-routed moe");
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
@@ -1973,14 +2102,20 @@ fn pre_routed_moe_exact() {
         for hist in [3u32, 40, 300] {
             let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
             let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
-            let moe = Some((&shapes[..], &bytes[..], &mp));
+            let moe = Some((&shapes[..], &bytes[..], &mp, false));
             let (ax, ao, al, am) = run_mla_out(ga, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
             let (bx, bo, bl, bm) = run_mla_out(gb, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
+            // The MoE added into x by its down kernel (moe_shared_residual), routed ahead too:
+            // x + moe, the add the next layer's norm makes.
+            let res = Some((&shapes[..], &bytes[..], &mp, true));
+            let (_, co, cl, cm) = run_mla_out(gc, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), res);
+            let sum: Vec<f32> = bx.iter().zip(&bm).map(|(a, b)| a + b).collect();
             taken += 1;
-            if ga.pre_routes() != taken {
+            if ga.pre_routes() != taken || gc.pre_routes() != taken {
                 rep.failures.push(format!("{gating:?} pos={hist}: the MoE did not take the routing made ahead"));
             }
             let lab = format!("{gating:?} norm={norm_topk} pos={hist}");
+            exact(&mut rep, &format!("{lab} into x"), &["out", "logits", "x + moe"], &[co, cl, cm], &[bo.clone(), bl.clone(), sum]);
             exact(&mut rep, &lab, &["x", "out", "logits", "moe"], &[ax, ao, al, am], &[bx, bo, bl, bm]);
         }
     }

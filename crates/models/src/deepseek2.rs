@@ -1048,8 +1048,7 @@ impl<B: Backend> DeepSeek2<B> {
             if pending {
                 be.add_rms_norm_matmul_many((&s.x, rx), (&s.y, rx), Some(&l.attn_norm), c.eps, (&s.h, rx), &jobs);
             } else {
-                be.rms_norm(&s.x, rx, Some(&l.attn_norm), c.eps, &s.h, rx);
-                be.matmul_many(&s.h, rx, &jobs);
+                be.rms_norm_matmul_many((&s.x, rx), Some(&l.attn_norm), c.eps, (&s.h, rx), &jobs);
             }
             if let QProj::LowRank { q_a_norm, wq_b, .. } = &l.q {
                 be.rms_norm(&s.qa, ra, Some(q_a_norm), c.eps, &s.qa, ra);
@@ -1099,37 +1098,40 @@ impl<B: Backend> DeepSeek2<B> {
                 rx,
                 router,
             );
-            // ---- FFN (its output in s.y, added to x by the next layer or after the loop) ----
-            match &l.ffn {
-                Ffn::Dense(f) => swiglu(be, s, f, n, h),
+            // ---- FFN (its output in s.y, added to x by the next layer or after the loop; or
+            // added to x by the MoE op itself, where the backend can) ----
+            pending = match &l.ffn {
+                Ffn::Dense(f) => {
+                    swiglu(be, s, f, n, h);
+                    true
+                }
                 Ffn::Moe { gate_exps, up_exps, down_exps, shared, .. } => {
                     let Some(p) = moe else { return Err(ModelError::Run("MoE layer without an expert config".into())) };
                     let rr = Rows::packed(n, p.n_experts); // router logits: [n, E], made above
                     let experts = || Experts { gate: gate_exps, up: up_exps, down: down_exps };
                     match shared {
                         Some(f) => {
-                            // Routed and shared experts in one op where the backend has one.
-                            if !be.moe_shared(
-                                &s.h,
-                                rx,
-                                &s.rl,
-                                rr,
-                                experts(),
-                                Experts { gate: &f.gate, up: &f.up, down: &f.down },
-                                &p,
-                                &s.y,
-                                rx,
-                            ) {
-                                be.moe(&s.h, rx, &s.rl, rr, experts(), &p, &s.y, rx);
-                                be.add(&s.x, rx, &s.y, rx, &s.x, rx);
-                                swiglu(be, s, f, n, h);
+                            let sh = || Experts { gate: &f.gate, up: &f.up, down: &f.down };
+                            // Routed and shared experts in one op where the backend has one,
+                            // added into x by it where it can.
+                            if be.moe_shared_residual(&s.h, rx, &s.rl, rr, experts(), sh(), &p, &s.x, rx) {
+                                false
+                            } else {
+                                if !be.moe_shared(&s.h, rx, &s.rl, rr, experts(), sh(), &p, &s.y, rx) {
+                                    be.moe(&s.h, rx, &s.rl, rr, experts(), &p, &s.y, rx);
+                                    be.add(&s.x, rx, &s.y, rx, &s.x, rx);
+                                    swiglu(be, s, f, n, h);
+                                }
+                                true
                             }
                         }
-                        None => be.moe(&s.h, rx, &s.rl, rr, experts(), &p, &s.y, rx),
+                        None => {
+                            be.moe(&s.h, rx, &s.rl, rr, experts(), &p, &s.y, rx);
+                            true
+                        }
                     }
                 }
-            }
-            pending = true;
+            };
         }
         if pending {
             be.add(&s.x, rx, &s.y, rx, &s.x, rx);
