@@ -27,8 +27,8 @@ use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 use ts_core::{
-    AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeNext, MoeParams, Result, RopeMode, RopeSpec, Rows,
-    TensorData, TokenMeta, WeightInfo, WeightUse, TOKEN_FROM_ARGMAX,
+    AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeNext, MoeParams, Result, RopeMode,
+    RopeSpec, Rows, TensorData, TokenMeta, WeightInfo, WeightUse, TOKEN_FROM_ARGMAX,
 };
 use ts_formats::quant;
 

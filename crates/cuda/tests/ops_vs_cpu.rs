@@ -1865,8 +1865,11 @@ fn norm_only_matmul_many_exact() {
     let mut r = rng(23);
     let mut rep = Report::new("rms_norm_matmul_many");
     use GgmlType::Q8_0;
-    let sets: Vec<(usize, Vec<(GgmlType, usize)>)> =
-        vec![(2048, vec![(Q8_0, 3072), (Q8_0, 576)]), (2048, vec![(Q8_0, 1536), (Q8_0, 576), (Q8_0, 97)]), (256, vec![(Q8_0, 64), (Q8_0, 33)])];
+    let sets: Vec<(usize, Vec<(GgmlType, usize)>)> = vec![
+        (2048, vec![(Q8_0, 3072), (Q8_0, 576)]),
+        (2048, vec![(Q8_0, 1536), (Q8_0, 576), (Q8_0, 97)]),
+        (256, vec![(Q8_0, 64), (Q8_0, 33)]),
+    ];
     for (k, jobs) in &sets {
         let k = *k;
         let (gws, cws) = job_weights(g, c, &mut r, k, jobs);
@@ -1922,7 +1925,8 @@ fn moe_residual_exact() {
     let mut rep = Report::new("moe_shared_residual");
     for &(hdim, ff, ne, k, nsh) in &[(2048usize, 1408usize, 64usize, 6usize, 2usize), (512, 256, 16, 4, 1)] {
         let sf = nsh * ff;
-        let shapes: [Vec<usize>; 6] = [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let shapes: [Vec<usize>; 6] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
         let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
         let gu = |i: usize| g.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap();
         let cu = |i: usize| c.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap();

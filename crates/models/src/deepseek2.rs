@@ -66,7 +66,9 @@
 
 use std::sync::Arc;
 
-use ts_core::{Backend, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeNext, MoeParams, RopeMode, RopeSpec, Rows, TensorData, WeightUse};
+use ts_core::{
+    Backend, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeNext, MoeParams, RopeMode, RopeSpec, Rows, TensorData, WeightUse,
+};
 use ts_formats::{quant, TensorSource};
 
 use crate::bind::Binder;
@@ -1023,8 +1025,9 @@ impl<B: Backend> DeepSeek2<B> {
         let rqm = Rows::packed(n * nh, cw); // absorbed query per head: [n*nh, kv_lora+rope]
         let rlat = Rows::packed(n * nh, kl); // latent attention output: [n*nh, kv_lora]
         let rav = Rows::packed(n * nh, vd); // per-head v output [n*nh, v] == [n, nh*v]
-                                            // `s.y` holds a delta (the previous layer's FFN output) not yet added to the residual: the
-                                            // add is fused with the next norm (`add_rms_norm`).
+                                            // `pending`: `s.y` holds a delta (the previous layer's FFN output) not yet added to the
+                                            // residual; the add is fused with the next norm (`add_rms_norm_matmul_many`). A MoE op
+                                            // that added its output into x itself (`moe_shared_residual`) leaves nothing pending.
         let mut pending = false;
         for l in &self.layers {
             // ---- attention ----
@@ -1078,9 +1081,7 @@ impl<B: Backend> DeepSeek2<B> {
                 glu: Glu::SwiGlu,
             });
             let router = match (&l.ffn, &moe) {
-                (Ffn::Moe { router, .. }, Some(p)) => {
-                    Some(MoeNext { router, logits: (&s.rl, Rows::packed(n, p.n_experts)), params: p })
-                }
+                (Ffn::Moe { router, .. }, Some(p)) => Some(MoeNext { router, logits: (&s.rl, Rows::packed(n, p.n_experts)), params: p }),
                 _ => None,
             };
             // lat = attention(q_abs, cache); av = lat . W_uv per head; y = av . W_o; x += y; h = norm(x).
