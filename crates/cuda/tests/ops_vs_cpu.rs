@@ -1788,11 +1788,16 @@ fn fused_matmul_many() {
 /// add_rms_norm_matmul_many (a decode layer's first norm and its q / kv_a products; CUDA, one
 /// token: `gemv_q8_multi_norm_1`, every block normalising the row itself) against the two ops on
 /// the same GPU, bit for bit (x, the normed row, every product), and against the CPU. Three
-/// rounds on the same shapes: the kernel's block counter must be back at zero after each.
+/// rounds on the same shapes: the kernel's block counter must be back at zero after each. Then
+/// rms_norm_matmul_many on the same x, the norm without the add (the first norm after a MoE that
+/// added its output into x: `gemv_q8_multi_norm_1` without a delta, `set_moe_residual(true)`),
+/// against its two ops (the switch off), bit for bit, x untouched. A backend of its own, for the
+/// switch.
 #[test]
 fn fused_add_rms_norm_matmul_many() {
-    let Some(g) = gpu() else { return };
-    fused_banner(g);
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let g = &CudaBackend::new(0).expect("second backend");
     let c = cpu();
     let mut r = rng(21);
     let mut rep = Report::new("add_rms_norm_matmul_many");
@@ -1847,64 +1852,16 @@ fn fused_add_rms_norm_matmul_many() {
                 let (tc, _) = matmul_tol(ty, n);
                 rep.check(&format!("{lab} job {j} {}x{m} vs cpu", ty.name()), &got, &get(c, &co, v), tc, 1e-3);
             }
-        }
-    }
-    rep.finish();
-}
-
-/// rms_norm_matmul_many (the layer's first norm when the MoE before it added its output into x:
-/// `gemv_q8_multi_norm_1` without a delta, with `set_moe_residual(true)`) against the two ops
-/// (rms_norm, matmul_many: the switch off) on a backend of its own, bit for bit (x untouched, the
-/// normed row, every product), and against the CPU. Three rounds a shape.
-#[test]
-fn norm_only_matmul_many_exact() {
-    let Some(shared) = gpu() else { return };
-    fused_banner(shared);
-    let g = &CudaBackend::new(0).expect("second backend");
-    let c = cpu();
-    let mut r = rng(23);
-    let mut rep = Report::new("rms_norm_matmul_many");
-    use GgmlType::Q8_0;
-    let sets: Vec<(usize, Vec<(GgmlType, usize)>)> = vec![
-        (2048, vec![(Q8_0, 3072), (Q8_0, 576)]),
-        (2048, vec![(Q8_0, 1536), (Q8_0, 576), (Q8_0, 97)]),
-        (256, vec![(Q8_0, 64), (Q8_0, 33)]),
-    ];
-    for (k, jobs) in &sets {
-        let k = *k;
-        let (gws, cws) = job_weights(g, c, &mut r, k, jobs);
-        let nw = randn(&mut r, k, 1.0);
-        let (gnw, cnw) = (norm_weight(g, &nw), norm_weight(c, &nw));
-        let xr = Rows { off: 3, n: 1, width: k, stride: k + 1 };
-        let hr = Rows::packed(1, k);
-        let (views, olen) = job_views(jobs, 1);
-        for round in 0..3 {
-            let x = randn(&mut r, xr.end(), 2.0);
-            let lab = format!("k={k} jobs={} round {round}", jobs.len());
-            let (gx, px, cx) = (buf(g, &x), buf(g, &x), buf(c, &x));
-            let (gh, ph, ch) = (g.alloc(hr.end()).unwrap(), g.alloc(hr.end()).unwrap(), c.alloc(hr.end()).unwrap());
-            let (go, po, co) = (g.alloc(olen).unwrap(), g.alloc(olen).unwrap(), c.alloc(olen).unwrap());
-            for (b, len) in [(&gh, hr.end()), (&ph, hr.end()), (&go, olen), (&po, olen)] {
-                poison(g, b, len);
-            }
-            poison(c, &co, olen);
-            let gj: Vec<(&CudaWeight, &CudaBuf, Rows)> = gws.iter().zip(&views).map(|(w, &v)| (w, &go, v)).collect();
-            let pj: Vec<(&CudaWeight, &CudaBuf, Rows)> = gws.iter().zip(&views).map(|(w, &v)| (w, &po, v)).collect();
-            let cj: Vec<_> = cws.iter().zip(&views).map(|(w, &v)| (w, &co, v)).collect();
+            // The norm only, on the x the add left (gx, px: the same bits), fused and as two ops.
+            let xs = get(g, &gx, full);
             g.set_moe_residual(true);
             g.rms_norm_matmul_many((&gx, xr), Some(&gnw), 1e-6, (&gh, hr), &gj);
             g.set_moe_residual(false);
             g.rms_norm_matmul_many((&px, xr), Some(&gnw), 1e-6, (&ph, hr), &pj);
-            c.rms_norm_matmul_many((&cx, xr), Some(&cnw), 1e-6, (&ch, hr), &cj);
-            let full = Rows::packed(1, xr.end());
-            rep.check(&format!("{lab} x untouched"), &get(g, &gx, full), &x, 0.0, 0.0);
-            rep.check(&format!("{lab} h (exact)"), &get(g, &gh, hr), &get(g, &ph, hr), 0.0, 0.0);
-            rep.check(&format!("{lab} h vs cpu"), &get(g, &gh, hr), &get(c, &ch, hr), 1e-5, 1e-5);
-            for (j, (&(ty, m), &v)) in jobs.iter().zip(&views).enumerate() {
-                let got = get(g, &go, v);
-                rep.check(&format!("{lab} job {j} {}x{m} (exact)", ty.name()), &got, &get(g, &po, v), 0.0, 0.0);
-                let (tc, _) = matmul_tol(ty, 1);
-                rep.check(&format!("{lab} job {j} {}x{m} vs cpu", ty.name()), &got, &get(c, &co, v), tc, 1e-3);
+            rep.check(&format!("{lab} norm only: x untouched"), &get(g, &gx, full), &xs, 0.0, 0.0);
+            rep.check(&format!("{lab} norm only: h (exact)"), &get(g, &gh, hr), &get(g, &ph, hr), 0.0, 0.0);
+            for (j, &v) in views.iter().enumerate() {
+                rep.check(&format!("{lab} norm only: job {j} (exact)"), &get(g, &go, v), &get(g, &po, v), 0.0, 0.0);
             }
         }
     }

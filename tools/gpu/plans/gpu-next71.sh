@@ -6,8 +6,8 @@
 # (Backend::rms_norm_matmul_many: gemv_q8_multi_norm_1 with d null, no block counter, x not
 # written). NM_RACY priced that counter at 0.4 us a layer (+5 tok/s). The same adds in the same
 # order, so every hash must hold (tg128 db10d2fd9a926913, 16k efeed109b1480c9a, 64 sequences
-# 33948fa635fb0682: batches decline and keep the old path). Op tests first: the two new ones
-# (moe_residual_exact, norm_only_matmul_many_exact) and pre_routed_moe_exact (now also with the
+# 33948fa635fb0682: batches decline and keep the old path). Op tests first: moe_residual_exact, fused_add_rms_norm_matmul_many
+# (now also the norm without the add) and pre_routed_moe_exact (now also with the
 # MoE into x after the clustered routing).
 #   tools/gpu/plans/gpu-next71.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -50   (~6 minutes)
 set -u
@@ -16,7 +16,7 @@ source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
 "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
 stamp "== op tests"
-op_log 150 4 ops.txt "pre-routed|moe_shared_residual|rms_norm_matmul_many|" "" moe_residual_exact norm_only_matmul_many_exact pre_routed_moe_exact fused_add_rms_norm_matmul_many fused_moe_shared fused_recorded_steps_replay
+op_log 150 4 ops.txt "pre-routed|moe_shared_residual|rms_norm_matmul_many|" "" moe_residual_exact pre_routed_moe_exact fused_add_rms_norm_matmul_many fused_moe_shared fused_recorded_steps_replay
 wait
 stamp "== tg128"
 for r in 1 2 3; do
