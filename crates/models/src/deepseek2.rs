@@ -1025,9 +1025,10 @@ impl<B: Backend> DeepSeek2<B> {
         let rqm = Rows::packed(n * nh, cw); // absorbed query per head: [n*nh, kv_lora+rope]
         let rlat = Rows::packed(n * nh, kl); // latent attention output: [n*nh, kv_lora]
         let rav = Rows::packed(n * nh, vd); // per-head v output [n*nh, v] == [n, nh*v]
-                                            // `pending`: `s.y` holds a delta (the previous layer's FFN output) not yet added to the
-                                            // residual; the add is fused with the next norm (`add_rms_norm_matmul_many`). A MoE op
-                                            // that added its output into x itself (`moe_shared_residual`) leaves nothing pending.
+
+        // `pending`: `s.y` holds a delta (the previous layer's FFN output) not yet added to the
+        // residual; the add is fused with the next norm (`add_rms_norm_matmul_many`). A MoE op
+        // that added its output into x itself (`moe_shared_residual`) leaves nothing pending.
         let mut pending = false;
         for l in &self.layers {
             // ---- attention ----
