@@ -258,6 +258,53 @@ struct NormIn {
 #ifndef NM_RACY
 #define NM_RACY 0
 #endif
+// The norm of gemv_q8_multi_norm_1 and gemv_h16_multi_norm_<t>_1 (256 threads, after the PDL
+// wait, wv from norm_load_w): v = x (+ d), hs = rms_norm(v) * w in shared memory, x (with d) and
+// h written by the last block past its loads (with d) or h by block 0 (without). Ends with hs
+// complete (a barrier).
+__device__ __forceinline__ void multi_norm_row(const NormIn& nm, int k, const float* wv, float* hs) {
+    __shared__ float part[32];
+    __shared__ int last;
+    const int tid = threadIdx.x;
+    const float* xr = nm.x + nm.xoff;
+    const float* dr = nm.d + nm.doff;
+    float v[NORM_PER];
+#pragma unroll
+    for (int u = 0; u < NORM_PER; u++) {
+        const int i = tid + u * GQ_THREADS;
+        v[u] = i < k ? (nm.d ? xr[i] + dr[i] : xr[i]) : 0.f;
+    }
+    // block_rms_inv's barriers follow every thread's use of its x loads.
+    norm_store(v, wv, nm.has_w, block_rms_inv(norm_ss(v, k), part, k, nm.eps), k, hs);
+    // Without a delta (d null: the norm only) x is not written, and block 0 writes h.
+#if NM_RACY
+    // A measurement define only (TS_CUDA_DEFINES=NM_RACY=1: wrong results): what the counter
+    // below costs, block 0 writing x with no regard for the others' reads.
+    if (tid == 0) last = blockIdx.x == 0 && nm.done;
+#else
+    if (tid == 0) {
+        if (nm.d) {
+            __threadfence();
+            last = atomicAdd(nm.done, 1u) == gridDim.x - 1;
+        } else {
+            last = blockIdx.x == 0;
+        }
+    }
+#endif
+    __syncthreads();  // also: hs is complete
+    if (last) {
+#pragma unroll
+        for (int u = 0; u < NORM_PER; u++) {
+            const int i = tid + u * GQ_THREADS;
+            if (i < k) {
+                if (nm.d) nm.x[nm.xoff + i] = v[u];
+                nm.h[nm.hoff + i] = hs[i];
+            }
+        }
+        if (tid == 0 && !NM_RACY && nm.d) *nm.done = 0u;
+    }
+}
+
 template <int NT, bool NORM = false>
 __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, int t2, int ntiles, int k, const float* x, i64 xoff,
                                    i64 xstride, int n, int lpr, NormIn nm = NormIn{}) {
@@ -292,47 +339,8 @@ __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, i
     pdl_wait();
     bool have = true;
     if (NORM) {
-        __shared__ float part[32];
-        __shared__ int last;
         float* hs = (float*)(smq + NT * k + 4 * NT * nb);  // k % 128 == 0: 16-byte aligned
-        const int tid = threadIdx.x;
-        const float* xr = nm.x + nm.xoff;
-        const float* dr = nm.d + nm.doff;
-        float v[NORM_PER];
-#pragma unroll
-        for (int u = 0; u < NORM_PER; u++) {
-            const int i = tid + u * GQ_THREADS;
-            v[u] = i < k ? (nm.d ? xr[i] + dr[i] : xr[i]) : 0.f;
-        }
-        // block_rms_inv's barriers follow every thread's use of its x loads.
-        norm_store(v, wv, nm.has_w, block_rms_inv(norm_ss(v, k), part, k, nm.eps), k, hs);
-        // Without a delta (d null: the norm only) x is not written, and block 0 writes h.
-#if NM_RACY
-        // A measurement define only (TS_CUDA_DEFINES=NM_RACY=1: wrong results): what the counter
-        // below costs, block 0 writing x with no regard for the others' reads.
-        if (tid == 0) last = blockIdx.x == 0 && nm.done;
-#else
-        if (tid == 0) {
-            if (nm.d) {
-                __threadfence();
-                last = atomicAdd(nm.done, 1u) == gridDim.x - 1;
-            } else {
-                last = blockIdx.x == 0;
-            }
-        }
-#endif
-        __syncthreads();  // also: hs is complete
-        if (last) {
-#pragma unroll
-            for (int u = 0; u < NORM_PER; u++) {
-                const int i = tid + u * GQ_THREADS;
-                if (i < k) {
-                    if (nm.d) nm.x[nm.xoff + i] = v[u];
-                    nm.h[nm.hoff + i] = hs[i];
-                }
-            }
-            if (tid == 0 && !NM_RACY && nm.d) *nm.done = 0u;
-        }
+        multi_norm_row(nm, k, wv, hs);
         quant_rows_smem(hs, 0, nullptr, 1, k, xq, xd);
     } else {
         quant_rows_smem(x + xoff + tok0 * xstride, xstride, nullptr, nt, k, xq, xd);
@@ -390,6 +398,86 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS) gemv_q8_
                                 GemvJob{W2, rb2, m2, o2, ooff2, ostr2}, t1, t2, ntiles, k, nullptr, 0, 0, 1, lpr,
                                 NormIn{x, xoff, d, doff, w, has_w, eps, h, hoff, done});
 }
+
+// The same for 16-bit float weights (Backend::add_rms_norm_matmul_many / rms_norm_matmul_many, one
+// token, jobs all f16 or all bf16 with 16-byte aligned rows of a multiple of 8 values): the norm
+// as gemv_q8_multi_norm_1's (multi_norm_row: the same bits as add_rms_norm / rms_norm), then one
+// row a warp, eight a tile, with gemv_h16_<t>_1's arithmetic over the normed row in shared memory
+// (h16_row_dot's order, then warp_sum: the same bits as matmul after the norm). Each warp's first
+// four weight pieces are loaded before the PDL wait. hs: 4k bytes of dynamic shared memory.
+template <int T>
+__device__ void gemv_h16_multi_norm_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, int t2, int ntiles, int k, NormIn nm) {
+    extern __shared__ __align__(16) u8 smh[];
+    float* hs = (float*)smh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n8 = k >> 3;
+    auto locate = [&](int tile, GemvJob& jb, int& r0) {
+        if (tile < t1) { jb = j0; r0 = tile * GQ_WARPS; }
+        else if (tile < t2) { jb = j1; r0 = (tile - t1) * GQ_WARPS; }
+        else { jb = j2; r0 = (tile - t2) * GQ_WARPS; }
+    };
+    uint4 v[4];
+    {
+        GemvJob jb;
+        int r0;
+        locate(blockIdx.x, jb, r0);
+        const u8* wr = jb.W + (i64)min(r0 + warp, jb.m - 1) * jb.row_bytes;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int c = lane + 32 * u;
+            v[u] = c < n8 ? ldw16(wr + (i64)c * 16) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    float wv[NORM_PER];
+    norm_load_w(nm.w, nm.has_w, k, wv);
+    pdl_trigger();  // weights first (never written by a kernel), then wait for the activations
+    pdl_wait();
+    multi_norm_row(nm, k, wv, hs);
+    bool have = true;
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        GemvJob jb;
+        int r0;
+        locate(tile, jb, r0);
+        const int row = r0 + warp;
+        const u8* wr = jb.W + (i64)min(row, jb.m - 1) * jb.row_bytes;
+        float acc = 0.f;
+        // h16_row_dot<T, 1>'s loop, its first loads made above for the block's first tile.
+        for (int c0 = lane; c0 < n8; c0 += 128) {
+            if (!have) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int c = c0 + 32 * u;
+                    v[u] = c < n8 ? ldw16(wr + (i64)c * 16) : make_uint4(0, 0, 0, 0);
+                }
+            }
+            have = false;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int c = c0 + 32 * u;
+                if (c >= n8) break;
+                float w[8];
+                h16_unpack(T, v[u], w);
+                const float4 a = *(const float4*)(hs + 8 * c);
+                const float4 b = *(const float4*)(hs + 8 * c + 4);
+                acc += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+            }
+        }
+        const float sum = warp_sum(acc);
+        if (lane == 0 && row < jb.m) jb.out[jb.ooff + row] = sum;
+    }
+}
+#define GEMV_H16_MULTI_NORM(name, T)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemv_h16_multi_norm_##name##_1(                            \
+        const u8* W0, i64 rb0, int m0, float* o0, i64 ooff0, i64 ostr0, const u8* W1, i64 rb1, int m1, float* o1,       \
+        i64 ooff1, i64 ostr1, const u8* W2, i64 rb2, int m2, float* o2, i64 ooff2, i64 ostr2, int t1, int t2,           \
+        int ntiles, int k, float* x, i64 xoff, const float* d, i64 doff, const float* w, int has_w, float eps, float* h, \
+        i64 hoff, unsigned* done) {                                                                                     \
+        gemv_h16_multi_norm_impl<T>(GemvJob{W0, rb0, m0, o0, ooff0, ostr0}, GemvJob{W1, rb1, m1, o1, ooff1, ostr1},    \
+                                    GemvJob{W2, rb2, m2, o2, ooff2, ostr2}, t1, t2, ntiles, k,                          \
+                                    NormIn{x, xoff, d, doff, w, has_w, eps, h, hoff, done});                            \
+    }
+GEMV_H16_MULTI_NORM(f16, T_F16)
+GEMV_H16_MULTI_NORM(bf16, T_BF16)
 
 // ---- MoE decode with the shared experts folded in (Backend::moe_shared) -------------------------
 // A token has ks = k + nsh slots: k routed experts (sel_e / sel_w) and nsh shared "experts", the

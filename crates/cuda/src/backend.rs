@@ -497,7 +497,13 @@ fn moe_gateup_args<const T: usize, const N: usize>(
 /// and the tile count; with the lanes a row and the tile count.
 fn multi_jobs(jobs: &[(&CudaWeight, &CudaBuf, Rows)], k: usize) -> ([A; 21], usize, usize) {
     let lpr = (k / 16).next_power_of_two().min(32);
-    let rows_per_tile = 8 * (32 / lpr);
+    let (args, total) = multi_job_table(jobs, 8 * (32 / lpr));
+    (args, lpr, total)
+}
+
+/// The job table of the multi-product kernels (three jobs' weights, row bytes, rows and output
+/// views, then the cumulative tile counts t1, t2, ntiles) for tiles of `rows_per_tile` rows.
+fn multi_job_table(jobs: &[(&CudaWeight, &CudaBuf, Rows)], rows_per_tile: usize) -> ([A; 21], usize) {
     let mut args = [A::I(0); 21];
     let mut total = 0usize;
     for j in 0..3 {
@@ -515,7 +521,7 @@ fn multi_jobs(jobs: &[(&CudaWeight, &CudaBuf, Rows)], k: usize) -> ([A; 21], usi
         }
     }
     args[20] = i(total);
-    (args, lpr, total)
+    (args, total)
 }
 
 fn moe_down_args(
@@ -781,6 +787,8 @@ fn kernel_names() -> Vec<String> {
         "gemv_q8_multi_4",
         "gemv_q8_multi_8",
         "gemv_q8_multi_norm_1",
+        "gemv_h16_multi_norm_f16_1",
+        "gemv_h16_multi_norm_bf16_1",
         "moe_down_sh_q8",
         "moe_down_sh_q8_w4",
         "moe_down_sh_f16_w4",
@@ -1055,6 +1063,10 @@ pub struct CudaBackend {
     routed: Mutex<Option<Routed>>,
     /// `moe_shared` ops that took a routing made ahead (for the tests: [`CudaBackend::pre_routes`]).
     pre_routed: AtomicU64,
+    /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of one token with f16 or bf16 products
+    /// in one launch (`gemv_h16_multi_norm_<t>_1`: the same bits as the norm's launch, then the
+    /// products'). `TS_CUDA_NORM_MM16=1`; off until measured.
+    norm_mm16: AtomicBool,
     /// `moe_shared_residual` on the one-token Q8_0 MoE (its down kernel adds the residual), and
     /// `rms_norm_matmul_many` in one launch (`gemv_q8_multi_norm_1` without a delta: no block
     /// counter, x not written). `TS_CUDA_MOE_RESIDUAL=1`; off until measured.
@@ -1406,6 +1418,7 @@ impl CudaBackend {
             routed: Mutex::new(None),
             pre_routed: AtomicU64::new(0),
             moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").is_ok_and(|v| v != "0")),
+            norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").is_ok_and(|v| v != "0")),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
@@ -1615,6 +1628,11 @@ impl CudaBackend {
     /// (`CudaBackend::pre_route`).
     pub fn set_pre_route(&self, on: bool) {
         self.pre_route.store(on, Ordering::Relaxed);
+    }
+
+    /// A layer's first norm inside its f16 / bf16 products (`CudaBackend::norm_mm16`).
+    pub fn set_norm_mm16(&self, on: bool) {
+        self.norm_mm16.store(on, Ordering::Relaxed);
     }
 
     /// The MoE's output added into the residual by its down kernel, and the norm-only product
@@ -4761,7 +4779,35 @@ impl CudaBackend {
                     && jo.width == jw.ne(1)
                     && jw.ne(1) > 0
             });
-        if !one {
+        // The same for 16-bit float jobs (gemv_h16_multi_norm_<t>_1: all f16 or all bf16, rows of
+        // whole 16-byte pieces), while `norm_mm16` is on.
+        let t16 = jobs.first().map(|(jw, _, _)| jw.dtype).filter(|t| matches!(t, GgmlType::F16 | GgmlType::BF16));
+        let one16 = !one
+            && self.fused
+            && self.norm_mm16.load(Ordering::Relaxed)
+            && xr.n == 1
+            && delta.is_none_or(|(d, dr)| dr.n == 1 && dr.width == k && out.0.ptr != d.0.ptr)
+            && o.n == 1
+            && o.width == k
+            && k > 128
+            && k <= 8 * 256
+            && k % 128 == 0
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
+            && (2..=3).contains(&jobs.len())
+            && 4 * k <= self.smem_max
+            && t16.is_some()
+            && jobs.iter().all(|(jw, _, jo)| {
+                Some(jw.dtype) == t16
+                    && jw.shape.len() <= 3
+                    && jw.ne(2) == 1
+                    && jw.ne(0) == k
+                    && jw.mem.ptr % 16 == 0
+                    && jw.row_bytes % 16 == 0
+                    && jo.n == 1
+                    && jo.width == jw.ne(1)
+                    && jw.ne(1) > 0
+            });
+        if !one && !one16 {
             match delta {
                 Some((d, dr)) => self.add_rms_norm(x, xr, d, dr, w, eps, out, o),
                 None => self.rms_norm(x, xr, w, eps, out, o),
@@ -4775,13 +4821,9 @@ impl CudaBackend {
         }
         out.check(o);
         let Some(done) = self.scratch(S::NormSync, 16) else { return };
-        let (table, lpr, total) = multi_jobs(jobs, k);
-        let args: [A; 33] = cat(
-            table,
-            [
-                i(k),
-                i(lpr),
-                A::P(x.0.ptr),
+        // x, delta, the norm's weights and eps, h, the counter (gemv_*_multi_norm_1's tail).
+        let norm = [
+            A::P(x.0.ptr),
                 l(xr.off),
                 A::P(delta.map_or(0, |(d, _)| d.0.ptr)),
                 l(delta.map_or(0, |(_, dr)| dr.off)),
@@ -4792,8 +4834,16 @@ impl CudaBackend {
                 l(o.off),
                 // Word 1 of NormSync (word 0 is add_rms_norm_parts_router's).
                 A::P(done + 4),
-            ],
-        );
+        ];
+        if one16 {
+            let (table, total) = multi_job_table(jobs, 8);
+            let args: [A; 32] = cat(cat::<21, 1, 22>(table, [i(k)]), norm);
+            let name = if t16 == Some(GgmlType::BF16) { "gemv_h16_multi_norm_bf16_1" } else { "gemv_h16_multi_norm_f16_1" };
+            self.launch(name, (total.min(self.sm_count * 8) as u32, 1, 1), 256, (4 * k) as u32, &args);
+            return;
+        }
+        let (table, lpr, total) = multi_jobs(jobs, k);
+        let args: [A; 33] = cat(cat::<21, 2, 23>(table, [i(k), i(lpr)]), norm);
         self.launch("gemv_q8_multi_norm_1", (total.min(self.sm_count * 8) as u32, 1, 1), 256, (k * 9 / 8 + 4 * k) as u32, &args);
     }
 

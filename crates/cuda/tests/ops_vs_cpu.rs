@@ -1791,17 +1791,18 @@ fn fused_matmul_many() {
 /// rounds on the same shapes: the kernel's block counter must be back at zero after each. Then
 /// rms_norm_matmul_many on the same x, the norm without the add (the first norm after a MoE that
 /// added its output into x: `gemv_q8_multi_norm_1` without a delta, `set_moe_residual(true)`),
-/// against its two ops (the switch off), bit for bit, x untouched. A backend of its own, for the
-/// switch.
+/// against its two ops (the switch off), bit for bit, x untouched. 16-bit products take
+/// `gemv_h16_multi_norm_<t>_1` (`set_norm_mm16(true)`). A backend of its own, for the switches.
 #[test]
 fn fused_add_rms_norm_matmul_many() {
     let Some(shared) = gpu() else { return };
     fused_banner(shared);
     let g = &CudaBackend::new(0).expect("second backend");
+    g.set_norm_mm16(true);
     let c = cpu();
     let mut r = rng(21);
     let mut rep = Report::new("add_rms_norm_matmul_many");
-    use GgmlType::{F16, Q8_0};
+    use GgmlType::{BF16, F16, Q8_0};
     // (k, n, [(type, m)]): V2-Lite's q + kv_a, three jobs, the narrowest fused width, a width
     // past the fused kernel's (5120: V2's; the two ops), two rows (the two ops), a mixed set.
     let sets: Vec<(usize, usize, Vec<(GgmlType, usize)>)> = vec![
@@ -1812,6 +1813,10 @@ fn fused_add_rms_norm_matmul_many() {
         (5120, 1, vec![(Q8_0, 128), (Q8_0, 64)]),
         (2048, 2, vec![(Q8_0, 96), (Q8_0, 64)]),
         (2048, 1, vec![(Q8_0, 96), (F16, 64)]),
+        // 16-bit products (gemv_h16_multi_norm_<t>_1, set_norm_mm16): V2-Lite's bf16 q + kv_a,
+        // three f16 jobs.
+        (2048, 1, vec![(BF16, 3072), (BF16, 576)]),
+        (1536, 1, vec![(F16, 200), (F16, 576), (F16, 33)]),
     ];
     for (k, n, jobs) in &sets {
         let (k, n) = (*k, *n);
@@ -1857,7 +1862,9 @@ fn fused_add_rms_norm_matmul_many() {
             g.set_moe_residual(true);
             g.rms_norm_matmul_many((&gx, xr), Some(&gnw), 1e-6, (&gh, hr), &gj);
             g.set_moe_residual(false);
+            g.set_norm_mm16(false);
             g.rms_norm_matmul_many((&px, xr), Some(&gnw), 1e-6, (&ph, hr), &pj);
+            g.set_norm_mm16(true);
             rep.check(&format!("{lab} norm only: x untouched"), &get(g, &gx, full), &xs, 0.0, 0.0);
             rep.check(&format!("{lab} norm only: h (exact)"), &get(g, &gh, hr), &get(g, &ph, hr), 0.0, 0.0);
             for (j, &v) in views.iter().enumerate() {

@@ -8,8 +8,9 @@
 # order, so every hash must hold (tg128 db10d2fd9a926913, 16k efeed109b1480c9a, 64 sequences
 # 33948fa635fb0682: batches decline and keep the old path). Op tests first: moe_residual_exact, fused_add_rms_norm_matmul_many
 # (now also the norm without the add) and pre_routed_moe_exact (now also with the
-# MoE into x after the clustered routing).
-#   tools/gpu/plans/gpu-next71.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -50   (~8 minutes)
+# MoE into x after the clustered routing); fused_add_rms_norm_matmul_many also covers
+# TS_CUDA_NORM_MM16's kernel (gemv_h16_multi_norm_<t>_1).
+#   tools/gpu/plans/gpu-next71.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -50   (~9 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
@@ -27,12 +28,15 @@ for e in "" "TS_CUDA_MOE_RESIDUAL=1"; do b "$e" "$B" bench --backend cuda -m $V 
 b "TS_CUDA_MOE_RESIDUAL=1" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
 stamp "== trace (MOE_RESIDUAL=1)"
 TS_CUDA_MOE_RESIDUAL=1 trace_tg 8
-# bf16 weights (#5's third decode target, 600; 441-445 last measured): its figure and where its
-# token goes (its layers take the plain attention chain: norm_mm and mla_out_q8 need Q8_0).
+# bf16 weights (#5's third decode target, 600; 441-445 last measured): its figure both ways
+# under TS_CUDA_NORM_MM16=1 (a layer's first norm inside its bf16 q / kv_a products, one launch
+# instead of three; the same bits, so the same hash both ways), and where its token goes.
 stamp "== bf16"
 rm -f $V
 "$B" synth --preset deepseek-v2-lite --quant bf16 -o /tmp/v2lite-bf16.gguf >/dev/null 2>&1
-b "" "$B" bench --backend cuda -m /tmp/v2lite-bf16.gguf -p 0 -n 128 -r 3 --hash
-TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m /tmp/v2lite-bf16.gguf -p 0 -n 32 -r 1 >/dev/null 2>&1
+for r in 1 2; do
+  for e in "" "TS_CUDA_NORM_MM16=1"; do b "$e" "$B" bench --backend cuda -m /tmp/v2lite-bf16.gguf -p 0 -n 128 -r 3 --hash; done
+done
+TS_CUDA_NORM_MM16=1 TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m /tmp/v2lite-bf16.gguf -p 0 -n 32 -r 1 >/dev/null 2>&1
 python3 "$(dirname "$0")/../trace.py" $O/tr.csv 16 | head -16; rm -f $O/tr.csv /tmp/v2lite-bf16.gguf
 stamp "== done"
