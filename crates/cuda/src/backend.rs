@@ -4824,16 +4824,16 @@ impl CudaBackend {
         // x, delta, the norm's weights and eps, h, the counter (gemv_*_multi_norm_1's tail).
         let norm = [
             A::P(x.0.ptr),
-                l(xr.off),
-                A::P(delta.map_or(0, |(d, _)| d.0.ptr)),
-                l(delta.map_or(0, |(_, dr)| dr.off)),
-                A::P(w.map_or(0, |w| w.mem.ptr)),
-                A::I(w.is_some() as i32),
-                A::F(eps),
-                A::P(out.0.ptr),
-                l(o.off),
-                // Word 1 of NormSync (word 0 is add_rms_norm_parts_router's).
-                A::P(done + 4),
+            l(xr.off),
+            A::P(delta.map_or(0, |(d, _)| d.0.ptr)),
+            l(delta.map_or(0, |(_, dr)| dr.off)),
+            A::P(w.map_or(0, |w| w.mem.ptr)),
+            A::I(w.is_some() as i32),
+            A::F(eps),
+            A::P(out.0.ptr),
+            l(o.off),
+            // Word 1 of NormSync (word 0 is add_rms_norm_parts_router's).
+            A::P(done + 4),
         ];
         if one16 {
             let (table, total) = multi_job_table(jobs, 8);
