@@ -4754,59 +4754,38 @@ impl CudaBackend {
         jobs: &[(&CudaWeight, &CudaBuf, Rows)],
     ) {
         let k = xr.width;
-        // One token, 2 or 3 Q8_0 products of the row: gemv_q8_multi_norm_1's preconditions
-        // (kernels/fused.cu: the add_rms_norm block of 256 threads, the register path), else
-        // the two ops. Without a delta, only while `moe_residual` is on (it was measured with it).
-        let one = self.fused
+        // One token, 2 or 3 products of the row, the norm in the product kernels' blocks
+        // (kernels/fused.cu: add_rms_norm's block of 256 threads, its register path), else the
+        // two ops. The preconditions both kernels share, with each job's shape:
+        let common = self.fused
+            && xr.n == 1
+            && delta.is_none_or(|(d, dr)| dr.n == 1 && dr.width == k && out.0.ptr != d.0.ptr)
+            && o.n == 1
+            && o.width == k
+            && k > 128
+            && k <= 8 * 256
+            && k % 128 == 0
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
+            && (2..=3).contains(&jobs.len())
+            && jobs.iter().all(|(jw, _, jo)| {
+                jw.shape.len() <= 3 && jw.ne(2) == 1 && jw.ne(0) == k && jo.n == 1 && jo.width == jw.ne(1) && jw.ne(1) > 0
+            });
+        // Q8_0 jobs: gemv_q8_multi_norm_1; without a delta only while `moe_residual` is on (it
+        // was measured with it).
+        let one = common
             && self.norm_mm.load(Ordering::Relaxed)
             && (delta.is_some() || self.moe_residual.load(Ordering::Relaxed))
-            && xr.n == 1
-            && delta.is_none_or(|(d, dr)| dr.n == 1 && dr.width == k && out.0.ptr != d.0.ptr)
-            && o.n == 1
-            && o.width == k
-            && k > 128
-            && k <= 8 * 256
-            && k % 128 == 0
-            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
-            && (2..=3).contains(&jobs.len())
             && k * 9 / 8 + 4 * k <= self.smem_max
-            && jobs.iter().all(|(jw, _, jo)| {
-                jw.dtype == GgmlType::Q8_0
-                    && jw.shape.len() <= 3
-                    && jw.ne(2) == 1
-                    && jw.ne(0) == k
-                    && jo.n == 1
-                    && jo.width == jw.ne(1)
-                    && jw.ne(1) > 0
-            });
-        // The same for 16-bit float jobs (gemv_h16_multi_norm_<t>_1: all f16 or all bf16, rows of
-        // whole 16-byte pieces), while `norm_mm16` is on.
+            && jobs.iter().all(|(jw, _, _)| jw.dtype == GgmlType::Q8_0);
+        // All f16 or all bf16 jobs, rows of whole 16-byte pieces: gemv_h16_multi_norm_<t>_1,
+        // while `norm_mm16` is on.
         let t16 = jobs.first().map(|(jw, _, _)| jw.dtype).filter(|t| matches!(t, GgmlType::F16 | GgmlType::BF16));
-        let one16 = !one
-            && self.fused
+        let one16 = common
+            && !one
             && self.norm_mm16.load(Ordering::Relaxed)
-            && xr.n == 1
-            && delta.is_none_or(|(d, dr)| dr.n == 1 && dr.width == k && out.0.ptr != d.0.ptr)
-            && o.n == 1
-            && o.width == k
-            && k > 128
-            && k <= 8 * 256
-            && k % 128 == 0
-            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
-            && (2..=3).contains(&jobs.len())
             && 4 * k <= self.smem_max
             && t16.is_some()
-            && jobs.iter().all(|(jw, _, jo)| {
-                Some(jw.dtype) == t16
-                    && jw.shape.len() <= 3
-                    && jw.ne(2) == 1
-                    && jw.ne(0) == k
-                    && jw.mem.ptr % 16 == 0
-                    && jw.row_bytes % 16 == 0
-                    && jo.n == 1
-                    && jo.width == jw.ne(1)
-                    && jw.ne(1) > 0
-            });
+            && jobs.iter().all(|(jw, _, _)| Some(jw.dtype) == t16 && jw.mem.ptr % 16 == 0 && jw.row_bytes % 16 == 0);
         if !one && !one16 {
             match delta {
                 Some((d, dr)) => self.add_rms_norm(x, xr, d, dr, w, eps, out, o),

@@ -37,6 +37,6 @@ rm -f $V
 for r in 1 2; do
   for e in "" "TS_CUDA_NORM_MM16=1"; do b "$e" "$B" bench --backend cuda -m /tmp/v2lite-bf16.gguf -p 0 -n 128 -r 3 --hash; done
 done
-TS_CUDA_NORM_MM16=1 TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m /tmp/v2lite-bf16.gguf -p 0 -n 32 -r 1 >/dev/null 2>&1
-python3 "$(dirname "$0")/../trace.py" $O/tr.csv 16 | head -16; rm -f $O/tr.csv /tmp/v2lite-bf16.gguf
+TS_CUDA_NORM_MM16=1 trace_tg 16 /tmp/v2lite-bf16.gguf
+rm -f /tmp/v2lite-bf16.gguf
 stamp "== done"

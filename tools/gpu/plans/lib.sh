@@ -76,9 +76,9 @@ op_log() {
   env $e timeout $lim "$OPS" --nocapture --test-threads $th "$@" > $O/$log 2>&1; echo "exit $? (124: cut off)"
   grep -E "${pat}FAIL|test result|panicked" $O/$log | head -24
 }
-# `trace_tg N`: a TS_CUDA_TRACE=1 run of tg32 and the first N lines of its per-kernel summary
-# (tools/gpu/trace.py over the last 16 tokens).
+# `trace_tg N [MODEL]`: a TS_CUDA_TRACE=1 run of tg32 (of $V, or MODEL) and the first N lines of
+# its per-kernel summary (tools/gpu/trace.py over the last 16 tokens).
 trace_tg() {
-  TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m $V -p 0 -n 32 -r 1 >/dev/null 2>&1
+  TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m ${2:-$V} -p 0 -n 32 -r 1 >/dev/null 2>&1
   python3 "$(dirname "${BASH_SOURCE[0]}")/../trace.py" $O/tr.csv 16 | head -$1; rm -f $O/tr.csv
 }
