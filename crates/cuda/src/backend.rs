@@ -1417,8 +1417,8 @@ impl CudaBackend {
             pre_route: AtomicBool::new(std::env::var("TS_CUDA_PRE_ROUTE").map_or(true, |v| v != "0")),
             routed: Mutex::new(None),
             pre_routed: AtomicU64::new(0),
-            moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").is_ok_and(|v| v != "0")),
-            norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").is_ok_and(|v| v != "0")),
+            moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").map_or(true, |v| v != "0")),
+            norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
