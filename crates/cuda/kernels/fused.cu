@@ -221,6 +221,77 @@ __device__ __forceinline__ void mla_rope_absorb_body(float* x, i64 xoff, i64 xst
 MLA_ROPE_ABSORB_INST(mla_rope_absorb_1, float)
 MLA_ROPE_ABSORB_INST(mla_rope_absorb_1_h, u16)
 
+// The same with a 16-bit float W_uk (f16 / bf16; rows of k <= 128 values, 16-byte aligned, q's
+// head rows 16-byte aligned): blocks after the norm's take RA_ROWS rows of one head per
+// half-warp, GQ_WARPS * 2 * RA_ROWS a block (`gtiles` blocks a head). Every weight piece of the
+// block is loaded before the PDL wait. A row's sum is gemv_h16_<t>_1's: lane l < k / 8 holds
+// h16_row_dot<T, 1>'s one product of piece l (added to a zero), and warp_sum's butterfly from 16
+// would first add lanes 16..31, which hold zeros, so the half-warp's butterfly from 8 gives the
+// same bits as matmul_grouped's gemv_h16_<t>_1. `lpr` is unused (the Q8_0 launch's arguments).
+#define RA_ROWS 4
+template <int T, typename C>
+__device__ __forceinline__ void mla_rope_absorb_h16_body(float* x, i64 xoff, i64 xstride, int width, int nw,
+                                                         const float* w, int has_w, float eps, const int* pos,
+                                                         const int* slot, int slot_len, const float* freqs, int half,
+                                                         int mode, float mscale, C* cache, const float* q, i64 qoff,
+                                                         i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw,
+                                                         int qh, int nqb, const u8* W, i64 row_bytes, i64 mat_bytes,
+                                                         int m, int k, i64 goff, i64 gxgstride, i64 ooff, i64 ogstride,
+                                                         int gtiles) {
+    const int b = blockIdx.x;
+    if (b <= nqb) {
+        norm_rope_cache_body<C>(0, b, nqb, x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs,
+                                half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh);
+        return;
+    }
+    const int g = b - (nqb + 1), head = g / gtiles, tile = g - head * gtiles;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hl = lane & 15;
+    const int r0 = tile * (GQ_WARPS * 2 * RA_ROWS) + (2 * warp + (lane >> 4)) * RA_ROWS;
+    const bool on = hl < (k >> 3);
+    const u8* wm = W + head * mat_bytes + 16 * hl;
+    uint4 v[RA_ROWS];
+#pragma unroll
+    for (int u = 0; u < RA_ROWS; u++)
+        v[u] = on && r0 + u < m ? ldw16(wm + (i64)(r0 + u) * row_bytes) : make_uint4(0, 0, 0, 0);
+    pdl_trigger();  // weights first (never written by a kernel), then wait for the query
+    pdl_wait();
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f), c = a;
+    if (on) {
+        const float* xb = q + goff + head * gxgstride + 8 * hl;
+        a = *(const float4*)xb;
+        c = *(const float4*)(xb + 4);
+    }
+#pragma unroll
+    for (int u = 0; u < RA_ROWS; u++) {
+        float acc = 0.f;
+        if (on) {
+            float wv[8];
+            h16_unpack(T, v[u], wv);
+            acc += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * c.x + wv[5] * c.y + wv[6] * c.z +
+                   wv[7] * c.w;
+        }
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (hl == 0 && r0 + u < m) qd[ooff + head * ogstride + r0 + u] = acc;
+    }
+}
+#define MLA_ROPE_ABSORB_H16_INST(NAME, T, C)                                                                     \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)                                       \
+        NAME(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w, int has_w, float eps,            \
+             const int* pos, const int* slot, int slot_len, const float* freqs, int half, int mode, float mscale, \
+             C* cache, const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh, \
+             int nqb, const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, i64 goff, i64 gxgstride, i64 ooff, \
+             i64 ogstride, int gtiles, int lpr) {                                                                 \
+        mla_rope_absorb_h16_body<T, C>(x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs,    \
+                                       half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh,  \
+                                       nqb, W, row_bytes, mat_bytes, m, k, goff, gxgstride, ooff, ogstride,       \
+                                       gtiles);                                                                   \
+    }
+MLA_ROPE_ABSORB_H16_INST(mla_rope_absorb_bf16_1, T_BF16, float)
+MLA_ROPE_ABSORB_H16_INST(mla_rope_absorb_bf16_1_h, T_BF16, u16)
+MLA_ROPE_ABSORB_H16_INST(mla_rope_absorb_f16_1, T_F16, float)
+MLA_ROPE_ABSORB_H16_INST(mla_rope_absorb_f16_1_h, T_F16, u16)
+
 // ---- several Q8_0 matrices of one input in one launch (Backend::matmul_many) ------------------
 // As gemv_q8_<NT> (fast.cu), for up to 3 weights that share the input x (same k): the activation
 // rows are quantised once per block, and the row tiles of the jobs are numbered one after the
@@ -1152,45 +1223,19 @@ __device__ __forceinline__ float2 mo_attend(const float* qh, float scale, const 
     const float inv = 1.0f / den;
     return make_float2(r.x * inv, r.y * inv);
 }
-extern "C" __global__ void __launch_bounds__(MO_THREADS)
-    mla_out_q8(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
-               const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
-               float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
-               float scale) {
-    extern __shared__ __align__(16) u8 smo[];
-    const int c = blockIdx.x, h = blockIdx.y;
+// Head h's merged latent row for mla_out_q8 / mla_out_h16 (after the PDL wait): the splits' rows
+// in part (nsp of them, as the split kernels write them: m, l, kl sums) merged with mla_combine's
+// formulas (the splits' maxima, their weights exp(m_s - M), the weighted sum of the splits' rows,
+// times 1/L; warp w sums splits w, w + 8, ... and the warps' sums meet in shared memory in warp
+// order), or (part null) the merged row the split kernel wrote at lat + loff + h * lstride.
+// Returns this thread's two values 2 tid, 2 tid + 1 (zeros past kl). wsum: MO_WARPS x kl floats;
+// fw: MLA_MAX_SPLITS; red: 2 x MO_WARPS.
+__device__ __forceinline__ float2 mo_merge(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, int nh,
+                                           int kl, int h, int end, float* wsum, float* fw, float* red) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int r0 = c * R, nr = min(R, H - r0);
-    u8* suv = smo;                                     // MO_VD rows of uv_row_bytes
-    u8* so = suv + MO_VD * uv_row_bytes;               // R rows of 144 bytes
-    float* wsum = (float*)(so + (i64)R * 144);         // MO_WARPS x kl: the warps' merge sums
-    i8* latq = (i8*)(wsum + MO_WARPS * kl);            // kl quants
-    float* latd = (float*)(latq + kl);                 // kl / 32 scales
-    i8* vq = (i8*)(latd + kl / 32);                    // MO_VD quants
-    float* vdd = (float*)(vq + MO_VD);                 // MO_VD / 32 scales
-    float* fw = vdd + MO_VD / 32;                      // MLA_MAX_SPLITS split weights
-    float* red = fw + MLA_MAX_SPLITS;                  // 2 x MO_WARPS
-    {
-        const u8* g = Wuv + (i64)h * uv_mat_bytes;
-        const int n16 = (int)(MO_VD * uv_row_bytes / 16);
-        for (int i = tid; i < n16; i += MO_THREADS) mo_cp16(suv + 16 * i, g + 16 * (i64)i);
-        for (int i = tid; i < nr * 9; i += MO_THREADS) {
-            const int r = i / 9, j = i - r * 9;
-            mo_cp16(so + r * 144 + 16 * j, Wo + (i64)(r0 + r) * o_row_bytes + (i64)h * 144 + 16 * j);
-        }
-#if __CUDA_ARCH__ >= 800
-        cp_commit();
-#endif
-    }
-    // Positions come from the batch upload, which no kernel of the step writes.
-    const int end = pos[0] + 1;
-    pdl_trigger();
-    pdl_wait();
     const int i = 2 * tid;
     float2 lv = make_float2(0.f, 0.f);
-    if (q) {
-        lv = mo_attend(q + qoff + (i64)h * q_head, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
-    } else if (part) {
+    if (part) {
         const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
         const int nact = min(nsp, (end + chunk - 1) / chunk);
         const int stride = kl + 2;
@@ -1260,6 +1305,49 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS)
         }
     } else if (i < kl) {
         lv = *(const float2*)(lat + loff + (i64)h * lstride + i);
+    }
+    return lv;
+}
+extern "C" __global__ void __launch_bounds__(MO_THREADS)
+    mla_out_q8(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
+               const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
+               float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
+               float scale) {
+    extern __shared__ __align__(16) u8 smo[];
+    const int c = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int r0 = c * R, nr = min(R, H - r0);
+    u8* suv = smo;                                     // MO_VD rows of uv_row_bytes
+    u8* so = suv + MO_VD * uv_row_bytes;               // R rows of 144 bytes
+    float* wsum = (float*)(so + (i64)R * 144);         // MO_WARPS x kl: the warps' merge sums
+    i8* latq = (i8*)(wsum + MO_WARPS * kl);            // kl quants
+    float* latd = (float*)(latq + kl);                 // kl / 32 scales
+    i8* vq = (i8*)(latd + kl / 32);                    // MO_VD quants
+    float* vdd = (float*)(vq + MO_VD);                 // MO_VD / 32 scales
+    float* fw = vdd + MO_VD / 32;                      // MLA_MAX_SPLITS split weights
+    float* red = fw + MLA_MAX_SPLITS;                  // 2 x MO_WARPS
+    {
+        const u8* g = Wuv + (i64)h * uv_mat_bytes;
+        const int n16 = (int)(MO_VD * uv_row_bytes / 16);
+        for (int i = tid; i < n16; i += MO_THREADS) mo_cp16(suv + 16 * i, g + 16 * (i64)i);
+        for (int i = tid; i < nr * 9; i += MO_THREADS) {
+            const int r = i / 9, j = i - r * 9;
+            mo_cp16(so + r * 144 + 16 * j, Wo + (i64)(r0 + r) * o_row_bytes + (i64)h * 144 + 16 * j);
+        }
+#if __CUDA_ARCH__ >= 800
+        cp_commit();
+#endif
+    }
+    // Positions come from the batch upload, which no kernel of the step writes.
+    const int end = pos[0] + 1;
+    pdl_trigger();
+    pdl_wait();
+    const int i = 2 * tid;
+    float2 lv = make_float2(0.f, 0.f);
+    if (q) {
+        lv = mo_attend(q + qoff + (i64)h * q_head, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
+    } else {
+        lv = mo_merge(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
     }
     // lat_h to Q8_0: 16 lanes a 32-value block (ggml's quantize_row_q8_0, the scale f16-rounded).
     {
@@ -1558,3 +1646,111 @@ extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
     if (warp == 0) route_warp_body(0, lgs, 0, 0, 1, m, rk, gating, norm_topk, scale, sel_e, sel_w);
 #endif
 }
+
+// ---- The MLA decode's output side with 16-bit value and output weights, in clusters -----------
+// (Backend::mla_attention_out, one token, W_uv and W_o both f16 or both bf16: mla_out_q8's work
+// for them.) Block (c, h), 256 threads, the 8 blocks of head h one thread-block cluster: head h's
+// merged latent row (mo_merge, as mla_out_q8), then rows [16c, 16c + 16) of v_h = W_uv[h] . lat_h
+// with gemv_h16_<t>_1's arithmetic (a row a warp, h16_row_dot's order over the row, then
+// warp_sum: the bits of the plain chain's W_uv product on the same latent row). Each block
+// stores its 16 values into every block's copy of v_h (distributed shared memory; the cluster
+// barrier is the only cross-block step), then computes head h's share of output rows
+// [c * R, c * R + R) of W_o, R = H / 8: part[h][r] = W_o[r, 128h .. 128h + 128) . v_h, half a
+// warp a row (a lane's 8 products, then the half-warp's butterfly), which add_rms_norm_parts
+// (_router(_route)) adds in head order. Both weight slices (16 rows of W_uv[h], R rows of 256
+// bytes of W_o) are copied to shared memory before the PDL wait, so they are on chip when the
+// attention ends. Needs kl % 8 == 0, kl <= 512, vd == 128, H % 8 == 0, rows 16-byte aligned.
+#define MH_CLUSTER 8
+#define MH_UV_ROWS (MO_VD / MH_CLUSTER)
+#if __CUDA_ARCH__ >= 900
+#define MH_CLUSTER_DIMS __cluster_dims__(MH_CLUSTER, 1, 1)
+#else
+#define MH_CLUSTER_DIMS
+#endif
+template <int T>
+__device__ __forceinline__ void mla_out_h16_body(const float* part, int nsp, const float* lat, i64 loff, i64 lstride,
+                                                 const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes,
+                                                 i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, float* outp) {
+#if __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(16) u8 smo[];
+    const int c = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const unsigned rank = cluster_rank();
+    const int R = H / MH_CLUSTER, r0 = c * R;
+    u8* suv = smo;                                         // MH_UV_ROWS rows of uv_row_bytes
+    u8* so = suv + MH_UV_ROWS * uv_row_bytes;              // R rows of 2 * MO_VD bytes
+    float* wsum = (float*)(so + (i64)R * 2 * MO_VD);       // MO_WARPS x kl: the warps' merge sums
+    float* ls = wsum + MO_WARPS * kl;                      // kl: the merged latent row
+    float* vs = ls + kl;                                   // MO_VD: v_h, from every block
+    float* fw = vs + MO_VD;                                // MLA_MAX_SPLITS split weights
+    float* red = fw + MLA_MAX_SPLITS;                      // 2 x MO_WARPS
+    // Every block of the cluster is running before any writes another's shared memory.
+    cluster_arrive_relaxed();
+    {
+        const u8* g = Wuv + (i64)h * uv_mat_bytes + (i64)(MH_UV_ROWS * c) * uv_row_bytes;
+        const int n16 = (int)(MH_UV_ROWS * uv_row_bytes / 16);
+        for (int i = tid; i < n16; i += MO_THREADS) cp_async16(suv + 16 * i, g + 16 * (i64)i);
+        for (int i = tid; i < R * 16; i += MO_THREADS) {
+            const int r = i >> 4, j = i & 15;
+            cp_async16(so + r * 2 * MO_VD + 16 * j, Wo + (i64)(r0 + r) * o_row_bytes + (i64)h * 2 * MO_VD + 16 * j);
+        }
+        cp_commit();
+    }
+    const int end = pos[0] + 1;
+    pdl_trigger();
+    pdl_wait();
+    const float2 lv = mo_merge(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
+    if (2 * tid < kl) *(float2*)(ls + 2 * tid) = lv;
+    cp_async_wait_all();
+    __syncthreads();
+    // v rows 16c + 2w, 16c + 2w + 1: h16_row_dot<T, 1>'s loop over the row in shared memory.
+    const int n8 = kl >> 3;
+    float vr[2];
+#pragma unroll
+    for (int u2 = 0; u2 < 2; u2++) {
+        const u8* wr = suv + (2 * warp + u2) * uv_row_bytes;
+        float acc = 0.f;
+        for (int c0 = lane; c0 < n8; c0 += 128) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int cc = c0 + 32 * u;
+                if (cc >= n8) break;
+                float w[8];
+                h16_unpack(T, *(const uint4*)(wr + 16 * cc), w);
+                const float4 a = *(const float4*)(ls + 8 * cc);
+                const float4 b = *(const float4*)(ls + 8 * cc + 4);
+                acc += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+            }
+        }
+        vr[u2] = warp_sum(acc);
+    }
+    cluster_wait();
+    if (lane < MH_CLUSTER) {
+#pragma unroll
+        for (int u2 = 0; u2 < 2; u2++) st_cluster(&vs[MH_UV_ROWS * c + 2 * warp + u2], lane, vr[u2]);
+    }
+    cluster_arrive();
+    cluster_wait();
+    // Output rows: half a warp a row (its 16 pieces of 8 values), 16 rows a pass of the block.
+    const int hl = lane & 15;
+    const float4 a = *(const float4*)(vs + 8 * hl), b = *(const float4*)(vs + 8 * hl + 4);
+    for (int rr = 2 * warp + (lane >> 4); rr < R; rr += 2 * MO_WARPS) {
+        float w[8];
+        h16_unpack(T, *(const uint4*)(so + rr * 2 * MO_VD + 16 * hl), w);
+        float acc = w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (hl == 0) outp[(i64)h * H + r0 + rr] = acc;
+    }
+#endif
+}
+#define MLA_OUT_H16(name, T)                                                                                     \
+    extern "C" __global__ void MH_CLUSTER_DIMS __launch_bounds__(MO_THREADS)                                     \
+        mla_out_##name(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, \
+                       int kl, const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes,   \
+                       int H, float* outp) {                                                                     \
+        mla_out_h16_body<T>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo,       \
+                            o_row_bytes, H, outp);                                                               \
+    }
+MLA_OUT_H16(bf16, T_BF16)
+MLA_OUT_H16(f16, T_F16)

@@ -339,6 +339,8 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
     "mla_out_q8",
+    "mla_out_bf16",
+    "mla_out_f16",
 ];
 /// The f16 prompt products (kernels/mmq.cu, `MMF_INST`, `MMF_GU_INST`): (plain kernel, gate-up-GLU
 /// kernel, stages in flight), the first whose shared memory the device gives. Both take 256
@@ -369,6 +371,14 @@ const MOE_SH_MAX_SLOTS: usize = 64;
 const MO_MAX_PARTS: usize = 16;
 const fn mla_out_smem(kl: usize, uv_row_bytes: usize, r: usize) -> usize {
     MO_VD * uv_row_bytes + r * 144 + 4 * 8 * kl + kl + 4 * (kl / 32) + MO_VD + 4 * (MO_VD / 32) + 4 * (256 + 16)
+}
+/// `mla_out_<t>` (kernels/fused.cu, 16-bit W_uv / W_o): blocks a head (one cluster), and its
+/// dynamic shared memory for `kl` latent values and an output row of `hd`: 16 W_uv rows of
+/// `2 kl` bytes, `hd / 8` W_o rows of 256 bytes, the warps' merge sums, the latent and value
+/// rows, the split weights and a reduction area (the kernel's layout).
+const MH_CLUSTER: usize = 8;
+const fn mla_out_h16_smem(kl: usize, hd: usize) -> usize {
+    MO_VD / MH_CLUSTER * 2 * kl + hd / MH_CLUSTER * 2 * MO_VD + 4 * (8 * kl + kl + MO_VD + 256 + 16)
 }
 /// (Token, slot) pairs a tile of the `mmh_*` kernels.
 const MMH_BM: usize = 128;
@@ -778,10 +788,16 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
+        "mla_out_bf16",
+        "mla_out_f16",
         "moe_sh_q8_one",
         "rope_copy_rows",
         "norm_rope_cache",
         "mla_rope_absorb_1",
+        "mla_rope_absorb_bf16_1",
+        "mla_rope_absorb_bf16_1_h",
+        "mla_rope_absorb_f16_1",
+        "mla_rope_absorb_f16_1_h",
         "gemv_q8_multi_1",
         "gemv_q8_multi_2",
         "gemv_q8_multi_4",
@@ -1065,11 +1081,25 @@ pub struct CudaBackend {
     pre_routed: AtomicU64,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of one token with f16 or bf16 products
     /// in one launch (`gemv_h16_multi_norm_<t>_1`: the same bits as the norm's launch, then the
-    /// products'). `TS_CUDA_NORM_MM16=1`; off until measured.
+    /// products'). On; `TS_CUDA_NORM_MM16=0` turns it off (bf16 tg128 +16 tok/s on the H100).
     norm_mm16: AtomicBool,
+    /// `mla_rope_cache_write` of one token with an f16 / bf16 W_uk in one launch
+    /// (`mla_rope_absorb_<t>_1`: the same bits as `norm_rope_cache` then `gemv_h16_<t>_1`).
+    /// On; `TS_CUDA_ABSORB16=0` turns it off (bf16 tg128 487.3 against 473.0 on the H200).
+    absorb16: AtomicBool,
+    /// Launches of `mla_rope_absorb_<t>_1` (for the tests: [`CudaBackend::absorb16_launches`]).
+    absorbed16: AtomicU64,
+    /// `mla_attention_out` of one token with f16 / bf16 W_uv and W_o in clusters (`mla_out_<t>`:
+    /// the merge, the value rows and the output's per-head rows in one launch, then the norm's
+    /// launch of the Q8_0 path). On; `TS_CUDA_OUT16=0` turns it off (bf16 tg128 489.1 against
+    /// 487.3 with ABSORB16 alone, 480.6 against 473.0 without, on the H200; W_o's sum by head
+    /// moves the bf16 tokens' hash to 704d7a41e7a5c16d).
+    out16: AtomicBool,
+    /// Launches of `mla_out_<t>` (for the tests: [`CudaBackend::out16_launches`]).
+    out16_done: AtomicU64,
     /// `moe_shared_residual` on the one-token Q8_0 MoE (its down kernel adds the residual), and
     /// `rms_norm_matmul_many` in one launch (`gemv_q8_multi_norm_1` without a delta: no block
-    /// counter, x not written). `TS_CUDA_MOE_RESIDUAL=1`; off until measured.
+    /// counter, x not written). On; `TS_CUDA_MOE_RESIDUAL=0` turns it off (tg128 +7.5 tok/s on the H100).
     moe_residual: AtomicBool,
     /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
     l2pf: u8,
@@ -1419,6 +1449,10 @@ impl CudaBackend {
             pre_routed: AtomicU64::new(0),
             moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").map_or(true, |v| v != "0")),
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
+            absorb16: AtomicBool::new(std::env::var("TS_CUDA_ABSORB16").map_or(true, |v| v != "0")),
+            absorbed16: AtomicU64::new(0),
+            out16: AtomicBool::new(std::env::var("TS_CUDA_OUT16").map_or(true, |v| v != "0")),
+            out16_done: AtomicU64::new(0),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
@@ -1635,6 +1669,11 @@ impl CudaBackend {
         self.norm_mm16.store(on, Ordering::Relaxed);
     }
 
+    /// One token's f16 / bf16 absorbed query in the rope's launch (`CudaBackend::absorb16`).
+    pub fn set_absorb16(&self, on: bool) {
+        self.absorb16.store(on, Ordering::Relaxed);
+    }
+
     /// The MoE's output added into the residual by its down kernel, and the norm-only product
     /// launch (`CudaBackend::moe_residual`).
     pub fn set_moe_residual(&self, on: bool) {
@@ -1651,6 +1690,21 @@ impl CudaBackend {
     fn clusters(&self) -> bool {
         let digits: String = self.arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect();
         digits.parse::<u32>().is_ok_and(|v| v >= 90)
+    }
+
+    /// How many one-token `mla_rope_cache_write` ops took `mla_rope_absorb_<t>_1`.
+    pub fn absorb16_launches(&self) -> u64 {
+        self.absorbed16.load(Ordering::Relaxed)
+    }
+
+    /// How many one-token `mla_attention_out` ops took `mla_out_<t>`.
+    pub fn out16_launches(&self) -> u64 {
+        self.out16_done.load(Ordering::Relaxed)
+    }
+
+    /// One token's f16 / bf16 attention output side in clusters (`CudaBackend::out16`).
+    pub fn set_out16(&self, on: bool) {
+        self.out16.store(on, Ordering::Relaxed);
     }
 
     /// How many `moe_shared` ops have used a routing made ahead (`pre_route`).
@@ -4214,7 +4268,35 @@ impl Backend for CudaBackend {
             && hd <= 2 * 1024
             && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == hd)
             && mla_out_smem(kl, w_uv.row_bytes, rows) <= self.smem_max;
-        if !one {
+        // The same for f16 / bf16 value and output weights (mla_out_<t>, clusters of 8 blocks a
+        // head; the split kernel's partial rows or lat merged, never the in-block attention).
+        let h16 = !one
+            && self.fused
+            && self.out16.load(Ordering::Relaxed)
+            && self.clusters()
+            && batch.tokens.len() == 1
+            && xr.n == 1
+            && o.n == 1
+            && o.width == hd
+            && lr.n == nh
+            && lr.width == kl
+            && lr.off % 2 == 0
+            && lr.stride % 2 == 0
+            && matches!(w_uv.dtype, GgmlType::F16 | GgmlType::BF16)
+            && wo.dtype == w_uv.dtype
+            && (w_uv.ne(0), w_uv.ne(1), w_uv.ne(2)) == (kl, MO_VD, nh)
+            && w_uv.row_bytes == 2 * kl
+            && kl % 8 == 0
+            && kl <= 512
+            && nh <= MO_MAX_PARTS
+            && (wo.ne(0), wo.ne(1)) == (nh * MO_VD, hd)
+            && wo.row_bytes == 2 * nh * MO_VD
+            && hd % MH_CLUSTER == 0
+            && hd <= 2 * 1024
+            && [w_uv, wo].iter().all(|w| w.mem.ptr % 16 == 0 && w.mat_bytes() % 16 == 0)
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == hd)
+            && mla_out_h16_smem(kl, hd) <= self.smem_max;
+        if !one && !h16 {
             self.mla_attention(q, qr, cache, batch, p, lat, lr);
             self.matmul_grouped(lat, lr, w_uv, av, avr);
             self.matmul(av, avo, wo, y, xr);
@@ -4234,6 +4316,7 @@ impl Backend for CudaBackend {
             && qr.n == nh
             && qr.off % 2 == 0
             && qr.stride % 2 == 0
+            && !h16
             && batch.tokens[0].pos < self.mo_att.load(Ordering::Relaxed);
         let (part, nsp) = if short {
             q.check(qr);
@@ -4263,6 +4346,33 @@ impl Backend for CudaBackend {
         // between this one's on the stream.
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         let Some(ho) = self.scratch(S::Ho, 4 * nh * hd) else { return };
+        if h16 {
+            self.out16_done.fetch_add(1, Ordering::Relaxed);
+            let name = if w_uv.dtype == GgmlType::BF16 { "mla_out_bf16" } else { "mla_out_f16" };
+            self.launch(
+                name,
+                (MH_CLUSTER as u32, nh as u32, 1),
+                256,
+                mla_out_h16_smem(kl, hd) as u32,
+                &[
+                    A::P(part),
+                    i(nsp),
+                    A::P(lat.0.ptr),
+                    l(lr.off),
+                    l(lr.stride),
+                    A::P(batch.pos_ptr()),
+                    i(nh),
+                    i(kl),
+                    A::P(w_uv.mem.ptr),
+                    l(w_uv.row_bytes),
+                    l(w_uv.mat_bytes()),
+                    A::P(wo.mem.ptr),
+                    l(wo.row_bytes),
+                    i(hd),
+                    A::P(ho),
+                ],
+            );
+        } else {
         self.launch(
             "mla_out_q8",
             (hd.div_ceil(rows) as u32, nh as u32, 1),
@@ -4290,6 +4400,7 @@ impl Backend for CudaBackend {
                 att,
             ),
         );
+        }
         // With `next` a few-row f32 matrix of the row's width (the MoE router): the norm and
         // that product in one launch (add_rms_norm_parts_router, the same bits as the two).
         let fused_next = next.as_ref().filter(|m| {
@@ -4470,12 +4581,22 @@ impl Backend for CudaBackend {
         // in the same launch as norm_rope_cache (mla_rope_absorb_1), whose blocks must then be
         // GQ_THREADS wide. Otherwise the two ops one after the other.
         let (k, m) = (wk.ne(0), wk.ne(1));
-        let smem = k * 9 / 8;
+        // 16-bit W_uk (mla_rope_absorb_<t>_1): rows of at most 128 values, half a warp each.
+        let h16 = matches!(wk.dtype, GgmlType::F16 | GgmlType::BF16)
+            && self.absorb16.load(Ordering::Relaxed)
+            && k % 8 == 0
+            && k <= 128
+            && wk.mem.ptr % 16 == 0
+            && wk.row_bytes % 16 == 0
+            && wk.mat_bytes() % 16 == 0
+            && src.off % 4 == 0
+            && src.stride % 4 == 0;
+        let smem = if h16 { 0 } else { k * 9 / 8 };
         let merged = self.fused
             && self.rope_absorb
             && !self.exact
             && xr.n == 1
-            && wk.dtype == GgmlType::Q8_0
+            && (wk.dtype == GgmlType::Q8_0 || h16)
             && wk.shape.len() == 3
             && wk.ne(2) == heads
             && (src.n, src.width, dst.n, dst.width) == (heads, k, heads, m)
@@ -4499,7 +4620,8 @@ impl Backend for CudaBackend {
         }
         let (_, qblocks, nrc) = op.args();
         let lpr = (k / 16).next_power_of_two().min(32);
-        let gtiles = m.div_ceil(8 * (32 / lpr)).min(self.sm_count * 8);
+        // Blocks a head: Q8_0 as gemv_q8_1's tiles; 16-bit weights RA_ROWS rows a half-warp.
+        let gtiles = if h16 { m.div_ceil(8 * 2 * 4) } else { m.div_ceil(8 * (32 / lpr)).min(self.sm_count * 8) };
         let args: [A; 36] = cat(
             nrc,
             [
@@ -4517,7 +4639,15 @@ impl Backend for CudaBackend {
                 i(lpr),
             ],
         );
-        self.launch(cache.kernel("mla_rope_absorb_1").as_str(), ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
+        if h16 {
+            self.absorbed16.fetch_add(1, Ordering::Relaxed);
+        }
+        let name = match wk.dtype {
+            GgmlType::BF16 => "mla_rope_absorb_bf16_1",
+            GgmlType::F16 => "mla_rope_absorb_f16_1",
+            _ => "mla_rope_absorb_1",
+        };
+        self.launch(cache.kernel(name).as_str(), ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
     }
 
     fn moe_shared(

@@ -1265,9 +1265,13 @@ fn bench_matmul() {
 /// The absorbed query product's weight of an MLA test (W_uk: `heads` matrices of `nope` x `kl`,
 /// Q8_0), uploaded for a matmul.
 fn absorb_weight(g: &CudaBackend, r: &mut StdRng, nope: usize, kl: usize, heads: usize) -> CudaWeight {
+    absorb_weight_of(g, r, GgmlType::Q8_0, nope, kl, heads)
+}
+
+fn absorb_weight_of(g: &CudaBackend, r: &mut StdRng, ty: GgmlType, nope: usize, kl: usize, heads: usize) -> CudaWeight {
     let wshape = [nope, kl, heads];
-    let (wb, _) = weight(r, GgmlType::Q8_0, &wshape, 0.5);
-    g.upload_weight(&td("w_uk", GgmlType::Q8_0, &wshape, &wb), WeightUse::Matmul).unwrap()
+    let (wb, _) = weight(r, ty, &wshape, 0.5);
+    g.upload_weight(&td("w_uk", ty, &wshape, &wb), WeightUse::Matmul).unwrap()
 }
 
 fn norm_weight<B: Backend>(b: &B, v: &[f32]) -> B::Weight {
@@ -1501,25 +1505,30 @@ fn fused_norm_rope_cache_write() {
 }
 
 /// mla_rope_cache_write with the absorbed query product (one decode token: one launch,
-/// mla_rope_absorb_1) gives the same bits as the op without it followed by matmul_grouped on the
-/// GPU: latent rows, cache, the roped query columns and the absorbed ones. Several tokens take the
-/// two ops (same check).
+/// mla_rope_absorb_1, or mla_rope_absorb_<t>_1 for a bf16 / f16 W_uk) gives the same bits as the
+/// op without it followed by matmul_grouped on the GPU: latent rows, cache, the roped query
+/// columns and the absorbed ones. Several tokens take the two ops (same check). A backend of its
+/// own, for the 16-bit switch (`set_absorb16`).
 #[test]
 fn fused_mla_rope_absorb() {
-    let Some(g) = gpu() else { return };
-    fused_banner(g);
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let g = &CudaBackend::new(0).expect("second backend");
+    g.set_absorb16(true);
     let mut r = rng(26);
     let mut rep = Report::new("mla_rope_absorb");
     let (slots, slot_len) = (2usize, 64u32);
     let rows = slots * slot_len as usize;
     // (latent width, rope dims, heads, nope, kv_lora): V2-Lite's, and fewer heads / a short latent.
-    for &(nw, rd, heads, nope, kl) in &[(512usize, 64usize, 16usize, 128usize, 512usize), (256, 32, 4, 64, 256)] {
+    let cases = [(512usize, 64usize, 16usize, 128usize, 512usize), (256, 32, 4, 64, 256)];
+    let typed = [GgmlType::Q8_0, GgmlType::BF16, GgmlType::F16].into_iter().flat_map(|ty| cases.iter().map(move |c| (ty, c)));
+    for (ty, &(nw, rd, heads, nope, kl)) in typed {
         let width = nw + rd;
         let freqs: Vec<f32> = (0..rd / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / rd as f32)).collect();
         let spec = RopeSpec { mode: RopeMode::Normal, dim: rd, freqs, mscale: 1.0 };
         let grope = g.upload_rope(&spec).unwrap();
         let gw = norm_weight(g, &randn(&mut r, nw, 1.0));
-        let wk = absorb_weight(g, &mut r, nope, kl, heads);
+        let wk = absorb_weight_of(g, &mut r, ty, nope, kl, heads);
         for &n in &[1usize, 3] {
             let meta = BatchMeta { tokens: seq_meta(n, r.random_range(0..slot_len - n as u32), 1, 100, &mut r), outputs: vec![], slot_len };
             let gb = batch(g, &meta);
@@ -1533,6 +1542,7 @@ fn fused_mla_rope_absorb() {
             let prior: Vec<TokenMeta> =
                 (0..slots as u32).flat_map(|sl| (0..slot_len).map(move |p| TokenMeta { token: 0, pos: p, slot: sl })).collect();
             let mut outs = Vec::new();
+            let before = g.absorb16_launches();
             for fused in [true, false] {
                 let (gx, gq, gqd) = (buf(g, &x), buf(g, &q), g.alloc(qdr.end()).unwrap());
                 poison(g, &gqd, qdr.end());
@@ -1560,7 +1570,10 @@ fn fused_mla_rope_absorb() {
                 g.read_cache(&gc, &mut cv).unwrap();
                 outs.push(vec![get(g, &gx, xr), get(g, &gqd, qdr), cv]);
             }
-            let lab = format!("{nw}+{rd} heads={heads} {nope}->{kl} n={n}");
+            let lab = format!("{ty:?} {nw}+{rd} heads={heads} {nope}->{kl} n={n}");
+            // One token of 16-bit W_uk must have taken the one launch (the fused kernels on).
+            let took = g.absorb16_launches() - before;
+            assert_eq!(took, u64::from(g.fused() && n == 1 && ty != GgmlType::Q8_0), "{lab}: mla_rope_absorb_<t>_1 launches");
             exact(&mut rep, &lab, &["x", "q rows", "cache"], &outs[0], &outs[1]);
         }
     }
@@ -1585,6 +1598,23 @@ fn run_mla_out<B: Backend>(
     rw: Option<&[u8]>,
     moe: Option<(&[Vec<usize>], &[Vec<u8>], &MoeParams, bool)>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    run_mla_out_of(b, GgmlType::Q8_0, latent, p, hist, cache_rows, (uvb, wob), (q, x, nw), rw, moe)
+}
+
+/// `run_mla_out` with W_uv and W_o of type `wty`.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn run_mla_out_of<B: Backend>(
+    b: &B,
+    wty: GgmlType,
+    latent: bool,
+    p: &MlaParams,
+    hist: u32,
+    cache_rows: &[f32],
+    (uvb, wob): (&[u8], &[u8]),
+    (q, x, nw): (&[f32], &[f32], &[f32]),
+    rw: Option<&[u8]>,
+    moe: Option<(&[Vec<usize>], &[Vec<u8>], &MoeParams, bool)>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let (nh, kl) = (p.n_heads, p.kv_lora);
     let (w, hd, slot_len) = (kl + p.rope_dim, x.len(), 4096u32);
     let all: Vec<TokenMeta> = (0..=hist).map(|pos| TokenMeta { token: 0, pos, slot: 1 }).collect();
@@ -1593,8 +1623,8 @@ fn run_mla_out<B: Backend>(
     fill_cache(b, &cache, cache_rows, w, &all, slot_len);
     let bt = batch(b, &BatchMeta { tokens: vec![TokenMeta { token: 1, pos: hist, slot: 1 }], outputs: vec![], slot_len });
     let (uvs, wos) = ([kl, 128, nh], [nh * 128, hd]);
-    let uv = b.upload_weight(&td("w_uv", GgmlType::Q8_0, &uvs, uvb), WeightUse::Matmul).unwrap();
-    let wo = b.upload_weight(&td("wo", GgmlType::Q8_0, &wos, wob), WeightUse::Matmul).unwrap();
+    let uv = b.upload_weight(&td("w_uv", wty, &uvs, uvb), WeightUse::Matmul).unwrap();
+    let wo = b.upload_weight(&td("wo", wty, &wos, wob), WeightUse::Matmul).unwrap();
     let norm = norm_weight(b, nw);
     let (gq, gx) = (buf(b, q), buf(b, x));
     let (lr, avr) = (Rows::packed(nh, kl), Rows::packed(nh, 128));
@@ -1703,6 +1733,53 @@ fn fused_mla_attention_out() {
         rep.check(&format!("{lab} out vs cpu"), &fo, &co, tol, tol);
         rep.check(&format!("{lab} router logits vs gpu chain"), &fl, &pl, 2e-3, 1e-3);
         rep.check(&format!("{lab} router logits vs cpu"), &fl, &cl, tol, tol);
+    }
+    rep.finish();
+}
+
+/// The same op with f16 / bf16 W_uv and W_o: on the GPU for one token `mla_out_<t>` (clusters of
+/// 8 blocks a head: the merge, the value rows with gemv_h16's arithmetic, the output's per-head
+/// rows; `set_out16(true)`), then the norm with the router and the routing in one launch, against
+/// the same GPU's plain chain (merge, the two 16-bit GEMVs, add_rms_norm, the router's product)
+/// and the CPU's. V2-Lite's shapes at short and long histories (the tensor-core split from 2,560)
+/// and a small shape (4 heads, kv_lora 128, a W_o of 1,000 rows).
+#[test]
+fn fused_mla_attention_out_h16() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let g = &CudaBackend::new(0).expect("second backend");
+    let c = cpu();
+    let mut r = rng(32);
+    let mut rep = Report::new("mla_attention_out_h16");
+    // (heads, kv_lora, rope, hidden, position)
+    let cases: [(usize, usize, usize, usize, u32); 5] =
+        [(16, 512, 64, 2048, 0), (16, 512, 64, 2048, 5), (16, 512, 64, 2048, 700), (16, 512, 64, 2048, 3000), (4, 128, 32, 1000, 40)];
+    for ty in [GgmlType::BF16, GgmlType::F16] {
+        for (nh, kl, rd, hd, hist) in cases {
+            let w = kl + rd;
+            let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+            let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
+            let (uvb, _) = weight(&mut r, ty, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+            let (wob, _) = weight(&mut r, ty, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+            let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+            let args = (&q[..], &x[..], &nw[..]);
+            let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
+            let lab = format!("{ty:?} heads={nh} kv_lora={kl} H={hd} pos={hist}");
+            g.set_out16(true);
+            let before = g.out16_launches();
+            let (fx, fo, fl, _) = run_mla_out_of(g, ty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+            assert_eq!(g.out16_launches() - before, u64::from(g.fused()), "{lab}: mla_out_<t> launches");
+            g.set_out16(false);
+            let (px, po, pl, _) = run_mla_out_of(g, ty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+            let (cx, co, cl, _) = run_mla_out_of(c, ty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+            let tol = if nh == 16 && hist >= 2560 { 2e-2 } else { 5e-3 };
+            rep.check(&format!("{lab} x vs gpu chain"), &fx, &px, 2e-3, 1e-3);
+            rep.check(&format!("{lab} out vs gpu chain"), &fo, &po, 2e-3, 1e-3);
+            rep.check(&format!("{lab} router logits vs gpu chain"), &fl, &pl, 2e-3, 1e-3);
+            rep.check(&format!("{lab} x vs cpu"), &fx, &cx, tol, tol);
+            rep.check(&format!("{lab} out vs cpu"), &fo, &co, tol, tol);
+            rep.check(&format!("{lab} router logits vs cpu"), &fl, &cl, tol, tol);
+        }
     }
     rep.finish();
 }
