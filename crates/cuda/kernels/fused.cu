@@ -1659,7 +1659,9 @@ extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
 // warp a row (a lane's 8 products, then the half-warp's butterfly), which add_rms_norm_parts
 // (_router(_route)) adds in head order. Both weight slices (16 rows of W_uv[h], R rows of 256
 // bytes of W_o) are copied to shared memory before the PDL wait, so they are on chip when the
-// attention ends. Needs kl % 8 == 0, kl <= 512, vd == 128, H % 8 == 0, rows 16-byte aligned.
+// attention ends. With q (non-null) no split kernel ran: every block attends head h itself
+// (mo_attend, as mla_out_q8; V2's shapes, the token's rows of an f16 cache at slot[0]).
+// Needs kl % 8 == 0, kl <= 512, vd == 128, H % 8 == 0, rows 16-byte aligned.
 #define MH_CLUSTER 8
 #define MH_UV_ROWS (MO_VD / MH_CLUSTER)
 #if __CUDA_ARCH__ >= 900
@@ -1670,7 +1672,9 @@ extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
 template <int T>
 __device__ __forceinline__ void mla_out_h16_body(const float* part, int nsp, const float* lat, i64 loff, i64 lstride,
                                                  const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes,
-                                                 i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, float* outp) {
+                                                 i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, float* outp,
+                                                 const float* q, i64 qoff, i64 q_head, const u16* cache,
+                                                 const int* slot, int slot_len, float scale) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) u8 smo[];
     const int c = blockIdx.x, h = blockIdx.y;
@@ -1699,7 +1703,8 @@ __device__ __forceinline__ void mla_out_h16_body(const float* part, int nsp, con
     const int end = pos[0] + 1;
     pdl_trigger();
     pdl_wait();
-    const float2 lv = mo_merge(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
+    const float2 lv = q ? mo_attend(q + qoff + (i64)h * q_head, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red)
+                        : mo_merge(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
     if (2 * tid < kl) *(float2*)(ls + 2 * tid) = lv;
     cp_async_wait_all();
     __syncthreads();
@@ -1748,9 +1753,10 @@ __device__ __forceinline__ void mla_out_h16_body(const float* part, int nsp, con
     extern "C" __global__ void MH_CLUSTER_DIMS __launch_bounds__(MO_THREADS)                                     \
         mla_out_##name(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, \
                        int kl, const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes,   \
-                       int H, float* outp) {                                                                     \
+                       int H, float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, \
+                       int slot_len, float scale) {                                                              \
         mla_out_h16_body<T>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo,       \
-                            o_row_bytes, H, outp);                                                               \
+                            o_row_bytes, H, outp, q, qoff, q_head, cache, slot, slot_len, scale);                \
     }
 MLA_OUT_H16(bf16, T_BF16)
 MLA_OUT_H16(f16, T_F16)

@@ -4269,7 +4269,7 @@ impl Backend for CudaBackend {
             && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == hd)
             && mla_out_smem(kl, w_uv.row_bytes, rows) <= self.smem_max;
         // The same for f16 / bf16 value and output weights (mla_out_<t>, clusters of 8 blocks a
-        // head; the split kernel's partial rows or lat merged, never the in-block attention).
+        // head).
         let h16 = !one
             && self.fused
             && self.out16.load(Ordering::Relaxed)
@@ -4316,7 +4316,6 @@ impl Backend for CudaBackend {
             && qr.n == nh
             && qr.off % 2 == 0
             && qr.stride % 2 == 0
-            && !h16
             && batch.tokens[0].pos < self.mo_att.load(Ordering::Relaxed);
         let (part, nsp) = if short {
             q.check(qr);
@@ -4354,23 +4353,26 @@ impl Backend for CudaBackend {
                 (MH_CLUSTER as u32, nh as u32, 1),
                 256,
                 mla_out_h16_smem(kl, hd) as u32,
-                &[
-                    A::P(part),
-                    i(nsp),
-                    A::P(lat.0.ptr),
-                    l(lr.off),
-                    l(lr.stride),
-                    A::P(batch.pos_ptr()),
-                    i(nh),
-                    i(kl),
-                    A::P(w_uv.mem.ptr),
-                    l(w_uv.row_bytes),
-                    l(w_uv.mat_bytes()),
-                    A::P(wo.mem.ptr),
-                    l(wo.row_bytes),
-                    i(hd),
-                    A::P(ho),
-                ],
+                &cat::<15, 7, 22>(
+                    [
+                        A::P(part),
+                        i(nsp),
+                        A::P(lat.0.ptr),
+                        l(lr.off),
+                        l(lr.stride),
+                        A::P(batch.pos_ptr()),
+                        i(nh),
+                        i(kl),
+                        A::P(w_uv.mem.ptr),
+                        l(w_uv.row_bytes),
+                        l(w_uv.mat_bytes()),
+                        A::P(wo.mem.ptr),
+                        l(wo.row_bytes),
+                        i(hd),
+                        A::P(ho),
+                    ],
+                    att,
+                ),
             );
         } else {
         self.launch(

@@ -2065,13 +2065,13 @@ fn moe_one_launch_exact() {
     rep.finish();
 }
 
-/// One decode token's attention inside `mla_out_q8`'s blocks (`mo_attend`, short contexts: no
-/// split kernel) against the split kernels over the same f16 latent cache (`set_mo_att(0)`) and
-/// against the CPU's chain over an f32 one: V2-Lite's shapes, positions around the warps' rows
-/// (4 a warp, 32 a block pass) and past the default threshold. The two orders of the same sums
-/// give lat's Q8_0 quants the same values but for a rare flip of one quant at a rounding
-/// boundary, which moves outputs by up to a quant step (1/127 of its block's largest): on the
-/// H200, 4.5e-3 of the rms in 6 of 2,048 outputs at position 1.
+/// One decode token's attention inside `mla_out_q8`'s blocks, or `mla_out_bf16`'s (`mo_attend`,
+/// short contexts: no split kernel) against the split kernels over the same f16 latent cache
+/// (`set_mo_att(0)`) and against the CPU's chain over an f32 one: V2-Lite's shapes, positions
+/// around the warps' rows (4 a warp, 32 a block pass) and past the default threshold. The two
+/// orders of the same sums give lat's Q8_0 quants the same values but for a rare flip of one
+/// quant at a rounding boundary, which moves outputs by up to a quant step (1/127 of its block's
+/// largest): on the H200, 4.5e-3 of the rms in 6 of 2,048 outputs at position 1.
 #[test]
 fn short_attention_in_mla_out() {
     let Some(shared) = gpu() else { return };
@@ -2079,38 +2079,43 @@ fn short_attention_in_mla_out() {
     let g = &CudaBackend::new(0).expect("second backend");
     let c = cpu();
     let mut r = rng(53);
-    let mut rep = Report::new("attention in mla_out_q8");
+    let mut rep = Report::new("attention in mla_out");
     let (nh, kl, rd, hd) = (16, 512, 64, 2048);
     let w = kl + rd;
     let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
-    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
-    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
-    for hist in [0u32, 1, 3, 4, 31, 32, 33, 100, 191, 300, 700] {
-        let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
-        let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
-        let args = (&q[..], &x[..], &nw[..]);
-        g.set_mo_att(u32::MAX);
-        let done = g.short_attentions();
-        let (ax, ao, al, _) = run_mla_out(g, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
-        if g.short_attentions() != done + 1 {
-            rep.failures.push(format!("pos={hist}: mla_out_q8 did not attend itself"));
+    for ty in [GgmlType::Q8_0, GgmlType::BF16] {
+        let (uvb, _) = weight(&mut r, ty, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+        let (wob, _) = weight(&mut r, ty, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+        let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
+        for hist in [0u32, 1, 3, 4, 31, 32, 33, 100, 191, 300, 700] {
+            let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
+            let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+            let args = (&q[..], &x[..], &nw[..]);
+            g.set_mo_att(u32::MAX);
+            let (done, out16) = (g.short_attentions(), g.out16_launches());
+            let (ax, ao, al, _) = run_mla_out_of(g, ty, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+            if g.short_attentions() != done + 1 {
+                rep.failures.push(format!("{ty:?} pos={hist}: mla_out did not attend itself"));
+            }
+            if ty == GgmlType::BF16 && g.out16_launches() != out16 + 1 {
+                rep.failures.push(format!("{ty:?} pos={hist}: mla_out_bf16 not taken"));
+            }
+            g.set_mo_att(0);
+            let (bx, bo, bl, _) = run_mla_out_of(g, ty, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+            if g.short_attentions() != done + 1 {
+                rep.failures.push(format!("{ty:?} pos={hist}: set_mo_att(0) still attended in mla_out"));
+            }
+            let (cx, co, _, _) = run_mla_out_of(c, ty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+            let lab = format!("{ty:?} pos={hist}");
+            rep.check(&format!("{lab} x vs split"), &ax, &bx, 1e-2, 1e-3);
+            rep.check(&format!("{lab} out vs split"), &ao, &bo, 1e-2, 1e-3);
+            rep.check(&format!("{lab} logits vs split"), &al, &bl, 1e-2, 1e-3);
+            // The f16 cache rounds the keys, and a rounding that moves one of lat's Q8_0 quants
+            // moves outputs by up to a quant step (1/127 of its block's largest): 2.4e-2 of the
+            // rms at positions 0-4 on the H200, the split kernels' figure too.
+            rep.check(&format!("{lab} x vs cpu"), &ax, &cx, 3e-2, 1e-2);
+            rep.check(&format!("{lab} out vs cpu"), &ao, &co, 3e-2, 1e-2);
         }
-        g.set_mo_att(0);
-        let (bx, bo, bl, _) = run_mla_out(g, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
-        if g.short_attentions() != done + 1 {
-            rep.failures.push(format!("pos={hist}: set_mo_att(0) still attended in mla_out_q8"));
-        }
-        let (cx, co, _, _) = run_mla_out(c, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
-        let lab = format!("pos={hist}");
-        rep.check(&format!("{lab} x vs split"), &ax, &bx, 1e-2, 1e-3);
-        rep.check(&format!("{lab} out vs split"), &ao, &bo, 1e-2, 1e-3);
-        rep.check(&format!("{lab} logits vs split"), &al, &bl, 1e-2, 1e-3);
-        // The f16 cache rounds the keys, and a rounding that moves one of lat's Q8_0 quants moves
-        // outputs by up to a quant step (1/127 of its block's largest): 2.4e-2 of the rms at
-        // positions 0-4 on the H200, the split kernels' figure too.
-        rep.check(&format!("{lab} x vs cpu"), &ax, &cx, 3e-2, 1e-2);
-        rep.check(&format!("{lab} out vs cpu"), &ao, &co, 3e-2, 1e-2);
     }
     g.set_mo_att(192);
     rep.finish();
