@@ -888,6 +888,80 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
     }
 }
 
+// moe_down_sh_h16_impl<T, 4> with every weight piece of a lane in flight at once (DS_MAXP at
+// most: V2-Lite's 8 slots of 1,408 give 11) and the token's activation rows staged in shared
+// memory (ks * kdim floats, cp.async, while the weights load): after the wait one round trip
+// for the expert ids, one for the weights and activations, then the sums, where the plain
+// kernel has the ids, then three batches of weights and activations one after another. The
+// same pieces in the same order per lane, the same warp sums and the same order of the warps'
+// sums: the same bits. Dynamic shared memory: 4 * ks * kdim bytes (the host checks it).
+#define DS_MAXP 12
+template <int T>
+__device__ void moe_down_sh_h16s_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k,
+                                      const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh, const float* h,
+                                      i64 hstride, float* out, i64 ooff, i64 ostride) {
+    pdl_trigger();
+    constexpr int WPR = 4;
+    extern __shared__ __align__(16) u8 smd[];
+    float* hs = (float*)smd;
+    __shared__ int es[MOE_SH_MAX_SLOTS];
+    __shared__ float red[GQ_WARPS];
+    const int t = blockIdx.y;
+    const int ks = k + nsh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = blockIdx.x * (GQ_WARPS / WPR) + warp / WPR, hw = warp % WPR;
+    const int row = min(row0, m - 1);
+    const int n8 = kdim >> 3, all = ks * n8;
+    const int per = (all + WPR - 1) / WPR, Pa = hw * per, total = min(all, Pa + per);
+    pdl_wait();
+    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? sel_e[t * k + threadIdx.x] : 0;
+    {
+        const float* hr = h + (i64)t * ks * hstride;
+        const int q4 = kdim >> 2;  // float4s a slot row
+        for (int i = threadIdx.x; i < ks * q4; i += GQ_THREADS) {
+            const int sl = i / q4, c = i - sl * q4;
+            cp_async16(hs + 4 * i, hr + (i64)sl * hstride + 4 * c);
+        }
+        cp_commit();
+    }
+    __syncthreads();
+    uint4 q[DS_MAXP];
+#pragma unroll
+    for (int u = 0; u < DS_MAXP; u++) {
+        const int P = Pa + lane + 32 * u;
+        const int sl = P / n8, c = P - sl * n8;
+        q[u] = make_uint4(0, 0, 0, 0);
+        if (P < total && (sl >= k || es[sl] >= 0)) {
+            const u8* gp = sl < k ? Wd + es[sl] * mat_bytes + (i64)row * row_bytes
+                                  : Sd + (i64)row * srow_bytes + (i64)(sl - k) * row_bytes;
+            q[u] = ldw16(gp + (i64)c * 16);
+        }
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < DS_MAXP; u++) {
+        const int P = Pa + lane + 32 * u;
+        if (P < total) {
+            // (Slots without an expert: zero weights times the zeros the gate/up kernel wrote.)
+            const float* xp = hs + 8 * P;  // slot P / n8, piece P % n8: rows are packed
+            const float4 a = *(const float4*)xp, b = *(const float4*)(xp + 4);
+            float w[8];
+            h16_unpack(T, q[u], w);
+            acc += dot8f(w, a, b);
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) red[warp] = acc;
+    __syncthreads();
+    if (hw == 0 && lane == 0 && row0 < m) {
+        float v = red[warp];
+        for (int j = 1; j < WPR; j++) v += red[warp + j];
+        out[ooff + (i64)t * ostride + row0] = v;
+    }
+}
+
 #define MOE_SH_H16(name, T)                                                                                     \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_gateup_sh_##name(           \
         const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,              \
@@ -907,6 +981,12 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
         i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
         moe_down_sh_h16_impl<T, 4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride, \
                                    out, ooff, ostride);                                                          \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_down_sh_##name##_s(          \
+        const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e, const u8* Sd,      \
+        i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
+        moe_down_sh_h16s_impl<T>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride,   \
+                                 out, ooff, ostride);                                                            \
     }
 MOE_SH_H16(f16, T_F16)
 MOE_SH_H16(bf16, T_BF16)

@@ -341,6 +341,8 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_out_q8",
     "mla_out_bf16",
     "mla_out_f16",
+    "moe_down_sh_bf16_s",
+    "moe_down_sh_f16_s",
 ];
 /// The f16 prompt products (kernels/mmq.cu, `MMF_INST`, `MMF_GU_INST`): (plain kernel, gate-up-GLU
 /// kernel, stages in flight), the first whose shared memory the device gives. Both take 256
@@ -369,6 +371,8 @@ const MO_VD: usize = 128;
 /// kernels/fused.cu).
 const MOE_SH_MAX_SLOTS: usize = 64;
 const MO_MAX_PARTS: usize = 16;
+/// Weight pieces (16 bytes) a lane of `moe_down_sh_<t>_s` holds at once (`DS_MAXP`).
+const DS_MAXP: usize = 12;
 const fn mla_out_smem(kl: usize, uv_row_bytes: usize, r: usize) -> usize {
     MO_VD * uv_row_bytes + r * 144 + 4 * 8 * kl + kl + 4 * (kl / 32) + MO_VD + 4 * (MO_VD / 32) + 4 * (256 + 16)
 }
@@ -809,6 +813,8 @@ fn kernel_names() -> Vec<String> {
         "moe_down_sh_q8_w4",
         "moe_down_sh_f16_w4",
         "moe_down_sh_bf16_w4",
+        "moe_down_sh_f16_s",
+        "moe_down_sh_bf16_s",
         "moe_gateup_sh_f16",
         "moe_down_sh_f16",
         "moe_gateup_sh_bf16",
@@ -1044,6 +1050,12 @@ pub struct CudaBackend {
     /// Q8_0 (two warps; four measured 583 -> 568). `TS_CUDA_DOWN_WPR=4` for both, `=1` for
     /// neither, to compare: each choice is another summation order.
     down_w4: (bool, bool),
+    /// f16 / bf16 decode MoE down products with a lane's weight pieces all in flight and the
+    /// activations in shared memory (`moe_down_sh_<t>_s`, the same bits as `_w4`).
+    /// `TS_CUDA_DOWN16S=1`; off until measured.
+    down16s: AtomicBool,
+    /// Launches of `moe_down_sh_<t>_s` (for the tests: [`CudaBackend::down16s_launches`]).
+    down16s_done: AtomicU64,
     /// The Q8_0 decode MoE of one token in one launch (`moe_sh_q8_one`) on at most this many
     /// blocks (all resident at once: at most the card's occupancy for it times the SMs); 0 =
     /// off (the default), the two launches `moe_gateup_sh_q8q` + `moe_down_sh_q8`
@@ -1455,6 +1467,8 @@ impl CudaBackend {
             out16_done: AtomicU64::new(0),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            down16s: AtomicBool::new(std::env::var("TS_CUDA_DOWN16S").is_ok_and(|v| v != "0")),
+            down16s_done: AtomicU64::new(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
                 Ok("1" | "2") => (false, false),
@@ -1667,6 +1681,16 @@ impl CudaBackend {
     /// A layer's first norm inside its f16 / bf16 products (`CudaBackend::norm_mm16`).
     pub fn set_norm_mm16(&self, on: bool) {
         self.norm_mm16.store(on, Ordering::Relaxed);
+    }
+
+    /// How many 16-bit decode MoE ops took `moe_down_sh_<t>_s`.
+    pub fn down16s_launches(&self) -> u64 {
+        self.down16s_done.load(Ordering::Relaxed)
+    }
+
+    /// The 16-bit decode MoE's staged down kernel (`CudaBackend::down16s`).
+    pub fn set_down16s(&self, on: bool) {
+        self.down16s.store(on, Ordering::Relaxed);
     }
 
     /// One token's f16 / bf16 absorbed query in the rope's launch (`CudaBackend::absorb16`).
@@ -3061,11 +3085,28 @@ impl CudaBackend {
                 [A::P(x.0.ptr), l(xr.off), l(xr.stride), A::I(act), A::P(g), l(ff)],
             ),
         );
+        // Four warps a row with every weight piece of a lane in flight and the activations
+        // staged in shared memory (moe_down_sh_<t>_s: the same bits as _w4) where a lane's share
+        // fits its registers and the rows fit the shared memory.
+        let staged_smem = 4 * ks * ff;
+        let staged = self.down16s.load(Ordering::Relaxed)
+            && self.down_w4.1
+            && (ks * (ff / 8)).div_ceil(4).div_ceil(32) <= DS_MAXP
+            && ff % 4 == 0
+            && staged_smem <= self.smem_max;
+        if staged {
+            self.down16s_done.fetch_add(1, Ordering::Relaxed);
+        }
+        let (name, rows, smem) = match (staged, self.down_w4.1) {
+            (true, _) => (KName::of(format_args!("moe_down_sh_{tn}_s")), 2, staged_smem),
+            (false, true) => (KName::of(format_args!("moe_down_sh_{tn}_w4")), 2, 0),
+            (false, false) => (KName::of(format_args!("moe_down_sh_{tn}")), 8, 0),
+        };
         self.launch(
-            KName::of(format_args!("moe_down_sh_{tn}{}", if self.down_w4.1 { "_w4" } else { "" })).as_str(),
-            (hdim.div_ceil(if self.down_w4.1 { 2 } else { 8 }) as u32, n as u32, 1),
+            name.as_str(),
+            (hdim.div_ceil(rows) as u32, n as u32, 1),
             256,
-            0,
+            smem as u32,
             &moe_down_args(experts.down, shared.down, (hdim, ff, k, nsh), sel_e, (g, ff), out, o),
         );
     }
@@ -4375,33 +4416,33 @@ impl Backend for CudaBackend {
                 ),
             );
         } else {
-        self.launch(
-            "mla_out_q8",
-            (hd.div_ceil(rows) as u32, nh as u32, 1),
-            256,
-            mla_out_smem(kl, w_uv.row_bytes, rows) as u32,
-            &cat::<16, 7, 23>(
-                [
-                    A::P(part),
-                    i(nsp),
-                    A::P(lat.0.ptr),
-                    l(lr.off),
-                    l(lr.stride),
-                    A::P(batch.pos_ptr()),
-                    i(nh),
-                    i(kl),
-                    A::P(w_uv.mem.ptr),
-                    l(w_uv.row_bytes),
-                    l(w_uv.mat_bytes()),
-                    A::P(wo.mem.ptr),
-                    l(wo.row_bytes),
-                    i(hd),
-                    i(rows),
-                    A::P(ho),
-                ],
-                att,
-            ),
-        );
+            self.launch(
+                "mla_out_q8",
+                (hd.div_ceil(rows) as u32, nh as u32, 1),
+                256,
+                mla_out_smem(kl, w_uv.row_bytes, rows) as u32,
+                &cat::<16, 7, 23>(
+                    [
+                        A::P(part),
+                        i(nsp),
+                        A::P(lat.0.ptr),
+                        l(lr.off),
+                        l(lr.stride),
+                        A::P(batch.pos_ptr()),
+                        i(nh),
+                        i(kl),
+                        A::P(w_uv.mem.ptr),
+                        l(w_uv.row_bytes),
+                        l(w_uv.mat_bytes()),
+                        A::P(wo.mem.ptr),
+                        l(wo.row_bytes),
+                        i(hd),
+                        i(rows),
+                        A::P(ho),
+                    ],
+                    att,
+                ),
+            );
         }
         // With `next` a few-row f32 matrix of the row's width (the MoE router): the norm and
         // that product in one launch (add_rms_norm_parts_router, the same bits as the two).

@@ -2246,6 +2246,56 @@ fn add_shared_f64(out: &mut [f32], x: &[f32], xr: Rows, w: [&[f32]; 3], hdim: us
     }
 }
 
+/// The 16-bit decode MoE with its staged down kernel (`moe_down_sh_<t>_s`: a lane's weight
+/// pieces all in flight, the activations in shared memory; `set_down16s(true)`) against the same
+/// backend's `_w4` kernel: bit for bit, bf16 and f16, V2-Lite's shapes (8 of its 64 experts)
+/// and a small one, 1 and 3 tokens; the staged kernel must have run each time.
+#[test]
+fn moe_down_staged_exact() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let g = &CudaBackend::new(0).expect("second backend");
+    if !g.fused() {
+        eprintln!("moe_down_staged_exact: the fused kernels are off (TS_CUDA_FUSED=0): nothing to compare");
+        return;
+    }
+    let mut r = rng(16);
+    let mut rep = Report::new("moe_down_staged");
+    for ty in [GgmlType::BF16, GgmlType::F16] {
+        for &(hdim, ff, ne, k, nsh) in &[(2048usize, 1408usize, 8usize, 6usize, 2usize), (256, 96, 16, 4, 1)] {
+            let sf = nsh * ff;
+            let shapes: [Vec<usize>; 6] =
+                [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+            let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
+            let gu = |i: usize| g.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+            let (gex, gsh) = ([gu(0), gu(1), gu(2)], [gu(3), gu(4), gu(5)]);
+            let p = MoeParams::top_k(ne, k);
+            for n in [1usize, 3] {
+                let xr = Rows { off: 4, n, width: hdim, stride: hdim + 4 };
+                let x = randn(&mut r, xr.end(), 1.0);
+                let lr = Rows::packed(n, ne);
+                let lg = randn(&mut r, lr.end(), 2.0);
+                let o = Rows::packed(n, hdim);
+                let (gx, gl) = (buf(g, &x), buf(g, &lg));
+                let mut outs = Vec::new();
+                for staged in [true, false] {
+                    g.set_down16s(staged);
+                    let before = g.down16s_launches();
+                    let go = g.alloc(o.end()).unwrap();
+                    poison(g, &go, o.end());
+                    assert!(run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &go, o, true), "moe_shared declined");
+                    let took = g.down16s_launches() - before;
+                    assert_eq!(took, u64::from(staged), "{ty:?} H={hdim} ff={ff} n={n}: moe_down_sh_<t>_s launches");
+                    outs.push(vec![get(g, &go, o)]);
+                }
+                exact(&mut rep, &format!("{} H={hdim} ff={ff} E={ne} k={k} shared={nsh} n={n}", ty.name()), &["out"], &outs[0], &outs[1]);
+            }
+        }
+    }
+    g.set_down16s(false);
+    rep.finish();
+}
+
 #[test]
 fn fused_moe_shared() {
     let Some(g) = gpu() else { return };
