@@ -746,6 +746,92 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8_impl<4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
                            ostride, radd);
 }
+// moe_down_sh_q8 (two warps a row) with two rounds of a lane's weight pieces (8, with their
+// scales) loaded before the wait where moe_down_unit loads one, and the token's activation rows
+// staged in shared memory by cp.async after it: V2-Lite's 11 pieces a lane then take two round
+// trips after the gate/up kernel ends (the activations; the last 3 pieces) where moe_down_unit
+// takes three (the first round's activations, then two rounds of weights and activations). More
+// pieces held would spill at 64 registers. The same pieces in the same order per lane, the same
+// warp sums and the same order of the two warps' sums (radd as there): the same bits. Dynamic
+// shared memory: ks * hrow bytes (hrow % 16 == 0; the host checks both).
+#define DQ_PRE 8
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
+    moe_down_sh_q8s(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
+                    const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
+                    i64 ostride, int radd) {
+    pdl_trigger();
+    constexpr int WPR = 2;
+    extern __shared__ __align__(16) u8 shq[];
+    __shared__ float red[GQ_WARPS];
+    __shared__ int es[MOE_SH_MAX_SLOTS];
+    const int t = blockIdx.y, ks = k + nsh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = blockIdx.x * (GQ_WARPS / WPR) + warp / WPR;
+    const int row = min(row0, m - 1), h = warp % WPR;
+    const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
+    const int per = (total + WPR - 1) / WPR;
+    const int Pa = h * per, Pb = min(total, Pa + per);
+    // The expert ids are final before this kernel launches (moe_gateup_sh_q8q triggers after
+    // its wait for the routing): read past L1, as moe_down_unit.
+    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
+    __syncthreads();
+    // Piece P's quants and scale (zeros past the warp's share).
+    auto wload = [&](int P, uint4& q, float& d) {
+        q = make_uint4(0u, 0u, 0u, 0u);
+        d = 0.f;
+        if (P < Pb) {
+            const int s = P / np, p = P - s * np, b = p >> 1;
+            const i64 go = (i64)(b >> 2) * 144;
+            const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes + go
+                                 : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes + go;
+            q = ldw16(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
+            d = ldw_scale(gp + 2 * (b & 3));
+        }
+    };
+    // acc += piece P's product with the staged activations (nothing past the share).
+    float acc = 0.f;
+    auto madd = [&](int P, uint4 q, float d) {
+        if (P < Pb) {
+            const int s = P / np, p = P - s * np, b = p >> 1;
+            const u8* xp = shq + (i64)s * hrow + (b >> 2) * 144;
+            const uint4 x = *(const uint4*)(xp + 16 + 32 * (b & 3) + 16 * (p & 1));
+            acc += (float)dot16v(q, x) * (d * h2f(*(const u16*)(xp + 2 * (b & 3))));
+        }
+    };
+    {
+        uint4 q[DQ_PRE];
+        float dw[DQ_PRE];
+#pragma unroll
+        for (int u = 0; u < DQ_PRE; u++) wload(Pa + lane + 32 * u, q[u], dw[u]);
+        pdl_wait();
+        const u8* hr = hq + (i64)t * ks * hrow;
+        const int n16 = (int)(ks * hrow / 16);
+        for (int i = threadIdx.x; i < n16; i += GQ_THREADS) cp_async16(shq + 16 * i, hr + 16 * (i64)i);
+        cp_commit();
+        cp_async_wait_all();
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < DQ_PRE; u++) madd(Pa + lane + 32 * u, q[u], dw[u]);
+    }
+    for (int P0 = Pa + lane + 32 * DQ_PRE; P0 < Pb; P0 += 128) {
+        uint4 q[4];
+        float dw[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) wload(P0 + 32 * u, q[u], dw[u]);
+#pragma unroll
+        for (int u = 0; u < 4; u++) madd(P0 + 32 * u, q[u], dw[u]);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) red[warp] = acc;
+    __syncthreads();
+    if (h == 0 && lane == 0 && row0 < m) {
+        float v = red[warp];
+        for (int j = 1; j < WPR; j++) v += red[warp + j];
+        // radd: out is the residual row and the sum is added to it (moe_down_unit's add).
+        float* o = out + ooff + (i64)t * ostride + row0;
+        *o = radd ? *o + v : v;
+    }
+}
 // ---- MoE decode with the shared experts folded in, f16/bf16 experts (Backend::moe_shared) --------
 // The same slots and block order as moe_gateup_sh_q8q / moe_down_sh_q8, for 16-bit float weights
 // with 16-byte aligned rows of a multiple of 8 values and f32 activations (16-byte aligned): a

@@ -343,6 +343,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_out_f16",
     "moe_down_sh_bf16_s",
     "moe_down_sh_f16_s",
+    "moe_down_sh_q8s",
 ];
 /// The f16 prompt products (kernels/mmq.cu, `MMF_INST`, `MMF_GU_INST`): (plain kernel, gate-up-GLU
 /// kernel, stages in flight), the first whose shared memory the device gives. Both take 256
@@ -811,6 +812,7 @@ fn kernel_names() -> Vec<String> {
         "gemv_h16_multi_norm_bf16_1",
         "moe_down_sh_q8",
         "moe_down_sh_q8_w4",
+        "moe_down_sh_q8s",
         "moe_down_sh_f16_w4",
         "moe_down_sh_bf16_w4",
         "moe_down_sh_f16_s",
@@ -1056,6 +1058,12 @@ pub struct CudaBackend {
     down16s: AtomicBool,
     /// Launches of `moe_down_sh_<t>_s` (for the tests: [`CudaBackend::down16s_launches`]).
     down16s_done: AtomicU64,
+    /// The Q8_0 decode MoE's down products with two rounds of weights loaded before the wait
+    /// and the activations staged in shared memory (`moe_down_sh_q8s`, the same bits as
+    /// `moe_down_sh_q8`). `TS_CUDA_DOWN_Q8S=1`; off until measured.
+    down_q8s: AtomicBool,
+    /// Launches of `moe_down_sh_q8s` (for the tests: [`CudaBackend::down_q8s_launches`]).
+    down_q8s_done: AtomicU64,
     /// The Q8_0 decode MoE of one token in one launch (`moe_sh_q8_one`) on at most this many
     /// blocks (all resident at once: at most the card's occupancy for it times the SMs); 0 =
     /// off (the default), the two launches `moe_gateup_sh_q8q` + `moe_down_sh_q8`
@@ -1469,6 +1477,8 @@ impl CudaBackend {
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             down16s: AtomicBool::new(std::env::var("TS_CUDA_DOWN16S").is_ok_and(|v| v != "0")),
             down16s_done: AtomicU64::new(0),
+            down_q8s: AtomicBool::new(std::env::var("TS_CUDA_DOWN_Q8S").is_ok_and(|v| v != "0")),
+            down_q8s_done: AtomicU64::new(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
                 Ok("1" | "2") => (false, false),
@@ -1681,6 +1691,16 @@ impl CudaBackend {
     /// A layer's first norm inside its f16 / bf16 products (`CudaBackend::norm_mm16`).
     pub fn set_norm_mm16(&self, on: bool) {
         self.norm_mm16.store(on, Ordering::Relaxed);
+    }
+
+    /// How many Q8_0 decode MoE ops took `moe_down_sh_q8s`.
+    pub fn down_q8s_launches(&self) -> u64 {
+        self.down_q8s_done.load(Ordering::Relaxed)
+    }
+
+    /// The Q8_0 decode MoE's staged down kernel (`CudaBackend::down_q8s`).
+    pub fn set_down_q8s(&self, on: bool) {
+        self.down_q8s.store(on, Ordering::Relaxed);
     }
 
     /// How many 16-bit decode MoE ops took `moe_down_sh_<t>_s`.
@@ -4906,11 +4926,21 @@ impl CudaBackend {
         }
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
         self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
+        // Two rounds of weights before the wait and the activations staged in shared memory
+        // (moe_down_sh_q8s, the same bits as moe_down_sh_q8) where they fit.
+        let staged = self.down_q8s.load(Ordering::Relaxed) && !self.down_w4.0 && hrow % 16 == 0 && ks * hrow <= self.smem_max;
+        if staged {
+            self.down_q8s_done.fetch_add(1, Ordering::Relaxed);
+        }
         self.launch(
-            if self.down_w4.0 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
+            match (staged, self.down_w4.0) {
+                (true, _) => "moe_down_sh_q8s",
+                (false, true) => "moe_down_sh_q8_w4",
+                (false, false) => "moe_down_sh_q8",
+            },
             (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),
             256,
-            0,
+            if staged { (ks * hrow) as u32 } else { 0 },
             &cat::<15, 1, 16>(moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o), [A::I(radd as i32)]),
         );
         true

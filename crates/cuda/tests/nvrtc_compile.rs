@@ -45,7 +45,12 @@ fn kernel_resources_sm_90() {
         eprintln!("SKIP: libnvrtc could not be loaded");
         return;
     }
-    match ts_cuda::kernels::compile_cubin_with("sm_90", &["--ptxas-options=-v"]) {
+    // TS_RES_DEFINES="A=1,B=2": measurement defines to price as well (-DA=1 -DB=2).
+    let extra: Vec<String> =
+        std::env::var("TS_RES_DEFINES").unwrap_or_default().split([',', ' ']).filter(|d| !d.is_empty()).map(|d| format!("-D{d}")).collect();
+    let mut opts = vec!["--ptxas-options=-v"];
+    opts.extend(extra.iter().map(String::as_str));
+    match ts_cuda::kernels::compile_cubin_with("sm_90", &opts) {
         Ok((_, log)) => {
             for line in log.lines().filter(|l| l.contains("Compiling entry") || l.contains("Used") || l.contains("spill")) {
                 eprintln!("{line}");

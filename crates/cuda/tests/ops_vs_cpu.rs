@@ -2246,10 +2246,13 @@ fn add_shared_f64(out: &mut [f32], x: &[f32], xr: Rows, w: [&[f32]; 3], hdim: us
     }
 }
 
-/// The 16-bit decode MoE with its staged down kernel (`moe_down_sh_<t>_s`: a lane's weight
-/// pieces all in flight, the activations in shared memory; `set_down16s(true)`) against the same
-/// backend's `_w4` kernel: bit for bit, bf16 and f16, V2-Lite's shapes (8 of its 64 experts)
-/// and a small one, 1 and 3 tokens; the staged kernel must have run each time.
+/// The decode MoE with its staged down kernels against the plain ones on the same backend, bit
+/// for bit: f16 / bf16 `moe_down_sh_<t>_s` (a lane's weight pieces all in flight, the
+/// activations in shared memory; `set_down16s`) against `_w4`, and Q8_0 `moe_down_sh_q8s` (two
+/// rounds of weights before the wait, the activations in shared memory; `set_down_q8s`) against
+/// `moe_down_sh_q8`, also with the output added into the residual (`moe_shared_residual`, one
+/// token). V2-Lite's shapes (8 of its 64 experts) and a small one, 1 and 3 tokens; the staged
+/// kernel must have run each time.
 #[test]
 fn moe_down_staged_exact() {
     let Some(shared) = gpu() else { return };
@@ -2261,8 +2264,12 @@ fn moe_down_staged_exact() {
     }
     let mut r = rng(16);
     let mut rep = Report::new("moe_down_staged");
-    for ty in [GgmlType::BF16, GgmlType::F16] {
-        for &(hdim, ff, ne, k, nsh) in &[(2048usize, 1408usize, 8usize, 6usize, 2usize), (256, 96, 16, 4, 1)] {
+    for ty in [GgmlType::Q8_0, GgmlType::BF16, GgmlType::F16] {
+        let q8 = ty == GgmlType::Q8_0;
+        let small_ff = if q8 { 128 } else { 96 };
+        let set = |on: bool| if q8 { g.set_down_q8s(on) } else { g.set_down16s(on) };
+        let count = || if q8 { g.down_q8s_launches() } else { g.down16s_launches() };
+        for &(hdim, ff, ne, k, nsh) in &[(2048usize, 1408usize, 8usize, 6usize, 2usize), (256, small_ff, 16, 4, 1)] {
             let sf = nsh * ff;
             let shapes: [Vec<usize>; 6] =
                 [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
@@ -2277,22 +2284,33 @@ fn moe_down_staged_exact() {
                 let lg = randn(&mut r, lr.end(), 2.0);
                 let o = Rows::packed(n, hdim);
                 let (gx, gl) = (buf(g, &x), buf(g, &lg));
+                let lab = format!("{} H={hdim} ff={ff} E={ne} k={k} shared={nsh} n={n}", ty.name());
                 let mut outs = Vec::new();
                 for staged in [true, false] {
-                    g.set_down16s(staged);
-                    let before = g.down16s_launches();
+                    set(staged);
+                    let before = count();
                     let go = g.alloc(o.end()).unwrap();
                     poison(g, &go, o.end());
-                    assert!(run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &go, o, true), "moe_shared declined");
-                    let took = g.down16s_launches() - before;
-                    assert_eq!(took, u64::from(staged), "{ty:?} H={hdim} ff={ff} n={n}: moe_down_sh_<t>_s launches");
-                    outs.push(vec![get(g, &go, o)]);
+                    assert!(run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &go, o, true), "{lab}: moe_shared declined");
+                    let mut got = vec![get(g, &go, o)];
+                    // Q8_0, one token: into the residual too (the down kernel's radd).
+                    if q8 && n == 1 {
+                        let res = buf(g, &x[4..4 + hdim]);
+                        let rr = Rows::packed(1, hdim);
+                        let (e, s) = (experts3(&gex), experts3(&gsh));
+                        assert!(g.moe_shared_residual(&gx, xr, &gl, lr, e, s, &p, &res, rr), "{lab}: moe_shared_residual declined");
+                        got.push(get(g, &res, rr));
+                    }
+                    let want = if staged { 1 + u64::from(q8 && n == 1) } else { 0 };
+                    assert_eq!(count() - before, want, "{lab}: staged down launches");
+                    outs.push(got);
                 }
-                exact(&mut rep, &format!("{} H={hdim} ff={ff} E={ne} k={k} shared={nsh} n={n}", ty.name()), &["out"], &outs[0], &outs[1]);
+                let names: &[&str] = if q8 && n == 1 { &["out", "into x"] } else { &["out"] };
+                exact(&mut rep, &lab, names, &outs[0], &outs[1]);
             }
         }
+        set(false);
     }
-    g.set_down16s(false);
     rep.finish();
 }
 

@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# Twenty-fifth session, main, written after the device time was spent (not yet run):
-# TS_CUDA_DOWN16S=1 (off until measured). The bf16 / f16 decode MoE's down products with every
-# weight piece of a lane in flight at once (11 at V2-Lite's shapes) and the token's activation
-# rows staged in shared memory by cp.async (moe_down_sh_<t>_s): after the wait one round trip for
-# the expert ids, one for the weights and activations, where _w4 has the ids then three batches
-# one after another. The bf16 trace put down at 18.2 us a layer against 9.6 us of bytes (53%),
-# the largest gap left for #5's bf16 figure (516 of 600). The same bits as _w4, so bf16 tg128's
-# hash must stay fc4c0eeac361bb3a. Op test moe_down_staged_exact (bit for bit against _w4,
-# asserts the staged kernel ran), then bf16 tg128 both ways, two rounds, and the trace.
-#   tools/gpu/plans/gpu-next75.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -40   (~4 minutes)
+# Twenty-fifth session, main, written after the device time was spent (not yet run). Two
+# switches, off until measured, each with the same bits as the kernel it replaces (so every hash
+# must hold: Q8_0 tg128 db10d2fd9a926913, 16k efeed109b1480c9a; bf16 tg128 fc4c0eeac361bb3a):
+# - TS_CUDA_DOWN_Q8S=1: the Q8_0 decode MoE's down kernel with two rounds of a lane's weight
+#   pieces (8 of V2-Lite's 11, with their scales) loaded before the wait where moe_down_sh_q8
+#   loads one, and the activations staged in shared memory by cp.async after it
+#   (moe_down_sh_q8s): two round trips after the gate/up kernel ends instead of three.
+# - TS_CUDA_DOWN16S=1: the bf16 / f16 one with every weight piece of a lane in flight at once
+#   (11) after the wait and the activations staged the same way (moe_down_sh_<t>_s): the bf16
+#   trace put down at 18.2 us a layer against 9.6 us of bytes (53%), the largest gap left for
+#   #5's bf16 figure (516 of 600).
+# Op test moe_down_staged_exact (bit for bit against the plain kernels, Q8_0 also into the
+# residual; asserts the staged kernels ran), then tg128 both ways (three rounds Q8_0, two bf16),
+# Q8_0 16k both ways, and the trace of each model with its switch.
+#   tools/gpu/plans/gpu-next75.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -50   (~8 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
-export TS_RUN_LIMIT=60
+export TS_RUN_LIMIT=90
 BF=/tmp/v2lite-bf16.gguf
-"$B" synth --preset deepseek-v2-lite --quant bf16 -o $BF >/dev/null 2>&1 &
+("$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1; "$B" synth --preset deepseek-v2-lite --quant bf16 -o $BF >/dev/null 2>&1) &
 stamp "== op tests"
-op_log 90 2 ops.txt "" "" moe_down_staged_exact
+op_log 150 2 ops.txt "" "" moe_down_staged_exact
 wait
+stamp "== Q8_0 tg128"
+for r in 1 2 3; do
+  for e in "" "TS_CUDA_DOWN_Q8S=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+done
+stamp "== Q8_0 tg64 at 16k"
+for e in "" "TS_CUDA_DOWN_Q8S=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
+stamp "== Q8_0 trace (DOWN_Q8S=1)"
+TS_CUDA_DOWN_Q8S=1 trace_tg 10
+rm -f $V
 stamp "== bf16 tg128"
 for r in 1 2; do
   for e in "" "TS_CUDA_DOWN16S=1"; do b "$e" "$B" bench --backend cuda -m $BF -p 0 -n 128 -r 3 --hash; done
