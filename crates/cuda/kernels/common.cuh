@@ -441,3 +441,22 @@ __device__ __forceinline__ void mma_f16(float* c, const u32* a, const u32* b) {
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 #endif
+// 16 bytes global -> shared on any card: cp.async where it has it (sm_80+), else a plain copy;
+// with cp_commit_any / cp_wait_all_any (nothing below sm_80: the copies were plain).
+__device__ __forceinline__ void cp16_any(void* s, const void* g) {
+#if __CUDA_ARCH__ >= 800
+    cp_async16(s, g);
+#else
+    *(uint4*)s = *(const uint4*)g;
+#endif
+}
+__device__ __forceinline__ void cp_commit_any() {
+#if __CUDA_ARCH__ >= 800
+    cp_commit();
+#endif
+}
+__device__ __forceinline__ void cp_wait_all_any() {
+#if __CUDA_ARCH__ >= 800
+    cp_async_wait_all();
+#endif
+}

@@ -806,9 +806,9 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
         pdl_wait();
         const u8* hr = hq + (i64)t * ks * hrow;
         const int n16 = (int)(ks * hrow / 16);
-        for (int i = threadIdx.x; i < n16; i += GQ_THREADS) cp_async16(shq + 16 * i, hr + 16 * (i64)i);
-        cp_commit();
-        cp_async_wait_all();
+        for (int i = threadIdx.x; i < n16; i += GQ_THREADS) cp16_any(shq + 16 * i, hr + 16 * (i64)i);
+        cp_commit_any();
+        cp_wait_all_any();
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < DQ_PRE; u++) madd(Pa + lane + 32 * u, q[u], dw[u]);
@@ -1006,9 +1006,9 @@ __device__ void moe_down_sh_h16s_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes
         const int q4 = kdim >> 2;  // float4s a slot row
         for (int i = threadIdx.x; i < ks * q4; i += GQ_THREADS) {
             const int sl = i / q4, c = i - sl * q4;
-            cp_async16(hs + 4 * i, hr + (i64)sl * hstride + 4 * c);
+            cp16_any(hs + 4 * i, hr + (i64)sl * hstride + 4 * c);
         }
-        cp_commit();
+        cp_commit_any();
     }
     __syncthreads();
     uint4 q[DS_MAXP];
@@ -1023,7 +1023,7 @@ __device__ void moe_down_sh_h16s_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes
             q[u] = ldw16(gp + (i64)c * 16);
         }
     }
-    cp_async_wait_all();
+    cp_wait_all_any();
     __syncthreads();
     float acc = 0.f;
 #pragma unroll
@@ -1296,14 +1296,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
 #define MO_VD 128
 #define MO_KL 512
 static_assert(MLA_MAX_SPLITS <= MO_THREADS, "mla_out_q8: a thread reads at most one split's (m, l)");
-// 16 bytes global -> shared: cp.async where the card has it (sm_80+), else a plain copy.
-__device__ __forceinline__ void mo_cp16(u8* s, const u8* g) {
-#if __CUDA_ARCH__ >= 800
-    cp_async16(s, g);
-#else
-    *(uint4*)s = *(const uint4*)g;
-#endif
-}
 // Head h's attention in the block itself (q non-null: short contexts, CudaBackend::mo_att, where
 // the split kernel's launch and its merge cost more than every block of the head reading the
 // head's keys; V2's shapes only: an f16 cache of 576-value rows, kl 512): lanes hold the scaled
@@ -1495,14 +1487,12 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS)
     {
         const u8* g = Wuv + (i64)h * uv_mat_bytes;
         const int n16 = (int)(MO_VD * uv_row_bytes / 16);
-        for (int i = tid; i < n16; i += MO_THREADS) mo_cp16(suv + 16 * i, g + 16 * (i64)i);
+        for (int i = tid; i < n16; i += MO_THREADS) cp16_any(suv + 16 * i, g + 16 * (i64)i);
         for (int i = tid; i < nr * 9; i += MO_THREADS) {
             const int r = i / 9, j = i - r * 9;
-            mo_cp16(so + r * 144 + 16 * j, Wo + (i64)(r0 + r) * o_row_bytes + (i64)h * 144 + 16 * j);
+            cp16_any(so + r * 144 + 16 * j, Wo + (i64)(r0 + r) * o_row_bytes + (i64)h * 144 + 16 * j);
         }
-#if __CUDA_ARCH__ >= 800
-        cp_commit();
-#endif
+        cp_commit_any();
     }
     // Positions come from the batch upload, which no kernel of the step writes.
     const int end = pos[0] + 1;
@@ -1529,9 +1519,7 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS)
             if ((tid & 15) == 0) latd[i >> 5] = h2f(f2h(d));
         }
     }
-#if __CUDA_ARCH__ >= 800
-    cp_async_wait_all();
-#endif
+    cp_wait_all_any();
     __syncthreads();
     // v_h: 8 lanes a row (up to 4 pieces of 16 quants each), 4 rows a warp a pass, 4 passes;
     // warp w's lane group g has rows 32p + 4w + g. The value rows go to the o phase through
