@@ -607,19 +607,53 @@ __device__ __forceinline__ void quant_group_body(i64 gid, const float* src, cons
 // SYNC (moe_sh_q8_one, one token): instead of the PDL wait before its activations, each warp
 // waits until the counters (cnt) of the slots its pieces read show all `need` gate/up units of
 // the slot done, and reads the activations past L1 (other blocks of the same launch wrote them).
+// A decode-MoE down warp's place: its output row (row0; row, clamped, for the weights) of
+// block bx, its part hw of the row's WPR warps, and its share [Pa, Pb) of the row's `total`
+// pieces (the slots' pieces in order).
+struct DownShare {
+    int row0, row, hw, Pa, Pb;
+};
+template <int WPR>
+__device__ __forceinline__ DownShare down_share(int bx, int m, int total) {
+    const int warp = threadIdx.x >> 5;
+    DownShare d;
+    d.row0 = bx * (GQ_WARPS / WPR) + warp / WPR;
+    d.row = min(d.row0, m - 1);
+    d.hw = warp % WPR;
+    const int per = (total + WPR - 1) / WPR;
+    d.Pa = d.hw * per;
+    d.Pb = min(total, d.Pa + per);
+    return d;
+}
+// The end of a down row: each warp's sum (warp_sum), the row's WPR warp sums added in warp
+// order (red: GQ_WARPS floats of shared memory; WPR 1 needs none) into *o, or to it (radd: the
+// residual row, read and written by this thread alone).
+template <int WPR>
+__device__ __forceinline__ void down_row_finish(float acc, float* red, const DownShare& d, int m, float* o, int radd) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    acc = warp_sum(acc);
+    if constexpr (WPR == 1) {
+        if (lane == 0 && d.row0 < m) *o = radd ? *o + acc : acc;
+    } else {
+        if (lane == 0) red[warp] = acc;
+        __syncthreads();
+        if (d.hw == 0 && lane == 0 && d.row0 < m) {
+            float v = red[warp];
+            for (int j = 1; j < WPR; j++) v += red[warp + j];
+            *o = radd ? *o + v : v;
+        }
+    }
+}
 template <int DOWN_WPR, bool SYNC = false>
 __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
                                               int k, const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
                                               const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride, float* red,
                                               int* es, const unsigned* cnt = nullptr, unsigned need = 0, int radd = 0) {
     const int ks = k + nsh;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int rows_per_block = GQ_WARPS / DOWN_WPR;
-    const int row0 = bx * rows_per_block + warp / DOWN_WPR;
-    const int row = min(row0, m - 1), h = warp % DOWN_WPR;
+    const int lane = threadIdx.x & 31;
     const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
-    const int per = (total + DOWN_WPR - 1) / DOWN_WPR;
-    const int Pa = h * per, Pb = min(total, Pa + per);
+    const DownShare d = down_share<DOWN_WPR>(bx, m, total);
+    const int row = d.row, Pa = d.Pa, Pb = d.Pb;
     if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
     __syncthreads();
     const u8* hr = hq + (i64)t * ks * hrow;
@@ -708,17 +742,9 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
 #pragma unroll
         for (int u = 0; u < 4; u++) acc += (float)dot16v(q[u], x[u]) * (dw[u] * dx[u]);
     }
-    acc = warp_sum(acc);
-    if (lane == 0) red[warp] = acc;
-    __syncthreads();
-    if (h == 0 && lane == 0 && row0 < m) {
-        float v = red[warp];
-        for (int j = 1; j < DOWN_WPR; j++) v += red[warp + j];
-        // radd: out is the residual row and the sum is added to it (the add the next layer's
-        // norm would make: x + y, the same bits); this thread alone reads and writes it.
-        float* o = out + ooff + (i64)t * ostride + row0;
-        *o = radd ? *o + v : v;
-    }
+    // radd: out is the residual row and the sum is added to it (the add the next layer's norm
+    // would make: x + y, the same bits).
+    down_row_finish<DOWN_WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, radd);
 }
 template <int DOWN_WPR>
 __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim,
@@ -765,12 +791,10 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     __shared__ float red[GQ_WARPS];
     __shared__ int es[MOE_SH_MAX_SLOTS];
     const int t = blockIdx.y, ks = k + nsh;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = blockIdx.x * (GQ_WARPS / WPR) + warp / WPR;
-    const int row = min(row0, m - 1), h = warp % WPR;
+    const int lane = threadIdx.x & 31;
     const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
-    const int per = (total + WPR - 1) / WPR;
-    const int Pa = h * per, Pb = min(total, Pa + per);
+    const DownShare d = down_share<WPR>(blockIdx.x, m, total);
+    const int row = d.row, Pa = d.Pa, Pb = d.Pb;
     // The expert ids are final before this kernel launches (moe_gateup_sh_q8q triggers after
     // its wait for the routing): read past L1, as moe_down_unit.
     if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
@@ -821,16 +845,7 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
 #pragma unroll
         for (int u = 0; u < 4; u++) madd(P0 + 32 * u, q[u], dw[u]);
     }
-    acc = warp_sum(acc);
-    if (lane == 0) red[warp] = acc;
-    __syncthreads();
-    if (h == 0 && lane == 0 && row0 < m) {
-        float v = red[warp];
-        for (int j = 1; j < WPR; j++) v += red[warp + j];
-        // radd: out is the residual row and the sum is added to it (moe_down_unit's add).
-        float* o = out + ooff + (i64)t * ostride + row0;
-        *o = radd ? *o + v : v;
-    }
+    down_row_finish<WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, radd);
 }
 // ---- MoE decode with the shared experts folded in, f16/bf16 experts (Backend::moe_shared) --------
 // The same slots and block order as moe_gateup_sh_q8q / moe_down_sh_q8, for 16-bit float weights
@@ -923,11 +938,10 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
     __shared__ float red[GQ_WARPS];
     const int t = blockIdx.y;
     const int ks = k + nsh;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = blockIdx.x * (GQ_WARPS / WPR) + warp / WPR, hw = warp % WPR;
-    const int row = min(row0, m - 1);
-    const int n8 = kdim >> 3, all = ks * n8;
-    const int per = (all + WPR - 1) / WPR, Pa = hw * per, total = min(all, Pa + per);
+    const int lane = threadIdx.x & 31;
+    const int n8 = kdim >> 3;
+    const DownShare d = down_share<WPR>(blockIdx.x, m, ks * n8);
+    const int row = d.row, Pa = d.Pa, total = d.Pb;
     pdl_wait();
     if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? sel_e[t * k + threadIdx.x] : 0;
     __syncthreads();
@@ -960,18 +974,7 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
             acc += dot8f(w, a[u], b[u]);
         }
     }
-    acc = warp_sum(acc);
-    if (WPR == 1) {
-        if (lane == 0 && row0 < m) out[ooff + (i64)t * ostride + row0] = acc;
-        return;
-    }
-    if (lane == 0) red[warp] = acc;
-    __syncthreads();
-    if (hw == 0 && lane == 0 && row0 < m) {
-        float v = red[warp];
-        for (int j = 1; j < WPR; j++) v += red[warp + j];
-        out[ooff + (i64)t * ostride + row0] = v;
-    }
+    down_row_finish<WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, 0);
 }
 
 // moe_down_sh_h16_impl<T, 4> with every weight piece of a lane in flight at once (DS_MAXP at
@@ -994,11 +997,10 @@ __device__ void moe_down_sh_h16s_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes
     __shared__ float red[GQ_WARPS];
     const int t = blockIdx.y;
     const int ks = k + nsh;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = blockIdx.x * (GQ_WARPS / WPR) + warp / WPR, hw = warp % WPR;
-    const int row = min(row0, m - 1);
-    const int n8 = kdim >> 3, all = ks * n8;
-    const int per = (all + WPR - 1) / WPR, Pa = hw * per, total = min(all, Pa + per);
+    const int lane = threadIdx.x & 31;
+    const int n8 = kdim >> 3;
+    const DownShare d = down_share<WPR>(blockIdx.x, m, ks * n8);
+    const int row = d.row, Pa = d.Pa, total = d.Pb;
     pdl_wait();
     if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? sel_e[t * k + threadIdx.x] : 0;
     {
@@ -1038,14 +1040,7 @@ __device__ void moe_down_sh_h16s_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes
             acc += dot8f(w, a, b);
         }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) red[warp] = acc;
-    __syncthreads();
-    if (hw == 0 && lane == 0 && row0 < m) {
-        float v = red[warp];
-        for (int j = 1; j < WPR; j++) v += red[warp + j];
-        out[ooff + (i64)t * ostride + row0] = v;
-    }
+    down_row_finish<WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, 0);
 }
 
 #define MOE_SH_H16(name, T)                                                                                     \

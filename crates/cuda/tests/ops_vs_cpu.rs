@@ -1581,27 +1581,11 @@ fn fused_mla_rope_absorb() {
 }
 
 /// `mla_attention_out` on one backend for one decode token at position `hist` of slot 1 (a cache
-/// of random rows up to it; the backend's latent cache with `latent`, else an f32 one), with a
-/// 64-row f32 `next` product (a router) when `rw` is given, and then with `moe` = (its six Q8_0
+/// of random rows up to it; the backend's latent cache with `latent`, else an f32 one), W_uv
+/// and W_o of type `wty` (their bytes `uvb`, `wob`), with a 64-row f32 `next` product (a router) when `rw` is given, and then with `moe` = (its six Q8_0
 /// weights' shapes and bytes as `moe_pair_exact` lays them out, its parameters) `moe_shared` of
 /// the normed row and those logits: returns (x after the residual add, the normed rows, the
 /// router's logits, the MoE's output).
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-fn run_mla_out<B: Backend>(
-    b: &B,
-    latent: bool,
-    p: &MlaParams,
-    hist: u32,
-    cache_rows: &[f32],
-    (uvb, wob): (&[u8], &[u8]),
-    (q, x, nw): (&[f32], &[f32], &[f32]),
-    rw: Option<&[u8]>,
-    moe: Option<(&[Vec<usize>], &[Vec<u8>], &MoeParams, bool)>,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
-    run_mla_out_of(b, GgmlType::Q8_0, latent, p, hist, cache_rows, (uvb, wob), (q, x, nw), rw, moe)
-}
-
-/// `run_mla_out` with W_uv and W_o of type `wty`.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 fn run_mla_out_of<B: Backend>(
     b: &B,
@@ -1711,9 +1695,9 @@ fn fused_mla_attention_out() {
         let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
         g.set_mla_out(rows);
         g.set_norm_router(true);
-        let (fx, fo, fl, _) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+        let (fx, fo, fl, _) = run_mla_out_of(g, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         g.set_norm_router(false);
-        let (nx, no, nl, _) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+        let (nx, no, nl, _) = run_mla_out_of(g, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         exact(
             &mut rep,
             &format!("heads={nh} H={hd} pos={hist} router in the norm's launch"),
@@ -1722,8 +1706,8 @@ fn fused_mla_attention_out() {
             &[nx, no, nl],
         );
         g.set_mla_out(0);
-        let (px, po, pl, _) = run_mla_out(g, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
-        let (cx, co, cl, _) = run_mla_out(c, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+        let (px, po, pl, _) = run_mla_out_of(g, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
+        let (cx, co, cl, _) = run_mla_out_of(c, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         // The tensor-core split rounds queries, keys and probabilities to f16.
         let tol = if nh == 16 && hist >= 2560 { 2e-2 } else { 5e-3 };
         let lab = format!("heads={nh} kv_lora={kl} H={hd} rows={rows} pos={hist}");
@@ -2153,12 +2137,15 @@ fn pre_routed_moe_exact() {
             let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
             let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
             let moe = Some((&shapes[..], &bytes[..], &mp, false));
-            let (ax, ao, al, am) = run_mla_out(ga, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
-            let (bx, bo, bl, bm) = run_mla_out(gb, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
+            let (ax, ao, al, am) =
+                run_mla_out_of(ga, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
+            let (bx, bo, bl, bm) =
+                run_mla_out_of(gb, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
             // The MoE added into x by its down kernel (moe_shared_residual), routed ahead too:
             // x + moe, the add the next layer's norm makes.
             let res = Some((&shapes[..], &bytes[..], &mp, true));
-            let (_, co, cl, cm) = run_mla_out(gc, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), res);
+            let (_, co, cl, cm) =
+                run_mla_out_of(gc, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), res);
             let sum: Vec<f32> = bx.iter().zip(&bm).map(|(a, b)| a + b).collect();
             taken += 1;
             if ga.pre_routes() != taken || gc.pre_routes() != taken {
