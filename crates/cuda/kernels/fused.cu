@@ -1909,3 +1909,104 @@ __device__ __forceinline__ void mla_out_h16_body(const float* part, int nsp, con
     }
 MLA_OUT_H16(bf16, T_BF16)
 MLA_OUT_H16(f16, T_F16)
+
+// ---- The routing launch by column slices (CudaBackend::route_slice; docs/GPU.md's design) -------
+// add_rms_norm_parts_router_route's work, the row cut into RR_CLUSTER column slices instead of
+// each block normalising the whole row: block r of the cluster (256 threads) owns columns
+// [r * cb, r * cb + cb), cb = width / 8, one a thread: it adds x and the np parts there (16 KB of
+// parts where the whole-row kernel loads 128 KB a block), writes x and out there (no ordering on
+// x), sends its sum of squares to every block (distributed shared memory), and after the cluster
+// barrier each block adds the 8 sums in rank order (the same inverse rms everywhere). Then all m
+// router rows over its columns (warp w rows 8w .. 8w+7, a lane cb / 32 columns; the weights in
+// registers before the PDL wait), the 8 rows' partial logits sent to block 0, which adds the 8
+// blocks' in rank order after a second barrier, writes lg and routes (route_warp_body); each block
+// quantises its own 128-value groups of xq. Other orders of the sums than the whole-row kernel
+// (rms, logits): close, not the same bits. Needs width % 1024 == 0, width <= 2048, m <= 64,
+// rk <= 32, exactly RR_CLUSTER blocks of 256 threads.
+#define RS_THREADS 256
+#define RS_CPL 8  // columns a lane at most (cb = 256)
+extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(RS_THREADS)
+    add_rms_norm_parts_router_route_s(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w,
+                                      int has_w, float eps, float* out, i64 ooff, int width, const float* R, int m,
+                                      float* lg, i64 loff, int rk, int gating, int norm_topk, float scale,
+                                      int* sel_e, float* sel_w, u8* xq) {
+#if __CUDA_ARCH__ >= 900
+    __shared__ float red[RS_THREADS / 32];
+    __shared__ float ssv[RR_CLUSTER];
+    __shared__ float lgp[RR_CLUSTER * 64];
+    __shared__ float lgs[64];
+    __shared__ __align__(16) float hs[RS_THREADS];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const unsigned rank = cluster_rank();
+    const int cb = width / RR_CLUSTER, cpl = cb / 32, c0 = (int)rank * cb;
+    cluster_arrive_relaxed();
+    // This warp's 8 router rows over this lane's columns, and this thread's norm weight.
+    float wr[8][RS_CPL];
+#pragma unroll
+    for (int rr = 0; rr < 8; rr++) {
+        const int row = 8 * warp + rr;
+#pragma unroll
+        for (int i = 0; i < RS_CPL; i++) wr[rr][i] = row < m && i < cpl ? R[(i64)row * width + c0 + lane * cpl + i] : 0.f;
+    }
+    const bool own = tid < cb;
+    const float wv = has_w && own ? w[c0 + tid] : 1.f;
+    PDL_ENTRY();
+    float* xr = x + xoff;
+    float v = 0.f;
+    if (own) {
+        float pv[MO_MAX_PARTS];
+#pragma unroll
+        for (int j = 0; j < MO_MAX_PARTS; j++) pv[j] = parts[(i64)min(j, np - 1) * pstride + c0 + tid];
+        float d = pv[0];
+#pragma unroll
+        for (int j = 1; j < MO_MAX_PARTS; j++)
+            if (j < np) d += pv[j];
+        v = xr[c0 + tid] + d;
+    }
+    float ss = warp_sum(v * v);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    cluster_wait();  // every block is running: its shared memory may be written
+    if (tid < RR_CLUSTER) {
+        // The block's sum (its warps' in order) into block tid's copy of ssv[rank].
+        float b = red[0];
+        for (int i = 1; i < RS_THREADS / 32; i++) b += red[i];
+        st_cluster(&ssv[rank], tid, b);
+    }
+    cluster_arrive();
+    cluster_wait();
+    float tot = ssv[0];
+    for (int i = 1; i < RR_CLUSTER; i++) tot += ssv[i];
+    const float inv = 1.0f / sqrtf(tot / (float)width + eps);
+    if (own) {
+        const float h = has_w ? v * inv * wv : v * inv;
+        hs[tid] = h;
+        out[ooff + c0 + tid] = h;
+        xr[c0 + tid] = v;
+    }
+    __syncthreads();
+    // This block's 128-value groups of xq (a warp each), and the partial logits.
+    if (warp < cb / 128) quant_group_body(rank * (cb / 128) + warp, hs, nullptr, -(i64)c0, 0, 1, width, 0, nullptr, 0, 1, xq, 0);
+#pragma unroll
+    for (int rr = 0; rr < 8; rr++) {
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < RS_CPL; i++)
+            if (i < cpl) a += wr[rr][i] * hs[lane * cpl + i];
+        a = warp_sum(a);
+        const int row = 8 * warp + rr;
+        if (lane == 0 && row < m) st_cluster(&lgp[rank * 64 + row], 0, a);
+    }
+    cluster_arrive();
+    cluster_wait();
+    if (rank != 0) return;
+    if (tid < m) {
+        float l = lgp[tid];
+        for (int b = 1; b < RR_CLUSTER; b++) l += lgp[b * 64 + tid];
+        lg[loff + tid] = l;
+        lgs[tid] = l;
+    }
+    __syncthreads();
+    if (warp == 0) route_warp_body(0, lgs, 0, 0, 1, m, rk, gating, norm_topk, scale, sel_e, sel_w);
+#endif
+}

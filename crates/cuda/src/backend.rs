@@ -792,6 +792,7 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm",
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
+        "add_rms_norm_parts_router_route_s",
         "mla_out_q8",
         "mla_out_bf16",
         "mla_out_f16",
@@ -1064,6 +1065,13 @@ pub struct CudaBackend {
     down_q8s: AtomicBool,
     /// Launches of `moe_down_sh_q8s` (for the tests: [`CudaBackend::down_q8s_launches`]).
     down_q8s_done: AtomicU64,
+    /// One token's norm, router and routing by column slices of the row
+    /// (`add_rms_norm_parts_router_route_s`: another order of the rms and logit sums than the
+    /// whole-row kernel). `TS_CUDA_ROUTE_SLICE=1`; off until measured.
+    route_slice: AtomicBool,
+    /// Launches of `add_rms_norm_parts_router_route_s` (for the tests:
+    /// [`CudaBackend::route_slices`]).
+    route_sliced: AtomicU64,
     /// The Q8_0 decode MoE of one token in one launch (`moe_sh_q8_one`) on at most this many
     /// blocks (all resident at once: at most the card's occupancy for it times the SMs); 0 =
     /// off (the default), the two launches `moe_gateup_sh_q8q` + `moe_down_sh_q8`
@@ -1479,6 +1487,8 @@ impl CudaBackend {
             down16s_done: AtomicU64::new(0),
             down_q8s: AtomicBool::new(std::env::var("TS_CUDA_DOWN_Q8S").is_ok_and(|v| v != "0")),
             down_q8s_done: AtomicU64::new(0),
+            route_slice: AtomicBool::new(std::env::var("TS_CUDA_ROUTE_SLICE").is_ok_and(|v| v != "0")),
+            route_sliced: AtomicU64::new(0),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
                 Ok("1" | "2") => (false, false),
@@ -1691,6 +1701,16 @@ impl CudaBackend {
     /// A layer's first norm inside its f16 / bf16 products (`CudaBackend::norm_mm16`).
     pub fn set_norm_mm16(&self, on: bool) {
         self.norm_mm16.store(on, Ordering::Relaxed);
+    }
+
+    /// How many routings made ahead took `add_rms_norm_parts_router_route_s`.
+    pub fn route_slices(&self) -> u64 {
+        self.route_sliced.load(Ordering::Relaxed)
+    }
+
+    /// One token's routing launch by column slices (`CudaBackend::route_slice`).
+    pub fn set_route_slice(&self, on: bool) {
+        self.route_slice.store(on, Ordering::Relaxed);
     }
 
     /// How many Q8_0 decode MoE ops took `moe_down_sh_q8s`.
@@ -4506,7 +4526,14 @@ impl Backend for CudaBackend {
                 let gating = A::I(matches!(mp.gating, Gating::Sigmoid) as i32);
                 let route = [i(mp.k), gating, A::I(mp.norm_topk as i32), A::F(mp.scale), A::P(se), A::P(sw), A::P(xq)];
                 let args: [A; 22] = cat(cat::<11, 4, 15>(norm, router), route);
-                self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
+                // By column slices (add_rms_norm_parts_router_route_s) where its shapes hold.
+                let slice = self.route_slice.load(Ordering::Relaxed) && hd % 1024 == 0 && hd <= 2048;
+                if slice {
+                    self.route_sliced.fetch_add(1, Ordering::Relaxed);
+                    self.launch("add_rms_norm_parts_router_route_s", (8, 1, 1), 256, 0, &args);
+                } else {
+                    self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
+                }
                 *self.routed.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(Routed { logits: (nb.0.ptr, nr.off), input: (out.0.ptr, o.off), p: *mp });
                 return;

@@ -2105,6 +2105,60 @@ fn short_attention_in_mla_out() {
     rep.finish();
 }
 
+/// The routing launch by column slices (`add_rms_norm_parts_router_route_s`, `set_route_slice`)
+/// against the whole-row one (`add_rms_norm_parts_router_route`) on another backend, both routing
+/// ahead for the MoE that follows: another order of the rms and logit sums, so close, not the
+/// same bits (x bit for bit: the same adds; the MoE within a Q8_0 quant step, unless a near-tie
+/// picks another expert). Q8_0 and bf16 attention weights, V2-Lite's shapes, softmax and
+/// sigmoid gating; the sliced launch must have been taken each time.
+#[test]
+fn route_slices_close() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let ga = &CudaBackend::new(0).expect("second backend");
+    let gb = &CudaBackend::new(0).expect("third backend");
+    ga.set_route_slice(true);
+    let mut r = rng(48);
+    let mut rep = Report::new("routing by slices");
+    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
+    let (w, sf) = (kl + rd, nsh * ff);
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
+    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
+    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
+    let mut taken = 0;
+    for wty in [GgmlType::Q8_0, GgmlType::BF16] {
+        let (uvb, _) = weight(&mut r, wty, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+        let (wob, _) = weight(&mut r, wty, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+        for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
+            let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
+            for hist in [3u32, 300] {
+                let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
+                let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+                let moe = Some((&shapes[..], &bytes[..], &mp, false));
+                let args = (&q[..], &x[..], &nw[..]);
+                let (ax, ao, al, am) = run_mla_out_of(ga, wty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), moe);
+                let (bx, bo, bl, bm) = run_mla_out_of(gb, wty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), moe);
+                taken += 1;
+                if ga.route_slices() != taken {
+                    rep.failures.push(format!("{wty:?} {gating:?} pos={hist}: the sliced routing was not taken"));
+                }
+                let lab = format!("{} {gating:?} pos={hist}", wty.name());
+                exact(&mut rep, &lab, &["x"], &[ax], &[bx]);
+                rep.check(&format!("{lab} out"), &ao, &bo, 1e-5, 1e-5);
+                rep.check(&format!("{lab} logits"), &al, &bl, 1e-5, 1e-5);
+                // The MoE quantises h to Q8_0: a rounding moved by the last bit of h moves its
+                // outputs by up to a quant step (1/127 of a block's largest).
+                rep.check(&format!("{lab} moe"), &am, &bm, 1e-2, 1e-3);
+            }
+        }
+    }
+    if gb.route_slices() != 0 {
+        rep.failures.push("the whole-row backend routed by slices".into());
+    }
+    rep.finish();
+}
+
 /// A decode token's attention output side, then its MoE (`moe_shared`, 64 Q8_0 experts, top 6,
 /// two shared chunks), with the MoE routed ahead in the router's launch (`pre_route`: that
 /// kernel also quantises the normed row and routes the logits; the MoE skips moe_route_quant)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Twenty-fifth session, main, written after the device time was spent (not yet run; after
+# gpu-next75): TS_CUDA_ROUTE_SLICE=1 (off until measured). One decode token's norm, router and
+# routing launch by column slices (add_rms_norm_parts_router_route_s, docs/GPU.md's design): each
+# of the cluster's 8 blocks loads its 256 columns of the 16 per-head parts (16 KB where the
+# whole-row kernel loads 128 KB a block), the blocks' sums of squares and partial logits meet
+# through distributed shared memory. Other orders of the sums: the hashes may move (the router
+# has near-ties), so the op test's closeness is the check of correctness, the figure the gain.
+# Op test route_slices_close (against the whole-row launch; Q8_0 and bf16 attention weights),
+# then tg128 both ways (Q8_0 three rounds, bf16 two) and the Q8_0 trace with it.
+#   tools/gpu/plans/gpu-next76.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -40   (~6 minutes)
+set -u
+B=$1; OPS=$2
+source "$(dirname "$0")/lib.sh"
+export TS_RUN_LIMIT=90
+BF=/tmp/v2lite-bf16.gguf
+("$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1; "$B" synth --preset deepseek-v2-lite --quant bf16 -o $BF >/dev/null 2>&1) &
+stamp "== op tests"
+op_log 150 2 ops.txt "" "" route_slices_close pre_routed_moe_exact
+wait
+stamp "== Q8_0 tg128"
+for r in 1 2 3; do
+  for e in "" "TS_CUDA_ROUTE_SLICE=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
+done
+stamp "== Q8_0 trace (ROUTE_SLICE=1)"
+TS_CUDA_ROUTE_SLICE=1 trace_tg 10
+rm -f $V
+stamp "== bf16 tg128"
+for r in 1 2; do
+  for e in "" "TS_CUDA_ROUTE_SLICE=1"; do b "$e" "$B" bench --backend cuda -m $BF -p 0 -n 128 -r 3 --hash; done
+done
+rm -f $BF
+stamp "== done"
