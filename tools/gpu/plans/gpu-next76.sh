@@ -13,8 +13,7 @@ set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
-BF=/tmp/v2lite-bf16.gguf
-("$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1; "$B" synth --preset deepseek-v2-lite --quant bf16 -o $BF >/dev/null 2>&1) &
+models_bg
 stamp "== op tests"
 op_log 150 2 ops.txt "" "" route_slices_close pre_routed_moe_exact
 wait

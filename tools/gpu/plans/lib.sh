@@ -4,6 +4,7 @@
 # synthesised in the background while ops_vs_cpu runs (summary lines only; the log in $O).
 export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
 V=/tmp/v2lite-q8_0.gguf
+BF=/tmp/v2lite-bf16.gguf
 O=${OUT:-/tmp}
 # (Each run is cut off after $TS_RUN_LIMIT seconds, default 240, so that a hung kernel costs one
 # run, not the whole device call.)
@@ -81,4 +82,10 @@ op_log() {
 trace_tg() {
   TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m ${2:-$V} -p 0 -n 32 -r 1 >/dev/null 2>&1
   python3 "$(dirname "${BASH_SOURCE[0]}")/../trace.py" $O/tr.csv 16 | head -$1; rm -f $O/tr.csv
+}
+# `models_bg`: both synthetic V2-Lite files, $V (Q8_0) then $BF (bf16), made in the background
+# (`wait` for them).
+models_bg() {
+  ("$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
+   "$B" synth --preset deepseek-v2-lite --quant bf16 -o $BF >/dev/null 2>&1) &
 }
