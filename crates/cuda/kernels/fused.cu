@@ -1910,7 +1910,7 @@ __device__ __forceinline__ void mla_out_h16_body(const float* part, int nsp, con
 MLA_OUT_H16(bf16, T_BF16)
 MLA_OUT_H16(f16, T_F16)
 
-// ---- The routing launch by column slices (CudaBackend::route_slice; docs/GPU.md's design) -------
+// ---- The routing launch by column slices (Path::RouteSlice; docs/GPU.md's design) -------
 // add_rms_norm_parts_router_route's work, the row cut into RR_CLUSTER column slices instead of
 // each block normalising the whole row: block r of the cluster (256 threads) owns columns
 // [r * cb, r * cb + cb), cb = width / 8, one a thread: it adds x and the np parts there (16 KB of

@@ -881,6 +881,56 @@ pub const GRAPH_MAX_TOKENS: usize = 128;
 /// At most this many step recordings are kept (one per token count and output pattern).
 const GRAPH_MAX_COUNT: usize = 192;
 
+/// Decode paths switched at run time (`CudaBackend::set_path`), each counted where taken
+/// (`CudaBackend::path_launches`). Each reads its environment variable at open ("0" off, anything
+/// else on); docs/PERF.md has each one's measurements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// `mla_rope_cache_write` of one token with an f16 / bf16 W_uk in one launch
+    /// (`mla_rope_absorb_<t>_1`: the same bits as `norm_rope_cache` then `gemv_h16_<t>_1`).
+    /// On; `TS_CUDA_ABSORB16=0` turns it off (bf16 tg128 487.3 against 473.0 on the H200).
+    Absorb16,
+    /// `mla_attention_out` of one token with f16 / bf16 W_uv and W_o in clusters (`mla_out_<t>`:
+    /// the merge or the attention, the value rows and the output's per-head rows in one launch,
+    /// then the norm's launch of the Q8_0 path). On; `TS_CUDA_OUT16=0` turns it off (bf16 tg128
+    /// 489.1 against 487.3 with ABSORB16 alone on the H200; W_o's sum by head moves the bf16
+    /// tokens' hash).
+    Out16,
+    /// f16 / bf16 decode MoE down products with a lane's weight pieces all in flight and the
+    /// activations in shared memory (`moe_down_sh_<t>_s`, the same bits as `_w4`).
+    /// `TS_CUDA_DOWN16S=1`; off until measured.
+    Down16s,
+    /// The Q8_0 decode MoE's down products with two rounds of weights loaded before the wait and
+    /// the activations staged in shared memory (`moe_down_sh_q8s`, the same bits as
+    /// `moe_down_sh_q8`). `TS_CUDA_DOWN_Q8S=1`; off until measured.
+    DownQ8s,
+    /// One token's norm, router and routing by column slices of the row
+    /// (`add_rms_norm_parts_router_route_s`: another order of the rms and logit sums than the
+    /// whole-row kernel). `TS_CUDA_ROUTE_SLICE=1`; off until measured.
+    RouteSlice,
+}
+
+impl Path {
+    const ALL: [Path; 5] = [Path::Absorb16, Path::Out16, Path::Down16s, Path::DownQ8s, Path::RouteSlice];
+
+    /// Its environment variable and its default.
+    fn env(self) -> (&'static str, bool) {
+        match self {
+            Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
+            Path::Out16 => ("TS_CUDA_OUT16", true),
+            Path::Down16s => ("TS_CUDA_DOWN16S", false),
+            Path::DownQ8s => ("TS_CUDA_DOWN_Q8S", false),
+            Path::RouteSlice => ("TS_CUDA_ROUTE_SLICE", false),
+        }
+    }
+
+    /// Whether it starts on: its variable's setting, else its default.
+    fn env_on(self) -> bool {
+        let (var, default) = self.env();
+        std::env::var(var).map_or(default, |v| v != "0")
+    }
+}
+
 /// The CUDA backend: one device, one stream, kernels compiled by NVRTC for the device.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -1053,25 +1103,8 @@ pub struct CudaBackend {
     /// Q8_0 (two warps; four measured 583 -> 568). `TS_CUDA_DOWN_WPR=4` for both, `=1` for
     /// neither, to compare: each choice is another summation order.
     down_w4: (bool, bool),
-    /// f16 / bf16 decode MoE down products with a lane's weight pieces all in flight and the
-    /// activations in shared memory (`moe_down_sh_<t>_s`, the same bits as `_w4`).
-    /// `TS_CUDA_DOWN16S=1`; off until measured.
-    down16s: AtomicBool,
-    /// Launches of `moe_down_sh_<t>_s` (for the tests: [`CudaBackend::down16s_launches`]).
-    down16s_done: AtomicU64,
-    /// The Q8_0 decode MoE's down products with two rounds of weights loaded before the wait
-    /// and the activations staged in shared memory (`moe_down_sh_q8s`, the same bits as
-    /// `moe_down_sh_q8`). `TS_CUDA_DOWN_Q8S=1`; off until measured.
-    down_q8s: AtomicBool,
-    /// Launches of `moe_down_sh_q8s` (for the tests: [`CudaBackend::down_q8s_launches`]).
-    down_q8s_done: AtomicU64,
-    /// One token's norm, router and routing by column slices of the row
-    /// (`add_rms_norm_parts_router_route_s`: another order of the rms and logit sums than the
-    /// whole-row kernel). `TS_CUDA_ROUTE_SLICE=1`; off until measured.
-    route_slice: AtomicBool,
-    /// Launches of `add_rms_norm_parts_router_route_s` (for the tests:
-    /// [`CudaBackend::route_slices`]).
-    route_sliced: AtomicU64,
+    /// Decode paths switched at run time, each with its count of launches ([`Path`]).
+    paths: [(AtomicBool, AtomicU64); Path::ALL.len()],
     /// The Q8_0 decode MoE of one token in one launch (`moe_sh_q8_one`) on at most this many
     /// blocks (all resident at once: at most the card's occupancy for it times the SMs); 0 =
     /// off (the default), the two launches `moe_gateup_sh_q8q` + `moe_down_sh_q8`
@@ -1111,20 +1144,6 @@ pub struct CudaBackend {
     /// in one launch (`gemv_h16_multi_norm_<t>_1`: the same bits as the norm's launch, then the
     /// products'). On; `TS_CUDA_NORM_MM16=0` turns it off (bf16 tg128 +16 tok/s on the H100).
     norm_mm16: AtomicBool,
-    /// `mla_rope_cache_write` of one token with an f16 / bf16 W_uk in one launch
-    /// (`mla_rope_absorb_<t>_1`: the same bits as `norm_rope_cache` then `gemv_h16_<t>_1`).
-    /// On; `TS_CUDA_ABSORB16=0` turns it off (bf16 tg128 487.3 against 473.0 on the H200).
-    absorb16: AtomicBool,
-    /// Launches of `mla_rope_absorb_<t>_1` (for the tests: [`CudaBackend::absorb16_launches`]).
-    absorbed16: AtomicU64,
-    /// `mla_attention_out` of one token with f16 / bf16 W_uv and W_o in clusters (`mla_out_<t>`:
-    /// the merge, the value rows and the output's per-head rows in one launch, then the norm's
-    /// launch of the Q8_0 path). On; `TS_CUDA_OUT16=0` turns it off (bf16 tg128 489.1 against
-    /// 487.3 with ABSORB16 alone, 480.6 against 473.0 without, on the H200; W_o's sum by head
-    /// moves the bf16 tokens' hash to 704d7a41e7a5c16d).
-    out16: AtomicBool,
-    /// Launches of `mla_out_<t>` (for the tests: [`CudaBackend::out16_launches`]).
-    out16_done: AtomicU64,
     /// `moe_shared_residual` on the one-token Q8_0 MoE (its down kernel adds the residual), and
     /// `rms_norm_matmul_many` in one launch (`gemv_q8_multi_norm_1` without a delta: no block
     /// counter, x not written). On; `TS_CUDA_MOE_RESIDUAL=0` turns it off (tg128 +7.5 tok/s on the H100).
@@ -1477,18 +1496,9 @@ impl CudaBackend {
             pre_routed: AtomicU64::new(0),
             moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").map_or(true, |v| v != "0")),
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
-            absorb16: AtomicBool::new(std::env::var("TS_CUDA_ABSORB16").map_or(true, |v| v != "0")),
-            absorbed16: AtomicU64::new(0),
-            out16: AtomicBool::new(std::env::var("TS_CUDA_OUT16").map_or(true, |v| v != "0")),
-            out16_done: AtomicU64::new(0),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
-            down16s: AtomicBool::new(std::env::var("TS_CUDA_DOWN16S").is_ok_and(|v| v != "0")),
-            down16s_done: AtomicU64::new(0),
-            down_q8s: AtomicBool::new(std::env::var("TS_CUDA_DOWN_Q8S").is_ok_and(|v| v != "0")),
-            down_q8s_done: AtomicU64::new(0),
-            route_slice: AtomicBool::new(std::env::var("TS_CUDA_ROUTE_SLICE").is_ok_and(|v| v != "0")),
-            route_sliced: AtomicU64::new(0),
+            paths: Path::ALL.map(|p| (AtomicBool::new(p.env_on()), AtomicU64::new(0))),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
                 Ok("1" | "2") => (false, false),
@@ -1703,41 +1713,6 @@ impl CudaBackend {
         self.norm_mm16.store(on, Ordering::Relaxed);
     }
 
-    /// How many routings made ahead took `add_rms_norm_parts_router_route_s`.
-    pub fn route_slices(&self) -> u64 {
-        self.route_sliced.load(Ordering::Relaxed)
-    }
-
-    /// One token's routing launch by column slices (`CudaBackend::route_slice`).
-    pub fn set_route_slice(&self, on: bool) {
-        self.route_slice.store(on, Ordering::Relaxed);
-    }
-
-    /// How many Q8_0 decode MoE ops took `moe_down_sh_q8s`.
-    pub fn down_q8s_launches(&self) -> u64 {
-        self.down_q8s_done.load(Ordering::Relaxed)
-    }
-
-    /// The Q8_0 decode MoE's staged down kernel (`CudaBackend::down_q8s`).
-    pub fn set_down_q8s(&self, on: bool) {
-        self.down_q8s.store(on, Ordering::Relaxed);
-    }
-
-    /// How many 16-bit decode MoE ops took `moe_down_sh_<t>_s`.
-    pub fn down16s_launches(&self) -> u64 {
-        self.down16s_done.load(Ordering::Relaxed)
-    }
-
-    /// The 16-bit decode MoE's staged down kernel (`CudaBackend::down16s`).
-    pub fn set_down16s(&self, on: bool) {
-        self.down16s.store(on, Ordering::Relaxed);
-    }
-
-    /// One token's f16 / bf16 absorbed query in the rope's launch (`CudaBackend::absorb16`).
-    pub fn set_absorb16(&self, on: bool) {
-        self.absorb16.store(on, Ordering::Relaxed);
-    }
-
     /// The MoE's output added into the residual by its down kernel, and the norm-only product
     /// launch (`CudaBackend::moe_residual`).
     pub fn set_moe_residual(&self, on: bool) {
@@ -1756,19 +1731,24 @@ impl CudaBackend {
         digits.parse::<u32>().is_ok_and(|v| v >= 90)
     }
 
-    /// How many one-token `mla_rope_cache_write` ops took `mla_rope_absorb_<t>_1`.
-    pub fn absorb16_launches(&self) -> u64 {
-        self.absorbed16.load(Ordering::Relaxed)
+    /// Turn a decode path on or off (its environment variable's setting until then); for steps
+    /// recorded after this call.
+    pub fn set_path(&self, p: Path, on: bool) {
+        self.paths[p as usize].0.store(on, Ordering::Relaxed);
     }
 
-    /// How many one-token `mla_attention_out` ops took `mla_out_<t>`.
-    pub fn out16_launches(&self) -> u64 {
-        self.out16_done.load(Ordering::Relaxed)
+    /// How many ops have taken the path (for the tests: that a switch did something).
+    pub fn path_launches(&self, p: Path) -> u64 {
+        self.paths[p as usize].1.load(Ordering::Relaxed)
     }
 
-    /// One token's f16 / bf16 attention output side in clusters (`CudaBackend::out16`).
-    pub fn set_out16(&self, on: bool) {
-        self.out16.store(on, Ordering::Relaxed);
+    fn path_on(&self, p: Path) -> bool {
+        self.paths[p as usize].0.load(Ordering::Relaxed)
+    }
+
+    /// Counts one op on the path.
+    fn took(&self, p: Path) {
+        self.paths[p as usize].1.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How many `moe_shared` ops have used a routing made ahead (`pre_route`).
@@ -3129,13 +3109,13 @@ impl CudaBackend {
         // staged in shared memory (moe_down_sh_<t>_s: the same bits as _w4) where a lane's share
         // fits its registers and the rows fit the shared memory.
         let staged_smem = 4 * ks * ff;
-        let staged = self.down16s.load(Ordering::Relaxed)
+        let staged = self.path_on(Path::Down16s)
             && self.down_w4.1
             && (ks * (ff / 8)).div_ceil(4).div_ceil(32) <= DS_MAXP
             && ff % 4 == 0
             && staged_smem <= self.smem_max;
         if staged {
-            self.down16s_done.fetch_add(1, Ordering::Relaxed);
+            self.took(Path::Down16s);
         }
         let (name, rows, smem) = match (staged, self.down_w4.1) {
             (true, _) => (KName::of(format_args!("moe_down_sh_{tn}_s")), 2, staged_smem),
@@ -4353,7 +4333,7 @@ impl Backend for CudaBackend {
         // head).
         let h16 = !one
             && self.fused
-            && self.out16.load(Ordering::Relaxed)
+            && self.path_on(Path::Out16)
             && self.clusters()
             && batch.tokens.len() == 1
             && xr.n == 1
@@ -4427,7 +4407,7 @@ impl Backend for CudaBackend {
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         let Some(ho) = self.scratch(S::Ho, 4 * nh * hd) else { return };
         if h16 {
-            self.out16_done.fetch_add(1, Ordering::Relaxed);
+            self.took(Path::Out16);
             let name = if w_uv.dtype == GgmlType::BF16 { "mla_out_bf16" } else { "mla_out_f16" };
             self.launch(
                 name,
@@ -4527,9 +4507,9 @@ impl Backend for CudaBackend {
                 let route = [i(mp.k), gating, A::I(mp.norm_topk as i32), A::F(mp.scale), A::P(se), A::P(sw), A::P(xq)];
                 let args: [A; 22] = cat(cat::<11, 4, 15>(norm, router), route);
                 // By column slices (add_rms_norm_parts_router_route_s) where its shapes hold.
-                let slice = self.route_slice.load(Ordering::Relaxed) && hd % 1024 == 0 && hd <= 2048;
+                let slice = self.path_on(Path::RouteSlice) && hd % 1024 == 0 && hd <= 2048;
                 if slice {
-                    self.route_sliced.fetch_add(1, Ordering::Relaxed);
+                    self.took(Path::RouteSlice);
                     self.launch("add_rms_norm_parts_router_route_s", (8, 1, 1), 256, 0, &args);
                 } else {
                     self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
@@ -4673,7 +4653,7 @@ impl Backend for CudaBackend {
         let (k, m) = (wk.ne(0), wk.ne(1));
         // 16-bit W_uk (mla_rope_absorb_<t>_1): rows of at most 128 values, half a warp each.
         let h16 = matches!(wk.dtype, GgmlType::F16 | GgmlType::BF16)
-            && self.absorb16.load(Ordering::Relaxed)
+            && self.path_on(Path::Absorb16)
             && k % 8 == 0
             && k <= 128
             && wk.mem.ptr % 16 == 0
@@ -4730,7 +4710,7 @@ impl Backend for CudaBackend {
             ],
         );
         if h16 {
-            self.absorbed16.fetch_add(1, Ordering::Relaxed);
+            self.took(Path::Absorb16);
         }
         let name = match wk.dtype {
             GgmlType::BF16 => "mla_rope_absorb_bf16_1",
@@ -4955,9 +4935,9 @@ impl CudaBackend {
         self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
         // Two rounds of weights before the wait and the activations staged in shared memory
         // (moe_down_sh_q8s, the same bits as moe_down_sh_q8) where they fit.
-        let staged = self.down_q8s.load(Ordering::Relaxed) && !self.down_w4.0 && hrow % 16 == 0 && ks * hrow <= self.smem_max;
+        let staged = self.path_on(Path::DownQ8s) && !self.down_w4.0 && hrow % 16 == 0 && ks * hrow <= self.smem_max;
         if staged {
-            self.down_q8s_done.fetch_add(1, Ordering::Relaxed);
+            self.took(Path::DownQ8s);
         }
         self.launch(
             match (staged, self.down_w4.0) {

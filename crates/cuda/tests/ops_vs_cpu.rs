@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ts_core::*;
 use ts_cpu::{CpuBackend, CpuWeight};
-use ts_cuda::{CudaBackend, CudaBuf, CudaWeight};
+use ts_cuda::{CudaBackend, CudaBuf, CudaWeight, Path};
 use ts_formats::quant;
 
 static GPU: OnceLock<Option<CudaBackend>> = OnceLock::new();
@@ -1508,13 +1508,13 @@ fn fused_norm_rope_cache_write() {
 /// mla_rope_absorb_1, or mla_rope_absorb_<t>_1 for a bf16 / f16 W_uk) gives the same bits as the
 /// op without it followed by matmul_grouped on the GPU: latent rows, cache, the roped query
 /// columns and the absorbed ones. Several tokens take the two ops (same check). A backend of its
-/// own, for the 16-bit switch (`set_absorb16`).
+/// own, for the 16-bit switch (`set_path(Path::Absorb16, ..)`).
 #[test]
 fn fused_mla_rope_absorb() {
     let Some(shared) = gpu() else { return };
     fused_banner(shared);
     let g = &CudaBackend::new(0).expect("second backend");
-    g.set_absorb16(true);
+    g.set_path(Path::Absorb16, true);
     let mut r = rng(26);
     let mut rep = Report::new("mla_rope_absorb");
     let (slots, slot_len) = (2usize, 64u32);
@@ -1542,7 +1542,7 @@ fn fused_mla_rope_absorb() {
             let prior: Vec<TokenMeta> =
                 (0..slots as u32).flat_map(|sl| (0..slot_len).map(move |p| TokenMeta { token: 0, pos: p, slot: sl })).collect();
             let mut outs = Vec::new();
-            let before = g.absorb16_launches();
+            let before = g.path_launches(Path::Absorb16);
             for fused in [true, false] {
                 let (gx, gq, gqd) = (buf(g, &x), buf(g, &q), g.alloc(qdr.end()).unwrap());
                 poison(g, &gqd, qdr.end());
@@ -1572,7 +1572,7 @@ fn fused_mla_rope_absorb() {
             }
             let lab = format!("{ty:?} {nw}+{rd} heads={heads} {nope}->{kl} n={n}");
             // One token of 16-bit W_uk must have taken the one launch (the fused kernels on).
-            let took = g.absorb16_launches() - before;
+            let took = g.path_launches(Path::Absorb16) - before;
             assert_eq!(took, u64::from(g.fused() && n == 1 && ty != GgmlType::Q8_0), "{lab}: mla_rope_absorb_<t>_1 launches");
             exact(&mut rep, &lab, &["x", "q rows", "cache"], &outs[0], &outs[1]);
         }
@@ -1723,7 +1723,7 @@ fn fused_mla_attention_out() {
 
 /// The same op with f16 / bf16 W_uv and W_o: on the GPU for one token `mla_out_<t>` (clusters of
 /// 8 blocks a head: the merge, the value rows with gemv_h16's arithmetic, the output's per-head
-/// rows; `set_out16(true)`), then the norm with the router and the routing in one launch, against
+/// rows; `set_path(Path::Out16, true)`), then the norm with the router and the routing in one launch, against
 /// the same GPU's plain chain (merge, the two 16-bit GEMVs, add_rms_norm, the router's product)
 /// and the CPU's. V2-Lite's shapes at short and long histories (the tensor-core split from 2,560)
 /// and a small shape (4 heads, kv_lora 128, a W_o of 1,000 rows).
@@ -1749,11 +1749,11 @@ fn fused_mla_attention_out_h16() {
             let args = (&q[..], &x[..], &nw[..]);
             let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
             let lab = format!("{ty:?} heads={nh} kv_lora={kl} H={hd} pos={hist}");
-            g.set_out16(true);
-            let before = g.out16_launches();
+            g.set_path(Path::Out16, true);
+            let before = g.path_launches(Path::Out16);
             let (fx, fo, fl, _) = run_mla_out_of(g, ty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
-            assert_eq!(g.out16_launches() - before, u64::from(g.fused()), "{lab}: mla_out_<t> launches");
-            g.set_out16(false);
+            assert_eq!(g.path_launches(Path::Out16) - before, u64::from(g.fused()), "{lab}: mla_out_<t> launches");
+            g.set_path(Path::Out16, false);
             let (px, po, pl, _) = run_mla_out_of(g, ty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
             let (cx, co, cl, _) = run_mla_out_of(c, ty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
             let tol = if nh == 16 && hist >= 2560 { 2e-2 } else { 5e-3 };
@@ -2076,12 +2076,12 @@ fn short_attention_in_mla_out() {
             let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
             let args = (&q[..], &x[..], &nw[..]);
             g.set_mo_att(u32::MAX);
-            let (done, out16) = (g.short_attentions(), g.out16_launches());
+            let (done, out16) = (g.short_attentions(), g.path_launches(Path::Out16));
             let (ax, ao, al, _) = run_mla_out_of(g, ty, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
             if g.short_attentions() != done + 1 {
                 rep.failures.push(format!("{ty:?} pos={hist}: mla_out did not attend itself"));
             }
-            if ty == GgmlType::BF16 && g.out16_launches() != out16 + 1 {
+            if ty == GgmlType::BF16 && g.path_launches(Path::Out16) != out16 + 1 {
                 rep.failures.push(format!("{ty:?} pos={hist}: mla_out_bf16 not taken"));
             }
             g.set_mo_att(0);
@@ -2105,7 +2105,7 @@ fn short_attention_in_mla_out() {
     rep.finish();
 }
 
-/// The routing launch by column slices (`add_rms_norm_parts_router_route_s`, `set_route_slice`)
+/// The routing launch by column slices (`add_rms_norm_parts_router_route_s`, `Path::RouteSlice`)
 /// against the whole-row one (`add_rms_norm_parts_router_route`) on another backend, both routing
 /// ahead for the MoE that follows: another order of the rms and logit sums, so close, not the
 /// same bits (x bit for bit: the same adds; the MoE within a Q8_0 quant step, unless a near-tie
@@ -2117,7 +2117,7 @@ fn route_slices_close() {
     fused_banner(shared);
     let ga = &CudaBackend::new(0).expect("second backend");
     let gb = &CudaBackend::new(0).expect("third backend");
-    ga.set_route_slice(true);
+    ga.set_path(Path::RouteSlice, true);
     let mut r = rng(48);
     let mut rep = Report::new("routing by slices");
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
@@ -2140,7 +2140,7 @@ fn route_slices_close() {
                 let (ax, ao, al, am) = run_mla_out_of(ga, wty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), moe);
                 let (bx, bo, bl, bm) = run_mla_out_of(gb, wty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), moe);
                 taken += 1;
-                if ga.route_slices() != taken {
+                if ga.path_launches(Path::RouteSlice) != taken {
                     rep.failures.push(format!("{wty:?} {gating:?} pos={hist}: the sliced routing was not taken"));
                 }
                 let lab = format!("{} {gating:?} pos={hist}", wty.name());
@@ -2153,7 +2153,7 @@ fn route_slices_close() {
             }
         }
     }
-    if gb.route_slices() != 0 {
+    if gb.path_launches(Path::RouteSlice) != 0 {
         rep.failures.push("the whole-row backend routed by slices".into());
     }
     rep.finish();
@@ -2289,8 +2289,8 @@ fn add_shared_f64(out: &mut [f32], x: &[f32], xr: Rows, w: [&[f32]; 3], hdim: us
 
 /// The decode MoE with its staged down kernels against the plain ones on the same backend, bit
 /// for bit: f16 / bf16 `moe_down_sh_<t>_s` (a lane's weight pieces all in flight, the
-/// activations in shared memory; `set_down16s`) against `_w4`, and Q8_0 `moe_down_sh_q8s` (two
-/// rounds of weights before the wait, the activations in shared memory; `set_down_q8s`) against
+/// activations in shared memory; `Path::Down16s`) against `_w4`, and Q8_0 `moe_down_sh_q8s` (two
+/// rounds of weights before the wait, the activations in shared memory; `Path::DownQ8s`) against
 /// `moe_down_sh_q8`, also with the output added into the residual (`moe_shared_residual`, one
 /// token). V2-Lite's shapes (8 of its 64 experts) and a small one, 1 and 3 tokens; the staged
 /// kernel must have run each time.
@@ -2308,8 +2308,9 @@ fn moe_down_staged_exact() {
     for ty in [GgmlType::Q8_0, GgmlType::BF16, GgmlType::F16] {
         let q8 = ty == GgmlType::Q8_0;
         let small_ff = if q8 { 128 } else { 96 };
-        let set = |on: bool| if q8 { g.set_down_q8s(on) } else { g.set_down16s(on) };
-        let count = || if q8 { g.down_q8s_launches() } else { g.down16s_launches() };
+        let path = if q8 { Path::DownQ8s } else { Path::Down16s };
+        let set = |on: bool| g.set_path(path, on);
+        let count = || g.path_launches(path);
         for &(hdim, ff, ne, k, nsh) in &[(2048usize, 1408usize, 8usize, 6usize, 2usize), (256, small_ff, 16, 4, 1)] {
             let sf = nsh * ff;
             let shapes: [Vec<usize>; 6] =
