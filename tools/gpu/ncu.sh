@@ -3,11 +3,12 @@
 # occupancy and warp stall reasons per kernel.
 # Usage (on the GPU machine, from the repo root): tools/gpu/ncu.sh BIN 'regex' [bench args...]
 # e.g. tools/gpu/ncu.sh .dev/turbospark 'moe_gateup_sh_q8|gemv_q8_1' -p 0 -n 8 -r 1
+# (NCU_MODEL=FILE: another model than the synthetic Q8_0 V2-Lite, which is made if missing.)
 set -u
 T=${1:-.dev/turbospark}; RE=${2:-moe_gateup_sh_q8}; shift 2
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
-V=/tmp/v2lite-q8_0.gguf
+V=${NCU_MODEL:-/tmp/v2lite-q8_0.gguf}
 export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
 [ -f $V ] || "$T" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
 TS_CUDA_GRAPHS=0 "$NCU" --kernel-name "regex:$RE" --launch-skip ${NCU_SKIP:-40} --launch-count ${NCU_COUNT:-6} \

@@ -772,81 +772,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8_impl<4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
                            ostride, radd);
 }
-// moe_down_sh_q8 (two warps a row) with two rounds of a lane's weight pieces (8, with their
-// scales) loaded before the wait where moe_down_unit loads one, and the token's activation rows
-// staged in shared memory by cp.async after it: V2-Lite's 11 pieces a lane then take two round
-// trips after the gate/up kernel ends (the activations; the last 3 pieces) where moe_down_unit
-// takes three (the first round's activations, then two rounds of weights and activations). More
-// pieces held would spill at 64 registers. The same pieces in the same order per lane, the same
-// warp sums and the same order of the two warps' sums (radd as there): the same bits. Dynamic
-// shared memory: ks * hrow bytes (hrow % 16 == 0; the host checks both).
-#define DQ_PRE 8
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
-    moe_down_sh_q8s(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
-                    const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
-                    i64 ostride, int radd) {
-    pdl_trigger();
-    constexpr int WPR = 2;
-    extern __shared__ __align__(16) u8 shq[];
-    __shared__ float red[GQ_WARPS];
-    __shared__ int es[MOE_SH_MAX_SLOTS];
-    const int t = blockIdx.y, ks = k + nsh;
-    const int lane = threadIdx.x & 31;
-    const int nb = kdim >> 5, np = 2 * nb, total = ks * np;
-    const DownShare d = down_share<WPR>(blockIdx.x, m, total);
-    const int row = d.row, Pa = d.Pa, Pb = d.Pb;
-    // The expert ids are final before this kernel launches (moe_gateup_sh_q8q triggers after
-    // its wait for the routing): read past L1, as moe_down_unit.
-    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
-    __syncthreads();
-    // Piece P's quants and scale (zeros past the warp's share).
-    auto wload = [&](int P, uint4& q, float& d) {
-        q = make_uint4(0u, 0u, 0u, 0u);
-        d = 0.f;
-        if (P < Pb) {
-            const int s = P / np, p = P - s * np, b = p >> 1;
-            const i64 go = (i64)(b >> 2) * 144;
-            const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes + go
-                                 : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes + go;
-            q = ldw16(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
-            d = ldw_scale(gp + 2 * (b & 3));
-        }
-    };
-    // acc += piece P's product with the staged activations (nothing past the share).
-    float acc = 0.f;
-    auto madd = [&](int P, uint4 q, float d) {
-        if (P < Pb) {
-            const int s = P / np, p = P - s * np, b = p >> 1;
-            const u8* xp = shq + (i64)s * hrow + (b >> 2) * 144;
-            const uint4 x = *(const uint4*)(xp + 16 + 32 * (b & 3) + 16 * (p & 1));
-            acc += (float)dot16v(q, x) * (d * h2f(*(const u16*)(xp + 2 * (b & 3))));
-        }
-    };
-    {
-        uint4 q[DQ_PRE];
-        float dw[DQ_PRE];
-#pragma unroll
-        for (int u = 0; u < DQ_PRE; u++) wload(Pa + lane + 32 * u, q[u], dw[u]);
-        pdl_wait();
-        const u8* hr = hq + (i64)t * ks * hrow;
-        const int n16 = (int)(ks * hrow / 16);
-        for (int i = threadIdx.x; i < n16; i += GQ_THREADS) cp16_any(shq + 16 * i, hr + 16 * (i64)i);
-        cp_commit_any();
-        cp_wait_all_any();
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < DQ_PRE; u++) madd(Pa + lane + 32 * u, q[u], dw[u]);
-    }
-    for (int P0 = Pa + lane + 32 * DQ_PRE; P0 < Pb; P0 += 128) {
-        uint4 q[4];
-        float dw[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) wload(P0 + 32 * u, q[u], dw[u]);
-#pragma unroll
-        for (int u = 0; u < 4; u++) madd(P0 + 32 * u, q[u], dw[u]);
-    }
-    down_row_finish<WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, radd);
-}
 // ---- MoE decode with the shared experts folded in, f16/bf16 experts (Backend::moe_shared) --------
 // The same slots and block order as moe_gateup_sh_q8q / moe_down_sh_q8, for 16-bit float weights
 // with 16-byte aligned rows of a multiple of 8 values and f32 activations (16-byte aligned): a
@@ -977,72 +902,6 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
     down_row_finish<WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, 0);
 }
 
-// moe_down_sh_h16_impl<T, 4> with every weight piece of a lane in flight at once (DS_MAXP at
-// most: V2-Lite's 8 slots of 1,408 give 11) and the token's activation rows staged in shared
-// memory (ks * kdim floats, cp.async, while the weights load): after the wait one round trip
-// for the expert ids, one for the weights and activations, then the sums, where the plain
-// kernel has the ids, then three batches of weights and activations one after another. The
-// same pieces in the same order per lane, the same warp sums and the same order of the warps'
-// sums: the same bits. Dynamic shared memory: 4 * ks * kdim bytes (the host checks it).
-#define DS_MAXP 12
-template <int T>
-__device__ void moe_down_sh_h16s_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k,
-                                      const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh, const float* h,
-                                      i64 hstride, float* out, i64 ooff, i64 ostride) {
-    pdl_trigger();
-    constexpr int WPR = 4;
-    extern __shared__ __align__(16) u8 smd[];
-    float* hs = (float*)smd;
-    __shared__ int es[MOE_SH_MAX_SLOTS];
-    __shared__ float red[GQ_WARPS];
-    const int t = blockIdx.y;
-    const int ks = k + nsh;
-    const int lane = threadIdx.x & 31;
-    const int n8 = kdim >> 3;
-    const DownShare d = down_share<WPR>(blockIdx.x, m, ks * n8);
-    const int row = d.row, Pa = d.Pa, total = d.Pb;
-    pdl_wait();
-    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? sel_e[t * k + threadIdx.x] : 0;
-    {
-        const float* hr = h + (i64)t * ks * hstride;
-        const int q4 = kdim >> 2;  // float4s a slot row
-        for (int i = threadIdx.x; i < ks * q4; i += GQ_THREADS) {
-            const int sl = i / q4, c = i - sl * q4;
-            cp16_any(hs + 4 * i, hr + (i64)sl * hstride + 4 * c);
-        }
-        cp_commit_any();
-    }
-    __syncthreads();
-    uint4 q[DS_MAXP];
-#pragma unroll
-    for (int u = 0; u < DS_MAXP; u++) {
-        const int P = Pa + lane + 32 * u;
-        const int sl = P / n8, c = P - sl * n8;
-        q[u] = make_uint4(0, 0, 0, 0);
-        if (P < total && (sl >= k || es[sl] >= 0)) {
-            const u8* gp = sl < k ? Wd + es[sl] * mat_bytes + (i64)row * row_bytes
-                                  : Sd + (i64)row * srow_bytes + (i64)(sl - k) * row_bytes;
-            q[u] = ldw16(gp + (i64)c * 16);
-        }
-    }
-    cp_wait_all_any();
-    __syncthreads();
-    float acc = 0.f;
-#pragma unroll
-    for (int u = 0; u < DS_MAXP; u++) {
-        const int P = Pa + lane + 32 * u;
-        if (P < total) {
-            // (Slots without an expert: zero weights times the zeros the gate/up kernel wrote.)
-            const float* xp = hs + 8 * P;  // slot P / n8, piece P % n8: rows are packed
-            const float4 a = *(const float4*)xp, b = *(const float4*)(xp + 4);
-            float w[8];
-            h16_unpack(T, q[u], w);
-            acc += dot8f(w, a, b);
-        }
-    }
-    down_row_finish<WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, 0);
-}
-
 #define MOE_SH_H16(name, T)                                                                                     \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_gateup_sh_##name(           \
         const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,              \
@@ -1062,12 +921,6 @@ __device__ void moe_down_sh_h16s_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes
         i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
         moe_down_sh_h16_impl<T, 4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride, \
                                    out, ooff, ostride);                                                          \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_down_sh_##name##_s(          \
-        const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e, const u8* Sd,      \
-        i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
-        moe_down_sh_h16s_impl<T>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride,   \
-                                 out, ooff, ostride);                                                            \
     }
 MOE_SH_H16(f16, T_F16)
 MOE_SH_H16(bf16, T_BF16)

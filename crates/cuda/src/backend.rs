@@ -341,9 +341,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_out_q8",
     "mla_out_bf16",
     "mla_out_f16",
-    "moe_down_sh_bf16_s",
-    "moe_down_sh_f16_s",
-    "moe_down_sh_q8s",
 ];
 /// The f16 prompt products (kernels/mmq.cu, `MMF_INST`, `MMF_GU_INST`): (plain kernel, gate-up-GLU
 /// kernel, stages in flight), the first whose shared memory the device gives. Both take 256
@@ -372,8 +369,6 @@ const MO_VD: usize = 128;
 /// kernels/fused.cu).
 const MOE_SH_MAX_SLOTS: usize = 64;
 const MO_MAX_PARTS: usize = 16;
-/// Weight pieces (16 bytes) a lane of `moe_down_sh_<t>_s` holds at once (`DS_MAXP`).
-const DS_MAXP: usize = 12;
 const fn mla_out_smem(kl: usize, uv_row_bytes: usize, r: usize) -> usize {
     MO_VD * uv_row_bytes + r * 144 + 4 * 8 * kl + kl + 4 * (kl / 32) + MO_VD + 4 * (MO_VD / 32) + 4 * (256 + 16)
 }
@@ -813,11 +808,8 @@ fn kernel_names() -> Vec<String> {
         "gemv_h16_multi_norm_bf16_1",
         "moe_down_sh_q8",
         "moe_down_sh_q8_w4",
-        "moe_down_sh_q8s",
         "moe_down_sh_f16_w4",
         "moe_down_sh_bf16_w4",
-        "moe_down_sh_f16_s",
-        "moe_down_sh_bf16_s",
         "moe_gateup_sh_f16",
         "moe_down_sh_f16",
         "moe_gateup_sh_bf16",
@@ -896,14 +888,6 @@ pub enum Path {
     /// 489.1 against 487.3 with ABSORB16 alone on the H200; W_o's sum by head moves the bf16
     /// tokens' hash).
     Out16,
-    /// f16 / bf16 decode MoE down products with a lane's weight pieces all in flight and the
-    /// activations in shared memory (`moe_down_sh_<t>_s`, the same bits as `_w4`).
-    /// `TS_CUDA_DOWN16S=1`; off until measured.
-    Down16s,
-    /// The Q8_0 decode MoE's down products with two rounds of weights loaded before the wait and
-    /// the activations staged in shared memory (`moe_down_sh_q8s`, the same bits as
-    /// `moe_down_sh_q8`). `TS_CUDA_DOWN_Q8S=1`; off until measured.
-    DownQ8s,
     /// One token's norm, router and routing by column slices of the row
     /// (`add_rms_norm_parts_router_route_s`: another order of the rms and logit sums than the
     /// whole-row kernel). `TS_CUDA_ROUTE_SLICE=1`; off until measured.
@@ -911,15 +895,13 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 5] = [Path::Absorb16, Path::Out16, Path::Down16s, Path::DownQ8s, Path::RouteSlice];
+    const ALL: [Path; 3] = [Path::Absorb16, Path::Out16, Path::RouteSlice];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
         match self {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
-            Path::Down16s => ("TS_CUDA_DOWN16S", false),
-            Path::DownQ8s => ("TS_CUDA_DOWN_Q8S", false),
             Path::RouteSlice => ("TS_CUDA_ROUTE_SLICE", false),
         }
     }
@@ -3105,28 +3087,19 @@ impl CudaBackend {
                 [A::P(x.0.ptr), l(xr.off), l(xr.stride), A::I(act), A::P(g), l(ff)],
             ),
         );
-        // Four warps a row with every weight piece of a lane in flight and the activations
-        // staged in shared memory (moe_down_sh_<t>_s: the same bits as _w4) where a lane's share
-        // fits its registers and the rows fit the shared memory.
-        let staged_smem = 4 * ks * ff;
-        let staged = self.path_on(Path::Down16s)
-            && self.down_w4.1
-            && (ks * (ff / 8)).div_ceil(4).div_ceil(32) <= DS_MAXP
-            && ff % 4 == 0
-            && staged_smem <= self.smem_max;
-        if staged {
-            self.took(Path::Down16s);
-        }
-        let (name, rows, smem) = match (staged, self.down_w4.1) {
-            (true, _) => (KName::of(format_args!("moe_down_sh_{tn}_s")), 2, staged_smem),
-            (false, true) => (KName::of(format_args!("moe_down_sh_{tn}_w4")), 2, 0),
-            (false, false) => (KName::of(format_args!("moe_down_sh_{tn}")), 8, 0),
+        // Staging the activations in shared memory with every weight piece of a lane in flight
+        // (moe_down_sh_<t>_s) measured slower on the H200: bf16 tg128 492.4 against 515.5
+        // (docs/PERF.md, session 26); dropped.
+        let (name, rows) = if self.down_w4.1 {
+            (KName::of(format_args!("moe_down_sh_{tn}_w4")), 2)
+        } else {
+            (KName::of(format_args!("moe_down_sh_{tn}")), 8)
         };
         self.launch(
             name.as_str(),
             (hdim.div_ceil(rows) as u32, n as u32, 1),
             256,
-            smem as u32,
+            0,
             &moe_down_args(experts.down, shared.down, (hdim, ff, k, nsh), sel_e, (g, ff), out, o),
         );
     }
@@ -4933,21 +4906,14 @@ impl CudaBackend {
         }
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
         self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
-        // Two rounds of weights before the wait and the activations staged in shared memory
-        // (moe_down_sh_q8s, the same bits as moe_down_sh_q8) where they fit.
-        let staged = self.path_on(Path::DownQ8s) && !self.down_w4.0 && hrow % 16 == 0 && ks * hrow <= self.smem_max;
-        if staged {
-            self.took(Path::DownQ8s);
-        }
+        // Two rounds of weights before the wait with the activations staged in shared memory
+        // (moe_down_sh_q8s) measured slower on the H200: tg128 671.9 against 709.5 (docs/PERF.md,
+        // session 26); dropped.
         self.launch(
-            match (staged, self.down_w4.0) {
-                (true, _) => "moe_down_sh_q8s",
-                (false, true) => "moe_down_sh_q8_w4",
-                (false, false) => "moe_down_sh_q8",
-            },
+            if self.down_w4.0 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
             (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),
             256,
-            if staged { (ks * hrow) as u32 } else { 0 },
+            0,
             &cat::<15, 1, 16>(moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o), [A::I(radd as i32)]),
         );
         true

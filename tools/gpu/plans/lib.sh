@@ -77,11 +77,13 @@ op_log() {
   env $e timeout $lim "$OPS" --nocapture --test-threads $th "$@" > $O/$log 2>&1; echo "exit $? (124: cut off)"
   grep -E "${pat}FAIL|test result|panicked" $O/$log | head -24
 }
-# `trace_tg N [MODEL]`: a TS_CUDA_TRACE=1 run of tg32 (of $V, or MODEL) and the first N lines of
-# its per-kernel summary (tools/gpu/trace.py over the last 16 tokens).
+# `trace_tg N [MODEL [BENCH_ARGS...]]`: a TS_CUDA_TRACE=1 run of tg32 (of $V, or MODEL; extra
+# bench arguments such as `-d 16384` after it) and the first N lines of its per-kernel summary
+# (tools/gpu/trace.py over the last 16 tokens).
 trace_tg() {
-  TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 120 "$B" bench --backend cuda -m ${2:-$V} -p 0 -n 32 -r 1 >/dev/null 2>&1
-  python3 "$(dirname "${BASH_SOURCE[0]}")/../trace.py" $O/tr.csv 16 | head -$1; rm -f $O/tr.csv
+  local n=$1 m=${2:-$V}; shift; [ $# -gt 0 ] && shift
+  TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 150 "$B" bench --backend cuda -m $m -p 0 -n 32 -r 1 "$@" >/dev/null 2>&1
+  python3 "$(dirname "${BASH_SOURCE[0]}")/../trace.py" $O/tr.csv 16 | head -$n; rm -f $O/tr.csv
 }
 # `models_bg`: both synthetic V2-Lite files, $V (Q8_0) then $BF (bf16), made in the background
 # (`wait` for them).
