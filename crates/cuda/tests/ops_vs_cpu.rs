@@ -2105,56 +2105,76 @@ fn short_attention_in_mla_out() {
     rep.finish();
 }
 
-/// The routing launch by column slices (`add_rms_norm_parts_router_route_s`, `Path::RouteSlice`)
-/// against the whole-row one (`add_rms_norm_parts_router_route`) on another backend, both routing
-/// ahead for the MoE that follows: another order of the rms and logit sums, so close, not the
-/// same bits (x bit for bit: the same adds; the MoE within a Q8_0 quant step, unless a near-tie
-/// picks another expert). Q8_0 and bf16 attention weights, V2-Lite's shapes, softmax and
-/// sigmoid gating; the sliced launch must have been taken each time.
+/// The 8-warp tensor-core split MLA decode (`Path::SplitW8`: `mla_split_tc_h8` over an f16
+/// cache, `mla_split_tc8` over an f32 one) against the 4-warp kernels on another backend (close:
+/// another order of a score's partial sums, then f16 probabilities), against the CPU (1e-2, as
+/// `mla_split_tensor_cores`), and over the f16 cache bit for bit against its f32 twin over the
+/// same f16 values. Decode and batched-decode sizes, 16 and 128 heads, histories from 1 to
+/// 9,000 positions (one to many 32-key tiles a split); the 8-warp kernels must have run.
 #[test]
-fn route_slices_close() {
+fn mla_split_w8_close() {
     let Some(shared) = gpu() else { return };
-    fused_banner(shared);
-    let ga = &CudaBackend::new(0).expect("second backend");
-    let gb = &CudaBackend::new(0).expect("third backend");
-    ga.set_path(Path::RouteSlice, true);
-    let mut r = rng(48);
-    let mut rep = Report::new("routing by slices");
-    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
-    let (w, sf) = (kl + rd, nsh * ff);
-    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
-    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
-    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
-    let mut taken = 0;
-    for wty in [GgmlType::Q8_0, GgmlType::BF16] {
-        let (uvb, _) = weight(&mut r, wty, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
-        let (wob, _) = weight(&mut r, wty, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
-        for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
-            let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
-            for hist in [3u32, 300] {
-                let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
-                let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
-                let moe = Some((&shapes[..], &bytes[..], &mp, false));
-                let args = (&q[..], &x[..], &nw[..]);
-                let (ax, ao, al, am) = run_mla_out_of(ga, wty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), moe);
-                let (bx, bo, bl, bm) = run_mla_out_of(gb, wty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), moe);
-                taken += 1;
-                if ga.path_launches(Path::RouteSlice) != taken {
-                    rep.failures.push(format!("{wty:?} {gating:?} pos={hist}: the sliced routing was not taken"));
-                }
-                let lab = format!("{} {gating:?} pos={hist}", wty.name());
-                exact(&mut rep, &lab, &["x"], &[ax], &[bx]);
-                rep.check(&format!("{lab} out"), &ao, &bo, 1e-5, 1e-5);
-                rep.check(&format!("{lab} logits"), &al, &bl, 1e-5, 1e-5);
-                // The MoE quantises h to Q8_0: a rounding moved by the last bit of h moves its
-                // outputs by up to a quant step (1/127 of a block's largest).
-                rep.check(&format!("{lab} moe"), &am, &bm, 1e-2, 1e-3);
-            }
-        }
+    if !shared.tensor_cores() {
+        eprintln!("mla_split_w8_close: no tensor cores, skipped");
+        return;
     }
-    if gb.path_launches(Path::RouteSlice) != 0 {
-        rep.failures.push("the whole-row backend routed by slices".into());
+    let g8 = &CudaBackend::new(0).expect("second backend");
+    let g4 = &CudaBackend::new(0).expect("third backend");
+    for g in [g8, g4] {
+        g.set_mla_tensor_cores(Some(true));
+    }
+    g8.set_path(Path::SplitW8, true);
+    let c = cpu();
+    let mut r = rng(52);
+    let mut rep = Report::new("mla_split_w8");
+    let (kl, rd) = (512usize, 64usize);
+    let w = kl + rd;
+    let slot_len = 9216u32;
+    let rows = 2 * slot_len as usize;
+    for &(nh, n, long) in &[(16usize, 1usize, 1u32), (16, 1, 3000), (16, 1, 9000), (16, 3, 2500), (16, 64, 500), (128, 1, 2100)] {
+        let (toks, all, hist) = mla_tokens(n, long, false, &mut r);
+        let data: Vec<f32> = randn(&mut r, all.len() * w, 1.0).into_iter().map(f16_round).collect();
+        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
+        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
+        let meta = BatchMeta { tokens: toks, outputs: vec![], slot_len };
+        let q = randn(&mut r, qr.end(), 0.5);
+        let cf = c.alloc_cache(rows, w).unwrap();
+        fill_cache(c, &cf, &data, w, &all, slot_len);
+        let cb = batch(c, &meta);
+        let oc = c.alloc(o.end()).unwrap();
+        c.mla_attention(&buf(c, &q), qr, &cf, &cb, &p, &oc, o);
+        let want = get(c, &oc, o);
+        let lab = format!("heads={nh} n={n} hist={hist:?}");
+        // [backend][f16 cache, f32 cache]
+        let mut outs: Vec<Vec<Vec<f32>>> = Vec::new();
+        for g in [g8, g4] {
+            let before = g.path_launches(Path::SplitW8);
+            let gh = g.alloc_latent_cache(rows, w, kl, nh).unwrap();
+            let gf = g.alloc_cache(rows, w).unwrap();
+            fill_cache(g, &gh, &data, w, &all, slot_len);
+            fill_cache(g, &gf, &data, w, &all, slot_len);
+            let gb = batch(g, &meta);
+            let gq = buf(g, &q);
+            let mut got = Vec::new();
+            for cache in [&gh, &gf] {
+                let go = g.alloc(o.end()).unwrap();
+                poison(g, &go, o.end());
+                g.mla_attention(&gq, qr, cache, &gb, &p, &go, o);
+                got.push(get(g, &go, o));
+            }
+            let took = g.path_launches(Path::SplitW8) - before;
+            if std::ptr::eq(g, g8) && took != 2 {
+                rep.failures.push(format!("{lab}: the 8-warp split ran {took} times, not 2"));
+            }
+            outs.push(got);
+        }
+        rep.check(&format!("{lab} 8 warps: f16 vs f32 cache (exact)"), &outs[0][0], &outs[0][1], 0.0, 0.0);
+        rep.check(&format!("{lab} 8 vs 4 warps"), &outs[0][0], &outs[1][0], 2e-3, 2e-3);
+        rep.check(&format!("{lab} 8 warps vs cpu"), &outs[0][0], &want, 1e-2, 1e-2);
+    }
+    if g4.path_launches(Path::SplitW8) != 0 {
+        rep.failures.push("the 4-warp backend took the 8-warp split".into());
     }
     rep.finish();
 }
