@@ -910,13 +910,13 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
         moe_gateup_sh_h16_impl<T>(Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, x, xoff,  \
                                   xstride, act, out, ostride);                                                   \
     }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_down_sh_##name(             \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_DOWN16_MIN_BLOCKS) moe_down_sh_##name(          \
         const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e, const u8* Sd,      \
         i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
         moe_down_sh_h16_impl<T, 1>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride, \
                                    out, ooff, ostride);                                                          \
     }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_down_sh_##name##_w4(         \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_DOWN16_MIN_BLOCKS) moe_down_sh_##name##_w4(      \
         const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e, const u8* Sd,      \
         i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
         moe_down_sh_h16_impl<T, 4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride, \

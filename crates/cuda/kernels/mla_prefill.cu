@@ -308,17 +308,13 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 // the running max, sum and unnormalised output, as mla_split. Any head count that is a multiple
 // of 16 (V2-Lite's 16, V2's 128); the SIMT kernel reads every latent row from shared memory once
 // per head pair, this one once per 16 heads, through the MMA units.
-// DP: parts the 576 dims of a score are cut into (warps: 2 * DP). DP 2 is the kernel above
-// (mla_split_tc, mla_split_tc_h); DP 4 (mla_split_tc_h8; mla_split_tc8 over an f32 cache) takes 8 warps: dims
-// [144 dh, +144) per warp pair for the scores, 64 value columns a warp. Nsight on the H200 at
-// depth 16,384 (gpu-next77) found the 4-warp kernel issue-bound: one warp a scheduler, 80% of
-// cycles with none eligible, 20 us a layer for 18.9 MB of keys. Twice the warps, half the
-// multiplies, loads and rescaling each; another order of a score's four partial sums.
 #define MS_T 32
+#define MS_THREADS 128
+#define MS_LU 18
 #ifndef MS_NB
 #define MS_NB 3  // an f16 cache's key tiles in the cp.async ring (backend.rs MS_NB, TS_CUDA_MS_NB)
 #endif
-template <typename C, int DP>
+template <typename C>
 __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
                                                   const int* pos, const int* slot, int slot_len, int nh, float scale,
                                                   float* part) {
@@ -327,15 +323,10 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     // rounded by the threads (one buffer).
     constexpr bool F16 = sizeof(C) == 2;
     constexpr int NB = F16 ? MS_NB : 1;
-    constexpr int NT = 64 * DP;        // threads
-    constexpr int NJ = 16 / DP;        // 16-column steps of a warp's value columns
-    constexpr int VC = MP_V / (2 * DP);  // value columns a warp
-    constexpr int LU = MS_T * (MP_W / 4) / NT;  // an f32 tile's float4 loads a thread (18, 9)
-    static_assert(LU * NT == MS_T * (MP_W / 4), "an f32 tile is a whole number of loads a thread");
     extern __shared__ __align__(16) u8 ms_sm[];
     u16* Qs = (u16*)ms_sm;                         // [16][MP_LD]
     u16* Kb = Qs + 16 * MP_LD;                     // NB x [MS_T][MP_LD]
-    float* Ss = (float*)(Kb + NB * MS_T * MP_LD);  // [DP dim parts][16][MS_T]
+    float* Ss = (float*)(Kb + NB * MS_T * MP_LD);  // [2 dim halves][16][MS_T]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int hg = nh >> 4;
@@ -353,7 +344,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         }
         return;
     }
-    for (int idx = tid; idx < 16 * (MP_W / 4); idx += NT) {
+    for (int idx = tid; idx < 16 * (MP_W / 4); idx += MS_THREADS) {
         const int r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
         const float4 v = *(const float4*)(q + qoff + (i64)tok * q_tok + (i64)(h0 + r) * q_head + 4 * c4);
         u32* d = (u32*)(Qs + r * MP_LD + 4 * c4);
@@ -361,26 +352,26 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         d[1] = pack_h(v.z, v.w);
     }
     const i64 base = (i64)slot[tok] * slot_len;
-    const int kh = warp & 1, dh = warp >> 1;  // scores: keys [16kh, +16) over dims [576dh/DP, +576/DP)
+    const int kh = warp & 1, dh = warp >> 1;  // scores: keys [16kh, +16) over dims [288dh, +288)
     const int lr = lane & 7, li = lane >> 3;
-    float o[2 * NJ][4];
+    float o[16][4];
 #pragma unroll
-    for (int i = 0; i < 2 * NJ; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // rows g and g+8
     // One 32-key tile in shared memory (K, first key k0): the scores, the online softmax, P.V.
     auto tile = [&](const u16* Ks, int k0) {
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        qk_scores<2>(s, Qs, Ks + kh * 16 * MP_LD, dh * (MP_W / DP), (dh + 1) * (MP_W / DP), li, lr);
+        qk_scores<2>(s, Qs, Ks + kh * 16 * MP_LD, dh * (MP_W / 2), (dh + 1) * (MP_W / 2), li, lr);
         float* Sw = Ss + dh * 16 * MS_T;
         store_scores(Sw, MS_T, kh * 16, g, t4, s);
         __syncthreads();
-        // Online softmax over the tile's keys (those before j1); a score is the sum of the DP dim parts.
+        // Online softmax over the tile's keys (those before j1); a score is the sum of the two dim halves.
         float p0[8], p1[8], mx0, mx1;
-        gather_scores<DP>(Ss, MS_T, 16 * MS_T, g, t4, j1 - k0, scale, p0, p1, mx0, mx1);
+        gather_scores<2>(Ss, MS_T, 16 * MS_T, g, t4, j1 - k0, scale, p0, p1, mx0, mx1);
         u32 pa[2][4];
-        mla_softmax_tile<2 * NJ>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
-        // O[:, VC*warp + (0..VC)] += P V (V: the tile's keys, first 512 values).
-        pv_accumulate<NJ>(o, pa, Ks + warp * VC, li, lr);
+        mla_softmax_tile<16>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
+        // O[:, 128*warp + (0..128)] += P V (V: the tile's keys, first 512 values).
+        pv_accumulate<8>(o, pa, Ks + warp * 128, li, lr);
     };
     if constexpr (F16) {
         // An f16 cache's tiles go straight to shared memory (cp.async, 16 bytes a copy, 72 a row;
@@ -391,7 +382,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
             const int k0 = j0 + it * MS_T;
             if (k0 < j1) {
                 u16* K = Kb + (it % NB) * MS_T * MP_LD;
-                for (int idx = tid; idx < MS_T * (MP_W / 8); idx += NT) {
+                for (int idx = tid; idx < MS_T * (MP_W / 8); idx += MS_THREADS) {
                     const int r = idx / (MP_W / 8), c8 = idx - r * (MP_W / 8);
                     const bool in = k0 + r < j1;
                     cp_async16_z(K + r * MP_LD + 8 * c8, cache + (base + (in ? k0 + r : j0)) * MP_W + 8 * c8, in ? 16 : 0);
@@ -415,18 +406,18 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         u16* Ks = Kb;
         for (int k0 = j0; k0 < j1; k0 += MS_T) {
             __syncthreads();  // the previous tile's Ks and Ss are no longer read (and Qs is written)
-            // The tile's rows, all LU float4 loads of a thread in flight before any is converted.
-            {
-                const int i0 = tid;
-                typename CacheRaw<C>::T v[LU];
+            // The tile's rows, MS_LU float4 loads per thread in flight before any is converted
+            // (MS_T * MP_W / 4 = 4608 = 36 per thread: a multiple of MS_LU * MS_THREADS).
+            for (int i0 = tid; i0 < MS_T * (MP_W / 4); i0 += MS_LU * MS_THREADS) {
+                typename CacheRaw<C>::T v[MS_LU];
 #pragma unroll
-                for (int u = 0; u < LU; u++) {
-                    const int idx = i0 + u * NT, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+                for (int u = 0; u < MS_LU; u++) {
+                    const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
                     v[u] = k0 + r < j1 ? cache_raw(cache + (base + k0 + r) * MP_W + 4 * c4) : typename CacheRaw<C>::T{};
                 }
 #pragma unroll
-                for (int u = 0; u < LU; u++) {
-                    const int idx = i0 + u * NT, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
+                for (int u = 0; u < MS_LU; u++) {
+                    const int idx = i0 + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
                     const uint2 h = raw_h4(v[u]);
                     u32* d = (u32*)(Ks + r * MP_LD + 4 * c4);
                     d[0] = h.x;
@@ -446,8 +437,8 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         r1[1] = l1;
     }
 #pragma unroll
-    for (int i = 0; i < 2 * NJ; i++) {
-        const int c = 2 + warp * VC + 8 * i + 2 * t4;
+    for (int i = 0; i < 16; i++) {
+        const int c = 2 + warp * 128 + 8 * i + 2 * t4;
         r0[c] = o[i][0];
         r0[c + 1] = o[i][1];
         r1[c] = o[i][2];
@@ -455,14 +446,12 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     }
 #endif
 }
-#define MLA_SPLIT_TC_INST(NAME, C, DP)                                                                      \
-    extern "C" __global__ void __launch_bounds__(64 * DP)                                                      \
+#define MLA_SPLIT_TC_INST(NAME, C)                                                                          \
+    extern "C" __global__ void __launch_bounds__(MS_THREADS)                                                   \
         NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache, const int* pos, const int* slot, \
              int slot_len, int nh, float scale, float* part) {                                                 \
         PDL_ENTRY();                                                                                           \
-        mla_split_tc_impl<C, DP>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part);         \
+        mla_split_tc_impl<C>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part);             \
     }
-MLA_SPLIT_TC_INST(mla_split_tc, float, 2)
-MLA_SPLIT_TC_INST(mla_split_tc_h, u16, 2)
-MLA_SPLIT_TC_INST(mla_split_tc8, float, 4)
-MLA_SPLIT_TC_INST(mla_split_tc_h8, u16, 4)
+MLA_SPLIT_TC_INST(mla_split_tc, float)
+MLA_SPLIT_TC_INST(mla_split_tc_h, u16)

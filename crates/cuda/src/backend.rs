@@ -331,8 +331,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_prefill_ha",
     "mla_split_tc",
     "mla_split_tc_h",
-    "mla_split_tc8",
-    "mla_split_tc_h8",
     "mmq_q8_64",
     "mmq_q8_64ws",
     "mmq_q8_16",
@@ -400,13 +398,9 @@ const ARGMAX_CHUNK: usize = 2048;
 /// Dynamic shared memory of `mla_split_tc` (the 16 query rows, one 32-key tile, the scores of two
 /// dim halves) and of `mla_split_tc_h` with `nb` key tiles in its cp.async ring (`MS_NB` in
 /// kernels/mla_prefill.cu: the next `nb - 1` stream in while one is used).
-/// With `dp` parts of a score's dims (2: the 4-warp kernels; 4: `mla_split_tc8` /
-/// `mla_split_tc_h8`), each part's scores.
-const fn ms_smem(dp: usize) -> usize {
-    (16 + 32) * 584 * 2 + dp * 16 * 32 * 4
-}
-const fn ms_smem_h(nb: usize, dp: usize) -> usize {
-    (16 + nb * 32) * 584 * 2 + dp * 16 * 32 * 4
+const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
+const fn ms_smem_h(nb: usize) -> usize {
+    (16 + nb * 32) * 584 * 2 + 2 * 16 * 32 * 4
 }
 /// Dynamic shared memory of `mla_prefill` / `mla_prefill_h` (kernels/mla_prefill.cu): the 64
 /// query rows of 4 row groups, one 32-key tile, the scores of 4 row groups.
@@ -783,8 +777,6 @@ fn kernel_names() -> Vec<String> {
         "mla_split_5_4",
         "mla_split_tc",
         "mla_split_tc_h",
-        "mla_split_tc8",
-        "mla_split_tc_h8",
         "mla_prefill_h",
         "mla_prefill_ha",
         "norm_rope_cache_h",
@@ -895,22 +887,16 @@ pub enum Path {
     /// 489.1 against 487.3 with ABSORB16 alone on the H200; W_o's sum by head moves the bf16
     /// tokens' hash).
     Out16,
-    /// The tensor-core split MLA decode with 8 warps a block (`mla_split_tc_h8`, `mla_split_tc8`:
-    /// a score's 576 dims in four parts, 64 value columns a warp) instead of 4: the 4-warp
-    /// kernel is issue-bound at one warp a scheduler (Nsight, depth 16,384). Another order of a
-    /// score's partial sums. `TS_CUDA_MS_W8=1`; off until measured.
-    SplitW8,
 }
 
 impl Path {
-    const ALL: [Path; 3] = [Path::Absorb16, Path::Out16, Path::SplitW8];
+    const ALL: [Path; 2] = [Path::Absorb16, Path::Out16];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
         match self {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
-            Path::SplitW8 => ("TS_CUDA_MS_W8", false),
         }
     }
 
@@ -1929,9 +1915,9 @@ impl CudaBackend {
         };
         // The tensor-core split (kernels/mla_prefill.cu): 16-head row groups, V2's shapes; an f16
         // cache's kernel streams its key tiles through a cp.async ring.
-        // 8 warps a block (dims in 4 parts) or 4 (`Path::SplitW8`).
-        let dp = if self.path_on(Path::SplitW8) { 4 } else { 2 };
-        let ms_smem = if cache.half { ms_smem_h(self.ms_nb, dp) } else { ms_smem(dp) };
+        // (8 warps a block, a score's dims in four parts, measured slower on the H200: tg64 at
+        // 16k 471.0 against 483.2; docs/PERF.md, session 27.)
+        let ms_smem = if cache.half { ms_smem_h(self.ms_nb) } else { MS_SMEM };
         let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && ms_smem <= self.smem_max;
         let use_tc = tc_ok
             && match self.mla_tc.load(Ordering::Relaxed) {
@@ -1939,22 +1925,7 @@ impl CudaBackend {
                 2 => simt.is_none() && cache.half, // an f16 cache has no per-(token, head) kernel
                 _ => simt.is_none() || self.long_context(batch.tokens.iter().map(|t| t.pos)),
             };
-        let split = if use_tc {
-            if dp == 4 {
-                self.took(Path::SplitW8);
-            }
-            Some((
-                match (cache.half, dp == 4) {
-                    (true, false) => "mla_split_tc_h",
-                    (false, false) => "mla_split_tc",
-                    (true, true) => "mla_split_tc_h8",
-                    (false, true) => "mla_split_tc8",
-                },
-                64 * dp as u32,
-            ))
-        } else {
-            simt
-        };
+        let split = if use_tc { Some((if cache.half { "mla_split_tc_h" } else { "mla_split_tc" }, 128u32)) } else { simt };
         // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
         // (kernels/mla_prefill.cu); other batches take the split kernel, or the
         // per-(token, head) kernel for shapes the split kernel is not built for.
@@ -3276,7 +3247,7 @@ impl Backend for CudaBackend {
             && (width, kv_lora) == (576, 512)
             && heads > 0
             && heads % 16 == 0
-            && ms_smem_h(self.ms_nb, 4).max(MP_SMEM) <= self.smem_max;
+            && ms_smem_h(self.ms_nb).max(MP_SMEM) <= self.smem_max;
         if !half {
             return self.alloc_cache(rows, width);
         }
