@@ -10,7 +10,13 @@ set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
-"$B" synth --preset deepseek-v2-lite --quant bf16 -o $BF >/dev/null 2>&1 &
+"$B" synth --preset deepseek-v2-lite --quant bf16 -o $BF >/dev/null 2>&1
+stamp "== bf16 tg128: down kernels at 4 blocks an SM"
+for r in 1 2; do
+  for e in "" "TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=4"; do b "$e" "$B" bench --backend cuda -m $BF -p 0 -n 128 -r 3 --hash; done
+done
+rm -f $BF
+# (Last: the call may run out of device time here.)
 "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 stamp "== ncu mla_split_tc_h stalls"
@@ -18,10 +24,4 @@ TS_CUDA_GRAPHS=0 timeout 120 "$NCU" --kernel-name "regex:mla_split" --launch-ski
   --section SpeedOfLight --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__cycles_active.avg" \
   "$B" bench --backend cuda -m $V -p 0 -n 4 -d 16384 -r 1 2>&1 | grep -E "mla_split|Duration|Elapsed|stalled|inst_executed|cycles_active|ERR|rror" | grep -vE " 0$| 0\.0?0?$" | head -60
 rm -f $V
-wait
-stamp "== bf16 tg128: down kernels at 4 blocks an SM"
-for r in 1 2; do
-  for e in "" "TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=4"; do b "$e" "$B" bench --backend cuda -m $BF -p 0 -n 128 -r 3 --hash; done
-done
-rm -f $BF
 stamp "== done"
