@@ -314,7 +314,13 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 #ifndef MS_NB
 #define MS_NB 3  // an f16 cache's key tiles in the cp.async ring (backend.rs MS_NB, TS_CUDA_MS_NB)
 #endif
-template <typename C>
+// EARLY (an f16 cache only; Path::SplitEarly): the kernel has triggered its dependents but not
+// waited for the previous kernel; it reads the token's position and slot (the batch's, which no
+// kernel of the step writes, as mla_out_q8 does) and issues its first NB - 1 key tiles before
+// the wait where none of their rows is the token's own (written by the previous kernel, the
+// rope's): the first tiles' trip from memory overlaps the previous kernel's tail. The same
+// copies into the same buffers in the same commit groups: the same bits.
+template <typename C, bool EARLY>
 __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
                                                   const int* pos, const int* slot, int slot_len, int nh, float scale,
                                                   float* part) {
@@ -338,11 +344,39 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     const int stride = MP_V + 2;
     float* prow = part + (((i64)tok * nsp + sp) * nh + h0) * stride;  // head h0 + r at prow + r*stride
     if (j0 >= j1) {
+        if constexpr (EARLY) pdl_wait();
         if (tid < 16) {
             prow[tid * stride] = NEG_INF;
             prow[tid * stride + 1] = 0.f;
         }
         return;
+    }
+    const i64 base = (i64)slot[tok] * slot_len;
+    // An f16 cache's tiles go straight to shared memory (cp.async, 16 bytes a copy, 72 a row;
+    // rows past j1 zero-filled from row j0, which exists), a ring of NB buffers: the next
+    // NB - 1 tiles stream in while one is used. One commit group per tile slot, empty past
+    // the last tile, so that waiting for all but NB - 1 groups always means tile `it` landed.
+    auto issue = [&](int it) {
+        const int k0 = j0 + it * MS_T;
+        if (k0 < j1) {
+            u16* K = Kb + (it % NB) * MS_T * MP_LD;
+            for (int idx = tid; idx < MS_T * (MP_W / 8); idx += MS_THREADS) {
+                const int r = idx / (MP_W / 8), c8 = idx - r * (MP_W / 8);
+                const bool in = k0 + r < j1;
+                cp_async16_z(K + r * MP_LD + 8 * c8, cache + (base + (in ? k0 + r : j0)) * MP_W + 8 * c8, in ? 16 : 0);
+            }
+        }
+        cp_commit();
+    };
+    // The first tiles before the wait (EARLY) where the token's own row (end - 1) is not in them.
+    bool issued = false;
+    if constexpr (F16 && EARLY) {
+        if (j0 + (NB - 1) * MS_T <= end - 1) {
+#pragma unroll
+            for (int it = 0; it < NB - 1; it++) issue(it);
+            issued = true;
+        }
+        pdl_wait();
     }
     for (int idx = tid; idx < 16 * (MP_W / 4); idx += MS_THREADS) {
         const int r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
@@ -351,7 +385,6 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         d[0] = pack_h(v.x, v.y);
         d[1] = pack_h(v.z, v.w);
     }
-    const i64 base = (i64)slot[tok] * slot_len;
     const int kh = warp & 1, dh = warp >> 1;  // scores: keys [16kh, +16) over dims [288dh, +288)
     const int lr = lane & 7, li = lane >> 3;
     float o[16][4];
@@ -374,25 +407,11 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         pv_accumulate<8>(o, pa, Ks + warp * 128, li, lr);
     };
     if constexpr (F16) {
-        // An f16 cache's tiles go straight to shared memory (cp.async, 16 bytes a copy, 72 a row;
-        // rows past j1 zero-filled from row j0, which exists), a ring of NB buffers: the next
-        // NB - 1 tiles stream in while one is used. One commit group per tile slot, empty past
-        // the last tile, so that waiting for all but NB - 1 groups always means tile `it` landed.
-        auto issue = [&](int it) {
-            const int k0 = j0 + it * MS_T;
-            if (k0 < j1) {
-                u16* K = Kb + (it % NB) * MS_T * MP_LD;
-                for (int idx = tid; idx < MS_T * (MP_W / 8); idx += MS_THREADS) {
-                    const int r = idx / (MP_W / 8), c8 = idx - r * (MP_W / 8);
-                    const bool in = k0 + r < j1;
-                    cp_async16_z(K + r * MP_LD + 8 * c8, cache + (base + (in ? k0 + r : j0)) * MP_W + 8 * c8, in ? 16 : 0);
-                }
-            }
-            cp_commit();
-        };
-        const int ntile = (j1 - j0 + MS_T - 1) / MS_T;
+        if (!issued) {
 #pragma unroll
-        for (int it = 0; it < NB - 1; it++) issue(it);
+            for (int it = 0; it < NB - 1; it++) issue(it);
+        }
+        const int ntile = (j1 - j0 + MS_T - 1) / MS_T;
         for (int it = 0; it < ntile; it++) {
             // Tile it + NB - 1 into the buffer tile it - 1 used (every thread has left it: the
             // barrier at the loop's end), then wait for tile it.
@@ -446,12 +465,14 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     }
 #endif
 }
-#define MLA_SPLIT_TC_INST(NAME, C)                                                                          \
+#define MLA_SPLIT_TC_INST(NAME, C, EARLY)                                                                   \
     extern "C" __global__ void __launch_bounds__(MS_THREADS)                                                   \
         NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache, const int* pos, const int* slot, \
              int slot_len, int nh, float scale, float* part) {                                                 \
-        PDL_ENTRY();                                                                                           \
-        mla_split_tc_impl<C>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part);             \
+        pdl_trigger();                                                                                         \
+        if (!EARLY) pdl_wait();                                                                                \
+        mla_split_tc_impl<C, EARLY>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part);      \
     }
-MLA_SPLIT_TC_INST(mla_split_tc, float)
-MLA_SPLIT_TC_INST(mla_split_tc_h, u16)
+MLA_SPLIT_TC_INST(mla_split_tc, float, false)
+MLA_SPLIT_TC_INST(mla_split_tc_h, u16, false)
+MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true)

@@ -331,6 +331,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_prefill_ha",
     "mla_split_tc",
     "mla_split_tc_h",
+    "mla_split_tc_he",
     "mmq_q8_64",
     "mmq_q8_64ws",
     "mmq_q8_16",
@@ -777,6 +778,7 @@ fn kernel_names() -> Vec<String> {
         "mla_split_5_4",
         "mla_split_tc",
         "mla_split_tc_h",
+        "mla_split_tc_he",
         "mla_prefill_h",
         "mla_prefill_ha",
         "norm_rope_cache_h",
@@ -887,16 +889,21 @@ pub enum Path {
     /// 489.1 against 487.3 with ABSORB16 alone on the H200; W_o's sum by head moves the bf16
     /// tokens' hash).
     Out16,
+    /// The tensor-core split MLA decode over an f16 cache issuing its first key tiles before its
+    /// PDL wait (`mla_split_tc_he`: the same copies, the same bits as `mla_split_tc_h`).
+    /// `TS_CUDA_MS_EARLY=1`; off until measured.
+    SplitEarly,
 }
 
 impl Path {
-    const ALL: [Path; 2] = [Path::Absorb16, Path::Out16];
+    const ALL: [Path; 3] = [Path::Absorb16, Path::Out16, Path::SplitEarly];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
         match self {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
+            Path::SplitEarly => ("TS_CUDA_MS_EARLY", false),
         }
     }
 
@@ -1925,7 +1932,16 @@ impl CudaBackend {
                 2 => simt.is_none() && cache.half, // an f16 cache has no per-(token, head) kernel
                 _ => simt.is_none() || self.long_context(batch.tokens.iter().map(|t| t.pos)),
             };
-        let split = if use_tc { Some((if cache.half { "mla_split_tc_h" } else { "mla_split_tc" }, 128u32)) } else { simt };
+        let early = use_tc && cache.half && self.path_on(Path::SplitEarly);
+        if early {
+            self.took(Path::SplitEarly);
+        }
+        let split = match (use_tc, cache.half, early) {
+            (true, true, true) => Some(("mla_split_tc_he", 128u32)),
+            (true, true, false) => Some(("mla_split_tc_h", 128u32)),
+            (true, false, _) => Some(("mla_split_tc", 128u32)),
+            (false, _, _) => simt,
+        };
         // Prefill of one sequence: f16 tensor cores, 4 row groups of 16 heads per block
         // (kernels/mla_prefill.cu); other batches take the split kernel, or the
         // per-(token, head) kernel for shapes the split kernel is not built for.

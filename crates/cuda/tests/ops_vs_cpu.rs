@@ -2105,6 +2105,68 @@ fn short_attention_in_mla_out() {
     rep.finish();
 }
 
+/// The tensor-core split MLA decode over an f16 cache issuing its first key tiles before its PDL
+/// wait (`Path::SplitEarly`, `mla_split_tc_he`) against `mla_split_tc_h` on another backend: the
+/// same copies, so bit for bit. Decode and batched-decode sizes, 16 and 128 heads, histories
+/// from 5 positions (no split issues early: each holds the token's own row in its first tiles)
+/// to 9,000; the early kernel must have run each time.
+#[test]
+fn mla_split_early_exact() {
+    let Some(shared) = gpu() else { return };
+    if !shared.tensor_cores() {
+        eprintln!("mla_split_early_exact: no tensor cores, skipped");
+        return;
+    }
+    let ge = &CudaBackend::new(0).expect("second backend");
+    let gd = &CudaBackend::new(0).expect("third backend");
+    for g in [ge, gd] {
+        g.set_mla_tensor_cores(Some(true));
+    }
+    ge.set_path(Path::SplitEarly, true);
+    gd.set_path(Path::SplitEarly, false);
+    let mut r = rng(53);
+    let mut rep = Report::new("mla_split_early");
+    let (kl, rd) = (512usize, 64usize);
+    let w = kl + rd;
+    let slot_len = 9216u32;
+    let rows = 2 * slot_len as usize;
+    for &(nh, n, long) in &[(16usize, 1usize, 5u32), (16, 1, 3000), (16, 1, 9000), (16, 3, 2500), (16, 64, 500), (128, 1, 2100)] {
+        let (toks, all, hist) = mla_tokens(n, long, false, &mut r);
+        let data = randn(&mut r, all.len() * w, 1.0);
+        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
+        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
+        let meta = BatchMeta { tokens: toks, outputs: vec![], slot_len };
+        let q = randn(&mut r, qr.end(), 0.5);
+        let lab = format!("heads={nh} n={n} hist={hist:?}");
+        let mut outs = Vec::new();
+        for g in [ge, gd] {
+            let gh = g.alloc_latent_cache(rows, w, kl, nh).unwrap();
+            if !gh.is_f16() {
+                rep.failures.push(format!("{lab}: alloc_latent_cache gave an f32 cache on a tensor-core GPU"));
+                continue;
+            }
+            fill_cache(g, &gh, &data, w, &all, slot_len);
+            let (gb, gq) = (batch(g, &meta), buf(g, &q));
+            let go = g.alloc(o.end()).unwrap();
+            poison(g, &go, o.end());
+            g.synchronize().unwrap();
+            let before = g.path_launches(Path::SplitEarly);
+            g.mla_attention(&gq, qr, &gh, &gb, &p, &go, o);
+            let took = g.path_launches(Path::SplitEarly) - before;
+            let want = u64::from(std::ptr::eq(g, ge));
+            if took != want {
+                rep.failures.push(format!("{lab}: the early split ran {took} times, not {want}"));
+            }
+            outs.push(get(g, &go, o));
+        }
+        if outs.len() == 2 {
+            rep.check(&format!("{lab} early vs after the wait (exact)"), &outs[0], &outs[1], 0.0, 0.0);
+        }
+    }
+    rep.finish();
+}
+
 /// A decode token's attention output side, then its MoE (`moe_shared`, 64 Q8_0 experts, top 6,
 /// two shared chunks), with the MoE routed ahead in the router's launch (`pre_route`: that
 /// kernel also quantises the normed row and routes the logits; the MoE skips moe_route_quant)

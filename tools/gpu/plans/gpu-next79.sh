@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# Twenty-seventh session, main: (1) why the split MLA decode at depth 16,384 takes ~23 us a
-# layer (gpu-next77: issue slots 17% busy, one warp a scheduler; gpu-next78: 8 warps were
-# slower): Nsight Compute's warp stall reasons for one launch of mla_split_tc_h (cycles a warp
-# spends stalled per issued instruction, by reason). (2) The bf16 decode MoE's down kernels at 4
-# blocks an SM (TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=4: 64 registers without spills, where 67
-# at 3 blocks put its 1,024 blocks in 2.6 waves); register allocation only, so the hash must hold.
+# Twenty-seventh session, main, two switches measured (off until then), both the same bits:
+# (1) TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=4: the bf16 decode MoE's down kernels at 4 blocks an
+#     SM (64 registers without spills, where 67 at 3 blocks put its 1,024 blocks in 2.6 waves;
+#     Nsight, gpu-next76). Register allocation only, so the hash must hold.
+# (2) TS_CUDA_MS_EARLY=1: the split MLA decode over the f16 cache issues its first key tiles
+#     before its PDL wait (mla_split_tc_he; op test mla_split_early_exact, bit for bit).
+# Then, if the call's device time lasts, Nsight's warp stall reasons for mla_split_tc_h at 16k.
 #   tools/gpu/plans/gpu-next79.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~4 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
-"$B" synth --preset deepseek-v2-lite --quant bf16 -o $BF >/dev/null 2>&1
+models_bg
+stamp "== op test"
+op_log 60 1 ops.txt "" "" mla_split_early_exact
+wait
 stamp "== bf16 tg128: down kernels at 4 blocks an SM"
-for r in 1 2; do
-  for e in "" "TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=4"; do b "$e" "$B" bench --backend cuda -m $BF -p 0 -n 128 -r 3 --hash; done
-done
+for e in "" "TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=4"; do b "$e" "$B" bench --backend cuda -m $BF -p 0 -n 128 -r 3 --hash; done
 rm -f $BF
-# (Last: the call may run out of device time here.)
-"$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
+stamp "== tg64 @16k: early key tiles"
+for e in "" "TS_CUDA_MS_EARLY=1"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
+stamp "== bf16 again; 16k again"
+"$B" synth --preset deepseek-v2-lite --quant bf16 -o $BF >/dev/null 2>&1 &
+for e in "TS_CUDA_MS_EARLY=1" ""; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
+wait
+for e in "TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=4" ""; do b "$e" "$B" bench --backend cuda -m $BF -p 0 -n 128 -r 3 --hash; done
+rm -f $BF
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 stamp "== ncu mla_split_tc_h stalls"
 TS_CUDA_GRAPHS=0 timeout 120 "$NCU" --kernel-name "regex:mla_split" --launch-skip 30 --launch-count 1 \
