@@ -26,11 +26,12 @@
 #ifndef GQ_MOE_MIN_BLOCKS
 #define GQ_MOE_MIN_BLOCKS 3
 #endif
-// The 16-bit decode MoE's down kernels alone (moe_down_sh_<t>, _w4): 67 registers at 3 blocks,
-// 64 without spills at 4 (Nsight on the H200: "Block Limit Registers 3", 1,024 blocks in 2.6
-// waves). A measurement define: TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=n.
+// The 16-bit decode MoE's down kernels alone (moe_down_sh_<t>, _w4): 4 blocks an SM, 64
+// registers without spills, where 67 at 3 blocks (Nsight on the H200: "Block Limit Registers
+// 3") put their 1,024 blocks in 2.6 waves. H200 (gpu-next79): bf16 tg128 519.9 against 515.6,
+// the same hash. A measurement define: TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=n.
 #ifndef GQ_DOWN16_MIN_BLOCKS
-#define GQ_DOWN16_MIN_BLOCKS GQ_MOE_MIN_BLOCKS
+#define GQ_DOWN16_MIN_BLOCKS 4
 #endif
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) {

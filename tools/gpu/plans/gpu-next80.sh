@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Twenty-seventh session, main, written after the device time was spent (not yet run). The
+# re-measure of gpu-next79's two defaults (each from one comparison), then what that call could
+# not reach:
+# - op tests of the split decode (mla_split_early_exact, now with batches taking the plain
+#   kernel; mla_f16_latent_cache, mla_split_tensor_cores) and the fused MoE's;
+# - tg64 @16k with TS_CUDA_MS_EARLY=0 against the default, three rounds;
+# - bf16 tg128 with TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=3 against the default (4), two rounds;
+# - Q8_0 tg128 once (unchanged kernels: 709-710 expected, hash db10d2fd9a926913);
+# - Nsight's warp stall reasons for the split kernel at 16k (the next lead for #5's 16k figure);
+# - the server with 64 clients (#6; last measured in the twenty-first session, 6,340 tok/s).
+#   tools/gpu/plans/gpu-next80.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~10 minutes)
+set -u
+B=$1; OPS=$2
+source "$(dirname "$0")/lib.sh"
+export TS_RUN_LIMIT=90
+models_bg
+stamp "== op tests"
+op_log 200 2 ops.txt "" "" mla_split_early_exact mla_f16_latent_cache mla_split_tensor_cores fused_moe_shared moe_residual_exact
+wait
+stamp "== tg64 @16k: early key tiles off / on"
+for r in 1 2 3; do
+  for e in "TS_CUDA_MS_EARLY=0" ""; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
+done
+stamp "== Q8_0 tg128"
+b "" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+stamp "== bf16 tg128: down kernels at 3 / 4 blocks an SM"
+for r in 1 2; do
+  for e in "TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=3" ""; do b "$e" "$B" bench --backend cuda -m $BF -p 0 -n 128 -r 3 --hash; done
+done
+rm -f $BF
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+stamp "== ncu mla_split_tc_he stalls at 16k"
+TS_CUDA_GRAPHS=0 timeout 120 "$NCU" --kernel-name "regex:mla_split" --launch-skip 30 --launch-count 1 \
+  --section SpeedOfLight --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__cycles_active.avg" \
+  "$B" bench --backend cuda -m $V -p 0 -n 4 -d 16384 -r 1 2>&1 | grep -E "mla_split|Duration|Elapsed|stalled|inst_executed|cycles_active|ERR|rror" | grep -vE " 0$| 0\.0?0?$" | head -60
+stamp "== server, 64 clients, 60 s"
+serve64 "" 60
+rm -f $V
+stamp "== done"
