@@ -319,7 +319,9 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 // kernel of the step writes, as mla_out_q8 does) and issues its first NB - 1 key tiles before
 // the wait where none of their rows is the token's own (written by the previous kernel, the
 // rope's): the first tiles' trip from memory overlaps the previous kernel's tail. The same
-// copies into the same buffers in the same commit groups: the same bits.
+// copies into the same buffers in the same commit groups: the same bits. One token a launch
+// (the host's rule): in a batch, another token of the same sequence has its row written by the
+// same previous kernel, and only the block's own token's row is kept out of the early tiles.
 template <typename C, bool EARLY>
 __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
                                                   const int* pos, const int* slot, int slot_len, int nh, float scale,

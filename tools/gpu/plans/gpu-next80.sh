@@ -29,11 +29,8 @@ for r in 1 2; do
   for e in "TS_CUDA_DEFINES=GQ_DOWN16_MIN_BLOCKS=3" ""; do b "$e" "$B" bench --backend cuda -m $BF -p 0 -n 128 -r 3 --hash; done
 done
 rm -f $BF
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 stamp "== ncu mla_split_tc_he stalls at 16k"
-TS_CUDA_GRAPHS=0 timeout 120 "$NCU" --kernel-name "regex:mla_split" --launch-skip 30 --launch-count 1 \
-  --section SpeedOfLight --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__cycles_active.avg" \
-  "$B" bench --backend cuda -m $V -p 0 -n 4 -d 16384 -r 1 2>&1 | grep -E "mla_split|Duration|Elapsed|stalled|inst_executed|cycles_active|ERR|rror" | grep -vE " 0$| 0\.0?0?$" | head -60
+ncu_stalls mla_split -p 0 -n 4 -d 16384 -r 1
 stamp "== server, 64 clients, 60 s"
 serve64 "" 60
 rm -f $V
