@@ -314,6 +314,16 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 #ifndef MS_NB
 #define MS_NB 3  // an f16 cache's key tiles in the cp.async ring (backend.rs MS_NB, TS_CUDA_MS_NB)
 #endif
+// Floats a row of the split kernels' score buffer (16 rows of MS_T scores a dim half). At 32,
+// the 8 lanes of an m16n8 fragment that share a column (rows g = 0..7) hit one bank: 8-way
+// conflicts on every score store (store_scores) and read (gather_scores). 36 or 40 leave 2-way
+// ones; the same values, so the same bits. A measurement define (TS_CUDA_DEFINES=MS_SLD=n, at
+// most MS_SLD_MAX, which backend.rs allots).
+#ifndef MS_SLD
+#define MS_SLD 32
+#endif
+#define MS_SLD_MAX 40
+static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: 32..=40");
 // EARLY (an f16 cache only; Path::SplitEarly): the kernel has triggered its dependents but not
 // waited for the previous kernel; it reads the token's position and slot (the batch's, which no
 // kernel of the step writes, as mla_out_q8 does) and issues its first NB - 1 key tiles before
@@ -334,7 +344,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     extern __shared__ __align__(16) u8 ms_sm[];
     u16* Qs = (u16*)ms_sm;                         // [16][MP_LD]
     u16* Kb = Qs + 16 * MP_LD;                     // NB x [MS_T][MP_LD]
-    float* Ss = (float*)(Kb + NB * MS_T * MP_LD);  // [2 dim halves][16][MS_T]
+    float* Ss = (float*)(Kb + NB * MS_T * MP_LD);  // [2 dim halves][16][MS_SLD]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int hg = nh >> 4;
@@ -397,12 +407,12 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     auto tile = [&](const u16* Ks, int k0) {
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         qk_scores<2>(s, Qs, Ks + kh * 16 * MP_LD, dh * (MP_W / 2), (dh + 1) * (MP_W / 2), li, lr);
-        float* Sw = Ss + dh * 16 * MS_T;
-        store_scores(Sw, MS_T, kh * 16, g, t4, s);
+        float* Sw = Ss + dh * 16 * MS_SLD;
+        store_scores(Sw, MS_SLD, kh * 16, g, t4, s);
         __syncthreads();
         // Online softmax over the tile's keys (those before j1); a score is the sum of the two dim halves.
         float p0[8], p1[8], mx0, mx1;
-        gather_scores<2>(Ss, MS_T, 16 * MS_T, g, t4, j1 - k0, scale, p0, p1, mx0, mx1);
+        gather_scores<2>(Ss, MS_SLD, 16 * MS_SLD, g, t4, j1 - k0, scale, p0, p1, mx0, mx1);
         u32 pa[2][4];
         mla_softmax_tile<16>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
         // O[:, 128*warp + (0..128)] += P V (V: the tile's keys, first 512 values).

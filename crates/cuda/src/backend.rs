@@ -399,9 +399,11 @@ const ARGMAX_CHUNK: usize = 2048;
 /// Dynamic shared memory of `mla_split_tc` (the 16 query rows, one 32-key tile, the scores of two
 /// dim halves) and of `mla_split_tc_h` with `nb` key tiles in its cp.async ring (`MS_NB` in
 /// kernels/mla_prefill.cu: the next `nb - 1` stream in while one is used).
-const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 32 * 4;
+/// The score buffer has room for rows of `MS_SLD_MAX` = 40 floats (`MS_SLD` in
+/// kernels/mla_prefill.cu, a measurement define, 32 by default).
+const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 40 * 4;
 const fn ms_smem_h(nb: usize) -> usize {
-    (16 + nb * 32) * 584 * 2 + 2 * 16 * 32 * 4
+    (16 + nb * 32) * 584 * 2 + 2 * 16 * 40 * 4
 }
 /// Dynamic shared memory of `mla_prefill` / `mla_prefill_h` (kernels/mla_prefill.cu): the 64
 /// query rows of 4 row groups, one 32-key tile, the scores of 4 row groups.
