@@ -18,6 +18,11 @@
 // Every token of the batch must read the same slot (the host checks; otherwise the per-token
 // kernel runs): prefill of one sequence.
 
+// The online softmax without branches around its exps (mla_softmax_tile); the same bits. A
+// measurement define: TS_CUDA_DEFINES=MLA_SM_BRANCHLESS=1.
+#ifndef MLA_SM_BRANCHLESS
+#define MLA_SM_BRANCHLESS 0
+#endif
 #define MP_RG 4
 #define MP_W 576
 #define MP_V 512
@@ -129,6 +134,22 @@ __device__ __forceinline__ void mla_softmax_tile(float* p0, float* p1, float mx0
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+#if MLA_SM_BRANCHLESS
+    // A row with no key yet (n = -inf) subtracts 0 instead: its exps are then exp(-inf) = 0, as
+    // the zeros the branches below give, and its c 0 where they give 1, which only multiplies
+    // that row's zero sum and outputs: the same results, without a branch around each exp (the
+    // compiler keeps 18 of them, each exp's latency exposed, on every warp's chain).
+    const float b0 = n0 == NEG_INF ? 0.f : n0, b1 = n1 == NEG_INF ? 0.f : n1;
+    const float c0 = expf(m0 - b0), c1 = expf(m1 - b1);
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        p0[i] = expf(p0[i] - b0);
+        p1[i] = expf(p1[i] - b1);
+        s0 += p0[i];
+        s1 += p1[i];
+    }
+#else
     const float c0 = n0 == NEG_INF ? 1.f : expf(m0 - n0), c1 = n1 == NEG_INF ? 1.f : expf(m1 - n1);
     float s0 = 0.f, s1 = 0.f;
 #pragma unroll
@@ -138,6 +159,7 @@ __device__ __forceinline__ void mla_softmax_tile(float* p0, float* p1, float mx0
         s0 += p0[i];
         s1 += p1[i];
     }
+#endif
     s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
     s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
     s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
