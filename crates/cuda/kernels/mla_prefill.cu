@@ -347,13 +347,16 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 #define MS_SLD_MAX 40
 static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: 32..=40");
 // EARLY (an f16 cache only; Path::SplitEarly): the kernel has triggered its dependents but not
-// waited for the previous kernel; it reads the token's position and slot (the batch's, which no
-// kernel of the step writes, as mla_out_q8 does) and issues its first NB - 1 key tiles before
-// the wait where none of their rows is the token's own (written by the previous kernel, the
-// rope's): the first tiles' trip from memory overlaps the previous kernel's tail. The same
-// copies into the same buffers in the same commit groups: the same bits. One token a launch
-// (the host's rule): in a batch, another token of the same sequence has its row written by the
-// same previous kernel, and only the block's own token's row is kept out of the early tiles.
+// waited for the previous kernel; it reads the token's position and slot and issues its first
+// NB - 1 key tiles before the wait where none of their rows is the token's own (written by the
+// previous kernel, the rope's): the first tiles' trip from memory overlaps the previous kernel's
+// tail. The position and slot may still be the last step's there (batch_fill_1 writes them at
+// the step's start, and a chain of kernels that trigger at entry can start before it has), so
+// after the wait they are read again past L1 and, where either differs, the early copies are
+// drained and the tiles issued anew. The same copies into the same buffers in the same commit
+// groups: the same bits. One token a launch (the host's rule): in a batch, another token of the
+// same sequence has its row written by the same previous kernel, and only the block's own
+// token's row is kept out of the early tiles.
 template <typename C, bool EARLY>
 __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
                                                   const int* pos, const int* slot, int slot_len, int nh, float scale,
@@ -372,20 +375,20 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     const int hg = nh >> 4;
     const int tok = blockIdx.y / hg, h0 = (blockIdx.y - tok * hg) * 16;
     const int sp = blockIdx.x, nsp = gridDim.x;
-    const int end = pos[tok] + 1;
-    const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
-    const int j0 = sp * chunk, j1 = min(end, j0 + chunk);
     const int stride = MP_V + 2;
     float* prow = part + (((i64)tok * nsp + sp) * nh + h0) * stride;  // head h0 + r at prow + r*stride
-    if (j0 >= j1) {
-        if constexpr (EARLY) pdl_wait();
-        if (tid < 16) {
-            prow[tid * stride] = NEG_INF;
-            prow[tid * stride + 1] = 0.f;
-        }
-        return;
-    }
-    const i64 base = (i64)slot[tok] * slot_len;
+    // This split's keys [j0, j1) of the context [0, end), and the slot's first cache row.
+    int end = 0, sl = 0, j0 = 0, j1 = 0;
+    i64 base = 0;
+    auto place = [&](int p, int s) {
+        end = p + 1;
+        sl = s;
+        const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
+        j0 = sp * chunk;
+        j1 = min(end, j0 + chunk);
+        base = (i64)sl * slot_len;
+    };
+    place(pos[tok], slot[tok]);
     // An f16 cache's tiles go straight to shared memory (cp.async, 16 bytes a copy, 72 a row;
     // rows past j1 zero-filled from row j0, which exists), a ring of NB buffers: the next
     // NB - 1 tiles stream in while one is used. One commit group per tile slot, empty past
@@ -402,15 +405,27 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         }
         cp_commit();
     };
-    // The first tiles before the wait (EARLY) where the token's own row (end - 1) is not in them.
+    // The first tiles before the wait (EARLY) where the token's own row (end - 1) is not in them;
+    // after it, the position and slot again (past L1; their loads in flight with the query's),
+    // and the tiles anew if either moved.
+    static_assert(!EARLY || F16, "the early kernel reads an f16 cache");
     bool issued = false;
-    if constexpr (F16 && EARLY) {
-        if (j0 + (NB - 1) * MS_T <= end - 1) {
+    int p2 = 0, s2 = 0;
+    if constexpr (EARLY) {
+        if (j0 < j1 && j0 + (NB - 1) * MS_T <= end - 1) {
 #pragma unroll
             for (int it = 0; it < NB - 1; it++) issue(it);
             issued = true;
         }
         pdl_wait();
+        p2 = __ldcg(pos + tok);
+        s2 = __ldcg(slot + tok);
+    } else if (j0 >= j1) {
+        if (tid < 16) {
+            prow[tid * stride] = NEG_INF;
+            prow[tid * stride + 1] = 0.f;
+        }
+        return;
     }
     for (int idx = tid; idx < 16 * (MP_W / 4); idx += MS_THREADS) {
         const int r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
@@ -418,6 +433,20 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         u32* d = (u32*)(Qs + r * MP_LD + 4 * c4);
         d[0] = pack_h(v.x, v.y);
         d[1] = pack_h(v.z, v.w);
+    }
+    if constexpr (EARLY) {
+        if (p2 + 1 != end || s2 != sl) {
+            if (issued) cp_wait<0>();
+            issued = false;
+            place(p2, s2);
+        }
+        if (j0 >= j1) {
+            if (tid < 16) {
+                prow[tid * stride] = NEG_INF;
+                prow[tid * stride + 1] = 0.f;
+            }
+            return;
+        }
     }
     const int kh = warp & 1, dh = warp >> 1;  // scores: keys [16kh, +16) over dims [288dh, +288)
     const int lr = lane & 7, li = lane >> 3;
