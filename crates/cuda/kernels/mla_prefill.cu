@@ -345,6 +345,13 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 #define MS_SLD 32
 #endif
 #define MS_SLD_MAX 40
+// Dim steps of the split kernels' score loop unrolled (18 steps of 16 a warp): with one warp a
+// scheduler, a fuller unroll lets the shared-memory fragment loads run ahead of the multiplies.
+// The same multiplies in the same order: the same bits. A measurement define
+// (TS_CUDA_DEFINES=MS_QK_U=n, n dividing 18).
+#ifndef MS_QK_U
+#define MS_QK_U 2
+#endif
 static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: 32..=40");
 // EARLY (an f16 cache only; Path::SplitEarly): the kernel has triggered its dependents but not
 // waited for the previous kernel; it reads the token's position and slot and issues its first
@@ -457,7 +464,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     // One 32-key tile in shared memory (K, first key k0): the scores, the online softmax, P.V.
     auto tile = [&](const u16* Ks, int k0) {
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        qk_scores<2>(s, Qs, Ks + kh * 16 * MP_LD, dh * (MP_W / 2), (dh + 1) * (MP_W / 2), li, lr);
+        qk_scores<MS_QK_U>(s, Qs, Ks + kh * 16 * MP_LD, dh * (MP_W / 2), (dh + 1) * (MP_W / 2), li, lr);
         float* Sw = Ss + dh * 16 * MS_SLD;
         store_scores(Sw, MS_SLD, kh * 16, g, t4, s);
         __syncthreads();

@@ -7,7 +7,9 @@
 #   score stores and reads instead of 8-way);
 # - TS_CUDA_DEFINES=MLA_SM_BRANCHLESS=1: the online softmax without a branch around each exp
 #   (static SASS of mla_split_tc_h's tile loop: 755 -> 665 instructions, 23 -> 5 branches); it
-#   is shared with the prompt kernels, so pp512 / pp2048 too.
+#   is shared with the prompt kernels, so pp512 / pp2048 too;
+# - TS_CUDA_DEFINES=MS_QK_U=6 or 18: the score loop's dim steps unrolled further (2 now), so the
+#   fragment loads can run ahead of the multiplies at one warp a scheduler.
 # Both must keep every hash (16k efeed109b1480c9a). Op tests under each define first.
 #   tools/gpu/plans/gpu-next80.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~9 minutes)
 set -u
@@ -19,12 +21,12 @@ stamp "== op tests"
 T="mla_split_early_exact mla_f16_latent_cache mla_split_tensor_cores mla_attention_latent_cache"
 op_log 120 2 ops.txt "" "" $T
 op_log 120 2 ops40.txt "" "TS_CUDA_DEFINES=MS_SLD=40" $T
-op_log 120 2 opsbl.txt "" "TS_CUDA_DEFINES=MLA_SM_BRANCHLESS=1" $T
+op_log 120 2 opsbl.txt "" "TS_CUDA_DEFINES=MLA_SM_BRANCHLESS=1,MS_QK_U=18" $T
 wait
 S="TS_CUDA_DEFINES=MS_SLD=40"; L="TS_CUDA_DEFINES=MLA_SM_BRANCHLESS=1"; SL="TS_CUDA_DEFINES=MS_SLD=40,MLA_SM_BRANCHLESS=1"
 stamp "== tg64 @16k"
-for r in 1 2; do
-  for e in "" "$S" "$L" "$SL" "TS_CUDA_MS_EARLY=0"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
+for e in "" "$S" "$L" "$SL" "$SL,MS_QK_U=6" "$SL,MS_QK_U=18" "TS_CUDA_MS_EARLY=0" "" "$SL" "TS_CUDA_MS_EARLY=0"; do
+  b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash
 done
 stamp "== pp512 / pp2048 (branchless softmax)"
 for e in "" "$L"; do
