@@ -11,7 +11,7 @@
 # - TS_CUDA_DEFINES=MS_QK_U=6 or 18: the score loop's dim steps unrolled further (2 now), so the
 #   fragment loads can run ahead of the multiplies at one warp a scheduler.
 # Both must keep every hash (16k efeed109b1480c9a). Op tests under each define first.
-#   tools/gpu/plans/gpu-next80.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~9 minutes)
+#   tools/gpu/plans/gpu-next80.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~10 minutes: near the 600-s limit of a call; move the prompt runs to gpu-next81 if it bites)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
