@@ -11,7 +11,7 @@ set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
-"$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
+q8_bg
 stamp "== op tests"
 op_log 150 2 ops.txt "" "" mla_split_w8_close mla_split_tensor_cores mla_f16_latent_cache
 op_log 150 2 ops8.txt "" "TS_CUDA_MS_W8=1" mla_split_tensor_cores mla_f16_latent_cache mla_attention_latent_cache

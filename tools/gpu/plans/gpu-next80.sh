@@ -16,7 +16,7 @@ set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
-"$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 &
+q8_bg
 stamp "== op tests"
 T="mla_split_early_exact mla_f16_latent_cache mla_split_tensor_cores mla_attention_latent_cache"
 op_log 120 2 ops.txt "" "" $T

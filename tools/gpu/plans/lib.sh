@@ -85,6 +85,8 @@ trace_tg() {
   TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 150 "$B" bench --backend cuda -m $m -p 0 -n 32 -r 1 "$@" >/dev/null 2>&1
   python3 "$(dirname "${BASH_SOURCE[0]}")/../trace.py" $O/tr.csv 16 | head -$n; rm -f $O/tr.csv
 }
+# `q8_bg`: the synthetic V2-Lite Q8_0 file at $V, made in the background (`wait` for it).
+q8_bg() { "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 & }
 # `models_bg`: both synthetic V2-Lite files, $V (Q8_0) then $BF (bf16), made in the background
 # (`wait` for them).
 models_bg() {
