@@ -18,10 +18,11 @@
 // Every token of the batch must read the same slot (the host checks; otherwise the per-token
 // kernel runs): prefill of one sequence.
 
-// The online softmax without branches around its exps (mla_softmax_tile); the same bits. A
-// measurement define: TS_CUDA_DEFINES=MLA_SM_BRANCHLESS=1.
+// The online softmax without branches around its exps (mla_softmax_tile); the same bits. On by
+// default since gpu-next80 (tg64 at 16k 503.7 against 487.5, pp2048 43,110 against 41,108);
+// TS_CUDA_DEFINES=MLA_SM_BRANCHLESS=0 restores the branches.
 #ifndef MLA_SM_BRANCHLESS
-#define MLA_SM_BRANCHLESS 0
+#define MLA_SM_BRANCHLESS 1
 #endif
 #define MP_RG 4
 #define MP_W 576
@@ -339,18 +340,20 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 // Floats a row of the split kernels' score buffer (16 rows of MS_T scores a dim half). At 32,
 // the 8 lanes of an m16n8 fragment that share a column (rows g = 0..7) hit one bank: 8-way
 // conflicts on every score store (store_scores) and read (gather_scores). 36 or 40 leave 2-way
-// ones; the same values, so the same bits. A measurement define (TS_CUDA_DEFINES=MS_SLD=n, at
-// most MS_SLD_MAX, which backend.rs allots).
+// ones; the same values, so the same bits. 40 by default since gpu-next80 (16k 492.6 against
+// 487.5 alone); a measurement define (TS_CUDA_DEFINES=MS_SLD=n, 32 to MS_SLD_MAX, which
+// backend.rs allots).
 #ifndef MS_SLD
-#define MS_SLD 32
+#define MS_SLD 40
 #endif
 #define MS_SLD_MAX 40
 // Dim steps of the split kernels' score loop unrolled (18 steps of 16 a warp): with one warp a
 // scheduler, a fuller unroll lets the shared-memory fragment loads run ahead of the multiplies.
 // The same multiplies in the same order: the same bits. A measurement define
-// (TS_CUDA_DEFINES=MS_QK_U=n, n dividing 18).
+// (TS_CUDA_DEFINES=MS_QK_U=n, n dividing 18). 18 by default since gpu-next80 (16k 515.5 against
+// 510.1 at 2 and 497.5 at 6, with the two defines above).
 #ifndef MS_QK_U
-#define MS_QK_U 2
+#define MS_QK_U 18
 #endif
 static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: 32..=40");
 // EARLY (an f16 cache only; Path::SplitEarly): the kernel has triggered its dependents but not

@@ -92,8 +92,9 @@ fn kernels_compile_for_sm_75() {
 /// The measurement defines of the decode MoE (`TS_CUDA_DEFINES=TS_WNA=0`: plain weight loads, not
 /// the default's loads that do not allocate in L1; `NM_RACY=1`: the q / kv_a product's norm
 /// without its block counter; `GQ_DOWN16_MIN_BLOCKS=3`: the 16-bit down kernels' old setting)
-/// and of the split MLA decode (`MS_SLD=40`: padded score rows; `MLA_SM_BRANCHLESS=1`: the
-/// softmax without branches; `MS_QK_U=18`: the score loop unrolled) compile too.
+/// and of the split MLA decode (the old settings: `MS_SLD=32`, unpadded score rows;
+/// `MLA_SM_BRANCHLESS=0`, the softmax with branches; `MS_QK_U=2`, the score loop unrolled twice)
+/// compile too.
 #[test]
 fn measurement_defines_compile_for_sm_90() {
     if !ts_cuda::kernels::nvrtc_available() {
@@ -102,7 +103,7 @@ fn measurement_defines_compile_for_sm_90() {
     }
     if let Err(log) = ts_cuda::kernels::compile_cubin_with(
         "sm_90",
-        &["-DTS_WNA=0", "-DNM_RACY=1", "-DGQ_DOWN16_MIN_BLOCKS=3", "-DMS_SLD=40", "-DMLA_SM_BRANCHLESS=1", "-DMS_QK_U=18"],
+        &["-DTS_WNA=0", "-DNM_RACY=1", "-DGQ_DOWN16_MIN_BLOCKS=3", "-DMS_SLD=32", "-DMLA_SM_BRANCHLESS=0", "-DMS_QK_U=2"],
     ) {
         panic!("{log}");
     }
