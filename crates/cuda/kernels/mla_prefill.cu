@@ -24,6 +24,11 @@
 #ifndef MLA_SM_BRANCHLESS
 #define MLA_SM_BRANCHLESS 1
 #endif
+// The prompt kernels' output rows stored two floats a store where aligned; the same values. A
+// measurement define (TS_CUDA_DEFINES=MP_ST2=1), 0 by default.
+#ifndef MP_ST2
+#define MP_ST2 0
+#endif
 #define MP_RG 4
 #define MP_W 576
 #define MP_V 512
@@ -296,6 +301,19 @@ __device__ __forceinline__ void mla_prefill_impl(const float* q, i64 qoff, i64 q
     const float i0 = l0 > 0.f ? 1.0f / l0 : 0.f, i1 = l1 > 0.f ? 1.0f / l1 : 0.f;
     float* r0 = out + ooff + (i64)tok * o_tok + (i64)(h0 + g) * o_head + half * 256;
     float* r1 = r0 + 8 * o_head;
+#if MP_ST2
+    // Two floats a store where the rows are 8-byte aligned (the offsets even; c is): the same
+    // values (measurement define MP_ST2, as the split kernels' MS_ST2).
+    if (((ooff | o_tok | o_head) & 1) == 0) {
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const int c = 8 * i + 2 * t;
+            *(float2*)(r0 + c) = make_float2(o[i][0] * i0, o[i][1] * i0);
+            *(float2*)(r1 + c) = make_float2(o[i][2] * i1, o[i][3] * i1);
+        }
+        return;
+    }
+#endif
 #pragma unroll
     for (int i = 0; i < 32; i++) {
         const int c = 8 * i + 2 * t;
@@ -365,9 +383,12 @@ static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: 32..=40");
 #ifndef MS_BULK
 #define MS_BULK 0
 #endif
-// MS_ST2=1 (a measurement define, 0 by default): the partial rows stored two floats a store.
+// MS_ST2: the split kernels' partial rows stored two floats a store (full 32-byte sectors where
+// single floats at stride 2 fill half of each). The same values. On by default since gpu-next82
+// (tg64 at 16k 538.1 against 514.6 / 515.3, the same hash); TS_CUDA_DEFINES=MS_ST2=0 is the old
+// way.
 #ifndef MS_ST2
-#define MS_ST2 0
+#define MS_ST2 1
 #endif
 #if MS_BULK && __CUDA_ARCH__ >= 900
 #define MS_BULK_ON 1
