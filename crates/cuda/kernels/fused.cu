@@ -1143,6 +1143,17 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
 #define MO_WARPS (MO_THREADS / 32)
 #define MO_VD 128
 #define MO_KL 512
+// Splits a warp of mo_merge loads at once (8 float2 each) before adding them in split order:
+// more trips to L2 in flight for a long context's 132 splits, the same sums in the same order.
+// A measurement define (TS_CUDA_DEFINES=MO_MU=4), 2 by default.
+#ifndef MO_MU
+#define MO_MU 2
+#endif
+// The same for mo_merge_cl, whose warps load one float2 a split: 8 splits of a warp's 17 at a
+// 16k context in flight at once.
+#ifndef MO_MU_CL
+#define MO_MU_CL 8
+#endif
 static_assert(MLA_MAX_SPLITS <= MO_THREADS, "mla_out_q8: a thread reads at most one split's (m, l)");
 // Head h's attention in the block itself (q non-null: short contexts, CudaBackend::mo_att, where
 // the split kernel's launch and its merge cost more than every block of the head reading the
@@ -1273,11 +1284,11 @@ __device__ __forceinline__ float2 mo_merge(const float* part, int nsp, const flo
         float2 acc[MO_KL / 64];
 #pragma unroll
         for (int j = 0; j < MO_KL / 64; j++) acc[j] = make_float2(0.f, 0.f);
-        for (int s0 = warp; s0 < nact; s0 += 2 * MO_WARPS) {
-            float2 v[2][MO_KL / 64];
-            float f[2];
+        for (int s0 = warp; s0 < nact; s0 += MO_MU * MO_WARPS) {
+            float2 v[MO_MU][MO_KL / 64];
+            float f[MO_MU];
 #pragma unroll
-            for (int u = 0; u < 2; u++) {
+            for (int u = 0; u < MO_MU; u++) {
                 const int s = s0 + u * MO_WARPS;
                 f[u] = s < nact ? fw[s] : 0.f;
 #pragma unroll
@@ -1286,7 +1297,7 @@ __device__ __forceinline__ float2 mo_merge(const float* part, int nsp, const flo
                                                  : make_float2(0.f, 0.f);
             }
 #pragma unroll
-            for (int u = 0; u < 2; u++)
+            for (int u = 0; u < MO_MU; u++)
 #pragma unroll
                 for (int j = 0; j < MO_KL / 64; j++) {
                     acc[j].x += v[u][j].x * f[u];
@@ -1314,108 +1325,6 @@ __device__ __forceinline__ float2 mo_merge(const float* part, int nsp, const flo
     }
     return lv;
 }
-extern "C" __global__ void __launch_bounds__(MO_THREADS)
-    mla_out_q8(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
-               const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
-               float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
-               float scale) {
-    extern __shared__ __align__(16) u8 smo[];
-    const int c = blockIdx.x, h = blockIdx.y;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int r0 = c * R, nr = min(R, H - r0);
-    u8* suv = smo;                                     // MO_VD rows of uv_row_bytes
-    u8* so = suv + MO_VD * uv_row_bytes;               // R rows of 144 bytes
-    float* wsum = (float*)(so + (i64)R * 144);         // MO_WARPS x kl: the warps' merge sums
-    i8* latq = (i8*)(wsum + MO_WARPS * kl);            // kl quants
-    float* latd = (float*)(latq + kl);                 // kl / 32 scales
-    i8* vq = (i8*)(latd + kl / 32);                    // MO_VD quants
-    float* vdd = (float*)(vq + MO_VD);                 // MO_VD / 32 scales
-    float* fw = vdd + MO_VD / 32;                      // MLA_MAX_SPLITS split weights
-    float* red = fw + MLA_MAX_SPLITS;                  // 2 x MO_WARPS
-    {
-        const u8* g = Wuv + (i64)h * uv_mat_bytes;
-        const int n16 = (int)(MO_VD * uv_row_bytes / 16);
-        for (int i = tid; i < n16; i += MO_THREADS) cp16_any(suv + 16 * i, g + 16 * (i64)i);
-        for (int i = tid; i < nr * 9; i += MO_THREADS) {
-            const int r = i / 9, j = i - r * 9;
-            cp16_any(so + r * 144 + 16 * j, Wo + (i64)(r0 + r) * o_row_bytes + (i64)h * 144 + 16 * j);
-        }
-        cp_commit_any();
-    }
-    // Positions come from the batch upload, which no kernel of the step writes.
-    const int end = pos[0] + 1;
-    pdl_trigger();
-    pdl_wait();
-    const int i = 2 * tid;
-    float2 lv = make_float2(0.f, 0.f);
-    if (q) {
-        lv = mo_attend(q + qoff + (i64)h * q_head, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
-    } else {
-        lv = mo_merge(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
-    }
-    // lat_h to Q8_0: 16 lanes a 32-value block (ggml's quantize_row_q8_0, the scale f16-rounded).
-    {
-        float a = fmaxf(fabsf(lv.x), fabsf(lv.y));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8));
-        const float d = a / 127.f, id = d != 0.f ? 1.0f / d : 0.f;
-        if (i < kl) {
-            latq[i] = (i8)(int)roundf(lv.x * id);
-            latq[i + 1] = (i8)(int)roundf(lv.y * id);
-            if ((tid & 15) == 0) latd[i >> 5] = h2f(f2h(d));
-        }
-    }
-    cp_wait_all_any();
-    __syncthreads();
-    // v_h: 8 lanes a row (up to 4 pieces of 16 quants each), 4 rows a warp a pass, 4 passes;
-    // warp w's lane group g has rows 32p + 4w + g. The value rows go to the o phase through
-    // shared memory quantised: first the floats (in wsum, free now).
-    const int np = kl >> 4, sub = lane & 7, g8 = lane >> 3;
-    float* vf = wsum;
-#pragma unroll
-    for (int ps = 0; ps < MO_VD / (4 * MO_WARPS); ps++) {
-        const int row = 32 * ps + 4 * warp + g8;
-        const u8* wr = suv + row * uv_row_bytes;
-        float acc = 0.f;
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int p = sub + 8 * u;
-            if (p < np) {
-                const int b = p >> 1;
-                const u8* gp = wr + (b >> 2) * 144;
-                const uint4 q = *(const uint4*)(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
-                acc += (float)dot16(q, latq + 16 * p) * (h2f(((const u16*)gp)[b & 3]) * latd[b]);
-            }
-        }
-        acc = group_sum(acc, 8);
-        if (sub == 0) vf[row] = acc;
-    }
-    __syncthreads();
-    if (warp < MO_VD / 32) {
-        const float v = vf[32 * warp + lane];
-        const float d = warp_max(fabsf(v)) / 127.f, id = d != 0.f ? 1.0f / d : 0.f;
-        vq[32 * warp + lane] = (i8)(int)roundf(v * id);
-        if (lane == 0) vdd[warp] = h2f(f2h(d));
-    }
-    __syncthreads();
-    // Output rows: 8 lanes a row (the head's 8 pieces), 32 rows a pass of the block.
-#pragma unroll 4
-    for (int rr0 = warp * 4; rr0 < nr; rr0 += 4 * MO_WARPS) {
-        const int rr = rr0 + g8;
-        float acc = 0.f;
-        if (rr < nr) {
-            const u8* gp = so + rr * 144;
-            const int b = sub >> 1;
-            const uint4 q = *(const uint4*)(gp + 16 + 32 * b + 16 * (sub & 1));
-            acc = (float)dot16(q, vq + 16 * sub) * (h2f(((const u16*)gp)[b]) * vdd[b]);
-        }
-        acc = group_sum(acc, 8);
-        if (sub == 0 && rr < nr) outp[(i64)h * H + r0 + rr] = acc;
-    }
-}
-
 // x += parts[0] + parts[1] + ... + parts[np - 1] (np rows pstride apart, added in that order),
 // then out = rms_norm(x) * w: add_rms_norm with the delta in per-head rows (mla_out_q8). One row
 // of up to NP_PER * NP_THREADS values, np <= MO_MAX_PARTS. 1,024 threads with every load of a
@@ -1762,4 +1671,235 @@ __device__ __forceinline__ void mla_out_h16_body(const float* part, int nsp, con
     }
 MLA_OUT_H16(bf16, T_BF16)
 MLA_OUT_H16(f16, T_F16)
+
+#if __CUDA_ARCH__ >= 900
+// mo_merge for a block of a cluster of MH_CLUSTER (the 8 blocks of head h, this one of rank
+// `rank`), every block having arrived (relaxed) on the cluster barrier at its start: the splits'
+// weights as mo_merge computes them (in every block), then only columns [64 rank, 64 rank + 64)
+// of the weighted sum (warp w: splits w, w + 8, ... in that order, a float2 a lane), the warps'
+// sums in warp order times 1/L, stored into every block's `ls` (distributed shared memory), two
+// cluster barriers. mo_merge's sums in mo_merge's order: the same bits. Returns this thread's two
+// values 2 tid, 2 tid + 1 of the merged row (zeros past kl). part non-null; lat, loff and lstride
+// as mo_merge (its other case, taken with part null: every block reads lat, no exchange). Needs
+// kl == 64 * MH_CLUSTER.
+__device__ __forceinline__ float2 mo_merge_cl(const float* part, int nsp, const float* lat, i64 loff, i64 lstride,
+                                              int nh, int kl, int h, int end, float* wsum, float* fw, float* red,
+                                              float* ls) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const unsigned rank = cluster_rank();
+    if (!part) {
+        cluster_wait();
+        cluster_arrive();
+        cluster_wait();
+        return 2 * tid < kl ? *(const float2*)(lat + loff + (i64)h * lstride + 2 * tid) : make_float2(0.f, 0.f);
+    }
+    const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
+    const int nact = min(nsp, (end + chunk - 1) / chunk);
+    const int stride = kl + 2;
+    const i64 sstride = (i64)nh * stride;
+    const float* pp = part + (i64)h * stride;
+    float ms = NEG_INF, lsum = 0.f;
+    if (tid < nact) {
+        ms = pp[tid * sstride];
+        lsum = pp[tid * sstride + 1];
+    }
+    float M = warp_max(ms);
+    if (lane == 0) red[warp] = M;
+    __syncthreads();
+    M = red[0];
+    for (int w = 1; w < MO_WARPS; w++) M = fmaxf(M, red[w]);
+    float L = 0.f;
+    if (tid < nact) {
+        const float f = expf(ms - M);
+        fw[tid] = f;
+        L = lsum * f;
+    }
+    L = warp_sum(L);
+    if (lane == 0) red[MO_WARPS + warp] = L;
+    __syncthreads();
+    const int col = 64 * (int)rank + 2 * lane;
+    float2 acc = make_float2(0.f, 0.f);
+    for (int s0 = warp; s0 < nact; s0 += MO_MU_CL * MO_WARPS) {
+        float2 v[MO_MU_CL];
+        float f[MO_MU_CL];
+#pragma unroll
+        for (int u = 0; u < MO_MU_CL; u++) {
+            const int s = s0 + u * MO_WARPS;
+            f[u] = s < nact ? fw[s] : 0.f;
+            v[u] = s < nact ? *(const float2*)(pp + s * sstride + 2 + col) : make_float2(0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < MO_MU_CL; u++) {
+            acc.x += v[u].x * f[u];
+            acc.y += v[u].y * f[u];
+        }
+    }
+    *(float2*)(wsum + warp * 64 + 2 * lane) = acc;
+    __syncthreads();
+    float den = 0.f;
+    for (int w = 0; w < MO_WARPS; w++) den += red[MO_WARPS + w];
+    cluster_wait();  // every block of the cluster is running
+    if (tid < 32) {
+        float2 r = *(const float2*)(wsum + 2 * tid);
+        for (int w = 1; w < MO_WARPS; w++) {
+            const float2 t = *(const float2*)(wsum + w * 64 + 2 * tid);
+            r.x += t.x;
+            r.y += t.y;
+        }
+        const float inv = 1.0f / den;
+        const float a = r.x * inv, b = r.y * inv;
+#pragma unroll
+        for (int k = 0; k < MH_CLUSTER; k++) {
+            st_cluster(ls + col, k, a);
+            st_cluster(ls + col + 1, k, b);
+        }
+    }
+    cluster_arrive();
+    cluster_wait();
+    return 2 * tid < kl ? *(const float2*)(ls + 2 * tid) : make_float2(0.f, 0.f);
+}
+#endif
+
+// ---- mla_out_q8 (described above, at "The MLA decode's output side in one launch"), here after
+// the cluster helpers: CL, the cluster kernel mla_out_q8c, merges through mo_merge_cl.
+template <bool CL>
+__device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, const float* lat, i64 loff, i64 lstride,
+                                                const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes,
+                                                i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R, float* outp,
+                                                const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot,
+                                                int slot_len, float scale) {
+    extern __shared__ __align__(16) u8 smo[];
+    const int c = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int r0 = c * R, nr = min(R, H - r0);
+    u8* suv = smo;                                     // MO_VD rows of uv_row_bytes
+    u8* so = suv + MO_VD * uv_row_bytes;               // R rows of 144 bytes
+    float* wsum = (float*)(so + (i64)R * 144);         // MO_WARPS x kl: the warps' merge sums
+    i8* latq = (i8*)(wsum + MO_WARPS * kl);            // kl quants
+    float* latd = (float*)(latq + kl);                 // kl / 32 scales
+    i8* vq = (i8*)(latd + kl / 32);                    // MO_VD quants
+    float* vdd = (float*)(vq + MO_VD);                 // MO_VD / 32 scales
+    float* fw = vdd + MO_VD / 32;                      // MLA_MAX_SPLITS split weights
+    float* red = fw + MLA_MAX_SPLITS;                  // 2 x MO_WARPS
+    float* ls = red + 2 * MO_WARPS;                    // (CL) kl: the merged latent row, from every block
+#if __CUDA_ARCH__ >= 900
+    // (CL) Every block of the cluster is running before any writes another's shared memory.
+    if constexpr (CL) cluster_arrive_relaxed();
+#endif
+    {
+        const u8* g = Wuv + (i64)h * uv_mat_bytes;
+        const int n16 = (int)(MO_VD * uv_row_bytes / 16);
+        for (int i = tid; i < n16; i += MO_THREADS) cp16_any(suv + 16 * i, g + 16 * (i64)i);
+        for (int i = tid; i < nr * 9; i += MO_THREADS) {
+            const int r = i / 9, j = i - r * 9;
+            cp16_any(so + r * 144 + 16 * j, Wo + (i64)(r0 + r) * o_row_bytes + (i64)h * 144 + 16 * j);
+        }
+        cp_commit_any();
+    }
+    // Positions come from the batch upload, which no kernel of the step writes.
+    const int end = pos[0] + 1;
+    pdl_trigger();
+    pdl_wait();
+    const int i = 2 * tid;
+    float2 lv = make_float2(0.f, 0.f);
+    if (q) {
+        lv = mo_attend(q + qoff + (i64)h * q_head, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
+#if __CUDA_ARCH__ >= 900
+        if constexpr (CL) {  // (the host sends no short context here; the barrier's phases all the same)
+            cluster_wait();
+            cluster_arrive();
+            cluster_wait();
+        }
+#endif
+    } else {
+#if __CUDA_ARCH__ >= 900
+        if constexpr (CL) {
+            lv = mo_merge_cl(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red, ls);
+        } else
+#endif
+            lv = mo_merge(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
+    }
+    // lat_h to Q8_0: 16 lanes a 32-value block (ggml's quantize_row_q8_0, the scale f16-rounded).
+    {
+        float a = fmaxf(fabsf(lv.x), fabsf(lv.y));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8));
+        const float d = a / 127.f, id = d != 0.f ? 1.0f / d : 0.f;
+        if (i < kl) {
+            latq[i] = (i8)(int)roundf(lv.x * id);
+            latq[i + 1] = (i8)(int)roundf(lv.y * id);
+            if ((tid & 15) == 0) latd[i >> 5] = h2f(f2h(d));
+        }
+    }
+    cp_wait_all_any();
+    __syncthreads();
+    // v_h: 8 lanes a row (up to 4 pieces of 16 quants each), 4 rows a warp a pass, 4 passes;
+    // warp w's lane group g has rows 32p + 4w + g. The value rows go to the o phase through
+    // shared memory quantised: first the floats (in wsum, free now).
+    const int np = kl >> 4, sub = lane & 7, g8 = lane >> 3;
+    float* vf = wsum;
+#pragma unroll
+    for (int ps = 0; ps < MO_VD / (4 * MO_WARPS); ps++) {
+        const int row = 32 * ps + 4 * warp + g8;
+        const u8* wr = suv + row * uv_row_bytes;
+        float acc = 0.f;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int p = sub + 8 * u;
+            if (p < np) {
+                const int b = p >> 1;
+                const u8* gp = wr + (b >> 2) * 144;
+                const uint4 q = *(const uint4*)(gp + 16 + 32 * (b & 3) + 16 * (p & 1));
+                acc += (float)dot16(q, latq + 16 * p) * (h2f(((const u16*)gp)[b & 3]) * latd[b]);
+            }
+        }
+        acc = group_sum(acc, 8);
+        if (sub == 0) vf[row] = acc;
+    }
+    __syncthreads();
+    if (warp < MO_VD / 32) {
+        const float v = vf[32 * warp + lane];
+        const float d = warp_max(fabsf(v)) / 127.f, id = d != 0.f ? 1.0f / d : 0.f;
+        vq[32 * warp + lane] = (i8)(int)roundf(v * id);
+        if (lane == 0) vdd[warp] = h2f(f2h(d));
+    }
+    __syncthreads();
+    // Output rows: 8 lanes a row (the head's 8 pieces), 32 rows a pass of the block.
+#pragma unroll 4
+    for (int rr0 = warp * 4; rr0 < nr; rr0 += 4 * MO_WARPS) {
+        const int rr = rr0 + g8;
+        float acc = 0.f;
+        if (rr < nr) {
+            const u8* gp = so + rr * 144;
+            const int b = sub >> 1;
+            const uint4 q = *(const uint4*)(gp + 16 + 32 * b + 16 * (sub & 1));
+            acc = (float)dot16(q, vq + 16 * sub) * (h2f(((const u16*)gp)[b]) * vdd[b]);
+        }
+        acc = group_sum(acc, 8);
+        if (sub == 0 && rr < nr) outp[(i64)h * H + r0 + rr] = acc;
+    }
+}
+extern "C" __global__ void __launch_bounds__(MO_THREADS)
+    mla_out_q8(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
+               const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
+               float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
+               float scale) {
+    mla_out_q8_body<false>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes,
+                           H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
+}
+// mla_out_q8 with the 8 blocks of a head one cluster (Path::MergeCluster; gridDim.x == 8, kl ==
+// 512, a split kernel's partial rows): each block merges 64 of the latent row's columns (an
+// eighth of the splits' rows read from L2, where each block read all of them) and stores them
+// into every block's copy (mo_merge_cl). The same sums in the same order: the same bits.
+extern "C" __global__ void MH_CLUSTER_DIMS __launch_bounds__(MO_THREADS)
+    mla_out_q8c(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
+                const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
+                float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
+                float scale) {
+    mla_out_q8_body<true>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes,
+                          H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
+}
+
 

@@ -340,6 +340,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
     "mla_out_q8",
+    "mla_out_q8c",
     "mla_out_bf16",
     "mla_out_f16",
 ];
@@ -792,6 +793,7 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
+        "mla_out_q8c",
         "mla_out_bf16",
         "mla_out_f16",
         "moe_sh_q8_one",
@@ -897,10 +899,15 @@ pub enum Path {
     /// `TS_CUDA_MS_EARLY=0` turns it off (H200, tg64 at 16k: 485.5 / 486.0 against 484.1, the
     /// same hash).
     SplitEarly,
+    /// `mla_out_q8` with a head's 8 blocks one cluster when a split kernel ran (`mla_out_q8c`):
+    /// each block merges 64 of the latent row's columns and sends them to the others (an
+    /// eighth of the splits' rows read from L2 by each block); the same bits. Off until
+    /// measured; `TS_CUDA_MO_CLUSTER=1` turns it on.
+    MergeCluster,
 }
 
 impl Path {
-    const ALL: [Path; 3] = [Path::Absorb16, Path::Out16, Path::SplitEarly];
+    const ALL: [Path; 4] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::MergeCluster];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -908,6 +915,7 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
+            Path::MergeCluster => ("TS_CUDA_MO_CLUSTER", false),
         }
     }
 
@@ -4427,11 +4435,22 @@ impl Backend for CudaBackend {
                 ),
             );
         } else {
+            // The merge spread over a cluster of the head's 8 blocks (the same bits), when there
+            // are split rows to merge.
+            let cl = part != 0
+                && kl == 512
+                && hd.div_ceil(rows) == MH_CLUSTER
+                && self.clusters()
+                && self.path_on(Path::MergeCluster)
+                && mla_out_smem(kl, w_uv.row_bytes, rows) + 4 * kl <= self.smem_max;
+            if cl {
+                self.took(Path::MergeCluster);
+            }
             self.launch(
-                "mla_out_q8",
+                if cl { "mla_out_q8c" } else { "mla_out_q8" },
                 (hd.div_ceil(rows) as u32, nh as u32, 1),
                 256,
-                mla_out_smem(kl, w_uv.row_bytes, rows) as u32,
+                (mla_out_smem(kl, w_uv.row_bytes, rows) + if cl { 4 * kl } else { 0 }) as u32,
                 &cat::<16, 7, 23>(
                     [
                         A::P(part),

@@ -94,8 +94,9 @@ fn kernels_compile_for_sm_75() {
 /// without its block counter; `GQ_DOWN16_MIN_BLOCKS=3`: the 16-bit down kernels' old setting)
 /// and of the split MLA decode (the old settings: `MS_SLD=32`, unpadded score rows;
 /// `MLA_SM_BRANCHLESS=0`, the softmax with branches; `MS_QK_U=2`, the score loop unrolled twice;
-/// `MS_ST2=0`, single-float partial stores; and the measurement defines `MS_BULK=1`, key tiles
-/// by bulk copies, `MP_ST2=1`, the prompt kernels' paired output stores) compile too.
+/// `MS_ST2=0` and `MP_ST2=0`, single-float partial and prompt output stores; and the measurement
+/// defines `MS_BULK=1`, key tiles by bulk copies, `MS_QLOAD=1`, the query's loads all in flight,
+/// `MO_MU=4` / `MO_MU_CL=4`, the merges' splits in flight) compile too.
 #[test]
 fn measurement_defines_compile_for_sm_90() {
     if !ts_cuda::kernels::nvrtc_available() {
@@ -104,7 +105,7 @@ fn measurement_defines_compile_for_sm_90() {
     }
     if let Err(log) = ts_cuda::kernels::compile_cubin_with(
         "sm_90",
-        &["-DTS_WNA=0", "-DNM_RACY=1", "-DGQ_DOWN16_MIN_BLOCKS=3", "-DMS_SLD=32", "-DMLA_SM_BRANCHLESS=0", "-DMS_QK_U=2", "-DMS_BULK=1", "-DMS_ST2=0", "-DMP_ST2=1"],
+        &["-DTS_WNA=0", "-DNM_RACY=1", "-DGQ_DOWN16_MIN_BLOCKS=3", "-DMS_SLD=32", "-DMLA_SM_BRANCHLESS=0", "-DMS_QK_U=2", "-DMS_BULK=1", "-DMS_ST2=0", "-DMP_ST2=0", "-DMS_QLOAD=1", "-DMO_MU=4", "-DMO_MU_CL=4"],
     ) {
         panic!("{log}");
     }
