@@ -96,7 +96,8 @@ fn kernels_compile_for_sm_75() {
 /// `MLA_SM_BRANCHLESS=0`, the softmax with branches; `MS_QK_U=2`, the score loop unrolled twice;
 /// `MS_ST2=0` and `MP_ST2=0`, single-float partial and prompt output stores; and the measurement
 /// defines `MS_BULK=1`, key tiles by bulk copies, `MS_QLOAD=1`, the query's loads all in flight,
-/// `MO_MU=4` / `MO_MU_CL=4`, the merges' splits in flight) compile too.
+/// `MO_MU=4` / `MO_MU_CL=4`, the merges' splits in flight; `BF1_LATE=1`, the chained batch's
+/// kernel letting the next launch only after its writes) compile too.
 #[test]
 fn measurement_defines_compile_for_sm_90() {
     if !ts_cuda::kernels::nvrtc_available() {
@@ -105,7 +106,7 @@ fn measurement_defines_compile_for_sm_90() {
     }
     if let Err(log) = ts_cuda::kernels::compile_cubin_with(
         "sm_90",
-        &["-DTS_WNA=0", "-DNM_RACY=1", "-DGQ_DOWN16_MIN_BLOCKS=3", "-DMS_SLD=32", "-DMLA_SM_BRANCHLESS=0", "-DMS_QK_U=2", "-DMS_BULK=1", "-DMS_ST2=0", "-DMP_ST2=0", "-DMS_QLOAD=1", "-DMO_MU=4", "-DMO_MU_CL=4"],
+        &["-DTS_WNA=0", "-DNM_RACY=1", "-DGQ_DOWN16_MIN_BLOCKS=3", "-DMS_SLD=32", "-DMLA_SM_BRANCHLESS=0", "-DMS_QK_U=2", "-DMS_BULK=1", "-DMS_ST2=0", "-DMP_ST2=0", "-DMS_QLOAD=1", "-DMO_MU=4", "-DMO_MU_CL=4", "-DBF1_LATE=1"],
     ) {
         panic!("{log}");
     }
