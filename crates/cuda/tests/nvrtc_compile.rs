@@ -106,7 +106,21 @@ fn measurement_defines_compile_for_sm_90() {
     }
     if let Err(log) = ts_cuda::kernels::compile_cubin_with(
         "sm_90",
-        &["-DTS_WNA=0", "-DNM_RACY=1", "-DGQ_DOWN16_MIN_BLOCKS=3", "-DMS_SLD=32", "-DMLA_SM_BRANCHLESS=0", "-DMS_QK_U=2", "-DMS_BULK=1", "-DMS_ST2=0", "-DMP_ST2=0", "-DMS_QLOAD=1", "-DMO_MU=4", "-DMO_MU_CL=4", "-DBF1_LATE=1"],
+        &[
+            "-DTS_WNA=0",
+            "-DNM_RACY=1",
+            "-DGQ_DOWN16_MIN_BLOCKS=3",
+            "-DMS_SLD=32",
+            "-DMLA_SM_BRANCHLESS=0",
+            "-DMS_QK_U=2",
+            "-DMS_BULK=1",
+            "-DMS_ST2=0",
+            "-DMP_ST2=0",
+            "-DMS_QLOAD=1",
+            "-DMO_MU=4",
+            "-DMO_MU_CL=4",
+            "-DBF1_LATE=1",
+        ],
     ) {
         panic!("{log}");
     }
