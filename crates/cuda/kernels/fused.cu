@@ -1240,6 +1240,39 @@ __device__ __forceinline__ float2 mo_attend(const float* qh, float scale, const 
     const float inv = 1.0f / den;
     return make_float2(r.x * inv, r.y * inv);
 }
+// mo_merge's first part (mo_merge_cl's too): head h's split rows in part (pp, sstride floats
+// apart), how many of the nsp splits hold keys (returned), each one's weight exp(m_s - M) into
+// fw, and each warp's share of L (the weighted sum of the splits' l) into red[MO_WARPS + warp].
+__device__ __forceinline__ int mo_split_weights(const float* part, int nsp, int nh, int kl, int h, int end, float* fw,
+                                                float* red, const float*& pp, i64& sstride) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
+    const int nact = min(nsp, (end + chunk - 1) / chunk);
+    const int stride = kl + 2;
+    sstride = (i64)nh * stride;
+    pp = part + (i64)h * stride;
+    float ms = NEG_INF, ls = 0.f;
+    if (tid < nact) {
+        ms = pp[tid * sstride];
+        ls = pp[tid * sstride + 1];
+    }
+    float M = warp_max(ms);
+    if (lane == 0) red[warp] = M;
+    __syncthreads();
+    M = red[0];
+    for (int w = 1; w < MO_WARPS; w++) M = fmaxf(M, red[w]);
+    // (nsp <= MLA_MAX_SPLITS == MO_THREADS: a thread has at most one split.)
+    float L = 0.f;
+    if (tid < nact) {
+        const float f = expf(ms - M);
+        fw[tid] = f;
+        L = ls * f;
+    }
+    L = warp_sum(L);
+    if (lane == 0) red[MO_WARPS + warp] = L;
+    __syncthreads();
+    return nact;
+}
 // Head h's merged latent row for mla_out_q8 / mla_out_h16 (after the PDL wait): the splits' rows
 // in part (nsp of them, as the split kernels write them: m, l, kl sums) merged with mla_combine's
 // formulas (the splits' maxima, their weights exp(m_s - M), the weighted sum of the splits' rows,
@@ -1253,31 +1286,9 @@ __device__ __forceinline__ float2 mo_merge(const float* part, int nsp, const flo
     const int i = 2 * tid;
     float2 lv = make_float2(0.f, 0.f);
     if (part) {
-        const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
-        const int nact = min(nsp, (end + chunk - 1) / chunk);
-        const int stride = kl + 2;
-        const i64 sstride = (i64)nh * stride;
-        const float* pp = part + (i64)h * stride;
-        float ms = NEG_INF, ls = 0.f;
-        if (tid < nact) {
-            ms = pp[tid * sstride];
-            ls = pp[tid * sstride + 1];
-        }
-        float M = warp_max(ms);
-        if (lane == 0) red[warp] = M;
-        __syncthreads();
-        M = red[0];
-        for (int w = 1; w < MO_WARPS; w++) M = fmaxf(M, red[w]);
-        // (nsp <= MLA_MAX_SPLITS == MO_THREADS: a thread has at most one split.)
-        float L = 0.f;
-        if (tid < nact) {
-            const float f = expf(ms - M);
-            fw[tid] = f;
-            L = ls * f;
-        }
-        L = warp_sum(L);
-        if (lane == 0) red[MO_WARPS + warp] = L;
-        __syncthreads();
+        const float* pp;
+        i64 sstride;
+        const int nact = mo_split_weights(part, nsp, nh, kl, h, end, fw, red, pp, sstride);
         // Warp w: splits w, w + MO_WARPS, ...; lane: the float2 at 2 * lane + 64 * j (kl / 64 of
         // them; a split's row starts 2 floats past a multiple of kl + 2, so 8-byte loads).
         const int nj = kl >> 6;
@@ -1693,30 +1704,9 @@ __device__ __forceinline__ float2 mo_merge_cl(const float* part, int nsp, const 
         cluster_wait();
         return 2 * tid < kl ? *(const float2*)(lat + loff + (i64)h * lstride + 2 * tid) : make_float2(0.f, 0.f);
     }
-    const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
-    const int nact = min(nsp, (end + chunk - 1) / chunk);
-    const int stride = kl + 2;
-    const i64 sstride = (i64)nh * stride;
-    const float* pp = part + (i64)h * stride;
-    float ms = NEG_INF, lsum = 0.f;
-    if (tid < nact) {
-        ms = pp[tid * sstride];
-        lsum = pp[tid * sstride + 1];
-    }
-    float M = warp_max(ms);
-    if (lane == 0) red[warp] = M;
-    __syncthreads();
-    M = red[0];
-    for (int w = 1; w < MO_WARPS; w++) M = fmaxf(M, red[w]);
-    float L = 0.f;
-    if (tid < nact) {
-        const float f = expf(ms - M);
-        fw[tid] = f;
-        L = lsum * f;
-    }
-    L = warp_sum(L);
-    if (lane == 0) red[MO_WARPS + warp] = L;
-    __syncthreads();
+    const float* pp;
+    i64 sstride;
+    const int nact = mo_split_weights(part, nsp, nh, kl, h, end, fw, red, pp, sstride);
     const int col = 64 * (int)rank + 2 * lane;
     float2 acc = make_float2(0.f, 0.f);
     for (int s0 = warp; s0 < nact; s0 += MO_MU_CL * MO_WARPS) {
