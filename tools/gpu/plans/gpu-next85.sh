@@ -7,12 +7,17 @@
 # eager steps (TS_CUDA_GRAPHS=0, and each graph key's first step) lose a little overlap. Hashes:
 # tg128 db10d2fd9a926913, bf16 fc4c0eeac361bb3a, 16k efeed109b1480c9a. If it costs nothing,
 # make it the default (elementwise.cu) and drop the open question in ARCHITECTURE.md.
+# First, tools/gpu/syncprobe.cu: what one dependent step costs as a graph launch, a PDL launch,
+# a persistent kernel's grid barrier, a flag wait on 8 producer blocks, and a cluster barrier
+# (the question before a persistent decode kernel; docs/GPU.md).
 #   tools/gpu/plans/gpu-next85.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60   (~6 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
 q8_bg
+stamp "== syncprobe"
+/usr/local/cuda/bin/nvcc -O3 -arch=sm_90 -o /tmp/syncprobe "$(dirname "$0")/../syncprobe.cu" && timeout 60 /tmp/syncprobe
 stamp "== op tests (chained steps, BF1_LATE=1)"
 op_log 150 2 ops.txt "" "TS_CUDA_DEFINES=BF1_LATE=1" fused_recorded_steps_replay chained
 wait
