@@ -9,7 +9,10 @@
 #   block reads an eighth of the 132 splits' rows from L2 (271 KB a block now; ~1.9 us a layer
 #   at 16k over tg128's mla_out_q8); MO_MU_CL (8 by default) its splits in flight.
 # All must keep the 16k hash efeed109b1480c9a; op tests first (merge_cluster_exact is new).
-# Also MS_BULK=1 again on top of MS_ST2 (+0.2% in gpu-next82, noise or not).
+# Also MS_BULK=1 again on top of MS_ST2 (+0.2% in gpu-next82, noise or not), and two blocks an
+# SM (a 2-tile ring, 98.5 KB; 256 splits of two 32-key tiles each at 16k) with the cluster merge,
+# which the sweep of the twenty-seventh session (before all of this session's changes) did not
+# try with 4 warps.
 #   tools/gpu/plans/gpu-next84.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~9 minutes)
 set -u
 B=$1; OPS=$2
@@ -22,10 +25,9 @@ op_log 150 2 opsq.txt "" "TS_CUDA_DEFINES=MS_QLOAD=1,MO_MU=4,MO_MU_CL=4" merge_c
 wait
 Q="TS_CUDA_DEFINES=MS_QLOAD=1"; M="TS_CUDA_DEFINES=MO_MU=4"; C="TS_CUDA_MO_CLUSTER=1"
 stamp "== tg64 @16k"
-for e in "" "$Q" "$M" "$C" "$C TS_CUDA_DEFINES=MO_MU_CL=4" "$C TS_CUDA_DEFINES=MO_MU_CL=16" "$C $Q" "TS_CUDA_DEFINES=MS_BULK=1" "" "$C $Q"; do
+W="TS_CUDA_MS_NB=2 TS_CUDA_MLA_SPLITS=256"
+for e in "" "$Q" "$M" "$C" "$C TS_CUDA_DEFINES=MO_MU_CL=4" "$C $Q" "TS_CUDA_DEFINES=MS_BULK=1" "$C $W" "$C $W $Q" "" "$C $Q"; do
   b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash
 done
-stamp "== tg64 @4096 (fewer splits to merge)"
-for e in "" "$C"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 4096 -r 1 --hash; done
 rm -f $V
 stamp "== done"
