@@ -10,7 +10,7 @@
 # First, tools/gpu/syncprobe.cu: what one dependent step costs as a graph launch, a PDL launch,
 # a persistent kernel's grid barrier, a flag wait on 8 producer blocks, and a cluster barrier
 # (the question before a persistent decode kernel; docs/GPU.md).
-#   tools/gpu/plans/gpu-next85.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60   (~6 minutes)
+#   tools/gpu/plans/gpu-next85.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60   (~7 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
@@ -28,5 +28,7 @@ stamp "== tg128, graphs off"
 for e in "TS_CUDA_GRAPHS=0" "TS_CUDA_GRAPHS=0 $L"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 1 --hash; done
 stamp "== tg64 @16k"
 for e in "" "$L"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
+stamp "== trace at 16k (this session's defaults)"
+trace_tg 14 $V -d 16384
 rm -f $V
 stamp "== done"
