@@ -56,11 +56,12 @@ __device__ __forceinline__ uint2 cache_raw(const u16* p) { return *(const uint2*
 __device__ __forceinline__ uint2 raw_h4(float4 v) { return make_uint2(pack_h(v.x, v.y), pack_h(v.z, v.w)); }
 __device__ __forceinline__ uint2 raw_h4(uint2 v) { return v; }
 
-// Two m16n8 f32 accumulator tiles (keys c0 + [0, 16)) of scores into S (rows of ld floats): a
+// NT m16n8 f32 accumulator tiles (keys c0 + [0, 8 NT)) of scores into S (rows of ld floats): a
 // thread holds rows g and g+8, columns 2t and 2t+1 of each tile.
+template <int NT = 2>
 __device__ __forceinline__ void store_scores(float* S, int ld, int c0, int g, int t, const float (*s)[4]) {
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < NT; j++) {
         const int c = c0 + j * 8 + 2 * t;
         S[g * ld + c] = s[j][0];
         S[g * ld + c + 1] = s[j][1];
@@ -69,17 +70,21 @@ __device__ __forceinline__ void store_scores(float* S, int ld, int c0, int g, in
     }
 }
 
-// s (two m16n8 f32 tiles) = Q K^T over dims [kk0, kk1) for 16 query rows at Q and 16 keys at K
+// s (NT m16n8 f32 tiles) = Q K^T over dims [kk0, kk1) for 16 query rows at Q and 8 NT keys at K
 // (rows of MP_LD halves), U dim steps of 16 unrolled.
-template <int U>
+template <int U, int NT = 2>
 __device__ __forceinline__ void qk_scores(float (*s)[4], const u16* Q, const u16* K, int kk0, int kk1, int li, int lr) {
 #pragma unroll U
     for (int kk = kk0; kk < kk1; kk += 16) {
-        u32 a[4], b[4];
+        u32 a[4];
         ldsm4(a, Q + ((li & 1) * 8 + lr) * MP_LD + kk + (li >> 1) * 8);
-        ldsm4(b, K + ((li >> 1) * 8 + lr) * MP_LD + kk + (li & 1) * 8);
-        mma_f16(s[0], a, b);
-        mma_f16(s[1], a, b + 2);
+#pragma unroll
+        for (int h = 0; h < NT / 2; h++) {
+            u32 b[4];
+            ldsm4(b, K + (h * 16 + (li >> 1) * 8 + lr) * MP_LD + kk + (li & 1) * 8);
+            mma_f16(s[2 * h], a, b);
+            mma_f16(s[2 * h + 1], a, b + 2);
+        }
     }
 }
 
@@ -87,13 +92,14 @@ __device__ __forceinline__ void qk_scores(float (*s)[4], const u16* Q, const u16
 // {8i + 2t, 8i + 2t + 1 : i < 4} of rows g and g+8, the A-fragment layout of P), -inf from
 // column `valid` on, into p0 / p1 with their maxima mx0 / mx1. S: rows of ld floats; a score is
 // the sum of NS blocks of S, sstride floats apart (a split over dims), in order.
-template <int NS>
+// (NI groups of 8 columns: 4 for a 32-key tile, 8 for a 64-key one; p0 / p1 hold 2 NI.)
+template <int NS, int NI = 4>
 __device__ __forceinline__ void gather_scores(const float* S, int ld, int sstride, int g, int t, int valid, float scale,
                                               float* p0, float* p1, float& mx0, float& mx1) {
     mx0 = NEG_INF;
     mx1 = NEG_INF;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < NI; i++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int c = 8 * i + 2 * t + e;
@@ -115,10 +121,11 @@ __device__ __forceinline__ void gather_scores(const float* S, int ld, int sstrid
 
 // o[2j], o[2j+1] (j < NJ) += P V for a 32-key tile: P as two k16 A fragments, V the tile's rows
 // in shared memory from column V (rows of MP_LD halves), 16 columns per j, read transposed.
-template <int NJ>
+// (KS k16 fragments of P: 2 for a 32-key tile, 4 for a 64-key one.)
+template <int NJ, int KS = 2>
 __device__ __forceinline__ void pv_accumulate(float (*o)[4], const u32 (*pa)[4], const u16* V, int li, int lr) {
 #pragma unroll
-    for (int ks = 0; ks < 2; ks++)
+    for (int ks = 0; ks < KS; ks++)
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             u32 b[4];
@@ -133,7 +140,9 @@ __device__ __forceinline__ void pv_accumulate(float (*o)[4], const u32 (*pa)[4],
 // scores (-inf where masked) and the thread's maxima mx0/mx1 of them; they come back as the
 // probabilities. m, l: the rows' running max and sum; o: NO n8 output tiles, rescaled; pa: P as
 // two k16 A fragments (f16). A row with no key yet (max -inf) keeps zeros: no exp of -inf - -inf.
-template <int NO>
+// (NP probabilities a row a thread: 8 for a 32-key tile, 16 for a 64-key one; pa: NP / 4
+// fragments.)
+template <int NO, int NP = 8>
 __device__ __forceinline__ void mla_softmax_tile(float* p0, float* p1, float mx0, float mx1, float& m0, float& m1,
                                                  float& l0, float& l1, float (*o)[4], u32 (*pa)[4]) {
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
@@ -150,7 +159,7 @@ __device__ __forceinline__ void mla_softmax_tile(float* p0, float* p1, float mx0
     const float c0 = expf(m0 - b0), c1 = expf(m1 - b1);
     float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < NP; i++) {
         p0[i] = expf(p0[i] - b0);
         p1[i] = expf(p1[i] - b1);
         s0 += p0[i];
@@ -160,7 +169,7 @@ __device__ __forceinline__ void mla_softmax_tile(float* p0, float* p1, float mx0
     const float c0 = n0 == NEG_INF ? 1.f : expf(m0 - n0), c1 = n1 == NEG_INF ? 1.f : expf(m1 - n1);
     float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < NP; i++) {
         p0[i] = n0 == NEG_INF ? 0.f : expf(p0[i] - n0);
         p1[i] = n1 == NEG_INF ? 0.f : expf(p1[i] - n1);
         s0 += p0[i];
@@ -183,7 +192,7 @@ __device__ __forceinline__ void mla_softmax_tile(float* p0, float* p1, float mx0
         o[i][3] *= c1;
     }
 #pragma unroll
-    for (int ks = 0; ks < 2; ks++) {
+    for (int ks = 0; ks < NP / 4; ks++) {
         pa[ks][0] = pack_h(p0[4 * ks], p0[4 * ks + 1]);
         pa[ks][1] = pack_h(p1[4 * ks], p1[4 * ks + 1]);
         pa[ks][2] = pack_h(p0[4 * ks + 2], p0[4 * ks + 3]);
@@ -350,7 +359,16 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 // the running max, sum and unnormalised output, as mla_split. Any head count that is a multiple
 // of 16 (V2-Lite's 16, V2's 128); the SIMT kernel reads every latent row from shared memory once
 // per head pair, this one once per 16 heads, through the MMA units.
-#define MS_T 32
+// MS_KT: keys a tile, 32 by default; 64 (TS_CUDA_MS_KT=64, which the host turns into -DMS_KT=64
+// and a ring of 2 tiles, 177 KB) halves the tiles, barriers and softmax passes a key: each warp
+// pair's scores cover 32 keys (four m16n8 tiles a warp, four independent MMA chains), the
+// softmax 16 values a row a thread, P.V four k16 steps. Other bits (the rescaling and maxima come
+// once every 64 keys); a measurement knob, not yet run.
+#ifndef MS_KT
+#define MS_KT 32
+#endif
+static_assert(MS_KT == 32 || MS_KT == 64, "MS_KT: 32 or 64");
+#define MS_T MS_KT
 #define MS_THREADS 128
 #define MS_LU 18
 #ifndef MS_NB
@@ -363,9 +381,9 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 // 487.5 alone); a measurement define (TS_CUDA_DEFINES=MS_SLD=n, 32 to MS_SLD_MAX, which
 // backend.rs allots).
 #ifndef MS_SLD
-#define MS_SLD 40
+#define MS_SLD (MS_T + 8)
 #endif
-#define MS_SLD_MAX 40
+#define MS_SLD_MAX (MS_T + 8)
 // Dim steps of the split kernels' score loop unrolled (18 steps of 16 a warp): with one warp a
 // scheduler, a fuller unroll lets the shared-memory fragment loads run ahead of the multiplies.
 // The same multiplies in the same order: the same bits. A measurement define
@@ -374,7 +392,7 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 #ifndef MS_QK_U
 #define MS_QK_U 18
 #endif
-static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: 32..=40");
+static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: MS_T..=MS_T + 8");
 // MS_BULK=1 (sm_90 only; a measurement define, 0 by default): an f16 cache's key tiles arrive by
 // bulk copies, one a row of 1,152 bytes issued by a lane of warp 0, each tile's completion
 // counted by its ring slot's mbarrier, in place of 18 cp.async a thread a tile (Nsight at 16k:
@@ -398,7 +416,7 @@ static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: 32..=40");
 #endif
 #if MS_BULK && __CUDA_ARCH__ >= 900
 #define MS_BULK_ON 1
-static_assert(MS_T == 32, "MS_BULK: a lane of warp 0 a key row");
+static_assert(MS_T % 32 == 0, "MS_BULK: lanes of warp 0 take the key rows");
 __device__ __forceinline__ void ms_bar_expect(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -486,8 +504,11 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
             const u32 bar = smem_addr(&ms_bar[b]);
             if (lane == 0) ms_bar_expect(bar, MS_T * MP_W * 2);
             __syncwarp();
-            const int r = lane, row = k0 + r < j1 ? k0 + r : j0;
-            ms_bulk_copy(smem_addr(Kb + (b * MS_T + r) * MP_LD), cache + (base + row) * MP_W, MP_W * 2, bar);
+#pragma unroll
+            for (int r = lane; r < MS_T; r += 32) {
+                const int row = k0 + r < j1 ? k0 + r : j0;
+                ms_bulk_copy(smem_addr(Kb + (b * MS_T + r) * MP_LD), cache + (base + row) * MP_W, MP_W * 2, bar);
+            }
         }
 #else
         if (k0 < j1) {
@@ -578,20 +599,24 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
 #pragma unroll
     for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // rows g and g+8
-    // One 32-key tile in shared memory (K, first key k0): the scores, the online softmax, P.V.
+    // One MS_T-key tile in shared memory (K, first key k0): the scores, the online softmax, P.V.
+    // A warp pair's keys: [kh * MS_T / 2, +MS_T / 2), in MS_T / 16 m16n8 tiles a warp.
+    constexpr int NT = MS_T / 16;
     auto tile = [&](const u16* Ks, int k0) {
-        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        qk_scores<MS_QK_U>(s, Qs, Ks + kh * 16 * MP_LD, dh * (MP_W / 2), (dh + 1) * (MP_W / 2), li, lr);
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        qk_scores<MS_QK_U, NT>(s, Qs, Ks + kh * (MS_T / 2) * MP_LD, dh * (MP_W / 2), (dh + 1) * (MP_W / 2), li, lr);
         float* Sw = Ss + dh * 16 * MS_SLD;
-        store_scores(Sw, MS_SLD, kh * 16, g, t4, s);
+        store_scores<NT>(Sw, MS_SLD, kh * (MS_T / 2), g, t4, s);
         __syncthreads();
         // Online softmax over the tile's keys (those before j1); a score is the sum of the two dim halves.
-        float p0[8], p1[8], mx0, mx1;
-        gather_scores<2>(Ss, MS_SLD, 16 * MS_SLD, g, t4, j1 - k0, scale, p0, p1, mx0, mx1);
-        u32 pa[2][4];
-        mla_softmax_tile<16>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
+        float p0[MS_T / 4], p1[MS_T / 4], mx0, mx1;
+        gather_scores<2, MS_T / 8>(Ss, MS_SLD, 16 * MS_SLD, g, t4, j1 - k0, scale, p0, p1, mx0, mx1);
+        u32 pa[MS_T / 16][4];
+        mla_softmax_tile<16, MS_T / 4>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
         // O[:, 128*warp + (0..128)] += P V (V: the tile's keys, first 512 values).
-        pv_accumulate<8>(o, pa, Ks + warp * 128, li, lr);
+        pv_accumulate<8, MS_T / 16>(o, pa, Ks + warp * 128, li, lr);
     };
     if constexpr (F16) {
         if (!issued) {
@@ -620,7 +645,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         for (int k0 = j0; k0 < j1; k0 += MS_T) {
             __syncthreads();  // the previous tile's Ks and Ss are no longer read (and Qs is written)
             // The tile's rows, MS_LU float4 loads per thread in flight before any is converted
-            // (MS_T * MP_W / 4 = 4608 = 36 per thread: a multiple of MS_LU * MS_THREADS).
+            // (MS_T * MP_W / 4 = 4608 = 36 per thread at 32 keys: a multiple of MS_LU * MS_THREADS).
             for (int i0 = tid; i0 < MS_T * (MP_W / 4); i0 += MS_LU * MS_THREADS) {
                 typename CacheRaw<C>::T v[MS_LU];
 #pragma unroll

@@ -97,7 +97,8 @@ fn kernels_compile_for_sm_75() {
 /// `MS_ST2=0` and `MP_ST2=0`, single-float partial and prompt output stores; and the measurement
 /// defines `MS_BULK=1`, key tiles by bulk copies, `MS_QLOAD=1`, the query's loads all in flight,
 /// `MO_MU=4` / `MO_MU_CL=4`, the merges' splits in flight; `BF1_LATE=1`, the chained batch's
-/// kernel letting the next launch only after its writes) compile too.
+/// kernel letting the next launch only after its writes; `MS_KT=64`, 64-key split tiles)
+/// compile too.
 #[test]
 fn measurement_defines_compile_for_sm_90() {
     if !ts_cuda::kernels::nvrtc_available() {
@@ -122,6 +123,11 @@ fn measurement_defines_compile_for_sm_90() {
             "-DBF1_LATE=1",
         ],
     ) {
+        panic!("{log}");
+    }
+    // 64-key split tiles (TS_CUDA_MS_KT=64: the host adds -DMS_KT=64 and a ring of 2), also with
+    // the bulk copies.
+    if let Err(log) = ts_cuda::kernels::compile_cubin_with("sm_90", &["-DMS_KT=64", "-DMS_NB=2", "-DMS_BULK=1"]) {
         panic!("{log}");
     }
 }
