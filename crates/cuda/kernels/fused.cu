@@ -1871,25 +1871,19 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
         if (sub == 0 && rr < nr) outp[(i64)h * H + r0 + rr] = acc;
     }
 }
-extern "C" __global__ void __launch_bounds__(MO_THREADS)
-    mla_out_q8(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
-               const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
-               float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
-               float scale) {
-    mla_out_q8_body<false>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes,
-                           H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
-}
+#define MLA_OUT_Q8_INST(NAME, CL, DIMS)                                                                        \
+    extern "C" __global__ void DIMS __launch_bounds__(MO_THREADS)                                                \
+        NAME(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl, \
+             const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,      \
+             float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,  \
+             float scale) {                                                                                      \
+        mla_out_q8_body<CL>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo,      \
+                            o_row_bytes, H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);             \
+    }
+MLA_OUT_Q8_INST(mla_out_q8, false, )
 // mla_out_q8 with the 8 blocks of a head one cluster (Path::MergeCluster; gridDim.x == 8, kl ==
 // 512, a split kernel's partial rows): each block merges 64 of the latent row's columns (an
 // eighth of the splits' rows read from L2, where each block read all of them) and stores them
 // into every block's copy (mo_merge_cl). The same sums in the same order: the same bits.
-extern "C" __global__ void MH_CLUSTER_DIMS __launch_bounds__(MO_THREADS)
-    mla_out_q8c(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
-                const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
-                float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
-                float scale) {
-    mla_out_q8_body<true>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes,
-                          H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
-}
-
+MLA_OUT_Q8_INST(mla_out_q8c, true, MH_CLUSTER_DIMS)
 
