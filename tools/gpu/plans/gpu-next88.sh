@@ -2,8 +2,8 @@
 # Twenty-ninth session, main, after gpu-next87. The rest of gpu-next84/85: BF1_LATE=1
 # (batch_fill_1 lets its dependents launch only after its writes and a fence; should cost nothing
 # with graphs, where the graph's launch already waits for it) at tg128 with graphs on and off and
-# at 16k; MS_BULK=1 once more; two split blocks an SM with the cluster merge; then a trace at 16k
-# of the defaults. Hashes: tg128 db10d2fd9a926913, 16k efeed109b1480c9a (32-key tiles).
+# at 16k; MS_BULK=1 once more; two split blocks an SM with the cluster merge; then traces at 16k
+# and at short contexts of the defaults. Hashes: tg128 db10d2fd9a926913, 16k efeed109b1480c9a (32-key tiles).
 #   tools/gpu/plans/gpu-next88.sh BIN OPS [EXTRA_16K_ENV] 2>&1 | tee $OUT/log.txt | tail -60
 # EXTRA_16K_ENV (optional): settings gpu-next87 found faster, tried beside the defaults at 16k.
 set -u
@@ -26,5 +26,7 @@ for e in "" "$L" "TS_CUDA_DEFINES=MS_BULK=1" "$W" ${X:+"$X"}; do
 done
 stamp "== trace at 16k (defaults)"
 trace_tg 14 $V -d 16384
+stamp "== trace, tg32 (defaults)"
+trace_tg 14 $V
 rm -f $V
 stamp "== done"
