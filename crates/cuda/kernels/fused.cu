@@ -1145,14 +1145,10 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
 #define MO_KL 512
 // Splits a warp of mo_merge loads at once (8 float2 each) before adding them in split order:
 // more trips to L2 in flight for a long context's 132 splits, the same sums in the same order.
-// A measurement define (TS_CUDA_DEFINES=MO_MU=4), 2 by default.
+// A measurement define (TS_CUDA_DEFINES=MO_MU=4), 2 by default: 4 gave the same 16k figure
+// (539.3 against 539.4, gpu-next87).
 #ifndef MO_MU
 #define MO_MU 2
-#endif
-// The same for mo_merge_cl, whose warps load one float2 a split: 8 splits of a warp's 17 at a
-// 16k context in flight at once.
-#ifndef MO_MU_CL
-#define MO_MU_CL 8
 #endif
 static_assert(MLA_MAX_SPLITS <= MO_THREADS, "mla_out_q8: a thread reads at most one split's (m, l)");
 // Head h's attention in the block itself (q non-null: short contexts, CudaBackend::mo_att, where
@@ -1240,7 +1236,7 @@ __device__ __forceinline__ float2 mo_attend(const float* qh, float scale, const 
     const float inv = 1.0f / den;
     return make_float2(r.x * inv, r.y * inv);
 }
-// mo_merge's first part (mo_merge_cl's too): head h's split rows in part (pp, sstride floats
+// mo_merge's first part: head h's split rows in part (pp, sstride floats
 // apart), how many of the nsp splits hold keys (returned), each one's weight exp(m_s - M) into
 // fw, and each warp's share of L (the weighted sum of the splits' l) into red[MO_WARPS + warp].
 __device__ __forceinline__ int mo_split_weights(const float* part, int nsp, int nh, int kl, int h, int end, float* fw,
@@ -1683,76 +1679,10 @@ __device__ __forceinline__ void mla_out_h16_body(const float* part, int nsp, con
 MLA_OUT_H16(bf16, T_BF16)
 MLA_OUT_H16(f16, T_F16)
 
-#if __CUDA_ARCH__ >= 900
-// mo_merge for a block of a cluster of MH_CLUSTER (the 8 blocks of head h, this one of rank
-// `rank`), every block having arrived (relaxed) on the cluster barrier at its start: the splits'
-// weights as mo_merge computes them (in every block), then only columns [64 rank, 64 rank + 64)
-// of the weighted sum (warp w: splits w, w + 8, ... in that order, a float2 a lane), the warps'
-// sums in warp order times 1/L, stored into every block's `ls` (distributed shared memory), two
-// cluster barriers. mo_merge's sums in mo_merge's order: the same bits. Returns this thread's two
-// values 2 tid, 2 tid + 1 of the merged row (zeros past kl). part non-null; lat, loff and lstride
-// as mo_merge (its other case, taken with part null: every block reads lat, no exchange). Needs
-// kl == 64 * MH_CLUSTER.
-__device__ __forceinline__ float2 mo_merge_cl(const float* part, int nsp, const float* lat, i64 loff, i64 lstride,
-                                              int nh, int kl, int h, int end, float* wsum, float* fw, float* red,
-                                              float* ls) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const unsigned rank = cluster_rank();
-    if (!part) {
-        cluster_wait();
-        cluster_arrive();
-        cluster_wait();
-        return 2 * tid < kl ? *(const float2*)(lat + loff + (i64)h * lstride + 2 * tid) : make_float2(0.f, 0.f);
-    }
-    const float* pp;
-    i64 sstride;
-    const int nact = mo_split_weights(part, nsp, nh, kl, h, end, fw, red, pp, sstride);
-    const int col = 64 * (int)rank + 2 * lane;
-    float2 acc = make_float2(0.f, 0.f);
-    for (int s0 = warp; s0 < nact; s0 += MO_MU_CL * MO_WARPS) {
-        float2 v[MO_MU_CL];
-        float f[MO_MU_CL];
-#pragma unroll
-        for (int u = 0; u < MO_MU_CL; u++) {
-            const int s = s0 + u * MO_WARPS;
-            f[u] = s < nact ? fw[s] : 0.f;
-            v[u] = s < nact ? *(const float2*)(pp + s * sstride + 2 + col) : make_float2(0.f, 0.f);
-        }
-#pragma unroll
-        for (int u = 0; u < MO_MU_CL; u++) {
-            acc.x += v[u].x * f[u];
-            acc.y += v[u].y * f[u];
-        }
-    }
-    *(float2*)(wsum + warp * 64 + 2 * lane) = acc;
-    __syncthreads();
-    float den = 0.f;
-    for (int w = 0; w < MO_WARPS; w++) den += red[MO_WARPS + w];
-    cluster_wait();  // every block of the cluster is running
-    if (tid < 32) {
-        float2 r = *(const float2*)(wsum + 2 * tid);
-        for (int w = 1; w < MO_WARPS; w++) {
-            const float2 t = *(const float2*)(wsum + w * 64 + 2 * tid);
-            r.x += t.x;
-            r.y += t.y;
-        }
-        const float inv = 1.0f / den;
-        const float a = r.x * inv, b = r.y * inv;
-#pragma unroll
-        for (int k = 0; k < MH_CLUSTER; k++) {
-            st_cluster(ls + col, k, a);
-            st_cluster(ls + col + 1, k, b);
-        }
-    }
-    cluster_arrive();
-    cluster_wait();
-    return 2 * tid < kl ? *(const float2*)(ls + 2 * tid) : make_float2(0.f, 0.f);
-}
-#endif
-
-// ---- mla_out_q8 (described above, at "The MLA decode's output side in one launch"), here after
-// the cluster helpers: CL, the cluster kernel mla_out_q8c, merges through mo_merge_cl.
-template <bool CL>
+// ---- mla_out_q8 (described above, at "The MLA decode's output side in one launch"). Its merge
+// spread over a cluster of a head's 8 blocks (each merging 64 columns and sending them to the
+// others through distributed shared memory) was measured in gpu-next87: tg64 at 16k 510.7
+// against 539.4, and removed.
 __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, const float* lat, i64 loff, i64 lstride,
                                                 const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes,
                                                 i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R, float* outp,
@@ -1771,11 +1701,6 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     float* vdd = (float*)(vq + MO_VD);                 // MO_VD / 32 scales
     float* fw = vdd + MO_VD / 32;                      // MLA_MAX_SPLITS split weights
     float* red = fw + MLA_MAX_SPLITS;                  // 2 x MO_WARPS
-    float* ls = red + 2 * MO_WARPS;                    // (CL) kl: the merged latent row, from every block
-#if __CUDA_ARCH__ >= 900
-    // (CL) Every block of the cluster is running before any writes another's shared memory.
-    if constexpr (CL) cluster_arrive_relaxed();
-#endif
     {
         const u8* g = Wuv + (i64)h * uv_mat_bytes;
         const int n16 = (int)(MO_VD * uv_row_bytes / 16);
@@ -1794,20 +1719,8 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     float2 lv = make_float2(0.f, 0.f);
     if (q) {
         lv = mo_attend(q + qoff + (i64)h * q_head, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
-#if __CUDA_ARCH__ >= 900
-        if constexpr (CL) {  // (the host sends no short context here; the barrier's phases all the same)
-            cluster_wait();
-            cluster_arrive();
-            cluster_wait();
-        }
-#endif
     } else {
-#if __CUDA_ARCH__ >= 900
-        if constexpr (CL) {
-            lv = mo_merge_cl(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red, ls);
-        } else
-#endif
-            lv = mo_merge(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
+        lv = mo_merge(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
     }
     // lat_h to Q8_0: 16 lanes a 32-value block (ggml's quantize_row_q8_0, the scale f16-rounded).
     {
@@ -1871,19 +1784,12 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
         if (sub == 0 && rr < nr) outp[(i64)h * H + r0 + rr] = acc;
     }
 }
-#define MLA_OUT_Q8_INST(NAME, CL, DIMS)                                                                        \
-    extern "C" __global__ void DIMS __launch_bounds__(MO_THREADS)                                                \
-        NAME(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl, \
-             const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,      \
-             float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,  \
-             float scale) {                                                                                      \
-        mla_out_q8_body<CL>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo,      \
-                            o_row_bytes, H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);             \
-    }
-MLA_OUT_Q8_INST(mla_out_q8, false, )
-// mla_out_q8 with the 8 blocks of a head one cluster (Path::MergeCluster; gridDim.x == 8, kl ==
-// 512, a split kernel's partial rows): each block merges 64 of the latent row's columns (an
-// eighth of the splits' rows read from L2, where each block read all of them) and stores them
-// into every block's copy (mo_merge_cl). The same sums in the same order: the same bits.
-MLA_OUT_Q8_INST(mla_out_q8c, true, MH_CLUSTER_DIMS)
+extern "C" __global__ void __launch_bounds__(MO_THREADS)
+    mla_out_q8(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
+               const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
+               float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
+               float scale) {
+    mla_out_q8_body(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes, H,
+                    R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
+}
 

@@ -359,16 +359,9 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 // the running max, sum and unnormalised output, as mla_split. Any head count that is a multiple
 // of 16 (V2-Lite's 16, V2's 128); the SIMT kernel reads every latent row from shared memory once
 // per head pair, this one once per 16 heads, through the MMA units.
-// MS_KT: keys a tile, 32 by default; 64 (TS_CUDA_MS_KT=64, which the host turns into -DMS_KT=64
-// and a ring of 2 tiles, 177 KB) halves the tiles, barriers and softmax passes a key: each warp
-// pair's scores cover 32 keys (four m16n8 tiles a warp, four independent MMA chains), the
-// softmax 16 values a row a thread, P.V four k16 steps. Other bits (the rescaling and maxima come
-// once every 64 keys); a measurement knob, not yet run.
-#ifndef MS_KT
-#define MS_KT 32
-#endif
-static_assert(MS_KT == 32 || MS_KT == 64, "MS_KT: 32 or 64");
-#define MS_T MS_KT
+// MS_T: keys a tile. 64-key tiles (a ring of 2, 177 KB; half the barriers and softmax passes a
+// key) were measured in gpu-next87: tg64 at 16k 443.2 against 539.4, and removed.
+#define MS_T 32
 #define MS_THREADS 128
 #define MS_LU 18
 #ifndef MS_NB
@@ -393,42 +386,12 @@ static_assert(MS_KT == 32 || MS_KT == 64, "MS_KT: 32 or 64");
 #define MS_QK_U 18
 #endif
 static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: MS_T..=MS_T + 8");
-// MS_BULK=1 (sm_90 only; a measurement define, 0 by default): an f16 cache's key tiles arrive by
-// bulk copies, one a row of 1,152 bytes issued by a lane of warp 0, each tile's completion
-// counted by its ring slot's mbarrier, in place of 18 cp.async a thread a tile (Nsight at 16k:
-// 0.83 cycles a warp stalled on the load/store queue for every instruction issued, a fifth of
-// the kernel). Rows past j1 copy row j0 where the cp.async path zero-fills: their
-// probabilities are exact zeros either way (masked scores), so P.V is unchanged: the same bits.
-#ifndef MS_BULK
-#define MS_BULK 0
-#endif
 // MS_ST2: the split kernels' partial rows stored two floats a store (full 32-byte sectors where
 // single floats at stride 2 fill half of each). The same values. On by default since gpu-next82
 // (tg64 at 16k 538.1 against 514.6 / 515.3, the same hash); TS_CUDA_DEFINES=MS_ST2=0 is the old
 // way.
 #ifndef MS_ST2
 #define MS_ST2 1
-#endif
-// MS_QLOAD=1 (a measurement define, 0 by default): the split kernels load the block's 16 query
-// rows (18 float4 a thread) all at once after the wait; the same values.
-#ifndef MS_QLOAD
-#define MS_QLOAD 0
-#endif
-#if MS_BULK && __CUDA_ARCH__ >= 900
-#define MS_BULK_ON 1
-static_assert(MS_T % 32 == 0, "MS_BULK: lanes of warp 0 take the key rows");
-__device__ __forceinline__ void ms_bar_expect(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte aligned), counted
-// on the mbarrier `bar` as transaction bytes.
-__device__ __forceinline__ void ms_bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-#else
-#define MS_BULK_ON 0
 #endif
 // EARLY (an f16 cache only; Path::SplitEarly): the kernel has triggered its dependents but not
 // waited for the previous kernel; it reads the token's position and slot and issues its first
@@ -473,44 +436,14 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         base = (i64)sl * slot_len;
     };
     place(pos[tok], slot[tok]);
-#if MS_BULK_ON
-    // The ring's mbarriers (one a slot, one arrival: lane 0's expect_tx) and the parity each
-    // thread waits for next, a bit a slot. Warp 0 sets them up and issues every copy; the other
-    // warps first wait on them after the block barrier that follows the query's conversion.
-    __shared__ __align__(8) u64 ms_bar[MS_NB];
-    u32 ms_ph = 0;
-    if (F16 && warp == 0) {
-        if (lane == 0) {
-            for (int b = 0; b < NB; b++) mbar_init(smem_addr(&ms_bar[b]), 1);
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        }
-        __syncwarp();
-    }
-    auto slot_wait = [&](int b) {
-        mbar_wait(smem_addr(&ms_bar[b]), (ms_ph >> b) & 1u);
-        ms_ph ^= 1u << b;
-    };
-#endif
     // An f16 cache's tiles go straight to shared memory (cp.async, 16 bytes a copy, 72 a row;
     // rows past j1 zero-filled from row j0, which exists), a ring of NB buffers: the next
     // NB - 1 tiles stream in while one is used. One commit group per tile slot, empty past
     // the last tile, so that waiting for all but NB - 1 groups always means tile `it` landed.
-    // (MS_BULK: one bulk copy a row, rows past j1 from row j0; no group where there is no tile.)
+    // (Bulk copies of a row each, on the ring slot's mbarrier, were measured in gpu-next82 and
+    // gpu-next88: +0.2% and -0.1%; removed.)
     auto issue = [&](int it) {
         const int k0 = j0 + it * MS_T;
-#if MS_BULK_ON
-        if (k0 < j1 && warp == 0) {
-            const int b = it % NB;
-            const u32 bar = smem_addr(&ms_bar[b]);
-            if (lane == 0) ms_bar_expect(bar, MS_T * MP_W * 2);
-            __syncwarp();
-#pragma unroll
-            for (int r = lane; r < MS_T; r += 32) {
-                const int row = k0 + r < j1 ? k0 + r : j0;
-                ms_bulk_copy(smem_addr(Kb + (b * MS_T + r) * MP_LD), cache + (base + row) * MP_W, MP_W * 2, bar);
-            }
-        }
-#else
         if (k0 < j1) {
             u16* K = Kb + (it % NB) * MS_T * MP_LD;
             for (int idx = tid; idx < MS_T * (MP_W / 8); idx += MS_THREADS) {
@@ -520,7 +453,6 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
             }
         }
         cp_commit();
-#endif
     };
     // The first tiles before the wait (EARLY) where the token's own row (end - 1) is not in them;
     // after it, the position and slot again (past L1; their loads in flight with the query's),
@@ -544,11 +476,11 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         }
         return;
     }
-#if MS_QLOAD
     // All 18 of a thread's query loads in flight before any is converted: one trip to L2 after
-    // the wait instead of the five the compiler's unroll by 4 leaves.
+    // the wait instead of the five the compiler's unroll by 4 left (gpu-next87 / 88: tg64 at 16k
+    // 545.8 / 546.6 against 539.4 / 539.2 / 538.5, the same hash).
     {
-        static_assert(16 * (MP_W / 4) == 18 * MS_THREADS, "MS_QLOAD: 18 float4 a thread");
+        static_assert(16 * (MP_W / 4) == 18 * MS_THREADS, "the query: 18 float4 a thread");
         float4 v[18];
 #pragma unroll
         for (int u = 0; u < 18; u++) {
@@ -563,25 +495,9 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
             d[1] = pack_h(v[u].z, v[u].w);
         }
     }
-#else
-    for (int idx = tid; idx < 16 * (MP_W / 4); idx += MS_THREADS) {
-        const int r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-        const float4 v = *(const float4*)(q + qoff + (i64)tok * q_tok + (i64)(h0 + r) * q_head + 4 * c4);
-        u32* d = (u32*)(Qs + r * MP_LD + 4 * c4);
-        d[0] = pack_h(v.x, v.y);
-        d[1] = pack_h(v.z, v.w);
-    }
-#endif
     if constexpr (EARLY) {
         if (p2 + 1 != end || s2 != sl) {
-#if MS_BULK_ON
-            // (Only the tiles issue() copied: those starting before the old j1.)
-            if (issued)
-                for (int it = 0; it < NB - 1; it++)
-                    if (j0 + it * MS_T < j1) slot_wait(it);
-#else
             if (issued) cp_wait<0>();
-#endif
             issued = false;
             place(p2, s2);
         }
@@ -624,19 +540,12 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
             for (int it = 0; it < NB - 1; it++) issue(it);
         }
         const int ntile = (j1 - j0 + MS_T - 1) / MS_T;
-#if MS_BULK_ON
-        __syncthreads();  // the query in Qs and the mbarriers' set-up, seen by every warp
-#endif
         for (int it = 0; it < ntile; it++) {
             // Tile it + NB - 1 into the buffer tile it - 1 used (every thread has left it: the
             // barrier at the loop's end), then wait for tile it.
             issue(it + NB - 1);
-#if MS_BULK_ON
-            slot_wait(it % NB);
-#else
             cp_wait<NB - 1>();
             __syncthreads();
-#endif
             tile(Kb + (it % NB) * MS_T * MP_LD, j0 + it * MS_T);
             __syncthreads();  // this buffer and Ss free for the next iteration
         }

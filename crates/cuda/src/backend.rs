@@ -340,7 +340,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
     "mla_out_q8",
-    "mla_out_q8c",
     "mla_out_bf16",
     "mla_out_f16",
 ];
@@ -399,14 +398,12 @@ const PART_MIN_BYTES: usize = 16 << 20;
 const ARGMAX_CHUNK: usize = 2048;
 /// Dynamic shared memory of `mla_split_tc` (the 16 query rows, one tile of `kt` keys, the scores
 /// of two dim halves) and of `mla_split_tc_h` with `nb` key tiles in its cp.async ring (`MS_NB`
-/// in kernels/mla_prefill.cu: the next `nb - 1` stream in while one is used). `kt`: keys a tile,
-/// 32 or 64 (`MS_KT`). The score buffer has room for rows of `MS_SLD_MAX` = `kt + 8` floats
-/// (`MS_SLD` in kernels/mla_prefill.cu, a measurement define, that by default).
-const fn ms_smem(kt: usize) -> usize {
-    (16 + kt) * 584 * 2 + 2 * 16 * (kt + 8) * 4
-}
-const fn ms_smem_h(nb: usize, kt: usize) -> usize {
-    (16 + nb * kt) * 584 * 2 + 2 * 16 * (kt + 8) * 4
+/// in kernels/mla_prefill.cu: the next `nb - 1` stream in while one is used). A tile is
+/// `MS_T` = 32 keys. The score buffer has room for rows of `MS_SLD_MAX` = 40 floats (`MS_SLD`
+/// in kernels/mla_prefill.cu, a measurement define, that by default).
+const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 40 * 4;
+const fn ms_smem_h(nb: usize) -> usize {
+    (16 + nb * 32) * 584 * 2 + 2 * 16 * 40 * 4
 }
 /// Dynamic shared memory of `mla_prefill` / `mla_prefill_h` (kernels/mla_prefill.cu): the 64
 /// query rows of 4 row groups, one 32-key tile, the scores of 4 row groups.
@@ -795,7 +792,6 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
-        "mla_out_q8c",
         "mla_out_bf16",
         "mla_out_f16",
         "moe_sh_q8_one",
@@ -901,15 +897,10 @@ pub enum Path {
     /// `TS_CUDA_MS_EARLY=0` turns it off (H200, tg64 at 16k: 485.5 / 486.0 against 484.1, the
     /// same hash).
     SplitEarly,
-    /// `mla_out_q8` with a head's 8 blocks one cluster when a split kernel ran (`mla_out_q8c`):
-    /// each block merges 64 of the latent row's columns and sends them to the others (an
-    /// eighth of the splits' rows read from L2 by each block); the same bits. Off until
-    /// measured; `TS_CUDA_MO_CLUSTER=1` turns it on.
-    MergeCluster,
 }
 
 impl Path {
-    const ALL: [Path; 4] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::MergeCluster];
+    const ALL: [Path; 3] = [Path::Absorb16, Path::Out16, Path::SplitEarly];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -917,7 +908,6 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
-            Path::MergeCluster => ("TS_CUDA_MO_CLUSTER", false),
         }
     }
 
@@ -1012,9 +1002,6 @@ pub struct CudaBackend {
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
     ms_nb: usize,
-    /// Keys a tile of the tensor-core split MLA decode, 32 or 64 (`-DMS_KT=64`, and a ring of 2
-    /// tiles unless `TS_CUDA_MS_NB` says otherwise). `TS_CUDA_MS_KT`; a measurement knob.
-    ms_kt: usize,
     /// Batched MoE with the shared FFN folded into the grouped expert products (`moe_shared`
     /// above the decode size); `TS_CUDA_MOE_SH=0` leaves it to the caller's chain, to compare.
     moe_sh: bool,
@@ -1345,18 +1332,13 @@ impl CudaBackend {
         // (an sm_90a CUBIN runs on exactly those).
         let arch = if (major, minor) == (9, 0) { "sm_90a".to_string() } else { format!("sm_{major}{minor}") };
         let trace = std::env::var("TS_CUDA_TRACE").is_ok_and(|v| v == "1");
-        let ms_kt = if std::env::var("TS_CUDA_MS_KT").is_ok_and(|v| v == "64") { 64 } else { 32 };
-        let ms_nb =
-            std::env::var("TS_CUDA_MS_NB").ok().and_then(|v| v.parse().ok()).unwrap_or(if ms_kt == 64 { 2 } else { MS_NB }).clamp(2, 4);
+        let ms_nb = std::env::var("TS_CUDA_MS_NB").ok().and_then(|v| v.parse().ok()).unwrap_or(MS_NB).clamp(2, 4);
         let mut defs: Vec<String> = Vec::new();
         if trace {
             defs.push("-DTS_TRACE".into());
         }
         if ms_nb != MS_NB {
             defs.push(format!("-DMS_NB={ms_nb}"));
-        }
-        if ms_kt != 32 {
-            defs.push(format!("-DMS_KT={ms_kt}"));
         }
         // Measurement defines for the kernels (`TS_CUDA_DEFINES="NAME=VALUE ..."`, spaces or
         // commas between, e.g. the MMQ_ROWS_* choices in kernels/mmq.cu): each becomes a `-D`
@@ -1450,7 +1432,6 @@ impl CudaBackend {
             mo_att: AtomicU32::new(std::env::var("TS_CUDA_MO_ATT").ok().and_then(|v| v.parse().ok()).unwrap_or(192)),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             ms_nb,
-            ms_kt,
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
@@ -1947,7 +1928,7 @@ impl CudaBackend {
         // cache's kernel streams its key tiles through a cp.async ring.
         // (8 warps a block, a score's dims in four parts, measured slower on the H200: tg64 at
         // 16k 471.0 against 483.2; docs/PERF.md, session 27.)
-        let ms_smem = if cache.half { ms_smem_h(self.ms_nb, self.ms_kt) } else { ms_smem(self.ms_kt) };
+        let ms_smem = if cache.half { ms_smem_h(self.ms_nb) } else { MS_SMEM };
         let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && ms_smem <= self.smem_max;
         let use_tc = tc_ok
             && match self.mla_tc.load(Ordering::Relaxed) {
@@ -3288,7 +3269,7 @@ impl Backend for CudaBackend {
             && (width, kv_lora) == (576, 512)
             && heads > 0
             && heads % 16 == 0
-            && ms_smem_h(self.ms_nb, self.ms_kt).max(MP_SMEM) <= self.smem_max;
+            && ms_smem_h(self.ms_nb).max(MP_SMEM) <= self.smem_max;
         if !half {
             return self.alloc_cache(rows, width);
         }
@@ -4446,22 +4427,11 @@ impl Backend for CudaBackend {
                 ),
             );
         } else {
-            // The merge spread over a cluster of the head's 8 blocks (the same bits), when there
-            // are split rows to merge.
-            let cl = part != 0
-                && kl == 512
-                && hd.div_ceil(rows) == MH_CLUSTER
-                && self.clusters()
-                && self.path_on(Path::MergeCluster)
-                && mla_out_smem(kl, w_uv.row_bytes, rows) + 4 * kl <= self.smem_max;
-            if cl {
-                self.took(Path::MergeCluster);
-            }
             self.launch(
-                if cl { "mla_out_q8c" } else { "mla_out_q8" },
+                "mla_out_q8",
                 (hd.div_ceil(rows) as u32, nh as u32, 1),
                 256,
-                (mla_out_smem(kl, w_uv.row_bytes, rows) + if cl { 4 * kl } else { 0 }) as u32,
+                mla_out_smem(kl, w_uv.row_bytes, rows) as u32,
                 &cat::<16, 7, 23>(
                     [
                         A::P(part),

@@ -2168,43 +2168,6 @@ fn mla_split_early_exact() {
     rep.finish();
 }
 
-/// `mla_out_q8` with a head's 8 blocks one cluster (`Path::MergeCluster`, `mla_out_q8c`: each
-/// block merges 64 columns of the splits' rows and sends them to the others) against the plain
-/// `mla_out_q8` on another backend: the same sums in the same order, so bit for bit. V2-Lite's
-/// shapes over an f16 cache from 300 positions (the SIMT split) to 4,000 (the tensor-core split,
-/// 125 splits); the cluster kernel must have run where the context is long.
-#[test]
-fn merge_cluster_exact() {
-    let Some(shared) = gpu() else { return };
-    fused_banner(shared);
-    let gc = &CudaBackend::new(0).expect("second backend");
-    let gd = &CudaBackend::new(0).expect("third backend");
-    gc.set_path(Path::MergeCluster, true);
-    gd.set_path(Path::MergeCluster, false);
-    let mut r = rng(59);
-    let mut rep = Report::new("merge_cluster");
-    let (nh, kl, rd, hd) = (16usize, 512usize, 64usize, 2048usize);
-    let w = kl + rd;
-    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
-    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
-    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
-    for hist in [300u32, 2000, 3000, 4000] {
-        let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
-        let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
-        let args = (&q[..], &x[..], &nw[..]);
-        let before = gc.path_launches(Path::MergeCluster);
-        let (cx, co, cl, _) = run_mla_out_of(gc, GgmlType::Q8_0, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
-        let took = gc.path_launches(Path::MergeCluster) - before;
-        if hist >= 2000 && took == 0 {
-            rep.failures.push(format!("pos={hist}: the cluster merge did not run"));
-        }
-        let (dx, dout, dl, _) = run_mla_out_of(gd, GgmlType::Q8_0, true, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
-        exact(&mut rep, &format!("pos={hist} (cluster merge ran {took} times)"), &["x", "out", "logits"], &[cx, co, cl], &[dx, dout, dl]);
-    }
-    rep.finish();
-}
-
 /// A decode token's attention output side, then its MoE (`moe_shared`, 64 Q8_0 experts, top 6,
 /// two shared chunks), with the MoE routed ahead in the router's launch (`pre_route`: that
 /// kernel also quantises the normed row and routes the logits; the MoE skips moe_route_quant)
