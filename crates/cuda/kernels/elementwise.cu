@@ -206,30 +206,22 @@ extern "C" __global__ void argmax_final(const unsigned long long* part, int npar
 // arg-max's pick (ids non-null: ids[row]), a device copy: one launch in place of two copies on
 // the stream between chained steps. It waits for the previous kernel before writing (that
 // kernel may still read the batch).
-// BF1_LATE=1 (a measurement define, 0 by default): it lets the step's next kernel launch only
-// once the batch is written and fenced, not at its entry. Kernels that read the position before
-// their PDL wait (mla_out_q8, mla_out_<t>, mla_split_tc_he) can then never see the last step's
-// at layer 0 (ARCHITECTURE.md); the cost is the next kernel's weight loads no longer overlapping
-// the previous step's arg-max.
-#ifndef BF1_LATE
-#define BF1_LATE 0
-#endif
+// It lets the step's next kernel launch only once the batch is written and fenced, not at its
+// entry: kernels that read the position before their PDL wait (mla_out_q8, mla_out_<t>,
+// mla_split_tc_he) can then never see the last step's (ARCHITECTURE.md). Measured on the H200
+// (gpu-next88): with graphs it costs nothing (tg128 709.3 / 709.1 against 709.7 / 709.1: the
+// graph's launch waited for this kernel already); eager steps (TS_CUDA_GRAPHS=0, one run each)
+// 626 against 675, the price of correct order by construction there.
 extern "C" __global__ void batch_fill_1(int* mem, i64 mt, int token, int pos, int slot, int nout, int out0,
                                         const unsigned* ids, int row) {
-#if BF1_LATE
     pdl_wait();
-#else
-    PDL_ENTRY();
-#endif
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x != 0) return;  // (an exited thread counts as triggered)
     mem[0] = ids ? (int)ids[row] : token;
     mem[mt] = pos;
     mem[2 * mt] = slot;
     if (nout > 0) mem[3 * mt] = out0;
-#if BF1_LATE
     __threadfence();
     pdl_trigger();
-#endif
 }
 
 // out row i = x row idx[i] (the batch's output rows, their indices uploaded with the batch). One

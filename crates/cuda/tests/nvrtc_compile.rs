@@ -95,8 +95,7 @@ fn kernels_compile_for_sm_75() {
 /// and of the split MLA decode (the old settings: `MS_SLD=32`, unpadded score rows;
 /// `MLA_SM_BRANCHLESS=0`, the softmax with branches; `MS_QK_U=2`, the score loop unrolled twice;
 /// `MS_ST2=0` and `MP_ST2=0`, single-float partial and prompt output stores; and the measurement
-/// defines `MO_MU=4`, the merge's splits in flight, and `BF1_LATE=1`, the chained batch's
-/// kernel letting the next launch only after its writes) compile too.
+/// define `MO_MU=4`, the merge's splits in flight) compile too.
 #[test]
 fn measurement_defines_compile_for_sm_90() {
     if !ts_cuda::kernels::nvrtc_available() {
@@ -115,7 +114,6 @@ fn measurement_defines_compile_for_sm_90() {
             "-DMS_ST2=0",
             "-DMP_ST2=0",
             "-DMO_MU=4",
-            "-DBF1_LATE=1",
         ],
     ) {
         panic!("{log}");
