@@ -155,8 +155,10 @@ pub struct BenchArgs {
     /// many concurrent requests would (test `tg128 x64`).
     #[arg(long = "parallel", value_name = "N", default_value_t = 0)]
     pub parallel: usize,
-    /// Print a hash of the greedy tokens each generation test produced (all repetitions), to
-    /// compare builds, backends or switches such as TS_CUDA_GRAPHS=0: equal hashes, same tokens.
+    /// Print a hash of the greedy tokens each generation test produced, to compare builds,
+    /// backends or switches such as TS_CUDA_GRAPHS=0: equal hashes, same tokens. It covers the
+    /// warm-up and every repetition, each of which starts from its own token, so only runs with
+    /// the same -r (and -n, -d, --parallel) can be compared.
     #[arg(long = "hash")]
     pub hash: bool,
     /// Copy every sequence's logits to the host and pick the arg-max there (the default picks it
