@@ -1350,13 +1350,15 @@ __device__ __forceinline__ void np_load_w(const float* w, int has_w, int width, 
     }
 }
 // A thread's values v = x + parts[0] + ... + parts[np - 1] (in part order; every load issued
-// before any is used), and their sum of squares.
-__device__ __forceinline__ float np_sum(const float* xr, const float* parts, i64 pstride, int np, int width, float* v) {
-    const int tid = threadIdx.x;
+// before any is used), and their sum of squares: the elements vt + k * NP_THREADS of the row
+// (vt: the thread's index in a block of NP_THREADS; add_rms_norm_parts_router_route_512's
+// threads take two such indices, one after the other).
+__device__ __forceinline__ float np_sum_at(int vt, const float* xr, const float* parts, i64 pstride, int np, int width,
+                                           float* v) {
     float xv[NP_PER], pv[NP_PER][MO_MAX_PARTS];
 #pragma unroll
     for (int k = 0; k < NP_PER; k++) {
-        const int i = min(tid + k * NP_THREADS, width - 1);
+        const int i = min(vt + k * NP_THREADS, width - 1);
         xv[k] = xr[i];
 #pragma unroll
         for (int j = 0; j < MO_MAX_PARTS; j++) pv[k][j] = parts[(i64)min(j, np - 1) * pstride + i];
@@ -1368,10 +1370,13 @@ __device__ __forceinline__ float np_sum(const float* xr, const float* parts, i64
 #pragma unroll
         for (int j = 1; j < MO_MAX_PARTS; j++)
             if (j < np) d += pv[k][j];
-        v[k] = tid + k * NP_THREADS < width ? xv[k] + d : 0.f;
+        v[k] = vt + k * NP_THREADS < width ? xv[k] + d : 0.f;
         ss += v[k] * v[k];
     }
     return ss;
+}
+__device__ __forceinline__ float np_sum(const float* xr, const float* parts, i64 pstride, int np, int width, float* v) {
+    return np_sum_at(threadIdx.x, xr, parts, pstride, np, width, v);
 }
 extern "C" __global__ void __launch_bounds__(NP_THREADS)
     add_rms_norm_parts(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w, int has_w,
@@ -1418,20 +1423,27 @@ __device__ __forceinline__ void rr_norm_store(const float* v, float inv, const f
         }
     }
 }
-// After the barrier that follows rr_norm_store: each warp's quarter of its row's product with
-// hs into qsum[warp], then a barrier; the row's logit is then the four quarters added in order.
-__device__ __forceinline__ void rr_dot(const float* hs, const float4* wq, int width, float* qsum) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int q4 = width / 16;
-    const float4* h4 = (const float4*)hs + (warp & 3) * q4;
+// A lane's share of a router row's quarter (q4 float4s of weights w, held by the lane at u = 0..3,
+// against the normed row's quarter at h4), before the warp's sum.
+template <typename W>
+__device__ __forceinline__ float rr_quarter(const float4* h4, const W& wq, int q4, int lane) {
     float acc = 0.f;
 #pragma unroll
     for (int u = 0; u < 4; u++) {
         if (lane + 32 * u < q4) {
             const float4 hv = h4[lane + 32 * u];
-            acc += wq[u].x * hv.x + wq[u].y * hv.y + wq[u].z * hv.z + wq[u].w * hv.w;
+            const float4 w = wq[u];
+            acc += w.x * hv.x + w.y * hv.y + w.z * hv.z + w.w * hv.w;
         }
     }
+    return acc;
+}
+// After the barrier that follows rr_norm_store: each warp's quarter of its row's product with
+// hs into qsum[warp], then a barrier; the row's logit is then the four quarters added in order.
+__device__ __forceinline__ void rr_dot(const float* hs, const float4* wq, int width, float* qsum) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int q4 = width / 16;
+    float acc = rr_quarter((const float4*)hs + (warp & 3) * q4, wq, q4, lane);
     acc = warp_sum(acc);
     if (lane == 0) qsum[warp] = acc;
     __syncthreads();
@@ -1561,6 +1573,116 @@ extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
 #pragma unroll
     for (int k = 0; k < NP_PER; k++)
         if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
+    if (warp == 0) route_warp_body(0, lgs, 0, 0, 1, m, rk, gating, norm_topk, scale, sel_e, sel_w);
+#endif
+}
+
+// ---- add_rms_norm_parts_router_route at 512 threads a block (Path::Route512) ------------------
+// The launch above needs 1,024 threads x 56 registers a block (57,344 of an SM's 65,536), and
+// mla_out_q8, the kernel before it, holds 32,768 an SM: the cluster can be placed only on SMs
+// that mla_out_q8 has left, so it starts after it ends (the trace: its blocks wait 0.24 us at
+// their release, the other decode kernels' 2-10 us). This one fits beside mla_out_q8 (512
+// threads, at most 64 registers: __launch_bounds__(512, 2)) and can be resident before its
+// release. To get there it stages its 8 router rows in shared memory (cp.async before the PDL
+// wait, 8 x width floats) instead of registers, and takes the row in two passes (thread t is
+// the 1,024-thread launch's threads t and t + 512 in turn: two trips to L2 where that one
+// makes one). The same values in the same order: np_sum_at per virtual thread, each virtual
+// warp's sum of squares by warp_sum into its own slot (virtual warps w and w + 16 are real
+// warp w's two passes), the 32 slots summed as block_rms_inv sums them; warp w takes the
+// quarters 2 (w & 1) and 2 (w & 1) + 1 of row 8b + w / 2 with rr_quarter, and a row's logit
+// is its four quarters added in order. The same bits as add_rms_norm_parts_router_route.
+// Needs width % 128 == 0 and width <= 2048 (NP_PER * NP_THREADS); dynamic shared memory
+// 9 * width floats (the router rows, then the norm weights).
+#define RR5_THREADS 512
+struct RrStrided {  // wq[u] = p[32 u]: a lane's weights of a quarter row in shared memory
+    const float4* p;
+    __device__ __forceinline__ float4 operator[](int u) const { return p[32 * u]; }
+};
+extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(RR5_THREADS, 2)
+    add_rms_norm_parts_router_route_512(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w,
+                                        int has_w, float eps, float* out, i64 ooff, int width, const float* R, int m,
+                                        float* lg, i64 loff, int rk, int gating, int norm_topk, float scale,
+                                        int* sel_e, float* sel_w, u8* xq) {
+#if __CUDA_ARCH__ >= 900
+    static_assert(2 * RR5_THREADS == NP_THREADS, "two passes of NP_THREADS / 2");
+    extern __shared__ __align__(16) float rr5_w[];  // 8 router rows of width floats, the norm weights
+    __shared__ float red[32];
+    __shared__ float qsum[32];
+    __shared__ float lgs[8 * RR_CLUSTER];
+    __shared__ __align__(16) float hs[NP_PER * NP_THREADS];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const unsigned rank = cluster_rank();
+    cluster_arrive_relaxed();
+    {
+        const int n16 = 8 * width / 4;  // 16-byte pieces of the block's 8 rows
+        for (int i = tid; i < n16; i += RR5_THREADS) {
+            const int r = i / (width / 4), c = i - r * (width / 4);
+            cp_async16(rr5_w + 4 * i, R + (i64)min(8 * (int)blockIdx.x + r, m - 1) * width + 4 * c);
+        }
+        // The norm weights after them (in shared memory too: held in registers across the two
+        // passes they spilled).
+        if (has_w)
+            for (int i = tid; i < width / 4; i += RR5_THREADS) cp_async16(rr5_w + 8 * width + 4 * i, w + 4 * i);
+        cp_commit();
+    }
+    const float* wn = rr5_w + 8 * width;
+    PDL_ENTRY();
+    float* xr = x + xoff;
+    float v[2][NP_PER];
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+        const float ss = warp_sum(np_sum_at(tid + p * RR5_THREADS, xr, parts, pstride, np, width, v[p]));
+        if (lane == 0) red[warp + p * (RR5_THREADS / 32)] = ss;
+    }
+    __syncthreads();
+    if (tid < 32) {
+        const float t = warp_sum(red[tid]);
+        if (tid == 0) red[0] = t;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(red[0] / (float)width + eps);
+    cp_wait<0>();
+    __syncthreads();  // the router rows and norm weights in shared memory, seen by every thread
+#pragma unroll
+    for (int p = 0; p < 2; p++)
+#pragma unroll
+        for (int k = 0; k < NP_PER; k++) {
+            const int i = tid + p * RR5_THREADS + k * NP_THREADS;
+            if (i < width) {
+                const float o = has_w ? v[p][k] * inv * wn[i] : v[p][k] * inv;
+                hs[i] = o;
+                if (rank == 0) out[ooff + i] = o;
+            }
+        }
+    __syncthreads();
+    const int q4 = width / 16, rl = warp >> 1, r = 8 * blockIdx.x + rl;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int quarter = 2 * (warp & 1) + j;
+        const RrStrided wq{(const float4*)(rr5_w + (i64)rl * width) + quarter * q4 + lane};
+        const float acc = warp_sum(rr_quarter((const float4*)hs + quarter * q4, wq, q4, lane));
+        if (lane == 0) qsum[4 * rl + quarter] = acc;
+    }
+    __syncthreads();
+    cluster_wait();
+    if ((warp & 1) == 0 && lane == 0 && r < m) {
+        const float l = qsum[4 * rl] + qsum[4 * rl + 1] + qsum[4 * rl + 2] + qsum[4 * rl + 3];
+        lg[loff + r] = l;
+        st_cluster(&lgs[r], 0, l);
+    }
+    if (rank == 0)
+        for (int g = warp; g < width / 128; g += RR5_THREADS / 32)
+            quant_group_body(g, hs, nullptr, 0, 0, 1, width, 0, nullptr, 0, 1, xq, 0);
+    cluster_arrive();
+    cluster_wait();
+    if (rank != 0) return;
+#pragma unroll
+    for (int p = 0; p < 2; p++)
+#pragma unroll
+        for (int k = 0; k < NP_PER; k++) {
+            const int i = tid + p * RR5_THREADS + k * NP_THREADS;
+            if (i < width) xr[i] = v[p][k];
+        }
     if (warp == 0) route_warp_body(0, lgs, 0, 0, 1, m, rk, gating, norm_topk, scale, sel_e, sel_w);
 #endif
 }

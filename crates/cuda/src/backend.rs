@@ -325,6 +325,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "gemv_q8_multi_8",
     "moe_gateup_sh_q8q",
     "moe_down_sh_q8",
+    "add_rms_norm_parts_router_route_512",
     "moe_down_sh_q8_w4",
     "mla_prefill",
     "mla_prefill_h",
@@ -838,6 +839,7 @@ fn kernel_names() -> Vec<String> {
         "mmfq8_gu_s4",
         "mmh_gu",
         "add_rms_norm_parts_router_route",
+        "add_rms_norm_parts_router_route_512",
         "batch_fill_1",
         "mmh_dn",
         "mmh8_gu",
@@ -897,10 +899,15 @@ pub enum Path {
     /// `TS_CUDA_MS_EARLY=0` turns it off (H200, tg64 at 16k: 485.5 / 486.0 against 484.1, the
     /// same hash).
     SplitEarly,
+    /// The one-token routing launch (`add_rms_norm_parts_router_route`) at 512 threads a block
+    /// (`add_rms_norm_parts_router_route_512`: the router's rows staged in shared memory, the
+    /// row in two passes), so that its cluster fits beside `mla_out_q8`'s blocks and can be
+    /// resident before its release; the same bits. Off until measured; `TS_CUDA_RR512=1`.
+    Route512,
 }
 
 impl Path {
-    const ALL: [Path; 3] = [Path::Absorb16, Path::Out16, Path::SplitEarly];
+    const ALL: [Path; 4] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::Route512];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -908,6 +915,7 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
+            Path::Route512 => ("TS_CUDA_RR512", false),
         }
     }
 
@@ -4499,7 +4507,13 @@ impl Backend for CudaBackend {
                 let args: [A; 22] = cat(cat::<11, 4, 15>(norm, router), route);
                 // (By column slices of the row, add_rms_norm_parts_router_route_s, measured
                 // slower on the H200: tg128 675.3 against 709.9; docs/PERF.md, session 27.)
-                self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
+                let smem = 9 * hd * 4;
+                if self.path_on(Path::Route512) && smem <= self.smem_max {
+                    self.took(Path::Route512);
+                    self.launch("add_rms_norm_parts_router_route_512", (8, 1, 1), 512, smem as u32, &args);
+                } else {
+                    self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
+                }
                 *self.routed.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(Routed { logits: (nb.0.ptr, nr.off), input: (out.0.ptr, o.off), p: *mp });
                 return;

@@ -2225,6 +2225,54 @@ fn pre_routed_moe_exact() {
     rep.finish();
 }
 
+/// The routing launch at 512 threads a block (`Path::Route512`,
+/// `add_rms_norm_parts_router_route_512`: router rows in shared memory, the row in two passes)
+/// against the 1,024-thread one on another backend: the same sums in the same order, so the
+/// residual, the normed row, the router logits and the MoE's output bit for bit; both gatings,
+/// three positions each, and the 512-thread launch must have run every time.
+#[test]
+fn route512_exact() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let ga = &CudaBackend::new(0).expect("second backend");
+    let gb = &CudaBackend::new(0).expect("third backend");
+    ga.set_path(Path::Route512, true);
+    gb.set_path(Path::Route512, false);
+    let mut r = rng(61);
+    let mut rep = Report::new("route512");
+    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
+    let (w, sf) = (kl + rd, nsh * ff);
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
+    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
+    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
+    let mut taken = 0;
+    for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
+        let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
+        for hist in [3u32, 40, 300] {
+            let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
+            let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+            let moe = Some((&shapes[..], &bytes[..], &mp, false));
+            let (ax, ao, al, am) =
+                run_mla_out_of(ga, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
+            let (bx, bo, bl, bm) =
+                run_mla_out_of(gb, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
+            taken += 1;
+            if ga.path_launches(Path::Route512) != taken {
+                rep.failures.push(format!("{gating:?} pos={hist}: the 512-thread routing did not run"));
+            }
+            let lab = format!("{gating:?} norm={norm_topk} pos={hist}");
+            exact(&mut rep, &lab, &["x", "out", "logits", "moe"], &[ax, ao, al, am], &[bx, bo, bl, bm]);
+        }
+    }
+    if gb.path_launches(Path::Route512) != 0 {
+        rep.failures.push("Route512 off still took the 512-thread routing".into());
+    }
+    rep.finish();
+}
+
 /// One-token `moe_shared` on two GPU backends set up two ways, three rounds a case
 /// ((hdim, ff, experts, k, shared chunks, gating, norm_topk, scale)): bit for bit against each
 /// other (the launches' counters and flags must be back at zero after each), and within the Q8
