@@ -950,15 +950,35 @@ __device__ __forceinline__ void mo_wait_flag(const unsigned* flag) {
     }
     __syncthreads();
 }
+// moe_gateup_q8q_unit's staging (STAGE): rows row0 + 2 and row0 + 3 of the gate and up
+// matrices (Wg, Wu: the slot's first rows, row_bytes apart, a multiple of 16) into the warp's
+// 4 rows of shared memory at d, in the order gate 2, up 2, gate 3, up 3; one commit group a lane.
+__device__ __forceinline__ void gu_stage_rows(const u8* Wg, const u8* Wu, int row0, i64 row_bytes, u8* d, int lane) {
+    const int n16 = (int)(row_bytes >> 4);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const u8* src = (j & 1 ? Wu : Wg) + (i64)(row0 + 2 + (j >> 1)) * row_bytes;
+        for (int c = lane; c < n16; c += 32) cp_async16(d + (i64)j * row_bytes + 16 * c, src + 16 * c);
+    }
+    cp_commit();
+}
 // One warp's gate and up sums of a Q8_0 row pair (wg, wu: np 16-byte pieces) with the Q8_0 row
 // xr, each warp-summed into g and u (added to them; start them at 0). first_loaded: qg/dg and
 // qu/du already hold the pieces at p0 = lane (moe_gateup_q8q_unit's rows).
+// SM: the rows are copies in shared memory (moe_gateup_sh_q8q_st's staged rows), read with
+// plain loads: the same values.
+template <bool SM = false>
 __device__ __forceinline__ void gu_row_dot(const u8* wg, const u8* wu, const u8* xr, int np, int lane, bool first_loaded,
                                            uint4* qg, float* dg, uint4* qu, float* du, float& g, float& u) {
     for (int p0 = lane; p0 < np; p0 += 128) {
         if (!first_loaded || p0 != lane) {
-            load_q8_4w(wg, p0, np, 32, qg, dg);
-            load_q8_4w(wu, p0, np, 32, qu, du);
+            if constexpr (SM) {
+                load_q8_4(wg, p0, np, 32, qg, dg);
+                load_q8_4(wu, p0, np, 32, qu, du);
+            } else {
+                load_q8_4w(wg, p0, np, 32, qg, dg);
+                load_q8_4w(wu, p0, np, 32, qu, du);
+            }
         }
         uint4 xv[4];
         float dx[4];
@@ -976,10 +996,16 @@ __device__ __forceinline__ void gu_row_dot(const u8* wg, const u8* wu, const u8*
 }
 // ready (moe_sh_q8_one): the flag its block 0 sets once sel_e, sel_w and xq are written; null
 // (moe_gateup_sh_q8q): they come from the previous kernel.
+// STAGE (moe_gateup_sh_q8q_st; stg: GQ_WARPS x 4 rows of row_bytes of dynamic shared memory):
+// a warp's rows 2 and 3 of both matrices are copied into its part of stg (cp.async) as soon as
+// their matrix is known, with row 0's loads, so that their trip from memory overlaps rows 0
+// and 1 instead of following them; they are then read from there with the same arithmetic.
+template <bool STAGE = false>
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
-                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr) {
+                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr,
+                                                    u8* stg = nullptr) {
     const int ks = k + nsh;
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -989,6 +1015,7 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     uint4 qg[4], qu[4];
     float dg[4], du[4];
     const u8 *Wtg, *Wtu;
+    u8* wst = STAGE ? stg + (i64)warp * 4 * row_bytes : nullptr;  // (STAGE) the warp's 4 staged rows
     i64 rstride;  // bytes from one row to the next in the chosen matrices
     float wsl = 1.f;
     bool zero = false;
@@ -1005,6 +1032,7 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         if (!zero) {
             load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
             load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
+            if constexpr (STAGE) gu_stage_rows(Wtg, Wtu, row0, row_bytes, wst, lane);
         }
     } else {
         // The shared experts' weights are known before the previous kernel ends.
@@ -1013,6 +1041,7 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         rstride = row_bytes;
         load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
         load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
+        if constexpr (STAGE) gu_stage_rows(Wtg, Wtu, row0, row_bytes, wst, lane);
         pdl_wait();
         pdl_trigger();
         mo_wait_flag(ready);
@@ -1021,6 +1050,20 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     for (int i = 0; i < rpw; i++) {
         const int row = row0 + i;
         float g = 0.f, u = 0.f;
+        if constexpr (STAGE) {
+            if (i >= 2) {
+                if (i == 2) {
+                    cp_wait<0>();
+                    __syncwarp();  // every lane's copies, seen by the whole warp
+                }
+                if (!zero) {
+                    const u8* sg = wst + (i64)(2 * (i - 2)) * row_bytes;
+                    gu_row_dot<true>(sg, sg + row_bytes, xr, np, lane, false, qg, dg, qu, du, g, u);
+                }
+                if (lane == 0) glu[warp * rpw + i] = zero ? 0.f : act_fn(act == 0 ? 1 : 2, g) * u;
+                continue;
+            }
+        }
         if (!zero) gu_row_dot(Wtg + (i64)row * rstride, Wtu + (i64)row * rstride, xr, np, lane, i == 0, qg, dg, qu, du, g, u);
         // act(g) * u (0 for a slot without an expert), times the router weight below, as
         // quant_q8_groups' weighted form rounds it.
@@ -1052,6 +1095,24 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_slot_of_block(k, nsh, &t, &s);
     moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
                               xrow, act, hq, hrow, glu);
+}
+// moe_gateup_sh_q8q with each warp's rows 2 and 3 staged in shared memory (Path::GuStage;
+// GQ_WARPS * 4 * row_bytes of dynamic shared memory: 72 KB a block at V2-Lite's 2,304-byte rows,
+// so three blocks an SM still fit, the grid's one wave). A routed warp's four rows were four
+// trips to memory one after another (the trace: 16 us a layer for 49 MB, 11.4 at 4.3 TB/s);
+// staged, rows 0, 2 and 3 travel together and row 1 after row 0. The same loads of the same
+// bytes and the same sums in the same order: the same bits.
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
+    moe_gateup_sh_q8q_st(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
+                         const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
+                         int act, u8* hq, i64 hrow) {
+    static_assert(GU_ROWS / GQ_WARPS == 4, "the staged rows are a warp's rows 2 and 3 of 4");
+    extern __shared__ __align__(16) u8 gu_stg[];
+    __shared__ float glu[GU_ROWS];
+    int t, s;
+    moe_slot_of_block(k, nsh, &t, &s);
+    moe_gateup_q8q_unit<true>(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh,
+                              xq, xrow, act, hq, hrow, glu, nullptr, gu_stg);
 }
 // ---- The decode MoE in one launch (one token): moe_gateup_sh_q8q's units, then moe_down_sh_q8's
 // units, each down warp starting as soon as the slots it reads are done ---------------------------

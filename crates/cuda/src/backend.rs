@@ -324,6 +324,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "gemv_q8_multi_4",
     "gemv_q8_multi_8",
     "moe_gateup_sh_q8q",
+    "moe_gateup_sh_q8q_st",
     "moe_down_sh_q8",
     "add_rms_norm_parts_router_route_512",
     "moe_down_sh_q8_w4",
@@ -821,6 +822,7 @@ fn kernel_names() -> Vec<String> {
         "quant_q8_groups",
         "moe_route_quant",
         "moe_gateup_sh_q8q",
+        "moe_gateup_sh_q8q_st",
         "mmq_q8_64",
         "mmq_q8_64ws",
         "mmq_q8_16",
@@ -904,10 +906,14 @@ pub enum Path {
     /// row in two passes), so that its cluster fits beside `mla_out_q8`'s blocks and can be
     /// resident before its release; the same bits. Off until measured; `TS_CUDA_RR512=1`.
     Route512,
+    /// The one-token Q8_0 MoE's gate/up kernel with each warp's rows 2 and 3 copied into shared
+    /// memory with row 0's loads (`moe_gateup_sh_q8q_st`: their trips from memory overlap rows 0
+    /// and 1 instead of following them); the same bits. Off until measured; `TS_CUDA_GU_STAGE=1`.
+    GuStage,
 }
 
 impl Path {
-    const ALL: [Path; 4] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::Route512];
+    const ALL: [Path; 5] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::Route512, Path::GuStage];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -916,6 +922,7 @@ impl Path {
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
             Path::Route512 => ("TS_CUDA_RR512", false),
+            Path::GuStage => ("TS_CUDA_GU_STAGE", false),
         }
     }
 
@@ -4932,7 +4939,14 @@ impl CudaBackend {
             return true;
         }
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
-        self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
+        // (Each warp's rows 2 and 3 staged in shared memory: Path::GuStage, off until measured.)
+        let stage = 8 * 4 * experts.gate.row_bytes;
+        if self.path_on(Path::GuStage) && stage <= self.smem_max {
+            self.took(Path::GuStage);
+            self.launch("moe_gateup_sh_q8q_st", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, stage as u32, &gu);
+        } else {
+            self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
+        }
         // Two rounds of weights before the wait with the activations staged in shared memory
         // (moe_down_sh_q8s) measured slower on the H200: tg128 671.9 against 709.5 (docs/PERF.md,
         // session 26); dropped.

@@ -2029,6 +2029,35 @@ fn run_moe_shared<B: Backend>(
     false
 }
 
+/// The one-token Q8_0 decode MoE's gate/up with each warp's rows 2 and 3 staged in shared
+/// memory (`Path::GuStage`, `moe_gateup_sh_q8q_st`) against the plain kernel on a second
+/// backend: bit for bit, and within the Q8 bars of the CPU; the staged kernel must have run.
+#[test]
+fn gu_stage_exact() {
+    if gpu().is_none() {
+        return;
+    }
+    let g1 = &CudaBackend::new(0).expect("second backend");
+    let g2 = &CudaBackend::new(0).expect("third backend");
+    g1.set_path(Path::GuStage, true);
+    g2.set_path(Path::GuStage, false);
+    let mut rep = Report::new("gu_stage");
+    // V2-Lite's shapes (both gatings) and a small one.
+    let cases = [
+        (2048, 1408, 64, 6, 2, Gating::Softmax, false, 1.0),
+        (2048, 1408, 64, 6, 2, Gating::Sigmoid, true, 2.5),
+        (256, 128, 16, 4, 1, Gating::Softmax, false, 1.0),
+    ];
+    moe_pair_exact(&mut rep, (g1, g2), &cases, "staged rows vs plain", 37);
+    if g1.path_launches(Path::GuStage) == 0 {
+        rep.failures.push("the staged gate/up kernel did not run".into());
+    }
+    if g2.path_launches(Path::GuStage) != 0 {
+        rep.failures.push("GuStage off still took the staged kernel".into());
+    }
+    rep.finish();
+}
+
 /// The one-token Q8_0 decode MoE in one launch (`moe_sh_q8_one`: down warps that wait on
 /// per-slot counters) against the two launches (`set_moe_one(false)` on a second backend): bit
 /// for bit, on several launches in a row (the counters must be back at zero after each), and
