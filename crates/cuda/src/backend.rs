@@ -1381,6 +1381,21 @@ impl CudaBackend {
                 smem_max = smem_max.min(48 * 1024);
             }
         }
+        // Kernels meant to share an SM with a neighbour of large shared memory ask for the
+        // largest shared-memory carveout: an SM's split between L1 and shared memory is set
+        // while it is idle, by the kernel placed first, so `mla_out_q8` alone (124 KB) would
+        // leave too little beside it for the 512-thread routing (Path::Route512, 80 KB), and
+        // the staged gate/up (Path::GuStage) needs 219 KB for its three blocks. A hint, no
+        // result depends on it; with Route512 off at open `mla_out_q8` keeps the driver's
+        // choice.
+        let carve = |n: &str| {
+            let _ = funcs[n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
+        };
+        carve("add_rms_norm_parts_router_route_512");
+        carve("moe_gateup_sh_q8q_st");
+        if Path::Route512.env_on() {
+            carve("mla_out_q8");
+        }
         // The f16 prompt kernels: the most stages whose shared memory the device gives (their own
         // attribute: four stages take more than the fast paths' cap); None (the int8 path) where
         // none fits.
