@@ -2197,6 +2197,27 @@ fn mla_split_early_exact() {
     rep.finish();
 }
 
+/// V2-Lite's shapes for one layer's attention output side and MoE, Q8_0 at random (f32 router):
+/// the experts' and shared experts' gate, up and down (`shapes`, `bytes`), W_uv, W_o and the
+/// router's bytes.
+struct LayerWeights {
+    shapes: [Vec<usize>; 6],
+    bytes: Vec<Vec<u8>>,
+    uvb: Vec<u8>,
+    wob: Vec<u8>,
+    rb: Vec<u8>,
+}
+fn v2lite_layer_weights(r: &mut StdRng) -> LayerWeights {
+    let (nh, kl, hd, ff, ne, nsh) = (16, 512, 2048, 1408, 64, 2);
+    let sf = nsh * ff;
+    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
+    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(r, GgmlType::Q8_0, s, 0.3).0).collect();
+    let (uvb, _) = weight(r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+    let (wob, _) = weight(r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+    let (rb, _) = weight(r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
+    LayerWeights { shapes, bytes, uvb, wob, rb }
+}
+
 /// A decode token's attention output side, then its MoE (`moe_shared`, 64 Q8_0 experts, top 6,
 /// two shared chunks), with the MoE routed ahead in the router's launch (`pre_route`: that
 /// kernel also quantises the normed row and routes the logits; the MoE skips moe_route_quant)
@@ -2214,14 +2235,10 @@ fn pre_routed_moe_exact() {
     gc.set_moe_residual(true);
     let mut r = rng(47);
     let mut rep = Report::new("pre-routed moe");
-    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
-    let (w, sf) = (kl + rd, nsh * ff);
+    let (nh, kl, rd, hd, ne) = (16, 512, 64, 2048, 64);
+    let w = kl + rd;
     let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
-    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
-    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
-    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
-    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
+    let LayerWeights { shapes, bytes, uvb, wob, rb } = v2lite_layer_weights(&mut r);
     let mut taken = 0;
     for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
         let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
@@ -2269,14 +2286,10 @@ fn route512_exact() {
     gb.set_path(Path::Route512, false);
     let mut r = rng(61);
     let mut rep = Report::new("route512");
-    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
-    let (w, sf) = (kl + rd, nsh * ff);
+    let (nh, kl, rd, hd, ne) = (16, 512, 64, 2048, 64);
+    let w = kl + rd;
     let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
-    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
-    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
-    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
-    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
+    let LayerWeights { shapes, bytes, uvb, wob, rb } = v2lite_layer_weights(&mut r);
     let mut taken = 0;
     for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
         let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
