@@ -952,15 +952,16 @@ __device__ __forceinline__ void mo_wait_flag(const unsigned* flag) {
 }
 // moe_gateup_q8q_unit's staging (STAGE): rows row0 + 2 and row0 + 3 of the gate and up
 // matrices (Wg, Wu: the slot's first rows, row_bytes apart, a multiple of 16) into the warp's
-// 4 rows of shared memory at d, in the order gate 2, up 2, gate 3, up 3; one commit group a lane.
+// 4 rows of shared memory at d, in the order gate 2, up 2, gate 3, up 3; one commit group a lane
+// (plain copies below sm_80).
 __device__ __forceinline__ void gu_stage_rows(const u8* Wg, const u8* Wu, int row0, i64 row_bytes, u8* d, int lane) {
     const int n16 = (int)(row_bytes >> 4);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const u8* src = (j & 1 ? Wu : Wg) + (i64)(row0 + 2 + (j >> 1)) * row_bytes;
-        for (int c = lane; c < n16; c += 32) cp_async16(d + (i64)j * row_bytes + 16 * c, src + 16 * c);
+        for (int c = lane; c < n16; c += 32) cp16_any(d + (i64)j * row_bytes + 16 * c, src + 16 * c);
     }
-    cp_commit();
+    cp_commit_any();
 }
 // One warp's gate and up sums of a Q8_0 row pair (wg, wu: np 16-byte pieces) with the Q8_0 row
 // xr, each warp-summed into g and u (added to them; start them at 0). first_loaded: qg/dg and
@@ -1053,7 +1054,7 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         if constexpr (STAGE) {
             if (i >= 2) {
                 if (i == 2) {
-                    cp_wait<0>();
+                    cp_wait_all_any();
                     __syncwarp();  // every lane's copies, seen by the whole warp
                 }
                 if (!zero) {
