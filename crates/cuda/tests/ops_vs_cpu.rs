@@ -2197,26 +2197,34 @@ fn mla_split_early_exact() {
     rep.finish();
 }
 
-/// V2-Lite's shapes for one layer's attention output side and MoE, Q8_0 at random (f32 router):
-/// the experts' and shared experts' gate, up and down (`shapes`, `bytes`), W_uv, W_o and the
-/// router's bytes.
-struct LayerWeights {
-    shapes: [Vec<usize>; 6],
-    bytes: Vec<Vec<u8>>,
-    uvb: Vec<u8>,
-    wob: Vec<u8>,
-    rb: Vec<u8>,
-}
-fn v2lite_layer_weights(r: &mut StdRng) -> LayerWeights {
-    let (nh, kl, hd, ff, ne, nsh) = (16, 512, 2048, 1408, 64, 2);
-    let sf = nsh * ff;
+/// V2-Lite's shapes for one layer's attention output side and MoE, Q8_0 at random (f32 router),
+/// and its one-token cases: both gatings (softmax plain, sigmoid with norm_topk and a scale) at
+/// positions 3, 40 and 300. `f` gets each case's label and a runner: `run(backend, residual)`
+/// is `run_mla_out_of` on that case (x, out, logits, moe; `residual`: the MoE added into x).
+fn for_each_routed_layer_case(seed: u64, mut f: impl FnMut(&str, &dyn Fn(&CudaBackend, bool) -> RunOut)) {
+    let mut r = rng(seed);
+    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
+    let (w, sf) = (kl + rd, nsh * ff);
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
     let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
-    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(r, GgmlType::Q8_0, s, 0.3).0).collect();
-    let (uvb, _) = weight(r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
-    let (wob, _) = weight(r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
-    let (rb, _) = weight(r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
-    LayerWeights { shapes, bytes, uvb, wob, rb }
+    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
+    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
+    for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
+        let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
+        for hist in [3u32, 40, 300] {
+            let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
+            let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+            let run = |g: &CudaBackend, residual: bool| {
+                let moe = Some((&shapes[..], &bytes[..], &mp, residual));
+                run_mla_out_of(g, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe)
+            };
+            f(&format!("{gating:?} norm={norm_topk} pos={hist}"), &run);
+        }
+    }
 }
+type RunOut = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
 
 /// A decode token's attention output side, then its MoE (`moe_shared`, 64 Q8_0 experts, top 6,
 /// two shared chunks), with the MoE routed ahead in the router's launch (`pre_route`: that
@@ -2233,38 +2241,22 @@ fn pre_routed_moe_exact() {
     let gc = &CudaBackend::new(0).expect("fourth backend");
     gb.set_pre_route(false);
     gc.set_moe_residual(true);
-    let mut r = rng(47);
     let mut rep = Report::new("pre-routed moe");
-    let (nh, kl, rd, hd, ne) = (16, 512, 64, 2048, 64);
-    let w = kl + rd;
-    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    let LayerWeights { shapes, bytes, uvb, wob, rb } = v2lite_layer_weights(&mut r);
     let mut taken = 0;
-    for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
-        let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
-        for hist in [3u32, 40, 300] {
-            let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
-            let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
-            let moe = Some((&shapes[..], &bytes[..], &mp, false));
-            let (ax, ao, al, am) =
-                run_mla_out_of(ga, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
-            let (bx, bo, bl, bm) =
-                run_mla_out_of(gb, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
-            // The MoE added into x by its down kernel (moe_shared_residual), routed ahead too:
-            // x + moe, the add the next layer's norm makes.
-            let res = Some((&shapes[..], &bytes[..], &mp, true));
-            let (_, co, cl, cm) =
-                run_mla_out_of(gc, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), res);
-            let sum: Vec<f32> = bx.iter().zip(&bm).map(|(a, b)| a + b).collect();
-            taken += 1;
-            if ga.pre_routes() != taken || gc.pre_routes() != taken {
-                rep.failures.push(format!("{gating:?} pos={hist}: the MoE did not take the routing made ahead"));
-            }
-            let lab = format!("{gating:?} norm={norm_topk} pos={hist}");
-            exact(&mut rep, &format!("{lab} into x"), &["out", "logits", "x + moe"], &[co, cl, cm], &[bo.clone(), bl.clone(), sum]);
-            exact(&mut rep, &lab, &["x", "out", "logits", "moe"], &[ax, ao, al, am], &[bx, bo, bl, bm]);
+    for_each_routed_layer_case(47, |lab, run| {
+        let (ax, ao, al, am) = run(ga, false);
+        let (bx, bo, bl, bm) = run(gb, false);
+        // The MoE added into x by its down kernel (moe_shared_residual), routed ahead too:
+        // x + moe, the add the next layer's norm makes.
+        let (_, co, cl, cm) = run(gc, true);
+        let sum: Vec<f32> = bx.iter().zip(&bm).map(|(a, b)| a + b).collect();
+        taken += 1;
+        if ga.pre_routes() != taken || gc.pre_routes() != taken {
+            rep.failures.push(format!("{lab}: the MoE did not take the routing made ahead"));
         }
-    }
+        exact(&mut rep, &format!("{lab} into x"), &["out", "logits", "x + moe"], &[co, cl, cm], &[bo.clone(), bl.clone(), sum]);
+        exact(&mut rep, lab, &["x", "out", "logits", "moe"], &[ax, ao, al, am], &[bx, bo, bl, bm]);
+    });
     if gb.pre_routes() != 0 {
         rep.failures.push("set_pre_route(false) still routed ahead".into());
     }
@@ -2284,31 +2276,17 @@ fn route512_exact() {
     let gb = &CudaBackend::new(0).expect("third backend");
     ga.set_path(Path::Route512, true);
     gb.set_path(Path::Route512, false);
-    let mut r = rng(61);
     let mut rep = Report::new("route512");
-    let (nh, kl, rd, hd, ne) = (16, 512, 64, 2048, 64);
-    let w = kl + rd;
-    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    let LayerWeights { shapes, bytes, uvb, wob, rb } = v2lite_layer_weights(&mut r);
     let mut taken = 0;
-    for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
-        let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
-        for hist in [3u32, 40, 300] {
-            let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
-            let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
-            let moe = Some((&shapes[..], &bytes[..], &mp, false));
-            let (ax, ao, al, am) =
-                run_mla_out_of(ga, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
-            let (bx, bo, bl, bm) =
-                run_mla_out_of(gb, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
-            taken += 1;
-            if ga.path_launches(Path::Route512) != taken {
-                rep.failures.push(format!("{gating:?} pos={hist}: the 512-thread routing did not run"));
-            }
-            let lab = format!("{gating:?} norm={norm_topk} pos={hist}");
-            exact(&mut rep, &lab, &["x", "out", "logits", "moe"], &[ax, ao, al, am], &[bx, bo, bl, bm]);
+    for_each_routed_layer_case(61, |lab, run| {
+        let (ax, ao, al, am) = run(ga, false);
+        let (bx, bo, bl, bm) = run(gb, false);
+        taken += 1;
+        if ga.path_launches(Path::Route512) != taken {
+            rep.failures.push(format!("{lab}: the 512-thread routing did not run"));
         }
-    }
+        exact(&mut rep, lab, &["x", "out", "logits", "moe"], &[ax, ao, al, am], &[bx, bo, bl, bm]);
+    });
     if gb.path_launches(Path::Route512) != 0 {
         rep.failures.push("Route512 off still took the 512-thread routing".into());
     }
