@@ -950,36 +950,15 @@ __device__ __forceinline__ void mo_wait_flag(const unsigned* flag) {
     }
     __syncthreads();
 }
-// moe_gateup_q8q_unit's staging (STAGE): rows row0 + 2 and row0 + 3 of the gate and up
-// matrices (Wg, Wu: the slot's first rows, row_bytes apart, a multiple of 16) into the warp's
-// 4 rows of shared memory at d, in the order gate 2, up 2, gate 3, up 3; one commit group a lane
-// (plain copies below sm_80).
-__device__ __forceinline__ void gu_stage_rows(const u8* Wg, const u8* Wu, int row0, i64 row_bytes, u8* d, int lane) {
-    const int n16 = (int)(row_bytes >> 4);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const u8* src = (j & 1 ? Wu : Wg) + (i64)(row0 + 2 + (j >> 1)) * row_bytes;
-        for (int c = lane; c < n16; c += 32) cp16_any(d + (i64)j * row_bytes + 16 * c, src + 16 * c);
-    }
-    cp_commit_any();
-}
 // One warp's gate and up sums of a Q8_0 row pair (wg, wu: np 16-byte pieces) with the Q8_0 row
 // xr, each warp-summed into g and u (added to them; start them at 0). first_loaded: qg/dg and
 // qu/du already hold the pieces at p0 = lane (moe_gateup_q8q_unit's rows).
-// SM: the rows are copies in shared memory (moe_gateup_sh_q8q_st's staged rows), read with
-// plain loads: the same values.
-template <bool SM = false>
 __device__ __forceinline__ void gu_row_dot(const u8* wg, const u8* wu, const u8* xr, int np, int lane, bool first_loaded,
                                            uint4* qg, float* dg, uint4* qu, float* du, float& g, float& u) {
     for (int p0 = lane; p0 < np; p0 += 128) {
         if (!first_loaded || p0 != lane) {
-            if constexpr (SM) {
-                load_q8_4(wg, p0, np, 32, qg, dg);
-                load_q8_4(wu, p0, np, 32, qu, du);
-            } else {
-                load_q8_4w(wg, p0, np, 32, qg, dg);
-                load_q8_4w(wu, p0, np, 32, qu, du);
-            }
+            load_q8_4w(wg, p0, np, 32, qg, dg);
+            load_q8_4w(wu, p0, np, 32, qu, du);
         }
         uint4 xv[4];
         float dx[4];
@@ -997,16 +976,10 @@ __device__ __forceinline__ void gu_row_dot(const u8* wg, const u8* wu, const u8*
 }
 // ready (moe_sh_q8_one): the flag its block 0 sets once sel_e, sel_w and xq are written; null
 // (moe_gateup_sh_q8q): they come from the previous kernel.
-// STAGE (moe_gateup_sh_q8q_st; stg: GQ_WARPS x 4 rows of row_bytes of dynamic shared memory):
-// a warp's rows 2 and 3 of both matrices are copied into its part of stg (cp.async) as soon as
-// their matrix is known, with row 0's loads, so that their trip from memory overlaps rows 0
-// and 1 instead of following them; they are then read from there with the same arithmetic.
-template <bool STAGE = false>
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
-                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr,
-                                                    u8* stg = nullptr) {
+                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr) {
     const int ks = k + nsh;
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1016,7 +989,6 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     uint4 qg[4], qu[4];
     float dg[4], du[4];
     const u8 *Wtg, *Wtu;
-    u8* wst = STAGE ? stg + (i64)warp * 4 * row_bytes : nullptr;  // (STAGE) the warp's 4 staged rows
     i64 rstride;  // bytes from one row to the next in the chosen matrices
     float wsl = 1.f;
     bool zero = false;
@@ -1033,7 +1005,6 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         if (!zero) {
             load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
             load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
-            if constexpr (STAGE) gu_stage_rows(Wtg, Wtu, row0, row_bytes, wst, lane);
         }
     } else {
         // The shared experts' weights are known before the previous kernel ends.
@@ -1042,7 +1013,6 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         rstride = row_bytes;
         load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
         load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
-        if constexpr (STAGE) gu_stage_rows(Wtg, Wtu, row0, row_bytes, wst, lane);
         pdl_wait();
         pdl_trigger();
         mo_wait_flag(ready);
@@ -1051,20 +1021,6 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     for (int i = 0; i < rpw; i++) {
         const int row = row0 + i;
         float g = 0.f, u = 0.f;
-        if constexpr (STAGE) {
-            if (i >= 2) {
-                if (i == 2) {
-                    cp_wait_all_any();
-                    __syncwarp();  // every lane's copies, seen by the whole warp
-                }
-                if (!zero) {
-                    const u8* sg = wst + (i64)(2 * (i - 2)) * row_bytes;
-                    gu_row_dot<true>(sg, sg + row_bytes, xr, np, lane, false, qg, dg, qu, du, g, u);
-                }
-                if (lane == 0) glu[warp * rpw + i] = zero ? 0.f : act_fn(act == 0 ? 1 : 2, g) * u;
-                continue;
-            }
-        }
         if (!zero) gu_row_dot(Wtg + (i64)row * rstride, Wtu + (i64)row * rstride, xr, np, lane, i == 0, qg, dg, qu, du, g, u);
         // act(g) * u (0 for a slot without an expert), times the router weight below, as
         // quant_q8_groups' weighted form rounds it.
@@ -1096,24 +1052,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_slot_of_block(k, nsh, &t, &s);
     moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
                               xrow, act, hq, hrow, glu);
-}
-// moe_gateup_sh_q8q with each warp's rows 2 and 3 staged in shared memory (Path::GuStage;
-// GQ_WARPS * 4 * row_bytes of dynamic shared memory: 72 KB a block at V2-Lite's 2,304-byte rows,
-// so three blocks an SM still fit, the grid's one wave). A routed warp's four rows were four
-// trips to memory one after another (the trace: 16 us a layer for 49 MB, 11.4 at 4.3 TB/s);
-// staged, rows 0, 2 and 3 travel together and row 1 after row 0. The same loads of the same
-// bytes and the same sums in the same order: the same bits.
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
-    moe_gateup_sh_q8q_st(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
-                         const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
-                         int act, u8* hq, i64 hrow) {
-    static_assert(GU_ROWS / GQ_WARPS == 4, "the staged rows are a warp's rows 2 and 3 of 4");
-    extern __shared__ __align__(16) u8 gu_stg[];
-    __shared__ float glu[GU_ROWS];
-    int t, s;
-    moe_slot_of_block(k, nsh, &t, &s);
-    moe_gateup_q8q_unit<true>(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh,
-                              xq, xrow, act, hq, hrow, glu, nullptr, gu_stg);
 }
 // ---- The decode MoE in one launch (one token): moe_gateup_sh_q8q's units, then moe_down_sh_q8's
 // units, each down warp starting as soon as the slots it reads are done ---------------------------
@@ -1412,15 +1350,13 @@ __device__ __forceinline__ void np_load_w(const float* w, int has_w, int width, 
     }
 }
 // A thread's values v = x + parts[0] + ... + parts[np - 1] (in part order; every load issued
-// before any is used), and their sum of squares: the elements vt + k * NP_THREADS of the row
-// (vt: the thread's index in a block of NP_THREADS; add_rms_norm_parts_router_route_512's
-// threads take two such indices, one after the other).
-__device__ __forceinline__ float np_sum_at(int vt, const float* xr, const float* parts, i64 pstride, int np, int width,
-                                           float* v) {
+// before any is used), and their sum of squares.
+__device__ __forceinline__ float np_sum(const float* xr, const float* parts, i64 pstride, int np, int width, float* v) {
+    const int tid = threadIdx.x;
     float xv[NP_PER], pv[NP_PER][MO_MAX_PARTS];
 #pragma unroll
     for (int k = 0; k < NP_PER; k++) {
-        const int i = min(vt + k * NP_THREADS, width - 1);
+        const int i = min(tid + k * NP_THREADS, width - 1);
         xv[k] = xr[i];
 #pragma unroll
         for (int j = 0; j < MO_MAX_PARTS; j++) pv[k][j] = parts[(i64)min(j, np - 1) * pstride + i];
@@ -1432,13 +1368,10 @@ __device__ __forceinline__ float np_sum_at(int vt, const float* xr, const float*
 #pragma unroll
         for (int j = 1; j < MO_MAX_PARTS; j++)
             if (j < np) d += pv[k][j];
-        v[k] = vt + k * NP_THREADS < width ? xv[k] + d : 0.f;
+        v[k] = tid + k * NP_THREADS < width ? xv[k] + d : 0.f;
         ss += v[k] * v[k];
     }
     return ss;
-}
-__device__ __forceinline__ float np_sum(const float* xr, const float* parts, i64 pstride, int np, int width, float* v) {
-    return np_sum_at(threadIdx.x, xr, parts, pstride, np, width, v);
 }
 extern "C" __global__ void __launch_bounds__(NP_THREADS)
     add_rms_norm_parts(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w, int has_w,
@@ -1485,27 +1418,20 @@ __device__ __forceinline__ void rr_norm_store(const float* v, float inv, const f
         }
     }
 }
-// A lane's share of a router row's quarter (q4 float4s of weights w, held by the lane at u = 0..3,
-// against the normed row's quarter at h4), before the warp's sum.
-template <typename W>
-__device__ __forceinline__ float rr_quarter(const float4* h4, const W& wq, int q4, int lane) {
-    float acc = 0.f;
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        if (lane + 32 * u < q4) {
-            const float4 hv = h4[lane + 32 * u];
-            const float4 w = wq[u];
-            acc += w.x * hv.x + w.y * hv.y + w.z * hv.z + w.w * hv.w;
-        }
-    }
-    return acc;
-}
 // After the barrier that follows rr_norm_store: each warp's quarter of its row's product with
 // hs into qsum[warp], then a barrier; the row's logit is then the four quarters added in order.
 __device__ __forceinline__ void rr_dot(const float* hs, const float4* wq, int width, float* qsum) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int q4 = width / 16;
-    float acc = rr_quarter((const float4*)hs + (warp & 3) * q4, wq, q4, lane);
+    const float4* h4 = (const float4*)hs + (warp & 3) * q4;
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        if (lane + 32 * u < q4) {
+            const float4 hv = h4[lane + 32 * u];
+            acc += wq[u].x * hv.x + wq[u].y * hv.y + wq[u].z * hv.z + wq[u].w * hv.w;
+        }
+    }
     acc = warp_sum(acc);
     if (lane == 0) qsum[warp] = acc;
     __syncthreads();
@@ -1635,116 +1561,6 @@ extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
 #pragma unroll
     for (int k = 0; k < NP_PER; k++)
         if (tid + k * NP_THREADS < width) xr[tid + k * NP_THREADS] = v[k];
-    if (warp == 0) route_warp_body(0, lgs, 0, 0, 1, m, rk, gating, norm_topk, scale, sel_e, sel_w);
-#endif
-}
-
-// ---- add_rms_norm_parts_router_route at 512 threads a block (Path::Route512) ------------------
-// The launch above needs 1,024 threads x 56 registers a block (57,344 of an SM's 65,536), and
-// mla_out_q8, the kernel before it, holds 32,768 an SM: the cluster can be placed only on SMs
-// that mla_out_q8 has left, so it starts after it ends (the trace: its blocks wait 0.24 us at
-// their release, the other decode kernels' 2-10 us). This one fits beside mla_out_q8 (512
-// threads, at most 64 registers: __launch_bounds__(512, 2)) and can be resident before its
-// release. To get there it stages its 8 router rows in shared memory (cp.async before the PDL
-// wait, 8 x width floats) instead of registers, and takes the row in two passes (thread t is
-// the 1,024-thread launch's threads t and t + 512 in turn: two trips to L2 where that one
-// makes one). The same values in the same order: np_sum_at per virtual thread, each virtual
-// warp's sum of squares by warp_sum into its own slot (virtual warps w and w + 16 are real
-// warp w's two passes), the 32 slots summed as block_rms_inv sums them; warp w takes the
-// quarters 2 (w & 1) and 2 (w & 1) + 1 of row 8b + w / 2 with rr_quarter, and a row's logit
-// is its four quarters added in order. The same bits as add_rms_norm_parts_router_route.
-// Needs width % 128 == 0 and width <= 2048 (NP_PER * NP_THREADS); dynamic shared memory
-// 9 * width floats (the router rows, then the norm weights).
-#define RR5_THREADS 512
-struct RrStrided {  // wq[u] = p[32 u]: a lane's weights of a quarter row in shared memory
-    const float4* p;
-    __device__ __forceinline__ float4 operator[](int u) const { return p[32 * u]; }
-};
-extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(RR5_THREADS, 2)
-    add_rms_norm_parts_router_route_512(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w,
-                                        int has_w, float eps, float* out, i64 ooff, int width, const float* R, int m,
-                                        float* lg, i64 loff, int rk, int gating, int norm_topk, float scale,
-                                        int* sel_e, float* sel_w, u8* xq) {
-#if __CUDA_ARCH__ >= 900
-    static_assert(2 * RR5_THREADS == NP_THREADS, "two passes of NP_THREADS / 2");
-    extern __shared__ __align__(16) float rr5_w[];  // 8 router rows of width floats, the norm weights
-    __shared__ float red[32];
-    __shared__ float qsum[32];
-    __shared__ float lgs[8 * RR_CLUSTER];
-    __shared__ __align__(16) float hs[NP_PER * NP_THREADS];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const unsigned rank = cluster_rank();
-    cluster_arrive_relaxed();
-    {
-        const int n16 = 8 * width / 4;  // 16-byte pieces of the block's 8 rows
-        for (int i = tid; i < n16; i += RR5_THREADS) {
-            const int r = i / (width / 4), c = i - r * (width / 4);
-            cp_async16(rr5_w + 4 * i, R + (i64)min(8 * (int)blockIdx.x + r, m - 1) * width + 4 * c);
-        }
-        // The norm weights after them (in shared memory too: held in registers across the two
-        // passes they spilled).
-        if (has_w)
-            for (int i = tid; i < width / 4; i += RR5_THREADS) cp_async16(rr5_w + 8 * width + 4 * i, w + 4 * i);
-        cp_commit();
-    }
-    const float* wn = rr5_w + 8 * width;
-    PDL_ENTRY();
-    float* xr = x + xoff;
-    float v[2][NP_PER];
-#pragma unroll
-    for (int p = 0; p < 2; p++) {
-        const float ss = warp_sum(np_sum_at(tid + p * RR5_THREADS, xr, parts, pstride, np, width, v[p]));
-        if (lane == 0) red[warp + p * (RR5_THREADS / 32)] = ss;
-    }
-    __syncthreads();
-    if (tid < 32) {
-        const float t = warp_sum(red[tid]);
-        if (tid == 0) red[0] = t;
-    }
-    __syncthreads();
-    const float inv = 1.0f / sqrtf(red[0] / (float)width + eps);
-    cp_wait<0>();
-    __syncthreads();  // the router rows and norm weights in shared memory, seen by every thread
-#pragma unroll
-    for (int p = 0; p < 2; p++)
-#pragma unroll
-        for (int k = 0; k < NP_PER; k++) {
-            const int i = tid + p * RR5_THREADS + k * NP_THREADS;
-            if (i < width) {
-                const float o = has_w ? v[p][k] * inv * wn[i] : v[p][k] * inv;
-                hs[i] = o;
-                if (rank == 0) out[ooff + i] = o;
-            }
-        }
-    __syncthreads();
-    const int q4 = width / 16, rl = warp >> 1, r = 8 * blockIdx.x + rl;
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-        const int quarter = 2 * (warp & 1) + j;
-        const RrStrided wq{(const float4*)(rr5_w + (i64)rl * width) + quarter * q4 + lane};
-        const float acc = warp_sum(rr_quarter((const float4*)hs + quarter * q4, wq, q4, lane));
-        if (lane == 0) qsum[4 * rl + quarter] = acc;
-    }
-    __syncthreads();
-    cluster_wait();
-    if ((warp & 1) == 0 && lane == 0 && r < m) {
-        const float l = qsum[4 * rl] + qsum[4 * rl + 1] + qsum[4 * rl + 2] + qsum[4 * rl + 3];
-        lg[loff + r] = l;
-        st_cluster(&lgs[r], 0, l);
-    }
-    if (rank == 0)
-        for (int g = warp; g < width / 128; g += RR5_THREADS / 32)
-            quant_group_body(g, hs, nullptr, 0, 0, 1, width, 0, nullptr, 0, 1, xq, 0);
-    cluster_arrive();
-    cluster_wait();
-    if (rank != 0) return;
-#pragma unroll
-    for (int p = 0; p < 2; p++)
-#pragma unroll
-        for (int k = 0; k < NP_PER; k++) {
-            const int i = tid + p * RR5_THREADS + k * NP_THREADS;
-            if (i < width) xr[i] = v[p][k];
-        }
     if (warp == 0) route_warp_body(0, lgs, 0, 0, 1, m, rk, gating, norm_topk, scale, sel_e, sel_w);
 #endif
 }

@@ -324,9 +324,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "gemv_q8_multi_4",
     "gemv_q8_multi_8",
     "moe_gateup_sh_q8q",
-    "moe_gateup_sh_q8q_st",
     "moe_down_sh_q8",
-    "add_rms_norm_parts_router_route_512",
     "moe_down_sh_q8_w4",
     "mla_prefill",
     "mla_prefill_h",
@@ -822,7 +820,6 @@ fn kernel_names() -> Vec<String> {
         "quant_q8_groups",
         "moe_route_quant",
         "moe_gateup_sh_q8q",
-        "moe_gateup_sh_q8q_st",
         "mmq_q8_64",
         "mmq_q8_64ws",
         "mmq_q8_16",
@@ -841,7 +838,6 @@ fn kernel_names() -> Vec<String> {
         "mmfq8_gu_s4",
         "mmh_gu",
         "add_rms_norm_parts_router_route",
-        "add_rms_norm_parts_router_route_512",
         "batch_fill_1",
         "mmh_dn",
         "mmh8_gu",
@@ -901,19 +897,10 @@ pub enum Path {
     /// `TS_CUDA_MS_EARLY=0` turns it off (H200, tg64 at 16k: 485.5 / 486.0 against 484.1, the
     /// same hash).
     SplitEarly,
-    /// The one-token routing launch (`add_rms_norm_parts_router_route`) at 512 threads a block
-    /// (`add_rms_norm_parts_router_route_512`: the router's rows staged in shared memory, the
-    /// row in two passes), so that its cluster fits beside `mla_out_q8`'s blocks and can be
-    /// resident before its release; the same bits. Off until measured; `TS_CUDA_RR512=1`.
-    Route512,
-    /// The one-token Q8_0 MoE's gate/up kernel with each warp's rows 2 and 3 copied into shared
-    /// memory with row 0's loads (`moe_gateup_sh_q8q_st`: their trips from memory overlap rows 0
-    /// and 1 instead of following them); the same bits. Off until measured; `TS_CUDA_GU_STAGE=1`.
-    GuStage,
 }
 
 impl Path {
-    const ALL: [Path; 5] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::Route512, Path::GuStage];
+    const ALL: [Path; 3] = [Path::Absorb16, Path::Out16, Path::SplitEarly];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -921,8 +908,6 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
-            Path::Route512 => ("TS_CUDA_RR512", false),
-            Path::GuStage => ("TS_CUDA_GU_STAGE", false),
         }
     }
 
@@ -1380,21 +1365,6 @@ impl CudaBackend {
             {
                 smem_max = smem_max.min(48 * 1024);
             }
-        }
-        // Kernels meant to share an SM with a neighbour of large shared memory ask for the
-        // largest shared-memory carveout: an SM's split between L1 and shared memory is set
-        // while it is idle, by the kernel placed first, so `mla_out_q8` alone (124 KB) would
-        // leave too little beside it for the 512-thread routing (Path::Route512, 80 KB), and
-        // the staged gate/up (Path::GuStage) needs 219 KB for its three blocks. A hint, no
-        // result depends on it; with Route512 off at open `mla_out_q8` keeps the driver's
-        // choice.
-        let carve = |n: &str| {
-            let _ = funcs[n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
-        };
-        carve("add_rms_norm_parts_router_route_512");
-        carve("moe_gateup_sh_q8q_st");
-        if Path::Route512.env_on() {
-            carve("mla_out_q8");
         }
         // The f16 prompt kernels: the most stages whose shared memory the device gives (their own
         // attribute: four stages take more than the fast paths' cap); None (the int8 path) where
@@ -4529,13 +4499,10 @@ impl Backend for CudaBackend {
                 let args: [A; 22] = cat(cat::<11, 4, 15>(norm, router), route);
                 // (By column slices of the row, add_rms_norm_parts_router_route_s, measured
                 // slower on the H200: tg128 675.3 against 709.9; docs/PERF.md, session 27.)
-                let smem = 9 * hd * 4;
-                if self.path_on(Path::Route512) && smem <= self.smem_max {
-                    self.took(Path::Route512);
-                    self.launch("add_rms_norm_parts_router_route_512", (8, 1, 1), 512, smem as u32, &args);
-                } else {
-                    self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
-                }
+                // (At 512 threads a block with the router's rows in shared memory, so that its
+                // cluster fits beside mla_out_q8's blocks: tg128 623.5 against 709.1 on the H200,
+                // docs/PERF.md, session 30; dropped.)
+                self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
                 *self.routed.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(Routed { logits: (nb.0.ptr, nr.off), input: (out.0.ptr, o.off), p: *mp });
                 return;
@@ -4954,14 +4921,10 @@ impl CudaBackend {
             return true;
         }
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
-        // (Each warp's rows 2 and 3 staged in shared memory: Path::GuStage, off until measured.)
-        let stage = 8 * 4 * experts.gate.row_bytes;
-        if self.path_on(Path::GuStage) && stage <= self.smem_max {
-            self.took(Path::GuStage);
-            self.launch("moe_gateup_sh_q8q_st", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, stage as u32, &gu);
-        } else {
-            self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
-        }
+        // (Each warp's rows 2 and 3 staged in shared memory by cp.async with row 0's loads,
+        // three blocks an SM: tg128 650.9 against 709.1 on the H200, docs/PERF.md, session 30;
+        // dropped.)
+        self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
         // Two rounds of weights before the wait with the activations staged in shared memory
         // (moe_down_sh_q8s) measured slower on the H200: tg128 671.9 against 709.5 (docs/PERF.md,
         // session 26); dropped.

@@ -2029,35 +2029,6 @@ fn run_moe_shared<B: Backend>(
     false
 }
 
-/// The one-token Q8_0 decode MoE's gate/up with each warp's rows 2 and 3 staged in shared
-/// memory (`Path::GuStage`, `moe_gateup_sh_q8q_st`) against the plain kernel on a second
-/// backend: bit for bit, and within the Q8 bars of the CPU; the staged kernel must have run.
-#[test]
-fn gu_stage_exact() {
-    if gpu().is_none() {
-        return;
-    }
-    let g1 = &CudaBackend::new(0).expect("second backend");
-    let g2 = &CudaBackend::new(0).expect("third backend");
-    g1.set_path(Path::GuStage, true);
-    g2.set_path(Path::GuStage, false);
-    let mut rep = Report::new("gu_stage");
-    // V2-Lite's shapes (both gatings) and a small one.
-    let cases = [
-        (2048, 1408, 64, 6, 2, Gating::Softmax, false, 1.0),
-        (2048, 1408, 64, 6, 2, Gating::Sigmoid, true, 2.5),
-        (256, 128, 16, 4, 1, Gating::Softmax, false, 1.0),
-    ];
-    moe_pair_exact(&mut rep, (g1, g2), &cases, "staged rows vs plain", 37);
-    if g1.path_launches(Path::GuStage) == 0 {
-        rep.failures.push("the staged gate/up kernel did not run".into());
-    }
-    if g2.path_launches(Path::GuStage) != 0 {
-        rep.failures.push("GuStage off still took the staged kernel".into());
-    }
-    rep.finish();
-}
-
 /// The one-token Q8_0 decode MoE in one launch (`moe_sh_q8_one`: down warps that wait on
 /// per-slot counters) against the two launches (`set_moe_one(false)` on a second backend): bit
 /// for bit, on several launches in a row (the counters must be back at zero after each), and
@@ -2197,35 +2168,6 @@ fn mla_split_early_exact() {
     rep.finish();
 }
 
-/// V2-Lite's shapes for one layer's attention output side and MoE, Q8_0 at random (f32 router),
-/// and its one-token cases: both gatings (softmax plain, sigmoid with norm_topk and a scale) at
-/// positions 3, 40 and 300. `f` gets each case's label and a runner: `run(backend, residual)`
-/// is `run_mla_out_of` on that case (x, out, logits, moe; `residual`: the MoE added into x).
-fn for_each_routed_layer_case(seed: u64, mut f: impl FnMut(&str, &dyn Fn(&CudaBackend, bool) -> RunOut)) {
-    let mut r = rng(seed);
-    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
-    let (w, sf) = (kl + rd, nsh * ff);
-    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
-    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
-    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
-    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
-    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
-    for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
-        let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
-        for hist in [3u32, 40, 300] {
-            let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
-            let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
-            let run = |g: &CudaBackend, residual: bool| {
-                let moe = Some((&shapes[..], &bytes[..], &mp, residual));
-                run_mla_out_of(g, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe)
-            };
-            f(&format!("{gating:?} norm={norm_topk} pos={hist}"), &run);
-        }
-    }
-}
-type RunOut = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
-
 /// A decode token's attention output side, then its MoE (`moe_shared`, 64 Q8_0 experts, top 6,
 /// two shared chunks), with the MoE routed ahead in the router's launch (`pre_route`: that
 /// kernel also quantises the normed row and routes the logits; the MoE skips moe_route_quant)
@@ -2241,54 +2183,44 @@ fn pre_routed_moe_exact() {
     let gc = &CudaBackend::new(0).expect("fourth backend");
     gb.set_pre_route(false);
     gc.set_moe_residual(true);
+    let mut r = rng(47);
     let mut rep = Report::new("pre-routed moe");
+    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
+    let (w, sf) = (kl + rd, nsh * ff);
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
+    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
+    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
     let mut taken = 0;
-    for_each_routed_layer_case(47, |lab, run| {
-        let (ax, ao, al, am) = run(ga, false);
-        let (bx, bo, bl, bm) = run(gb, false);
-        // The MoE added into x by its down kernel (moe_shared_residual), routed ahead too:
-        // x + moe, the add the next layer's norm makes.
-        let (_, co, cl, cm) = run(gc, true);
-        let sum: Vec<f32> = bx.iter().zip(&bm).map(|(a, b)| a + b).collect();
-        taken += 1;
-        if ga.pre_routes() != taken || gc.pre_routes() != taken {
-            rep.failures.push(format!("{lab}: the MoE did not take the routing made ahead"));
+    for (gating, norm_topk, scale) in [(Gating::Softmax, false, 1.0), (Gating::Sigmoid, true, 2.5)] {
+        let mp = MoeParams { gating, norm_topk, scale, ..MoeParams::top_k(ne, 6) };
+        for hist in [3u32, 40, 300] {
+            let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
+            let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+            let moe = Some((&shapes[..], &bytes[..], &mp, false));
+            let (ax, ao, al, am) =
+                run_mla_out_of(ga, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
+            let (bx, bo, bl, bm) =
+                run_mla_out_of(gb, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
+            // The MoE added into x by its down kernel (moe_shared_residual), routed ahead too:
+            // x + moe, the add the next layer's norm makes.
+            let res = Some((&shapes[..], &bytes[..], &mp, true));
+            let (_, co, cl, cm) =
+                run_mla_out_of(gc, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), res);
+            let sum: Vec<f32> = bx.iter().zip(&bm).map(|(a, b)| a + b).collect();
+            taken += 1;
+            if ga.pre_routes() != taken || gc.pre_routes() != taken {
+                rep.failures.push(format!("{gating:?} pos={hist}: the MoE did not take the routing made ahead"));
+            }
+            let lab = format!("{gating:?} norm={norm_topk} pos={hist}");
+            exact(&mut rep, &format!("{lab} into x"), &["out", "logits", "x + moe"], &[co, cl, cm], &[bo.clone(), bl.clone(), sum]);
+            exact(&mut rep, &lab, &["x", "out", "logits", "moe"], &[ax, ao, al, am], &[bx, bo, bl, bm]);
         }
-        exact(&mut rep, &format!("{lab} into x"), &["out", "logits", "x + moe"], &[co, cl, cm], &[bo.clone(), bl.clone(), sum]);
-        exact(&mut rep, lab, &["x", "out", "logits", "moe"], &[ax, ao, al, am], &[bx, bo, bl, bm]);
-    });
+    }
     if gb.pre_routes() != 0 {
         rep.failures.push("set_pre_route(false) still routed ahead".into());
-    }
-    rep.finish();
-}
-
-/// The routing launch at 512 threads a block (`Path::Route512`,
-/// `add_rms_norm_parts_router_route_512`: router rows in shared memory, the row in two passes)
-/// against the 1,024-thread one on another backend: the same sums in the same order, so the
-/// residual, the normed row, the router logits and the MoE's output bit for bit; both gatings,
-/// three positions each, and the 512-thread launch must have run every time.
-#[test]
-fn route512_exact() {
-    let Some(shared) = gpu() else { return };
-    fused_banner(shared);
-    let ga = &CudaBackend::new(0).expect("second backend");
-    let gb = &CudaBackend::new(0).expect("third backend");
-    ga.set_path(Path::Route512, true);
-    gb.set_path(Path::Route512, false);
-    let mut rep = Report::new("route512");
-    let mut taken = 0;
-    for_each_routed_layer_case(61, |lab, run| {
-        let (ax, ao, al, am) = run(ga, false);
-        let (bx, bo, bl, bm) = run(gb, false);
-        taken += 1;
-        if ga.path_launches(Path::Route512) != taken {
-            rep.failures.push(format!("{lab}: the 512-thread routing did not run"));
-        }
-        exact(&mut rep, lab, &["x", "out", "logits", "moe"], &[ax, ao, al, am], &[bx, bo, bl, bm]);
-    });
-    if gb.path_launches(Path::Route512) != 0 {
-        rep.failures.push("Route512 off still took the 512-thread routing".into());
     }
     rep.finish();
 }

@@ -10,7 +10,7 @@
 #   shared memory (cp.async, 72 KB a block) with row 0's loads, so that a routed warp's four rows
 #   are two trips to memory, not four. Test gu_stage_exact.
 # Then a trace with both on, to see the routing's blocks arrive early and the gate/up's share.
-# Keep each that is faster.
+# Keep each that is faster. Last, the 64-sequence figure and its trace (#6: where a step goes now).
 #   tools/gpu/plans/gpu-next90.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60   (~8 minutes)
 set -u
 B=$1; OPS=$2
@@ -29,5 +29,9 @@ stamp "== tg64 @16k"
 for e in "" "$R $G"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
 stamp "== trace, tg32, both on"
 (export TS_CUDA_RR512=1 TS_CUDA_GU_STAGE=1; trace_tg 10 $V)
+stamp "== 64 sequences (#6): the figure, then where a step goes"
+b "" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash
+trace_tg 24 $V --parallel 64
+ncu_stalls "mmq_q8_rows" -p 0 -n 8 --parallel 64
 rm -f $V
 stamp "== done"
