@@ -109,10 +109,11 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 // first warp (tid < 32) to find: tile_e (-1 past the last tile) and tile_start, in shared memory;
 // the caller syncs.
 // skip (mmq_q8_rows with its first tiles early, see mmq_rows_impl): every expert's first tile is
-// left out (blocks y < n_exp take those), so tile y - n_exp of the rest.
+// left out (blocks y < n_exp take those), so tile y - n_exp of the rest; ybase >= 0: tile
+// blockIdx.y - ybase of the rest instead (the blocks before take other tiles).
 template <int BN>
 __device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid, int& tile_e, int& tile_start,
-                                              int skip = 0) {
+                                              int skip = 0, int ybase = -1) {
     // The first warp loads the counts at once (lane l holds experts l*per ..), scans the per-lane
     // tile totals, and the lane whose range holds y walks its few experts. (A serial walk over the
     // experts costs one dependent load per expert before the first weight is requested.)
@@ -131,7 +132,7 @@ __device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid
         const int v = __shfl_up_sync(0xffffffffu, incl, o);
         if (tid >= o) incl += v;
     }
-    const int y = blockIdx.y - skip * n_exp, excl = incl - mine;
+    const int y = blockIdx.y - (ybase >= 0 ? ybase : skip * n_exp), excl = incl - mine;
     if (tid == 31 && y >= incl) tile_e = -1;  // past the last tile
     if (y >= excl && y < incl) {
         int yy = y - excl;
@@ -706,6 +707,11 @@ __device__ __forceinline__ int rows_pair_half(const u8*& W, const u8*& Ws, float
 // grouped block finds its tile from the counts first. The same loads and sums either way, so
 // the same bits; only when the weight stream starts moves: during the previous kernel's tail
 // instead of two dependent loads (counts, then the token list) after it.
+// early = 1 + S with S > 0 (shared chunks first; the experts from e_sh on are the shared FFN's
+// chunks, every token in each): blocks y < S take the chunks' tiles, S / (n_exp - e_sh) a chunk
+// (matrix known before the wait), then blocks S + e for routed expert e's first tile, then the
+// routed experts' later tiles. The chunks' full 16-token tiles are the launch's longest blocks;
+// placed last (after every first tile) they were its ragged tail, two blocks an SM.
 template <int NBUF, bool DENSE, int R>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
@@ -730,8 +736,15 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     static_assert(R == 1 || !DENSE, "row sets are for grouped products");
     const int r0 = bx * (MMQ_BM * R) + warp * 16;
     // The block's matrix before the wait (pre), or from the counts after it.
-    const bool pre = DENSE || (early && (int)blockIdx.y < n_exp);
+    const int shT = !DENSE && early > 1 ? early - 1 : 0;  // shared chunks' tiles first (S)
+    bool pre = DENSE || (early && (int)blockIdx.y < n_exp);
     int e = DENSE ? blockIdx.z / nsplit : blockIdx.y, start = DENSE ? blockIdx.y * BN : 0, count = n;
+    if (shT) {
+        const int y = blockIdx.y, per = shT / (n_exp - e_sh);
+        pre = y < shT + e_sh;
+        e = y < shT ? e_sh + y / per : y - shT;
+        start = y < shT ? (y % per) * BN : 0;
+    }
     const u8* Wt = nullptr;
     i64 rb = 0;
     bool tl = false;
@@ -829,7 +842,9 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             count = cnt[e];
             if (count == 0) return;  // every thread alike, before any barrier
         } else {
-            if (tid < 32) mmq_find_tile<BN>(cnt, n_exp, tid, tile_e, tile_start, early ? 1 : 0);
+            // (shT: the routed experts' later tiles, from block shT + e_sh on)
+            if (tid < 32)
+                mmq_find_tile<BN>(cnt, shT ? e_sh : n_exp, tid, tile_e, tile_start, early ? 1 : 0, shT ? shT + e_sh : -1);
             __syncthreads();
             e = tile_e;
             if (e < 0) return;

@@ -452,9 +452,11 @@ struct MmqGroups {
     pair_tiled: u64,
     /// (token, slot) pairs over all `n_exp` experts (picks the rows kernel's row sets).
     pairs: usize,
+    /// Tokens of the batch: each shared chunk's (with `sh`) pairs.
+    tokens: usize,
 }
 impl MmqGroups {
-    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0 };
+    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0 };
 }
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
@@ -1162,6 +1164,12 @@ pub struct CudaBackend {
     /// [`CudaBackend::set_rows_early`] finds every block's tile from the counts first. The same
     /// bits either way. On the H200 (gpu-next39, same call, same hash): 64 sequences 7,669 -> 7,732.
     rows_early: AtomicBool,
+    /// With `rows_early` and shared-FFN chunks in the grouped products: the chunks' tiles (every
+    /// token, so full 16-token tiles, the launch's longest blocks) at the first block indices,
+    /// so they run in the first wave instead of as the launch's ragged tail (`mmq_rows_impl`'s
+    /// `early` = 1 + their tile count). The same bits. Off until measured;
+    /// `TS_CUDA_ROWS_SH_FIRST=1` or [`CudaBackend::set_rows_shared_first`].
+    rows_sh_first: AtomicBool,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -1500,6 +1508,7 @@ impl CudaBackend {
                 _ => 0,
             }),
             rows_early: AtomicBool::new(std::env::var("TS_CUDA_ROWS_EARLY").map_or(true, |v| v != "0")),
+            rows_sh_first: AtomicBool::new(std::env::var("TS_CUDA_ROWS_SH_FIRST").is_ok_and(|v| v != "0")),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
@@ -1630,6 +1639,12 @@ impl CudaBackend {
     /// (true, the default) or every tile found from the counts first; the same bits.
     pub fn set_rows_early(&self, on: bool) {
         self.rows_early.store(on, Ordering::Relaxed);
+    }
+
+    /// With [`CudaBackend::set_rows_early`] on: the shared-FFN chunks' tiles first (true) or
+    /// last (false); the same bits.
+    pub fn set_rows_shared_first(&self, on: bool) {
+        self.rows_sh_first.store(on, Ordering::Relaxed);
     }
 
     /// Dense Q8_0 products of up to `bn16` tokens on 16-token tiles, and of up to `rows` tokens
@@ -2473,7 +2488,7 @@ impl CudaBackend {
         (nsplit, split_stride): (usize, usize),
         bn: usize,
     ) {
-        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs } = experts.unwrap_or(MmqGroups::NONE);
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
@@ -2501,6 +2516,15 @@ impl CudaBackend {
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ if self.mmq_ws => ("mmq_q8_64ws", MMQ_SMEM),
             _ => ("mmq_q8_64", MMQ_SMEM),
+        };
+        // The rows kernels' `early` (see the argument below): 0, 1, or 1 + the shared chunks'
+        // tiles when they go first (rows_sh_first).
+        let early = match sh {
+            _ if cnt == 0 || !self.rows_early.load(Ordering::Relaxed) || pairs < 2 * ne => 0,
+            Some((.., e_sh)) if self.rows_sh_first.load(Ordering::Relaxed) && e_sh < ne && tokens > 0 => {
+                1 + (ne - e_sh) * tokens.div_ceil(16)
+            }
+            _ => 1,
         };
         let args = [
             A::P(w.mem.ptr),
@@ -2535,7 +2559,7 @@ impl CudaBackend {
             A::P(if cnt != 0 { w.tiled_ptr() } else { 0 }),
             A::P(pair_tiled),
             l(w.tiled_mat_bytes()),
-            i((cnt != 0 && self.rows_early.load(Ordering::Relaxed) && pairs >= 2 * ne) as usize),
+            i(early),
         ];
         // (The mmq_q8 tiles take the common arguments only.)
         let na = if rows { args.len() } else { 25 };
@@ -2694,7 +2718,7 @@ impl CudaBackend {
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
             let sh = sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne));
-            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs })
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n })
         };
         let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
         let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
