@@ -1142,6 +1142,10 @@ pub struct CudaBackend {
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
+    /// Dense int8 products with too few tiles for the device split K into partial outputs of
+    /// at least `.0` groups (128 values) each, aiming at `.1` blocks an SM. Measurement knobs
+    /// `TS_CUDA_MMQ_SPLIT_MIN` (2) and `TS_CUDA_MMQ_SPLIT_OCC` (2).
+    mmq_split: (usize, usize),
     /// Dense Q8_0 products of up to this many tokens run on `mmq_q8_rows` (16-token tiles, the
     /// weights straight into the fragments, split K); `TS_CUDA_MMQ_ROWS=n`, default 48. On the
     /// H200 (tiled experts), --parallel 32 decode 3,437 -> 4,132 tok/s with them there, 48
@@ -1167,8 +1171,9 @@ pub struct CudaBackend {
     /// With `rows_early` and shared-FFN chunks in the grouped products: the chunks' tiles (every
     /// token, so full 16-token tiles, the launch's longest blocks) at the first block indices,
     /// so they run in the first wave instead of as the launch's ragged tail (`mmq_rows_impl`'s
-    /// `early` = 1 + their tile count). The same bits. Off until measured;
-    /// `TS_CUDA_ROWS_SH_FIRST=1` or [`CudaBackend::set_rows_shared_first`].
+    /// `early` = 1 + their tile count). The same bits. On the H200 (gpu-next92, same call, same
+    /// hash): 64 sequences 7,726 / 7,729 -> 8,037 / 8,036, the server at 64 clients 6,372 ->
+    /// 6,560. `TS_CUDA_ROWS_SH_FIRST=0` or [`CudaBackend::set_rows_shared_first`] puts them last.
     rows_sh_first: AtomicBool,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
@@ -1500,6 +1505,10 @@ impl CudaBackend {
                 _ => (false, true),
             },
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
+            mmq_split: (
+                std::env::var("TS_CUDA_MMQ_SPLIT_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(2usize).max(1),
+                std::env::var("TS_CUDA_MMQ_SPLIT_OCC").ok().and_then(|v| v.parse().ok()).unwrap_or(2usize).max(1),
+            ),
             mmq_ws: major >= 9 && std::env::var("TS_CUDA_MMQ_WS").is_ok_and(|v| v == "1"),
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             rows_r: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R").as_deref() {
@@ -1508,7 +1517,7 @@ impl CudaBackend {
                 _ => 0,
             }),
             rows_early: AtomicBool::new(std::env::var("TS_CUDA_ROWS_EARLY").map_or(true, |v| v != "0")),
-            rows_sh_first: AtomicBool::new(std::env::var("TS_CUDA_ROWS_SH_FIRST").is_ok_and(|v| v != "0")),
+            rows_sh_first: AtomicBool::new(std::env::var("TS_CUDA_ROWS_SH_FIRST").map_or(true, |v| v != "0")),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
@@ -2248,13 +2257,19 @@ impl CudaBackend {
     fn mmq_dense(&self, w: &CudaWeight, ngroups: usize, xq: u64, (n, ng, g): (usize, usize, usize), out: &CudaBuf, o: Rows) {
         let m = w.ne(1);
         // Too few tiles to fill the device (small matrices, decode-size batches): split K
-        // over blocks (at least 2 groups each) into partial outputs, then sum them in order.
+        // over blocks (at least mmq_split.0 groups each) into partial outputs, then sum them in
+        // order.
         let bn = if ng <= self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed)) { 16 } else { 64 };
         let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
         // The partial outputs fit the part scratch's fixed size, so that it never grows after
         // the warm-up at open (the decode step there allocates it, see the MLA decode).
         let fit = PART_MIN_BYTES / (4 * n * m).max(1);
-        let nsplit = if tiles >= self.sm_count { 1 } else { (2 * self.sm_count).div_ceil(tiles).min(ngroups / 2).min(fit).clamp(1, 16) };
+        let (smin, socc) = self.mmq_split;
+        let nsplit = if tiles >= self.sm_count {
+            1
+        } else {
+            (socc * self.sm_count).div_ceil(tiles).min(ngroups / smin).min(fit).clamp(1, 16)
+        };
         let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
         if nsplit == 1 {
             self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);

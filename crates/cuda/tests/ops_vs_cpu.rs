@@ -2709,15 +2709,15 @@ fn moe_rows_exact() {
             b.set_rows_r(1);
             b.set_rows_early(true);
         }
-        // The shared chunks' tiles first (TS_CUDA_ROWS_SH_FIRST), one and two row sets: the
-        // same bits.
+        // The shared chunks' tiles after the routed experts' first tiles instead of first (the
+        // default; TS_CUDA_ROWS_SH_FIRST=0), one and two row sets: the same bits.
         for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
-            b.set_rows_shared_first(true);
-            sets.push((format!("shared chunks first, {kind}"), run(b, w, o)));
-            b.set_rows_r(2);
-            sets.push((format!("shared chunks first, 2 row sets {kind}"), run(b, w, o)));
-            b.set_rows_r(1);
             b.set_rows_shared_first(false);
+            sets.push((format!("shared chunks last, {kind}"), run(b, w, o)));
+            b.set_rows_r(2);
+            sets.push((format!("shared chunks last, 2 row sets {kind}"), run(b, w, o)));
+            b.set_rows_r(1);
+            b.set_rows_shared_first(true);
         }
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
