@@ -27,6 +27,9 @@
 // 4g+t: its 8 bytes of rows g and g+8 word by word, the A fragment's register order). No
 // padding: 2,176 bytes where 16 rows of the row-major layout hold 2,304.
 #define MMQ_TG 2176
+#ifndef MMQ_OFF_EARLY
+#define MMQ_OFF_EARLY 1
+#endif
 #define MMQ_ROWS (MMQ_BM + MMQ_BN)
 
 // Quantise `n` rows of `k` values into groups of 4 Q8_0 blocks (dst row j at dst + j*drow bytes,
@@ -155,16 +158,16 @@ __device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid
 // token j of the tile reads its activations (src_row) and writes its output (dst_row). Grouped
 // products (perm != null): the j-th pair of expert e from `start` (activation row pair / in_div);
 // dense ones: row (start + j) * zg + e. Past the tile's nt tokens the last row again (loaded,
-// never stored).
+// never stored). off_e >= 0: off[e], already read by the caller.
 template <int BN>
 __device__ __forceinline__ void mmq_tile_rows(const int* perm, const int* off, int e, int start, int nt,
-                                              int in_div, int zg, int* src_row, int* dst_row) {
+                                              int in_div, int zg, int* src_row, int* dst_row, int off_e = -1) {
     const int tid = threadIdx.x;
     if (tid < BN) {
         const int j = min(tid, nt - 1);
         int s, d;
         if (perm) {
-            const int p = perm[off[e] + start + j];
+            const int p = perm[(off_e >= 0 ? off_e : off[e]) + start + j];
             s = p / in_div;
             d = p;
         } else {
@@ -837,10 +840,20 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         first_loads();
     }
     pdl_wait();
+    // (Grouped: the expert's count and list offset read together, one trip to L2 for both
+    // before the token list; the same values. The exit below tests both, so that neither
+    // compiler sinks the offset's load past it to where the offset is used. MMQ_OFF_EARLY=0, a
+    // measurement define: the offset read where it is used, after the count's test.)
+    int off_e = -1;
     if (!DENSE) {
         if (pre) {
             count = cnt[e];
+#if MMQ_OFF_EARLY
+            off_e = off[e];
+            if (count == 0 && off_e >= 0) return;  // every thread alike, before any barrier (off_e >= 0 always)
+#else
             if (count == 0) return;  // every thread alike, before any barrier
+#endif
         } else {
             // (shT: the routed experts' later tiles, from block shT + e_sh on)
             if (tid < 32)
@@ -850,11 +863,12 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             if (e < 0) return;
             start = tile_start;
             count = cnt[e];
+            off_e = off[e];
         }
     }
     const int nt = min(BN, count - start);
     if (nt <= 0) return;  // (a split with no groups, ng <= 0, still writes its zero partials)
-    mmq_tile_rows<BN>(DENSE ? nullptr : perm, off, e, start, nt, in_div, zg, src_row, dst_row);
+    mmq_tile_rows<BN>(DENSE ? nullptr : perm, off, e, start, nt, in_div, zg, src_row, dst_row, off_e);
     if (!pre) {
         matrix();
         first_loads();
