@@ -843,7 +843,9 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     // (Grouped: the expert's count and list offset read together, one trip to L2 for both
     // before the token list; the same values. The exit below tests both, so that neither
     // compiler sinks the offset's load past it to where the offset is used. MMQ_OFF_EARLY=0, a
-    // measurement define: the offset read where it is used, after the count's test.)
+    // measurement define: the offset read where it is used, after the count's test. H200,
+    // gpu-next93, 64 sequences, two rounds: 8,045 / 8,045 tok/s against 8,024 / 8,025, the same
+    // hash.)
     int off_e = -1;
     if (!DENSE) {
         if (pre) {

@@ -1144,7 +1144,11 @@ pub struct CudaBackend {
     mmq_bn16: AtomicUsize,
     /// Dense int8 products with too few tiles for the device split K into partial outputs of
     /// at least `.0` groups (128 values) each, aiming at `.1` blocks an SM. Measurement knobs
-    /// `TS_CUDA_MMQ_SPLIT_MIN` (2) and `TS_CUDA_MMQ_SPLIT_OCC` (2).
+    /// `TS_CUDA_MMQ_SPLIT_MIN` (1) and `TS_CUDA_MMQ_SPLIT_OCC` (2). On the H200 (gpu-next93, 64
+    /// sequences, two rounds each): at least 2 groups 8,045 / 8,045 tok/s, 1 group 8,140 / 8,139
+    /// (V2-Lite's kv_a: 16 splits instead of 8, 144 blocks instead of 72), 3 blocks an SM 8,141 /
+    /// 8,134, both 8,123 / 8,123. Other splits sum in another order: other bits (the 64-sequence
+    /// hash 33948fa635fb0682 became 6bbd3fa953f72f1b).
     mmq_split: (usize, usize),
     /// Dense Q8_0 products of up to this many tokens run on `mmq_q8_rows` (16-token tiles, the
     /// weights straight into the fragments, split K); `TS_CUDA_MMQ_ROWS=n`, default 48. On the
@@ -1506,7 +1510,7 @@ impl CudaBackend {
             },
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
             mmq_split: (
-                std::env::var("TS_CUDA_MMQ_SPLIT_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(2usize).max(1),
+                std::env::var("TS_CUDA_MMQ_SPLIT_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize).max(1),
                 std::env::var("TS_CUDA_MMQ_SPLIT_OCC").ok().and_then(|v| v.parse().ok()).unwrap_or(2usize).max(1),
             ),
             mmq_ws: major >= 9 && std::env::var("TS_CUDA_MMQ_WS").is_ok_and(|v| v == "1"),
