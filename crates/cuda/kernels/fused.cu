@@ -19,6 +19,28 @@ extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const f
     norm_block_row<true>(xr, xr, d + doff + blockIdx.x * dstride, w, has_w, eps, out + ooff + blockIdx.x * ostride, width);
 }
 
+// A batch's norm and the quantisation of its rows for the int8 products that read them, in one
+// launch (CudaBackend::norm_q8): block r is add_rms_norm's row r (with d; rms_norm's without),
+// then, from the row it has just written (out, seen by the whole block after the barrier), its
+// Q8_0 groups into xq exactly as quant_q8_groups writes them (the same body). The same bits as
+// the two launches, one dependent step fewer. (quant_group_body: kernels/mmq.cu, which follows.)
+__device__ __forceinline__ void quant_group_body(i64 gid, const float* src, const float* src2, i64 off, i64 stride, int n,
+                                                 int k, int act, const float* rw, int rk, int rks, u8* dst, i64 drow);
+extern "C" __global__ void add_rms_norm_q8(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride,
+                                           const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride,
+                                           int width, int n, u8* xq, i64 xqrow) {
+    float* xr = x + xoff + blockIdx.x * xstride;
+    float* orow = out + ooff + blockIdx.x * ostride;
+    if (d)
+        norm_block_row<true>(xr, xr, d + doff + blockIdx.x * dstride, w, has_w, eps, orow, width);
+    else
+        norm_block_row<false>(xr, nullptr, nullptr, w, has_w, eps, orow, width);
+    __syncthreads();
+    const int ng = (width + 127) >> 7, nw = blockDim.x >> 5;
+    for (int g = threadIdx.x >> 5; g < ng; g += nw)
+        quant_group_body((i64)blockIdx.x * ng + g, out, nullptr, ooff, ostride, n, width, 0, nullptr, 0, 1, xq, xqrow);
+}
+
 // dst = rope(src): per row, pairs of the first 2*half values rotated (as rope_rows), the rest of
 // the row (width - 2*half values) copied. One thread per (row, pair or copied column).
 extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstride, float* dst, i64 doff, i64 dstride,
@@ -585,9 +607,8 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
     moe_slot_of(blockIdx.y, gridDim.y, k, nsh, t, s);
 }
 
-// (quant_group_body: kernels/mmq.cu, which follows; the one-launch MoE's block 0 runs it.)
-__device__ __forceinline__ void quant_group_body(i64 gid, const float* src, const float* src2, i64 off, i64 stride, int n,
-                                                 int k, int act, const float* rw, int rk, int rks, u8* dst, i64 drow);
+// (quant_group_body: kernels/mmq.cu, declared at the top of this file; the one-launch MoE's
+// block 0 runs it.)
 
 // As moe_down_q8 over the ks slots of token t (block (x, t)): slot s's quantised activation row
 // (already times its router weight; 1 for the shared slots) at hq + (t*ks + s)*hrow, and shared

@@ -640,6 +640,14 @@ extern "C" __global__ void __launch_bounds__(160, 2)
 struct RowsGrp {
     uint2 ha, hb, qa[4], qb[4];
 };
+// MMQ_ROWS_KO (a measurement define, wrong results on purpose; docs/GPU.md): parts of the
+// grouped rows kernels left out, to see what each costs. Bit 1: no activation tile copy (the
+// multiply reads whatever shared memory holds); bit 2: no token list (the tile's rows are
+// pairs 0..15: no loads of perm); bit 4: no multiply (each group's loaded words XORed into the
+// accumulator, so the loads stay).
+#ifndef MMQ_ROWS_KO
+#define MMQ_ROWS_KO 0
+#endif
 // acc[ni][c] += the group's products with the tile's (<= 16) activation rows, whose group starts
 // at xg (rows rs bytes apart): one m16n8k32 int8 mma a block and n8 tile, each int32 scaled by
 // the weight row's and the token's block scales and summed in block order.
@@ -870,7 +878,14 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     }
     const int nt = min(BN, count - start);
     if (nt <= 0) return;  // (a split with no groups, ng <= 0, still writes its zero partials)
-    mmq_tile_rows<BN>(DENSE ? nullptr : perm, off, e, start, nt, in_div, zg, src_row, dst_row, off_e);
+    if ((MMQ_ROWS_KO & 2) && !DENSE) {
+        if (tid < BN) {
+            src_row[tid] = 0;
+            dst_row[tid] = min(tid, nt - 1);
+        }
+    } else {
+        mmq_tile_rows<BN>(DENSE ? nullptr : perm, off, e, start, nt, in_div, zg, src_row, dst_row, off_e);
+    }
     if (!pre) {
         matrix();
         first_loads();
@@ -886,7 +901,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     const int xb = ng * MMQ_GB, rs = xb + 16, pieces = xb >> 4;
 #endif
     const int nb = nt > 8 ? 16 : 8;
-    for (int c = tid; c < nb * pieces; c += MMQ_THREADS) {
+    for (int c = tid; c < ((MMQ_ROWS_KO & 1) && !DENSE ? 0 : nb * pieces); c += MMQ_THREADS) {
         const int r = c / pieces, q = c - r * pieces;
         cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + (i64)g0 * MMQ_GB + q * 16);
     }
@@ -896,7 +911,16 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     for (int ni = 0; ni < 2; ni++)
 #pragma unroll
         for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
-    auto mul = [&](const Grp& v, int gi) { rows_mul(acc, v, mmq_sm + gi * MMQ_GB, rs, nt, g, t); };
+    auto mul = [&](const Grp& v, int gi) {
+        if ((MMQ_ROWS_KO & 4) && !DENSE) {
+            u32 x = v.ha.x ^ v.ha.y ^ v.hb.x ^ v.hb.y;
+#pragma unroll
+            for (int bl = 0; bl < 4; bl++) x ^= v.qa[bl].x ^ v.qa[bl].y ^ v.qb[bl].x ^ v.qb[bl].y;
+            acc[0][0] += __int_as_float(x & 0x3fffffffu);
+        } else {
+            rows_mul(acc, v, mmq_sm + gi * MMQ_GB, rs, nt, g, t);
+        }
+    };
     auto store = [&](int rr0) { rows_store(acc, out, ooff, ostride, dst_row, rr0, m, nt, g, t); };
     cp_wait<0>();
     __syncthreads();

@@ -791,6 +791,7 @@ fn kernel_names() -> Vec<String> {
         "mla_combine",
         "gemv_f32_split",
         "add_rms_norm",
+        "add_rms_norm_q8",
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
@@ -899,10 +900,15 @@ pub enum Path {
     /// `TS_CUDA_MS_EARLY=0` turns it off (H200, tg64 at 16k: 485.5 / 486.0 against 484.1, the
     /// same hash).
     SplitEarly,
+    /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of a decode batch whose products run
+    /// on the int8 tensor cores: the norm and the input's quantisation in one launch
+    /// (`add_rms_norm_q8`, the same bits as `add_rms_norm` then `quant_q8_groups`). Off until
+    /// measured; `TS_CUDA_NORM_Q8=1`.
+    NormQ8,
 }
 
 impl Path {
-    const ALL: [Path; 3] = [Path::Absorb16, Path::Out16, Path::SplitEarly];
+    const ALL: [Path; 4] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -910,6 +916,7 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
+            Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
         }
     }
 
@@ -2269,11 +2276,8 @@ impl CudaBackend {
         // the warm-up at open (the decode step there allocates it, see the MLA decode).
         let fit = PART_MIN_BYTES / (4 * n * m).max(1);
         let (smin, socc) = self.mmq_split;
-        let nsplit = if tiles >= self.sm_count {
-            1
-        } else {
-            (socc * self.sm_count).div_ceil(tiles).min(ngroups / smin).min(fit).clamp(1, 16)
-        };
+        let nsplit =
+            if tiles >= self.sm_count { 1 } else { (socc * self.sm_count).div_ceil(tiles).min(ngroups / smin).min(fit).clamp(1, 16) };
         let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
         if nsplit == 1 {
             self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);
@@ -4242,23 +4246,13 @@ impl Backend for CudaBackend {
         }
         // Above the GEMV sizes, on the int8 tensor cores: the input quantised once for all jobs
         // (each `matmul` would quantise it again; the same bits).
-        let mmq = self.tc
-            && jobs.len() >= 2
-            && n > GEMV_MAX_TOKENS
-            && MMQ_SMEM <= self.smem_max
-            && jobs.iter().all(|(w, _, o)| {
-                w.dtype == GgmlType::Q8_0 && w.shape.len() <= 3 && w.ne(2) == 1 && w.ne(0) == k && o.n == n && o.width == w.ne(1)
-            });
-        if mmq {
+        if self.mmq_many(n, k, jobs) {
             x.check(xr);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
             let ngroups = k.div_ceil(128);
             let Some(xq) = self.scratch(S::Xq, n * ngroups * 144) else { return };
             self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, k, 0, xq);
-            for &(w, out, o) in jobs {
-                out.check(o);
-                self.mmq_dense(w, ngroups, xq, (n, n, 1), out, o);
-            }
+            self.mmq_jobs(ngroups, xq, n, jobs);
             return;
         }
         if !fast {
@@ -4982,6 +4976,26 @@ impl CudaBackend {
     }
 
     /// `add_rms_norm_matmul_many` (`delta` Some) and `rms_norm_matmul_many` (None).
+    /// Whether `matmul_many` of `n` rows of width `k` runs `jobs` as int8 tensor-core products
+    /// of one quantised input (above the GEMV sizes; Q8_0 matrices of `k` columns).
+    fn mmq_many(&self, n: usize, k: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> bool {
+        self.tc
+            && jobs.len() >= 2
+            && n > GEMV_MAX_TOKENS
+            && MMQ_SMEM <= self.smem_max
+            && jobs.iter().all(|(w, _, o)| {
+                w.dtype == GgmlType::Q8_0 && w.shape.len() <= 3 && w.ne(2) == 1 && w.ne(0) == k && o.n == n && o.width == w.ne(1)
+            })
+    }
+
+    /// `mmq_many`'s products from the quantised input `xq` (`ngroups` groups a row).
+    fn mmq_jobs(&self, ngroups: usize, xq: u64, n: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
+        for &(w, out, o) in jobs {
+            out.check(o);
+            self.mmq_dense(w, ngroups, xq, (n, n, 1), out, o);
+        }
+    }
+
     fn norm_matmul_many(
         &self,
         (x, xr): (&CudaBuf, Rows),
@@ -5024,6 +5038,51 @@ impl CudaBackend {
             && 4 * k <= self.smem_max
             && t16.is_some()
             && jobs.iter().all(|(jw, _, _)| Some(jw.dtype) == t16 && jw.mem.ptr % 16 == 0 && jw.row_bytes % 16 == 0);
+        // A decode batch on the int8 products (matmul_many's mmq_many, below its cuBLAS sizes):
+        // the norm and the input's quantisation in one launch (Path::NormQ8).
+        let n = xr.n;
+        let q8 = !one
+            && !one16
+            && self.fused
+            && self.path_on(Path::NormQ8)
+            && n <= GRAPH_MAX_TOKENS
+            && self.mmq_many(n, k, jobs)
+            && (o.n, o.width) == (n, k)
+            && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k))
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k);
+        if q8 {
+            self.took(Path::NormQ8);
+            x.check(xr);
+            out.check(o);
+            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+            let ngroups = k.div_ceil(128);
+            let Some(xq) = self.scratch(S::Xq, n * ngroups * 144) else { return };
+            let (dp, dr) = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
+                d.check(dr);
+                (d.0.ptr, dr)
+            });
+            let args = [
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                A::P(dp),
+                l(dr.off),
+                l(dr.stride),
+                A::P(w.map_or(0, |w| w.mem.ptr)),
+                A::I(w.is_some() as i32),
+                A::F(eps),
+                A::P(out.0.ptr),
+                l(o.off),
+                l(o.stride),
+                i(k),
+                i(n),
+                A::P(xq),
+                l(ngroups * 144),
+            ];
+            self.launch("add_rms_norm_q8", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
+            self.mmq_jobs(ngroups, xq, n, jobs);
+            return;
+        }
         if !one && !one16 {
             match delta {
                 Some((d, dr)) => self.add_rms_norm(x, xr, d, dr, w, eps, out, o),

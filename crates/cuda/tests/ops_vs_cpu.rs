@@ -1860,6 +1860,8 @@ fn fused_add_rms_norm_matmul_many() {
     fused_banner(shared);
     let g = &CudaBackend::new(0).expect("second backend");
     g.set_norm_mm16(true);
+    // Batches on the int8 products: the norm and the quantisation in one launch (Path::NormQ8).
+    g.set_path(Path::NormQ8, true);
     let c = cpu();
     let mut r = rng(21);
     let mut rep = Report::new("add_rms_norm_matmul_many");
@@ -1874,6 +1876,11 @@ fn fused_add_rms_norm_matmul_many() {
         (5120, 1, vec![(Q8_0, 128), (Q8_0, 64)]),
         (2048, 2, vec![(Q8_0, 96), (Q8_0, 64)]),
         (2048, 1, vec![(Q8_0, 96), (F16, 64)]),
+        // Decode batches on the int8 products (add_rms_norm_q8, Path::NormQ8): V2-Lite's q + kv_a
+        // at 64 rows, three jobs at 24, a narrow row (fewer groups than warps).
+        (2048, 64, vec![(Q8_0, 3072), (Q8_0, 576)]),
+        (2048, 24, vec![(Q8_0, 1536), (Q8_0, 576), (Q8_0, 97)]),
+        (256, 64, vec![(Q8_0, 64), (Q8_0, 33)]),
         // 16-bit products (gemv_h16_multi_norm_<t>_1, set_norm_mm16): V2-Lite's bf16 q + kv_a,
         // three f16 jobs.
         (2048, 1, vec![(BF16, 3072), (BF16, 576)]),
@@ -1924,7 +1931,9 @@ fn fused_add_rms_norm_matmul_many() {
             g.rms_norm_matmul_many((&gx, xr), Some(&gnw), 1e-6, (&gh, hr), &gj);
             g.set_moe_residual(false);
             g.set_norm_mm16(false);
+            g.set_path(Path::NormQ8, false);
             g.rms_norm_matmul_many((&px, xr), Some(&gnw), 1e-6, (&ph, hr), &pj);
+            g.set_path(Path::NormQ8, true);
             g.set_norm_mm16(true);
             rep.check(&format!("{lab} norm only: x untouched"), &get(g, &gx, full), &xs, 0.0, 0.0);
             rep.check(&format!("{lab} norm only: h (exact)"), &get(g, &gh, hr), &get(g, &ph, hr), 0.0, 0.0);
@@ -1932,6 +1941,10 @@ fn fused_add_rms_norm_matmul_many() {
                 rep.check(&format!("{lab} norm only: job {j} (exact)"), &get(g, &go, v), &get(g, &po, v), 0.0, 0.0);
             }
         }
+    }
+    // 3 batch sets x 3 rounds x (the add's op and the norm's): the fused launch each time.
+    if g.path_launches(Path::NormQ8) != 18 {
+        rep.failures.push(format!("the batches' norm and quantisation in one launch ran {} times, not 18", g.path_launches(Path::NormQ8)));
     }
     rep.finish();
 }
