@@ -308,8 +308,12 @@ enum S {
     PreE,
     PreW,
     PreXq,
+    /// A decode batch's FFN norm output quantised in the norm's launch (`add_rms_norm_q8`,
+    /// [`Path::NormQ8`]) for the MoE after it ([`CudaBackend::norm_xq`]). Written by that launch
+    /// only.
+    NormXq,
 }
-const N_SCRATCH: usize = 26;
+const N_SCRATCH: usize = 27;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -418,6 +422,14 @@ const MS_NB: usize = 3;
 fn warp_route(p: &MoeParams) -> bool {
     p.n_experts <= 256 && p.k <= 32 && (p.n_group == 1 || p.topk_group >= p.n_group)
 }
+/// A batch's rows quantised ahead ([`CudaBackend::norm_xq`]): the rows (buffer, offset, stride,
+/// count, width) and where their Q8_0 groups are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct NormXq {
+    rows: (u64, usize, usize, usize, usize),
+    xq: u64,
+}
+
 /// A one-token routing made ahead of its MoE ([`CudaBackend::pre_route`]): the logits' and the
 /// input row's places (pointer, offset in floats) and the parameters it used.
 #[derive(Clone, Copy)]
@@ -1134,6 +1146,10 @@ pub struct CudaBackend {
     /// input and parameters are these: stream order is `scratch_op` order, so the scratch still
     /// holds them).
     routed: Mutex<Option<Routed>>,
+    /// The last `mla_attention_out` of a decode batch wrote its output rows' Q8_0 groups too
+    /// ([`Path::NormQ8`]): the grouped MoE on those rows takes them instead of quantising
+    /// again. Set by that op, cleared by the next one, taken by the MoE.
+    norm_xq: Mutex<Option<NormXq>>,
     /// `moe_shared` ops that took a routing made ahead (for the tests: [`CudaBackend::pre_routes`]).
     pre_routed: AtomicU64,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of one token with f16 or bf16 products
@@ -1504,6 +1520,7 @@ impl CudaBackend {
             norm_mm: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM").map_or(true, |v| v != "0")),
             pre_route: AtomicBool::new(std::env::var("TS_CUDA_PRE_ROUTE").map_or(true, |v| v != "0")),
             routed: Mutex::new(None),
+            norm_xq: Mutex::new(None),
             pre_routed: AtomicU64::new(0),
             moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").map_or(true, |v| v != "0")),
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
@@ -2734,9 +2751,17 @@ impl CudaBackend {
                 return;
             }
         }
-        let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
+        // x's groups as the norm's launch before wrote them (Path::NormQ8), else quantised here.
+        let ahead = self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let xq = match ahead.filter(|a| a.rows == (x.0.ptr, xr.off, xr.stride, n, hdim)) {
+            Some(a) => a.xq,
+            None => {
+                let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
+                self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
+                xq
+            }
+        };
         let Some(hq) = self.scratch(S::Hq, pairs * fg * 144) else { return };
-        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
         // The shared chunks: gate/up chunk c is rows c*ff.. of the shared matrix; down chunk c
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
@@ -4332,6 +4357,7 @@ impl Backend for CudaBackend {
     ) {
         let (nh, kl, hd) = (p.n_heads, p.kv_lora, xr.width);
         *self.routed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let rows = self.mla_out.load(Ordering::Relaxed);
         // One token (a decode step) of V2's shapes with Q8_0 value and output weights:
         // mla_out_q8's preconditions (kernels/fused.cu), else the plain chain.
@@ -4389,7 +4415,17 @@ impl Backend for CudaBackend {
             self.mla_attention(q, qr, cache, batch, p, lat, lr);
             self.matmul_grouped(lat, lr, w_uv, av, avr);
             self.matmul(av, avo, wo, y, xr);
-            self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
+            // A decode batch before a MoE: the norm's launch also quantises its rows for the
+            // MoE's int8 products (Path::NormQ8).
+            let n = xr.n;
+            if next.is_some() && self.norm_q8_ok(n, hd, (o.n, o.width), w) {
+                let Some(xq) = self.scratch(S::NormXq, n * hd.div_ceil(128) * 144) else { return };
+                self.took(Path::NormQ8);
+                self.add_rms_norm_q8((x, xr), Some((y, xr)), w, eps, (out, o), xq);
+                *self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()) = Some(NormXq { rows: (out.0.ptr, o.off, o.stride, n, hd), xq });
+            } else {
+                self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
+            }
             if let Some(m) = next {
                 self.matmul(out, o, m.router, m.logits.0, m.logits.1);
             }
@@ -4988,6 +5024,57 @@ impl CudaBackend {
             })
     }
 
+    /// Whether a batch of `n` rows of width `k` (output rows `o`, norm weights `w`) takes the
+    /// norm-and-quantise launch ([`Path::NormQ8`]): decode batches on the int8 products.
+    fn norm_q8_ok(&self, n: usize, k: usize, o: (usize, usize), w: Option<&CudaWeight>) -> bool {
+        self.fused
+            && self.tc
+            && self.path_on(Path::NormQ8)
+            && n > GEMV_MAX_TOKENS
+            && n <= GRAPH_MAX_TOKENS
+            && o == (n, k)
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
+    }
+
+    /// `add_rms_norm_q8`: rows `x` (+= `delta`), normed into `out`, and `out`'s Q8_0 groups
+    /// into `xq` (kernels/fused.cu; the same bits as add_rms_norm then quant_q8_groups).
+    fn add_rms_norm_q8(
+        &self,
+        (x, xr): (&CudaBuf, Rows),
+        delta: Option<(&CudaBuf, Rows)>,
+        w: Option<&CudaWeight>,
+        eps: f32,
+        (out, o): (&CudaBuf, Rows),
+        xq: u64,
+    ) {
+        x.check(xr);
+        out.check(o);
+        let (n, k) = (xr.n, xr.width);
+        let (dp, dr) = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
+            d.check(dr);
+            (d.0.ptr, dr)
+        });
+        let args = [
+            A::P(x.0.ptr),
+            l(xr.off),
+            l(xr.stride),
+            A::P(dp),
+            l(dr.off),
+            l(dr.stride),
+            A::P(w.map_or(0, |w| w.mem.ptr)),
+            A::I(w.is_some() as i32),
+            A::F(eps),
+            A::P(out.0.ptr),
+            l(o.off),
+            l(o.stride),
+            i(k),
+            i(n),
+            A::P(xq),
+            l(k.div_ceil(128) * 144),
+        ];
+        self.launch("add_rms_norm_q8", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
+    }
+
     /// `mmq_many`'s products from the quantised input `xq` (`ngroups` groups a row).
     fn mmq_jobs(&self, ngroups: usize, xq: u64, n: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
         for &(w, out, o) in jobs {
@@ -5043,43 +5130,15 @@ impl CudaBackend {
         let n = xr.n;
         let q8 = !one
             && !one16
-            && self.fused
-            && self.path_on(Path::NormQ8)
-            && n <= GRAPH_MAX_TOKENS
+            && self.norm_q8_ok(n, k, (o.n, o.width), w)
             && self.mmq_many(n, k, jobs)
-            && (o.n, o.width) == (n, k)
-            && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k))
-            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k);
+            && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k));
         if q8 {
             self.took(Path::NormQ8);
-            x.check(xr);
-            out.check(o);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
             let ngroups = k.div_ceil(128);
             let Some(xq) = self.scratch(S::Xq, n * ngroups * 144) else { return };
-            let (dp, dr) = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
-                d.check(dr);
-                (d.0.ptr, dr)
-            });
-            let args = [
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                A::P(dp),
-                l(dr.off),
-                l(dr.stride),
-                A::P(w.map_or(0, |w| w.mem.ptr)),
-                A::I(w.is_some() as i32),
-                A::F(eps),
-                A::P(out.0.ptr),
-                l(o.off),
-                l(o.stride),
-                i(k),
-                i(n),
-                A::P(xq),
-                l(ngroups * 144),
-            ];
-            self.launch("add_rms_norm_q8", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
+            self.add_rms_norm_q8((x, xr), delta, w, eps, (out, o), xq);
             self.mmq_jobs(ngroups, xq, n, jobs);
             return;
         }

@@ -2238,6 +2238,94 @@ fn pre_routed_moe_exact() {
     rep.finish();
 }
 
+/// A decode batch's FFN norm writing the MoE's quantised input too (`Path::NormQ8`:
+/// `add_rms_norm_q8` in `mla_attention_out`'s batch chain, taken by the grouped MoE instead of
+/// its own quantisation) against the same ops with the switch off, bit for bit: V2-Lite's
+/// attention output side and MoE shapes, batches of 24 and 64 sequences (one slot each), short
+/// and longer histories.
+#[test]
+fn norm_q8_batch_exact() {
+    let Some(shared) = gpu() else { return };
+    if !shared.tensor_cores() || !shared.fused() {
+        eprintln!("norm_q8_batch_exact: no tensor cores or fused kernels, skipped");
+        return;
+    }
+    let ga = &CudaBackend::new(0).expect("second backend");
+    let gb = &CudaBackend::new(0).expect("third backend");
+    ga.set_path(Path::NormQ8, true);
+    gb.set_path(Path::NormQ8, false);
+    let mut r = rng(48);
+    let mut rep = Report::new("norm_q8 batch");
+    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
+    let (w, sf, slot_len) = (kl + rd, nsh * ff, 512u32);
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
+    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
+    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
+    let mp = MoeParams::top_k(ne, 6);
+    let mut cases = 0;
+    for n in [24usize, 64] {
+        for hist in [3u32, 40] {
+            let toks: Vec<TokenMeta> =
+                (0..n).flat_map(|s| (0..=hist).map(move |pos| TokenMeta { token: 0, pos, slot: s as u32 })).collect();
+            let cache_rows = randn(&mut r, toks.len() * w, 1.0);
+            let (q, x, nw) = (randn(&mut r, n * nh * w, 0.5), randn(&mut r, n * hd, 1.0), randn(&mut r, hd, 1.0));
+            let mut outs = Vec::new();
+            for b in [ga, gb] {
+                let cache = b.alloc_latent_cache(n * slot_len as usize, w, kl, nh).unwrap();
+                fill_cache(b, &cache, &cache_rows, w, &toks, slot_len);
+                let step: Vec<TokenMeta> = (0..n).map(|s| TokenMeta { token: 1, pos: hist, slot: s as u32 }).collect();
+                let bt = batch(b, &BatchMeta { tokens: step, outputs: vec![], slot_len });
+                let uv = b.upload_weight(&td("w_uv", GgmlType::Q8_0, &[kl, 128, nh], &uvb), WeightUse::Matmul).unwrap();
+                let wo = b.upload_weight(&td("wo", GgmlType::Q8_0, &[nh * 128, hd], &wob), WeightUse::Matmul).unwrap();
+                let router = b.upload_weight(&td("router", GgmlType::F32, &[hd, ne], &rb), WeightUse::Matmul).unwrap();
+                let up = |i: usize| b.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &bytes[i]), WeightUse::Matmul).unwrap();
+                let (ex, sh) = ([up(0), up(1), up(2)], [up(3), up(4), up(5)]);
+                let norm = norm_weight(b, &nw);
+                let (gq, gx) = (buf(b, &q), buf(b, &x));
+                let (lr, avr, xr) = (Rows::packed(n * nh, kl), Rows::packed(n * nh, 128), Rows::packed(n, hd));
+                let (lat, av, y, out) =
+                    (b.alloc(lr.end()).unwrap(), b.alloc(avr.end()).unwrap(), b.alloc(xr.end()).unwrap(), b.alloc(xr.end()).unwrap());
+                let (lg, lgr) = (b.alloc(n * ne).unwrap(), Rows::packed(n, ne));
+                let mo = b.alloc(xr.end()).unwrap();
+                for (t, len) in [(&out, xr.end()), (&lg, n * ne), (&mo, xr.end())] {
+                    poison(b, t, len);
+                }
+                b.mla_attention_out(
+                    (&gq, Rows::packed(n * nh, w)),
+                    &cache,
+                    &bt,
+                    &p,
+                    (&uv, &wo),
+                    (&lat, lr, &av, avr, Rows::packed(n, nh * 128)),
+                    (&gx, xr, &y),
+                    Some(&norm),
+                    1e-6,
+                    &out,
+                    xr,
+                    Some(MoeNext { router: &router, logits: (&lg, lgr), params: &mp }),
+                );
+                if !run_moe_shared(b, &out, xr, &lg, lgr, &ex, &sh, &mp, &mo, xr, true) {
+                    rep.failures.push(format!("n={n}: moe_shared declined"));
+                }
+                outs.push([get(b, &gx, xr), get(b, &out, xr), get(b, &lg, lgr), get(b, &mo, xr)]);
+            }
+            cases += 1;
+            let [a, bb] = [&outs[0], &outs[1]];
+            exact(&mut rep, &format!("n={n} pos={hist}"), &["x", "out", "logits", "moe"], a, bb);
+        }
+    }
+    if ga.path_launches(Path::NormQ8) != cases {
+        rep.failures.push(format!("the norm's launch quantised ahead {} times, not {cases}", ga.path_launches(Path::NormQ8)));
+    }
+    if gb.path_launches(Path::NormQ8) != 0 {
+        rep.failures.push("NormQ8 off still took the norm-and-quantise launch".into());
+    }
+    rep.finish();
+}
+
 /// One-token `moe_shared` on two GPU backends set up two ways, three rounds a case
 /// ((hdim, ff, experts, k, shared chunks, gating, norm_topk, scale)): bit for bit against each
 /// other (the launches' counters and flags must be back at zero after each), and within the Q8
