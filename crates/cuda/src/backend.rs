@@ -473,6 +473,26 @@ impl MmqGroups {
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
+/// `add_rms_norm`'s arguments (and the first of `add_rms_norm_q8`'s): the rows `x`, the delta
+/// (pointer, 0 for none; rows), the norm's weights and eps, the output rows, the width.
+fn add_norm_args((x, xr): (&CudaBuf, Rows), (d, dr): (u64, Rows), w: Option<&CudaWeight>, eps: f32, (out, o): (&CudaBuf, Rows)) -> [A; 13] {
+    [
+        A::P(x.0.ptr),
+        l(xr.off),
+        l(xr.stride),
+        A::P(d),
+        l(dr.off),
+        l(dr.stride),
+        A::P(w.map_or(0, |w| w.mem.ptr)),
+        A::I(w.is_some() as i32),
+        A::F(eps),
+        A::P(out.0.ptr),
+        l(o.off),
+        l(o.stride),
+        i(xr.width),
+    ]
+}
+
 /// Two argument lists as one kernel's, in a fixed array (launching allocates nothing). The
 /// lengths are checked when this compiles: an array one too long or short would otherwise
 /// panic on the host before the launch (gpu-next59's first run).
@@ -4610,24 +4630,7 @@ impl Backend for CudaBackend {
         // Backend::prefetch_hint's regions go with a one-row norm (a decode layer's start) under
         // TS_CUDA_L2PF=2 (taken either way): one block's bulk prefetches, a measurement.
         let hint = self.take_hint(xr.n == 1 && self.l2pf >= 2);
-        let args: [A; 21] = cat(
-            [
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                A::P(delta.0.ptr),
-                l(dr.off),
-                l(dr.stride),
-                A::P(w.map_or(0, |w| w.mem.ptr)),
-                A::I(w.is_some() as i32),
-                A::F(eps),
-                A::P(out.0.ptr),
-                l(o.off),
-                l(o.stride),
-                i(xr.width),
-            ],
-            hint,
-        );
+        let args: [A; 21] = cat(add_norm_args((x, xr), (delta.0.ptr, dr), w, eps, (out, o)), hint);
         self.launch("add_rms_norm", (xr.n as u32, 1, 1), block, 0, &args);
     }
 
@@ -5050,28 +5053,11 @@ impl CudaBackend {
         x.check(xr);
         out.check(o);
         let (n, k) = (xr.n, xr.width);
-        let (dp, dr) = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
+        let d = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
             d.check(dr);
             (d.0.ptr, dr)
         });
-        let args = [
-            A::P(x.0.ptr),
-            l(xr.off),
-            l(xr.stride),
-            A::P(dp),
-            l(dr.off),
-            l(dr.stride),
-            A::P(w.map_or(0, |w| w.mem.ptr)),
-            A::I(w.is_some() as i32),
-            A::F(eps),
-            A::P(out.0.ptr),
-            l(o.off),
-            l(o.stride),
-            i(k),
-            i(n),
-            A::P(xq),
-            l(k.div_ceil(128) * 144),
-        ];
+        let args: [A; 16] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [i(n), A::P(xq), l(k.div_ceil(128) * 144)]);
         self.launch("add_rms_norm_q8", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
     }
 
