@@ -38,6 +38,21 @@
 // first multiplied by its router weight: slot s = r % rks of token r / rks has rw[token * rk + s]
 // for s < rk and 1 for the shared experts' slots past it. One warp per group.
 // The body, for group gid (one whole warp; also run by moe_route_quant below).
+// One warp's group of 128 values (lane l holds values 4l..4l+3) as Q8_0 into the 144-byte group
+// at gp: four blocks of 32 (8 lanes each), d = amax / 127, q = round(x / d), d stored as f16.
+__device__ __forceinline__ void quant_group_store(const float (&v)[4], int lane, u8* gp) {
+    float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+    const float d = a / 127.f;
+    const float id = d != 0.f ? 1.0f / d : 0.f;
+    const u32 packed = ((u32)(u8)(i8)(int)roundf(v[0] * id)) | ((u32)(u8)(i8)(int)roundf(v[1] * id) << 8) |
+                       ((u32)(u8)(i8)(int)roundf(v[2] * id) << 16) | ((u32)(u8)(i8)(int)roundf(v[3] * id) << 24);
+    *(u32*)(gp + 16 + lane * 4) = packed;
+    if ((lane & 7) == 0) ((u16*)gp)[lane >> 3] = f2h(d);
+    if (lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
+}
 __device__ __forceinline__ void quant_group_body(i64 gid, const float* src, const float* src2, i64 off, i64 stride, int n,
                                                  int k, int act, const float* rw, int rk, int rks, u8* dst, i64 drow) {
     const int ng = (k + 127) >> 7;
@@ -63,18 +78,7 @@ __device__ __forceinline__ void quant_group_body(i64 gid, const float* src, cons
 #pragma unroll
         for (int j = 0; j < 4; j++) v[j] *= w;
     }
-    float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
-    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
-    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
-    const float d = a / 127.f;
-    const float id = d != 0.f ? 1.0f / d : 0.f;
-    u8* gp = dst + (i64)row * drow + (i64)g * MMQ_GB;
-    const u32 packed = ((u32)(u8)(i8)(int)roundf(v[0] * id)) | ((u32)(u8)(i8)(int)roundf(v[1] * id) << 8) |
-                       ((u32)(u8)(i8)(int)roundf(v[2] * id) << 16) | ((u32)(u8)(i8)(int)roundf(v[3] * id) << 24);
-    *(u32*)(gp + 16 + lane * 4) = packed;
-    if ((lane & 7) == 0) ((u16*)gp)[lane >> 3] = f2h(d);
-    if (lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
+    quant_group_store(v, lane, dst + (i64)row * drow + (i64)g * MMQ_GB);
 }
 extern "C" __global__ void quant_q8_groups(const float* src, const float* src2, i64 off, i64 stride, int n, int k,
                                            int act, const float* rw, int rk, int rks, u8* dst, i64 drow) { PDL_ENTRY();
@@ -1008,6 +1012,29 @@ extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 spl
         for (int s = 0; s < nsplit; s++) v += part[s * split_stride + idx];
         out[ooff + r * ostride + c] = v;
     }
+}
+
+// mmq_sum_splits for rows of whole 128-value groups (m % 128 == 0), which also writes each summed
+// row's Q8_0 groups into xq (row r's group g at xq + (r * m/128 + g) * 144) for the int8 product
+// that reads them next: one warp a group, the same sums in the same order and the same
+// quantisation as mmq_sum_splits then quant_q8_groups (quant_group_store), one launch fewer.
+extern "C" __global__ void mmq_sum_splits_q8(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,
+                                             i64 ooff, i64 ostride, u8* xq) { PDL_ENTRY();
+    const int gpr = m >> 7, lane = threadIdx.x & 31;
+    const i64 gid = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (gid >= (i64)rows * gpr) return;
+    const i64 r = gid / gpr;
+    const int c0 = (int)(gid - r * gpr) * 128 + lane * 4;
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const i64 idx = r * m + c0 + j;
+        float a = 0.f;
+        for (int s = 0; s < nsplit; s++) a += part[s * split_stride + idx];
+        v[j] = a;
+        out[ooff + r * ostride + c0 + j] = a;
+    }
+    quant_group_store(v, lane, xq + gid * MMQ_GB);
 }
 
 // ---- The f16 prompt path: expert products as plain f16 tensor-core GEMMs -------------------------

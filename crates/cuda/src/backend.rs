@@ -312,8 +312,11 @@ enum S {
     /// [`Path::NormQ8`]) for the MoE after it ([`CudaBackend::norm_xq`]). Written by that launch
     /// only.
     NormXq,
+    /// A decode batch's attention values (`[n, heads * v]`) as Q8_0 groups, written by the W_uv
+    /// product's split sum for the W_o product ([`Path::SumQ8`]).
+    SumXq,
 }
-const N_SCRATCH: usize = 27;
+const N_SCRATCH: usize = 28;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -863,6 +866,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_rows_r2",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
+        "mmq_sum_splits_q8",
         "q8_to_f16",
         "f16_rows",
         "mmf16_256",
@@ -937,10 +941,15 @@ pub enum Path {
     /// (`add_rms_norm_q8`, the same bits as `add_rms_norm` then `quant_q8_groups`). Off until
     /// measured; `TS_CUDA_NORM_Q8=1`.
     NormQ8,
+    /// `mla_attention_out` of a decode batch with Q8_0 W_uv and W_o on the int8 products: the
+    /// W_uv product's split sum also writes the W_o product's quantised input
+    /// (`mmq_sum_splits_q8`, the same bits as `mmq_sum_splits` then `quant_q8_groups`). Off until
+    /// measured; `TS_CUDA_SUM_Q8=1`.
+    SumQ8,
 }
 
 impl Path {
-    const ALL: [Path; 4] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8];
+    const ALL: [Path; 5] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8, Path::SumQ8];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -949,6 +958,7 @@ impl Path {
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
             Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
+            Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
         }
     }
 
@@ -2302,7 +2312,20 @@ impl CudaBackend {
     /// The int8 tensor-core product of quantised activations `xq` (`n` rows of `ngroups` groups,
     /// `ng` tokens per matrix over `g` matrices of `w`) into `out`/`o`; split K where the tiles
     /// would not fill the device. The caller holds `scratch_op`.
-    fn mmq_dense(&self, w: &CudaWeight, ngroups: usize, xq: u64, (n, ng, g): (usize, usize, usize), out: &CudaBuf, o: Rows) {
+    /// `q8out`: `out`'s rows also as Q8_0 groups there (quant_q8_groups' layout, `m / 128`
+    /// groups a row), for the int8 product that reads them next: in the split sum's launch
+    /// (`mmq_sum_splits_q8`) where K is split and `m` is whole groups, else quantised after.
+    #[allow(clippy::too_many_arguments)]
+    fn mmq_dense(
+        &self,
+        w: &CudaWeight,
+        ngroups: usize,
+        xq: u64,
+        (n, ng, g): (usize, usize, usize),
+        out: &CudaBuf,
+        o: Rows,
+        q8out: Option<u64>,
+    ) {
         let m = w.ne(1);
         // Too few tiles to fill the device (small matrices, decode-size batches): split K
         // over blocks (at least mmq_split.0 groups each) into partial outputs, then sum them in
@@ -2318,17 +2341,26 @@ impl CudaBackend {
         let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
         if nsplit == 1 {
             self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);
+            if let Some(q) = q8out {
+                self.quant_groups(out.0.ptr, 0, o.off, o.stride, n, m, 0, q);
+            }
             return;
         }
         let Some(part) = self.scratch(S::Part, (4 * nsplit * n * m).max(PART_MIN_BYTES)) else { return };
         self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, n * m), bn);
-        self.launch(
-            "mmq_sum_splits",
-            Self::grid1(n * m),
-            256,
-            0,
-            &[A::P(part), i(nsplit), l(n * m), i(n), i(m), A::P(out.0.ptr), l(o.off), l(o.stride)],
-        );
+        let sum = [A::P(part), i(nsplit), l(n * m), i(n), i(m), A::P(out.0.ptr), l(o.off), l(o.stride)];
+        match q8out {
+            Some(q) if m % 128 == 0 => {
+                let args: [A; 9] = cat(sum, [A::P(q)]);
+                self.launch("mmq_sum_splits_q8", ((n * m / 128).div_ceil(8) as u32, 1, 1), 256, 0, &args);
+            }
+            _ => {
+                self.launch("mmq_sum_splits", Self::grid1(n * m), 256, 0, &sum);
+                if let Some(q) = q8out {
+                    self.quant_groups(out.0.ptr, 0, o.off, o.stride, n, m, 0, q);
+                }
+            }
+        }
     }
 
     /// `out = W x` per group: `g` matrices of `w`, row `r` of `xr` uses matrix `r % g`.
@@ -2448,7 +2480,7 @@ impl CudaBackend {
             let ngroups = k.div_ceil(128);
             let Some(xq) = self.scratch(S::Xq, xr.n * ngroups * 144) else { return };
             self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, xr.n, k, 0, xq);
-            self.mmq_dense(w, ngroups, xq, (xr.n, ng, g), out, o);
+            self.mmq_dense(w, ngroups, xq, (xr.n, ng, g), out, o, None);
             return;
         }
         // cuBLAS, column-major view: C[m, ng] (ldc = o.stride*g) = op(A)^T[m, k] * B[k, ng],
@@ -4433,8 +4465,37 @@ impl Backend for CudaBackend {
             && mla_out_h16_smem(kl, hd) <= self.smem_max;
         if !one && !h16 {
             self.mla_attention(q, qr, cache, batch, p, lat, lr);
-            self.matmul_grouped(lat, lr, w_uv, av, avr);
-            self.matmul(av, avo, wo, y, xr);
+            // A decode batch on the int8 products: W_uv's split sum quantises the values for
+            // W_o (Path::SumQ8), else the two products as they come.
+            let sq = self.path_on(Path::SumQ8)
+                && self.tc
+                && MMQ_SMEM <= self.smem_max
+                && (GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&xr.n)
+                && [w_uv, wo].iter().all(|w| w.dtype == GgmlType::Q8_0)
+                && (w_uv.ne(0), w_uv.ne(2)) == (lr.width, nh)
+                && lr.n == xr.n * nh
+                && (avr.n, avr.width) == (lr.n, w_uv.ne(1))
+                && (avo.n, avo.width) == (xr.n, nh * w_uv.ne(1))
+                // (the value rows per head and per token are one packed block of memory)
+                && (avr.off, avr.stride, avo.stride) == (avo.off, avr.width, avo.width)
+                && w_uv.ne(1) % 128 == 0
+                && (wo.ne(0), wo.ne(1), wo.ne(2)) == (avo.width, hd, 1);
+            if sq {
+                self.took(Path::SumQ8);
+                lat.check(lr);
+                av.check(avr);
+                y.check(xr);
+                let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+                let (gl, gv) = (lr.width.div_ceil(128), avo.width / 128);
+                let Some(xq) = self.scratch(S::Xq, lr.n * gl * 144) else { return };
+                let Some(vq) = self.scratch(S::SumXq, xr.n * gv * 144) else { return };
+                self.quant_groups(lat.0.ptr, 0, lr.off, lr.stride, lr.n, lr.width, 0, xq);
+                self.mmq_dense(w_uv, gl, xq, (lr.n, xr.n, nh), av, avr, Some(vq));
+                self.mmq_dense(wo, gv, vq, (xr.n, xr.n, 1), y, xr, None);
+            } else {
+                self.matmul_grouped(lat, lr, w_uv, av, avr);
+                self.matmul(av, avo, wo, y, xr);
+            }
             // A decode batch before a MoE: the norm's launch also quantises its rows for the
             // MoE's int8 products (Path::NormQ8).
             let n = xr.n;
@@ -5065,7 +5126,7 @@ impl CudaBackend {
     fn mmq_jobs(&self, ngroups: usize, xq: u64, n: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
         for &(w, out, o) in jobs {
             out.check(o);
-            self.mmq_dense(w, ngroups, xq, (n, n, 1), out, o);
+            self.mmq_dense(w, ngroups, xq, (n, n, 1), out, o, None);
         }
     }
 

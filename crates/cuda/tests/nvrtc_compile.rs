@@ -114,6 +114,8 @@ fn measurement_defines_compile_for_sm_90() {
             "-DMS_ST2=0",
             "-DMP_ST2=0",
             "-DMO_MU=4",
+            "-DMMQ_OFF_EARLY=0",
+            "-DMMQ_ROWS_KO=7",
         ],
     ) {
         panic!("{log}");

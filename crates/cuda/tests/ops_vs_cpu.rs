@@ -2238,11 +2238,12 @@ fn pre_routed_moe_exact() {
     rep.finish();
 }
 
-/// A decode batch's FFN norm writing the MoE's quantised input too (`Path::NormQ8`:
-/// `add_rms_norm_q8` in `mla_attention_out`'s batch chain, taken by the grouped MoE instead of
-/// its own quantisation) against the same ops with the switch off, bit for bit: V2-Lite's
-/// attention output side and MoE shapes, batches of 24 and 64 sequences (one slot each), short
-/// and longer histories.
+/// A decode batch's rows quantised by the launch that writes them, in `mla_attention_out`'s batch
+/// chain: the FFN norm writing the MoE's quantised input too (`Path::NormQ8`: `add_rms_norm_q8`,
+/// taken by the grouped MoE instead of its own quantisation) and W_uv's split sum writing W_o's
+/// (`Path::SumQ8`: `mmq_sum_splits_q8`), against the same ops with both switches off, bit for
+/// bit: V2-Lite's attention output side and MoE shapes, batches of 24 and 64 sequences (one slot
+/// each), short and longer histories.
 #[test]
 fn norm_q8_batch_exact() {
     let Some(shared) = gpu() else { return };
@@ -2252,8 +2253,10 @@ fn norm_q8_batch_exact() {
     }
     let ga = &CudaBackend::new(0).expect("second backend");
     let gb = &CudaBackend::new(0).expect("third backend");
-    ga.set_path(Path::NormQ8, true);
-    gb.set_path(Path::NormQ8, false);
+    for (b, on) in [(ga, true), (gb, false)] {
+        b.set_path(Path::NormQ8, on);
+        b.set_path(Path::SumQ8, on);
+    }
     let mut r = rng(48);
     let mut rep = Report::new("norm_q8 batch");
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
@@ -2317,11 +2320,13 @@ fn norm_q8_batch_exact() {
             exact(&mut rep, &format!("n={n} pos={hist}"), &["x", "out", "logits", "moe"], a, bb);
         }
     }
-    if ga.path_launches(Path::NormQ8) != cases {
-        rep.failures.push(format!("the norm's launch quantised ahead {} times, not {cases}", ga.path_launches(Path::NormQ8)));
-    }
-    if gb.path_launches(Path::NormQ8) != 0 {
-        rep.failures.push("NormQ8 off still took the norm-and-quantise launch".into());
+    for path in [Path::NormQ8, Path::SumQ8] {
+        if ga.path_launches(path) != cases {
+            rep.failures.push(format!("{path:?} ran {} times, not {cases}", ga.path_launches(path)));
+        }
+        if gb.path_launches(path) != 0 {
+            rep.failures.push(format!("{path:?} off still ran"));
+        }
     }
     rep.finish();
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirtieth session, written after its device time was spent (not yet run): the server and
 # the prompt figures on main's new defaults (gpu-next92/93: shared chunks first, split K down
-# to one group), with TS_CUDA_NORM_Q8 if gpu-next94 keeps it (edit S below).
+# to one group), with TS_CUDA_NORM_Q8 and TS_CUDA_SUM_Q8 (edit S below to what gpu-next94 keeps).
 #   tools/gpu/plans/gpu-next95.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -40   (~6 minutes)
 set -u
 B=$1; OPS=$2
@@ -9,7 +9,7 @@ source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=150
 q8_bg
 wait
-S="TS_CUDA_NORM_Q8=1"
+S="TS_CUDA_NORM_Q8=1 TS_CUDA_SUM_Q8=1"
 stamp "== server, 64 clients"
 serve64 "" 60
 serve64 "$S" 60
