@@ -2350,7 +2350,7 @@ impl CudaBackend {
         self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, n * m), bn);
         let sum = [A::P(part), i(nsplit), l(n * m), i(n), i(m), A::P(out.0.ptr), l(o.off), l(o.stride)];
         match q8out {
-            Some(q) if m % 128 == 0 => {
+            Some(q) if m.is_multiple_of(128) => {
                 let args: [A; 9] = cat(sum, [A::P(q)]);
                 self.launch("mmq_sum_splits_q8", ((n * m / 128).div_ceil(8) as u32, 1, 1), 256, 0, &args);
             }
@@ -4478,7 +4478,7 @@ impl Backend for CudaBackend {
                 && (avo.n, avo.width) == (xr.n, nh * w_uv.ne(1))
                 // (the value rows per head and per token are one packed block of memory)
                 && (avr.off, avr.stride, avo.stride) == (avo.off, avr.width, avo.width)
-                && w_uv.ne(1) % 128 == 0
+                && w_uv.ne(1).is_multiple_of(128)
                 && (wo.ne(0), wo.ne(1), wo.ne(2)) == (avo.width, hd, 1);
             if sq {
                 self.took(Path::SumQ8);
