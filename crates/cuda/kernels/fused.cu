@@ -26,15 +26,38 @@ extern "C" __global__ void add_rms_norm(float* x, i64 xoff, i64 xstride, const f
 // the two launches, one dependent step fewer. (quant_group_body: kernels/mmq.cu, which follows.)
 __device__ __forceinline__ void quant_group_body(i64 gid, const float* src, const float* src2, i64 off, i64 stride, int n,
                                                  int k, int act, const float* rw, int rk, int rks, u8* dst, i64 drow);
+// nsplit > 0 (Path::SumQ8 with NormQ8; rows of width <= NORM_PER * blockDim): d holds the delta
+// as the split-K partial outputs of the product before (split s at d + s * split_stride), summed
+// here in split order as mmq_sum_splits sums them, so that launch goes too.
 extern "C" __global__ void add_rms_norm_q8(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride,
                                            const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride,
-                                           int width, int n, u8* xq, i64 xqrow) {
+                                           int width, int n, u8* xq, i64 xqrow, int nsplit, i64 split_stride) {
     float* xr = x + xoff + blockIdx.x * xstride;
     float* orow = out + ooff + blockIdx.x * ostride;
-    if (d)
+    if (nsplit > 0) {
+        // norm_block_row's register path, the delta summed from the partials.
+        __shared__ float part[32];
+        float wv[NORM_PER], v[NORM_PER];
+        norm_load_w(w, has_w, width, wv);
+        PDL_ENTRY();
+        const float* dr = d + doff + blockIdx.x * dstride;
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) {
+            const int i = threadIdx.x + k * blockDim.x;
+            v[k] = 0.f;
+            if (i < width) {
+                float ds = 0.f;
+                for (int s = 0; s < nsplit; s++) ds += dr[s * split_stride + i];
+                v[k] = xr[i] + ds;
+                xr[i] = v[k];
+            }
+        }
+        norm_store(v, wv, has_w, block_rms_inv(norm_ss(v, width), part, width, eps), width, orow);
+    } else if (d) {
         norm_block_row<true>(xr, xr, d + doff + blockIdx.x * dstride, w, has_w, eps, orow, width);
-    else
+    } else {
         norm_block_row<false>(xr, nullptr, nullptr, w, has_w, eps, orow, width);
+    }
     __syncthreads();
     const int ng = (width + 127) >> 7, nw = blockDim.x >> 5;
     for (int g = threadIdx.x >> 5; g < ng; g += nw)

@@ -425,6 +425,18 @@ const MS_NB: usize = 3;
 fn warp_route(p: &MoeParams) -> bool {
     p.n_experts <= 256 && p.k <= 32 && (p.n_group == 1 || p.topk_group >= p.n_group)
 }
+/// What `CudaBackend::mmq_dense` does with split K's partial outputs.
+#[derive(Clone, Copy)]
+enum SplitSum {
+    /// Sums them into the output (`mmq_sum_splits`).
+    Plain,
+    /// Sums them into the output and writes its rows as Q8_0 groups here too
+    /// (`mmq_sum_splits_q8` where the rows are whole groups; [`Path::SumQ8`]).
+    Q8(u64),
+    /// Leaves them for the kernel after it to sum (`add_rms_norm_q8`'s delta; [`Path::SumQ8`]).
+    Leave,
+}
+
 /// A batch's rows quantised ahead ([`CudaBackend::norm_xq`]): the rows (buffer, offset, stride,
 /// count, width) and where their Q8_0 groups are.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -943,8 +955,10 @@ pub enum Path {
     NormQ8,
     /// `mla_attention_out` of a decode batch with Q8_0 W_uv and W_o on the int8 products: the
     /// W_uv product's split sum also writes the W_o product's quantised input
-    /// (`mmq_sum_splits_q8`, the same bits as `mmq_sum_splits` then `quant_q8_groups`). Off until
-    /// measured; `TS_CUDA_SUM_Q8=1`.
+    /// (`mmq_sum_splits_q8`, the same bits as `mmq_sum_splits` then `quant_q8_groups`), and with
+    /// [`Path::NormQ8`] the norm's launch sums W_o's partial outputs itself (no
+    /// `mmq_sum_splits` for it; the same sums in the same order). Off until measured;
+    /// `TS_CUDA_SUM_Q8=1`.
     SumQ8,
 }
 
@@ -2312,9 +2326,8 @@ impl CudaBackend {
     /// The int8 tensor-core product of quantised activations `xq` (`n` rows of `ngroups` groups,
     /// `ng` tokens per matrix over `g` matrices of `w`) into `out`/`o`; split K where the tiles
     /// would not fill the device. The caller holds `scratch_op`.
-    /// `q8out`: `out`'s rows also as Q8_0 groups there (quant_q8_groups' layout, `m / 128`
-    /// groups a row), for the int8 product that reads them next: in the split sum's launch
-    /// (`mmq_sum_splits_q8`) where K is split and `m` is whole groups, else quantised after.
+    /// `sum`: what becomes of split K's partial outputs ([`SplitSum`]); the partials (pointer,
+    /// splits; split `s` at `s * n * m` floats, rows of `m`) when they are left, else None.
     #[allow(clippy::too_many_arguments)]
     fn mmq_dense(
         &self,
@@ -2324,8 +2337,12 @@ impl CudaBackend {
         (n, ng, g): (usize, usize, usize),
         out: &CudaBuf,
         o: Rows,
-        q8out: Option<u64>,
-    ) {
+        sum: SplitSum,
+    ) -> Option<(u64, usize)> {
+        let q8out = match sum {
+            SplitSum::Q8(q) => Some(q),
+            _ => None,
+        };
         let m = w.ne(1);
         // Too few tiles to fill the device (small matrices, decode-size batches): split K
         // over blocks (at least mmq_split.0 groups each) into partial outputs, then sum them in
@@ -2344,10 +2361,13 @@ impl CudaBackend {
             if let Some(q) = q8out {
                 self.quant_groups(out.0.ptr, 0, o.off, o.stride, n, m, 0, q);
             }
-            return;
+            return None;
         }
-        let Some(part) = self.scratch(S::Part, (4 * nsplit * n * m).max(PART_MIN_BYTES)) else { return };
+        let part = self.scratch(S::Part, (4 * nsplit * n * m).max(PART_MIN_BYTES))?;
         self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (part, 0, m), (nsplit, n * m), bn);
+        if let SplitSum::Leave = sum {
+            return Some((part, nsplit));
+        }
         let sum = [A::P(part), i(nsplit), l(n * m), i(n), i(m), A::P(out.0.ptr), l(o.off), l(o.stride)];
         match q8out {
             Some(q) if m.is_multiple_of(128) => {
@@ -2361,6 +2381,7 @@ impl CudaBackend {
                 }
             }
         }
+        None
     }
 
     /// `out = W x` per group: `g` matrices of `w`, row `r` of `xr` uses matrix `r % g`.
@@ -2480,7 +2501,7 @@ impl CudaBackend {
             let ngroups = k.div_ceil(128);
             let Some(xq) = self.scratch(S::Xq, xr.n * ngroups * 144) else { return };
             self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, xr.n, k, 0, xq);
-            self.mmq_dense(w, ngroups, xq, (xr.n, ng, g), out, o, None);
+            self.mmq_dense(w, ngroups, xq, (xr.n, ng, g), out, o, SplitSum::Plain);
             return;
         }
         // cuBLAS, column-major view: C[m, ng] (ldc = o.stride*g) = op(A)^T[m, k] * B[k, ng],
@@ -4467,6 +4488,10 @@ impl Backend for CudaBackend {
             self.mla_attention(q, qr, cache, batch, p, lat, lr);
             // A decode batch on the int8 products: W_uv's split sum quantises the values for
             // W_o (Path::SumQ8), else the two products as they come.
+            // (W_o's partial outputs left for the norm's launch to sum when it takes NormQ8)
+            let n = xr.n;
+            let nq8 = next.is_some() && self.norm_q8_ok(n, hd, (o.n, o.width), w) && hd <= 8 * 256;
+            let mut y_parts = None;
             let sq = self.path_on(Path::SumQ8)
                 && self.tc
                 && MMQ_SMEM <= self.smem_max
@@ -4480,33 +4505,43 @@ impl Backend for CudaBackend {
                 && (avr.off, avr.stride, avo.stride) == (avo.off, avr.width, avo.width)
                 && w_uv.ne(1).is_multiple_of(128)
                 && (wo.ne(0), wo.ne(1), wo.ne(2)) == (avo.width, hd, 1);
+            // (Held through the norm's launch, which may read W_o's partials from the Part
+            // scratch; dropped before the router's product, which takes it itself.)
+            let op = sq.then(|| self.scratch_op.lock().unwrap_or_else(|e| e.into_inner()));
             if sq {
                 self.took(Path::SumQ8);
                 lat.check(lr);
                 av.check(avr);
                 y.check(xr);
-                let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
                 let (gl, gv) = (lr.width.div_ceil(128), avo.width / 128);
                 let Some(xq) = self.scratch(S::Xq, lr.n * gl * 144) else { return };
                 let Some(vq) = self.scratch(S::SumXq, xr.n * gv * 144) else { return };
                 self.quant_groups(lat.0.ptr, 0, lr.off, lr.stride, lr.n, lr.width, 0, xq);
-                self.mmq_dense(w_uv, gl, xq, (lr.n, xr.n, nh), av, avr, Some(vq));
-                self.mmq_dense(wo, gv, vq, (xr.n, xr.n, 1), y, xr, None);
+                self.mmq_dense(w_uv, gl, xq, (lr.n, xr.n, nh), av, avr, SplitSum::Q8(vq));
+                let ys = if nq8 { SplitSum::Leave } else { SplitSum::Plain };
+                y_parts = self.mmq_dense(wo, gv, vq, (xr.n, xr.n, 1), y, xr, ys);
             } else {
                 self.matmul_grouped(lat, lr, w_uv, av, avr);
                 self.matmul(av, avo, wo, y, xr);
             }
             // A decode batch before a MoE: the norm's launch also quantises its rows for the
-            // MoE's int8 products (Path::NormQ8).
-            let n = xr.n;
-            if next.is_some() && self.norm_q8_ok(n, hd, (o.n, o.width), w) {
+            // MoE's int8 products (Path::NormQ8), and sums W_o's partials if they were left.
+            if nq8 {
                 let Some(xq) = self.scratch(S::NormXq, n * hd.div_ceil(128) * 144) else { return };
                 self.took(Path::NormQ8);
-                self.add_rms_norm_q8((x, xr), Some((y, xr)), w, eps, (out, o), xq);
+                let delta = match y_parts {
+                    Some((part, nsplit)) => (part, Rows::packed(n, hd), nsplit),
+                    None => {
+                        y.check(xr);
+                        (y.0.ptr, xr, 0)
+                    }
+                };
+                self.add_rms_norm_q8((x, xr), Some(delta), w, eps, (out, o), xq);
                 *self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()) = Some(NormXq { rows: (out.0.ptr, o.off, o.stride, n, hd), xq });
             } else {
                 self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
             }
+            drop(op);
             if let Some(m) = next {
                 self.matmul(out, o, m.router, m.logits.0, m.logits.1);
             }
@@ -5100,12 +5135,15 @@ impl CudaBackend {
             && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
     }
 
-    /// `add_rms_norm_q8`: rows `x` (+= `delta`), normed into `out`, and `out`'s Q8_0 groups
-    /// into `xq` (kernels/fused.cu; the same bits as add_rms_norm then quant_q8_groups).
+    /// `add_rms_norm_q8`: rows `x` (+= the delta), normed into `out`, and `out`'s Q8_0 groups
+    /// into `xq` (kernels/fused.cu; the same bits as add_rms_norm then quant_q8_groups). The
+    /// delta (pointer, rows, splits): rows of a buffer (splits 0, checked by the caller), or a
+    /// product's split-K partials left by `mmq_dense` (splits > 0, split `s` at `s * n * width`
+    /// floats; rows of at most 8 * 256 values), summed in split order as `mmq_sum_splits` would.
     fn add_rms_norm_q8(
         &self,
         (x, xr): (&CudaBuf, Rows),
-        delta: Option<(&CudaBuf, Rows)>,
+        delta: Option<(u64, Rows, usize)>,
         w: Option<&CudaWeight>,
         eps: f32,
         (out, o): (&CudaBuf, Rows),
@@ -5114,11 +5152,9 @@ impl CudaBackend {
         x.check(xr);
         out.check(o);
         let (n, k) = (xr.n, xr.width);
-        let d = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
-            d.check(dr);
-            (d.0.ptr, dr)
-        });
-        let args: [A; 16] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [i(n), A::P(xq), l(k.div_ceil(128) * 144)]);
+        let (dp, dr, nsplit) = delta.unwrap_or((0, Rows::packed(0, 0), 0));
+        let q = [i(n), A::P(xq), l(k.div_ceil(128) * 144), i(nsplit), l(dr.n * dr.width)];
+        let args: [A; 18] = cat(add_norm_args((x, xr), (dp, dr), w, eps, (out, o)), q);
         self.launch("add_rms_norm_q8", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
     }
 
@@ -5126,7 +5162,7 @@ impl CudaBackend {
     fn mmq_jobs(&self, ngroups: usize, xq: u64, n: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
         for &(w, out, o) in jobs {
             out.check(o);
-            self.mmq_dense(w, ngroups, xq, (n, n, 1), out, o, None);
+            self.mmq_dense(w, ngroups, xq, (n, n, 1), out, o, SplitSum::Plain);
         }
     }
 
@@ -5185,6 +5221,10 @@ impl CudaBackend {
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
             let ngroups = k.div_ceil(128);
             let Some(xq) = self.scratch(S::Xq, n * ngroups * 144) else { return };
+            let delta = delta.map(|(d, dr)| {
+                d.check(dr);
+                (d.0.ptr, dr, 0)
+            });
             self.add_rms_norm_q8((x, xr), delta, w, eps, (out, o), xq);
             self.mmq_jobs(ngroups, xq, n, jobs);
             return;

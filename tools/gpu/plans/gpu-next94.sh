@@ -8,7 +8,8 @@
 #   grouped MoE, which then skips its own quantisation; 54 launches fewer a 64-row step. Same
 #   bits (tests fused_add_rms_norm_matmul_many, norm_q8_batch_exact; the hash must hold).
 # - TS_CUDA_SUM_Q8=1 (Path::SumQ8), with NORM_Q8: W_uv's split sum also writes W_o's quantised
-#   input (mmq_sum_splits_q8): 27 launches fewer a 64-row step, same bits (norm_q8_batch_exact).
+#   input (mmq_sum_splits_q8), and the FFN norm's launch sums W_o's partials itself: 54 launches
+#   fewer a 64-row step, same bits (norm_q8_batch_exact).
 # - What each part of the 64-sequence MoE costs (MMQ_ROWS_KO, wrong results on purpose, so
 #   other hashes): 1 no activation tile copy, 2 no token list, 4 no multiply (loads only), and
 #   7. bwprobe's rk reads the kernel's load stream at 3.8-3.9 TB/s; the kernel reaches ~3.2.
