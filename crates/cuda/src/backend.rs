@@ -4490,7 +4490,7 @@ impl Backend for CudaBackend {
             // W_o (Path::SumQ8), else the two products as they come.
             // (W_o's partial outputs left for the norm's launch to sum when it takes NormQ8)
             let n = xr.n;
-            let nq8 = next.is_some() && self.norm_q8_ok(n, hd, (o.n, o.width), w) && hd <= 8 * 256;
+            let nq8 = next.is_some() && self.norm_q8_ok(n, hd, (o.n, o.width), w);
             let mut y_parts = None;
             let sq = self.path_on(Path::SumQ8)
                 && self.tc
@@ -4518,7 +4518,8 @@ impl Backend for CudaBackend {
                 let Some(vq) = self.scratch(S::SumXq, xr.n * gv * 144) else { return };
                 self.quant_groups(lat.0.ptr, 0, lr.off, lr.stride, lr.n, lr.width, 0, xq);
                 self.mmq_dense(w_uv, gl, xq, (lr.n, xr.n, nh), av, avr, SplitSum::Q8(vq));
-                let ys = if nq8 { SplitSum::Leave } else { SplitSum::Plain };
+                // (the norm sums partials on its register path only: rows of <= 8 x 256 values)
+                let ys = if nq8 && hd <= 8 * 256 { SplitSum::Leave } else { SplitSum::Plain };
                 y_parts = self.mmq_dense(wo, gv, vq, (xr.n, xr.n, 1), y, xr, ys);
             } else {
                 self.matmul_grouped(lat, lr, w_uv, av, avr);
