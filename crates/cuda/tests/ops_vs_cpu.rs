@@ -44,6 +44,17 @@ fn gpu() -> Option<&'static CudaBackend> {
     .as_ref()
 }
 
+/// The shared GPU backend when it has int8 tensor cores and the fused kernels; else None, with a
+/// line saying that `test` was skipped.
+fn gpu_tc_fused(test: &str) -> Option<&'static CudaBackend> {
+    let g = gpu()?;
+    if !g.tensor_cores() || !g.fused() {
+        eprintln!("{test}: no tensor cores or fused kernels, skipped");
+        return None;
+    }
+    Some(g)
+}
+
 fn cpu() -> &'static CpuBackend {
     CPU.get_or_init(|| CpuBackend::new(None).expect("cpu backend"))
 }
@@ -2246,9 +2257,7 @@ fn pre_routed_moe_exact() {
 /// each), short and longer histories.
 #[test]
 fn norm_q8_batch_exact() {
-    let Some(shared) = gpu() else { return };
-    if !shared.tensor_cores() || !shared.fused() {
-        eprintln!("norm_q8_batch_exact: no tensor cores or fused kernels, skipped");
+    if gpu_tc_fused("norm_q8_batch_exact").is_none() {
         return;
     }
     let ga = &CudaBackend::new(0).expect("second backend");
@@ -2543,9 +2552,7 @@ fn fused_moe_shared() {
 ///   the same bits as from the copies; and that they ran where they should.
 #[test]
 fn moe_f16_prompt() {
-    let Some(g0) = gpu() else { return };
-    if !g0.tensor_cores() || !g0.fused() {
-        eprintln!("moe_f16_prompt: no tensor cores or fused kernels, skipped");
+    if gpu_tc_fused("moe_f16_prompt").is_none() {
         return;
     }
     // The three launches (gate, up, f16_rows) on this one; the default, one launch, on `fu`.
@@ -2721,9 +2728,7 @@ fn moe_f16_prompt() {
 /// `TS_CUDA_MOE_ROWS=0` all of them run `mmq_q8_16`.)
 #[test]
 fn moe_rows_exact() {
-    let Some(g) = gpu() else { return };
-    if !g.tensor_cores() || !g.fused() {
-        eprintln!("moe_rows_exact: no tensor cores or fused kernels, skipped");
+    if gpu_tc_fused("moe_rows_exact").is_none() {
         return;
     }
     let plain = &CudaBackend::new(0).expect("second backend");
