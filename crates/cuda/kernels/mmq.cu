@@ -1044,6 +1044,9 @@ extern "C" __global__ void mmq_sum_splits_q8(const float* part, int nsplit, i64 
 // in f32, then rounded once) and f16 activations, an m16n8k16 mma accumulates straight into f32
 // with nothing after it. Costs the copy's memory (2 bytes a weight), so it is made only where it
 // fits (CudaBackend::f16_copy).
+// (The I2F there is not the cost: replacing it by sums started at 0x4B400000 and one FADD, the
+// same bits, lost on the H200 in gpu-next98: 64 sequences 8,228 -> 8,047 tok/s, pp512 32,579 ->
+// 32,415, tg128 709.9 -> 707.9. I2F runs on its own pipe; the FADD took FMA-pipe slots.)
 
 // The f16 copy of Q8_0 rows in the device layout (ng groups of 144 bytes a row), each value
 // f16(q * d), in 8 KB chunks of 64 rows x 64 values (rows a multiple of 64 per matrix, so tiles

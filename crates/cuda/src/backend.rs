@@ -1228,10 +1228,12 @@ pub struct CudaBackend {
     /// bits. Written in the seventeenth session, not yet run.
     mmq_ws: bool,
     /// Row sets a warp of the grouped expert products on the rows kernel: 1 (`mmq_q8_rows`), 2
-    /// (`mmq_q8_rows_r2`, 128 rows a block, the same bits), or 0 for the default: 2 from 12
-    /// (token, slot) pairs an expert (V2-Lite: ~99 tokens). On the H200, 128 sequences 12,663 ->
-    /// 13,122 tok/s with 2, 64 the same (7,512 / 7,509 vs 7,512 / 7,516), 32 sequences 4,309 ->
-    /// 4,243, and 4 row sets lost at all three. `TS_CUDA_ROWS_R=1|2` ([`CudaBackend::set_rows_r`]).
+    /// (`mmq_q8_rows_r2`, 128 rows a block, the same bits), or 0 for the default: 2 from 5
+    /// (token, slot) pairs an expert (V2-Lite: 42 tokens). On the H200, 128 sequences 12,663 ->
+    /// 13,122 tok/s with 2, and 4 row sets lost at all sizes. With the shared chunks' tiles first
+    /// (gpu-next94/96): 64 sequences 8,143 / 8,142 -> 8,222 / 8,221, 48 sequences 6,429 -> 6,484,
+    /// 32 sequences 4,696 -> 4,693 (the same), the server with 64 clients 6,617 -> 6,677 (before
+    /// them, 64 the same and 32 lost). `TS_CUDA_ROWS_R=1|2` ([`CudaBackend::set_rows_r`]).
     rows_r: AtomicUsize,
     /// Grouped products on the rows kernels with each expert's first tile at block y = expert,
     /// its first weight loads issued before the PDL wait (`mmq_rows_impl`'s `early`), where the
@@ -2614,7 +2616,7 @@ impl CudaBackend {
         // Grouped rows with R row sets a warp: 64*R rows a block, so fewer blocks along x.
         let rr = match self.rows_r.load(Ordering::Relaxed) {
             _ if !rows || cnt == 0 => 1,
-            0 if pairs >= 12 * ne => 2,
+            0 if pairs >= 5 * ne => 2,
             0 => 1,
             r => r,
         };
