@@ -183,9 +183,19 @@ __device__ __forceinline__ void mmq_tile_rows(const int* perm, const int* off, i
     }
 }
 
+// A block's place in its product's grid: blockIdx / gridDim, or, in a launch of several dense
+// products (mmq_q8_64_jobs), its place in its own product's grid.
+struct MmqBlk {
+    int x, y, z, gx, gz;
+};
+__device__ __forceinline__ MmqBlk mmq_blk() {
+    return MmqBlk{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, (int)gridDim.x, (int)gridDim.z};
+}
+
 template <int BN>
 __device__ __forceinline__ bool mmq_block_tile(const int* cnt, int n_exp, int n, int nsplit, int& tile_e,
-                                               int& tile_start, int& e, int& start, int& count) {
+                                               int& tile_start, int& e, int& start, int& count,
+                                               MmqBlk blk = mmq_blk()) {
     if (cnt) {
         if (threadIdx.x < 32) mmq_find_tile<BN>(cnt, n_exp, threadIdx.x, tile_e, tile_start);
         __syncthreads();
@@ -194,8 +204,8 @@ __device__ __forceinline__ bool mmq_block_tile(const int* cnt, int n_exp, int n,
         start = tile_start;
         count = cnt[e];
     } else {
-        e = blockIdx.z / nsplit;
-        start = blockIdx.y * BN;
+        e = blk.z / nsplit;
+        start = blk.y * BN;
         count = n;
     }
     return true;
@@ -320,11 +330,11 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride,
                                          const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2,
-                                         const u8* Ws2, float* out2) {
+                                         const u8* Ws2, float* out2, const MmqBlk blk) {
 #if __CUDA_ARCH__ >= 800
-    int bx = blockIdx.x;
-    if (W2 && bx >= (int)(gridDim.x >> 1)) {
-        bx -= gridDim.x >> 1;
+    int bx = blk.x;
+    if (W2 && bx >= (blk.gx >> 1)) {
+        bx -= blk.gx >> 1;
         W = W2;
         Ws = Ws2;
         out = out2;
@@ -341,10 +351,10 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     const int tid = threadIdx.x;
     // Which matrix and which tokens this tile covers.
     int e = 0, start, count;
-    if (!mmq_block_tile<BN>(cnt, n_exp, n, nsplit, tile_e, tile_start, e, start, count)) return;
+    if (!mmq_block_tile<BN>(cnt, n_exp, n, nsplit, tile_e, tile_start, e, start, count, blk)) return;
     // Split K (dense products with too few tiles to fill the device): this block sums groups
     // [g0, g1) into its own partial output (reduced by mmq_sum_splits in a fixed order).
-    const int split = cnt ? 0 : blockIdx.z % nsplit, zg = gridDim.z / nsplit;
+    const int split = cnt ? 0 : blk.z % nsplit, zg = blk.gz / nsplit;
     const int gps = (ngroups + nsplit - 1) / nsplit;
     const int g0 = split * gps, g1 = min(ngroups, g0 + gps);
     out += split * split_stride;
@@ -486,7 +496,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         PDL_ENTRY();                                                                                            \
         mmq_impl<WR, WC, MI, NI, GPS, NST, SKIP>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, \
                                                  in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, \
-                                                 ws_stride, e_sh, W2, Ws2, out2);                               \
+                                                 ws_stride, e_sh, W2, Ws2, out2, mmq_blk());                    \
     }
 // 64 x 64 tiles (2 x 2 warps of 32 x 32), one group per stage, 3 stages, 3 blocks per SM (at 4
 // they spill). 64 x 16 tiles (4 x 1 warps of 16 x 16): two groups per stage, double-buffered,
@@ -508,6 +518,42 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, MMQ64_MINB, false)
 MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
 MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
+
+// Up to three dense products of one quantised input in one launch (Path::DenseJobs: a decode
+// batch's q and kv_a): job j's blocks are the mmq_q8_64 grid it would have alone (gx x gy x
+// nsplit, x fastest), numbered after the jobs before it, so every block computes what it
+// computes in its own launch: the same bits, one launch instead of one a job (each a chain of
+// ~1,600 instructions a warp over a few groups; Nsight, gpu-next96/97). Job j: the weights
+// (W, row bytes, m rows), its output (pointer, offset, row stride; or its split-K partials:
+// split s at s * split_stride floats, rows of m), its splits and blocks. Unused jobs: 0 blocks.
+#define MMQ_JOB_ARGS(j)                                                                                         \
+    const u8 *W##j, i64 rb##j, int m##j, float *out##j, i64 ooff##j, i64 ost##j, int ns##j, i64 ss##j, int nb##j
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
+    mmq_q8_64_jobs(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
+    PDL_ENTRY();
+    int b = blockIdx.x;
+    const u8* W = W0;
+    i64 rb = rb0, ooff = ooff0, ost = ost0, ss = ss0;
+    int m = m0, ns = ns0;
+    float* out = out0;
+    if (b >= nb0) {
+        b -= nb0;
+        const bool two = b >= nb1;
+        b -= two ? nb1 : 0;
+        W = two ? W2 : W1;
+        rb = two ? rb2 : rb1;
+        m = two ? m2 : m1;
+        out = two ? out2 : out1;
+        ooff = two ? ooff2 : ooff1;
+        ost = two ? ost2 : ost1;
+        ns = two ? ns2 : ns1;
+        ss = two ? ss2 : ss1;
+    }
+    const int gx = (m + MMQ_BM - 1) / MMQ_BM, gy = (n + 63) / 64;
+    const MmqBlk blk{b % gx, (b / gx) % gy, b / (gx * gy), gx, ns};
+    mmq_impl<2, 2, 2, 4, 1, 3, false>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out, ooff, ost,
+                                      ns, ss, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, blk);
+}
 
 // mmq_q8_64's tile with the stage copies on a fifth warp (TS_CUDA_MMQ_WS=1; written in the
 // seventeenth session, NOT yet run on a GPU): the 4 multiplying warps issue no copies, so none
@@ -1014,6 +1060,80 @@ extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 spl
     }
 }
 
+// mmq_sum_splits four values a thread (Path::Sum4): rows of m % 4 == 0 values, the partials and
+// the output at 16-byte boundaries, rows * m < 2^31 (the host checks all three). One 16-byte
+// load a split, four splits' loads issued before their adds, 32-bit index math (the 64-bit
+// division of mmq_sum_splits is a call); the same sums in the same order, so the same bits.
+// splits_sum4: the four values at p of each of nsplit splits s4 float4s apart, summed in order.
+__device__ __forceinline__ float4 splits_sum4(const float4* p, int nsplit, i64 s4) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    int s = 0;
+    for (; s + 4 <= nsplit; s += 4) {
+        float4 a[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) a[u] = p[(s + u) * s4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            v.x += a[u].x;
+            v.y += a[u].y;
+            v.z += a[u].z;
+            v.w += a[u].w;
+        }
+    }
+    for (; s < nsplit; s++) {
+        const float4 a = p[s * s4];
+        v.x += a.x;
+        v.y += a.y;
+        v.z += a.z;
+        v.w += a.w;
+    }
+    return v;
+}
+__device__ __forceinline__ void sum4_at(const float* part, int nsplit, i64 split_stride, int m, float* out, i64 ooff,
+                                        i64 ostride, int q) {
+    const int q4 = m >> 2, r = q / q4, c = (q - r * q4) << 2;
+    *(float4*)(out + ooff + (i64)r * ostride + c) = splits_sum4((const float4*)(part + (i64)r * m + c), nsplit, split_stride >> 2);
+}
+extern "C" __global__ void mmq_sum_splits4(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,
+                                           i64 ooff, i64 ostride) { PDL_ENTRY();
+    const int total = rows * (m >> 2);
+    for (int q = blockIdx.x * blockDim.x + threadIdx.x; q < total; q += gridDim.x * blockDim.x)
+        sum4_at(part, nsplit, split_stride, m, out, ooff, ostride, q);
+}
+
+// mmq_sum_splits of up to three jobs' partials in one launch (after mmq_q8_64_jobs): job j's
+// rows * m_j sums follow the jobs before it, each summed as mmq_sum_splits sums it (the same
+// bits). A job without splits: m_j = 0.
+#define SUM_JOB_ARGS(j) const float *p##j, int ns##j, i64 ss##j, int m##j, float *o##j, i64 oo##j, i64 os##j
+extern "C" __global__ void mmq_sum_splits_jobs(SUM_JOB_ARGS(0), SUM_JOB_ARGS(1), SUM_JOB_ARGS(2), int rows) { PDL_ENTRY();
+    const i64 t0 = (i64)rows * m0, t1 = t0 + (i64)rows * m1, total = t1 + (i64)rows * m2;
+    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+        const int j = idx < t0 ? 0 : idx < t1 ? 1 : 2;
+        const i64 i = idx - (j == 0 ? 0 : j == 1 ? t0 : t1);
+        const int m = j == 0 ? m0 : j == 1 ? m1 : m2, ns = j == 0 ? ns0 : j == 1 ? ns1 : ns2;
+        const float* part = j == 0 ? p0 : j == 1 ? p1 : p2;
+        const i64 ss = j == 0 ? ss0 : j == 1 ? ss1 : ss2;
+        const i64 r = i / m, c = i - r * m;
+        float v = 0.f;
+        for (int s = 0; s < ns; s++) v += part[s * ss + i];
+        float* o = j == 0 ? o0 : j == 1 ? o1 : o2;
+        o[(j == 0 ? oo0 : j == 1 ? oo1 : oo2) + r * (j == 0 ? os0 : j == 1 ? os1 : os2) + c] = v;
+    }
+}
+
+// mmq_sum_splits_jobs with sum4_at (Path::Sum4; every job with splits meets its conditions).
+extern "C" __global__ void mmq_sum_splits_jobs4(SUM_JOB_ARGS(0), SUM_JOB_ARGS(1), SUM_JOB_ARGS(2), int rows) { PDL_ENTRY();
+    const int t0 = rows * (m0 >> 2), t1 = t0 + rows * (m1 >> 2), total = t1 + rows * (m2 >> 2);
+    for (int q = blockIdx.x * blockDim.x + threadIdx.x; q < total; q += gridDim.x * blockDim.x) {
+        if (q < t0)
+            sum4_at(p0, ns0, ss0, m0, o0, oo0, os0, q);
+        else if (q < t1)
+            sum4_at(p1, ns1, ss1, m1, o1, oo1, os1, q - t0);
+        else
+            sum4_at(p2, ns2, ss2, m2, o2, oo2, os2, q - t1);
+    }
+}
+
 // mmq_sum_splits for rows of whole 128-value groups (m % 128 == 0), which also writes each summed
 // row's Q8_0 groups into xq (row r's group g at xq + (r * m/128 + g) * 144) for the int8 product
 // that reads them next: one warp a group, the same sums in the same order and the same
@@ -1021,20 +1141,17 @@ extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 spl
 extern "C" __global__ void mmq_sum_splits_q8(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,
                                              i64 ooff, i64 ostride, u8* xq) { PDL_ENTRY();
     const int gpr = m >> 7, lane = threadIdx.x & 31;
-    const i64 gid = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (gid >= (i64)rows * gpr) return;
-    const i64 r = gid / gpr;
-    const int c0 = (int)(gid - r * gpr) * 128 + lane * 4;
-    float v[4];
+    const int gid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (gid >= rows * gpr) return;
+    const int r = gid / gpr;
+    const int c0 = (gid - r * gpr) * 128 + lane * 4;
+    // The lane's four values are one 16-byte piece of each split (m % 128 == 0, split_stride
+    // = rows * m): one load a split, four splits' loads before their adds (as sum4_at).
+    const float4 a = splits_sum4((const float4*)(part + (i64)r * m + c0), nsplit, split_stride >> 2);
+    const float v[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const i64 idx = r * m + c0 + j;
-        float a = 0.f;
-        for (int s = 0; s < nsplit; s++) a += part[s * split_stride + idx];
-        v[j] = a;
-        out[ooff + r * ostride + c0 + j] = a;
-    }
-    quant_group_store(v, lane, xq + gid * MMQ_GB);
+    for (int j = 0; j < 4; j++) out[ooff + (i64)r * ostride + c0 + j] = v[j];
+    quant_group_store(v, lane, xq + (i64)gid * MMQ_GB);
 }
 
 // ---- The f16 prompt path: expert products as plain f16 tensor-core GEMMs -------------------------

@@ -340,6 +340,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc_h",
     "mla_split_tc_he",
     "mmq_q8_64",
+    "mmq_q8_64_jobs",
     "mmq_q8_64ws",
     "mmq_q8_16",
     "mmq_q8_16g1",
@@ -871,6 +872,7 @@ fn kernel_names() -> Vec<String> {
         "moe_route_quant",
         "moe_gateup_sh_q8q",
         "mmq_q8_64",
+        "mmq_q8_64_jobs",
         "mmq_q8_64ws",
         "mmq_q8_16",
         "mmq_q8_16g1",
@@ -878,6 +880,9 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_rows_r2",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
+        "mmq_sum_splits4",
+        "mmq_sum_splits_jobs",
+        "mmq_sum_splits_jobs4",
         "mmq_sum_splits_q8",
         "q8_to_f16",
         "f16_rows",
@@ -960,10 +965,20 @@ pub enum Path {
     /// `mmq_sum_splits` for it; the same sums in the same order). Off until measured;
     /// `TS_CUDA_SUM_Q8=1`.
     SumQ8,
+    /// `matmul_many` of a decode batch on the 64-token int8 tiles (q and kv_a: `mmq_jobs`): the
+    /// jobs in one launch (`mmq_q8_64_jobs`) and their split sums in one (`mmq_sum_splits_jobs`),
+    /// each block doing what it does in its own job's launch (the same bits). Off until
+    /// measured; `TS_CUDA_DENSE_JOBS=1`.
+    DenseJobs,
+    /// Dense int8 products' split-K sums four values a thread (`mmq_sum_splits4`,
+    /// `mmq_sum_splits_jobs4`: 16-byte loads, four splits in flight, 32-bit indices; the same
+    /// sums in the same order) where the rows and views allow it. Off until measured;
+    /// `TS_CUDA_SUM4=1`.
+    Sum4,
 }
 
 impl Path {
-    const ALL: [Path; 5] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8, Path::SumQ8];
+    const ALL: [Path; 7] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8, Path::SumQ8, Path::DenseJobs, Path::Sum4];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -973,6 +988,8 @@ impl Path {
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
             Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
+            Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", false),
+            Path::Sum4 => ("TS_CUDA_SUM4", false),
         }
     }
 
@@ -2325,6 +2342,88 @@ impl CudaBackend {
         (total.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1)
     }
 
+    /// A dense int8 product's tiles and splits: (tokens a tile, 16 or 64; K splits) for `m` rows
+    /// of `ngroups` groups and `n` rows of input, `ng` tokens per matrix over `g` matrices.
+    /// Too few tiles to fill the device (small matrices, decode-size batches): split K over
+    /// blocks (at least mmq_split.0 groups each) into partial outputs, summed in order after.
+    fn dense_plan(&self, m: usize, ngroups: usize, (n, ng, g): (usize, usize, usize)) -> (usize, usize) {
+        let bn = if ng <= self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed)) { 16 } else { 64 };
+        let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
+        // The partial outputs fit the part scratch's fixed size, so that it never grows after
+        // the warm-up at open (the decode step there allocates it, see the MLA decode).
+        let fit = PART_MIN_BYTES / (4 * n * m).max(1);
+        let (smin, socc) = self.mmq_split;
+        let nsplit =
+            if tiles >= self.sm_count { 1 } else { (socc * self.sm_count).div_ceil(tiles).min(ngroups / smin).min(fit).clamp(1, 16) };
+        (bn, nsplit)
+    }
+
+    /// Whether split sums of `n` rows of `m` into `out`/`o` (partials at `part`) can take
+    /// [`Path::Sum4`]'s kernels: whole 16-byte pieces everywhere, 32-bit indices.
+    fn sum4_ok(&self, part: u64, n: usize, m: usize, out: &CudaBuf, o: Rows) -> bool {
+        self.path_on(Path::Sum4)
+            && m.is_multiple_of(4)
+            && o.off.is_multiple_of(4)
+            && o.stride.is_multiple_of(4)
+            && out.0.ptr.is_multiple_of(16)
+            && part.is_multiple_of(16)
+            && n * m < 1 << 31
+    }
+
+    /// `mmq_jobs` in one product launch and at most one sum launch ([`Path::DenseJobs`]:
+    /// `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`): each job with the tiles and splits
+    /// [`Self::dense_plan`] gives it alone, so the same bits. False (nothing launched) where a
+    /// job would not take `mmq_q8_64` alone or the partials do not fit the part scratch.
+    fn mmq_dense_jobs(&self, ngroups: usize, xq: u64, n: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> bool {
+        if !self.path_on(Path::DenseJobs) || !(2..=3).contains(&jobs.len()) || self.mmq_ws {
+            return false;
+        }
+        let mut plan = [(0usize, 0usize, 0usize); 3]; // (m, splits, part offset in floats)
+        let mut part_floats = 0;
+        for (p, (w, _, _)) in plan.iter_mut().zip(jobs) {
+            let m = w.ne(1);
+            let (bn, nsplit) = self.dense_plan(m, ngroups, (n, n, 1));
+            if bn != 64 {
+                return false;
+            }
+            *p = (m, nsplit, part_floats);
+            if nsplit > 1 {
+                part_floats += nsplit * n * m;
+            }
+        }
+        if 4 * part_floats > PART_MIN_BYTES {
+            return false;
+        }
+        let Some(part) = self.scratch(S::Part, PART_MIN_BYTES) else { return true };
+        self.took(Path::DenseJobs);
+        let mut args = [A::I(0); 31];
+        let mut sum = [A::I(0); 22];
+        let mut blocks = 0;
+        for (j, (&(m, nsplit, poff), &(w, out, o))) in plan.iter().zip(jobs).enumerate() {
+            out.check(o);
+            let nb = m.div_ceil(64) * n.div_ceil(64) * nsplit;
+            blocks += nb;
+            let pp = part + 4 * poff as u64;
+            let dst = if nsplit > 1 { (pp, 0, m) } else { (out.0.ptr, o.off, o.stride) };
+            let job = [A::P(w.mem.ptr), l(w.row_bytes), i(m), A::P(dst.0), l(dst.1), l(dst.2), i(nsplit), l(n * m), i(nb)];
+            args[9 * j..9 * j + 9].copy_from_slice(&job);
+            let sj = [A::P(pp), i(nsplit), l(n * m), i(if nsplit > 1 { m } else { 0 }), A::P(out.0.ptr), l(o.off), l(o.stride)];
+            sum[7 * j..7 * j + 7].copy_from_slice(&sj);
+        }
+        args[27..].copy_from_slice(&[i(ngroups), A::P(xq), l(ngroups * 144), i(n)]);
+        self.launch("mmq_q8_64_jobs", (blocks as u32, 1, 1), 128, MMQ_SMEM as u32, &args);
+        sum[21] = i(n);
+        let split = || plan.iter().zip(jobs).filter(|(p, _)| p.1 > 1);
+        let total: usize = split().map(|(p, _)| n * p.0).sum();
+        if total > 0 && split().all(|(p, &(_, out, o))| self.sum4_ok(part + 4 * p.2 as u64, n, p.0, out, o)) {
+            self.took(Path::Sum4);
+            self.launch("mmq_sum_splits_jobs4", Self::grid1(total / 4), 256, 0, &sum);
+        } else if total > 0 {
+            self.launch("mmq_sum_splits_jobs", Self::grid1(total), 256, 0, &sum);
+        }
+        true
+    }
+
     /// The int8 tensor-core product of quantised activations `xq` (`n` rows of `ngroups` groups,
     /// `ng` tokens per matrix over `g` matrices of `w`) into `out`/`o`; split K where the tiles
     /// would not fill the device. The caller holds `scratch_op`.
@@ -2346,17 +2445,7 @@ impl CudaBackend {
             _ => None,
         };
         let m = w.ne(1);
-        // Too few tiles to fill the device (small matrices, decode-size batches): split K
-        // over blocks (at least mmq_split.0 groups each) into partial outputs, then sum them in
-        // order.
-        let bn = if ng <= self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed)) { 16 } else { 64 };
-        let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
-        // The partial outputs fit the part scratch's fixed size, so that it never grows after
-        // the warm-up at open (the decode step there allocates it, see the MLA decode).
-        let fit = PART_MIN_BYTES / (4 * n * m).max(1);
-        let (smin, socc) = self.mmq_split;
-        let nsplit =
-            if tiles >= self.sm_count { 1 } else { (socc * self.sm_count).div_ceil(tiles).min(ngroups / smin).min(fit).clamp(1, 16) };
+        let (bn, nsplit) = self.dense_plan(m, ngroups, (n, ng, g));
         let grid = (m.div_ceil(64) as u32, ng.div_ceil(bn) as u32, (g * nsplit) as u32);
         if nsplit == 1 {
             self.mmq_launch(w, m, ngroups, xq, grid, ng, None, 1, (out.0.ptr, o.off, o.stride), (1, 0), bn);
@@ -2375,6 +2464,13 @@ impl CudaBackend {
             Some(q) if m.is_multiple_of(128) => {
                 let args: [A; 9] = cat(sum, [A::P(q)]);
                 self.launch("mmq_sum_splits_q8", ((n * m / 128).div_ceil(8) as u32, 1, 1), 256, 0, &args);
+            }
+            _ if self.sum4_ok(part, n, m, out, o) => {
+                self.took(Path::Sum4);
+                self.launch("mmq_sum_splits4", Self::grid1(n * m / 4), 256, 0, &sum);
+                if let Some(q) = q8out {
+                    self.quant_groups(out.0.ptr, 0, o.off, o.stride, n, m, 0, q);
+                }
             }
             _ => {
                 self.launch("mmq_sum_splits", Self::grid1(n * m), 256, 0, &sum);
@@ -5163,6 +5259,9 @@ impl CudaBackend {
 
     /// `mmq_many`'s products from the quantised input `xq` (`ngroups` groups a row).
     fn mmq_jobs(&self, ngroups: usize, xq: u64, n: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
+        if self.mmq_dense_jobs(ngroups, xq, n, jobs) {
+            return;
+        }
         for &(w, out, o) in jobs {
             out.check(o);
             self.mmq_dense(w, ngroups, xq, (n, n, 1), out, o, SplitSum::Plain);

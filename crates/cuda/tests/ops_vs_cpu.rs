@@ -1857,6 +1857,104 @@ fn fused_matmul_many() {
     rep.finish();
 }
 
+/// matmul_many of decode batches on the 64-token int8 tiles with the jobs in one launch
+/// (`Path::DenseJobs`: `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`) and the split sums four values a
+/// thread (`Path::Sum4`), each alone and together, against one launch a job with the plain sums
+/// (both off), bit for bit, and against the CPU: V2-Lite's q + kv_a at 64, 80 and 128 rows (two
+/// token tiles, a short last one), three jobs with odd widths (the plain sums), narrow jobs (16
+/// splits each), a job wide enough to go without splits beside one with them; output views at
+/// 16-byte boundaries (Sum4's kernels) and off them.
+#[test]
+fn dense_jobs_exact() {
+    if gpu_tc_fused("dense_jobs_exact").is_none() {
+        return;
+    }
+    // (DenseJobs, Sum4) for each backend; the last is the reference.
+    let modes = [(true, false), (false, true), (true, true), (false, false)];
+    let bs: Vec<CudaBackend> = modes
+        .iter()
+        .map(|&(jobs, s4)| {
+            let b = CudaBackend::new(0).expect("another backend");
+            b.set_path(Path::DenseJobs, jobs);
+            b.set_path(Path::Sum4, s4);
+            b
+        })
+        .collect();
+    let c = cpu();
+    let mut r = rng(49);
+    let mut rep = Report::new("dense jobs");
+    // (k, the jobs' rows, batch sizes)
+    let sets: Vec<(usize, Vec<usize>, Vec<usize>)> = vec![
+        (2048, vec![3072, 576], vec![64, 80, 128]),
+        (1536, vec![200, 576, 97], vec![64, 100]),
+        (2048, vec![64, 32], vec![64]),
+        (2048, vec![8192, 576], vec![128]),
+    ];
+    let mut cases = 0u64;
+    for (k, ms, ns) in &sets {
+        let k = *k;
+        let bytes: Vec<Vec<u8>> = ms.iter().map(|&m| weight(&mut r, GgmlType::Q8_0, &[k, m], 0.5).0).collect();
+        let shapes: Vec<[usize; 2]> = ms.iter().map(|&m| [k, m]).collect();
+        let tds: Vec<TensorData> = shapes.iter().zip(&bytes).map(|(sh, b)| td("w", GgmlType::Q8_0, sh, b)).collect();
+        let ws: Vec<Vec<CudaWeight>> =
+            bs.iter().map(|b| tds.iter().map(|t| b.upload_weight(t, WeightUse::Matmul).unwrap()).collect()).collect();
+        let wc: Vec<CpuWeight> = tds.iter().map(|t| c.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
+        for &n in ns {
+            for aligned in [true, false] {
+                // The jobs' columns side by side from offset `base`, rows of their widths + `pad`.
+                let (base, pad) = if aligned { (4, 4) } else { (2, 1) };
+                let ostride = ms.iter().sum::<usize>() + pad;
+                let mut col = 0;
+                let views: Vec<Rows> = ms
+                    .iter()
+                    .map(|&m| {
+                        col += m;
+                        Rows { off: base + col - m, n, width: m, stride: ostride }
+                    })
+                    .collect();
+                let olen = base + n * ostride;
+                let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+                let x = randn(&mut r, xr.end(), 1.0);
+                let lab = format!("k={k} m={ms:?} n={n} aligned={aligned}");
+                let mut got = Vec::new();
+                for (b, w) in bs.iter().zip(&ws) {
+                    let (xb, ob) = (buf(b, &x), b.alloc(olen).unwrap());
+                    poison(b, &ob, olen);
+                    let jb: Vec<(&CudaWeight, &CudaBuf, Rows)> = w.iter().zip(&views).map(|(w, &v)| (w, &ob, v)).collect();
+                    b.matmul_many(&xb, xr, &jb);
+                    got.push(get(b, &ob, Rows::packed(1, olen)));
+                }
+                let (xc, oc) = (buf(c, &x), c.alloc(olen).unwrap());
+                poison(c, &oc, olen);
+                let jc: Vec<_> = wc.iter().zip(&views).map(|(w, &v)| (w, &oc, v)).collect();
+                c.matmul_many(&xc, xr, &jc);
+                // Every element of the buffer, the columns between the views (untouched) too.
+                let reference = got.last().unwrap();
+                for (mode, g) in modes.iter().zip(&got) {
+                    let same = g.iter().zip(reference).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()));
+                    if !same {
+                        rep.failures.push(format!("{lab}: (DenseJobs, Sum4) = {mode:?} differs from one launch a job"));
+                    }
+                }
+                let (tc, _) = matmul_tol(GgmlType::Q8_0, n);
+                for (j, (&m, &v)) in ms.iter().zip(&views).enumerate() {
+                    let view: Vec<f32> = (0..n).flat_map(|i| got[2][v.off + i * v.stride..][..m].to_vec()).collect();
+                    rep.check(&format!("{lab} job {j} ({m} rows) vs cpu"), &view, &get(c, &oc, v), tc, 1e-3);
+                }
+                cases += 1;
+            }
+        }
+    }
+    let launches: Vec<(u64, u64)> = bs.iter().map(|b| (b.path_launches(Path::DenseJobs), b.path_launches(Path::Sum4))).collect();
+    if launches[0].0 != cases || launches[2].0 != cases {
+        rep.failures.push(format!("the jobs' launch ran {launches:?} times, not {cases}"));
+    }
+    if launches[1].1 == 0 || launches[2].1 == 0 || launches[0].1 != 0 || launches[1].0 != 0 || launches[3] != (0, 0) {
+        rep.failures.push(format!("switches off still ran, or Sum4 never did: {launches:?}"));
+    }
+    rep.finish();
+}
+
 /// add_rms_norm_matmul_many (a decode layer's first norm and its q / kv_a products; CUDA, one
 /// token: `gemv_q8_multi_norm_1`, every block normalising the row itself) against the two ops on
 /// the same GPU, bit for bit (x, the normed row, every product), and against the CPU. Three

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Run in gpu-next98: the I2F-free sums lost and were reverted after it; I2F_CVT is gone.)
 # Thirty-first session: int8 dot products' sums to float without I2F (i2f_biased: the mma / dp4a
 # sums start at 0x4B400000, one FADD gives the value; the same bits). I2F_CVT=1 measures the
 # conversion instruction. ROWS_R's automatic choice now takes 2 row sets from 5 pairs an expert
