@@ -302,6 +302,13 @@ __device__ __forceinline__ void route_warp_body(int t, const float* logits, i64 
         if (lane == s) { esel = bi; wsel = bv; }
     }
     const float inv = norm_topk ? 1.0f / (wsum + 1e-20f) : 1.0f;
+#if defined(MOE_PIN_ROUTE) && MOE_PIN_ROUTE
+    // A measurement define (TS_CUDA_DEFINES=MOE_PIN_ROUTE=1): token t's k experts fixed by its
+    // index, k distinct ones spread evenly over the E (as real routing spreads them), whatever
+    // the scores, so that knockouts (MMQ_ROWS_KO) that change values keep the bytes read. The
+    // weights stay the scores'. Wrong tokens, on purpose.
+    if (lane < k && esel >= 0) esel = (int)(((long long)t * 37 + (long long)lane * (E / k + 1)) % E);
+#endif
     if (lane < k) {
         sel_e[t * k + lane] = esel;
         sel_w[t * k + lane] = esel >= 0 ? (norm_topk ? wsel * inv : wsel) * scale : 0.f;

@@ -325,7 +325,10 @@ __device__ __forceinline__ void mmq_group(float (&acc)[MI][NI][4], const u8* As,
             }
     }
 }
-template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP>
+// EARLY (dense products only, the caller has triggered but not waited): the first NST - 1
+// stages' weight rows are copied before the PDL wait, their activation rows after it, so the
+// weights' DRAM latency overlaps the previous kernel (Path::DenseEarly; the same bits).
+template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP, bool EARLY = false>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int in_div, float* out, i64 ooff, i64 ostride, int nsplit, i64 split_stride,
@@ -349,6 +352,7 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     __shared__ int src_row[BN], dst_row[BN];
     __shared__ int tile_e, tile_start;
     const int tid = threadIdx.x;
+    if (EARLY && cnt) pdl_wait();  // (grouped products read the counts: no early copies)
     // Which matrix and which tokens this tile covers.
     int e = 0, start, count;
     if (!mmq_block_tile<BN>(cnt, n_exp, n, nsplit, tile_e, tile_start, e, start, count, blk)) return;
@@ -359,7 +363,10 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     const int g0 = split * gps, g1 = min(ngroups, g0 + gps);
     out += split * split_stride;
     const int nt = min(BN, count - start);
-    if (nt <= 0) return;
+    if (nt <= 0) {
+        if (EARLY) pdl_wait();  // (every thread waits before it exits)
+        return;
+    }
     mmq_tile_rows<BN>(cnt ? perm : nullptr, off, e, start, nt, in_div, zg, src_row, dst_row);
     __syncthreads();
     const int m0 = bx * MMQ_BM;
@@ -393,7 +400,9 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     // of 778 instructions a warp and stage); on the H200 this gave pp512 16,350 -> 16,922,
     // pp2048 14,635 -> 15,048, 64 sequences 7,530 -> 7,605 (same tokens).
     const u32 sm0 = smem_addr(mmq_sm);
-    auto load = [&](int gi) {  // local stage gi = groups g0 + gi*GPS ..
+    // part: 3 the whole stage, 1 its weight rows only, 2 its activation rows only (EARLY);
+    // a weight piece's shared offset lies below MMQ_BM rows.
+    auto copy = [&](int gi, int part) {  // local stage gi = groups g0 + gi*GPS ..
         const int left = g1 - g0 - gi * GPS;  // groups of this stage that exist
         if (left > 0) {
             const u32 st = sm0 + (u32)((gi % NST) * STAGE);
@@ -401,8 +410,12 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
             for (int i = 0; i < PER; i++)
                 if ((ROWS * PIECES) % MMQ_THREADS == 0 || i < PER - 1 || tid + i * MMQ_THREADS < ROWS * PIECES)
                     if (GPS == 1 || (int)(dsto[i] >> 16) < left)
-                        cp_async16_s(st + (GPS == 1 ? dsto[i] : dsto[i] & 0xffffu), srcp[i] + (i64)gi * GPS * MMQ_GB);
+                        if (part == 3 || (part == 1) == ((dsto[i] & 0xffffu) < (u32)(MMQ_BM * RS)))
+                            cp_async16_s(st + (GPS == 1 ? dsto[i] : dsto[i] & 0xffffu), srcp[i] + (i64)gi * GPS * MMQ_GB);
         }
+    };
+    auto load = [&](int gi) {
+        copy(gi, 3);
         cp_commit();  // (empty groups keep the count uniform)
     };
     const int warp = tid >> 5, lane = tid & 31;
@@ -411,8 +424,22 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
     const int wm = (warp % WR) * MI * 16, wn = (warp / WR) * NI * 8;
     float acc[MI][NI][4];
     acc_zero(acc);
+    if (EARLY && !cnt) {
+        // The weight rows of the first stages, then the wait, then their activation rows:
+        // the first commit group holds stage 0 whole (and stage 1's weights), the next ones
+        // one stage's activation rows each, so the loop's waits still find stage gi complete.
 #pragma unroll
-    for (int st = 0; st < NST - 1; st++) load(st);
+        for (int st = 0; st < NST - 1; st++) copy(st, 1);
+        pdl_wait();
+#pragma unroll
+        for (int st = 0; st < NST - 1; st++) {
+            copy(st, 2);
+            cp_commit();
+        }
+    } else {
+#pragma unroll
+        for (int st = 0; st < NST - 1; st++) load(st);
+    }
     for (int gi = 0; gi < nstages; gi++) {
         cp_wait<NST - 2>();
         __syncthreads();          // stage gi has landed for every thread; stage gi-1 is consumed
@@ -516,6 +543,18 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
 #define MMQ64_MINB 3
 #endif
 MMQ_INST(mmq_q8_64, 2, 2, 2, 4, 1, 3, MMQ64_MINB, false)
+// mmq_q8_64 with its first stages' weight copies before the PDL wait (Path::DenseEarly: dense
+// products only; the same bits).
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
+    mmq_q8_64e(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
+               const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff, i64 ostride,
+               int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2,
+               const u8* Ws2, float* out2) {
+    pdl_trigger();  // (the wait is mmq_impl's, after the first weight copies)
+    mmq_impl<2, 2, 2, 4, 1, 3, false, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp,
+                                            in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes,
+                                            ws_stride, e_sh, W2, Ws2, out2, mmq_blk());
+}
 MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
 MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 
@@ -528,9 +567,9 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 // split s at s * split_stride floats, rows of m), its splits and blocks. Unused jobs: 0 blocks.
 #define MMQ_JOB_ARGS(j)                                                                                         \
     const u8 *W##j, i64 rb##j, int m##j, float *out##j, i64 ooff##j, i64 ost##j, int ns##j, i64 ss##j, int nb##j
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
-    mmq_q8_64_jobs(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
-    PDL_ENTRY();
+template <bool EARLY>
+__device__ __forceinline__ void mmq_jobs_impl(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups,
+                                              const u8* X, i64 xrow, int n) {
     int b = blockIdx.x;
     const u8* W = W0;
     i64 rb = rb0, ooff = ooff0, ost = ost0, ss = ss0;
@@ -551,8 +590,20 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
     }
     const int gx = (m + MMQ_BM - 1) / MMQ_BM, gy = (n + 63) / 64;
     const MmqBlk blk{b % gx, (b / gx) % gy, b / (gx * gy), gx, ns};
-    mmq_impl<2, 2, 2, 4, 1, 3, false>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out, ooff, ost,
-                                      ns, ss, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, blk);
+    mmq_impl<2, 2, 2, 4, 1, 3, false, EARLY>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out, ooff,
+                                             ost, ns, ss, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, blk);
+}
+#define MMQ_JOBS_PASS(j) W##j, rb##j, m##j, out##j, ooff##j, ost##j, ns##j, ss##j, nb##j
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
+    mmq_q8_64_jobs(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
+    PDL_ENTRY();
+    mmq_jobs_impl<false>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
+}
+// With Path::DenseEarly: the weights of the first stages before the PDL wait (mmq_q8_64e).
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
+    mmq_q8_64_jobse(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
+    pdl_trigger();  // (the wait is mmq_impl's)
+    mmq_jobs_impl<true>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
 }
 
 // mmq_q8_64's tile with the stage copies on a fifth warp (TS_CUDA_MMQ_WS=1; written in the

@@ -340,7 +340,9 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc_h",
     "mla_split_tc_he",
     "mmq_q8_64",
+    "mmq_q8_64e",
     "mmq_q8_64_jobs",
+    "mmq_q8_64_jobse",
     "mmq_q8_64ws",
     "mmq_q8_16",
     "mmq_q8_16g1",
@@ -872,7 +874,9 @@ fn kernel_names() -> Vec<String> {
         "moe_route_quant",
         "moe_gateup_sh_q8q",
         "mmq_q8_64",
+        "mmq_q8_64e",
         "mmq_q8_64_jobs",
+        "mmq_q8_64_jobse",
         "mmq_q8_64ws",
         "mmq_q8_16",
         "mmq_q8_16g1",
@@ -975,10 +979,16 @@ pub enum Path {
     /// sums in the same order) where the rows and views allow it. Off until measured;
     /// `TS_CUDA_SUM4=1`.
     Sum4,
+    /// The dense 64-token int8 tiles copy their first stages' weight rows before the PDL wait
+    /// (`mmq_q8_64e`, `mmq_q8_64_jobse`): weights are never written by a kernel, so their DRAM
+    /// latency can overlap the kernel before (Nsight: a 64-row dense product is ~7 µs whatever
+    /// its bytes). The same bits. Off until measured; `TS_CUDA_DENSE_EARLY=1`.
+    DenseEarly,
 }
 
 impl Path {
-    const ALL: [Path; 7] = [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8, Path::SumQ8, Path::DenseJobs, Path::Sum4];
+    const ALL: [Path; 8] =
+        [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8, Path::SumQ8, Path::DenseJobs, Path::Sum4, Path::DenseEarly];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -990,6 +1000,7 @@ impl Path {
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", false),
             Path::Sum4 => ("TS_CUDA_SUM4", false),
+            Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", false),
         }
     }
 
@@ -2411,7 +2422,12 @@ impl CudaBackend {
             sum[7 * j..7 * j + 7].copy_from_slice(&sj);
         }
         args[27..].copy_from_slice(&[i(ngroups), A::P(xq), l(ngroups * 144), i(n)]);
-        self.launch("mmq_q8_64_jobs", (blocks as u32, 1, 1), 128, MMQ_SMEM as u32, &args);
+        let early = self.path_on(Path::DenseEarly);
+        if early {
+            self.took(Path::DenseEarly);
+        }
+        let name = if early { "mmq_q8_64_jobse" } else { "mmq_q8_64_jobs" };
+        self.launch(name, (blocks as u32, 1, 1), 128, MMQ_SMEM as u32, &args);
         sum[21] = i(n);
         let split = || plan.iter().zip(jobs).filter(|(p, _)| p.1 > 1);
         let total: usize = split().map(|(p, _)| n * p.0).sum();
@@ -2726,8 +2742,12 @@ impl CudaBackend {
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
             _ if self.mmq_ws => ("mmq_q8_64ws", MMQ_SMEM),
+            _ if cnt == 0 && self.path_on(Path::DenseEarly) => ("mmq_q8_64e", MMQ_SMEM),
             _ => ("mmq_q8_64", MMQ_SMEM),
         };
+        if name == "mmq_q8_64e" {
+            self.took(Path::DenseEarly);
+        }
         // The rows kernels' `early` (see the argument below): 0, 1, or 1 + the shared chunks'
         // tiles when they go first (rows_sh_first).
         let early = match sh {

@@ -116,6 +116,7 @@ fn measurement_defines_compile_for_sm_90() {
             "-DMO_MU=4",
             "-DMMQ_OFF_EARLY=0",
             "-DMMQ_ROWS_KO=7",
+            "-DMOE_PIN_ROUTE=1",
         ],
     ) {
         panic!("{log}");

@@ -1858,9 +1858,10 @@ fn fused_matmul_many() {
 }
 
 /// matmul_many of decode batches on the 64-token int8 tiles with the jobs in one launch
-/// (`Path::DenseJobs`: `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`) and the split sums four values a
-/// thread (`Path::Sum4`), each alone and together, against one launch a job with the plain sums
-/// (both off), bit for bit, and against the CPU: V2-Lite's q + kv_a at 64, 80 and 128 rows (two
+/// (`Path::DenseJobs`: `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`), the split sums four values a
+/// thread (`Path::Sum4`) and the weight copies before the PDL wait (`Path::DenseEarly`:
+/// `mmq_q8_64e`, `mmq_q8_64_jobse`), alone and together, against one launch a job with the
+/// plain sums (all off), bit for bit, and against the CPU: V2-Lite's q + kv_a at 64, 80 and 128 rows (two
 /// token tiles, a short last one), three jobs with odd widths (the plain sums), narrow jobs (16
 /// splits each), a job wide enough to go without splits beside one with them; output views at
 /// 16-byte boundaries (Sum4's kernels) and off them.
@@ -1869,14 +1870,16 @@ fn dense_jobs_exact() {
     if gpu_tc_fused("dense_jobs_exact").is_none() {
         return;
     }
-    // (DenseJobs, Sum4) for each backend; the last is the reference.
-    let modes = [(true, false), (false, true), (true, true), (false, false)];
+    // (DenseJobs, Sum4, DenseEarly) for each backend; the last is the reference.
+    let modes =
+        [(true, false, false), (false, true, false), (true, true, false), (false, false, true), (true, true, true), (false, false, false)];
     let bs: Vec<CudaBackend> = modes
         .iter()
-        .map(|&(jobs, s4)| {
+        .map(|&(jobs, s4, early)| {
             let b = CudaBackend::new(0).expect("another backend");
             b.set_path(Path::DenseJobs, jobs);
             b.set_path(Path::Sum4, s4);
+            b.set_path(Path::DenseEarly, early);
             b
         })
         .collect();
@@ -1933,7 +1936,7 @@ fn dense_jobs_exact() {
                 for (mode, g) in modes.iter().zip(&got) {
                     let same = g.iter().zip(reference).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()));
                     if !same {
-                        rep.failures.push(format!("{lab}: (DenseJobs, Sum4) = {mode:?} differs from one launch a job"));
+                        rep.failures.push(format!("{lab}: (DenseJobs, Sum4, DenseEarly) = {mode:?} differs from one launch a job"));
                     }
                 }
                 let (tc, _) = matmul_tol(GgmlType::Q8_0, n);
@@ -1945,12 +1948,13 @@ fn dense_jobs_exact() {
             }
         }
     }
-    let launches: Vec<(u64, u64)> = bs.iter().map(|b| (b.path_launches(Path::DenseJobs), b.path_launches(Path::Sum4))).collect();
-    if launches[0].0 != cases || launches[2].0 != cases {
-        rep.failures.push(format!("the jobs' launch ran {launches:?} times, not {cases}"));
-    }
-    if launches[1].1 == 0 || launches[2].1 == 0 || launches[0].1 != 0 || launches[1].0 != 0 || launches[3] != (0, 0) {
-        rep.failures.push(format!("switches off still ran, or Sum4 never did: {launches:?}"));
+    // Each switch ran where it was on (the jobs' launch on every case) and nowhere else.
+    for (&(jobs, s4, early), b) in modes.iter().zip(&bs) {
+        let n = [Path::DenseJobs, Path::Sum4, Path::DenseEarly].map(|p| b.path_launches(p));
+        let ok = (n[0] == if jobs { cases } else { 0 }) && (n[1] > 0) == s4 && (n[2] > 0) == early;
+        if !ok {
+            rep.failures.push(format!("(DenseJobs, Sum4, DenseEarly) = {:?}: launches {n:?} ({cases} cases)", (jobs, s4, early)));
+        }
     }
     rep.finish();
 }

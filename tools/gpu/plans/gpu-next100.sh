@@ -2,17 +2,23 @@
 # Thirty-first session, written after its device time was spent (not yet run), after
 # gpu-next99: the rows' marginal cost, 80 and 96 sequences (the server's steps carry ~63 decode
 # rows and ~16 prompt rows: bench 64 rows 7.8 ms a step, the server 9.6 ms), and the server
-# with 64 clients on the defaults and on S (edit S to what gpu-next99 keeps).
-#   tools/gpu/plans/gpu-next100.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -40   (~4 minutes)
+# with 64 clients on the defaults and on S (edit S to what gpu-next99 keeps); between them the
+# rows kernel's knockouts (MMQ_ROWS_KO: 1 no activation tile copy, 2 no token list, 4 no
+# multiply) with the routing pinned (MOE_PIN_ROUTE=1: each token's experts fixed by its index,
+# spread evenly), so that wrong values no longer change the experts' spread and the bytes read.
+#   tools/gpu/plans/gpu-next100.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -40   (~6 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=120
 q8_bg
 wait
-S="TS_CUDA_DENSE_JOBS=1 TS_CUDA_SUM4=1"
+S="TS_CUDA_DENSE_JOBS=1 TS_CUDA_SUM4=1 TS_CUDA_DENSE_EARLY=1"
 stamp "== 80, 96 sequences"
 for p in 80 96; do b "" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done
+stamp "== the rows kernel's knockouts with the routing pinned (MOE_PIN_ROUTE: the same spread)"
+P="TS_CUDA_DEFINES=MOE_PIN_ROUTE=1"
+ab64 1 "$P" "$P,MMQ_ROWS_KO=1" "$P,MMQ_ROWS_KO=2" "$P,MMQ_ROWS_KO=4" "$P,MMQ_ROWS_KO=7"
 stamp "== server, 64 clients"
 serve64 "" 40
 serve64 "$S" 40

@@ -5,10 +5,12 @@
 #   it does in its own job's launch: the same bits (test dense_jobs_exact; the hash must hold).
 # - TS_CUDA_SUM4=1 (Path::Sum4): the dense split sums four values a thread (16-byte loads, four
 #   splits in flight, 32-bit indices): the same bits.
+# - TS_CUDA_DENSE_EARLY=1 (Path::DenseEarly): the dense 64-token tiles copy their first stages'
+#   weight rows before the PDL wait (mmq_q8_64e, mmq_q8_64_jobse): the same bits.
 # - TS_CUDA_SUM_Q8=1 alone again: its sum kernel now loads a 16-byte piece a split (it lost
 #   0.6% in gpu-next96 with a 4-byte load a split and a value).
 # gpu-next100 then: 80 / 96 sequences and the server with what this keeps.
-#   tools/gpu/plans/gpu-next99.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60   (~6.5 minutes)
+#   tools/gpu/plans/gpu-next99.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60   (~8 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
@@ -18,8 +20,9 @@ stamp "== every op test"
 op_log 200 4 ops.txt "" ""
 wait
 stamp "== 64 sequences"
-ab64 2 "" "TS_CUDA_DENSE_JOBS=1" "TS_CUDA_DENSE_JOBS=1 TS_CUDA_SUM4=1"
-ab64 1 "TS_CUDA_SUM4=1" "TS_CUDA_SUM_Q8=1"
+J="TS_CUDA_DENSE_JOBS=1"; S4="TS_CUDA_SUM4=1"; E="TS_CUDA_DENSE_EARLY=1"
+ab64 2 "" "$J" "$J $S4" "$E" "$J $S4 $E"
+ab64 1 "$S4" "TS_CUDA_SUM_Q8=1"
 stamp "== tg128 (the hash must hold)"
 b "" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
 rm -f $V
