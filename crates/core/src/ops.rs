@@ -17,6 +17,18 @@ pub enum RopeMode {
 
 /// Rotary embedding, precomputed at open: pair `i` at position `p` rotates by angle
 /// `p * freqs[i]`, and both outputs are multiplied by `mscale`.
+/// Steps by how they ran ([`Backend::step_counts`]), counts since the backend was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepCounts {
+    /// Replayed from a recording: one launch.
+    pub replayed: u64,
+    /// Recorded this time (and run from the recording).
+    pub recorded: u64,
+    /// Enqueued op by op: first sight of a key, too many tokens or recordings, or a recording
+    /// that could not be kept.
+    pub eager: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct RopeSpec {
     pub mode: RopeMode,
@@ -526,6 +538,13 @@ pub trait Backend: Send + Sync {
     /// ran and the caller must enqueue them again (without another `graph_begin`). Default: true.
     fn graph_end(&self) -> bool {
         true
+    }
+
+    /// How the steps bracketed by [`Backend::graph_begin`] / [`Backend::graph_end`] ran so far
+    /// (a server's mixed batches each have their own key: this says how many found a
+    /// recording). Default: all zero (the backend records nothing).
+    fn step_counts(&self) -> StepCounts {
+        StepCounts::default()
     }
 
     /// True when the backend sizes its own scratch (dequantised weights, MoE intermediates,

@@ -386,6 +386,8 @@ __device__ __forceinline__ void cp_async16_z(void* s, const void* g, int bytes) 
 __device__ __forceinline__ void cp_async16_zs(u32 s, const void* g, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(bytes));
 }
+// Ask L2 for the line holding p (no register written, nothing waited for).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {

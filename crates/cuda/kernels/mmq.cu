@@ -326,8 +326,9 @@ __device__ __forceinline__ void mmq_group(float (&acc)[MI][NI][4], const u8* As,
     }
 }
 // EARLY (dense products only, the caller has triggered but not waited): the first NST - 1
-// stages' weight rows are copied before the PDL wait, their activation rows after it, so the
-// weights' DRAM latency overlaps the previous kernel (Path::DenseEarly; the same bits).
+// stages' weight rows are copied before the PDL wait (the next four stages' asked of L2), their
+// activation rows after it, so the weights' DRAM latency overlaps the previous kernel
+// (Path::DenseEarly; the same bits).
 template <int WR, int WC, int MI, int NI, int GPS, int NST, bool SKIP, bool EARLY = false>
 __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X,
                                          i64 xrow, int n, const int* cnt, const int* off, const int* perm, int n_exp,
@@ -430,6 +431,17 @@ __device__ __forceinline__ void mmq_impl(const u8* W, i64 row_bytes, i64 mat_byt
         // one stage's activation rows each, so the loop's waits still find stage gi complete.
 #pragma unroll
         for (int st = 0; st < NST - 1; st++) copy(st, 1);
+        // The next few stages' weight rows into L2 (a split-K block has only a few stages): the
+        // first and last 16-byte piece of each row's group, the lines it spans.
+        for (int gi = NST - 1; gi < min(nstages, NST - 1 + 4); gi++)
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                const u32 so = dsto[i] & 0xffffu, q = (so % RS) / 16;
+                const bool exists = (ROWS * PIECES) % MMQ_THREADS == 0 || tid + i * MMQ_THREADS < ROWS * PIECES;
+                if (exists && so < (u32)(MMQ_BM * RS) && (q % 9 == 0 || q % 9 == 8) &&
+                    (GPS == 1 || (int)(dsto[i] >> 16) < g1 - g0 - gi * GPS))
+                    prefetch_l2(srcp[i] + (i64)gi * GPS * MMQ_GB);
+            }
         pdl_wait();
 #pragma unroll
         for (int st = 0; st < NST - 1; st++) {

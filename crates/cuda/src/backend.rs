@@ -28,7 +28,7 @@ use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaEvent, Cuda
 use cudarc::nvrtc::Ptx;
 use ts_core::{
     AttnParams, Backend, BackendError, BatchMeta, Experts, Gating, GgmlType, Glu, MlaParams, MoeNext, MoeParams, Result, RopeMode,
-    RopeSpec, Rows, TensorData, TokenMeta, WeightInfo, WeightUse, TOKEN_FROM_ARGMAX,
+    RopeSpec, Rows, StepCounts, TensorData, TokenMeta, WeightInfo, WeightUse, TOKEN_FROM_ARGMAX,
 };
 use ts_formats::quant;
 
@@ -979,9 +979,9 @@ pub enum Path {
     /// sums in the same order) where the rows and views allow it. Off until measured;
     /// `TS_CUDA_SUM4=1`.
     Sum4,
-    /// The dense 64-token int8 tiles copy their first stages' weight rows before the PDL wait
-    /// (`mmq_q8_64e`, `mmq_q8_64_jobse`): weights are never written by a kernel, so their DRAM
-    /// latency can overlap the kernel before (Nsight: a 64-row dense product is ~7 µs whatever
+    /// The dense 64-token int8 tiles copy their first stages' weight rows before the PDL wait,
+    /// and ask L2 for the next four stages' (`mmq_q8_64e`, `mmq_q8_64_jobse`): weights are
+    /// never written by a kernel, so their DRAM latency can overlap the kernel before (Nsight: a 64-row dense product is ~7 µs whatever
     /// its bytes). The same bits. Off until measured; `TS_CUDA_DENSE_EARLY=1`.
     DenseEarly,
 }
@@ -1232,7 +1232,8 @@ pub struct CudaBackend {
     /// `rms_norm_matmul_many` in one launch (`gemv_q8_multi_norm_1` without a delta: no block
     /// counter, x not written). On; `TS_CUDA_MOE_RESIDUAL=0` turns it off (tg128 +7.5 tok/s on the H100).
     moe_residual: AtomicBool,
-    /// 0: hints ignored; 1 (default): the attention kernel's; 2: the norm's too.
+    /// [`Backend::prefetch_hint`]'s regions: 0 (default) ignored; 1 asked into L2 by the
+    /// attention kernel; 2 by the norm's too. `TS_CUDA_L2PF` (measured slower, docs/PERF.md).
     l2pf: u8,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
@@ -1413,6 +1414,8 @@ struct GraphState {
     spoiled: bool,
     /// Keys whose capture failed: not tried again.
     failed: std::collections::HashSet<u64>,
+    /// `Backend::step_counts`.
+    counts: StepCounts,
 }
 
 fn dev_err(what: &str, e: impl std::fmt::Debug) -> BackendError {
@@ -4365,6 +4368,7 @@ impl Backend for CudaBackend {
             } else if let (Some(tr), Some(names)) = (&self.trace, gs.names.get(&key)) {
                 tr.lock().unwrap_or_else(|e| e.into_inner()).extend(names.iter().cloned());
             }
+            gs.counts.replayed += 1;
             return true;
         }
         if gs.failed.contains(&key) {
@@ -4396,7 +4400,10 @@ impl Backend for CudaBackend {
 
     fn graph_end(&self) -> bool {
         let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(key) = gs.capturing.take() else { return true };
+        let Some(key) = gs.capturing.take() else {
+            gs.counts.eager += 1;
+            return true;
+        };
         let spoiled = std::mem::take(&mut gs.spoiled);
         match self.stream.end_capture(drv_sys::CUgraphInstantiate_flags(0)) {
             Ok(Some(graph)) if !spoiled => {
@@ -4408,14 +4415,20 @@ impl Backend for CudaBackend {
                 }
                 gs.names.insert(key, names);
                 gs.graphs.insert(key, Graph(graph));
+                gs.counts.recorded += 1;
                 true
             }
             _ => {
                 gs.capture_names.clear();
                 gs.failed.insert(key);
+                gs.counts.eager += 1;
                 false
             }
         }
+    }
+
+    fn step_counts(&self) -> StepCounts {
+        self.graphs.lock().unwrap_or_else(|e| e.into_inner()).counts
     }
 
     fn matmul_many(&self, x: &CudaBuf, xr: Rows, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {

@@ -550,6 +550,9 @@ impl<B: Backend> Model for Gemma3<B> {
     fn argmax_collect(&mut self, out: &mut [u32]) -> Result<()> {
         Ok(self.be.argmax_collect(out)?)
     }
+    fn step_counts(&self) -> ts_core::StepCounts {
+        self.be.step_counts()
+    }
 
     fn forward_outputs(&mut self, batch: &BatchMeta, mut out: Outputs<'_>) -> Result<()> {
         let c = &self.cfg;

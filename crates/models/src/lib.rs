@@ -196,6 +196,11 @@ pub trait Model: Send {
     fn argmax_collect(&mut self, _out: &mut [u32]) -> Result<()> {
         Err(ModelError::Run("this model's backend does not queue arg-maxes".into()))
     }
+    /// Its backend's [`ts_core::ops::Backend::step_counts`]: how its forwards ran (replayed,
+    /// recorded, op by op). Default: all zero.
+    fn step_counts(&self) -> ts_core::StepCounts {
+        ts_core::StepCounts::default()
+    }
 }
 
 /// [`load`], calling `progress(bytes_done, bytes_total)` as tensors are uploaded, and with

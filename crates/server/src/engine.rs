@@ -632,6 +632,10 @@ impl<'m, 't> Stepper<'m, 't> {
             }
         };
         self.metrics.steps.fetch_add(1, Relaxed);
+        let sc = self.model.step_counts();
+        self.metrics.steps_replayed.store(sc.replayed, Relaxed);
+        self.metrics.steps_recorded.store(sc.recorded, Relaxed);
+        self.metrics.steps_eager.store(sc.eager, Relaxed);
         self.metrics.batch_tokens.fetch_add(n_real as u64, Relaxed);
         self.metrics.last_batch_tokens.store(n_real as u64, Relaxed);
         if let Some(e) = err {

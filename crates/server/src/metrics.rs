@@ -83,6 +83,11 @@ pub struct Metrics {
     pub batch_tokens: AtomicU64,
     /// Tokens in the latest forward.
     pub last_batch_tokens: AtomicU64,
+    /// Forwards by how the backend ran them (`Model::step_counts`): replayed from a recording
+    /// (CUDA graphs), recorded, op by op. Each batch shape has its own recording.
+    pub steps_replayed: AtomicU64,
+    pub steps_recorded: AtomicU64,
+    pub steps_eager: AtomicU64,
     /// Seconds spent in forwards + sampling.
     pub step_seconds: F64Gauge,
     /// Of which in the model's forward passes (including the logits' copy to the host).
@@ -162,6 +167,19 @@ impl Metrics {
         gauge(&mut s, "turbospark_batch_tokens", "Tokens in the latest forward pass.", self.last_batch_tokens.load(Relaxed) as f64);
         counter(&mut s, "turbospark_steps_total", "Forward passes run.", self.steps.load(Relaxed));
         counter(&mut s, "turbospark_batch_tokens_total", "Tokens fed through forward passes.", self.batch_tokens.load(Relaxed));
+        counter(
+            &mut s,
+            "turbospark_steps_replayed_total",
+            "Forward passes replayed from a recording of their batch shape (CUDA graphs).",
+            self.steps_replayed.load(Relaxed),
+        );
+        counter(
+            &mut s,
+            "turbospark_steps_recorded_total",
+            "Forward passes recorded (then run from the recording).",
+            self.steps_recorded.load(Relaxed),
+        );
+        counter(&mut s, "turbospark_steps_eager_total", "Forward passes enqueued op by op.", self.steps_eager.load(Relaxed));
         let _ = writeln!(
             s,
             "# HELP turbospark_step_seconds_total Seconds spent in forward passes and sampling.\n# TYPE turbospark_step_seconds_total counter\nturbospark_step_seconds_total {}",
@@ -219,7 +237,12 @@ mod tests {
         m.step_seconds.set(1.5);
         m.observe_ttft(0.2);
         m.response("chat", 400);
+        m.steps_replayed.store(7, Relaxed);
+        m.steps_eager.store(2, Relaxed);
         let t = m.render();
+        assert_eq!(scrape(&t, "turbospark_steps_replayed_total"), Some(7.0));
+        assert_eq!(scrape(&t, "turbospark_steps_recorded_total"), Some(0.0));
+        assert_eq!(scrape(&t, "turbospark_steps_eager_total"), Some(2.0));
         assert_eq!(scrape(&t, "turbospark_completion_tokens_total"), Some(42.0));
         assert_eq!(scrape(&t, "turbospark_requests_finished_total{reason=\"cancelled\"}"), Some(3.0));
         assert_eq!(scrape(&t, "turbospark_step_seconds_total"), Some(1.5));

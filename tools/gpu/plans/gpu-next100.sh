@@ -6,7 +6,10 @@
 # rows kernel's knockouts (MMQ_ROWS_KO: 1 no activation tile copy, 2 no token list, 4 no
 # multiply) with the routing pinned (MOE_PIN_ROUTE=1: each token's experts fixed by its index,
 # spread evenly), so that wrong values no longer change the experts' spread and the bytes read.
-#   tools/gpu/plans/gpu-next100.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -40   (~6 minutes)
+# The server's metrics now count forwards replayed from a CUDA graph, recorded, and run op by op
+# (each batch shape, output count and attention split count has its own recording): the last
+# run pads forwards to multiples of 8 rows, fewer shapes.
+#   tools/gpu/plans/gpu-next100.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -40   (~7 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
@@ -22,5 +25,6 @@ ab64 1 "$P" "$P,MMQ_ROWS_KO=1" "$P,MMQ_ROWS_KO=2" "$P,MMQ_ROWS_KO=4" "$P,MMQ_ROW
 stamp "== server, 64 clients"
 serve64 "" 40
 serve64 "$S" 40
+serve64 "$S" 40 "--row-multiple 8"
 rm -f $V
 stamp "== done"
