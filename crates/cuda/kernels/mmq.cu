@@ -836,16 +836,25 @@ __device__ __forceinline__ int rows_pair_half(const u8*& W, const u8*& Ws, float
 // (matrix known before the wait), then blocks S + e for routed expert e's first tile, then the
 // routed experts' later tiles. The chunks' full 16-token tiles are the launch's longest blocks;
 // placed last (after every first tile) they were its ragged tail, two blocks an SM.
-template <int NBUF, bool DENSE, int R>
+// GLU (grouped gate/up pairs, Path::GluEpi; R == 2, m % 64 == 0): the block's two row sets are
+// the same 64 rows of the gate (W) and of the up matrix (W2), and instead of storing either the
+// block writes act(gate) * up of its rows, quantised, into the down product's input: rows of
+// hqrow bytes, pair p's Q8_0 group r / 128 at hq + p * hqrow, its 64 rows two of the group's
+// four 32-value blocks. The same values, maxima and roundings as quant_q8_groups with `act` on
+// the stored gate and up rows (quant_group_store), so the same bits; no gate / up floats
+// written and read back, no quantisation launch.
+template <int NBUF, bool DENSE, int R, bool GLU = false>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
                                               i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
                                               i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early) {
+                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early,
+                                              int act = 0, u8* hq = nullptr, i64 hqrow = 0) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
-    const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
+    static_assert(!GLU || (R == 2 && !DENSE), "the GLU epilogue takes gate and up as two row sets");
+    const int bx = GLU ? (int)blockIdx.x : rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
     __shared__ int tile_e, tile_start;
@@ -858,7 +867,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     // R row sets a warp (grouped only): rows r0 + s*MMQ_BM for s < R, one after the other.
     static_assert(R == 1 || !DENSE, "row sets are for grouped products");
-    const int r0 = bx * (MMQ_BM * R) + warp * 16;
+    const int r0 = bx * (MMQ_BM * (GLU ? 1 : R)) + warp * 16;
     // The block's matrix before the wait (pre), or from the counts after it.
     const int shT = !DENSE && early > 1 ? early - 1 : 0;  // shared chunks' tiles first (S)
     bool pre = DENSE || (early && (int)blockIdx.y < n_exp);
@@ -926,7 +935,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     Grp v[NBUF];
     int nrs = 0;
 #pragma unroll
-    for (int s2 = 0; s2 < R; s2++) nrs += r0 + s2 * MMQ_BM < m;
+    for (int s2 = 0; s2 < R; s2++) nrs += GLU || r0 + s2 * MMQ_BM < m;
     const int nv = R == 1 ? ng : nrs * ng;
     int ls = 0, lg = 0;  // the next group to load: row set ls, group lg (R > 1)
     auto load_next = [&](Grp& x) {
@@ -934,6 +943,14 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         if (++lg == ng) {
             lg = 0;
             ++ls;
+            if (GLU) {
+                // The up matrix's same rows (its shared chunk, its tiled copy).
+                W = W2;
+                Ws = Ws2;
+                Wtl = W2tl;
+                matrix();
+                return;
+            }
             const int rs0 = r0 + ls * MMQ_BM;
             if (tl) {
                 pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(rs0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
@@ -1050,7 +1067,8 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         }
         store(r0);
     } else {
-        if (nv == 0) return;  // no barrier past here
+        if (nv == 0) return;  // no barrier past here (GLU: nv = 2 * ng for every warp)
+        float accg[2][4];     // GLU: the gate set's sums
         int ms = 0, mg = 0;  // the group to multiply: row set ms, group mg
         for (int vi = 0; vi < nv; vi += NBUF) {
 #pragma unroll
@@ -1059,15 +1077,53 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
                     mul(v[i], mg);
                     if (vi + i + NBUF < nv) load_next(v[i]);
                     if (++mg == ng) {
-                        store(r0 + ms * MMQ_BM);
+                        if (!GLU) {
+                            store(r0 + ms * MMQ_BM);
+                        } else if (ms == 0) {
+#pragma unroll
+                            for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                                for (int c = 0; c < 4; c++) accg[ni][c] = acc[ni][c];
+                        }
                         mg = 0;
                         ++ms;
+                        if (!GLU || ms == 1) {
 #pragma unroll
-                        for (int ni = 0; ni < 2; ni++)
+                            for (int ni = 0; ni < 2; ni++)
 #pragma unroll
-                            for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
+                                for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
+                        }
                     }
                 }
+            }
+        }
+        if constexpr (GLU) {
+            // act(gate) * up of the block's 64 rows x 16 tokens through shared memory, then a
+            // warp a (token, 32-row block): the block's max, d = amax / 127 (stored as f16), q =
+            // round(x / d), as quant_group_store.
+            __shared__ float gl[BN][MMQ_BM + 1];
+#pragma unroll
+            for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    gl[ni * 8 + 2 * t + (c & 1)][warp * 16 + g + (c >> 1) * 8] = act_fn(act, accg[ni][c]) * acc[ni][c];
+            __syncthreads();
+            const int m0 = bx * MMQ_BM;  // (m % 128 == 0: a block's rows are one half of a group)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int u = warp * 8 + i, j = u >> 1, b = u & 1;
+                if (j >= nt) continue;  // (warp-uniform)
+                const float x = gl[j][b * 32 + lane];
+                float a = fabsf(x);
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+                const float d = a / 127.f;
+                const float id = d != 0.f ? 1.0f / d : 0.f;
+                u8* gp = hq + (i64)dst_row[j] * hqrow + (i64)(m0 >> 7) * MMQ_GB;
+                const int bb = ((m0 >> 6) & 1) * 2 + b;  // the 32-value block within the group
+                gp[16 + bb * 32 + lane] = (u8)(i8)(int)roundf(x * id);
+                if (lane == 0) ((u16*)gp)[bb] = f2h(d);
+                if (bb == 0 && lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
             }
         }
     }
@@ -1107,6 +1163,20 @@ MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false, 1)
 // an expert (CudaBackend::rows_r): 128 sequences 12,663 -> 13,122 tok/s on the H200, 64 the same,
 // 32 sequences -1.5%; four row sets (256 rows a block) lost at all three (64: 7,085 vs 7,512).
 MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
+// Gate and up of the grouped MoE with the GLU and its quantisation in the epilogue
+// (Path::GluEpi): grid x = m / 64 (each block both matrices' rows), act (1 SiLU, 2 GELU-tanh),
+// the down product's quantised input hq (rows of hqrow bytes).
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
+    mmq_q8_rows_glu(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
+                    const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,
+                    i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh,
+                    const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early,
+                    int act, u8* hq, i64 hqrow) {
+    pdl_trigger();  // (the wait is mmq_rows_impl's, after the first weight loads)
+    mmq_rows_impl<2, false, 2, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out,
+                                     ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2,
+                                     Wtl, W2tl, tl_mat_bytes, early, act, hq, hqrow);
+}
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)

@@ -348,6 +348,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_16g1",
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
+    "mmq_q8_rows_glu",
     "mmq_q8_rows_d",
     "mla_out_q8",
     "mla_out_bf16",
@@ -484,9 +485,13 @@ struct MmqGroups {
     pairs: usize,
     /// Tokens of the batch: each shared chunk's (with `sh`) pairs.
     tokens: usize,
+    /// With `pair` (gate, up): (act, hq, hq row bytes) for the GLU and its quantisation in the
+    /// launch's epilogue ([`Path::GluEpi`], `mmq_q8_rows_glu`), where the rows kernel runs it.
+    glu: Option<(i32, u64, usize)>,
 }
 impl MmqGroups {
-    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0 };
+    const NONE: MmqGroups =
+        MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0, glu: None };
 }
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
@@ -882,6 +887,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_16g1",
         "mmq_q8_rows",
         "mmq_q8_rows_r2",
+        "mmq_q8_rows_glu",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
         "mmq_sum_splits4",
@@ -984,11 +990,26 @@ pub enum Path {
     /// never written by a kernel, so their DRAM latency can overlap the kernel before (Nsight: a 64-row dense product is ~7 µs whatever
     /// its bytes). The same bits. Off until measured; `TS_CUDA_DENSE_EARLY=1`.
     DenseEarly,
+    /// The grouped MoE's gate and up launch (rows kernel, 16-token tiles) writes the down
+    /// product's quantised input itself (`mmq_q8_rows_glu`: a block takes 64 rows of both
+    /// matrices, then act(gate) * up through shared memory, quantised as `quant_q8_groups`
+    /// quantises it): no gate / up floats written and read back, no quantisation launch. The
+    /// same bits. Off until measured; `TS_CUDA_GLU_EPI=1`.
+    GluEpi,
 }
 
 impl Path {
-    const ALL: [Path; 8] =
-        [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8, Path::SumQ8, Path::DenseJobs, Path::Sum4, Path::DenseEarly];
+    const ALL: [Path; 9] = [
+        Path::Absorb16,
+        Path::Out16,
+        Path::SplitEarly,
+        Path::NormQ8,
+        Path::SumQ8,
+        Path::DenseJobs,
+        Path::Sum4,
+        Path::DenseEarly,
+        Path::GluEpi,
+    ];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -1001,6 +1022,7 @@ impl Path {
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", false),
             Path::Sum4 => ("TS_CUDA_SUM4", false),
             Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", false),
+            Path::GluEpi => ("TS_CUDA_GLU_EPI", false),
         }
     }
 
@@ -2703,6 +2725,7 @@ impl CudaBackend {
     /// ([`MmqGroups`]), `None` for the dense one (`grid.2 / nsplit` matrices of `n` tokens);
     /// `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the splits'
     /// partial outputs); `bn` the tokens per tile (64 or 16; `grid.1` counts such tiles).
+    /// True where the experts' `glu` epilogue ran (the caller then has the down product's input).
     #[allow(clippy::too_many_arguments)]
     fn mmq_launch(
         &self,
@@ -2717,8 +2740,8 @@ impl CudaBackend {
         (out, ooff, ostride): (u64, usize, usize),
         (nsplit, split_stride): (usize, usize),
         bn: usize,
-    ) {
-        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens } = experts.unwrap_or(MmqGroups::NONE);
+    ) -> bool {
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens, glu } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
@@ -2735,11 +2758,15 @@ impl CudaBackend {
             0 => 1,
             r => r,
         };
+        // The GLU epilogue: gate and up as each block's two row sets, m / 64 blocks along x.
+        let glu = glu.filter(|_| rows && cnt != 0 && w2 != 0 && m.is_multiple_of(128));
         let grid = match rr {
+            _ if glu.is_some() => (m.div_ceil(64) as u32, grid.1, grid.2),
             2.. => ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(64 * rr) as u32, grid.1, grid.2),
             _ => grid,
         };
         let (name, smem) = match (bn, self.mmq16) {
+            _ if glu.is_some() => ("mmq_q8_rows_glu", rows_smem),
             _ if rows && cnt != 0 => (if rr == 2 { "mmq_q8_rows_r2" } else { "mmq_q8_rows" }, rows_smem),
             _ if rows => ("mmq_q8_rows_d", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
@@ -2797,8 +2824,15 @@ impl CudaBackend {
         ];
         // (The mmq_q8 tiles take the common arguments only.)
         let na = if rows { args.len() } else { 25 };
+        if let Some((act, hq, hqrow)) = glu {
+            self.took(Path::GluEpi);
+            let args: [A; 32] = cat(args, [A::I(act), A::P(hq), l(hqrow)]);
+            self.launch(name, grid, 128, smem as u32, &args);
+            return true;
+        }
         // (mmq_q8_64ws: the 4 multiplying warps and a producer warp)
         self.launch(name, grid, if name == "mmq_q8_64ws" { 160 } else { 128 }, smem as u32, &args[..na]);
+        false
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
@@ -2960,7 +2994,7 @@ impl CudaBackend {
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
             let sh = sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne));
-            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n })
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n, glu: None })
         };
         let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
         let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
@@ -2971,17 +3005,21 @@ impl CudaBackend {
         // tiles; TS_CUDA_MOE_GU=0: two). Measured on the H200: 64 sequences 6,069 vs 6,009 tok/s;
         // prompts (64-token tiles) lost 2% (pp512 15,014 vs 15,347), so they keep two launches.
         if self.moe_gu && bn == 16 && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
+            let glu = self.path_on(Path::GluEpi).then_some((act, hq, fg * 144));
             let gr = groups(sg).map(|mut m| {
                 m.pair = Some((up.mem.ptr, su.map_or(0, |(s, _)| s.mem.ptr), u));
                 m.pair_tiled = up.tiled_ptr();
+                m.glu = glu;
                 m
             });
-            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
+            if !self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn) {
+                self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
+            }
         } else {
             self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
             self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);
+            self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         }
-        self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, groups(sd), 1, (y, 0, hdim), (1, 0), bn);
         self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
     }

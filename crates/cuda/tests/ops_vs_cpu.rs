@@ -2932,6 +2932,16 @@ fn moe_rows_exact() {
             b.set_rows_r(1);
             b.set_rows_shared_first(true);
         }
+        // The GLU and its quantisation in the gate/up launch's epilogue (Path::GluEpi,
+        // mmq_q8_rows_glu), with the tiles' early start and from the counts: the same bits.
+        for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
+            b.set_path(Path::GluEpi, true);
+            sets.push((format!("GLU epilogue, {kind}"), run(b, w, o)));
+            b.set_rows_early(false);
+            sets.push((format!("GLU epilogue, tiles from the counts, {kind}"), run(b, w, o)));
+            b.set_rows_early(true);
+            b.set_path(Path::GluEpi, false);
+        }
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
         }
@@ -2943,6 +2953,14 @@ fn moe_rows_exact() {
         rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
         rep.check(&format!("{lab} moe_shared, tiled experts (exact)"), &outs[2].0, &outs[1].0, 0.0, 0.0);
         rep.check(&format!("{lab} moe, tiled experts (exact)"), &outs[2].1, &outs[1].1, 0.0, 0.0);
+    }
+    for (b, kind) in [(tiled, "tiled"), (rowmaj, "row-major")] {
+        if b.path_launches(Path::GluEpi) == 0 {
+            rep.failures.push(format!("the GLU epilogue never ran ({kind})"));
+        }
+    }
+    if plain.path_launches(Path::GluEpi) != 0 {
+        rep.failures.push("the GLU epilogue ran with the switch off".into());
     }
     rep.finish();
 }

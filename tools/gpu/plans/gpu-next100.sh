@@ -16,7 +16,7 @@ source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=120
 q8_bg
 wait
-S="TS_CUDA_DENSE_JOBS=1 TS_CUDA_SUM4=1 TS_CUDA_DENSE_EARLY=1"
+S="TS_CUDA_DENSE_JOBS=1 TS_CUDA_SUM4=1 TS_CUDA_DENSE_EARLY=1 TS_CUDA_GLU_EPI=1"
 stamp "== 80, 96 sequences"
 for p in 80 96; do b "" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done
 stamp "== the rows kernel's knockouts with the routing pinned (MOE_PIN_ROUTE: the same spread)"
