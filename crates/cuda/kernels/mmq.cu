@@ -1236,21 +1236,22 @@ extern "C" __global__ void mmq_sum_splits4(const float* part, int nsplit, i64 sp
 
 // mmq_sum_splits of up to three jobs' partials in one launch (after mmq_q8_64_jobs): job j's
 // rows * m_j sums follow the jobs before it, each summed as mmq_sum_splits sums it (the same
-// bits). A job without splits: m_j = 0.
+// bits). A job without splits: m_j = 0. 32-bit indices (the host keeps all rows * m_j below
+// 2^31 together).
 #define SUM_JOB_ARGS(j) const float *p##j, int ns##j, i64 ss##j, int m##j, float *o##j, i64 oo##j, i64 os##j
 extern "C" __global__ void mmq_sum_splits_jobs(SUM_JOB_ARGS(0), SUM_JOB_ARGS(1), SUM_JOB_ARGS(2), int rows) { PDL_ENTRY();
-    const i64 t0 = (i64)rows * m0, t1 = t0 + (i64)rows * m1, total = t1 + (i64)rows * m2;
-    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+    const int t0 = rows * m0, t1 = t0 + rows * m1, total = t1 + rows * m2;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
         const int j = idx < t0 ? 0 : idx < t1 ? 1 : 2;
-        const i64 i = idx - (j == 0 ? 0 : j == 1 ? t0 : t1);
+        const int i = idx - (j == 0 ? 0 : j == 1 ? t0 : t1);
         const int m = j == 0 ? m0 : j == 1 ? m1 : m2, ns = j == 0 ? ns0 : j == 1 ? ns1 : ns2;
         const float* part = j == 0 ? p0 : j == 1 ? p1 : p2;
         const i64 ss = j == 0 ? ss0 : j == 1 ? ss1 : ss2;
-        const i64 r = i / m, c = i - r * m;
+        const int r = i / m, c = i - r * m;
         float v = 0.f;
         for (int s = 0; s < ns; s++) v += part[s * ss + i];
         float* o = j == 0 ? o0 : j == 1 ? o1 : o2;
-        o[(j == 0 ? oo0 : j == 1 ? oo1 : oo2) + r * (j == 0 ? os0 : j == 1 ? os1 : os2) + c] = v;
+        o[(j == 0 ? oo0 : j == 1 ? oo1 : oo2) + (i64)r * (j == 0 ? os0 : j == 1 ? os1 : os2) + c] = v;
     }
 }
 

@@ -2427,7 +2427,8 @@ impl CudaBackend {
                 part_floats += nsplit * n * m;
             }
         }
-        if 4 * part_floats > PART_MIN_BYTES {
+        // (The sums' 32-bit indices: every job's rows * m together below 2^31.)
+        if 4 * part_floats > PART_MIN_BYTES || plan.iter().map(|p| n * p.0).sum::<usize>() >= 1 << 31 {
             return false;
         }
         let Some(part) = self.scratch(S::Part, PART_MIN_BYTES) else { return true };
