@@ -44,6 +44,18 @@ __device__ __forceinline__ u16 f2h(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+// One warp's 32-value Q8_0 block b (0..3) of the 144-byte group at gp, value `lane` in each
+// lane: d = amax / 127 (stored as f16), q = round(v / d), as quant_group_store (mmq.cu) rounds
+// a whole group; block 0 also clears the group's pad words. (Kernels that make a group's blocks
+// one warp at a time: the one-token MoE's gate/up, mmq_q8_rows_glu.)
+__device__ __forceinline__ void quant_block32_store(float v, int lane, u8* gp, int b) {
+    const float a = warp_max(fabsf(v));
+    const float d = a / 127.f;
+    const float id = d != 0.f ? 1.0f / d : 0.f;
+    gp[16 + 32 * b + lane] = (u8)(i8)(int)roundf(v * id);
+    if (lane == 0) ((u16*)gp)[b] = f2h(d);
+    if (b == 0 && lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
+}
 
 // ---- the MLA latent cache: f32 rows, or f16 rows (Backend::alloc_latent_cache) ------------------
 // An f16 cache holds what the tensor-core MLA kernels stage from an f32 one (pack_h: clamped to the

@@ -1074,14 +1074,8 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     if (warp == 0) {
         float v = glu[lane];
         v *= wsl;
-        const float a = warp_max(fabsf(v));
-        const float d = a / 127.f;
-        const float id = d != 0.f ? 1.0f / d : 0.f;
-        const int b = bx & 3;  // this block's Q8_0 block within its 128-value group
-        u8* gp = hq + (i64)P * hrow + (i64)(bx >> 2) * 144;
-        gp[16 + 32 * b + lane] = (u8)(i8)(int)roundf(v * id);
-        if (lane == 0) ((u16*)gp)[b] = f2h(d);
-        if (b == 0 && lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
+        // (bx & 3: this block's Q8_0 block within its 128-value group)
+        quant_block32_store(v, lane, hq + (i64)P * hrow + (i64)(bx >> 2) * 144, bx & 3);
     }
 }
 // Eight warps of four rows each: 16 warps of two rows (two blocks an SM, so 264 of the 352

@@ -1099,8 +1099,8 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         }
         if constexpr (GLU) {
             // act(gate) * up of the block's 64 rows x 16 tokens through shared memory, then a
-            // warp a (token, 32-row block): the block's max, d = amax / 127 (stored as f16), q =
-            // round(x / d), as quant_group_store.
+            // warp a (token, 32-row block), quantised by quant_block32_store (as
+            // quant_group_store rounds a whole group).
             __shared__ float gl[BN][MMQ_BM + 1];
 #pragma unroll
             for (int ni = 0; ni < 2; ni++)
@@ -1113,17 +1113,9 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             for (int i = 0; i < 8; i++) {
                 const int u = warp * 8 + i, j = u >> 1, b = u & 1;
                 if (j >= nt) continue;  // (warp-uniform)
-                const float x = gl[j][b * 32 + lane];
-                float a = fabsf(x);
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-                const float d = a / 127.f;
-                const float id = d != 0.f ? 1.0f / d : 0.f;
-                u8* gp = hq + (i64)dst_row[j] * hqrow + (i64)(m0 >> 7) * MMQ_GB;
-                const int bb = ((m0 >> 6) & 1) * 2 + b;  // the 32-value block within the group
-                gp[16 + bb * 32 + lane] = (u8)(i8)(int)roundf(x * id);
-                if (lane == 0) ((u16*)gp)[bb] = f2h(d);
-                if (bb == 0 && lane < 2) ((u32*)gp)[2 + lane] = 0u;  // the pad words
+                // (((m0 >> 6) & 1) * 2 + b: the 32-value block within the group)
+                quant_block32_store(gl[j][b * 32 + lane], lane, hq + (i64)dst_row[j] * hqrow + (i64)(m0 >> 7) * MMQ_GB,
+                                    ((m0 >> 6) & 1) * 2 + b);
             }
         }
     }

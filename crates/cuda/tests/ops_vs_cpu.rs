@@ -1794,16 +1794,22 @@ fn job_weights(g: &CudaBackend, c: &CpuBackend, r: &mut StdRng, k: usize, jobs: 
 /// The jobs' output views for `n` rows, all in one buffer: job j at its own columns of rows of
 /// (the jobs' widths + 1), from offset 2; and the buffer's length.
 fn job_views(jobs: &[(GgmlType, usize)], n: usize) -> (Vec<Rows>, usize) {
-    let ostride = jobs.iter().map(|j| j.1).sum::<usize>() + 1;
+    let widths: Vec<usize> = jobs.iter().map(|j| j.1).collect();
+    job_views_at(&widths, n, 2, 1)
+}
+
+/// [`job_views`] for jobs of these widths, from offset `base`, rows of (the widths + `pad`).
+fn job_views_at(widths: &[usize], n: usize, base: usize, pad: usize) -> (Vec<Rows>, usize) {
+    let ostride = widths.iter().sum::<usize>() + pad;
     let mut col = 0;
-    let views = jobs
+    let views = widths
         .iter()
-        .map(|&(_, m)| {
+        .map(|&m| {
             col += m;
-            Rows { off: 2 + col - m, n, width: m, stride: ostride }
+            Rows { off: base + col - m, n, width: m, stride: ostride }
         })
         .collect();
-    (views, 2 + n * ostride)
+    (views, base + n * ostride)
 }
 
 #[test]
@@ -1906,16 +1912,7 @@ fn dense_jobs_exact() {
             for aligned in [true, false] {
                 // The jobs' columns side by side from offset `base`, rows of their widths + `pad`.
                 let (base, pad) = if aligned { (4, 4) } else { (2, 1) };
-                let ostride = ms.iter().sum::<usize>() + pad;
-                let mut col = 0;
-                let views: Vec<Rows> = ms
-                    .iter()
-                    .map(|&m| {
-                        col += m;
-                        Rows { off: base + col - m, n, width: m, stride: ostride }
-                    })
-                    .collect();
-                let olen = base + n * ostride;
+                let (views, olen) = job_views_at(ms, n, base, pad);
                 let xr = Rows { off: 1, n, width: k, stride: k + 3 };
                 let x = randn(&mut r, xr.end(), 1.0);
                 let lab = format!("k={k} m={ms:?} n={n} aligned={aligned}");
