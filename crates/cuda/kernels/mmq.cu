@@ -567,6 +567,24 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
                                             in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes,
                                             ws_stride, e_sh, W2, Ws2, out2, mmq_blk());
 }
+// 64 x 128 tiles for the dense products of decode batches of 65-128 tokens (Path::Dense128):
+// the same 2 x 2 warps, each 32 rows x 64 tokens (NI 8), so a block reads its 64 weight rows
+// once for up to 128 tokens where two 64-token tiles read them twice (and, with twice the
+// tiles, split K half as far: a step of 80 sequences spent 2.6x the 64-sequence step's time in
+// these products on the H200, gpu-next101). Two blocks an SM (its registers; 83 KB of shared
+// memory a block). The `e` variant copies its first stages' weights before the PDL wait, as
+// mmq_q8_64e.
+MMQ_INST(mmq_q8_128, 2, 2, 2, 8, 1, 3, 2, false)
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
+    mmq_q8_128e(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
+                const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,
+                i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh,
+                const u8* W2, const u8* Ws2, float* out2) {
+    pdl_trigger();  // (the wait is mmq_impl's, after the first weight copies)
+    mmq_impl<2, 2, 2, 8, 1, 3, false, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp,
+                                            in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes,
+                                            ws_stride, e_sh, W2, Ws2, out2, mmq_blk());
+}
 MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
 MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 
@@ -579,7 +597,7 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 // split s at s * split_stride floats, rows of m), its splits and blocks. Unused jobs: 0 blocks.
 #define MMQ_JOB_ARGS(j)                                                                                         \
     const u8 *W##j, i64 rb##j, int m##j, float *out##j, i64 ooff##j, i64 ost##j, int ns##j, i64 ss##j, int nb##j
-template <bool EARLY>
+template <bool EARLY, int NI = 4>
 __device__ __forceinline__ void mmq_jobs_impl(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups,
                                               const u8* X, i64 xrow, int n) {
     int b = blockIdx.x;
@@ -600,9 +618,10 @@ __device__ __forceinline__ void mmq_jobs_impl(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), 
         ns = two ? ns2 : ns1;
         ss = two ? ss2 : ss1;
     }
-    const int gx = (m + MMQ_BM - 1) / MMQ_BM, gy = (n + 63) / 64;
+    constexpr int BN = 2 * NI * 8;
+    const int gx = (m + MMQ_BM - 1) / MMQ_BM, gy = (n + BN - 1) / BN;
     const MmqBlk blk{b % gx, (b / gx) % gy, b / (gx * gy), gx, ns};
-    mmq_impl<2, 2, 2, 4, 1, 3, false, EARLY>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out, ooff,
+    mmq_impl<2, 2, 2, NI, 1, 3, false, EARLY>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out, ooff,
                                              ost, ns, ss, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, blk);
 }
 #define MMQ_JOBS_PASS(j) W##j, rb##j, m##j, out##j, ooff##j, ost##j, ns##j, ss##j, nb##j
@@ -616,6 +635,17 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
     mmq_q8_64_jobse(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
     pdl_trigger();  // (the wait is mmq_impl's)
     mmq_jobs_impl<true>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
+}
+// The jobs on mmq_q8_128's tiles (Path::Dense128), with and without the early weight copies.
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
+    mmq_q8_128_jobs(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
+    PDL_ENTRY();
+    mmq_jobs_impl<false, 8>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
+}
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
+    mmq_q8_128_jobse(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
+    pdl_trigger();  // (the wait is mmq_impl's)
+    mmq_jobs_impl<true, 8>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
 }
 
 // mmq_q8_64's tile with the stage copies on a fifth warp (TS_CUDA_MMQ_WS=1; written in the

@@ -343,6 +343,10 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_64e",
     "mmq_q8_64_jobs",
     "mmq_q8_64_jobse",
+    "mmq_q8_128",
+    "mmq_q8_128e",
+    "mmq_q8_128_jobs",
+    "mmq_q8_128_jobse",
     "mmq_q8_64ws",
     "mmq_q8_16",
     "mmq_q8_16g1",
@@ -402,6 +406,8 @@ const fn mmq_smem(bn: usize, gps: usize, nst: usize) -> usize {
     nst * (64 + bn) * if gps == 1 { 144 } else { gps * 144 + 16 }
 }
 const MMQ_SMEM: usize = mmq_smem(64, 1, 3);
+/// The 64 x 128 tiles' (`mmq_q8_128*`, [`Path::Dense128`]).
+const MMQ128_SMEM: usize = mmq_smem(128, 1, 3);
 /// Smallest size of the `Part` scratch (split-MLA decode partials, split-K partial products): one
 /// size for both, so the first decode step (run at open) allocates it for good.
 const PART_MIN_BYTES: usize = 16 << 20;
@@ -882,6 +888,10 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_64e",
         "mmq_q8_64_jobs",
         "mmq_q8_64_jobse",
+        "mmq_q8_128",
+        "mmq_q8_128e",
+        "mmq_q8_128_jobs",
+        "mmq_q8_128_jobse",
         "mmq_q8_64ws",
         "mmq_q8_16",
         "mmq_q8_16g1",
@@ -977,29 +987,39 @@ pub enum Path {
     SumQ8,
     /// `matmul_many` of a decode batch on the 64-token int8 tiles (q and kv_a: `mmq_jobs`): the
     /// jobs in one launch (`mmq_q8_64_jobs`) and their split sums in one (`mmq_sum_splits_jobs`),
-    /// each block doing what it does in its own job's launch (the same bits). Off until
-    /// measured; `TS_CUDA_DENSE_JOBS=1`.
+    /// each block doing what it does in its own job's launch (the same bits). On;
+    /// `TS_CUDA_DENSE_JOBS=0` turns it off (H200, gpu-next99/100, the same hashes: 64 sequences
+    /// 8,229 -> 8,393 alone, 8,228 -> 8,471 with [`Path::DenseEarly`]).
     DenseJobs,
     /// Dense int8 products' split-K sums four values a thread (`mmq_sum_splits4`,
     /// `mmq_sum_splits_jobs4`: 16-byte loads, four splits in flight, 32-bit indices; the same
-    /// sums in the same order) where the rows and views allow it. Off until measured;
-    /// `TS_CUDA_SUM4=1`.
+    /// sums in the same order) where the rows and views allow it. Off: 64 sequences 8,229 ->
+    /// 8,199 (gpu-next99); `TS_CUDA_SUM4=1`.
     Sum4,
     /// The dense 64-token int8 tiles copy their first stages' weight rows before the PDL wait,
     /// and ask L2 for the next four stages' (`mmq_q8_64e`, `mmq_q8_64_jobse`): weights are
-    /// never written by a kernel, so their DRAM latency can overlap the kernel before (Nsight: a 64-row dense product is ~7 µs whatever
-    /// its bytes). The same bits. Off until measured; `TS_CUDA_DENSE_EARLY=1`.
+    /// never written by a kernel, so their DRAM latency can overlap the kernel before (Nsight:
+    /// a 64-row dense product is ~7 µs whatever its bytes). The same bits. On;
+    /// `TS_CUDA_DENSE_EARLY=0` turns it off (H200, gpu-next99: 64 sequences 8,229 -> 8,496;
+    /// 80 sequences 8,186 -> 8,534 and 96 10,012 -> 10,386 with [`Path::DenseJobs`], 32 and 48
+    /// and pp512 the same).
     DenseEarly,
     /// The grouped MoE's gate and up launch (rows kernel, 16-token tiles) writes the down
     /// product's quantised input itself (`mmq_q8_rows_glu`: a block takes 64 rows of both
     /// matrices, then act(gate) * up through shared memory, quantised as `quant_q8_groups`
     /// quantises it): no gate / up floats written and read back, no quantisation launch. The
-    /// same bits. Off until measured; `TS_CUDA_GLU_EPI=1`.
+    /// same bits. Off: 64 sequences 8,229 -> 7,709 (gpu-next99); `TS_CUDA_GLU_EPI=1`.
     GluEpi,
+    /// Dense int8 products of 65-128 tokens (decode batches) on 64 x 128 tiles (`mmq_q8_128`,
+    /// `mmq_q8_128e`, `mmq_q8_128_jobs(e)`): each block reads its weight rows once for all the
+    /// tokens, where 64-token tiles read them twice with half the split K (the 80-sequence step
+    /// spent 2.6x the 64-sequence step's time in these products, gpu-next101). Other splits:
+    /// other bits than the 64-token tiles. Off until measured; `TS_CUDA_DENSE128=1`.
+    Dense128,
 }
 
 impl Path {
-    const ALL: [Path; 9] = [
+    const ALL: [Path; 10] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1009,6 +1029,7 @@ impl Path {
         Path::Sum4,
         Path::DenseEarly,
         Path::GluEpi,
+        Path::Dense128,
     ];
 
     /// Its environment variable and its default.
@@ -1019,10 +1040,11 @@ impl Path {
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
             Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
-            Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", false),
+            Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),
             Path::Sum4 => ("TS_CUDA_SUM4", false),
-            Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", false),
+            Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", true),
             Path::GluEpi => ("TS_CUDA_GLU_EPI", false),
+            Path::Dense128 => ("TS_CUDA_DENSE128", false),
         }
     }
 
@@ -2383,7 +2405,11 @@ impl CudaBackend {
     /// Too few tiles to fill the device (small matrices, decode-size batches): split K over
     /// blocks (at least mmq_split.0 groups each) into partial outputs, summed in order after.
     fn dense_plan(&self, m: usize, ngroups: usize, (n, ng, g): (usize, usize, usize)) -> (usize, usize) {
-        let bn = if ng <= self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed)) { 16 } else { 64 };
+        let bn = match ng {
+            _ if ng <= self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed)) => 16,
+            65..=128 if self.path_on(Path::Dense128) && MMQ128_SMEM <= self.smem_max => 128,
+            _ => 64,
+        };
         let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
         // The partial outputs fit the part scratch's fixed size, so that it never grows after
         // the warm-up at open (the decode step there allocates it, see the MLA decode).
@@ -2416,12 +2442,14 @@ impl CudaBackend {
         }
         let mut plan = [(0usize, 0usize, 0usize); 3]; // (m, splits, part offset in floats)
         let mut part_floats = 0;
+        let mut bn = 64; // (the same for every job: one n)
         for (p, (w, _, _)) in plan.iter_mut().zip(jobs) {
             let m = w.ne(1);
-            let (bn, nsplit) = self.dense_plan(m, ngroups, (n, n, 1));
-            if bn != 64 {
+            let (b, nsplit) = self.dense_plan(m, ngroups, (n, n, 1));
+            if b != 64 && b != 128 {
                 return false;
             }
+            bn = b;
             *p = (m, nsplit, part_floats);
             if nsplit > 1 {
                 part_floats += nsplit * n * m;
@@ -2438,7 +2466,7 @@ impl CudaBackend {
         let mut blocks = 0;
         for (j, (&(m, nsplit, poff), &(w, out, o))) in plan.iter().zip(jobs).enumerate() {
             out.check(o);
-            let nb = m.div_ceil(64) * n.div_ceil(64) * nsplit;
+            let nb = m.div_ceil(64) * n.div_ceil(bn) * nsplit;
             blocks += nb;
             let pp = part + 4 * poff as u64;
             let dst = if nsplit > 1 { (pp, 0, m) } else { (out.0.ptr, o.off, o.stride) };
@@ -2452,8 +2480,16 @@ impl CudaBackend {
         if early {
             self.took(Path::DenseEarly);
         }
-        let name = if early { "mmq_q8_64_jobse" } else { "mmq_q8_64_jobs" };
-        self.launch(name, (blocks as u32, 1, 1), 128, MMQ_SMEM as u32, &args);
+        let (name, smem) = match (bn, early) {
+            (128, true) => ("mmq_q8_128_jobse", MMQ128_SMEM),
+            (128, false) => ("mmq_q8_128_jobs", MMQ128_SMEM),
+            (_, true) => ("mmq_q8_64_jobse", MMQ_SMEM),
+            _ => ("mmq_q8_64_jobs", MMQ_SMEM),
+        };
+        if bn == 128 {
+            self.took(Path::Dense128);
+        }
+        self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args);
         sum[21] = i(n);
         let split = || plan.iter().zip(jobs).filter(|(p, _)| p.1 > 1);
         let total: usize = split().map(|(p, _)| n * p.0).sum();
@@ -2772,12 +2808,17 @@ impl CudaBackend {
             _ if rows => ("mmq_q8_rows_d", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
+            (128, _) if self.path_on(Path::DenseEarly) => ("mmq_q8_128e", MMQ128_SMEM),
+            (128, _) => ("mmq_q8_128", MMQ128_SMEM),
             _ if self.mmq_ws => ("mmq_q8_64ws", MMQ_SMEM),
             _ if cnt == 0 && self.path_on(Path::DenseEarly) => ("mmq_q8_64e", MMQ_SMEM),
             _ => ("mmq_q8_64", MMQ_SMEM),
         };
-        if name == "mmq_q8_64e" {
+        if name == "mmq_q8_64e" || name == "mmq_q8_128e" {
             self.took(Path::DenseEarly);
+        }
+        if bn == 128 {
+            self.took(Path::Dense128);
         }
         // The rows kernels' `early` (see the argument below): 0, 1, or 1 + the shared chunks'
         // tiles when they go first (rows_sh_first).

@@ -1964,6 +1964,128 @@ fn dense_jobs_exact() {
 /// added its output into x: `gemv_q8_multi_norm_1` without a delta, `set_moe_residual(true)`),
 /// against its two ops (the switch off), bit for bit, x untouched. 16-bit products take
 /// `gemv_h16_multi_norm_<t>_1` (`set_norm_mm16(true)`). A backend of its own, for the switches.
+/// Dense Q8_0 products of 65-128 tokens on the 64 x 128 int8 tiles ([`Path::Dense128`]:
+/// `mmq_q8_128`, `mmq_q8_128e`, `mmq_q8_128_jobs(e)`): bit for bit the same whether the jobs go
+/// in one launch and whether the first weights are copied early (every block does what it does
+/// alone), against the 64-token tiles (other splits: within summation order) and against the
+/// CPU. Single matrices (V2-Lite's q, kv_a, o_proj, a dense lead FFN's gate, 97 rows), the
+/// absorbed output per head (3-D, `matmul_grouped`), and q with kv_a through `matmul_many`; at
+/// 64 tokens the switch must not be taken.
+#[test]
+fn dense128_exact() {
+    if gpu_tc_fused("dense128_exact").is_none() {
+        return;
+    }
+    // (Dense128, DenseJobs, DenseEarly) for each backend; the first is the reference of the
+    // Dense128 ones, the last the 64-token tiles.
+    let modes = [(true, false, false), (true, true, false), (true, false, true), (true, true, true), (false, true, true)];
+    let bs: Vec<CudaBackend> = modes
+        .iter()
+        .map(|&(d128, jobs, early)| {
+            let b = CudaBackend::new(0).expect("another backend");
+            b.set_path(Path::Dense128, d128);
+            b.set_path(Path::DenseJobs, jobs);
+            b.set_path(Path::DenseEarly, early);
+            b
+        })
+        .collect();
+    let c = cpu();
+    let mut r = rng(50);
+    let mut rep = Report::new("dense128");
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()));
+    let mut taken = 0u64;
+    // One product on every backend and the CPU: the outputs, the CPU's last.
+    let mut check = |lab: String, outs: Vec<Vec<f32>>, want: Vec<f32>, n: usize| {
+        for (mode, o) in modes.iter().zip(&outs).skip(1).filter(|(m, _)| m.0) {
+            if !same(o, &outs[0]) {
+                rep.failures.push(format!("{lab}: (Dense128, DenseJobs, DenseEarly) = {mode:?} differs from {:?}", modes[0]));
+            }
+        }
+        let (tc, _) = matmul_tol(GgmlType::Q8_0, n);
+        rep.check(&format!("{lab} 128-token tiles vs 64"), &outs[0], outs.last().unwrap(), 1e-4, 1e-4);
+        rep.check(&format!("{lab} vs cpu"), &outs[0], &want, tc, 1e-3);
+        taken += u64::from((65..=128).contains(&n));
+    };
+    for &(k, m, gr) in &[(2048usize, 3072usize, 1usize), (2048, 576, 1), (2048, 2048, 1), (2048, 10944, 1), (1408, 97, 1), (512, 128, 16)] {
+        let shape: Vec<usize> = if gr == 1 { vec![k, m] } else { vec![k, m, gr] };
+        let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
+        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
+        let ws: Vec<CudaWeight> = bs.iter().map(|b| b.upload_weight(&t, WeightUse::Matmul).unwrap()).collect();
+        let wc = c.upload_weight(&t, WeightUse::Matmul).unwrap();
+        for ntok in [64usize, 65, 80, 100, 128] {
+            let n = ntok * gr;
+            let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+            let o = Rows { off: 2, n, width: m, stride: m + 2 };
+            let x = randn(&mut r, xr.end(), 1.0);
+            let outs: Vec<Vec<f32>> = bs
+                .iter()
+                .zip(&ws)
+                .map(|(b, w)| {
+                    let (xb, ob) = (buf(b, &x), b.alloc(o.end()).unwrap());
+                    poison(b, &ob, o.end());
+                    if gr == 1 {
+                        b.matmul(&xb, xr, w, &ob, o)
+                    } else {
+                        b.matmul_grouped(&xb, xr, w, &ob, o)
+                    }
+                    get(b, &ob, o)
+                })
+                .collect();
+            let (xc, oc) = (buf(c, &x), c.alloc(o.end()).unwrap());
+            poison(c, &oc, o.end());
+            if gr == 1 {
+                c.matmul(&xc, xr, &wc, &oc, o)
+            } else {
+                c.matmul_grouped(&xc, xr, &wc, &oc, o)
+            }
+            check(format!("[{k},{m},{gr}] tokens={ntok}"), outs, get(c, &oc, o), ntok);
+        }
+    }
+    // q and kv_a of a decode batch (matmul_many: one launch with DenseJobs).
+    let (k, ms) = (2048usize, [3072usize, 576]);
+    let tds: Vec<(Vec<u8>, [usize; 2])> = ms.iter().map(|&m| (weight(&mut r, GgmlType::Q8_0, &[k, m], 0.5).0, [k, m])).collect();
+    let tds: Vec<TensorData> = tds.iter().map(|(b, sh)| td("w", GgmlType::Q8_0, sh, b)).collect();
+    let ws: Vec<Vec<CudaWeight>> =
+        bs.iter().map(|b| tds.iter().map(|t| b.upload_weight(t, WeightUse::Matmul).unwrap()).collect()).collect();
+    let wc: Vec<CpuWeight> = tds.iter().map(|t| c.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
+    for n in [64usize, 72, 96, 128] {
+        let (views, olen) = job_views_at(&ms, n, 4, 4);
+        let xr = Rows { off: 1, n, width: k, stride: k + 3 };
+        let x = randn(&mut r, xr.end(), 1.0);
+        let outs: Vec<Vec<f32>> = bs
+            .iter()
+            .zip(&ws)
+            .map(|(b, w)| {
+                let (xb, ob) = (buf(b, &x), b.alloc(olen).unwrap());
+                poison(b, &ob, olen);
+                let jb: Vec<(&CudaWeight, &CudaBuf, Rows)> = w.iter().zip(&views).map(|(w, &v)| (w, &ob, v)).collect();
+                b.matmul_many(&xb, xr, &jb);
+                get(b, &ob, Rows::packed(1, olen))
+            })
+            .collect();
+        let (xc, oc) = (buf(c, &x), c.alloc(olen).unwrap());
+        poison(c, &oc, olen);
+        let jc: Vec<_> = wc.iter().zip(&views).map(|(w, &v)| (w, &oc, v)).collect();
+        c.matmul_many(&xc, xr, &jc);
+        // The views' elements only (the columns between them stay NaN; dense_jobs_exact
+        // checks them).
+        let pick = |v: &[f32]| -> Vec<f32> {
+            views.iter().flat_map(|w| (0..n).flat_map(move |i| v[w.off + i * w.stride..][..w.width].to_vec())).collect()
+        };
+        let outs = outs.iter().map(|o| pick(o)).collect();
+        check(format!("matmul_many {ms:?} n={n}"), outs, pick(&get(c, &oc, Rows::packed(1, olen))), n);
+    }
+    // The switch ran on every 65-128-token case of the backends it was on for, and nowhere else.
+    for (&(d128, jobs, early), b) in modes.iter().zip(&bs) {
+        let n = [Path::Dense128, Path::DenseJobs, Path::DenseEarly].map(|p| b.path_launches(p));
+        let ok = (n[0] >= taken) == d128 && (n[0] == 0) == !d128 && (n[1] > 0) == jobs && (n[2] > 0) == early;
+        if !ok {
+            rep.failures.push(format!("(Dense128, DenseJobs, DenseEarly) = {:?}: launches {n:?} ({taken} cases)", (d128, jobs, early)));
+        }
+    }
+    rep.finish();
+}
+
 #[test]
 fn fused_add_rms_norm_matmul_many() {
     let Some(shared) = gpu() else { return };

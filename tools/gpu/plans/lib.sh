@@ -58,7 +58,7 @@ ab_prompts() {
 # (128 tokens), so short runs are +-5%.
 serve64() {
   echo "-- ${1:-default} ${3:-}"
-  env $1 "$B" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 --row-multiple 1 ${3:-} > $O/serve.log 2>&1 &
+  env $1 "$B" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 ${3:---row-multiple 1} > $O/serve.log 2>&1 &
   local sp=$!
   for i in $(seq 1 150); do curl -sf http://127.0.0.1:8089/health >/dev/null && break; sleep 1; done
   "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration $2 --max-tokens 128 --prompt-ids 32 --temperature 0 | grep -E "^tokens:|^TTFT"
