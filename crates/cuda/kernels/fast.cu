@@ -46,8 +46,8 @@ __device__ __forceinline__ u16 f2h(float f) {
 }
 // One warp's 32-value Q8_0 block b (0..3) of the 144-byte group at gp, value `lane` in each
 // lane: d = amax / 127 (stored as f16), q = round(v / d), as quant_group_store (mmq.cu) rounds
-// a whole group; block 0 also clears the group's pad words. (Kernels that make a group's blocks
-// one warp at a time: the one-token MoE's gate/up, mmq_q8_rows_glu.)
+// a whole group; block 0 also clears the group's pad words. (For kernels that make a group's
+// blocks one warp at a time: the one-token MoE's gate/up.)
 __device__ __forceinline__ void quant_block32_store(float v, int lane, u8* gp, int b) {
     const float a = warp_max(fabsf(v));
     const float d = a / 127.f;

@@ -573,7 +573,8 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
 // tiles, split K half as far: a step of 80 sequences spent 2.6x the 64-sequence step's time in
 // these products on the H200, gpu-next101). Two blocks an SM (its registers; 83 KB of shared
 // memory a block). The `e` variant copies its first stages' weights before the PDL wait, as
-// mmq_q8_64e.
+// mmq_q8_64e. (255 registers, 72 bytes spilled; measured slower with a two-wave split K,
+// gpu-next102: off.)
 MMQ_INST(mmq_q8_128, 2, 2, 2, 8, 1, 3, 2, false)
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
     mmq_q8_128e(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
@@ -866,25 +867,19 @@ __device__ __forceinline__ int rows_pair_half(const u8*& W, const u8*& Ws, float
 // (matrix known before the wait), then blocks S + e for routed expert e's first tile, then the
 // routed experts' later tiles. The chunks' full 16-token tiles are the launch's longest blocks;
 // placed last (after every first tile) they were its ragged tail, two blocks an SM.
-// GLU (grouped gate/up pairs, Path::GluEpi; R == 2, m % 64 == 0): the block's two row sets are
-// the same 64 rows of the gate (W) and of the up matrix (W2), and instead of storing either the
-// block writes act(gate) * up of its rows, quantised, into the down product's input: rows of
-// hqrow bytes, pair p's Q8_0 group r / 128 at hq + p * hqrow, its 64 rows two of the group's
-// four 32-value blocks. The same values, maxima and roundings as quant_q8_groups with `act` on
-// the stored gate and up rows (quant_group_store), so the same bits; no gate / up floats
-// written and read back, no quantisation launch.
-template <int NBUF, bool DENSE, int R, bool GLU = false>
+// (The GLU and its quantisation in the gate/up launch's epilogue, a block taking the same 64
+// rows of gate and up as its two row sets, Path::GluEpi, measured 64 sequences 8,229 -> 7,709 on
+// the H200, gpu-next99, and was removed; git history has it, commit ffed77c.)
+template <int NBUF, bool DENSE, int R>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
                                               i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
                                               i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early,
-                                              int act = 0, u8* hq = nullptr, i64 hqrow = 0) {
+                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
-    static_assert(!GLU || (R == 2 && !DENSE), "the GLU epilogue takes gate and up as two row sets");
-    const int bx = GLU ? (int)blockIdx.x : rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
+    const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
     __shared__ int tile_e, tile_start;
@@ -897,7 +892,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     // R row sets a warp (grouped only): rows r0 + s*MMQ_BM for s < R, one after the other.
     static_assert(R == 1 || !DENSE, "row sets are for grouped products");
-    const int r0 = bx * (MMQ_BM * (GLU ? 1 : R)) + warp * 16;
+    const int r0 = bx * (MMQ_BM * R) + warp * 16;
     // The block's matrix before the wait (pre), or from the counts after it.
     const int shT = !DENSE && early > 1 ? early - 1 : 0;  // shared chunks' tiles first (S)
     bool pre = DENSE || (early && (int)blockIdx.y < n_exp);
@@ -965,7 +960,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     Grp v[NBUF];
     int nrs = 0;
 #pragma unroll
-    for (int s2 = 0; s2 < R; s2++) nrs += GLU || r0 + s2 * MMQ_BM < m;
+    for (int s2 = 0; s2 < R; s2++) nrs += r0 + s2 * MMQ_BM < m;
     const int nv = R == 1 ? ng : nrs * ng;
     int ls = 0, lg = 0;  // the next group to load: row set ls, group lg (R > 1)
     auto load_next = [&](Grp& x) {
@@ -973,14 +968,6 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         if (++lg == ng) {
             lg = 0;
             ++ls;
-            if (GLU) {
-                // The up matrix's same rows (its shared chunk, its tiled copy).
-                W = W2;
-                Ws = Ws2;
-                Wtl = W2tl;
-                matrix();
-                return;
-            }
             const int rs0 = r0 + ls * MMQ_BM;
             if (tl) {
                 pa = Wtl + (i64)e * tl_mat_bytes + (i64)min(rs0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
@@ -1097,8 +1084,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         }
         store(r0);
     } else {
-        if (nv == 0) return;  // no barrier past here (GLU: nv = 2 * ng for every warp)
-        float accg[2][4];     // GLU: the gate set's sums
+        if (nv == 0) return;  // no barrier past here
         int ms = 0, mg = 0;  // the group to multiply: row set ms, group mg
         for (int vi = 0; vi < nv; vi += NBUF) {
 #pragma unroll
@@ -1107,45 +1093,15 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
                     mul(v[i], mg);
                     if (vi + i + NBUF < nv) load_next(v[i]);
                     if (++mg == ng) {
-                        if (!GLU) {
-                            store(r0 + ms * MMQ_BM);
-                        } else if (ms == 0) {
-#pragma unroll
-                            for (int ni = 0; ni < 2; ni++)
-#pragma unroll
-                                for (int c = 0; c < 4; c++) accg[ni][c] = acc[ni][c];
-                        }
+                        store(r0 + ms * MMQ_BM);
                         mg = 0;
                         ++ms;
-                        if (!GLU || ms == 1) {
 #pragma unroll
-                            for (int ni = 0; ni < 2; ni++)
+                        for (int ni = 0; ni < 2; ni++)
 #pragma unroll
-                                for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
-                        }
+                            for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
                     }
                 }
-            }
-        }
-        if constexpr (GLU) {
-            // act(gate) * up of the block's 64 rows x 16 tokens through shared memory, then a
-            // warp a (token, 32-row block), quantised by quant_block32_store (as
-            // quant_group_store rounds a whole group).
-            __shared__ float gl[BN][MMQ_BM + 1];
-#pragma unroll
-            for (int ni = 0; ni < 2; ni++)
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    gl[ni * 8 + 2 * t + (c & 1)][warp * 16 + g + (c >> 1) * 8] = act_fn(act, accg[ni][c]) * acc[ni][c];
-            __syncthreads();
-            const int m0 = bx * MMQ_BM;  // (m % 128 == 0: a block's rows are one half of a group)
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int u = warp * 8 + i, j = u >> 1, b = u & 1;
-                if (j >= nt) continue;  // (warp-uniform)
-                // (((m0 >> 6) & 1) * 2 + b: the 32-value block within the group)
-                quant_block32_store(gl[j][b * 32 + lane], lane, hq + (i64)dst_row[j] * hqrow + (i64)(m0 >> 7) * MMQ_GB,
-                                    ((m0 >> 6) & 1) * 2 + b);
             }
         }
     }
@@ -1185,20 +1141,6 @@ MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false, 1)
 // an expert (CudaBackend::rows_r): 128 sequences 12,663 -> 13,122 tok/s on the H200, 64 the same,
 // 32 sequences -1.5%; four row sets (256 rows a block) lost at all three (64: 7,085 vs 7,512).
 MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
-// Gate and up of the grouped MoE with the GLU and its quantisation in the epilogue
-// (Path::GluEpi): grid x = m / 64 (each block both matrices' rows), act (1 SiLU, 2 GELU-tanh),
-// the down product's quantised input hq (rows of hqrow bytes).
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
-    mmq_q8_rows_glu(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
-                    const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,
-                    i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh,
-                    const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early,
-                    int act, u8* hq, i64 hqrow) {
-    pdl_trigger();  // (the wait is mmq_rows_impl's, after the first weight loads)
-    mmq_rows_impl<2, false, 2, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out,
-                                     ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2,
-                                     Wtl, W2tl, tl_mat_bytes, early, act, hq, hqrow);
-}
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)
@@ -1215,11 +1157,10 @@ extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 spl
     }
 }
 
-// mmq_sum_splits four values a thread (Path::Sum4): rows of m % 4 == 0 values, the partials and
-// the output at 16-byte boundaries, rows * m < 2^31 (the host checks all three). One 16-byte
-// load a split, four splits' loads issued before their adds, 32-bit index math (the 64-bit
-// division of mmq_sum_splits is a call); the same sums in the same order, so the same bits.
-// splits_sum4: the four values at p of each of nsplit splits s4 float4s apart, summed in order.
+// splits_sum4: the four values at p of each of nsplit splits s4 float4s apart, summed in order
+// (one 16-byte load a split, four splits' loads issued before their adds). (Split sums four
+// values a thread for every dense product, Path::Sum4, measured 64 sequences 8,229 -> 8,199 on
+// the H200, gpu-next99, and were removed; git history has them, commit ffed77c.)
 __device__ __forceinline__ float4 splits_sum4(const float4* p, int nsplit, i64 s4) {
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     int s = 0;
@@ -1244,18 +1185,6 @@ __device__ __forceinline__ float4 splits_sum4(const float4* p, int nsplit, i64 s
     }
     return v;
 }
-__device__ __forceinline__ void sum4_at(const float* part, int nsplit, i64 split_stride, int m, float* out, i64 ooff,
-                                        i64 ostride, int q) {
-    const int q4 = m >> 2, r = q / q4, c = (q - r * q4) << 2;
-    *(float4*)(out + ooff + (i64)r * ostride + c) = splits_sum4((const float4*)(part + (i64)r * m + c), nsplit, split_stride >> 2);
-}
-extern "C" __global__ void mmq_sum_splits4(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,
-                                           i64 ooff, i64 ostride) { PDL_ENTRY();
-    const int total = rows * (m >> 2);
-    for (int q = blockIdx.x * blockDim.x + threadIdx.x; q < total; q += gridDim.x * blockDim.x)
-        sum4_at(part, nsplit, split_stride, m, out, ooff, ostride, q);
-}
-
 // mmq_sum_splits of up to three jobs' partials in one launch (after mmq_q8_64_jobs): job j's
 // rows * m_j sums follow the jobs before it, each summed as mmq_sum_splits sums it (the same
 // bits). A job without splits: m_j = 0. 32-bit indices (the host keeps all rows * m_j below
@@ -1274,19 +1203,6 @@ extern "C" __global__ void mmq_sum_splits_jobs(SUM_JOB_ARGS(0), SUM_JOB_ARGS(1),
         for (int s = 0; s < ns; s++) v += part[s * ss + i];
         float* o = j == 0 ? o0 : j == 1 ? o1 : o2;
         o[(j == 0 ? oo0 : j == 1 ? oo1 : oo2) + (i64)r * (j == 0 ? os0 : j == 1 ? os1 : os2) + c] = v;
-    }
-}
-
-// mmq_sum_splits_jobs with sum4_at (Path::Sum4; every job with splits meets its conditions).
-extern "C" __global__ void mmq_sum_splits_jobs4(SUM_JOB_ARGS(0), SUM_JOB_ARGS(1), SUM_JOB_ARGS(2), int rows) { PDL_ENTRY();
-    const int t0 = rows * (m0 >> 2), t1 = t0 + rows * (m1 >> 2), total = t1 + rows * (m2 >> 2);
-    for (int q = blockIdx.x * blockDim.x + threadIdx.x; q < total; q += gridDim.x * blockDim.x) {
-        if (q < t0)
-            sum4_at(p0, ns0, ss0, m0, o0, oo0, os0, q);
-        else if (q < t1)
-            sum4_at(p1, ns1, ss1, m1, o1, oo1, os1, q - t0);
-        else
-            sum4_at(p2, ns2, ss2, m2, o2, oo2, os2, q - t1);
     }
 }
 

@@ -352,7 +352,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_16g1",
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
-    "mmq_q8_rows_glu",
     "mmq_q8_rows_d",
     "mla_out_q8",
     "mla_out_bf16",
@@ -491,13 +490,9 @@ struct MmqGroups {
     pairs: usize,
     /// Tokens of the batch: each shared chunk's (with `sh`) pairs.
     tokens: usize,
-    /// With `pair` (gate, up): (act, hq, hq row bytes) for the GLU and its quantisation in the
-    /// launch's epilogue ([`Path::GluEpi`], `mmq_q8_rows_glu`), where the rows kernel runs it.
-    glu: Option<(i32, u64, usize)>,
 }
 impl MmqGroups {
-    const NONE: MmqGroups =
-        MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0, glu: None };
+    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0 };
 }
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
@@ -897,12 +892,9 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_16g1",
         "mmq_q8_rows",
         "mmq_q8_rows_r2",
-        "mmq_q8_rows_glu",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
-        "mmq_sum_splits4",
         "mmq_sum_splits_jobs",
-        "mmq_sum_splits_jobs4",
         "mmq_sum_splits_q8",
         "q8_to_f16",
         "f16_rows",
@@ -991,11 +983,6 @@ pub enum Path {
     /// `TS_CUDA_DENSE_JOBS=0` turns it off (H200, gpu-next99/100, the same hashes: 64 sequences
     /// 8,229 -> 8,393 alone, 8,228 -> 8,471 with [`Path::DenseEarly`]).
     DenseJobs,
-    /// Dense int8 products' split-K sums four values a thread (`mmq_sum_splits4`,
-    /// `mmq_sum_splits_jobs4`: 16-byte loads, four splits in flight, 32-bit indices; the same
-    /// sums in the same order) where the rows and views allow it. Off: 64 sequences 8,229 ->
-    /// 8,199 (gpu-next99); `TS_CUDA_SUM4=1`.
-    Sum4,
     /// The dense 64-token int8 tiles copy their first stages' weight rows before the PDL wait,
     /// and ask L2 for the next four stages' (`mmq_q8_64e`, `mmq_q8_64_jobse`): weights are
     /// never written by a kernel, so their DRAM latency can overlap the kernel before (Nsight:
@@ -1004,33 +991,19 @@ pub enum Path {
     /// 80 sequences 8,186 -> 8,534 and 96 10,012 -> 10,386 with [`Path::DenseJobs`], 32 and 48
     /// and pp512 the same).
     DenseEarly,
-    /// The grouped MoE's gate and up launch (rows kernel, 16-token tiles) writes the down
-    /// product's quantised input itself (`mmq_q8_rows_glu`: a block takes 64 rows of both
-    /// matrices, then act(gate) * up through shared memory, quantised as `quant_q8_groups`
-    /// quantises it): no gate / up floats written and read back, no quantisation launch. The
-    /// same bits. Off: 64 sequences 8,229 -> 7,709 (gpu-next99); `TS_CUDA_GLU_EPI=1`.
-    GluEpi,
     /// Dense int8 products of 65-128 tokens (decode batches) on 64 x 128 tiles (`mmq_q8_128`,
     /// `mmq_q8_128e`, `mmq_q8_128_jobs(e)`): each block reads its weight rows once for all the
     /// tokens, where 64-token tiles read them twice with half the split K (the 80-sequence step
     /// spent 2.6x the 64-sequence step's time in these products, gpu-next101). Other splits:
-    /// other bits than the 64-token tiles. Off until measured; `TS_CUDA_DENSE128=1`.
+    /// other bits than the 64-token tiles. Off: with split K rounded up (two waves for q) it
+    /// measured 80 sequences 8,529 -> 8,379, 96 10,363 -> 10,331, 128 13,916 -> 13,362
+    /// (gpu-next102); the split now fits one wave, not yet measured. `TS_CUDA_DENSE128=1`.
     Dense128,
 }
 
 impl Path {
-    const ALL: [Path; 10] = [
-        Path::Absorb16,
-        Path::Out16,
-        Path::SplitEarly,
-        Path::NormQ8,
-        Path::SumQ8,
-        Path::DenseJobs,
-        Path::Sum4,
-        Path::DenseEarly,
-        Path::GluEpi,
-        Path::Dense128,
-    ];
+    const ALL: [Path; 8] =
+        [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8, Path::SumQ8, Path::DenseJobs, Path::DenseEarly, Path::Dense128];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -1041,9 +1014,7 @@ impl Path {
             Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),
-            Path::Sum4 => ("TS_CUDA_SUM4", false),
             Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", true),
-            Path::GluEpi => ("TS_CUDA_GLU_EPI", false),
             Path::Dense128 => ("TS_CUDA_DENSE128", false),
         }
     }
@@ -2415,21 +2386,18 @@ impl CudaBackend {
         // the warm-up at open (the decode step there allocates it, see the MLA decode).
         let fit = PART_MIN_BYTES / (4 * n * m).max(1);
         let (smin, socc) = self.mmq_split;
-        let nsplit =
-            if tiles >= self.sm_count { 1 } else { (socc * self.sm_count).div_ceil(tiles).min(ngroups / smin).min(fit).clamp(1, 16) };
+        let nsplit = match tiles {
+            _ if tiles >= self.sm_count => 1,
+            // The 64 x 128 tiles run two blocks an SM: the most splits whose blocks fit one
+            // wave (rounding up, as below, gave V2-Lite's q 288 blocks for 264 places: a second
+            // wave, gpu-next102), without empty splits.
+            _ if bn == 128 => {
+                let want = (2 * self.sm_count / tiles).min(ngroups / smin).min(fit).clamp(1, 16);
+                ngroups.div_ceil(ngroups.div_ceil(want).max(1)).max(1)
+            }
+            _ => (socc * self.sm_count).div_ceil(tiles).min(ngroups / smin).min(fit).clamp(1, 16),
+        };
         (bn, nsplit)
-    }
-
-    /// Whether split sums of `n` rows of `m` into `out`/`o` (partials at `part`) can take
-    /// [`Path::Sum4`]'s kernels: whole 16-byte pieces everywhere, 32-bit indices.
-    fn sum4_ok(&self, part: u64, n: usize, m: usize, out: &CudaBuf, o: Rows) -> bool {
-        self.path_on(Path::Sum4)
-            && m.is_multiple_of(4)
-            && o.off.is_multiple_of(4)
-            && o.stride.is_multiple_of(4)
-            && out.0.ptr.is_multiple_of(16)
-            && part.is_multiple_of(16)
-            && n * m < 1 << 31
     }
 
     /// `mmq_jobs` in one product launch and at most one sum launch ([`Path::DenseJobs`]:
@@ -2491,12 +2459,8 @@ impl CudaBackend {
         }
         self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args);
         sum[21] = i(n);
-        let split = || plan.iter().zip(jobs).filter(|(p, _)| p.1 > 1);
-        let total: usize = split().map(|(p, _)| n * p.0).sum();
-        if total > 0 && split().all(|(p, &(_, out, o))| self.sum4_ok(part + 4 * p.2 as u64, n, p.0, out, o)) {
-            self.took(Path::Sum4);
-            self.launch("mmq_sum_splits_jobs4", Self::grid1(total / 4), 256, 0, &sum);
-        } else if total > 0 {
+        let total: usize = plan.iter().filter(|p| p.1 > 1).map(|p| n * p.0).sum();
+        if total > 0 {
             self.launch("mmq_sum_splits_jobs", Self::grid1(total), 256, 0, &sum);
         }
         true
@@ -2542,13 +2506,6 @@ impl CudaBackend {
             Some(q) if m.is_multiple_of(128) => {
                 let args: [A; 9] = cat(sum, [A::P(q)]);
                 self.launch("mmq_sum_splits_q8", ((n * m / 128).div_ceil(8) as u32, 1, 1), 256, 0, &args);
-            }
-            _ if self.sum4_ok(part, n, m, out, o) => {
-                self.took(Path::Sum4);
-                self.launch("mmq_sum_splits4", Self::grid1(n * m / 4), 256, 0, &sum);
-                if let Some(q) = q8out {
-                    self.quant_groups(out.0.ptr, 0, o.off, o.stride, n, m, 0, q);
-                }
             }
             _ => {
                 self.launch("mmq_sum_splits", Self::grid1(n * m), 256, 0, &sum);
@@ -2762,7 +2719,6 @@ impl CudaBackend {
     /// ([`MmqGroups`]), `None` for the dense one (`grid.2 / nsplit` matrices of `n` tokens);
     /// `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the splits'
     /// partial outputs); `bn` the tokens per tile (64 or 16; `grid.1` counts such tiles).
-    /// True where the experts' `glu` epilogue ran (the caller then has the down product's input).
     #[allow(clippy::too_many_arguments)]
     fn mmq_launch(
         &self,
@@ -2777,8 +2733,8 @@ impl CudaBackend {
         (out, ooff, ostride): (u64, usize, usize),
         (nsplit, split_stride): (usize, usize),
         bn: usize,
-    ) -> bool {
-        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens, glu } = experts.unwrap_or(MmqGroups::NONE);
+    ) {
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
@@ -2795,15 +2751,11 @@ impl CudaBackend {
             0 => 1,
             r => r,
         };
-        // The GLU epilogue: gate and up as each block's two row sets, m / 64 blocks along x.
-        let glu = glu.filter(|_| rows && cnt != 0 && w2 != 0 && m.is_multiple_of(128));
         let grid = match rr {
-            _ if glu.is_some() => (m.div_ceil(64) as u32, grid.1, grid.2),
             2.. => ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(64 * rr) as u32, grid.1, grid.2),
             _ => grid,
         };
         let (name, smem) = match (bn, self.mmq16) {
-            _ if glu.is_some() => ("mmq_q8_rows_glu", rows_smem),
             _ if rows && cnt != 0 => (if rr == 2 { "mmq_q8_rows_r2" } else { "mmq_q8_rows" }, rows_smem),
             _ if rows => ("mmq_q8_rows_d", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
@@ -2866,15 +2818,8 @@ impl CudaBackend {
         ];
         // (The mmq_q8 tiles take the common arguments only.)
         let na = if rows { args.len() } else { 25 };
-        if let Some((act, hq, hqrow)) = glu {
-            self.took(Path::GluEpi);
-            let args: [A; 32] = cat(args, [A::I(act), A::P(hq), l(hqrow)]);
-            self.launch(name, grid, 128, smem as u32, &args);
-            return true;
-        }
         // (mmq_q8_64ws: the 4 multiplying warps and a producer warp)
         self.launch(name, grid, if name == "mmq_q8_64ws" { 160 } else { 128 }, smem as u32, &args[..na]);
-        false
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
@@ -3036,7 +2981,7 @@ impl CudaBackend {
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
             let sh = sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne));
-            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n, glu: None })
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n })
         };
         let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
         let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
@@ -3047,16 +2992,13 @@ impl CudaBackend {
         // tiles; TS_CUDA_MOE_GU=0: two). Measured on the H200: 64 sequences 6,069 vs 6,009 tok/s;
         // prompts (64-token tiles) lost 2% (pp512 15,014 vs 15,347), so they keep two launches.
         if self.moe_gu && bn == 16 && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
-            let glu = self.path_on(Path::GluEpi).then_some((act, hq, fg * 144));
             let gr = groups(sg).map(|mut m| {
                 m.pair = Some((up.mem.ptr, su.map_or(0, |(s, _)| s.mem.ptr), u));
                 m.pair_tiled = up.tiled_ptr();
-                m.glu = glu;
                 m
             });
-            if !self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn) {
-                self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
-            }
+            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
+            self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         } else {
             self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
             self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);

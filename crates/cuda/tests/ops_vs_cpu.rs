@@ -1864,28 +1864,27 @@ fn fused_matmul_many() {
 }
 
 /// matmul_many of decode batches on the 64-token int8 tiles with the jobs in one launch
-/// (`Path::DenseJobs`: `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`), the split sums four values a
-/// thread (`Path::Sum4`) and the weight copies before the PDL wait (`Path::DenseEarly`:
-/// `mmq_q8_64e`, `mmq_q8_64_jobse`), alone and together, against one launch a job with the
-/// plain sums (all off), bit for bit, and against the CPU: V2-Lite's q + kv_a at 64, 80 and 128 rows (two
-/// token tiles, a short last one), three jobs with odd widths (the plain sums), narrow jobs (16
+/// (`Path::DenseJobs`: `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`) and the weight copies before the
+/// PDL wait (`Path::DenseEarly`: `mmq_q8_64e`, `mmq_q8_64_jobse`), alone and together, against
+/// one launch a job (both off), bit for bit, and against the CPU: V2-Lite's q + kv_a at 64, 80
+/// and 128 rows (two token tiles, a short last one), three jobs with odd widths, narrow jobs (16
 /// splits each), a job wide enough to go without splits beside one with them; output views at
-/// 16-byte boundaries (Sum4's kernels) and off them.
+/// 16-byte boundaries and off them.
 #[test]
 fn dense_jobs_exact() {
     if gpu_tc_fused("dense_jobs_exact").is_none() {
         return;
     }
-    // (DenseJobs, Sum4, DenseEarly) for each backend; the last is the reference.
-    let modes =
-        [(true, false, false), (false, true, false), (true, true, false), (false, false, true), (true, true, true), (false, false, false)];
+    // (DenseJobs, DenseEarly) for each backend; the last is the reference. (The 64-token tiles:
+    // Dense128 off.)
+    let modes = [(true, false), (false, true), (true, true), (false, false)];
     let bs: Vec<CudaBackend> = modes
         .iter()
-        .map(|&(jobs, s4, early)| {
+        .map(|&(jobs, early)| {
             let b = CudaBackend::new(0).expect("another backend");
             b.set_path(Path::DenseJobs, jobs);
-            b.set_path(Path::Sum4, s4);
             b.set_path(Path::DenseEarly, early);
+            b.set_path(Path::Dense128, false);
             b
         })
         .collect();
@@ -1933,7 +1932,7 @@ fn dense_jobs_exact() {
                 for (mode, g) in modes.iter().zip(&got) {
                     let same = g.iter().zip(reference).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()));
                     if !same {
-                        rep.failures.push(format!("{lab}: (DenseJobs, Sum4, DenseEarly) = {mode:?} differs from one launch a job"));
+                        rep.failures.push(format!("{lab}: (DenseJobs, DenseEarly) = {mode:?} differs from one launch a job"));
                     }
                 }
                 let (tc, _) = matmul_tol(GgmlType::Q8_0, n);
@@ -1946,11 +1945,11 @@ fn dense_jobs_exact() {
         }
     }
     // Each switch ran where it was on (the jobs' launch on every case) and nowhere else.
-    for (&(jobs, s4, early), b) in modes.iter().zip(&bs) {
-        let n = [Path::DenseJobs, Path::Sum4, Path::DenseEarly].map(|p| b.path_launches(p));
-        let ok = (n[0] == if jobs { cases } else { 0 }) && (n[1] > 0) == s4 && (n[2] > 0) == early;
+    for (&(jobs, early), b) in modes.iter().zip(&bs) {
+        let n = [Path::DenseJobs, Path::DenseEarly].map(|p| b.path_launches(p));
+        let ok = (n[0] == if jobs { cases } else { 0 }) && (n[1] > 0) == early;
         if !ok {
-            rep.failures.push(format!("(DenseJobs, Sum4, DenseEarly) = {:?}: launches {n:?} ({cases} cases)", (jobs, s4, early)));
+            rep.failures.push(format!("(DenseJobs, DenseEarly) = {:?}: launches {n:?} ({cases} cases)", (jobs, early)));
         }
     }
     rep.finish();
@@ -2078,7 +2077,7 @@ fn dense128_exact() {
     // The switch ran on every 65-128-token case of the backends it was on for, and nowhere else.
     for (&(d128, jobs, early), b) in modes.iter().zip(&bs) {
         let n = [Path::Dense128, Path::DenseJobs, Path::DenseEarly].map(|p| b.path_launches(p));
-        let ok = (n[0] >= taken) == d128 && (n[0] == 0) == !d128 && (n[1] > 0) == jobs && (n[2] > 0) == early;
+        let ok = (n[0] > 0) == d128 && (!d128 || n[0] >= taken) && (n[1] > 0) == jobs && (n[2] > 0) == early;
         if !ok {
             rep.failures.push(format!("(Dense128, DenseJobs, DenseEarly) = {:?}: launches {n:?} ({taken} cases)", (d128, jobs, early)));
         }
@@ -3051,16 +3050,6 @@ fn moe_rows_exact() {
             b.set_rows_r(1);
             b.set_rows_shared_first(true);
         }
-        // The GLU and its quantisation in the gate/up launch's epilogue (Path::GluEpi,
-        // mmq_q8_rows_glu), with the tiles' early start and from the counts: the same bits.
-        for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
-            b.set_path(Path::GluEpi, true);
-            sets.push((format!("GLU epilogue, {kind}"), run(b, w, o)));
-            b.set_rows_early(false);
-            sets.push((format!("GLU epilogue, tiles from the counts, {kind}"), run(b, w, o)));
-            b.set_rows_early(true);
-            b.set_path(Path::GluEpi, false);
-        }
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
         }
@@ -3072,14 +3061,6 @@ fn moe_rows_exact() {
         rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
         rep.check(&format!("{lab} moe_shared, tiled experts (exact)"), &outs[2].0, &outs[1].0, 0.0, 0.0);
         rep.check(&format!("{lab} moe, tiled experts (exact)"), &outs[2].1, &outs[1].1, 0.0, 0.0);
-    }
-    for (b, kind) in [(tiled, "tiled"), (rowmaj, "row-major")] {
-        if b.path_launches(Path::GluEpi) == 0 {
-            rep.failures.push(format!("the GLU epilogue never ran ({kind})"));
-        }
-    }
-    if plain.path_launches(Path::GluEpi) != 0 {
-        rep.failures.push("the GLU epilogue ran with the switch off".into());
     }
     rep.finish();
 }
