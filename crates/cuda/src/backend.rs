@@ -2403,7 +2403,8 @@ impl CudaBackend {
     /// `mmq_jobs` in one product launch and at most one sum launch ([`Path::DenseJobs`]:
     /// `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`): each job with the tiles and splits
     /// [`Self::dense_plan`] gives it alone, so the same bits. False (nothing launched) where a
-    /// job would not take `mmq_q8_64` alone or the partials do not fit the part scratch.
+    /// job would not take the 64- or 128-token tiles alone or the partials do not fit the part
+    /// scratch.
     fn mmq_dense_jobs(&self, ngroups: usize, xq: u64, n: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> bool {
         if !self.path_on(Path::DenseJobs) || !(2..=3).contains(&jobs.len()) || self.mmq_ws {
             return false;
