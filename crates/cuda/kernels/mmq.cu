@@ -586,6 +586,28 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
                                             in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes,
                                             ws_stride, e_sh, W2, Ws2, out2, mmq_blk());
 }
+// mmq_q8_64e whose last, partly padded token tile skips the padding (Path::DenseSkip; dense
+// products of decode batches of 65-127 tokens: 80 rows make a second tile of 16 tokens). That
+// tile's n8 tiles past its tokens skip their fragment loads and products, as mmq_q8_16's do;
+// whole tiles take mmq_q8_64e's loop (the skip's branches cost a whole tile ~30% more
+// instructions a stage in the static SASS). The stored outputs are computed alike: the same
+// bits. (The 80-row step spent 2.6x the 64-row step's time in the dense products, gpu-next101.)
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
+    mmq_q8_64es(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
+                const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,
+                i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh,
+                const u8* W2, const u8* Ws2, float* out2) {
+    pdl_trigger();  // (the wait is mmq_impl's, after the first weight copies)
+    const MmqBlk blk = mmq_blk();
+    if ((blk.y + 1) * MMQ_BN <= n)
+        mmq_impl<2, 2, 2, 4, 1, 3, false, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp,
+                                                in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes,
+                                                ws_stride, e_sh, W2, Ws2, out2, blk);
+    else
+        mmq_impl<2, 2, 2, 4, 1, 3, true, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp,
+                                               in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes,
+                                               ws_stride, e_sh, W2, Ws2, out2, blk);
+}
 MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
 MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 
@@ -598,7 +620,7 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 // split s at s * split_stride floats, rows of m), its splits and blocks. Unused jobs: 0 blocks.
 #define MMQ_JOB_ARGS(j)                                                                                         \
     const u8 *W##j, i64 rb##j, int m##j, float *out##j, i64 ooff##j, i64 ost##j, int ns##j, i64 ss##j, int nb##j
-template <bool EARLY, int NI = 4>
+template <bool EARLY, int NI = 4, bool SKIP = false>
 __device__ __forceinline__ void mmq_jobs_impl(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups,
                                               const u8* X, i64 xrow, int n) {
     int b = blockIdx.x;
@@ -622,8 +644,13 @@ __device__ __forceinline__ void mmq_jobs_impl(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), 
     constexpr int BN = 2 * NI * 8;
     const int gx = (m + MMQ_BM - 1) / MMQ_BM, gy = (n + BN - 1) / BN;
     const MmqBlk blk{b % gx, (b / gx) % gy, b / (gx * gy), gx, ns};
-    mmq_impl<2, 2, 2, NI, 1, 3, false, EARLY>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out, ooff,
-                                             ost, ns, ss, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, blk);
+    // (SKIP: whole tiles without the skip's branches, as mmq_q8_64es.)
+    if (!SKIP || (blk.y + 1) * BN <= n)
+        mmq_impl<2, 2, 2, NI, 1, 3, false, EARLY>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out,
+                                                  ooff, ost, ns, ss, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, blk);
+    else
+        mmq_impl<2, 2, 2, NI, 1, 3, true, EARLY>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out,
+                                                 ooff, ost, ns, ss, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, blk);
 }
 #define MMQ_JOBS_PASS(j) W##j, rb##j, m##j, out##j, ooff##j, ost##j, ns##j, ss##j, nb##j
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
@@ -636,6 +663,12 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
     mmq_q8_64_jobse(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
     pdl_trigger();  // (the wait is mmq_impl's)
     mmq_jobs_impl<true>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
+}
+// The jobs with the padding-token skip (Path::DenseSkip, as mmq_q8_64es).
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
+    mmq_q8_64_jobses(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
+    pdl_trigger();  // (the wait is mmq_impl's)
+    mmq_jobs_impl<true, 4, true>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
 }
 // The jobs on mmq_q8_128's tiles (Path::Dense128), with and without the early weight copies.
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)

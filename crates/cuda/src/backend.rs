@@ -343,6 +343,8 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_64e",
     "mmq_q8_64_jobs",
     "mmq_q8_64_jobse",
+    "mmq_q8_64es",
+    "mmq_q8_64_jobses",
     "mmq_q8_128",
     "mmq_q8_128e",
     "mmq_q8_128_jobs",
@@ -883,6 +885,8 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_64e",
         "mmq_q8_64_jobs",
         "mmq_q8_64_jobse",
+        "mmq_q8_64es",
+        "mmq_q8_64_jobses",
         "mmq_q8_128",
         "mmq_q8_128e",
         "mmq_q8_128_jobs",
@@ -999,11 +1003,25 @@ pub enum Path {
     /// measured 80 sequences 8,529 -> 8,379, 96 10,363 -> 10,331, 128 13,916 -> 13,362
     /// (gpu-next102); the split now fits one wave, not yet measured. `TS_CUDA_DENSE128=1`.
     Dense128,
+    /// With [`Path::DenseEarly`], dense products whose last 64-token tile is partly padding
+    /// (decode batches of 49-127 tokens but 64) skip the padding's fragment loads and products
+    /// in that tile (`mmq_q8_64es`, `mmq_q8_64_jobses`; whole tiles run as before). The same
+    /// bits. Off until measured; `TS_CUDA_DENSE_SKIP=1`.
+    DenseSkip,
 }
 
 impl Path {
-    const ALL: [Path; 8] =
-        [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8, Path::SumQ8, Path::DenseJobs, Path::DenseEarly, Path::Dense128];
+    const ALL: [Path; 9] = [
+        Path::Absorb16,
+        Path::Out16,
+        Path::SplitEarly,
+        Path::NormQ8,
+        Path::SumQ8,
+        Path::DenseJobs,
+        Path::DenseEarly,
+        Path::Dense128,
+        Path::DenseSkip,
+    ];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -1016,6 +1034,7 @@ impl Path {
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),
             Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", true),
             Path::Dense128 => ("TS_CUDA_DENSE128", false),
+            Path::DenseSkip => ("TS_CUDA_DENSE_SKIP", false),
         }
     }
 
@@ -2400,6 +2419,16 @@ impl CudaBackend {
         (bn, nsplit)
     }
 
+    /// Whether a dense product of `n` tokens a matrix on the 64-token tiles takes
+    /// [`Path::DenseSkip`]'s kernels (counted here): its last tile is partly padding.
+    fn dense_skip(&self, n: usize) -> bool {
+        let on = self.path_on(Path::DenseSkip) && !n.is_multiple_of(64);
+        if on {
+            self.took(Path::DenseSkip);
+        }
+        on
+    }
+
     /// `mmq_jobs` in one product launch and at most one sum launch ([`Path::DenseJobs`]:
     /// `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`): each job with the tiles and splits
     /// [`Self::dense_plan`] gives it alone, so the same bits. False (nothing launched) where a
@@ -2452,6 +2481,7 @@ impl CudaBackend {
         let (name, smem) = match (bn, early) {
             (128, true) => ("mmq_q8_128_jobse", MMQ128_SMEM),
             (128, false) => ("mmq_q8_128_jobs", MMQ128_SMEM),
+            (_, true) if self.dense_skip(n) => ("mmq_q8_64_jobses", MMQ_SMEM),
             (_, true) => ("mmq_q8_64_jobse", MMQ_SMEM),
             _ => ("mmq_q8_64_jobs", MMQ_SMEM),
         };
@@ -2764,10 +2794,11 @@ impl CudaBackend {
             (128, _) if self.path_on(Path::DenseEarly) => ("mmq_q8_128e", MMQ128_SMEM),
             (128, _) => ("mmq_q8_128", MMQ128_SMEM),
             _ if self.mmq_ws => ("mmq_q8_64ws", MMQ_SMEM),
+            _ if cnt == 0 && self.path_on(Path::DenseEarly) && self.dense_skip(n) => ("mmq_q8_64es", MMQ_SMEM),
             _ if cnt == 0 && self.path_on(Path::DenseEarly) => ("mmq_q8_64e", MMQ_SMEM),
             _ => ("mmq_q8_64", MMQ_SMEM),
         };
-        if name == "mmq_q8_64e" || name == "mmq_q8_128e" {
+        if name == "mmq_q8_64e" || name == "mmq_q8_64es" || name == "mmq_q8_128e" {
             self.took(Path::DenseEarly);
         }
         if bn == 128 {

@@ -1864,8 +1864,9 @@ fn fused_matmul_many() {
 }
 
 /// matmul_many of decode batches on the 64-token int8 tiles with the jobs in one launch
-/// (`Path::DenseJobs`: `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`) and the weight copies before the
-/// PDL wait (`Path::DenseEarly`: `mmq_q8_64e`, `mmq_q8_64_jobse`), alone and together, against
+/// (`Path::DenseJobs`: `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`), the weight copies before the
+/// PDL wait (`Path::DenseEarly`: `mmq_q8_64e`, `mmq_q8_64_jobse`) and the padding skip of a
+/// partial last tile (`Path::DenseSkip`: `mmq_q8_64_jobses`), alone and together, against
 /// one launch a job (both off), bit for bit, and against the CPU: V2-Lite's q + kv_a at 64, 80
 /// and 128 rows (two token tiles, a short last one), three jobs with odd widths, narrow jobs (16
 /// splits each), a job wide enough to go without splits beside one with them; output views at
@@ -1875,15 +1876,17 @@ fn dense_jobs_exact() {
     if gpu_tc_fused("dense_jobs_exact").is_none() {
         return;
     }
-    // (DenseJobs, DenseEarly) for each backend; the last is the reference. (The 64-token tiles:
-    // Dense128 off.)
-    let modes = [(true, false), (false, true), (true, true), (false, false)];
+    // (DenseJobs, DenseEarly, DenseSkip) for each backend; the last is the reference. (The
+    // 64-token tiles: Dense128 off.)
+    let modes =
+        [(true, false, false), (false, true, false), (true, true, false), (true, true, true), (false, true, true), (false, false, false)];
     let bs: Vec<CudaBackend> = modes
         .iter()
-        .map(|&(jobs, early)| {
+        .map(|&(jobs, early, skip)| {
             let b = CudaBackend::new(0).expect("another backend");
             b.set_path(Path::DenseJobs, jobs);
             b.set_path(Path::DenseEarly, early);
+            b.set_path(Path::DenseSkip, skip);
             b.set_path(Path::Dense128, false);
             b
         })
@@ -1932,7 +1935,7 @@ fn dense_jobs_exact() {
                 for (mode, g) in modes.iter().zip(&got) {
                     let same = g.iter().zip(reference).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()));
                     if !same {
-                        rep.failures.push(format!("{lab}: (DenseJobs, DenseEarly) = {mode:?} differs from one launch a job"));
+                        rep.failures.push(format!("{lab}: (DenseJobs, DenseEarly, DenseSkip) = {mode:?} differs from one launch a job"));
                     }
                 }
                 let (tc, _) = matmul_tol(GgmlType::Q8_0, n);
@@ -1945,11 +1948,11 @@ fn dense_jobs_exact() {
         }
     }
     // Each switch ran where it was on (the jobs' launch on every case) and nowhere else.
-    for (&(jobs, early), b) in modes.iter().zip(&bs) {
-        let n = [Path::DenseJobs, Path::DenseEarly].map(|p| b.path_launches(p));
-        let ok = (n[0] == if jobs { cases } else { 0 }) && (n[1] > 0) == early;
+    for (&(jobs, early, skip), b) in modes.iter().zip(&bs) {
+        let n = [Path::DenseJobs, Path::DenseEarly, Path::DenseSkip].map(|p| b.path_launches(p));
+        let ok = (n[0] == if jobs { cases } else { 0 }) && (n[1] > 0) == early && (n[2] > 0) == skip;
         if !ok {
-            rep.failures.push(format!("(DenseJobs, DenseEarly) = {:?}: launches {n:?} ({cases} cases)", (jobs, early)));
+            rep.failures.push(format!("(DenseJobs, DenseEarly, DenseSkip) = {:?}: launches {n:?} ({cases} cases)", (jobs, early, skip)));
         }
     }
     rep.finish();
@@ -1963,6 +1966,52 @@ fn dense_jobs_exact() {
 /// added its output into x: `gemv_q8_multi_norm_1` without a delta, `set_moe_residual(true)`),
 /// against its two ops (the switch off), bit for bit, x untouched. 16-bit products take
 /// `gemv_h16_multi_norm_<t>_1` (`set_norm_mm16(true)`). A backend of its own, for the switches.
+/// Dense Q8_0 products whose last 64-token tile is partly padding skip it (`Path::DenseSkip`:
+/// `mmq_q8_64es`, whole tiles as `mmq_q8_64e`) bit for bit as without the skip: V2-Lite's
+/// o_proj, q and kv_a at 80, 100, 127 and 56 tokens, the absorbed W_uk and W_uv per head (3-D),
+/// 97 rows; at 64 and 128 tokens (whole tiles) the skip is not taken.
+#[test]
+fn dense_skip_exact() {
+    if gpu_tc_fused("dense_skip_exact").is_none() {
+        return;
+    }
+    let skip = &CudaBackend::new(0).expect("second backend");
+    skip.set_path(Path::DenseSkip, true);
+    let plain = &CudaBackend::new(0).expect("third backend");
+    plain.set_path(Path::DenseSkip, false);
+    for b in [skip, plain] {
+        b.set_path(Path::DenseEarly, true);
+        b.set_path(Path::Dense128, false);
+    }
+    let mut r = rng(51);
+    let mut rep = Report::new("dense_skip");
+    let mut partial = 0u64;
+    for &(k, m, gr, ntok) in &[
+        (2048usize, 2048usize, 1usize, 80usize),
+        (2048, 3072, 1, 100),
+        (2048, 576, 1, 127),
+        (2048, 2048, 1, 56),
+        (128, 512, 16, 80),
+        (512, 128, 16, 72),
+        (1408, 97, 1, 90),
+        (2048, 2048, 1, 64),
+        (2048, 576, 1, 128),
+    ] {
+        let before = skip.path_launches(Path::DenseSkip);
+        let (got, want) = dense_q8_pair(skip, plain, &mut r, (k, m, gr, ntok));
+        rep.check(&format!("[{k},{m},{gr}] tokens={ntok} (exact)"), &got, &want, 0.0, 0.0);
+        let took = skip.path_launches(Path::DenseSkip) > before;
+        if took != !ntok.is_multiple_of(64) {
+            rep.failures.push(format!("[{k},{m},{gr}] tokens={ntok}: the skip {} taken", if took { "was" } else { "was not" }));
+        }
+        partial += u64::from(took);
+    }
+    if plain.path_launches(Path::DenseSkip) != 0 || partial == 0 {
+        rep.failures.push(format!("the skip ran {} times with the switch off", plain.path_launches(Path::DenseSkip)));
+    }
+    rep.finish();
+}
+
 /// Dense Q8_0 products of 65-128 tokens on the 64 x 128 int8 tiles ([`Path::Dense128`]:
 /// `mmq_q8_128`, `mmq_q8_128e`, `mmq_q8_128_jobs(e)`): bit for bit the same whether the jobs go
 /// in one launch and whether the first weights are copied early (every block does what it does
