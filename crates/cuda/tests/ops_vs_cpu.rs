@@ -2001,7 +2001,7 @@ fn dense_skip_exact() {
         let (got, want) = dense_q8_pair(skip, plain, &mut r, (k, m, gr, ntok));
         rep.check(&format!("[{k},{m},{gr}] tokens={ntok} (exact)"), &got, &want, 0.0, 0.0);
         let took = skip.path_launches(Path::DenseSkip) > before;
-        if took != !ntok.is_multiple_of(64) {
+        if took == ntok.is_multiple_of(64) {
             rep.failures.push(format!("[{k},{m},{gr}] tokens={ntok}: the skip {} taken", if took { "was" } else { "was not" }));
         }
         partial += u64::from(took);
