@@ -675,11 +675,15 @@ extern "C" __global__ void __launch_bounds__(32 * MC_WARPS) mla_combine(const fl
 // of the card idle and serialises the row's loads. Here 4 warps share a row (a quarter of k each,
 // all of a lane's float4 loads in flight at once), a block covers 2 rows, and the quarters are
 // summed through shared memory. Needs k % 128 == 0 and 16-byte aligned rows of x (checked by the
-// host); up to 8 tokens.
+// host). Tokens 8 a block row: block row y takes tokens 8y .. 8y + 7 of the n (a token's sums
+// are the same whatever the batch).
 extern "C" __global__ void __launch_bounds__(256)
     gemv_f32_split(const float* W, int m, int k, const float* x, i64 xoff, i64 xstride, float* out, i64 ooff,
                    i64 ostride, int n) { PDL_ENTRY();
     __shared__ float part[8][8];
+    xoff += (i64)blockIdx.y * 8 * xstride;
+    ooff += (i64)blockIdx.y * 8 * ostride;
+    n = min(8, n - 8 * (int)blockIdx.y);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * 2 + (warp >> 2), quarter = warp & 3;
     const int q4 = k / 16;  // float4s per quarter

@@ -1008,10 +1008,17 @@ pub enum Path {
     /// in that tile (`mmq_q8_64es`, `mmq_q8_64_jobses`; whole tiles run as before). The same
     /// bits. Off until measured; `TS_CUDA_DENSE_SKIP=1`.
     DenseSkip,
+    /// The f32 MoE router of decode batches of 9-128 tokens on `gemv_f32_split` (8 tokens a
+    /// block row, each token's sums as when it is alone) instead of cuBLAS's SGEMM, which is
+    /// launched without PDL: in the 64-row trace (gpu-next101) the norm before the MoE took
+    /// 11.2-11.7 µs of the critical path where the other took 3.5, the router's product hidden
+    /// in it. Other summation order than cuBLAS: other bits. Off until measured;
+    /// `TS_CUDA_ROUTER_SPLIT=1`.
+    RouterSplit,
 }
 
 impl Path {
-    const ALL: [Path; 9] = [
+    const ALL: [Path; 10] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1021,6 +1028,7 @@ impl Path {
         Path::DenseEarly,
         Path::Dense128,
         Path::DenseSkip,
+        Path::RouterSplit,
     ];
 
     /// Its environment variable and its default.
@@ -1035,6 +1043,7 @@ impl Path {
             Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", true),
             Path::Dense128 => ("TS_CUDA_DENSE128", false),
             Path::DenseSkip => ("TS_CUDA_DENSE_SKIP", false),
+            Path::RouterSplit => ("TS_CUDA_ROUTER_SPLIT", false),
         }
     }
 
@@ -2606,12 +2615,17 @@ impl CudaBackend {
                 return;
             }
         }
-        if ng <= GEMV_MAX_TOKENS && g == 1 && w.dtype == GgmlType::F32 && k % 128 == 0 && xr.off % 4 == 0 && (ng == 1 || xr.stride % 4 == 0)
-        {
-            // Few-row f32 matrices (the MoE router): split-K GEMV (kernels/fast.cu).
+        // (Path::RouterSplit: decode batches' routers too, in chunks of 8 tokens.)
+        let split_rows = ng <= GEMV_MAX_TOKENS || (ng <= GRAPH_MAX_TOKENS && m <= 512 && self.path_on(Path::RouterSplit));
+        if split_rows && g == 1 && w.dtype == GgmlType::F32 && k % 128 == 0 && xr.off % 4 == 0 && (ng == 1 || xr.stride % 4 == 0) {
+            // Few-row f32 matrices (the MoE router): split-K GEMV (kernels/fast.cu), 8 tokens a
+            // block row.
+            if ng > GEMV_MAX_TOKENS {
+                self.took(Path::RouterSplit);
+            }
             self.launch(
                 "gemv_f32_split",
-                (m.div_ceil(2) as u32, 1, 1),
+                (m.div_ceil(2) as u32, ng.div_ceil(8) as u32, 1),
                 256,
                 0,
                 &[A::P(w.mem.ptr), i(m), i(k), A::P(x.0.ptr), l(xr.off), l(xr.stride), A::P(out.0.ptr), l(o.off), l(o.stride), i(ng)],

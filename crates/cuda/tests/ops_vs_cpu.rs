@@ -1966,6 +1966,54 @@ fn dense_jobs_exact() {
 /// added its output into x: `gemv_q8_multi_norm_1` without a delta, `set_moe_residual(true)`),
 /// against its two ops (the switch off), bit for bit, x untouched. 16-bit products take
 /// `gemv_h16_multi_norm_<t>_1` (`set_norm_mm16(true)`). A backend of its own, for the switches.
+/// Decode batches' f32 routers on `gemv_f32_split` ([`Path::RouterSplit`]: 8 tokens a block row):
+/// each token's logits bit for bit as when it is alone (one token, the same kernel), and against
+/// the CPU. V2-Lite's router (64 x 2048) and V2's (160 x 5120) at 9 to 128 tokens; rows of x with
+/// a stride of their own.
+#[test]
+fn router_split_exact() {
+    if gpu().is_none() {
+        return;
+    }
+    let b = &CudaBackend::new(0).expect("second backend");
+    b.set_path(Path::RouterSplit, true);
+    let c = cpu();
+    let mut r = rng(52);
+    let mut rep = Report::new("router_split");
+    for &(k, m) in &[(2048usize, 64usize), (5120, 160)] {
+        let shape = [k, m];
+        let (bytes, _) = weight(&mut r, GgmlType::F32, &shape, 0.5);
+        let t = td("router", GgmlType::F32, &shape, &bytes);
+        let (wb, wc) = (b.upload_weight(&t, WeightUse::Matmul).unwrap(), c.upload_weight(&t, WeightUse::Matmul).unwrap());
+        for n in [9usize, 16, 64, 100, 128] {
+            let xr = Rows { off: 4, n, width: k, stride: k + 8 };
+            let o = Rows { off: 2, n, width: m, stride: m + 3 };
+            let x = randn(&mut r, xr.end(), 1.0);
+            let (xb, ob) = (buf(b, &x), b.alloc(o.end()).unwrap());
+            poison(b, &ob, o.end());
+            let before = b.path_launches(Path::RouterSplit);
+            b.matmul(&xb, xr, &wb, &ob, o);
+            if b.path_launches(Path::RouterSplit) == before {
+                rep.failures.push(format!("[{k},{m}] n={n}: the split kernel was not taken"));
+            }
+            let got = get(b, &ob, o);
+            // Each token alone (the one-token launch of the same kernel).
+            let mut alone = Vec::with_capacity(n * m);
+            for j in 0..n {
+                let (xj, oj) = (Rows { off: xr.off + j * xr.stride, n: 1, ..xr }, Rows::packed(1, m));
+                let o1 = b.alloc(m).unwrap();
+                b.matmul(&xb, xj, &wb, &o1, oj);
+                alone.extend(get(b, &o1, oj));
+            }
+            rep.check(&format!("[{k},{m}] n={n} against each token alone (exact)"), &got, &alone, 0.0, 0.0);
+            let (xc, oc) = (buf(c, &x), c.alloc(o.end()).unwrap());
+            c.matmul(&xc, xr, &wc, &oc, o);
+            rep.check(&format!("[{k},{m}] n={n} vs cpu"), &got, &get(c, &oc, o), 1e-4, 1e-4);
+        }
+    }
+    rep.finish();
+}
+
 /// Dense Q8_0 products whose last 64-token tile is partly padding skip it (`Path::DenseSkip`:
 /// `mmq_q8_64es`, whole tiles as `mmq_q8_64e`) bit for bit as without the skip: V2-Lite's
 /// o_proj, q and kv_a at 80, 100, 127 and 56 tokens, the absorbed W_uk and W_uv per head (3-D),

@@ -9,20 +9,27 @@
 #   tile (80 rows: 16 tokens) skips the padding's fragment loads and products (mmq_q8_64es,
 #   mmq_q8_64_jobses; whole tiles as before); the same bits (dense_skip_exact,
 #   dense_jobs_exact), so the hashes must hold. At 56, 80 and 96 sequences and in the server.
+# - TS_CUDA_ROUTER_SPLIT=1 (Path::RouterSplit, new): decode batches' f32 MoE router on
+#   gemv_f32_split (8 tokens a block row) instead of cuBLAS's SGEMM, launched without PDL (the
+#   64-row trace hid ~8 us a layer in the norm before the MoE). Other bits (test
+#   router_split_exact: each token as when alone); at 64 and 80 sequences.
 # - Path::Sum4 and Path::GluEpi are removed (measured slower in gpu-next99): every op test again.
 # gpu-next104 then: Nsight and the server.
-#   tools/gpu/plans/gpu-next103.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -90   (~6 minutes)
+#   tools/gpu/plans/gpu-next103.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -90   (~8 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=100
 q8_bg
 stamp "== every op test"
-op_log 200 4 ops.txt "dense_skip|dense128: .*tokens=(80|128)|" ""
+op_log 200 4 ops.txt "router_split|dense_skip|dense128: .*tokens=(80|128)|" ""
 wait
 D="TS_CUDA_DENSE128=1"; K="TS_CUDA_DENSE_SKIP=1"
 stamp "== 56, 80, 96, 128 sequences"
 for p in 56 80 96; do for e in "" "$K" "$D"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done; done
 for e in "" "$D"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 128 -r 2 --hash; done
+R="TS_CUDA_ROUTER_SPLIT=1"
+stamp "== the router on gemv_f32_split: 64, 80 sequences"
+for p in 64 80; do for e in "" "$R" "$R $K"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done; done
 rm -f $V
 stamp "== done"
