@@ -13,6 +13,8 @@
 #   gemv_f32_split (8 tokens a block row) instead of cuBLAS's SGEMM, launched without PDL (the
 #   64-row trace hid ~8 us a layer in the norm before the MoE). Other bits (test
 #   router_split_exact: each token as when alone); at 64 and 80 sequences.
+# - TS_CUDA_MLATC=1 at 64 and 80 sequences: the 64-row trace gives the SIMT split attention
+#   (one block a token, short contexts) 20.9 us a layer, 7% of the step.
 # - Path::Sum4 and Path::GluEpi are removed (measured slower in gpu-next99): every op test again.
 # gpu-next104 then: Nsight and the server.
 #   tools/gpu/plans/gpu-next103.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -90   (~8 minutes)
@@ -31,5 +33,7 @@ for e in "" "$D"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --paralle
 R="TS_CUDA_ROUTER_SPLIT=1"
 stamp "== the router on gemv_f32_split: 64, 80 sequences"
 for p in 64 80; do for e in "" "$R" "$R $K"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done; done
+stamp "== the batch attention on the tensor-core split kernel (TS_CUDA_MLATC=1): 64, 80 sequences"
+for p in 64 80; do b "TS_CUDA_MLATC=1" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done
 rm -f $V
 stamp "== done"

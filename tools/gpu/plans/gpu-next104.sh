@@ -3,7 +3,8 @@
 # gpu-next103:
 # - Nsight on a 64-row add_rms_norm (the trace gave it 7.6 us on average, but half its
 #   launches hide the router's cuBLAS product: its own duration, graphs off) and on the
-#   grouped rows kernel (62% of the step): speed of light and stalls.
+#   grouped rows kernel (62% of the step) and the batch attention (mla_split_18_16_h, 20.9 us
+#   a layer in the trace): speed of light and stalls.
 # - The server at 64 clients: default, with TS_CUDA_DENSE_SKIP=1 (its steps carry ~79 rows: a
 #   partly padded second token tile), with TS_CUDA_ROUTER_SPLIT=1 too, and with forwards
 #   padded to 8 rows (fewer shapes to record; lib.sh's serve64 now takes ARGS in place of
@@ -19,6 +20,7 @@ K="TS_CUDA_DENSE_SKIP=1"; R="TS_CUDA_ROUTER_SPLIT=1"
 stamp "== Nsight: a 64-row add_rms_norm, the rows kernel"
 ncu_stalls "^add_rms_norm$" -p 0 -n 3 --parallel 64 -r 1
 ncu_stalls "mmq_q8_rows_r2" -p 0 -n 3 --parallel 64 -r 1
+ncu_stalls "mla_split_18_16_h" -p 0 -n 3 --parallel 64 -r 1
 stamp "== server, 64 clients: default, DENSE_SKIP, padded to 8 rows"
 serve64 "" 30
 serve64 "$K" 30
