@@ -903,15 +903,33 @@ __device__ __forceinline__ int rows_pair_half(const u8*& W, const u8*& Ws, float
 // (The GLU and its quantisation in the gate/up launch's epilogue, a block taking the same 64
 // rows of gate and up as its two row sets, Path::GluEpi, measured 64 sequences 8,229 -> 7,709 on
 // the H200, gpu-next99, and was removed; git history has it, commit ffed77c.)
-template <int NBUF, bool DENSE, int R>
+// GLUQ (Path::GluPair; the gate/up pair launch, R == 2, m % 128 == 0, outputs at offset 0 and
+// row stride m): a block's 128 rows are one Q8_0 group of the down product's input, and its
+// partner (the same rows and tile of the other matrix) holds the other half of that group's
+// GLU. Each block stores its rows as without it, then counts itself in (tile, group)'s word of
+// `pairc` (every thread's stores fenced first); the second of the two reads both matrices' rows
+// back and quantises act(gate) * up of the tile's tokens into hq (quant_group_body, as
+// quant_q8_groups does it: the same bits) and sets the word back to zero for the next launch.
+// No GLU quantisation launch after the pair.
+struct GluQ {
+    int act;
+    u8* hq;
+    i64 hqrow;
+    unsigned* pairc;
+    const float* gate;  // the two matrices' outputs (the kernel's out and out2)
+    const float* up;
+};
+template <int NBUF, bool DENSE, int R, bool GLUQ = false>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
                                               i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
                                               i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early) {
+                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early,
+                                              GluQ gq = GluQ{}) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
+    static_assert(!GLUQ || (R == 2 && !DENSE), "the pair's GLU takes a block's 128 rows as one group");
     const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
@@ -1137,6 +1155,26 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
                 }
             }
         }
+        if constexpr (GLUQ) {
+            // (m % 128 == 0: every warp has both row sets, so every thread of the block is here.)
+            __shared__ int second;
+            __threadfence();  // this thread's stores, before the count
+            __syncthreads();
+            // (The row block again from the block index, nothing kept through the loop.)
+            const int gbx = (int)(blockIdx.x % (gridDim.x >> 1));
+            if (threadIdx.x == 0) {
+                unsigned* w = gq.pairc + (i64)blockIdx.y * (gridDim.x >> 1) + gbx;
+                second = atomicAdd(w, 1u) == 1u;
+                if (second) *w = 0u;  // (both are in: nobody else touches it in this launch)
+            }
+            __syncthreads();
+            if (second) {
+                __threadfence();  // the partner's stores, after its count
+                for (int j = threadIdx.x >> 5; j < nt; j += MMQ_THREADS / 32)
+                    quant_group_body((i64)dst_row[j] * (m >> 7) + gbx, gq.gate, gq.up, ooff, ostride, 1 << 24, m,
+                                     gq.act, nullptr, 0, 1, gq.hq, gq.hqrow);
+            }
+        }
     }
 #else
     pdl_wait();
@@ -1174,6 +1212,20 @@ MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false, 1)
 // an expert (CudaBackend::rows_r): 128 sequences 12,663 -> 13,122 tok/s on the H200, 64 the same,
 // 32 sequences -1.5%; four row sets (256 rows a block) lost at all three (64: 7,085 vs 7,512).
 MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
+// mmq_q8_rows_r2 for the MoE's gate/up pair with the GLU's quantisation in the pair's second
+// block (Path::GluPair, GLUQ above): act (1 SiLU, 2 GELU-tanh), the down product's input hq
+// (rows of hqrow bytes), the (tile, group) words pairc (zero between launches).
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
+    mmq_q8_rows_r2g(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
+                    const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,
+                    i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh,
+                    const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early,
+                    int act, u8* hq, i64 hqrow, unsigned* pairc) {
+    pdl_trigger();  // (the wait is mmq_rows_impl's, after the first weight loads)
+    mmq_rows_impl<2, false, 2, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out,
+                                     ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2,
+                                     Wtl, W2tl, tl_mat_bytes, early, GluQ{act, hq, hqrow, pairc, out, out2});
+}
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)

@@ -315,8 +315,11 @@ enum S {
     /// A decode batch's attention values (`[n, heads * v]`) as Q8_0 groups, written by the W_uv
     /// product's split sum for the W_o product ([`Path::SumQ8`]).
     SumXq,
+    /// The grouped MoE gate/up pair's (tile, group) words ([`Path::GluPair`], u32s; zero
+    /// between launches: the second block of each pair resets its word).
+    GluSync,
 }
-const N_SCRATCH: usize = 28;
+const N_SCRATCH: usize = 29;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -354,6 +357,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_16g1",
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
+    "mmq_q8_rows_r2g",
     "mmq_q8_rows_d",
     "mla_out_q8",
     "mla_out_bf16",
@@ -492,9 +496,13 @@ struct MmqGroups {
     pairs: usize,
     /// Tokens of the batch: each shared chunk's (with `sh`) pairs.
     tokens: usize,
+    /// With `pair` (gate, up) on the two-row-set rows kernel: (act, hq, hq row bytes) for the
+    /// GLU's quantisation in the pair's second blocks ([`Path::GluPair`], `mmq_q8_rows_r2g`).
+    glu: Option<(i32, u64, usize)>,
 }
 impl MmqGroups {
-    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0 };
+    const NONE: MmqGroups =
+        MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0, glu: None };
 }
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
@@ -896,6 +904,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_16g1",
         "mmq_q8_rows",
         "mmq_q8_rows_r2",
+        "mmq_q8_rows_r2g",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
         "mmq_sum_splits_jobs",
@@ -1015,10 +1024,18 @@ pub enum Path {
     /// in it. Other summation order than cuBLAS: other bits. Off until measured;
     /// `TS_CUDA_ROUTER_SPLIT=1`.
     RouterSplit,
+    /// The grouped MoE's gate/up pair on the two-row-set rows kernel quantises the GLU for the
+    /// down product itself (`mmq_q8_rows_r2g`): a block's 128 rows are one Q8_0 group, and the
+    /// second of the two blocks (gate, up) of a tile and group, counted in a word of their own,
+    /// reads both back and quantises act(gate) * up as `quant_q8_groups` would (the same bits).
+    /// No GLU quantisation launch (5.5 µs of a 64-row layer's critical path, gpu-next101), and
+    /// the pair's grid unchanged (`Path::GluEpi`, which gave each block both matrices' rows,
+    /// lost 6.3%). Off until measured; `TS_CUDA_GLU_PAIR=1`.
+    GluPair,
 }
 
 impl Path {
-    const ALL: [Path; 10] = [
+    const ALL: [Path; 11] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1029,6 +1046,7 @@ impl Path {
         Path::Dense128,
         Path::DenseSkip,
         Path::RouterSplit,
+        Path::GluPair,
     ];
 
     /// Its environment variable and its default.
@@ -1044,6 +1062,7 @@ impl Path {
             Path::Dense128 => ("TS_CUDA_DENSE128", false),
             Path::DenseSkip => ("TS_CUDA_DENSE_SKIP", false),
             Path::RouterSplit => ("TS_CUDA_ROUTER_SPLIT", false),
+            Path::GluPair => ("TS_CUDA_GLU_PAIR", false),
         }
     }
 
@@ -2778,8 +2797,8 @@ impl CudaBackend {
         (out, ooff, ostride): (u64, usize, usize),
         (nsplit, split_stride): (usize, usize),
         bn: usize,
-    ) {
-        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens } = experts.unwrap_or(MmqGroups::NONE);
+    ) -> bool {
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens, glu } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
@@ -2800,7 +2819,15 @@ impl CudaBackend {
             2.. => ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(64 * rr) as u32, grid.1, grid.2),
             _ => grid,
         };
+        // The pair's GLU in its second blocks (Path::GluPair): a block's 128 rows one group, the
+        // outputs at offset 0 with rows of m, and the (tile, group) words.
+        let glu = glu.filter(|_| rows && cnt != 0 && w2 != 0 && rr == 2 && m.is_multiple_of(128) && (ooff, ostride) == (0, m));
+        // (Without the words, the plain kernel: the caller then quantises.)
+        let glu = glu.and_then(|(act, hq, hqrow)| {
+            self.scratch(S::GluSync, 4 * grid.1 as usize * (grid.0 as usize / 2)).map(|words| (act, hq, hqrow, words))
+        });
         let (name, smem) = match (bn, self.mmq16) {
+            _ if glu.is_some() => ("mmq_q8_rows_r2g", rows_smem),
             _ if rows && cnt != 0 => (if rr == 2 { "mmq_q8_rows_r2" } else { "mmq_q8_rows" }, rows_smem),
             _ if rows => ("mmq_q8_rows_d", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
@@ -2864,8 +2891,15 @@ impl CudaBackend {
         ];
         // (The mmq_q8 tiles take the common arguments only.)
         let na = if rows { args.len() } else { 25 };
+        if let Some((act, hq, hqrow, words)) = glu {
+            self.took(Path::GluPair);
+            let args: [A; 33] = cat(args, [A::I(act), A::P(hq), l(hqrow), A::P(words)]);
+            self.launch(name, grid, 128, smem as u32, &args);
+            return true;
+        }
         // (mmq_q8_64ws: the 4 multiplying warps and a producer warp)
         self.launch(name, grid, if name == "mmq_q8_64ws" { 160 } else { 128 }, smem as u32, &args[..na]);
+        false
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
@@ -3027,7 +3061,7 @@ impl CudaBackend {
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
             let sh = sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne));
-            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n })
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n, glu: None })
         };
         let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
         let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
@@ -3038,13 +3072,16 @@ impl CudaBackend {
         // tiles; TS_CUDA_MOE_GU=0: two). Measured on the H200: 64 sequences 6,069 vs 6,009 tok/s;
         // prompts (64-token tiles) lost 2% (pp512 15,014 vs 15,347), so they keep two launches.
         if self.moe_gu && bn == 16 && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
+            let glu = self.path_on(Path::GluPair).then_some((act, hq, fg * 144));
             let gr = groups(sg).map(|mut m| {
                 m.pair = Some((up.mem.ptr, su.map_or(0, |(s, _)| s.mem.ptr), u));
                 m.pair_tiled = up.tiled_ptr();
+                m.glu = glu;
                 m
             });
-            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
-            self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
+            if !self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn) {
+                self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
+            }
         } else {
             self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
             self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);

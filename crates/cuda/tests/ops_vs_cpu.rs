@@ -3147,6 +3147,21 @@ fn moe_rows_exact() {
             b.set_rows_r(1);
             b.set_rows_shared_first(true);
         }
+        // The GLU quantised in the gate/up pair's second blocks (Path::GluPair,
+        // mmq_q8_rows_r2g; two row sets), the tiles' early start and from the counts: the same
+        // bits. Its (tile, group) words must be back at zero after each launch: a word left
+        // behind would leave a later case's GLU unquantised (the cases run one after another
+        // on these backends, the words' buffer kept).
+        for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
+            b.set_path(Path::GluPair, true);
+            b.set_rows_r(2);
+            sets.push((format!("GLU in the pair, {kind}"), run(b, w, o)));
+            b.set_rows_early(false);
+            sets.push((format!("GLU in the pair, tiles from the counts, {kind}"), run(b, w, o)));
+            b.set_rows_early(true);
+            b.set_rows_r(1);
+            b.set_path(Path::GluPair, false);
+        }
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
         }
@@ -3158,6 +3173,14 @@ fn moe_rows_exact() {
         rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
         rep.check(&format!("{lab} moe_shared, tiled experts (exact)"), &outs[2].0, &outs[1].0, 0.0, 0.0);
         rep.check(&format!("{lab} moe, tiled experts (exact)"), &outs[2].1, &outs[1].1, 0.0, 0.0);
+    }
+    for (b, kind) in [(tiled, "tiled"), (rowmaj, "row-major")] {
+        if b.path_launches(Path::GluPair) == 0 {
+            rep.failures.push(format!("the pair's GLU never ran ({kind})"));
+        }
+    }
+    if plain.path_launches(Path::GluPair) != 0 {
+        rep.failures.push("the pair's GLU ran with the switch off".into());
     }
     rep.finish();
 }

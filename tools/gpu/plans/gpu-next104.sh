@@ -1,30 +1,33 @@
 #!/usr/bin/env bash
 # Thirty-second session, written after its device time was spent (not yet run), after
-# gpu-next103:
-# - Nsight on a 64-row add_rms_norm (the trace gave it 7.6 us on average, but half its
-#   launches hide the router's cuBLAS product: its own duration, graphs off) and on the
-#   grouped rows kernel (62% of the step) and the batch attention (mla_split_18_16_h, 20.9 us
-#   a layer in the trace): speed of light and stalls.
-# - The server at 64 clients: default, with TS_CUDA_DENSE_SKIP=1 (its steps carry ~79 rows: a
-#   partly padded second token tile), with TS_CUDA_ROUTER_SPLIT=1 too, and with forwards
-#   padded to 8 rows (fewer shapes to record; lib.sh's serve64 now takes ARGS in place of
-#   --row-multiple 1).
-#   tools/gpu/plans/gpu-next104.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60   (~5 minutes)
+# gpu-next103 (see there for the switches K, R, G, D):
+# - 56 sequences (one partly padded tile: DENSE_SKIP) and 128 (DENSE128).
+# - Nsight, speed of light and stalls: a 64-row add_rms_norm (isolated, graphs off: the trace's
+#   7.6 us average hides the router's cuBLAS product in half its launches), the grouped rows
+#   kernel (62% of the step), the batch attention (mla_split_18_16_h, 20.9 us a layer).
+# - The server at 64 clients: default, with K R G, and padded to 8 rows (fewer shapes to record;
+#   lib.sh's serve64 now takes ARGS in place of --row-multiple 1). Edit S to what gpu-next103
+#   kept.
+#   tools/gpu/plans/gpu-next104.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~6 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=100
 q8_bg
 wait
-K="TS_CUDA_DENSE_SKIP=1"; R="TS_CUDA_ROUTER_SPLIT=1"
-stamp "== Nsight: a 64-row add_rms_norm, the rows kernel"
+K="TS_CUDA_DENSE_SKIP=1"; R="TS_CUDA_ROUTER_SPLIT=1"; G="TS_CUDA_GLU_PAIR=1"; D="TS_CUDA_DENSE128=1"
+S="$K $R $G"
+bp() { local p=$1; shift; for e in "$@"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done; }
+stamp "== 56, 128 sequences"
+bp 56 "" "$K"
+bp 128 "" "$D"
+stamp "== Nsight: a 64-row add_rms_norm, the rows kernel, the batch attention"
 ncu_stalls "^add_rms_norm$" -p 0 -n 3 --parallel 64 -r 1
 ncu_stalls "mmq_q8_rows_r2" -p 0 -n 3 --parallel 64 -r 1
 ncu_stalls "mla_split_18_16_h" -p 0 -n 3 --parallel 64 -r 1
-stamp "== server, 64 clients: default, DENSE_SKIP, padded to 8 rows"
+stamp "== server, 64 clients: default, S, padded to 8 rows"
 serve64 "" 30
-serve64 "$K" 30
-serve64 "$R $K" 30
+serve64 "$S" 30
 serve64 "" 30 "--row-multiple 8"
 rm -f $V
 stamp "== done"
