@@ -1798,6 +1798,16 @@ fn job_views(jobs: &[(GgmlType, usize)], n: usize) -> (Vec<Rows>, usize) {
     job_views_at(&widths, n, 2, 1)
 }
 
+/// `matmul_many` of `x` (rows `xr`) into the jobs' `views` of one fresh NaN-poisoned buffer of
+/// `olen` floats on `b`: the whole buffer after (the columns between the views too).
+fn many_into<B: Backend>(b: &B, w: &[B::Weight], views: &[Rows], x: &[f32], xr: Rows, olen: usize) -> Vec<f32> {
+    let (xb, ob) = (buf(b, x), b.alloc(olen).unwrap());
+    poison(b, &ob, olen);
+    let jobs: Vec<(&B::Weight, &B::Buf, Rows)> = w.iter().zip(views).map(|(w, &v)| (w, &ob, v)).collect();
+    b.matmul_many(&xb, xr, &jobs);
+    get(b, &ob, Rows::packed(1, olen))
+}
+
 /// [`job_views`] for jobs of these widths, from offset `base`, rows of (the widths + `pad`).
 fn job_views_at(widths: &[usize], n: usize, base: usize, pad: usize) -> (Vec<Rows>, usize) {
     let ostride = widths.iter().sum::<usize>() + pad;
@@ -1918,18 +1928,8 @@ fn dense_jobs_exact() {
                 let xr = Rows { off: 1, n, width: k, stride: k + 3 };
                 let x = randn(&mut r, xr.end(), 1.0);
                 let lab = format!("k={k} m={ms:?} n={n} aligned={aligned}");
-                let mut got = Vec::new();
-                for (b, w) in bs.iter().zip(&ws) {
-                    let (xb, ob) = (buf(b, &x), b.alloc(olen).unwrap());
-                    poison(b, &ob, olen);
-                    let jb: Vec<(&CudaWeight, &CudaBuf, Rows)> = w.iter().zip(&views).map(|(w, &v)| (w, &ob, v)).collect();
-                    b.matmul_many(&xb, xr, &jb);
-                    got.push(get(b, &ob, Rows::packed(1, olen)));
-                }
-                let (xc, oc) = (buf(c, &x), c.alloc(olen).unwrap());
-                poison(c, &oc, olen);
-                let jc: Vec<_> = wc.iter().zip(&views).map(|(w, &v)| (w, &oc, v)).collect();
-                c.matmul_many(&xc, xr, &jc);
+                let got: Vec<Vec<f32>> = bs.iter().zip(&ws).map(|(b, w)| many_into(b, w, &views, &x, xr, olen)).collect();
+                let cpu_out = many_into(c, &wc, &views, &x, xr, olen);
                 // Every element of the buffer, the columns between the views (untouched) too.
                 let reference = got.last().unwrap();
                 for (mode, g) in modes.iter().zip(&got) {
@@ -1941,7 +1941,8 @@ fn dense_jobs_exact() {
                 let (tc, _) = matmul_tol(GgmlType::Q8_0, n);
                 for (j, (&m, &v)) in ms.iter().zip(&views).enumerate() {
                     let view: Vec<f32> = (0..n).flat_map(|i| got[2][v.off + i * v.stride..][..m].to_vec()).collect();
-                    rep.check(&format!("{lab} job {j} ({m} rows) vs cpu"), &view, &get(c, &oc, v), tc, 1e-3);
+                    let want: Vec<f32> = (0..n).flat_map(|i| cpu_out[v.off + i * v.stride..][..m].to_vec()).collect();
+                    rep.check(&format!("{lab} job {j} ({m} rows) vs cpu"), &view, &want, tc, 1e-3);
                 }
                 cases += 1;
             }
@@ -2148,28 +2149,15 @@ fn dense128_exact() {
         let (views, olen) = job_views_at(&ms, n, 4, 4);
         let xr = Rows { off: 1, n, width: k, stride: k + 3 };
         let x = randn(&mut r, xr.end(), 1.0);
-        let outs: Vec<Vec<f32>> = bs
-            .iter()
-            .zip(&ws)
-            .map(|(b, w)| {
-                let (xb, ob) = (buf(b, &x), b.alloc(olen).unwrap());
-                poison(b, &ob, olen);
-                let jb: Vec<(&CudaWeight, &CudaBuf, Rows)> = w.iter().zip(&views).map(|(w, &v)| (w, &ob, v)).collect();
-                b.matmul_many(&xb, xr, &jb);
-                get(b, &ob, Rows::packed(1, olen))
-            })
-            .collect();
-        let (xc, oc) = (buf(c, &x), c.alloc(olen).unwrap());
-        poison(c, &oc, olen);
-        let jc: Vec<_> = wc.iter().zip(&views).map(|(w, &v)| (w, &oc, v)).collect();
-        c.matmul_many(&xc, xr, &jc);
+        let outs: Vec<Vec<f32>> = bs.iter().zip(&ws).map(|(b, w)| many_into(b, w, &views, &x, xr, olen)).collect();
+        let cpu_out = many_into(c, &wc, &views, &x, xr, olen);
         // The views' elements only (the columns between them stay NaN; dense_jobs_exact
         // checks them).
         let pick = |v: &[f32]| -> Vec<f32> {
             views.iter().flat_map(|w| (0..n).flat_map(move |i| v[w.off + i * w.stride..][..w.width].to_vec())).collect()
         };
         let outs = outs.iter().map(|o| pick(o)).collect();
-        check(format!("matmul_many {ms:?} n={n}"), outs, pick(&get(c, &oc, Rows::packed(1, olen))), n);
+        check(format!("matmul_many {ms:?} n={n}"), outs, pick(&cpu_out), n);
     }
     // The switch ran on every 65-128-token case of the backends it was on for, and nowhere else.
     for (&(d128, jobs, early), b) in modes.iter().zip(&bs) {

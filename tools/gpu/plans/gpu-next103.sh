@@ -27,7 +27,6 @@ stamp "== every op test"
 op_log 200 4 ops.txt "router_split|dense_skip|GLU in the pair.*n=64 bias=0|" ""
 wait
 K="TS_CUDA_DENSE_SKIP=1"; R="TS_CUDA_ROUTER_SPLIT=1"; G="TS_CUDA_GLU_PAIR=1"; D="TS_CUDA_DENSE128=1"
-bp() { local p=$1; shift; for e in "$@"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done; }
 stamp "== 64 sequences (hash 6bbd3fa953f72f1b without R)"
 bp 64 "" "$R" "$G" "$R $G" "TS_CUDA_MLATC=1"
 stamp "== 80 sequences (hash b5b6f4aafbef8aca without R and D)"

@@ -17,7 +17,6 @@ q8_bg
 wait
 K="TS_CUDA_DENSE_SKIP=1"; R="TS_CUDA_ROUTER_SPLIT=1"; G="TS_CUDA_GLU_PAIR=1"; D="TS_CUDA_DENSE128=1"
 S="$K $R $G"
-bp() { local p=$1; shift; for e in "$@"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done; }
 stamp "== 56, 128 sequences"
 bp 56 "" "$K"
 bp 128 "" "$D"

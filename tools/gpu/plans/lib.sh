@@ -26,13 +26,12 @@ ops_tests() {
   grep -E "FAIL|test result|panicked|differs|declined" $O/ops.txt | head -20
   wait
 }
-# `ab64 ROUNDS ENV...`: `--parallel 64 -n 32 -r 2 --hash` under each ENV setting ("" = the
-# defaults) in turn, ROUNDS times.
+# `bp P ENV...`: `--parallel P -n 32 -r 2 --hash` under each ENV setting ("" = the defaults).
+bp() { local p=$1; shift; for e in "$@"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done; }
+# `ab64 ROUNDS ENV...`: `bp 64 ENV...`, ROUNDS times.
 ab64() {
   local n=$1; shift
-  for r in $(seq $n); do
-    for e in "$@"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash; done
-  done
+  for r in $(seq $n); do bp 64 "$@"; done
 }
 # `ab_decode BASE BRANCH ENV...`: tg128 of each build with its token hash, then twice: the base
 # build at `--parallel 64 -n 32` and the branch under each ENV setting ("" = its defaults).
