@@ -144,7 +144,8 @@ pub struct BenchArgs {
     /// Tokens to generate one at a time (tg test); 0 skips it.
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
-    /// Context already in the cache before the tg test (decode at depth).
+    /// Context already in the cache before the tg test (decode at depth); with --parallel, in
+    /// each sequence's cache before its steps.
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     pub depth: usize,
     /// Repetitions (the median is reported).
@@ -673,6 +674,25 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let mut meta = ts_core::BatchMeta { slot_len: ctx as u32, ..Default::default() };
         let mut v = Vec::new();
         let mut phash = FNV_START;
+        // -d: every slot's first `depth` positions hold a prompt of random tokens, fed once in
+        // forwards of up to the batch size (slot after slot); each step then attends over them,
+        // as a server's sequences do past their prompts.
+        let d0 = a.depth as u32;
+        if a.depth > 0 {
+            let mb = l.model.options().max_batch.max(1);
+            let mut one = vec![0f32; nvu];
+            let all = (0..np as u32).flat_map(|s| (0..d0).map(move |p| (s, p)));
+            let mut fill = all.peekable();
+            while fill.peek().is_some() {
+                meta.tokens.clear();
+                meta.outputs.clear();
+                for (s, p) in fill.by_ref().take(mb) {
+                    meta.tokens.push(ts_core::TokenMeta { token: rnd(), pos: p, slot: 1 + s });
+                }
+                meta.outputs.push(meta.tokens.len() as u32 - 1);
+                l.model.forward(&meta, &mut one)?;
+            }
+        }
         for r in 0..reps + 1 {
             let mut toks: Vec<u32> = (0..np).map(|_| rnd()).collect();
             let t0 = Instant::now();
@@ -686,7 +706,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                     for (s, &t) in toks.iter().enumerate() {
                         meta.outputs.push(s as u32);
                         let token = if step == 0 { t } else { ts_core::TOKEN_FROM_ARGMAX + s as u32 };
-                        meta.tokens.push(ts_core::TokenMeta { token, pos: step as u32, slot: 1 + s as u32 });
+                        meta.tokens.push(ts_core::TokenMeta { token, pos: d0 + step as u32, slot: 1 + s as u32 });
                     }
                     l.model.forward_outputs(&meta, ts_models::Outputs::queued())?;
                     if step > 0 {
@@ -710,7 +730,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 meta.outputs.clear();
                 for (s, &t) in toks.iter().enumerate() {
                     meta.outputs.push(s as u32);
-                    meta.tokens.push(ts_core::TokenMeta { token: t, pos: step as u32, slot: 1 + s as u32 });
+                    meta.tokens.push(ts_core::TokenMeta { token: t, pos: d0 + step as u32, slot: 1 + s as u32 });
                 }
                 // Greedy rows, as the server runs them: the backend picks each row's arg-max
                 // and only the ids come back (`--host-argmax`: all logits, picked here).
@@ -730,9 +750,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 v.push((np * a.n_gen) as f64 / t0.elapsed().as_secs_f64());
             }
         }
-        row(format!("tg{} x{np}", a.n_gen), &mut v);
+        let name = if a.depth > 0 { format!("tg{} x{np} @ d{}", a.n_gen, a.depth) } else { format!("tg{} x{np}", a.n_gen) };
+        row(name.clone(), &mut v);
         if a.hash {
-            println!("tokens of tg{} x{np}: hash {phash:016x}", a.n_gen);
+            println!("tokens of {name}: hash {phash:016x}");
         }
     }
     Ok(())

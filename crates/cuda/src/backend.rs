@@ -1021,8 +1021,10 @@ pub enum Path {
     /// block row, each token's sums as when it is alone) instead of cuBLAS's SGEMM, which is
     /// launched without PDL: in the 64-row trace (gpu-next101) the norm before the MoE took
     /// 11.2-11.7 µs of the critical path where the other took 3.5, the router's product hidden
-    /// in it. Other summation order than cuBLAS: other bits. Off until measured;
-    /// `TS_CUDA_ROUTER_SPLIT=1`.
+    /// in it. Other summation order than cuBLAS: other bits. On; `TS_CUDA_ROUTER_SPLIT=0` turns
+    /// it off (H200, gpu-next103/104: 64 sequences 8,460 -> 8,583, 80 8,546 -> 8,617, 56
+    /// 7,395 -> 7,440, 128 13,950 -> 14,018, the server 6,644 -> 6,849; each token's logits as
+    /// when it is alone, test `router_split_exact`).
     RouterSplit,
     /// The grouped MoE's gate/up pair on the two-row-set rows kernel quantises the GLU for the
     /// down product itself (`mmq_q8_rows_r2g`): a block's 128 rows are one Q8_0 group, and the
@@ -1061,7 +1063,7 @@ impl Path {
             Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", true),
             Path::Dense128 => ("TS_CUDA_DENSE128", false),
             Path::DenseSkip => ("TS_CUDA_DENSE_SKIP", false),
-            Path::RouterSplit => ("TS_CUDA_ROUTER_SPLIT", false),
+            Path::RouterSplit => ("TS_CUDA_ROUTER_SPLIT", true),
             Path::GluPair => ("TS_CUDA_GLU_PAIR", false),
         }
     }
@@ -1154,6 +1156,13 @@ pub struct CudaBackend {
     /// ([`Backend::graph_class`]). Default 2560: on the H200 with the f16 cache, tg64 from 2048
     /// SIMT 527 vs tensor cores 492 tok/s, from 3072 459 vs 487.
     mla_long: u32,
+    /// The same for batches of several tokens (the server's steps), whose one-split SIMT blocks
+    /// (one token's 16 heads each, 64 blocks for 64 sequences on 132 SMs) walk every key alone.
+    /// `TS_CUDA_MLA_LONG_BATCH`, 0: never. Default 64: on the H200 at 64 clients (server
+    /// contexts of 32-160 tokens) the SIMT attention took 51-56 us a layer, 1.4 ms of an 8.8 ms
+    /// step (trace, gpu-next106), and the tensor cores gave 6,819 -> 7,240 tok/s (gpu-next107);
+    /// below 32 keys (`bench --parallel 64 -n 32`) SIMT wins, 8,459 against 8,067.
+    mla_long_batch: u32,
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
     ms_nb: usize,
@@ -1686,6 +1695,7 @@ impl CudaBackend {
             rows_early: AtomicBool::new(std::env::var("TS_CUDA_ROWS_EARLY").map_or(true, |v| v != "0")),
             rows_sh_first: AtomicBool::new(std::env::var("TS_CUDA_ROWS_SH_FIRST").map_or(true, |v| v != "0")),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
+            mla_long_batch: std::env::var("TS_CUDA_MLA_LONG_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
@@ -2125,7 +2135,7 @@ impl CudaBackend {
             && match self.mla_tc.load(Ordering::Relaxed) {
                 1 => true,
                 2 => simt.is_none() && cache.half, // an f16 cache has no per-(token, head) kernel
-                _ => simt.is_none() || self.long_context(batch.tokens.iter().map(|t| t.pos)),
+                _ => simt.is_none() || self.long_context(n, batch.tokens.iter().map(|t| t.pos)),
             };
         // One token only: its split blocks skip just its own row, and in a batch another token
         // of the same sequence has its row written by the same previous kernel.
@@ -4451,7 +4461,7 @@ impl Backend for CudaBackend {
         let n = batch.tokens.len();
         let splits = if n > 1 { self.batch_mla_splits(n, pos()) as u64 } else { 0 };
         let short = n == 1 && pos().all(|p| p < self.mo_att.load(Ordering::Relaxed));
-        self.long_context(pos()) as u64 | (short as u64) << 1 | splits << 2
+        self.long_context(n, pos()) as u64 | (short as u64) << 1 | splits << 2
     }
 
     /// CUDA graphs for steps of up to [`GRAPH_MAX_TOKENS`] tokens (decode, batched decode): a key runs eagerly the
@@ -5520,10 +5530,12 @@ impl CudaBackend {
         }
     }
 
-    /// Whether a batch with these positions counts as long-context (`mla_long`), part of the
-    /// step's graph key ([`Backend::graph_class`]).
-    fn long_context(&self, pos: impl Iterator<Item = u32>) -> bool {
-        self.mla_long > 0 && pos.max().is_some_and(|p| p >= self.mla_long)
+    /// Whether a step of `n` tokens at these positions counts as long-context (`mla_long`, or
+    /// `mla_long_batch` for several tokens), part of the step's graph key
+    /// ([`Backend::graph_class`]).
+    fn long_context(&self, n: usize, pos: impl Iterator<Item = u32>) -> bool {
+        let from = if n > 1 { self.mla_long_batch } else { self.mla_long };
+        from > 0 && pos.max().is_some_and(|p| p >= from)
     }
 
     /// `norm_rope_cache_write`, and with `q` also `rope_copy` of the query's rope part, in one
