@@ -567,47 +567,8 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
                                             in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes,
                                             ws_stride, e_sh, W2, Ws2, out2, mmq_blk());
 }
-// 64 x 128 tiles for the dense products of decode batches of 65-128 tokens (Path::Dense128):
-// the same 2 x 2 warps, each 32 rows x 64 tokens (NI 8), so a block reads its 64 weight rows
-// once for up to 128 tokens where two 64-token tiles read them twice (and, with twice the
-// tiles, split K half as far: a step of 80 sequences spent 2.6x the 64-sequence step's time in
-// these products on the H200, gpu-next101). Two blocks an SM (its registers; 83 KB of shared
-// memory a block). The `e` variant copies its first stages' weights before the PDL wait, as
-// mmq_q8_64e. (255 registers, 72 bytes spilled; measured slower with a two-wave split K,
-// gpu-next102: off.)
-MMQ_INST(mmq_q8_128, 2, 2, 2, 8, 1, 3, 2, false)
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
-    mmq_q8_128e(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
-                const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,
-                i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh,
-                const u8* W2, const u8* Ws2, float* out2) {
-    pdl_trigger();  // (the wait is mmq_impl's, after the first weight copies)
-    mmq_impl<2, 2, 2, 8, 1, 3, false, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp,
-                                            in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes,
-                                            ws_stride, e_sh, W2, Ws2, out2, mmq_blk());
-}
-// mmq_q8_64e whose last, partly padded token tile skips the padding (Path::DenseSkip; dense
-// products of decode batches of 65-127 tokens: 80 rows make a second tile of 16 tokens). That
-// tile's n8 tiles past its tokens skip their fragment loads and products, as mmq_q8_16's do;
-// whole tiles take mmq_q8_64e's loop (the skip's branches cost a whole tile ~30% more
-// instructions a stage in the static SASS). The stored outputs are computed alike: the same
-// bits. (The 80-row step spent 2.6x the 64-row step's time in the dense products, gpu-next101.)
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
-    mmq_q8_64es(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
-                const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,
-                i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh,
-                const u8* W2, const u8* Ws2, float* out2) {
-    pdl_trigger();  // (the wait is mmq_impl's, after the first weight copies)
-    const MmqBlk blk = mmq_blk();
-    if ((blk.y + 1) * MMQ_BN <= n)
-        mmq_impl<2, 2, 2, 4, 1, 3, false, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp,
-                                                in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes,
-                                                ws_stride, e_sh, W2, Ws2, out2, blk);
-    else
-        mmq_impl<2, 2, 2, 4, 1, 3, true, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp,
-                                               in_div, out, ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes,
-                                               ws_stride, e_sh, W2, Ws2, out2, blk);
-}
+// (64 x 128 tiles for 65-128-token batches, Path::Dense128 / mmq_q8_128*, measured slower twice: 80 sequences 8,529 -> 8,379 (gpu-next102) and 8,546 -> 8,365 with a one-wave split (gpu-next103), 128 13,916 -> 13,362; removed, commit 06e7140 has it.)
+// (A partly padded last 64-token tile skipping the padding, Path::DenseSkip / mmq_q8_64es, measured 80 sequences 8,546 -> 8,345 and 96 10,384 -> 10,060, gpu-next103, and was removed; commit 06e7140 has it.)
 MMQ_INST(mmq_q8_16, 4, 1, 1, 2, 2, 2, 4, true)
 MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 
@@ -620,7 +581,7 @@ MMQ_INST(mmq_q8_16g1, 4, 1, 1, 2, 1, 3, 6, true)
 // split s at s * split_stride floats, rows of m), its splits and blocks. Unused jobs: 0 blocks.
 #define MMQ_JOB_ARGS(j)                                                                                         \
     const u8 *W##j, i64 rb##j, int m##j, float *out##j, i64 ooff##j, i64 ost##j, int ns##j, i64 ss##j, int nb##j
-template <bool EARLY, int NI = 4, bool SKIP = false>
+template <bool EARLY>
 __device__ __forceinline__ void mmq_jobs_impl(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups,
                                               const u8* X, i64 xrow, int n) {
     int b = blockIdx.x;
@@ -641,16 +602,10 @@ __device__ __forceinline__ void mmq_jobs_impl(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), 
         ns = two ? ns2 : ns1;
         ss = two ? ss2 : ss1;
     }
-    constexpr int BN = 2 * NI * 8;
-    const int gx = (m + MMQ_BM - 1) / MMQ_BM, gy = (n + BN - 1) / BN;
+    const int gx = (m + MMQ_BM - 1) / MMQ_BM, gy = (n + MMQ_BN - 1) / MMQ_BN;
     const MmqBlk blk{b % gx, (b / gx) % gy, b / (gx * gy), gx, ns};
-    // (SKIP: whole tiles without the skip's branches, as mmq_q8_64es.)
-    if (!SKIP || (blk.y + 1) * BN <= n)
-        mmq_impl<2, 2, 2, NI, 1, 3, false, EARLY>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out,
-                                                  ooff, ost, ns, ss, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, blk);
-    else
-        mmq_impl<2, 2, 2, NI, 1, 3, true, EARLY>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out,
-                                                 ooff, ost, ns, ss, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, blk);
+    mmq_impl<2, 2, 2, 4, 1, 3, false, EARLY>(W, rb, 0, m, ngroups, X, xrow, n, nullptr, nullptr, nullptr, 0, 1, out, ooff,
+                                             ost, ns, ss, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, blk);
 }
 #define MMQ_JOBS_PASS(j) W##j, rb##j, m##j, out##j, ooff##j, ost##j, ns##j, ss##j, nb##j
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
@@ -663,23 +618,6 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
     mmq_q8_64_jobse(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
     pdl_trigger();  // (the wait is mmq_impl's)
     mmq_jobs_impl<true>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
-}
-// The jobs with the padding-token skip (Path::DenseSkip, as mmq_q8_64es).
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ64_MINB)
-    mmq_q8_64_jobses(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
-    pdl_trigger();  // (the wait is mmq_impl's)
-    mmq_jobs_impl<true, 4, true>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
-}
-// The jobs on mmq_q8_128's tiles (Path::Dense128), with and without the early weight copies.
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
-    mmq_q8_128_jobs(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
-    PDL_ENTRY();
-    mmq_jobs_impl<false, 8>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
-}
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
-    mmq_q8_128_jobse(MMQ_JOB_ARGS(0), MMQ_JOB_ARGS(1), MMQ_JOB_ARGS(2), int ngroups, const u8* X, i64 xrow, int n) {
-    pdl_trigger();  // (the wait is mmq_impl's)
-    mmq_jobs_impl<true, 8>(MMQ_JOBS_PASS(0), MMQ_JOBS_PASS(1), MMQ_JOBS_PASS(2), ngroups, X, xrow, n);
 }
 
 // mmq_q8_64's tile with the stage copies on a fifth warp (TS_CUDA_MMQ_WS=1; written in the
@@ -903,33 +841,16 @@ __device__ __forceinline__ int rows_pair_half(const u8*& W, const u8*& Ws, float
 // (The GLU and its quantisation in the gate/up launch's epilogue, a block taking the same 64
 // rows of gate and up as its two row sets, Path::GluEpi, measured 64 sequences 8,229 -> 7,709 on
 // the H200, gpu-next99, and was removed; git history has it, commit ffed77c.)
-// GLUQ (Path::GluPair; the gate/up pair launch, R == 2, m % 128 == 0, outputs at offset 0 and
-// row stride m): a block's 128 rows are one Q8_0 group of the down product's input, and its
-// partner (the same rows and tile of the other matrix) holds the other half of that group's
-// GLU. Each block stores its rows as without it, then counts itself in (tile, group)'s word of
-// `pairc` (every thread's stores fenced first); the second of the two reads both matrices' rows
-// back and quantises act(gate) * up of the tile's tokens into hq (quant_group_body, as
-// quant_q8_groups does it: the same bits) and sets the word back to zero for the next launch.
-// No GLU quantisation launch after the pair.
-struct GluQ {
-    int act;
-    u8* hq;
-    i64 hqrow;
-    unsigned* pairc;
-    const float* gate;  // the two matrices' outputs (the kernel's out and out2)
-    const float* up;
-};
-template <int NBUF, bool DENSE, int R, bool GLUQ = false>
+// (The GLU quantised in the gate/up pair's second blocks, Path::GluPair / mmq_q8_rows_r2g, measured 64 sequences 8,460 -> 8,120 and 80 8,546 -> 8,224 on the H200, gpu-next103, and was removed; git history has it, commit 06e7140.)
+template <int NBUF, bool DENSE, int R>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
                                               i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
                                               i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early,
-                                              GluQ gq = GluQ{}) {
+                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
-    static_assert(!GLUQ || (R == 2 && !DENSE), "the pair's GLU takes a block's 128 rows as one group");
     const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
@@ -1155,26 +1076,6 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
                 }
             }
         }
-        if constexpr (GLUQ) {
-            // (m % 128 == 0: every warp has both row sets, so every thread of the block is here.)
-            __shared__ int second;
-            __threadfence();  // this thread's stores, before the count
-            __syncthreads();
-            // (The row block again from the block index, nothing kept through the loop.)
-            const int gbx = (int)(blockIdx.x % (gridDim.x >> 1));
-            if (threadIdx.x == 0) {
-                unsigned* w = gq.pairc + (i64)blockIdx.y * (gridDim.x >> 1) + gbx;
-                second = atomicAdd(w, 1u) == 1u;
-                if (second) *w = 0u;  // (both are in: nobody else touches it in this launch)
-            }
-            __syncthreads();
-            if (second) {
-                __threadfence();  // the partner's stores, after its count
-                for (int j = threadIdx.x >> 5; j < nt; j += MMQ_THREADS / 32)
-                    quant_group_body((i64)dst_row[j] * (m >> 7) + gbx, gq.gate, gq.up, ooff, ostride, 1 << 24, m,
-                                     gq.act, nullptr, 0, 1, gq.hq, gq.hqrow);
-            }
-        }
     }
 #else
     pdl_wait();
@@ -1212,20 +1113,6 @@ MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false, 1)
 // an expert (CudaBackend::rows_r): 128 sequences 12,663 -> 13,122 tok/s on the H200, 64 the same,
 // 32 sequences -1.5%; four row sets (256 rows a block) lost at all three (64: 7,085 vs 7,512).
 MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
-// mmq_q8_rows_r2 for the MoE's gate/up pair with the GLU's quantisation in the pair's second
-// block (Path::GluPair, GLUQ above): act (1 SiLU, 2 GELU-tanh), the down product's input hq
-// (rows of hqrow bytes), the (tile, group) words pairc (zero between launches).
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
-    mmq_q8_rows_r2g(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
-                    const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,
-                    i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh,
-                    const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early,
-                    int act, u8* hq, i64 hqrow, unsigned* pairc) {
-    pdl_trigger();  // (the wait is mmq_rows_impl's, after the first weight loads)
-    mmq_rows_impl<2, false, 2, true>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out,
-                                     ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2,
-                                     Wtl, W2tl, tl_mat_bytes, early, GluQ{act, hq, hqrow, pairc, out, out2});
-}
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)

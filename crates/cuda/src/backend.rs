@@ -315,11 +315,8 @@ enum S {
     /// A decode batch's attention values (`[n, heads * v]`) as Q8_0 groups, written by the W_uv
     /// product's split sum for the W_o product ([`Path::SumQ8`]).
     SumXq,
-    /// The grouped MoE gate/up pair's (tile, group) words ([`Path::GluPair`], u32s; zero
-    /// between launches: the second block of each pair resets its word).
-    GluSync,
 }
-const N_SCRATCH: usize = 29;
+const N_SCRATCH: usize = 28;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -346,18 +343,11 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_64e",
     "mmq_q8_64_jobs",
     "mmq_q8_64_jobse",
-    "mmq_q8_64es",
-    "mmq_q8_64_jobses",
-    "mmq_q8_128",
-    "mmq_q8_128e",
-    "mmq_q8_128_jobs",
-    "mmq_q8_128_jobse",
     "mmq_q8_64ws",
     "mmq_q8_16",
     "mmq_q8_16g1",
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
-    "mmq_q8_rows_r2g",
     "mmq_q8_rows_d",
     "mla_out_q8",
     "mla_out_bf16",
@@ -411,8 +401,6 @@ const fn mmq_smem(bn: usize, gps: usize, nst: usize) -> usize {
     nst * (64 + bn) * if gps == 1 { 144 } else { gps * 144 + 16 }
 }
 const MMQ_SMEM: usize = mmq_smem(64, 1, 3);
-/// The 64 x 128 tiles' (`mmq_q8_128*`, [`Path::Dense128`]).
-const MMQ128_SMEM: usize = mmq_smem(128, 1, 3);
 /// Smallest size of the `Part` scratch (split-MLA decode partials, split-K partial products): one
 /// size for both, so the first decode step (run at open) allocates it for good.
 const PART_MIN_BYTES: usize = 16 << 20;
@@ -496,13 +484,9 @@ struct MmqGroups {
     pairs: usize,
     /// Tokens of the batch: each shared chunk's (with `sh`) pairs.
     tokens: usize,
-    /// With `pair` (gate, up) on the two-row-set rows kernel: (act, hq, hq row bytes) for the
-    /// GLU's quantisation in the pair's second blocks ([`Path::GluPair`], `mmq_q8_rows_r2g`).
-    glu: Option<(i32, u64, usize)>,
 }
 impl MmqGroups {
-    const NONE: MmqGroups =
-        MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0, glu: None };
+    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0 };
 }
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
@@ -893,18 +877,11 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_64e",
         "mmq_q8_64_jobs",
         "mmq_q8_64_jobse",
-        "mmq_q8_64es",
-        "mmq_q8_64_jobses",
-        "mmq_q8_128",
-        "mmq_q8_128e",
-        "mmq_q8_128_jobs",
-        "mmq_q8_128_jobse",
         "mmq_q8_64ws",
         "mmq_q8_16",
         "mmq_q8_16g1",
         "mmq_q8_rows",
         "mmq_q8_rows_r2",
-        "mmq_q8_rows_r2g",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
         "mmq_sum_splits_jobs",
@@ -1004,19 +981,6 @@ pub enum Path {
     /// 80 sequences 8,186 -> 8,534 and 96 10,012 -> 10,386 with [`Path::DenseJobs`], 32 and 48
     /// and pp512 the same).
     DenseEarly,
-    /// Dense int8 products of 65-128 tokens (decode batches) on 64 x 128 tiles (`mmq_q8_128`,
-    /// `mmq_q8_128e`, `mmq_q8_128_jobs(e)`): each block reads its weight rows once for all the
-    /// tokens, where 64-token tiles read them twice with half the split K (the 80-sequence step
-    /// spent 2.6x the 64-sequence step's time in these products, gpu-next101). Other splits:
-    /// other bits than the 64-token tiles. Off: with split K rounded up (two waves for q) it
-    /// measured 80 sequences 8,529 -> 8,379, 96 10,363 -> 10,331, 128 13,916 -> 13,362
-    /// (gpu-next102); the split now fits one wave, not yet measured. `TS_CUDA_DENSE128=1`.
-    Dense128,
-    /// With [`Path::DenseEarly`], dense products whose last 64-token tile is partly padding
-    /// (decode batches of 49-127 tokens but 64) skip the padding's fragment loads and products
-    /// in that tile (`mmq_q8_64es`, `mmq_q8_64_jobses`; whole tiles run as before). The same
-    /// bits. Off until measured; `TS_CUDA_DENSE_SKIP=1`.
-    DenseSkip,
     /// The f32 MoE router of decode batches of 9-128 tokens on `gemv_f32_split` (8 tokens a
     /// block row, each token's sums as when it is alone) instead of cuBLAS's SGEMM, which is
     /// launched without PDL: in the 64-row trace (gpu-next101) the norm before the MoE took
@@ -1026,30 +990,11 @@ pub enum Path {
     /// 7,395 -> 7,440, 128 13,950 -> 14,018, the server 6,644 -> 6,849; each token's logits as
     /// when it is alone, test `router_split_exact`).
     RouterSplit,
-    /// The grouped MoE's gate/up pair on the two-row-set rows kernel quantises the GLU for the
-    /// down product itself (`mmq_q8_rows_r2g`): a block's 128 rows are one Q8_0 group, and the
-    /// second of the two blocks (gate, up) of a tile and group, counted in a word of their own,
-    /// reads both back and quantises act(gate) * up as `quant_q8_groups` would (the same bits).
-    /// No GLU quantisation launch (5.5 µs of a 64-row layer's critical path, gpu-next101), and
-    /// the pair's grid unchanged (`Path::GluEpi`, which gave each block both matrices' rows,
-    /// lost 6.3%). Off until measured; `TS_CUDA_GLU_PAIR=1`.
-    GluPair,
 }
 
 impl Path {
-    const ALL: [Path; 11] = [
-        Path::Absorb16,
-        Path::Out16,
-        Path::SplitEarly,
-        Path::NormQ8,
-        Path::SumQ8,
-        Path::DenseJobs,
-        Path::DenseEarly,
-        Path::Dense128,
-        Path::DenseSkip,
-        Path::RouterSplit,
-        Path::GluPair,
-    ];
+    const ALL: [Path; 8] =
+        [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8, Path::SumQ8, Path::DenseJobs, Path::DenseEarly, Path::RouterSplit];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -1061,10 +1006,7 @@ impl Path {
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),
             Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", true),
-            Path::Dense128 => ("TS_CUDA_DENSE128", false),
-            Path::DenseSkip => ("TS_CUDA_DENSE_SKIP", false),
             Path::RouterSplit => ("TS_CUDA_ROUTER_SPLIT", true),
-            Path::GluPair => ("TS_CUDA_GLU_PAIR", false),
         }
     }
 
@@ -1106,6 +1048,16 @@ pub struct CudaBackend {
     /// CUDA graphs of whole forward steps (see [`Backend::graph_begin`]).
     graphs: Mutex<GraphState>,
     graphs_on: bool,
+    /// Steps of up to this many tokens are recorded ([`GRAPH_MAX_TOKENS`] by default;
+    /// `TS_CUDA_GRAPH_MAX`, a measurement knob: the server's steps of 128 prompt rows plus the
+    /// decode rows, ~188, run op by op, 13.6 ms each at 64 clients, gpu-next106).
+    graph_max: usize,
+    /// Average (token, slot) pairs an expert up to which the grouped MoE takes 16-token tiles
+    /// (the int8 rows kernels) rather than 64-token ones (the prompt paths: `mmh_*`, f16).
+    /// `TS_CUDA_MOE_T16`, default 16, a measurement knob: the server's 188-row steps (1,128
+    /// routed pairs over 64 experts) fall just past it, onto the f16 copies (`mmh_gu` 5.2 ms,
+    /// `mmh_dn` 2.6 ms a step, gpu-next106).
+    moe_t16: usize,
     /// Fused decode kernels (`kernels/fused.cu`) for the trait's fused ops (`add_rms_norm`,
     /// `rope_copy`, `norm_rope_cache_write`, `matmul_many`, `moe_shared`); `TS_CUDA_FUSED=0` turns
     /// them off (each op then enqueues the plain kernels it replaces).
@@ -1608,6 +1560,8 @@ impl CudaBackend {
             smem_max,
             graphs: Mutex::new(GraphState::default()),
             graphs_on: std::env::var("TS_CUDA_GRAPHS").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
+            graph_max: std::env::var("TS_CUDA_GRAPH_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(GRAPH_MAX_TOKENS),
+            moe_t16: std::env::var("TS_CUDA_MOE_T16").ok().and_then(|v| v.parse().ok()).unwrap_or(16).max(1),
             profile: std::env::var_os("TS_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new())),
             fused: std::env::var("TS_CUDA_FUSED").map_or(true, |v| v != "0") && !exact,
             tc: major >= 8 && !exact && std::env::var("TS_CUDA_TC").map_or(true, |v| v != "0"),
@@ -1969,9 +1923,10 @@ impl CudaBackend {
 
     /// Tokens per tile of the grouped expert products ([`CudaBackend::moe_mmq`]) for `pairs`
     /// (token, slot) pairs over `ne_all` experts (routed + shared chunks): 16 when the experts
-    /// see few tokens each (batched decode; the block's work then shrinks with them), else 64.
-    fn moe_tile_tokens(pairs: usize, ne_all: usize) -> usize {
-        if pairs <= 16 * ne_all {
+    /// see few tokens each (batched decode; the block's work then shrinks with them: up to
+    /// [`CudaBackend::moe_t16`] pairs an expert on average), else 64.
+    fn moe_tile_tokens(&self, pairs: usize, ne_all: usize) -> usize {
+        if pairs <= self.moe_t16 * ne_all {
             16
         } else {
             64
@@ -1987,7 +1942,7 @@ impl CudaBackend {
     pub fn moe_q8_runs_f16(&self, n: usize, k: usize, n_experts: usize, nsh: usize, hdim: usize, ff: usize) -> bool {
         // (with the shared FFN on cuBLAS the grouped kernels see the routed pairs alone)
         let nsh = if nsh > 0 && self.moe_blas.load(Ordering::Relaxed) && self.mmfq8.is_some() && n > GRAPH_MAX_TOKENS { 0 } else { nsh };
-        Self::moe_tile_tokens(n * (k + nsh), n_experts + nsh) == 64
+        self.moe_tile_tokens(n * (k + nsh), n_experts + nsh) == 64
             && self.moe_f16
             && self.mmf_q8.load(Ordering::Relaxed) != 0
             && self.mmfq8.is_some()
@@ -2433,59 +2388,33 @@ impl CudaBackend {
     /// Too few tiles to fill the device (small matrices, decode-size batches): split K over
     /// blocks (at least mmq_split.0 groups each) into partial outputs, summed in order after.
     fn dense_plan(&self, m: usize, ngroups: usize, (n, ng, g): (usize, usize, usize)) -> (usize, usize) {
-        let bn = match ng {
-            _ if ng <= self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed)) => 16,
-            65..=128 if self.path_on(Path::Dense128) && MMQ128_SMEM <= self.smem_max => 128,
-            _ => 64,
-        };
+        let bn = if ng <= self.mmq_bn16.load(Ordering::Relaxed).max(self.mmq_rows_dense.load(Ordering::Relaxed)) { 16 } else { 64 };
         let tiles = m.div_ceil(64) * ng.div_ceil(bn) * g;
         // The partial outputs fit the part scratch's fixed size, so that it never grows after
         // the warm-up at open (the decode step there allocates it, see the MLA decode).
         let fit = PART_MIN_BYTES / (4 * n * m).max(1);
         let (smin, socc) = self.mmq_split;
-        let nsplit = match tiles {
-            _ if tiles >= self.sm_count => 1,
-            // The 64 x 128 tiles run two blocks an SM: the most splits whose blocks fit one
-            // wave (rounding up, as below, gave V2-Lite's q 288 blocks for 264 places: a second
-            // wave, gpu-next102), without empty splits.
-            _ if bn == 128 => {
-                let want = (2 * self.sm_count / tiles).min(ngroups / smin).min(fit).clamp(1, 16);
-                ngroups.div_ceil(ngroups.div_ceil(want).max(1)).max(1)
-            }
-            _ => (socc * self.sm_count).div_ceil(tiles).min(ngroups / smin).min(fit).clamp(1, 16),
-        };
+        let nsplit =
+            if tiles >= self.sm_count { 1 } else { (socc * self.sm_count).div_ceil(tiles).min(ngroups / smin).min(fit).clamp(1, 16) };
         (bn, nsplit)
-    }
-
-    /// Whether a dense product of `n` tokens a matrix on the 64-token tiles takes
-    /// [`Path::DenseSkip`]'s kernels (counted here): its last tile is partly padding.
-    fn dense_skip(&self, n: usize) -> bool {
-        let on = self.path_on(Path::DenseSkip) && !n.is_multiple_of(64);
-        if on {
-            self.took(Path::DenseSkip);
-        }
-        on
     }
 
     /// `mmq_jobs` in one product launch and at most one sum launch ([`Path::DenseJobs`]:
     /// `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`): each job with the tiles and splits
     /// [`Self::dense_plan`] gives it alone, so the same bits. False (nothing launched) where a
-    /// job would not take the 64- or 128-token tiles alone or the partials do not fit the part
-    /// scratch.
+    /// job would not take the 64-token tiles alone or the partials do not fit the part scratch.
     fn mmq_dense_jobs(&self, ngroups: usize, xq: u64, n: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> bool {
         if !self.path_on(Path::DenseJobs) || !(2..=3).contains(&jobs.len()) || self.mmq_ws {
             return false;
         }
         let mut plan = [(0usize, 0usize, 0usize); 3]; // (m, splits, part offset in floats)
         let mut part_floats = 0;
-        let mut bn = 64; // (the same for every job: one n)
         for (p, (w, _, _)) in plan.iter_mut().zip(jobs) {
             let m = w.ne(1);
-            let (b, nsplit) = self.dense_plan(m, ngroups, (n, n, 1));
-            if b != 64 && b != 128 {
+            let (bn, nsplit) = self.dense_plan(m, ngroups, (n, n, 1));
+            if bn != 64 {
                 return false;
             }
-            bn = b;
             *p = (m, nsplit, part_floats);
             if nsplit > 1 {
                 part_floats += nsplit * n * m;
@@ -2502,7 +2431,7 @@ impl CudaBackend {
         let mut blocks = 0;
         for (j, (&(m, nsplit, poff), &(w, out, o))) in plan.iter().zip(jobs).enumerate() {
             out.check(o);
-            let nb = m.div_ceil(64) * n.div_ceil(bn) * nsplit;
+            let nb = m.div_ceil(64) * n.div_ceil(64) * nsplit;
             blocks += nb;
             let pp = part + 4 * poff as u64;
             let dst = if nsplit > 1 { (pp, 0, m) } else { (out.0.ptr, o.off, o.stride) };
@@ -2516,17 +2445,8 @@ impl CudaBackend {
         if early {
             self.took(Path::DenseEarly);
         }
-        let (name, smem) = match (bn, early) {
-            (128, true) => ("mmq_q8_128_jobse", MMQ128_SMEM),
-            (128, false) => ("mmq_q8_128_jobs", MMQ128_SMEM),
-            (_, true) if self.dense_skip(n) => ("mmq_q8_64_jobses", MMQ_SMEM),
-            (_, true) => ("mmq_q8_64_jobse", MMQ_SMEM),
-            _ => ("mmq_q8_64_jobs", MMQ_SMEM),
-        };
-        if bn == 128 {
-            self.took(Path::Dense128);
-        }
-        self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args);
+        let name = if early { "mmq_q8_64_jobse" } else { "mmq_q8_64_jobs" };
+        self.launch(name, (blocks as u32, 1, 1), 128, MMQ_SMEM as u32, &args);
         sum[21] = i(n);
         let total: usize = plan.iter().filter(|p| p.1 > 1).map(|p| n * p.0).sum();
         if total > 0 {
@@ -2807,8 +2727,8 @@ impl CudaBackend {
         (out, ooff, ostride): (u64, usize, usize),
         (nsplit, split_stride): (usize, usize),
         bn: usize,
-    ) -> bool {
-        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens, glu } = experts.unwrap_or(MmqGroups::NONE);
+    ) {
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
@@ -2829,31 +2749,17 @@ impl CudaBackend {
             2.. => ((if w2 != 0 { 2 } else { 1 }) * m.div_ceil(64 * rr) as u32, grid.1, grid.2),
             _ => grid,
         };
-        // The pair's GLU in its second blocks (Path::GluPair): a block's 128 rows one group, the
-        // outputs at offset 0 with rows of m, and the (tile, group) words.
-        let glu = glu.filter(|_| rows && cnt != 0 && w2 != 0 && rr == 2 && m.is_multiple_of(128) && (ooff, ostride) == (0, m));
-        // (Without the words, the plain kernel: the caller then quantises.)
-        let glu = glu.and_then(|(act, hq, hqrow)| {
-            self.scratch(S::GluSync, 4 * grid.1 as usize * (grid.0 as usize / 2)).map(|words| (act, hq, hqrow, words))
-        });
         let (name, smem) = match (bn, self.mmq16) {
-            _ if glu.is_some() => ("mmq_q8_rows_r2g", rows_smem),
             _ if rows && cnt != 0 => (if rr == 2 { "mmq_q8_rows_r2" } else { "mmq_q8_rows" }, rows_smem),
             _ if rows => ("mmq_q8_rows_d", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
-            (128, _) if self.path_on(Path::DenseEarly) => ("mmq_q8_128e", MMQ128_SMEM),
-            (128, _) => ("mmq_q8_128", MMQ128_SMEM),
             _ if self.mmq_ws => ("mmq_q8_64ws", MMQ_SMEM),
-            _ if cnt == 0 && self.path_on(Path::DenseEarly) && self.dense_skip(n) => ("mmq_q8_64es", MMQ_SMEM),
             _ if cnt == 0 && self.path_on(Path::DenseEarly) => ("mmq_q8_64e", MMQ_SMEM),
             _ => ("mmq_q8_64", MMQ_SMEM),
         };
-        if name == "mmq_q8_64e" || name == "mmq_q8_64es" || name == "mmq_q8_128e" {
+        if name == "mmq_q8_64e" {
             self.took(Path::DenseEarly);
-        }
-        if bn == 128 {
-            self.took(Path::Dense128);
         }
         // The rows kernels' `early` (see the argument below): 0, 1, or 1 + the shared chunks'
         // tiles when they go first (rows_sh_first).
@@ -2901,15 +2807,8 @@ impl CudaBackend {
         ];
         // (The mmq_q8 tiles take the common arguments only.)
         let na = if rows { args.len() } else { 25 };
-        if let Some((act, hq, hqrow, words)) = glu {
-            self.took(Path::GluPair);
-            let args: [A; 33] = cat(args, [A::I(act), A::P(hq), l(hqrow), A::P(words)]);
-            self.launch(name, grid, 128, smem as u32, &args);
-            return true;
-        }
         // (mmq_q8_64ws: the 4 multiplying warps and a producer warp)
         self.launch(name, grid, if name == "mmq_q8_64ws" { 160 } else { 128 }, smem as u32, &args[..na]);
-        false
     }
 
     /// Prompt-size MoE on the int8 tensor cores: route, group the (token, slot) pairs by expert,
@@ -2968,7 +2867,7 @@ impl CudaBackend {
         // Tokens per tile: 16 when the experts see few tokens each (batched decode; the block's
         // work then shrinks with them), else 64. Upper bound of the tiles over all experts: sum
         // of ceil(cnt/bn) <= pairs/bn + experts.
-        let bn = Self::moe_tile_tokens(pairs, ne_all);
+        let bn = self.moe_tile_tokens(pairs, ne_all);
         let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
         self.route(logits, lr, p, warp_route, sel_e, sel_w);
         self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
@@ -3071,7 +2970,7 @@ impl CudaBackend {
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
             let sh = sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne));
-            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n, glu: None })
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n })
         };
         let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
         let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
@@ -3082,16 +2981,13 @@ impl CudaBackend {
         // tiles; TS_CUDA_MOE_GU=0: two). Measured on the H200: 64 sequences 6,069 vs 6,009 tok/s;
         // prompts (64-token tiles) lost 2% (pp512 15,014 vs 15,347), so they keep two launches.
         if self.moe_gu && bn == 16 && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
-            let glu = self.path_on(Path::GluPair).then_some((act, hq, fg * 144));
             let gr = groups(sg).map(|mut m| {
                 m.pair = Some((up.mem.ptr, su.map_or(0, |(s, _)| s.mem.ptr), u));
                 m.pair_tiled = up.tiled_ptr();
-                m.glu = glu;
                 m
             });
-            if !self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn) {
-                self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
-            }
+            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
+            self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         } else {
             self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
             self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);
@@ -4470,7 +4366,7 @@ impl Backend for CudaBackend {
     /// hold scratch pointers); an allocation during capture spoils it (the step runs eagerly).
     /// `TS_CUDA_GRAPHS=0` turns recording off.
     fn graph_begin(&self, key: u64, n_tokens: usize) -> bool {
-        if n_tokens == 0 || n_tokens > GRAPH_MAX_TOKENS || !self.graphs_on {
+        if n_tokens == 0 || n_tokens > self.graph_max || !self.graphs_on {
             return false;
         }
         let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());

@@ -1874,9 +1874,8 @@ fn fused_matmul_many() {
 }
 
 /// matmul_many of decode batches on the 64-token int8 tiles with the jobs in one launch
-/// (`Path::DenseJobs`: `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`), the weight copies before the
-/// PDL wait (`Path::DenseEarly`: `mmq_q8_64e`, `mmq_q8_64_jobse`) and the padding skip of a
-/// partial last tile (`Path::DenseSkip`: `mmq_q8_64_jobses`), alone and together, against
+/// (`Path::DenseJobs`: `mmq_q8_64_jobs`, `mmq_sum_splits_jobs`) and the weight copies before the
+/// PDL wait (`Path::DenseEarly`: `mmq_q8_64e`, `mmq_q8_64_jobse`), alone and together, against
 /// one launch a job (both off), bit for bit, and against the CPU: V2-Lite's q + kv_a at 64, 80
 /// and 128 rows (two token tiles, a short last one), three jobs with odd widths, narrow jobs (16
 /// splits each), a job wide enough to go without splits beside one with them; output views at
@@ -1886,18 +1885,14 @@ fn dense_jobs_exact() {
     if gpu_tc_fused("dense_jobs_exact").is_none() {
         return;
     }
-    // (DenseJobs, DenseEarly, DenseSkip) for each backend; the last is the reference. (The
-    // 64-token tiles: Dense128 off.)
-    let modes =
-        [(true, false, false), (false, true, false), (true, true, false), (true, true, true), (false, true, true), (false, false, false)];
+    // (DenseJobs, DenseEarly) for each backend; the last is the reference.
+    let modes = [(true, false), (false, true), (true, true), (false, false)];
     let bs: Vec<CudaBackend> = modes
         .iter()
-        .map(|&(jobs, early, skip)| {
+        .map(|&(jobs, early)| {
             let b = CudaBackend::new(0).expect("another backend");
             b.set_path(Path::DenseJobs, jobs);
             b.set_path(Path::DenseEarly, early);
-            b.set_path(Path::DenseSkip, skip);
-            b.set_path(Path::Dense128, false);
             b
         })
         .collect();
@@ -1935,7 +1930,7 @@ fn dense_jobs_exact() {
                 for (mode, g) in modes.iter().zip(&got) {
                     let same = g.iter().zip(reference).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()));
                     if !same {
-                        rep.failures.push(format!("{lab}: (DenseJobs, DenseEarly, DenseSkip) = {mode:?} differs from one launch a job"));
+                        rep.failures.push(format!("{lab}: (DenseJobs, DenseEarly) = {mode:?} differs from one launch a job"));
                     }
                 }
                 let (tc, _) = matmul_tol(GgmlType::Q8_0, n);
@@ -1949,24 +1944,16 @@ fn dense_jobs_exact() {
         }
     }
     // Each switch ran where it was on (the jobs' launch on every case) and nowhere else.
-    for (&(jobs, early, skip), b) in modes.iter().zip(&bs) {
-        let n = [Path::DenseJobs, Path::DenseEarly, Path::DenseSkip].map(|p| b.path_launches(p));
-        let ok = (n[0] == if jobs { cases } else { 0 }) && (n[1] > 0) == early && (n[2] > 0) == skip;
+    for (&(jobs, early), b) in modes.iter().zip(&bs) {
+        let n = [Path::DenseJobs, Path::DenseEarly].map(|p| b.path_launches(p));
+        let ok = (n[0] == if jobs { cases } else { 0 }) && (n[1] > 0) == early;
         if !ok {
-            rep.failures.push(format!("(DenseJobs, DenseEarly, DenseSkip) = {:?}: launches {n:?} ({cases} cases)", (jobs, early, skip)));
+            rep.failures.push(format!("(DenseJobs, DenseEarly) = {:?}: launches {n:?} ({cases} cases)", (jobs, early)));
         }
     }
     rep.finish();
 }
 
-/// add_rms_norm_matmul_many (a decode layer's first norm and its q / kv_a products; CUDA, one
-/// token: `gemv_q8_multi_norm_1`, every block normalising the row itself) against the two ops on
-/// the same GPU, bit for bit (x, the normed row, every product), and against the CPU. Three
-/// rounds on the same shapes: the kernel's block counter must be back at zero after each. Then
-/// rms_norm_matmul_many on the same x, the norm without the add (the first norm after a MoE that
-/// added its output into x: `gemv_q8_multi_norm_1` without a delta, `set_moe_residual(true)`),
-/// against its two ops (the switch off), bit for bit, x untouched. 16-bit products take
-/// `gemv_h16_multi_norm_<t>_1` (`set_norm_mm16(true)`). A backend of its own, for the switches.
 /// Decode batches' f32 routers on `gemv_f32_split` ([`Path::RouterSplit`]: 8 tokens a block row):
 /// each token's logits bit for bit as when it is alone (one token, the same kernel), and against
 /// the CPU. V2-Lite's router (64 x 2048) and V2's (160 x 5120) at 9 to 128 tokens; rows of x with
@@ -2015,161 +2002,14 @@ fn router_split_exact() {
     rep.finish();
 }
 
-/// Dense Q8_0 products whose last 64-token tile is partly padding skip it (`Path::DenseSkip`:
-/// `mmq_q8_64es`, whole tiles as `mmq_q8_64e`) bit for bit as without the skip: V2-Lite's
-/// o_proj, q and kv_a at 80, 100, 127 and 56 tokens, the absorbed W_uk and W_uv per head (3-D),
-/// 97 rows; at 64 and 128 tokens (whole tiles) the skip is not taken.
-#[test]
-fn dense_skip_exact() {
-    if gpu_tc_fused("dense_skip_exact").is_none() {
-        return;
-    }
-    let skip = &CudaBackend::new(0).expect("second backend");
-    skip.set_path(Path::DenseSkip, true);
-    let plain = &CudaBackend::new(0).expect("third backend");
-    plain.set_path(Path::DenseSkip, false);
-    for b in [skip, plain] {
-        b.set_path(Path::DenseEarly, true);
-        b.set_path(Path::Dense128, false);
-    }
-    let mut r = rng(51);
-    let mut rep = Report::new("dense_skip");
-    let mut partial = 0u64;
-    for &(k, m, gr, ntok) in &[
-        (2048usize, 2048usize, 1usize, 80usize),
-        (2048, 3072, 1, 100),
-        (2048, 576, 1, 127),
-        (2048, 2048, 1, 56),
-        (128, 512, 16, 80),
-        (512, 128, 16, 72),
-        (1408, 97, 1, 90),
-        (2048, 2048, 1, 64),
-        (2048, 576, 1, 128),
-    ] {
-        let before = skip.path_launches(Path::DenseSkip);
-        let (got, want) = dense_q8_pair(skip, plain, &mut r, (k, m, gr, ntok));
-        rep.check(&format!("[{k},{m},{gr}] tokens={ntok} (exact)"), &got, &want, 0.0, 0.0);
-        let took = skip.path_launches(Path::DenseSkip) > before;
-        if took == ntok.is_multiple_of(64) {
-            rep.failures.push(format!("[{k},{m},{gr}] tokens={ntok}: the skip {} taken", if took { "was" } else { "was not" }));
-        }
-        partial += u64::from(took);
-    }
-    if plain.path_launches(Path::DenseSkip) != 0 || partial == 0 {
-        rep.failures.push(format!("the skip ran {} times with the switch off", plain.path_launches(Path::DenseSkip)));
-    }
-    rep.finish();
-}
-
-/// Dense Q8_0 products of 65-128 tokens on the 64 x 128 int8 tiles ([`Path::Dense128`]:
-/// `mmq_q8_128`, `mmq_q8_128e`, `mmq_q8_128_jobs(e)`): bit for bit the same whether the jobs go
-/// in one launch and whether the first weights are copied early (every block does what it does
-/// alone), against the 64-token tiles (other splits: within summation order) and against the
-/// CPU. Single matrices (V2-Lite's q, kv_a, o_proj, a dense lead FFN's gate, 97 rows), the
-/// absorbed output per head (3-D, `matmul_grouped`), and q with kv_a through `matmul_many`; at
-/// 64 tokens the switch must not be taken.
-#[test]
-fn dense128_exact() {
-    if gpu_tc_fused("dense128_exact").is_none() {
-        return;
-    }
-    // (Dense128, DenseJobs, DenseEarly) for each backend; the first is the reference of the
-    // Dense128 ones, the last the 64-token tiles.
-    let modes = [(true, false, false), (true, true, false), (true, false, true), (true, true, true), (false, true, true)];
-    let bs: Vec<CudaBackend> = modes
-        .iter()
-        .map(|&(d128, jobs, early)| {
-            let b = CudaBackend::new(0).expect("another backend");
-            b.set_path(Path::Dense128, d128);
-            b.set_path(Path::DenseJobs, jobs);
-            b.set_path(Path::DenseEarly, early);
-            b
-        })
-        .collect();
-    let c = cpu();
-    let mut r = rng(50);
-    let mut rep = Report::new("dense128");
-    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()));
-    let mut taken = 0u64;
-    // One product on every backend and the CPU: the outputs, the CPU's last.
-    let mut check = |lab: String, outs: Vec<Vec<f32>>, want: Vec<f32>, n: usize| {
-        for (mode, o) in modes.iter().zip(&outs).skip(1).filter(|(m, _)| m.0) {
-            if !same(o, &outs[0]) {
-                rep.failures.push(format!("{lab}: (Dense128, DenseJobs, DenseEarly) = {mode:?} differs from {:?}", modes[0]));
-            }
-        }
-        let (tc, _) = matmul_tol(GgmlType::Q8_0, n);
-        rep.check(&format!("{lab} 128-token tiles vs 64"), &outs[0], outs.last().unwrap(), 1e-4, 1e-4);
-        rep.check(&format!("{lab} vs cpu"), &outs[0], &want, tc, 1e-3);
-        taken += u64::from((65..=128).contains(&n));
-    };
-    for &(k, m, gr) in &[(2048usize, 3072usize, 1usize), (2048, 576, 1), (2048, 2048, 1), (2048, 10944, 1), (1408, 97, 1), (512, 128, 16)] {
-        let shape: Vec<usize> = if gr == 1 { vec![k, m] } else { vec![k, m, gr] };
-        let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
-        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
-        let ws: Vec<CudaWeight> = bs.iter().map(|b| b.upload_weight(&t, WeightUse::Matmul).unwrap()).collect();
-        let wc = c.upload_weight(&t, WeightUse::Matmul).unwrap();
-        for ntok in [64usize, 65, 80, 100, 128] {
-            let n = ntok * gr;
-            let xr = Rows { off: 1, n, width: k, stride: k + 3 };
-            let o = Rows { off: 2, n, width: m, stride: m + 2 };
-            let x = randn(&mut r, xr.end(), 1.0);
-            let outs: Vec<Vec<f32>> = bs
-                .iter()
-                .zip(&ws)
-                .map(|(b, w)| {
-                    let (xb, ob) = (buf(b, &x), b.alloc(o.end()).unwrap());
-                    poison(b, &ob, o.end());
-                    if gr == 1 {
-                        b.matmul(&xb, xr, w, &ob, o)
-                    } else {
-                        b.matmul_grouped(&xb, xr, w, &ob, o)
-                    }
-                    get(b, &ob, o)
-                })
-                .collect();
-            let (xc, oc) = (buf(c, &x), c.alloc(o.end()).unwrap());
-            poison(c, &oc, o.end());
-            if gr == 1 {
-                c.matmul(&xc, xr, &wc, &oc, o)
-            } else {
-                c.matmul_grouped(&xc, xr, &wc, &oc, o)
-            }
-            check(format!("[{k},{m},{gr}] tokens={ntok}"), outs, get(c, &oc, o), ntok);
-        }
-    }
-    // q and kv_a of a decode batch (matmul_many: one launch with DenseJobs).
-    let (k, ms) = (2048usize, [3072usize, 576]);
-    let tds: Vec<(Vec<u8>, [usize; 2])> = ms.iter().map(|&m| (weight(&mut r, GgmlType::Q8_0, &[k, m], 0.5).0, [k, m])).collect();
-    let tds: Vec<TensorData> = tds.iter().map(|(b, sh)| td("w", GgmlType::Q8_0, sh, b)).collect();
-    let ws: Vec<Vec<CudaWeight>> =
-        bs.iter().map(|b| tds.iter().map(|t| b.upload_weight(t, WeightUse::Matmul).unwrap()).collect()).collect();
-    let wc: Vec<CpuWeight> = tds.iter().map(|t| c.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
-    for n in [64usize, 72, 96, 128] {
-        let (views, olen) = job_views_at(&ms, n, 4, 4);
-        let xr = Rows { off: 1, n, width: k, stride: k + 3 };
-        let x = randn(&mut r, xr.end(), 1.0);
-        let outs: Vec<Vec<f32>> = bs.iter().zip(&ws).map(|(b, w)| many_into(b, w, &views, &x, xr, olen)).collect();
-        let cpu_out = many_into(c, &wc, &views, &x, xr, olen);
-        // The views' elements only (the columns between them stay NaN; dense_jobs_exact
-        // checks them).
-        let pick = |v: &[f32]| -> Vec<f32> {
-            views.iter().flat_map(|w| (0..n).flat_map(move |i| v[w.off + i * w.stride..][..w.width].to_vec())).collect()
-        };
-        let outs = outs.iter().map(|o| pick(o)).collect();
-        check(format!("matmul_many {ms:?} n={n}"), outs, pick(&cpu_out), n);
-    }
-    // The switch ran on every 65-128-token case of the backends it was on for, and nowhere else.
-    for (&(d128, jobs, early), b) in modes.iter().zip(&bs) {
-        let n = [Path::Dense128, Path::DenseJobs, Path::DenseEarly].map(|p| b.path_launches(p));
-        let ok = (n[0] > 0) == d128 && (!d128 || n[0] >= taken) && (n[1] > 0) == jobs && (n[2] > 0) == early;
-        if !ok {
-            rep.failures.push(format!("(Dense128, DenseJobs, DenseEarly) = {:?}: launches {n:?} ({taken} cases)", (d128, jobs, early)));
-        }
-    }
-    rep.finish();
-}
-
+/// add_rms_norm_matmul_many (a decode layer's first norm and its q / kv_a products; CUDA, one
+/// token: `gemv_q8_multi_norm_1`, every block normalising the row itself) against the two ops on
+/// the same GPU, bit for bit (x, the normed row, every product), and against the CPU. Three
+/// rounds on the same shapes: the kernel's block counter must be back at zero after each. Then
+/// rms_norm_matmul_many on the same x, the norm without the add (the first norm after a MoE that
+/// added its output into x: `gemv_q8_multi_norm_1` without a delta, `set_moe_residual(true)`),
+/// against its two ops (the switch off), bit for bit, x untouched. 16-bit products take
+/// `gemv_h16_multi_norm_<t>_1` (`set_norm_mm16(true)`). A backend of its own, for the switches.
 #[test]
 fn fused_add_rms_norm_matmul_many() {
     let Some(shared) = gpu() else { return };
@@ -3135,21 +2975,6 @@ fn moe_rows_exact() {
             b.set_rows_r(1);
             b.set_rows_shared_first(true);
         }
-        // The GLU quantised in the gate/up pair's second blocks (Path::GluPair,
-        // mmq_q8_rows_r2g; two row sets), the tiles' early start and from the counts: the same
-        // bits. Its (tile, group) words must be back at zero after each launch: a word left
-        // behind would leave a later case's GLU unquantised (the cases run one after another
-        // on these backends, the words' buffer kept).
-        for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
-            b.set_path(Path::GluPair, true);
-            b.set_rows_r(2);
-            sets.push((format!("GLU in the pair, {kind}"), run(b, w, o)));
-            b.set_rows_early(false);
-            sets.push((format!("GLU in the pair, tiles from the counts, {kind}"), run(b, w, o)));
-            b.set_rows_early(true);
-            b.set_rows_r(1);
-            b.set_path(Path::GluPair, false);
-        }
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
         }
@@ -3161,14 +2986,6 @@ fn moe_rows_exact() {
         rep.check(&format!("{lab} moe (exact)"), &outs[0].1, &outs[1].1, 0.0, 0.0);
         rep.check(&format!("{lab} moe_shared, tiled experts (exact)"), &outs[2].0, &outs[1].0, 0.0, 0.0);
         rep.check(&format!("{lab} moe, tiled experts (exact)"), &outs[2].1, &outs[1].1, 0.0, 0.0);
-    }
-    for (b, kind) in [(tiled, "tiled"), (rowmaj, "row-major")] {
-        if b.path_launches(Path::GluPair) == 0 {
-            rep.failures.push(format!("the pair's GLU never ran ({kind})"));
-        }
-    }
-    if plain.path_launches(Path::GluPair) != 0 {
-        rep.failures.push("the pair's GLU ran with the switch off".into());
     }
     rep.finish();
 }

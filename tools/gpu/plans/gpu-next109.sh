@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Thirty-third session, written after its device time was spent (not yet run).
+# New defaults since gpu-next108: batches take the tensor-core split attention from position
+# 64 (TS_CUDA_MLA_LONG_BATCH); Path::RouterSplit on; GluPair, DenseSkip and Dense128 removed.
+# 1. Every op test (after the removals).
+# 2. The bench at the server's contexts: 64 sequences at -d 0 / 64 / 96 (gpu-next108: d0
+#    8,575 hash 25c57a7459151b2c; d64 8,128; d128 8,064).
+# 3. The server, 64 clients, 30 s: the new defaults (expected near gpu-next107's 7,240 with
+#    MLATC forced); then its mixed steps (128 prompt rows + ~60 decode rows, 188 rows, on the
+#    prompt path op by op: 13.6 ms each, ~19% of the server's time, gpu-next106):
+#    - prefill chunks of 256 and 512 (fewer, wider mixed steps);
+#    - TS_CUDA_MOE_T16=24: 188-row steps' MoE on the int8 16-token rows tiles instead of the
+#      f16 copies (mmh_gu / mmh_dn);
+#    - TS_CUDA_GRAPH_MAX=256: the mixed steps recorded and replayed;
+#    - both.
+#   tools/gpu/plans/gpu-next109.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~10 minutes)
+set -u
+B=$1; OPS=$2
+source "$(dirname "$0")/lib.sh"
+export TS_RUN_LIMIT=100
+q8_bg
+stamp "== every op test"
+op_log 200 4 ops.txt "" ""
+wait
+p() { echo "-- ${1:-default} $2"; env $1 "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash $2 2>&1 | grep -E "x64"; }
+stamp "== 64 sequences at depth 0 / 64 / 96"
+p "" ""
+p "" "-d 64"
+p "" "-d 96"
+stamp "== server, 64 clients"
+serve64 "" 30
+serve64 "" 30 "--row-multiple 1 --prefill-chunk 256"
+serve64 "" 30 "--row-multiple 1 --prefill-chunk 512"
+serve64 "TS_CUDA_MOE_T16=24" 30
+serve64 "TS_CUDA_GRAPH_MAX=256" 30
+serve64 "TS_CUDA_MOE_T16=24 TS_CUDA_GRAPH_MAX=256" 30
+rm -f $V
+stamp "== done"
