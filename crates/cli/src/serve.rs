@@ -74,6 +74,12 @@ pub struct ServeArgs {
     /// with finish_reason "length", one still waiting for a slot gets 503. 0: no limit.
     #[arg(long = "request-timeout", default_value_t = 600.0)]
     pub request_timeout: f64,
+    /// Chain decode steps on the GPU: when every running sequence picks greedily (temperature
+    /// 0, no log-probabilities) and no request waits, enqueue the next step from the picks
+    /// still on the GPU before they reach the host, so the host streams text while the GPU
+    /// computes (CUDA; the CPU backend does not chain). Off until measured on a GPU.
+    #[arg(long = "chain")]
+    pub chain: bool,
 }
 
 /// Loads the model once, then serves until Ctrl-C.
@@ -96,6 +102,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         handle_ctrl_c: true,
         row_multiple: a.row_multiple.max(1),
         request_timeout: (a.request_timeout > 0.0).then(|| std::time::Duration::from_secs_f64(a.request_timeout.min(1e9))),
+        chain: a.chain,
         ..ServerConfig::default()
     };
     // Slots (plus the pad slot) and the widest forward a step makes; the context comes from

@@ -19,6 +19,21 @@
 //! 102,400-token vocabulary that is 256 bytes per step instead of 26 MB. The pick is the same
 //! (`ts_core::argmax` is the sampler's greedy rule).
 //!
+//! ## Chained steps
+//! On a model that chains greedy steps on its device ([`Model::chains_argmax`]: the CUDA
+//! families), a step whose every output row is a plain greedy pick leaves its picks there
+//! ([`Outputs::queued`]), and when no job waits and every running sequence goes on greedily
+//! (below `max_tokens`, inside the context) the next step is enqueued at once, its tokens the
+//! picks on the device ([`ts_core::TOKEN_FROM_ARGMAX`]). Only then does the engine wait for this
+//! step's picks and stream their text, while the device already runs the next step: the host's
+//! turn (sampling, stop strings, streaming, building and uploading the next batch) no longer
+//! leaves the GPU idle. A sequence that ends anyway (end of generation, a stop string, its
+//! client gone) had one row computed for nothing; its pick is dropped, and its rows are matched
+//! by sequence, not slot, since the slot may already serve another. A job that arrives waits
+//! at most for the step in flight. The text is the same as without chaining (test
+//! `chained_steps_give_the_same_text`). `serve --chain` turns it on (off until measured on a
+//! GPU).
+//!
 //! ## Hostile and slow clients
 //! The engine thread never blocks on a client. Each job's event channel is bounded
 //! ([`EVENT_BUFFER`] events) and written with `try_send`: a client that stops reading (a stalled
@@ -51,7 +66,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
-use ts_core::{BatchMeta, TokenMeta};
+use ts_core::{BatchMeta, TokenMeta, TOKEN_FROM_ARGMAX};
 use ts_engine::{Sampler, SamplerParams, StreamDecoder, Tokenizer};
 use ts_models::{Model, Outputs};
 
@@ -168,6 +183,9 @@ pub struct EngineConfig {
     /// doc, "Batch invariance"). `1` disables padding; otherwise the model's last cache slot is
     /// reserved for the padding and `n_slots - 1` sequences are served.
     pub row_multiple: usize,
+    /// Chain greedy steps on the device (module doc, "Chained steps") where the model can
+    /// ([`Model::chains_argmax`]).
+    pub chain: bool,
 }
 
 impl EngineConfig {
@@ -303,6 +321,8 @@ impl Engine {
 
 /// A sequence holding a cache slot.
 struct Seq<'t> {
+    /// Unique for the engine's life (a slot serves many sequences).
+    id: u64,
     job: Job,
     slot: u32,
     /// Tokens in the cache.
@@ -369,6 +389,15 @@ struct Stepper<'m, 't> {
     win_tokens: u64,
     /// Reused text buffer for released text.
     scratch: String,
+    /// [`EngineConfig::chain`], where the model chains steps.
+    chain: bool,
+    /// A step is enqueued ahead ([`Stepper::forward_chained_next`]): its rows are the
+    /// sequences `ahead_ids` names, in `ahead_batch` (both reused step after step).
+    ahead: bool,
+    ahead_ids: Vec<u64>,
+    ahead_batch: BatchMeta,
+    /// The next sequence's id.
+    next_id: u64,
 }
 
 impl<'m, 't> Stepper<'m, 't> {
@@ -381,6 +410,7 @@ impl<'m, 't> Stepper<'m, 't> {
         // "Batch invariance"); its pad slot then stays unused.
         let row_multiple = if model.info().batch_invariant { 1 } else { configured };
         let max_out = n_seqs + row_multiple - 1;
+        let model_chains = model.chains_argmax();
         Stepper {
             n_vocab,
             max_batch: o.max_batch,
@@ -405,6 +435,15 @@ impl<'m, 't> Stepper<'m, 't> {
             win_start: Instant::now(),
             win_tokens: 0,
             scratch: String::new(),
+            chain: cfg.chain && model_chains,
+            ahead: false,
+            ahead_ids: Vec::with_capacity(n_seqs),
+            ahead_batch: BatchMeta {
+                tokens: Vec::with_capacity(n_seqs + 2 * row_multiple),
+                outputs: Vec::with_capacity(max_out),
+                slot_len: o.ctx as u32,
+            },
+            next_id: 0,
         }
     }
 
@@ -451,7 +490,9 @@ impl<'m, 't> Stepper<'m, 't> {
             self.metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Relaxed);
             let sampler = Sampler::new(job.sampling.clone());
             let stop = StopMatcher::new(job.stop.clone());
+            self.next_id += 1;
             self.active.push(Seq {
+                id: self.next_id,
                 generated: Vec::with_capacity(job.max_tokens.min(4096)),
                 job,
                 slot,
@@ -545,9 +586,14 @@ impl<'m, 't> Stepper<'m, 't> {
         self.update_gauges();
     }
 
-    /// One forward over every active sequence, then sampling.
+    /// One forward over every active sequence, then sampling (module doc, "Chained steps":
+    /// with chaining the forward may already be on the device, enqueued by the step before).
     fn step(&mut self) {
         let t0 = Instant::now();
+        if self.ahead {
+            self.ahead = false;
+            return self.step_ahead(t0);
+        }
         self.batch.tokens.clear();
         self.batch.outputs.clear();
         self.owners.clear();
@@ -613,15 +659,133 @@ impl<'m, 't> Stepper<'m, 't> {
         }
         let all_full = self.full_rows.len() == n_out;
         let n_full = if all_full { n_rows } else { self.full_rows.len() };
-        let out = Outputs {
-            full_rows: (!all_full).then_some(&self.full_rows[..]),
-            logits: &mut self.logits[..n_full * nv],
-            argmax: (!all_full).then_some(&mut self.argmax[..n_rows]),
-            queue_argmax: false,
-        };
-        let (model, batch) = (&mut *self.model, &self.batch);
+        // Only picks wanted: they stay queued on the device (the padding's too), and the next
+        // step may be enqueued from them before they come back.
+        let queued = self.chain && n_out > 0 && self.full_rows.is_empty();
         let tf = Instant::now();
-        let r = std::panic::catch_unwind(AssertUnwindSafe(|| model.forward_outputs(batch, out)));
+        let r = if queued {
+            self.forward_chained(n_rows)
+        } else {
+            let out = Outputs {
+                full_rows: (!all_full).then_some(&self.full_rows[..]),
+                logits: &mut self.logits[..n_full * nv],
+                argmax: (!all_full).then_some(&mut self.argmax[..n_rows]),
+                queue_argmax: false,
+            };
+            let (model, batch) = (&mut *self.model, &self.batch);
+            std::panic::catch_unwind(AssertUnwindSafe(|| model.forward_outputs(batch, out)))
+        };
+        self.after_forward(t0, tf, r, n_out, n_real, all_full);
+    }
+
+    /// The step [`Stepper::forward_chained`] enqueued last time, whose rows are the sequences
+    /// `ahead_ids` names (those still running), each fed its last pick at the position after
+    /// it, then the padding: maybe enqueues the step after it, then collects its picks and
+    /// samples.
+    fn step_ahead(&mut self, t0: Instant) {
+        let n_rows = self.ahead_batch.outputs.len();
+        self.owners.clear();
+        self.full_rows.clear();
+        for s in self.active.iter_mut() {
+            s.fed = 0;
+        }
+        for &id in &self.ahead_ids {
+            // (A sequence that ended since, or whose client left, has no row any more; its slot
+            // may already serve a new sequence, so rows are matched by id, not by slot.)
+            let i = self.active.iter().position(|s| s.id == id && !s.done);
+            if let Some(i) = i {
+                self.active[i].fed = 1;
+            }
+            self.owners.push(i.unwrap_or(usize::MAX));
+        }
+        let n = self.owners.len();
+        self.metrics.steps_chained.fetch_add(1, Relaxed);
+        let tf = Instant::now();
+        let r = self.forward_chained_next(n_rows);
+        self.after_forward(t0, tf, r, n, n, false);
+    }
+
+    /// Enqueues the step in `self.batch` with its picks queued on the device, then maybe the
+    /// step after it, then waits for this step's picks (into `argmax[..n_rows]`).
+    fn forward_chained(&mut self, n_rows: usize) -> std::thread::Result<ts_models::Result<()>> {
+        let (model, batch) = (&mut *self.model, &self.batch);
+        match std::panic::catch_unwind(AssertUnwindSafe(|| model.forward_outputs(batch, Outputs::queued()))) {
+            Ok(Ok(())) => self.forward_chained_next(n_rows),
+            other => other,
+        }
+    }
+
+    /// With this step's forward enqueued (picks queued, `n_rows` output rows, `owners` and each
+    /// sequence's `fed` set): enqueues the next step from its picks when chaining may (see
+    /// [`Stepper::may_chain`]), then waits for this step's picks.
+    fn forward_chained_next(&mut self, n_rows: usize) -> std::thread::Result<ts_models::Result<()>> {
+        let chain = self.may_chain();
+        let model = &mut *self.model;
+        let mut next = Ok(Ok(()));
+        if chain {
+            let b = &mut self.ahead_batch;
+            b.tokens.clear();
+            b.outputs.clear();
+            self.ahead_ids.clear();
+            for (k, &i) in self.owners.iter().enumerate() {
+                if i == usize::MAX {
+                    continue;
+                }
+                let s = &self.active[i];
+                b.outputs.push(b.tokens.len() as u32);
+                b.tokens.push(TokenMeta { token: TOKEN_FROM_ARGMAX + k as u32, pos: (s.n_past + s.fed) as u32, slot: s.slot });
+                self.ahead_ids.push(s.id);
+            }
+            pad_batch(b, self.row_multiple, self.pad_slot);
+            let b = &self.ahead_batch;
+            next = std::panic::catch_unwind(AssertUnwindSafe(|| model.forward_outputs(b, Outputs::queued())));
+            self.ahead = matches!(next, Ok(Ok(())));
+        }
+        let argmax = &mut self.argmax[..n_rows];
+        let this = std::panic::catch_unwind(AssertUnwindSafe(|| model.argmax_collect(argmax)));
+        match (this, next) {
+            (Ok(Ok(())), next) => next,
+            (this, _) => this,
+        }
+    }
+
+    /// Whether the step after this one may be enqueued now, fed this step's picks on the
+    /// device: no job waits for a slot and no sequence for its prompt (they would wait a step
+    /// longer), and every sequence with a row here goes on with a plain greedy pick (no
+    /// log-probabilities, below `max_tokens`, inside the context). A sequence that then ends
+    /// anyway (end of generation, a stop string, its client gone) costs its row one wasted
+    /// step: the step's pick for it is dropped.
+    fn may_chain(&self) -> bool {
+        let ctx = self.batch.slot_len as usize;
+        let rows = self.owners.iter().filter(|&&i| i != usize::MAX).count();
+        self.waiting.is_empty()
+            && rows > 0
+            && self.active.iter().filter(|s| !s.done).count() == rows
+            && self.owners.iter().filter(|&&i| i != usize::MAX).all(|&i| {
+                let s = &self.active[i];
+                let n = s.generated.len() + 1; // picks after this step's
+                s.n_past + s.fed >= s.job.prompt.len()
+                    && s.job.top_logprobs.is_none()
+                    && s.sampler.is_plain_greedy(n)
+                    && n < s.job.max_tokens
+                    && s.n_past + s.fed < ctx
+            })
+    }
+
+    /// After a step's forward (`r`, started at `tf`; the step at `t0`): its rows' sequences
+    /// advance, each with an output row (`owners`, `usize::MAX` for a row without one) picks
+    /// its token (from `argmax`, or from its logits with `all_full` or a full row), and text
+    /// streams back. A failed forward fails every running sequence.
+    fn after_forward(
+        &mut self,
+        t0: Instant,
+        tf: Instant,
+        r: std::thread::Result<ts_models::Result<()>>,
+        n_out: usize,
+        n_real: usize,
+        all_full: bool,
+    ) {
+        let nv = self.n_vocab;
         self.metrics.forward_seconds.set(self.metrics.forward_seconds.get() + tf.elapsed().as_secs_f64());
         let err = match r {
             Ok(Ok(())) => None,
@@ -647,6 +811,12 @@ impl<'m, 't> Stepper<'m, 't> {
                     self.metrics.failed.fetch_add(1, Relaxed);
                 }
             }
+            // A step enqueued ahead of the failed one is waited for and forgotten; chaining stops.
+            if std::mem::take(&mut self.ahead) {
+                let n = self.ahead_batch.outputs.len();
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| self.model.argmax_collect(&mut self.argmax[..n])));
+            }
+            self.chain = false;
             return;
         }
         for s in self.active.iter_mut() {
@@ -659,7 +829,7 @@ impl<'m, 't> Stepper<'m, 't> {
             (s.out_row, s.full_row) = (usize::MAX, usize::MAX);
         }
         for k in 0..n_out {
-            let s = &mut self.active[self.owners[k]];
+            let Some(s) = self.active.get_mut(self.owners[k]) else { continue };
             s.out_row = k;
             if all_full {
                 s.full_row = k;
@@ -680,7 +850,7 @@ impl<'m, 't> Stepper<'m, 't> {
                 j => s.sampler.sample(&logits[j * nv..(j + 1) * nv], &s.generated),
             };
         };
-        if n_out >= PARALLEL_SAMPLING_ROWS {
+        if n_out >= PARALLEL_SAMPLING_ROWS && !self.full_rows.is_empty() {
             use rayon::prelude::*;
             self.active.par_iter_mut().for_each(pick);
         } else {
@@ -689,7 +859,7 @@ impl<'m, 't> Stepper<'m, 't> {
         // Phase 2, in output order: streaming, stop strings, log-probabilities, metrics.
         let mut produced = 0u64;
         for k in 0..n_out {
-            let s = &mut self.active[self.owners[k]];
+            let Some(s) = self.active.get_mut(self.owners[k]) else { continue };
             if s.done {
                 continue;
             }
@@ -716,19 +886,7 @@ impl<'m, 't> Stepper<'m, 't> {
     /// `row_multiple` (module doc, "Batch invariance"). Pad tokens sit at positions 0, 1, … of
     /// the pad slot; the first ones are outputs as needed, and their logits are ignored.
     fn pad(&mut self) {
-        let m = self.row_multiple;
-        if m <= 1 {
-            return;
-        }
-        let (n, k) = (self.batch.tokens.len(), self.batch.outputs.len());
-        let q = (m - k % m) % m;
-        let p = q + (m - (n + q) % m) % m;
-        for i in 0..p {
-            if i < q {
-                self.batch.outputs.push(self.batch.tokens.len() as u32);
-            }
-            self.batch.tokens.push(TokenMeta { token: 0, pos: i as u32, slot: self.pad_slot });
-        }
+        pad_batch(&mut self.batch, self.row_multiple, self.pad_slot);
     }
 
     /// Ends every sequence, running or waiting, with `why`.
@@ -745,6 +903,22 @@ impl<'m, 't> Stepper<'m, 't> {
             self.occupancy.fetch_sub(1, Relaxed);
         }
         self.update_gauges();
+    }
+}
+
+/// [`Stepper::pad`] of `batch`: to multiples of `m` rows, pad tokens in `pad_slot`.
+fn pad_batch(batch: &mut BatchMeta, m: usize, pad_slot: u32) {
+    if m <= 1 {
+        return;
+    }
+    let (n, k) = (batch.tokens.len(), batch.outputs.len());
+    let q = (m - k % m) % m;
+    let p = q + (m - (n + q) % m) % m;
+    for i in 0..p {
+        if i < q {
+            batch.outputs.push(batch.tokens.len() as u32);
+        }
+        batch.tokens.push(TokenMeta { token: 0, pos: i as u32, slot: pad_slot });
     }
 }
 
@@ -862,6 +1036,11 @@ mod tests {
         /// Forward sizes must be multiples of this; tokens of the pad slot are not recorded.
         row_multiple: usize,
         pad_slot: Option<u32>,
+        /// Chains steps as the CUDA models do: queued picks (at most two pending), the latest
+        /// of which `TOKEN_FROM_ARGMAX + r` tokens read.
+        chains: bool,
+        queue: VecDeque<Vec<u32>>,
+        last: Vec<u32>,
     }
 
     impl Model for Counting {
@@ -871,11 +1050,27 @@ mod tests {
         fn options(&self) -> RuntimeOptions {
             self.opts
         }
+        fn chains_argmax(&self) -> bool {
+            self.chains
+        }
+        fn argmax_collect(&mut self, out: &mut [u32]) -> ts_models::Result<()> {
+            let ids = self.queue.pop_front().expect("a queued arg-max to collect");
+            assert_eq!(ids.len(), out.len(), "collected rows");
+            out.copy_from_slice(&ids);
+            Ok(())
+        }
         fn forward_outputs(&mut self, batch: &BatchMeta, out: Outputs<'_>) -> ts_models::Result<()> {
             let nv = self.info.n_vocab;
             assert!(batch.len() <= self.opts.max_batch && !batch.is_empty());
             let n_full = out.full_rows.map_or(batch.outputs.len(), |f| f.len());
             assert_eq!(out.logits.len(), n_full * nv);
+            // The picks of the latest queued step stand in for TOKEN_FROM_ARGMAX tokens.
+            let mut batch = batch.clone();
+            for t in batch.tokens.iter_mut().filter(|t| t.token >= TOKEN_FROM_ARGMAX) {
+                assert!(self.chains, "a chained token without chaining");
+                t.token = self.last[(t.token - TOKEN_FROM_ARGMAX) as usize];
+            }
+            let batch = &batch;
             for t in &batch.tokens {
                 let f = &mut self.filled[t.slot as usize];
                 // A new sequence restarts its slot at 0; otherwise positions continue the slot.
@@ -891,6 +1086,11 @@ mod tests {
             if let Some(ids) = out.argmax {
                 ids.iter_mut().enumerate().for_each(|(k, id)| *id = next(k) as u32);
             }
+            if out.queue_argmax {
+                assert!(self.chains && self.queue.len() < 2, "a third pending pick");
+                self.last = (0..batch.outputs.len()).map(|k| next(k) as u32).collect();
+                self.queue.push_back(self.last.clone());
+            }
             assert_eq!(batch.len() % self.row_multiple, 0, "forward of {} tokens", batch.len());
             assert_eq!(batch.outputs.len() % self.row_multiple, 0, "forward with {} outputs", batch.outputs.len());
             self.seen.lock().unwrap_or_else(|e| e.into_inner()).push((
@@ -902,12 +1102,14 @@ mod tests {
         }
     }
 
-    fn engine(n_seqs: usize, chunk: usize, max_queue: usize) -> (Arc<Engine>, Seen, Arc<Metrics>) {
-        engine_padded(n_seqs, chunk, max_queue, 1)
+    /// An engine of `n_seqs` sequences, unpadded, chaining steps with `chain` (the mock then
+    /// chains too).
+    fn engine_chain(n_seqs: usize, chunk: usize, max_queue: usize, chain: bool) -> (Arc<Engine>, Seen, Arc<Metrics>) {
+        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple: 1, chain })
     }
 
     fn engine_padded(n_seqs: usize, chunk: usize, max_queue: usize, row_multiple: usize) -> (Arc<Engine>, Seen, Arc<Metrics>) {
-        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple })
+        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple, chain: false })
     }
 
     fn engine_cfg(n_seqs: usize, cfg: EngineConfig) -> (Arc<Engine>, Seen, Arc<Metrics>) {
@@ -931,7 +1133,17 @@ mod tests {
             batch_invariant: false,
         };
         let pad_slot = (row_multiple > 1).then_some(n_seqs as u32);
-        let model = Counting { info, opts, filled: vec![0; n_slots], seen: seen.clone(), row_multiple, pad_slot };
+        let model = Counting {
+            info,
+            opts,
+            filled: vec![0; n_slots],
+            seen: seen.clone(),
+            row_multiple,
+            pad_slot,
+            chains: cfg.chain,
+            queue: VecDeque::new(),
+            last: Vec::new(),
+        };
         let metrics = Arc::new(Metrics::default());
         let e = Engine::start(Box::new(model), Arc::new(Tokenizer::none(nv)), cfg, metrics.clone()).expect("engine starts");
         assert_eq!(e.n_slots(), n_seqs);
@@ -1035,7 +1247,7 @@ mod tests {
     /// then prefilled (its text is right, nothing starves); A keeps decoding meanwhile.
     #[test]
     fn prefill_hold_batches_prompts() {
-        let cfg = EngineConfig { max_queue: 8, prefill_chunk: 32, prefill_hold: 8, prefill_wait: 1000, row_multiple: 1 };
+        let cfg = EngineConfig { max_queue: 8, prefill_chunk: 32, prefill_hold: 8, prefill_wait: 1000, row_multiple: 1, chain: false };
         let (e, seen, _m) = engine_cfg(4, cfg);
         let (a, mut ra) = job(vec![1, 2, 3], 300);
         e.submit(a).expect("queued");
@@ -1074,7 +1286,13 @@ mod tests {
 
     #[test]
     fn dropped_receiver_frees_the_slot_and_queue_is_bounded() {
-        let (e, _seen, m) = engine(1, 8, 1);
+        for chain in [false, true] {
+            dropped_receiver_frees_the_slot_and_queue_is_bounded_with(chain);
+        }
+    }
+
+    fn dropped_receiver_frees_the_slot_and_queue_is_bounded_with(chain: bool) {
+        let (e, _seen, m) = engine_chain(1, 8, 1, chain);
         let (a, mut ra) = job(vec![1], 400);
         e.submit(a).expect("queued");
         let (b, mut rb) = job(vec![7], 3);
@@ -1114,7 +1332,13 @@ mod tests {
 
     #[test]
     fn a_client_that_stops_reading_is_dropped_without_stalling_the_batch() {
-        let (e, _seen, m) = engine(2, 8, 2);
+        for chain in [false, true] {
+            a_client_that_stops_reading_is_dropped_without_stalling_the_batch_with(chain);
+        }
+    }
+
+    fn a_client_that_stops_reading_is_dropped_without_stalling_the_batch_with(chain: bool) {
+        let (e, _seen, m) = engine_chain(2, 8, 2, chain);
         // A's client never reads: its channel (8 events here) fills after 8 tokens.
         let (mut a, ra) = job(vec![1], 400);
         let (tx, small) = channel(8);
@@ -1140,7 +1364,13 @@ mod tests {
 
     #[test]
     fn deadline_ends_running_sequences_with_length_and_waiting_ones_with_503() {
-        let (e, _seen, m) = engine(1, 8, 2);
+        for chain in [false, true] {
+            deadline_ends_running_sequences_with_length_and_waiting_ones_with_503_with(chain);
+        }
+    }
+
+    fn deadline_ends_running_sequences_with_length_and_waiting_ones_with_503_with(chain: bool) {
+        let (e, _seen, m) = engine_chain(1, 8, 2, chain);
         let (mut a, mut ra) = job(vec![1], 500);
         a.deadline = Some(Instant::now() + Duration::from_millis(150));
         e.submit(a).expect("queued");
@@ -1168,9 +1398,68 @@ mod tests {
         e.shutdown();
     }
 
+    /// Chained steps (module doc, "Chained steps") give every request the text it gets without
+    /// them: greedy ones of all lengths (1 and 2 tokens: ending at or right after the chained
+    /// step), one ending on a stop string, a chunked prompt, a seeded sampled one and one with
+    /// log-probabilities (steps with them are not chained), and one arriving mid-run (it waits
+    /// for no more than the step in flight). The mock checks every slot's positions.
+    #[test]
+    fn chained_steps_give_the_same_text() {
+        let run = |chain: bool, row_multiple: usize| {
+            let cfg = EngineConfig { max_queue: 16, prefill_chunk: 16, prefill_hold: 0, prefill_wait: 0, row_multiple, chain };
+            let (e, _seen, m) = engine_cfg(4, cfg);
+            let mut rxs = Vec::new();
+            let mut submit = |prompt: Vec<u32>, max: usize, edit: &dyn Fn(&mut Job)| {
+                let (mut j, rx) = job(prompt, max);
+                edit(&mut j);
+                e.submit(j).expect("queued");
+                rxs.push(rx);
+            };
+            submit(vec![1, 2, 3], 40, &|_| ());
+            submit(vec![100], 1, &|_| ());
+            submit(vec![200, 201], 2, &|_| ());
+            submit(vec![300], 30, &|j| j.stop = vec!["<310>".into()]);
+            submit((400..440).collect(), 5, &|_| ());
+            submit(vec![500], 6, &|j| {
+                j.sampling = SamplerParams { temperature: 0.7, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(7), ..SamplerParams::default() }
+            });
+            submit(vec![600], 4, &|j| j.top_logprobs = Some(2));
+            submit(vec![700], 50, &|_| ());
+            let mut out: Vec<_> = rxs.iter_mut().map(collect).collect();
+            // One more after the others, into a running engine.
+            let (j, mut rx) = job(vec![800, 801, 802], 20);
+            let (a, mut ra) = job(vec![900], 90);
+            e.submit(a).expect("queued");
+            std::thread::sleep(Duration::from_millis(20));
+            e.submit(j).expect("queued");
+            out.push(collect(&mut rx));
+            out.push(collect(&mut ra));
+            let chained = m.steps_chained.load(Relaxed);
+            e.shutdown();
+            (out, chained)
+        };
+        let (plain, none) = run(false, 1);
+        assert_eq!(none, 0);
+        for row_multiple in [1, 4] {
+            let (chained, steps) = run(true, row_multiple);
+            assert!(steps > 50, "{steps} chained steps with rows padded to {row_multiple}");
+            assert_eq!(plain, chained, "rows padded to {row_multiple}");
+        }
+        assert_eq!(plain[0], (expect(4, 40), Some(Finish::Length), 40));
+        assert_eq!(plain[3].0, expect(301, 9));
+        assert_eq!(plain[3].1, Some(Finish::Stop));
+        assert_eq!(plain[9], (expect(901, 90), Some(Finish::Length), 90));
+    }
+
     #[test]
     fn stop_string_ends_the_sequence() {
-        let (e, _seen, m) = engine(1, 8, 1);
+        for chain in [false, true] {
+            stop_string_ends_the_sequence_with(chain);
+        }
+    }
+
+    fn stop_string_ends_the_sequence_with(chain: bool) {
+        let (e, _seen, m) = engine_chain(1, 8, 1, chain);
         let (mut a, mut ra) = job(vec![1], 100);
         a.stop = vec!["<6>".into()];
         e.submit(a).expect("queued");
@@ -1183,7 +1472,13 @@ mod tests {
 
     #[test]
     fn shutdown_fails_running_requests() {
-        let (e, _seen, _m) = engine(1, 8, 2);
+        for chain in [false, true] {
+            shutdown_fails_running_requests_with(chain);
+        }
+    }
+
+    fn shutdown_fails_running_requests_with(chain: bool) {
+        let (e, _seen, _m) = engine_chain(1, 8, 2, chain);
         let (a, mut ra) = job(vec![1], 500);
         e.submit(a).expect("queued");
         let (b, mut rb) = job(vec![1], 5);

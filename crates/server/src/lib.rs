@@ -100,6 +100,9 @@ pub struct ServerConfig {
     /// with `finish_reason` "length", one still waiting for a slot is answered 503; its slot is
     /// freed either way. `None`: no limit.
     pub request_timeout: Option<std::time::Duration>,
+    /// [`EngineConfig::chain`]: greedy steps chained on the device where the model can
+    /// (`serve --chain`; off until measured on a GPU).
+    pub chain: bool,
 }
 
 /// [`ServerConfig::request_timeout`]'s default (`--request-timeout 600`).
@@ -117,6 +120,7 @@ impl Default for ServerConfig {
             http_threads: 2,
             row_multiple: 4,
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+            chain: false,
         }
     }
 }
@@ -130,6 +134,7 @@ impl ServerConfig {
             prefill_hold: self.prefill_hold,
             prefill_wait: self.prefill_wait,
             row_multiple: self.row_multiple,
+            chain: self.chain,
         }
     }
 

@@ -88,6 +88,8 @@ pub struct Metrics {
     pub steps_replayed: AtomicU64,
     pub steps_recorded: AtomicU64,
     pub steps_eager: AtomicU64,
+    /// Steps enqueued before the step before them had come back (chained greedy steps).
+    pub steps_chained: AtomicU64,
     /// Seconds spent in forwards + sampling.
     pub step_seconds: F64Gauge,
     /// Of which in the model's forward passes (including the logits' copy to the host).
@@ -180,6 +182,12 @@ impl Metrics {
             self.steps_recorded.load(Relaxed),
         );
         counter(&mut s, "turbospark_steps_eager_total", "Forward passes enqueued op by op.", self.steps_eager.load(Relaxed));
+        counter(
+            &mut s,
+            "turbospark_steps_chained_total",
+            "Steps enqueued on the device from the step before's greedy picks, before those came back.",
+            self.steps_chained.load(Relaxed),
+        );
         let _ = writeln!(
             s,
             "# HELP turbospark_step_seconds_total Seconds spent in forward passes and sampling.\n# TYPE turbospark_step_seconds_total counter\nturbospark_step_seconds_total {}",

@@ -12,7 +12,10 @@
 #    - TS_CUDA_MOE_T16=24: 188-row steps' MoE on the int8 16-token rows tiles instead of the
 #      f16 copies (mmh_gu / mmh_dn);
 #    - TS_CUDA_GRAPH_MAX=256: the mixed steps recorded and replayed;
-#    - both.
+#    - both;
+#    - `serve --chain` (new, server-side): when every running sequence is greedy and no request
+#      waits, the next step is enqueued from the picks on the GPU before they reach the host
+#      (the trace put the host's turn at ~280 us of a ~8.8 ms step; the bench chains already).
 #   tools/gpu/plans/gpu-next109.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~10 minutes)
 set -u
 B=$1; OPS=$2
@@ -34,5 +37,6 @@ serve64 "" 30 "--row-multiple 1 --prefill-chunk 512"
 serve64 "TS_CUDA_MOE_T16=24" 30
 serve64 "TS_CUDA_GRAPH_MAX=256" 30
 serve64 "TS_CUDA_MOE_T16=24 TS_CUDA_GRAPH_MAX=256" 30
+serve64 "" 30 "--row-multiple 1 --chain"
 rm -f $V
 stamp "== done"
