@@ -6,17 +6,13 @@
 # 2. The bench at the server's contexts: 64 sequences at -d 0 / 64 / 96 (gpu-next108: d0
 #    8,575 hash 25c57a7459151b2c; d64 8,128; d128 8,064).
 # 3. The server, 64 clients, 30 s: the new defaults (expected near gpu-next107's 7,240 with
-#    MLATC forced); then its mixed steps (128 prompt rows + ~60 decode rows, 188 rows, on the
-#    prompt path op by op: 13.6 ms each, ~19% of the server's time, gpu-next106):
-#    - prefill chunks of 256 and 512 (fewer, wider mixed steps);
-#    - TS_CUDA_MOE_T16=24: 188-row steps' MoE on the int8 16-token rows tiles instead of the
-#      f16 copies (mmh_gu / mmh_dn);
-#    - TS_CUDA_GRAPH_MAX=256: the mixed steps recorded and replayed;
-#    - both;
-#    - `serve --chain` (new, server-side): when every running sequence is greedy and no request
-#      waits, the next step is enqueued from the picks on the GPU before they reach the host
-#      (the trace put the host's turn at ~280 us of a ~8.8 ms step; the bench chains already).
-#   tools/gpu/plans/gpu-next109.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~10 minutes)
+#    MLATC forced); `serve --chain` (new, server-side, off until measured: when every running
+#    sequence is greedy and no request waits, the next step is enqueued from the picks on the
+#    GPU before they reach the host; the trace put the host's turn at ~280 us of a ~8.8 ms
+#    step); prefill chunks of 256 and 512 (fewer, wider mixed steps: the 188-row mixed steps
+#    ran op by op on the prompt path, 13.6 ms each, ~19% of the server's time, gpu-next106).
+# The mixed steps' kernel switches follow in gpu-next110.
+#   tools/gpu/plans/gpu-next109.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~7 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
@@ -30,13 +26,10 @@ stamp "== 64 sequences at depth 0 / 64 / 96"
 p "" ""
 p "" "-d 64"
 p "" "-d 96"
-stamp "== server, 64 clients"
+stamp "== server, 64 clients: the new defaults, chained steps, wider prefill chunks"
 serve64 "" 30
+serve64 "" 30 "--row-multiple 1 --chain"
 serve64 "" 30 "--row-multiple 1 --prefill-chunk 256"
 serve64 "" 30 "--row-multiple 1 --prefill-chunk 512"
-serve64 "TS_CUDA_MOE_T16=24" 30
-serve64 "TS_CUDA_GRAPH_MAX=256" 30
-serve64 "TS_CUDA_MOE_T16=24 TS_CUDA_GRAPH_MAX=256" 30
-serve64 "" 30 "--row-multiple 1 --chain"
 rm -f $V
 stamp "== done"
