@@ -62,12 +62,13 @@ async fn run_one(addr: std::net::SocketAddr, path: &str, body: &Value) -> String
     }
 }
 
-#[test]
-fn sixteen_concurrent_requests_give_the_texts_they_give_alone() {
-    let s = start(16, 256, ServerConfig { prefill_chunk: 32, ..ServerConfig::default() });
+/// The 16 requests one after another, then all at once, on a server chaining its greedy steps
+/// or not (`ServerConfig::chain`); returns the texts alone and the chained steps' count.
+fn sixteen(chain: bool) -> (Vec<String>, f64) {
+    let s = start(16, 256, ServerConfig { prefill_chunk: 32, chain, ..ServerConfig::default() });
     let addr = s.addr();
     let reqs = requests();
-    rt().block_on(async {
+    let r = rt().block_on(async {
         let mut alone = Vec::new();
         for (path, body) in &reqs {
             alone.push(run_one(addr, path, body).await);
@@ -84,12 +85,24 @@ fn sixteen_concurrent_requests_give_the_texts_they_give_alone() {
         let steps_together = metric(addr, "turbospark_steps_total").await - steps_alone;
         for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
             assert!(!a.is_empty(), "request {i} generated nothing");
-            assert_eq!(a, b, "request {i} ({}) differs alone vs among 15 others", reqs[i].1);
+            assert_eq!(a, b, "request {i} ({}) differs alone vs among 15 others (chain {chain})", reqs[i].1);
         }
         // They really ran together: far fewer forwards than one sequence at a time.
         assert!(steps_together * 3.0 < steps_alone, "{steps_together} steps together vs {steps_alone} alone");
+        (alone, metric(addr, "turbospark_steps_chained_total").await)
     });
     s.shutdown().expect("shutdown");
+    r
+}
+
+#[test]
+fn sixteen_concurrent_requests_give_the_texts_they_give_alone() {
+    let (plain, none) = sixteen(false);
+    assert_eq!(none, 0.0);
+    // Chained greedy steps (the CPU backend chains too, computing at once): the same texts.
+    let (chained, steps) = sixteen(true);
+    assert!(steps > 0.0, "no chained step");
+    assert_eq!(plain, chained, "chained steps changed a text");
 }
 
 #[test]
