@@ -4,7 +4,9 @@
 # 64 (TS_CUDA_MLA_LONG_BATCH); Path::RouterSplit on; GluPair, DenseSkip and Dense128 removed.
 # 1. Every op test (after the removals).
 # 2. The bench at the server's contexts: 64 sequences at -d 0 / 64 / 96 (gpu-next108: d0
-#    8,575 hash 25c57a7459151b2c; d64 8,128; d128 8,064).
+#    8,575 hash 25c57a7459151b2c; d64 8,128; d128 8,064), and at -d 96 the tensor-core batch
+#    attention with 2 and 8 splits a token instead of 2 x 132 / 64 = 4 (TS_CUDA_MLA_SPLITS; at
+#    ~100 keys each split of 4 walks ~25 keys after loading the token's 16 query heads).
 # 3. The server, 64 clients, 30 s: the new defaults (expected near gpu-next107's 7,240 with
 #    MLATC forced); `serve --chain` (new, server-side, off until measured: when every running
 #    sequence is greedy and no request waits, the next step is enqueued from the picks on the
@@ -26,6 +28,8 @@ stamp "== 64 sequences at depth 0 / 64 / 96"
 p "" ""
 p "" "-d 64"
 p "" "-d 96"
+p "TS_CUDA_MLA_SPLITS=2" "-d 96"
+p "TS_CUDA_MLA_SPLITS=8" "-d 96"
 stamp "== server, 64 clients: the new defaults, chained steps, wider prefill chunks"
 serve64 "" 30
 serve64 "" 30 "--row-multiple 1 --chain"
