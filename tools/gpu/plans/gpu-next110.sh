@@ -8,7 +8,9 @@
 #  - TS_CUDA_MMH=q8: on mmh straight from Q8_0 (half the bytes, converted in shared memory;
 #    slower at pp512, which is compute-bound, than from the copies);
 #  - TS_CUDA_DENSE_BLAS=0: their dense products on the int8 64-token tiles;
-#  - TS_CUDA_GRAPH_MAX=256: recorded and replayed;
+#  - TS_CUDA_GRAPH_MAX=256: recorded and replayed (their dense products call cuBLAS, which
+#    no recording has held before: if its capture fails the backend reports the error and that
+#    server run fails; the other runs are their own processes);
 #  - T16 and GRAPH_MAX together.
 # Add `--chain` / a prefill chunk to S if gpu-next109 keeps them.
 #   tools/gpu/plans/gpu-next110.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -40   (~5 minutes)
