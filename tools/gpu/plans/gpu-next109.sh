@@ -6,7 +6,10 @@
 # 2. The bench at the server's contexts: 64 sequences at -d 0 / 64 / 96 (gpu-next108: d0
 #    8,575 hash 25c57a7459151b2c; d64 8,128; d128 8,064), and at -d 96 the tensor-core batch
 #    attention with 2 and 8 splits a token instead of 2 x 132 / 64 = 4 (TS_CUDA_MLA_SPLITS; at
-#    ~100 keys each split of 4 walks ~25 keys after loading the token's 16 query heads).
+#    ~100 keys each split of 4 walks ~25 keys after loading the token's 16 query heads); and
+#    the grouped rows kernels at 6 blocks an SM (MMQ_ROWS_MINB=6: 792 places, so gate/up's
+#    1,584 blocks take 2.0 waves instead of 2.4, down's 1,152 1.45 instead of 1.75; the
+#    register cap falls from 96 to 80, which may spill).
 # 3. The server, 64 clients, 30 s: the new defaults (expected near gpu-next107's 7,240 with
 #    MLATC forced); `serve --chain` (new, server-side, off until measured: when every running
 #    sequence is greedy and no request waits, the next step is enqueued from the picks on the
@@ -30,6 +33,7 @@ p "" "-d 64"
 p "" "-d 96"
 p "TS_CUDA_MLA_SPLITS=2" "-d 96"
 p "TS_CUDA_MLA_SPLITS=8" "-d 96"
+p "TS_CUDA_DEFINES=MMQ_ROWS_MINB=6" ""
 stamp "== server, 64 clients: the new defaults, chained steps, wider prefill chunks"
 serve64 "" 30
 serve64 "" 30 "--row-multiple 1 --chain"
