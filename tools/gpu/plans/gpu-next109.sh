@@ -9,7 +9,8 @@
 #    ~100 keys each split of 4 walks ~25 keys after loading the token's 16 query heads); and
 #    the grouped rows kernels at 6 blocks an SM (MMQ_ROWS_MINB=6: 792 places, so gate/up's
 #    1,584 blocks take 2.0 waves instead of 2.4, down's 1,152 1.45 instead of 1.75; the
-#    register cap falls from 96 to 80, which may spill).
+#    register cap falls from 96 to 80: sass_static.py -D MMQ_ROWS_MINB=6 shows 66 B spilled,
+#    20 LDL in the loop).
 # 3. The server, 64 clients, 30 s: the new defaults (expected near gpu-next107's 7,240 with
 #    MLATC forced); `serve --chain` (new, server-side, off until measured: when every running
 #    sequence is greedy and no request waits, the next step is enqueued from the picks on the
