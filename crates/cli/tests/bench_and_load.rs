@@ -45,6 +45,41 @@ fn bench_reports_batched_decode() {
         let r = rate(&text, test).unwrap_or_else(|| panic!("no {test} row in:\n{text}"));
         assert!(r > 0.0 && r.is_finite(), "{test}: {r}");
     }
+    // At depth: every sequence's first 5 positions filled first, in forwards of 4 tokens that
+    // cross from one sequence's slot to the next; the same tokens run after run.
+    let at_depth = || {
+        let out = bin()
+            .args([
+                "bench",
+                "--backend",
+                "cpu",
+                "-t",
+                "2",
+                "-p",
+                "0",
+                "-n",
+                "3",
+                "-d",
+                "5",
+                "--parallel",
+                "3",
+                "-b",
+                "4",
+                "-r",
+                "1",
+                "--hash",
+                "-m",
+            ])
+            .arg(m)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        let r = rate(&text, "tg3 x3 @ d5").unwrap_or_else(|| panic!("no tg3 x3 @ d5 row in:\n{text}"));
+        assert!(r > 0.0 && r.is_finite(), "tg3 x3 @ d5: {r}");
+        text.lines().find(|l| l.starts_with("tokens of tg3 x3 @ d5: hash ")).expect("its hash line").to_string()
+    };
+    assert_eq!(at_depth(), at_depth());
 }
 
 #[test]
