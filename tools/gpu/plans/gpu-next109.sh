@@ -27,14 +27,10 @@ q8_bg
 stamp "== every op test"
 op_log 200 4 ops.txt "" ""
 wait
-p() { echo "-- ${1:-default} $2"; env $1 "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash $2 2>&1 | grep -E "x64"; }
 stamp "== 64 sequences at depth 0 / 64 / 96"
-p "" ""
-p "" "-d 64"
-p "" "-d 96"
-p "TS_CUDA_MLA_SPLITS=2" "-d 96"
-p "TS_CUDA_MLA_SPLITS=8" "-d 96"
-p "TS_CUDA_DEFINES=MMQ_ROWS_MINB=6" ""
+bpd 64 "" "" "TS_CUDA_DEFINES=MMQ_ROWS_MINB=6"
+bpd 64 "-d 64" ""
+bpd 64 "-d 96" "" "TS_CUDA_MLA_SPLITS=2" "TS_CUDA_MLA_SPLITS=8"
 stamp "== server, 64 clients: the new defaults, chained steps, wider prefill chunks"
 serve64 "" 30
 serve64 "" 30 "--row-multiple 1 --chain"

@@ -26,8 +26,11 @@ ops_tests() {
   grep -E "FAIL|test result|panicked|differs|declined" $O/ops.txt | head -20
   wait
 }
-# `bp P ENV...`: `--parallel P -n 32 -r 2 --hash` under each ENV setting ("" = the defaults).
-bp() { local p=$1; shift; for e in "$@"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash; done; }
+# `bpd P ARGS ENV...`: `--parallel P -n 32 -r 2 --hash` and the bench arguments ARGS ("" = none,
+# e.g. "-d 96") under each ENV setting ("" = the defaults).
+bpd() { local p=$1 a=$2; shift 2; for e in "$@"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 32 --parallel $p -r 2 --hash $a; done; }
+# `bp P ENV...`: `bpd P "" ENV...`.
+bp() { local p=$1; shift; bpd $p "" "$@"; }
 # `ab64 ROUNDS ENV...`: `bp 64 ENV...`, ROUNDS times.
 ab64() {
   local n=$1; shift
