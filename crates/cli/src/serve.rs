@@ -39,8 +39,11 @@ pub struct ServeArgs {
     /// Requests that may wait for a slot when all are busy; beyond that, 503.
     #[arg(long = "max-queue", default_value_t = 64)]
     pub max_queue: usize,
-    /// Most prompt tokens per forward pass (chunked prefill keeps decoding going during long prompts).
-    #[arg(long = "prefill-chunk", default_value_t = 128)]
+    /// Most prompt tokens per forward pass (chunked prefill keeps decoding going during long
+    /// prompts: the running sequences wait at most one chunk's prefill for their next token).
+    // 512, not 128: on an H200 at 64 clients 7,694 against 7,253 tok/s, a quarter of the steps
+    // mixing prompts with decoding (docs/PERF.md, gpu-next109/111).
+    #[arg(long = "prefill-chunk", default_value_t = 512)]
     pub prefill_chunk: usize,
     /// While others decode, hold new prompts back until this many prompt tokens wait (or for
     /// --prefill-wait steps), so that fewer steps mix prompts with decoding. An experiment: at 64
@@ -80,6 +83,12 @@ pub struct ServeArgs {
     /// computes (CUDA; the CPU backend does not chain). Off until measured on a GPU.
     #[arg(long = "chain")]
     pub chain: bool,
+    /// Skip the warm-up: on CUDA the server runs a prompt chunk and a few decode steps of every
+    /// slot before it answers (one-time costs such as cuBLAS's start and the first graph
+    /// recordings, ~0.8 s on an H200, are then not paid by the first requests). The CPU backend
+    /// never warms up.
+    #[arg(long = "no-warmup")]
+    pub no_warmup: bool,
 }
 
 /// Loads the model once, then serves until Ctrl-C.
@@ -93,7 +102,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if a.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
     }
-    let cfg = ServerConfig {
+    let mut cfg = ServerConfig {
         max_queue: a.max_queue,
         prefill_chunk: a.prefill_chunk,
         prefill_hold: a.prefill_hold,
@@ -125,7 +134,12 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let file = l.path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
     let ctx = l.model.options().ctx;
     let bundle = ModelBundle::from_metadata(l.model, l.src.metadata(), &file).with_context(|| format!("{}", l.path.display()))?;
+    cfg.warmup = !a.no_warmup && l.backend_name.starts_with("cuda");
+    let t = std::time::Instant::now();
     let server = Server::start(bundle, cfg, SocketAddr::new(a.host, a.port))?;
+    if cfg.warmup {
+        eprintln!("turbospark: warmed up in {:.2}s (--no-warmup skips it)", t.elapsed().as_secs_f64());
+    }
     eprintln!(
         "turbospark: serving {} at {} ({} sequences of {} tokens, backend {}); POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics",
         server.model_id(),

@@ -670,6 +670,58 @@ extern "C" __global__ void __launch_bounds__(32 * MC_WARPS) mla_combine(const fl
     o[1] = r.y * inv;
 }
 
+// mla_combine for a batch's few splits (nsp <= 8, kl % 4 == 0, kl <= 512): block t*nh + h of
+// kl / 4 threads, thread j the outputs 4j .. 4j + 3, no shared memory and no barrier. Every
+// thread reads the splits' m and l itself (the block's same addresses: L1 broadcasts) and sums
+// exactly as mla_combine does with one warp per split: the outputs split 0's weighted row plus
+// split 1's, then 2's, ... (products rounded before each sum), the denominator as warp_sum
+// adds lanes 0..7 (xor 4, then 2, then 1; the wider steps add zeros): the same bits.
+// (mla_combine takes a block per (token, head) and run of 64 outputs: at 64 sequences with 4
+// splits each 8,192 blocks of 4 warps and three barriers for ~10 KB each, ~12 us a layer in the
+// server's trace, gpu-next112.)
+extern "C" __global__ void __launch_bounds__(128) mla_combine_few(const float* part, int nsp, int nh, int kl,
+                                                                 const int* pos, float* out, i64 ooff, i64 o_tok,
+                                                                 i64 o_head) { PDL_ENTRY();
+    const int t = blockIdx.x / nh, h = blockIdx.x % nh;
+    const int end = pos[t] + 1;
+    const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
+    const int nact = min(min(nsp, 8), (end + chunk - 1) / chunk);
+    const int stride = kl + 2;
+    const i64 sstride = (i64)nh * stride;
+    const float* pp = part + ((i64)t * nsp * nh + h) * stride;
+    float f[8], a[8];
+    float M = NEG_INF;
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        f[s] = s < nact ? pp[s * sstride] : NEG_INF;
+        M = fmaxf(M, f[s]);
+    }
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        f[s] = s < nact ? expf(f[s] - M) : 0.f;
+        a[s] = s < nact ? __fmul_rn(pp[s * sstride + 1], f[s]) : 0.f;
+    }
+    const float den = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[4]), __fadd_rn(a[2], a[6])),
+                                __fadd_rn(__fadd_rn(a[1], a[5]), __fadd_rn(a[3], a[7])));
+    const float inv = 1.0f / den;
+    const int i = 4 * threadIdx.x;
+    if (i >= kl) return;
+    float r[4];
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        if (s < nact) {
+            const float2 v0 = *(const float2*)(pp + s * sstride + 2 + i);
+            const float2 v1 = *(const float2*)(pp + s * sstride + 4 + i);
+            const float p[4] = {__fmul_rn(v0.x, f[s]), __fmul_rn(v0.y, f[s]), __fmul_rn(v1.x, f[s]), __fmul_rn(v1.y, f[s])};
+#pragma unroll
+            for (int c = 0; c < 4; c++) r[c] = s == 0 ? p[c] : __fadd_rn(r[c], p[c]);
+        }
+    }
+    float* o = out + ooff + t * o_tok + h * o_head + i;
+#pragma unroll
+    for (int c = 0; c < 4; c++) o[c] = r[c] * inv;
+}
+
 // ---- f32 GEMV (the MoE router, kept in f32) ------------------------------------------------------
 // Hand-written because the router matrix (E x H, f32) has few rows: one warp per row leaves most
 // of the card idle and serialises the row's loads. Here 4 warps share a row (a quarter of k each,

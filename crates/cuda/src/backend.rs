@@ -839,6 +839,7 @@ fn kernel_names() -> Vec<String> {
         "mla_rope_absorb_1_h",
         "cache_write_h",
         "mla_combine",
+        "mla_combine_few",
         "gemv_f32_split",
         "add_rms_norm",
         "add_rms_norm_q8",
@@ -990,11 +991,26 @@ pub enum Path {
     /// 7,395 -> 7,440, 128 13,950 -> 14,018, the server 6,644 -> 6,849; each token's logits as
     /// when it is alone, test `router_split_exact`).
     RouterSplit,
+    /// The merge of a batch's context splits, when there are at most 8 a token, on
+    /// `mla_combine_few` (a block per (token, head), a thread per 4 outputs, no barrier) instead
+    /// of `mla_combine` (a block per (token, head) and 64 outputs: 8,192 blocks at 64 sequences
+    /// of 4 splits, ~12 µs a layer in the server's trace, gpu-next112). The same bits (test
+    /// `mla_combine_few_exact`). `TS_CUDA_COMBINE_FEW=0` turns it off.
+    CombineFew,
 }
 
 impl Path {
-    const ALL: [Path; 8] =
-        [Path::Absorb16, Path::Out16, Path::SplitEarly, Path::NormQ8, Path::SumQ8, Path::DenseJobs, Path::DenseEarly, Path::RouterSplit];
+    const ALL: [Path; 9] = [
+        Path::Absorb16,
+        Path::Out16,
+        Path::SplitEarly,
+        Path::NormQ8,
+        Path::SumQ8,
+        Path::DenseJobs,
+        Path::DenseEarly,
+        Path::RouterSplit,
+        Path::CombineFew,
+    ];
 
     /// Its environment variable and its default.
     fn env(self) -> (&'static str, bool) {
@@ -1007,6 +1023,7 @@ impl Path {
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),
             Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", true),
             Path::RouterSplit => ("TS_CUDA_ROUTER_SPLIT", true),
+            Path::CombineFew => ("TS_CUDA_COMBINE_FEW", true),
         }
     }
 
@@ -2205,12 +2222,19 @@ impl CudaBackend {
                 if defer && n == 1 {
                     return Some((part, nsp));
                 }
+                let cargs = [A::P(part), i(nsp), i(nh), i(kl), A::P(pos), A::P(out.0.ptr), l(ooff), l(nh * o.stride), l(o.stride)];
+                if nsp <= 8 && kl % 4 == 0 && kl <= 512 && self.path_on(Path::CombineFew) {
+                    // A block per (token, head), a thread per 4 outputs (the same bits).
+                    self.took(Path::CombineFew);
+                    self.launch("mla_combine_few", ((nc * nh) as u32, 1, 1), (kl / 4) as u32, 0, &cargs);
+                    continue;
+                }
                 self.launch(
                     "mla_combine",
                     ((nc * nh) as u32, kl.div_ceil(64) as u32, 1),
                     32 * nsp.min(8) as u32, // a warp per split, up to 8 (MC_WARPS); float2 rows: kl (512, 128) is even
                     0,
-                    &[A::P(part), i(nsp), i(nh), i(kl), A::P(pos), A::P(out.0.ptr), l(ooff), l(nh * o.stride), l(o.stride)],
+                    &cargs,
                 );
             }
             return None;

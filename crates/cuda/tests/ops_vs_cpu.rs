@@ -865,6 +865,13 @@ fn mla_case(
 #[test]
 fn mla_attention_latent_cache() {
     let Some(g) = gpu() else { return };
+    // The SIMT kernels at f32 tolerance on a backend of their own that never takes the tensor
+    // cores for decode (by default batches take them from position 64 and single tokens from
+    // 2560: TS_CUDA_MLA_LONG_BATCH / TS_CUDA_MLA_LONG); the same cases on the shared backend,
+    // as its defaults choose, at the tensor cores' f16 tolerance (mla_split_tensor_cores
+    // checks that kernel on its own).
+    let simt = &CudaBackend::new(0).expect("second backend");
+    simt.set_mla_tensor_cores(Some(false));
     let c = cpu();
     let mut r = rng(7);
     let mut rep = Report::new("mla_attention");
@@ -872,15 +879,16 @@ fn mla_attention_latent_cache() {
     for &(nh, kl, rd) in &[(16usize, 512usize, 64usize), (4, 128, 32)] {
         let w = kl + rd;
         for &n in &[1usize, 3, 64, 300, 600] {
-            // Decode sizes also with long histories: the split kernel then runs several tiles per split
-            // (below TS_CUDA_MLA_LONG's default 2560, from where 16 heads take the tensor-core split
-            // that mla_split_tensor_cores checks at its f16 tolerance).
+            // Decode sizes also with long histories: the split kernel then runs several tiles per split.
             let long = if n <= 3 { r.random_range(2000..2500u32) } else { r.random_range(0..700u32) };
             let (toks, all, hist) = mla_tokens(n, long, false, &mut r);
             let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
             let qr = Rows { off: 0, n: n * nh, width: w, stride: w + 8 };
+            let name = format!("heads={nh} kv_lora={kl} rope={rd} n={n} hist={hist:?}");
+            let (got, want) = mla_case(simt, c, &mut r, &p, toks.clone(), &all, 2, slot_len, qr, Rows::packed(n * nh, kl));
+            rep.check(&format!("{name} SIMT"), &got, &want, 2e-5, 1e-4);
             let (got, want) = mla_case(g, c, &mut r, &p, toks, &all, 2, slot_len, qr, Rows::packed(n * nh, kl));
-            rep.check(&format!("heads={nh} kv_lora={kl} rope={rd} n={n} hist={hist:?}"), &got, &want, 2e-5, 1e-4);
+            rep.check(&format!("{name} defaults"), &got, &want, 1e-2, 1e-2);
         }
     }
     // Prefill of one sequence (one slot, consecutive positions after a history): the f16
@@ -929,6 +937,64 @@ fn mla_split_tensor_cores() {
         let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
         let (got, want) = mla_case(g, c, &mut r, &p, toks, &all, 2, slot_len, qr, o);
         rep.check(&format!("heads={nh} n={n} hist={hist:?}"), &got, &want, 1e-2, 1e-2);
+    }
+    rep.finish();
+}
+
+/// `mla_combine_few` (Path::CombineFew: a batch's merge of at most 8 context splits a token)
+/// gives the same bits as `mla_combine`, after the SIMT and the tensor-core split kernels, over
+/// short and long histories (splits that saw no keys included), and a mixed batch's rows.
+#[test]
+fn mla_combine_few_exact() {
+    if gpu().is_none() {
+        return;
+    }
+    let g = &CudaBackend::new(0).expect("own backend");
+    let mut r = rng(41);
+    let mut rep = Report::new("mla_combine_few");
+    let slot_len = 4096u32;
+    // (tensor cores, tokens, the first sequence's history): 2..8 splits a token, as the host
+    // picks them (SIMT: one wave over the tokens, a split per 256 keys at most; tensor cores:
+    // 2 x 132 / n on the H200).
+    let cases: &[(bool, usize, u32)] = &[
+        (false, 2, 1500),
+        (false, 16, 900),
+        (false, 64, 300),
+        (false, 8, 200),
+        (true, 40, 2000),
+        (true, 64, 150),
+        (true, 100, 600),
+        (true, 33, 40),
+    ];
+    for &(tc, n, long) in cases {
+        if tc && !g.tensor_cores() {
+            continue;
+        }
+        g.set_mla_tensor_cores(Some(tc));
+        let (toks, all, hist) = mla_tokens(n, long, false, &mut r);
+        let (nh, kl, rd) = (16usize, 512usize, 64usize);
+        let w = kl + rd;
+        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
+        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
+        let rows_data = randn(&mut r, all.len() * w, 1.0);
+        let gc = g.alloc_cache(2 * slot_len as usize, w).unwrap();
+        fill_cache(g, &gc, &rows_data, w, &all, slot_len);
+        let gb = batch(g, &BatchMeta { tokens: toks, outputs: vec![], slot_len });
+        let gq = buf(g, &randn(&mut r, qr.end(), 0.5));
+        let out = g.alloc(o.end()).unwrap();
+        let mut res = Vec::new();
+        for few in [false, true] {
+            g.set_path(Path::CombineFew, few);
+            poison(g, &out, o.end());
+            let before = g.path_launches(Path::CombineFew);
+            g.mla_attention(&gq, qr, &gc, &gb, &p, &out, o);
+            res.push(get(g, &out, o));
+            if few {
+                assert!(g.path_launches(Path::CombineFew) > before, "tc={tc} n={n}: mla_combine_few was not taken");
+            }
+        }
+        rep.check(&format!("tensor cores {tc} n={n} hist={hist:?} (exact)"), &res[1], &res[0], 0.0, 0.0);
     }
     rep.finish();
 }

@@ -186,6 +186,8 @@ pub struct EngineConfig {
     /// Chain greedy steps on the device (module doc, "Chained steps") where the model can
     /// ([`Model::chains_argmax`]).
     pub chain: bool,
+    /// Run [`warm_up`]'s forwards before the engine takes its first request.
+    pub warmup: bool,
 }
 
 impl EngineConfig {
@@ -204,6 +206,50 @@ impl EngineConfig {
     pub fn max_batch(&self, max_seqs: usize) -> usize {
         max_seqs + self.prefill_chunk.max(1) + self.max_padding()
     }
+}
+
+/// Forwards of the server's own shapes before its first request, so that what a backend does
+/// once (on CUDA: the prompt path's cuBLAS handle and its workspace, scratch grown to the widest
+/// step, the first recordings of a step's graph) is not paid by the first clients. In a traced
+/// server at 64 clients (H200, gpu-next112) the first prompt step took 113 ms and the engine
+/// then stood ~0.7 s after its first decode step, 0.8 s of a 30 s load test.
+///
+/// One mixed step, the widest the engine makes: a prompt chunk in the first slot and one token
+/// in each other slot, every sequence's last row an output (full logits); then three decode
+/// steps of one token a slot, outputs as arg-max ids. The cache rows written are a new
+/// sequence's to overwrite (each starts its slot at position 0). With padding
+/// ([`EngineConfig::row_multiple`] > 1, a model that is not batch-invariant) the counts are
+/// multiples of it, as the engine's are: decode rows for the largest multiple of slots, the
+/// prompt shortened to fit.
+pub fn warm_up(model: &mut dyn Model, cfg: &EngineConfig, n_seqs: usize) -> ts_models::Result<()> {
+    let o = model.options();
+    let nv = model.info().n_vocab;
+    let rm = if model.info().batch_invariant { 1 } else { cfg.row_multiple.max(1) };
+    let d = n_seqs / rm * rm;
+    if d == 0 || o.ctx < 8 {
+        return Ok(());
+    }
+    // Prompt tokens p with p + d - 1 a multiple of rm, below the context less the decode steps.
+    let most = cfg.prefill_chunk.min(o.max_batch + 1 - d).min(o.ctx - 4);
+    let Some(p) = (1..=most).rev().find(|p| (p + d - 1) % rm == 0) else { return Ok(()) };
+    let id = |i: usize| ((1 + 7 * i) % nv) as u32;
+    let mut batch = BatchMeta { tokens: Vec::with_capacity(p + d), outputs: Vec::with_capacity(d), slot_len: o.ctx as u32 };
+    batch.tokens.extend((0..p).map(|i| TokenMeta { token: id(i), pos: i as u32, slot: 0 }));
+    batch.tokens.extend((1..d).map(|s| TokenMeta { token: id(s), pos: 0, slot: s as u32 }));
+    batch.outputs.push(p as u32 - 1);
+    batch.outputs.extend((p..p + d - 1).map(|r| r as u32));
+    let mut logits = vec![0.0f32; d * nv];
+    model.forward_outputs(&batch, Outputs::all(&mut logits))?;
+    let mut ids = vec![0u32; d];
+    for step in 0..3u32 {
+        batch.tokens.clear();
+        batch.outputs.clear();
+        batch.tokens.extend((0..d).map(|s| TokenMeta { token: id(s), pos: (if s == 0 { p as u32 } else { 1 }) + step, slot: s as u32 }));
+        batch.outputs.extend(0..d as u32);
+        let out = Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut ids), queue_argmax: false };
+        model.forward_outputs(&batch, out)?;
+    }
+    Ok(())
 }
 
 enum Msg {
@@ -251,12 +297,15 @@ impl Engine {
                 cfg.max_padding()
             );
         }
+        let mut model = model;
+        if cfg.warmup {
+            warm_up(model.as_mut(), &cfg, n_seqs).map_err(|e| anyhow::anyhow!("warm-up forward: {e}"))?;
+        }
         let (tx, rx) = mpsc::channel();
         let occupancy = Arc::new(AtomicU64::new(0));
         metrics.slots_total.store(n_seqs as u64, Relaxed);
         let (m2, occ2) = (metrics.clone(), occupancy.clone());
         let thread = std::thread::Builder::new().name("ts-engine".into()).spawn(move || {
-            let mut model = model;
             let mut st = Stepper::new(model.as_mut(), &tok, cfg, m2, occ2);
             st.run(rx);
         })?;
@@ -1105,11 +1154,11 @@ mod tests {
     /// An engine of `n_seqs` sequences, unpadded, chaining steps with `chain` (the mock then
     /// chains too).
     fn engine_chain(n_seqs: usize, chunk: usize, max_queue: usize, chain: bool) -> (Arc<Engine>, Seen, Arc<Metrics>) {
-        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple: 1, chain })
+        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple: 1, chain, warmup: false })
     }
 
     fn engine_padded(n_seqs: usize, chunk: usize, max_queue: usize, row_multiple: usize) -> (Arc<Engine>, Seen, Arc<Metrics>) {
-        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple, chain: false })
+        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple, chain: false, warmup: false })
     }
 
     fn engine_cfg(n_seqs: usize, cfg: EngineConfig) -> (Arc<Engine>, Seen, Arc<Metrics>) {
@@ -1245,9 +1294,32 @@ mod tests {
     /// `prefill_hold`: while A decodes, B's 2-token prompt waits for C's 7 (9 >= 8 tokens) and
     /// both go through in one forward; D's prompt alone is held at most `prefill_wait` steps,
     /// then prefilled (its text is right, nothing starves); A keeps decoding meanwhile.
+    /// The warm-up's forwards run before the first request (a mixed step as wide as the
+    /// engine's widest, then three decode steps of every slot; with padding, in multiples of
+    /// it), and the requests after them get their texts (the mock checks that every slot's
+    /// positions continue or restart at 0).
+    #[test]
+    fn warm_up_runs_first_and_leaves_the_slots_usable() {
+        for (n_seqs, row_multiple, want) in [(3, 1, Some((16 + 2, 3))), (5, 4, Some((16, 4))), (3, 4, None)] {
+            let cfg = EngineConfig { max_queue: 8, prefill_chunk: 16, prefill_hold: 0, prefill_wait: 0, row_multiple, chain: false, warmup: true };
+            let (e, seen, _m) = engine_cfg(n_seqs, cfg);
+            let warm: Vec<(usize, usize)> = seen.lock().unwrap().iter().map(|(t, o)| (t.len(), *o)).collect();
+            match want {
+                Some((tokens, rows)) => assert_eq!(warm, vec![(tokens, rows), (rows, rows), (rows, rows), (rows, rows)], "{n_seqs} slots, rows of {row_multiple}"),
+                None => assert!(warm.is_empty(), "no warm-up below a row multiple of slots: {warm:?}"),
+            }
+            let (a, mut ra) = job(vec![1, 2, 3], 5);
+            let (b, mut rb) = job(vec![40, 41], 4);
+            e.submit(a).expect("queued");
+            e.submit(b).expect("queued");
+            assert_eq!(collect(&mut ra).0, expect(4, 5));
+            assert_eq!(collect(&mut rb).0, expect(42, 4));
+        }
+    }
+
     #[test]
     fn prefill_hold_batches_prompts() {
-        let cfg = EngineConfig { max_queue: 8, prefill_chunk: 32, prefill_hold: 8, prefill_wait: 1000, row_multiple: 1, chain: false };
+        let cfg = EngineConfig { max_queue: 8, prefill_chunk: 32, prefill_hold: 8, prefill_wait: 1000, row_multiple: 1, chain: false, warmup: false };
         let (e, seen, _m) = engine_cfg(4, cfg);
         let (a, mut ra) = job(vec![1, 2, 3], 300);
         e.submit(a).expect("queued");
@@ -1406,7 +1478,7 @@ mod tests {
     #[test]
     fn chained_steps_give_the_same_text() {
         let run = |chain: bool, row_multiple: usize| {
-            let cfg = EngineConfig { max_queue: 16, prefill_chunk: 16, prefill_hold: 0, prefill_wait: 0, row_multiple, chain };
+            let cfg = EngineConfig { max_queue: 16, prefill_chunk: 16, prefill_hold: 0, prefill_wait: 0, row_multiple, chain, warmup: false };
             let (e, _seen, m) = engine_cfg(4, cfg);
             let mut rxs = Vec::new();
             let mut submit = |prompt: Vec<u32>, max: usize, edit: &dyn Fn(&mut Job)| {

@@ -103,6 +103,9 @@ pub struct ServerConfig {
     /// [`EngineConfig::chain`]: greedy steps chained on the device where the model can
     /// (`serve --chain`; off until measured on a GPU).
     pub chain: bool,
+    /// [`EngineConfig::warmup`]: forwards of the server's own shapes before it answers
+    /// (`serve --warmup`; on by default for CUDA, where the first steps pay one-time costs).
+    pub warmup: bool,
 }
 
 /// [`ServerConfig::request_timeout`]'s default (`--request-timeout 600`).
@@ -112,7 +115,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             max_queue: 64,
-            prefill_chunk: 128,
+            prefill_chunk: 512,
             prefill_hold: 0,
             prefill_wait: 8,
             max_body_bytes: 4 << 20,
@@ -121,6 +124,7 @@ impl Default for ServerConfig {
             row_multiple: 4,
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
             chain: false,
+            warmup: false,
         }
     }
 }
@@ -135,6 +139,7 @@ impl ServerConfig {
             prefill_wait: self.prefill_wait,
             row_multiple: self.row_multiple,
             chain: self.chain,
+            warmup: self.warmup,
         }
     }
 
