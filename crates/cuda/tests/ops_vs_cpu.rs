@@ -960,7 +960,7 @@ fn mla_combine_few_exact() {
         (false, 2, 1500),
         (false, 16, 900),
         (false, 64, 300),
-        (false, 8, 200),
+        (false, 24, 700),
         (true, 40, 2000),
         (true, 64, 150),
         (true, 100, 600),
