@@ -231,7 +231,7 @@ pub fn warm_up(model: &mut dyn Model, cfg: &EngineConfig, n_seqs: usize) -> ts_m
     }
     // Prompt tokens p with p + d - 1 a multiple of rm, below the context less the decode steps.
     let most = cfg.prefill_chunk.min(o.max_batch + 1 - d).min(o.ctx - 4);
-    let Some(p) = (1..=most).rev().find(|p| (p + d - 1) % rm == 0) else { return Ok(()) };
+    let Some(p) = (1..=most).rev().find(|p| (p + d - 1).is_multiple_of(rm)) else { return Ok(()) };
     let id = |i: usize| ((1 + 7 * i) % nv) as u32;
     let mut batch = BatchMeta { tokens: Vec::with_capacity(p + d), outputs: Vec::with_capacity(d), slot_len: o.ctx as u32 };
     batch.tokens.extend((0..p).map(|i| TokenMeta { token: id(i), pos: i as u32, slot: 0 }));
@@ -1154,11 +1154,17 @@ mod tests {
     /// An engine of `n_seqs` sequences, unpadded, chaining steps with `chain` (the mock then
     /// chains too).
     fn engine_chain(n_seqs: usize, chunk: usize, max_queue: usize, chain: bool) -> (Arc<Engine>, Seen, Arc<Metrics>) {
-        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple: 1, chain, warmup: false })
+        engine_cfg(
+            n_seqs,
+            EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple: 1, chain, warmup: false },
+        )
     }
 
     fn engine_padded(n_seqs: usize, chunk: usize, max_queue: usize, row_multiple: usize) -> (Arc<Engine>, Seen, Arc<Metrics>) {
-        engine_cfg(n_seqs, EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple, chain: false, warmup: false })
+        engine_cfg(
+            n_seqs,
+            EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple, chain: false, warmup: false },
+        )
     }
 
     fn engine_cfg(n_seqs: usize, cfg: EngineConfig) -> (Arc<Engine>, Seen, Arc<Metrics>) {
@@ -1301,11 +1307,23 @@ mod tests {
     #[test]
     fn warm_up_runs_first_and_leaves_the_slots_usable() {
         for (n_seqs, row_multiple, want) in [(3, 1, Some((16 + 2, 3))), (5, 4, Some((16, 4))), (3, 4, None)] {
-            let cfg = EngineConfig { max_queue: 8, prefill_chunk: 16, prefill_hold: 0, prefill_wait: 0, row_multiple, chain: false, warmup: true };
+            let cfg = EngineConfig {
+                max_queue: 8,
+                prefill_chunk: 16,
+                prefill_hold: 0,
+                prefill_wait: 0,
+                row_multiple,
+                chain: false,
+                warmup: true,
+            };
             let (e, seen, _m) = engine_cfg(n_seqs, cfg);
             let warm: Vec<(usize, usize)> = seen.lock().unwrap().iter().map(|(t, o)| (t.len(), *o)).collect();
             match want {
-                Some((tokens, rows)) => assert_eq!(warm, vec![(tokens, rows), (rows, rows), (rows, rows), (rows, rows)], "{n_seqs} slots, rows of {row_multiple}"),
+                Some((tokens, rows)) => assert_eq!(
+                    warm,
+                    vec![(tokens, rows), (rows, rows), (rows, rows), (rows, rows)],
+                    "{n_seqs} slots, rows of {row_multiple}"
+                ),
                 None => assert!(warm.is_empty(), "no warm-up below a row multiple of slots: {warm:?}"),
             }
             let (a, mut ra) = job(vec![1, 2, 3], 5);
@@ -1319,7 +1337,15 @@ mod tests {
 
     #[test]
     fn prefill_hold_batches_prompts() {
-        let cfg = EngineConfig { max_queue: 8, prefill_chunk: 32, prefill_hold: 8, prefill_wait: 1000, row_multiple: 1, chain: false, warmup: false };
+        let cfg = EngineConfig {
+            max_queue: 8,
+            prefill_chunk: 32,
+            prefill_hold: 8,
+            prefill_wait: 1000,
+            row_multiple: 1,
+            chain: false,
+            warmup: false,
+        };
         let (e, seen, _m) = engine_cfg(4, cfg);
         let (a, mut ra) = job(vec![1, 2, 3], 300);
         e.submit(a).expect("queued");
@@ -1478,7 +1504,8 @@ mod tests {
     #[test]
     fn chained_steps_give_the_same_text() {
         let run = |chain: bool, row_multiple: usize| {
-            let cfg = EngineConfig { max_queue: 16, prefill_chunk: 16, prefill_hold: 0, prefill_wait: 0, row_multiple, chain, warmup: false };
+            let cfg =
+                EngineConfig { max_queue: 16, prefill_chunk: 16, prefill_hold: 0, prefill_wait: 0, row_multiple, chain, warmup: false };
             let (e, _seen, m) = engine_cfg(4, cfg);
             let mut rxs = Vec::new();
             let mut submit = |prompt: Vec<u32>, max: usize, edit: &dyn Fn(&mut Job)| {
