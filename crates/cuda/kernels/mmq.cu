@@ -747,20 +747,14 @@ extern "C" __global__ void __launch_bounds__(160, 2)
 #ifndef MMQ_ROWS_PAD
 #define MMQ_ROWS_PAD 1
 #endif
-// MMQ_ROWS_STAGE=1 (a measurement define): the grouped rows kernels copy the tile's activation
-// rows in two halves of the groups, each landing on an mbarrier, so a warp multiplies its first
-// groups while the second half is still on its way (no cp.async.wait and block barrier before
-// the loop). MMQ_ROWS_NA=1: the tiled weights loaded with L1::no_allocate (streamed once).
-#ifndef MMQ_ROWS_STAGE
-#define MMQ_ROWS_STAGE 0
-#endif
+// MMQ_ROWS_NA: the grouped rows kernels load their tiled weights with L1::no_allocate (ldw16;
+// each byte is read once). On by default since gpu-next114 (H200, 64 sequences at -d 96: 8,335
+// against 8,254 / 8,249 tok/s, the same hash); MMQ_ROWS_NA=0 (TS_CUDA_DEFINES) is the old way.
+// (The tile's activation rows copied in two halves on mbarriers, so a warp starts on its first
+// groups while the second half lands, MMQ_ROWS_STAGE, measured 7,915 there (-4%) and 8,138 with
+// NA: removed; git history has it at 4a83369.)
 #ifndef MMQ_ROWS_NA
-#define MMQ_ROWS_NA 0
-#endif
-#if MMQ_ROWS_STAGE && __CUDA_ARCH__ >= 900
-#define MMQ_STG_ON 1  // (mbarrier waits: sm_90)
-#else
-#define MMQ_STG_ON 0
+#define MMQ_ROWS_NA 1
 #endif
 #ifndef MMQ_ROWS_MINB
 #define MMQ_ROWS_MINB 5
@@ -870,7 +864,6 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
     __shared__ int tile_e, tile_start;
-    __shared__ __align__(8) unsigned long long stage_bar[2];  // MMQ_ROWS_STAGE only
     const int tid = threadIdx.x;
     // Split K (dense only): this block sums groups [g0, g1) into its own partial output.
     const int split = DENSE ? blockIdx.z % nsplit : 0, zg = gridDim.z / nsplit;
@@ -1033,12 +1026,6 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         matrix();
         first_loads();
     }
-#if MMQ_STG_ON
-    if (!DENSE && tid == 0) {
-        mbar_init(smem_addr(stage_bar), MMQ_THREADS);
-        mbar_init(smem_addr(stage_bar) + 8, MMQ_THREADS);
-    }
-#endif
     __syncthreads();
     // The activation rows of the n8 tiles in use, groups g0.. only. A row's stride in words is
     // 8 mod 32, so the 4 rows of a half-warp's 8-byte fragment loads start 8 banks apart.
@@ -1050,31 +1037,9 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     const int xb = ng * MMQ_GB, rs = xb + 16, pieces = xb >> 4;
 #endif
     const int nb = nt > 8 ? 16 : 8;
-    // Staged (grouped only): groups [0, gh) land on stage_bar[0], [gh, ng) on stage_bar[1].
-    constexpr bool STG = MMQ_STG_ON && !DENSE;
-    const int gh = STG ? (ng + 1) >> 1 : ng;
-#if MMQ_STG_ON
-    const u32 bar0 = smem_addr(stage_bar);
-#endif
-    if constexpr (STG) {
-#if MMQ_STG_ON
-        const int pa_ = gh * (MMQ_GB / 16), pb_ = pieces - pa_;
-        for (int c = tid; c < nb * pa_; c += MMQ_THREADS) {
-            const int r = c / pa_, q = c - r * pa_;
-            cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + q * 16);
-        }
-        cp_async_arrive(bar0);
-        for (int c = tid; c < nb * pb_; c += MMQ_THREADS) {
-            const int r = c / pb_, q = pa_ + (c - r * pb_);
-            cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + q * 16);
-        }
-        cp_async_arrive(bar0 + 8);
-#endif
-    } else {
-        for (int c = tid; c < ((MMQ_ROWS_KO & 1) && !DENSE ? 0 : nb * pieces); c += MMQ_THREADS) {
-            const int r = c / pieces, q = c - r * pieces;
-            cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + (i64)g0 * MMQ_GB + q * 16);
-        }
+    for (int c = tid; c < ((MMQ_ROWS_KO & 1) && !DENSE ? 0 : nb * pieces); c += MMQ_THREADS) {
+        const int r = c / pieces, q = c - r * pieces;
+        cp_async16(mmq_sm + r * rs + q * 16, X + (i64)src_row[r] * xrow + (i64)g0 * MMQ_GB + q * 16);
     }
     cp_commit();
     float acc[2][4];
@@ -1083,13 +1048,6 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 #pragma unroll
         for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
     auto mul = [&](const Grp& v, int gi) {
-#if MMQ_STG_ON
-        if constexpr (STG) {
-            // (A completed phase's parity answers at once: the waits after the first cost a test.)
-            if (gi == 0) mbar_wait(bar0, 0);
-            if (gi == gh) mbar_wait(bar0 + 8, 0);
-        }
-#endif
         if ((MMQ_ROWS_KO & 4) && !DENSE) {
             u32 x = v.ha.x ^ v.ha.y ^ v.hb.x ^ v.hb.y;
 #pragma unroll
@@ -1100,15 +1058,10 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         }
     };
     auto store = [&](int rr0) { rows_store(acc, out, ooff, ostride, dst_row, rr0, m, nt, g, t); };
-    if constexpr (!STG) {
-        cp_wait<0>();
-        __syncthreads();
-    }
+    cp_wait<0>();
+    __syncthreads();
     if constexpr (R == 1) {
-        if (r0 >= m) {
-            if constexpr (STG) cp_wait<0>();  // (no copy outlives its block)
-            return;  // no barrier past here
-        }
+        if (r0 >= m) return;  // no barrier past here
         for (int gi = 0; gi < ng; gi += NBUF) {
 #pragma unroll
             for (int i = 0; i < NBUF; i++) {
@@ -1120,10 +1073,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         }
         store(r0);
     } else {
-        if (nv == 0) {
-            if constexpr (STG) cp_wait<0>();
-            return;  // no barrier past here
-        }
+        if (nv == 0) return;  // no barrier past here
         int ms = 0, mg = 0;  // the group to multiply: row set ms, group mg
         for (int vi = 0; vi < nv; vi += NBUF) {
 #pragma unroll

@@ -117,8 +117,7 @@ fn measurement_defines_compile_for_sm_90() {
             "-DMMQ_OFF_EARLY=0",
             "-DMMQ_ROWS_KO=7",
             "-DMOE_PIN_ROUTE=1",
-            "-DMMQ_ROWS_STAGE=1",
-            "-DMMQ_ROWS_NA=1",
+            "-DMMQ_ROWS_NA=0",
         ],
     ) {
         panic!("{log}");
