@@ -749,7 +749,8 @@ extern "C" __global__ void __launch_bounds__(160, 2)
 #endif
 // MMQ_ROWS_NA: the grouped rows kernels load their tiled weights with L1::no_allocate (ldw16;
 // each byte is read once). On by default since gpu-next114 (H200, 64 sequences at -d 96: 8,335
-// against 8,254 / 8,249 tok/s, the same hash); MMQ_ROWS_NA=0 (TS_CUDA_DEFINES) is the old way.
+// against 8,254 / 8,249 tok/s, the same hash); MMQ_ROWS_NA=0 (TS_CUDA_DEFINES) is the old way,
+// as is TS_WNA=0, which makes ldw16 itself a plain load.
 // (The tile's activation rows copied in two halves on mbarriers, so a warp starts on its first
 // groups while the second half lands, MMQ_ROWS_STAGE, measured 7,915 there (-4%) and 8,138 with
 // NA: removed; git history has it at 4a83369.)
