@@ -367,6 +367,20 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 #ifndef MS_NB
 #define MS_NB 3  // an f16 cache's key tiles in the cp.async ring (backend.rs MS_NB, TS_CUDA_MS_NB)
 #endif
+// The batch kernel's ring (`mla_split_tc_hb`, Path::SplitBatch; backend.rs MS_NB_B,
+// TS_CUDA_MS_NB_B): at 3 tiles a block takes 133 KB and one block fits an SM, so the 256 blocks
+// of 64 sequences in 4 splits ran in two waves (23 us a layer in the server's trace,
+// gpu-next114); at 2 (96 KB) two fit and they run in one. A batch's split holds a few tiles.
+#ifndef MS_NB_B
+#define MS_NB_B 2
+#endif
+// KFIRST (the batch kernel; a measurement define, MS_KFIRST=0 to drop it): the first NB key
+// tiles go out right after the wait, before the query's loads, so their trips overlap (the
+// single-token kernels issue theirs after the query is in shared memory); each later tile is
+// issued into the buffer its tile-NB predecessor just left. The same copies, the same bits.
+#ifndef MS_KFIRST
+#define MS_KFIRST 1
+#endif
 // Floats a row of the split kernels' score buffer (16 rows of MS_T scores a dim half). At 32,
 // the 8 lanes of an m16n8 fragment that share a column (rows g = 0..7) hit one bank: 8-way
 // conflicts on every score store (store_scores) and read (gather_scores). 36 or 40 leave 2-way
@@ -404,7 +418,7 @@ static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: MS_T..=MS_T + 8")
 // groups: the same bits. One token a launch (the host's rule): in a batch, another token of the
 // same sequence has its row written by the same previous kernel, and only the block's own
 // token's row is kept out of the early tiles.
-template <typename C, bool EARLY>
+template <typename C, bool EARLY, int NBT, bool KFIRST>
 __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
                                                   const int* pos, const int* slot, int slot_len, int nh, float scale,
                                                   float* part) {
@@ -412,7 +426,8 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     // An f16 cache's key tiles are copied (cp.async, two buffers), an f32 cache's are loaded and
     // rounded by the threads (one buffer).
     constexpr bool F16 = sizeof(C) == 2;
-    constexpr int NB = F16 ? MS_NB : 1;
+    constexpr int NB = F16 ? NBT : 1;
+    static_assert(!KFIRST || (F16 && !EARLY), "KFIRST: the f16 cache's batch kernel");
     extern __shared__ __align__(16) u8 ms_sm[];
     u16* Qs = (u16*)ms_sm;                         // [16][MP_LD]
     u16* Kb = Qs + 16 * MP_LD;                     // NB x [MS_T][MP_LD]
@@ -476,6 +491,10 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         }
         return;
     }
+    if constexpr (KFIRST) {
+#pragma unroll
+        for (int it = 0; it < NB; it++) issue(it);
+    }
     // All 18 of a thread's query loads in flight before any is converted: one trip to L2 after
     // the wait instead of the five the compiler's unroll by 4 left (gpu-next87 / 88: tg64 at 16k
     // 545.8 / 546.6 against 539.4 / 539.2 / 538.5, the same hash).
@@ -534,7 +553,17 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         // O[:, 128*warp + (0..128)] += P V (V: the tile's keys, first 512 values).
         pv_accumulate<8, MS_T / 16>(o, pa, Ks + warp * 128, li, lr);
     };
-    if constexpr (F16) {
+    if constexpr (KFIRST) {
+        const int ntile = (j1 - j0 + MS_T - 1) / MS_T;
+        for (int it = 0; it < ntile; it++) {
+            // NB + it groups committed: tile it has landed when at most NB - 1 are pending.
+            cp_wait<NB - 1>();
+            __syncthreads();
+            tile(Kb + (it % NB) * MS_T * MP_LD, j0 + it * MS_T);
+            __syncthreads();  // this buffer and Ss free
+            issue(it + NB);
+        }
+    } else if constexpr (F16) {
         if (!issued) {
 #pragma unroll
             for (int it = 0; it < NB - 1; it++) issue(it);
@@ -599,14 +628,16 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     }
 #endif
 }
-#define MLA_SPLIT_TC_INST(NAME, C, EARLY)                                                                   \
+#define MLA_SPLIT_TC_INST(NAME, C, EARLY, NB, KFIRST)                                                       \
     extern "C" __global__ void __launch_bounds__(MS_THREADS)                                                   \
         NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache, const int* pos, const int* slot, \
              int slot_len, int nh, float scale, float* part) {                                                 \
         pdl_trigger();                                                                                         \
         if (!EARLY) pdl_wait();                                                                                \
-        mla_split_tc_impl<C, EARLY>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part);      \
+        mla_split_tc_impl<C, EARLY, NB, KFIRST>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, \
+                                                part);                                                         \
     }
-MLA_SPLIT_TC_INST(mla_split_tc, float, false)
-MLA_SPLIT_TC_INST(mla_split_tc_h, u16, false)
-MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true)
+MLA_SPLIT_TC_INST(mla_split_tc, float, false, MS_NB, false)
+MLA_SPLIT_TC_INST(mla_split_tc_h, u16, false, MS_NB, false)
+MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true, MS_NB, false)
+MLA_SPLIT_TC_INST(mla_split_tc_hb, u16, false, MS_NB_B, (MS_KFIRST != 0))

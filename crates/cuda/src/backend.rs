@@ -339,6 +339,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc",
     "mla_split_tc_h",
     "mla_split_tc_he",
+    "mla_split_tc_hb",
     "mmq_q8_64",
     "mmq_q8_64e",
     "mmq_q8_64_jobs",
@@ -423,6 +424,10 @@ const MP_SMEM_A: usize = MP_SMEM + 32 * 584 * 2;
 /// `mla_split_tc_h`'s default ring depth (`TS_CUDA_MS_NB` to measure 2..=4). H200, tg64 @16k:
 /// 2 tiles 402, 3 431, 4 334 tok/s (same tokens).
 const MS_NB: usize = 3;
+/// The batch kernel's ring (`mla_split_tc_hb`, [`Path::SplitBatch`]; `TS_CUDA_MS_NB_B` to
+/// measure 1..=4): two tiles, 96 KB, two blocks an SM, so that a 64-sequence step's 256 blocks
+/// (4 splits each) run in one wave (at three tiles, 133 KB, they took two).
+const MS_NB_B: usize = 2;
 /// Whether the one-warp-per-token routing (`moe_route_warp`, and the fused decode MoE built on it)
 /// covers this routing: at most 256 experts, top 32, and no expert-group limit that binds.
 fn warp_route(p: &MoeParams) -> bool {
@@ -997,10 +1002,16 @@ pub enum Path {
     /// of 4 splits, ~12 µs a layer in the server's trace, gpu-next112). The same bits (test
     /// `mla_combine_few_exact`). `TS_CUDA_COMBINE_FEW=0` turns it off.
     CombineFew,
+    /// Batches of several tokens on the tensor-core split over an f16 cache take
+    /// `mla_split_tc_hb`: a ring of [`MS_NB_B`] key tiles (two blocks an SM where the
+    /// single-token kernel's three fit one: 64 sequences of 4 splits in one wave, not two), its
+    /// first tiles issued before the query's loads. The same copies and sums: the same bits as
+    /// `mla_split_tc_h` (test `mla_split_batch_exact`). On; `TS_CUDA_MS_BATCH=0` turns it off.
+    SplitBatch,
 }
 
 impl Path {
-    const ALL: [Path; 9] = [
+    const ALL: [Path; 10] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1010,6 +1021,7 @@ impl Path {
         Path::DenseEarly,
         Path::RouterSplit,
         Path::CombineFew,
+        Path::SplitBatch,
     ];
 
     /// Its environment variable and its default.
@@ -1024,6 +1036,7 @@ impl Path {
             Path::DenseEarly => ("TS_CUDA_DENSE_EARLY", true),
             Path::RouterSplit => ("TS_CUDA_ROUTER_SPLIT", true),
             Path::CombineFew => ("TS_CUDA_COMBINE_FEW", true),
+            Path::SplitBatch => ("TS_CUDA_MS_BATCH", true),
         }
     }
 
@@ -1135,6 +1148,9 @@ pub struct CudaBackend {
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
     ms_nb: usize,
+    /// Key tiles in `mla_split_tc_hb`'s ring, 1..=4 (`-DMS_NB_B=n` when not [`MS_NB_B`]).
+    /// `TS_CUDA_MS_NB_B`; a measurement knob.
+    ms_nb_b: usize,
     /// Batched MoE with the shared FFN folded into the grouped expert products (`moe_shared`
     /// above the decode size); `TS_CUDA_MOE_SH=0` leaves it to the caller's chain, to compare.
     moe_sh: bool,
@@ -1497,6 +1513,10 @@ impl CudaBackend {
         if ms_nb != MS_NB {
             defs.push(format!("-DMS_NB={ms_nb}"));
         }
+        let ms_nb_b = std::env::var("TS_CUDA_MS_NB_B").ok().and_then(|v| v.parse().ok()).unwrap_or(MS_NB_B).clamp(1, 4);
+        if ms_nb_b != MS_NB_B {
+            defs.push(format!("-DMS_NB_B={ms_nb_b}"));
+        }
         // Measurement defines for the kernels (`TS_CUDA_DEFINES="NAME=VALUE ..."`, spaces or
         // commas between, e.g. the MMQ_ROWS_* choices in kernels/mmq.cu): each becomes a `-D`
         // option (and another cache key).
@@ -1591,6 +1611,7 @@ impl CudaBackend {
             mo_att: AtomicU32::new(std::env::var("TS_CUDA_MO_ATT").ok().and_then(|v| v.parse().ok()).unwrap_or(192)),
             mla_f16: !exact && std::env::var("TS_CUDA_MLA_F16").map_or(true, |v| v != "0"),
             ms_nb,
+            ms_nb_b,
             moe_sh: std::env::var("TS_CUDA_MOE_SH").map_or(true, |v| v != "0"),
             moe_gu: std::env::var("TS_CUDA_MOE_GU").map_or(true, |v| v != "0"),
             moe_rows: AtomicBool::new(std::env::var("TS_CUDA_MOE_ROWS").map_or(true, |v| v != "0")),
@@ -2115,8 +2136,11 @@ impl CudaBackend {
         if early {
             self.took(Path::SplitEarly);
         }
+        let in_batch = use_tc && cache.half && n > 1 && self.path_on(Path::SplitBatch);
+        let ms_smem = if in_batch { ms_smem_h(self.ms_nb_b) } else { ms_smem };
         let split = match (use_tc, cache.half, early) {
             (true, true, true) => Some(("mla_split_tc_he", 128u32)),
+            (true, true, false) if in_batch => Some(("mla_split_tc_hb", 128u32)),
             (true, true, false) => Some(("mla_split_tc_h", 128u32)),
             (true, false, _) => Some(("mla_split_tc", 128u32)),
             (false, _, _) => simt,
@@ -2215,6 +2239,9 @@ impl CudaBackend {
                     l(o.stride),
                 ];
                 let all: [A; 23] = cat(args, hint);
+                if in_batch {
+                    self.took(Path::SplitBatch);
+                }
                 self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &all[..if use_tc { 11 } else { 23 }]);
                 if direct {
                     continue;

@@ -118,6 +118,8 @@ fn measurement_defines_compile_for_sm_90() {
             "-DMMQ_ROWS_KO=7",
             "-DMOE_PIN_ROUTE=1",
             "-DMMQ_ROWS_NA=0",
+            "-DMS_NB_B=1",
+            "-DMS_KFIRST=0",
         ],
     ) {
         panic!("{log}");

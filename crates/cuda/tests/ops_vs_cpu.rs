@@ -999,6 +999,50 @@ fn mla_combine_few_exact() {
     rep.finish();
 }
 
+/// `mla_split_tc_hb` (Path::SplitBatch: a batch's split over an f16 cache, two ring buffers,
+/// its first key tiles issued before the query's loads) gives the same bits as
+/// `mla_split_tc_h`, over short and long histories (splits with no keys, and splits of several
+/// tiles: more than the ring holds), with and without the merge's few-splits kernel.
+#[test]
+fn mla_split_batch_exact() {
+    let Some(shared) = gpu() else { return };
+    if !shared.tensor_cores() {
+        eprintln!("mla_split_batch_exact: no tensor cores, skipped");
+        return;
+    }
+    let g = &CudaBackend::new(0).expect("own backend");
+    g.set_mla_tensor_cores(Some(true));
+    let mut r = rng(43);
+    let mut rep = Report::new("mla_split_batch");
+    let slot_len = 4096u32;
+    for &(n, long) in &[(2usize, 1500u32), (16, 900), (64, 150), (64, 20), (33, 40), (100, 600), (7, 3000)] {
+        let (toks, all, hist) = mla_tokens(n, long, false, &mut r);
+        let (nh, kl, rd) = (16usize, 512usize, 64usize);
+        let w = kl + rd;
+        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
+        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
+        let rows_data = randn(&mut r, all.len() * w, 1.0);
+        let gc = g.alloc_latent_cache(2 * slot_len as usize, w, kl, nh).unwrap();
+        assert!(gc.is_f16(), "alloc_latent_cache gave an f32 cache on a tensor-core GPU");
+        fill_cache(g, &gc, &rows_data, w, &all, slot_len);
+        let gb = batch(g, &BatchMeta { tokens: toks, outputs: vec![], slot_len });
+        let gq = buf(g, &randn(&mut r, qr.end(), 0.5));
+        let out = g.alloc(o.end()).unwrap();
+        let mut res = Vec::new();
+        for on in [false, true] {
+            g.set_path(Path::SplitBatch, on);
+            poison(g, &out, o.end());
+            let before = g.path_launches(Path::SplitBatch);
+            g.mla_attention(&gq, qr, &gc, &gb, &p, &out, o);
+            res.push(get(g, &out, o));
+            assert_eq!(g.path_launches(Path::SplitBatch) > before, on, "n={n}: mla_split_tc_hb taken: {}", !on);
+        }
+        rep.check(&format!("n={n} hist={hist:?} (exact)"), &res[1], &res[0], 0.0, 0.0);
+    }
+    rep.finish();
+}
+
 /// `v` as the f16 latent cache stores it (clamped to the f16 range, rounded to nearest even).
 fn f16_round(v: f32) -> f32 {
     half::f16::from_f32(v.clamp(-65504.0, 65504.0)).to_f32()
