@@ -838,6 +838,7 @@ fn kernel_names() -> Vec<String> {
         "mla_split_tc",
         "mla_split_tc_h",
         "mla_split_tc_he",
+        "mla_split_tc_hb",
         "mla_prefill_h",
         "mla_prefill_ha",
         "norm_rope_cache_h",
@@ -5642,6 +5643,17 @@ mod tests {
         assert_eq!(super::KName::of(format_args!("moe_gemv_{h16}{tn}")).as_str(), "moe_gemv_h16_bf16");
         let long = "x".repeat(100);
         assert!(super::KName::of(format_args!("{long}")).as_str().len() <= 48);
+    }
+
+    /// Every kernel given more shared memory at start, or asked its occupancy, is one the
+    /// backend loads (`funcs[name]` would otherwise panic in `CudaBackend::new`, found only on a
+    /// GPU).
+    #[test]
+    fn big_smem_kernels_are_loaded() {
+        let names = super::kernel_names();
+        for k in super::BIG_SMEM_KERNELS.iter().chain(&["moe_sh_q8_one", "mmh_gu", "mmh_dn", "mmh8_gu", "mmh8_dn"]) {
+            assert!(names.iter().any(|n| n == k), "{k} is not in kernel_names()");
+        }
     }
 
     /// Every kernel the backend loads at start is in the module NVRTC builds (a missing one is
