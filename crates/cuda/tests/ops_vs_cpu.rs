@@ -941,6 +941,38 @@ fn mla_split_tensor_cores() {
     rep.finish();
 }
 
+/// One batch MLA attention (16 heads, V2's 512 + 64, `n` tokens over two sequences, the first
+/// with `long` keys of history; an f16 cache when `half`) with `path` off, then on: the path is
+/// taken exactly when on, and the outputs are the same bits.
+#[allow(clippy::too_many_arguments)]
+fn mla_path_exact(g: &CudaBackend, r: &mut StdRng, rep: &mut Report, path: Path, n: usize, long: u32, half: bool, label: &str) {
+    let slot_len = 4096u32;
+    let (toks, all, hist) = mla_tokens(n, long, false, r);
+    let (nh, kl, rd) = (16usize, 512usize, 64usize);
+    let w = kl + rd;
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
+    let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
+    let rows_data = randn(r, all.len() * w, 1.0);
+    let rows = 2 * slot_len as usize;
+    let gc = if half { g.alloc_latent_cache(rows, w, kl, nh) } else { g.alloc_cache(rows, w) }.unwrap();
+    assert_eq!(gc.is_f16(), half, "{label}: the cache's type");
+    fill_cache(g, &gc, &rows_data, w, &all, slot_len);
+    let gb = batch(g, &BatchMeta { tokens: toks, outputs: vec![], slot_len });
+    let gq = buf(g, &randn(r, qr.end(), 0.5));
+    let out = g.alloc(o.end()).unwrap();
+    let mut res = Vec::new();
+    for on in [false, true] {
+        g.set_path(path, on);
+        poison(g, &out, o.end());
+        let before = g.path_launches(path);
+        g.mla_attention(&gq, qr, &gc, &gb, &p, &out, o);
+        res.push(get(g, &out, o));
+        assert_eq!(g.path_launches(path) > before, on, "{label} n={n}: {path:?} taken with it {}", if on { "on" } else { "off" });
+    }
+    rep.check(&format!("{label} n={n} hist={hist:?} (exact)"), &res[1], &res[0], 0.0, 0.0);
+}
+
 /// `mla_combine_few` (Path::CombineFew: a batch's merge of at most 8 context splits a token)
 /// gives the same bits as `mla_combine`, after the SIMT and the tensor-core split kernels, over
 /// short and long histories (splits that saw no keys included), and a mixed batch's rows.
@@ -952,7 +984,6 @@ fn mla_combine_few_exact() {
     let g = &CudaBackend::new(0).expect("own backend");
     let mut r = rng(41);
     let mut rep = Report::new("mla_combine_few");
-    let slot_len = 4096u32;
     // (tensor cores, tokens, the first sequence's history): 2..8 splits a token, as the host
     // picks them (SIMT: one wave over the tokens, a split per 256 keys at most; tensor cores:
     // 2 x 132 / n on the H200).
@@ -971,30 +1002,7 @@ fn mla_combine_few_exact() {
             continue;
         }
         g.set_mla_tensor_cores(Some(tc));
-        let (toks, all, hist) = mla_tokens(n, long, false, &mut r);
-        let (nh, kl, rd) = (16usize, 512usize, 64usize);
-        let w = kl + rd;
-        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
-        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
-        let rows_data = randn(&mut r, all.len() * w, 1.0);
-        let gc = g.alloc_cache(2 * slot_len as usize, w).unwrap();
-        fill_cache(g, &gc, &rows_data, w, &all, slot_len);
-        let gb = batch(g, &BatchMeta { tokens: toks, outputs: vec![], slot_len });
-        let gq = buf(g, &randn(&mut r, qr.end(), 0.5));
-        let out = g.alloc(o.end()).unwrap();
-        let mut res = Vec::new();
-        for few in [false, true] {
-            g.set_path(Path::CombineFew, few);
-            poison(g, &out, o.end());
-            let before = g.path_launches(Path::CombineFew);
-            g.mla_attention(&gq, qr, &gc, &gb, &p, &out, o);
-            res.push(get(g, &out, o));
-            if few {
-                assert!(g.path_launches(Path::CombineFew) > before, "tc={tc} n={n}: mla_combine_few was not taken");
-            }
-        }
-        rep.check(&format!("tensor cores {tc} n={n} hist={hist:?} (exact)"), &res[1], &res[0], 0.0, 0.0);
+        mla_path_exact(g, &mut r, &mut rep, Path::CombineFew, n, long, false, &format!("tensor cores {tc}"));
     }
     rep.finish();
 }
@@ -1014,31 +1022,8 @@ fn mla_split_batch_exact() {
     g.set_mla_tensor_cores(Some(true));
     let mut r = rng(43);
     let mut rep = Report::new("mla_split_batch");
-    let slot_len = 4096u32;
     for &(n, long) in &[(2usize, 1500u32), (16, 900), (64, 150), (64, 20), (33, 40), (100, 600), (7, 3000)] {
-        let (toks, all, hist) = mla_tokens(n, long, false, &mut r);
-        let (nh, kl, rd) = (16usize, 512usize, 64usize);
-        let w = kl + rd;
-        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
-        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
-        let rows_data = randn(&mut r, all.len() * w, 1.0);
-        let gc = g.alloc_latent_cache(2 * slot_len as usize, w, kl, nh).unwrap();
-        assert!(gc.is_f16(), "alloc_latent_cache gave an f32 cache on a tensor-core GPU");
-        fill_cache(g, &gc, &rows_data, w, &all, slot_len);
-        let gb = batch(g, &BatchMeta { tokens: toks, outputs: vec![], slot_len });
-        let gq = buf(g, &randn(&mut r, qr.end(), 0.5));
-        let out = g.alloc(o.end()).unwrap();
-        let mut res = Vec::new();
-        for on in [false, true] {
-            g.set_path(Path::SplitBatch, on);
-            poison(g, &out, o.end());
-            let before = g.path_launches(Path::SplitBatch);
-            g.mla_attention(&gq, qr, &gc, &gb, &p, &out, o);
-            res.push(get(g, &out, o));
-            assert_eq!(g.path_launches(Path::SplitBatch) > before, on, "n={n}: mla_split_tc_hb taken: {}", !on);
-        }
-        rep.check(&format!("n={n} hist={hist:?} (exact)"), &res[1], &res[0], 0.0, 0.0);
+        mla_path_exact(g, &mut r, &mut rep, Path::SplitBatch, n, long, true, "f16 cache");
     }
     rep.finish();
 }
