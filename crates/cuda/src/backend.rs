@@ -516,6 +516,16 @@ fn add_norm_args((x, xr): (&CudaBuf, Rows), (d, dr): (u64, Rows), w: Option<&Cud
     ]
 }
 
+/// [`CudaBackend::tc_batch_splits`] for `sm` SMs, `n` tokens, at most `kps` keys a split at
+/// one block an SM (0: no such wave), the batch's last position `max_pos`.
+fn tc_batch_splits(sm: usize, n: usize, kps: usize, max_pos: Option<u32>) -> usize {
+    let (lo, hi) = ((sm / n).max(1), (2 * sm / n).max(1));
+    match max_pos {
+        Some(p) if kps > 0 && p as usize + 1 <= kps * lo => lo,
+        _ => hi,
+    }
+}
+
 /// Two argument lists as one kernel's, in a fixed array (launching allocates nothing). The
 /// lengths are checked when this compiles: an array one too long or short would otherwise
 /// panic on the host before the launch (gpu-next59's first run).
@@ -1118,6 +1128,10 @@ pub struct CudaBackend {
     /// Fewest keys a split of a batched SIMT MLA decode takes ([`CudaBackend::batch_mla_splits`]),
     /// 0 = no limit (one wave of splits, as before); `TS_CUDA_MLA_KEYS`, default 256.
     mla_keys: usize,
+    /// Most keys a split of a batched tensor-core MLA decode takes at one block an SM before
+    /// the batch gets two ([`CudaBackend::tc_batch_splits`]); 0 = always two blocks an SM
+    /// (`2 * sm_count / n`, the rule before); `TS_CUDA_MLA_KPS_B`, default 128.
+    mla_kps_b: usize,
     /// One token's attention output side in one kernel ([`Backend::mla_attention_out`]:
     /// `mla_out_q8` + `add_rms_norm_parts`) with this many W_o rows a block; 0 = the plain chain
     /// (merge, W_uv and W_o GEMVs, add_rms_norm). `TS_CUDA_MLA_OUT` (0 or the row count),
@@ -1607,6 +1621,7 @@ impl CudaBackend {
             mmq16: std::env::var("TS_CUDA_MMQ16").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_splits: std::env::var("TS_CUDA_MLA_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_keys: std::env::var("TS_CUDA_MLA_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(256),
+            mla_kps_b: std::env::var("TS_CUDA_MLA_KPS_B").ok().and_then(|v| v.parse().ok()).unwrap_or(128),
             mla_out: AtomicUsize::new(std::env::var("TS_CUDA_MLA_OUT").ok().and_then(|v| v.parse().ok()).unwrap_or(256)),
             mo_att_done: AtomicU64::new(0),
             mo_att: AtomicU32::new(std::env::var("TS_CUDA_MO_ATT").ok().and_then(|v| v.parse().ok()).unwrap_or(192)),
@@ -2206,6 +2221,8 @@ impl CudaBackend {
             // the merge, 6,171 vs 6,069 tok/s with 2; docs/PERF.md).
             let auto = if simt16 && n > 1 {
                 self.batch_mla_splits(n, batch.tokens.iter().map(|t| t.pos))
+            } else if use_tc && n > 1 {
+                self.tc_batch_splits(n, batch.tokens.iter().map(|t| t.pos))
             } else {
                 (if use_tc && n * nh == 16 { self.sm_count } else { 2 * self.sm_count }) / n
             };
@@ -4408,8 +4425,9 @@ impl Backend for CudaBackend {
         let pos = || batch.tokens.iter().map(|t| t.pos);
         let n = batch.tokens.len();
         let splits = if n > 1 { self.batch_mla_splits(n, pos()) as u64 } else { 0 };
+        let tc_splits = if n > 1 { self.tc_batch_splits(n, pos()) as u64 } else { 0 };
         let short = n == 1 && pos().all(|p| p < self.mo_att.load(Ordering::Relaxed));
-        self.long_context(n, pos()) as u64 | (short as u64) << 1 | splits << 2
+        self.long_context(n, pos()) as u64 | (short as u64) << 1 | splits << 2 | tc_splits << 12
     }
 
     /// CUDA graphs for steps of up to [`GRAPH_MAX_TOKENS`] tokens (decode, batched decode): a key runs eagerly the
@@ -5467,6 +5485,17 @@ impl CudaBackend {
         self.launch("gemv_q8_multi_norm_1", (total.min(self.sm_count * 8) as u32, 1, 1), 256, (k * 9 / 8 + 4 * k) as u32, &args);
     }
 
+    /// Splits a token of a batch of `n` (> 1) gets on the tensor-core MLA decode: one block an
+    /// SM over the batch (`sm_count / n`) while those splits take at most
+    /// [`CudaBackend::mla_kps_b`] keys of the longest context each, else two (`2 * sm_count /
+    /// n`); part of the step's graph key. Fewer, longer splits write and merge fewer partial
+    /// rows. H200, 64 sequences (gpu-next117, tok/s): `-d 96` 2 splits 8,414 against 4's 8,377
+    /// (1: 8,266, 3: 8,370); `-d 200` 2 splits 8,262 against 8,242 (3: 8,211); `-d 400` 4
+    /// splits 8,082 against 2's 8,049.
+    fn tc_batch_splits(&self, n: usize, pos: impl Iterator<Item = u32>) -> usize {
+        tc_batch_splits(self.sm_count, n, self.mla_kps_b, pos.max())
+    }
+
     /// Splits a token of a batch of `n` (> 1) gets on the 16-head SIMT MLA decode: one wave
     /// (`sm_count / n`, the kernel holds an SM alone), and no more than the runs of
     /// [`CudaBackend::mla_keys`] keys in the longest context; part of the step's graph key.
@@ -5648,6 +5677,23 @@ mod tests {
     /// Every kernel given more shared memory at start, or asked its occupancy, is one the
     /// backend loads (`funcs[name]` would otherwise panic in `CudaBackend::new`, found only on a
     /// GPU).
+    /// The batch split rule: one block an SM while a split holds at most `kps` keys of the
+    /// longest context, else two; 0 keeps two always.
+    #[test]
+    fn tc_batch_split_rule() {
+        // 132 SMs, 64 sequences: 2 splits up to 256 keys, then 4.
+        assert_eq!(super::tc_batch_splits(132, 64, 128, Some(127)), 2);
+        assert_eq!(super::tc_batch_splits(132, 64, 128, Some(255)), 2);
+        assert_eq!(super::tc_batch_splits(132, 64, 128, Some(256)), 4);
+        assert_eq!(super::tc_batch_splits(132, 64, 0, Some(95)), 4);
+        assert_eq!(super::tc_batch_splits(132, 64, 128, None), 4);
+        // More tokens than SMs: one split either way.
+        assert_eq!(super::tc_batch_splits(132, 200, 128, Some(1000)), 1);
+        // 32 sequences: 4 splits up to 512 keys, then 8.
+        assert_eq!(super::tc_batch_splits(132, 32, 128, Some(511)), 4);
+        assert_eq!(super::tc_batch_splits(132, 32, 128, Some(512)), 8);
+    }
+
     #[test]
     fn big_smem_kernels_are_loaded() {
         let names = super::kernel_names();
