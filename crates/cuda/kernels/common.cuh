@@ -88,40 +88,6 @@ __device__ __forceinline__ void pdl_wait() {
     }
 #endif
 }
-// The decode MoE's flow (Path::MoeFlow, CudaBackend::moe_mmq): the down launch's blocks wait on
-// flags instead of the gate/up launch's end. Words of the flow buffer (ints, zero between
-// launches): FLOW_ROUTE, the routing ready (moe_group sets it); FLOW_FLAG + i, how many of tile
-// i's 128-groups of GLU rows are quantised (the gate/up launch counts them); FLOW_CTR + i *
-// FLOW_GMAX + q, the finished gate/up blocks of tile i's group q (the last one resets it).
-// moe_combine clears the flags after the down.
-#define FLOW_TILES 2048
-#define FLOW_GMAX 16
-#define FLOW_ROUTE 0
-#define FLOW_FLAG 16
-#define FLOW_CTR (FLOW_FLAG + FLOW_TILES)
-// Thread 0 polls *p until it reaches `target` (acquire), then the block's barrier: every thread
-// calls it.
-__device__ __forceinline__ void flow_wait(const int* p, int target) {
-#if __CUDA_ARCH__ >= 700
-    if (threadIdx.x == 0) {
-        int v;
-        for (;;) {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-            if (v >= target) break;
-            __nanosleep(64);
-        }
-    }
-#endif
-    __syncthreads();
-}
-// Sets *p (release), after the caller's fence has made the block's writes visible.
-__device__ __forceinline__ void flow_set(int* p) {
-#if __CUDA_ARCH__ >= 700
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(1) : "memory");
-#else
-    *(volatile int*)p = 1;
-#endif
-}
 #define PDL_ENTRY() \
     do {            \
         pdl_trigger(); \

@@ -852,86 +852,28 @@ __device__ __forceinline__ int rows_pair_half(const u8*& W, const u8*& Ws, float
 // rows of gate and up as its two row sets, Path::GluEpi, measured 64 sequences 8,229 -> 7,709 on
 // the H200, gpu-next99, and was removed; git history has it, commit ffed77c.)
 // (The GLU quantised in the gate/up pair's second blocks, Path::GluPair / mmq_q8_rows_r2g, measured 64 sequences 8,460 -> 8,120 and 80 8,546 -> 8,224 on the H200, gpu-next103, and was removed; git history has it, commit 06e7140.)
-// The MoE flow's producer side (fmode 1: a gate/up pair launch; Path::MoeFlow). A block holds
-// rows [bx * rpb, +rpb) of gate or of up for its tile's tokens; the 128-group q of the down's
-// input (GLU rows 128q..) needs both matrices' rows 128q.. . Once its rows are stored, a block
-// counts itself done for (tile, q) (FLOW_CTR); the last of the (tile, q) blocks quantises the
-// tile's GLU group q, act(g) * u, into hq exactly as quant_q8_groups does (quant_group_body's
-// formulas and store; a warp a token, the gate and up values read through L2 for up to 4
-// tokens before any is stored), resets the counter and counts the group into the tile's flag
-// (FLOW_FLAG + tile), which the down launch's blocks (fmode 2) wait to see reach the tile's
-// group count instead of waiting on this launch's end.
-// (__noinline__: inlined, its registers made the r2 loop spill 16 B.)
-template <int RPB>
-__device__ __noinline__ void rows_flow_done(int* flow, int tile, const float* g, const float* u, i64 ooff,
-                                               i64 ostride, int m, int act, u8* hq, const int* dst_row, int nt) {
-    __shared__ int last;
-    // (bx from the block index: fewer registers live across the caller's loop)
-    const int half = (int)gridDim.x >> 1, bx = (int)blockIdx.x >= half ? (int)blockIdx.x - half : (int)blockIdx.x;
-    const int q = bx * RPB / 128;
-    const int r1 = min(128 * q + 128, m) - 1;
-    const int per = 2 * (r1 / RPB - (128 * q) / RPB + 1);  // blocks of both matrices on rows 128q..r1
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(flow + FLOW_CTR + tile * FLOW_GMAX + q, 1) == per - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int ng = (m + 127) >> 7, i0 = 128 * q + 4 * lane;
-    for (int j0 = warp; j0 < nt; j0 += 4 * nw) {
-        float a[4][4], b[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int j = j0 + i * nw;
-            if (j < nt) {
-                const float* s = g + ooff + (i64)dst_row[j] * ostride;
-                const float* s2 = u + ooff + (i64)dst_row[j] * ostride;
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    a[i][c] = i0 + c < m ? __ldcg(s + i0 + c) : 0.f;
-                    b[i][c] = i0 + c < m ? __ldcg(s2 + i0 + c) : 0.f;
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int j = j0 + i * nw;
-            if (j < nt) {
-                float v[4];
-#pragma unroll
-                for (int c = 0; c < 4; c++) v[c] = i0 + c < m ? act_fn(act, a[i][c]) * b[i][c] : 0.f;
-                quant_group_store(v, lane, hq + (i64)dst_row[j] * ng * MMQ_GB + (i64)q * MMQ_GB);
-            }
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        flow[FLOW_CTR + tile * FLOW_GMAX + q] = 0;
-        __threadfence();
-        atomicAdd(flow + FLOW_FLAG + tile, 1);
-    }
-}
-
-// FLOW: the flow's kernels (mmq_q8_rows_f, mmq_q8_rows_r2f; fmode 1 or 2); the others ignore
-// the flow arguments (the flow's code in them cost registers: 16 B spilled in the loop).
-template <int NBUF, bool DENSE, int R, bool FLOW>
+// (The MoE flow, Path::MoeFlow / mmq_q8_rows_r2f: the down launch's blocks waiting on per-tile
+// flags instead of the gate/up launch's end, the GLU quantised by 128-group by the last gate/up
+// block on its rows, no quantisation launch between; the same bits. Nsight had the gate/up's
+// SMs idle 11% of its time on average (ragged tail), which the down was to fill. Measured on the
+// H200, gpu-next120: 64 sequences at -d 96 8,436 / 8,441 against 8,461 / 8,475, -d 400 8,067
+// against 8,107, 128 sequences 13,841 against 14,138, the server 7,971 against 8,020. A first
+// form (a tile's whole GLU by its last block, serial) lost 13%. Removed; git history has it,
+// commit 970bbc0. Its code in the same kernel made the r2 loop spill 16 B, -4%: flow code stays
+// out of the default kernels.)
+template <int NBUF, bool DENSE, int R>
 __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups,
                                               const u8* X, i64 xrow, int n, const int* cnt, const int* off,
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
                                               i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
                                               i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early,
-                                              int* flow, int fmode, u8* fq, int fmaxt, int fact, const float* out1) {
+                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
-    // (out1: the pair's first output, as passed; the flow's GLU reads out1 and out2)
     const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
-    __shared__ int tile_e, tile_start, flow_tile;
+    __shared__ int tile_e, tile_start;
     const int tid = threadIdx.x;
     // Split K (dense only): this block sums groups [g0, g1) into its own partial output.
     const int split = DENSE ? blockIdx.z % nsplit : 0, zg = gridDim.z / nsplit;
@@ -1051,12 +993,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         matrix();
         first_loads();
     }
-    // (fmode 2: the routing's flag instead of the previous launch's end; the PDL wait comes
-    // last, see MMQ_ROWS_INST.)
-    if (FLOW && fmode == 2)
-        flow_wait(flow + FLOW_ROUTE, 1);
-    else
-        pdl_wait();
+    pdl_wait();
     // (Grouped: the expert's count and list offset read together, one trip to L2 for both
     // before the token list; the same values. The exit below tests both, so that neither
     // compiler sinks the offset's load past it to where the offset is used. MMQ_OFF_EARLY=0, a
@@ -1099,9 +1036,6 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         matrix();
         first_loads();
     }
-    // fmode 2: this tile's input rows are quantised once its flag counts all its groups.
-    if (FLOW && fmode == 2) flow_wait(flow + FLOW_FLAG + e * fmaxt + start / BN, ngroups);
-    if (FLOW && tid == 0) flow_tile = e * fmaxt + start / BN;  // (read back after the loop)
     __syncthreads();
     // The activation rows of the n8 tiles in use, groups g0.. only. A row's stride in words is
     // 8 mod 32, so the 4 rows of a half-warp's 8-byte fragment loads start 8 banks apart.
@@ -1136,21 +1070,20 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     auto store = [&](int rr0) { rows_store(acc, out, ooff, ostride, dst_row, rr0, m, nt, g, t); };
     cp_wait<0>();
     __syncthreads();
-    // (No barrier from here to rows_flow_done: a warp without rows goes straight there.)
     if constexpr (R == 1) {
-        if (r0 < m) {
-            for (int gi = 0; gi < ng; gi += NBUF) {
+        if (r0 >= m) return;  // no barrier past here
+        for (int gi = 0; gi < ng; gi += NBUF) {
 #pragma unroll
-                for (int i = 0; i < NBUF; i++) {
-                    if (gi + i < ng) {
-                        mul(v[i], gi + i);
-                        if (gi + i + NBUF < ng) load(v[i], gi + i + NBUF);
-                    }
+            for (int i = 0; i < NBUF; i++) {
+                if (gi + i < ng) {
+                    mul(v[i], gi + i);
+                    if (gi + i + NBUF < ng) load(v[i], gi + i + NBUF);
                 }
             }
-            store(r0);
         }
+        store(r0);
     } else {
+        if (nv == 0) return;  // no barrier past here
         int ms = 0, mg = 0;  // the group to multiply: row set ms, group mg
         for (int vi = 0; vi < nv; vi += NBUF) {
 #pragma unroll
@@ -1171,26 +1104,22 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             }
         }
     }
-    if (FLOW && fmode == 1)
-        rows_flow_done<MMQ_BM * R>(flow, flow_tile, out1, out2, ooff, ostride, m, fact, fq, dst_row, nt);
 #else
     pdl_wait();
 #endif
 }
 
-#define MMQ_ROWS_INST(NAME, NBUF, MINB, DENSE, R, FLOW)                                                            \
+#define MMQ_ROWS_INST(NAME, NBUF, MINB, DENSE, R)                                                                  \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MINB)                                             \
         NAME(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,       \
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
              const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes,        \
-             int early, int* flow, int fmode, u8* fq, int fmaxt, int fact) {                                    \
+             int early) {                                                                                       \
         pdl_trigger(); /* the wait is mmq_rows_impl's, after the first weight loads */                          \
-        mmq_rows_impl<NBUF, DENSE, R, FLOW>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
+        mmq_rows_impl<NBUF, DENSE, R>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
                             ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2, \
-                            Wtl, W2tl, tl_mat_bytes, early, flow, fmode, fq, fmaxt, fact, out);                 \
-        /* fmode 2 waited on flags: the previous launch's end before this one ends (pdl_wait). */              \
-        if (FLOW && fmode == 2) pdl_wait();                                                                     \
+                            Wtl, W2tl, tl_mat_bytes, early);                                                    \
     }
 // Two groups in flight a warp (96 registers: 5 blocks an SM). Measured on the H200 (bench
 // --parallel 64 -n 32, each pair in one call): 6,575 / 6,587 tok/s against mmq_q8_16's 6,150 /
@@ -1206,17 +1135,14 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 // against main's 6,561 / 6,583, all within 0.6% of each other; the tiled expert copy (16 rows,
 // group-major, TS_CUDA_MOE_TILED) 7,228 (PAD 1, MINB 5: 91 registers, the defaults) / 7,214:
 // DRAM locality, not the shared memory, held it back. (MINB 4 gives PAD 1 102 registers.)
-MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false, 1, false)
+MMQ_ROWS_INST(mmq_q8_rows, 2, MMQ_ROWS_MINB, false, 1)
 // Two row sets a warp: 128 rows a block, the same bits (96 registers). The default from 12 pairs
 // an expert (CudaBackend::rows_r): 128 sequences 12,663 -> 13,122 tok/s on the H200, 64 the same,
 // 32 sequences -1.5%; four row sets (256 rows a block) lost at all three (64: 7,085 vs 7,512).
-MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2, false)
-// The MoE flow's (Path::MoeFlow): the same bodies with its waits and its GLU groups.
-MMQ_ROWS_INST(mmq_q8_rows_f, 2, MMQ_ROWS_MINB, false, 1, true)
-MMQ_ROWS_INST(mmq_q8_rows_r2f, 2, MMQ_ROWS_MINB, false, 2, true)
+MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
 // Dense products (TS_CUDA_MMQ_ROWS=n: up to n tokens a matrix, default 48), split K as
 // mmq_q8_16 splits it.
-MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1, false)
+MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)
 
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,

@@ -99,17 +99,8 @@ __device__ __forceinline__ void moe_group_body(const int* sel_e, int ntok, int k
         if (e >= 0) perm[o[e] + atomicAdd(&c[e], 1)] = p;
     }
 }
-// flow (may be null): its FLOW_ROUTE word set once the lists are written (Path::MoeFlow).
-extern "C" __global__ void moe_group(const int* sel_e, int ntok, int k, int nsh, int E, int* cnt, int* off, int* perm,
-                                     int* flow) { PDL_ENTRY();
+extern "C" __global__ void moe_group(const int* sel_e, int ntok, int k, int nsh, int E, int* cnt, int* off, int* perm) { PDL_ENTRY();
     moe_group_body(sel_e, ntok, k, nsh, E, cnt, off, perm);
-    if (flow) {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            flow_set(flow + FLOW_ROUTE);
-        }
-    }
 }
 
 // Decode-size expert product: block row y = pair p (token p / k, slot p % k); out row p =
@@ -254,13 +245,8 @@ MOE_H16(bf16, T_BF16)
 // y[t*ks+j] for the shared slots k <= j < ks (moe_group's pairs). Overwrites every element.
 // add (may be null): row t of add (width values) is added too (the shared FFN's output,
 // CudaBackend::shared_blas).
-// flow (may be null): block 0 clears its routing flag and its first nflags tile flags
-// (Path::MoeFlow; the gate/up and down launches before are done).
 extern "C" __global__ void moe_combine(const float* y, int k, int ks, i64 width, i64 ntok, const int* sel_e,
-                                       const float* sel_w, float* out, i64 ooff, i64 ostride, const float* add,
-                                       int* flow, int nflags) { PDL_ENTRY();
-    if (flow && blockIdx.x == 0)
-        for (int i = threadIdx.x; i < FLOW_FLAG + nflags; i += blockDim.x) flow[i] = 0;
+                                       const float* sel_w, float* out, i64 ooff, i64 ostride, const float* add) { PDL_ENTRY();
     i64 total = ntok * width;
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
         i64 t = idx / width, i = idx % width;

@@ -315,11 +315,8 @@ enum S {
     /// A decode batch's attention values (`[n, heads * v]`) as Q8_0 groups, written by the W_uv
     /// product's split sum for the W_o product ([`Path::SumQ8`]).
     SumXq,
-    /// The decode MoE's flow words ([`Path::MoeFlow`]; kernels/common.cuh `FLOW_*`: a routing
-    /// flag, tile flags and tile counters; zero between launches).
-    Flow,
 }
-const N_SCRATCH: usize = 29;
+const N_SCRATCH: usize = 28;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -352,8 +349,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_16g1",
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
-    "mmq_q8_rows_f",
-    "mmq_q8_rows_r2f",
     "mmq_q8_rows_d",
     "mla_out_q8",
     "mla_out_bf16",
@@ -494,28 +489,10 @@ struct MmqGroups {
     pairs: usize,
     /// Tokens of the batch: each shared chunk's (with `sh`) pairs.
     tokens: usize,
-    /// The rows kernels' flow ([`Path::MoeFlow`]): the flow words, the mode (1 the gate/up pair
-    /// launch quantises each tile's 128-groups of GLU rows into `hq` as their gate and up rows
-    /// are done and counts them into the tile's flag; 2 the down launch waits on those flags),
-    /// `hq`, tiles an expert (a tile's index is
-    /// `e * tiles + start / 16`), the GLU's activation (1 SiLU, 2 GELU-tanh). Zeros: none.
-    flow: (u64, i32, u64, usize, i32),
 }
 impl MmqGroups {
-    const NONE: MmqGroups =
-        MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0, flow: (0, 0, 0, 0, 0) };
+    const NONE: MmqGroups = MmqGroups { cnt: 0, off: 0, perm: 0, n_exp: 0, sh: None, pair: None, pair_tiled: 0, pairs: 0, tokens: 0 };
 }
-/// Shared memory of a rows kernel's block (`mmq_q8_rows*`) over `ngroups` 128-groups of input:
-/// the tile's 16 activation rows, padded to a stride of 8 words mod 32 (at most 124 bytes more).
-fn rows_smem(ngroups: usize) -> usize {
-    16 * (ngroups * 144 + (4 * ((8 + 32 * 4 - 4 * ngroups % 32) % 32)).max(16))
-}
-
-/// Words of the [`S::Flow`] scratch: the routing flag and padding, the tile flags, the tiles'
-/// counters by 128-group (kernels/common.cuh `FLOW_FLAG`, `FLOW_TILES`, `FLOW_GMAX`).
-const FLOW_FLAG: usize = 16;
-const FLOW_TILES: usize = 2048;
-const FLOW_GMAX: usize = 16;
 /// Split-MLA decode: most splits per token (mla_combine's shared table).
 const MLA_MAX_SPLITS: usize = 256;
 
@@ -922,8 +899,6 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_16g1",
         "mmq_q8_rows",
         "mmq_q8_rows_r2",
-        "mmq_q8_rows_f",
-        "mmq_q8_rows_r2f",
         "mmq_q8_rows_d",
         "mmq_sum_splits",
         "mmq_sum_splits_jobs",
@@ -1044,19 +1019,10 @@ pub enum Path {
     /// first tiles issued before the query's loads. The same copies and sums: the same bits as
     /// `mla_split_tc_h` (test `mla_split_batch_exact`). On; `TS_CUDA_MS_BATCH=0` turns it off.
     SplitBatch,
-    /// The grouped decode MoE (16-token tiles on the rows kernels, gate and up in one launch)
-    /// without the launch boundary between its gate/up and its down: the last of the gate/up
-    /// launch's blocks on a tile's 128-group of GLU rows (its gate and up rows) quantises that
-    /// group (no `quant_q8_groups` launch) and counts it into the tile's flag, and the down
-    /// launch's blocks wait on their tile's flag, not on the gate/up launch's end, so the down
-    /// starts in the gate/up's ragged tail (Nsight, 64 rows: the gate/up's
-    /// SMs idle 11% of its time on average, some 19%). The same quantisation and sums: the
-    /// same bits (test `moe_rows_exact`). Off until measured; `TS_CUDA_MOE_FLOW=1`.
-    MoeFlow,
 }
 
 impl Path {
-    const ALL: [Path; 11] = [
+    const ALL: [Path; 10] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1067,7 +1033,6 @@ impl Path {
         Path::RouterSplit,
         Path::CombineFew,
         Path::SplitBatch,
-        Path::MoeFlow,
     ];
 
     /// Its environment variable and its default.
@@ -1083,7 +1048,6 @@ impl Path {
             Path::RouterSplit => ("TS_CUDA_ROUTER_SPLIT", true),
             Path::CombineFew => ("TS_CUDA_COMBINE_FEW", true),
             Path::SplitBatch => ("TS_CUDA_MS_BATCH", true),
-            Path::MoeFlow => ("TS_CUDA_MOE_FLOW", false),
         }
     }
 
@@ -2814,13 +2778,6 @@ impl CudaBackend {
         );
     }
 
-    /// Whether a grouped product of `ngroups` 128-groups of input runs on the rows kernels
-    /// (`mmq_q8_rows*`: 16-token tiles, the tile's rows in shared memory), as
-    /// [`Self::mmq_launch`] decides for 16-token tiles.
-    fn rows_fit(&self, ngroups: usize) -> bool {
-        rows_smem(ngroups) <= self.smem_max && self.moe_rows.load(Ordering::Relaxed)
-    }
-
     /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` the grouped expert product's lists
     /// ([`MmqGroups`]), `None` for the dense one (`grid.2 / nsplit` matrices of `n` tokens);
     /// `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the splits'
@@ -2840,13 +2797,13 @@ impl CudaBackend {
         (nsplit, split_stride): (usize, usize),
         bn: usize,
     ) {
-        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens, flow } = experts.unwrap_or(MmqGroups::NONE);
+        let MmqGroups { cnt, off, perm, n_exp: ne, sh, pair, pair_tiled, pairs, tokens } = experts.unwrap_or(MmqGroups::NONE);
         let (sh_ptr, sh_row_bytes, sh_stride, e_sh) = sh.unwrap_or((0, 0, 0, i32::MAX as usize));
         let (w2, sh2, out2) = pair.unwrap_or((0, 0, 0));
         // Grouped 16-token tiles: the weights straight into the fragments (`mmq_q8_rows`), the
         // tile's activation rows whole in shared memory.
         // (Rows padded to a stride of 8 words mod 32: at most 124 bytes more.)
-        let rows_smem = rows_smem(ngroups);
+        let rows_smem = 16 * (ngroups * 144 + (4 * ((8 + 32 * 4 - 4 * ngroups % 32) % 32)).max(16));
         let rows = bn == 16
             && rows_smem <= self.smem_max
             && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
@@ -2862,15 +2819,7 @@ impl CudaBackend {
             _ => grid,
         };
         let (name, smem) = match (bn, self.mmq16) {
-            _ if rows && cnt != 0 => (
-                match (rr, flow.1 != 0) {
-                    (2, false) => "mmq_q8_rows_r2",
-                    (2, true) => "mmq_q8_rows_r2f",
-                    (_, false) => "mmq_q8_rows",
-                    (_, true) => "mmq_q8_rows_f",
-                },
-                rows_smem,
-            ),
+            _ if rows && cnt != 0 => (if rr == 2 { "mmq_q8_rows_r2" } else { "mmq_q8_rows" }, rows_smem),
             _ if rows => ("mmq_q8_rows_d", rows_smem),
             (16, 1) => ("mmq_q8_16g1", mmq_smem(16, 1, 3)),
             (16, _) => ("mmq_q8_16", mmq_smem(16, 2, 2)),
@@ -2924,12 +2873,6 @@ impl CudaBackend {
             A::P(pair_tiled),
             l(w.tiled_mat_bytes()),
             i(early),
-            // mmq_q8_rows only: the flow (MmqGroups::flow).
-            A::P(flow.0),
-            A::I(flow.1),
-            A::P(flow.2),
-            i(flow.3),
-            A::I(flow.4),
         ];
         // (The mmq_q8 tiles take the common arguments only.)
         let na = if rows { args.len() } else { 25 };
@@ -2996,34 +2939,7 @@ impl CudaBackend {
         let bn = self.moe_tile_tokens(pairs, ne_all);
         let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
         self.route(logits, lr, p, warp_route, sel_e, sel_w);
-        // The decode MoE's flow (Path::MoeFlow): the down launch's blocks start on their tile's
-        // GLU rows as soon as all of its 128-groups are quantised (each by the last gate/up block
-        // on it), instead of after the whole launch and a quantisation launch. Only where every
-        // product of the MoE runs on the rows kernels (their flow words) as a gate/up pair.
-        let tiles_e = n.div_ceil(16);
-        let fg_all = ff.div_ceil(128);
-        let flow_ok = self.path_on(Path::MoeFlow)
-            && bn == 16
-            && self.moe_gu
-            && (experts.gate.row_bytes, experts.gate.mat_bytes()) == (experts.up.row_bytes, experts.up.mat_bytes())
-            && ne_all * tiles_e <= FLOW_TILES
-            && fg_all <= FLOW_GMAX
-            && self.rows_fit(hdim.div_ceil(128))
-            && self.rows_fit(fg_all);
-        let flow = if flow_ok {
-            let Some(f) = self.scratch(S::Flow, 4 * (FLOW_FLAG + FLOW_TILES * (1 + FLOW_GMAX))) else { return };
-            self.took(Path::MoeFlow);
-            f
-        } else {
-            0
-        };
-        self.launch(
-            "moe_group",
-            (1, 1, 1),
-            1024,
-            0,
-            &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm), A::P(flow)],
-        );
+        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
         if self.moe_counts {
             self.print_moe_counts(cnt, ne_all);
         }
@@ -3123,7 +3039,7 @@ impl CudaBackend {
         // is groups c*ff/128.. of each of its rows.
         let groups = |sh: Option<(&CudaWeight, usize)>| {
             let sh = sh.map(|(s, stride)| (s.mem.ptr, s.row_bytes, stride, ne));
-            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n, flow: (0, 0, 0, 0, 0) })
+            Some(MmqGroups { cnt, off, perm, n_exp: ne_all, sh, pair: None, pair_tiled: 0, pairs, tokens: n })
         };
         let sg = shared.map(|s| (s.gate, ff * s.gate.row_bytes));
         let su = shared.map(|s| (s.up, ff * s.up.row_bytes));
@@ -3137,28 +3053,17 @@ impl CudaBackend {
             let gr = groups(sg).map(|mut m| {
                 m.pair = Some((up.mem.ptr, su.map_or(0, |(s, _)| s.mem.ptr), u));
                 m.pair_tiled = up.tiled_ptr();
-                if flow != 0 {
-                    m.flow = (flow, 1, hq, tiles_e, act);
-                }
                 m
             });
             self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
-            if flow == 0 {
-                self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
-            }
+            self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         } else {
             self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);
             self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(su), ks, (u, 0, ff), (1, 0), bn);
             self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         }
-        let dg = groups(sd).map(|mut m| {
-            if flow != 0 {
-                m.flow = (flow, 2, 0, tiles_e, 0);
-            }
-            m
-        });
-        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, dg, 1, (y, 0, hdim), (1, 0), bn);
-        self.moe_combine_flow(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add, (flow, ne_all * tiles_e));
+        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, groups(sd), 1, (y, 0, hdim), (1, 0), bn);
+        self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
     }
 
     /// `TS_CUDA_MOE_COUNTS=1` (a measurement mode: it waits for the device): one line on stderr
@@ -3502,44 +3407,12 @@ impl CudaBackend {
         o: Rows,
         add: u64,
     ) {
-        self.moe_combine_flow(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add, (0, 0));
-    }
-
-    /// [`Self::moe_combine`] that also clears the flow words' routing flag and first `nflags`
-    /// tile flags (`flow`, 0: none; [`Path::MoeFlow`]).
-    #[allow(clippy::too_many_arguments)]
-    fn moe_combine_flow(
-        &self,
-        y: u64,
-        (k, ks): (usize, usize),
-        hdim: usize,
-        n: usize,
-        (sel_e, sel_w): (u64, u64),
-        out: &CudaBuf,
-        o: Rows,
-        add: u64,
-        (flow, nflags): (u64, usize),
-    ) {
         self.launch(
             "moe_combine",
             Self::grid1(n * hdim),
             256,
             0,
-            &[
-                A::P(y),
-                i(k),
-                i(ks),
-                l(hdim),
-                l(n),
-                A::P(sel_e),
-                A::P(sel_w),
-                A::P(out.0.ptr),
-                l(o.off),
-                l(o.stride),
-                A::P(add),
-                A::P(flow),
-                i(nflags),
-            ],
+            &[A::P(y), i(k), i(ks), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride), A::P(add)],
         );
     }
 
@@ -4475,7 +4348,7 @@ impl Backend for CudaBackend {
             else {
                 return;
             };
-            self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(0), i(ne), A::P(c), A::P(of), A::P(pm), A::P(0)]);
+            self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(0), i(ne), A::P(c), A::P(of), A::P(pm)]);
             (c, of, pm)
         } else {
             (0, 0, 0)

@@ -3070,24 +3070,6 @@ fn moe_rows_exact() {
             b.set_rows_r(1);
             b.set_rows_shared_first(true);
         }
-        // The flow (Path::MoeFlow: the GLU quantised by each tile's last gate/up block, the
-        // down's blocks on the tiles' flags), one and two row sets, with and without the
-        // loads before the wait: the same bits, and the path taken.
-        for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
-            b.set_path(Path::MoeFlow, true);
-            let before = b.path_launches(Path::MoeFlow);
-            sets.push((format!("flow, {kind}"), run(b, w, o)));
-            b.set_rows_r(2);
-            sets.push((format!("flow, 2 row sets {kind}"), run(b, w, o)));
-            b.set_rows_early(false);
-            sets.push((format!("flow, tiles from the counts, 2 row sets {kind}"), run(b, w, o)));
-            b.set_rows_early(true);
-            b.set_rows_r(1);
-            if b.path_launches(Path::MoeFlow) < before + 6 {
-                rep.failures.push(format!("{lab}: the flow was not taken ({kind})"));
-            }
-            b.set_path(Path::MoeFlow, false);
-        }
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));
         }
