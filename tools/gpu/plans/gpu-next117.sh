@@ -7,6 +7,8 @@
 # - The batch split count at -d 96 / 200 / 400 (TS_CUDA_MLA_SPLITS 1, 2, 3 against the default 4).
 # 1. The MLA op tests (the tensor-core split kernels now take the hint's 8 arguments).
 #   tools/gpu/plans/gpu-next117.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~8 minutes)
+# (After this call the TS_CUDA_L2PF_B and MMQ_ROWS_EF code was removed, both measured slower or
+# equal: docs/PERF.md, thirty-seventh session. Rerun only on a build that has them.)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"

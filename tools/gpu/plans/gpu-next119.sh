@@ -7,6 +7,7 @@
 # 2. 64 sequences at -d 96, defaults and the flow, twice; -d 400 and 128 sequences each way.
 # 3. The server with the flow.
 #   tools/gpu/plans/gpu-next119.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~7 minutes)
+# (Path::MoeFlow was removed after gpu-next120, measured slower: its code is at commit 970bbc0.)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"

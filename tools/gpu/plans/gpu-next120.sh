@@ -5,6 +5,7 @@
 # first form's code made the default r2 kernel spill 16 B in its loop, which gpu-next119's
 # default figures ran with). The same bits expected.
 #   tools/gpu/plans/gpu-next120.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~6 minutes)
+# (Path::MoeFlow was removed after this call, measured slower: its code is at commit 970bbc0.)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
