@@ -10,8 +10,6 @@ stamp "== every op test"
 op_log 240 8 ops.txt "" ""
 wait
 stamp "== traced 64 sequences at depth 96"
-TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 150 "$B" bench --backend cuda -m $V -p 0 -n 16 \
-  --parallel 64 -r 1 -d 96 >/dev/null 2>&1
-python3 "$(dirname "$0")/../steps.py" $O/tr.csv 16 $O/seq.txt | head -30
-rm -f $O/tr.csv $V
+trace_steps 64 96 30
+rm -f $V
 stamp "== done"

@@ -105,3 +105,11 @@ ncu_stalls() {
     --section SpeedOfLight --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__cycles_active.avg" \
     "$B" bench --backend cuda -m $V "$@" 2>&1 | grep -E "$re|Duration|Elapsed|stalled|inst_executed|cycles_active|ERR|rror" | grep -vE " 0$| 0\.0?0?$" | head -60
 }
+# `trace_steps P D LINES`: a TS_CUDA_TRACE=1 bench of P sequences at depth D (-n 16), grouped
+# by tools/gpu/steps.py (its first LINES lines; the launch sequence into $O/seq.txt).
+trace_steps() {
+  TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/tr.csv timeout 150 "$B" bench --backend cuda -m $V -p 0 -n 16 \
+    --parallel $1 -r 1 -d $2 >/dev/null 2>&1
+  python3 "$(dirname "${BASH_SOURCE[0]}")/../steps.py" $O/tr.csv 16 $O/seq.txt | head -$3
+  rm -f $O/tr.csv
+}
