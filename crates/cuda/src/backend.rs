@@ -2214,7 +2214,8 @@ impl CudaBackend {
             // H200: 64 sequences 5,648 tok/s with 2 splits each (the merge then 2 warps); one
             // token: one wave gave tg64 at 16k 358 vs 340 but tg128 568 vs 582, so 2 per SM there
             // (TS_CUDA_MLA_SPLITS to measure). The tensor-core kernel on one long-context token
-            // (16 heads: one row group): one wave, tg64 at 16k 410 vs 382 with 2 per SM.
+            // (16 heads: one row group): one wave, tg64 at 16k 410 vs 382 with 2 per SM; on a
+            // batch: one or two blocks an SM by its longest context (tc_batch_splits).
             let simt16 = kname.starts_with("mla_split_18_16");
             // Batches on the SIMT kernel: also no more splits than runs of `mla_keys` keys in the
             // longest context (64 sequences of short contexts: one split each, written without
@@ -5674,9 +5675,6 @@ mod tests {
         assert!(super::KName::of(format_args!("{long}")).as_str().len() <= 48);
     }
 
-    /// Every kernel given more shared memory at start, or asked its occupancy, is one the
-    /// backend loads (`funcs[name]` would otherwise panic in `CudaBackend::new`, found only on a
-    /// GPU).
     /// The batch split rule: one block an SM while a split holds at most `kps` keys of the
     /// longest context, else two; 0 keeps two always.
     #[test]
@@ -5694,6 +5692,9 @@ mod tests {
         assert_eq!(super::tc_batch_splits(132, 32, 128, Some(512)), 8);
     }
 
+    /// Every kernel given more shared memory at start, or asked its occupancy, is one the
+    /// backend loads (`funcs[name]` would otherwise panic in `CudaBackend::new`, found only on a
+    /// GPU).
     #[test]
     fn big_smem_kernels_are_loaded() {
         let names = super::kernel_names();
