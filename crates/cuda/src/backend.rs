@@ -521,7 +521,7 @@ fn add_norm_args((x, xr): (&CudaBuf, Rows), (d, dr): (u64, Rows), w: Option<&Cud
 fn tc_batch_splits(sm: usize, n: usize, kps: usize, max_pos: Option<u32>) -> usize {
     let (lo, hi) = ((sm / n).max(1), (2 * sm / n).max(1));
     match max_pos {
-        Some(p) if kps > 0 && p as usize + 1 <= kps * lo => lo,
+        Some(p) if kps > 0 && (p as usize) < kps * lo => lo,
         _ => hi,
     }
 }
