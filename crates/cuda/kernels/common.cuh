@@ -107,6 +107,16 @@ __device__ __forceinline__ float h2f(u16 h) {
 #ifndef TS_WNA
 #define TS_WNA 1
 #endif
+// A 4-byte weight word past L1 (as ldw16).
+__device__ __forceinline__ u32 ldw4(const u8* p) {
+#if TS_WNA && __CUDA_ARCH__ >= 700
+    u32 v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+#else
+    return *(const u32*)p;
+#endif
+}
 __device__ __forceinline__ uint4 ldw16(const u8* p) {
 #if TS_WNA && __CUDA_ARCH__ >= 700
     uint4 v;

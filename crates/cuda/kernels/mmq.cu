@@ -765,6 +765,31 @@ extern "C" __global__ void __launch_bounds__(160, 2)
 struct RowsGrp {
     uint2 ha, hb, qa[4], qb[4];
 };
+// MMQ_ROWS_HALF (a measurement define, 0 by default; not yet run on a GPU): the grouped rows
+// kernels' pipeline in half groups (64 k: blocks 2h and 2h+1 of a 128-group), 10 registers
+// each instead of 20, MMQ_ROWS_HNBUF (even: 2 or 4) of them in flight a warp instead of 2 whole
+// groups (40 registers), for fewer registers a thread and so more warps an SM: with
+// MMQ_ROWS_MINB=6, 80 registers and no spill (tools/gpu/sass_static.py), 6 blocks of 4 warps
+// an SM where the default's 96 registers fit 5. The same products added in the same order: the
+// same bits.
+#ifndef MMQ_ROWS_HALF
+#define MMQ_ROWS_HALF 0
+#endif
+#ifndef MMQ_ROWS_HNBUF
+#define MMQ_ROWS_HNBUF 2
+#endif
+struct RowsHalf {
+    u32 sa, sb;          // the half's two scales (f16) of rows g and g+8
+    uint2 qa[2], qb[2];  // its two blocks' quants, as RowsGrp's qa / qb
+};
+template <bool B, class T, class F>
+struct RowsSel {
+    using type = T;
+};
+template <class T, class F>
+struct RowsSel<false, T, F> {
+    using type = F;
+};
 // MMQ_ROWS_KO (a measurement define, wrong results on purpose; docs/GPU.md): parts of the
 // grouped rows kernels left out, to see what each costs. Bit 1: no activation tile copy (the
 // multiply reads whatever shared memory holds); bit 2: no token list (the tile's rows are
@@ -802,6 +827,40 @@ __device__ __forceinline__ void rows_mul(float (&acc)[2][4], const RowsGrp& v, c
             acc[ni][1] += (float)c[1] * (dg[bl] * d1);
             acc[ni][2] += (float)c[2] * (dg8[bl] * d0);
             acc[ni][3] += (float)c[3] * (dg8[bl] * d1);
+        }
+    }
+#endif
+}
+// rows_mul for half h of the group (blocks 2h, 2h+1): the same products, the same order into
+// each accumulator (MMQ_ROWS_HALF).
+__device__ __forceinline__ void rows_mul_half(float (&acc)[2][4], const RowsHalf& v, const u8* xg, int rs, int nt, int g,
+                                              int t, int h) {
+#if __CUDA_ARCH__ >= 800
+    float dg[2], dg8[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        dg[j] = h2f((u16)(j ? v.sa >> 16 : v.sa & 0xffffu));
+        dg8[j] = h2f((u16)(j ? v.sb >> 16 : v.sb & 0xffffu));
+    }
+#pragma unroll
+    for (int ni = 0; ni < 2; ni++) {
+        if (ni * 8 >= nt) break;  // only padding tokens (block-uniform)
+        const uint2 h0 = *(const uint2*)(xg + (ni * 8 + 2 * t) * rs);
+        const uint2 h1 = *(const uint2*)(xg + (ni * 8 + 2 * t + 1) * rs);
+        const u8* xq = xg + (ni * 8 + g) * rs + 16 + 8 * t;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int bl = 2 * h + j;
+            const uint2 bq = *(const uint2*)(xq + 32 * bl);
+            const u32 a[4] = {v.qa[j].x, v.qb[j].x, v.qa[j].y, v.qb[j].y};
+            const u32 b[2] = {bq.x, bq.y};
+            int c[4] = {0, 0, 0, 0};
+            mma_s8(c, a, b);
+            const float d0 = hsel(h0, bl), d1 = hsel(h1, bl);
+            acc[ni][0] += (float)c[0] * (dg[j] * d0);
+            acc[ni][1] += (float)c[1] * (dg[j] * d1);
+            acc[ni][2] += (float)c[2] * (dg8[j] * d0);
+            acc[ni][3] += (float)c[3] * (dg8[j] * d1);
         }
     }
 #endif
@@ -915,8 +974,41 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         }
     };
     // (Group indices from here on count from g0.)
-    using Grp = RowsGrp;
-    auto load = [&](Grp& v, int gi) {
+    // HALF: the pipeline's units are half groups (unit u: group u / 2, half u % 2), NB of them in
+    // flight; else whole groups, NBUF.
+    constexpr bool HALF = MMQ_ROWS_HALF && !DENSE;
+    constexpr int HU = HALF ? 2 : 1, NB = HALF ? MMQ_ROWS_HNBUF : NBUF;
+    static_assert(!HALF || NB % 2 == 0, "MMQ_ROWS_HNBUF must be even (a unit's half from its buffer)");
+    const int nu = ng * HU;  // units a row set
+    using Grp = typename RowsSel<HALF, RowsHalf, RowsGrp>::type;
+    // (h: unit gi's half, gi & 1, passed as i & 1 from the unrolled loops, where it is a
+    // constant: NB is even and every row set has an even number of units.)
+    auto load = [&](Grp& v, int gi, int h) {
+        if constexpr (HALF) {
+            const int gc = min(gi >> 1, ng - 1);
+            if (tl) {
+                const u8* p = pa + (i64)gc * MMQ_TG;
+                v.sa = ldw4(p + 16 * g + 4 * h);
+                v.sb = ldw4(p + 16 * g + 8 + 4 * h);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const uint4 q = ldw16(p + 128 + 512 * (2 * h + j) + 16 * lane);
+                    v.qa[j] = make_uint2(q.x, q.z);
+                    v.qb[j] = make_uint2(q.y, q.w);
+                }
+            } else {
+                const u8* a = pa + (i64)gc * MMQ_GB;
+                const u8* b = pb + (i64)gc * MMQ_GB;
+                v.sa = __ldg((const u32*)(a + 4 * h));
+                v.sb = __ldg((const u32*)(b + 4 * h));
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    v.qa[j] = __ldg((const uint2*)(a + 16 + 32 * (2 * h + j) + 8 * t));
+                    v.qb[j] = __ldg((const uint2*)(b + 16 + 32 * (2 * h + j) + 8 * t));
+                }
+            }
+            return;
+        } else {
         const int gc = min(gi, ng - 1);
         if (tl) {
             // One 16-byte load a lane for the scales of rows g and g+8, one a block for its 8
@@ -951,20 +1043,21 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             v.qa[bl] = __ldg((const uint2*)(a + 16 + 32 * bl + 8 * t));
             v.qb[bl] = __ldg((const uint2*)(b + 16 + 32 * bl + 8 * t));
         }
+        }
     };
     // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
     // R > 1: the warp's row sets that exist walk as one stream of nrs * ng groups (the next
     // set's first groups load while the last ones of the set before are multiplied; the block's
     // start is paid once for R sets).
-    Grp v[NBUF];
+    Grp v[NB];
     int nrs = 0;
 #pragma unroll
     for (int s2 = 0; s2 < R; s2++) nrs += r0 + s2 * MMQ_BM < m;
-    const int nv = R == 1 ? ng : nrs * ng;
-    int ls = 0, lg = 0;  // the next group to load: row set ls, group lg (R > 1)
-    auto load_next = [&](Grp& x) {
-        load(x, lg);
-        if (++lg == ng) {
+    const int nv = R == 1 ? nu : nrs * nu;
+    int ls = 0, lg = 0;  // the next unit to load: row set ls, unit lg (R > 1)
+    auto load_next = [&](Grp& x, int h) {
+        load(x, lg, h);
+        if (++lg == nu) {
             lg = 0;
             ++ls;
             const int rs0 = r0 + ls * MMQ_BM;
@@ -981,12 +1074,12 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         if constexpr (R == 1) {
             if (ng > 0) {
 #pragma unroll
-                for (int i = 0; i < NBUF; i++) load(v[i], i);
+                for (int i = 0; i < NB; i++) load(v[i], i, i & 1);
             }
         } else {
 #pragma unroll
-            for (int i = 0; i < NBUF; i++)
-                if (i < nv) load_next(v[i]);
+            for (int i = 0; i < NB; i++)
+                if (i < nv) load_next(v[i], i & 1);
         }
     };
     if (pre) {
@@ -1057,8 +1150,10 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     for (int ni = 0; ni < 2; ni++)
 #pragma unroll
         for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
-    auto mul = [&](const Grp& v, int gi) {
-        if ((MMQ_ROWS_KO & 4) && !DENSE) {
+    auto mul = [&](const Grp& v, int gi, int h) {
+        if constexpr (HALF) {
+            rows_mul_half(acc, v, mmq_sm + (gi >> 1) * MMQ_GB, rs, nt, g, t, h);
+        } else if ((MMQ_ROWS_KO & 4) && !DENSE) {
             u32 x = v.ha.x ^ v.ha.y ^ v.hb.x ^ v.hb.y;
 #pragma unroll
             for (int bl = 0; bl < 4; bl++) x ^= v.qa[bl].x ^ v.qa[bl].y ^ v.qb[bl].x ^ v.qb[bl].y;
@@ -1072,12 +1167,12 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     __syncthreads();
     if constexpr (R == 1) {
         if (r0 >= m) return;  // no barrier past here
-        for (int gi = 0; gi < ng; gi += NBUF) {
+        for (int gi = 0; gi < nu; gi += NB) {
 #pragma unroll
-            for (int i = 0; i < NBUF; i++) {
-                if (gi + i < ng) {
-                    mul(v[i], gi + i);
-                    if (gi + i + NBUF < ng) load(v[i], gi + i + NBUF);
+            for (int i = 0; i < NB; i++) {
+                if (gi + i < nu) {
+                    mul(v[i], gi + i, i & 1);
+                    if (gi + i + NB < nu) load(v[i], gi + i + NB, i & 1);
                 }
             }
         }
@@ -1085,13 +1180,13 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     } else {
         if (nv == 0) return;  // no barrier past here
         int ms = 0, mg = 0;  // the group to multiply: row set ms, group mg
-        for (int vi = 0; vi < nv; vi += NBUF) {
+        for (int vi = 0; vi < nv; vi += NB) {
 #pragma unroll
-            for (int i = 0; i < NBUF; i++) {
+            for (int i = 0; i < NB; i++) {
                 if (vi + i < nv) {
-                    mul(v[i], mg);
-                    if (vi + i + NBUF < nv) load_next(v[i]);
-                    if (++mg == ng) {
+                    mul(v[i], mg, i & 1);
+                    if (vi + i + NB < nv) load_next(v[i], i & 1);
+                    if (++mg == nu) {
                         store(r0 + ms * MMQ_BM);
                         mg = 0;
                         ++ms;
