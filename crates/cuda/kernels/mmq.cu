@@ -798,17 +798,15 @@ struct RowsSel<false, T, F> {
 #ifndef MMQ_ROWS_KO
 #define MMQ_ROWS_KO 0
 #endif
-// acc[ni][c] += the group's products with the tile's (<= 16) activation rows, whose group starts
-// at xg (rows rs bytes apart): one m16n8k32 int8 mma a block and n8 tile, each int32 scaled by
-// the weight row's and the token's block scales and summed in block order.
-__device__ __forceinline__ void rows_mul(float (&acc)[2][4], const RowsGrp& v, const u8* xg, int rs, int nt, int g, int t) {
+// acc[ni][c] += the products of NBL blocks of a group, blocks bl0.. (quants qa[j] / qb[j] and
+// weight scales dg[j] / dg8[j] of rows g and g+8 for block bl0 + j), with the tile's (<= 16)
+// activation rows, whose group starts at xg (rows rs bytes apart): one m16n8k32 int8 mma a
+// block and n8 tile, each int32 scaled by the weight row's and the token's block scales and
+// summed in block order.
+template <int NBL>
+__device__ __forceinline__ void rows_mul_blocks(float (&acc)[2][4], const uint2* qa, const uint2* qb, const float* dg,
+                                                const float* dg8, int bl0, const u8* xg, int rs, int nt, int g, int t) {
 #if __CUDA_ARCH__ >= 800
-    float dg[4], dg8[4];  // the scales of rows g and g+8
-#pragma unroll
-    for (int bl = 0; bl < 4; bl++) {
-        dg[bl] = hsel(v.ha, bl);
-        dg8[bl] = hsel(v.hb, bl);
-    }
 #pragma unroll
     for (int ni = 0; ni < 2; ni++) {
         if (ni * 8 >= nt) break;  // only padding tokens (block-uniform)
@@ -816,43 +814,10 @@ __device__ __forceinline__ void rows_mul(float (&acc)[2][4], const RowsGrp& v, c
         const uint2 h1 = *(const uint2*)(xg + (ni * 8 + 2 * t + 1) * rs);
         const u8* xq = xg + (ni * 8 + g) * rs + 16 + 8 * t;
 #pragma unroll
-        for (int bl = 0; bl < 4; bl++) {
+        for (int j = 0; j < NBL; j++) {
+            const int bl = bl0 + j;
             const uint2 bq = *(const uint2*)(xq + 32 * bl);
-            const u32 a[4] = {v.qa[bl].x, v.qb[bl].x, v.qa[bl].y, v.qb[bl].y};
-            const u32 b[2] = {bq.x, bq.y};
-            int c[4] = {0, 0, 0, 0};
-            mma_s8(c, a, b);
-            const float d0 = hsel(h0, bl), d1 = hsel(h1, bl);
-            acc[ni][0] += (float)c[0] * (dg[bl] * d0);
-            acc[ni][1] += (float)c[1] * (dg[bl] * d1);
-            acc[ni][2] += (float)c[2] * (dg8[bl] * d0);
-            acc[ni][3] += (float)c[3] * (dg8[bl] * d1);
-        }
-    }
-#endif
-}
-// rows_mul for half h of the group (blocks 2h, 2h+1): the same products, the same order into
-// each accumulator (MMQ_ROWS_HALF).
-__device__ __forceinline__ void rows_mul_half(float (&acc)[2][4], const RowsHalf& v, const u8* xg, int rs, int nt, int g,
-                                              int t, int h) {
-#if __CUDA_ARCH__ >= 800
-    float dg[2], dg8[2];
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-        dg[j] = h2f((u16)(j ? v.sa >> 16 : v.sa & 0xffffu));
-        dg8[j] = h2f((u16)(j ? v.sb >> 16 : v.sb & 0xffffu));
-    }
-#pragma unroll
-    for (int ni = 0; ni < 2; ni++) {
-        if (ni * 8 >= nt) break;  // only padding tokens (block-uniform)
-        const uint2 h0 = *(const uint2*)(xg + (ni * 8 + 2 * t) * rs);
-        const uint2 h1 = *(const uint2*)(xg + (ni * 8 + 2 * t + 1) * rs);
-        const u8* xq = xg + (ni * 8 + g) * rs + 16 + 8 * t;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int bl = 2 * h + j;
-            const uint2 bq = *(const uint2*)(xq + 32 * bl);
-            const u32 a[4] = {v.qa[j].x, v.qb[j].x, v.qa[j].y, v.qb[j].y};
+            const u32 a[4] = {qa[j].x, qb[j].x, qa[j].y, qb[j].y};
             const u32 b[2] = {bq.x, bq.y};
             int c[4] = {0, 0, 0, 0};
             mma_s8(c, a, b);
@@ -863,6 +828,32 @@ __device__ __forceinline__ void rows_mul_half(float (&acc)[2][4], const RowsHalf
             acc[ni][3] += (float)c[3] * (dg8[j] * d1);
         }
     }
+#endif
+}
+// A whole group's products (its four blocks).
+__device__ __forceinline__ void rows_mul(float (&acc)[2][4], const RowsGrp& v, const u8* xg, int rs, int nt, int g, int t) {
+#if __CUDA_ARCH__ >= 800
+    float dg[4], dg8[4];  // the scales of rows g and g+8
+#pragma unroll
+    for (int bl = 0; bl < 4; bl++) {
+        dg[bl] = hsel(v.ha, bl);
+        dg8[bl] = hsel(v.hb, bl);
+    }
+    rows_mul_blocks<4>(acc, v.qa, v.qb, dg, dg8, 0, xg, rs, nt, g, t);
+#endif
+}
+// Half h of the group (blocks 2h, 2h+1): the same products, the same order into each
+// accumulator (MMQ_ROWS_HALF).
+__device__ __forceinline__ void rows_mul_half(float (&acc)[2][4], const RowsHalf& v, const u8* xg, int rs, int nt, int g,
+                                              int t, int h) {
+#if __CUDA_ARCH__ >= 800
+    float dg[2], dg8[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        dg[j] = h2f((u16)(j ? v.sa >> 16 : v.sa & 0xffffu));
+        dg8[j] = h2f((u16)(j ? v.sb >> 16 : v.sb & 0xffffu));
+    }
+    rows_mul_blocks<2>(acc, v.qa, v.qb, dg, dg8, 2 * h, xg, rs, nt, g, t);
 #endif
 }
 // The warp's 16 rows from rr0 (rows < m) for the tile's nt tokens, to their output rows.
