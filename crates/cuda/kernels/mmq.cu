@@ -117,10 +117,11 @@ __device__ __forceinline__ float hsel(uint2 h, int s) {
 // the caller syncs.
 // skip (mmq_q8_rows with its first tiles early, see mmq_rows_impl): every expert's first tile is
 // left out (blocks y < n_exp take those), so tile y - n_exp of the rest; ybase >= 0: tile
-// blockIdx.y - ybase of the rest instead (the blocks before take other tiles).
+// blockIdx.y - ybase of the rest instead (the blocks before take other tiles); by >= 0: tile
+// index by in place of blockIdx.y (the rows kernels' tail halves).
 template <int BN>
 __device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid, int& tile_e, int& tile_start,
-                                              int skip = 0, int ybase = -1) {
+                                              int skip = 0, int ybase = -1, int by = -1) {
     // The first warp loads the counts at once (lane l holds experts l*per ..), scans the per-lane
     // tile totals, and the lane whose range holds y walks its few experts. (A serial walk over the
     // experts costs one dependent load per expert before the first weight is requested.)
@@ -139,7 +140,7 @@ __device__ __forceinline__ void mmq_find_tile(const int* cnt, int n_exp, int tid
         const int v = __shfl_up_sync(0xffffffffu, incl, o);
         if (tid >= o) incl += v;
     }
-    const int y = blockIdx.y - (ybase >= 0 ? ybase : skip * n_exp), excl = incl - mine;
+    const int y = (by >= 0 ? by : (int)blockIdx.y) - (ybase >= 0 ? ybase : skip * n_exp), excl = incl - mine;
     if (tid == 31 && y >= incl) tile_e = -1;  // past the last tile
     if (y >= excl && y < incl) {
         int yy = y - excl;
@@ -765,31 +766,10 @@ extern "C" __global__ void __launch_bounds__(160, 2)
 struct RowsGrp {
     uint2 ha, hb, qa[4], qb[4];
 };
-// MMQ_ROWS_HALF (a measurement define, 0 by default; not yet run on a GPU): the grouped rows
-// kernels' pipeline in half groups (64 k: blocks 2h and 2h+1 of a 128-group), 10 registers
-// each instead of 20, MMQ_ROWS_HNBUF (even: 2 or 4) of them in flight a warp instead of 2 whole
-// groups (40 registers), for fewer registers a thread and so more warps an SM: with
-// MMQ_ROWS_MINB=6, 80 registers and no spill (tools/gpu/sass_static.py), 6 blocks of 4 warps
-// an SM where the default's 96 registers fit 5. The same products added in the same order: the
-// same bits.
-#ifndef MMQ_ROWS_HALF
-#define MMQ_ROWS_HALF 0
-#endif
-#ifndef MMQ_ROWS_HNBUF
-#define MMQ_ROWS_HNBUF 2
-#endif
-struct RowsHalf {
-    u32 sa, sb;          // the half's two scales (f16) of rows g and g+8
-    uint2 qa[2], qb[2];  // its two blocks' quants, as RowsGrp's qa / qb
-};
-template <bool B, class T, class F>
-struct RowsSel {
-    using type = T;
-};
-template <class T, class F>
-struct RowsSel<false, T, F> {
-    using type = F;
-};
+// (The pipeline in 64-k half groups, MMQ_ROWS_HALF: 77 registers without a spill at 6 blocks
+// an SM, 469 instructions a group against 315, the same bits. H200, gpu-next122, 64 sequences
+// at -d 96: 7,253 tok/s against 8,456 (-14%), with 7 blocks an SM 6,864, 128 sequences 12,636
+// against 14,107. Removed; git history has it, commit 242ecb7.)
 // MMQ_ROWS_KO (a measurement define, wrong results on purpose; docs/GPU.md): parts of the
 // grouped rows kernels left out, to see what each costs. Bit 1: no activation tile copy (the
 // multiply reads whatever shared memory holds); bit 2: no token list (the tile's rows are
@@ -840,20 +820,6 @@ __device__ __forceinline__ void rows_mul(float (&acc)[2][4], const RowsGrp& v, c
         dg8[bl] = hsel(v.hb, bl);
     }
     rows_mul_blocks<4>(acc, v.qa, v.qb, dg, dg8, 0, xg, rs, nt, g, t);
-#endif
-}
-// Half h of the group (blocks 2h, 2h+1): the same products, the same order into each
-// accumulator (MMQ_ROWS_HALF).
-__device__ __forceinline__ void rows_mul_half(float (&acc)[2][4], const RowsHalf& v, const u8* xg, int rs, int nt, int g,
-                                              int t, int h) {
-#if __CUDA_ARCH__ >= 800
-    float dg[2], dg8[2];
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-        dg[j] = h2f((u16)(j ? v.sa >> 16 : v.sa & 0xffffu));
-        dg8[j] = h2f((u16)(j ? v.sb >> 16 : v.sb & 0xffffu));
-    }
-    rows_mul_blocks<2>(acc, v.qa, v.qb, dg, dg8, 2 * h, xg, rs, nt, g, t);
 #endif
 }
 // The warp's 16 rows from rr0 (rows < m) for the tile's nt tokens, to their output rows.
@@ -917,7 +883,8 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
                                               const int* perm, int n_exp, int in_div, float* out, i64 ooff,
                                               i64 ostride, int nsplit, i64 split_stride, const u8* Ws,
                                               i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early) {
+                                              float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, int early,
+                                              int tail0, int tail1) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
     const int bx = rows_pair_half(W, Ws, out, Wtl, W2, Ws2, out2, W2tl);
@@ -933,13 +900,27 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     // R row sets a warp (grouped only): rows r0 + s*MMQ_BM for s < R, one after the other.
     static_assert(R == 1 || !DENSE, "row sets are for grouped products");
-    const int r0 = bx * (MMQ_BM * R) + warp * 16;
+    // Tail halves (R > 1): the tiles [tail0, tail1) of the launch's y order (its last wave) each
+    // as 2 blocks of one row set along y (grid.y has tail1 - tail0 more), so that the launch's
+    // last blocks take half as long and its ragged tail shrinks; the same rows, the same sums.
+    // yb: the block's tile index in the order without halves; sub: its row set (-1: all R).
+    int yb = blockIdx.y, sub = -1;
+    if (R > 1 && yb >= tail0 && tail1 > tail0) {
+        const int d = yb - tail0, w = tail1 - tail0;
+        if (d < 2 * w) {
+            yb = tail0 + (d >> 1);
+            sub = d & 1;
+        } else {
+            yb -= w;
+        }
+    }
+    const int r0 = bx * (MMQ_BM * R) + (sub > 0 ? MMQ_BM : 0) + warp * 16;
     // The block's matrix before the wait (pre), or from the counts after it.
     const int shT = !DENSE && early > 1 ? early - 1 : 0;  // shared chunks' tiles first (S)
-    bool pre = DENSE || (early && (int)blockIdx.y < n_exp);
-    int e = DENSE ? blockIdx.z / nsplit : blockIdx.y, start = DENSE ? blockIdx.y * BN : 0, count = n;
+    bool pre = DENSE || (early && yb < n_exp);
+    int e = DENSE ? blockIdx.z / nsplit : yb, start = DENSE ? blockIdx.y * BN : 0, count = n;
     if (shT) {
-        const int y = blockIdx.y, per = shT / (n_exp - e_sh);
+        const int y = yb, per = shT / (n_exp - e_sh);
         pre = y < shT + e_sh;
         e = y < shT ? e_sh + y / per : y - shT;
         start = y < shT ? (y % per) * BN : 0;
@@ -965,41 +946,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         }
     };
     // (Group indices from here on count from g0.)
-    // HALF: the pipeline's units are half groups (unit u: group u / 2, half u % 2), NB of them in
-    // flight; else whole groups, NBUF.
-    constexpr bool HALF = MMQ_ROWS_HALF && !DENSE;
-    constexpr int HU = HALF ? 2 : 1, NB = HALF ? MMQ_ROWS_HNBUF : NBUF;
-    static_assert(!HALF || NB % 2 == 0, "MMQ_ROWS_HNBUF must be even (a unit's half from its buffer)");
-    const int nu = ng * HU;  // units a row set
-    using Grp = typename RowsSel<HALF, RowsHalf, RowsGrp>::type;
-    // (h: unit gi's half, gi & 1, passed as i & 1 from the unrolled loops, where it is a
-    // constant: NB is even and every row set has an even number of units.)
-    auto load = [&](Grp& v, int gi, int h) {
-        if constexpr (HALF) {
-            const int gc = min(gi >> 1, ng - 1);
-            if (tl) {
-                const u8* p = pa + (i64)gc * MMQ_TG;
-                v.sa = ldw4(p + 16 * g + 4 * h);
-                v.sb = ldw4(p + 16 * g + 8 + 4 * h);
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const uint4 q = ldw16(p + 128 + 512 * (2 * h + j) + 16 * lane);
-                    v.qa[j] = make_uint2(q.x, q.z);
-                    v.qb[j] = make_uint2(q.y, q.w);
-                }
-            } else {
-                const u8* a = pa + (i64)gc * MMQ_GB;
-                const u8* b = pb + (i64)gc * MMQ_GB;
-                v.sa = __ldg((const u32*)(a + 4 * h));
-                v.sb = __ldg((const u32*)(b + 4 * h));
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    v.qa[j] = __ldg((const uint2*)(a + 16 + 32 * (2 * h + j) + 8 * t));
-                    v.qb[j] = __ldg((const uint2*)(b + 16 + 32 * (2 * h + j) + 8 * t));
-                }
-            }
-            return;
-        } else {
+    auto load = [&](RowsGrp& v, int gi) {
         const int gc = min(gi, ng - 1);
         if (tl) {
             // One 16-byte load a lane for the scales of rows g and g+8, one a block for its 8
@@ -1034,21 +981,20 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
             v.qa[bl] = __ldg((const uint2*)(a + 16 + 32 * bl + 8 * t));
             v.qb[bl] = __ldg((const uint2*)(b + 16 + 32 * bl + 8 * t));
         }
-        }
     };
     // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
     // R > 1: the warp's row sets that exist walk as one stream of nrs * ng groups (the next
     // set's first groups load while the last ones of the set before are multiplied; the block's
     // start is paid once for R sets).
-    Grp v[NB];
+    RowsGrp v[NBUF];
     int nrs = 0;
 #pragma unroll
-    for (int s2 = 0; s2 < R; s2++) nrs += r0 + s2 * MMQ_BM < m;
-    const int nv = R == 1 ? nu : nrs * nu;
+    for (int s2 = 0; s2 < R; s2++) nrs += (s2 == 0 || sub < 0) && r0 + s2 * MMQ_BM < m;
+    const int nv = R == 1 ? ng : nrs * ng;
     int ls = 0, lg = 0;  // the next unit to load: row set ls, unit lg (R > 1)
-    auto load_next = [&](Grp& x, int h) {
-        load(x, lg, h);
-        if (++lg == nu) {
+    auto load_next = [&](RowsGrp& x) {
+        load(x, lg);
+        if (++lg == ng) {
             lg = 0;
             ++ls;
             const int rs0 = r0 + ls * MMQ_BM;
@@ -1065,12 +1011,12 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         if constexpr (R == 1) {
             if (ng > 0) {
 #pragma unroll
-                for (int i = 0; i < NB; i++) load(v[i], i, i & 1);
+                for (int i = 0; i < NBUF; i++) load(v[i], i);
             }
         } else {
 #pragma unroll
-            for (int i = 0; i < NB; i++)
-                if (i < nv) load_next(v[i], i & 1);
+            for (int i = 0; i < NBUF; i++)
+                if (i < nv) load_next(v[i]);
         }
     };
     if (pre) {
@@ -1097,7 +1043,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         } else {
             // (shT: the routed experts' later tiles, from block shT + e_sh on)
             if (tid < 32)
-                mmq_find_tile<BN>(cnt, shT ? e_sh : n_exp, tid, tile_e, tile_start, early ? 1 : 0, shT ? shT + e_sh : -1);
+                mmq_find_tile<BN>(cnt, shT ? e_sh : n_exp, tid, tile_e, tile_start, early ? 1 : 0, shT ? shT + e_sh : -1, yb);
             __syncthreads();
             e = tile_e;
             if (e < 0) return;
@@ -1141,10 +1087,8 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     for (int ni = 0; ni < 2; ni++)
 #pragma unroll
         for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
-    auto mul = [&](const Grp& v, int gi, int h) {
-        if constexpr (HALF) {
-            rows_mul_half(acc, v, mmq_sm + (gi >> 1) * MMQ_GB, rs, nt, g, t, h);
-        } else if ((MMQ_ROWS_KO & 4) && !DENSE) {
+    auto mul = [&](const RowsGrp& v, int gi) {
+        if ((MMQ_ROWS_KO & 4) && !DENSE) {
             u32 x = v.ha.x ^ v.ha.y ^ v.hb.x ^ v.hb.y;
 #pragma unroll
             for (int bl = 0; bl < 4; bl++) x ^= v.qa[bl].x ^ v.qa[bl].y ^ v.qb[bl].x ^ v.qb[bl].y;
@@ -1158,12 +1102,12 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     __syncthreads();
     if constexpr (R == 1) {
         if (r0 >= m) return;  // no barrier past here
-        for (int gi = 0; gi < nu; gi += NB) {
+        for (int gi = 0; gi < ng; gi += NBUF) {
 #pragma unroll
-            for (int i = 0; i < NB; i++) {
-                if (gi + i < nu) {
-                    mul(v[i], gi + i, i & 1);
-                    if (gi + i + NB < nu) load(v[i], gi + i + NB, i & 1);
+            for (int i = 0; i < NBUF; i++) {
+                if (gi + i < ng) {
+                    mul(v[i], gi + i);
+                    if (gi + i + NBUF < ng) load(v[i], gi + i + NBUF);
                 }
             }
         }
@@ -1171,13 +1115,13 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     } else {
         if (nv == 0) return;  // no barrier past here
         int ms = 0, mg = 0;  // the group to multiply: row set ms, group mg
-        for (int vi = 0; vi < nv; vi += NB) {
+        for (int vi = 0; vi < nv; vi += NBUF) {
 #pragma unroll
-            for (int i = 0; i < NB; i++) {
+            for (int i = 0; i < NBUF; i++) {
                 if (vi + i < nv) {
-                    mul(v[i], mg, i & 1);
-                    if (vi + i + NB < nv) load_next(v[i], i & 1);
-                    if (++mg == nu) {
+                    mul(v[i], mg);
+                    if (vi + i + NBUF < nv) load_next(v[i]);
+                    if (++mg == ng) {
                         store(r0 + ms * MMQ_BM);
                         mg = 0;
                         ++ms;
@@ -1201,11 +1145,11 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
              const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,      \
              i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, \
              const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes,        \
-             int early) {                                                                                       \
+             int early, int tail0, int tail1) {                                                                 \
         pdl_trigger(); /* the wait is mmq_rows_impl's, after the first weight loads */                          \
         mmq_rows_impl<NBUF, DENSE, R>(W, row_bytes, mat_bytes, m, ngroups, X, xrow, n, cnt, off, perm, n_exp, in_div, out, \
                             ooff, ostride, nsplit, split_stride, Ws, ws_row_bytes, ws_stride, e_sh, W2, Ws2, out2, \
-                            Wtl, W2tl, tl_mat_bytes, early);                                                    \
+                            Wtl, W2tl, tl_mat_bytes, early, tail0, tail1);                                      \
     }
 // Two groups in flight a warp (96 registers: 5 blocks an SM). Measured on the H200 (bench
 // --parallel 64 -n 32, each pair in one call): 6,575 / 6,587 tok/s against mmq_q8_16's 6,150 /

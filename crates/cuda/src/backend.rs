@@ -1348,6 +1348,16 @@ pub struct CudaBackend {
     /// hash): 64 sequences 7,726 / 7,729 -> 8,037 / 8,036, the server at 64 clients 6,372 ->
     /// 6,560. `TS_CUDA_ROWS_SH_FIRST=0` or [`CudaBackend::set_rows_shared_first`] puts them last.
     rows_sh_first: AtomicBool,
+    /// With two row sets a warp (`mmq_q8_rows_r2`) and `rows_early`: the last this many tiles
+    /// of the first tiles' range (the shared chunks' and every expert's first, in block order:
+    /// the launch's last wave) each run as two blocks of one row set (`mmq_rows_impl`'s tail
+    /// halves), so the launch's last blocks are half as long and its ragged tail shrinks; only
+    /// while the routed experts average at most 8 pairs (V2-Lite: up to 85 tokens). The same
+    /// bits. Default 16; on the H200 (gpu-next123, 64 sequences at -d 96, same hash) 0 / 8 /
+    /// 16 / 32 / 48 / 72 (all) tiles gave 8,372 / 8,420 / 8,550 / 8,510 / 8,453 / 8,295 tok/s,
+    /// 128 sequences with 32 (before the pairs rule) 13,737 against 14,032. `TS_CUDA_ROWS_TAIL=N`
+    /// (tiles; 0: none) or [`CudaBackend::set_rows_tail`].
+    rows_tail: AtomicUsize,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -1702,6 +1712,7 @@ impl CudaBackend {
             }),
             rows_early: AtomicBool::new(std::env::var("TS_CUDA_ROWS_EARLY").map_or(true, |v| v != "0")),
             rows_sh_first: AtomicBool::new(std::env::var("TS_CUDA_ROWS_SH_FIRST").map_or(true, |v| v != "0")),
+            rows_tail: AtomicUsize::new(std::env::var("TS_CUDA_ROWS_TAIL").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             mla_long_batch: std::env::var("TS_CUDA_MLA_LONG_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
@@ -1839,6 +1850,12 @@ impl CudaBackend {
     /// last (false); the same bits.
     pub fn set_rows_shared_first(&self, on: bool) {
         self.rows_sh_first.store(on, Ordering::Relaxed);
+    }
+
+    /// With two row sets a warp: the last `tiles` first tiles as half blocks (0: none); the same
+    /// bits either way.
+    pub fn set_rows_tail(&self, tiles: usize) {
+        self.rows_tail.store(tiles, Ordering::Relaxed);
     }
 
     /// Dense Q8_0 products of up to `bn16` tokens on 16-token tiles, and of up to `rows` tokens
@@ -2840,6 +2857,23 @@ impl CudaBackend {
             }
             _ => 1,
         };
+        // Tail halves (two row sets only): logical tiles [tail0, tail1) end the first tiles'
+        // range, each as two one-row-set blocks, so the grid has tail1 - tail0 more along y.
+        // Only while the routed experts average at most 8 pairs: then the first tiles are
+        // nearly all of the work and their end is the launch's end (with more, later tiles
+        // follow and the halves would sit mid-launch: 128 sequences -2.1%).
+        let (routed, re) = match sh {
+            Some((.., e_sh)) if e_sh < ne => (pairs.saturating_sub((ne - e_sh) * tokens), e_sh),
+            _ => (pairs, ne),
+        };
+        let (tail0, tail1) = match (rr, early) {
+            (2.., 1..) if routed <= 8 * re => {
+                let end = if early > 1 { early - 1 + e_sh } else { ne }.min(grid.1 as usize);
+                (end - self.rows_tail.load(Ordering::Relaxed).min(end), end)
+            }
+            _ => (0, 0),
+        };
+        let grid = (grid.0, grid.1 + (tail1 - tail0) as u32, grid.2);
         let args = [
             A::P(w.mem.ptr),
             l(w.row_bytes),
@@ -2874,6 +2908,8 @@ impl CudaBackend {
             A::P(pair_tiled),
             l(w.tiled_mat_bytes()),
             i(early),
+            i(tail0),
+            i(tail1),
         ];
         // (The mmq_q8 tiles take the common arguments only.)
         let na = if rows { args.len() } else { 25 };

@@ -120,7 +120,6 @@ fn measurement_defines_compile_for_sm_90() {
             "-DMMQ_ROWS_NA=0",
             "-DMS_NB_B=1",
             "-DMS_KFIRST=0",
-            "-DMMQ_ROWS_HALF=1",
         ],
     ) {
         panic!("{log}");
