@@ -1358,6 +1358,12 @@ pub struct CudaBackend {
     /// 128 sequences with 32 (before the pairs rule) 13,737 against 14,032. `TS_CUDA_ROWS_TAIL=N`
     /// (tiles; 0: none) or [`CudaBackend::set_rows_tail`].
     rows_tail: AtomicUsize,
+    /// Tail halves for the experts' later tiles too (every block past the first tiles' range;
+    /// with few pairs most of them find no tile), at any number of pairs: past ~85 sequences
+    /// the launches end on later tiles. The same bits. On by default; on the H200 (gpu-next125,
+    /// same hashes) 128 sequences 14,074 -> 14,228 tok/s, 96 10,565 -> 10,569, 64 at -d 96
+    /// 8,581 -> 8,575. `TS_CUDA_ROWS_TAIL_LATER=0` or [`CudaBackend::set_rows_tail_later`]: off.
+    rows_tail_later: AtomicBool,
     /// One decode token's norm_rope_cache and absorbed query product in one launch
     /// (`mla_rope_absorb_1`); `TS_CUDA_RA=0` runs `norm_rope_cache` then `gemv_q8_1`, to compare.
     rope_absorb: bool,
@@ -1713,6 +1719,7 @@ impl CudaBackend {
             rows_early: AtomicBool::new(std::env::var("TS_CUDA_ROWS_EARLY").map_or(true, |v| v != "0")),
             rows_sh_first: AtomicBool::new(std::env::var("TS_CUDA_ROWS_SH_FIRST").map_or(true, |v| v != "0")),
             rows_tail: AtomicUsize::new(std::env::var("TS_CUDA_ROWS_TAIL").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
+            rows_tail_later: AtomicBool::new(std::env::var("TS_CUDA_ROWS_TAIL_LATER").map_or(true, |v| v != "0")),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             mla_long_batch: std::env::var("TS_CUDA_MLA_LONG_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
@@ -1856,6 +1863,12 @@ impl CudaBackend {
     /// bits either way.
     pub fn set_rows_tail(&self, tiles: usize) {
         self.rows_tail.store(tiles, Ordering::Relaxed);
+    }
+
+    /// Tail halves on the later tiles too (true, the default) or on the first tiles' end only;
+    /// the same bits either way.
+    pub fn set_rows_tail_later(&self, on: bool) {
+        self.rows_tail_later.store(on, Ordering::Relaxed);
     }
 
     /// Dense Q8_0 products of up to `bn16` tokens on 16-token tiles, and of up to `rows` tokens
@@ -2867,9 +2880,10 @@ impl CudaBackend {
             _ => (pairs, ne),
         };
         let (tail0, tail1) = match (rr, early) {
-            (2.., 1..) if routed <= 8 * re => {
+            (2.., 1..) => {
                 let end = if early > 1 { early - 1 + e_sh } else { ne }.min(grid.1 as usize);
-                (end - self.rows_tail.load(Ordering::Relaxed).min(end), end)
+                let t0 = if routed <= 8 * re { end - self.rows_tail.load(Ordering::Relaxed).min(end) } else { end };
+                (t0, if self.rows_tail_later.load(Ordering::Relaxed) { grid.1 as usize } else { end })
             }
             _ => (0, 0),
         };

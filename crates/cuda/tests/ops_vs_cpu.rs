@@ -3072,16 +3072,21 @@ fn moe_rows_exact() {
         }
         // Two row sets with the first tiles' last 1, 7 or all of them (tail halves, 1000 is
         // clamped to the range; the default is 16) or none as one-row-set blocks
-        // (TS_CUDA_ROWS_TAIL), shared chunks first and last: the same bits.
+        // (TS_CUDA_ROWS_TAIL), the later tiles' blocks halved too (the default) or not, shared
+        // chunks first and last: the same bits.
         for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
             b.set_rows_r(2);
-            for tail in [0usize, 1, 7, 1000] {
-                b.set_rows_tail(tail);
-                sets.push((format!("tail halves {tail}, {kind}"), run(b, w, o)));
-                b.set_rows_shared_first(false);
-                sets.push((format!("tail halves {tail}, shared chunks last, {kind}"), run(b, w, o)));
-                b.set_rows_shared_first(true);
+            for later in [true, false] {
+                b.set_rows_tail_later(later);
+                for tail in [0usize, 1, 7, 1000] {
+                    b.set_rows_tail(tail);
+                    sets.push((format!("tail halves {tail} later {later}, {kind}"), run(b, w, o)));
+                    b.set_rows_shared_first(false);
+                    sets.push((format!("tail halves {tail} later {later}, shared chunks last, {kind}"), run(b, w, o)));
+                    b.set_rows_shared_first(true);
+                }
             }
+            b.set_rows_tail_later(true);
             b.set_rows_tail(16);
             b.set_rows_r(1);
         }
