@@ -900,9 +900,10 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     // R row sets a warp (grouped only): rows r0 + s*MMQ_BM for s < R, one after the other.
     static_assert(R == 1 || !DENSE, "row sets are for grouped products");
-    // Tail halves (R > 1): the tiles [tail0, tail1) of the launch's y order (its last wave) each
-    // as 2 blocks of one row set along y (grid.y has tail1 - tail0 more), so that the launch's
-    // last blocks take half as long and its ragged tail shrinks; the same rows, the same sums.
+    // Tail halves (R > 1): the tiles [tail0, tail1) of the launch's y order (its last blocks:
+    // the first tiles' last few, and the later tiles) each as 2 blocks of one row set along y
+    // (grid.y has tail1 - tail0 more), so that the launch's last blocks take half as long and
+    // its ragged tail shrinks; the same rows, the same sums.
     // yb: the block's tile index in the order without halves; sub: its row set (-1: all R).
     int yb = blockIdx.y, sub = -1;
     if (R > 1 && yb >= tail0 && tail1 > tail0) {
@@ -991,7 +992,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
 #pragma unroll
     for (int s2 = 0; s2 < R; s2++) nrs += (s2 == 0 || sub < 0) && r0 + s2 * MMQ_BM < m;
     const int nv = R == 1 ? ng : nrs * ng;
-    int ls = 0, lg = 0;  // the next unit to load: row set ls, unit lg (R > 1)
+    int ls = 0, lg = 0;  // the next group to load: row set ls, group lg (R > 1)
     auto load_next = [&](RowsGrp& x) {
         load(x, lg);
         if (++lg == ng) {

@@ -2870,11 +2870,12 @@ impl CudaBackend {
             }
             _ => 1,
         };
-        // Tail halves (two row sets only): logical tiles [tail0, tail1) end the first tiles'
-        // range, each as two one-row-set blocks, so the grid has tail1 - tail0 more along y.
-        // Only while the routed experts average at most 8 pairs: then the first tiles are
-        // nearly all of the work and their end is the launch's end (with more, later tiles
-        // follow and the halves would sit mid-launch: 128 sequences -2.1%).
+        // Tail halves (two row sets only): logical tiles [tail0, tail1), each as two
+        // one-row-set blocks, so the grid has tail1 - tail0 more along y. The first tiles'
+        // last `rows_tail` only while the routed experts average at most 8 pairs: then the
+        // first tiles are nearly all of the work and their end is the launch's end (with more,
+        // later tiles follow and those halves would sit mid-launch: 128 sequences -2.1%); and
+        // with `rows_tail_later` every later tile's block, which end the launch past that.
         let (routed, re) = match sh {
             Some((.., e_sh)) if e_sh < ne => (pairs.saturating_sub((ne - e_sh) * tokens), e_sh),
             _ => (pairs, ne),
