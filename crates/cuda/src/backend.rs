@@ -255,6 +255,11 @@ enum A {
 fn l(v: usize) -> A {
     A::L(v as i64)
 }
+/// A count from the environment variable `name`, if it is set and parses.
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 fn i(v: usize) -> A {
     A::I(v as i32)
 }
@@ -1358,6 +1363,10 @@ pub struct CudaBackend {
     /// 128 sequences with 32 (before the pairs rule) 13,737 against 14,032. `TS_CUDA_ROWS_TAIL=N`
     /// (tiles; 0: none) or [`CudaBackend::set_rows_tail`].
     rows_tail: AtomicUsize,
+    /// The same count for the down launch (16 blocks a tile where the gate/up pair has 22), if
+    /// it should differ: `TS_CUDA_ROWS_TAIL_DN=N`, a measurement knob (by default
+    /// `TS_CUDA_ROWS_TAIL`'s count; `set_rows_tail` sets both).
+    rows_tail_dn: AtomicUsize,
     /// Tail halves for the experts' later tiles too (every block past the first tiles' range;
     /// with few pairs most of them find no tile), at any number of pairs: past ~85 sequences
     /// the launches end on later tiles. The same bits. On by default; on the H200 (gpu-next125,
@@ -1718,7 +1727,8 @@ impl CudaBackend {
             }),
             rows_early: AtomicBool::new(std::env::var("TS_CUDA_ROWS_EARLY").map_or(true, |v| v != "0")),
             rows_sh_first: AtomicBool::new(std::env::var("TS_CUDA_ROWS_SH_FIRST").map_or(true, |v| v != "0")),
-            rows_tail: AtomicUsize::new(std::env::var("TS_CUDA_ROWS_TAIL").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
+            rows_tail: AtomicUsize::new(env_usize("TS_CUDA_ROWS_TAIL").unwrap_or(16)),
+            rows_tail_dn: AtomicUsize::new(env_usize("TS_CUDA_ROWS_TAIL_DN").or(env_usize("TS_CUDA_ROWS_TAIL")).unwrap_or(16)),
             rows_tail_later: AtomicBool::new(std::env::var("TS_CUDA_ROWS_TAIL_LATER").map_or(true, |v| v != "0")),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             mla_long_batch: std::env::var("TS_CUDA_MLA_LONG_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
@@ -1863,6 +1873,7 @@ impl CudaBackend {
     /// bits either way.
     pub fn set_rows_tail(&self, tiles: usize) {
         self.rows_tail.store(tiles, Ordering::Relaxed);
+        self.rows_tail_dn.store(tiles, Ordering::Relaxed);
     }
 
     /// Tail halves on the later tiles too (true, the default) or on the first tiles' end only;
@@ -2883,7 +2894,8 @@ impl CudaBackend {
         let (tail0, tail1) = match (rr, early) {
             (2.., 1..) => {
                 let end = if early > 1 { early - 1 + e_sh } else { ne }.min(grid.1 as usize);
-                let t0 = if routed <= 8 * re { end - self.rows_tail.load(Ordering::Relaxed).min(end) } else { end };
+                let tail = if w2 != 0 { &self.rows_tail } else { &self.rows_tail_dn };
+                let t0 = if routed <= 8 * re { end - tail.load(Ordering::Relaxed).min(end) } else { end };
                 (t0, if self.rows_tail_later.load(Ordering::Relaxed) { grid.1 as usize } else { end })
             }
             _ => (0, 0),
