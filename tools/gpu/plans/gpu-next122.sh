@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Written in the thirty-seventh session after its device time was spent; not yet run.
+# Written in the thirty-seventh session after its device time was spent; run in the thirty-eighth
+# (-14%: MMQ_ROWS_HALF removed, docs/PERF.md "The MoE launches' last blocks in halves").
 # MMQ_ROWS_HALF (a define): the grouped rows kernels' pipeline in 64-k half groups, so that
 # with MMQ_ROWS_MINB=6 the r2 kernel needs 77 registers without a spill (sass_static.py) and
 # 6 blocks (24 warps) fit an SM where the default's 96 registers fit 5; MINB=7 gives 72 (the
