@@ -44,7 +44,7 @@ extern "C" __global__ void copy_rows(const float* src, i64 soff, i64 sstride, fl
 }
 
 // The tiled copy of a stack of Q8_0 matrices in the device layout (CudaWeight::tiled; the host
-// reference is backend.rs's tile16): per matrix, per tile of 16 rows, per 144-byte group, 2,176
+// reference is backend/layout.rs's tile16): per matrix, per tile of 16 rows, per 144-byte group, 2,176
 // bytes in mmq_q8_rows' load order (MMQ_TG in mmq.cu): 16-byte chunk c < 8 holds the 4 f16
 // scales of rows c and c+8; chunk 8 + 32*bl + 4*g + t holds bytes 8t..8t+7 of block bl of rows g
 // and g+8, word by word (row g's first 4 bytes, row g+8's, row g's next 4, row g+8's): the int8

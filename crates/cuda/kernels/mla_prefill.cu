@@ -365,9 +365,9 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 #define MS_THREADS 128
 #define MS_LU 18
 #ifndef MS_NB
-#define MS_NB 3  // an f16 cache's key tiles in the cp.async ring (backend.rs MS_NB, TS_CUDA_MS_NB)
+#define MS_NB 3  // an f16 cache's key tiles in the cp.async ring (backend/mod.rs MS_NB, TS_CUDA_MS_NB)
 #endif
-// The batch kernel's ring (`mla_split_tc_hb`, Path::SplitBatch; backend.rs MS_NB_B,
+// The batch kernel's ring (`mla_split_tc_hb`, Path::SplitBatch; backend/mod.rs MS_NB_B,
 // TS_CUDA_MS_NB_B): at 3 tiles a block takes 133 KB and one block fits an SM, so the 256 blocks
 // of 64 sequences in 4 splits ran in two waves (23 us a layer in the server's trace,
 // gpu-next114); at 2 (96 KB) two fit and they run in one. A batch's split holds a few tiles.
@@ -386,7 +386,7 @@ MLA_PREFILL_INST(mla_prefill_ha, u16, true)
 // conflicts on every score store (store_scores) and read (gather_scores). 36 or 40 leave 2-way
 // ones; the same values, so the same bits. 40 by default since gpu-next80 (16k 492.6 against
 // 487.5 alone); a measurement define (TS_CUDA_DEFINES=MS_SLD=n, 32 to MS_SLD_MAX, which
-// backend.rs allots).
+// backend/mod.rs allots).
 #ifndef MS_SLD
 #define MS_SLD (MS_T + 8)
 #endif
