@@ -64,6 +64,25 @@ extern "C" __global__ void add_rms_norm_q8(float* x, i64 xoff, i64 xstride, cons
         quant_group_body((i64)blockIdx.x * ng + g, out, nullptr, ooff, ostride, n, width, 0, nullptr, 0, 1, xq, xqrow);
 }
 
+// A batch's norm and its rows in f16 for the cuBLAS products that read them
+// (Path::DenseBlasBatch), in one launch: block r is add_rms_norm's row r (rms_norm's without d),
+// then each thread converts the values of the row it has itself written (norm_block_row's
+// i = tid + k * blockDim.x) as f16_rows converts them, into row r of xh (width halves). The same
+// bits as add_rms_norm (or rms_norm) then f16_rows, one dependent step fewer.
+extern "C" __global__ void add_rms_norm_h(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride,
+                                          const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride,
+                                          int width, u16* xh) {
+    float* xr = x + xoff + blockIdx.x * xstride;
+    float* orow = out + ooff + blockIdx.x * ostride;
+    if (d) {
+        norm_block_row<true>(xr, xr, d + doff + blockIdx.x * dstride, w, has_w, eps, orow, width);
+    } else {
+        norm_block_row<false>(xr, nullptr, nullptr, w, has_w, eps, orow, width);
+    }
+    u16* hr = xh + (i64)blockIdx.x * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) hr[i] = f2h_sat(orow[i]);
+}
+
 // dst = rope(src): per row, pairs of the first 2*half values rotated (as rope_rows), the rest of
 // the row (width - 2*half values) copied. One thread per (row, pair or copied column).
 extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstride, float* dst, i64 doff, i64 dstride,

@@ -1988,6 +1988,8 @@ fn dense_jobs_exact() {
             let b = CudaBackend::new(0).expect("another backend");
             b.set_path(Path::DenseJobs, jobs);
             b.set_path(Path::DenseEarly, early);
+            // (the int8 tiles: decode batches otherwise take cuBLAS, dense_blas_batch's test)
+            b.set_path(Path::DenseBlasBatch, false);
             b
         })
         .collect();
@@ -2045,6 +2047,135 @@ fn dense_jobs_exact() {
         if !ok {
             rep.failures.push(format!("(DenseJobs, DenseEarly) = {:?}: launches {n:?} ({cases} cases)", (jobs, early)));
         }
+    }
+    rep.finish();
+}
+
+/// Decode batches' dense Q8_0 products on cuBLAS in f16 ([`Path::DenseBlasBatch`], from the
+/// row-major f16 copies made at upload): `matmul`, the per-head `matmul_grouped` and
+/// `matmul_many` of 9 to 128 rows (rows of x with a stride of their own) against the CPU, and
+/// closer to f64 of the dequantised weights than the int8 tiles (which round the activations to
+/// 8 bits), so the f16 path is known to have run; the path's counter says so too.
+#[test]
+fn dense_blas_batch() {
+    if gpu_tc_fused("dense_blas_batch").is_none() {
+        return;
+    }
+    let on = &CudaBackend::new(0).expect("second backend");
+    let off = &CudaBackend::new(0).expect("third backend");
+    on.set_path(Path::DenseBlasBatch, true);
+    off.set_path(Path::DenseBlasBatch, false);
+    let c = cpu();
+    let mut r = rng(53);
+    let mut rep = Report::new("dense_blas_batch");
+    // (k, m, matrices): V2-Lite's kv_a, W_o, W_uk (16 heads of 512 x 128) and W_uv (16 of 128 x 512).
+    for &(k, m, g) in &[(2048usize, 576usize, 1usize), (2048, 2048, 1), (128, 512, 16), (512, 128, 16)] {
+        let shape: Vec<usize> = if g == 1 { vec![k, m] } else { vec![k, m, g] };
+        let (bytes, deq) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
+        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
+        let (wn, wf, wc) = (
+            on.upload_weight(&t, WeightUse::Matmul).unwrap(),
+            off.upload_weight(&t, WeightUse::Matmul).unwrap(),
+            c.upload_weight(&t, WeightUse::Matmul).unwrap(),
+        );
+        for n in [9usize, 64, 128] {
+            let rows = n * g;
+            let xr = Rows { off: 3, n: rows, width: k, stride: k + 5 };
+            let o = Rows { off: 1, n: rows, width: m, stride: m + 2 };
+            let x = randn(&mut r, xr.end(), 1.0);
+            let run = |b: &CudaBackend, w: &CudaWeight| {
+                let (xb, ob) = (buf(b, &x), b.alloc(o.end()).unwrap());
+                poison(b, &ob, o.end());
+                if g == 1 {
+                    b.matmul(&xb, xr, w, &ob, o);
+                } else {
+                    b.matmul_grouped(&xb, xr, w, &ob, o);
+                }
+                get(b, &ob, o)
+            };
+            let before = on.path_launches(Path::DenseBlasBatch);
+            let (got, int8) = (run(on, &wn), run(off, &wf));
+            let cpu_out = {
+                let (xb, ob) = (buf(c, &x), c.alloc(o.end()).unwrap());
+                if g == 1 {
+                    c.matmul(&xb, xr, &wc, &ob, o);
+                } else {
+                    c.matmul_grouped(&xb, xr, &wc, &ob, o);
+                }
+                get(c, &ob, o)
+            };
+            // f64 of the dequantised weights, row j by matrix j % g.
+            let mut exact = vec![0f32; rows * m];
+            for h in 0..g {
+                let xs: Vec<f32> = (0..n).flat_map(|i| x[xr.off + (i * g + h) * xr.stride..][..k].to_vec()).collect();
+                let e = matmul_f64(&deq[h * m * k..(h + 1) * m * k], m, k, &xs, Rows::packed(n, k));
+                for i in 0..n {
+                    exact[(i * g + h) * m..][..m].copy_from_slice(&e[i * m..(i + 1) * m]);
+                }
+            }
+            let lab = format!("k={k} m={m} g={g} n={n}");
+            if on.path_launches(Path::DenseBlasBatch) == before {
+                rep.failures.push(format!("{lab}: the product did not take Path::DenseBlasBatch"));
+            }
+            rep.check(&format!("{lab} vs cpu"), &got, &cpu_out, 6e-2, 1e-3);
+            rep.check(&format!("{lab} vs f64"), &got, &exact, 5e-3, 1e-3);
+            let err = |v: &[f32]| v.iter().zip(&exact).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+            if err(&got) >= err(&int8) {
+                rep.failures.push(format!(
+                    "{lab}: cuBLAS f16 {:.3e} from f64, not closer than the int8 tiles' {:.3e}",
+                    err(&got),
+                    err(&int8)
+                ));
+            }
+        }
+    }
+    // matmul_many (q and kv_a of V2-Lite) from one f16 input; and after add_rms_norm in its
+    // launch (add_rms_norm_h), whose x and out are add_rms_norm's bits.
+    let ms = [3072usize, 576];
+    let tds_bytes: Vec<Vec<u8>> = ms.iter().map(|&m| weight(&mut r, GgmlType::Q8_0, &[2048, m], 0.5).0).collect();
+    let shapes: Vec<[usize; 2]> = ms.iter().map(|&m| [2048, m]).collect();
+    let tds: Vec<TensorData> = shapes.iter().zip(&tds_bytes).map(|(sh, b)| td("w", GgmlType::Q8_0, sh, b)).collect();
+    let wn: Vec<CudaWeight> = tds.iter().map(|t| on.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
+    let wc: Vec<CpuWeight> = tds.iter().map(|t| c.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
+    for n in [9usize, 64, 128] {
+        let (views, olen) = job_views_at(&ms, n, 2, 1);
+        let xr = Rows { off: 1, n, width: 2048, stride: 2048 + 3 };
+        let x = randn(&mut r, xr.end(), 1.0);
+        let before = on.path_launches(Path::DenseBlasBatch);
+        let got = many_into(on, &wn, &views, &x, xr, olen);
+        let cpu_out = many_into(c, &wc, &views, &x, xr, olen);
+        if on.path_launches(Path::DenseBlasBatch) == before {
+            rep.failures.push(format!("matmul_many n={n}: did not take Path::DenseBlasBatch"));
+        }
+        for (j, (&m, &v)) in ms.iter().zip(&views).enumerate() {
+            let view: Vec<f32> = (0..n).flat_map(|i| got[v.off + i * v.stride..][..m].to_vec()).collect();
+            let want: Vec<f32> = (0..n).flat_map(|i| cpu_out[v.off + i * v.stride..][..m].to_vec()).collect();
+            rep.check(&format!("matmul_many n={n} job {j} ({m} rows) vs cpu"), &view, &want, 6e-2, 1e-3);
+        }
+        // The norm's launch with the f16 input: on (add_rms_norm_h, then the jobs from its
+        // f16 rows) against the matmul_many above of the plain norm's output.
+        let hr = Rows { off: 2, n, width: 2048, stride: 2048 + 1 };
+        let (hx, hd) = (randn(&mut r, hr.end(), 1.0), randn(&mut r, hr.end(), 1.0));
+        let nw = randn(&mut r, 2048, 1.0);
+        let runs: Vec<[Vec<f32>; 3]> = [(on, true), (on, false)]
+            .iter()
+            .map(|&(b, fused)| {
+                let (bx, bd, bo) = (buf(b, &hx), buf(b, &hd), b.alloc(hr.end()).unwrap());
+                // (zeros, not NaN: the columns between the views stay as written, and the
+                // exact check counts NaN against NaN as a difference)
+                let ob = buf(b, &vec![0f32; olen]);
+                let norm = norm_weight(b, &nw);
+                let jobs: Vec<(&CudaWeight, &CudaBuf, Rows)> = wn.iter().zip(&views).map(|(w, &v)| (w, &ob, v)).collect();
+                if fused {
+                    b.add_rms_norm_matmul_many((&bx, hr), (&bd, hr), Some(&norm), 1e-6, (&bo, hr), &jobs);
+                } else {
+                    b.add_rms_norm(&bx, hr, &bd, hr, Some(&norm), 1e-6, &bo, hr);
+                    b.matmul_many(&bo, hr, &jobs);
+                }
+                [get(b, &bx, hr), get(b, &bo, hr), get(b, &ob, Rows::packed(1, olen))]
+            })
+            .collect();
+        exact(&mut rep, &format!("add_rms_norm_matmul_many n={n}"), &["x", "out", "jobs"], &runs[0], &runs[1]);
     }
     rep.finish();
 }
@@ -2113,6 +2244,7 @@ fn fused_add_rms_norm_matmul_many() {
     g.set_norm_mm16(true);
     // Batches on the int8 products: the norm and the quantisation in one launch (Path::NormQ8).
     g.set_path(Path::NormQ8, true);
+    g.set_path(Path::DenseBlasBatch, false);
     let c = cpu();
     let mut r = rng(21);
     let mut rep = Report::new("add_rms_norm_matmul_many");
@@ -2505,7 +2637,15 @@ fn norm_q8_batch_exact() {
     for (b, on) in [(ga, true), (gb, false)] {
         b.set_path(Path::NormQ8, on);
         b.set_path(Path::SumQ8, on);
+        // (both on the int8 products, which NormQ8 and SumQ8 fuse)
+        b.set_path(Path::DenseBlasBatch, false);
     }
+    // And the chain with W_uv and W_o on cuBLAS in f16 (Path::DenseBlasBatch: av in f16 straight
+    // from the W_uv product), within the int8 activations' distance of gb's.
+    let gc = &CudaBackend::new(0).expect("fourth backend");
+    gc.set_path(Path::NormQ8, false);
+    gc.set_path(Path::SumQ8, false);
+    gc.set_path(Path::DenseBlasBatch, true);
     let mut r = rng(48);
     let mut rep = Report::new("norm_q8 batch");
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
@@ -2525,7 +2665,7 @@ fn norm_q8_batch_exact() {
             let cache_rows = randn(&mut r, toks.len() * w, 1.0);
             let (q, x, nw) = (randn(&mut r, n * nh * w, 0.5), randn(&mut r, n * hd, 1.0), randn(&mut r, hd, 1.0));
             let mut outs = Vec::new();
-            for b in [ga, gb] {
+            for b in [ga, gb, gc] {
                 let cache = b.alloc_latent_cache(n * slot_len as usize, w, kl, nh).unwrap();
                 fill_cache(b, &cache, &cache_rows, w, &toks, slot_len);
                 let step: Vec<TokenMeta> = (0..n).map(|s| TokenMeta { token: 1, pos: hist, slot: s as u32 }).collect();
@@ -2565,9 +2705,17 @@ fn norm_q8_batch_exact() {
                 outs.push([get(b, &gx, xr), get(b, &out, xr), get(b, &lg, lgr), get(b, &mo, xr)]);
             }
             cases += 1;
-            let [a, bb] = [&outs[0], &outs[1]];
+            let [a, bb, cc] = [&outs[0], &outs[1], &outs[2]];
             exact(&mut rep, &format!("n={n} pos={hist}"), &["x", "out", "logits", "moe"], a, bb);
+            // (not the MoE's output: a router near-tie that the other rounding flips moves a
+            // token's whole row)
+            for (i, what) in ["x", "out", "logits"].iter().enumerate() {
+                rep.check(&format!("n={n} pos={hist} {what}, W_uv and W_o on cuBLAS"), &cc[i], &bb[i], 5e-2, 1e-3);
+            }
         }
+    }
+    if gc.path_launches(Path::DenseBlasBatch) < cases {
+        rep.failures.push(format!("DenseBlasBatch ran {} times in {cases} cases", gc.path_launches(Path::DenseBlasBatch)));
     }
     for path in [Path::NormQ8, Path::SumQ8] {
         if ga.path_launches(path) != cases {
@@ -2738,7 +2886,11 @@ fn fused_moe_shared() {
             // the activations) against the chain's dense shared FFN on the int8 ones: as far
             // apart as the CPU is from f64; the f64 check is the tight one.
             let f16_q8 = batched && ran && g.moe_q8_runs_f16(n, k, ne, nsh, hdim, ff);
-            let (tol_gpu, tol_cpu) = if f16_q8 {
+            // The chain's dense shared FFN of a decode batch on cuBLAS in f16
+            // (Path::DenseBlasBatch: no 8-bit rounding of its activations) against the fused
+            // kernels on the int8 ones: likewise as far apart as the CPU is.
+            let blas_chain = q8 && n > ts_cuda::GEMV_MAX_TOKENS && g.dense_blas_rows(n);
+            let (tol_gpu, tol_cpu) = if f16_q8 || blas_chain {
                 (0.25, 0.25)
             } else if q8 {
                 (5e-3, 0.25)

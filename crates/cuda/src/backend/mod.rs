@@ -335,8 +335,11 @@ enum S {
     /// A decode batch's attention values (`[n, heads * v]`) as Q8_0 groups, written by the W_uv
     /// product's split sum for the W_o product ([`Path::SumQ8`]).
     SumXq,
+    /// A decode batch's attention values (`[n, heads * v]`) in f16, written by the W_uv product
+    /// on cuBLAS for the W_o product (`values_out_blas`, [`Path::DenseBlasBatch`]).
+    AvH,
 }
-const N_SCRATCH: usize = 28;
+const N_SCRATCH: usize = 29;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -743,6 +746,7 @@ fn kernel_names() -> Vec<String> {
         "gemv_f32_split",
         "add_rms_norm",
         "add_rms_norm_q8",
+        "add_rms_norm_h",
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
@@ -903,10 +907,22 @@ pub enum Path {
     /// first tiles issued before the query's loads. The same copies and sums: the same bits as
     /// `mla_split_tc_h` (test `mla_split_batch_exact`). On; `TS_CUDA_MS_BATCH=0` turns it off.
     SplitBatch,
+    /// The dense products of decode batches (9-128 rows: q / kv_a, W_uk, W_uv, W_o, a dense
+    /// FFN, the output head) on cuBLAS in f16 from the copies [`CudaBackend::dense_blas`] made
+    /// for prompts (`f16_rows` input, f32 accumulation), instead of the 64-token int8 tiles
+    /// (the input quantised to 8 bits, split K, a split-sum launch). Other bits (no 8-bit
+    /// rounding of the activations). On; `TS_CUDA_DENSE_BLAS_BATCH=0` turns it off (H200,
+    /// gpu-next128/129: 64 sequences 8,547 -> 9,183, 128 14,203 -> 15,551, 32 4,789 -> 4,975,
+    /// 9 1,666 -> 1,708, the server 8,055 -> 8,517).
+    DenseBlasBatch,
+    /// With [`Path::DenseBlasBatch`]: the norm before q / kv_a writes their f16 input in its
+    /// launch (`add_rms_norm_h`), and W_uv's product writes W_o's input in f16 (no `f16_rows`
+    /// launch before either). On; `TS_CUDA_DENSE_BLAS_FUSED=0` turns it off.
+    DenseBlasFused,
 }
 
 impl Path {
-    const ALL: [Path; 10] = [
+    const ALL: [Path; 12] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -917,6 +933,8 @@ impl Path {
         Path::RouterSplit,
         Path::CombineFew,
         Path::SplitBatch,
+        Path::DenseBlasBatch,
+        Path::DenseBlasFused,
     ];
 
     /// Its environment variable and its default.
@@ -932,6 +950,8 @@ impl Path {
             Path::RouterSplit => ("TS_CUDA_ROUTER_SPLIT", true),
             Path::CombineFew => ("TS_CUDA_COMBINE_FEW", true),
             Path::SplitBatch => ("TS_CUDA_MS_BATCH", true),
+            Path::DenseBlasBatch => ("TS_CUDA_DENSE_BLAS_BATCH", true),
+            Path::DenseBlasFused => ("TS_CUDA_DENSE_BLAS_FUSED", true),
         }
     }
 
@@ -1126,7 +1146,7 @@ pub struct CudaBackend {
     /// whole 128-value groups; `f16(q * d)` of each value) and f16 activations (`f16_rows`),
     /// instead of the int8 tiles (`mmq_q8_64`, activations rounded to 8 bits); default on,
     /// `TS_CUDA_DENSE_BLAS=0` or [`CudaBackend::set_dense_blas`] (which also decides the copies
-    /// of weights uploaded after it). Batched decode keeps the int8 tiles.
+    /// of weights uploaded after it). Decode batches too, with [`Path::DenseBlasBatch`].
     dense_blas: AtomicBool,
     /// `TS_CUDA_MOE_COUNTS=1`: each grouped MoE prints how its pairs spread over the experts
     /// ([`CudaBackend::print_moe_counts`]; a measurement mode that waits for the device).
@@ -1870,6 +1890,23 @@ impl CudaBackend {
     /// How many `moe_shared` ops have used a routing made ahead (`pre_route`).
     pub fn pre_routes(&self) -> u64 {
         self.pre_routed.load(Ordering::Relaxed)
+    }
+
+    /// Whether a dense product of `n` rows runs on cuBLAS in f16 where its weight has the
+    /// row-major f16 copy ([`CudaBackend::dense_blas`]; decode batches with
+    /// [`Path::DenseBlasBatch`]).
+    pub fn dense_blas_rows(&self, n: usize) -> bool {
+        self.dense_blas.load(Ordering::Relaxed) && (n > GRAPH_MAX_TOKENS || (n > GEMV_MAX_TOKENS && self.path_on(Path::DenseBlasBatch)))
+    }
+
+    /// [`CudaBackend::dense_blas_rows`], counting a decode batch's product on
+    /// [`Path::DenseBlasBatch`].
+    fn dense_blas_take(&self, n: usize) -> bool {
+        let on = self.dense_blas_rows(n);
+        if on && n <= GRAPH_MAX_TOKENS {
+            self.took(Path::DenseBlasBatch);
+        }
+        on
     }
 
     /// Dense Q8_0 prompt products on cuBLAS in f16 ([`CudaBackend::dense_blas`]).

@@ -969,21 +969,13 @@ impl Backend for CudaBackend {
                     && o.width == w.ne(1)
                     && w.ne(1) > 0
             });
-        // Prompts with every matrix's f16 copy (dense_blas): the input in f16 once, one cuBLAS
-        // product a job (the same bits as each `matmul` alone).
-        let blas = n > GRAPH_MAX_TOKENS
-            && self.dense_blas.load(Ordering::Relaxed)
-            && jobs.len() >= 2
-            && jobs.iter().all(|(w, _, o)| w.half_rm().is_some() && w.ne(2) == 1 && w.ne(0) == k && o.n == n && o.width == w.ne(1));
-        if blas {
+        // Prompts and decode batches (Path::DenseBlasBatch) with every matrix's f16 copy
+        // (dense_blas): the input in f16 once, one cuBLAS product a job (the same bits as each `matmul` alone).
+        if self.blas_jobs(n, k, jobs) && self.dense_blas_take(n) {
             x.check(xr);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
             let Some(xh) = self.f16_input(x, xr) else { return };
-            for &(w, out, o) in jobs {
-                out.check(o);
-                let (Some(wh), m) = (w.half_rm(), w.ne(1)) else { continue };
-                self.gemm_h16((wh, k, 0), (xh, k, 0), (out.0.ptr + 4 * o.off as u64, o.stride, 0), (m, n, k), 1);
-            }
+            self.gemm_jobs_h16(xh, n, k, jobs);
             return;
         }
         // Above the GEMV sizes, on the int8 tensor cores: the input quantised once for all jobs
@@ -1165,7 +1157,7 @@ impl Backend for CudaBackend {
                 // (the norm sums partials on its register path only: rows of <= 8 x 256 values)
                 let ys = if nq8 && hd <= 8 * 256 { SplitSum::Leave } else { SplitSum::Plain };
                 y_parts = self.mmq_dense(wo, gv, vq, (xr.n, xr.n, 1), y, xr, ys);
-            } else {
+            } else if !self.values_out_blas((lat, lr), (w_uv, wo), (avr, avo), (y, xr)) {
                 self.matmul_grouped(lat, lr, w_uv, av, avr);
                 self.matmul(av, avo, wo, y, xr);
             }

@@ -236,8 +236,9 @@ impl CudaBackend {
             return;
         }
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(wh) = w.half_rm().filter(|_| ng > GRAPH_MAX_TOKENS && self.dense_blas.load(Ordering::Relaxed)) {
-            // Prompts from the row-major f16 copy on cuBLAS, the activation rows in f16.
+        if let Some(wh) = w.half_rm().filter(|_| self.dense_blas_take(ng)) {
+            // Prompts and decode batches (Path::DenseBlasBatch) from the row-major f16 copy on
+            // cuBLAS, the activation rows in f16.
             let Some(xh) = self.f16_input(x, xr) else { return };
             let c = out.0.ptr + 4 * o.off as u64;
             self.gemm_h16((wh, k, (m * k) as i64), (xh, k * g, k as i64), (c, o.stride * g, o.stride as i64), (m, ng, k), g as i32);
@@ -552,6 +553,25 @@ impl CudaBackend {
         (m, n, k): (usize, usize, usize),
         batch: i32,
     ) {
+        self.gemm_ex_c(
+            (w, wt, lda, stride_w),
+            (x, xt, ldx, stride_x),
+            (c, blas_sys::cudaDataType::CUDA_R_32F, ldc, stride_c),
+            (m, n, k),
+            batch,
+        );
+    }
+
+    /// [`CudaBackend::gemm_ex`] with the output's type `ct` (f32 sums rounded to it).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn gemm_ex_c(
+        &self,
+        (w, wt, lda, stride_w): (u64, blas_sys::cudaDataType, usize, i64),
+        (x, xt, ldx, stride_x): (u64, blas_sys::cudaDataType, usize, i64),
+        (c, ct, ldc, stride_c): (u64, blas_sys::cudaDataType, usize, i64),
+        (m, n, k): (usize, usize, usize),
+        batch: i32,
+    ) {
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
         let r = unsafe {
@@ -573,7 +593,7 @@ impl CudaBackend {
                 stride_x,
                 &beta as *const f32 as *const _,
                 c as *mut _,
-                blas_sys::cudaDataType::CUDA_R_32F,
+                ct,
                 ldc as i32,
                 stride_c,
                 batch,
@@ -707,6 +727,64 @@ impl CudaBackend {
         self.launch("add_rms_norm_q8", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
     }
 
+    /// Whether `matmul_many`'s jobs (two or more, each one 2-D matrix of `k` inputs with its
+    /// row-major f16 copy, writing `n` rows of its width) can run on cuBLAS in f16.
+    pub(super) fn blas_jobs(&self, n: usize, k: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> bool {
+        jobs.len() >= 2
+            && jobs.iter().all(|(w, _, o)| w.half_rm().is_some() && w.ne(2) == 1 && w.ne(0) == k && o.n == n && o.width == w.ne(1))
+    }
+
+    /// The jobs of [`CudaBackend::blas_jobs`], one cuBLAS f16 product each, from the f16 input
+    /// rows `xh` (`n` packed rows of `k`; the context current on this thread).
+    pub(super) fn gemm_jobs_h16(&self, xh: u64, n: usize, k: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
+        for &(w, out, o) in jobs {
+            out.check(o);
+            let (Some(wh), m) = (w.half_rm(), w.ne(1)) else { continue };
+            self.gemm_h16((wh, k, 0), (xh, k, 0), (out.0.ptr + 4 * o.off as u64, o.stride, 0), (m, n, k), 1);
+        }
+    }
+
+    /// A decode batch's value and output products on cuBLAS in f16 (Path::DenseBlasBatch):
+    /// `av = lat · W_uv` per head written in f16 (scratch `AvH`, packed `[n, heads * v]`, as
+    /// f16_rows would round `av`), then `y = av · W_o` from it; `av` itself is left unwritten
+    /// (the chain's scratch, Backend::mla_attention_out). False (nothing done) unless both
+    /// weights have their f16 copies and the rows are the plain chain's shapes.
+    pub(super) fn values_out_blas(
+        &self,
+        (lat, lr): (&CudaBuf, Rows),
+        (w_uv, wo): (&CudaWeight, &CudaWeight),
+        (avr, avo): (Rows, Rows),
+        (y, xr): (&CudaBuf, Rows),
+    ) -> bool {
+        let (kl, v, nh, n) = (w_uv.ne(0), w_uv.ne(1), w_uv.ne(2), xr.n);
+        let (Some(uh), Some(oh)) = (w_uv.half_rm(), wo.half_rm()) else { return false };
+        let ok = n > GEMV_MAX_TOKENS
+            && n <= GRAPH_MAX_TOKENS
+            && w_uv.shape.len() == 3
+            && (lr.n, lr.width) == (n * nh, kl)
+            && (avr.n, avr.width) == (n * nh, v)
+            && (avo.n, avo.width) == (n, nh * v)
+            && (wo.ne(0), wo.ne(2)) == (nh * v, 1)
+            && wo.ne(1) == xr.width
+            && (nh * v) % 8 == 0
+            && self.path_on(Path::DenseBlasFused)
+            && self.dense_blas_take(n);
+        if !ok {
+            return false;
+        }
+        self.took(Path::DenseBlasFused);
+        lat.check(lr);
+        y.check(xr);
+        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(xh) = self.f16_input(lat, lr) else { return true };
+        let Some(avh) = self.scratch(S::AvH, 2 * n * nh * v) else { return true };
+        // Head h: C_h[v, n] at avh + h * v halves, rows nh * v apart; lat row j * nh + h.
+        let h = blas_sys::cudaDataType::CUDA_R_16F;
+        self.gemm_ex_c((uh, h, kl, (v * kl) as i64), (xh, h, kl * nh, kl as i64), (avh, h, nh * v, v as i64), (v, n, kl), nh as i32);
+        self.gemm_h16((oh, nh * v, 0), (avh, nh * v, 0), (y.0.ptr + 4 * xr.off as u64, xr.stride, 0), (xr.width, n, nh * v), 1);
+        true
+    }
+
     /// `mmq_many`'s products from the quantised input `xq` (`ngroups` groups a row).
     pub(super) fn mmq_jobs(&self, ngroups: usize, xq: u64, n: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
         if self.mmq_dense_jobs(ngroups, xq, n, jobs) {
@@ -779,6 +857,38 @@ impl CudaBackend {
             });
             self.add_rms_norm_q8((x, xr), delta, w, eps, (out, o), xq);
             self.mmq_jobs(ngroups, xq, n, jobs);
+            return;
+        }
+        // A decode batch whose products take cuBLAS (Path::DenseBlasBatch): the norm's launch
+        // writes their f16 input too (add_rms_norm_h; the same bits as the norm, then f16_rows).
+        let blas = !one
+            && !one16
+            && self.fused
+            && n <= GRAPH_MAX_TOKENS
+            && (o.n, o.width) == (n, k)
+            && k % 8 == 0
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
+            && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k))
+            && self.blas_jobs(n, k, jobs)
+            && self.path_on(Path::DenseBlasFused)
+            && self.dense_blas_take(n);
+        if blas {
+            self.took(Path::DenseBlasFused);
+            x.check(xr);
+            out.check(o);
+            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(xh) = self.scratch(S::XBf16, 2 * k * n) else { return };
+            let d = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
+                d.check(dr);
+                (d.0.ptr, dr)
+            });
+            let args: [A; 14] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [A::P(xh)]);
+            self.launch("add_rms_norm_h", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
+            if let Err(e) = self.ctx.bind_to_thread() {
+                self.fail(format!("cuda context: {e:?}"));
+                return;
+            }
+            self.gemm_jobs_h16(xh, n, k, jobs);
             return;
         }
         if !one && !one16 {
