@@ -1683,3 +1683,212 @@ __device__ __forceinline__ void mmfq_impl(const u8* W, i64 row_bytes, i64 mat_by
 // same rows), for twice the activation fragment loads. Static SASS: see GPU.md.
 MMFQ_INST_L(mmfq8_256s4, 8, 1, 2, 8, 4, false)
 MMFQ_INST_L(mmfq8_gu_s4, 8, 1, 2, 8, 4, true)
+
+// ---- Decode batches' dense Q8_0 products on f16 tensor cores, a layer's jobs in one launch ----
+// (Path::DenseQ8H, off until measured.) out_j[t][r] = sum_k f16(q_j[r][k] * d_j[r][k / 32]) *
+// xh[t][k] for up to three jobs (matrices of one K reading the same f16 activation rows: q and
+// kv_a) or one job of `gridDim.z` matrices (the per-head W_uk / W_uv: matrix z reads the rows of
+// xh from z * xs_mat, writes its outputs from z * o_mat), n <= 8 * NT tokens.
+// Why by hand: cuBLAS runs these shapes from the f16 copies at 6-10 us a product, 72-128 blocks
+// at 7-27% of DRAM (docs/PERF.md, thirty-ninth session). Here the weights are read as Q8_0 (half
+// the copies' bytes), all issued before the PDL wait, and the jobs share one launch, split over K
+// with the splits summed in split order by the last block to finish each row tile (an atomic
+// count a tile, reset by that block), so there is no sum launch and the result does not depend
+// on which block came last.
+// Block: 4 warps, 64 weight rows (warp w: 16w..16w+15), one split of `gps` (1 or 2) 128-value
+// groups. Grid: (the jobs' row tiles, splits, matrices). Lane (g, t): its 8 bytes of rows g and
+// g+8 at k 8t..8t+7 of each 32-value block (the group's 16-byte header of four f16 scales, then
+// 128 int8), used as two k16 steps, s = 0 (bytes 8t..8t+3) and 1 (8t+4..8t+7), each with the
+// HMMA slots (2t, 2t+1 | 2t+8, 2t+9) holding k (8t+4s, +1 | +2, +3): a permutation of the block's
+// k, matched by the B fragments, token g's halves 8t..8t+7 of the block in one 16-byte shared
+// load (rows 576 bytes apart: a quarter-warp's loads fall in 32 different banks). The weights'
+// f16 values are q8_to_f16's (q8x4_to_h2: one rounding of q * d), so the products equal the
+// cuBLAS path's up to the summation order.
+__device__ __forceinline__ uint2 ldw8(const u8* p) {
+#if TS_WNA && __CUDA_ARCH__ >= 700
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+#else
+    return *(const uint2*)p;
+#endif
+}
+#define MMDH_RS 288  // halves a shared activation row (256 + 32 pad: 576 bytes, 16 words mod 32)
+template <int NT>
+__device__ __forceinline__ void mmdh_impl(const u8* w0, const u8* w1, const u8* w2, i64 rb0, i64 rb1, i64 rb2, i64 mb0,
+                                          i64 mb1, i64 mb2, int m0, int m1, int m2, float* o0, float* o1, float* o2,
+                                          i64 oo0, i64 oo1, i64 oo2, i64 ot0, i64 ot1, i64 ot2, int half_out, i64 o_mat,
+                                          const u16* xh, i64 xs_tok, i64 xs_mat, int n, int ngroups, int gps, float* part,
+                                          int* cnt) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) u8 mmq_sm[];
+    __shared__ int s_last;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    // The block's job and row tile.
+    const int tl0 = (m0 + 63) >> 6, tl1 = (m1 + 63) >> 6, tl2 = (m2 + 63) >> 6, tiles = tl0 + tl1 + tl2;
+    int bx = blockIdx.x, job = 0, rbase = 0;
+    const u8* W = w0;
+    i64 rb = rb0, mb = mb0, oo = oo0, ot = ot0;
+    int m = m0;
+    float* out = o0;
+    if (bx >= tl0) {
+        bx -= tl0;
+        job = 1, rbase = m0, W = w1, rb = rb1, mb = mb1, oo = oo1, ot = ot1, m = m1, out = o1;
+        if (bx >= tl1) {
+            bx -= tl1;
+            job = 2, rbase = m0 + m1, W = w2, rb = rb2, mb = mb2, oo = oo2, ot = ot2, m = m2, out = o2;
+        }
+    }
+    const int mt = m0 + m1 + m2, z = blockIdx.z, split = blockIdx.y, nsplit = gridDim.y;
+    const int gs0 = split * gps, ngs = min(gps, ngroups - gs0);
+    W += (i64)z * mb;
+    const int r0 = bx * 64 + warp * 16;
+    const bool active = r0 < m;
+    const u8* pa = W + (i64)min(r0 + g, m - 1) * rb + (i64)gs0 * MMQ_GB;
+    const u8* pb = W + (i64)min(r0 + g + 8, m - 1) * rb + (i64)gs0 * MMQ_GB;
+    // Every weight load of the block's split before the wait (weights are never written).
+    uint2 ha[2], hb[2], qa[2][4], qb[2][4];
+#pragma unroll
+    for (int gi = 0; gi < 2; gi++) {
+        if (gi < ngs) {
+            ha[gi] = ldw8(pa + gi * MMQ_GB);
+            hb[gi] = ldw8(pb + gi * MMQ_GB);
+#pragma unroll
+            for (int bl = 0; bl < 4; bl++) {
+                qa[gi][bl] = ldw8(pa + gi * MMQ_GB + 16 + 32 * bl + 8 * t);
+                qb[gi][bl] = ldw8(pb + gi * MMQ_GB + 16 + 32 * bl + 8 * t);
+            }
+        } else {
+            ha[gi] = hb[gi] = make_uint2(0, 0);
+#pragma unroll
+            for (int bl = 0; bl < 4; bl++) qa[gi][bl] = qb[gi][bl] = make_uint2(0, 0);
+        }
+    }
+    pdl_trigger();
+    pdl_wait();
+    // The split's activation rows, tokens 0..8 NT - 1 (zeros past n).
+    const u32 sb = smem_addr(mmq_sm);
+    const u16* xb = xh + (i64)z * xs_mat + (i64)gs0 * 128;
+    const int pieces = ngs * 16;  // 16-byte pieces a row
+    for (int c = tid; c < NT * 8 * pieces; c += 128) {
+        const int r = c / pieces, q = c - r * pieces;
+        cp_async16_zs(sb + (u32)(r * MMDH_RS + q * 8) * 2, xb + (i64)min(r, n - 1) * xs_tok + q * 8, r < n ? 16 : 0);
+    }
+    cp_commit();
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[j][c] = 0.f;
+    cp_wait<0>();
+    __syncthreads();
+    if (active) {
+#pragma unroll
+        for (int gi = 0; gi < 2; gi++) {
+            if (gi < ngs) {
+#pragma unroll
+                for (int bl = 0; bl < 4; bl++) {
+                    const u32 da = hsel2(ha[gi], bl), db = hsel2(hb[gi], bl);
+                    u32 a[2][4];
+                    q8x4_to_h2(qa[gi][bl].x, da, a[0][0], a[0][2]);
+                    q8x4_to_h2(qb[gi][bl].x, db, a[0][1], a[0][3]);
+                    q8x4_to_h2(qa[gi][bl].y, da, a[1][0], a[1][2]);
+                    q8x4_to_h2(qb[gi][bl].y, db, a[1][1], a[1][3]);
+                    const u32 xo = sb + (u32)(g * MMDH_RS + gi * 128 + bl * 32 + 8 * t) * 2;
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        uint4 x;
+                        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                     : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                                     : "r"(xo + (u32)(j * 8 * MMDH_RS * 2)));
+                        const u32 b0[2] = {x.x, x.y}, b1[2] = {x.z, x.w};
+                        mma_f16(acc[j], a[0], b0);
+                        mma_f16(acc[j], a[1], b1);
+                    }
+                }
+            }
+        }
+    }
+    // C fragment c of n8 tile j: row r0 + g + 8 (c >> 1), token 8j + 2t + (c & 1).
+    const bool hout = (half_out >> job) & 1;
+    auto store = [&](int row, int tok, float v) {
+        const i64 i = oo + (i64)z * o_mat + (i64)tok * ot + row;
+        if (hout)
+            ((u16*)out)[i] = f2h_sat(v);
+        else
+            out[i] = v;
+    };
+    if (nsplit == 1) {
+        if (active) {
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int row = r0 + g + 8 * (c >> 1), tok = 8 * j + 2 * t + (c & 1);
+                    if (row < m && tok < n) store(row, tok, acc[j][c]);
+                }
+        }
+        return;
+    }
+    // Split partials: part[(z * nsplit + split) * n + tok][rbase + row], then the last block of
+    // the tile to count itself sums them in split order.
+    float* pp = part + (i64)(z * nsplit + split) * n * mt + rbase;
+    if (active) {
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int row = r0 + g + 8 * (c >> 1), tok = 8 * j + 2 * t + (c & 1);
+                if (row < m && tok < n) pp[(i64)tok * mt + row] = acc[j][c];
+            }
+    }
+    __threadfence();
+    __syncthreads();
+    int* cp = cnt + z * tiles + blockIdx.x;
+    if (tid == 0) s_last = atomicAdd(cp, 1) == nsplit - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    // Four rows a thread (m, mt and rbase are multiples of 4), every split's float4 in flight
+    // at once (nsplit <= 8), summed in split order.
+    const float* p0 = part + (i64)z * nsplit * n * mt + rbase;
+    const i64 sst = (i64)n * mt;
+#pragma unroll 2
+    for (int e = tid; e < 16 * n; e += 128) {
+        const int tok = e >> 4, row = bx * 64 + 4 * (e & 15);
+        if (row >= m) continue;
+        const float* src = p0 + (i64)tok * mt + row;
+        float4 v[8];
+#pragma unroll
+        for (int sp = 0; sp < 8; sp++) v[sp] = sp < nsplit ? __ldcg((const float4*)(src + sp * sst)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 a = v[0];
+#pragma unroll
+        for (int sp = 1; sp < 8; sp++)
+            if (sp < nsplit) {
+                a.x += v[sp].x;
+                a.y += v[sp].y;
+                a.z += v[sp].z;
+                a.w += v[sp].w;
+            }
+        store(row, tok, a.x);
+        store(row + 1, tok, a.y);
+        store(row + 2, tok, a.z);
+        store(row + 3, tok, a.w);
+    }
+    if (tid == 0) *cp = 0;
+#else
+    pdl_wait();
+#endif
+}
+#define MMDH_INST(NT)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) mmdh_##NT(                                                   \
+        const u8* w0, const u8* w1, const u8* w2, i64 rb0, i64 rb1, i64 rb2, i64 mb0, i64 mb1, i64 mb2, int m0,   \
+        int m1, int m2, float* o0, float* o1, float* o2, i64 oo0, i64 oo1, i64 oo2, i64 ot0, i64 ot1, i64 ot2,     \
+        int half_out, i64 o_mat, const u16* xh, i64 xs_tok, i64 xs_mat, int n, int ngroups, int gps, float* part, \
+        int* cnt) {                                                                                                \
+        mmdh_impl<NT>(w0, w1, w2, rb0, rb1, rb2, mb0, mb1, mb2, m0, m1, m2, o0, o1, o2, oo0, oo1, oo2, ot0, ot1, ot2, \
+                      half_out, o_mat, xh, xs_tok, xs_mat, n, ngroups, gps, part, cnt);                            \
+    }
+MMDH_INST(2)
+MMDH_INST(4)
+MMDH_INST(8)

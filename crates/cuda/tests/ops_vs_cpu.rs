@@ -2064,7 +2064,13 @@ fn dense_blas_batch() {
     let on = &CudaBackend::new(0).expect("second backend");
     let off = &CudaBackend::new(0).expect("third backend");
     on.set_path(Path::DenseBlasBatch, true);
+    on.set_path(Path::DenseQ8H, false);
     off.set_path(Path::DenseBlasBatch, false);
+    off.set_path(Path::DenseQ8H, false);
+    // And straight from Q8_0 on mmdh_<NT> (Path::DenseQ8H, up to 64 rows): the f16 copies'
+    // values, so within summation order of cuBLAS's results.
+    let q8 = &CudaBackend::new(0).expect("fourth backend");
+    q8.set_path(Path::DenseQ8H, true);
     let c = cpu();
     let mut r = rng(53);
     let mut rep = Report::new("dense_blas_batch");
@@ -2078,7 +2084,8 @@ fn dense_blas_batch() {
             off.upload_weight(&t, WeightUse::Matmul).unwrap(),
             c.upload_weight(&t, WeightUse::Matmul).unwrap(),
         );
-        for n in [9usize, 64, 128] {
+        let wq = q8.upload_weight(&t, WeightUse::Matmul).unwrap();
+        for n in [9usize, 17, 40, 64, 128] {
             let rows = n * g;
             let xr = Rows { off: 3, n: rows, width: k, stride: k + 5 };
             let o = Rows { off: 1, n: rows, width: m, stride: m + 2 };
@@ -2094,7 +2101,8 @@ fn dense_blas_batch() {
                 get(b, &ob, o)
             };
             let before = on.path_launches(Path::DenseBlasBatch);
-            let (got, int8) = (run(on, &wn), run(off, &wf));
+            let q8_before = q8.path_launches(Path::DenseQ8H);
+            let (got, int8, q8h) = (run(on, &wn), run(off, &wf), run(q8, &wq));
             let cpu_out = {
                 let (xb, ob) = (buf(c, &x), c.alloc(o.end()).unwrap());
                 if g == 1 {
@@ -2117,6 +2125,10 @@ fn dense_blas_batch() {
             if on.path_launches(Path::DenseBlasBatch) == before {
                 rep.failures.push(format!("{lab}: the product did not take Path::DenseBlasBatch"));
             }
+            if (q8.path_launches(Path::DenseQ8H) > q8_before) != (n <= 64) {
+                rep.failures.push(format!("{lab}: Path::DenseQ8H ran {} times", q8.path_launches(Path::DenseQ8H) - q8_before));
+            }
+            rep.check(&format!("{lab} mmdh vs cuBLAS"), &q8h, &got, 1e-4, 1e-5);
             rep.check(&format!("{lab} vs cpu"), &got, &cpu_out, 6e-2, 1e-3);
             rep.check(&format!("{lab} vs f64"), &got, &exact, 5e-3, 1e-3);
             let err = |v: &[f32]| v.iter().zip(&exact).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
@@ -2136,14 +2148,16 @@ fn dense_blas_batch() {
     let shapes: Vec<[usize; 2]> = ms.iter().map(|&m| [2048, m]).collect();
     let tds: Vec<TensorData> = shapes.iter().zip(&tds_bytes).map(|(sh, b)| td("w", GgmlType::Q8_0, sh, b)).collect();
     let wn: Vec<CudaWeight> = tds.iter().map(|t| on.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
+    let wq: Vec<CudaWeight> = tds.iter().map(|t| q8.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
     let wc: Vec<CpuWeight> = tds.iter().map(|t| c.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
-    for n in [9usize, 64, 128] {
+    for n in [9usize, 33, 64, 128] {
         let (views, olen) = job_views_at(&ms, n, 2, 1);
         let xr = Rows { off: 1, n, width: 2048, stride: 2048 + 3 };
         let x = randn(&mut r, xr.end(), 1.0);
         let before = on.path_launches(Path::DenseBlasBatch);
         let got = many_into(on, &wn, &views, &x, xr, olen);
         let cpu_out = many_into(c, &wc, &views, &x, xr, olen);
+        let q8h = many_into(q8, &wq, &views, &x, xr, olen);
         if on.path_launches(Path::DenseBlasBatch) == before {
             rep.failures.push(format!("matmul_many n={n}: did not take Path::DenseBlasBatch"));
         }
@@ -2151,15 +2165,17 @@ fn dense_blas_batch() {
             let view: Vec<f32> = (0..n).flat_map(|i| got[v.off + i * v.stride..][..m].to_vec()).collect();
             let want: Vec<f32> = (0..n).flat_map(|i| cpu_out[v.off + i * v.stride..][..m].to_vec()).collect();
             rep.check(&format!("matmul_many n={n} job {j} ({m} rows) vs cpu"), &view, &want, 6e-2, 1e-3);
+            let vq: Vec<f32> = (0..n).flat_map(|i| q8h[v.off + i * v.stride..][..m].to_vec()).collect();
+            rep.check(&format!("matmul_many n={n} job {j} ({m} rows) mmdh vs cuBLAS"), &vq, &view, 1e-4, 1e-5);
         }
         // The norm's launch with the f16 input: on (add_rms_norm_h, then the jobs from its
         // f16 rows) against the matmul_many above of the plain norm's output.
         let hr = Rows { off: 2, n, width: 2048, stride: 2048 + 1 };
         let (hx, hd) = (randn(&mut r, hr.end(), 1.0), randn(&mut r, hr.end(), 1.0));
         let nw = randn(&mut r, 2048, 1.0);
-        let runs: Vec<[Vec<f32>; 3]> = [(on, true), (on, false)]
+        let runs: Vec<[Vec<f32>; 3]> = [(on, true, &wn), (on, false, &wn), (q8, true, &wq), (q8, false, &wq)]
             .iter()
-            .map(|&(b, fused)| {
+            .map(|&(b, fused, wn)| {
                 let (bx, bd, bo) = (buf(b, &hx), buf(b, &hd), b.alloc(hr.end()).unwrap());
                 // (zeros, not NaN: the columns between the views stay as written, and the
                 // exact check counts NaN against NaN as a difference)
@@ -2176,7 +2192,10 @@ fn dense_blas_batch() {
             })
             .collect();
         exact(&mut rep, &format!("add_rms_norm_matmul_many n={n}"), &["x", "out", "jobs"], &runs[0], &runs[1]);
+        exact(&mut rep, &format!("add_rms_norm_matmul_many n={n} mmdh"), &["x", "out", "jobs"], &runs[2], &runs[3]);
     }
+    // The value and output products of a batch's attention (mla_attention_out's W_uv into f16,
+    // then W_o) are checked in norm_q8_batch_exact.
     rep.finish();
 }
 
@@ -2646,6 +2665,12 @@ fn norm_q8_batch_exact() {
     gc.set_path(Path::NormQ8, false);
     gc.set_path(Path::SumQ8, false);
     gc.set_path(Path::DenseBlasBatch, true);
+    gc.set_path(Path::DenseQ8H, false);
+    // And on mmdh_<NT> (Path::DenseQ8H): within summation order of gc's.
+    let gd = &CudaBackend::new(0).expect("fifth backend");
+    gd.set_path(Path::NormQ8, false);
+    gd.set_path(Path::SumQ8, false);
+    gd.set_path(Path::DenseQ8H, true);
     let mut r = rng(48);
     let mut rep = Report::new("norm_q8 batch");
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
@@ -2665,7 +2690,7 @@ fn norm_q8_batch_exact() {
             let cache_rows = randn(&mut r, toks.len() * w, 1.0);
             let (q, x, nw) = (randn(&mut r, n * nh * w, 0.5), randn(&mut r, n * hd, 1.0), randn(&mut r, hd, 1.0));
             let mut outs = Vec::new();
-            for b in [ga, gb, gc] {
+            for b in [ga, gb, gc, gd] {
                 let cache = b.alloc_latent_cache(n * slot_len as usize, w, kl, nh).unwrap();
                 fill_cache(b, &cache, &cache_rows, w, &toks, slot_len);
                 let step: Vec<TokenMeta> = (0..n).map(|s| TokenMeta { token: 1, pos: hist, slot: s as u32 }).collect();
@@ -2705,14 +2730,20 @@ fn norm_q8_batch_exact() {
                 outs.push([get(b, &gx, xr), get(b, &out, xr), get(b, &lg, lgr), get(b, &mo, xr)]);
             }
             cases += 1;
-            let [a, bb, cc] = [&outs[0], &outs[1], &outs[2]];
+            let [a, bb, cc, dd] = [&outs[0], &outs[1], &outs[2], &outs[3]];
             exact(&mut rep, &format!("n={n} pos={hist}"), &["x", "out", "logits", "moe"], a, bb);
             // (not the MoE's output: a router near-tie that the other rounding flips moves a
             // token's whole row)
             for (i, what) in ["x", "out", "logits"].iter().enumerate() {
                 rep.check(&format!("n={n} pos={hist} {what}, W_uv and W_o on cuBLAS"), &cc[i], &bb[i], 5e-2, 1e-3);
+                // (av rounded to f16 from sums in another order: an ulp here and there, which
+                // the norm's division by the row's rms carries into `out`)
+                rep.check(&format!("n={n} pos={hist} {what}, W_uv and W_o on mmdh"), &dd[i], &cc[i], 1e-3, 1e-4);
             }
         }
+    }
+    if gd.path_launches(Path::DenseQ8H) < 2 * cases {
+        rep.failures.push(format!("DenseQ8H ran {} times in {cases} cases", gd.path_launches(Path::DenseQ8H)));
     }
     if gc.path_launches(Path::DenseBlasBatch) < cases {
         rep.failures.push(format!("DenseBlasBatch ran {} times in {cases} cases", gc.path_launches(Path::DenseBlasBatch)));

@@ -338,8 +338,12 @@ enum S {
     /// A decode batch's attention values (`[n, heads * v]`) in f16, written by the W_uv product
     /// on cuBLAS for the W_o product (`values_out_blas`, [`Path::DenseBlasBatch`]).
     AvH,
+    /// `mmdh_<NT>`'s split-K partial outputs, and its per-row-tile counts of finished splits
+    /// (i32s; zero between launches: the last block of a tile resets its count).
+    DensePart,
+    DenseCnt,
 }
-const N_SCRATCH: usize = 29;
+const N_SCRATCH: usize = 31;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -466,6 +470,42 @@ enum SplitSum {
     Q8(u64),
     /// Leaves them for the kernel after it to sum (`add_rms_norm_q8`'s delta; [`Path::SumQ8`]).
     Leave,
+}
+
+/// One job of `CudaBackend::mmdh` (kernels/mmq.cu `mmdh_<NT>`): a Q8_0 weight in regrouped rows
+/// (device pointer, bytes a row, bytes a matrix), its `m` rows, and where its outputs go: the
+/// buffer's pointer, the first output's offset and the token stride, in floats (in halves with
+/// `half`: f16 outputs).
+pub(super) struct DenseJob {
+    pub(super) w: u64,
+    pub(super) row_bytes: usize,
+    pub(super) mat_bytes: usize,
+    pub(super) m: usize,
+    pub(super) out: u64,
+    pub(super) off: usize,
+    pub(super) tok: usize,
+    pub(super) half: bool,
+}
+
+impl DenseJob {
+    /// `matmul_many`'s jobs (2-D weights, f32 outputs).
+    pub(super) fn of_jobs(jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> Vec<DenseJob> {
+        jobs.iter()
+            .map(|(w, out, o)| {
+                out.check(*o);
+                DenseJob {
+                    w: w.mem.ptr,
+                    row_bytes: w.row_bytes,
+                    mat_bytes: w.mat_bytes(),
+                    m: w.ne(1),
+                    out: out.0.ptr,
+                    off: o.off,
+                    tok: o.stride,
+                    half: false,
+                }
+            })
+            .collect()
+    }
 }
 
 /// A batch's rows quantised ahead ([`CudaBackend::norm_xq`]): the rows (buffer, offset, stride,
@@ -747,6 +787,9 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm",
         "add_rms_norm_q8",
         "add_rms_norm_h",
+        "mmdh_2",
+        "mmdh_4",
+        "mmdh_8",
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
@@ -919,10 +962,16 @@ pub enum Path {
     /// launch (`add_rms_norm_h`), and W_uv's product writes W_o's input in f16 (no `f16_rows`
     /// launch before either). On; `TS_CUDA_DENSE_BLAS_FUSED=0` turns it off.
     DenseBlasFused,
+    /// The dense Q8_0 products of decode batches of 9-64 rows on `mmdh_<NT>` (kernels/mmq.cu):
+    /// f16 tensor cores straight from Q8_0 (half the f16 copies' bytes, the copies' values),
+    /// a layer's q and kv_a in one launch, split K summed in split order by the last block of
+    /// each row tile (no sum launch); ahead of [`Path::DenseBlasBatch`] where both apply, and
+    /// without the f16 copies. Off until measured; `TS_CUDA_DENSE_Q8H=1`.
+    DenseQ8H,
 }
 
 impl Path {
-    const ALL: [Path; 12] = [
+    const ALL: [Path; 13] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -935,6 +984,7 @@ impl Path {
         Path::SplitBatch,
         Path::DenseBlasBatch,
         Path::DenseBlasFused,
+        Path::DenseQ8H,
     ];
 
     /// Its environment variable and its default.
@@ -952,6 +1002,7 @@ impl Path {
             Path::SplitBatch => ("TS_CUDA_MS_BATCH", true),
             Path::DenseBlasBatch => ("TS_CUDA_DENSE_BLAS_BATCH", true),
             Path::DenseBlasFused => ("TS_CUDA_DENSE_BLAS_FUSED", true),
+            Path::DenseQ8H => ("TS_CUDA_DENSE_Q8H", false),
         }
     }
 

@@ -236,6 +236,23 @@ impl CudaBackend {
             return;
         }
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+        if g <= 65_535 && self.q8h_ok(ng, k, &[w]) {
+            // Decode batches straight from Q8_0 on the f16 tensor cores (Path::DenseQ8H): row r
+            // of x is token r / g of matrix r % g.
+            let Some(xh) = self.f16_input(x, xr) else { return };
+            let job = DenseJob {
+                w: w.mem.ptr,
+                row_bytes: w.row_bytes,
+                mat_bytes: w.mat_bytes(),
+                m,
+                out: out.0.ptr,
+                off: o.off,
+                tok: o.stride * g,
+                half: false,
+            };
+            self.mmdh((xh, k * g, k), ng, k, g, o.stride, &[job]);
+            return;
+        }
         if let Some(wh) = w.half_rm().filter(|_| self.dense_blas_take(ng)) {
             // Prompts and decode batches (Path::DenseBlasBatch) from the row-major f16 copy on
             // cuBLAS, the activation rows in f16.
@@ -727,11 +744,105 @@ impl CudaBackend {
         self.launch("add_rms_norm_q8", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
     }
 
+    /// Whether products of `n` rows (a decode batch of 9-64) of `k` inputs from the weights `ws`
+    /// (at most 3, Q8_0 in the regrouped rows of whole 128-value groups) run on `mmdh_<NT>`
+    /// ([`Path::DenseQ8H`]).
+    pub(super) fn q8h_ok(&self, n: usize, k: usize, ws: &[&CudaWeight]) -> bool {
+        self.path_on(Path::DenseQ8H)
+            && self.tc
+            && (GEMV_MAX_TOKENS + 1..=64).contains(&n)
+            && k.is_multiple_of(128)
+            && (1..=3).contains(&ws.len())
+            // (at most 8 splits of 2 groups; whole float4s of rows in the splits' sum; the
+            // output head's 1,600 row tiles are better on cuBLAS than through 8 splits)
+            && k <= 2048
+            && ws.iter().all(|w| w.dtype == GgmlType::Q8_0 && w.ne(0) == k && w.ne(1) % 4 == 0 && w.ne(1) > 0 && w.row_bytes == k / 128 * 144)
+            && ws.iter().map(|w| w.ne(1)).sum::<usize>() <= 8192
+    }
+
+    /// One `mmdh_<NT>` launch (kernels/mmq.cu; [`Path::DenseQ8H`]): the f16 activation rows
+    /// `xh` (pointer, token stride, matrix stride, in halves) of `n` tokens times `g` matrices
+    /// of each job's weight (one job when `g > 1`, matrix z's outputs `o_mat` further on).
+    pub(super) fn mmdh(&self, (xh, xs_tok, xs_mat): (u64, usize, usize), n: usize, k: usize, g: usize, o_mat: usize, jobs: &[DenseJob]) {
+        debug_assert!((1..=3).contains(&jobs.len()) && (g == 1 || jobs.len() == 1));
+        self.took(Path::DenseQ8H);
+        let ngroups = k / 128;
+        let gps = 2;
+        let nsplit = ngroups.div_ceil(gps);
+        let tiles: usize = jobs.iter().map(|j| j.m.div_ceil(64)).sum();
+        let mt: usize = jobs.iter().map(|j| j.m).sum();
+        let (part, cnt) = if nsplit > 1 {
+            let (Some(p), Some(c)) = (self.scratch(S::DensePart, 4 * g * nsplit * n * mt), self.scratch(S::DenseCnt, 4 * g * tiles)) else {
+                return;
+            };
+            (p, c)
+        } else {
+            (0, 0)
+        };
+        let nt = if n <= 16 {
+            2
+        } else if n <= 32 {
+            4
+        } else {
+            8
+        };
+        let at = |x: usize| jobs.get(x).unwrap_or(&jobs[0]);
+        let some = |x: usize| x < jobs.len();
+        let half_out = jobs.iter().enumerate().fold(0, |a, (x, j)| a | ((j.half as i32) << x));
+        let args = [
+            A::P(at(0).w),
+            A::P(at(1).w),
+            A::P(at(2).w),
+            l(at(0).row_bytes),
+            l(at(1).row_bytes),
+            l(at(2).row_bytes),
+            l(at(0).mat_bytes),
+            l(at(1).mat_bytes),
+            l(at(2).mat_bytes),
+            i(at(0).m),
+            i(if some(1) { at(1).m } else { 0 }),
+            i(if some(2) { at(2).m } else { 0 }),
+            A::P(at(0).out),
+            A::P(at(1).out),
+            A::P(at(2).out),
+            l(at(0).off),
+            l(at(1).off),
+            l(at(2).off),
+            l(at(0).tok),
+            l(at(1).tok),
+            l(at(2).tok),
+            A::I(half_out),
+            l(o_mat),
+            A::P(xh),
+            l(xs_tok),
+            l(xs_mat),
+            i(n),
+            i(ngroups),
+            A::I(gps as i32),
+            A::P(part),
+            A::P(cnt),
+        ];
+        self.launch(
+            KName::of(format_args!("mmdh_{nt}")).as_str(),
+            (tiles as u32, nsplit as u32, g as u32),
+            128,
+            (nt * 8 * 576) as u32,
+            &args,
+        );
+    }
+
     /// Whether `matmul_many`'s jobs (two or more, each one 2-D matrix of `k` inputs with its
     /// row-major f16 copy, writing `n` rows of its width) can run on cuBLAS in f16.
     pub(super) fn blas_jobs(&self, n: usize, k: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> bool {
         jobs.len() >= 2
             && jobs.iter().all(|(w, _, o)| w.half_rm().is_some() && w.ne(2) == 1 && w.ne(0) == k && o.n == n && o.width == w.ne(1))
+    }
+
+    /// Whether `matmul_many`'s jobs (two or three, each one 2-D matrix writing `n` rows of its
+    /// width) run on one `mmdh_<NT>` launch ([`CudaBackend::q8h_ok`]).
+    pub(super) fn q8h_jobs(&self, n: usize, k: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> bool {
+        let ws: Vec<&CudaWeight> = jobs.iter().map(|(w, _, _)| *w).collect();
+        jobs.len() >= 2 && jobs.iter().all(|(w, _, o)| w.ne(2) == 1 && o.n == n && o.width == w.ne(1)) && self.q8h_ok(n, k, &ws)
     }
 
     /// The jobs of [`CudaBackend::blas_jobs`], one cuBLAS f16 product each, from the f16 input
@@ -757,7 +868,11 @@ impl CudaBackend {
         (y, xr): (&CudaBuf, Rows),
     ) -> bool {
         let (kl, v, nh, n) = (w_uv.ne(0), w_uv.ne(1), w_uv.ne(2), xr.n);
-        let (Some(uh), Some(oh)) = (w_uv.half_rm(), wo.half_rm()) else { return false };
+        let halves = w_uv.half_rm().zip(wo.half_rm());
+        let q8h = self.q8h_ok(n, kl, &[w_uv]) && self.q8h_ok(n, nh * v, &[wo]);
+        if halves.is_none() && !q8h {
+            return false;
+        }
         let ok = n > GEMV_MAX_TOKENS
             && n <= GRAPH_MAX_TOKENS
             && w_uv.shape.len() == 3
@@ -768,7 +883,7 @@ impl CudaBackend {
             && wo.ne(1) == xr.width
             && (nh * v) % 8 == 0
             && self.path_on(Path::DenseBlasFused)
-            && self.dense_blas_take(n);
+            && (q8h || self.dense_blas_take(n));
         if !ok {
             return false;
         }
@@ -778,6 +893,33 @@ impl CudaBackend {
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         let Some(xh) = self.f16_input(lat, lr) else { return true };
         let Some(avh) = self.scratch(S::AvH, 2 * n * nh * v) else { return true };
+        if q8h {
+            // Head h's values in f16 at avh + h * v halves, tokens nh * v apart; then W_o.
+            let uv = DenseJob {
+                w: w_uv.mem.ptr,
+                row_bytes: w_uv.row_bytes,
+                mat_bytes: w_uv.mat_bytes(),
+                m: v,
+                out: avh,
+                off: 0,
+                tok: nh * v,
+                half: true,
+            };
+            self.mmdh((xh, kl * nh, kl), n, kl, nh, v, &[uv]);
+            let o = DenseJob {
+                w: wo.mem.ptr,
+                row_bytes: wo.row_bytes,
+                mat_bytes: wo.mat_bytes(),
+                m: xr.width,
+                out: y.0.ptr,
+                off: xr.off,
+                tok: xr.stride,
+                half: false,
+            };
+            self.mmdh((avh, nh * v, 0), n, nh * v, 1, 0, &[o]);
+            return true;
+        }
+        let Some((uh, oh)) = halves else { return true };
         // Head h: C_h[v, n] at avh + h * v halves, rows nh * v apart; lat row j * nh + h.
         let h = blas_sys::cudaDataType::CUDA_R_16F;
         self.gemm_ex_c((uh, h, kl, (v * kl) as i64), (xh, h, kl * nh, kl as i64), (avh, h, nh * v, v as i64), (v, n, kl), nh as i32);
@@ -869,9 +1011,9 @@ impl CudaBackend {
             && k % 8 == 0
             && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
             && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k))
-            && self.blas_jobs(n, k, jobs)
-            && self.path_on(Path::DenseBlasFused)
-            && self.dense_blas_take(n);
+            && self.path_on(Path::DenseBlasFused);
+        let q8h = blas && self.q8h_jobs(n, k, jobs);
+        let blas = q8h || (blas && self.blas_jobs(n, k, jobs) && self.dense_blas_take(n));
         if blas {
             self.took(Path::DenseBlasFused);
             x.check(xr);
@@ -884,6 +1026,10 @@ impl CudaBackend {
             });
             let args: [A; 14] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [A::P(xh)]);
             self.launch("add_rms_norm_h", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
+            if q8h {
+                self.mmdh((xh, k, 0), n, k, 1, 0, &DenseJob::of_jobs(jobs));
+                return;
+            }
             if let Err(e) = self.ctx.bind_to_thread() {
                 self.fail(format!("cuda context: {e:?}"));
                 return;
