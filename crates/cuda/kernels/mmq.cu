@@ -1692,11 +1692,15 @@ MMFQ_INST_L(mmfq8_gu_s4, 8, 1, 2, 8, 4, true)
 // Why by hand: cuBLAS runs these shapes from the f16 copies at 6-10 us a product, 72-128 blocks
 // at 7-27% of DRAM (docs/PERF.md, thirty-ninth session). Here the weights are read as Q8_0 (half
 // the copies' bytes), all issued before the PDL wait, and the jobs share one launch, split over K
-// with the splits summed in split order by the last block to finish each row tile (an atomic
-// count a tile, reset by that block), so there is no sum launch and the result does not depend
-// on which block came last.
+// across the CS blocks of a thread-block cluster (sm_90): each block leaves its partial sums in
+// its shared memory, and after one cluster barrier block s sums rows [s * 64 / CS, ...) of the
+// tile over the CS blocks in split order through distributed shared memory. No partials in
+// global memory, no sum launch, no atomics; the sums do not depend on timing.
+// (The first form counted finished splits a tile with an atomic in global memory, and the last
+// block summed the partials from L2 one element at a time: 64 sequences 6,760 tok/s against
+// cuBLAS's 9,314, gpu-next132, H200.)
 // Block: 4 warps, 64 weight rows (warp w: 16w..16w+15), one split of `gps` (1 or 2) 128-value
-// groups. Grid: (the jobs' row tiles, splits, matrices). Lane (g, t): its 8 bytes of rows g and
+// groups. Grid: (the jobs' row tiles x CS, 1, matrices). Lane (g, t): its 8 bytes of rows g and
 // g+8 at k 8t..8t+7 of each 32-value block (the group's 16-byte header of four f16 scales, then
 // 128 int8), used as two k16 steps, s = 0 (bytes 8t..8t+3) and 1 (8t+4..8t+7), each with the
 // HMMA slots (2t, 2t+1 | 2t+8, 2t+9) holding k (8t+4s, +1 | +2, +3): a permutation of the block's
@@ -1713,34 +1717,43 @@ __device__ __forceinline__ uint2 ldw8(const u8* p) {
     return *(const uint2*)p;
 #endif
 }
+#if __CUDA_ARCH__ >= 900
+// Four floats of block `rank`'s copy of the shared array at p (distributed shared memory).
+__device__ __forceinline__ float4 ld_cluster4(const float* p, unsigned rank) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(ra) : "memory");
+    return v;
+}
+#endif
 #define MMDH_RS 288  // halves a shared activation row (256 + 32 pad: 576 bytes, 16 words mod 32)
-template <int NT>
+#define MMDH_PS 68   // floats a token's partial row in shared memory (64 rows + 4: lanes g, t in 32 banks)
+template <int NT, int CS>
 __device__ __forceinline__ void mmdh_impl(const u8* w0, const u8* w1, const u8* w2, i64 rb0, i64 rb1, i64 rb2, i64 mb0,
                                           i64 mb1, i64 mb2, int m0, int m1, int m2, float* o0, float* o1, float* o2,
                                           i64 oo0, i64 oo1, i64 oo2, i64 ot0, i64 ot1, i64 ot2, int half_out, i64 o_mat,
-                                          const u16* xh, i64 xs_tok, i64 xs_mat, int n, int ngroups, int gps, float* part,
-                                          int* cnt) {
+                                          const u16* xh, i64 xs_tok, i64 xs_mat, int n, int gps) {
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) u8 mmq_sm[];
-    __shared__ int s_last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    // The block's job and row tile.
-    const int tl0 = (m0 + 63) >> 6, tl1 = (m1 + 63) >> 6, tl2 = (m2 + 63) >> 6, tiles = tl0 + tl1 + tl2;
-    int bx = blockIdx.x, job = 0, rbase = 0;
+    // The block's job, row tile and split (its rank in the cluster).
+    const int tl0 = (m0 + 63) >> 6, tl1 = (m1 + 63) >> 6;
+    int bx = blockIdx.x / CS, job = 0;
+    const int split = blockIdx.x % CS;
     const u8* W = w0;
     i64 rb = rb0, mb = mb0, oo = oo0, ot = ot0;
     int m = m0;
     float* out = o0;
     if (bx >= tl0) {
         bx -= tl0;
-        job = 1, rbase = m0, W = w1, rb = rb1, mb = mb1, oo = oo1, ot = ot1, m = m1, out = o1;
+        job = 1, W = w1, rb = rb1, mb = mb1, oo = oo1, ot = ot1, m = m1, out = o1;
         if (bx >= tl1) {
             bx -= tl1;
-            job = 2, rbase = m0 + m1, W = w2, rb = rb2, mb = mb2, oo = oo2, ot = ot2, m = m2, out = o2;
+            job = 2, W = w2, rb = rb2, mb = mb2, oo = oo2, ot = ot2, m = m2, out = o2;
         }
     }
-    const int mt = m0 + m1 + m2, z = blockIdx.z, split = blockIdx.y, nsplit = gridDim.y;
-    const int gs0 = split * gps, ngs = min(gps, ngroups - gs0);
+    const int z = blockIdx.z, gs0 = split * gps, ngs = gps;
     W += (i64)z * mb;
     const int r0 = bx * 64 + warp * 16;
     const bool active = r0 < m;
@@ -1818,7 +1831,7 @@ __device__ __forceinline__ void mmdh_impl(const u8* w0, const u8* w1, const u8* 
         else
             out[i] = v;
     };
-    if (nsplit == 1) {
+    if constexpr (CS == 1) {
         if (active) {
 #pragma unroll
             for (int j = 0; j < NT; j++)
@@ -1828,67 +1841,72 @@ __device__ __forceinline__ void mmdh_impl(const u8* w0, const u8* w1, const u8* 
                     if (row < m && tok < n) store(row, tok, acc[j][c]);
                 }
         }
-        return;
-    }
-    // Split partials: part[(z * nsplit + split) * n + tok][rbase + row], then the last block of
-    // the tile to count itself sums them in split order.
-    float* pp = part + (i64)(z * nsplit + split) * n * mt + rbase;
-    if (active) {
+    } else {
+#if __CUDA_ARCH__ >= 900
+        // The partials into this block's shared memory, red[tok][row of the tile] (the
+        // activation tile is no longer read: the barrier first).
+        __syncthreads();
+        float* red = (float*)mmq_sm;
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int row = r0 + g + 8 * (c >> 1), tok = 8 * j + 2 * t + (c & 1);
-                if (row < m && tok < n) pp[(i64)tok * mt + row] = acc[j][c];
-            }
-    }
-    __threadfence();
-    __syncthreads();
-    int* cp = cnt + z * tiles + blockIdx.x;
-    if (tid == 0) s_last = atomicAdd(cp, 1) == nsplit - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    // Four rows a thread (m, mt and rbase are multiples of 4), every split's float4 in flight
-    // at once (nsplit <= 8), summed in split order.
-    const float* p0 = part + (i64)z * nsplit * n * mt + rbase;
-    const i64 sst = (i64)n * mt;
-#pragma unroll 2
-    for (int e = tid; e < 16 * n; e += 128) {
-        const int tok = e >> 4, row = bx * 64 + 4 * (e & 15);
-        if (row >= m) continue;
-        const float* src = p0 + (i64)tok * mt + row;
-        float4 v[8];
+            for (int c = 0; c < 4; c++) red[(8 * j + 2 * t + (c & 1)) * MMDH_PS + warp * 16 + g + 8 * (c >> 1)] = acc[j][c];
+        cluster_arrive();
+        cluster_wait();
+        // Block `split` sums its share of the tile's rows over the CS blocks in split order, four
+        // rows a thread (m % 4 == 0).
+        constexpr int R = 64 / CS, RQ = R / 4;
+        for (int e = tid; e < RQ * n; e += 128) {
+            const int tok = e / RQ, rr = split * R + 4 * (e - tok * RQ), row = bx * 64 + rr;
+            float4 v[CS];
 #pragma unroll
-        for (int sp = 0; sp < 8; sp++) v[sp] = sp < nsplit ? __ldcg((const float4*)(src + sp * sst)) : make_float4(0.f, 0.f, 0.f, 0.f);
-        float4 a = v[0];
+            for (int s2 = 0; s2 < CS; s2++) v[s2] = ld_cluster4(red + tok * MMDH_PS + rr, s2);
+            float4 a = v[0];
 #pragma unroll
-        for (int sp = 1; sp < 8; sp++)
-            if (sp < nsplit) {
-                a.x += v[sp].x;
-                a.y += v[sp].y;
-                a.z += v[sp].z;
-                a.w += v[sp].w;
+            for (int s2 = 1; s2 < CS; s2++) {
+                a.x += v[s2].x;
+                a.y += v[s2].y;
+                a.z += v[s2].z;
+                a.w += v[s2].w;
             }
-        store(row, tok, a.x);
-        store(row + 1, tok, a.y);
-        store(row + 2, tok, a.z);
-        store(row + 3, tok, a.w);
+            if (row < m) {
+                store(row, tok, a.x);
+                store(row + 1, tok, a.y);
+                store(row + 2, tok, a.z);
+                store(row + 3, tok, a.w);
+            }
+        }
+        // No block leaves while another may still read its shared memory.
+        cluster_arrive_relaxed();
+        cluster_wait();
+#endif
     }
-    if (tid == 0) *cp = 0;
 #else
     pdl_wait();
 #endif
 }
-#define MMDH_INST(NT)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) mmdh_##NT(                                                   \
+#if __CUDA_ARCH__ >= 900
+#define MMDH_CLUSTER(CS) __cluster_dims__(CS, 1, 1)
+#else
+#define MMDH_CLUSTER(CS)
+#endif
+#define MMDH_INST(NT, CS)                                                                                          \
+    extern "C" __global__ void MMDH_CLUSTER(CS) __launch_bounds__(128) mmdh_##NT##_##CS(                          \
         const u8* w0, const u8* w1, const u8* w2, i64 rb0, i64 rb1, i64 rb2, i64 mb0, i64 mb1, i64 mb2, int m0,   \
         int m1, int m2, float* o0, float* o1, float* o2, i64 oo0, i64 oo1, i64 oo2, i64 ot0, i64 ot1, i64 ot2,     \
-        int half_out, i64 o_mat, const u16* xh, i64 xs_tok, i64 xs_mat, int n, int ngroups, int gps, float* part, \
-        int* cnt) {                                                                                                \
-        mmdh_impl<NT>(w0, w1, w2, rb0, rb1, rb2, mb0, mb1, mb2, m0, m1, m2, o0, o1, o2, oo0, oo1, oo2, ot0, ot1, ot2, \
-                      half_out, o_mat, xh, xs_tok, xs_mat, n, ngroups, gps, part, cnt);                            \
+        int half_out, i64 o_mat, const u16* xh, i64 xs_tok, i64 xs_mat, int n, int gps) {                         \
+        mmdh_impl<NT, CS>(w0, w1, w2, rb0, rb1, rb2, mb0, mb1, mb2, m0, m1, m2, o0, o1, o2, oo0, oo1, oo2, ot0, ot1, \
+                          ot2, half_out, o_mat, xh, xs_tok, xs_mat, n, gps);                                       \
     }
-MMDH_INST(2)
-MMDH_INST(4)
-MMDH_INST(8)
+MMDH_INST(2, 1)
+MMDH_INST(2, 2)
+MMDH_INST(2, 4)
+MMDH_INST(2, 8)
+MMDH_INST(4, 1)
+MMDH_INST(4, 2)
+MMDH_INST(4, 4)
+MMDH_INST(4, 8)
+MMDH_INST(8, 1)
+MMDH_INST(8, 2)
+MMDH_INST(8, 4)
+MMDH_INST(8, 8)

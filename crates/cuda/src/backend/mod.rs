@@ -338,12 +338,8 @@ enum S {
     /// A decode batch's attention values (`[n, heads * v]`) in f16, written by the W_uv product
     /// on cuBLAS for the W_o product (`values_out_blas`, [`Path::DenseBlasBatch`]).
     AvH,
-    /// `mmdh_<NT>`'s split-K partial outputs, and its per-row-tile counts of finished splits
-    /// (i32s; zero between launches: the last block of a tile resets its count).
-    DensePart,
-    DenseCnt,
 }
-const N_SCRATCH: usize = 31;
+const N_SCRATCH: usize = 29;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -787,9 +783,18 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm",
         "add_rms_norm_q8",
         "add_rms_norm_h",
-        "mmdh_2",
-        "mmdh_4",
-        "mmdh_8",
+        "mmdh_2_1",
+        "mmdh_2_2",
+        "mmdh_2_4",
+        "mmdh_2_8",
+        "mmdh_4_1",
+        "mmdh_4_2",
+        "mmdh_4_4",
+        "mmdh_4_8",
+        "mmdh_8_1",
+        "mmdh_8_2",
+        "mmdh_8_4",
+        "mmdh_8_8",
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
@@ -962,11 +967,14 @@ pub enum Path {
     /// launch (`add_rms_norm_h`), and W_uv's product writes W_o's input in f16 (no `f16_rows`
     /// launch before either). On; `TS_CUDA_DENSE_BLAS_FUSED=0` turns it off.
     DenseBlasFused,
-    /// The dense Q8_0 products of decode batches of 9-64 rows on `mmdh_<NT>` (kernels/mmq.cu):
-    /// f16 tensor cores straight from Q8_0 (half the f16 copies' bytes, the copies' values),
-    /// a layer's q and kv_a in one launch, split K summed in split order by the last block of
-    /// each row tile (no sum launch); ahead of [`Path::DenseBlasBatch`] where both apply, and
-    /// without the f16 copies. Off until measured; `TS_CUDA_DENSE_Q8H=1`.
+    /// The dense Q8_0 products of decode batches of 9-64 rows on `mmdh_<NT>_<CS>`
+    /// (kernels/mmq.cu, sm_90): f16 tensor cores straight from Q8_0 (half the f16 copies'
+    /// bytes, the copies' values), a layer's q and kv_a in one launch, split K across a
+    /// thread-block cluster whose blocks sum the splits in split order through distributed
+    /// shared memory (no sum launch); ahead of [`Path::DenseBlasBatch`] where both apply, and
+    /// without the f16 copies. Off: its first form (splits summed from global memory by each
+    /// tile's last block) measured 6,760 against 9,314 tok/s at 64 sequences (gpu-next132);
+    /// this one is not yet measured. `TS_CUDA_DENSE_Q8H=1`.
     DenseQ8H,
 }
 
@@ -2337,6 +2345,25 @@ mod tests {
         // 32 sequences: 4 splits up to 512 keys, then 8.
         assert_eq!(super::tc_batch_splits(132, 32, 128, Some(511)), 4);
         assert_eq!(super::tc_batch_splits(132, 32, 128, Some(512)), 8);
+    }
+
+    /// `mmdh_<NT>_<CS>`'s K splits: at most 2 groups a split and 8 a cluster, one group a
+    /// split while the launch stays under two blocks an SM, none for other group counts.
+    #[test]
+    fn mmdh_splits() {
+        use super::products::mmdh_split;
+        // V2-Lite: q + kv_a (57 row tiles, K 2048), W_o (32), W_uk (8 tiles x 16 heads, K 128),
+        // W_uv (2 x 16, K 512).
+        assert_eq!(mmdh_split(16, 57), Some((2, 8)));
+        assert_eq!(mmdh_split(16, 32), Some((2, 8)));
+        assert_eq!(mmdh_split(1, 128), Some((1, 1)));
+        assert_eq!(mmdh_split(4, 32), Some((1, 4)));
+        assert_eq!(mmdh_split(4, 100), Some((2, 2)));
+        assert_eq!(mmdh_split(8, 20), Some((1, 8)));
+        assert_eq!(mmdh_split(8, 40), Some((2, 4)));
+        // V2's q_b (K 1536: 12 groups) and wider K stay on cuBLAS.
+        assert_eq!(mmdh_split(12, 10), None);
+        assert_eq!(mmdh_split(40, 10), None);
     }
 
     /// Every kernel given more shared memory at start, or asked its occupancy, is one the

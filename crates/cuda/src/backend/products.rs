@@ -750,35 +750,28 @@ impl CudaBackend {
     pub(super) fn q8h_ok(&self, n: usize, k: usize, ws: &[&CudaWeight]) -> bool {
         self.path_on(Path::DenseQ8H)
             && self.tc
+            && self.clusters()
             && (GEMV_MAX_TOKENS + 1..=64).contains(&n)
             && k.is_multiple_of(128)
+            && mmdh_split(k / 128, 1).is_some()
             && (1..=3).contains(&ws.len())
-            // (at most 8 splits of 2 groups; whole float4s of rows in the splits' sum; the
-            // output head's 1,600 row tiles are better on cuBLAS than through 8 splits)
-            && k <= 2048
+            // (whole float4s of rows in the splits' sum; the output head stays on cuBLAS)
             && ws.iter().all(|w| w.dtype == GgmlType::Q8_0 && w.ne(0) == k && w.ne(1) % 4 == 0 && w.ne(1) > 0 && w.row_bytes == k / 128 * 144)
             && ws.iter().map(|w| w.ne(1)).sum::<usize>() <= 8192
     }
 
-    /// One `mmdh_<NT>` launch (kernels/mmq.cu; [`Path::DenseQ8H`]): the f16 activation rows
-    /// `xh` (pointer, token stride, matrix stride, in halves) of `n` tokens times `g` matrices
-    /// of each job's weight (one job when `g > 1`, matrix z's outputs `o_mat` further on).
+    /// One `mmdh_<NT>_<CS>` launch (kernels/mmq.cu; [`Path::DenseQ8H`]): the f16 activation
+    /// rows `xh` (pointer, token stride, matrix stride, in halves) of `n` tokens times `g`
+    /// matrices of each job's weight (one job when `g > 1`, matrix z's outputs `o_mat` further
+    /// on). K splits across a cluster of CS blocks, `gps` groups each (see [`mmdh_split`]).
     pub(super) fn mmdh(&self, (xh, xs_tok, xs_mat): (u64, usize, usize), n: usize, k: usize, g: usize, o_mat: usize, jobs: &[DenseJob]) {
         debug_assert!((1..=3).contains(&jobs.len()) && (g == 1 || jobs.len() == 1));
-        self.took(Path::DenseQ8H);
-        let ngroups = k / 128;
-        let gps = 2;
-        let nsplit = ngroups.div_ceil(gps);
         let tiles: usize = jobs.iter().map(|j| j.m.div_ceil(64)).sum();
-        let mt: usize = jobs.iter().map(|j| j.m).sum();
-        let (part, cnt) = if nsplit > 1 {
-            let (Some(p), Some(c)) = (self.scratch(S::DensePart, 4 * g * nsplit * n * mt), self.scratch(S::DenseCnt, 4 * g * tiles)) else {
-                return;
-            };
-            (p, c)
-        } else {
-            (0, 0)
+        let Some((gps, cs)) = mmdh_split(k / 128, tiles * g) else {
+            self.fail(format!("mmdh: K {k} does not split into 1, 2, 4 or 8 parts of 1 or 2 groups"));
+            return;
         };
+        self.took(Path::DenseQ8H);
         let nt = if n <= 16 {
             2
         } else if n <= 32 {
@@ -787,7 +780,7 @@ impl CudaBackend {
             8
         };
         let at = |x: usize| jobs.get(x).unwrap_or(&jobs[0]);
-        let some = |x: usize| x < jobs.len();
+        let m_of = |x: usize| if x < jobs.len() { jobs[x].m } else { 0 };
         let half_out = jobs.iter().enumerate().fold(0, |a, (x, j)| a | ((j.half as i32) << x));
         let args = [
             A::P(at(0).w),
@@ -799,9 +792,9 @@ impl CudaBackend {
             l(at(0).mat_bytes),
             l(at(1).mat_bytes),
             l(at(2).mat_bytes),
-            i(at(0).m),
-            i(if some(1) { at(1).m } else { 0 }),
-            i(if some(2) { at(2).m } else { 0 }),
+            i(m_of(0)),
+            i(m_of(1)),
+            i(m_of(2)),
             A::P(at(0).out),
             A::P(at(1).out),
             A::P(at(2).out),
@@ -817,14 +810,11 @@ impl CudaBackend {
             l(xs_tok),
             l(xs_mat),
             i(n),
-            i(ngroups),
             A::I(gps as i32),
-            A::P(part),
-            A::P(cnt),
         ];
         self.launch(
-            KName::of(format_args!("mmdh_{nt}")).as_str(),
-            (tiles as u32, nsplit as u32, g as u32),
+            KName::of(format_args!("mmdh_{nt}_{cs}")).as_str(),
+            ((tiles * cs) as u32, 1, g as u32),
             128,
             (nt * 8 * 576) as u32,
             &args,
@@ -1075,5 +1065,24 @@ impl CudaBackend {
         let (table, lpr, total) = multi_jobs(jobs, k);
         let args: [A; 33] = cat(cat::<21, 2, 23>(table, [i(k), i(lpr)]), norm);
         self.launch("gemv_q8_multi_norm_1", (total.min(self.sm_count * 8) as u32, 1, 1), 256, (k * 9 / 8 + 4 * k) as u32, &args);
+    }
+}
+
+/// `mmdh_<NT>_<CS>`'s split of K (`ngroups` 128-value groups) for `blocks` row tiles x
+/// matrices: (groups a split, splits: the cluster size), each split at most 2 groups and the
+/// cluster at most 8 blocks. Where both fit, one group a split while that keeps the launch
+/// under two blocks an SM (132 SMs), for more blocks in flight. None: K is not such a split.
+pub(super) fn mmdh_split(ngroups: usize, blocks: usize) -> Option<(usize, usize)> {
+    let few = |cs: usize| blocks * cs < 264;
+    match ngroups {
+        1 => Some((1, 1)),
+        2 if few(2) => Some((1, 2)),
+        2 => Some((2, 1)),
+        4 if few(4) => Some((1, 4)),
+        4 => Some((2, 2)),
+        8 if few(8) => Some((1, 8)),
+        8 => Some((2, 4)),
+        16 => Some((2, 8)),
+        _ => None,
     }
 }
