@@ -468,10 +468,11 @@ enum SplitSum {
     Leave,
 }
 
-/// One job of `CudaBackend::mmdh` (kernels/mmq.cu `mmdh_<NT>`): a Q8_0 weight in regrouped rows
+/// One job of `CudaBackend::mmdh` (kernels/mmq.cu `mmdh_<NT>_<CS>`): a Q8_0 weight in regrouped rows
 /// (device pointer, bytes a row, bytes a matrix), its `m` rows, and where its outputs go: the
 /// buffer's pointer, the first output's offset and the token stride, in floats (in halves with
 /// `half`: f16 outputs).
+#[derive(Clone, Copy, Default)]
 pub(super) struct DenseJob {
     pub(super) w: u64,
     pub(super) row_bytes: usize,
@@ -484,23 +485,24 @@ pub(super) struct DenseJob {
 }
 
 impl DenseJob {
-    /// `matmul_many`'s jobs (2-D weights, f32 outputs).
-    pub(super) fn of_jobs(jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> Vec<DenseJob> {
-        jobs.iter()
-            .map(|(w, out, o)| {
-                out.check(*o);
-                DenseJob {
-                    w: w.mem.ptr,
-                    row_bytes: w.row_bytes,
-                    mat_bytes: w.mat_bytes(),
-                    m: w.ne(1),
-                    out: out.0.ptr,
-                    off: o.off,
-                    tok: o.stride,
-                    half: false,
-                }
-            })
-            .collect()
+    /// `matmul_many`'s jobs (2-D weights, f32 outputs; at most 3), and how many there are (no
+    /// allocation: a step's host side allocates nothing).
+    pub(super) fn of_jobs(jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> ([DenseJob; 3], usize) {
+        let mut dj = [DenseJob::default(); 3];
+        for (d, (w, out, o)) in dj.iter_mut().zip(jobs) {
+            out.check(*o);
+            *d = DenseJob {
+                w: w.mem.ptr,
+                row_bytes: w.row_bytes,
+                mat_bytes: w.mat_bytes(),
+                m: w.ne(1),
+                out: out.0.ptr,
+                off: o.off,
+                tok: o.stride,
+                half: false,
+            };
+        }
+        (dj, jobs.len().min(3))
     }
 }
 
@@ -2354,16 +2356,16 @@ mod tests {
         use super::products::mmdh_split;
         // V2-Lite: q + kv_a (57 row tiles, K 2048), W_o (32), W_uk (8 tiles x 16 heads, K 128),
         // W_uv (2 x 16, K 512).
-        assert_eq!(mmdh_split(16, 57), Some((2, 8)));
-        assert_eq!(mmdh_split(16, 32), Some((2, 8)));
-        assert_eq!(mmdh_split(1, 128), Some((1, 1)));
-        assert_eq!(mmdh_split(4, 32), Some((1, 4)));
-        assert_eq!(mmdh_split(4, 100), Some((2, 2)));
-        assert_eq!(mmdh_split(8, 20), Some((1, 8)));
-        assert_eq!(mmdh_split(8, 40), Some((2, 4)));
+        assert_eq!(mmdh_split(16, 57, 264), Some((2, 8)));
+        assert_eq!(mmdh_split(16, 32, 264), Some((2, 8)));
+        assert_eq!(mmdh_split(1, 128, 264), Some((1, 1)));
+        assert_eq!(mmdh_split(4, 32, 264), Some((1, 4)));
+        assert_eq!(mmdh_split(4, 100, 264), Some((2, 2)));
+        assert_eq!(mmdh_split(8, 20, 264), Some((1, 8)));
+        assert_eq!(mmdh_split(8, 40, 264), Some((2, 4)));
         // V2's q_b (K 1536: 12 groups) and wider K stay on cuBLAS.
-        assert_eq!(mmdh_split(12, 10), None);
-        assert_eq!(mmdh_split(40, 10), None);
+        assert_eq!(mmdh_split(12, 10, 264), None);
+        assert_eq!(mmdh_split(40, 10, 264), None);
     }
 
     /// Every kernel given more shared memory at start, or asked its occupancy, is one the

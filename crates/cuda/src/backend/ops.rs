@@ -969,16 +969,18 @@ impl Backend for CudaBackend {
                     && o.width == w.ne(1)
                     && w.ne(1) > 0
             });
-        // Prompts and decode batches (Path::DenseBlasBatch) with every matrix's f16 copy
-        // (dense_blas): the input in f16 once, one cuBLAS product a job (the same bits as each `matmul` alone).
         if self.q8h_jobs(n, k, jobs) {
             // Decode batches straight from Q8_0 on the f16 tensor cores (Path::DenseQ8H).
             x.check(xr);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
             let Some(xh) = self.f16_input(x, xr) else { return };
-            self.mmdh((xh, k, 0), n, k, 1, 0, &DenseJob::of_jobs(jobs));
+            let (dj, nj) = DenseJob::of_jobs(jobs);
+            self.mmdh((xh, k, 0), n, k, 1, 0, &dj[..nj]);
             return;
         }
+        // Prompts and decode batches (Path::DenseBlasBatch) with every matrix's f16 copy
+        // (dense_blas): the input in f16 once, one cuBLAS product a job (the same bits as each
+        // `matmul` alone).
         if self.blas_jobs(n, k, jobs) && self.dense_blas_take(n) {
             x.check(xr);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());

@@ -745,15 +745,15 @@ impl CudaBackend {
     }
 
     /// Whether products of `n` rows (a decode batch of 9-64) of `k` inputs from the weights `ws`
-    /// (at most 3, Q8_0 in the regrouped rows of whole 128-value groups) run on `mmdh_<NT>`
-    /// ([`Path::DenseQ8H`]).
+    /// (at most 3, Q8_0 in the regrouped rows of whole 128-value groups) run on
+    /// `mmdh_<NT>_<CS>` ([`Path::DenseQ8H`]).
     pub(super) fn q8h_ok(&self, n: usize, k: usize, ws: &[&CudaWeight]) -> bool {
         self.path_on(Path::DenseQ8H)
             && self.tc
             && self.clusters()
             && (GEMV_MAX_TOKENS + 1..=64).contains(&n)
             && k.is_multiple_of(128)
-            && mmdh_split(k / 128, 1).is_some()
+            && mmdh_split(k / 128, 1, 0).is_some()
             && (1..=3).contains(&ws.len())
             // (whole float4s of rows in the splits' sum; the output head stays on cuBLAS)
             && ws.iter().all(|w| w.dtype == GgmlType::Q8_0 && w.ne(0) == k && w.ne(1) % 4 == 0 && w.ne(1) > 0 && w.row_bytes == k / 128 * 144)
@@ -767,7 +767,7 @@ impl CudaBackend {
     pub(super) fn mmdh(&self, (xh, xs_tok, xs_mat): (u64, usize, usize), n: usize, k: usize, g: usize, o_mat: usize, jobs: &[DenseJob]) {
         debug_assert!((1..=3).contains(&jobs.len()) && (g == 1 || jobs.len() == 1));
         let tiles: usize = jobs.iter().map(|j| j.m.div_ceil(64)).sum();
-        let Some((gps, cs)) = mmdh_split(k / 128, tiles * g) else {
+        let Some((gps, cs)) = mmdh_split(k / 128, tiles * g, 2 * self.sm_count) else {
             self.fail(format!("mmdh: K {k} does not split into 1, 2, 4 or 8 parts of 1 or 2 groups"));
             return;
         };
@@ -829,10 +829,13 @@ impl CudaBackend {
     }
 
     /// Whether `matmul_many`'s jobs (two or three, each one 2-D matrix writing `n` rows of its
-    /// width) run on one `mmdh_<NT>` launch ([`CudaBackend::q8h_ok`]).
+    /// width) run on one `mmdh_<NT>_<CS>` launch ([`CudaBackend::q8h_ok`]).
     pub(super) fn q8h_jobs(&self, n: usize, k: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> bool {
-        let ws: Vec<&CudaWeight> = jobs.iter().map(|(w, _, _)| *w).collect();
-        jobs.len() >= 2 && jobs.iter().all(|(w, _, o)| w.ne(2) == 1 && o.n == n && o.width == w.ne(1)) && self.q8h_ok(n, k, &ws)
+        if !(2..=3).contains(&jobs.len()) || !jobs.iter().all(|(w, _, o)| w.ne(2) == 1 && o.n == n && o.width == w.ne(1)) {
+            return false;
+        }
+        let ws = [jobs[0].0, jobs[1].0, jobs[jobs.len() - 1].0];
+        self.q8h_ok(n, k, &ws[..jobs.len()])
     }
 
     /// The jobs of [`CudaBackend::blas_jobs`], one cuBLAS f16 product each, from the f16 input
@@ -991,8 +994,9 @@ impl CudaBackend {
             self.mmq_jobs(ngroups, xq, n, jobs);
             return;
         }
-        // A decode batch whose products take cuBLAS (Path::DenseBlasBatch): the norm's launch
-        // writes their f16 input too (add_rms_norm_h; the same bits as the norm, then f16_rows).
+        // A decode batch whose products take cuBLAS (Path::DenseBlasBatch) or mmdh_<NT>_<CS>
+        // (Path::DenseQ8H): the norm's launch writes their f16 input too (add_rms_norm_h; the
+        // same bits as the norm, then f16_rows).
         let blas = !one
             && !one16
             && self.fused
@@ -1017,7 +1021,8 @@ impl CudaBackend {
             let args: [A; 14] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [A::P(xh)]);
             self.launch("add_rms_norm_h", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
             if q8h {
-                self.mmdh((xh, k, 0), n, k, 1, 0, &DenseJob::of_jobs(jobs));
+                let (dj, nj) = DenseJob::of_jobs(jobs);
+                self.mmdh((xh, k, 0), n, k, 1, 0, &dj[..nj]);
                 return;
             }
             if let Err(e) = self.ctx.bind_to_thread() {
@@ -1071,9 +1076,9 @@ impl CudaBackend {
 /// `mmdh_<NT>_<CS>`'s split of K (`ngroups` 128-value groups) for `blocks` row tiles x
 /// matrices: (groups a split, splits: the cluster size), each split at most 2 groups and the
 /// cluster at most 8 blocks. Where both fit, one group a split while that keeps the launch
-/// under two blocks an SM (132 SMs), for more blocks in flight. None: K is not such a split.
-pub(super) fn mmdh_split(ngroups: usize, blocks: usize) -> Option<(usize, usize)> {
-    let few = |cs: usize| blocks * cs < 264;
+/// under `wave` blocks (two an SM), for more blocks in flight. None: K is not such a split.
+pub(super) fn mmdh_split(ngroups: usize, blocks: usize, wave: usize) -> Option<(usize, usize)> {
+    let few = |cs: usize| blocks * cs < wave;
     match ngroups {
         1 => Some((1, 1)),
         2 if few(2) => Some((1, 2)),
