@@ -779,39 +779,25 @@ impl CudaBackend {
         } else {
             8
         };
-        let at = |x: usize| jobs.get(x).unwrap_or(&jobs[0]);
-        let m_of = |x: usize| if x < jobs.len() { jobs[x].m } else { 0 };
         let half_out = jobs.iter().enumerate().fold(0, |a, (x, j)| a | ((j.half as i32) << x));
-        let args = [
-            A::P(at(0).w),
-            A::P(at(1).w),
-            A::P(at(2).w),
-            l(at(0).row_bytes),
-            l(at(1).row_bytes),
-            l(at(2).row_bytes),
-            l(at(0).mat_bytes),
-            l(at(1).mat_bytes),
-            l(at(2).mat_bytes),
-            i(m_of(0)),
-            i(m_of(1)),
-            i(m_of(2)),
-            A::P(at(0).out),
-            A::P(at(1).out),
-            A::P(at(2).out),
-            l(at(0).off),
-            l(at(1).off),
-            l(at(2).off),
-            l(at(0).tok),
-            l(at(1).tok),
-            l(at(2).tok),
-            A::I(half_out),
-            l(o_mat),
-            A::P(xh),
-            l(xs_tok),
-            l(xs_mat),
-            i(n),
-            A::I(gps as i32),
-        ];
+        // Three jobs' fields, each field's three in a row (kernel order); a missing job repeats
+        // the first one's pointers with no rows.
+        let mut js = [jobs[0]; 3];
+        for (x, d) in js.iter_mut().enumerate() {
+            match jobs.get(x) {
+                Some(j) => *d = *j,
+                None => d.m = 0,
+            }
+        }
+        let fields: [fn(&DenseJob) -> A; 7] =
+            [|j| A::P(j.w), |j| l(j.row_bytes), |j| l(j.mat_bytes), |j| i(j.m), |j| A::P(j.out), |j| l(j.off), |j| l(j.tok)];
+        let mut args = [A::I(0); 28];
+        for (f, field) in fields.iter().enumerate() {
+            for (x, j) in js.iter().enumerate() {
+                args[3 * f + x] = field(j);
+            }
+        }
+        args[21..].copy_from_slice(&[A::I(half_out), l(o_mat), A::P(xh), l(xs_tok), l(xs_mat), i(n), A::I(gps as i32)]);
         self.launch(
             KName::of(format_args!("mmdh_{nt}_{cs}")).as_str(),
             ((tiles * cs) as u32, 1, g as u32),
