@@ -681,7 +681,7 @@ extern "C" __global__ void __launch_bounds__(32 * MC_WARPS) mla_combine(const fl
 // server's trace, gpu-next112.)
 extern "C" __global__ void __launch_bounds__(128) mla_combine_few(const float* part, int nsp, int nh, int kl,
                                                                  const int* pos, float* out, i64 ooff, i64 o_tok,
-                                                                 i64 o_head) { PDL_ENTRY();
+                                                                 i64 o_head, u16* oh, i64 ohoff) { PDL_ENTRY();
     const int t = blockIdx.x / nh, h = blockIdx.x % nh;
     const int end = pos[t] + 1;
     const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
@@ -720,6 +720,13 @@ extern "C" __global__ void __launch_bounds__(128) mla_combine_few(const float* p
     float* o = out + ooff + t * o_tok + h * o_head + i;
 #pragma unroll
     for (int c = 0; c < 4; c++) o[c] = r[c] * inv;
+    // oh (non-null): the same values in f16 as f16_rows rounds them, packed rows [t * nh + h] of
+    // kl halves from ohoff (the input of the value product on cuBLAS; one launch fewer).
+    if (oh) {
+        const u32 lo = (u32)f2h_sat(r[0] * inv) | (u32)f2h_sat(r[1] * inv) << 16;
+        const u32 hi = (u32)f2h_sat(r[2] * inv) | (u32)f2h_sat(r[3] * inv) << 16;
+        *(uint2*)(oh + ohoff + (i64)blockIdx.x * kl + i) = make_uint2(lo, hi);
+    }
 }
 
 // ---- f32 GEMV (the MoE router, kept in f32) ------------------------------------------------------

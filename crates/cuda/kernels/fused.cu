@@ -235,14 +235,37 @@ __device__ __forceinline__ void norm_rope_cache_body(int t, int qb, int nqb, flo
     }
     for (int i = nw + 2 * half + tid; i < width; i += bd) cache_st(crow + i, xr[i]);
 }
+// With nh (non-null): the grid's last block row converts token t's qh rows of nw_h values at
+// qn + qnoff (rows qnstride apart; the query's no-rope part) to f16 as f16_rows does, into the
+// packed rows t * qh .. of nh (the input of the absorbed query's product on cuBLAS, so no
+// f16_rows launch between the two; nw_h % 8 == 0).
+__device__ __forceinline__ void nope_h_rows(int t, const float* qn, i64 qnoff, i64 qnstride, int nw_h, int qh,
+                                            uint4* nh) {
+    const int per = nw_h >> 3;
+    for (int i = threadIdx.x; i < qh * per; i += blockDim.x) {
+        const int r = i / per, c = (i - r * per) * 8;
+        const float* s = qn + qnoff + ((i64)t * qh + r) * qnstride + c;
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) o[j] = (u32)f2h_sat(s[2 * j]) | (u32)f2h_sat(s[2 * j + 1]) << 16;
+        nh[((i64)t * qh + r) * per + (i - r * per)] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
 #define NORM_ROPE_CACHE_INST(NAME, C)                                                                          \
     extern "C" __global__ void NAME(float* x, i64 xoff, i64 xstride, int width, int nw, const float* w, int has_w,   \
                                     float eps, const int* pos, const int* slot, int slot_len, const float* freqs,    \
                                     int half, int mode, float mscale, C* cache, const float* q, i64 qoff,            \
-                                    i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh) {               \
-        norm_rope_cache_body<C>(blockIdx.x, blockIdx.y, gridDim.y - 1, x, xoff, xstride, width, nw, w, has_w, eps,   \
-                                pos, slot, slot_len, freqs, half, mode, mscale, cache, q, qoff, qstride, qd, qdoff,  \
-                                qdstride, qw, qh);                                                                   \
+                                    i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh,                 \
+                                    const float* qn, i64 qnoff, i64 qnstride, int nw_h, uint4* nh) {                 \
+        const int last = gridDim.y - 1;                                                                              \
+        if (nh && (int)blockIdx.y == last) {                                                                         \
+            PDL_ENTRY();                                                                                             \
+            nope_h_rows(blockIdx.x, qn, qnoff, qnstride, nw_h, qh, nh);                                              \
+            return;                                                                                                  \
+        }                                                                                                            \
+        norm_rope_cache_body<C>(blockIdx.x, blockIdx.y, last - (nh ? 1 : 0), x, xoff, xstride, width, nw, w, has_w,  \
+                                eps, pos, slot, slot_len, freqs, half, mode, mscale, cache, q, qoff, qstride, qd,    \
+                                qdoff, qdstride, qw, qh);                                                            \
     }
 NORM_ROPE_CACHE_INST(norm_rope_cache, float)
 NORM_ROPE_CACHE_INST(norm_rope_cache_h, u16)

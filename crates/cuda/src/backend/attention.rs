@@ -73,7 +73,8 @@ impl CudaBackend {
         out: &CudaBuf,
         o: Rows,
         defer: bool,
-    ) -> Option<(u64, usize)> {
+        lat_h: u64,
+    ) -> (Option<(u64, usize)>, bool) {
         // Backend::prefetch_hint's regions go with a one-token step's split kernel, and with no
         // other launch (they are taken either way).
         let hint = self.take_hint(batch.tokens.len() == 1);
@@ -86,7 +87,7 @@ impl CudaBackend {
         q.check(qr);
         out.check(o);
         if !self.check_cache_rows(batch, cache.rows, "mla_attention") {
-            return None;
+            return (None, false);
         }
         let n = batch.tokens.len();
         let simt = match (w, kl, nh, cache.half) {
@@ -164,7 +165,7 @@ impl CudaBackend {
                     l(o.stride),
                 ],
             );
-            return None;
+            return (None, false);
         }
         if let Some((kname, threads)) = split {
             // Decode steps, and batches of several sequences (the server's steps): split over
@@ -192,7 +193,9 @@ impl CudaBackend {
             let per_tok = 4 * nsp * nh * (kl + 2);
             let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(part) = self.scratch(S::Part, (per_tok * chunk).max(PART_MIN_BYTES)) else { return None };
+            let Some(part) = self.scratch(S::Part, (per_tok * chunk).max(PART_MIN_BYTES)) else { return (None, false) };
+            // Whether every token's output rows also went out in f16 (`lat_h`, the merge's).
+            let mut all_h = lat_h != 0;
             for t0 in (0..n).step_by(chunk) {
                 let nc = chunk.min(n - t0);
                 let (pos, slot) = (batch.pos_ptr() + 4 * t0 as u64, batch.slot_ptr() + 4 * t0 as u64);
@@ -224,18 +227,23 @@ impl CudaBackend {
                 }
                 self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &all[..if use_tc { 11 } else { 23 }]);
                 if direct {
+                    all_h = false;
                     continue;
                 }
                 if defer && n == 1 {
-                    return Some((part, nsp));
+                    return (Some((part, nsp)), false);
                 }
                 let cargs = [A::P(part), i(nsp), i(nh), i(kl), A::P(pos), A::P(out.0.ptr), l(ooff), l(nh * o.stride), l(o.stride)];
                 if nsp <= 8 && kl % 4 == 0 && kl <= 512 && self.path_on(Path::CombineFew) {
-                    // A block per (token, head), a thread per 4 outputs (the same bits).
+                    // A block per (token, head), a thread per 4 outputs (the same bits); with
+                    // `lat_h`, the rows in f16 too (packed [n * nh, kl] halves, f16_rows' bits).
                     self.took(Path::CombineFew);
-                    self.launch("mla_combine_few", ((nc * nh) as u32, 1, 1), (kl / 4) as u32, 0, &cargs);
+                    let hargs = [A::P(lat_h), l(t0 * nh * kl)];
+                    let args: [A; 11] = cat(cargs, hargs);
+                    self.launch("mla_combine_few", ((nc * nh) as u32, 1, 1), (kl / 4) as u32, 0, &args);
                     continue;
                 }
+                all_h = false;
                 self.launch(
                     "mla_combine",
                     ((nc * nh) as u32, kl.div_ceil(64) as u32, 1),
@@ -244,12 +252,12 @@ impl CudaBackend {
                     &cargs,
                 );
             }
-            return None;
+            return (None, all_h);
         }
         if cache.half {
             // alloc_latent_cache gives f16 only where the kernels above cover every batch.
             self.fail(format!("mla_attention: no kernel reads this f16 cache (queries at offset {} stride {})", qr.off, qr.stride));
-            return None;
+            return (None, false);
         }
         self.attention_launch(
             (q, qr.off, nh * qr.stride, qr.stride),
@@ -265,7 +273,7 @@ impl CudaBackend {
             0,
             0.0,
         );
-        None
+        (None, false)
     }
 
     /// Host-side check that every token's cache rows `[slot*slot_len, slot*slot_len + pos]` lie in
@@ -378,8 +386,10 @@ impl CudaBackend {
     }
 
     /// `norm_rope_cache_write`, and with `q` also `rope_copy` of the query's rope part, in one
-    /// `norm_rope_cache` launch (kernels/fused.cu).
-    pub(super) fn norm_rope_cache(&self, op: &Nrc<'_>) {
+    /// `norm_rope_cache` launch (kernels/fused.cu). With `nope` = (the query's no-rope rows:
+    /// buffer, rows `[tokens * heads, w]`; where their f16 copy goes): that copy too, packed,
+    /// as `f16_rows` would make it, in a block row of the same launch; true when it was made.
+    pub(super) fn norm_rope_cache(&self, op: &Nrc<'_>, nope: Option<(&CudaBuf, Rows, u64)>) -> bool {
         let &Nrc { x, xr, norm_width, w, eps, q, batch, rope, cache } = op;
         if !self.fused {
             let nr = xr.cols(0, norm_width);
@@ -389,7 +399,7 @@ impl CudaBackend {
             if let Some((qs, qr, qd, qdr, heads)) = q {
                 self.rope_copy(qs, qr, qd, qdr, heads, batch, rope);
             }
-            return;
+            return false;
         }
         assert!(
             norm_width > 0 && norm_width + rope.dim <= xr.width && rope.dim % 2 == 0,
@@ -405,9 +415,21 @@ impl CudaBackend {
         }
         x.check(xr);
         if !self.check_cache_rows(batch, cache.rows, "norm_rope_cache_write") {
-            return;
+            return false;
         }
         let (block, qblocks, args) = op.args();
-        self.launch(cache.kernel("norm_rope_cache").as_str(), (xr.n as u32, 1 + qblocks as u32, 1), block, 0, &args);
+        let heads = q.map_or(0, |q| q.4);
+        let nope = nope.filter(|(_, r, _)| heads > 0 && r.n == xr.n * heads && r.width % 8 == 0 && r.width > 0);
+        if let Some((b, r, _)) = nope {
+            b.check(r);
+        }
+        let nargs = match nope {
+            Some((b, r, dst)) => [A::P(b.0.ptr), l(r.off), l(r.stride), i(r.width), A::P(dst)],
+            None => [A::P(0), l(0), l(0), i(0), A::P(0)],
+        };
+        let all: [A; 29] = cat(args, nargs);
+        let rows = 1 + qblocks + usize::from(nope.is_some());
+        self.launch(cache.kernel("norm_rope_cache").as_str(), (xr.n as u32, rows as u32, 1), block, 0, &all);
+        nope.is_some()
     }
 }

@@ -338,8 +338,12 @@ enum S {
     /// A decode batch's attention values (`[n, heads * v]`) in f16, written by the W_uv product
     /// on cuBLAS for the W_o product (`values_out_blas`, [`Path::DenseBlasBatch`]).
     AvH,
+    /// A decode batch's attention output (`[n * heads, kv_lora]`) in f16, written by the merge
+    /// (`mla_combine_few`) beside its f32 rows for the W_uv product on cuBLAS
+    /// (`values_out_blas`).
+    LatH,
 }
-const N_SCRATCH: usize = 29;
+const N_SCRATCH: usize = 30;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -466,44 +470,6 @@ enum SplitSum {
     Q8(u64),
     /// Leaves them for the kernel after it to sum (`add_rms_norm_q8`'s delta; [`Path::SumQ8`]).
     Leave,
-}
-
-/// One job of `CudaBackend::mmdh` (kernels/mmq.cu `mmdh_<NT>_<CS>`): a Q8_0 weight in regrouped rows
-/// (device pointer, bytes a row, bytes a matrix), its `m` rows, and where its outputs go: the
-/// buffer's pointer, the first output's offset and the token stride, in floats (in halves with
-/// `half`: f16 outputs).
-#[derive(Clone, Copy, Default)]
-pub(super) struct DenseJob {
-    pub(super) w: u64,
-    pub(super) row_bytes: usize,
-    pub(super) mat_bytes: usize,
-    pub(super) m: usize,
-    pub(super) out: u64,
-    pub(super) off: usize,
-    pub(super) tok: usize,
-    pub(super) half: bool,
-}
-
-impl DenseJob {
-    /// `matmul_many`'s jobs (2-D weights, f32 outputs; at most 3), and how many there are (no
-    /// allocation: a step's host side allocates nothing).
-    pub(super) fn of_jobs(jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> ([DenseJob; 3], usize) {
-        let mut dj = [DenseJob::default(); 3];
-        for (d, (w, out, o)) in dj.iter_mut().zip(jobs) {
-            out.check(*o);
-            *d = DenseJob {
-                w: w.mem.ptr,
-                row_bytes: w.row_bytes,
-                mat_bytes: w.mat_bytes(),
-                m: w.ne(1),
-                out: out.0.ptr,
-                off: o.off,
-                tok: o.stride,
-                half: false,
-            };
-        }
-        (dj, jobs.len().min(3))
-    }
 }
 
 /// A batch's rows quantised ahead ([`CudaBackend::norm_xq`]): the rows (buffer, offset, stride,
@@ -785,18 +751,6 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm",
         "add_rms_norm_q8",
         "add_rms_norm_h",
-        "mmdh_2_1",
-        "mmdh_2_2",
-        "mmdh_2_4",
-        "mmdh_2_8",
-        "mmdh_4_1",
-        "mmdh_4_2",
-        "mmdh_4_4",
-        "mmdh_4_8",
-        "mmdh_8_1",
-        "mmdh_8_2",
-        "mmdh_8_4",
-        "mmdh_8_8",
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
@@ -969,19 +923,18 @@ pub enum Path {
     /// launch (`add_rms_norm_h`), and W_uv's product writes W_o's input in f16 (no `f16_rows`
     /// launch before either). On; `TS_CUDA_DENSE_BLAS_FUSED=0` turns it off.
     DenseBlasFused,
-    /// The dense Q8_0 products of decode batches of 9-64 rows on `mmdh_<NT>_<CS>`
-    /// (kernels/mmq.cu, sm_90): f16 tensor cores straight from Q8_0 (half the f16 copies'
-    /// bytes, the copies' values), a layer's q and kv_a in one launch, split K across a
-    /// thread-block cluster whose blocks sum the splits in split order through distributed
-    /// shared memory (no sum launch); ahead of [`Path::DenseBlasBatch`] where both apply, and
-    /// without the f16 copies. Off: its first form (splits summed from global memory by each
-    /// tile's last block) measured 6,760 against 9,314 tok/s at 64 sequences (gpu-next132);
-    /// this one is not yet measured. `TS_CUDA_DENSE_Q8H=1`.
-    DenseQ8H,
+    /// With [`Path::DenseBlasFused`]: the attention's merge (`mla_combine_few`) writes its rows
+    /// in f16 too (scratch `LatH`, f16_rows' bits) for W_uv's product on cuBLAS, so no
+    /// `f16_rows` launch between them. On; `TS_CUDA_LAT_H=0` turns it off.
+    LatH,
+    /// With [`Path::DenseBlasFused`]: a decode batch's `norm_rope_cache` launch writes q_nope's
+    /// f16 rows too, for the absorbed query's product (W_uk) on cuBLAS, so no `f16_rows` launch
+    /// between them. On; `TS_CUDA_QNOPE_H=0` turns it off.
+    QnopeH,
 }
 
 impl Path {
-    const ALL: [Path; 13] = [
+    const ALL: [Path; 14] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -994,7 +947,8 @@ impl Path {
         Path::SplitBatch,
         Path::DenseBlasBatch,
         Path::DenseBlasFused,
-        Path::DenseQ8H,
+        Path::LatH,
+        Path::QnopeH,
     ];
 
     /// Its environment variable and its default.
@@ -1012,7 +966,8 @@ impl Path {
             Path::SplitBatch => ("TS_CUDA_MS_BATCH", true),
             Path::DenseBlasBatch => ("TS_CUDA_DENSE_BLAS_BATCH", true),
             Path::DenseBlasFused => ("TS_CUDA_DENSE_BLAS_FUSED", true),
-            Path::DenseQ8H => ("TS_CUDA_DENSE_Q8H", false),
+            Path::LatH => ("TS_CUDA_LAT_H", true),
+            Path::QnopeH => ("TS_CUDA_QNOPE_H", true),
         }
     }
 
@@ -2347,25 +2302,6 @@ mod tests {
         // 32 sequences: 4 splits up to 512 keys, then 8.
         assert_eq!(super::tc_batch_splits(132, 32, 128, Some(511)), 4);
         assert_eq!(super::tc_batch_splits(132, 32, 128, Some(512)), 8);
-    }
-
-    /// `mmdh_<NT>_<CS>`'s K splits: at most 2 groups a split and 8 a cluster, one group a
-    /// split while the launch stays under two blocks an SM, none for other group counts.
-    #[test]
-    fn mmdh_splits() {
-        use super::products::mmdh_split;
-        // V2-Lite: q + kv_a (57 row tiles, K 2048), W_o (32), W_uk (8 tiles x 16 heads, K 128),
-        // W_uv (2 x 16, K 512).
-        assert_eq!(mmdh_split(16, 57, 264), Some((2, 8)));
-        assert_eq!(mmdh_split(16, 32, 264), Some((2, 8)));
-        assert_eq!(mmdh_split(1, 128, 264), Some((1, 1)));
-        assert_eq!(mmdh_split(4, 32, 264), Some((1, 4)));
-        assert_eq!(mmdh_split(4, 100, 264), Some((2, 2)));
-        assert_eq!(mmdh_split(8, 20, 264), Some((1, 8)));
-        assert_eq!(mmdh_split(8, 40, 264), Some((2, 4)));
-        // V2's q_b (K 1536: 12 groups) and wider K stay on cuBLAS.
-        assert_eq!(mmdh_split(12, 10, 264), None);
-        assert_eq!(mmdh_split(40, 10, 264), None);
     }
 
     /// Every kernel given more shared memory at start, or asked its occupancy, is one the

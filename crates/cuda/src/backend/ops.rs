@@ -655,7 +655,7 @@ impl Backend for CudaBackend {
     }
 
     fn mla_attention(&self, q: &CudaBuf, qr: Rows, cache: &CudaCache, batch: &CudaBatch, p: &MlaParams, out: &CudaBuf, o: Rows) {
-        self.mla_attention_run(q, qr, cache, batch, p, out, o, false);
+        self.mla_attention_run(q, qr, cache, batch, p, out, o, false, 0);
     }
 
     fn moe(
@@ -969,15 +969,6 @@ impl Backend for CudaBackend {
                     && o.width == w.ne(1)
                     && w.ne(1) > 0
             });
-        if self.q8h_jobs(n, k, jobs) {
-            // Decode batches straight from Q8_0 on the f16 tensor cores (Path::DenseQ8H).
-            x.check(xr);
-            let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(xh) = self.f16_input(x, xr) else { return };
-            let (dj, nj) = DenseJob::of_jobs(jobs);
-            self.mmdh((xh, k, 0), n, k, 1, 0, &dj[..nj]);
-            return;
-        }
         // Prompts and decode batches (Path::DenseBlasBatch) with every matrix's f16 copy
         // (dense_blas): the input in f16 once, one cuBLAS product a job (the same bits as each
         // `matmul` alone).
@@ -1131,7 +1122,6 @@ impl Backend for CudaBackend {
             && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == hd)
             && mla_out_h16_smem(kl, hd) <= self.smem_max;
         if !one && !h16 {
-            self.mla_attention(q, qr, cache, batch, p, lat, lr);
             // A decode batch on the int8 products: W_uv's split sum quantises the values for
             // W_o (Path::SumQ8), else the two products as they come.
             // (W_o's partial outputs left for the norm's launch to sum when it takes NormQ8)
@@ -1151,6 +1141,18 @@ impl Backend for CudaBackend {
                 && (avr.off, avr.stride, avo.stride) == (avo.off, avr.width, avo.width)
                 && w_uv.ne(1).is_multiple_of(128)
                 && (wo.ne(0), wo.ne(1), wo.ne(2)) == (avo.width, hd, 1);
+            // The values' product on cuBLAS from f16 rows (values_out_blas): the attention's
+            // merge writes them beside its f32 output, so no f16_rows launch before W_uv.
+            let lat_h = if !sq && self.path_on(Path::LatH) && self.values_out_blas_ok((lat, lr), (w_uv, wo), (avr, avo), xr) {
+                let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+                match self.scratch(S::LatH, 2 * lr.n * lr.width) {
+                    Some(p) => p,
+                    None => return,
+                }
+            } else {
+                0
+            };
+            let (_, lat_h_done) = self.mla_attention_run(q, qr, cache, batch, p, lat, lr, false, lat_h);
             // (Held through the norm's launch, which may read W_o's partials from the Part
             // scratch; dropped before the router's product, which takes it itself.)
             let op = sq.then(|| self.scratch_op.lock().unwrap_or_else(|e| e.into_inner()));
@@ -1167,7 +1169,7 @@ impl Backend for CudaBackend {
                 // (the norm sums partials on its register path only: rows of <= 8 x 256 values)
                 let ys = if nq8 && hd <= 8 * 256 { SplitSum::Leave } else { SplitSum::Plain };
                 y_parts = self.mmq_dense(wo, gv, vq, (xr.n, xr.n, 1), y, xr, ys);
-            } else if !self.values_out_blas((lat, lr), (w_uv, wo), (avr, avo), (y, xr)) {
+            } else if !self.values_out_blas((lat, lr), (w_uv, wo), (avr, avo), (y, xr), (lat_h_done && lat_h != 0).then_some(lat_h)) {
                 self.matmul_grouped(lat, lr, w_uv, av, avr);
                 self.matmul(av, avo, wo, y, xr);
             }
@@ -1214,7 +1216,7 @@ impl Backend for CudaBackend {
             self.mo_att_done.fetch_add(1, Ordering::Relaxed);
             (0, 0)
         } else {
-            self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true).unwrap_or((0, 0))
+            self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true, 0).0.unwrap_or((0, 0))
         };
         let att = if short {
             [
@@ -1428,7 +1430,7 @@ impl Backend for CudaBackend {
         rope: &CudaRope,
         cache: &CudaCache,
     ) {
-        self.norm_rope_cache(&Nrc { x, xr, norm_width, w, eps, q: None, batch, rope, cache });
+        self.norm_rope_cache(&Nrc { x, xr, norm_width, w, eps, q: None, batch, rope, cache }, None);
     }
 
     fn mla_rope_cache_write(
@@ -1452,7 +1454,7 @@ impl Backend for CudaBackend {
         qd.check(qdr);
         let op = Nrc { x, xr, norm_width, w, eps, q: Some(q), batch, rope, cache };
         let Some((wk, src, dst)) = absorb else {
-            self.norm_rope_cache(&op);
+            self.norm_rope_cache(&op, None);
             return;
         };
         // One decode token: the absorbed query's product (gemv_q8_1's body, one matrix per head)
@@ -1486,7 +1488,36 @@ impl Backend for CudaBackend {
             && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == norm_width)
             && smem <= self.smem_max;
         if !merged {
-            self.norm_rope_cache(&op);
+            // A decode batch's absorbed query on cuBLAS from W_uk's f16 copy: the launch before
+            // writes q_nope's f16 rows too (Path::QnopeH), so no f16_rows launch between them.
+            let ng = src.n / heads.max(1);
+            let qh = self.path_on(Path::QnopeH)
+                && self.path_on(Path::DenseBlasFused)
+                && ng > GEMV_MAX_TOKENS
+                && self.dense_blas_rows(ng)
+                && wk.half_rm().is_some()
+                && wk.shape.len() == 3
+                && wk.ne(2) == heads
+                && (src.n, src.width, dst.n, dst.width) == (ng * heads, k, ng * heads, m)
+                && k % 8 == 0;
+            if qh {
+                let op_lock = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(xh) = self.scratch(S::XBf16, 2 * k * src.n) else { return };
+                if self.norm_rope_cache(&op, Some((qs, src, xh))) {
+                    self.took(Path::QnopeH);
+                    self.took(Path::DenseBlasBatch);
+                    if let Err(e) = self.ctx.bind_to_thread() {
+                        self.fail(format!("cuda context: {e:?}"));
+                        return;
+                    }
+                    self.grouped_h16(xh, wk, heads, ng, qd, dst);
+                    return;
+                }
+                drop(op_lock);
+                self.matmul_grouped(qs, src, wk, qd, dst);
+                return;
+            }
+            self.norm_rope_cache(&op, None);
             self.matmul_grouped(qs, src, wk, qd, dst);
             return;
         }

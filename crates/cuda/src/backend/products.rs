@@ -236,29 +236,11 @@ impl CudaBackend {
             return;
         }
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-        if g <= 65_535 && self.q8h_ok(ng, k, &[w]) {
-            // Decode batches straight from Q8_0 on the f16 tensor cores (Path::DenseQ8H): row r
-            // of x is token r / g of matrix r % g.
-            let Some(xh) = self.f16_input(x, xr) else { return };
-            let job = DenseJob {
-                w: w.mem.ptr,
-                row_bytes: w.row_bytes,
-                mat_bytes: w.mat_bytes(),
-                m,
-                out: out.0.ptr,
-                off: o.off,
-                tok: o.stride * g,
-                half: false,
-            };
-            self.mmdh((xh, k * g, k), ng, k, g, o.stride, &[job]);
-            return;
-        }
-        if let Some(wh) = w.half_rm().filter(|_| self.dense_blas_take(ng)) {
+        if w.half_rm().is_some() && self.dense_blas_take(ng) {
             // Prompts and decode batches (Path::DenseBlasBatch) from the row-major f16 copy on
             // cuBLAS, the activation rows in f16.
             let Some(xh) = self.f16_input(x, xr) else { return };
-            let c = out.0.ptr + 4 * o.off as u64;
-            self.gemm_h16((wh, k, (m * k) as i64), (xh, k * g, k as i64), (c, o.stride * g, o.stride as i64), (m, ng, k), g as i32);
+            self.grouped_h16(xh, w, g, ng, out, o);
             return;
         }
         if self.tc && w.dtype == GgmlType::Q8_0 && MMQ_SMEM <= self.smem_max {
@@ -744,69 +726,6 @@ impl CudaBackend {
         self.launch("add_rms_norm_q8", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
     }
 
-    /// Whether products of `n` rows (a decode batch of 9-64) of `k` inputs from the weights `ws`
-    /// (at most 3, Q8_0 in the regrouped rows of whole 128-value groups) run on
-    /// `mmdh_<NT>_<CS>` ([`Path::DenseQ8H`]).
-    pub(super) fn q8h_ok(&self, n: usize, k: usize, ws: &[&CudaWeight]) -> bool {
-        self.path_on(Path::DenseQ8H)
-            && self.tc
-            && self.clusters()
-            && (GEMV_MAX_TOKENS + 1..=64).contains(&n)
-            && k.is_multiple_of(128)
-            && mmdh_split(k / 128, 1, 0).is_some()
-            && (1..=3).contains(&ws.len())
-            // (whole float4s of rows in the splits' sum; the output head stays on cuBLAS)
-            && ws.iter().all(|w| w.dtype == GgmlType::Q8_0 && w.ne(0) == k && w.ne(1) % 4 == 0 && w.ne(1) > 0 && w.row_bytes == k / 128 * 144)
-            && ws.iter().map(|w| w.ne(1)).sum::<usize>() <= 8192
-    }
-
-    /// One `mmdh_<NT>_<CS>` launch (kernels/mmq.cu; [`Path::DenseQ8H`]): the f16 activation
-    /// rows `xh` (pointer, token stride, matrix stride, in halves) of `n` tokens times `g`
-    /// matrices of each job's weight (one job when `g > 1`, matrix z's outputs `o_mat` further
-    /// on). K splits across a cluster of CS blocks, `gps` groups each (see [`mmdh_split`]).
-    pub(super) fn mmdh(&self, (xh, xs_tok, xs_mat): (u64, usize, usize), n: usize, k: usize, g: usize, o_mat: usize, jobs: &[DenseJob]) {
-        debug_assert!((1..=3).contains(&jobs.len()) && (g == 1 || jobs.len() == 1));
-        let tiles: usize = jobs.iter().map(|j| j.m.div_ceil(64)).sum();
-        let Some((gps, cs)) = mmdh_split(k / 128, tiles * g, 2 * self.sm_count) else {
-            self.fail(format!("mmdh: K {k} does not split into 1, 2, 4 or 8 parts of 1 or 2 groups"));
-            return;
-        };
-        self.took(Path::DenseQ8H);
-        let nt = if n <= 16 {
-            2
-        } else if n <= 32 {
-            4
-        } else {
-            8
-        };
-        let half_out = jobs.iter().enumerate().fold(0, |a, (x, j)| a | ((j.half as i32) << x));
-        // Three jobs' fields, each field's three in a row (kernel order); a missing job repeats
-        // the first one's pointers with no rows.
-        let mut js = [jobs[0]; 3];
-        for (x, d) in js.iter_mut().enumerate() {
-            match jobs.get(x) {
-                Some(j) => *d = *j,
-                None => d.m = 0,
-            }
-        }
-        let fields: [fn(&DenseJob) -> A; 7] =
-            [|j| A::P(j.w), |j| l(j.row_bytes), |j| l(j.mat_bytes), |j| i(j.m), |j| A::P(j.out), |j| l(j.off), |j| l(j.tok)];
-        let mut args = [A::I(0); 28];
-        for (f, field) in fields.iter().enumerate() {
-            for (x, j) in js.iter().enumerate() {
-                args[3 * f + x] = field(j);
-            }
-        }
-        args[21..].copy_from_slice(&[A::I(half_out), l(o_mat), A::P(xh), l(xs_tok), l(xs_mat), i(n), A::I(gps as i32)]);
-        self.launch(
-            KName::of(format_args!("mmdh_{nt}_{cs}")).as_str(),
-            ((tiles * cs) as u32, 1, g as u32),
-            128,
-            (nt * 8 * 576) as u32,
-            &args,
-        );
-    }
-
     /// Whether `matmul_many`'s jobs (two or more, each one 2-D matrix of `k` inputs with its
     /// row-major f16 copy, writing `n` rows of its width) can run on cuBLAS in f16.
     pub(super) fn blas_jobs(&self, n: usize, k: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> bool {
@@ -814,14 +733,14 @@ impl CudaBackend {
             && jobs.iter().all(|(w, _, o)| w.half_rm().is_some() && w.ne(2) == 1 && w.ne(0) == k && o.n == n && o.width == w.ne(1))
     }
 
-    /// Whether `matmul_many`'s jobs (two or three, each one 2-D matrix writing `n` rows of its
-    /// width) run on one `mmdh_<NT>_<CS>` launch ([`CudaBackend::q8h_ok`]).
-    pub(super) fn q8h_jobs(&self, n: usize, k: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) -> bool {
-        if !(2..=3).contains(&jobs.len()) || !jobs.iter().all(|(w, _, o)| w.ne(2) == 1 && o.n == n && o.width == w.ne(1)) {
-            return false;
-        }
-        let ws = [jobs[0].0, jobs[1].0, jobs[jobs.len() - 1].0];
-        self.q8h_ok(n, k, &ws[..jobs.len()])
+    /// `g` matrices of `w` (its row-major f16 copy) times the packed f16 rows `xh` of `ng`
+    /// tokens (row `t * g + j` for matrix j) on cuBLAS, one strided-batched product, into `o`'s
+    /// rows of `out` (row `t * g + j`). The context must be current on this thread.
+    pub(super) fn grouped_h16(&self, xh: u64, w: &CudaWeight, g: usize, ng: usize, out: &CudaBuf, o: Rows) {
+        let (k, m) = (w.ne(0), w.ne(1));
+        let Some(wh) = w.half_rm() else { return };
+        let c = out.0.ptr + 4 * o.off as u64;
+        self.gemm_h16((wh, k, (m * k) as i64), (xh, k * g, k as i64), (c, o.stride * g, o.stride as i64), (m, ng, k), g as i32);
     }
 
     /// The jobs of [`CudaBackend::blas_jobs`], one cuBLAS f16 product each, from the f16 input
@@ -834,25 +753,19 @@ impl CudaBackend {
         }
     }
 
-    /// A decode batch's value and output products on cuBLAS in f16 (Path::DenseBlasBatch):
-    /// `av = lat · W_uv` per head written in f16 (scratch `AvH`, packed `[n, heads * v]`, as
-    /// f16_rows would round `av`), then `y = av · W_o` from it; `av` itself is left unwritten
-    /// (the chain's scratch, Backend::mla_attention_out). False (nothing done) unless both
-    /// weights have their f16 copies and the rows are the plain chain's shapes.
-    pub(super) fn values_out_blas(
+    /// Whether [`CudaBackend::values_out_blas`] takes this chain: both weights have their f16
+    /// copies and the rows are the plain chain's shapes, in a decode batch (no side effects).
+    pub(super) fn values_out_blas_ok(
         &self,
-        (lat, lr): (&CudaBuf, Rows),
+        (_, lr): (&CudaBuf, Rows),
         (w_uv, wo): (&CudaWeight, &CudaWeight),
         (avr, avo): (Rows, Rows),
-        (y, xr): (&CudaBuf, Rows),
+        xr: Rows,
     ) -> bool {
         let (kl, v, nh, n) = (w_uv.ne(0), w_uv.ne(1), w_uv.ne(2), xr.n);
-        let halves = w_uv.half_rm().zip(wo.half_rm());
-        let q8h = self.q8h_ok(n, kl, &[w_uv]) && self.q8h_ok(n, nh * v, &[wo]);
-        if halves.is_none() && !q8h {
-            return false;
-        }
-        let ok = n > GEMV_MAX_TOKENS
+        w_uv.half_rm().is_some()
+            && wo.half_rm().is_some()
+            && n > GEMV_MAX_TOKENS
             && n <= GRAPH_MAX_TOKENS
             && w_uv.shape.len() == 3
             && (lr.n, lr.width) == (n * nh, kl)
@@ -862,43 +775,48 @@ impl CudaBackend {
             && wo.ne(1) == xr.width
             && (nh * v) % 8 == 0
             && self.path_on(Path::DenseBlasFused)
-            && (q8h || self.dense_blas_take(n));
-        if !ok {
+            && self.dense_blas_rows(n)
+    }
+
+    /// A decode batch's value and output products on cuBLAS in f16 (Path::DenseBlasBatch):
+    /// `av = lat · W_uv` per head written in f16 (scratch `AvH`, packed `[n, heads * v]`, as
+    /// f16_rows would round `av`), then `y = av · W_o` from it; `av` itself is left unwritten
+    /// (the chain's scratch, Backend::mla_attention_out). `lat_h`: `lat` already in f16 (packed
+    /// rows, f16_rows' bits; the attention's merge wrote them), else converted here. False
+    /// (nothing done) unless [`CudaBackend::values_out_blas_ok`].
+    pub(super) fn values_out_blas(
+        &self,
+        (lat, lr): (&CudaBuf, Rows),
+        (w_uv, wo): (&CudaWeight, &CudaWeight),
+        (avr, avo): (Rows, Rows),
+        (y, xr): (&CudaBuf, Rows),
+        lat_h: Option<u64>,
+    ) -> bool {
+        if !self.values_out_blas_ok((lat, lr), (w_uv, wo), (avr, avo), xr) {
             return false;
         }
+        let (Some(uh), Some(oh)) = (w_uv.half_rm(), wo.half_rm()) else { return false };
+        let (kl, v, nh, n) = (w_uv.ne(0), w_uv.ne(1), w_uv.ne(2), xr.n);
+        self.took(Path::DenseBlasBatch);
         self.took(Path::DenseBlasFused);
         lat.check(lr);
         y.check(xr);
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(xh) = self.f16_input(lat, lr) else { return true };
+        let xh = match lat_h {
+            Some(p) => {
+                self.took(Path::LatH);
+                if let Err(e) = self.ctx.bind_to_thread() {
+                    self.fail(format!("cuda context: {e:?}"));
+                    return true;
+                }
+                p
+            }
+            None => match self.f16_input(lat, lr) {
+                Some(p) => p,
+                None => return true,
+            },
+        };
         let Some(avh) = self.scratch(S::AvH, 2 * n * nh * v) else { return true };
-        if q8h {
-            // Head h's values in f16 at avh + h * v halves, tokens nh * v apart; then W_o.
-            let uv = DenseJob {
-                w: w_uv.mem.ptr,
-                row_bytes: w_uv.row_bytes,
-                mat_bytes: w_uv.mat_bytes(),
-                m: v,
-                out: avh,
-                off: 0,
-                tok: nh * v,
-                half: true,
-            };
-            self.mmdh((xh, kl * nh, kl), n, kl, nh, v, &[uv]);
-            let o = DenseJob {
-                w: wo.mem.ptr,
-                row_bytes: wo.row_bytes,
-                mat_bytes: wo.mat_bytes(),
-                m: xr.width,
-                out: y.0.ptr,
-                off: xr.off,
-                tok: xr.stride,
-                half: false,
-            };
-            self.mmdh((avh, nh * v, 0), n, nh * v, 1, 0, &[o]);
-            return true;
-        }
-        let Some((uh, oh)) = halves else { return true };
         // Head h: C_h[v, n] at avh + h * v halves, rows nh * v apart; lat row j * nh + h.
         let h = blas_sys::cudaDataType::CUDA_R_16F;
         self.gemm_ex_c((uh, h, kl, (v * kl) as i64), (xh, h, kl * nh, kl as i64), (avh, h, nh * v, v as i64), (v, n, kl), nh as i32);
@@ -965,6 +883,7 @@ impl CudaBackend {
         let q8 = !one
             && !one16
             && self.norm_q8_ok(n, k, (o.n, o.width), w)
+            && !(self.blas_jobs(n, k, jobs) && self.dense_blas_rows(n))
             && self.mmq_many(n, k, jobs)
             && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k));
         if q8 {
@@ -980,9 +899,8 @@ impl CudaBackend {
             self.mmq_jobs(ngroups, xq, n, jobs);
             return;
         }
-        // A decode batch whose products take cuBLAS (Path::DenseBlasBatch) or mmdh_<NT>_<CS>
-        // (Path::DenseQ8H): the norm's launch writes their f16 input too (add_rms_norm_h; the
-        // same bits as the norm, then f16_rows).
+        // A decode batch whose products take cuBLAS (Path::DenseBlasBatch): the norm's launch
+        // writes their f16 input too (add_rms_norm_h; the same bits as the norm, then f16_rows).
         let blas = !one
             && !one16
             && self.fused
@@ -992,8 +910,7 @@ impl CudaBackend {
             && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
             && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k))
             && self.path_on(Path::DenseBlasFused);
-        let q8h = blas && self.q8h_jobs(n, k, jobs);
-        let blas = q8h || (blas && self.blas_jobs(n, k, jobs) && self.dense_blas_take(n));
+        let blas = blas && self.blas_jobs(n, k, jobs) && self.dense_blas_take(n);
         if blas {
             self.took(Path::DenseBlasFused);
             x.check(xr);
@@ -1006,11 +923,6 @@ impl CudaBackend {
             });
             let args: [A; 14] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [A::P(xh)]);
             self.launch("add_rms_norm_h", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
-            if q8h {
-                let (dj, nj) = DenseJob::of_jobs(jobs);
-                self.mmdh((xh, k, 0), n, k, 1, 0, &dj[..nj]);
-                return;
-            }
             if let Err(e) = self.ctx.bind_to_thread() {
                 self.fail(format!("cuda context: {e:?}"));
                 return;
@@ -1056,24 +968,5 @@ impl CudaBackend {
         let (table, lpr, total) = multi_jobs(jobs, k);
         let args: [A; 33] = cat(cat::<21, 2, 23>(table, [i(k), i(lpr)]), norm);
         self.launch("gemv_q8_multi_norm_1", (total.min(self.sm_count * 8) as u32, 1, 1), 256, (k * 9 / 8 + 4 * k) as u32, &args);
-    }
-}
-
-/// `mmdh_<NT>_<CS>`'s split of K (`ngroups` 128-value groups) for `blocks` row tiles x
-/// matrices: (groups a split, splits: the cluster size), each split at most 2 groups and the
-/// cluster at most 8 blocks. Where both fit, one group a split while that keeps the launch
-/// under `wave` blocks (two an SM), for more blocks in flight. None: K is not such a split.
-pub(super) fn mmdh_split(ngroups: usize, blocks: usize, wave: usize) -> Option<(usize, usize)> {
-    let few = |cs: usize| blocks * cs < wave;
-    match ngroups {
-        1 => Some((1, 1)),
-        2 if few(2) => Some((1, 2)),
-        2 => Some((2, 1)),
-        4 if few(4) => Some((1, 4)),
-        4 => Some((2, 2)),
-        8 if few(8) => Some((1, 8)),
-        8 => Some((2, 4)),
-        16 => Some((2, 8)),
-        _ => None,
     }
 }
