@@ -931,10 +931,16 @@ pub enum Path {
     /// f16 rows too, for the absorbed query's product (W_uk) on cuBLAS, so no `f16_rows` launch
     /// between them. On; `TS_CUDA_QNOPE_H=0` turns it off.
     QnopeH,
+    /// With [`Path::DenseBlasBatch`]: a decode batch's output head (a product of more than
+    /// 8,192 rows) on cuBLAS from its f16 copy, like the layers' products. On (the measured
+    /// default of the thirty-ninth session, which moved every dense product at once);
+    /// `TS_CUDA_HEAD_BLAS=0` keeps the head on the int8 tiles, which read its Q8_0 bytes (223 MB
+    /// for V2-Lite against the copy's 419 MB), not yet measured on its own.
+    HeadBlas,
 }
 
 impl Path {
-    const ALL: [Path; 14] = [
+    const ALL: [Path; 15] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -949,6 +955,7 @@ impl Path {
         Path::DenseBlasFused,
         Path::LatH,
         Path::QnopeH,
+        Path::HeadBlas,
     ];
 
     /// Its environment variable and its default.
@@ -968,6 +975,7 @@ impl Path {
             Path::DenseBlasFused => ("TS_CUDA_DENSE_BLAS_FUSED", true),
             Path::LatH => ("TS_CUDA_LAT_H", true),
             Path::QnopeH => ("TS_CUDA_QNOPE_H", true),
+            Path::HeadBlas => ("TS_CUDA_HEAD_BLAS", true),
         }
     }
 

@@ -236,7 +236,10 @@ impl CudaBackend {
             return;
         }
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-        if w.half_rm().is_some() && self.dense_blas_take(ng) {
+        // (Path::HeadBlas off: a decode batch's products of more than 8,192 rows, the output
+        // head, keep the int8 tiles, which read the Q8_0 bytes, half the f16 copy's.)
+        let head_int8 = g == 1 && m > 8192 && ng <= GRAPH_MAX_TOKENS && !self.path_on(Path::HeadBlas);
+        if w.half_rm().is_some() && !head_int8 && self.dense_blas_take(ng) {
             // Prompts and decode batches (Path::DenseBlasBatch) from the row-major f16 copy on
             // cuBLAS, the activation rows in f16.
             let Some(xh) = self.f16_input(x, xr) else { return };
