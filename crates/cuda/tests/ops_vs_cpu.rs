@@ -2073,6 +2073,9 @@ fn dense_blas_batch() {
     let off = &CudaBackend::new(0).expect("third backend");
     on.set_path(Path::DenseBlasBatch, true);
     off.set_path(Path::DenseBlasBatch, false);
+    // And with q / kv_a's second product on a second stream (Path::BlasFork): the same bits.
+    let fk = &CudaBackend::new(0).expect("fourth backend");
+    fk.set_path(Path::BlasFork, true);
     let c = cpu();
     let mut r = rng(53);
     let mut rep = Report::new("dense_blas_batch");
@@ -2145,6 +2148,7 @@ fn dense_blas_batch() {
     let tds: Vec<TensorData> = shapes.iter().zip(&tds_bytes).map(|(sh, b)| td("w", GgmlType::Q8_0, sh, b)).collect();
     let wn: Vec<CudaWeight> = tds.iter().map(|t| on.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
     let wc: Vec<CpuWeight> = tds.iter().map(|t| c.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
+    let wk: Vec<CudaWeight> = tds.iter().map(|t| fk.upload_weight(t, WeightUse::Matmul).unwrap()).collect();
     for n in [9usize, 33, 64, 128] {
         let (views, olen) = job_views_at(&ms, n, 2, 1);
         let xr = Rows { off: 1, n, width: 2048, stride: 2048 + 3 };
@@ -2152,6 +2156,11 @@ fn dense_blas_batch() {
         let before = on.path_launches(Path::DenseBlasBatch);
         let got = many_into(on, &wn, &views, &x, xr, olen);
         let cpu_out = many_into(c, &wc, &views, &x, xr, olen);
+        let fork_before = fk.path_launches(Path::BlasFork);
+        let forked = many_into(fk, &wk, &views, &x, xr, olen);
+        if fk.path_launches(Path::BlasFork) == fork_before {
+            rep.failures.push(format!("matmul_many n={n}: did not take Path::BlasFork"));
+        }
         if on.path_launches(Path::DenseBlasBatch) == before {
             rep.failures.push(format!("matmul_many n={n}: did not take Path::DenseBlasBatch"));
         }
@@ -2159,13 +2168,15 @@ fn dense_blas_batch() {
             let view: Vec<f32> = (0..n).flat_map(|i| got[v.off + i * v.stride..][..m].to_vec()).collect();
             let want: Vec<f32> = (0..n).flat_map(|i| cpu_out[v.off + i * v.stride..][..m].to_vec()).collect();
             rep.check(&format!("matmul_many n={n} job {j} ({m} rows) vs cpu"), &view, &want, 6e-2, 1e-3);
+            let vf: Vec<f32> = (0..n).flat_map(|i| forked[v.off + i * v.stride..][..m].to_vec()).collect();
+            rep.check(&format!("matmul_many n={n} job {j} ({m} rows) forked (exact)"), &vf, &view, 0.0, 0.0);
         }
         // The norm's launch with the f16 input: on (add_rms_norm_h, then the jobs from its
         // f16 rows) against the matmul_many above of the plain norm's output.
         let hr = Rows { off: 2, n, width: 2048, stride: 2048 + 1 };
         let (hx, hd) = (randn(&mut r, hr.end(), 1.0), randn(&mut r, hr.end(), 1.0));
         let nw = randn(&mut r, 2048, 1.0);
-        let runs: Vec<[Vec<f32>; 3]> = [(on, true, &wn), (on, false, &wn)]
+        let runs: Vec<[Vec<f32>; 3]> = [(on, true, &wn), (on, false, &wn), (fk, true, &wk)]
             .iter()
             .map(|&(b, fused, wn)| {
                 let (bx, bd, bo) = (buf(b, &hx), buf(b, &hd), b.alloc(hr.end()).unwrap());
@@ -2184,6 +2195,43 @@ fn dense_blas_batch() {
             })
             .collect();
         exact(&mut rep, &format!("add_rms_norm_matmul_many n={n}"), &["x", "out", "jobs"], &runs[0], &runs[1]);
+        exact(&mut rep, &format!("add_rms_norm_matmul_many n={n} forked"), &["x", "out", "jobs"], &runs[2], &runs[0]);
+    }
+    // The fork inside recorded steps (eager, captured, replayed): the same bits as `on`'s
+    // eager ops, step after step.
+    let n = 33;
+    let (views, olen) = job_views_at(&ms, n, 2, 1);
+    let hr = Rows { off: 2, n, width: 2048, stride: 2048 + 1 };
+    let nw = randn(&mut r, 2048, 1.0);
+    let (fnorm, onorm) = (norm_weight(fk, &nw), norm_weight(on, &nw));
+    let (fx, fd, fo, fob) =
+        (fk.alloc(hr.end()).unwrap(), fk.alloc(hr.end()).unwrap(), fk.alloc(hr.end()).unwrap(), fk.alloc(olen).unwrap());
+    let key = 0xf0_4c_u64 ^ r.random::<u64>();
+    let fork_before = fk.path_launches(Path::BlasFork);
+    for step in 0..4 {
+        let (hx, hd) = (randn(&mut r, hr.end(), 1.0), randn(&mut r, hr.end(), 1.0));
+        fk.write(&fx, 0, &hx).unwrap();
+        fk.write(&fd, 0, &hd).unwrap();
+        fk.write(&fob, 0, &vec![0f32; olen]).unwrap();
+        let jobs: Vec<(&CudaWeight, &CudaBuf, Rows)> = wk.iter().zip(&views).map(|(w, &v)| (w, &fob, v)).collect();
+        let run = || fk.add_rms_norm_matmul_many((&fx, hr), (&fd, hr), Some(&fnorm), 1e-6, (&fo, hr), &jobs);
+        if !fk.graph_begin(key, n) {
+            run();
+            if !fk.graph_end() {
+                run();
+            }
+        }
+        let (bx, bd, bo, ob) = (buf(on, &hx), buf(on, &hd), on.alloc(hr.end()).unwrap(), buf(on, &vec![0f32; olen]));
+        let ojobs: Vec<(&CudaWeight, &CudaBuf, Rows)> = wn.iter().zip(&views).map(|(w, &v)| (w, &ob, v)).collect();
+        on.add_rms_norm_matmul_many((&bx, hr), (&bd, hr), Some(&onorm), 1e-6, (&bo, hr), &ojobs);
+        let olr = Rows::packed(1, olen);
+        let got = [get(fk, &fx, hr), get(fk, &fo, hr), get(fk, &fob, olr)];
+        let want = [get(on, &bx, hr), get(on, &bo, hr), get(on, &ob, olr)];
+        exact(&mut rep, &format!("recorded step {step} forked"), &["x", "out", "jobs"], &got, &want);
+    }
+    // (the first step eager, the second captured, then replays: the fork ran in the first two)
+    if fk.path_launches(Path::BlasFork) < fork_before + 2 {
+        rep.failures.push("the recorded steps did not take Path::BlasFork".into());
     }
     // The value and output products of a batch's attention (mla_attention_out's W_uv into f16,
     // then W_o) are checked in norm_q8_batch_exact.

@@ -2,7 +2,9 @@
 //!
 //! * Buffers, caches, weights and batches are plain device allocations addressed by raw device
 //!   pointers; kernels take `(pointer, offset, stride)` triples, so `Rows` views and in-place ops
-//!   cost nothing. Event tracking is off (one stream orders everything).
+//!   cost nothing. Event tracking is off (one stream orders everything; the one exception,
+//!   [`Path::BlasFork`]'s side stream, is ordered with the main one by its fork and join
+//!   events within the op that uses it).
 //! * Ops cannot return errors (the trait's signature); a failure inside one (a launch error, a
 //!   scratch allocation that does not fit, a token id outside the table) is kept and returned by
 //!   the next [`Backend::read`] or [`Backend::synchronize`]. Shape-contract violations panic, as
@@ -472,6 +474,24 @@ enum SplitSum {
     Leave,
 }
 
+/// A second stream for products that may run beside those on the main one ([`Path::BlasFork`]):
+/// work on `side` starts after `fork_ev` (recorded on the main stream) and the main stream goes
+/// on after `join_ev` (recorded on `side`), in eager steps and in recorded graphs alike.
+struct Fork {
+    side: Arc<CudaStream>,
+    blas: Mutex<CudaBlas>,
+    fork_ev: cudarc::driver::CudaEvent,
+    join_ev: cudarc::driver::CudaEvent,
+}
+impl Fork {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Fork> {
+        let side = ctx.new_stream().map_err(|e| dev_err("cannot create a second CUDA stream", e))?;
+        let blas = CudaBlas::new(side.clone()).map_err(|e| dev_err("cannot create the second cuBLAS handle", e))?;
+        let ev = || ctx.new_event(None).map_err(|e| dev_err("cannot create a CUDA event", e));
+        Ok(Fork { side, blas: Mutex::new(blas), fork_ev: ev()?, join_ev: ev()? })
+    }
+}
+
 /// A batch's rows quantised ahead ([`CudaBackend::norm_xq`]): the rows (buffer, offset, stride,
 /// count, width) and where their Q8_0 groups are.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -937,10 +957,15 @@ pub enum Path {
     /// `TS_CUDA_HEAD_BLAS=0` keeps the head on the int8 tiles, which read its Q8_0 bytes (223 MB
     /// for V2-Lite against the copy's 419 MB), not yet measured on its own.
     HeadBlas,
+    /// A decode batch's dense products that read one input (q and kv_a) on cuBLAS: the second
+    /// on a second stream, beside the first (a fork and a join in the step's graph), so the
+    /// shorter one no longer adds to the step. Needs the stream made at start
+    /// (`TS_CUDA_BLAS_FORK=1`, which also turns this on); not yet measured.
+    BlasFork,
 }
 
 impl Path {
-    const ALL: [Path; 15] = [
+    const ALL: [Path; 16] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -956,6 +981,7 @@ impl Path {
         Path::LatH,
         Path::QnopeH,
         Path::HeadBlas,
+        Path::BlasFork,
     ];
 
     /// Its environment variable and its default.
@@ -976,6 +1002,7 @@ impl Path {
             Path::LatH => ("TS_CUDA_LAT_H", true),
             Path::QnopeH => ("TS_CUDA_QNOPE_H", true),
             Path::HeadBlas => ("TS_CUDA_HEAD_BLAS", true),
+            Path::BlasFork => ("TS_CUDA_BLAS_FORK", false),
         }
     }
 
@@ -991,6 +1018,9 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: Mutex<CudaBlas>,
+    /// [`Path::BlasFork`]'s second stream, its cuBLAS handle and the fork / join events; made
+    /// when the path is turned on (at start with `TS_CUDA_BLAS_FORK=1`, or by `set_path`).
+    fork: std::sync::OnceLock<Fork>,
     module: Arc<CudaModule>,
     funcs: HashMap<String, CudaFunction>,
     name: String,
@@ -1540,11 +1570,16 @@ impl CudaBackend {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("cannot create the cuBLAS handle", e))?;
+        let fork = std::sync::OnceLock::new();
+        if std::env::var("TS_CUDA_BLAS_FORK").is_ok_and(|v| v == "1") {
+            let _ = fork.set(Fork::new(&ctx)?);
+        }
         let exact = std::env::var("TS_CUDA_EXACT").is_ok_and(|v| v == "1");
         Ok(CudaBackend {
             ctx,
             stream,
             blas: Mutex::new(blas),
+            fork,
             module,
             funcs,
             name: format!("cuda:{device_ordinal} {dev_name}"),
@@ -1894,6 +1929,18 @@ impl CudaBackend {
     /// Turn a decode path on or off (its environment variable's setting until then); for steps
     /// recorded after this call.
     pub fn set_path(&self, p: Path, on: bool) {
+        if p == Path::BlasFork && on && self.fork.get().is_none() {
+            // (its stream and handle first: a failure leaves the path off, reported)
+            match Fork::new(&self.ctx) {
+                Ok(f) => {
+                    let _ = self.fork.set(f);
+                }
+                Err(e) => {
+                    self.fail(format!("Path::BlasFork: {e}"));
+                    return;
+                }
+            }
+        }
         self.paths[p as usize].0.store(on, Ordering::Relaxed);
     }
 

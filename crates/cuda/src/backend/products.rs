@@ -574,8 +574,22 @@ impl CudaBackend {
         (m, n, k): (usize, usize, usize),
         batch: i32,
     ) {
+        self.gemm_ex_on(&self.blas, (w, wt, lda, stride_w), (x, xt, ldx, stride_x), (c, ct, ldc, stride_c), (m, n, k), batch);
+    }
+
+    /// [`CudaBackend::gemm_ex_c`] on the cuBLAS handle `blas` (and so on its stream).
+    #[allow(clippy::type_complexity)]
+    fn gemm_ex_on(
+        &self,
+        blas: &Mutex<CudaBlas>,
+        (w, wt, lda, stride_w): (u64, blas_sys::cudaDataType, usize, i64),
+        (x, xt, ldx, stride_x): (u64, blas_sys::cudaDataType, usize, i64),
+        (c, ct, ldc, stride_c): (u64, blas_sys::cudaDataType, usize, i64),
+        (m, n, k): (usize, usize, usize),
+        batch: i32,
+    ) {
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        let blas = blas.lock().unwrap_or_else(|e| e.into_inner());
         let r = unsafe {
             blas_result::gemm_strided_batched_ex(
                 *blas.handle(),
@@ -749,10 +763,34 @@ impl CudaBackend {
     /// The jobs of [`CudaBackend::blas_jobs`], one cuBLAS f16 product each, from the f16 input
     /// rows `xh` (`n` packed rows of `k`; the context current on this thread).
     pub(super) fn gemm_jobs_h16(&self, xh: u64, n: usize, k: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
-        for &(w, out, o) in jobs {
+        let h = blas_sys::cudaDataType::CUDA_R_16F;
+        let f = blas_sys::cudaDataType::CUDA_R_32F;
+        let gemm = |blas: &Mutex<CudaBlas>, &(w, out, o): &(&CudaWeight, &CudaBuf, Rows)| {
             out.check(o);
-            let (Some(wh), m) = (w.half_rm(), w.ne(1)) else { continue };
-            self.gemm_h16((wh, k, 0), (xh, k, 0), (out.0.ptr + 4 * o.off as u64, o.stride, 0), (m, n, k), 1);
+            if let (Some(wh), m) = (w.half_rm(), w.ne(1)) {
+                self.gemm_ex_on(blas, (wh, h, k, 0), (xh, h, k, 0), (out.0.ptr + 4 * o.off as u64, f, o.stride, 0), (m, n, k), 1);
+            }
+        };
+        // A decode batch's jobs after the first on the side stream, beside the first
+        // (Path::BlasFork): forked after the input's launch, joined before what comes next.
+        if let Some(fk) = self.fork.get().filter(|_| jobs.len() >= 2 && n <= GRAPH_MAX_TOKENS && self.path_on(Path::BlasFork)) {
+            let fork = fk.fork_ev.record(&self.stream).and_then(|_| fk.side.wait(&fk.fork_ev));
+            if let Err(e) = fork {
+                self.fail(format!("cuda stream fork: {e:?}"));
+                return;
+            }
+            self.took(Path::BlasFork);
+            for job in &jobs[1..] {
+                gemm(&fk.blas, job);
+            }
+            gemm(&self.blas, &jobs[0]);
+            if let Err(e) = fk.join_ev.record(&fk.side).and_then(|_| self.stream.wait(&fk.join_ev)) {
+                self.fail(format!("cuda stream join: {e:?}"));
+            }
+            return;
+        }
+        for job in jobs {
+            gemm(&self.blas, job);
         }
     }
 
