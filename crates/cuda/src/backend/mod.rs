@@ -1949,6 +1949,18 @@ impl CudaBackend {
         self.paths[p as usize].1.load(Ordering::Relaxed)
     }
 
+    /// Makes the context current on this thread (cuBLAS calls need it); false after a failure,
+    /// which is recorded.
+    fn bind_ctx(&self) -> bool {
+        match self.ctx.bind_to_thread() {
+            Ok(()) => true,
+            Err(e) => {
+                self.fail(format!("cuda context: {e:?}"));
+                false
+            }
+        }
+    }
+
     fn path_on(&self, p: Path) -> bool {
         self.paths[p as usize].0.load(Ordering::Relaxed)
     }

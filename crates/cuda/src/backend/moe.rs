@@ -292,8 +292,7 @@ impl CudaBackend {
         ) else {
             return None;
         };
-        if let Err(e) = self.ctx.bind_to_thread() {
-            self.fail(format!("cuda context: {e:?}"));
+        if !self.bind_ctx() {
             return None;
         }
         self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);

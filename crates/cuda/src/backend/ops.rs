@@ -1506,8 +1506,7 @@ impl Backend for CudaBackend {
                 if self.norm_rope_cache(&op, Some((qs, src, xh))) {
                     self.took(Path::QnopeH);
                     self.took(Path::DenseBlasBatch);
-                    if let Err(e) = self.ctx.bind_to_thread() {
-                        self.fail(format!("cuda context: {e:?}"));
+                    if !self.bind_ctx() {
                         return;
                     }
                     self.grouped_h16(xh, wk, heads, ng, qd, dst);

@@ -287,8 +287,7 @@ impl CudaBackend {
             (wb, blas_sys::cudaDataType::CUDA_R_16BF, xb, blas_sys::cudaDataType::CUDA_R_16BF, k * g, k)
         };
         // cuBLAS runs on whichever context is current on this thread.
-        if let Err(e) = self.ctx.bind_to_thread() {
-            self.fail(format!("cuda context: {e:?}"));
+        if !self.bind_ctx() {
             return;
         }
         let c = out.0.ptr + 4 * o.off as u64;
@@ -520,8 +519,7 @@ impl CudaBackend {
     pub(super) fn f16_input(&self, x: &CudaBuf, xr: Rows) -> Option<u64> {
         let xh = self.scratch(S::XBf16, 2 * xr.width * xr.n)?;
         self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), xr.n, xr.width, 0, xh);
-        if let Err(e) = self.ctx.bind_to_thread() {
-            self.fail(format!("cuda context: {e:?}"));
+        if !self.bind_ctx() {
             return None;
         }
         Some(xh)
@@ -846,8 +844,7 @@ impl CudaBackend {
         let xh = match lat_h {
             Some(p) => {
                 self.took(Path::LatH);
-                if let Err(e) = self.ctx.bind_to_thread() {
-                    self.fail(format!("cuda context: {e:?}"));
+                if !self.bind_ctx() {
                     return true;
                 }
                 p
@@ -964,8 +961,7 @@ impl CudaBackend {
             });
             let args: [A; 14] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [A::P(xh)]);
             self.launch("add_rms_norm_h", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
-            if let Err(e) = self.ctx.bind_to_thread() {
-                self.fail(format!("cuda context: {e:?}"));
+            if !self.bind_ctx() {
                 return;
             }
             self.gemm_jobs_h16(xh, n, k, jobs);
