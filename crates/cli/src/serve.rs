@@ -41,10 +41,13 @@ pub struct ServeArgs {
     pub max_queue: usize,
     /// Most prompt tokens per forward pass (chunked prefill keeps decoding going during long
     /// prompts: the running sequences wait at most one chunk's prefill for their next token).
+    /// Default: 1024 on a GPU, 512 on the CPU.
     // 512, not 128: on an H200 at 64 clients 7,694 against 7,253 tok/s, a quarter of the steps
-    // mixing prompts with decoding (docs/PERF.md, gpu-next109/111).
-    #[arg(long = "prefill-chunk", default_value_t = 512)]
-    pub prefill_chunk: usize,
+    // mixing prompts with decoding (docs/PERF.md, gpu-next109/111); on CUDA 1,024, not 512:
+    // 9,013 against 8,918 and 8,836 against 8,764 (gpu-next140/141, TTFT p99 75-82 ms against
+    // 89-97).
+    #[arg(long = "prefill-chunk")]
+    pub prefill_chunk: Option<usize>,
     /// While others decode, hold new prompts back until this many prompt tokens wait (or for
     /// --prefill-wait steps), so that fewer steps mix prompts with decoding. An experiment: at 64
     /// clients on an H200 it gained nothing (docs/PERF.md). 0 (default): prefill every prompt at once.
@@ -99,12 +102,16 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if !(a.request_timeout >= 0.0) {
         bail!("--request-timeout must be a number of seconds, 0 for no limit");
     }
-    if a.prefill_chunk == 0 {
+    if a.prefill_chunk == Some(0) {
         bail!("--prefill-chunk must be at least 1");
     }
+    // The forward is sized for the GPU's default chunk unless the CPU is asked for; a CPU chosen
+    // by `auto` gets its own default after the load (the forward is then wider than it needs).
+    let (gpu_chunk, cpu_chunk) = (1024, 512);
+    let provisional = if a.backend == BackendKind::Cpu { cpu_chunk } else { gpu_chunk };
     let mut cfg = ServerConfig {
         max_queue: a.max_queue,
-        prefill_chunk: a.prefill_chunk,
+        prefill_chunk: a.prefill_chunk.unwrap_or(provisional),
         prefill_hold: a.prefill_hold,
         prefill_wait: a.prefill_wait,
         max_body_bytes: a.max_body_bytes,
@@ -135,6 +142,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let ctx = l.model.options().ctx;
     let bundle = ModelBundle::from_metadata(l.model, l.src.metadata(), &file).with_context(|| format!("{}", l.path.display()))?;
     cfg.warmup = !a.no_warmup && l.backend_name.starts_with("cuda");
+    if a.prefill_chunk.is_none() && !l.backend_name.starts_with("cuda") {
+        cfg.prefill_chunk = cpu_chunk;
+    }
     let t = std::time::Instant::now();
     let server = Server::start(bundle, cfg, SocketAddr::new(a.host, a.port))?;
     if cfg.warmup {

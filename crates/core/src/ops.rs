@@ -434,6 +434,44 @@ pub trait Backend: Send + Sync {
             self.matmul_grouped(q, src, wk, qd, dst);
         }
     }
+    /// An MLA layer's input side with a plain (not low-rank) q in one op: the layer's first norm
+    /// and the two products that read it, `jobs` = `[(W_q, q, qo), (W_kv_a, kv, kvo)]`
+    /// ([`Backend::add_rms_norm_matmul_many`] with `delta`, [`Backend::rms_norm_matmul_many`]
+    /// without), then [`Backend::mla_rope_cache_write`] of `kv` (rows `kvo`, `norm_width` of
+    /// them normed by `kv_w`) and of `q` (`q_rope`'s source must be `q`; `absorb`'s rows are
+    /// rows of `q`). The default is those ops. `q` and `kv` are the chain's scratch, which a
+    /// backend may leave unwritten (the CUDA backend, for a decode batch: one product for both
+    /// matrices into scratch of its own, read from there; see [`Backend::join_products`]).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_qkv_rope_cache(
+        &self,
+        (x, xr): (&Self::Buf, Rows),
+        delta: Option<(&Self::Buf, Rows)>,
+        w: Option<&Self::Weight>,
+        eps: f32,
+        (out, o): (&Self::Buf, Rows),
+        jobs: [(&Self::Weight, &Self::Buf, Rows); 2],
+        (norm_width, kv_w): (usize, Option<&Self::Weight>),
+        q_rope: (&Self::Buf, Rows, &Self::Buf, Rows, usize),
+        absorb: Option<(&Self::Weight, Rows, Rows)>,
+        batch: &Self::Batch,
+        rope: &Self::Rope,
+        cache: &Self::Cache,
+    ) {
+        match delta {
+            Some(d) => self.add_rms_norm_matmul_many((x, xr), d, w, eps, (out, o), &jobs),
+            None => self.rms_norm_matmul_many((x, xr), w, eps, (out, o), &jobs),
+        }
+        let (_, kv, kvo) = jobs[1];
+        self.mla_rope_cache_write(kv, kvo, norm_width, kv_w, eps, q_rope, absorb, batch, rope, cache);
+    }
+    /// A hint, at load, that the matrices `weights` (2-D, the same input width) multiply the same
+    /// rows (an MLA layer's W_q and W_kv_a): a backend may store them side by side, so that one
+    /// product serves all of them (the CUDA backend: their f16 copies in one allocation, for
+    /// [`Backend::norm_qkv_rope_cache`]). Changes no result. Default: nothing.
+    fn join_products(&self, weights: &mut [&mut Self::Weight]) {
+        let _ = weights;
+    }
     /// A hint that `weights` (up to four) are read soon, after the next attention: a backend may
     /// start bringing them closer (the CUDA backend: into L2, from a one-token attention kernel,
     /// which leaves the memory bus mostly idle). Changes no result. Default: nothing.

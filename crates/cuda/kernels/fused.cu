@@ -117,7 +117,9 @@ extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstrid
 // whole row (width values) to cache row slot[t] * slot_len + pos[t]. Block size as rms_norm's for
 // nw. With q (non-null), blocks (t, 1..gridDim.y) do the query's rope part of token t, an equal
 // share each: its qh rows (qsrc row r -> qdst row r, qw values each) get rope_copy_rows' exact
-// arithmetic (Backend::mla_rope_cache_write); q and qd must not overlap x.
+// arithmetic (Backend::mla_rope_cache_write); q and qd must not overlap x. Token t's rows of q
+// start qtstride apart (qh * qstride for packed head rows; the row of q and kv_a's joint product,
+// Path::QkvJoint, where q's rows of a token are followed by its kv_a row).
 // Latency: the latent row (nw <= NORM_PER * blockDim) and its rope pairs (half <= blockDim) are
 // loaded into registers before any is used, and the query items (QROPE_U per round) likewise,
 // spread over several blocks, so a token costs a few L2 round trips instead of one per strided
@@ -130,7 +132,8 @@ __device__ __forceinline__ void norm_rope_cache_body(int t, int qb, int nqb, flo
                                                      int nw, const float* w, int has_w, float eps, const int* pos,
                                                      const int* slot, int slot_len, const float* freqs, int half,
                                                      int mode, float mscale, C* cache, const float* q, i64 qoff,
-                                                     i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh) {
+                                                     i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh,
+                                                     i64 qtstride) {
     __shared__ float part[32];
     const int bd = blockDim.x, tid = threadIdx.x;
     if (qb > 0) {
@@ -146,7 +149,7 @@ __device__ __forceinline__ void norm_rope_cache_body(int t, int qb, int nqb, flo
                 a0[u] = a1[u] = 0.f;
                 if (idx < total) {
                     const int j = idx % per;
-                    const float* srow = q + qoff + ((i64)t * qh + idx / per) * qstride;
+                    const float* srow = q + qoff + (i64)t * qtstride + (i64)(idx / per) * qstride;
                     if (j < half) {
                         a0[u] = srow[mode == 0 ? 2 * j : j];
                         a1[u] = srow[mode == 0 ? 2 * j + 1 : j + half];
@@ -236,15 +239,15 @@ __device__ __forceinline__ void norm_rope_cache_body(int t, int qb, int nqb, flo
     for (int i = nw + 2 * half + tid; i < width; i += bd) cache_st(crow + i, xr[i]);
 }
 // With nh (non-null): the grid's last block row converts token t's qh rows of nw_h values at
-// qn + qnoff (rows qnstride apart; the query's no-rope part) to f16 as f16_rows does, into the
+// qn + qnoff (rows qnstride apart, a token's qntstride; the query's no-rope part) to f16 as f16_rows does, into the
 // packed rows t * qh .. of nh (the input of the absorbed query's product on cuBLAS, so no
 // f16_rows launch between the two; nw_h % 8 == 0).
-__device__ __forceinline__ void nope_h_rows(int t, const float* qn, i64 qnoff, i64 qnstride, int nw_h, int qh,
-                                            uint4* nh) {
+__device__ __forceinline__ void nope_h_rows(int t, const float* qn, i64 qnoff, i64 qnstride, i64 qntstride, int nw_h,
+                                            int qh, uint4* nh) {
     const int per = nw_h >> 3;
     for (int i = threadIdx.x; i < qh * per; i += blockDim.x) {
         const int r = i / per, c = (i - r * per) * 8;
-        const float* s = qn + qnoff + ((i64)t * qh + r) * qnstride + c;
+        const float* s = qn + qnoff + (i64)t * qntstride + (i64)r * qnstride + c;
         u32 o[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) o[j] = (u32)f2h_sat(s[2 * j]) | (u32)f2h_sat(s[2 * j + 1]) << 16;
@@ -256,16 +259,17 @@ __device__ __forceinline__ void nope_h_rows(int t, const float* qn, i64 qnoff, i
                                     float eps, const int* pos, const int* slot, int slot_len, const float* freqs,    \
                                     int half, int mode, float mscale, C* cache, const float* q, i64 qoff,            \
                                     i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh,                 \
-                                    const float* qn, i64 qnoff, i64 qnstride, int nw_h, uint4* nh) {                 \
+                                    const float* qn, i64 qnoff, i64 qnstride, int nw_h, uint4* nh, i64 qtstride,     \
+                                    i64 qntstride) {                                                                 \
         const int last = gridDim.y - 1;                                                                              \
         if (nh && (int)blockIdx.y == last) {                                                                         \
             PDL_ENTRY();                                                                                             \
-            nope_h_rows(blockIdx.x, qn, qnoff, qnstride, nw_h, qh, nh);                                              \
+            nope_h_rows(blockIdx.x, qn, qnoff, qnstride, qntstride, nw_h, qh, nh);                                   \
             return;                                                                                                  \
         }                                                                                                            \
         norm_rope_cache_body<C>(blockIdx.x, blockIdx.y, last - (nh ? 1 : 0), x, xoff, xstride, width, nw, w, has_w,  \
                                 eps, pos, slot, slot_len, freqs, half, mode, mscale, cache, q, qoff, qstride, qd,    \
-                                qdoff, qdstride, qw, qh);                                                            \
+                                qdoff, qdstride, qw, qh, qtstride);                                                  \
     }
 NORM_ROPE_CACHE_INST(norm_rope_cache, float)
 NORM_ROPE_CACHE_INST(norm_rope_cache_h, u16)
@@ -287,7 +291,7 @@ __device__ __forceinline__ void mla_rope_absorb_body(float* x, i64 xoff, i64 xst
     const int b = blockIdx.x;
     if (b <= nqb) {
         norm_rope_cache_body<C>(0, b, nqb, x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs,
-                                half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh);
+                                half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh, 0);
         return;
     }
     const int g = b - (nqb + 1);
@@ -328,7 +332,7 @@ __device__ __forceinline__ void mla_rope_absorb_h16_body(float* x, i64 xoff, i64
     const int b = blockIdx.x;
     if (b <= nqb) {
         norm_rope_cache_body<C>(0, b, nqb, x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs,
-                                half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh);
+                                half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh, 0);
         return;
     }
     const int g = b - (nqb + 1), head = g / gtiles, tile = g - head * gtiles;

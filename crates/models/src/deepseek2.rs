@@ -725,7 +725,7 @@ impl<B: Backend> DeepSeek2<B> {
             if b.has(&n("exp_probs_b")) {
                 return Err(b.err(&n("exp_probs_b"), "expert score-correction bias (DeepSeek-V3 noaux_tc routing) is not implemented"));
             }
-            let q = match cfg.q_lora {
+            let mut q = match cfg.q_lora {
                 None => QProj::Plain { wq: mat("attn_q", h, nh * qk)? },
                 Some(r) => {
                     QProj::LowRank { wq_a: mat("attn_q_a", h, r)?, q_a_norm: vec("attn_q_a_norm", r)?, wq_b: mat("attn_q_b", r, nh * qk)? }
@@ -795,10 +795,16 @@ impl<B: Backend> DeepSeek2<B> {
                 }
                 _ => Ffn::Dense(dense(cfg.ff_dense, "ffn_gate", "ffn_up", "ffn_down")?),
             };
+            let mut wkv_a = mat("attn_kv_a_mqa", h, kl + rd)?;
+            // q and kv_a multiply the same rows: the backend may keep them side by side, for
+            // one product of both (norm_qkv_rope_cache).
+            if let QProj::Plain { wq } = &mut q {
+                be.join_products(&mut [wq, &mut wkv_a]);
+            }
             layers.push(Layer {
                 attn_norm: vec("attn_norm", h)?,
                 q,
-                wkv_a: mat("attn_kv_a_mqa", h, kl + rd)?,
+                wkv_a,
                 kv_a_norm: vec("attn_kv_a_norm", kl)?,
                 w_uk,
                 w_uv,
@@ -1052,21 +1058,41 @@ impl<B: Backend> DeepSeek2<B> {
                 QProj::LowRank { wq_a, .. } => (wq_a, &s.qa, ra),
             };
             let jobs = [first, (&l.wkv_a, &s.kv, rkv)];
-            if pending {
-                be.add_rms_norm_matmul_many((&s.x, rx), (&s.y, rx), Some(&l.attn_norm), c.eps, (&s.h, rx), &jobs);
-            } else {
-                be.rms_norm_matmul_many((&s.x, rx), Some(&l.attn_norm), c.eps, (&s.h, rx), &jobs);
-            }
-            if let QProj::LowRank { q_a_norm, wq_b, .. } = &l.q {
-                be.rms_norm(&s.qa, ra, Some(q_a_norm), c.eps, &s.qa, ra);
-                be.matmul(&s.qa, ra, wq_b, &s.q, rq);
-            }
             // c = rmsnorm(c) * kv_a_norm, k_pe = rope(k_pe), cache row <- [c ; k_pe].
             // ... and the roped q_pe into the absorbed query's last columns, in the same op.
             let q_rope = (&s.q, q_pe, &s.qm, rqm.cols(kl, rd), nh);
             // ... and q_abs = q_nope . W_uk ([n*nh, kv_lora], its first columns), also in that op.
             let absorb = Some((&l.w_uk, q_nope, rqm.cols(0, kl)));
-            be.mla_rope_cache_write(&s.kv, rkv, kl, Some(&l.kv_a_norm), c.eps, q_rope, absorb, bt, &self.rope, &l.cache);
+            if let QProj::Plain { .. } = &l.q {
+                // The norm, both products and the cache write in one op (q and kv are its scratch).
+                let delta = pending.then_some((&s.y, rx));
+                let kv_norm = (kl, Some(&l.kv_a_norm));
+                be.norm_qkv_rope_cache(
+                    (&s.x, rx),
+                    delta,
+                    Some(&l.attn_norm),
+                    c.eps,
+                    (&s.h, rx),
+                    jobs,
+                    kv_norm,
+                    q_rope,
+                    absorb,
+                    bt,
+                    &self.rope,
+                    &l.cache,
+                );
+            } else {
+                if pending {
+                    be.add_rms_norm_matmul_many((&s.x, rx), (&s.y, rx), Some(&l.attn_norm), c.eps, (&s.h, rx), &jobs);
+                } else {
+                    be.rms_norm_matmul_many((&s.x, rx), Some(&l.attn_norm), c.eps, (&s.h, rx), &jobs);
+                }
+                if let QProj::LowRank { q_a_norm, wq_b, .. } = &l.q {
+                    be.rms_norm(&s.qa, ra, Some(q_a_norm), c.eps, &s.qa, ra);
+                    be.matmul(&s.qa, ra, wq_b, &s.q, rq);
+                }
+                be.mla_rope_cache_write(&s.kv, rkv, kl, Some(&l.kv_a_norm), c.eps, q_rope, absorb, bt, &self.rope, &l.cache);
+            }
             // The MoE's weights known before its routing (router, shared experts) are read right
             // after the attention: a backend may fetch them while it runs.
             if let Ffn::Moe { router, shared: Some(f), .. } = &l.ffn {

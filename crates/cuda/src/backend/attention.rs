@@ -18,12 +18,26 @@ pub(super) struct Nrc<'a> {
     pub(super) batch: &'a CudaBatch,
     pub(super) rope: &'a CudaRope,
     pub(super) cache: &'a CudaCache,
+    /// Where `x` and `q` really are (Path::QkvJoint): both in the joint product's rows.
+    pub(super) joint: Option<JointRows>,
+}
+
+/// The rows of q and kv_a's joint product (Path::QkvJoint): token t's row at `ptr + 4 * t * ld`
+/// bytes, q's `nh * qk` values first, then kv_a's from value `kv_off`; they stand in for the
+/// model's packed `q` (`[n, nh * qk]`) and `kv` (`[n, kv_lora + rope]`) rows.
+#[derive(Clone, Copy)]
+pub(super) struct JointRows {
+    pub(super) ptr: u64,
+    /// Values a row (q's width plus kv_a's).
+    pub(super) ld: usize,
+    /// kv_a's first value in a row (q's width).
+    pub(super) kv_off: usize,
 }
 
 impl Nrc<'_> {
     /// The launch's block size, query-rope block count and arguments (kernels/fused.cu).
     pub(super) fn args(&self) -> (u32, usize, [A; 24]) {
-        let &Nrc { x, xr, norm_width, w, eps, q, batch, rope, cache } = self;
+        let &Nrc { x, xr, norm_width, w, eps, q, batch, rope, cache, joint } = self;
         let mode = match rope.mode {
             RopeMode::Normal => 0,
             RopeMode::Neox => 1,
@@ -32,10 +46,13 @@ impl Nrc<'_> {
         // The query's rope items (heads x (width - half) per token) in blocks of about two per
         // thread, beside the latent row's block.
         let qblocks = q.map_or(0, |q| (q.4 * (q.1.width - rope.dim / 2)).div_ceil(2 * block as usize).clamp(1, 64));
+        // The latent rows and the query's source: the model's buffers, or the joint rows.
+        let (xp, xoff, xstride) = joint.map_or((x.0.ptr, xr.off, xr.stride), |j| (j.ptr, j.kv_off + xr.off, j.ld));
+        let qp = joint.map_or(q.map_or(0, |q| q.0 .0.ptr), |j| j.ptr);
         let args = [
-            A::P(x.0.ptr),
-            l(xr.off),
-            l(xr.stride),
+            A::P(xp),
+            l(xoff),
+            l(xstride),
             i(xr.width),
             i(norm_width),
             A::P(w.map_or(0, |w| w.mem.ptr)),
@@ -49,7 +66,7 @@ impl Nrc<'_> {
             A::I(mode),
             A::F(rope.mscale),
             A::P(cache.mem.ptr),
-            A::P(q.map_or(0, |q| q.0 .0.ptr)),
+            A::P(qp),
             l(q.map_or(0, |q| q.1.off)),
             l(q.map_or(0, |q| q.1.stride)),
             A::P(q.map_or(0, |q| q.2 .0.ptr)),
@@ -390,8 +407,9 @@ impl CudaBackend {
     /// buffer, rows `[tokens * heads, w]`; where their f16 copy goes): that copy too, packed,
     /// as `f16_rows` would make it, in a block row of the same launch; true when it was made.
     pub(super) fn norm_rope_cache(&self, op: &Nrc<'_>, nope: Option<(&CudaBuf, Rows, u64)>) -> bool {
-        let &Nrc { x, xr, norm_width, w, eps, q, batch, rope, cache } = op;
+        let &Nrc { x, xr, norm_width, w, eps, q, batch, rope, cache, joint } = op;
         if !self.fused {
+            assert!(joint.is_none(), "norm_rope_cache: the joint q / kv_a rows need the fused kernel");
             let nr = xr.cols(0, norm_width);
             self.rms_norm(x, nr, w, eps, x, nr);
             self.rope(x, xr.cols(norm_width, xr.width - norm_width), 1, batch, rope);
@@ -423,11 +441,16 @@ impl CudaBackend {
         if let Some((b, r, _)) = nope {
             b.check(r);
         }
+        // A token's first q row: `heads` packed head rows on, or the joint row's stride.
+        let qt = |stride: usize| joint.map_or(heads * stride, |j| j.ld);
         let nargs = match nope {
-            Some((b, r, dst)) => [A::P(b.0.ptr), l(r.off), l(r.stride), i(r.width), A::P(dst)],
-            None => [A::P(0), l(0), l(0), i(0), A::P(0)],
+            Some((b, r, dst)) => {
+                let qn = joint.map_or(b.0.ptr, |j| j.ptr);
+                [A::P(qn), l(r.off), l(r.stride), i(r.width), A::P(dst), l(q.map_or(0, |q| qt(q.1.stride))), l(qt(r.stride))]
+            }
+            None => [A::P(0), l(0), l(0), i(0), A::P(0), l(q.map_or(0, |q| qt(q.1.stride))), l(0)],
         };
-        let all: [A; 29] = cat(args, nargs);
+        let all: [A; 31] = cat(args, nargs);
         let rows = 1 + qblocks + usize::from(nope.is_some());
         self.launch(cache.kernel("norm_rope_cache").as_str(), (xr.n as u32, rows as u32, 1), block, 0, &all);
         nope.is_some()

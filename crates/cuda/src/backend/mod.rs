@@ -2,9 +2,7 @@
 //!
 //! * Buffers, caches, weights and batches are plain device allocations addressed by raw device
 //!   pointers; kernels take `(pointer, offset, stride)` triples, so `Rows` views and in-place ops
-//!   cost nothing. Event tracking is off (one stream orders everything; the one exception,
-//!   [`Path::BlasFork`]'s side stream, is ordered with the main one by its fork and join
-//!   events within the op that uses it).
+//!   cost nothing. Event tracking is off (one stream orders everything).
 //! * Ops cannot return errors (the trait's signature); a failure inside one (a launch error, a
 //!   scratch allocation that does not fit, a token id outside the table) is kept and returned by
 //!   the next [`Backend::read`] or [`Backend::synchronize`]. Shape-contract violations panic, as
@@ -47,15 +45,25 @@ mod moe;
 mod ops;
 mod products;
 
-use attention::Nrc;
+use attention::{JointRows, Nrc};
 pub use layout::tile16;
 use layout::*;
 
 /// One device allocation; freed (stream-ordered) on drop.
 struct DevMem {
-    _slice: CudaSlice<u8>,
+    /// The allocation (shared by views of it: weights stored side by side,
+    /// `Backend::join_products`).
+    _slice: Arc<CudaSlice<u8>>,
     ptr: u64,
     bytes: usize,
+}
+
+impl DevMem {
+    /// `bytes` bytes from byte `off` of the same allocation.
+    fn view(&self, off: usize, bytes: usize) -> DevMem {
+        assert!(off + bytes <= self.bytes, "view {off}+{bytes} of {} bytes", self.bytes);
+        DevMem { _slice: self._slice.clone(), ptr: self.ptr + off as u64, bytes }
+    }
 }
 
 /// An f32 activation buffer (a cheap handle; clones share storage).
@@ -344,8 +352,12 @@ enum S {
     /// (`mla_combine_few`) beside its f32 rows for the W_uv product on cuBLAS
     /// (`values_out_blas`).
     LatH,
+    /// A decode batch's q and kv_a rows from one product of their side-by-side f16 copies
+    /// (`[n, q + kv_a]` f32, [`Path::QkvJoint`]), read by `norm_rope_cache` in place of the
+    /// model's `q` and `kv` buffers.
+    Qkv,
 }
-const N_SCRATCH: usize = 30;
+const N_SCRATCH: usize = 31;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -472,24 +484,6 @@ enum SplitSum {
     Q8(u64),
     /// Leaves them for the kernel after it to sum (`add_rms_norm_q8`'s delta; [`Path::SumQ8`]).
     Leave,
-}
-
-/// A second stream for products that may run beside those on the main one ([`Path::BlasFork`]):
-/// work on `side` starts after `fork_ev` (recorded on the main stream) and the main stream goes
-/// on after `join_ev` (recorded on `side`), in eager steps and in recorded graphs alike.
-struct Fork {
-    side: Arc<CudaStream>,
-    blas: Mutex<CudaBlas>,
-    fork_ev: cudarc::driver::CudaEvent,
-    join_ev: cudarc::driver::CudaEvent,
-}
-impl Fork {
-    fn new(ctx: &Arc<CudaContext>) -> Result<Fork> {
-        let side = ctx.new_stream().map_err(|e| dev_err("cannot create a second CUDA stream", e))?;
-        let blas = CudaBlas::new(side.clone()).map_err(|e| dev_err("cannot create the second cuBLAS handle", e))?;
-        let ev = || ctx.new_event(None).map_err(|e| dev_err("cannot create a CUDA event", e));
-        Ok(Fork { side, blas: Mutex::new(blas), fork_ev: ev()?, join_ev: ev()? })
-    }
 }
 
 /// A batch's rows quantised ahead ([`CudaBackend::norm_xq`]): the rows (buffer, offset, stride,
@@ -952,16 +946,18 @@ pub enum Path {
     /// between them. On; `TS_CUDA_QNOPE_H=0` turns it off.
     QnopeH,
     /// With [`Path::DenseBlasBatch`]: a decode batch's output head (a product of more than
-    /// 8,192 rows) on cuBLAS from its f16 copy, like the layers' products. On (the measured
-    /// default of the thirty-ninth session, which moved every dense product at once);
+    /// 8,192 rows) on cuBLAS from its f16 copy, like the layers' products. On;
     /// `TS_CUDA_HEAD_BLAS=0` keeps the head on the int8 tiles, which read its Q8_0 bytes (223 MB
-    /// for V2-Lite against the copy's 419 MB), not yet measured on its own.
+    /// for V2-Lite against the copy's 419 MB) but are slower all the same (H200, gpu-next139:
+    /// 64 sequences 9,325 / 9,330 against 9,394 / 9,388, 128 sequences 15,404 against 15,719,
+    /// the server 8,593 against 8,647).
     HeadBlas,
-    /// A decode batch's dense products that read one input (q and kv_a) on cuBLAS: the second
-    /// on a second stream, beside the first (a fork and a join in the step's graph), so the
-    /// shorter one no longer adds to the step. Needs the stream made at start
-    /// (`TS_CUDA_BLAS_FORK=1`, which also turns this on); not yet measured.
-    BlasFork,
+    /// With [`Path::DenseBlasFused`]: a decode batch's q and kv_a products as one cuBLAS product
+    /// (their f16 copies side by side, `Backend::join_products`) into scratch `Qkv`, which
+    /// `norm_rope_cache` reads (`Backend::norm_qkv_rope_cache`): one launch a layer fewer, and
+    /// kv_a's 576 rows ride along q's 3,072 (torch's f16 products on the H200: 7.1 µs for the
+    /// two against 12.7). On; `TS_CUDA_QKV_JOINT=0` turns it off.
+    QkvJoint,
 }
 
 impl Path {
@@ -981,7 +977,7 @@ impl Path {
         Path::LatH,
         Path::QnopeH,
         Path::HeadBlas,
-        Path::BlasFork,
+        Path::QkvJoint,
     ];
 
     /// Its environment variable and its default.
@@ -1002,7 +998,7 @@ impl Path {
             Path::LatH => ("TS_CUDA_LAT_H", true),
             Path::QnopeH => ("TS_CUDA_QNOPE_H", true),
             Path::HeadBlas => ("TS_CUDA_HEAD_BLAS", true),
-            Path::BlasFork => ("TS_CUDA_BLAS_FORK", false),
+            Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
         }
     }
 
@@ -1018,9 +1014,6 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: Mutex<CudaBlas>,
-    /// [`Path::BlasFork`]'s second stream, its cuBLAS handle and the fork / join events; made
-    /// when the path is turned on (at start with `TS_CUDA_BLAS_FORK=1`, or by `set_path`).
-    fork: std::sync::OnceLock<Fork>,
     module: Arc<CudaModule>,
     funcs: HashMap<String, CudaFunction>,
     name: String,
@@ -1570,16 +1563,11 @@ impl CudaBackend {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("cannot create the cuBLAS handle", e))?;
-        let fork = std::sync::OnceLock::new();
-        if std::env::var("TS_CUDA_BLAS_FORK").is_ok_and(|v| v == "1") {
-            let _ = fork.set(Fork::new(&ctx)?);
-        }
         let exact = std::env::var("TS_CUDA_EXACT").is_ok_and(|v| v == "1");
         Ok(CudaBackend {
             ctx,
             stream,
             blas: Mutex::new(blas),
-            fork,
             module,
             funcs,
             name: format!("cuda:{device_ordinal} {dev_name}"),
@@ -1929,18 +1917,6 @@ impl CudaBackend {
     /// Turn a decode path on or off (its environment variable's setting until then); for steps
     /// recorded after this call.
     pub fn set_path(&self, p: Path, on: bool) {
-        if p == Path::BlasFork && on && self.fork.get().is_none() {
-            // (its stream and handle first: a failure leaves the path off, reported)
-            match Fork::new(&self.ctx) {
-                Ok(f) => {
-                    let _ = self.fork.set(f);
-                }
-                Err(e) => {
-                    self.fail(format!("Path::BlasFork: {e}"));
-                    return;
-                }
-            }
-        }
         self.paths[p as usize].0.store(on, Ordering::Relaxed);
     }
 
@@ -2081,7 +2057,7 @@ impl CudaBackend {
                     let (p, _g) = s.device_ptr(&self.stream);
                     p
                 };
-                Ok(DevMem { _slice: s, ptr, bytes })
+                Ok(DevMem { _slice: Arc::new(s), ptr, bytes })
             }
             Err(e) if e.0 == drv_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
                 let (free, total) = self.memory_info().unwrap_or((0, 0));

@@ -1017,6 +1017,34 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn norm_qkv_rope_cache(
+        &self,
+        (x, xr): (&CudaBuf, Rows),
+        delta: Option<(&CudaBuf, Rows)>,
+        w: Option<&CudaWeight>,
+        eps: f32,
+        (out, o): (&CudaBuf, Rows),
+        jobs: [(&CudaWeight, &CudaBuf, Rows); 2],
+        (norm_width, kv_w): (usize, Option<&CudaWeight>),
+        q_rope: (&CudaBuf, Rows, &CudaBuf, Rows, usize),
+        absorb: Option<(&CudaWeight, Rows, Rows)>,
+        batch: &CudaBatch,
+        rope: &CudaRope,
+        cache: &CudaCache,
+    ) {
+        let (_, kv, kvo) = jobs[1];
+        let op = Nrc { x: kv, xr: kvo, norm_width, w: kv_w, eps, q: Some(q_rope), batch, rope, cache, joint: None };
+        if self.qkv_joint((x, xr), delta, w, (out, o), jobs, &op, absorb) {
+            return;
+        }
+        self.norm_matmul_many((x, xr), delta, w, eps, (out, o), &jobs);
+        self.mla_rope_cache_write(kv, kvo, norm_width, kv_w, eps, q_rope, absorb, batch, rope, cache);
+    }
+
+    fn join_products(&self, weights: &mut [&mut CudaWeight]) {
+        self.join_half_copies(weights);
+    }
+
     fn add_rms_norm_matmul_many(
         &self,
         x: (&CudaBuf, Rows),
@@ -1430,7 +1458,7 @@ impl Backend for CudaBackend {
         rope: &CudaRope,
         cache: &CudaCache,
     ) {
-        self.norm_rope_cache(&Nrc { x, xr, norm_width, w, eps, q: None, batch, rope, cache }, None);
+        self.norm_rope_cache(&Nrc { x, xr, norm_width, w, eps, q: None, batch, rope, cache, joint: None }, None);
     }
 
     fn mla_rope_cache_write(
@@ -1452,7 +1480,7 @@ impl Backend for CudaBackend {
         assert_eq!(qr.n, batch.tokens.len() * heads, "mla_rope_cache_write: q rows != tokens * heads");
         qs.check(qr);
         qd.check(qdr);
-        let op = Nrc { x, xr, norm_width, w, eps, q: Some(q), batch, rope, cache };
+        let op = Nrc { x, xr, norm_width, w, eps, q: Some(q), batch, rope, cache, joint: None };
         let Some((wk, src, dst)) = absorb else {
             self.norm_rope_cache(&op, None);
             return;
@@ -1491,16 +1519,7 @@ impl Backend for CudaBackend {
             // A decode batch's absorbed query on cuBLAS from W_uk's f16 copy: the launch before
             // writes q_nope's f16 rows too (Path::QnopeH), so no f16_rows launch between them.
             let ng = src.n / heads.max(1);
-            let qh = self.path_on(Path::QnopeH)
-                && self.path_on(Path::DenseBlasFused)
-                && ng > GEMV_MAX_TOKENS
-                && self.dense_blas_rows(ng)
-                && wk.half_rm().is_some()
-                && wk.shape.len() == 3
-                && wk.ne(2) == heads
-                && (src.n, src.width, dst.n, dst.width) == (ng * heads, k, ng * heads, m)
-                && k % 8 == 0;
-            if qh {
+            if self.qnope_h_ok(wk, heads, src, dst) {
                 let op_lock = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(xh) = self.scratch(S::XBf16, 2 * k * src.n) else { return };
                 if self.norm_rope_cache(&op, Some((qs, src, xh))) {

@@ -572,22 +572,8 @@ impl CudaBackend {
         (m, n, k): (usize, usize, usize),
         batch: i32,
     ) {
-        self.gemm_ex_on(&self.blas, (w, wt, lda, stride_w), (x, xt, ldx, stride_x), (c, ct, ldc, stride_c), (m, n, k), batch);
-    }
-
-    /// [`CudaBackend::gemm_ex_c`] on the cuBLAS handle `blas` (and so on its stream).
-    #[allow(clippy::type_complexity)]
-    fn gemm_ex_on(
-        &self,
-        blas: &Mutex<CudaBlas>,
-        (w, wt, lda, stride_w): (u64, blas_sys::cudaDataType, usize, i64),
-        (x, xt, ldx, stride_x): (u64, blas_sys::cudaDataType, usize, i64),
-        (c, ct, ldc, stride_c): (u64, blas_sys::cudaDataType, usize, i64),
-        (m, n, k): (usize, usize, usize),
-        batch: i32,
-    ) {
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let blas = blas.lock().unwrap_or_else(|e| e.into_inner());
+        let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
         let r = unsafe {
             blas_result::gemm_strided_batched_ex(
                 *blas.handle(),
@@ -763,33 +749,142 @@ impl CudaBackend {
     pub(super) fn gemm_jobs_h16(&self, xh: u64, n: usize, k: usize, jobs: &[(&CudaWeight, &CudaBuf, Rows)]) {
         let h = blas_sys::cudaDataType::CUDA_R_16F;
         let f = blas_sys::cudaDataType::CUDA_R_32F;
-        let gemm = |blas: &Mutex<CudaBlas>, &(w, out, o): &(&CudaWeight, &CudaBuf, Rows)| {
+        for &(w, out, o) in jobs {
             out.check(o);
             if let (Some(wh), m) = (w.half_rm(), w.ne(1)) {
-                self.gemm_ex_on(blas, (wh, h, k, 0), (xh, h, k, 0), (out.0.ptr + 4 * o.off as u64, f, o.stride, 0), (m, n, k), 1);
+                self.gemm_ex_c((wh, h, k, 0), (xh, h, k, 0), (out.0.ptr + 4 * o.off as u64, f, o.stride, 0), (m, n, k), 1);
             }
-        };
-        // A decode batch's jobs after the first on the side stream, beside the first
-        // (Path::BlasFork): forked after the input's launch, joined before what comes next.
-        if let Some(fk) = self.fork.get().filter(|_| jobs.len() >= 2 && n <= GRAPH_MAX_TOKENS && self.path_on(Path::BlasFork)) {
-            let fork = fk.fork_ev.record(&self.stream).and_then(|_| fk.side.wait(&fk.fork_ev));
-            if let Err(e) = fork {
-                self.fail(format!("cuda stream fork: {e:?}"));
-                return;
-            }
-            self.took(Path::BlasFork);
-            for job in &jobs[1..] {
-                gemm(&fk.blas, job);
-            }
-            gemm(&self.blas, &jobs[0]);
-            if let Err(e) = fk.join_ev.record(&fk.side).and_then(|_| self.stream.wait(&fk.join_ev)) {
-                self.fail(format!("cuda stream join: {e:?}"));
-            }
+        }
+    }
+
+    /// Whether a decode batch's absorbed query (`absorb` = W_uk with its rows of q and of the
+    /// absorbed query) takes cuBLAS with q_nope's f16 rows written by `norm_rope_cache`
+    /// ([`Path::QnopeH`]).
+    pub(super) fn qnope_h_ok(&self, wk: &CudaWeight, heads: usize, src: Rows, dst: Rows) -> bool {
+        let (k, m) = (wk.ne(0), wk.ne(1));
+        let ng = src.n / heads.max(1);
+        self.path_on(Path::QnopeH)
+            && self.path_on(Path::DenseBlasFused)
+            && ng > GEMV_MAX_TOKENS
+            && self.dense_blas_rows(ng)
+            && wk.half_rm().is_some()
+            && wk.shape.len() == 3
+            && wk.ne(2) == heads
+            && (src.n, src.width, dst.n, dst.width) == (ng * heads, k, ng * heads, m)
+            && k % 8 == 0
+    }
+
+    /// `Backend::join_products`: the row-major f16 copies of 2-D matrices of one input width,
+    /// moved into one allocation in order (each weight keeps a view of its part), so that
+    /// [`CudaBackend::qkv_joint`] can multiply them as one matrix. Anything else (or no memory
+    /// for the move) leaves them as they are: the same results either way.
+    pub(super) fn join_half_copies(&self, weights: &mut [&mut CudaWeight]) {
+        let k = weights.first().map_or(0, |w| w.ne(0));
+        let ok = weights.len() >= 2
+            && weights.iter().all(|w| {
+                w.half_rm().is_some() && w.shape.len() == 2 && w.ne(0) == k && w.half.as_ref().is_some_and(|h| h.bytes == 2 * k * w.ne(1))
+            });
+        if !ok {
             return;
         }
-        for job in jobs {
-            gemm(&self.blas, job);
+        let total: usize = weights.iter().map(|w| w.half.as_ref().map_or(0, |h| h.bytes)).sum();
+        let Ok(joint) = self.alloc_mem(total, "f16 copies side by side") else { return };
+        let mut off = 0;
+        for w in weights.iter_mut() {
+            let Some(h) = w.half.as_ref() else { return };
+            let bytes = h.bytes;
+            // Stream-ordered: the old copy is freed (on the stream) after this copy of it.
+            if let Err(e) = unsafe { drv::memcpy_dtod_async(joint.ptr + off as u64, h.ptr, bytes, self.stream.cu_stream()) } {
+                self.fail(format!("joining f16 copies: {e:?}"));
+                return;
+            }
+            w.half = Some(joint.view(off, bytes));
+            off += bytes;
         }
+    }
+
+    /// `Backend::norm_qkv_rope_cache` of a decode batch as one product ([`Path::QkvJoint`]): the
+    /// norm writes its f16 rows (`add_rms_norm_h`), one cuBLAS product of q's and kv_a's f16
+    /// copies side by side (`Backend::join_products`) writes both rows of each token into
+    /// scratch `Qkv`, and `norm_rope_cache` (`op`, with q's no-rope part in f16 for W_uk,
+    /// [`Path::QnopeH`]) reads them there; then W_uk's product on cuBLAS. The model's `q` and
+    /// `kv` buffers are left unwritten (the op's scratch). False (nothing done) where the batch,
+    /// the shapes or the weights do not fit it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn qkv_joint(
+        &self,
+        (x, xr): (&CudaBuf, Rows),
+        delta: Option<(&CudaBuf, Rows)>,
+        w: Option<&CudaWeight>,
+        (out, o): (&CudaBuf, Rows),
+        jobs: [(&CudaWeight, &CudaBuf, Rows); 2],
+        op: &Nrc<'_>,
+        absorb: Option<(&CudaWeight, Rows, Rows)>,
+    ) -> bool {
+        let (n, k) = (xr.n, xr.width);
+        let [(wq, q, qo), (wkv, kv, kvo)] = jobs;
+        let (m0, m1) = (wq.ne(1), wkv.ne(1));
+        let (Some(hq), Some(hkv)) = (wq.half_rm(), wkv.half_rm()) else { return false };
+        let Some((qs, qr, _, _, heads)) = op.q else { return false };
+        let Some((wk, src, dst)) = absorb else { return false };
+        // Rows of q's heads inside a token's packed q row (stride * heads == q's width).
+        let head_rows = |r: Rows| heads > 0 && r.n == n * heads && r.stride * heads == m0 && r.off + r.width <= r.stride;
+        let ok = self.path_on(Path::QkvJoint)
+            && self.path_on(Path::DenseBlasFused)
+            && self.fused
+            && n > GEMV_MAX_TOKENS
+            && n <= GRAPH_MAX_TOKENS
+            && (o.n, o.width) == (n, k)
+            && k % 8 == 0
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
+            && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k))
+            && self.blas_jobs(n, k, &jobs)
+            && self.dense_blas_rows(n)
+            && hq + (2 * m0 * k) as u64 == hkv
+            && qo == Rows::packed(n, m0)
+            && kvo == Rows::packed(n, m1)
+            && (op.x.0.ptr, op.xr) == (kv.0.ptr, kvo)
+            && qs.0.ptr == q.0.ptr
+            && head_rows(qr)
+            && head_rows(src)
+            && src.width % 8 == 0
+            && self.qnope_h_ok(wk, heads, src, dst);
+        if !ok {
+            return false;
+        }
+        self.took(Path::QkvJoint);
+        self.took(Path::DenseBlasFused);
+        self.took(Path::DenseBlasBatch);
+        self.took(Path::QnopeH);
+        x.check(xr);
+        out.check(o);
+        let (qd, qdr) = (op.q.map(|q| q.2), op.q.map(|q| q.3));
+        if let (Some(b), Some(r)) = (qd, qdr) {
+            b.check(r);
+        }
+        let ld = m0 + m1;
+        let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+        let (Some(xh), Some(rows)) = (self.scratch(S::XBf16, 2 * k * n), self.scratch(S::Qkv, 4 * ld * n)) else { return true };
+        let d = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
+            d.check(dr);
+            (d.0.ptr, dr)
+        });
+        let args: [A; 14] = cat(add_norm_args((x, xr), d, w, op.eps, (out, o)), [A::P(xh)]);
+        self.launch("add_rms_norm_h", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
+        if !self.bind_ctx() {
+            return true;
+        }
+        let (h, f) = (blas_sys::cudaDataType::CUDA_R_16F, blas_sys::cudaDataType::CUDA_R_32F);
+        self.gemm_ex_c((hq, h, k, 0), (xh, h, k, 0), (rows, f, ld, 0), (ld, n, k), 1);
+        // q_nope's f16 rows for W_uk (the norm's f16 rows are read by now: the same stream).
+        let Some(nh) = self.scratch(S::XBf16, 2 * src.width * src.n) else { return true };
+        let jop = Nrc { joint: Some(JointRows { ptr: rows, ld, kv_off: m0 }), ..*op };
+        if self.norm_rope_cache(&jop, Some((qs, src, nh))) && self.bind_ctx() {
+            if let (Some(qd), Some(_)) = (qd, qdr) {
+                self.grouped_h16(nh, wk, heads, n, qd, dst);
+            }
+        }
+        true
     }
 
     /// Whether [`CudaBackend::values_out_blas`] takes this chain: both weights have their f16
