@@ -1175,6 +1175,260 @@ MMQ_ROWS_INST(mmq_q8_rows_r2, 2, MMQ_ROWS_MINB, false, 2)
 // mmq_q8_16 splits it.
 MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)
 
+// The grouped rows product in stream-K form (Path::RowsSk, mmq_q8_rows_sk): one wave of blocks
+// (gridDim.x, as many as the device holds at once), each taking an equal share of the launch's
+// steps, so that no SM idles in a ragged last wave (Nsight had 11-15% of the rows launches' SM
+// time idle there, thirty-seventh session). A unit is one tile's (<= 16 tokens) 64 rows of one
+// matrix (gate or up of a pair, W2 in the upper half): ngroups steps, one 128-value group each;
+// units in tile order (expert order, the shared FFN's chunks e >= e_sh as experts with every
+// token), a tile's units gate row sets first. Block b takes steps [b*T/B, (b+1)*T/B) of the T
+// in all, with B <= the units, so a unit is split between at most two blocks: the one whose
+// share ends inside it does the unit's first groups before anything else and leaves its sums
+// in part[b] (flag b set after a fence); the one whose share starts inside it does the unit's
+// last groups after everything else, starting from those sums (it waits on the flag, then
+// clears it for the next launch). A unit's sums are thus made in the order a whole block makes
+// them: the same bits as mmq_q8_rows (the activation tile and the multiply are its own).
+// No block waits on a block that waits: a block's first work never waits, so the waits form
+// chains, and every block of the wave is resident (the dependents' launch waits for all of
+// them to trigger; this assumes no other stream-K launch beside it on the device, whose
+// waiting blocks could hold the slots). Weights are not loaded before the PDL wait (a block's units follow from the
+// counts). part: gridDim.x * MMQ_THREADS * 8 floats; flags: gridDim.x ints, zero between
+// launches.
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
+    mmq_q8_rows_sk(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
+                   const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,
+                   i64 ostride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
+                   float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, float* part, int* flags) {
+    pdl_trigger();
+#if __CUDA_ARCH__ >= 800
+    constexpr int BN = 16;
+    extern __shared__ __align__(16) u8 mmq_sm[];
+    __shared__ int src_row[BN], dst_row[BN];
+    __shared__ int tpre[MOE_MAX_EXPERTS + 1];  // tiles before expert e; tpre[n_exp]: all
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    pdl_wait();
+    // The tiles' prefix over the experts (the first warp; mmq_find_tile's per-lane scan).
+    if (tid < 32) {
+        const int per = (n_exp + 31) >> 5;
+        int mine = 0;
+        for (int i = 0; i < per; i++) {
+            const int x = tid * per + i;
+            if (x < n_exp) mine += (cnt[x] + BN - 1) / BN;
+        }
+        int incl = mine;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (tid >= o) incl += v;
+        }
+        int run = incl - mine;
+        for (int i = 0; i < per; i++) {
+            const int x = tid * per + i;
+            if (x < n_exp) {
+                tpre[x] = run;
+                run += (cnt[x] + BN - 1) / BN;
+            }
+        }
+        if (tid == 31) tpre[n_exp] = incl;
+    }
+    __syncthreads();
+    const int rsets = (m + MMQ_BM - 1) / MMQ_BM, ups = (W2 ? 2 : 1) * rsets, ng = ngroups;
+    const i64 units = (i64)tpre[n_exp] * ups, T = units * ng;
+    const int B = (int)min((i64)gridDim.x, units), b = blockIdx.x;
+    if (b >= B) return;  // every thread alike, no barrier passed by others after this
+    const i64 it0 = (i64)b * T / B, it1 = (i64)(b + 1) * T / B;
+    const i64 u0 = it0 / ng, u1 = it1 / ng;
+    const int s0 = (int)(it0 % ng), s1 = (int)(it1 % ng);
+    // Segments in the order this block does them: [head of u1: groups 0..s1) when s1 > 0, the
+    // whole units between, [tail of u0: groups s0..ng) when s0 > 0.
+    const i64 ufull0 = s0 > 0 ? u0 + 1 : u0;
+    const int nfull = (int)(u1 - ufull0), nseg = (s1 > 0) + nfull + (s0 > 0);
+    // Segment k: (unit, first group, end group, kind: 0 whole, 1 head, 2 tail).
+    auto seg = [&](int k, i64& u, int& ga, int& gb, int& kind) {
+        if (s1 > 0 && k == 0) {
+            u = u1, ga = 0, gb = s1, kind = 1;
+            return;
+        }
+        const int j = k - (s1 > 0);
+        if (j < nfull) {
+            u = ufull0 + j, ga = 0, gb = ng, kind = 0;
+        } else {
+            u = u0, ga = s0, gb = ng, kind = 2;
+        }
+    };
+    // Unit u: its tile's expert and first token, its matrix half and row set.
+    auto decode = [&](i64 u, int& e, int& start, int& half, int& rs) {
+        const int tile = (int)(u / ups), rest = (int)(u - (i64)tile * ups);
+        half = rest / rsets;
+        rs = rest - half * rsets;
+        int lo = 0, hi = n_exp - 1;  // the last e with tpre[e] <= tile: the one that has it
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (tpre[mid] <= tile) lo = mid;
+            else hi = mid - 1;
+        }
+        e = lo;
+        start = (tile - tpre[e]) * BN;
+    };
+    // The weight pointers of unit u for this warp's 16 rows (as mmq_rows_impl's matrix()).
+    struct Ptr {
+        const u8* pa;
+        const u8* pb;
+        bool tl;
+    };
+    auto ptrs = [&](i64 u) {
+        int e, start, half, rs;
+        decode(u, e, start, half, rs);
+        const u8* Wm = half ? W2 : W;
+        const u8* Wsm = half ? Ws2 : Ws;
+        const u8* Wtm = half ? W2tl : Wtl;
+        const bool sh = e >= e_sh;
+        const int r0 = rs * MMQ_BM + warp * 16;
+        Ptr p;
+        p.tl = Wtm && !sh;
+        if (p.tl) {
+            p.pa = Wtm + (i64)e * tl_mat_bytes + (i64)min(r0 >> 4, (m - 1) >> 4) * ngroups * MMQ_TG;
+            p.pb = p.pa;
+        } else {
+            const u8* Wt = sh ? Wsm + (i64)(e - e_sh) * ws_stride : Wm + (i64)e * mat_bytes;
+            const i64 rb = sh ? ws_row_bytes : row_bytes;
+            p.pa = Wt + (i64)min(r0 + g, m - 1) * rb;
+            p.pb = Wt + (i64)min(r0 + g + 8, m - 1) * rb;
+        }
+        return p;
+    };
+    auto load = [&](RowsGrp& v, const Ptr& p, int gi) {
+        if (p.tl) {
+            const u8* q0 = p.pa + (i64)gi * MMQ_TG;
+#if MMQ_ROWS_NA
+            const uint4 h = ldw16(q0 + 16 * g);
+#else
+            const uint4 h = __ldg((const uint4*)(q0 + 16 * g));
+#endif
+            v.ha = make_uint2(h.x, h.y);
+            v.hb = make_uint2(h.z, h.w);
+#pragma unroll
+            for (int bl = 0; bl < 4; bl++) {
+#if MMQ_ROWS_NA
+                const uint4 q = ldw16(q0 + 128 + 512 * bl + 16 * lane);
+#else
+                const uint4 q = __ldg((const uint4*)(q0 + 128 + 512 * bl + 16 * lane));
+#endif
+                v.qa[bl] = make_uint2(q.x, q.z);
+                v.qb[bl] = make_uint2(q.y, q.w);
+            }
+            return;
+        }
+        const u8* a = p.pa + (i64)gi * MMQ_GB;
+        const u8* c = p.pb + (i64)gi * MMQ_GB;
+        v.ha = __ldg((const uint2*)a);
+        v.hb = __ldg((const uint2*)c);
+#pragma unroll
+        for (int bl = 0; bl < 4; bl++) {
+            v.qa[bl] = __ldg((const uint2*)(a + 16 + 32 * bl + 8 * t));
+            v.qb[bl] = __ldg((const uint2*)(c + 16 + 32 * bl + 8 * t));
+        }
+    };
+    // The load cursor (segment lk, group lg, its pointers), ahead of the multiply by 2 groups.
+    int lk = 0, lg = 0, lend = 0, lkind = 0;
+    i64 lu = 0;
+    Ptr lp;
+    seg(0, lu, lg, lend, lkind);
+    lp = ptrs(lu);
+    auto load_next = [&](RowsGrp& v) {
+        load(v, lp, lg);
+        if (++lg == lend && ++lk < nseg) {
+            seg(lk, lu, lg, lend, lkind);
+            lp = ptrs(lu);
+        }
+    };
+    const int steps = (int)(it1 - it0);
+    RowsGrp v[2];
+    load_next(v[0]);
+    if (steps > 1) load_next(v[1]);
+    const int xb = ng * MMQ_GB;
+#if MMQ_ROWS_PAD
+    const int rsb = xb + 4 * (((8 - 4 * ng) % 32 + 32) % 32);
+#else
+    const int rsb = xb + 16;
+#endif
+    float acc[2][4];
+    int cur_tile = -1, nt = 0, done = 0;
+    for (int k = 0; k < nseg; k++) {
+        i64 u;
+        int ga, gb, kind;
+        seg(k, u, ga, gb, kind);
+        int e, start, half, rs;
+        decode(u, e, start, half, rs);
+        const int tile = (int)(u / ups);
+        if (tile != cur_tile) {
+            // The tile's token rows and activation rows (every warp is done with the last ones).
+            __syncthreads();
+            nt = min(BN, cnt[e] - start);
+            mmq_tile_rows<BN>(perm, off, e, start, nt, in_div, 1, src_row, dst_row);
+            __syncthreads();
+            const int nb = nt > 8 ? 16 : 8, pieces = xb >> 4;
+            for (int c = tid; c < nb * pieces; c += MMQ_THREADS) {
+                const int r = c / pieces, q = c - r * pieces;
+                cp_async16(mmq_sm + r * rsb + q * 16, X + (i64)src_row[r] * xrow + q * 16);
+            }
+            cp_commit();
+            cp_wait<0>();
+            __syncthreads();
+            cur_tile = tile;
+        }
+        if (kind == 2) {
+            // The unit's first groups' sums from the block before (its first segment).
+            if (tid == 0) {
+                u32 fl = 0;
+                do {
+                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(fl) : "l"(flags + b - 1) : "memory");
+                    if (!fl) __nanosleep(64);
+                } while (!fl);
+                flags[b - 1] = 0;
+            }
+            __syncthreads();
+            const float* pp = part + ((i64)(b - 1) * MMQ_THREADS + tid) * 8;
+#pragma unroll
+            for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[ni][c] = __ldcg(pp + ni * 4 + c);
+        } else {
+#pragma unroll
+            for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[ni][c] = 0.f;
+        }
+        // (group `done` of the block in buffer done % 2; each branch names its buffer, so that
+        // both stay in registers)
+        for (int gi = ga; gi < gb; gi++, done++) {
+            if (done & 1) {
+                rows_mul(acc, v[1], mmq_sm + gi * MMQ_GB, rsb, nt, g, t);
+                if (done + 2 < steps) load_next(v[1]);
+            } else {
+                rows_mul(acc, v[0], mmq_sm + gi * MMQ_GB, rsb, nt, g, t);
+                if (done + 2 < steps) load_next(v[0]);
+            }
+        }
+        if (kind == 1) {
+            // Leave the sums for the next block, then flag them.
+            float* pp = part + ((i64)b * MMQ_THREADS + tid) * 8;
+#pragma unroll
+            for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) __stcg(pp + ni * 4 + c, acc[ni][c]);
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flags + b), "r"(1u) : "memory");
+        } else {
+            rows_store(acc, half ? out2 : out, ooff, ostride, dst_row, rs * MMQ_BM + warp * 16, m, nt, g, t);
+        }
+    }
+#else
+    pdl_wait();
+#endif
+}
+
 // out[ooff + r*ostride + c] = sum over s < nsplit (in order) of part[s*split_stride + r*m + c].
 extern "C" __global__ void mmq_sum_splits(const float* part, int nsplit, i64 split_stride, int rows, int m, float* out,
                                           i64 ooff, i64 ostride) { PDL_ENTRY();

@@ -3279,8 +3279,8 @@ fn moe_f16_prompt() {
 /// 64-row block and inside a 128-group; and from a 16-row tiled copy of the experts (made on the
 /// device by `tile16_q8`, checked byte for byte against the host's `tile16`); and with every
 /// block's tile found from the counts first (`set_rows_early(false)`; by default the experts'
-/// first tiles go by block index, their first loads before the PDL wait). (With
-/// `TS_CUDA_MOE_ROWS=0` all of them run `mmq_q8_16`.)
+/// first tiles go by block index, their first loads before the PDL wait); and in stream-K form
+/// (`Path::RowsSk`). (With `TS_CUDA_MOE_ROWS=0` all of them run `mmq_q8_16`.)
 #[test]
 fn moe_rows_exact() {
     if gpu_tc_fused("moe_rows_exact").is_none() {
@@ -3404,6 +3404,17 @@ fn moe_rows_exact() {
             b.set_rows_tail_later(true);
             b.set_rows_tail(16);
             b.set_rows_r(1);
+        }
+        // The stream-K form (Path::RowsSk: one wave of blocks, units split between two blocks
+        // finished from the first one's sums): the same bits, and the path taken.
+        for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
+            b.set_path(Path::RowsSk, true);
+            let before = b.path_launches(Path::RowsSk);
+            sets.push((format!("stream-K, {kind}"), run(b, w, o)));
+            if b.path_launches(Path::RowsSk) == before {
+                rep.failures.push(format!("{lab}: stream-K ({kind}) did not take Path::RowsSk"));
+            }
+            b.set_path(Path::RowsSk, false);
         }
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));

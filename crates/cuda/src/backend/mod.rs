@@ -356,8 +356,14 @@ enum S {
     /// (`[n, q + kv_a]` f32, [`Path::QkvJoint`]), read by `norm_rope_cache` in place of the
     /// model's `q` and `kv` buffers.
     Qkv,
+    /// The stream-K rows kernel's ([`Path::RowsSk`]) per-block sums of the unit it leaves
+    /// unfinished (`[blocks, 128 threads, 8]` f32).
+    SkPart,
+    /// Its per-block flags (`[blocks]` i32): zero between launches (each is cleared by the
+    /// block that reads it).
+    SkFlags,
 }
-const N_SCRATCH: usize = 31;
+const N_SCRATCH: usize = 33;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -391,6 +397,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
+    "mmq_q8_rows_sk",
     "mla_out_q8",
     "mla_out_bf16",
     "mla_out_f16",
@@ -806,6 +813,7 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_rows",
         "mmq_q8_rows_r2",
         "mmq_q8_rows_d",
+        "mmq_q8_rows_sk",
         "mmq_sum_splits",
         "mmq_sum_splits_jobs",
         "mmq_sum_splits_q8",
@@ -958,10 +966,19 @@ pub enum Path {
     /// kv_a's 576 rows ride along q's 3,072 (torch's f16 products on the H200: 7.1 µs for the
     /// two against 12.7). On; `TS_CUDA_QKV_JOINT=0` turns it off.
     QkvJoint,
+    /// A decode batch's grouped expert products (the MoE's gate/up and down launches) in
+    /// stream-K form (`mmq_q8_rows_sk`): one wave of blocks, each an equal share of the
+    /// launch's (tile, 64 rows, 128-value group) steps, a unit split between two blocks
+    /// finished by the second from the first one's sums; the same bits as `mmq_q8_rows`. Meant
+    /// to take the rows launches' ragged last wave away (11-15% of their SM time idle under
+    /// Nsight). A block waits for the one before it at its end, so the launch needs its whole
+    /// wave on the device at once: one such launch at a time (one stream, as a backend has).
+    /// Off (`TS_CUDA_ROWS_SK=1` turns it on): not yet measured.
+    RowsSk,
 }
 
 impl Path {
-    const ALL: [Path; 16] = [
+    const ALL: [Path; 17] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -978,6 +995,7 @@ impl Path {
         Path::QnopeH,
         Path::HeadBlas,
         Path::QkvJoint,
+        Path::RowsSk,
     ];
 
     /// Its environment variable and its default.
@@ -999,6 +1017,7 @@ impl Path {
             Path::QnopeH => ("TS_CUDA_QNOPE_H", true),
             Path::HeadBlas => ("TS_CUDA_HEAD_BLAS", true),
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
+            Path::RowsSk => ("TS_CUDA_ROWS_SK", false),
         }
     }
 

@@ -361,6 +361,50 @@ impl CudaBackend {
         let rows = bn == 16
             && rows_smem <= self.smem_max
             && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
+        // Grouped rows in stream-K form (Path::RowsSk): one wave of blocks, as many as the
+        // device holds at once, each an equal share of the launch's steps.
+        if rows && cnt != 0 && self.path_on(Path::RowsSk) {
+            let per_sm = self.funcs["mmq_q8_rows_sk"].occupancy_max_active_blocks_per_multiprocessor(128, rows_smem, None);
+            let nb = per_sm.map_or(0, |b| b as usize) * self.sm_count;
+            if nb > 0 {
+                let (Some(part), Some(flags)) = (self.scratch(S::SkPart, nb * 128 * 8 * 4), self.scratch(S::SkFlags, nb * 4)) else {
+                    return;
+                };
+                self.took(Path::RowsSk);
+                let args = [
+                    A::P(w.mem.ptr),
+                    l(w.row_bytes),
+                    l(w.mat_bytes()),
+                    i(m),
+                    i(ngroups),
+                    A::P(xq),
+                    l(ngroups * 144),
+                    i(n),
+                    A::P(cnt),
+                    A::P(off),
+                    A::P(perm),
+                    i(ne),
+                    i(in_div),
+                    A::P(out),
+                    l(ooff),
+                    l(ostride),
+                    A::P(sh_ptr),
+                    l(sh_row_bytes),
+                    l(sh_stride),
+                    i(e_sh),
+                    A::P(w2),
+                    A::P(sh2),
+                    A::P(out2),
+                    A::P(w.tiled_ptr()),
+                    A::P(pair_tiled),
+                    l(w.tiled_mat_bytes()),
+                    A::P(part),
+                    A::P(flags),
+                ];
+                self.launch("mmq_q8_rows_sk", (nb as u32, 1, 1), 128, rows_smem as u32, &args);
+                return;
+            }
+        }
         // Grouped rows with R row sets a warp: 64*R rows a block, so fewer blocks along x.
         let rr = match self.rows_r.load(Ordering::Relaxed) {
             _ if !rows || cnt == 0 => 1,
