@@ -6,6 +6,7 @@
 # Compiled (91 registers, no spill), never run. 1. moe_rows_exact (bit for bit against
 # mmq_q8_16, tiled and row-major, V2-Lite's shapes) and recorded_steps_replay. 2. 64 sequences
 # at -d 96 and at -d 400, 128 and 32 sequences: the hashes must not move. 3. The server.
+# 4. tools/gpu/attn_out_mb.py: W_uv then W_o against one product with W_uv folded into W_o.
 # If it hangs (a block waiting on a flag that never comes), TS_RUN_LIMIT cuts each run off.
 #   tools/gpu/plans/gpu-next143.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~7 minutes)
 set -u
@@ -23,4 +24,5 @@ stamp "== server"
 serve64 "" 30
 serve64 "$K" 30
 rm -f $V
+python3 "$(dirname "$0")/../attn_out_mb.py" 2>&1 | tail -3
 stamp "== done"
