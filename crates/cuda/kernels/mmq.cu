@@ -835,6 +835,45 @@ __device__ __forceinline__ void rows_store(const float (&acc)[2][4], float* out,
         }
 }
 
+// Group gi of a warp's 16 rows into v: from the 16-row tiled copy at pa (tl: MMQ_TG bytes a
+// group, in the order the lanes load them, see tile16_q8; one 16-byte load a lane for the scales
+// of rows g and g+8, one a block for its 8 bytes of each: every block a warp's 512 contiguous
+// bytes), else from row-major rows pa (row g) and pb (row g+8), MMQ_GB bytes a group.
+__device__ __forceinline__ void rows_load(RowsGrp& v, const u8* pa, const u8* pb, bool tl, int gi, int g, int t,
+                                          int lane) {
+    if (tl) {
+        const u8* p = pa + (i64)gi * MMQ_TG;
+#if MMQ_ROWS_NA
+        const uint4 h = ldw16(p + 16 * g);
+#else
+        const uint4 h = __ldg((const uint4*)(p + 16 * g));
+#endif
+        v.ha = make_uint2(h.x, h.y);
+        v.hb = make_uint2(h.z, h.w);
+#pragma unroll
+        for (int bl = 0; bl < 4; bl++) {
+            // Words: row g's first 4 bytes, row g+8's, row g's next 4, row g+8's (a0..a3).
+#if MMQ_ROWS_NA
+            const uint4 q = ldw16(p + 128 + 512 * bl + 16 * lane);
+#else
+            const uint4 q = __ldg((const uint4*)(p + 128 + 512 * bl + 16 * lane));
+#endif
+            v.qa[bl] = make_uint2(q.x, q.z);
+            v.qb[bl] = make_uint2(q.y, q.w);
+        }
+        return;
+    }
+    const u8* a = pa + (i64)gi * MMQ_GB;
+    const u8* b = pb + (i64)gi * MMQ_GB;
+    v.ha = __ldg((const uint2*)a);
+    v.hb = __ldg((const uint2*)b);
+#pragma unroll
+    for (int bl = 0; bl < 4; bl++) {
+        v.qa[bl] = __ldg((const uint2*)(a + 16 + 32 * bl + 8 * t));
+        v.qb[bl] = __ldg((const uint2*)(b + 16 + 32 * bl + 8 * t));
+    }
+}
+
 // The rows kernels' pair launch (gate and up): blocks of the upper half along x take the second
 // matrix (W2 and its shared, output and tiled copies). Returns the block's row block.
 __device__ __forceinline__ int rows_pair_half(const u8*& W, const u8*& Ws, float*& out, const u8*& Wtl, const u8* W2,
@@ -947,42 +986,7 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
         }
     };
     // (Group indices from here on count from g0.)
-    auto load = [&](RowsGrp& v, int gi) {
-        const int gc = min(gi, ng - 1);
-        if (tl) {
-            // One 16-byte load a lane for the scales of rows g and g+8, one a block for its 8
-            // bytes of each: every block a warp's 512 contiguous bytes.
-            const u8* p = pa + (i64)gc * MMQ_TG;
-#if MMQ_ROWS_NA
-            const uint4 h = ldw16(p + 16 * g);
-#else
-            const uint4 h = __ldg((const uint4*)(p + 16 * g));
-#endif
-            v.ha = make_uint2(h.x, h.y);
-            v.hb = make_uint2(h.z, h.w);
-#pragma unroll
-            for (int bl = 0; bl < 4; bl++) {
-                // Words: row g's first 4 bytes, row g+8's, row g's next 4, row g+8's (a0..a3).
-#if MMQ_ROWS_NA
-                const uint4 q = ldw16(p + 128 + 512 * bl + 16 * lane);
-#else
-                const uint4 q = __ldg((const uint4*)(p + 128 + 512 * bl + 16 * lane));
-#endif
-                v.qa[bl] = make_uint2(q.x, q.z);
-                v.qb[bl] = make_uint2(q.y, q.w);
-            }
-            return;
-        }
-        const u8* a = pa + (i64)gc * MMQ_GB;
-        const u8* b = pb + (i64)gc * MMQ_GB;
-        v.ha = __ldg((const uint2*)a);
-        v.hb = __ldg((const uint2*)b);
-#pragma unroll
-        for (int bl = 0; bl < 4; bl++) {
-            v.qa[bl] = __ldg((const uint2*)(a + 16 + 32 * bl + 8 * t));
-            v.qb[bl] = __ldg((const uint2*)(b + 16 + 32 * bl + 8 * t));
-        }
-    };
+    auto load = [&](RowsGrp& v, int gi) { rows_load(v, pa, pb, tl, min(gi, ng - 1), g, t, lane); };
     // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
     // R > 1: the warp's row sets that exist walk as one stream of nrs * ng groups (the next
     // set's first groups load while the last ones of the set before are multiplied; the block's
@@ -1192,13 +1196,15 @@ MMQ_ROWS_INST(mmq_q8_rows_d, 2, 4, true, 1)
 // chains, and every block of the wave is resident (the dependents' launch waits for all of
 // them to trigger; this assumes no other stream-K launch beside it on the device, whose
 // waiting blocks could hold the slots). Weights are not loaded before the PDL wait (a block's units follow from the
-// counts). part: gridDim.x * MMQ_THREADS * 8 floats; flags: gridDim.x ints, zero between
+// counts). The rows kernels' arguments (nsplit, split_stride, early and the tail halves'
+// unused), then part: gridDim.x * MMQ_THREADS * 8 floats; flags: gridDim.x ints, zero between
 // launches.
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
     mmq_q8_rows_sk(const u8* W, i64 row_bytes, i64 mat_bytes, int m, int ngroups, const u8* X, i64 xrow, int n,
                    const int* cnt, const int* off, const int* perm, int n_exp, int in_div, float* out, i64 ooff,
-                   i64 ostride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride, int e_sh, const u8* W2, const u8* Ws2,
-                   float* out2, const u8* Wtl, const u8* W2tl, i64 tl_mat_bytes, float* part, int* flags) {
+                   i64 ostride, int nsplit, i64 split_stride, const u8* Ws, i64 ws_row_bytes, i64 ws_stride,
+                   int e_sh, const u8* W2, const u8* Ws2, float* out2, const u8* Wtl, const u8* W2tl,
+                   i64 tl_mat_bytes, int early, int tail0, int tail1, float* part, int* flags) {
     pdl_trigger();
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = 16;
@@ -1297,38 +1303,7 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
         }
         return p;
     };
-    auto load = [&](RowsGrp& v, const Ptr& p, int gi) {
-        if (p.tl) {
-            const u8* q0 = p.pa + (i64)gi * MMQ_TG;
-#if MMQ_ROWS_NA
-            const uint4 h = ldw16(q0 + 16 * g);
-#else
-            const uint4 h = __ldg((const uint4*)(q0 + 16 * g));
-#endif
-            v.ha = make_uint2(h.x, h.y);
-            v.hb = make_uint2(h.z, h.w);
-#pragma unroll
-            for (int bl = 0; bl < 4; bl++) {
-#if MMQ_ROWS_NA
-                const uint4 q = ldw16(q0 + 128 + 512 * bl + 16 * lane);
-#else
-                const uint4 q = __ldg((const uint4*)(q0 + 128 + 512 * bl + 16 * lane));
-#endif
-                v.qa[bl] = make_uint2(q.x, q.z);
-                v.qb[bl] = make_uint2(q.y, q.w);
-            }
-            return;
-        }
-        const u8* a = p.pa + (i64)gi * MMQ_GB;
-        const u8* c = p.pb + (i64)gi * MMQ_GB;
-        v.ha = __ldg((const uint2*)a);
-        v.hb = __ldg((const uint2*)c);
-#pragma unroll
-        for (int bl = 0; bl < 4; bl++) {
-            v.qa[bl] = __ldg((const uint2*)(a + 16 + 32 * bl + 8 * t));
-            v.qb[bl] = __ldg((const uint2*)(c + 16 + 32 * bl + 8 * t));
-        }
-    };
+    auto load = [&](RowsGrp& v, const Ptr& p, int gi) { rows_load(v, p.pa, p.pb, p.tl, gi, g, t, lane); };
     // The load cursor (segment lk, group lg, its pointers), ahead of the multiply by 2 groups.
     int lk = 0, lg = 0, lend = 0, lkind = 0;
     i64 lu = 0;

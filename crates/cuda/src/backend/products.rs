@@ -362,49 +362,23 @@ impl CudaBackend {
             && rows_smem <= self.smem_max
             && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
         // Grouped rows in stream-K form (Path::RowsSk): one wave of blocks, as many as the
-        // device holds at once, each an equal share of the launch's steps.
-        if rows && cnt != 0 && self.path_on(Path::RowsSk) {
+        // device holds at once, each an equal share of the launch's steps (the blocks, the
+        // scratch for their sums and their flags; launched at the end, with the rows kernels'
+        // arguments).
+        let sk = if rows && cnt != 0 && self.path_on(Path::RowsSk) {
             let per_sm = self.funcs["mmq_q8_rows_sk"].occupancy_max_active_blocks_per_multiprocessor(128, rows_smem, None);
             let nb = per_sm.map_or(0, |b| b as usize) * self.sm_count;
             if nb > 0 {
                 let (Some(part), Some(flags)) = (self.scratch(S::SkPart, nb * 128 * 8 * 4), self.scratch(S::SkFlags, nb * 4)) else {
                     return;
                 };
-                self.took(Path::RowsSk);
-                let args = [
-                    A::P(w.mem.ptr),
-                    l(w.row_bytes),
-                    l(w.mat_bytes()),
-                    i(m),
-                    i(ngroups),
-                    A::P(xq),
-                    l(ngroups * 144),
-                    i(n),
-                    A::P(cnt),
-                    A::P(off),
-                    A::P(perm),
-                    i(ne),
-                    i(in_div),
-                    A::P(out),
-                    l(ooff),
-                    l(ostride),
-                    A::P(sh_ptr),
-                    l(sh_row_bytes),
-                    l(sh_stride),
-                    i(e_sh),
-                    A::P(w2),
-                    A::P(sh2),
-                    A::P(out2),
-                    A::P(w.tiled_ptr()),
-                    A::P(pair_tiled),
-                    l(w.tiled_mat_bytes()),
-                    A::P(part),
-                    A::P(flags),
-                ];
-                self.launch("mmq_q8_rows_sk", (nb as u32, 1, 1), 128, rows_smem as u32, &args);
-                return;
+                Some((nb, part, flags))
+            } else {
+                None
             }
-        }
+        } else {
+            None
+        };
         // Grouped rows with R row sets a warp: 64*R rows a block, so fewer blocks along x.
         let rr = match self.rows_r.load(Ordering::Relaxed) {
             _ if !rows || cnt == 0 => 1,
@@ -494,6 +468,12 @@ impl CudaBackend {
             i(tail0),
             i(tail1),
         ];
+        if let Some((nb, part, flags)) = sk {
+            self.took(Path::RowsSk);
+            let all: [A; 33] = cat(args, [A::P(part), A::P(flags)]);
+            self.launch("mmq_q8_rows_sk", (nb as u32, 1, 1), 128, rows_smem as u32, &all);
+            return;
+        }
         // (The mmq_q8 tiles take the common arguments only.)
         let na = if rows { args.len() } else { 25 };
         // (mmq_q8_64ws: the 4 multiplying warps and a producer warp)
@@ -801,6 +781,41 @@ impl CudaBackend {
         }
     }
 
+    /// Whether a decode batch's first norm of `n` rows of `k` can write the f16 input of the
+    /// cuBLAS products after it in its own launch ([`CudaBackend::add_rms_norm_h`]; `o` the
+    /// normed rows).
+    fn norm_h_ok(&self, (n, k): (usize, usize), delta: Option<(&CudaBuf, Rows)>, w: Option<&CudaWeight>, o: Rows) -> bool {
+        self.fused
+            && n <= GRAPH_MAX_TOKENS
+            && (o.n, o.width) == (n, k)
+            && k % 8 == 0
+            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
+            && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k))
+            && self.path_on(Path::DenseBlasFused)
+    }
+
+    /// `add_rms_norm_h`: rows `x` (+= `delta`), normed into `out` and into the packed f16 rows
+    /// at `xh` (the same bits as the norm, then `f16_rows`).
+    fn add_rms_norm_h(
+        &self,
+        (x, xr): (&CudaBuf, Rows),
+        delta: Option<(&CudaBuf, Rows)>,
+        w: Option<&CudaWeight>,
+        eps: f32,
+        (out, o): (&CudaBuf, Rows),
+        xh: u64,
+    ) {
+        x.check(xr);
+        out.check(o);
+        let d = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
+            d.check(dr);
+            (d.0.ptr, dr)
+        });
+        let args: [A; 14] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [A::P(xh)]);
+        let k = xr.width;
+        self.launch("add_rms_norm_h", (xr.n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
+    }
+
     /// Whether a decode batch's absorbed query (`absorb` = W_uk with its rows of q and of the
     /// absorbed query) takes cuBLAS with q_nope's f16 rows written by `norm_rope_cache`
     /// ([`Path::QnopeH`]).
@@ -874,14 +889,8 @@ impl CudaBackend {
         // Rows of q's heads inside a token's packed q row (stride * heads == q's width).
         let head_rows = |r: Rows| heads > 0 && r.n == n * heads && r.stride * heads == m0 && r.off + r.width <= r.stride;
         let ok = self.path_on(Path::QkvJoint)
-            && self.path_on(Path::DenseBlasFused)
-            && self.fused
             && n > GEMV_MAX_TOKENS
-            && n <= GRAPH_MAX_TOKENS
-            && (o.n, o.width) == (n, k)
-            && k % 8 == 0
-            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
-            && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k))
+            && self.norm_h_ok((n, k), delta, w, o)
             && self.blas_jobs(n, k, &jobs)
             && self.dense_blas_rows(n)
             && hq + (2 * m0 * k) as u64 == hkv
@@ -900,8 +909,6 @@ impl CudaBackend {
         self.took(Path::DenseBlasFused);
         self.took(Path::DenseBlasBatch);
         self.took(Path::QnopeH);
-        x.check(xr);
-        out.check(o);
         let (qd, qdr) = (op.q.map(|q| q.2), op.q.map(|q| q.3));
         if let (Some(b), Some(r)) = (qd, qdr) {
             b.check(r);
@@ -909,12 +916,7 @@ impl CudaBackend {
         let ld = m0 + m1;
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         let (Some(xh), Some(rows)) = (self.scratch(S::XBf16, 2 * k * n), self.scratch(S::Qkv, 4 * ld * n)) else { return true };
-        let d = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
-            d.check(dr);
-            (d.0.ptr, dr)
-        });
-        let args: [A; 14] = cat(add_norm_args((x, xr), d, w, op.eps, (out, o)), [A::P(xh)]);
-        self.launch("add_rms_norm_h", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
+        self.add_rms_norm_h((x, xr), delta, w, op.eps, (out, o), xh);
         if !self.bind_ctx() {
             return true;
         }
@@ -1078,28 +1080,13 @@ impl CudaBackend {
         }
         // A decode batch whose products take cuBLAS (Path::DenseBlasBatch): the norm's launch
         // writes their f16 input too (add_rms_norm_h; the same bits as the norm, then f16_rows).
-        let blas = !one
-            && !one16
-            && self.fused
-            && n <= GRAPH_MAX_TOKENS
-            && (o.n, o.width) == (n, k)
-            && k % 8 == 0
-            && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == k)
-            && delta.is_none_or(|(_, dr)| (dr.n, dr.width) == (n, k))
-            && self.path_on(Path::DenseBlasFused);
+        let blas = !one && !one16 && self.norm_h_ok((n, k), delta, w, o);
         let blas = blas && self.blas_jobs(n, k, jobs) && self.dense_blas_take(n);
         if blas {
             self.took(Path::DenseBlasFused);
-            x.check(xr);
-            out.check(o);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
             let Some(xh) = self.scratch(S::XBf16, 2 * k * n) else { return };
-            let d = delta.map_or((0, Rows::packed(0, 0)), |(d, dr)| {
-                d.check(dr);
-                (d.0.ptr, dr)
-            });
-            let args: [A; 14] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [A::P(xh)]);
-            self.launch("add_rms_norm_h", (n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
+            self.add_rms_norm_h((x, xr), delta, w, eps, (out, o), xh);
             if !self.bind_ctx() {
                 return;
             }
