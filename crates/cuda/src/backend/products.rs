@@ -884,7 +884,7 @@ impl CudaBackend {
         let [(wq, q, qo), (wkv, kv, kvo)] = jobs;
         let (m0, m1) = (wq.ne(1), wkv.ne(1));
         let (Some(hq), Some(hkv)) = (wq.half_rm(), wkv.half_rm()) else { return false };
-        let Some((qs, qr, _, _, heads)) = op.q else { return false };
+        let Some((qs, qr, qd, qdr, heads)) = op.q else { return false };
         let Some((wk, src, dst)) = absorb else { return false };
         // Rows of q's heads inside a token's packed q row (stride * heads == q's width).
         let head_rows = |r: Rows| heads > 0 && r.n == n * heads && r.stride * heads == m0 && r.off + r.width <= r.stride;
@@ -899,6 +899,8 @@ impl CudaBackend {
             && (op.x.0.ptr, op.xr) == (kv.0.ptr, kvo)
             && qs.0.ptr == q.0.ptr
             && head_rows(qr)
+            && (qr.n, qr.width) == (qdr.n, qdr.width)
+            && op.rope.dim <= qr.width
             && head_rows(src)
             && src.width % 8 == 0
             && self.qnope_h_ok(wk, heads, src, dst);
@@ -909,10 +911,7 @@ impl CudaBackend {
         self.took(Path::DenseBlasFused);
         self.took(Path::DenseBlasBatch);
         self.took(Path::QnopeH);
-        let (qd, qdr) = (op.q.map(|q| q.2), op.q.map(|q| q.3));
-        if let (Some(b), Some(r)) = (qd, qdr) {
-            b.check(r);
-        }
+        qd.check(qdr);
         let ld = m0 + m1;
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         let (Some(xh), Some(rows)) = (self.scratch(S::XBf16, 2 * k * n), self.scratch(S::Qkv, 4 * ld * n)) else { return true };
@@ -926,9 +925,7 @@ impl CudaBackend {
         let Some(nh) = self.scratch(S::XBf16, 2 * src.width * src.n) else { return true };
         let jop = Nrc { joint: Some(JointRows { ptr: rows, ld, kv_off: m0 }), ..*op };
         if self.norm_rope_cache(&jop, Some((qs, src, nh))) && self.bind_ctx() {
-            if let (Some(qd), Some(_)) = (qd, qdr) {
-                self.grouped_h16(nh, wk, heads, n, qd, dst);
-            }
+            self.grouped_h16(nh, wk, heads, n, qd, dst);
         }
         true
     }
