@@ -80,6 +80,10 @@ impl Nrc<'_> {
 }
 
 impl CudaBackend {
+    /// [`Backend::mla_attention`]; with `defer`, a one-token step on the split kernels leaves
+    /// the merge of its splits to the caller and returns (the partial rows, the split count)
+    /// (`mla_out_q8` merges them). None: `out` is written (or the backend failed).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn mla_attention_run(
         &self,
         q: &CudaBuf,

@@ -1263,6 +1263,9 @@ pub struct CudaBackend {
     /// ([`Path::NormQ8`]): the grouped MoE on those rows takes them instead of quantising
     /// again. Set by that op, cleared by the next one, taken by the MoE.
     norm_xq: Mutex<Option<NormXq>>,
+    /// The stream-K rows kernel's blocks an SM ([`Path::RowsSk`]) by its dynamic shared memory
+    /// in bytes, as the driver gave them (asked once per size, not on every launch).
+    sk_per_sm: Mutex<Vec<(usize, usize)>>,
     /// `moe_shared` ops that took a routing made ahead (for the tests: [`CudaBackend::pre_routes`]).
     pre_routed: AtomicU64,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of one token with f16 or bf16 products
@@ -1667,6 +1670,7 @@ impl CudaBackend {
             pre_route: AtomicBool::new(std::env::var("TS_CUDA_PRE_ROUTE").map_or(true, |v| v != "0")),
             routed: Mutex::new(None),
             norm_xq: Mutex::new(None),
+            sk_per_sm: Mutex::new(Vec::new()),
             pre_routed: AtomicU64::new(0),
             moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").map_or(true, |v| v != "0")),
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
@@ -2124,11 +2128,6 @@ impl CudaBackend {
         self.scratch.lock().unwrap_or_else(|e| e.into_inner())[s as usize].as_ref().map(|m| m.ptr)
     }
 
-    /// Device pointer of scratch slot `s`, grown to at least `bytes` (contents undefined).
-    /// [`Backend::mla_attention`]; with `defer`, a one-token step on the split kernels leaves
-    /// the merge of its splits to the caller and returns (the partial rows, the split count)
-    /// (`mla_out_q8` merges them). None: `out` is written (or the backend failed).
-    #[allow(clippy::too_many_arguments)]
     /// The [`Backend::prefetch_hint`] regions as a kernel's 8 trailing arguments (pointer, bytes)
     /// x 4, taken either way; zeros unless `use_them`.
     fn take_hint(&self, use_them: bool) -> [A; 8] {
@@ -2137,6 +2136,9 @@ impl CudaBackend {
         [A::P(h[0].0), l(h[0].1), A::P(h[1].0), l(h[1].1), A::P(h[2].0), l(h[2].1), A::P(h[3].0), l(h[3].1)]
     }
 
+    /// Device pointer of scratch slot `s`, grown to at least `bytes` (zeroed when it grows,
+    /// else as the last user left it). Growing drops every recorded step (they hold the old
+    /// pointer); inside a capture it cannot grow: None, and the capture is spoiled.
     fn scratch(&self, s: S, bytes: usize) -> Option<u64> {
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let slot = &mut sc[s as usize];

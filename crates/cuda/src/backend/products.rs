@@ -332,6 +332,19 @@ impl CudaBackend {
         );
     }
 
+    /// How many `mmq_q8_rows_sk` blocks of `smem` bytes of dynamic shared memory an SM holds at
+    /// once (0 where the driver does not say): the stream-K wave's blocks per SM. Asked of the
+    /// driver once per size.
+    fn sk_per_sm(&self, smem: usize) -> usize {
+        let mut c = self.sk_per_sm.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, b)) = c.iter().find(|(s, _)| *s == smem) {
+            return b;
+        }
+        let b = self.funcs["mmq_q8_rows_sk"].occupancy_max_active_blocks_per_multiprocessor(128, smem, None).map_or(0, |b| b as usize);
+        c.push((smem, b));
+        b
+    }
+
     /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` the grouped expert product's lists
     /// ([`MmqGroups`]), `None` for the dense one (`grid.2 / nsplit` matrices of `n` tokens);
     /// `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the splits'
@@ -366,8 +379,7 @@ impl CudaBackend {
         // scratch for their sums and their flags; launched at the end, with the rows kernels'
         // arguments).
         let sk = if rows && cnt != 0 && self.path_on(Path::RowsSk) {
-            let per_sm = self.funcs["mmq_q8_rows_sk"].occupancy_max_active_blocks_per_multiprocessor(128, rows_smem, None);
-            let nb = per_sm.map_or(0, |b| b as usize) * self.sm_count;
+            let nb = self.sk_per_sm(rows_smem) * self.sm_count;
             if nb > 0 {
                 let (Some(part), Some(flags)) = (self.scratch(S::SkPart, nb * 128 * 8 * 4), self.scratch(S::SkFlags, nb * 4)) else {
                     return;
