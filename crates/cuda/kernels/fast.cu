@@ -679,31 +679,51 @@ extern "C" __global__ void __launch_bounds__(32 * MC_WARPS) mla_combine(const fl
 // (mla_combine takes a block per (token, head) and run of 64 outputs: at 64 sequences with 4
 // splits each 8,192 blocks of 4 warps and three barriers for ~10 KB each, ~12 us a layer in the
 // server's trace, gpu-next112.)
-extern "C" __global__ void __launch_bounds__(128) mla_combine_few(const float* part, int nsp, int nh, int kl,
-                                                                 const int* pos, float* out, i64 ooff, i64 o_tok,
-                                                                 i64 o_head, u16* oh, i64 ohoff) { PDL_ENTRY();
-    const int t = blockIdx.x / nh, h = blockIdx.x % nh;
-    const int end = pos[t] + 1;
+// The splits' merge weights as mla_combine_few makes them, for every kernel that merges a
+// token's splits (so that they give its bits): the active splits (nact of the nsp, from the
+// context's end; the later splits saw no keys), f[s] = exp(m_s - max m) for s < nact (0 past
+// them), and the return value 1 / sum of l_s f[s], the sum's order warp_sum's (see below).
+// m(s), l(s): split s's running max and sum (called for s < nact only).
+__device__ __forceinline__ int mla_merge_active(int end, int nsp) {
     const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
-    const int nact = min(min(nsp, 8), (end + chunk - 1) / chunk);
-    const int stride = kl + 2;
-    const i64 sstride = (i64)nh * stride;
-    const float* pp = part + ((i64)t * nsp * nh + h) * stride;
-    float f[8], a[8];
+    return min(min(nsp, 8), (end + chunk - 1) / chunk);
+}
+template <typename FM, typename FL>
+__device__ __forceinline__ float mla_merge_weights(int nact, FM m, FL l, float (&f)[8]) {
+    float a[8];
     float M = NEG_INF;
 #pragma unroll
     for (int s = 0; s < 8; s++) {
-        f[s] = s < nact ? pp[s * sstride] : NEG_INF;
+        f[s] = s < nact ? m(s) : NEG_INF;
         M = fmaxf(M, f[s]);
     }
 #pragma unroll
     for (int s = 0; s < 8; s++) {
         f[s] = s < nact ? expf(f[s] - M) : 0.f;
-        a[s] = s < nact ? __fmul_rn(pp[s * sstride + 1], f[s]) : 0.f;
+        a[s] = s < nact ? __fmul_rn(l(s), f[s]) : 0.f;
     }
     const float den = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[4]), __fadd_rn(a[2], a[6])),
                                 __fadd_rn(__fadd_rn(a[1], a[5]), __fadd_rn(a[3], a[7])));
-    const float inv = 1.0f / den;
+    return 1.0f / den;
+}
+// r[c] += split s's value v[c] times f (r[c] = the product for s == 0): the merge's sum of the
+// weighted rows in split order, each product rounded before it is added.
+__device__ __forceinline__ void mla_merge_add(float (&r)[4], float4 v, float f, int s) {
+    const float p[4] = {__fmul_rn(v.x, f), __fmul_rn(v.y, f), __fmul_rn(v.z, f), __fmul_rn(v.w, f)};
+#pragma unroll
+    for (int c = 0; c < 4; c++) r[c] = s == 0 ? p[c] : __fadd_rn(r[c], p[c]);
+}
+extern "C" __global__ void __launch_bounds__(128) mla_combine_few(const float* part, int nsp, int nh, int kl,
+                                                                 const int* pos, float* out, i64 ooff, i64 o_tok,
+                                                                 i64 o_head, u16* oh, i64 ohoff) { PDL_ENTRY();
+    const int t = blockIdx.x / nh, h = blockIdx.x % nh;
+    const int nact = mla_merge_active(pos[t] + 1, nsp);
+    const int stride = kl + 2;
+    const i64 sstride = (i64)nh * stride;
+    const float* pp = part + ((i64)t * nsp * nh + h) * stride;
+    float f[8];
+    const float inv =
+        mla_merge_weights(nact, [&](int s) { return pp[s * sstride]; }, [&](int s) { return pp[s * sstride + 1]; }, f);
     const int i = 4 * threadIdx.x;
     if (i >= kl) return;
     float r[4];
@@ -712,9 +732,7 @@ extern "C" __global__ void __launch_bounds__(128) mla_combine_few(const float* p
         if (s < nact) {
             const float2 v0 = *(const float2*)(pp + s * sstride + 2 + i);
             const float2 v1 = *(const float2*)(pp + s * sstride + 4 + i);
-            const float p[4] = {__fmul_rn(v0.x, f[s]), __fmul_rn(v0.y, f[s]), __fmul_rn(v1.x, f[s]), __fmul_rn(v1.y, f[s])};
-#pragma unroll
-            for (int c = 0; c < 4; c++) r[c] = s == 0 ? p[c] : __fadd_rn(r[c], p[c]);
+            mla_merge_add(r, make_float4(v0.x, v0.y, v1.x, v1.y), f[s], s);
         }
     }
     float* o = out + ooff + t * o_tok + h * o_head + i;

@@ -1028,6 +1028,28 @@ fn mla_split_batch_exact() {
     rep.finish();
 }
 
+/// `mla_split_tc_hbm<CL>` (Path::SplitMerge: a batch's 1, 2 or 4 splits a token merged in a
+/// thread-block cluster inside the split launch) gives the same bits as the split kernel then
+/// `mla_combine_few`: 1 split (128 tokens, short histories), 2 (64 and 48 tokens), 4 (64 tokens
+/// past 256 keys, 33 tokens), splits that see no keys among them (the second sequence's short
+/// history), outputs at an odd offset and stride.
+#[test]
+fn mla_split_merge_exact() {
+    let Some(shared) = gpu() else { return };
+    if !shared.tensor_cores() || !shared.clusters() {
+        eprintln!("mla_split_merge_exact: no tensor cores or no clusters, skipped");
+        return;
+    }
+    let g = &CudaBackend::new(0).expect("own backend");
+    g.set_mla_tensor_cores(Some(true));
+    let mut r = rng(49);
+    let mut rep = Report::new("mla_split_merge");
+    for &(n, long) in &[(128usize, 40u32), (128, 300), (64, 150), (64, 20), (48, 100), (64, 600), (33, 40)] {
+        mla_path_exact(g, &mut r, &mut rep, Path::SplitMerge, n, long, true, "f16 cache");
+    }
+    rep.finish();
+}
+
 /// `v` as the f16 latent cache stores it (clamped to the f16 range, rounded to nearest even).
 fn f16_round(v: f32) -> f32 {
     half::f16::from_f32(v.clamp(-65504.0, 65504.0)).to_f32()
@@ -2798,6 +2820,14 @@ fn norm_q8_batch_exact() {
     gd.set_path(Path::SumQ8, false);
     gd.set_path(Path::DenseBlasBatch, true);
     gd.set_path(Path::LatH, false);
+    // And gc's chain with the attention's splits merged in the split launch (Path::SplitMerge:
+    // lat and its f16 rows without mla_combine_few): the same bits.
+    let ge = &CudaBackend::new(0).expect("sixth backend");
+    ge.set_path(Path::NormQ8, false);
+    ge.set_path(Path::SumQ8, false);
+    ge.set_path(Path::DenseBlasBatch, true);
+    ge.set_path(Path::SplitMerge, true);
+    gc.set_path(Path::SplitMerge, false);
     let mut r = rng(48);
     let mut rep = Report::new("norm_q8 batch");
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
@@ -2813,13 +2843,14 @@ fn norm_q8_batch_exact() {
     for n in [24usize, 64] {
         // (from 64 keys a batch's attention takes the tensor-core split and its merge, which
         // writes the f16 rows of Path::LatH; below, the one-split SIMT kernel writes lat itself)
-        for hist in [3u32, 40, 100] {
+        // (at 64 sequences, 100 keys take 2 splits and 300 take 4: Path::SplitMerge's clusters)
+        for hist in [3u32, 40, 100, 300] {
             let toks: Vec<TokenMeta> =
                 (0..n).flat_map(|s| (0..=hist).map(move |pos| TokenMeta { token: 0, pos, slot: s as u32 })).collect();
             let cache_rows = randn(&mut r, toks.len() * w, 1.0);
             let (q, x, nw) = (randn(&mut r, n * nh * w, 0.5), randn(&mut r, n * hd, 1.0), randn(&mut r, hd, 1.0));
             let mut outs = Vec::new();
-            for b in [ga, gb, gc, gd] {
+            for b in [ga, gb, gc, gd, ge] {
                 let cache = b.alloc_latent_cache(n * slot_len as usize, w, kl, nh).unwrap();
                 fill_cache(b, &cache, &cache_rows, w, &toks, slot_len);
                 let step: Vec<TokenMeta> = (0..n).map(|s| TokenMeta { token: 1, pos: hist, slot: s as u32 }).collect();
@@ -2859,7 +2890,7 @@ fn norm_q8_batch_exact() {
                 outs.push([get(b, &gx, xr), get(b, &out, xr), get(b, &lg, lgr), get(b, &mo, xr)]);
             }
             cases += 1;
-            let [a, bb, cc, dd] = [&outs[0], &outs[1], &outs[2], &outs[3]];
+            let [a, bb, cc, dd, ee] = [&outs[0], &outs[1], &outs[2], &outs[3], &outs[4]];
             exact(&mut rep, &format!("n={n} pos={hist}"), &["x", "out", "logits", "moe"], a, bb);
             // (not the MoE's output: a router near-tie that the other rounding flips moves a
             // token's whole row)
@@ -2867,8 +2898,17 @@ fn norm_q8_batch_exact() {
                 rep.check(&format!("n={n} pos={hist} {what}, W_uv and W_o on cuBLAS"), &cc[i], &bb[i], 5e-2, 1e-3);
             }
             exact(&mut rep, &format!("n={n} pos={hist} lat in f16 by the merge"), &["x", "out", "logits", "moe"], cc, dd);
+            exact(&mut rep, &format!("n={n} pos={hist} splits merged in their launch"), &["x", "out", "logits", "moe"], cc, ee);
             long += u64::from(hist >= 64);
         }
+    }
+    // (sm_90: every long case at 64 sequences has 2 or 4 splits a token on a 132-SM H200; other
+    // GPUs may give other counts, so only "some" is asked there)
+    if ge.clusters() && ge.path_launches(Path::SplitMerge) == 0 {
+        rep.failures.push("SplitMerge never ran".into());
+    }
+    if gc.path_launches(Path::SplitMerge) != 0 {
+        rep.failures.push("SplitMerge ran while off".into());
     }
     if gc.path_launches(Path::LatH) != long || gd.path_launches(Path::LatH) != 0 {
         rep.failures.push(format!(

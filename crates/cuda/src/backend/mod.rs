@@ -387,6 +387,9 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc_h",
     "mla_split_tc_he",
     "mla_split_tc_hb",
+    "mla_split_tc_hbm1",
+    "mla_split_tc_hbm2",
+    "mla_split_tc_hbm4",
     "mmq_q8_64",
     "mmq_q8_64e",
     "mmq_q8_64_jobs",
@@ -761,6 +764,9 @@ fn kernel_names() -> Vec<String> {
         "mla_split_tc_h",
         "mla_split_tc_he",
         "mla_split_tc_hb",
+        "mla_split_tc_hbm1",
+        "mla_split_tc_hbm2",
+        "mla_split_tc_hbm4",
         "mla_prefill_h",
         "mla_prefill_ha",
         "norm_rope_cache_h",
@@ -975,10 +981,17 @@ pub enum Path {
     /// wave on the device at once: one such launch at a time (one stream, as a backend has).
     /// Off (`TS_CUDA_ROWS_SK=1` turns it on): not yet measured.
     RowsSk,
+    /// With [`Path::SplitBatch`]: a batch's 1, 2 or 4 splits a token merge inside the split
+    /// launch (`mla_split_tc_hbm<CL>`: the splits of a token's head group are one thread-block
+    /// cluster, their partial rows exchanged through distributed shared memory), so no
+    /// `mla_combine_few` launch after it and no partial rows in global memory; the same bits
+    /// (mla_combine_few's arithmetic), the f16 rows for W_uv too where [`Path::LatH`] asks.
+    /// sm_90 and later. Off (`TS_CUDA_SPLIT_MERGE=1` turns it on): not yet measured.
+    SplitMerge,
 }
 
 impl Path {
-    const ALL: [Path; 17] = [
+    const ALL: [Path; 18] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -996,6 +1009,7 @@ impl Path {
         Path::HeadBlas,
         Path::QkvJoint,
         Path::RowsSk,
+        Path::SplitMerge,
     ];
 
     /// Its environment variable and its default.
@@ -1018,6 +1032,7 @@ impl Path {
             Path::HeadBlas => ("TS_CUDA_HEAD_BLAS", true),
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::RowsSk => ("TS_CUDA_ROWS_SK", false),
+            Path::SplitMerge => ("TS_CUDA_SPLIT_MERGE", false),
         }
     }
 
@@ -1741,7 +1756,6 @@ impl CudaBackend {
         self.stream.synchronize().map_err(|e| dev_err("cuda stream", e))
     }
 
-    /// Whether the fused decode kernels are on (`TS_CUDA_FUSED=0` turns them off).
     /// Whether the tensor-core prompt paths are on (see the `tc` field).
     pub fn tensor_cores(&self) -> bool {
         self.tc
@@ -1932,7 +1946,7 @@ impl CudaBackend {
     }
 
     /// Whether the device runs thread-block clusters (sm_90 and later).
-    fn clusters(&self) -> bool {
+    pub fn clusters(&self) -> bool {
         let digits: String = self.arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect();
         digits.parse::<u32>().is_ok_and(|v| v >= 90)
     }
