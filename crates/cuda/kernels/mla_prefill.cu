@@ -470,8 +470,10 @@ __device__ __forceinline__ void mla_split_merge(const float (&o)[16][4], float m
     const int nact = mla_merge_active(end, CL);
     const float* pr = ps + row * MS_PLD;
     float f[8];
-    const float inv = mla_merge_weights(
-        nact, [&](int s) { return ld_cluster(pr, (unsigned)s); }, [&](int s) { return ld_cluster(pr + 1, (unsigned)s); }, f);
+    // (CL = 1, not launched as a cluster: its own shared memory by plain loads)
+    auto ld1 = [&](const float* p, int s) { return CL > 1 ? ld_cluster(p, (unsigned)s) : *p; };
+    auto ld4 = [&](const float* p, int s) { return CL > 1 ? ld_cluster4(p, (unsigned)s) : *(const float4*)p; };
+    const float inv = mla_merge_weights(nact, [&](int s) { return ld1(pr, s); }, [&](int s) { return ld1(pr + 1, s); }, f);
     const i64 orow = (i64)tok * o_tok + (i64)(h0 + row) * o_head;
 #pragma unroll
     for (int q4 = 0; q4 < PER / 4; q4++) {
@@ -479,7 +481,7 @@ __device__ __forceinline__ void mla_split_merge(const float (&o)[16][4], float m
         float r[4];
 #pragma unroll
         for (int s = 0; s < CL; s++)
-            if (s < nact) mla_merge_add(r, ld_cluster4(pr + 4 + c, (unsigned)s), f[s], s);
+            if (s < nact) mla_merge_add(r, ld4(pr + 4 + c, s), f[s], s);
         float* op = out + ooff + orow + c;
 #pragma unroll
         for (int k = 0; k < 4; k++) op[k] = r[k] * inv;

@@ -74,7 +74,7 @@ __device__ __forceinline__ int moe_pair_expert(const int* sel_e, int p, int k, i
     const int t = p / ks, j = p - t * ks;
     return j < k ? sel_e[t * k + j] : E + (j - k);
 }
-// (The body, by one whole block; also run by moe_route_group_quant, mmq.cu.)
+// (The body, by one whole block.)
 __device__ __forceinline__ void moe_group_body(const int* sel_e, int ntok, int k, int nsh, int E, int* cnt, int* off,
                                                int* perm) {
     __shared__ int c[MOE_MAX_EXPERTS], o[MOE_MAX_EXPERTS];

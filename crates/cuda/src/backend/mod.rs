@@ -894,15 +894,17 @@ pub enum Path {
     SplitEarly,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of a decode batch whose products run
     /// on the int8 tensor cores: the norm and the input's quantisation in one launch
-    /// (`add_rms_norm_q8`, the same bits as `add_rms_norm` then `quant_q8_groups`). Off until
-    /// measured; `TS_CUDA_NORM_Q8=1`.
+    /// (`add_rms_norm_q8`, the same bits as `add_rms_norm` then `quant_q8_groups`). Off
+    /// (`TS_CUDA_NORM_Q8=1` turns it on): measured slower on the H200 (thirty-first session:
+    /// 64 sequences 8,127 against 8,143; fortieth: 9,345 against 9,368).
     NormQ8,
     /// `mla_attention_out` of a decode batch with Q8_0 W_uv and W_o on the int8 products: the
     /// W_uv product's split sum also writes the W_o product's quantised input
     /// (`mmq_sum_splits_q8`, the same bits as `mmq_sum_splits` then `quant_q8_groups`), and with
     /// [`Path::NormQ8`] the norm's launch sums W_o's partial outputs itself (no
-    /// `mmq_sum_splits` for it; the same sums in the same order). Off until measured;
-    /// `TS_CUDA_SUM_Q8=1`.
+    /// `mmq_sum_splits` for it; the same sums in the same order). Off (`TS_CUDA_SUM_Q8=1` turns
+    /// it on): measured slower on the H200 (thirty-first session: 64 sequences 8,197 against
+    /// 8,244 alone, 8,007 with NormQ8).
     SumQ8,
     /// `matmul_many` of a decode batch on the 64-token int8 tiles (q and kv_a: `mmq_jobs`): the
     /// jobs in one launch (`mmq_q8_64_jobs`) and their split sums in one (`mmq_sum_splits_jobs`),
@@ -1313,7 +1315,8 @@ pub struct CudaBackend {
     mmq_rows_dense: AtomicUsize,
     /// The 64-token int8 tiles with their stage copies on a producer warp (`mmq_q8_64ws`, 160
     /// threads, two blocks an SM; sm_90) in place of `mmq_q8_64`: `TS_CUDA_MMQ_WS=1`. The same
-    /// bits. Written in the seventeenth session, not yet run.
+    /// bits. Measured slower on the H200 (thirty-first session: 64 sequences 8,035 against
+    /// 8,233), so off.
     mmq_ws: bool,
     /// Row sets a warp of the grouped expert products on the rows kernel: 1 (`mmq_q8_rows`), 2
     /// (`mmq_q8_rows_r2`, 128 rows a block, the same bits), or 0 for the default: 2 from 5
