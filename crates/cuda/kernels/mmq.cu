@@ -1355,10 +1355,19 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
         if (kind == 2) {
             // The unit's first groups' sums from the block before (its first segment).
             if (tid == 0) {
+                // (A flag that never comes, which the partition rules out, would hang the stream:
+                // after a second the block traps instead, and the backend reports the launch's
+                // failure.)
                 u32 fl = 0;
+                u64 t0, t1;
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
                 do {
                     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(fl) : "l"(flags + b - 1) : "memory");
-                    if (!fl) __nanosleep(64);
+                    if (!fl) {
+                        __nanosleep(64);
+                        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+                        if (t1 - t0 > 1000000000ull) __trap();
+                    }
                 } while (!fl);
                 flags[b - 1] = 0;
             }
