@@ -156,6 +156,13 @@ pub struct BenchArgs {
     /// many concurrent requests would (test `tg128 x64`).
     #[arg(long = "parallel", value_name = "N", default_value_t = 0)]
     pub parallel: usize,
+    /// With --parallel N: also time N prompts of this many random tokens, one a sequence,
+    /// prefilled together in forwards of up to the batch size (-b), slot after slot, each
+    /// sequence's last token picked greedily on the backend: what a server does with N requests
+    /// that arrive at once (test `pp32 x64`, prompt tokens a second; with the server's prefill
+    /// chunk as -b, e.g. `-b 1024` on CUDA).
+    #[arg(long = "parallel-prompt", value_name = "TOKENS", default_value_t = 0)]
+    pub parallel_prompt: usize,
     /// Print a hash of the greedy tokens each generation test produced, to compare builds,
     /// backends or switches such as TS_CUDA_GRAPHS=0: equal hashes, same tokens. It covers the
     /// warm-up and every repetition, each of which starts from its own token, so only runs with
@@ -565,7 +572,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let mut m = a.m.clone();
-    let need = a.depth + a.n_prompt.max(1) + a.n_gen;
+    let need = (a.depth + a.n_prompt.max(1) + a.n_gen).max(a.parallel_prompt);
     if m.ctx_size.is_none() {
         m.ctx_size = Some(need.max(512));
     }
@@ -574,7 +581,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     let mut l = load::load(&m, None, 1 + a.parallel)?;
     let ctx = l.model.options().ctx;
-    if a.depth + a.n_prompt > ctx || a.depth + a.n_gen > ctx {
+    if a.depth + a.n_prompt > ctx || a.depth + a.n_gen > ctx || a.parallel_prompt > ctx {
         bail!("the test needs {need} tokens of context; raise --ctx-size");
     }
     let nv = l.model.info().n_vocab as u32;
@@ -666,6 +673,45 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
     }
     drop(sess);
+    if a.parallel > 0 && a.parallel_prompt > 0 {
+        // Slots 1..=N, each a prompt from position 0, fed in forwards of up to the batch size
+        // (slot after slot, as the server's prefill chunks take a wave of new requests); a
+        // forward's output rows are the last tokens of the prompts it completes.
+        let (np, pl) = (a.parallel, a.parallel_prompt);
+        let mb = l.model.options().max_batch.max(1);
+        let prompts: Vec<Vec<u32>> = (0..np).map(|_| (0..pl).map(|_| rnd()).collect()).collect();
+        let mut meta = ts_core::BatchMeta { slot_len: ctx as u32, ..Default::default() };
+        let mut ids = vec![0u32; np];
+        let (mut v, mut phash) = (Vec::new(), FNV_START);
+        for r in 0..reps + 1 {
+            let t0 = Instant::now();
+            let mut all = (0..np).flat_map(|s| (0..pl).map(move |p| (s, p))).peekable();
+            while all.peek().is_some() {
+                meta.tokens.clear();
+                meta.outputs.clear();
+                for (s, p) in all.by_ref().take(mb) {
+                    if p + 1 == pl {
+                        meta.outputs.push(meta.tokens.len() as u32);
+                    }
+                    meta.tokens.push(ts_core::TokenMeta { token: prompts[s][p], pos: p as u32, slot: 1 + s as u32 });
+                }
+                let no = meta.outputs.len();
+                let out = ts_models::Outputs { full_rows: Some(&[]), logits: &mut [], argmax: Some(&mut ids[..no]), queue_argmax: false };
+                l.model.forward_outputs(&meta, out)?;
+                for &t in &ids[..no] {
+                    phash = fnv_step(phash, t);
+                }
+            }
+            if r > 0 {
+                v.push((np * pl) as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+        let name = format!("pp{pl} x{np}");
+        row(name.clone(), &mut v);
+        if a.hash {
+            println!("tokens of {name}: hash {phash:016x}");
+        }
+    }
     if a.parallel > 0 && a.n_gen > 0 {
         // Slots 1..=N (slot 0 is the single-sequence tests'), positions 0.. in each.
         let np = a.parallel;

@@ -82,6 +82,30 @@ fn bench_reports_batched_decode() {
     assert_eq!(at_depth(), at_depth());
 }
 
+/// `--parallel-prompt`: a wave of prompts prefilled together, as a server takes requests that
+/// arrive at once; its row, and the same greedy picks whether the forwards hold 5 tokens (one
+/// prompt split over two, two prompts in one) or all 21 at once (the tiny model is batch
+/// invariant on the CPU).
+#[test]
+fn bench_reports_a_wave_of_prompts() {
+    let tm = tiny("wave");
+    let m = &tm.0;
+    let wave = |b: &str| {
+        let out = bin()
+            .args(["bench", "--backend", "cpu", "-t", "2", "-p", "0", "-n", "0", "--parallel", "3"])
+            .args(["--parallel-prompt", "7", "-b", b, "-r", "1", "--hash", "-m"])
+            .arg(m)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        let r = rate(&text, "pp7 x3").unwrap_or_else(|| panic!("no pp7 x3 row in:\n{text}"));
+        assert!(r > 0.0 && r.is_finite(), "pp7 x3: {r}");
+        text.lines().find(|l| l.starts_with("tokens of pp7 x3: hash ")).expect("its hash line").to_string()
+    };
+    assert_eq!(wave("5"), wave("21"));
+}
+
 #[test]
 fn loadtest_with_token_id_prompts() {
     let tm = tiny("load");

@@ -9,10 +9,15 @@
 #   mla_combine_few launch; the same bits).
 # 1. Their op tests (bit for bit against the default kernels; a hang shows as a cut-off run).
 # 2. 64 sequences at -d 96 (2 splits a token) and at -d 400 (4), 128 sequences: the hashes must
-#    not move. 3. The server with both, and with `--chain` on top. 4. tools/gpu/attn_out_mb.py:
-#    W_uv then W_o against one product with W_uv folded into W_o.
-# If a stream-K block waits on a flag that never comes, TS_RUN_LIMIT cuts the run off.
-#   tools/gpu/plans/gpu-next143.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~7 minutes)
+#    not move. 3. The server's prompt waves as a bench (`--parallel-prompt`, new): 64 prompts of
+#    32 tokens in forwards of 1,024, with both switches and with the attention on tensor cores
+#    (MLATC=1; the wave's short contexts take the SIMT split), then traced: where the ~6% of
+#    the server's time in prompt steps goes. 4. The server with both, and with `--chain` on
+#    top. 5. tools/gpu/attn_out_mb.py: W_uv then W_o against one product with W_uv folded into
+#    W_o.
+# A stream-K block that waits on a flag for a second traps (a failed run, not a hang);
+# TS_RUN_LIMIT cuts any other hang off.
+#   tools/gpu/plans/gpu-next143.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~8 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
@@ -24,6 +29,9 @@ stamp "== 64 sequences -d 96 / -d 400, 128 sequences"
 bpd 64 "-d 96" "" $K $M "$K $M"
 bpd 64 "-d 400" "" $K $M
 bp 128 "" "$K $M"
+stamp "== a wave of 64 prompts of 32 tokens in forwards of 1,024 (the server's prompt steps)"
+bwave "" "$K $M" TS_CUDA_MLATC=1
+trace_wave 40
 stamp "== server"
 serve64 "" 30
 serve64 "$K $M" 30

@@ -113,3 +113,15 @@ trace_steps() {
   python3 "$(dirname "${BASH_SOURCE[0]}")/../steps.py" $O/tr.csv 16 $O/seq.txt | head -$3
   rm -f $O/tr.csv
 }
+# `bwave ENV...`: a wave of 64 prompts of 32 tokens prefilled in forwards of 1,024 tokens (the
+# server's prompt steps when 64 clients arrive at once; `bench --parallel-prompt`) under each ENV
+# setting ("" = the defaults): its prompt tok/s and the picks' hash.
+bwave() { for e in "$@"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 0 --parallel 64 --parallel-prompt 32 -b 1024 -r 3 --hash; done; }
+# `trace_wave LINES`: the same wave traced (TS_CUDA_TRACE=1), grouped by tools/gpu/steps.py (its
+# first LINES lines; the launch sequence into $O/seq_wave.txt).
+trace_wave() {
+  TS_CUDA_TRACE=1 TS_CUDA_TRACE_OUT=$O/trw.csv timeout 150 "$B" bench --backend cuda -m $V -p 0 -n 0 --parallel 64 \
+    --parallel-prompt 32 -b 1024 -r 2 >/dev/null 2>&1
+  python3 "$(dirname "${BASH_SOURCE[0]}")/../steps.py" $O/trw.csv 24 $O/seq_wave.txt | head -$1
+  rm -f $O/trw.csv
+}
