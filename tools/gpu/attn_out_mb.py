@@ -3,7 +3,7 @@
 # [n, 512] x [512, 128], batched) then W_o ([n, 2048] x [2048, 2048]), against one product with
 # W_uv folded into W_o ([n, 16 * 512] x [8192, 2048]: W_uvo[h] = W_uv[h] . W_o[h], 4x W_o's
 # bytes). Also W_uk per head alone (16 x [n, 128] x [128, 512]) for scale.
-# (tools/gpu/plans/gpu-next143.sh; the idea of the forty-first session's notes, docs/PERF.md.)
+# (tools/gpu/plans/gpu-next144.sh; the idea of the forty-first session's notes, docs/PERF.md.)
 import time
 import torch
 

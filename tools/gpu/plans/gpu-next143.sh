@@ -12,12 +12,11 @@
 #    not move. 3. The server's prompt waves as a bench (`--parallel-prompt`, new): 64 prompts of
 #    32 tokens in forwards of 1,024, with both switches and with the attention on tensor cores
 #    (MLATC=1; the wave's short contexts take the SIMT split), then traced: where the ~6% of
-#    the server's time in prompt steps goes. 4. The server with both, and with `--chain` on
-#    top. 5. tools/gpu/attn_out_mb.py: W_uv then W_o against one product with W_uv folded into
-#    W_o.
+#    the server's time in prompt steps goes. The server runs and a micro-benchmark follow in
+#    gpu-next144 (a second call: this one takes ~5 minutes).
 # A stream-K block that waits on a flag for a second traps (a failed run, not a hang);
 # TS_RUN_LIMIT cuts any other hang off.
-#   tools/gpu/plans/gpu-next143.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~8 minutes)
+#   tools/gpu/plans/gpu-next143.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -80   (~5 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
@@ -32,10 +31,4 @@ bp 128 "" "$K $M"
 stamp "== a wave of 64 prompts of 32 tokens in forwards of 1,024 (the server's prompt steps)"
 bwave "" "$K $M" TS_CUDA_MLATC=1
 trace_wave 40
-stamp "== server"
-serve64 "" 30
-serve64 "$K $M" 30
-serve64 "$K $M" 30 "--row-multiple 1 --chain"
-rm -f $V
-python3 "$(dirname "$0")/../attn_out_mb.py" 2>&1 | tail -3
-stamp "== done"
+stamp "== done (the server runs are gpu-next144's)"
