@@ -1211,15 +1211,22 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
     extern __shared__ __align__(16) u8 mmq_sm[];
     __shared__ int src_row[BN], dst_row[BN];
     __shared__ int tpre[MOE_MAX_EXPERTS + 1];  // tiles before expert e; tpre[n_exp]: all
+    __shared__ int2 tco[MOE_MAX_EXPERTS];      // (cnt[e], off[e]), read once (one trip to L2)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     pdl_wait();
-    // The tiles' prefix over the experts (the first warp; mmq_find_tile's per-lane scan).
+    // The tiles' prefix over the experts (the first warp; mmq_find_tile's per-lane scan), and
+    // the experts' counts and list offsets, so that a tile's token rows take one trip to L2
+    // (perm), not three (count, offset, perm).
     if (tid < 32) {
         const int per = (n_exp + 31) >> 5;
         int mine = 0;
         for (int i = 0; i < per; i++) {
             const int x = tid * per + i;
-            if (x < n_exp) mine += (cnt[x] + BN - 1) / BN;
+            if (x < n_exp) {
+                const int2 co = make_int2(cnt[x], off[x]);
+                mine += (co.x + BN - 1) / BN;
+                tco[x] = co;
+            }
         }
         int incl = mine;
 #pragma unroll
@@ -1232,7 +1239,7 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
             const int x = tid * per + i;
             if (x < n_exp) {
                 tpre[x] = run;
-                run += (cnt[x] + BN - 1) / BN;
+                run += (tco[x].x + BN - 1) / BN;
             }
         }
         if (tid == 31) tpre[n_exp] = incl;
@@ -1339,8 +1346,8 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
         if (tile != cur_tile) {
             // The tile's token rows and activation rows (every warp is done with the last ones).
             __syncthreads();
-            nt = min(BN, cnt[e] - start);
-            mmq_tile_rows<BN>(perm, off, e, start, nt, in_div, 1, src_row, dst_row);
+            nt = min(BN, tco[e].x - start);
+            mmq_tile_rows<BN>(perm, off, e, start, nt, in_div, 1, src_row, dst_row, tco[e].y);
             __syncthreads();
             const int nb = nt > 8 ? 16 : 8, pieces = xb >> 4;
             for (int c = tid; c < nb * pieces; c += MMQ_THREADS) {
