@@ -71,7 +71,7 @@ use ts_engine::{Sampler, SamplerParams, StreamDecoder, Tokenizer};
 use ts_models::{Model, Outputs};
 
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, UNHEALTHY_AFTER};
 use crate::stop::StopMatcher;
 
 /// Why a sequence ended (OpenAI's `finish_reason`).
@@ -337,6 +337,10 @@ impl Engine {
 
     /// Queues `job`, or refuses it with 503 when every slot is busy and the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        if let Some(why) = self.metrics.out_of_service() {
+            self.metrics.requests_rejected.fetch_add(1, Relaxed);
+            return Err(ApiError::unavailable(format!("the engine is out of service: {why}; the server needs a restart"), "engine_failed"));
+        }
         let cap = (self.n_slots + self.max_queue) as u64;
         let admitted = self.occupancy.fetch_update(Relaxed, Relaxed, |o| (o < cap).then_some(o + 1)).is_ok();
         if !admitted {
@@ -845,6 +849,9 @@ impl<'m, 't> Stepper<'m, 't> {
             }
         };
         self.metrics.steps.fetch_add(1, Relaxed);
+        if err.is_none() {
+            self.metrics.failed_in_a_row.store(0, Relaxed);
+        }
         let sc = self.model.step_counts();
         self.metrics.steps_replayed.store(sc.replayed, Relaxed);
         self.metrics.steps_recorded.store(sc.recorded, Relaxed);
@@ -860,12 +867,30 @@ impl<'m, 't> Stepper<'m, 't> {
                     self.metrics.failed.fetch_add(1, Relaxed);
                 }
             }
+            self.metrics.steps_failed.fetch_add(1, Relaxed);
+            let n = self.metrics.failed_in_a_row.fetch_add(1, Relaxed) + 1;
+            let mut now_out = None;
+            if n >= UNHEALTHY_AFTER {
+                let why = format!("{n} forward passes in a row failed, the last with: {e}");
+                let mut oos = self.metrics.out_of_service.lock().unwrap_or_else(|p| p.into_inner());
+                if oos.is_none() {
+                    tracing::error!(
+                        "the engine is out of service ({why}); /health answers 503 and new requests are refused until a restart"
+                    );
+                    *oos = Some(why.clone());
+                    now_out = Some(why);
+                }
+            }
             // A step enqueued ahead of the failed one is waited for and forgotten; chaining stops.
             if std::mem::take(&mut self.ahead) {
                 let n = self.ahead_batch.outputs.len();
                 let _ = std::panic::catch_unwind(AssertUnwindSafe(|| self.model.argmax_collect(&mut self.argmax[..n])));
             }
             self.chain = false;
+            // Out of service from now: the requests still queued would fail step after step.
+            if let Some(why) = now_out {
+                self.fail_all(&format!("the engine is out of service: {why}"));
+            }
             return;
         }
         for s in self.active.iter_mut() {
@@ -1067,6 +1092,7 @@ fn finish(s: &mut Seq<'_>, why: Finish, metrics: &Metrics, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
     use std::time::Duration;
     use tokio::sync::mpsc::{channel, Receiver};
     use ts_models::{ModelInfo, RuntimeOptions};
@@ -1090,6 +1116,8 @@ mod tests {
         chains: bool,
         queue: VecDeque<Vec<u32>>,
         last: Vec<u32>,
+        /// While set, every forward fails (as a backend that lost its device would).
+        fail: Arc<AtomicBool>,
     }
 
     impl Model for Counting {
@@ -1109,6 +1137,9 @@ mod tests {
             Ok(())
         }
         fn forward_outputs(&mut self, batch: &BatchMeta, out: Outputs<'_>) -> ts_models::Result<()> {
+            if self.fail.load(Relaxed) {
+                return Err(ts_models::ModelError::Run("injected device failure".into()));
+            }
             let nv = self.info.n_vocab;
             assert!(batch.len() <= self.opts.max_batch && !batch.is_empty());
             let n_full = out.full_rows.map_or(batch.outputs.len(), |f| f.len());
@@ -1168,6 +1199,11 @@ mod tests {
     }
 
     fn engine_cfg(n_seqs: usize, cfg: EngineConfig) -> (Arc<Engine>, Seen, Arc<Metrics>) {
+        engine_cfg_failing(n_seqs, cfg, Arc::default())
+    }
+
+    /// [`engine_cfg`] whose model fails every forward while `fail` is set.
+    fn engine_cfg_failing(n_seqs: usize, cfg: EngineConfig, fail: Arc<AtomicBool>) -> (Arc<Engine>, Seen, Arc<Metrics>) {
         let nv = 1000;
         let seen: Seen = Arc::default();
         let row_multiple = cfg.row_multiple;
@@ -1198,6 +1234,7 @@ mod tests {
             chains: cfg.chain,
             queue: VecDeque::new(),
             last: Vec::new(),
+            fail,
         };
         let metrics = Arc::new(Metrics::default());
         let e = Engine::start(Box::new(model), Arc::new(Tokenizer::none(nv)), cfg, metrics.clone()).expect("engine starts");
@@ -1566,6 +1603,84 @@ mod tests {
         assert_eq!(text, "<2><3><4><5>");
         assert_eq!(f, Some(Finish::Stop));
         assert_eq!(m.finished_stop.load(Relaxed), 1);
+        e.shutdown();
+    }
+
+    /// A job's last event: Failed's message, or None for a job that ended otherwise (bounded
+    /// wait).
+    fn failure(rx: &mut Receiver<Event>) -> Option<String> {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(20) {
+            match rx.try_recv() {
+                Ok(Event::Failed(e)) => return Some(e),
+                Ok(Event::Done { .. }) | Ok(Event::Unavailable(_)) => return None,
+                Ok(_) => {}
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        None
+    }
+
+    /// A failed forward fails the requests in it, and the engine goes on: the next request,
+    /// on a model that works again, completes; one failure is not "out of service".
+    #[test]
+    fn a_failed_step_fails_its_requests_and_the_engine_goes_on() {
+        let fail = Arc::new(AtomicBool::new(true));
+        let cfg = EngineConfig {
+            max_queue: 4,
+            prefill_chunk: 64,
+            prefill_hold: 0,
+            prefill_wait: 0,
+            row_multiple: 1,
+            chain: false,
+            warmup: false,
+        };
+        let (e, _, m) = engine_cfg_failing(2, cfg, fail.clone());
+        let (j, mut rx) = job(vec![1, 2, 3], 4);
+        e.submit(j).unwrap();
+        let why = failure(&mut rx).expect("the request fails with its step");
+        assert!(why.contains("injected device failure"), "{why}");
+        fail.store(false, Relaxed);
+        let (j, mut rx) = job(vec![5, 6], 3);
+        e.submit(j).unwrap();
+        let (_, finish, n) = collect(&mut rx);
+        assert_eq!((finish, n), (Some(Finish::Length), 3));
+        assert_eq!(m.steps_failed.load(Relaxed), 1);
+        assert_eq!(m.failed_in_a_row.load(Relaxed), 0);
+        assert!(m.out_of_service().is_none());
+        assert!(m.render().contains("turbospark_healthy 1"));
+        e.shutdown();
+    }
+
+    /// UNHEALTHY_AFTER failed forwards in a row take the engine out of service: the metrics
+    /// say so (for /health's 503), and the next request is refused with 503 and the reason
+    /// instead of failing in yet another step.
+    #[test]
+    fn failed_steps_in_a_row_take_the_engine_out_of_service() {
+        let fail = Arc::new(AtomicBool::new(true));
+        let cfg = EngineConfig {
+            max_queue: 4,
+            prefill_chunk: 64,
+            prefill_hold: 0,
+            prefill_wait: 0,
+            row_multiple: 1,
+            chain: false,
+            warmup: false,
+        };
+        let (e, _, m) = engine_cfg_failing(2, cfg, fail);
+        for k in 0..UNHEALTHY_AFTER {
+            assert!(m.out_of_service().is_none(), "out of service after {k} failures");
+            let (j, mut rx) = job(vec![1, 2, 3], 4);
+            e.submit(j).unwrap();
+            assert!(failure(&mut rx).is_some(), "request {k} fails");
+        }
+        let why = m.out_of_service().expect("out of service");
+        assert!(why.contains("3 forward passes in a row failed") && why.contains("injected device failure"), "{why}");
+        assert!(m.render().contains("turbospark_healthy 0"));
+        let (j, _rx) = job(vec![1], 2);
+        let err = e.submit(j).expect_err("refused");
+        assert_eq!(err.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(err.message.contains("out of service") && err.message.contains("restart"), "{}", err.message);
         e.shutdown();
     }
 

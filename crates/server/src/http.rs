@@ -73,6 +73,12 @@ async fn not_found(State(st): State<Arc<AppState>>, uri: axum::http::Uri, method
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
     let m = &st.metrics;
+    // Out of service (several forward passes in a row failed): 503 with the reason, so that a
+    // load balancer or a supervisor takes the server out and restarts it.
+    if let Some(why) = m.out_of_service() {
+        let body = json!({ "status": "error", "error": why, "model": st.model_id });
+        return record(&st, "health", (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response());
+    }
     let body = json!({
         "status": "ok",
         "model": st.model_id,

@@ -90,6 +90,14 @@ pub struct Metrics {
     pub steps_eager: AtomicU64,
     /// Steps enqueued before the step before them had come back (chained greedy steps).
     pub steps_chained: AtomicU64,
+    /// Forward passes that failed (an error or a panic in the model or its backend).
+    pub steps_failed: AtomicU64,
+    /// Failed forward passes since the last one that ran (0 while the engine works).
+    pub failed_in_a_row: AtomicU64,
+    /// Why the engine is out of service: set once [`UNHEALTHY_AFTER`] forward passes in a row
+    /// have failed (a device that lost its context fails every one). From then on `/health`
+    /// answers 503 with it and new requests are refused; a restart is what mends it.
+    pub out_of_service: Mutex<Option<String>>,
     /// Seconds spent in forwards + sampling.
     pub step_seconds: F64Gauge,
     /// Of which in the model's forward passes (including the logits' copy to the host).
@@ -102,7 +110,18 @@ pub struct Metrics {
     pub responses: Mutex<BTreeMap<(&'static str, u16), u64>>,
 }
 
+/// Failed forward passes in a row after which the engine counts as out of service
+/// ([`Metrics::out_of_service`]). One failure fails the step's requests and the engine goes on
+/// (a transient fault); three in a row, each with fresh requests, is a backend that no longer
+/// works.
+pub const UNHEALTHY_AFTER: u64 = 3;
+
 impl Metrics {
+    /// Why the engine is out of service, if it is ([`Metrics::out_of_service`]).
+    pub fn out_of_service(&self) -> Option<String> {
+        self.out_of_service.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Counts one HTTP response.
     pub fn response(&self, route: &'static str, status: u16) {
         let mut m = self.responses.lock().unwrap_or_else(|e| e.into_inner());
@@ -168,6 +187,13 @@ impl Metrics {
         gauge(&mut s, "turbospark_slots_total", "Cache slots (--max-seqs).", self.slots_total.load(Relaxed) as f64);
         gauge(&mut s, "turbospark_batch_tokens", "Tokens in the latest forward pass.", self.last_batch_tokens.load(Relaxed) as f64);
         counter(&mut s, "turbospark_steps_total", "Forward passes run.", self.steps.load(Relaxed));
+        counter(&mut s, "turbospark_steps_failed_total", "Forward passes that failed.", self.steps_failed.load(Relaxed));
+        gauge(
+            &mut s,
+            "turbospark_healthy",
+            "1 while the engine serves; 0 once several forward passes in a row have failed (see /health).",
+            if self.out_of_service().is_some() { 0.0 } else { 1.0 },
+        );
         counter(&mut s, "turbospark_batch_tokens_total", "Tokens fed through forward passes.", self.batch_tokens.load(Relaxed));
         counter(
             &mut s,

