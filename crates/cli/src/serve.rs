@@ -92,6 +92,14 @@ pub struct ServeArgs {
     /// never warms up.
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
+    /// Compute every prompt in full. By default a new request takes the free slot whose cache
+    /// already holds the longest prefix of its prompt (the last conversation's turns, a shared
+    /// system prompt, a retried request) and computes only the rest, as llama.cpp's server does;
+    /// `usage.prompt_tokens_details.cached_tokens` says how many tokens that saved. The text is
+    /// the same either way where the backend's kernels are batch invariant (the CPU); on CUDA
+    /// the cached rows may differ from recomputed ones in the last bits.
+    #[arg(long = "no-prompt-cache")]
+    pub no_prompt_cache: bool,
 }
 
 /// Loads the model once, then serves until Ctrl-C.
@@ -119,6 +127,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         row_multiple: a.row_multiple.max(1),
         request_timeout: (a.request_timeout > 0.0).then(|| std::time::Duration::from_secs_f64(a.request_timeout.min(1e9))),
         chain: a.chain,
+        prompt_cache: !a.no_prompt_cache,
         ..ServerConfig::default()
     };
     // Slots (plus the pad slot) and the widest forward a step makes; the context comes from

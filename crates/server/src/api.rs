@@ -9,7 +9,7 @@
 use serde_json::{json, Map, Value};
 use ts_engine::{ChatMessage, SamplerParams};
 
-use crate::engine::{Finish, TokenLogprob, TopLogprob};
+use crate::engine::{Finish, TokenLogprob, TopLogprob, Usage};
 use crate::error::ApiError;
 
 /// Most stop strings per request.
@@ -316,9 +316,15 @@ pub struct Meta {
     pub model: String,
 }
 
-/// `usage`.
-pub fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// `usage`, with OpenAI's `prompt_tokens_details.cached_tokens` (the prompt tokens the
+/// server's prompt cache did not compute again).
+pub fn usage(u: Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt,
+        "completion_tokens": u.completion,
+        "total_tokens": u.prompt + u.completion,
+        "prompt_tokens_details": {"cached_tokens": u.cached},
+    })
 }
 
 fn finite(x: f32) -> f64 {
@@ -368,7 +374,7 @@ pub fn completion_logprobs(lps: &[TokenLogprob], offset: &mut usize) -> Value {
 }
 
 /// A complete `chat.completion`.
-pub fn chat_response(m: &Meta, text: &str, finish: Finish, logprobs: Option<&[TokenLogprob]>, prompt: usize, completion: usize) -> Value {
+pub fn chat_response(m: &Meta, text: &str, finish: Finish, logprobs: Option<&[TokenLogprob]>, u: Usage) -> Value {
     json!({
         "id": m.id,
         "object": "chat.completion",
@@ -381,7 +387,7 @@ pub fn chat_response(m: &Meta, text: &str, finish: Finish, logprobs: Option<&[To
             "logprobs": logprobs.map(chat_logprobs),
             "finish_reason": finish.as_str(),
         }],
-        "usage": usage(prompt, completion),
+        "usage": usage(u),
     })
 }
 
@@ -407,7 +413,7 @@ pub fn chat_chunk(m: &Meta, delta: Value, finish: Option<Finish>, logprobs: Opti
 }
 
 /// The last chunk of a stream with `include_usage`: no choices, the usage.
-pub fn usage_chunk(m: &Meta, object: &str, prompt: usize, completion: usize) -> Value {
+pub fn usage_chunk(m: &Meta, object: &str, u: Usage) -> Value {
     json!({
         "id": m.id,
         "object": object,
@@ -415,19 +421,12 @@ pub fn usage_chunk(m: &Meta, object: &str, prompt: usize, completion: usize) -> 
         "model": m.model,
         "system_fingerprint": crate::FINGERPRINT,
         "choices": [],
-        "usage": usage(prompt, completion),
+        "usage": usage(u),
     })
 }
 
 /// A complete `text_completion`.
-pub fn completion_response(
-    m: &Meta,
-    text: &str,
-    finish: Finish,
-    logprobs: Option<&[TokenLogprob]>,
-    prompt: usize,
-    completion: usize,
-) -> Value {
+pub fn completion_response(m: &Meta, text: &str, finish: Finish, logprobs: Option<&[TokenLogprob]>, u: Usage) -> Value {
     let mut off = 0;
     json!({
         "id": m.id,
@@ -441,7 +440,7 @@ pub fn completion_response(
             "logprobs": logprobs.map(|l| completion_logprobs(l, &mut off)),
             "finish_reason": finish.as_str(),
         }],
-        "usage": usage(prompt, completion),
+        "usage": usage(u),
     })
 }
 

@@ -56,6 +56,23 @@
 //! Q4_0, Q5_0, Q4_1, Q5_1 or Q8_0: their products of 1-3 rows have the 4-row arithmetic; with
 //! `CpuBackend::invariant`, which `turbospark serve` sets, Q4_K, Q5_K and Q6_K as well; F32, F16
 //! and BF16 always) is not padded: single-stream decoding then computes one row, not four.
+//!
+//! ## Prompt cache
+//! A slot's cache rows outlive its sequence: when a sequence ends, the engine notes which
+//! tokens its slot's rows `0..n_past` hold (the prompt, then the generated tokens fed back).
+//! A new job takes the free slot whose rows share the longest prefix with its prompt and starts
+//! there: `n_past` begins at that prefix (at most all but the prompt's last token, whose logits
+//! the step must compute), and only the rest of the prompt is fed. Multi-turn chats (each
+//! request repeats the conversation so far), a shared system prompt and retried requests then
+//! skip most of their prefill; `usage.prompt_tokens_details.cached_tokens` counts what was
+//! skipped. Reused rows are read only below the sequence's own position, and every row from
+//! there on is written by this sequence before it is read (a step enqueued ahead for the slot's
+//! last sequence writes only its row `n_past`, which the new sequence overwrites, in stream
+//! order). The rows are the ones a fresh prefill would compute wherever a row's arithmetic does
+//! not depend on its batch (the CPU's invariant kernels, see above), so the text is the same
+//! with the cache or without; on CUDA the rows of generated tokens came from decode kernels and
+//! may differ in the last bits. A failed forward forgets every slot's rows. Off with
+//! [`EngineConfig::prompt_cache`] = false (`serve --no-prompt-cache`).
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -120,11 +137,22 @@ pub enum Event {
     /// tokens that produced it when they were asked for.
     Delta { text: String, logprobs: Vec<TokenLogprob> },
     /// The sequence ended.
-    Done { finish: Finish, prompt_tokens: usize, completion_tokens: usize },
+    Done { finish: Finish, usage: Usage },
     /// The engine failed; the sequence is over.
     Failed(String),
     /// The request was not run (it waited past its deadline for a slot): a 503 with this reason.
     Unavailable(String),
+}
+
+/// A finished request's token counts (OpenAI's `usage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens (all of them, cached or not).
+    pub prompt: usize,
+    /// Of which read from the slot's cache instead of computed (module doc, "Prompt cache").
+    pub cached: usize,
+    /// Tokens generated.
+    pub completion: usize,
 }
 
 /// Capacity of a job's event channel. A client that falls this many events behind (a stream
@@ -188,6 +216,9 @@ pub struct EngineConfig {
     pub chain: bool,
     /// Run [`warm_up`]'s forwards before the engine takes its first request.
     pub warmup: bool,
+    /// Reuse a free slot's cache rows for the prompt prefix they already hold (module doc,
+    /// "Prompt cache").
+    pub prompt_cache: bool,
 }
 
 impl EngineConfig {
@@ -380,6 +411,12 @@ struct Seq<'t> {
     slot: u32,
     /// Tokens in the cache.
     n_past: usize,
+    /// Of which the prompt prefix found in the slot's cache at admission (module doc, "Prompt
+    /// cache"): `n_past` starts there.
+    cached: usize,
+    /// Whether the slot's rows `0..n_past` may serve a later prompt when this sequence ends
+    /// (false after a failed forward).
+    keep_rows: bool,
     /// Tokens this step feeds.
     fed: usize,
     /// The last sampled token (fed next step).
@@ -433,6 +470,10 @@ struct Stepper<'m, 't> {
     /// The arg-max of every output row (`max_out` ids).
     argmax: Vec<u32>,
     free: Vec<u32>,
+    /// [`EngineConfig::prompt_cache`], and for each slot the tokens whose cache rows it holds
+    /// from its last sequence (positions `0..len`), while the slot is free.
+    prompt_cache: bool,
+    slot_tokens: Vec<Vec<u32>>,
     waiting: VecDeque<Job>,
     active: Vec<Seq<'t>>,
     metrics: Arc<Metrics>,
@@ -479,6 +520,8 @@ impl<'m, 't> Stepper<'m, 't> {
             logits: vec![0.0; max_out * n_vocab],
             argmax: vec![0; max_out],
             free: (0..n_seqs as u32).rev().collect(),
+            prompt_cache: cfg.prompt_cache,
+            slot_tokens: vec![Vec::new(); n_seqs],
             waiting: VecDeque::new(),
             active: Vec::with_capacity(o.n_slots),
             model,
@@ -539,8 +582,9 @@ impl<'m, 't> Stepper<'m, 't> {
                 self.occupancy.fetch_sub(1, Relaxed);
                 continue;
             }
-            let Some(slot) = self.free.pop() else { break };
+            let Some((slot, cached)) = self.take_slot(&job.prompt) else { break };
             self.metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Relaxed);
+            self.metrics.prompt_tokens_cached.fetch_add(cached as u64, Relaxed);
             let sampler = Sampler::new(job.sampling.clone());
             let stop = StopMatcher::new(job.stop.clone());
             self.next_id += 1;
@@ -549,7 +593,9 @@ impl<'m, 't> Stepper<'m, 't> {
                 generated: Vec::with_capacity(job.max_tokens.min(4096)),
                 job,
                 slot,
-                n_past: 0,
+                n_past: cached,
+                cached,
+                keep_rows: true,
                 fed: 0,
                 next: 0,
                 sampler,
@@ -564,6 +610,33 @@ impl<'m, 't> Stepper<'m, 't> {
             });
         }
         self.update_gauges();
+    }
+
+    /// A free slot for `prompt`, and how many of its first tokens the slot's cache rows already
+    /// hold (module doc, "Prompt cache"): the free slot whose last sequence shares the longest
+    /// prefix with it (the most recently freed of equals), at most all but the prompt's last
+    /// token, whose logits the step must compute. Where no slot shares a token: one that holds
+    /// nothing (the most recently freed), else the one freed longest ago, so that the rows most
+    /// likely to serve again stay.
+    fn take_slot(&mut self, prompt: &[u32]) -> Option<(u32, usize)> {
+        if !self.prompt_cache {
+            return self.free.pop().map(|s| (s, 0));
+        }
+        let common = |t: &[u32]| t.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let mut best: Option<(usize, usize)> = None; // (index in free, common prefix)
+        for (i, &slot) in self.free.iter().enumerate().rev() {
+            let c = common(&self.slot_tokens[slot as usize]);
+            if best.is_none_or(|(_, b)| c > b) {
+                best = Some((i, c));
+            }
+        }
+        let (mut i, c) = best?;
+        if c == 0 {
+            i = self.free.iter().rposition(|&s| self.slot_tokens[s as usize].is_empty()).unwrap_or(0);
+        }
+        // (`remove`, not `swap_remove`: the order of `free` is the order the slots were freed in)
+        let slot = self.free.remove(i);
+        Some((slot, c.min(prompt.len().saturating_sub(1))))
     }
 
     fn update_gauges(&self) {
@@ -625,10 +698,18 @@ impl<'m, 't> Stepper<'m, 't> {
     /// Returns the slots of finished sequences.
     fn retire(&mut self) {
         let before = self.active.len();
-        let free = &mut self.free;
+        let (free, slot_tokens, cache) = (&mut self.free, &mut self.slot_tokens, self.prompt_cache);
         self.active.retain(|s| {
             if s.done {
                 free.push(s.slot);
+                // The slot's rows 0..n_past: the prompt, then the generated tokens fed back.
+                let t = &mut slot_tokens[s.slot as usize];
+                t.clear();
+                if cache && s.keep_rows {
+                    let p = s.n_past.min(s.job.prompt.len());
+                    t.extend_from_slice(&s.job.prompt[..p]);
+                    t.extend_from_slice(&s.generated[..(s.n_past - p).min(s.generated.len())]);
+                }
             }
             !s.done
         });
@@ -668,7 +749,7 @@ impl<'m, 't> Stepper<'m, 't> {
         let mut started = false;
         for s in self.active.iter().filter(|s| !s.decoding()) {
             pending += s.job.prompt.len() - s.n_past;
-            started |= s.n_past > 0;
+            started |= s.n_past > s.cached;
         }
         let decoding = self.batch.tokens.len();
         if self.prefill_hold > 0 && decoding > 0 && pending > 0 && !started && pending < self.prefill_hold && self.held < self.prefill_wait
@@ -861,12 +942,15 @@ impl<'m, 't> Stepper<'m, 't> {
         if let Some(e) = err {
             tracing::error!("{e}");
             for s in self.active.iter_mut() {
+                s.keep_rows = false;
                 if !s.done {
                     let _ = s.job.events.try_send(Event::Failed(e.clone()));
                     s.done = true;
                     self.metrics.failed.fetch_add(1, Relaxed);
                 }
             }
+            // What the cache holds after a failed forward is not known: no prompt reuses it.
+            self.slot_tokens.iter_mut().for_each(Vec::clear);
             self.metrics.steps_failed.fetch_add(1, Relaxed);
             let n = self.metrics.failed_in_a_row.fetch_add(1, Relaxed) + 1;
             let mut now_out = None;
@@ -1074,7 +1158,8 @@ fn finish(s: &mut Seq<'_>, why: Finish, metrics: &Metrics, out: &mut String) {
     if (!out.is_empty() || !s.pending_lp.is_empty()) && !send_delta(s, out, metrics) {
         return;
     }
-    let done = Event::Done { finish: why, prompt_tokens: s.job.prompt.len(), completion_tokens: s.generated.len() };
+    let usage = Usage { prompt: s.job.prompt.len(), cached: s.cached, completion: s.generated.len() };
+    let done = Event::Done { finish: why, usage };
     if let Err(closed) = try_send(&s.job.events, done) {
         if !closed {
             metrics.slow_clients.fetch_add(1, Relaxed);
@@ -1101,12 +1186,17 @@ mod tests {
     /// output rows.
     type Seen = Arc<Mutex<Vec<(Vec<(u32, u32, u32)>, usize)>>>;
 
-    /// A "model" whose next token is always `token + 1`, checking the batch invariants the real
-    /// cache relies on (each slot's positions contiguous from what it already holds).
+    /// A "model" whose next token is `token + 1` (with `history`: a hash of everything its slot
+    /// holds up to the token, so that a wrong prefix reused from the cache shows in the text),
+    /// checking the batch invariants the real cache relies on: each slot's positions continue
+    /// from what it holds, or go back over it (a new sequence, from 0 or past a cached prefix),
+    /// never past it.
     struct Counting {
         info: ModelInfo,
         opts: RuntimeOptions,
-        filled: Vec<u32>,
+        /// The tokens each slot's rows hold, by position.
+        slots: Vec<Vec<u32>>,
+        history: bool,
         seen: Seen,
         /// Forward sizes must be multiples of this; tokens of the pad slot are not recorded.
         row_multiple: usize,
@@ -1151,14 +1241,27 @@ mod tests {
                 t.token = self.last[(t.token - TOKEN_FROM_ARGMAX) as usize];
             }
             let batch = &batch;
-            for t in &batch.tokens {
-                let f = &mut self.filled[t.slot as usize];
-                // A new sequence restarts its slot at 0; otherwise positions continue the slot.
-                assert!(t.pos == 0 || t.pos == *f, "slot {} pos {} but the slot holds {}", t.slot, t.pos, f);
-                *f = t.pos + 1;
+            // Each output row's next token, from the slot's rows as they are after its token.
+            let mut nexts = Vec::with_capacity(batch.outputs.len());
+            let mut o = batch.outputs.iter().peekable();
+            for (i, t) in batch.tokens.iter().enumerate() {
+                let f = &mut self.slots[t.slot as usize];
+                assert!(t.pos as usize <= f.len(), "slot {} pos {} but the slot holds {} rows", t.slot, t.pos, f.len());
+                f.truncate(t.pos as usize);
+                f.push(t.token);
+                if o.peek() == Some(&&(i as u32)) {
+                    o.next();
+                    let n = if self.history {
+                        f.iter().enumerate().fold(7usize, |h, (j, &x)| (h * 31 + (x as usize + 1) * (j + 1)) % 999_983)
+                    } else {
+                        t.token as usize + 1
+                    };
+                    nexts.push(n % nv);
+                }
             }
+            assert_eq!(nexts.len(), batch.outputs.len(), "output rows in token order");
             out.logits.fill(0.0);
-            let next = |k: usize| (batch.tokens[batch.outputs[k] as usize].token as usize + 1) % nv;
+            let next = |k: usize| nexts[k];
             match out.full_rows {
                 None => (0..batch.outputs.len()).for_each(|k| out.logits[k * nv + next(k)] = 1.0),
                 Some(f) => f.iter().enumerate().for_each(|(j, &k)| out.logits[j * nv + next(k as usize)] = 1.0),
@@ -1187,14 +1290,32 @@ mod tests {
     fn engine_chain(n_seqs: usize, chunk: usize, max_queue: usize, chain: bool) -> (Arc<Engine>, Seen, Arc<Metrics>) {
         engine_cfg(
             n_seqs,
-            EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple: 1, chain, warmup: false },
+            EngineConfig {
+                max_queue,
+                prefill_chunk: chunk,
+                prefill_hold: 0,
+                prefill_wait: 0,
+                row_multiple: 1,
+                chain,
+                warmup: false,
+                prompt_cache: true,
+            },
         )
     }
 
     fn engine_padded(n_seqs: usize, chunk: usize, max_queue: usize, row_multiple: usize) -> (Arc<Engine>, Seen, Arc<Metrics>) {
         engine_cfg(
             n_seqs,
-            EngineConfig { max_queue, prefill_chunk: chunk, prefill_hold: 0, prefill_wait: 0, row_multiple, chain: false, warmup: false },
+            EngineConfig {
+                max_queue,
+                prefill_chunk: chunk,
+                prefill_hold: 0,
+                prefill_wait: 0,
+                row_multiple,
+                chain: false,
+                warmup: false,
+                prompt_cache: true,
+            },
         )
     }
 
@@ -1204,6 +1325,12 @@ mod tests {
 
     /// [`engine_cfg`] whose model fails every forward while `fail` is set.
     fn engine_cfg_failing(n_seqs: usize, cfg: EngineConfig, fail: Arc<AtomicBool>) -> (Arc<Engine>, Seen, Arc<Metrics>) {
+        engine_mock(n_seqs, cfg, fail, false)
+    }
+
+    /// The engine over a [`Counting`] model: failing while `fail` is set, its tokens from the
+    /// slot's whole history with `history`.
+    fn engine_mock(n_seqs: usize, cfg: EngineConfig, fail: Arc<AtomicBool>, history: bool) -> (Arc<Engine>, Seen, Arc<Metrics>) {
         let nv = 1000;
         let seen: Seen = Arc::default();
         let row_multiple = cfg.row_multiple;
@@ -1227,7 +1354,8 @@ mod tests {
         let model = Counting {
             info,
             opts,
-            filled: vec![0; n_slots],
+            slots: vec![Vec::new(); n_slots],
+            history,
             seen: seen.clone(),
             row_multiple,
             pad_slot,
@@ -1264,7 +1392,7 @@ mod tests {
         while t0.elapsed() < Duration::from_secs(20) {
             match rx.try_recv() {
                 Ok(Event::Delta { text: t, .. }) => text.push_str(&t),
-                Ok(Event::Done { finish, completion_tokens, .. }) => return (text, Some(finish), completion_tokens),
+                Ok(Event::Done { finish, usage }) => return (text, Some(finish), usage.completion),
                 Ok(Event::Failed(e)) => panic!("failed: {e}"),
                 Ok(Event::Unavailable(e)) => panic!("unavailable: {e}"),
                 Err(_) => std::thread::sleep(Duration::from_millis(1)),
@@ -1352,6 +1480,7 @@ mod tests {
                 row_multiple,
                 chain: false,
                 warmup: true,
+                prompt_cache: true,
             };
             let (e, seen, _m) = engine_cfg(n_seqs, cfg);
             let warm: Vec<(usize, usize)> = seen.lock().unwrap().iter().map(|(t, o)| (t.len(), *o)).collect();
@@ -1382,6 +1511,7 @@ mod tests {
             row_multiple: 1,
             chain: false,
             warmup: false,
+            prompt_cache: true,
         };
         let (e, seen, _m) = engine_cfg(4, cfg);
         let (a, mut ra) = job(vec![1, 2, 3], 300);
@@ -1541,8 +1671,16 @@ mod tests {
     #[test]
     fn chained_steps_give_the_same_text() {
         let run = |chain: bool, row_multiple: usize| {
-            let cfg =
-                EngineConfig { max_queue: 16, prefill_chunk: 16, prefill_hold: 0, prefill_wait: 0, row_multiple, chain, warmup: false };
+            let cfg = EngineConfig {
+                max_queue: 16,
+                prefill_chunk: 16,
+                prefill_hold: 0,
+                prefill_wait: 0,
+                row_multiple,
+                chain,
+                warmup: false,
+                prompt_cache: true,
+            };
             let (e, _seen, m) = engine_cfg(4, cfg);
             let mut rxs = Vec::new();
             let mut submit = |prompt: Vec<u32>, max: usize, edit: &dyn Fn(&mut Job)| {
@@ -1606,6 +1744,104 @@ mod tests {
         e.shutdown();
     }
 
+    /// A job's text and usage (bounded wait).
+    fn collect_usage(rx: &mut Receiver<Event>) -> (String, Usage) {
+        let mut text = String::new();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(20) {
+            match rx.try_recv() {
+                Ok(Event::Delta { text: t, .. }) => text.push_str(&t),
+                Ok(Event::Done { usage, .. }) => return (text, usage),
+                Ok(other) => panic!("{other:?}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        panic!("no end after 20 s: {text}");
+    }
+
+    /// The token ids of a text of the id-only tokenizer ("<5><17>").
+    fn ids(text: &str) -> Vec<u32> {
+        text.split('>').filter(|p| !p.is_empty()).map(|p| p.trim_start_matches('<').parse().expect("an id")).collect()
+    }
+
+    fn cache_cfg(prompt_cache: bool) -> EngineConfig {
+        EngineConfig {
+            max_queue: 8,
+            prefill_chunk: 8,
+            prefill_hold: 0,
+            prefill_wait: 0,
+            row_multiple: 1,
+            chain: false,
+            warmup: false,
+            prompt_cache,
+        }
+    }
+
+    /// The prompt cache (module doc, "Prompt cache"): a repeated prompt reuses all but its last
+    /// token; the next turn of a conversation (the last prompt, its answer, a new message)
+    /// reuses everything its slot holds; an unrelated prompt nothing. The texts are those an
+    /// engine without the cache gives, and the mock's tokens hash their slot's whole history,
+    /// so a wrong reused prefix would show in them.
+    #[test]
+    fn the_prompt_cache_reuses_a_slots_rows() {
+        let run = |cache: bool| {
+            let (e, _, m) = engine_mock(2, cache_cfg(cache), Arc::default(), true);
+            let go = |prompt: &[u32], max: usize| {
+                let (j, mut rx) = job(prompt.to_vec(), max);
+                e.submit(j).unwrap();
+                collect_usage(&mut rx)
+            };
+            let p: Vec<u32> = (10..30).collect(); // 20 tokens, three chunks of 8
+            let mut out = Vec::new();
+            let (t1, u1) = go(&p, 5);
+            out.push((t1.clone(), u1.cached));
+            let (t2, u2) = go(&p, 5);
+            out.push((t2, u2.cached));
+            let mut turn = p.clone();
+            turn.extend(ids(&t1));
+            turn.extend([3, 4]);
+            let (t3, u3) = go(&turn, 4);
+            out.push((t3, u3.cached));
+            let (t4, u4) = go(&[500, 501, 502], 3);
+            out.push((t4, u4.cached));
+            e.shutdown();
+            (out, m.prompt_tokens_cached.load(Relaxed))
+        };
+        let (with, cached) = run(true);
+        let (without, none) = run(false);
+        for (k, ((a, _), (b, _))) in with.iter().zip(&without).enumerate() {
+            assert_eq!(a, b, "request {k}: the same text with the cache as without");
+        }
+        // 19 of the repeated 20; the turn: its slot holds the 20 and the first 4 of the 5
+        // generated tokens (the last was never fed); the unrelated prompt: none.
+        let got: Vec<usize> = with.iter().map(|(_, c)| *c).collect();
+        assert_eq!(got, [0, 19, 24, 0]);
+        assert_eq!(cached, 43);
+        assert!(without.iter().all(|(_, c)| *c == 0) && none == 0);
+    }
+
+    /// Two conversations take turns on two slots: each turn finds its own conversation's slot,
+    /// not the one freed last, and a third prompt takes the slot that holds nothing.
+    #[test]
+    fn the_prompt_cache_keeps_conversations_apart() {
+        let (e, _, _m) = engine_mock(3, cache_cfg(true), Arc::default(), true);
+        let go = |prompt: &[u32]| {
+            let (j, mut rx) = job(prompt.to_vec(), 2);
+            e.submit(j).unwrap();
+            collect_usage(&mut rx)
+        };
+        let (a, b): (Vec<u32>, Vec<u32>) = ((100..110).collect(), (200..212).collect());
+        assert_eq!(go(&a).1.cached, 0);
+        assert_eq!(go(&b).1.cached, 0);
+        assert_eq!(go(&a).1.cached, 9);
+        assert_eq!(go(&b).1.cached, 11);
+        let c: Vec<u32> = (300..305).collect();
+        assert_eq!(go(&c).1.cached, 0);
+        assert_eq!(go(&a).1.cached, 9, "the new prompt did not take a's slot");
+        assert_eq!(go(&b).1.cached, 11, "nor b's");
+        e.shutdown();
+    }
+
     /// A job's last event: Failed's message, or None for a job that ended otherwise (bounded
     /// wait).
     fn failure(rx: &mut Receiver<Event>) -> Option<String> {
@@ -1634,6 +1870,7 @@ mod tests {
             row_multiple: 1,
             chain: false,
             warmup: false,
+            prompt_cache: true,
         };
         let (e, _, m) = engine_cfg_failing(2, cfg, fail.clone());
         let (j, mut rx) = job(vec![1, 2, 3], 4);
@@ -1666,6 +1903,7 @@ mod tests {
             row_multiple: 1,
             chain: false,
             warmup: false,
+            prompt_cache: true,
         };
         let (e, _, m) = engine_cfg_failing(2, cfg, fail);
         for k in 0..UNHEALTHY_AFTER {

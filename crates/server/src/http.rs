@@ -281,11 +281,11 @@ async fn whole_response(kind: Kind, meta: Meta, c: Common, mut rx: Receiver<Even
                 text.push_str(&t);
                 lps.extend(logprobs);
             }
-            Event::Done { finish, prompt_tokens, completion_tokens } => {
+            Event::Done { finish, usage } => {
                 let lp = c.top_logprobs.map(|_| lps.as_slice());
                 let v = match kind {
-                    Kind::Chat => api::chat_response(&meta, &text, finish, lp, prompt_tokens, completion_tokens),
-                    Kind::Completion => api::completion_response(&meta, &text, finish, lp, prompt_tokens, completion_tokens),
+                    Kind::Chat => api::chat_response(&meta, &text, finish, lp, usage),
+                    Kind::Completion => api::completion_response(&meta, &text, finish, lp, usage),
                 };
                 return Ok(axum::Json(v).into_response());
             }
@@ -354,12 +354,12 @@ impl StreamState {
                 let v = self.delta(&text, &logprobs, None);
                 sse(&mut out, &v);
             }
-            Some(Event::Done { finish, prompt_tokens, completion_tokens }) => {
+            Some(Event::Done { finish, usage }) => {
                 let v = self.delta("", &[], Some(finish));
                 sse(&mut out, &v);
                 if self.include_usage {
                     let object = if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
-                    sse(&mut out, &api::usage_chunk(&self.meta, object, prompt_tokens, completion_tokens));
+                    sse(&mut out, &api::usage_chunk(&self.meta, object, usage));
                 }
                 out.push_str("data: [DONE]\n\n");
                 self.phase = Phase::Over;

@@ -106,6 +106,9 @@ pub struct ServerConfig {
     /// [`EngineConfig::warmup`]: forwards of the server's own shapes before it answers
     /// (`serve --warmup`; on by default for CUDA, where the first steps pay one-time costs).
     pub warmup: bool,
+    /// [`EngineConfig::prompt_cache`]: a new request reuses a free slot's cache rows for the
+    /// prompt prefix they hold (on; `serve --no-prompt-cache` turns it off).
+    pub prompt_cache: bool,
 }
 
 /// [`ServerConfig::request_timeout`]'s default (`--request-timeout 600`).
@@ -125,6 +128,7 @@ impl Default for ServerConfig {
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
             chain: false,
             warmup: false,
+            prompt_cache: true,
         }
     }
 }
@@ -140,6 +144,7 @@ impl ServerConfig {
             row_multiple: self.row_multiple,
             chain: self.chain,
             warmup: self.warmup,
+            prompt_cache: self.prompt_cache,
         }
     }
 

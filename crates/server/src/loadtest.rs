@@ -52,6 +52,11 @@ pub struct LoadtestReport {
     pub cut_off: usize,
     /// Generated tokens (from the server's usage).
     pub tokens: u64,
+    /// Prompt tokens of the completed requests, and of them those the server's prompt cache
+    /// did not compute (`usage.prompt_tokens_details.cached_tokens`; 0 from servers that do not
+    /// say).
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
     /// Wall time from the first request to the last one finishing.
     pub elapsed: Duration,
     /// Time to first token, sorted.
@@ -77,7 +82,7 @@ impl LoadtestReport {
     pub fn summary(&self) -> String {
         let q = |x: Option<Duration>| x.map_or("n/a".to_string(), |d| format!("{:.3} s", d.as_secs_f64()));
         let mut s = format!(
-            "clients: {}\nrequests: {} completed, {} errors, {} cut off at the deadline\ntokens: {} generated in {:.2} s = {:.1} tok/s aggregate\nTTFT: p50 {}, p99 {}",
+            "clients: {}\nrequests: {} completed, {} errors, {} cut off at the deadline\ntokens: {} generated in {:.2} s = {:.1} tok/s aggregate\nTTFT: p50 {}, p99 {}\nprompts: {} tokens, {} of them from the server's prompt cache",
             self.clients,
             self.completed,
             self.errors,
@@ -87,6 +92,8 @@ impl LoadtestReport {
             self.tokens_per_second(),
             q(self.ttft_quantile(0.5)),
             q(self.ttft_quantile(0.99)),
+            self.prompt_tokens,
+            self.cached_tokens,
         );
         for e in &self.error_samples {
             s.push_str(&format!("\nerror: {e}"));
@@ -96,7 +103,12 @@ impl LoadtestReport {
 }
 
 enum Outcome {
-    Done { ttft: Option<Duration>, tokens: u64 },
+    /// `prompt`: (prompt tokens, of which cached), from the usage chunk.
+    Done {
+        ttft: Option<Duration>,
+        tokens: u64,
+        prompt: (u64, u64),
+    },
     Failed(String),
 }
 
@@ -115,6 +127,7 @@ async fn one_request(addr: SocketAddr, path: &str, body: &Value) -> Outcome {
     let mut ttft = None;
     let mut tokens = 0u64;
     let mut deltas = 0u64;
+    let mut prompt = (0u64, 0u64);
     loop {
         let data = match ev.next().await {
             Ok(Some(d)) => d,
@@ -123,7 +136,7 @@ async fn one_request(addr: SocketAddr, path: &str, body: &Value) -> Outcome {
         };
         if data == "[DONE]" {
             let tokens = if tokens > 0 { tokens } else { deltas };
-            return Outcome::Done { ttft, tokens };
+            return Outcome::Done { ttft, tokens, prompt };
         }
         let v: Value = match serde_json::from_str(&data) {
             Ok(v) => v,
@@ -132,8 +145,15 @@ async fn one_request(addr: SocketAddr, path: &str, body: &Value) -> Outcome {
         if let Some(err) = v.get("error") {
             return Outcome::Failed(format!("error event: {err}"));
         }
-        if let Some(u) = v.get("usage").and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64) {
-            tokens = u;
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            let n = |x: Option<&Value>| x.and_then(Value::as_u64);
+            if let Some(c) = n(u.get("completion_tokens")) {
+                tokens = c;
+            }
+            prompt = (
+                n(u.get("prompt_tokens")).unwrap_or(0),
+                n(u.get("prompt_tokens_details").and_then(|d| d.get("cached_tokens"))).unwrap_or(0),
+            );
         }
         let c0 = v.get("choices").and_then(|c| c.get(0));
         let text = c0.and_then(|c| c.get("text").or_else(|| c.get("delta").and_then(|d| d.get("content")))).and_then(Value::as_str);
@@ -204,9 +224,11 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
             for out in outs {
                 match out {
                     None => rep.cut_off += 1,
-                    Some(Outcome::Done { ttft, tokens }) => {
+                    Some(Outcome::Done { ttft, tokens, prompt }) => {
                         rep.completed += 1;
                         rep.tokens += tokens;
+                        rep.prompt_tokens += prompt.0;
+                        rep.cached_tokens += prompt.1;
                         rep.ttfts.extend(ttft);
                     }
                     Some(Outcome::Failed(e)) => {

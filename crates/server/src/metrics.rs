@@ -69,6 +69,8 @@ pub struct Metrics {
     pub slow_clients: AtomicU64,
     /// Prompt tokens of admitted sequences.
     pub prompt_tokens: AtomicU64,
+    /// Of which found in their slot's cache and not computed again (the prompt cache).
+    pub prompt_tokens_cached: AtomicU64,
     /// Tokens generated (sampled, end-of-generation tokens excluded).
     pub completion_tokens: AtomicU64,
     /// Requests waiting for a cache slot.
@@ -176,6 +178,12 @@ impl Metrics {
             self.slow_clients.load(Relaxed),
         );
         counter(&mut s, "turbospark_prompt_tokens_total", "Prompt tokens of admitted requests.", self.prompt_tokens.load(Relaxed));
+        counter(
+            &mut s,
+            "turbospark_prompt_tokens_cached_total",
+            "Prompt tokens read from a slot's cache (the prompt cache) instead of computed.",
+            self.prompt_tokens_cached.load(Relaxed),
+        );
         counter(&mut s, "turbospark_completion_tokens_total", "Tokens generated.", self.completion_tokens.load(Relaxed));
         gauge(&mut s, "turbospark_queue_depth", "Requests waiting for a cache slot.", self.queue_depth.load(Relaxed) as f64);
         gauge(

@@ -34,6 +34,16 @@ pub fn start_wrapped(
     Server::start(bundle, cfg, "127.0.0.1:0".parse().expect("addr")).expect("server starts")
 }
 
+/// Serves the model file at `path` on the CPU (`n_slots` sequences of `ctx` tokens).
+pub fn start_file(path: &std::path::Path, n_slots: usize, ctx: usize, cfg: ServerConfig) -> Server {
+    let src = ts_formats::open_model(path).expect("open the model");
+    let be = Arc::new(ts_cpu::CpuBackend::new(None).expect("cpu backend"));
+    let model = ts_models::load(src.as_ref(), be, cfg.runtime_options(n_slots, ctx)).expect("load the model");
+    let file = path.file_name().and_then(|f| f.to_str()).unwrap_or("model.gguf").to_string();
+    let bundle = ModelBundle::from_metadata(model, src.metadata(), &file).expect("tokenizer and template");
+    Server::start(bundle, cfg, "127.0.0.1:0".parse().expect("addr")).expect("server starts")
+}
+
 /// A current-thread runtime for a test's client side.
 pub fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
