@@ -413,6 +413,35 @@ static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: MS_T..=MS_T + 8")
 // then, after the cluster barrier, columns [rank * 512 / CL, +512 / CL) of the 16 rows merged
 // over the CL blocks' partials. Every thread of the block calls it (the barriers are .aligned).
 #define MS_PLD (MP_V + 4)
+// A split's partial rows (the thread's fragment o of the 16 rows' 512 values; m / l of rows g
+// and g + 8) at rows (16 of them, ld floats apart): m and l at [0] and [1] (warp 0's lanes that
+// hold them), the values from [voff]. voff is even and the rows 8-byte aligned: two floats a
+// store (MS_ST2; full 32-byte sectors where single floats at stride 2 fill half of each).
+__device__ __forceinline__ void ms_store_partial(const float (&o)[16][4], float m0, float m1, float l0, float l1,
+                                                 float* rows, int ld, int voff) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    float* r0 = rows + g * ld;
+    float* r1 = r0 + 8 * ld;
+    if (warp == 0 && t4 == 0) {
+        r0[0] = m0;
+        r0[1] = l0;
+        r1[0] = m1;
+        r1[1] = l1;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int c = voff + warp * 128 + 8 * i + 2 * t4;
+#if MS_ST2
+        *(float2*)(r0 + c) = make_float2(o[i][0], o[i][1]);
+        *(float2*)(r1 + c) = make_float2(o[i][2], o[i][3]);
+#else
+        r0[c] = o[i][0];
+        r0[c + 1] = o[i][1];
+        r1[c] = o[i][2];
+        r1[c + 1] = o[i][3];
+#endif
+    }
+}
 #if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned ms_cluster_addr(const float* p, unsigned rank) {
     unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
@@ -440,22 +469,9 @@ __device__ __forceinline__ void mla_split_merge(const float (&o)[16][4], float m
 #if __CUDA_ARCH__ >= 900
     static_assert(CL == 1 || CL == 2 || CL == 4, "the cluster merge: 1, 2 or 4 splits");
     static_assert(16 * MS_PLD * 4 <= MS_NB_B * MS_T * MP_LD * 2, "the partial rows fit the key ring");
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int tid = threadIdx.x;
     float* ps = (float*)smem;
-    float* r0 = ps + g * MS_PLD;
-    float* r1 = r0 + 8 * MS_PLD;
-    if (warp == 0 && t4 == 0) {
-        r0[0] = m0;
-        r0[1] = l0;
-        r1[0] = m1;
-        r1[1] = l1;
-    }
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-        const int c = 4 + warp * 128 + 8 * i + 2 * t4;
-        *(float2*)(r0 + c) = make_float2(o[i][0], o[i][1]);
-        *(float2*)(r1 + c) = make_float2(o[i][2], o[i][3]);
-    }
+    ms_store_partial(o, m0, m1, l0, l1, ps, MS_PLD, 4);
     if constexpr (CL > 1) {
         // Every block's partial is in its shared memory (release / acquire at cluster scope).
         cluster_arrive();
@@ -713,28 +729,8 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         mla_split_merge<CL>(o, m0, m1, l0, l1, Kb, end, tok, h0, nh, out, ooff, o_tok, o_head, oh, ohoff);
         return;
     }
-    float* r0 = prow + g * stride;
-    float* r1 = r0 + 8 * stride;
-    if (warp == 0 && t4 == 0) {
-        r0[0] = m0;
-        r0[1] = l0;
-        r1[0] = m1;
-        r1[1] = l1;
-    }
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-        const int c = 2 + warp * 128 + 8 * i + 2 * t4;
-#if MS_ST2
-        // c is even and a partial row is 514 floats from an 8-byte aligned buffer: aligned.
-        *(float2*)(r0 + c) = make_float2(o[i][0], o[i][1]);
-        *(float2*)(r1 + c) = make_float2(o[i][2], o[i][3]);
-#else
-        r0[c] = o[i][0];
-        r0[c + 1] = o[i][1];
-        r1[c] = o[i][2];
-        r1[c + 1] = o[i][3];
-#endif
-    }
+    // (a partial row is 514 floats from an 8-byte aligned buffer: its values 8-byte aligned)
+    ms_store_partial(o, m0, m1, l0, l1, prow, stride, 2);
 #endif
 }
 #define MLA_SPLIT_TC_INST(NAME, C, EARLY, NB, KFIRST)                                                       \

@@ -1862,17 +1862,7 @@ mod tests {
     #[test]
     fn a_failed_step_fails_its_requests_and_the_engine_goes_on() {
         let fail = Arc::new(AtomicBool::new(true));
-        let cfg = EngineConfig {
-            max_queue: 4,
-            prefill_chunk: 64,
-            prefill_hold: 0,
-            prefill_wait: 0,
-            row_multiple: 1,
-            chain: false,
-            warmup: false,
-            prompt_cache: true,
-        };
-        let (e, _, m) = engine_cfg_failing(2, cfg, fail.clone());
+        let (e, _, m) = engine_cfg_failing(2, cache_cfg(true), fail.clone());
         let (j, mut rx) = job(vec![1, 2, 3], 4);
         e.submit(j).unwrap();
         let why = failure(&mut rx).expect("the request fails with its step");
@@ -1895,17 +1885,7 @@ mod tests {
     #[test]
     fn failed_steps_in_a_row_take_the_engine_out_of_service() {
         let fail = Arc::new(AtomicBool::new(true));
-        let cfg = EngineConfig {
-            max_queue: 4,
-            prefill_chunk: 64,
-            prefill_hold: 0,
-            prefill_wait: 0,
-            row_multiple: 1,
-            chain: false,
-            warmup: false,
-            prompt_cache: true,
-        };
-        let (e, _, m) = engine_cfg_failing(2, cfg, fail);
+        let (e, _, m) = engine_cfg_failing(2, cache_cfg(true), fail);
         for k in 0..UNHEALTHY_AFTER {
             assert!(m.out_of_service().is_none(), "out of service after {k} failures");
             let (j, mut rx) = job(vec![1, 2, 3], 4);
