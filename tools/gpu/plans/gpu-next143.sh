@@ -25,7 +25,7 @@ K=TS_CUDA_ROWS_SK=1
 M=TS_CUDA_SPLIT_MERGE=1
 ops_tests 240 2 moe_rows_exact recorded_steps_replay mla_split_merge_exact mla_combine_few_exact norm_q8_batch_exact
 stamp "== 64 sequences -d 96 / -d 400, 128 sequences"
-bpd 64 "-d 96" "" $K $M "$K $M"
+bpd 64 "-d 96" "" $K $M "$K $M" "$K TS_CUDA_ROWS_SK_PER_SM=4"
 bpd 64 "-d 400" "" $K $M
 bp 128 "" "$K $M"
 stamp "== a wave of 64 prompts of 32 tokens in forwards of 1,024 (the server's prompt steps)"

@@ -334,13 +334,16 @@ impl CudaBackend {
 
     /// How many `mmq_q8_rows_sk` blocks of `smem` bytes of dynamic shared memory an SM holds at
     /// once (0 where the driver does not say): the stream-K wave's blocks per SM. Asked of the
-    /// driver once per size.
+    /// driver once per size. `TS_CUDA_ROWS_SK_PER_SM=n` (a measurement knob) takes fewer: at
+    /// most n (never more than fit, or the wave's blocks could wait on one not yet placed).
     fn sk_per_sm(&self, smem: usize) -> usize {
         let mut c = self.sk_per_sm.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&(_, b)) = c.iter().find(|(s, _)| *s == smem) {
             return b;
         }
-        let b = self.funcs["mmq_q8_rows_sk"].occupancy_max_active_blocks_per_multiprocessor(128, smem, None).map_or(0, |b| b as usize);
+        let fit = self.funcs["mmq_q8_rows_sk"].occupancy_max_active_blocks_per_multiprocessor(128, smem, None).map_or(0, |b| b as usize);
+        let cap = std::env::var("TS_CUDA_ROWS_SK_PER_SM").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+        let b = cap.map_or(fit, |n| n.min(fit));
         c.push((smem, b));
         b
     }
