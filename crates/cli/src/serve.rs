@@ -200,6 +200,12 @@ pub struct LoadtestArgs {
     /// tokenizer, e.g. `turbospark synth` checkpoints); implies --raw.
     #[arg(long = "prompt-ids", value_name = "N")]
     pub prompt_ids: Option<usize>,
+    /// A new prompt for every request (its number first, or token ids shifted by it) instead of
+    /// each client repeating its own: the server's prompt cache then finds nothing to reuse, so
+    /// every prompt is computed in full (the `prompts:` line says how many tokens came from the
+    /// cache either way).
+    #[arg(long = "fresh-prompts")]
+    pub fresh_prompts: bool,
 }
 
 /// Runs the load test and prints its report.
@@ -216,6 +222,7 @@ pub fn loadtest(a: LoadtestArgs) -> Result<()> {
         chat: !a.raw && a.prompt_ids.is_none(),
         temperature: a.temperature,
         prompt_ids: a.prompt_ids.map(|n| n.max(1)),
+        fresh_prompts: a.fresh_prompts,
     };
     eprintln!(
         "turbospark: loadtest {} with {} streaming clients for {:.1} s (max_tokens {}, {})",

@@ -145,10 +145,33 @@ fn loadtest_with_token_id_prompts() {
         }
         std::thread::sleep(Duration::from_millis(300));
     };
+    // Each client repeats its prompt: the server's prompt cache serves all but the last token
+    // of each repeat. With --fresh-prompts every prompt is new: nothing comes from the cache.
+    let again = |fresh: bool| {
+        let mut c = bin();
+        c.args(["loadtest", "--url", &url, "--clients", "3", "--duration", "1", "--max-tokens", "4", "--prompt-ids", "8"]);
+        c.args(["--temperature", "0"]);
+        if fresh {
+            c.arg("--fresh-prompts");
+        }
+        String::from_utf8_lossy(&c.output().unwrap().stdout).into_owned()
+    };
+    let (repeated, fresh) = (again(false), again(true));
     let _ = server.kill();
     let _ = server.wait();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains(" 0 errors"), "{text}");
     assert!(text.contains("completed"), "{text}");
+    // "prompts: N tokens, M of them from the server's prompt cache"
+    let cached = |t: &str| -> (u64, u64) {
+        let l = t.lines().find(|l| l.starts_with("prompts: ")).unwrap_or_else(|| panic!("no prompts line in:\n{t}"));
+        let n: Vec<u64> = l.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+        (n[0], n[1])
+    };
+    let (p, c) = cached(&repeated);
+    assert!(p > 0 && c > 0 && c < p, "repeated prompts: {repeated}");
+    // (a fresh prompt may still start with the token a slot's last prompt did: a token or two)
+    let (p, c) = cached(&fresh);
+    assert!(p > 0 && c * 20 < p, "fresh prompts: {fresh}");
 }

@@ -37,6 +37,10 @@ pub struct LoadtestOptions {
     /// With `Some(n)`: raw completions whose prompt is `n` token ids (different per client), for
     /// models without a tokenizer such as `turbospark synth` checkpoints.
     pub prompt_ids: Option<usize>,
+    /// Every request's prompt different from the client's earlier ones from its first token on
+    /// (the request's number first, or ids shifted by it), so that a server's prompt cache has
+    /// nothing to reuse; otherwise each client repeats its prompt.
+    pub fresh_prompts: bool,
 }
 
 /// The outcome.
@@ -198,14 +202,33 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
             body["max_tokens"] = json!(o.max_tokens);
             body["temperature"] = json!(o.temperature);
             body["seed"] = json!(c);
-            if let Some(len) = o.prompt_ids {
-                // Token ids 1.. shifted per client, so clients do not share a prompt.
-                let ids: Vec<u32> = (0..len).map(|i| 1 + ((i * 7 + c * 13) % 1000) as u32).collect();
-                body["prompt"] = json!(ids);
-            }
+            let (prompt_ids, fresh, clients) = (o.prompt_ids, o.fresh_prompts, o.clients);
+            let text = o.prompt.clone();
             tasks.push(tokio::spawn(async move {
                 let mut res = Vec::new();
+                let mut r = 0usize;
                 while Instant::now() < deadline {
+                    // This request's prompt: the client's own (token ids 1.. shifted per client, so
+                    // that clients do not share one), and with `fresh` another one each request.
+                    let k = if fresh { r * clients + c } else { c };
+                    if let Some(len) = prompt_ids {
+                        let mut ids: Vec<u32> = (0..len).map(|i| 1 + ((i * 7 + k * 13) % 1000) as u32).collect();
+                        if fresh {
+                            // (the request's number in the first two ids: no two requests alike)
+                            ids[0] = 1 + (k % 1000) as u32;
+                            if len > 1 {
+                                ids[1] = 1 + (k / 1000 % 1000) as u32;
+                            }
+                        }
+                        body["prompt"] = json!(ids);
+                    } else if fresh {
+                        let t = format!("Request {k}. {text}");
+                        match body.get_mut("messages") {
+                            Some(m) => m[0]["content"] = json!(t),
+                            None => body["prompt"] = json!(t),
+                        }
+                    }
+                    r += 1;
                     let left = hard.saturating_duration_since(Instant::now());
                     match tokio::time::timeout(left, one_request(addr, path, &body)).await {
                         Ok(out) => res.push(Some(out)),
@@ -267,6 +290,7 @@ mod tests {
             max_tokens: 1,
             prompt: "x".into(),
             prompt_ids: None,
+            fresh_prompts: false,
             chat: false,
             temperature: 0.0,
         };

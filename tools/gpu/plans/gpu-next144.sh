@@ -9,10 +9,11 @@
 # tools/gpu/attn_out_mb.py: W_uv then W_o against one product with W_uv folded into W_o.
 # The server's prompt cache is new and on by default (engine.rs, "Prompt cache"): the load
 # test's clients repeat their prompts, so each wave's prefill shrinks to one token a request;
-# `--no-prompt-cache` gives the figure without it (report both). Its `prompts:` line says how
-# many prompt tokens came from the cache.
+# `--no-prompt-cache` gives the figure without it, and `loadtest --fresh-prompts` (a new prompt
+# every request) the cache's figure when it finds nothing (report all three). The `prompts:`
+# line says how many prompt tokens came from the cache.
 # Drop from the list what gpu-next143 showed broken or slower.
-#   tools/gpu/plans/gpu-next144.sh BIN 2>&1 | tee $OUT/log.txt | tail -60   (~6 minutes)
+#   tools/gpu/plans/gpu-next144.sh BIN 2>&1 | tee $OUT/log.txt | tail -60   (~7 minutes)
 set -u
 B=$1
 source "$(dirname "$0")/lib.sh"
@@ -23,6 +24,7 @@ wait
 stamp "== server"
 serve64 "" 30
 serve64 "" 30 "--row-multiple 1 --no-prompt-cache"
+serve64 "" 30 "--row-multiple 1" --fresh-prompts
 serve64 "$K $M" 30
 serve64 "$K $M" 30 "--row-multiple 1 --chain"
 serve64 "$K $M TS_CUDA_MLATC=1" 30
