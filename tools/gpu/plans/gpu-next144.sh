@@ -11,9 +11,12 @@
 # test's clients repeat their prompts, so each wave's prefill shrinks to one token a request;
 # `--no-prompt-cache` gives the figure without it, and `loadtest --fresh-prompts` (a new prompt
 # every request) the cache's figure when it finds nothing (report all three). The `prompts:`
-# line says how many prompt tokens came from the cache.
+# line says how many prompt tokens came from the cache. With the cache a wave's requests join
+# the steps as one token each, as they arrive, so steps take more row counts than before, each
+# its own graph recording (the metrics line counts them); `--row-multiple 8` pads every step
+# to a multiple of 8 rows (8 shapes at most, a few pad rows a step).
 # Drop from the list what gpu-next143 showed broken or slower.
-#   tools/gpu/plans/gpu-next144.sh BIN 2>&1 | tee $OUT/log.txt | tail -60   (~7 minutes)
+#   tools/gpu/plans/gpu-next144.sh BIN 2>&1 | tee $OUT/log.txt | tail -60   (~8 minutes)
 set -u
 B=$1
 source "$(dirname "$0")/lib.sh"
@@ -25,6 +28,7 @@ stamp "== server"
 serve64 "" 30
 serve64 "" 30 "--row-multiple 1 --no-prompt-cache"
 serve64 "" 30 "--row-multiple 1" --fresh-prompts
+serve64 "" 30 "--row-multiple 8"
 serve64 "$K $M" 30
 serve64 "$K $M" 30 "--row-multiple 1 --chain"
 serve64 "$K $M TS_CUDA_MLATC=1" 30
