@@ -1820,6 +1820,41 @@ mod tests {
         assert!(without.iter().all(|(_, c)| *c == 0) && none == 0);
     }
 
+    /// The prompt cache with chained steps (a step enqueued ahead for a sequence that then ends
+    /// writes a row of its slot after the slot is free): concurrent conversations, each turn
+    /// reusing its slot, give the texts an engine without the cache gives.
+    #[test]
+    fn the_prompt_cache_with_chained_steps() {
+        let run = |cache: bool| {
+            let cfg = EngineConfig { chain: true, ..cache_cfg(cache) };
+            let (e, _, m) = engine_mock(3, cfg, Arc::default(), true);
+            let mut convs: Vec<Vec<u32>> = (0..3u32).map(|c| (0..9 + c).map(|i| 40 * c + i + 1).collect()).collect();
+            let mut texts = Vec::new();
+            for turn in 0..4 {
+                let rxs: Vec<_> = convs
+                    .iter()
+                    .map(|p| {
+                        let (j, rx) = job(p.clone(), 3 + turn);
+                        e.submit(j).unwrap();
+                        rx
+                    })
+                    .collect();
+                for (c, mut rx) in rxs.into_iter().enumerate() {
+                    let (t, _) = collect_usage(&mut rx);
+                    convs[c].extend(ids(&t));
+                    convs[c].push(7 + turn as u32);
+                    texts.push(t);
+                }
+            }
+            e.shutdown();
+            (texts, m.prompt_tokens_cached.load(Relaxed), m.steps_chained.load(Relaxed))
+        };
+        let (with, cached, chained) = run(true);
+        let (without, none, _) = run(false);
+        assert_eq!(with, without);
+        assert!(cached > 0 && none == 0 && chained > 0, "cached {cached}, chained {chained}");
+    }
+
     /// Two conversations take turns on two slots: each turn finds its own conversation's slot,
     /// not the one freed last, and a third prompt takes the slot that holds nothing.
     #[test]
