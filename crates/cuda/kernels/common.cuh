@@ -61,12 +61,13 @@ __device__ __forceinline__ void pdl_trigger() {
 #define TS_TRACE_CAP (1 << 20)
 __device__ unsigned long long ts_trace[3 * TS_TRACE_CAP];
 __device__ unsigned int ts_trace_n;
+#endif
+// The global nanosecond timer (the trace's records; mmq_q8_rows_sk's wait limit).
 __device__ __forceinline__ unsigned long long ts_gtimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-#endif
 __device__ __forceinline__ void pdl_wait() {
 #ifdef TS_TRACE
     const unsigned long long t0 = ts_gtimer();

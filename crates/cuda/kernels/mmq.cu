@@ -1366,14 +1366,12 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_ROWS_MINB)
                 // after a second the block traps instead, and the backend reports the launch's
                 // failure.)
                 u32 fl = 0;
-                u64 t0, t1;
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+                const u64 t0 = ts_gtimer();
                 do {
                     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(fl) : "l"(flags + b - 1) : "memory");
                     if (!fl) {
                         __nanosleep(64);
-                        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-                        if (t1 - t0 > 1000000000ull) __trap();
+                        if (ts_gtimer() - t0 > 1000000000ull) __trap();
                     }
                 } while (!fl);
                 flags[b - 1] = 0;
