@@ -3126,6 +3126,99 @@ fn fused_moe_shared() {
     rep.finish();
 }
 
+/// A decode batch's MoE with the shared FFN on a second stream (`Path::SharedFork`): the
+/// shared FFN on cuBLAS from its f16 copies on the side stream, beside the routed experts'
+/// int8 launches on the main one, joined before the combine. Against the same backend's chain
+/// (routed experts by `moe`, the shared FFN as dense products on cuBLAS: the same f16 operands,
+/// so within 1e-4 of the rms), the CPU and f64 of the dequantised weights (as the fused path's
+/// bars), at V2-Lite's widths (16 experts) and a small shape with 64 experts; that the fork
+/// ran; and in recorded steps (eager, captured, replayed, new inputs each step) the same bits
+/// as the op run eagerly on the same backend, step after step.
+#[test]
+fn moe_shared_fork() {
+    let Some(g) = gpu_tc_fused("moe_shared_fork") else { return };
+    let fk = &CudaBackend::new(0).expect("second backend");
+    fk.set_path(Path::SharedFork, true);
+    let c = cpu();
+    let mut r = rng(47);
+    let mut rep = Report::new("moe_shared_fork");
+    // (hdim, ff, experts, k, shared chunks, token counts)
+    let cases: [(usize, usize, usize, usize, usize, &[usize]); 2] = [(2048, 1408, 16, 6, 2, &[9, 32]), (256, 128, 64, 6, 2, &[16, 64, 128])];
+    for (hdim, ff, ne, k, nsh, ns) in cases {
+        let sf = nsh * ff;
+        let ty = GgmlType::Q8_0;
+        let shapes: [Vec<usize>; 6] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
+        let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let (gex, gsh) = ([up(g, 0), up(g, 1), up(g, 2)], [up(g, 3), up(g, 4), up(g, 5)]);
+        let (fex, fsh) = ([up(fk, 0), up(fk, 1), up(fk, 2)], [up(fk, 3), up(fk, 4), up(fk, 5)]);
+        let cu = |i: usize| c.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let (cex, csh) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
+        let p = MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: false, scale: 1.0, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
+        for &n in ns {
+            let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
+            let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
+            let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
+            let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh}x{ff} n={n}");
+            let x = randn(&mut r, xr.end(), 1.0);
+            let lg = randn(&mut r, lr.end(), 2.0);
+            let (fx, fl, fo) = (buf(fk, &x), buf(fk, &lg), fk.alloc(o.end()).unwrap());
+            let (gx, gl, go) = (buf(g, &x), buf(g, &lg), g.alloc(o.end()).unwrap());
+            let (cx, cl, co) = (buf(c, &x), buf(c, &lg), c.alloc(o.end()).unwrap());
+            poison(fk, &fo, o.end());
+            poison(g, &go, o.end());
+            poison(c, &co, o.end());
+            let before = fk.path_launches(Path::SharedFork);
+            let ran = run_moe_shared(fk, &fx, xr, &fl, lr, &fex, &fsh, &p, &fo, o, true);
+            let forked = fk.path_launches(Path::SharedFork) > before;
+            eprintln!("  {lab}: fused path {}, fork {}", if ran { "taken" } else { "declined" }, if forked { "taken" } else { "not taken" });
+            if !ran || !forked {
+                rep.failures.push(format!("{lab}: moe_shared returned {ran}, fork taken: {forked} (both expected)"));
+            }
+            run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &go, o, false);
+            run_moe_shared(c, &cx, xr, &cl, lr, &cex, &csh, &p, &co, o, true);
+            let got = get(fk, &fo, o);
+            rep.check(&format!("{lab} vs gpu moe+ffn (cuBLAS)"), &got, &get(g, &go, o), 1e-4, 1e-4);
+            rep.check(&format!("{lab} vs cpu"), &got, &get(c, &co, o), 0.25, 1e-3);
+            let mut exact = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
+            add_shared_f64(&mut exact, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, Glu::SwiGlu);
+            rep.check(&format!("{lab} vs f64"), &got, &exact, 6.5e-2, 1e-3);
+        }
+        // Recorded steps: the fork and its join inside a graph.
+        let n = *ns.last().unwrap();
+        let xr = Rows::packed(n, hdim);
+        let lr = Rows::packed(n, ne);
+        let (fx, fl, fo, eo) = (fk.alloc(xr.end()).unwrap(), fk.alloc(lr.end()).unwrap(), fk.alloc(xr.end()).unwrap(), fk.alloc(xr.end()).unwrap());
+        let key = 0x5f_f0_u64 ^ r.random::<u64>();
+        let before = fk.path_launches(Path::SharedFork);
+        let (rec0, rep0) = (fk.step_counts().recorded, fk.step_counts().replayed);
+        for step in 0..4 {
+            fk.write(&fx, 0, &randn(&mut r, xr.end(), 1.0)).unwrap();
+            fk.write(&fl, 0, &randn(&mut r, lr.end(), 2.0)).unwrap();
+            let run = |out: &CudaBuf| run_moe_shared(fk, &fx, xr, &fl, lr, &fex, &fsh, &p, out, xr, true);
+            if !fk.graph_begin(key, n) {
+                run(&fo);
+                if !fk.graph_end() {
+                    run(&fo);
+                }
+            }
+            run(&eo);
+            exact(&mut rep, &format!("H={hdim} n={n} recorded step {step}"), &["out"], &[get(fk, &fo, xr)], &[get(fk, &eo, xr)]);
+        }
+        // (the first step eager, the second captured: both took the fork, and every eager op)
+        if fk.path_launches(Path::SharedFork) < before + 6 {
+            rep.failures.push(format!("H={hdim}: the recorded steps did not take Path::SharedFork"));
+        }
+        // (and the capture with the fork worked: one recording, two replays)
+        let (rec, rpl) = (fk.step_counts().recorded - rec0, fk.step_counts().replayed - rep0);
+        if (rec, rpl) != (1, 2) {
+            rep.failures.push(format!("H={hdim}: {rec} recordings and {rpl} replays of the forked step (1 and 2 expected)"));
+        }
+    }
+    rep.finish();
+}
+
 /// Prompt-size MoEs with f16 copies of the Q8_0 weights (`set_f16_copy`):
 /// - the copies made on the device (`q8_to_f16`) equal the host's f16 of each dequantised value
 ///   in 64 x 64 tiles, bit for bit;

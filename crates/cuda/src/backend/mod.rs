@@ -2,7 +2,9 @@
 //!
 //! * Buffers, caches, weights and batches are plain device allocations addressed by raw device
 //!   pointers; kernels take `(pointer, offset, stride)` triples, so `Rows` views and in-place ops
-//!   cost nothing. Event tracking is off (one stream orders everything).
+//!   cost nothing. Event tracking is off (one stream orders everything; the one exception,
+//!   [`Path::SharedFork`]'s side stream, is ordered with the main one by its fork and join
+//!   events within the op that uses it).
 //! * Ops cannot return errors (the trait's signature); a failure inside one (a launch error, a
 //!   scratch allocation that does not fit, a token id outside the table) is kept and returned by
 //!   the next [`Backend::read`] or [`Backend::synchronize`]. Shape-contract violations panic, as
@@ -990,10 +992,20 @@ pub enum Path {
     /// (mla_combine_few's arithmetic), the f16 rows for W_uv too where [`Path::LatH`] asks.
     /// sm_90 and later. Off (`TS_CUDA_SPLIT_MERGE=1` turns it on): not yet measured.
     SplitMerge,
+    /// A decode batch's MoE with the shared FFN on a second stream: after the FFN norm, the
+    /// shared FFN runs on cuBLAS from its row-major f16 copies (as prompts run it,
+    /// `shared_blas`) on the side stream, beside the routing, grouping and quantisation
+    /// launches on the main one, which leave the memory bus nearly idle for ~12 µs a layer;
+    /// the grouped rows launches then carry the routed experts only (without the shared
+    /// chunks, ~11% of their tiles at 64 sequences), and the combine adds the side's rows
+    /// after the join. Other bits (the shared FFN's activations in f16, not 8 bits: closer to
+    /// f64). Needs the copies (`TS_CUDA_MOE_BLAS`, on) and the stream made when the path is
+    /// turned on. Off (`TS_CUDA_SHARED_FORK=1` turns it on): not yet measured.
+    SharedFork,
 }
 
 impl Path {
-    const ALL: [Path; 18] = [
+    const ALL: [Path; 19] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1012,6 +1024,7 @@ impl Path {
         Path::QkvJoint,
         Path::RowsSk,
         Path::SplitMerge,
+        Path::SharedFork,
     ];
 
     /// Its environment variable and its default.
@@ -1035,6 +1048,7 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::RowsSk => ("TS_CUDA_ROWS_SK", false),
             Path::SplitMerge => ("TS_CUDA_SPLIT_MERGE", false),
+            Path::SharedFork => ("TS_CUDA_SHARED_FORK", false),
         }
     }
 
@@ -1042,6 +1056,52 @@ impl Path {
     fn env_on(self) -> bool {
         let (var, default) = self.env();
         std::env::var(var).map_or(default, |v| v != "0")
+    }
+}
+
+/// A second stream for work that may run beside the main one's ([`Path::SharedFork`]): work
+/// on `side` starts after `fork_ev` (recorded on the main stream) and the main stream goes on
+/// after `join_ev` (recorded on `side`), in eager steps and in recorded graphs alike (a fork
+/// and a join edge in the step's graph).
+pub(super) struct Fork {
+    pub(super) side: Arc<CudaStream>,
+    pub(super) blas: Mutex<CudaBlas>,
+    fork_ev: cudarc::driver::CudaEvent,
+    join_ev: cudarc::driver::CudaEvent,
+}
+
+impl Fork {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Fork> {
+        let side = ctx.new_stream().map_err(|e| dev_err("cannot create a second CUDA stream", e))?;
+        let blas = CudaBlas::new(side.clone()).map_err(|e| dev_err("cannot create the second cuBLAS handle", e))?;
+        let ev = || ctx.new_event(None).map_err(|e| dev_err("cannot create a CUDA event", e));
+        Ok(Fork { side, blas: Mutex::new(blas), fork_ev: ev()?, join_ev: ev()? })
+    }
+}
+
+/// An open fork ([`CudaBackend::fork_open`]): the main stream waits for the side's work at
+/// [`Joiner::join`], or when the value is dropped (an op that returns early still joins, so a
+/// capture never ends with its side stream unjoined).
+pub(super) struct Joiner<'a> {
+    be: &'a CudaBackend,
+    fk: &'a Fork,
+    open: bool,
+}
+
+impl Joiner<'_> {
+    /// The main stream waits for everything enqueued on the side stream so far (once).
+    pub(super) fn join(&mut self) {
+        if std::mem::take(&mut self.open) {
+            if let Err(e) = self.fk.join_ev.record(&self.fk.side).and_then(|_| self.be.stream.wait(&self.fk.join_ev)) {
+                self.be.fail(format!("cuda stream join: {e:?}"));
+            }
+        }
+    }
+}
+
+impl Drop for Joiner<'_> {
+    fn drop(&mut self) {
+        self.join();
     }
 }
 
@@ -1283,6 +1343,9 @@ pub struct CudaBackend {
     /// The stream-K rows kernel's blocks an SM ([`Path::RowsSk`]) by its dynamic shared memory
     /// in bytes, as the driver gave them (asked once per size, not on every launch).
     sk_per_sm: Mutex<Vec<(usize, usize)>>,
+    /// [`Path::SharedFork`]'s second stream, its cuBLAS handle and the fork / join events; made
+    /// when the path is turned on (at start with `TS_CUDA_SHARED_FORK=1`, or by `set_path`).
+    fork: std::sync::OnceLock<Fork>,
     /// `moe_shared` ops that took a routing made ahead (for the tests: [`CudaBackend::pre_routes`]).
     pre_routed: AtomicU64,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of one token with f16 or bf16 products
@@ -1603,6 +1666,10 @@ impl CudaBackend {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("cannot create the cuBLAS handle", e))?;
+        let fork = std::sync::OnceLock::new();
+        if Path::SharedFork.env_on() {
+            let _ = fork.set(Fork::new(&ctx)?);
+        }
         let exact = std::env::var("TS_CUDA_EXACT").is_ok_and(|v| v == "1");
         Ok(CudaBackend {
             ctx,
@@ -1689,6 +1756,7 @@ impl CudaBackend {
             routed: Mutex::new(None),
             norm_xq: Mutex::new(None),
             sk_per_sm: Mutex::new(Vec::new()),
+            fork,
             pre_routed: AtomicU64::new(0),
             moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").map_or(true, |v| v != "0")),
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
@@ -1957,6 +2025,18 @@ impl CudaBackend {
     /// Turn a decode path on or off (its environment variable's setting until then); for steps
     /// recorded after this call.
     pub fn set_path(&self, p: Path, on: bool) {
+        if p == Path::SharedFork && on && self.fork.get().is_none() {
+            // (its stream and handle first: a failure leaves the path off, reported)
+            match Fork::new(&self.ctx) {
+                Ok(f) => {
+                    let _ = self.fork.set(f);
+                }
+                Err(e) => {
+                    self.fail(format!("Path::SharedFork: {e}"));
+                    return;
+                }
+            }
+        }
         self.paths[p as usize].0.store(on, Ordering::Relaxed);
     }
 
@@ -1979,6 +2059,18 @@ impl CudaBackend {
 
     fn path_on(&self, p: Path) -> bool {
         self.paths[p as usize].0.load(Ordering::Relaxed)
+    }
+
+    /// [`Path::SharedFork`]'s side stream, forked from the main one here (it starts on what is
+    /// enqueued after everything enqueued on the main stream so far), with its joiner; None
+    /// when the path is off or has no stream, or after a failure (recorded).
+    pub(super) fn fork_open(&self) -> Option<(&Fork, Joiner<'_>)> {
+        let fk = self.fork.get().filter(|_| self.path_on(Path::SharedFork))?;
+        if let Err(e) = fk.fork_ev.record(&self.stream).and_then(|_| fk.side.wait(&fk.fork_ev)) {
+            self.fail(format!("cuda stream fork: {e:?}"));
+            return None;
+        }
+        Some((fk, Joiner { be: self, fk, open: true }))
     }
 
     /// Counts one op on the path.
@@ -2222,6 +2314,11 @@ impl CudaBackend {
     }
 
     fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
+        self.launch_on(&self.stream, name, grid, block, smem, args);
+    }
+
+    /// [`CudaBackend::launch`] on `stream` (the main one, or [`Path::SharedFork`]'s side stream).
+    fn launch_on(&self, stream: &CudaStream, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
         let Some(f) = self.funcs.get(name) else {
             self.fail(format!("kernel {name} is not loaded"));
             return;
@@ -2259,12 +2356,12 @@ impl CudaBackend {
             blockDimY: 1,
             blockDimZ: 1,
             sharedMemBytes: smem,
-            hStream: self.stream.cu_stream(),
+            hStream: stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: u32::from(self.pdl),
         };
         let ev = |s: &CudaStream| s.record_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)).ok();
-        let e0 = if self.profile.is_some() { ev(&self.stream) } else { None };
+        let e0 = if self.profile.is_some() { ev(stream) } else { None };
         let r = match self.ctx.bind_to_thread() {
             Ok(()) => unsafe { drv_sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }.result(),
             Err(e) => Err(e),
@@ -2281,7 +2378,7 @@ impl CudaBackend {
             }
         }
         if let (Some(p), Some(e0)) = (&self.profile, e0) {
-            if let Some(e1) = ev(&self.stream) {
+            if let Some(e1) = ev(stream) {
                 if e1.synchronize().is_ok() {
                     if let Ok(ms) = e0.elapsed_ms(&e1) {
                         let mut p = p.lock().unwrap_or_else(|e| e.into_inner());

@@ -29,17 +29,42 @@ impl CudaBackend {
     ) {
         let n = xr.n;
         let (hdim, ff, ne, k) = (xr.width, experts.gate.ne(1), p.n_experts, p.k);
+        let act = match p.glu {
+            Glu::SwiGlu => 1,
+            Glu::GeGluTanh => 2,
+        };
         // The shared FFN on cuBLAS (its row-major copies exist only with moe_blas), added by
-        // the combine; the routed experts then as without a shared FFN.
+        // the combine; the routed experts then as without a shared FFN. Prompts: on the main
+        // stream. Decode batches whose routed experts take the 16-token int8 tiles, with
+        // Path::SharedFork: on the side stream, beside the routing and the routed products
+        // (which use none of its scratch), joined before the combine (`joiner`; dropped on an
+        // early return, it joins there).
         let mut add = 0;
+        let mut joiner = None;
+        let blas = self.moe_blas.load(Ordering::Relaxed);
+        let fork = n <= GRAPH_MAX_TOKENS && self.moe_tile_tokens(n * k, ne) == 16 && self.path_on(Path::SharedFork);
         let shared = match shared.map(|s| (s, [s.gate.half_rm(), s.up.half_rm(), s.down.half_rm()])) {
-            Some((s, [Some(cg), Some(cu), Some(cd)])) if self.moe_blas.load(Ordering::Relaxed) && n > GRAPH_MAX_TOKENS => {
-                let act = match p.glu {
-                    Glu::SwiGlu => 1,
-                    Glu::GeGluTanh => 2,
+            Some((s, [Some(cg), Some(cu), Some(cd)])) if blas && (n > GRAPH_MAX_TOKENS || fork) => {
+                let side = if fork {
+                    // (the side's scratch sized before the fork: see shared_blas_scratch)
+                    if self.shared_blas_scratch(n, hdim, s.gate.ne(1)).is_none() {
+                        return;
+                    }
+                    match self.fork_open() {
+                        Some((fk, j)) => {
+                            joiner = Some(j);
+                            Some(fk)
+                        }
+                        None => return,
+                    }
+                } else {
+                    None
                 };
-                match self.shared_blas(x, xr, (cg, cu, cd, s.gate.ne(1)), act) {
+                match self.shared_blas(side, x, xr, (cg, cu, cd, s.gate.ne(1)), act) {
                     Some(ys) => {
+                        if side.is_some() {
+                            self.took(Path::SharedFork);
+                        }
                         add = ys;
                         None
                     }
@@ -68,10 +93,6 @@ impl CudaBackend {
             self.print_moe_counts(cnt, ne_all);
         }
         let tiles = (pairs.div_ceil(bn) + ne_all) as u32;
-        let act = match p.glu {
-            Glu::SwiGlu => 1,
-            Glu::GeGluTanh => 2,
-        };
         // Prompt-size MoEs on Hopper's wgmma fed by TMA (`mmh_*`), from the stacks' row-major
         // f16 copies, the shared FFN (if any) already on cuBLAS.
         let mode = self.mmh_mode.load(Ordering::Relaxed);
@@ -86,6 +107,9 @@ impl CudaBackend {
             };
             if let Some(w) = w {
                 if self.moe_mmh(x, xr, add != 0, w, (ne, k, ff), (cnt, off, perm), act, y) {
+                    if let Some(j) = joiner.as_mut() {
+                        j.join();
+                    }
                     self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
                 }
                 return;
@@ -144,6 +168,9 @@ impl CudaBackend {
                     self.f16_rows(g, u, (0, ff), pairs, ff, act, hh);
                 }
                 self.mmf_launch(hd, hdim, ff, hh, tiles, grp(2), 1, (y, 0, hdim), None, q8);
+                if let Some(j) = joiner.as_mut() {
+                    j.join();
+                }
                 self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
                 return;
             }
@@ -187,6 +214,9 @@ impl CudaBackend {
             self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         }
         self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, groups(sd), 1, (y, 0, hdim), (1, 0), bn);
+        if let Some(j) = joiner.as_mut() {
+            j.join();
+        }
         self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
     }
 
@@ -273,6 +303,18 @@ impl CudaBackend {
         true
     }
 
+    /// [`CudaBackend::shared_blas`]'s scratch (`Xh`, `Gu`, `Hs`, `Ys`) for `n` rows of `hdim`
+    /// and `sf` shared rows, grown where needed. A fork asks first: a slot that grows is zeroed
+    /// on the main stream, which must not happen after the side stream has started on it.
+    pub(super) fn shared_blas_scratch(&self, n: usize, hdim: usize, sf: usize) -> Option<(u64, u64, u64, u64)> {
+        Some((
+            self.scratch(S::Xh, 2 * n * hdim)?,
+            self.scratch(S::Gu, 8 * n * sf)?,
+            self.scratch(S::Hs, 2 * n * sf)?,
+            self.scratch(S::Ys, 4 * n * hdim)?,
+        ))
+    }
+
     /// The shared FFN of a prompt-size MoE on cuBLAS, from the row-major f16 copies `(gate, up,
     /// down, sf)` of its `sf` rows: x to f16, gate and up (one batched call where up's copy lies
     /// after gate's), the GLU (`f16_rows`), down; returns its f32 output rows (n x hdim, for
@@ -282,29 +324,39 @@ impl CudaBackend {
     /// (bound by their weight traffic from L2); busy routed experts on cuBLAS were measured too
     /// (gpu-next46/47: their counts must come to the host, and with one sync a layer the eager
     /// prompt's launches fall behind the GPU: pp512 21,529 against 21,652, dropped).
-    pub(super) fn shared_blas(&self, x: &CudaBuf, xr: Rows, (cg, cu, cd, sf): (u64, u64, u64, usize), act: i32) -> Option<u64> {
+    ///
+    /// With `side` ([`Path::SharedFork`]), all of it on the side stream (its launches there,
+    /// its products on the side's cuBLAS handle): scratch `Xh`, `Gu`, `Hs` and `Ys` are then
+    /// the side's until the join, which the caller's other launches before it must not touch.
+    pub(super) fn shared_blas(
+        &self,
+        side: Option<&Fork>,
+        x: &CudaBuf,
+        xr: Rows,
+        (cg, cu, cd, sf): (u64, u64, u64, usize),
+        act: i32,
+    ) -> Option<u64> {
         let (n, hdim) = (xr.n, xr.width);
-        let (Some(xh), Some(gu), Some(hs), Some(ys)) = (
-            self.scratch(S::Xh, 2 * n * hdim),
-            self.scratch(S::Gu, 8 * n * sf),
-            self.scratch(S::Hs, 2 * n * sf),
-            self.scratch(S::Ys, 4 * n * hdim),
-        ) else {
-            return None;
-        };
+        let (xh, gu, hs, ys) = self.shared_blas_scratch(n, hdim, sf)?;
         if !self.bind_ctx() {
             return None;
         }
-        self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);
+        let (stream, blas) = side.map_or((&self.stream, &self.blas), |f| (&f.side, &f.blas));
+        let h = blas_sys::cudaDataType::CUDA_R_16F;
+        let f = blas_sys::cudaDataType::CUDA_R_32F;
+        let gemm = |(w, lda, sw): (u64, usize, i64), (xp, ldx): (u64, usize), (c, ldc, sc): (u64, usize, i64), mnk, batch| {
+            self.gemm_ex_on(blas, (w, h, lda, sw), (xp, h, ldx, 0), (c, f, ldc, sc), mnk, batch);
+        };
+        self.f16_rows_on(stream, x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);
         let up_rows = 4 * (n * sf) as u64;
         if cu > cg {
-            self.gemm_h16((cg, hdim, ((cu - cg) / 2) as i64), (xh, hdim, 0), (gu, sf, (n * sf) as i64), (sf, n, hdim), 2);
+            gemm((cg, hdim, ((cu - cg) / 2) as i64), (xh, hdim), (gu, sf, (n * sf) as i64), (sf, n, hdim), 2);
         } else {
-            self.gemm_h16((cg, hdim, 0), (xh, hdim, 0), (gu, sf, 0), (sf, n, hdim), 1);
-            self.gemm_h16((cu, hdim, 0), (xh, hdim, 0), (gu + up_rows, sf, 0), (sf, n, hdim), 1);
+            gemm((cg, hdim, 0), (xh, hdim), (gu, sf, 0), (sf, n, hdim), 1);
+            gemm((cu, hdim, 0), (xh, hdim), (gu + up_rows, sf, 0), (sf, n, hdim), 1);
         }
-        self.f16_rows(gu, gu + up_rows, (0, sf), n, sf, act, hs);
-        self.gemm_h16((cd, sf, 0), (hs, sf, 0), (ys, hdim, 0), (hdim, n, sf), 1);
+        self.f16_rows_on(stream, gu, gu + up_rows, (0, sf), n, sf, act, hs);
+        gemm((cd, sf, 0), (hs, sf), (ys, hdim, 0), (hdim, n, sf), 1);
         Some(ys)
     }
 

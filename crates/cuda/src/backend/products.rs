@@ -611,8 +611,23 @@ impl CudaBackend {
         (m, n, k): (usize, usize, usize),
         batch: i32,
     ) {
+        self.gemm_ex_on(&self.blas, (w, wt, lda, stride_w), (x, xt, ldx, stride_x), (c, ct, ldc, stride_c), (m, n, k), batch);
+    }
+
+    /// [`CudaBackend::gemm_ex_c`] on the cuBLAS handle `blas`, and so on its stream (the main
+    /// one, or [`Path::SharedFork`]'s side stream).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn gemm_ex_on(
+        &self,
+        blas: &Mutex<CudaBlas>,
+        (w, wt, lda, stride_w): (u64, blas_sys::cudaDataType, usize, i64),
+        (x, xt, ldx, stride_x): (u64, blas_sys::cudaDataType, usize, i64),
+        (c, ct, ldc, stride_c): (u64, blas_sys::cudaDataType, usize, i64),
+        (m, n, k): (usize, usize, usize),
+        batch: i32,
+    ) {
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        let blas = blas.lock().unwrap_or_else(|e| e.into_inner());
         let r = unsafe {
             blas_result::gemm_strided_batched_ex(
                 *blas.handle(),
@@ -649,8 +664,25 @@ impl CudaBackend {
     /// `dst`; with `act` (1 SiLU, 2 GELU-tanh) `act(src) * src2` (`f16_rows`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn f16_rows(&self, src: u64, src2: u64, (off, stride): (usize, usize), n: usize, k: usize, act: i32, dst: u64) {
+        self.f16_rows_on(&self.stream, src, src2, (off, stride), n, k, act, dst);
+    }
+
+    /// [`CudaBackend::f16_rows`] on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn f16_rows_on(
+        &self,
+        stream: &CudaStream,
+        src: u64,
+        src2: u64,
+        (off, stride): (usize, usize),
+        n: usize,
+        k: usize,
+        act: i32,
+        dst: u64,
+    ) {
         let total = n * k / 8;
-        self.launch(
+        self.launch_on(
+            stream,
             "f16_rows",
             (total.div_ceil(256).min(65_536) as u32, 1, 1),
             256,
