@@ -3143,7 +3143,8 @@ fn moe_shared_fork() {
     let mut r = rng(47);
     let mut rep = Report::new("moe_shared_fork");
     // (hdim, ff, experts, k, shared chunks, token counts)
-    let cases: [(usize, usize, usize, usize, usize, &[usize]); 2] = [(2048, 1408, 16, 6, 2, &[9, 32]), (256, 128, 64, 6, 2, &[16, 64, 128])];
+    type Case = (usize, usize, usize, usize, usize, &'static [usize]);
+    let cases: [Case; 2] = [(2048, 1408, 16, 6, 2, &[9, 32]), (256, 128, 64, 6, 2, &[16, 64, 128])];
     for (hdim, ff, ne, k, nsh, ns) in cases {
         let sf = nsh * ff;
         let ty = GgmlType::Q8_0;
@@ -3155,7 +3156,16 @@ fn moe_shared_fork() {
         let (fex, fsh) = ([up(fk, 0), up(fk, 1), up(fk, 2)], [up(fk, 3), up(fk, 4), up(fk, 5)]);
         let cu = |i: usize| c.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let (cex, csh) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
-        let p = MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: false, scale: 1.0, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
+        let p = MoeParams {
+            n_experts: ne,
+            k,
+            gating: Gating::Softmax,
+            norm_topk: false,
+            scale: 1.0,
+            n_group: 1,
+            topk_group: 1,
+            glu: Glu::SwiGlu,
+        };
         for &n in ns {
             let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
             let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
@@ -3172,7 +3182,11 @@ fn moe_shared_fork() {
             let before = fk.path_launches(Path::SharedFork);
             let ran = run_moe_shared(fk, &fx, xr, &fl, lr, &fex, &fsh, &p, &fo, o, true);
             let forked = fk.path_launches(Path::SharedFork) > before;
-            eprintln!("  {lab}: fused path {}, fork {}", if ran { "taken" } else { "declined" }, if forked { "taken" } else { "not taken" });
+            eprintln!(
+                "  {lab}: fused path {}, fork {}",
+                if ran { "taken" } else { "declined" },
+                if forked { "taken" } else { "not taken" }
+            );
             if !ran || !forked {
                 rep.failures.push(format!("{lab}: moe_shared returned {ran}, fork taken: {forked} (both expected)"));
             }
@@ -3189,7 +3203,8 @@ fn moe_shared_fork() {
         let n = *ns.last().unwrap();
         let xr = Rows::packed(n, hdim);
         let lr = Rows::packed(n, ne);
-        let (fx, fl, fo, eo) = (fk.alloc(xr.end()).unwrap(), fk.alloc(lr.end()).unwrap(), fk.alloc(xr.end()).unwrap(), fk.alloc(xr.end()).unwrap());
+        let (fx, fl, fo, eo) =
+            (fk.alloc(xr.end()).unwrap(), fk.alloc(lr.end()).unwrap(), fk.alloc(xr.end()).unwrap(), fk.alloc(xr.end()).unwrap());
         let key = 0x5f_f0_u64 ^ r.random::<u64>();
         let before = fk.path_launches(Path::SharedFork);
         let (rec0, rep0) = (fk.step_counts().recorded, fk.step_counts().replayed);

@@ -50,13 +50,11 @@ impl CudaBackend {
                     if self.shared_blas_scratch(n, hdim, s.gate.ne(1)).is_none() {
                         return;
                     }
-                    match self.fork_open() {
-                        Some((fk, j)) => {
-                            joiner = Some(j);
-                            Some(fk)
-                        }
-                        None => return,
-                    }
+                    // (a fork that fails, recorded, leaves the shared FFN on the main stream)
+                    self.fork_open().map(|(fk, j)| {
+                        joiner = Some(j);
+                        fk
+                    })
                 } else {
                     None
                 };
