@@ -245,8 +245,12 @@ MOE_H16(bf16, T_BF16)
 // y[t*ks+j] for the shared slots k <= j < ks (moe_group's pairs). Overwrites every element.
 // add (may be null): row t of add (width values) is added too (the shared FFN's output,
 // CudaBackend::shared_blas).
+// add (or null): add_n rows of width a token added last, in order (the shared FFN's rows from
+// another launch: cuBLAS's one, or the shared chunks' own add_n, whose sums in this order are
+// the ones the slots past k give).
 extern "C" __global__ void moe_combine(const float* y, int k, int ks, i64 width, i64 ntok, const int* sel_e,
-                                       const float* sel_w, float* out, i64 ooff, i64 ostride, const float* add) { PDL_ENTRY();
+                                       const float* sel_w, float* out, i64 ooff, i64 ostride, const float* add,
+                                       int add_n) { PDL_ENTRY();
     i64 total = ntok * width;
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
         i64 t = idx / width, i = idx % width;
@@ -256,7 +260,8 @@ extern "C" __global__ void moe_combine(const float* y, int k, int ks, i64 width,
             if (sel_e[q] >= 0) s += sel_w[q] * y[(t * ks + j) * width + i];
         }
         for (int j = k; j < ks; j++) s += y[(t * ks + j) * width + i];
-        if (add) s += add[idx];
+        if (add)
+            for (int j = 0; j < add_n; j++) s += add[(t * add_n + j) * width + i];
         out[ooff + t * ostride + i] = s;
     }
 }

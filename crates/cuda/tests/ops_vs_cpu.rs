@@ -3126,23 +3126,30 @@ fn fused_moe_shared() {
     rep.finish();
 }
 
-/// A decode batch's MoE with the shared FFN on a second stream (`Path::SharedFork`): the
-/// shared FFN on cuBLAS from its f16 copies on the side stream, beside the routed experts'
-/// int8 launches on the main one, joined before the combine. Against the same backend's chain
-/// (routed experts by `moe`, the shared FFN as dense products on cuBLAS: the same f16 operands,
-/// so within 1e-4 of the rms), the CPU and f64 of the dequantised weights (as the fused path's
-/// bars), at V2-Lite's widths (16 experts) and a small shape with 64 experts; that the fork
-/// ran; and in recorded steps (eager, captured, replayed, new inputs each step) the same bits
-/// as the op run eagerly on the same backend, step after step.
+/// A decode batch's MoE with the shared FFN on a second stream (`Path::SharedFork`), forked
+/// beside the routing and the routed experts' int8 launches and joined before the combine:
+/// - on the int8 rows kernels as the shared chunks alone (the default form): bit for bit what
+///   the same op gives without the fork (a backend with the path off);
+/// - on cuBLAS from the f16 copies (`set_shared_fork_blas`): within 1e-4 of the same backend's
+///   chain (the routed experts by `moe`, the shared FFN as dense products on cuBLAS: the same
+///   f16 operands), and within the fused path's bars of the CPU and of f64.
+///
+/// At V2-Lite's widths (16 experts) and a small shape with 64 experts; that the fork ran; and
+/// in recorded steps (eager, captured, replayed, new inputs each step) the same bits as the op
+/// run eagerly on the same backend, step after step, with one recording and two replays.
 #[test]
 fn moe_shared_fork() {
     let Some(g) = gpu_tc_fused("moe_shared_fork") else { return };
     let fk = &CudaBackend::new(0).expect("second backend");
     fk.set_path(Path::SharedFork, true);
+    let fb = &CudaBackend::new(0).expect("third backend");
+    fb.set_path(Path::SharedFork, true);
+    fb.set_shared_fork_blas(true);
     let c = cpu();
     let mut r = rng(47);
     let mut rep = Report::new("moe_shared_fork");
-    // (hdim, ff, experts, k, shared chunks, token counts)
+    // (hdim, ff, experts, k, shared chunks, token counts: 16-token tiles with the chunks among
+    // the experts too, so that the fork's launches are the same kernels)
     type Case = (usize, usize, usize, usize, usize, &'static [usize]);
     let cases: [Case; 2] = [(2048, 1408, 16, 6, 2, &[9, 32]), (256, 128, 64, 6, 2, &[16, 64, 128])];
     for (hdim, ff, ne, k, nsh, ns) in cases {
@@ -3152,8 +3159,8 @@ fn moe_shared_fork() {
             [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
         let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
         let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
-        let (gex, gsh) = ([up(g, 0), up(g, 1), up(g, 2)], [up(g, 3), up(g, 4), up(g, 5)]);
-        let (fex, fsh) = ([up(fk, 0), up(fk, 1), up(fk, 2)], [up(fk, 3), up(fk, 4), up(fk, 5)]);
+        let six = |b: &CudaBackend| ([up(b, 0), up(b, 1), up(b, 2)], [up(b, 3), up(b, 4), up(b, 5)]);
+        let ((gex, gsh), (fex, fsh), (bex, bsh)) = (six(g), six(fk), six(fb));
         let cu = |i: usize| c.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let (cex, csh) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
         let p = MoeParams {
@@ -3173,62 +3180,70 @@ fn moe_shared_fork() {
             let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh}x{ff} n={n}");
             let x = randn(&mut r, xr.end(), 1.0);
             let lg = randn(&mut r, lr.end(), 2.0);
-            let (fx, fl, fo) = (buf(fk, &x), buf(fk, &lg), fk.alloc(o.end()).unwrap());
-            let (gx, gl, go) = (buf(g, &x), buf(g, &lg), g.alloc(o.end()).unwrap());
-            let (cx, cl, co) = (buf(c, &x), buf(c, &lg), c.alloc(o.end()).unwrap());
-            poison(fk, &fo, o.end());
-            poison(g, &go, o.end());
-            poison(c, &co, o.end());
-            let before = fk.path_launches(Path::SharedFork);
-            let ran = run_moe_shared(fk, &fx, xr, &fl, lr, &fex, &fsh, &p, &fo, o, true);
-            let forked = fk.path_launches(Path::SharedFork) > before;
-            eprintln!(
-                "  {lab}: fused path {}, fork {}",
-                if ran { "taken" } else { "declined" },
-                if forked { "taken" } else { "not taken" }
-            );
-            if !ran || !forked {
-                rep.failures.push(format!("{lab}: moe_shared returned {ran}, fork taken: {forked} (both expected)"));
+            // (b, fused: the op, else the chain; the output)
+            let run = |b: &CudaBackend, (ex, sh): (&[CudaWeight; 3], &[CudaWeight; 3]), fused: bool| {
+                let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
+                poison(b, &bo, o.end());
+                let before = b.path_launches(Path::SharedFork);
+                let ran = run_moe_shared(b, &bx, xr, &bl, lr, ex, sh, &p, &bo, o, fused);
+                (ran, b.path_launches(Path::SharedFork) > before, get(b, &bo, o))
+            };
+            let (fran, forked, got) = run(fk, (&fex, &fsh), true);
+            let (bran, bforked, gotb) = run(fb, (&bex, &bsh), true);
+            let (_, _, want) = run(g, (&gex, &gsh), true);
+            let (_, _, chain) = run(fb, (&bex, &bsh), false);
+            for (form, ran, forked) in [("rows", fran, forked), ("cuBLAS", bran, bforked)] {
+                eprintln!(
+                    "  {lab} ({form}): fused path {}, fork {}",
+                    if ran { "taken" } else { "declined" },
+                    if forked { "taken" } else { "not taken" }
+                );
+                if !ran || !forked {
+                    rep.failures.push(format!("{lab} ({form}): moe_shared returned {ran}, fork taken: {forked} (both expected)"));
+                }
             }
-            run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &go, o, false);
+            exact(&mut rep, &format!("{lab} rows fork vs no fork"), &["out"], &[got], &[want]);
+            let (cx, cl, co) = (buf(c, &x), buf(c, &lg), c.alloc(o.end()).unwrap());
+            poison(c, &co, o.end());
             run_moe_shared(c, &cx, xr, &cl, lr, &cex, &csh, &p, &co, o, true);
-            let got = get(fk, &fo, o);
-            rep.check(&format!("{lab} vs gpu moe+ffn (cuBLAS)"), &got, &get(g, &go, o), 1e-4, 1e-4);
-            rep.check(&format!("{lab} vs cpu"), &got, &get(c, &co, o), 0.25, 1e-3);
-            let mut exact = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
-            add_shared_f64(&mut exact, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, Glu::SwiGlu);
-            rep.check(&format!("{lab} vs f64"), &got, &exact, 6.5e-2, 1e-3);
+            rep.check(&format!("{lab} cuBLAS fork vs the chain (cuBLAS)"), &gotb, &chain, 1e-4, 1e-4);
+            rep.check(&format!("{lab} cuBLAS fork vs cpu"), &gotb, &get(c, &co, o), 0.25, 1e-3);
+            let mut f64_out = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
+            add_shared_f64(&mut f64_out, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, Glu::SwiGlu);
+            rep.check(&format!("{lab} cuBLAS fork vs f64"), &gotb, &f64_out, 6.5e-2, 1e-3);
         }
-        // Recorded steps: the fork and its join inside a graph.
+        // Recorded steps: the fork and its join inside a graph, both forms.
         let n = *ns.last().unwrap();
         let xr = Rows::packed(n, hdim);
         let lr = Rows::packed(n, ne);
-        let (fx, fl, fo, eo) =
-            (fk.alloc(xr.end()).unwrap(), fk.alloc(lr.end()).unwrap(), fk.alloc(xr.end()).unwrap(), fk.alloc(xr.end()).unwrap());
-        let key = 0x5f_f0_u64 ^ r.random::<u64>();
-        let before = fk.path_launches(Path::SharedFork);
-        let (rec0, rep0) = (fk.step_counts().recorded, fk.step_counts().replayed);
-        for step in 0..4 {
-            fk.write(&fx, 0, &randn(&mut r, xr.end(), 1.0)).unwrap();
-            fk.write(&fl, 0, &randn(&mut r, lr.end(), 2.0)).unwrap();
-            let run = |out: &CudaBuf| run_moe_shared(fk, &fx, xr, &fl, lr, &fex, &fsh, &p, out, xr, true);
-            if !fk.graph_begin(key, n) {
-                run(&fo);
-                if !fk.graph_end() {
-                    run(&fo);
+        for (form, b, ex, sh) in [("rows", fk, &fex, &fsh), ("cuBLAS", fb, &bex, &bsh)] {
+            let (bx, bl, bo, eo) =
+                (b.alloc(xr.end()).unwrap(), b.alloc(lr.end()).unwrap(), b.alloc(xr.end()).unwrap(), b.alloc(xr.end()).unwrap());
+            let key = 0x5f_f0_u64 ^ r.random::<u64>();
+            let before = b.path_launches(Path::SharedFork);
+            let (rec0, rep0) = (b.step_counts().recorded, b.step_counts().replayed);
+            for step in 0..4 {
+                b.write(&bx, 0, &randn(&mut r, xr.end(), 1.0)).unwrap();
+                b.write(&bl, 0, &randn(&mut r, lr.end(), 2.0)).unwrap();
+                let run = |out: &CudaBuf| run_moe_shared(b, &bx, xr, &bl, lr, ex, sh, &p, out, xr, true);
+                if !b.graph_begin(key, n) {
+                    run(&bo);
+                    if !b.graph_end() {
+                        run(&bo);
+                    }
                 }
+                run(&eo);
+                exact(&mut rep, &format!("H={hdim} n={n} {form}: recorded step {step}"), &["out"], &[get(b, &bo, xr)], &[get(b, &eo, xr)]);
             }
-            run(&eo);
-            exact(&mut rep, &format!("H={hdim} n={n} recorded step {step}"), &["out"], &[get(fk, &fo, xr)], &[get(fk, &eo, xr)]);
-        }
-        // (the first step eager, the second captured: both took the fork, and every eager op)
-        if fk.path_launches(Path::SharedFork) < before + 6 {
-            rep.failures.push(format!("H={hdim}: the recorded steps did not take Path::SharedFork"));
-        }
-        // (and the capture with the fork worked: one recording, two replays)
-        let (rec, rpl) = (fk.step_counts().recorded - rec0, fk.step_counts().replayed - rep0);
-        if (rec, rpl) != (1, 2) {
-            rep.failures.push(format!("H={hdim}: {rec} recordings and {rpl} replays of the forked step (1 and 2 expected)"));
+            // (the first step eager, the second captured: both took the fork, and every eager op)
+            if b.path_launches(Path::SharedFork) < before + 6 {
+                rep.failures.push(format!("H={hdim} {form}: the recorded steps did not take Path::SharedFork"));
+            }
+            // (and the capture with the fork worked: one recording, two replays)
+            let (rec, rpl) = (b.step_counts().recorded - rec0, b.step_counts().replayed - rep0);
+            if (rec, rpl) != (1, 2) {
+                rep.failures.push(format!("H={hdim} {form}: {rec} recordings and {rpl} replays of the forked step (1 and 2 expected)"));
+            }
         }
     }
     rep.finish();

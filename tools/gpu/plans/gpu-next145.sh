@@ -1,31 +1,35 @@
 #!/usr/bin/env bash
 # Written in the forty-third session (no device then), for the next one: `TS_CUDA_SHARED_FORK=1`
-# (Path::SharedFork), compiled, not yet run on a GPU. A decode batch's shared FFN on cuBLAS (its
-# f16 copies, as prompts run it) on a second stream, forked after the FFN norm and joined before
-# the combine, so that it runs beside the routing, grouping and quantisation launches (~12 us a
-# layer in the last trace, the memory bus nearly idle) and the grouped rows launches carry the
-# routed experts alone: at 64 sequences the shared chunks are 8 of the 72 16-token tiles, ~11%
-# of the rows launches' ~176 us a layer. Other bits (the shared FFN's activations in f16, not 8
-# bits), so the hashes move.
-# 1. moe_shared_fork (the fork against the chain on cuBLAS, the CPU and f64; in recorded steps
-#    eager, captured and replayed, bit for bit) and recorded_steps_replay.
-# 2. 64 sequences at -d 96 (two rounds) and -d 400, 128 sequences, default against the fork.
-# 3. The server, default against the fork (with the prompt cache, the default: see gpu-next144
-#    for the three ways to report).
+# (Path::SharedFork), compiled, not yet run on a GPU. A decode batch's shared FFN on a second
+# stream, forked when the MoE starts and joined before the combine, so that it runs beside the
+# routing, grouping and quantisation launches (~12 us a layer in the last trace, the memory bus
+# nearly idle), and the grouped rows launches carry the routed experts alone: at 64 sequences
+# the shared chunks are 8 of the 72 16-token tiles, ~11% of the rows launches' ~176 us a layer.
+# Two forms: the shared chunks on the int8 rows kernels alone (the default form: the same bits,
+# so the hashes must not move), and on cuBLAS from the f16 copies (`TS_CUDA_SHARED_FORK_BLAS=1`:
+# twice the bytes, other bits).
+# 1. moe_shared_fork (the rows form bit for bit against no fork; the cuBLAS form against the
+#    chain, the CPU and f64; both in recorded steps, eager, captured and replayed, bit for bit)
+#    and recorded_steps_replay.
+# 2. 64 sequences at -d 96 (two rounds) and -d 400, 128 sequences: default, rows form, cuBLAS
+#    form. 3. The server: default, rows form, cuBLAS form (with the prompt cache, the default;
+#    see gpu-next144 for the three ways to report).
 # If gpu-next143 made ROWS_SK or SPLIT_MERGE defaults, these runs include them.
-#   tools/gpu/plans/gpu-next145.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60   (~5 minutes)
+#   tools/gpu/plans/gpu-next145.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -70   (~7 minutes)
 set -u
 B=$1; OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
 F=TS_CUDA_SHARED_FORK=1
+FB="TS_CUDA_SHARED_FORK=1 TS_CUDA_SHARED_FORK_BLAS=1"
 ops_tests 150 2 moe_shared_fork recorded_steps_replay
 grep -E "fork (taken|not taken)|recorded step" $O/ops.txt | head -8
 stamp "== 64 sequences -d 96 (two rounds), -d 400, 128 sequences"
-bpd 64 "-d 96" "" $F "" $F
+bpd 64 "-d 96" "" $F "$FB" "" $F
 bpd 64 "-d 400" "" $F
 bp 128 "" $F
 stamp "== server"
 serve64 "" 30
 serve64 "$F" 30
+serve64 "$FB" 30
 stamp "== done"

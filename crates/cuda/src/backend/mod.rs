@@ -364,8 +364,20 @@ enum S {
     /// Its per-block flags (`[blocks]` i32): zero between launches (each is cleared by the
     /// block that reads it).
     SkFlags,
+    /// The shared chunks' products on [`Path::SharedFork`]'s side stream
+    /// ([`CudaBackend::shared_rows`]): their lists (as `Cnt`, `Off`, `Perm`), the input in Q8_0
+    /// groups (as `Xq`), gate and up rows (as `G`, `U`), the GLU in Q8_0 groups (as `Hq`) and
+    /// the output rows (as `Y`), one row a (token, chunk) pair. The side's alone until the join.
+    SideCnt,
+    SideOff,
+    SidePerm,
+    SideXq,
+    SideG,
+    SideU,
+    SideHq,
+    SideY,
 }
-const N_SCRATCH: usize = 33;
+const N_SCRATCH: usize = 41;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -992,15 +1004,17 @@ pub enum Path {
     /// (mla_combine_few's arithmetic), the f16 rows for W_uv too where [`Path::LatH`] asks.
     /// sm_90 and later. Off (`TS_CUDA_SPLIT_MERGE=1` turns it on): not yet measured.
     SplitMerge,
-    /// A decode batch's MoE with the shared FFN on a second stream: after the FFN norm, the
-    /// shared FFN runs on cuBLAS from its row-major f16 copies (as prompts run it,
-    /// `shared_blas`) on the side stream, beside the routing, grouping and quantisation
-    /// launches on the main one, which leave the memory bus nearly idle for ~12 µs a layer;
-    /// the grouped rows launches then carry the routed experts only (without the shared
-    /// chunks, ~11% of their tiles at 64 sequences), and the combine adds the side's rows
-    /// after the join. Other bits (the shared FFN's activations in f16, not 8 bits: closer to
-    /// f64). Needs the copies (`TS_CUDA_MOE_BLAS`, on) and the stream made when the path is
-    /// turned on. Off (`TS_CUDA_SHARED_FORK=1` turns it on): not yet measured.
+    /// A decode batch's MoE with the shared FFN on a second stream, forked when the MoE starts
+    /// (after the FFN norm and the router) and joined before the combine: the shared FFN runs
+    /// beside the routing, grouping and quantisation launches on the main one, which leave the
+    /// memory bus nearly idle for ~12 µs a layer, and the grouped rows launches carry the
+    /// routed experts only (without the shared chunks, 8 of the 72 16-token tiles at 64
+    /// sequences, ~11% of those launches). By default on the int8 rows kernels, the shared
+    /// chunks alone (`shared_rows`: the same kernels on the same rows, summed by the combine in
+    /// the same order, so the same bits as without the fork); with
+    /// `TS_CUDA_SHARED_FORK_BLAS=1` on cuBLAS from its row-major f16 copies, as prompts run it
+    /// (`shared_blas`; other bits: f16 activations, not 8-bit ones). Off
+    /// (`TS_CUDA_SHARED_FORK=1` turns it on, with its stream made at start): not yet measured.
     SharedFork,
 }
 
@@ -1102,6 +1116,17 @@ impl Joiner<'_> {
 impl Drop for Joiner<'_> {
     fn drop(&mut self) {
         self.join();
+    }
+}
+
+/// A side section ([`CudaBackend::side_section`]): launches go to the side stream until it drops.
+pub(super) struct SideGuard<'a> {
+    be: &'a CudaBackend,
+}
+
+impl Drop for SideGuard<'_> {
+    fn drop(&mut self) {
+        self.be.on_side.store(false, Ordering::Relaxed);
     }
 }
 
@@ -1346,6 +1371,13 @@ pub struct CudaBackend {
     /// [`Path::SharedFork`]'s second stream, its cuBLAS handle and the fork / join events; made
     /// when the path is turned on (at start with `TS_CUDA_SHARED_FORK=1`, or by `set_path`).
     fork: std::sync::OnceLock<Fork>,
+    /// Inside a side section ([`CudaBackend::side_section`]): launches go to the fork's side
+    /// stream. Only ever set within one op, under its `scratch_op` lock.
+    on_side: AtomicBool,
+    /// With [`Path::SharedFork`]: the side's shared FFN on cuBLAS from its f16 copies
+    /// (`TS_CUDA_SHARED_FORK_BLAS=1`; other bits) instead of the int8 rows kernels on the
+    /// shared chunks (the default; the same bits as without the fork).
+    shared_fork_blas: AtomicBool,
     /// `moe_shared` ops that took a routing made ahead (for the tests: [`CudaBackend::pre_routes`]).
     pre_routed: AtomicU64,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of one token with f16 or bf16 products
@@ -1757,6 +1789,8 @@ impl CudaBackend {
             norm_xq: Mutex::new(None),
             sk_per_sm: Mutex::new(Vec::new()),
             fork,
+            on_side: AtomicBool::new(false),
+            shared_fork_blas: AtomicBool::new(std::env::var("TS_CUDA_SHARED_FORK_BLAS").is_ok_and(|v| v == "1")),
             pre_routed: AtomicU64::new(0),
             moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").map_or(true, |v| v != "0")),
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
@@ -1949,6 +1983,13 @@ impl CudaBackend {
         self.moe_blas.store(on, Ordering::Relaxed);
     }
 
+    /// [`CudaBackend::shared_fork_blas`]: with [`Path::SharedFork`], the side's shared FFN on
+    /// cuBLAS from its f16 copies (other bits) instead of the int8 rows kernels (the same bits
+    /// as without the fork).
+    pub fn set_shared_fork_blas(&self, on: bool) {
+        self.shared_fork_blas.store(on, Ordering::Relaxed);
+    }
+
     /// Prompt MoEs on `mmh_*` ([`CudaBackend::mmh_mode`]: 0 off, 1 f16 copies, 2 Q8_0, 3
     /// copies where made); weights uploaded after this get (or do not get) the row-major f16
     /// stack copies modes 1 and 3 read. False where it cannot run here.
@@ -2071,6 +2112,24 @@ impl CudaBackend {
             return None;
         }
         Some((fk, Joiner { be: self, fk, open: true }))
+    }
+
+    /// Until the returned guard drops, launches ([`CudaBackend::launch`]) and cuBLAS products go
+    /// to the side stream of `fk` (forked by [`CudaBackend::fork_open`]). Copies, allocations
+    /// and synchronisations stay on the main stream: a side section enqueues kernels only, on
+    /// scratch sized before the fork.
+    pub(super) fn side_section(&self) -> SideGuard<'_> {
+        self.on_side.store(true, Ordering::Relaxed);
+        SideGuard { be: self }
+    }
+
+    /// The fork whose side stream takes launches now (inside a side section), if any.
+    fn side_now(&self) -> Option<&Fork> {
+        if self.on_side.load(Ordering::Relaxed) {
+            self.fork.get()
+        } else {
+            None
+        }
     }
 
     /// Counts one op on the path.
@@ -2313,11 +2372,16 @@ impl CudaBackend {
         ))
     }
 
+    /// Launches on the main stream, or inside a side section ([`CudaBackend::side_section`]) on
+    /// [`Path::SharedFork`]'s side stream.
     fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
-        self.launch_on(&self.stream, name, grid, block, smem, args);
+        match self.side_now() {
+            Some(fk) => self.launch_on(&fk.side, name, grid, block, smem, args),
+            None => self.launch_on(&self.stream, name, grid, block, smem, args),
+        }
     }
 
-    /// [`CudaBackend::launch`] on `stream` (the main one, or [`Path::SharedFork`]'s side stream).
+    /// [`CudaBackend::launch`] on `stream`.
     fn launch_on(&self, stream: &CudaStream, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
         let Some(f) = self.funcs.get(name) else {
             self.fail(format!("kernel {name} is not loaded"));

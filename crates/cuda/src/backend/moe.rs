@@ -34,42 +34,62 @@ impl CudaBackend {
             Glu::GeGluTanh => 2,
         };
         // The shared FFN on cuBLAS (its row-major copies exist only with moe_blas), added by
-        // the combine; the routed experts then as without a shared FFN. Prompts: on the main
-        // stream. Decode batches whose routed experts take the 16-token int8 tiles, with
-        // Path::SharedFork: on the side stream, beside the routing and the routed products
-        // (which use none of its scratch), joined before the combine (`joiner`; dropped on an
-        // early return, it joins there).
-        let mut add = 0;
+        // the combine; the routed experts then as without a shared FFN (prompts).
+        let (mut add, mut add_n) = (0, 0);
         let mut joiner = None;
         let blas = self.moe_blas.load(Ordering::Relaxed);
+        let copies = |s: &Experts<'_, CudaWeight>| match [s.gate.half_rm(), s.up.half_rm(), s.down.half_rm()] {
+            [Some(cg), Some(cu), Some(cd)] => Some((cg, cu, cd, s.gate.ne(1))),
+            _ => None,
+        };
+        // Decode batches whose routed experts take the 16-token int8 tiles, with
+        // Path::SharedFork: the shared FFN on the side stream, beside the routing and the routed
+        // products (which use none of its scratch), joined before the combine (`joiner`;
+        // dropped on an early return, it joins there). On the rows kernels as the shared chunks
+        // alone (shared_rows: the same bits as without the fork), or on cuBLAS from the f16
+        // copies (TS_CUDA_SHARED_FORK_BLAS=1). Either's scratch is sized before the fork (a slot
+        // that grows is zeroed on the main stream).
         let fork = n <= GRAPH_MAX_TOKENS && self.moe_tile_tokens(n * k, ne) == 16 && self.path_on(Path::SharedFork);
-        let shared = match shared.map(|s| (s, [s.gate.half_rm(), s.up.half_rm(), s.down.half_rm()])) {
-            Some((s, [Some(cg), Some(cu), Some(cd)])) if blas && (n > GRAPH_MAX_TOKENS || fork) => {
-                let side = if fork {
-                    // (the side's scratch sized before the fork: see shared_blas_scratch)
-                    if self.shared_blas_scratch(n, hdim, s.gate.ne(1)).is_none() {
-                        return;
-                    }
-                    // (a fork that fails, recorded, leaves the shared FFN on the main stream)
-                    self.fork_open().map(|(fk, j)| {
-                        joiner = Some(j);
-                        fk
-                    })
-                } else {
-                    None
-                };
-                match self.shared_blas(side, x, xr, (cg, cu, cd, s.gate.ne(1)), act) {
-                    Some(ys) => {
-                        if side.is_some() {
-                            self.took(Path::SharedFork);
-                        }
-                        add = ys;
-                        None
-                    }
-                    None => return,
-                }
+        let on_blas = self.shared_fork_blas.load(Ordering::Relaxed);
+        let shared = match shared {
+            Some(s) if blas && n > GRAPH_MAX_TOKENS && copies(s).is_some() => {
+                let Some(ys) = copies(s).and_then(|c| self.shared_blas(x, xr, c, act)) else { return };
+                (add, add_n) = (ys, 1);
+                None
             }
-            other => other.map(|(s, _)| s),
+            Some(s) if fork && on_blas && blas && copies(s).is_some() => {
+                if self.shared_blas_scratch(n, hdim, s.gate.ne(1)).is_none() {
+                    return;
+                }
+                // (a fork that fails, recorded, leaves the shared FFN on the main stream)
+                let side = self.fork_open().map(|(_, j)| {
+                    joiner = Some(j);
+                    self.side_section()
+                });
+                let Some(ys) = copies(s).and_then(|c| self.shared_blas(x, xr, c, act)) else { return };
+                if side.is_some() {
+                    self.took(Path::SharedFork);
+                }
+                (add, add_n) = (ys, 1);
+                None
+            }
+            Some(s) if fork && !on_blas && self.moe_tile_tokens(n * (k + s.gate.ne(1) / ff), ne + s.gate.ne(1) / ff) == 16 => {
+                let nsh = s.gate.ne(1) / ff;
+                if self.shared_rows_scratch(n, nsh, hdim, ff).is_none() {
+                    return;
+                }
+                let side = self.fork_open().map(|(_, j)| {
+                    joiner = Some(j);
+                    self.side_section()
+                });
+                let Some(ys) = self.shared_rows(x, xr, experts, s, (nsh, ff), act) else { return };
+                if side.is_some() {
+                    self.took(Path::SharedFork);
+                }
+                (add, add_n) = (ys, nsh);
+                None
+            }
+            other => other,
         };
         let nsh = shared.map_or(0, |s| s.gate.ne(1) / ff);
         let ks = k + nsh;
@@ -108,7 +128,7 @@ impl CudaBackend {
                     if let Some(j) = joiner.as_mut() {
                         j.join();
                     }
-                    self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
+                    self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, (add, add_n));
                 }
                 return;
             }
@@ -169,7 +189,7 @@ impl CudaBackend {
                 if let Some(j) = joiner.as_mut() {
                     j.join();
                 }
-                self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
+                self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, (add, add_n));
                 return;
             }
         }
@@ -215,7 +235,7 @@ impl CudaBackend {
         if let Some(j) = joiner.as_mut() {
             j.join();
         }
-        self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, add);
+        self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, (add, add_n));
     }
 
     /// `TS_CUDA_MOE_COUNTS=1` (a measurement mode: it waits for the device): one line on stderr
@@ -301,6 +321,91 @@ impl CudaBackend {
         true
     }
 
+    /// [`CudaBackend::shared_rows`]' scratch (`Side*`) for `n` tokens, `nsh` chunks of `ff`
+    /// rows and `hdim`-wide rows, grown where needed (before the fork, as
+    /// [`CudaBackend::shared_blas_scratch`] says why).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn shared_rows_scratch(
+        &self,
+        n: usize,
+        nsh: usize,
+        hdim: usize,
+        ff: usize,
+    ) -> Option<(u64, u64, u64, u64, u64, u64, u64, u64)> {
+        let pairs = n * nsh;
+        let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
+        Some((
+            self.scratch(S::SideCnt, 4 * nsh)?,
+            self.scratch(S::SideOff, 4 * nsh)?,
+            self.scratch(S::SidePerm, 4 * pairs)?,
+            self.scratch(S::SideXq, n * hg * 144)?,
+            self.scratch(S::SideG, 4 * pairs * ff)?,
+            self.scratch(S::SideU, 4 * pairs * ff)?,
+            self.scratch(S::SideHq, pairs * fg * 144)?,
+            self.scratch(S::SideY, 4 * pairs * hdim)?,
+        ))
+    }
+
+    /// A decode batch's shared FFN as its `nsh` chunks of `ff` rows on the grouped int8 rows
+    /// kernels, alone (what `moe_mmq` does with them among the routed experts, as experts
+    /// `E..`): the pairs p = t * nsh + c grouped by chunk (`moe_group` with no routed slots),
+    /// the input quantised, gate and up (one launch where the routed stacks pair them), the GLU
+    /// quantised, down. Returns the `n * nsh` output rows (`[t * nsh + c, hdim]`), for
+    /// `moe_combine` to add after the routed slots: each row has the bits of its slot's row
+    /// in the launches with the routed experts (the same kernels on the same rows and the same
+    /// input groups; a token's result never depends on the other tokens of its tile), and the
+    /// combine sums them in the same order. None after a failure. Called inside a side section
+    /// ([`Path::SharedFork`]); its scratch (`Side*`) sized before the fork.
+    pub(super) fn shared_rows(
+        &self,
+        x: &CudaBuf,
+        xr: Rows,
+        experts: &Experts<'_, CudaWeight>,
+        s: &Experts<'_, CudaWeight>,
+        (nsh, ff): (usize, usize),
+        act: i32,
+    ) -> Option<u64> {
+        let (n, hdim) = (xr.n, xr.width);
+        let (cnt, off, perm, xq, g, u, hq, y) = self.shared_rows_scratch(n, nsh, hdim, ff)?;
+        let pairs = n * nsh;
+        let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
+        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(0), i(n), i(0), i(nsh), i(0), A::P(cnt), A::P(off), A::P(perm)]);
+        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
+        let tiles = (pairs.div_ceil(16) + nsh) as u32;
+        // (every expert of these lists is a shared chunk: e_sh 0)
+        let groups = |w: &CudaWeight, stride: usize| {
+            Some(MmqGroups {
+                cnt,
+                off,
+                perm,
+                n_exp: nsh,
+                sh: Some((w.mem.ptr, w.row_bytes, stride, 0)),
+                pair: None,
+                pair_tiled: 0,
+                pairs,
+                tokens: n,
+            })
+        };
+        let (gate, up) = (experts.gate, experts.up);
+        let gx = ff.div_ceil(64) as u32;
+        // (moe_mmq's choice of one launch or two, on the same routed stacks' layouts)
+        if self.moe_gu && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
+            let gr = groups(s.gate, ff * s.gate.row_bytes).map(|mut m| {
+                m.pair = Some((up.mem.ptr, s.up.mem.ptr, u));
+                m.pair_tiled = up.tiled_ptr();
+                m
+            });
+            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, nsh, (g, 0, ff), (1, 0), 16);
+        } else {
+            self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(s.gate, ff * s.gate.row_bytes), nsh, (g, 0, ff), (1, 0), 16);
+            self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(s.up, ff * s.up.row_bytes), nsh, (u, 0, ff), (1, 0), 16);
+        }
+        self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
+        let dn = groups(s.down, ff / 128 * 144);
+        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, dn, 1, (y, 0, hdim), (1, 0), 16);
+        Some(y)
+    }
+
     /// [`CudaBackend::shared_blas`]'s scratch (`Xh`, `Gu`, `Hs`, `Ys`) for `n` rows of `hdim`
     /// and `sf` shared rows, grown where needed. A fork asks first: a slot that grows is zeroed
     /// on the main stream, which must not happen after the side stream has started on it.
@@ -323,46 +428,34 @@ impl CudaBackend {
     /// (gpu-next46/47: their counts must come to the host, and with one sync a layer the eager
     /// prompt's launches fall behind the GPU: pp512 21,529 against 21,652, dropped).
     ///
-    /// With `side` ([`Path::SharedFork`]), all of it on the side stream (its launches there,
-    /// its products on the side's cuBLAS handle): scratch `Xh`, `Gu`, `Hs` and `Ys` are then
-    /// the side's until the join, which the caller's other launches before it must not touch.
-    pub(super) fn shared_blas(
-        &self,
-        side: Option<&Fork>,
-        x: &CudaBuf,
-        xr: Rows,
-        (cg, cu, cd, sf): (u64, u64, u64, usize),
-        act: i32,
-    ) -> Option<u64> {
+    /// Inside a side section ([`Path::SharedFork`]), all of it runs on the side stream:
+    /// scratch `Xh`, `Gu`, `Hs` and `Ys` are then the side's until the join, which the
+    /// caller's other launches before it must not touch.
+    pub(super) fn shared_blas(&self, x: &CudaBuf, xr: Rows, (cg, cu, cd, sf): (u64, u64, u64, usize), act: i32) -> Option<u64> {
         let (n, hdim) = (xr.n, xr.width);
         let (xh, gu, hs, ys) = self.shared_blas_scratch(n, hdim, sf)?;
         if !self.bind_ctx() {
             return None;
         }
-        let (stream, blas) = side.map_or((&self.stream, &self.blas), |f| (&f.side, &f.blas));
-        let h = blas_sys::cudaDataType::CUDA_R_16F;
-        let f = blas_sys::cudaDataType::CUDA_R_32F;
-        let gemm = |(w, lda, sw): (u64, usize, i64), (xp, ldx): (u64, usize), (c, ldc, sc): (u64, usize, i64), mnk, batch| {
-            self.gemm_ex_on(blas, (w, h, lda, sw), (xp, h, ldx, 0), (c, f, ldc, sc), mnk, batch);
-        };
-        self.f16_rows_on(stream, x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);
+        self.f16_rows(x.0.ptr, 0, (xr.off, xr.stride), n, hdim, 0, xh);
         let up_rows = 4 * (n * sf) as u64;
         if cu > cg {
-            gemm((cg, hdim, ((cu - cg) / 2) as i64), (xh, hdim), (gu, sf, (n * sf) as i64), (sf, n, hdim), 2);
+            self.gemm_h16((cg, hdim, ((cu - cg) / 2) as i64), (xh, hdim, 0), (gu, sf, (n * sf) as i64), (sf, n, hdim), 2);
         } else {
-            gemm((cg, hdim, 0), (xh, hdim), (gu, sf, 0), (sf, n, hdim), 1);
-            gemm((cu, hdim, 0), (xh, hdim), (gu + up_rows, sf, 0), (sf, n, hdim), 1);
+            self.gemm_h16((cg, hdim, 0), (xh, hdim, 0), (gu, sf, 0), (sf, n, hdim), 1);
+            self.gemm_h16((cu, hdim, 0), (xh, hdim, 0), (gu + up_rows, sf, 0), (sf, n, hdim), 1);
         }
-        self.f16_rows_on(stream, gu, gu + up_rows, (0, sf), n, sf, act, hs);
-        gemm((cd, sf, 0), (hs, sf), (ys, hdim, 0), (hdim, n, sf), 1);
+        self.f16_rows(gu, gu + up_rows, (0, sf), n, sf, act, hs);
+        self.gemm_h16((cd, sf, 0), (hs, sf, 0), (ys, hdim, 0), (hdim, n, sf), 1);
         Some(ys)
     }
 
     /// out rows = the router-weighted sum of each token's `k` routed rows of `y` (slots with
     /// `sel_e < 0` left out) plus its `ks - k` shared rows unweighted (`moe_combine`; a
     /// four-columns-a-thread variant measured +0.3% on prompts and ±0 at 64 sequences, dropped).
-    #[allow(clippy::too_many_arguments)]
-    /// `add` (0: none): `n` rows of `hdim` f32 added too (the shared FFN's, [`CudaBackend::shared_blas`]).
+    /// `add` = (rows, rows a token) (pointer 0: none): `n` x that many rows of `hdim` f32 added
+    /// last, in order (the shared FFN's: one from [`CudaBackend::shared_blas`], or each shared
+    /// chunk's from [`CudaBackend::shared_rows`], which then sum as the slots past k would).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_combine(
         &self,
@@ -373,14 +466,14 @@ impl CudaBackend {
         (sel_e, sel_w): (u64, u64),
         out: &CudaBuf,
         o: Rows,
-        add: u64,
+        (add, add_n): (u64, usize),
     ) {
         self.launch(
             "moe_combine",
             Self::grid1(n * hdim),
             256,
             0,
-            &[A::P(y), i(k), i(ks), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride), A::P(add)],
+            &[A::P(y), i(k), i(ks), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride), A::P(add), i(add_n)],
         );
     }
 

@@ -848,7 +848,7 @@ impl Backend for CudaBackend {
                 );
             }
         }
-        self.moe_combine(y, (k, k), hdim, n, (sel_e, sel_w), out, o, 0);
+        self.moe_combine(y, (k, k), hdim, n, (sel_e, sel_w), out, o, (0, 0));
     }
 
     /// What picks the MLA decode's kernels for the batch: long-context (`TS_CUDA_MLA_LONG`), one

@@ -381,7 +381,9 @@ impl CudaBackend {
         // device holds at once, each an equal share of the launch's steps (the blocks, the
         // scratch for their sums and their flags; launched at the end, with the rows kernels'
         // arguments).
-        let sk = if rows && cnt != 0 && self.path_on(Path::RowsSk) {
+        // (Not on a side stream: its blocks' sums and flags are one scratch, and its wave must
+        // be the only one of its kind on the device.)
+        let sk = if rows && cnt != 0 && self.path_on(Path::RowsSk) && self.side_now().is_none() {
             let nb = self.sk_per_sm(rows_smem) * self.sm_count;
             if nb > 0 {
                 let (Some(part), Some(flags)) = (self.scratch(S::SkPart, nb * 128 * 8 * 4), self.scratch(S::SkFlags, nb * 4)) else {
@@ -611,11 +613,15 @@ impl CudaBackend {
         (m, n, k): (usize, usize, usize),
         batch: i32,
     ) {
-        self.gemm_ex_on(&self.blas, (w, wt, lda, stride_w), (x, xt, ldx, stride_x), (c, ct, ldc, stride_c), (m, n, k), batch);
+        let blas = match self.side_now() {
+            Some(fk) => &fk.blas,
+            None => &self.blas,
+        };
+        self.gemm_ex_on(blas, (w, wt, lda, stride_w), (x, xt, ldx, stride_x), (c, ct, ldc, stride_c), (m, n, k), batch);
     }
 
     /// [`CudaBackend::gemm_ex_c`] on the cuBLAS handle `blas`, and so on its stream (the main
-    /// one, or [`Path::SharedFork`]'s side stream).
+    /// one's, or inside a side section [`Path::SharedFork`]'s side stream's).
     #[allow(clippy::type_complexity)]
     pub(super) fn gemm_ex_on(
         &self,
@@ -664,25 +670,8 @@ impl CudaBackend {
     /// `dst`; with `act` (1 SiLU, 2 GELU-tanh) `act(src) * src2` (`f16_rows`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn f16_rows(&self, src: u64, src2: u64, (off, stride): (usize, usize), n: usize, k: usize, act: i32, dst: u64) {
-        self.f16_rows_on(&self.stream, src, src2, (off, stride), n, k, act, dst);
-    }
-
-    /// [`CudaBackend::f16_rows`] on `stream`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn f16_rows_on(
-        &self,
-        stream: &CudaStream,
-        src: u64,
-        src2: u64,
-        (off, stride): (usize, usize),
-        n: usize,
-        k: usize,
-        act: i32,
-        dst: u64,
-    ) {
         let total = n * k / 8;
-        self.launch_on(
-            stream,
+        self.launch(
             "f16_rows",
             (total.div_ceil(256).min(65_536) as u32, 1, 1),
             256,
