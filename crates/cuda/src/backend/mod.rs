@@ -1119,14 +1119,22 @@ impl Drop for Joiner<'_> {
     }
 }
 
-/// A side section ([`CudaBackend::side_section`]): launches go to the side stream until it drops.
+thread_local! {
+    /// The backend (its address) whose side section this thread is in, else 0: per thread, so
+    /// that another thread's launches on the same backend (the tests share one) stay on the
+    /// main stream.
+    static SIDE_SECTION: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A side section ([`CudaBackend::side_section`]): this thread's launches on the backend go to
+/// the side stream until it drops.
 pub(super) struct SideGuard<'a> {
-    be: &'a CudaBackend,
+    _be: &'a CudaBackend,
 }
 
 impl Drop for SideGuard<'_> {
     fn drop(&mut self) {
-        self.be.on_side.store(false, Ordering::Relaxed);
+        SIDE_SECTION.with(|c| c.set(0));
     }
 }
 
@@ -1371,9 +1379,6 @@ pub struct CudaBackend {
     /// [`Path::SharedFork`]'s second stream, its cuBLAS handle and the fork / join events; made
     /// when the path is turned on (at start with `TS_CUDA_SHARED_FORK=1`, or by `set_path`).
     fork: std::sync::OnceLock<Fork>,
-    /// Inside a side section ([`CudaBackend::side_section`]): launches go to the fork's side
-    /// stream. Only ever set within one op, under its `scratch_op` lock.
-    on_side: AtomicBool,
     /// With [`Path::SharedFork`]: the side's shared FFN on cuBLAS from its f16 copies
     /// (`TS_CUDA_SHARED_FORK_BLAS=1`; other bits) instead of the int8 rows kernels on the
     /// shared chunks (the default; the same bits as without the fork).
@@ -1789,7 +1794,6 @@ impl CudaBackend {
             norm_xq: Mutex::new(None),
             sk_per_sm: Mutex::new(Vec::new()),
             fork,
-            on_side: AtomicBool::new(false),
             shared_fork_blas: AtomicBool::new(std::env::var("TS_CUDA_SHARED_FORK_BLAS").is_ok_and(|v| v == "1")),
             pre_routed: AtomicU64::new(0),
             moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").map_or(true, |v| v != "0")),
@@ -2114,18 +2118,20 @@ impl CudaBackend {
         Some((fk, Joiner { be: self, fk, open: true }))
     }
 
-    /// Until the returned guard drops, launches ([`CudaBackend::launch`]) and cuBLAS products go
-    /// to the side stream of `fk` (forked by [`CudaBackend::fork_open`]). Copies, allocations
+    /// Until the returned guard drops, this thread's launches ([`CudaBackend::launch`]) and
+    /// cuBLAS products on this backend go to the side stream (forked by
+    /// [`CudaBackend::fork_open`]); other threads' stay on the main one. Copies, allocations
     /// and synchronisations stay on the main stream: a side section enqueues kernels only, on
     /// scratch sized before the fork.
     pub(super) fn side_section(&self) -> SideGuard<'_> {
-        self.on_side.store(true, Ordering::Relaxed);
-        SideGuard { be: self }
+        SIDE_SECTION.with(|c| c.set(self as *const CudaBackend as usize));
+        SideGuard { _be: self }
     }
 
-    /// The fork whose side stream takes launches now (inside a side section), if any.
+    /// The fork whose side stream takes this thread's launches now (inside a side section of
+    /// this backend), if any.
     fn side_now(&self) -> Option<&Fork> {
-        if self.on_side.load(Ordering::Relaxed) {
+        if SIDE_SECTION.with(|c| c.get()) == self as *const CudaBackend as usize {
             self.fork.get()
         } else {
             None
