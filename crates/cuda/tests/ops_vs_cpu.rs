@@ -2793,7 +2793,9 @@ fn pre_routed_moe_exact() {
 /// taken by the grouped MoE instead of its own quantisation) and W_uv's split sum writing W_o's
 /// (`Path::SumQ8`: `mmq_sum_splits_q8`), against the same ops with both switches off, bit for
 /// bit: V2-Lite's attention output side and MoE shapes, batches of 24 and 64 sequences (one slot
-/// each), short and longer histories.
+/// each), short and longer histories. Also, bit for bit against the cuBLAS chain: the merge
+/// writing W_uv's f16 input (Path::LatH) or not, the splits merged in their launch
+/// (Path::SplitMerge), the MoE's shared FFN on a second stream (Path::SharedFork).
 #[test]
 fn norm_q8_batch_exact() {
     if gpu_tc_fused("norm_q8_batch_exact").is_none() {
@@ -2828,6 +2830,14 @@ fn norm_q8_batch_exact() {
     ge.set_path(Path::DenseBlasBatch, true);
     ge.set_path(Path::SplitMerge, true);
     gc.set_path(Path::SplitMerge, false);
+    // And gc's chain with the MoE's shared FFN on a second stream (Path::SharedFork, its rows
+    // form), forked from the point the FFN norm's launch records ahead: the same bits.
+    let gf = &CudaBackend::new(0).expect("seventh backend");
+    gf.set_path(Path::NormQ8, false);
+    gf.set_path(Path::SumQ8, false);
+    gf.set_path(Path::DenseBlasBatch, true);
+    gf.set_path(Path::SplitMerge, false);
+    gf.set_path(Path::SharedFork, true);
     let mut r = rng(48);
     let mut rep = Report::new("norm_q8 batch");
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
@@ -2850,7 +2860,7 @@ fn norm_q8_batch_exact() {
             let cache_rows = randn(&mut r, toks.len() * w, 1.0);
             let (q, x, nw) = (randn(&mut r, n * nh * w, 0.5), randn(&mut r, n * hd, 1.0), randn(&mut r, hd, 1.0));
             let mut outs = Vec::new();
-            for b in [ga, gb, gc, gd, ge] {
+            for b in [ga, gb, gc, gd, ge, gf] {
                 let cache = b.alloc_latent_cache(n * slot_len as usize, w, kl, nh).unwrap();
                 fill_cache(b, &cache, &cache_rows, w, &toks, slot_len);
                 let step: Vec<TokenMeta> = (0..n).map(|s| TokenMeta { token: 1, pos: hist, slot: s as u32 }).collect();
@@ -2890,7 +2900,7 @@ fn norm_q8_batch_exact() {
                 outs.push([get(b, &gx, xr), get(b, &out, xr), get(b, &lg, lgr), get(b, &mo, xr)]);
             }
             cases += 1;
-            let [a, bb, cc, dd, ee] = [&outs[0], &outs[1], &outs[2], &outs[3], &outs[4]];
+            let [a, bb, cc, dd, ee, ff_] = [&outs[0], &outs[1], &outs[2], &outs[3], &outs[4], &outs[5]];
             exact(&mut rep, &format!("n={n} pos={hist}"), &["x", "out", "logits", "moe"], a, bb);
             // (not the MoE's output: a router near-tie that the other rounding flips moves a
             // token's whole row)
@@ -2899,6 +2909,7 @@ fn norm_q8_batch_exact() {
             }
             exact(&mut rep, &format!("n={n} pos={hist} lat in f16 by the merge"), &["x", "out", "logits", "moe"], cc, dd);
             exact(&mut rep, &format!("n={n} pos={hist} splits merged in their launch"), &["x", "out", "logits", "moe"], cc, ee);
+            exact(&mut rep, &format!("n={n} pos={hist} shared FFN on a second stream"), &["x", "out", "logits", "moe"], cc, ff_);
             long += u64::from(hist >= 64);
         }
     }
@@ -2909,6 +2920,16 @@ fn norm_q8_batch_exact() {
     }
     if gc.path_launches(Path::SplitMerge) != 0 {
         rep.failures.push("SplitMerge ran while off".into());
+    }
+    // (every case forked; from the norm's fork point but where the side's scratch grew first,
+    // the first case of each batch size)
+    if (gf.path_launches(Path::SharedFork), gf.forks_ahead()) != (cases, cases - 2) || gc.path_launches(Path::SharedFork) != 0 {
+        rep.failures.push(format!(
+            "SharedFork ran {} times ({} from the point ahead) in {cases} cases, {} times while off",
+            gf.path_launches(Path::SharedFork),
+            gf.forks_ahead(),
+            gc.path_launches(Path::SharedFork)
+        ));
     }
     if gc.path_launches(Path::LatH) != long || gd.path_launches(Path::LatH) != 0 {
         rep.failures.push(format!(

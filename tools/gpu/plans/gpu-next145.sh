@@ -9,8 +9,9 @@
 # so the hashes must not move), and on cuBLAS from the f16 copies (`TS_CUDA_SHARED_FORK_BLAS=1`:
 # twice the bytes, other bits).
 # 1. moe_shared_fork (the rows form bit for bit against no fork; the cuBLAS form against the
-#    chain, the CPU and f64; both in recorded steps, eager, captured and replayed, bit for bit)
-#    and recorded_steps_replay.
+#    chain, the CPU and f64; both in recorded steps, eager, captured and replayed, bit for bit),
+#    norm_q8_batch_exact (the attention's output side then the MoE, the fork from the point the
+#    FFN norm records ahead: bit for bit against no fork) and recorded_steps_replay.
 # 2. 64 sequences at -d 96 (two rounds) and -d 400, 128 sequences: default, rows form, cuBLAS
 #    form. 3. The server: default, rows form, cuBLAS form (with the prompt cache, the default;
 #    see gpu-next144 for the three ways to report).
@@ -22,8 +23,8 @@ source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=90
 F=TS_CUDA_SHARED_FORK=1
 FB="TS_CUDA_SHARED_FORK=1 TS_CUDA_SHARED_FORK_BLAS=1"
-ops_tests 150 2 moe_shared_fork recorded_steps_replay
-grep -E "fork (taken|not taken)|recorded step" $O/ops.txt | head -8
+ops_tests 200 2 moe_shared_fork norm_q8_batch_exact recorded_steps_replay
+grep -E "fork (taken|not taken)|recorded step|SharedFork" $O/ops.txt | head -8
 stamp "== 64 sequences -d 96 (two rounds), -d 400, 128 sequences"
 bpd 64 "-d 96" "" $F "$FB" "" $F
 bpd 64 "-d 400" "" $F

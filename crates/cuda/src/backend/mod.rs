@@ -1082,6 +1082,9 @@ pub(super) struct Fork {
     pub(super) blas: Mutex<CudaBlas>,
     fork_ev: cudarc::driver::CudaEvent,
     join_ev: cudarc::driver::CudaEvent,
+    /// A fork point recorded ahead ([`CudaBackend::fork_ahead`]): the address of the rows
+    /// whose write it follows (0: none), for the fork that reads them.
+    early: AtomicU64,
 }
 
 impl Fork {
@@ -1089,7 +1092,7 @@ impl Fork {
         let side = ctx.new_stream().map_err(|e| dev_err("cannot create a second CUDA stream", e))?;
         let blas = CudaBlas::new(side.clone()).map_err(|e| dev_err("cannot create the second cuBLAS handle", e))?;
         let ev = || ctx.new_event(None).map_err(|e| dev_err("cannot create a CUDA event", e));
-        Ok(Fork { side, blas: Mutex::new(blas), fork_ev: ev()?, join_ev: ev()? })
+        Ok(Fork { side, blas: Mutex::new(blas), fork_ev: ev()?, join_ev: ev()?, early: AtomicU64::new(0) })
     }
 }
 
@@ -1383,6 +1386,12 @@ pub struct CudaBackend {
     /// (`TS_CUDA_SHARED_FORK_BLAS=1`; other bits) instead of the int8 rows kernels on the
     /// shared chunks (the default; the same bits as without the fork).
     shared_fork_blas: AtomicBool,
+    /// With [`Path::SharedFork`]: the fork point recorded right after a decode batch's FFN
+    /// norm ([`CudaBackend::fork_ahead`]), before the router's product, so that the side does
+    /// not wait for it. On; `TS_CUDA_FORK_AHEAD=0`: the fork point at the MoE op's start.
+    fork_ahead_on: bool,
+    /// Forks that started from a point recorded ahead ([`CudaBackend::forks_ahead`]).
+    took_fork_ahead: AtomicU64,
     /// `moe_shared` ops that took a routing made ahead (for the tests: [`CudaBackend::pre_routes`]).
     pre_routed: AtomicU64,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of one token with f16 or bf16 products
@@ -1795,6 +1804,8 @@ impl CudaBackend {
             sk_per_sm: Mutex::new(Vec::new()),
             fork,
             shared_fork_blas: AtomicBool::new(std::env::var("TS_CUDA_SHARED_FORK_BLAS").is_ok_and(|v| v == "1")),
+            fork_ahead_on: std::env::var("TS_CUDA_FORK_AHEAD").map_or(true, |v| v != "0"),
+            took_fork_ahead: AtomicU64::new(0),
             pre_routed: AtomicU64::new(0),
             moe_residual: AtomicBool::new(std::env::var("TS_CUDA_MOE_RESIDUAL").map_or(true, |v| v != "0")),
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
@@ -2109,13 +2120,55 @@ impl CudaBackend {
     /// [`Path::SharedFork`]'s side stream, forked from the main one here (it starts on what is
     /// enqueued after everything enqueued on the main stream so far), with its joiner; None
     /// when the path is off or has no stream, or after a failure (recorded).
-    pub(super) fn fork_open(&self) -> Option<(&Fork, Joiner<'_>)> {
+    ///
+    /// `ahead`: the address of the side's input rows, where the fork point recorded ahead for
+    /// them ([`CudaBackend::fork_ahead`]) may serve (the caller's scratch did not grow since:
+    /// a slot that grows is zeroed on the main stream after that point). The side then starts
+    /// right after those rows were written, not after everything enqueued since.
+    pub(super) fn fork_open(&self, ahead: Option<u64>) -> Option<(&Fork, Joiner<'_>)> {
         let fk = self.fork.get().filter(|_| self.path_on(Path::SharedFork))?;
-        if let Err(e) = fk.fork_ev.record(&self.stream).and_then(|_| fk.side.wait(&fk.fork_ev)) {
+        let early = fk.early.swap(0, Ordering::Relaxed);
+        let r = if ahead.is_some_and(|a| a != 0 && a == early) {
+            self.took_fork_ahead.fetch_add(1, Ordering::Relaxed);
+            fk.side.wait(&fk.fork_ev)
+        } else {
+            fk.fork_ev.record(&self.stream).and_then(|_| fk.side.wait(&fk.fork_ev))
+        };
+        if let Err(e) = r {
             self.fail(format!("cuda stream fork: {e:?}"));
             return None;
         }
         Some((fk, Joiner { be: self, fk, open: true }))
+    }
+
+    /// Records [`Path::SharedFork`]'s fork point now, for the fork of the op that will read the
+    /// rows at address `rows` (just written by the last launch: a decode batch's FFN norm,
+    /// before the router's product), so that the side need not wait for the launches between.
+    /// Any later fork point replaces it; [`CudaBackend::fork_open`] takes it.
+    pub(super) fn fork_ahead(&self, rows: u64) {
+        let Some(fk) = self.fork.get().filter(|_| self.path_on(Path::SharedFork) && self.fork_ahead_on) else { return };
+        match fk.fork_ev.record(&self.stream) {
+            Ok(()) => fk.early.store(rows, Ordering::Relaxed),
+            Err(e) => self.fail(format!("cuda stream fork point: {e:?}")),
+        }
+    }
+
+    /// Forgets a fork point recorded ahead (an op that does not take it).
+    pub(super) fn fork_ahead_clear(&self) {
+        if let Some(fk) = self.fork.get() {
+            fk.early.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// How many forks started from a point recorded ahead (for the tests).
+    pub fn forks_ahead(&self) -> u64 {
+        self.took_fork_ahead.load(Ordering::Relaxed)
+    }
+
+    /// Whether every slot `(slot, bytes)` already holds its bytes (no growth on asking).
+    fn scratch_holds(&self, slots: &[(S, usize)]) -> bool {
+        let sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        slots.iter().all(|&(s, b)| sc[s as usize].as_ref().is_some_and(|m| m.bytes >= b))
     }
 
     /// Until the returned guard drops, this thread's launches ([`CudaBackend::launch`]) and

@@ -51,6 +51,8 @@ impl CudaBackend {
         // that grows is zeroed on the main stream).
         let fork = n <= GRAPH_MAX_TOKENS && self.moe_tile_tokens(n * k, ne) == 16 && self.path_on(Path::SharedFork);
         let on_blas = self.shared_fork_blas.load(Ordering::Relaxed);
+        // (the input rows' address: a fork point recorded ahead for them serves, fork_open)
+        let x_rows = x.0.ptr + 4 * xr.off as u64;
         let shared = match shared {
             Some(s) if blas && n > GRAPH_MAX_TOKENS && copies(s).is_some() => {
                 let Some(ys) = copies(s).and_then(|c| self.shared_blas(x, xr, c, act)) else { return };
@@ -58,11 +60,12 @@ impl CudaBackend {
                 None
             }
             Some(s) if fork && on_blas && blas && copies(s).is_some() => {
+                let ahead = self.scratch_holds(&Self::shared_blas_sizes(n, hdim, s.gate.ne(1))).then_some(x_rows);
                 if self.shared_blas_scratch(n, hdim, s.gate.ne(1)).is_none() {
                     return;
                 }
                 // (a fork that fails, recorded, leaves the shared FFN on the main stream)
-                let side = self.fork_open().map(|(_, j)| {
+                let side = self.fork_open(ahead).map(|(_, j)| {
                     joiner = Some(j);
                     self.side_section()
                 });
@@ -75,10 +78,11 @@ impl CudaBackend {
             }
             Some(s) if fork && !on_blas && self.moe_tile_tokens(n * (k + s.gate.ne(1) / ff), ne + s.gate.ne(1) / ff) == 16 => {
                 let nsh = s.gate.ne(1) / ff;
+                let ahead = self.scratch_holds(&Self::shared_rows_sizes(n, nsh, hdim, ff)).then_some(x_rows);
                 if self.shared_rows_scratch(n, nsh, hdim, ff).is_none() {
                     return;
                 }
-                let side = self.fork_open().map(|(_, j)| {
+                let side = self.fork_open(ahead).map(|(_, j)| {
                     joiner = Some(j);
                     self.side_section()
                 });
@@ -332,18 +336,24 @@ impl CudaBackend {
         hdim: usize,
         ff: usize,
     ) -> Option<(u64, u64, u64, u64, u64, u64, u64, u64)> {
+        let z = Self::shared_rows_sizes(n, nsh, hdim, ff).map(|(s, b)| self.scratch(s, b));
+        Some((z[0]?, z[1]?, z[2]?, z[3]?, z[4]?, z[5]?, z[6]?, z[7]?))
+    }
+
+    /// [`CudaBackend::shared_rows_scratch`]'s slots and their bytes.
+    pub(super) fn shared_rows_sizes(n: usize, nsh: usize, hdim: usize, ff: usize) -> [(S, usize); 8] {
         let pairs = n * nsh;
         let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
-        Some((
-            self.scratch(S::SideCnt, 4 * nsh)?,
-            self.scratch(S::SideOff, 4 * nsh)?,
-            self.scratch(S::SidePerm, 4 * pairs)?,
-            self.scratch(S::SideXq, n * hg * 144)?,
-            self.scratch(S::SideG, 4 * pairs * ff)?,
-            self.scratch(S::SideU, 4 * pairs * ff)?,
-            self.scratch(S::SideHq, pairs * fg * 144)?,
-            self.scratch(S::SideY, 4 * pairs * hdim)?,
-        ))
+        [
+            (S::SideCnt, 4 * nsh),
+            (S::SideOff, 4 * nsh),
+            (S::SidePerm, 4 * pairs),
+            (S::SideXq, n * hg * 144),
+            (S::SideG, 4 * pairs * ff),
+            (S::SideU, 4 * pairs * ff),
+            (S::SideHq, pairs * fg * 144),
+            (S::SideY, 4 * pairs * hdim),
+        ]
     }
 
     /// A decode batch's shared FFN as its `nsh` chunks of `ff` rows on the grouped int8 rows
@@ -410,12 +420,13 @@ impl CudaBackend {
     /// and `sf` shared rows, grown where needed. A fork asks first: a slot that grows is zeroed
     /// on the main stream, which must not happen after the side stream has started on it.
     pub(super) fn shared_blas_scratch(&self, n: usize, hdim: usize, sf: usize) -> Option<(u64, u64, u64, u64)> {
-        Some((
-            self.scratch(S::Xh, 2 * n * hdim)?,
-            self.scratch(S::Gu, 8 * n * sf)?,
-            self.scratch(S::Hs, 2 * n * sf)?,
-            self.scratch(S::Ys, 4 * n * hdim)?,
-        ))
+        let z = Self::shared_blas_sizes(n, hdim, sf).map(|(s, b)| self.scratch(s, b));
+        Some((z[0]?, z[1]?, z[2]?, z[3]?))
+    }
+
+    /// [`CudaBackend::shared_blas_scratch`]'s slots and their bytes.
+    pub(super) fn shared_blas_sizes(n: usize, hdim: usize, sf: usize) -> [(S, usize); 4] {
+        [(S::Xh, 2 * n * hdim), (S::Gu, 8 * n * sf), (S::Hs, 2 * n * sf), (S::Ys, 4 * n * hdim)]
     }
 
     /// The shared FFN of a prompt-size MoE on cuBLAS, from the row-major f16 copies `(gate, up,

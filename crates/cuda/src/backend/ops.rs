@@ -1096,6 +1096,7 @@ impl Backend for CudaBackend {
         let (nh, kl, hd) = (p.n_heads, p.kv_lora, xr.width);
         *self.routed.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.fork_ahead_clear();
         let rows = self.mla_out.load(Ordering::Relaxed);
         // One token (a decode step) of V2's shapes with Q8_0 value and output weights:
         // mla_out_q8's preconditions (kernels/fused.cu), else the plain chain.
@@ -1219,6 +1220,11 @@ impl Backend for CudaBackend {
                 self.add_rms_norm(x, xr, y, xr, w, eps, out, o);
             }
             drop(op);
+            // The MoE's shared FFN may fork from here (Path::SharedFork): it reads the norm's
+            // rows, not the router's logits.
+            if next.is_some() && (GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) {
+                self.fork_ahead(out.0.ptr + 4 * o.off as u64);
+            }
             if let Some(m) = next {
                 self.matmul(out, o, m.router, m.logits.0, m.logits.1);
             }
