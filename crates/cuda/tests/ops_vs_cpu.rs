@@ -2801,43 +2801,31 @@ fn norm_q8_batch_exact() {
     if gpu_tc_fused("norm_q8_batch_exact").is_none() {
         return;
     }
-    let ga = &CudaBackend::new(0).expect("second backend");
-    let gb = &CudaBackend::new(0).expect("third backend");
-    for (b, on) in [(ga, true), (gb, false)] {
-        b.set_path(Path::NormQ8, on);
-        b.set_path(Path::SumQ8, on);
-        // (both on the int8 products, which NormQ8 and SumQ8 fuse)
-        b.set_path(Path::DenseBlasBatch, false);
-    }
+    // A backend of its own with the paths set so (the rest at their defaults).
+    let backend = |paths: &[(Path, bool)]| {
+        let b = CudaBackend::new(0).expect("another backend");
+        for &(path, on) in paths {
+            b.set_path(path, on);
+        }
+        b
+    };
+    use Path::{DenseBlasBatch as Blas, LatH, NormQ8, SharedFork, SplitMerge, SumQ8};
+    // (both on the int8 products, which NormQ8 and SumQ8 fuse)
+    let ga = &backend(&[(NormQ8, true), (SumQ8, true), (Blas, false)]);
+    let gb = &backend(&[(NormQ8, false), (SumQ8, false), (Blas, false)]);
     // And the chain with W_uv and W_o on cuBLAS in f16 (Path::DenseBlasBatch: av in f16 straight
     // from the W_uv product), within the int8 activations' distance of gb's.
-    let gc = &CudaBackend::new(0).expect("fourth backend");
-    gc.set_path(Path::NormQ8, false);
-    gc.set_path(Path::SumQ8, false);
-    gc.set_path(Path::DenseBlasBatch, true);
+    let cublas = [(NormQ8, false), (SumQ8, false), (Blas, true), (SplitMerge, false), (SharedFork, false)];
+    let gc = &backend(&cublas);
     // And gc's chain with W_uv's f16 input made by f16_rows, not by the attention's merge
     // (Path::LatH off): the same bits.
-    let gd = &CudaBackend::new(0).expect("fifth backend");
-    gd.set_path(Path::NormQ8, false);
-    gd.set_path(Path::SumQ8, false);
-    gd.set_path(Path::DenseBlasBatch, true);
-    gd.set_path(Path::LatH, false);
+    let gd = &backend(&[&cublas[..], &[(LatH, false)]].concat());
     // And gc's chain with the attention's splits merged in the split launch (Path::SplitMerge:
     // lat and its f16 rows without mla_combine_few): the same bits.
-    let ge = &CudaBackend::new(0).expect("sixth backend");
-    ge.set_path(Path::NormQ8, false);
-    ge.set_path(Path::SumQ8, false);
-    ge.set_path(Path::DenseBlasBatch, true);
-    ge.set_path(Path::SplitMerge, true);
-    gc.set_path(Path::SplitMerge, false);
+    let ge = &backend(&[&cublas[..], &[(SplitMerge, true)]].concat());
     // And gc's chain with the MoE's shared FFN on a second stream (Path::SharedFork, its rows
     // form), forked from the point the FFN norm's launch records ahead: the same bits.
-    let gf = &CudaBackend::new(0).expect("seventh backend");
-    gf.set_path(Path::NormQ8, false);
-    gf.set_path(Path::SumQ8, false);
-    gf.set_path(Path::DenseBlasBatch, true);
-    gf.set_path(Path::SplitMerge, false);
-    gf.set_path(Path::SharedFork, true);
+    let gf = &backend(&[&cublas[..], &[(SharedFork, true)]].concat());
     let mut r = rng(48);
     let mut rep = Report::new("norm_q8 batch");
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
