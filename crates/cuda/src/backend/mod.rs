@@ -1082,6 +1082,9 @@ pub(super) struct Fork {
     pub(super) blas: Mutex<CudaBlas>,
     fork_ev: cudarc::driver::CudaEvent,
     join_ev: cudarc::driver::CudaEvent,
+    /// Recorded on the side once it has written what the main stream may read before the
+    /// join ([`CudaBackend::side_mark`]: the rows form's quantised input).
+    mark_ev: cudarc::driver::CudaEvent,
     /// A fork point recorded ahead ([`CudaBackend::fork_ahead`]): the address of the rows
     /// whose write it follows (0: none), for the fork that reads them.
     early: AtomicU64,
@@ -1092,7 +1095,7 @@ impl Fork {
         let side = ctx.new_stream().map_err(|e| dev_err("cannot create a second CUDA stream", e))?;
         let blas = CudaBlas::new(side.clone()).map_err(|e| dev_err("cannot create the second cuBLAS handle", e))?;
         let ev = || ctx.new_event(None).map_err(|e| dev_err("cannot create a CUDA event", e));
-        Ok(Fork { side, blas: Mutex::new(blas), fork_ev: ev()?, join_ev: ev()?, early: AtomicU64::new(0) })
+        Ok(Fork { side, blas: Mutex::new(blas), fork_ev: ev()?, join_ev: ev()?, mark_ev: ev()?, early: AtomicU64::new(0) })
     }
 }
 
@@ -2150,6 +2153,33 @@ impl CudaBackend {
         match fk.fork_ev.record(&self.stream) {
             Ok(()) => fk.early.store(rows, Ordering::Relaxed),
             Err(e) => self.fail(format!("cuda stream fork point: {e:?}")),
+        }
+    }
+
+    /// Inside a side section: records the side's mark (what the side enqueued so far), which
+    /// [`CudaBackend::main_waits_mark`] lets the main stream wait for before the join. False
+    /// outside a side section or after a failure (recorded).
+    pub(super) fn side_mark(&self) -> bool {
+        let Some(fk) = self.side_now() else { return false };
+        match fk.mark_ev.record(&fk.side) {
+            Ok(()) => true,
+            Err(e) => {
+                self.fail(format!("cuda side stream mark: {e:?}"));
+                false
+            }
+        }
+    }
+
+    /// The main stream waits for the side's mark ([`CudaBackend::side_mark`]); false after a
+    /// failure (recorded).
+    pub(super) fn main_waits_mark(&self) -> bool {
+        let Some(fk) = self.fork.get() else { return false };
+        match self.stream.wait(&fk.mark_ev) {
+            Ok(()) => true,
+            Err(e) => {
+                self.fail(format!("cuda stream wait for the side's mark: {e:?}"));
+                false
+            }
         }
     }
 

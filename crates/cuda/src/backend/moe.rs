@@ -37,6 +37,7 @@ impl CudaBackend {
         // the combine; the routed experts then as without a shared FFN (prompts).
         let (mut add, mut add_n) = (0, 0);
         let mut joiner = None;
+        let mut side_xq = None;
         let blas = self.moe_blas.load(Ordering::Relaxed);
         let copies = |s: &Experts<'_, CudaWeight>| match [s.gate.half_rm(), s.up.half_rm(), s.down.half_rm()] {
             [Some(cg), Some(cu), Some(cd)] => Some((cg, cu, cd, s.gate.ne(1))),
@@ -86,10 +87,12 @@ impl CudaBackend {
                     joiner = Some(j);
                     self.side_section()
                 });
-                let Some(ys) = self.shared_rows(x, xr, experts, s, (nsh, ff), act) else { return };
+                let Some((ys, xq, marked)) = self.shared_rows(x, xr, experts, s, (nsh, ff), act) else { return };
                 if side.is_some() {
                     self.took(Path::SharedFork);
                 }
+                // (the side's quantised input serves the routed products too, after its mark)
+                side_xq = marked.then_some(xq);
                 (add, add_n) = (ys, nsh);
                 None
             }
@@ -197,10 +200,13 @@ impl CudaBackend {
                 return;
             }
         }
-        // x's groups as the norm's launch before wrote them (Path::NormQ8), else quantised here.
+        // x's groups as the norm's launch before wrote them (Path::NormQ8), or as the side
+        // stream wrote them (Path::SharedFork's rows form, once the main stream has waited for
+        // its mark: the same launch on the same rows), else quantised here.
         let ahead = self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()).take();
         let xq = match ahead.filter(|a| a.rows == (x.0.ptr, xr.off, xr.stride, n, hdim)) {
             Some(a) => a.xq,
+            None if side_xq.is_some() && self.main_waits_mark() => side_xq.unwrap_or_default(),
             None => {
                 let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
                 self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
@@ -364,8 +370,11 @@ impl CudaBackend {
     /// `moe_combine` to add after the routed slots: each row has the bits of its slot's row
     /// in the launches with the routed experts (the same kernels on the same rows and the same
     /// input groups; a token's result never depends on the other tokens of its tile), and the
-    /// combine sums them in the same order. None after a failure. Called inside a side section
-    /// ([`Path::SharedFork`]); its scratch (`Side*`) sized before the fork.
+    /// combine sums them in the same order. Also returns the quantised input rows and whether
+    /// the side marked them done ([`CudaBackend::side_mark`], right after their launch: the
+    /// routed products may read them once the main stream has waited for the mark). None
+    /// after a failure. Called inside a side section ([`Path::SharedFork`]); its scratch
+    /// (`Side*`) sized before the fork.
     pub(super) fn shared_rows(
         &self,
         x: &CudaBuf,
@@ -374,13 +383,14 @@ impl CudaBackend {
         s: &Experts<'_, CudaWeight>,
         (nsh, ff): (usize, usize),
         act: i32,
-    ) -> Option<u64> {
+    ) -> Option<(u64, u64, bool)> {
         let (n, hdim) = (xr.n, xr.width);
         let (cnt, off, perm, xq, g, u, hq, y) = self.shared_rows_scratch(n, nsh, hdim, ff)?;
         let pairs = n * nsh;
         let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
-        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(0), i(n), i(0), i(nsh), i(0), A::P(cnt), A::P(off), A::P(perm)]);
         self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
+        let marked = self.side_mark();
+        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(0), i(n), i(0), i(nsh), i(0), A::P(cnt), A::P(off), A::P(perm)]);
         let tiles = (pairs.div_ceil(16) + nsh) as u32;
         // (every expert of these lists is a shared chunk: e_sh 0)
         let groups = |w: &CudaWeight, stride: usize| {
@@ -413,7 +423,7 @@ impl CudaBackend {
         self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         let dn = groups(s.down, ff / 128 * 144);
         self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, dn, 1, (y, 0, hdim), (1, 0), 16);
-        Some(y)
+        Some((y, xq, marked))
     }
 
     /// [`CudaBackend::shared_blas`]'s scratch (`Xh`, `Gu`, `Hs`, `Ys`) for `n` rows of `hdim`
