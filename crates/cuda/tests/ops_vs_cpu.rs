@@ -3135,6 +3135,81 @@ fn fused_moe_shared() {
     rep.finish();
 }
 
+/// A decode batch's cuBLAS products with each shape's algorithm picked by timing
+/// (`Path::BlasTune`, cuBLASLt's candidates and cuBLAS's own call, `lt.rs`): V2-Lite's dense
+/// decode shapes (q and kv_a side by side, W_o, W_uk and W_uv per head, a slice of the output
+/// head) at 9-128 rows, within f32 summation order (3e-5 of the rms) of the same products
+/// without the path; that the shapes were timed; then, the choices made, a recorded step of
+/// them (eager, captured, replayed, new inputs each time) gives the eager op's bits.
+#[test]
+fn blas_tune() {
+    if gpu_tc_fused("blas_tune").is_none() {
+        return;
+    }
+    let on = &CudaBackend::new(0).expect("second backend");
+    on.set_path(Path::BlasTune, true);
+    on.set_path(Path::DenseBlasBatch, true);
+    let off = &CudaBackend::new(0).expect("third backend");
+    off.set_path(Path::BlasTune, false);
+    off.set_path(Path::DenseBlasBatch, true);
+    let mut r = rng(59);
+    let mut rep = Report::new("blas_tune");
+    let shapes = [(2048usize, 3648usize, 1usize), (2048, 2048, 1), (128, 512, 16), (512, 128, 16), (2048, 12_800, 1)];
+    let mut ws = Vec::new();
+    for &(k, m, g) in &shapes {
+        let shape: Vec<usize> = if g == 1 { vec![k, m] } else { vec![k, m, g] };
+        let (bytes, _) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
+        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
+        ws.push((on.upload_weight(&t, WeightUse::Matmul).unwrap(), off.upload_weight(&t, WeightUse::Matmul).unwrap()));
+    }
+    let prod = |b: &CudaBackend, w: &CudaWeight, g: usize, xb: &CudaBuf, xr: Rows, ob: &CudaBuf, o: Rows| {
+        if g == 1 {
+            b.matmul(xb, xr, w, ob, o);
+        } else {
+            b.matmul_grouped(xb, xr, w, ob, o);
+        }
+    };
+    for n in [9usize, 33, 64, 128] {
+        for (&(k, m, g), (wn, wf)) in shapes.iter().zip(&ws) {
+            let rows = n * g;
+            let xr = Rows::packed(rows, k);
+            let o = Rows::packed(rows, m);
+            let x = randn(&mut r, xr.end(), 1.0);
+            let run = |b: &CudaBackend, w: &CudaWeight| {
+                let (xb, ob) = (buf(b, &x), b.alloc(o.end()).unwrap());
+                poison(b, &ob, o.end());
+                prod(b, w, g, &xb, xr, &ob, o);
+                get(b, &ob, o)
+            };
+            let lab = format!("k={k} m={m} g={g} n={n}");
+            rep.check(&format!("{lab} tuned vs cuBLAS"), &run(on, wn), &run(off, wf), 3e-5, 0.0);
+        }
+    }
+    let (tuned, won) = on.blas_tuned();
+    eprintln!("  shapes timed: {tuned}, won by a cuBLASLt algorithm: {won}");
+    if tuned == 0 || on.path_launches(Path::BlasTune) == 0 && won > 0 {
+        rep.failures.push(format!("BlasTune: {tuned} shapes timed, {won} won, {} products on it", on.path_launches(Path::BlasTune)));
+    }
+    // The chosen algorithms inside a recorded step: W_o's shape at 64 rows, eager, captured,
+    // replayed, each against the same product run eagerly.
+    let (k, m) = (2048, 2048);
+    let (xr, o) = (Rows::packed(64, k), Rows::packed(64, m));
+    let (xb, ob, eb) = (on.alloc(xr.end()).unwrap(), on.alloc(o.end()).unwrap(), on.alloc(o.end()).unwrap());
+    let key = 0xb1a5_u64 ^ r.random::<u64>();
+    for step in 0..4 {
+        on.write(&xb, 0, &randn(&mut r, xr.end(), 1.0)).unwrap();
+        if !on.graph_begin(key, 64) {
+            on.matmul(&xb, xr, &ws[1].0, &ob, o);
+            if !on.graph_end() {
+                on.matmul(&xb, xr, &ws[1].0, &ob, o);
+            }
+        }
+        on.matmul(&xb, xr, &ws[1].0, &eb, o);
+        exact(&mut rep, &format!("W_o at 64 rows, recorded step {step}"), &["out"], &[get(on, &ob, o)], &[get(on, &eb, o)]);
+    }
+    rep.finish();
+}
+
 /// A decode batch's MoE with the shared FFN on a second stream (`Path::SharedFork`), forked
 /// beside the routing and the routed experts' int8 launches and joined before the combine:
 /// - on the int8 rows kernels as the shared chunks alone (the default form): bit for bit what

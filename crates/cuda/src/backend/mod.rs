@@ -43,6 +43,7 @@ use crate::kernels;
 
 mod attention;
 mod layout;
+mod lt;
 mod moe;
 mod ops;
 mod products;
@@ -1016,10 +1017,17 @@ pub enum Path {
     /// (`shared_blas`; other bits: f16 activations, not 8-bit ones). Off
     /// (`TS_CUDA_SHARED_FORK=1` turns it on, with its stream made at start): not yet measured.
     SharedFork,
+    /// A decode batch's cuBLAS products (9-128 rows on the main stream) with each shape's
+    /// algorithm chosen by timing at its first eager sight: cuBLASLt's candidates for the
+    /// shape and cuBLAS's own call, run on the step's own operands (`lt.rs`). Other bits where
+    /// a candidate wins (another summation order); which wins may differ between processes.
+    /// Off (`TS_CUDA_BLAS_TUNE=1` turns it on, with its handle and 32 MiB of workspace made at
+    /// start): not yet measured.
+    BlasTune,
 }
 
 impl Path {
-    const ALL: [Path; 19] = [
+    const ALL: [Path; 20] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1039,6 +1047,7 @@ impl Path {
         Path::RowsSk,
         Path::SplitMerge,
         Path::SharedFork,
+        Path::BlasTune,
     ];
 
     /// Its environment variable and its default.
@@ -1063,6 +1072,7 @@ impl Path {
             Path::RowsSk => ("TS_CUDA_ROWS_SK", false),
             Path::SplitMerge => ("TS_CUDA_SPLIT_MERGE", false),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", false),
+            Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
         }
     }
 
@@ -1385,6 +1395,9 @@ pub struct CudaBackend {
     /// [`Path::SharedFork`]'s second stream, its cuBLAS handle and the fork / join events; made
     /// when the path is turned on (at start with `TS_CUDA_SHARED_FORK=1`, or by `set_path`).
     fork: std::sync::OnceLock<Fork>,
+    /// [`Path::BlasTune`]'s cuBLASLt handle, workspace and chosen algorithms; made when the
+    /// path is turned on (at start with `TS_CUDA_BLAS_TUNE=1`, or by `set_path`).
+    lt: std::sync::OnceLock<lt::Lt>,
     /// With [`Path::SharedFork`]: the side's shared FFN on cuBLAS from its f16 copies
     /// (`TS_CUDA_SHARED_FORK_BLAS=1`; other bits) instead of the int8 rows kernels on the
     /// shared chunks (the default; the same bits as without the fork).
@@ -1720,7 +1733,7 @@ impl CudaBackend {
             let _ = fork.set(Fork::new(&ctx)?);
         }
         let exact = std::env::var("TS_CUDA_EXACT").is_ok_and(|v| v == "1");
-        Ok(CudaBackend {
+        let be = CudaBackend {
             ctx,
             stream,
             blas: Mutex::new(blas),
@@ -1806,6 +1819,7 @@ impl CudaBackend {
             norm_xq: Mutex::new(None),
             sk_per_sm: Mutex::new(Vec::new()),
             fork,
+            lt: std::sync::OnceLock::new(),
             shared_fork_blas: AtomicBool::new(std::env::var("TS_CUDA_SHARED_FORK_BLAS").is_ok_and(|v| v == "1")),
             fork_ahead_on: std::env::var("TS_CUDA_FORK_AHEAD").map_or(true, |v| v != "0"),
             took_fork_ahead: AtomicU64::new(0),
@@ -1851,7 +1865,14 @@ impl CudaBackend {
                 .map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
                 .unwrap_or_default(),
             exact,
-        })
+        };
+        // (Path::BlasTune's handle and workspace, where its variable turned it on)
+        if Path::BlasTune.env_on() {
+            let _ = be.lt.set(lt::Lt::new(&be).ok_or_else(|| {
+                BackendError::Device("TS_CUDA_BLAS_TUNE=1: cuBLASLt could not be loaded or its workspace allocated".into())
+            })?);
+        }
+        Ok(be)
     }
 
     /// Free and total device memory in bytes.
@@ -2092,6 +2113,17 @@ impl CudaBackend {
                 }
                 Err(e) => {
                     self.fail(format!("Path::SharedFork: {e}"));
+                    return;
+                }
+            }
+        }
+        if p == Path::BlasTune && on && self.lt.get().is_none() {
+            match lt::Lt::new(self) {
+                Some(l) => {
+                    let _ = self.lt.set(l);
+                }
+                None => {
+                    self.fail("Path::BlasTune: cuBLASLt could not be loaded or its workspace allocated".into());
                     return;
                 }
             }

@@ -617,7 +617,21 @@ impl CudaBackend {
             Some(fk) => &fk.blas,
             None => &self.blas,
         };
-        self.gemm_ex_on(blas, (w, wt, lda, stride_w), (x, xt, ldx, stride_x), (c, ct, ldc, stride_c), (m, n, k), batch);
+        let run = || self.gemm_ex_on(blas, (w, wt, lda, stride_w), (x, xt, ldx, stride_x), (c, ct, ldc, stride_c), (m, n, k), batch);
+        // A decode batch's product on the main stream with its timed algorithm (Path::BlasTune).
+        if std::ptr::eq(blas, &self.blas) && self.path_on(Path::BlasTune) && (GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) {
+            let key = lt::LtKey {
+                mnk: (m, n, k),
+                lds: (lda, ldx, ldc),
+                strides: (stride_w, stride_x, stride_c, batch),
+                types: (wt as u32, xt as u32, ct as u32),
+            };
+            if self.lt_gemm(key, (w, x, c), &run) {
+                self.took(Path::BlasTune);
+                return;
+            }
+        }
+        run();
     }
 
     /// [`CudaBackend::gemm_ex_c`] on the cuBLAS handle `blas`, and so on its stream (the main
