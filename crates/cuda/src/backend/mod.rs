@@ -1021,8 +1021,10 @@ pub enum Path {
     /// algorithm chosen by timing at its first eager sight: cuBLASLt's candidates for the
     /// shape and cuBLAS's own call, run on the step's own operands (`lt.rs`). Other bits where
     /// a candidate wins (another summation order); which wins may differ between processes.
-    /// Off (`TS_CUDA_BLAS_TUNE=1` turns it on, with its handle and 32 MiB of workspace made at
-    /// start): not yet measured.
+    /// Each new shape pays its timing once, in an eager step (up to 17 candidates x 6 runs:
+    /// a few ms; the output head's ~10 ms), so a server's first steps at each batch size are
+    /// slower. Off (`TS_CUDA_BLAS_TUNE=1` turns it on, with its handle and 32 MiB of workspace
+    /// made at start): not yet measured.
     BlasTune,
 }
 
