@@ -122,7 +122,12 @@ impl CudaBackend {
         // (8 warps a block, a score's dims in four parts, measured slower on the H200: tg64 at
         // 16k 471.0 against 483.2; docs/PERF.md, session 27.)
         let ms_smem = if cache.half { ms_smem_h(self.ms_nb) } else { MS_SMEM };
-        let tc_ok = self.tc && (w, kl) == (576, 512) && nh % 16 == 0 && qr.off % 4 == 0 && qr.stride % 4 == 0 && ms_smem <= self.smem_max;
+        let tc_ok = self.tc
+            && (w, kl) == (576, 512)
+            && nh % 16 == 0
+            && qr.off.is_multiple_of(4)
+            && qr.stride.is_multiple_of(4)
+            && ms_smem <= self.smem_max;
         let use_tc = tc_ok
             && match self.mla_tc.load(Ordering::Relaxed) {
                 1 => true,
@@ -153,8 +158,8 @@ impl CudaBackend {
             && (w, kl) == (576, 512)
             && nh % 16 == 0
             && one_slot
-            && qr.off % 4 == 0
-            && qr.stride % 4 == 0
+            && qr.off.is_multiple_of(4)
+            && qr.stride.is_multiple_of(4)
             && MP_SMEM <= self.smem_max
         {
             let groups = n * nh / 16;

@@ -47,7 +47,7 @@ pub(super) fn dev_row_bytes(t: GgmlType, ne0: usize) -> usize {
 
 /// Bytes of one matrix of `rows` rows of `rb` device bytes in the tiled copy.
 pub(super) fn tile16_mat_bytes(rb: usize, rows: usize) -> usize {
-    rows.next_multiple_of(16) / 16 * (rb / 144) * TILE_GROUP
+    rows.div_ceil(16) * (rb / 144) * TILE_GROUP
 }
 
 /// The tiled copy of a stack of Q8_0 matrices in the device layout (`rows` rows of `rb` bytes
@@ -61,7 +61,7 @@ pub(super) fn tile16_mat_bytes(rb: usize, rows: usize) -> usize {
 pub fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
     let ng = rb / 144;
     let mats = data.len() / (rb * rows).max(1);
-    let tiles = rows.next_multiple_of(16) / 16;
+    let tiles = rows.div_ceil(16);
     let mut out = vec![0u8; mats * tile16_mat_bytes(rb, rows)];
     let piece = |e: usize, r: usize, at: usize| -> [u8; 8] {
         if r < rows {

@@ -732,12 +732,12 @@ impl std::fmt::Write for KName {
 /// multiple of 8 values, every row and matrix 16-byte aligned, activations 16-byte aligned.
 fn h16_vector_ok(w: &CudaWeight, k: usize, xoff: usize, xstride: usize) -> bool {
     matches!(w.dtype, GgmlType::F16 | GgmlType::BF16)
-        && k % 8 == 0
-        && w.row_bytes % 16 == 0
-        && w.mat_bytes() % 16 == 0
-        && w.mem.ptr % 16 == 0
-        && xoff % 4 == 0
-        && xstride % 4 == 0
+        && k.is_multiple_of(8)
+        && w.row_bytes.is_multiple_of(16)
+        && w.mat_bytes().is_multiple_of(16)
+        && w.mem.ptr.is_multiple_of(16)
+        && xoff.is_multiple_of(4)
+        && xstride.is_multiple_of(4)
 }
 
 /// Bytes of one 16-row tile's group in the tiled copy (`MMQ_TG` in kernels/mmq.cu).
@@ -2330,8 +2330,8 @@ impl CudaBackend {
             && self.moe_f16
             && self.mmf_q8.load(Ordering::Relaxed) != 0
             && self.mmfq8.is_some()
-            && hdim % 128 == 0
-            && ff % 128 == 0
+            && hdim.is_multiple_of(128)
+            && ff.is_multiple_of(128)
     }
 
     pub fn fused(&self) -> bool {

@@ -604,8 +604,8 @@ impl CudaBackend {
             && hdim % 8 == 0
             && ff % 8 == 0
             && all.iter().all(|w| w.mem.ptr % 16 == 0 && w.row_bytes % 16 == 0 && w.mat_bytes() % 16 == 0)
-            && xr.off % 4 == 0
-            && xr.stride % 4 == 0;
+            && xr.off.is_multiple_of(4)
+            && xr.stride.is_multiple_of(4);
         let shapes = xr.width == hdim
             && lr.n == n
             && o.n == n
@@ -617,7 +617,7 @@ impl CudaBackend {
             && (shared.gate.ne(0), shared.up.ne(0), shared.up.ne(1)) == (hdim, hdim, sf)
             && (shared.down.ne(0), shared.down.ne(1)) == (sf, hdim)
             && ff > 0
-            && sf % ff == 0
+            && sf.is_multiple_of(ff)
             && (1..=32).contains(&(sf / ff))
             && (1..=32).contains(&k)
             && k <= ne;

@@ -46,7 +46,7 @@ impl Backend for CudaBackend {
             && self.tc
             && (width, kv_lora) == (576, 512)
             && heads > 0
-            && heads % 16 == 0
+            && heads.is_multiple_of(16)
             && ms_smem_h(self.ms_nb).max(MP_SMEM) <= self.smem_max;
         if !half {
             return self.alloc_cache(rows, width);
@@ -126,7 +126,7 @@ impl Backend for CudaBackend {
             && t.dtype == GgmlType::Q8_0
             && t.shape.len() >= 2
             && ne0 % 128 == 0
-            && t.shape[1] % 64 == 0
+            && t.shape[1].is_multiple_of(64)
             && match self.f16_copy.load(Ordering::Relaxed) {
                 0 => false,
                 1 => true,
@@ -169,7 +169,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload_rope(&self, spec: &RopeSpec) -> Result<CudaRope> {
-        if spec.dim % 2 != 0 || spec.freqs.len() != spec.dim / 2 {
+        if !spec.dim.is_multiple_of(2) || spec.freqs.len() != spec.dim / 2 {
             return Err(BackendError::Unsupported(format!("rope: {} frequencies for {} dimensions", spec.freqs.len(), spec.dim)));
         }
         let bytes: Vec<u8> = spec.freqs.iter().flat_map(|f| f.to_le_bytes()).collect();
@@ -569,7 +569,7 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, x: &CudaBuf, xr: Rows, heads_per_token: usize, batch: &CudaBatch, rope: &CudaRope) {
-        assert!(rope.dim <= xr.width && rope.dim % 2 == 0);
+        assert!(rope.dim <= xr.width && rope.dim.is_multiple_of(2));
         assert_eq!(xr.n, batch.tokens.len() * heads_per_token, "rope: rows != tokens * heads");
         x.check(xr);
         let half = rope.dim / 2;
@@ -894,13 +894,12 @@ impl Backend for CudaBackend {
             // Keys seen once (a server's mixed batches) are forgotten now and then.
             gs.seen.clear();
         }
-        if !gs.seen.insert(key) {
-            if self.ctx.bind_to_thread().is_ok()
-                && self.stream.begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).is_ok()
-            {
-                gs.capturing = Some(key);
-                gs.spoiled = false;
-            }
+        if !gs.seen.insert(key)
+            && self.ctx.bind_to_thread().is_ok()
+            && self.stream.begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).is_ok()
+        {
+            gs.capturing = Some(key);
+            gs.spoiled = false;
         }
         false
     }
@@ -1420,7 +1419,7 @@ impl Backend for CudaBackend {
             return;
         }
         assert!(sr.n == dr.n && sr.width == dr.width, "rope_copy: shapes {sr:?} {dr:?}");
-        assert!(rope.dim <= sr.width && rope.dim % 2 == 0);
+        assert!(rope.dim <= sr.width && rope.dim.is_multiple_of(2));
         assert_eq!(sr.n, batch.tokens.len() * heads_per_token, "rope_copy: rows != tokens * heads");
         src.check(sr);
         dst.check(dr);
@@ -1517,7 +1516,7 @@ impl Backend for CudaBackend {
             && norm_width.next_power_of_two().clamp(32, 256) == 256
             && norm_width > 0
             && norm_width + rope.dim <= xr.width
-            && rope.dim % 2 == 0
+            && rope.dim.is_multiple_of(2)
             && xr.width == cache.width
             && w.is_none_or(|w| w.dtype == GgmlType::F32 && w.ne(0) * w.ne(1) == norm_width)
             && smem <= self.smem_max;

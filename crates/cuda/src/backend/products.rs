@@ -187,7 +187,13 @@ impl CudaBackend {
         }
         // (Path::RouterSplit: decode batches' routers too, in chunks of 8 tokens.)
         let split_rows = ng <= GEMV_MAX_TOKENS || (ng <= GRAPH_MAX_TOKENS && m <= 512 && self.path_on(Path::RouterSplit));
-        if split_rows && g == 1 && w.dtype == GgmlType::F32 && k % 128 == 0 && xr.off % 4 == 0 && (ng == 1 || xr.stride % 4 == 0) {
+        if split_rows
+            && g == 1
+            && w.dtype == GgmlType::F32
+            && k % 128 == 0
+            && xr.off.is_multiple_of(4)
+            && (ng == 1 || xr.stride.is_multiple_of(4))
+        {
             // Few-row f32 matrices (the MoE router): split-K GEMV (kernels/fast.cu), 8 tokens a
             // block row.
             if ng > GEMV_MAX_TOKENS {
