@@ -34,7 +34,8 @@ stamp "== 64 sequences -d 96, 128 sequences"
 bpd 64 "-d 96" "" $F "$FB"
 bp 128 "" $F
 T=TS_CUDA_BLAS_TUNE=1
-bpd 64 "-d 96" $T "$F $T"
+# (and the fork with the stream-K rows kernel, gpu-next143's: its wave meets the side's blocks)
+bpd 64 "-d 96" $T "$F $T" "$F TS_CUDA_ROWS_SK=1"
 stamp "== server"
 serve64 "" 30
 serve64 "$F" 30
