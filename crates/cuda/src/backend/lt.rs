@@ -34,6 +34,14 @@ pub(super) struct LtKey {
     pub strides: (i64, i64, i64, i32),
     /// The weights', the input's and the output's types (cuBLAS's numbering).
     pub types: (u32, u32, u32),
+    /// The three pointers' alignments in bytes (powers of two, at most 16): an algorithm timed
+    /// on aligned operands may refuse less aligned ones.
+    pub align: (u8, u8, u8),
+}
+
+/// A pointer's alignment in bytes, at most 16.
+pub(super) fn lt_align(p: u64) -> u8 {
+    1u8 << p.trailing_zeros().min(4)
 }
 
 /// A shape's descriptors and its chosen algorithm.
@@ -164,13 +172,17 @@ impl Lt {
         let pref = lt::create_matmul_pref().ok()?;
         let max_ws = LT_WORKSPACE as u64;
         let found = unsafe {
-            let ok = lt::set_matmul_pref_attribute(
-                pref,
-                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &max_ws as *const u64 as *const _,
-                8,
-            )
-            .is_ok();
+            // (the workspace, a u64, and the operands' alignments, u32s, so that every candidate
+            // takes them)
+            use lt_sys::cublasLtMatmulPreferenceAttributes_t as P;
+            let set64 = |attr, v: u64| lt::set_matmul_pref_attribute(pref, attr, &v as *const u64 as *const _, 8).is_ok();
+            let set32 = |attr, v: u8| lt::set_matmul_pref_attribute(pref, attr, &(v as u32) as *const u32 as *const _, 4).is_ok();
+            let (aw, ax, ac) = key.align;
+            let ok = set64(P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_ws)
+                && set32(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aw)
+                && set32(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ax)
+                && set32(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ac)
+                && set32(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ac);
             let mut res = vec![std::mem::zeroed::<lt_sys::cublasLtMatmulHeuristicResult_t>(); LT_CANDIDATES];
             let mut count = 0i32;
             let st = lt_sys::cublasLtMatmulAlgoGetHeuristic(
@@ -240,15 +252,9 @@ impl CudaBackend {
         let Some(lt) = self.lt.get() else { return false };
         let mut plans = lt.plans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = plans.get(&key) {
-            return match p {
-                Some(plan) => {
-                    if !lt.matmul(plan, (&plan.algo, plan.ws), ops, &self.stream) {
-                        self.fail(format!("cublasLtMatmul ({:?})", key.mnk));
-                    }
-                    true
-                }
-                None => false,
-            };
+            // (a call the plan refuses, which validation does before enqueueing anything, goes
+            // to cuBLAS's own call)
+            return p.as_ref().is_some_and(|plan| lt.matmul(plan, (&plan.algo, plan.ws), ops, &self.stream));
         }
         if self.graphs.lock().unwrap_or_else(|e| e.into_inner()).capturing.is_some() {
             return false;
@@ -297,10 +303,7 @@ impl CudaBackend {
                 lt.won.fetch_add(1, Ordering::Relaxed);
                 let ok = lt.matmul(&plan, (&plan.algo, plan.ws), ops, &self.stream);
                 plans.insert(key, Some(plan));
-                if !ok {
-                    self.fail(format!("cublasLtMatmul ({:?})", key.mnk));
-                }
-                true
+                ok
             }
             _ => {
                 plans.insert(key, None);

@@ -631,6 +631,7 @@ impl CudaBackend {
                 lds: (lda, ldx, ldc),
                 strides: (stride_w, stride_x, stride_c, batch),
                 types: (wt as u32, xt as u32, ct as u32),
+                align: (lt::lt_align(w), lt::lt_align(x), lt::lt_align(c)),
             };
             if self.lt_gemm(key, (w, x, c), &run) {
                 self.took(Path::BlasTune);
