@@ -2826,6 +2826,7 @@ fn norm_q8_batch_exact() {
     // And gc's chain with the MoE's shared FFN on a second stream (Path::SharedFork, its rows
     // form), forked from the point the FFN norm's launch records ahead: the same bits.
     let gf = &backend(&[&cublas[..], &[(SharedFork, true)]].concat());
+    gf.set_shared_fork_blas(false);
     let mut r = rng(48);
     let mut rep = Report::new("norm_q8 batch");
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
@@ -3223,10 +3224,16 @@ fn blas_tune() {
 /// run eagerly on the same backend, step after step, with one recording and two replays.
 #[test]
 fn moe_shared_fork() {
-    let Some(g) = gpu_tc_fused("moe_shared_fork") else { return };
-    let fk = &CudaBackend::new(0).expect("second backend");
+    if gpu_tc_fused("moe_shared_fork").is_none() {
+        return;
+    }
+    // (g: no fork, the reference of the rows form; fk: the rows form; fb: the cuBLAS form)
+    let g = &CudaBackend::new(0).expect("second backend");
+    g.set_path(Path::SharedFork, false);
+    let fk = &CudaBackend::new(0).expect("third backend");
     fk.set_path(Path::SharedFork, true);
-    let fb = &CudaBackend::new(0).expect("third backend");
+    fk.set_shared_fork_blas(false);
+    let fb = &CudaBackend::new(0).expect("fourth backend");
     fb.set_path(Path::SharedFork, true);
     fb.set_shared_fork_blas(true);
     let c = cpu();
@@ -3542,6 +3549,11 @@ fn moe_rows_exact() {
     // a backend of their own.)
     let rowmaj = &CudaBackend::new(0).expect("fourth backend");
     rowmaj.set_moe_tiled(false);
+    // (the shared chunks inside the grouped launches, which these variants order and split:
+    // the decode batch's fork would take them out)
+    for b in [plain, tiled, rowmaj] {
+        b.set_path(Path::SharedFork, false);
+    }
     // One row set a warp on both (mmq_q8_rows); two below (the default picks by pairs an expert).
     tiled.set_rows_r(1);
     rowmaj.set_rows_r(1);

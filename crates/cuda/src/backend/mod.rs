@@ -996,26 +996,30 @@ pub enum Path {
     /// to take the rows launches' ragged last wave away (11-15% of their SM time idle under
     /// Nsight). A block waits for the one before it at its end, so the launch needs its whole
     /// wave on the device at once: one such launch at a time (one stream, as a backend has).
-    /// Off (`TS_CUDA_ROWS_SK=1` turns it on): not yet measured.
+    /// Off (`TS_CUDA_ROWS_SK=1` turns it on): measured much slower on the H200 (forty-third
+    /// session, gpu-next146: 64 sequences 7,125 against 9,624; with the shared FFN's fork
+    /// 8,719), though correct (`moe_rows_exact` passed). To be removed.
     RowsSk,
     /// With [`Path::SplitBatch`]: a batch's 1, 2 or 4 splits a token merge inside the split
     /// launch (`mla_split_tc_hbm<CL>`: the splits of a token's head group are one thread-block
     /// cluster, their partial rows exchanged through distributed shared memory), so no
     /// `mla_combine_few` launch after it and no partial rows in global memory; the same bits
     /// (mla_combine_few's arithmetic), the f16 rows for W_uv too where [`Path::LatH`] asks.
-    /// sm_90 and later. Off (`TS_CUDA_SPLIT_MERGE=1` turns it on): not yet measured.
+    /// sm_90 and later. Off (`TS_CUDA_SPLIT_MERGE=1` turns it on): measured slower on the H200
+    /// (forty-third session, gpu-next146: 64 sequences at `-d 96` 9,485 against 9,624, at
+    /// `-d 400` 9,033 against 9,202), though the same bits (its tests passed). To be removed.
     SplitMerge,
-    /// A decode batch's MoE with the shared FFN on a second stream, forked when the MoE starts
-    /// (after the FFN norm and the router) and joined before the combine: the shared FFN runs
-    /// beside the routing, grouping and quantisation launches on the main one, which leave the
-    /// memory bus nearly idle for ~12 µs a layer, and the grouped rows launches carry the
-    /// routed experts only (without the shared chunks, 8 of the 72 16-token tiles at 64
-    /// sequences, ~11% of those launches). By default on the int8 rows kernels, the shared
-    /// chunks alone (`shared_rows`: the same kernels on the same rows, summed by the combine in
-    /// the same order, so the same bits as without the fork); with
-    /// `TS_CUDA_SHARED_FORK_BLAS=1` on cuBLAS from its row-major f16 copies, as prompts run it
-    /// (`shared_blas`; other bits: f16 activations, not 8-bit ones). Off
-    /// (`TS_CUDA_SHARED_FORK=1` turns it on, with its stream made at start): not yet measured.
+    /// A decode batch's MoE with the shared FFN on a second stream, forked right after the FFN
+    /// norm and joined before the combine: the shared FFN runs beside the router, routing,
+    /// grouping and quantisation launches on the main one, which leave the memory bus nearly
+    /// idle for ~12 µs a layer, and the grouped rows launches carry the routed experts only.
+    /// By default on cuBLAS from the shared FFN's row-major f16 copies, as prompts run it
+    /// (`shared_blas`; other bits than the shared chunks in the int8 launches: f16
+    /// activations). `TS_CUDA_SHARED_FORK_BLAS=0`: on the int8 rows kernels, the shared chunks
+    /// alone (`shared_rows`: the same bits as without the fork). On; `TS_CUDA_SHARED_FORK=0`
+    /// turns it off. H200 (forty-third session, gpu-next145/146): 64 sequences 9,807 / 9,791
+    /// against 9,628 / 9,624 (+1.8%), the server 9,503 against 9,349 (+1.6%); the rows form
+    /// lost (9,249, the server 8,915).
     SharedFork,
     /// A decode batch's cuBLAS products (9-128 rows on the main stream) with each shape's
     /// algorithm chosen by timing at its first eager sight: cuBLASLt's candidates for the
@@ -1024,7 +1028,9 @@ pub enum Path {
     /// Each new shape pays its timing once, in an eager step (up to 17 candidates x 6 runs:
     /// a few ms; the output head's ~10 ms), so a server's first steps at each batch size are
     /// slower. Off (`TS_CUDA_BLAS_TUNE=1` turns it on, with its handle and 32 MiB of workspace
-    /// made at start): not yet measured.
+    /// made at start): no gain on the H200 (forty-third session, gpu-next145: 64 sequences
+    /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
+    /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
 }
 
@@ -1073,7 +1079,7 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::RowsSk => ("TS_CUDA_ROWS_SK", false),
             Path::SplitMerge => ("TS_CUDA_SPLIT_MERGE", false),
-            Path::SharedFork => ("TS_CUDA_SHARED_FORK", false),
+            Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
         }
     }
@@ -1395,14 +1401,16 @@ pub struct CudaBackend {
     /// in bytes, as the driver gave them (asked once per size, not on every launch).
     sk_per_sm: Mutex<Vec<(usize, usize)>>,
     /// [`Path::SharedFork`]'s second stream, its cuBLAS handle and the fork / join events; made
-    /// when the path is turned on (at start with `TS_CUDA_SHARED_FORK=1`, or by `set_path`).
+    /// when the path is on at start (the default; `TS_CUDA_SHARED_FORK=0` turns it off) or
+    /// turned on by `set_path`.
     fork: std::sync::OnceLock<Fork>,
     /// [`Path::BlasTune`]'s cuBLASLt handle, workspace and chosen algorithms; made when the
     /// path is turned on (at start with `TS_CUDA_BLAS_TUNE=1`, or by `set_path`).
     lt: std::sync::OnceLock<lt::Lt>,
-    /// With [`Path::SharedFork`]: the side's shared FFN on cuBLAS from its f16 copies
-    /// (`TS_CUDA_SHARED_FORK_BLAS=1`; other bits) instead of the int8 rows kernels on the
-    /// shared chunks (the default; the same bits as without the fork).
+    /// With [`Path::SharedFork`]: the side's shared FFN on cuBLAS from its f16 copies (the
+    /// default; other bits than the shared chunks in the int8 launches), or with
+    /// `TS_CUDA_SHARED_FORK_BLAS=0` on the int8 rows kernels on the shared chunks (the same
+    /// bits as without the fork; measured slower).
     shared_fork_blas: AtomicBool,
     /// With [`Path::SharedFork`]: the fork point recorded right after a decode batch's FFN
     /// norm ([`CudaBackend::fork_ahead`]), before the router's product, so that the side does
@@ -1822,7 +1830,7 @@ impl CudaBackend {
             sk_per_sm: Mutex::new(Vec::new()),
             fork,
             lt: std::sync::OnceLock::new(),
-            shared_fork_blas: AtomicBool::new(std::env::var("TS_CUDA_SHARED_FORK_BLAS").is_ok_and(|v| v == "1")),
+            shared_fork_blas: AtomicBool::new(std::env::var("TS_CUDA_SHARED_FORK_BLAS").map_or(true, |v| v != "0")),
             fork_ahead_on: std::env::var("TS_CUDA_FORK_AHEAD").map_or(true, |v| v != "0"),
             took_fork_ahead: AtomicU64::new(0),
             pre_routed: AtomicU64::new(0),

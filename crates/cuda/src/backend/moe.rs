@@ -46,11 +46,18 @@ impl CudaBackend {
         // Decode batches whose routed experts take the 16-token int8 tiles, with
         // Path::SharedFork: the shared FFN on the side stream, beside the routing and the routed
         // products (which use none of its scratch), joined before the combine (`joiner`;
-        // dropped on an early return, it joins there). On the rows kernels as the shared chunks
-        // alone (shared_rows: the same bits as without the fork), or on cuBLAS from the f16
-        // copies (TS_CUDA_SHARED_FORK_BLAS=1). Either's scratch is sized before the fork (a slot
-        // that grows is zeroed on the main stream).
-        let fork = n <= GRAPH_MAX_TOKENS && self.moe_tile_tokens(n * k, ne) == 16 && self.path_on(Path::SharedFork);
+        // dropped on an early return, it joins there). On cuBLAS from the f16 copies (the
+        // default), or with TS_CUDA_SHARED_FORK_BLAS=0 on the rows kernels as the shared chunks
+        // alone (shared_rows: the same bits as without the fork, measured slower). Either's
+        // scratch is sized before the fork (a slot that grows is zeroed on the main stream).
+        // (and only where the launches with the shared chunks would take those tiles too: with
+        // few experts the chunks can tip the tile choice to the prompt paths, which the routed
+        // experts alone would then leave; the fork keeps each path's kernels)
+        let nsh_all = shared.map_or(0, |s| s.gate.ne(1) / ff.max(1));
+        let fork = n <= GRAPH_MAX_TOKENS
+            && self.moe_tile_tokens(n * k, ne) == 16
+            && self.moe_tile_tokens(n * (k + nsh_all), ne + nsh_all) == 16
+            && self.path_on(Path::SharedFork);
         let on_blas = self.shared_fork_blas.load(Ordering::Relaxed);
         // (the input rows' address: a fork point recorded ahead for them serves, fork_open)
         let x_rows = x.0.ptr + 4 * xr.off as u64;
@@ -77,7 +84,7 @@ impl CudaBackend {
                 (add, add_n) = (ys, 1);
                 None
             }
-            Some(s) if fork && !on_blas && self.moe_tile_tokens(n * (k + s.gate.ne(1) / ff), ne + s.gate.ne(1) / ff) == 16 => {
+            Some(s) if fork && !on_blas => {
                 let nsh = s.gate.ne(1) / ff;
                 let ahead = self.scratch_holds(&Self::shared_rows_sizes(n, nsh, hdim, ff)).then_some(x_rows);
                 if self.shared_rows_scratch(n, nsh, hdim, ff).is_none() {
