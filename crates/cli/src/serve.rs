@@ -80,11 +80,15 @@ pub struct ServeArgs {
     /// with finish_reason "length", one still waiting for a slot gets 503. 0: no limit.
     #[arg(long = "request-timeout", default_value_t = 600.0)]
     pub request_timeout: f64,
-    /// Chain decode steps on the GPU: when every running sequence picks greedily (temperature
-    /// 0, no log-probabilities) and no request waits, enqueue the next step from the picks
-    /// still on the GPU before they reach the host, so the host streams text while the GPU
-    /// computes (CUDA; the CPU backend does not chain). Off until measured on a GPU.
-    #[arg(long = "chain")]
+    /// Do not chain decode steps on the GPU. By default, when every running sequence picks
+    /// greedily (temperature 0, no log-probabilities) and no request waits, the server enqueues
+    /// the next step from the picks still on the GPU before they reach the host, so the host
+    /// streams text while the GPU computes (CUDA; the CPU backend does not chain). The text is
+    /// the same either way; a sequence that ends at a stop string costs its row one step.
+    #[arg(long = "no-chain")]
+    pub no_chain: bool,
+    /// (Chaining is the default now; the flag is accepted for old scripts.)
+    #[arg(long = "chain", hide = true, conflicts_with = "no_chain")]
     pub chain: bool,
     /// Skip the warm-up: on CUDA the server runs a prompt chunk and a few decode steps of every
     /// slot before it answers (one-time costs such as cuBLAS's start and the first graph
@@ -126,7 +130,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         handle_ctrl_c: true,
         row_multiple: a.row_multiple.max(1),
         request_timeout: (a.request_timeout > 0.0).then(|| std::time::Duration::from_secs_f64(a.request_timeout.min(1e9))),
-        chain: a.chain,
+        chain: !a.no_chain,
         prompt_cache: !a.no_prompt_cache,
         ..ServerConfig::default()
     };

@@ -3772,3 +3772,64 @@ fn fused_recorded_steps_replay() {
     }
     rep.finish();
 }
+
+/// `Path::RouteGroup` (a decode batch's routing, grouping and input quantisation in one launch,
+/// `moe_route_group_quant`) against the three launches it replaces (a backend with the path
+/// off): bit for bit, through the MoE with its shared FFN (the fused op, the fork on as by
+/// default) and without one (`Backend::moe`), at V2-Lite's widths (64 experts, top 6, 9-128
+/// tokens: two and four tokens a routing warp) and a small shape with renormalised, scaled
+/// weights; and the path must have run.
+#[test]
+fn route_group_exact() {
+    if gpu_tc_fused("route_group_exact").is_none() {
+        return;
+    }
+    let off = &CudaBackend::new(0).expect("second backend");
+    off.set_path(Path::RouteGroup, false);
+    let on = &CudaBackend::new(0).expect("third backend");
+    on.set_path(Path::RouteGroup, true);
+    let mut r = rng(53);
+    let mut rep = Report::new("route_group_exact");
+    // (hdim, ff, experts, k, shared chunks, norm_topk, scale, token counts)
+    type Case = (usize, usize, usize, usize, usize, bool, f32, &'static [usize]);
+    let cases: [Case; 2] = [(2048, 1408, 64, 6, 2, false, 1.0, &[9, 64, 128]), (256, 128, 16, 4, 1, true, 2.5, &[16, 33])];
+    for (hdim, ff, ne, k, nsh, norm_topk, scale, ns) in cases {
+        let sf = nsh * ff;
+        let ty = GgmlType::Q8_0;
+        let shapes: [Vec<usize>; 6] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
+        let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let six = |b: &CudaBackend| ([up(b, 0), up(b, 1), up(b, 2)], [up(b, 3), up(b, 4), up(b, 5)]);
+        let (woff, won) = (six(off), six(on));
+        let p = MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk, scale, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
+        for &n in ns {
+            let xr = Rows { off: 3, n, width: hdim, stride: hdim + 5 };
+            let lr = Rows { off: 2, n, width: ne, stride: ne + 1 };
+            let o = Rows { off: 1, n, width: hdim, stride: hdim + 2 };
+            let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh}x{ff} n={n}");
+            let x = randn(&mut r, xr.end(), 1.0);
+            let lg = randn(&mut r, lr.end(), 2.0);
+            // (the MoE with its shared FFN through the fused op, then the routed experts alone)
+            let run = |b: &CudaBackend, (ex, sh): (&[CudaWeight; 3], &[CudaWeight; 3])| {
+                let (bx, bl, bo, bp) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap(), b.alloc(o.end()).unwrap());
+                poison(b, &bo, o.end());
+                poison(b, &bp, o.end());
+                let before = b.path_launches(Path::RouteGroup);
+                let fused = run_moe_shared(b, &bx, xr, &bl, lr, ex, sh, &p, &bo, o, true);
+                let mid = b.path_launches(Path::RouteGroup);
+                b.moe(&bx, xr, &bl, lr, Experts { gate: &ex[0], up: &ex[1], down: &ex[2] }, &p, &bp, o);
+                let took = (mid > before, b.path_launches(Path::RouteGroup) > mid);
+                (fused, took, get(b, &bo, o), get(b, &bp, o))
+            };
+            let (fused, took, got, got_plain) = run(on, (&won.0, &won.1));
+            let (_, took_off, want, want_plain) = run(off, (&woff.0, &woff.1));
+            eprintln!("  {lab}: fused op {}, path taken {:?}", if fused { "taken" } else { "declined" }, took);
+            if !fused || took != (true, true) || took_off != (false, false) {
+                rep.failures.push(format!("{lab}: fused op {fused}, path taken {took:?} (on) / {took_off:?} (off)"));
+            }
+            exact(&mut rep, &lab, &["moe_shared out", "moe out"], &[got, got_plain], &[want, want_plain]);
+        }
+    }
+    rep.finish();
+}

@@ -823,6 +823,7 @@ fn kernel_names() -> Vec<String> {
         "moe_down_sh_bf16",
         "quant_q8_groups",
         "moe_route_quant",
+        "moe_route_group_quant",
         "moe_gateup_sh_q8q",
         "mmq_q8_64",
         "mmq_q8_64e",
@@ -1032,10 +1033,18 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
+    /// A decode batch's MoE on the 16-token int8 rows kernels: the routing (plain top-k, a
+    /// warp a token), the grouping of its pairs by expert and the input's quantisation in one
+    /// launch (`moe_route_group_quant`: block 0 routes every token, then groups; the other
+    /// blocks quantise) instead of three dependent ones (`moe_route_warp`, `moe_group`,
+    /// `quant_q8_groups`). The same bodies: the same bits (test `route_group_exact`). Up to
+    /// [`GRAPH_MAX_TOKENS`] tokens (block 0 routes them 32 at a time). `TS_CUDA_ROUTE_GROUP=0`
+    /// turns it off.
+    RouteGroup,
 }
 
 impl Path {
-    const ALL: [Path; 20] = [
+    const ALL: [Path; 21] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1056,6 +1065,7 @@ impl Path {
         Path::SplitMerge,
         Path::SharedFork,
         Path::BlasTune,
+        Path::RouteGroup,
     ];
 
     /// Its environment variable and its default.
@@ -1081,6 +1091,7 @@ impl Path {
             Path::SplitMerge => ("TS_CUDA_SPLIT_MERGE", false),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
+            Path::RouteGroup => ("TS_CUDA_ROUTE_GROUP", true),
         }
     }
 
@@ -1479,9 +1490,13 @@ pub struct CudaBackend {
     /// the launch's last wave) each run as two blocks of one row set (`mmq_rows_impl`'s tail
     /// halves), so the launch's last blocks are half as long and its ragged tail shrinks; only
     /// while the routed experts average at most 8 pairs (V2-Lite: up to 85 tokens). The same
-    /// bits. Default 16; on the H200 (gpu-next123, 64 sequences at -d 96, same hash) 0 / 8 /
+    /// bits. Default 8; on the H200 (gpu-next123, 64 sequences at -d 96, same hash) 0 / 8 /
     /// 16 / 32 / 48 / 72 (all) tiles gave 8,372 / 8,420 / 8,550 / 8,510 / 8,453 / 8,295 tok/s,
-    /// 128 sequences with 32 (before the pairs rule) 13,737 against 14,032. `TS_CUDA_ROWS_TAIL=N`
+    /// 128 sequences with 32 (before the pairs rule) 13,737 against 14,032. Since the shared
+    /// FFN left these launches (Path::SharedFork) fewer do better (gpu-next148/149, same hash):
+    /// 0 / 4 / 6 / 8 / 10 / 12 / 16 / 32 gave 9,457 / 9,866 / 9,885 / 9,888-9,898 / 9,881 /
+    /// 9,848 / 9,803-9,816 / 9,726; the down's count decides (gate/up 8 with the down's 16:
+    /// 9,808; 16 with 8: 9,894); 128 sequences the same (16,784 / 16,786). `TS_CUDA_ROWS_TAIL=N`
     /// (tiles; 0: none) or [`CudaBackend::set_rows_tail`].
     rows_tail: AtomicUsize,
     /// The same count for the down launch (16 blocks a tile where the gate/up pair has 22), if
@@ -1858,8 +1873,8 @@ impl CudaBackend {
             }),
             rows_early: AtomicBool::new(std::env::var("TS_CUDA_ROWS_EARLY").map_or(true, |v| v != "0")),
             rows_sh_first: AtomicBool::new(std::env::var("TS_CUDA_ROWS_SH_FIRST").map_or(true, |v| v != "0")),
-            rows_tail: AtomicUsize::new(env_usize("TS_CUDA_ROWS_TAIL").unwrap_or(16)),
-            rows_tail_dn: AtomicUsize::new(env_usize("TS_CUDA_ROWS_TAIL_DN").or(env_usize("TS_CUDA_ROWS_TAIL")).unwrap_or(16)),
+            rows_tail: AtomicUsize::new(env_usize("TS_CUDA_ROWS_TAIL").unwrap_or(8)),
+            rows_tail_dn: AtomicUsize::new(env_usize("TS_CUDA_ROWS_TAIL_DN").or(env_usize("TS_CUDA_ROWS_TAIL")).unwrap_or(8)),
             rows_tail_later: AtomicBool::new(std::env::var("TS_CUDA_ROWS_TAIL_LATER").map_or(true, |v| v != "0")),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
             mla_long_batch: std::env::var("TS_CUDA_MLA_LONG_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
