@@ -62,7 +62,7 @@ __device__ __forceinline__ void pdl_trigger() {
 __device__ unsigned long long ts_trace[3 * TS_TRACE_CAP];
 __device__ unsigned int ts_trace_n;
 #endif
-// The global nanosecond timer (the trace's records; mmq_q8_rows_sk's wait limit).
+// The global nanosecond timer (the trace's records).
 __device__ __forceinline__ unsigned long long ts_gtimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -407,12 +407,6 @@ static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: MS_T..=MS_T + 8")
 #ifndef MS_ST2
 #define MS_ST2 1
 #endif
-// The split kernel's cluster merge (CL > 0; see mla_split_tc_impl): this block's partial (o:
-// the thread's fragment of the 16 rows' 512 values, m / l of rows g and g + 8) into its shared
-// memory at sm (MS_PLD floats a row: m, l, two unused, then the 512 values, 16-byte aligned),
-// then, after the cluster barrier, columns [rank * 512 / CL, +512 / CL) of the 16 rows merged
-// over the CL blocks' partials. Every thread of the block calls it (the barriers are .aligned).
-#define MS_PLD (MP_V + 4)
 // A split's partial rows (the thread's fragment o of the 16 rows' 512 values; m / l of rows g
 // and g + 8) at rows (16 of them, ld floats apart): m and l at [0] and [1] (warp 0's lanes that
 // hold them), the values from [voff]. voff is even and the rows 8-byte aligned: two floats a
@@ -442,78 +436,6 @@ __device__ __forceinline__ void ms_store_partial(const float (&o)[16][4], float 
 #endif
     }
 }
-#if __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned ms_cluster_addr(const float* p, unsigned rank) {
-    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    return ra;
-}
-__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ms_cluster_addr(p, rank)) : "memory");
-    return v;
-}
-__device__ __forceinline__ float4 ld_cluster4(const float* p, unsigned rank) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(ms_cluster_addr(p, rank))
-                 : "memory");
-    return v;
-}
-#endif
-template <int CL>
-__device__ __forceinline__ void mla_split_merge(const float (&o)[16][4], float m0, float m1, float l0, float l1, u16* smem,
-                                                int end, int tok, int h0, int nh, float* out, i64 ooff, i64 o_tok,
-                                                i64 o_head, u16* oh, i64 ohoff) {
-#if __CUDA_ARCH__ >= 900
-    static_assert(CL == 1 || CL == 2 || CL == 4, "the cluster merge: 1, 2 or 4 splits");
-    static_assert(16 * MS_PLD * 4 <= MS_NB_B * MS_T * MP_LD * 2, "the partial rows fit the key ring");
-    const int tid = threadIdx.x;
-    float* ps = (float*)smem;
-    ms_store_partial(o, m0, m1, l0, l1, ps, MS_PLD, 4);
-    if constexpr (CL > 1) {
-        // Every block's partial is in its shared memory (release / acquire at cluster scope).
-        cluster_arrive();
-        cluster_wait();
-    } else {
-        __syncthreads();
-    }
-    const unsigned rank = CL > 1 ? cluster_rank() : 0;
-    constexpr int COLS = MP_V / CL, PER = 16 * COLS / MS_THREADS, TPR = COLS / PER;  // PER values a thread
-    static_assert(PER % 4 == 0 && 16 * TPR == MS_THREADS, "the merge's thread map");
-    const int row = tid / TPR, c0 = (int)rank * COLS + (tid % TPR) * PER;
-    const int nact = mla_merge_active(end, CL);
-    const float* pr = ps + row * MS_PLD;
-    float f[8];
-    // (CL = 1, not launched as a cluster: its own shared memory by plain loads)
-    auto ld1 = [&](const float* p, int s) { return CL > 1 ? ld_cluster(p, (unsigned)s) : *p; };
-    auto ld4 = [&](const float* p, int s) { return CL > 1 ? ld_cluster4(p, (unsigned)s) : *(const float4*)p; };
-    const float inv = mla_merge_weights(nact, [&](int s) { return ld1(pr, s); }, [&](int s) { return ld1(pr + 1, s); }, f);
-    const i64 orow = (i64)tok * o_tok + (i64)(h0 + row) * o_head;
-#pragma unroll
-    for (int q4 = 0; q4 < PER / 4; q4++) {
-        const int c = c0 + 4 * q4;
-        float r[4];
-#pragma unroll
-        for (int s = 0; s < CL; s++)
-            if (s < nact) mla_merge_add(r, ld4(pr + 4 + c, s), f[s], s);
-        float* op = out + ooff + orow + c;
-#pragma unroll
-        for (int k = 0; k < 4; k++) op[k] = r[k] * inv;
-        if (oh) {
-            const u32 lo = (u32)f2h_sat(r[0] * inv) | (u32)f2h_sat(r[1] * inv) << 16;
-            const u32 hi = (u32)f2h_sat(r[2] * inv) | (u32)f2h_sat(r[3] * inv) << 16;
-            *(uint2*)(oh + ohoff + ((i64)tok * nh + h0 + row) * MP_V + c) = make_uint2(lo, hi);
-        }
-    }
-    // No block leaves (its shared memory) while another may still read it.
-    if constexpr (CL > 1) {
-        cluster_arrive();
-        cluster_wait();
-    }
-#endif
-}
 
 // EARLY (an f16 cache only; Path::SplitEarly): the kernel has triggered its dependents but not
 // waited for the previous kernel; it reads the token's position and slot and issues its first
@@ -526,21 +448,10 @@ __device__ __forceinline__ void mla_split_merge(const float (&o)[16][4], float m
 // groups: the same bits. One token a launch (the host's rule): in a batch, another token of the
 // same sequence has its row written by the same previous kernel, and only the block's own
 // token's row is kept out of the early tiles.
-// CL > 0 (the batch kernel in clusters, Path::SplitMerge; mla_split_tc_hbm<CL>): the CL splits
-// of a token's 16-head row group are one thread-block cluster (grid.x == CL) and merge there,
-// without the merge launch (mla_combine_few) and without partial rows in global memory: each
-// block leaves its (m, l, rows) in its own shared memory (the key ring, free by then), and
-// after a cluster barrier block r merges output columns [r * 512 / CL, +512 / CL) of the 16
-// heads, reading every block's partial rows through distributed shared memory, with
-// mla_combine_few's arithmetic (mla_merge_weights, mla_merge_add): the same bits. It writes the
-// rows to out (ooff, o_tok, o_head as mla_combine_few's) and, where oh is not null, their f16
-// copy (packed [tokens * nh, 512] from ohoff, f16_rows' bits). A split that sees no keys joins
-// the barriers all the same. CL = 1 (one split) takes no cluster barrier.
-template <typename C, bool EARLY, int NBT, bool KFIRST, int CL = 0>
+template <typename C, bool EARLY, int NBT, bool KFIRST>
 __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
                                                   const int* pos, const int* slot, int slot_len, int nh, float scale,
-                                                  float* part, float* out = nullptr, i64 ooff = 0, i64 o_tok = 0,
-                                                  i64 o_head = 0, u16* oh = nullptr, i64 ohoff = 0) {
+                                                  float* part) {
 #if __CUDA_ARCH__ >= 800
     // An f16 cache's key tiles are copied (cp.async, two buffers), an f32 cache's are loaded and
     // rounded by the threads (one buffer).
@@ -603,15 +514,13 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         pdl_wait();
         p2 = __ldcg(pos + tok);
         s2 = __ldcg(slot + tok);
-    } else if (CL == 0 && j0 >= j1) {
+    } else if (j0 >= j1) {
         if (tid < 16) {
             prow[tid * stride] = NEG_INF;
             prow[tid * stride + 1] = 0.f;
         }
         return;
     }
-    // (CL > 0, a split with no keys: its loops below run no tile, and it merges with m = -inf,
-    // l = 0, which the merge does not read: mla_merge_active leaves it out.)
     if constexpr (KFIRST) {
 #pragma unroll
         for (int it = 0; it < NB; it++) issue(it);
@@ -725,10 +634,6 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
             tile(Ks, k0);
         }
     }
-    if constexpr (CL > 0) {
-        mla_split_merge<CL>(o, m0, m1, l0, l1, Kb, end, tok, h0, nh, out, ooff, o_tok, o_head, oh, ohoff);
-        return;
-    }
     // (a partial row is 514 floats from an 8-byte aligned buffer: its values 8-byte aligned)
     ms_store_partial(o, m0, m1, l0, l1, prow, stride, 2);
 #endif
@@ -746,26 +651,4 @@ MLA_SPLIT_TC_INST(mla_split_tc, float, false, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_h, u16, false, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_hb, u16, false, MS_NB_B, (MS_KFIRST != 0))
-// The batch kernel merging its CL splits in a cluster (Path::SplitMerge; see mla_split_tc_impl):
-// grid (CL, tokens * nh / 16), no partial rows, no merge launch after it.
-#if __CUDA_ARCH__ >= 900
-#define MS_CLUSTER_2 __cluster_dims__(2, 1, 1)
-#define MS_CLUSTER_4 __cluster_dims__(4, 1, 1)
-#else
-#define MS_CLUSTER_2
-#define MS_CLUSTER_4
-#endif
-#define MLA_SPLIT_TC_MERGE_INST(NAME, CL, DIMS)                                                                 \
-    extern "C" __global__ void __launch_bounds__(MS_THREADS) DIMS                                              \
-        NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head, const u16* cache, const int* pos, const int* slot, \
-             int slot_len, int nh, float scale, float* out, i64 ooff, i64 o_tok, i64 o_head, u16* oh,          \
-             i64 ohoff) {                                                                                      \
-        pdl_trigger();                                                                                         \
-        pdl_wait();                                                                                            \
-        mla_split_tc_impl<u16, false, MS_NB_B, (MS_KFIRST != 0), CL>(q, qoff, q_tok, q_head, cache, pos, slot, \
-                                                                    slot_len, nh, scale, nullptr, out, ooff, \
-                                                                    o_tok, o_head, oh, ohoff);                  \
-    }
-MLA_SPLIT_TC_MERGE_INST(mla_split_tc_hbm1, 1, )
-MLA_SPLIT_TC_MERGE_INST(mla_split_tc_hbm2, 2, MS_CLUSTER_2)
-MLA_SPLIT_TC_MERGE_INST(mla_split_tc_hbm4, 4, MS_CLUSTER_4)
+// (A batch's 1, 2 or 4 splits a token merged inside the split launch in a thread-block cluster, Path::SplitMerge / mla_split_tc_hbm<CL>: no mla_combine_few launch, the same bits; measured 64 sequences 9,485 against 9,624 at -d 96 and 9,033 against 9,202 at -d 400 on the H200, gpu-next146, and was removed; git history has it, commit 901d341.)

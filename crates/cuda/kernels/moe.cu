@@ -243,11 +243,8 @@ MOE_H16(bf16, T_BF16)
 
 // out[t] = sum_j w[t*k+j] * y[t*ks+j] over the k routed slots with an expert, then plus
 // y[t*ks+j] for the shared slots k <= j < ks (moe_group's pairs). Overwrites every element.
-// add (may be null): row t of add (width values) is added too (the shared FFN's output,
-// CudaBackend::shared_blas).
 // add (or null): add_n rows of width a token added last, in order (the shared FFN's rows from
-// another launch: cuBLAS's one, or the shared chunks' own add_n, whose sums in this order are
-// the ones the slots past k give).
+// another launch: CudaBackend::shared_blas's, add_n 1).
 extern "C" __global__ void moe_combine(const float* y, int k, int ks, i64 width, i64 ntok, const int* sel_e,
                                        const float* sel_w, float* out, i64 ooff, i64 ostride, const float* add,
                                        int add_n) { PDL_ENTRY();

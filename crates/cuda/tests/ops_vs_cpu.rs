@@ -1028,28 +1028,6 @@ fn mla_split_batch_exact() {
     rep.finish();
 }
 
-/// `mla_split_tc_hbm<CL>` (Path::SplitMerge: a batch's 1, 2 or 4 splits a token merged in a
-/// thread-block cluster inside the split launch) gives the same bits as the split kernel then
-/// `mla_combine_few`: 1 split (128 tokens, short histories), 2 (64 and 48 tokens), 4 (64 tokens
-/// past 256 keys, 33 tokens), splits that see no keys among them (the second sequence's short
-/// history), outputs at an odd offset and stride.
-#[test]
-fn mla_split_merge_exact() {
-    let Some(shared) = gpu() else { return };
-    if !shared.tensor_cores() || !shared.clusters() {
-        eprintln!("mla_split_merge_exact: no tensor cores or no clusters, skipped");
-        return;
-    }
-    let g = &CudaBackend::new(0).expect("own backend");
-    g.set_mla_tensor_cores(Some(true));
-    let mut r = rng(49);
-    let mut rep = Report::new("mla_split_merge");
-    for &(n, long) in &[(128usize, 40u32), (128, 300), (64, 150), (64, 20), (48, 100), (64, 600), (33, 40)] {
-        mla_path_exact(g, &mut r, &mut rep, Path::SplitMerge, n, long, true, "f16 cache");
-    }
-    rep.finish();
-}
-
 /// `v` as the f16 latent cache stores it (clamped to the f16 range, rounded to nearest even).
 fn f16_round(v: f32) -> f32 {
     half::f16::from_f32(v.clamp(-65504.0, 65504.0)).to_f32()
@@ -2794,8 +2772,8 @@ fn pre_routed_moe_exact() {
 /// (`Path::SumQ8`: `mmq_sum_splits_q8`), against the same ops with both switches off, bit for
 /// bit: V2-Lite's attention output side and MoE shapes, batches of 24 and 64 sequences (one slot
 /// each), short and longer histories. Also, bit for bit against the cuBLAS chain: the merge
-/// writing W_uv's f16 input (Path::LatH) or not, the splits merged in their launch
-/// (Path::SplitMerge), the MoE's shared FFN on a second stream (Path::SharedFork).
+/// writing W_uv's f16 input (Path::LatH) or not. And the MoE's shared FFN on a second stream
+/// (Path::SharedFork, on in the int8 chains), forked from the point the FFN norm records ahead.
 #[test]
 fn norm_q8_batch_exact() {
     if gpu_tc_fused("norm_q8_batch_exact").is_none() {
@@ -2809,24 +2787,18 @@ fn norm_q8_batch_exact() {
         }
         b
     };
-    use Path::{DenseBlasBatch as Blas, LatH, NormQ8, SharedFork, SplitMerge, SumQ8};
+    use Path::{DenseBlasBatch as Blas, LatH, NormQ8, SharedFork, SumQ8};
     // (both on the int8 products, which NormQ8 and SumQ8 fuse)
     let ga = &backend(&[(NormQ8, true), (SumQ8, true), (Blas, false)]);
-    let gb = &backend(&[(NormQ8, false), (SumQ8, false), (Blas, false)]);
+    // (gb: the MoE's shared FFN forked as by default, from the FFN norm's point ahead)
+    let gb = &backend(&[(NormQ8, false), (SumQ8, false), (Blas, false), (SharedFork, true)]);
     // And the chain with W_uv and W_o on cuBLAS in f16 (Path::DenseBlasBatch: av in f16 straight
     // from the W_uv product), within the int8 activations' distance of gb's.
-    let cublas = [(NormQ8, false), (SumQ8, false), (Blas, true), (SplitMerge, false), (SharedFork, false)];
+    let cublas = [(NormQ8, false), (SumQ8, false), (Blas, true), (SharedFork, false)];
     let gc = &backend(&cublas);
     // And gc's chain with W_uv's f16 input made by f16_rows, not by the attention's merge
     // (Path::LatH off): the same bits.
     let gd = &backend(&[&cublas[..], &[(LatH, false)]].concat());
-    // And gc's chain with the attention's splits merged in the split launch (Path::SplitMerge:
-    // lat and its f16 rows without mla_combine_few): the same bits.
-    let ge = &backend(&[&cublas[..], &[(SplitMerge, true)]].concat());
-    // And gc's chain with the MoE's shared FFN on a second stream (Path::SharedFork, its rows
-    // form), forked from the point the FFN norm's launch records ahead: the same bits.
-    let gf = &backend(&[&cublas[..], &[(SharedFork, true)]].concat());
-    gf.set_shared_fork_blas(false);
     let mut r = rng(48);
     let mut rep = Report::new("norm_q8 batch");
     let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
@@ -2842,14 +2814,13 @@ fn norm_q8_batch_exact() {
     for n in [24usize, 64] {
         // (from 64 keys a batch's attention takes the tensor-core split and its merge, which
         // writes the f16 rows of Path::LatH; below, the one-split SIMT kernel writes lat itself)
-        // (at 64 sequences, 100 keys take 2 splits and 300 take 4: Path::SplitMerge's clusters)
         for hist in [3u32, 40, 100, 300] {
             let toks: Vec<TokenMeta> =
                 (0..n).flat_map(|s| (0..=hist).map(move |pos| TokenMeta { token: 0, pos, slot: s as u32 })).collect();
             let cache_rows = randn(&mut r, toks.len() * w, 1.0);
             let (q, x, nw) = (randn(&mut r, n * nh * w, 0.5), randn(&mut r, n * hd, 1.0), randn(&mut r, hd, 1.0));
             let mut outs = Vec::new();
-            for b in [ga, gb, gc, gd, ge, gf] {
+            for b in [ga, gb, gc, gd] {
                 let cache = b.alloc_latent_cache(n * slot_len as usize, w, kl, nh).unwrap();
                 fill_cache(b, &cache, &cache_rows, w, &toks, slot_len);
                 let step: Vec<TokenMeta> = (0..n).map(|s| TokenMeta { token: 1, pos: hist, slot: s as u32 }).collect();
@@ -2889,7 +2860,7 @@ fn norm_q8_batch_exact() {
                 outs.push([get(b, &gx, xr), get(b, &out, xr), get(b, &lg, lgr), get(b, &mo, xr)]);
             }
             cases += 1;
-            let [a, bb, cc, dd, ee, ff_] = [&outs[0], &outs[1], &outs[2], &outs[3], &outs[4], &outs[5]];
+            let [a, bb, cc, dd] = [&outs[0], &outs[1], &outs[2], &outs[3]];
             exact(&mut rep, &format!("n={n} pos={hist}"), &["x", "out", "logits", "moe"], a, bb);
             // (not the MoE's output: a router near-tie that the other rounding flips moves a
             // token's whole row)
@@ -2897,26 +2868,15 @@ fn norm_q8_batch_exact() {
                 rep.check(&format!("n={n} pos={hist} {what}, W_uv and W_o on cuBLAS"), &cc[i], &bb[i], 5e-2, 1e-3);
             }
             exact(&mut rep, &format!("n={n} pos={hist} lat in f16 by the merge"), &["x", "out", "logits", "moe"], cc, dd);
-            exact(&mut rep, &format!("n={n} pos={hist} splits merged in their launch"), &["x", "out", "logits", "moe"], cc, ee);
-            exact(&mut rep, &format!("n={n} pos={hist} shared FFN on a second stream"), &["x", "out", "logits", "moe"], cc, ff_);
             long += u64::from(hist >= 64);
         }
     }
-    // (sm_90: every long case at 64 sequences has 2 or 4 splits a token on a 132-SM H200; other
-    // GPUs may give other counts, so only "some" is asked there)
-    if ge.clusters() && ge.path_launches(Path::SplitMerge) == 0 {
-        rep.failures.push("SplitMerge never ran".into());
-    }
-    if gc.path_launches(Path::SplitMerge) != 0 {
-        rep.failures.push("SplitMerge ran while off".into());
-    }
-    // (every case forked; from the norm's fork point but where the side's scratch grew first,
-    // the first case of each batch size)
-    if (gf.path_launches(Path::SharedFork), gf.forks_ahead()) != (cases, cases - 2) || gc.path_launches(Path::SharedFork) != 0 {
+    // (gb: every case forked, from the norm's fork point but perhaps where the side's scratch
+    // grew first, the first case of each batch size)
+    let (forks, ahead) = (gb.path_launches(Path::SharedFork), gb.forks_ahead());
+    if forks != cases || !(cases - 2..=cases).contains(&ahead) || gc.path_launches(Path::SharedFork) != 0 {
         rep.failures.push(format!(
-            "SharedFork ran {} times ({} from the point ahead) in {cases} cases, {} times while off",
-            gf.path_launches(Path::SharedFork),
-            gf.forks_ahead(),
+            "SharedFork ran {forks} times ({ahead} from the point ahead) in {cases} cases, {} times while off",
             gc.path_launches(Path::SharedFork)
         ));
     }
@@ -3212,12 +3172,10 @@ fn blas_tune() {
 }
 
 /// A decode batch's MoE with the shared FFN on a second stream (`Path::SharedFork`), forked
-/// beside the routing and the routed experts' int8 launches and joined before the combine:
-/// - on the int8 rows kernels as the shared chunks alone (the default form): bit for bit what
-///   the same op gives without the fork (a backend with the path off);
-/// - on cuBLAS from the f16 copies (`set_shared_fork_blas`): within 1e-4 of the same backend's
-///   chain (the routed experts by `moe`, the shared FFN as dense products on cuBLAS: the same
-///   f16 operands), and within the fused path's bars of the CPU and of f64.
+/// beside the routing and the routed experts' int8 launches and joined before the combine, on
+/// cuBLAS from the f16 copies: within 1e-4 of the same backend's chain (the routed experts by
+/// `moe`, the shared FFN as dense products on cuBLAS: the same f16 operands), and within the
+/// fused path's bars of the CPU and of f64.
 ///
 /// At V2-Lite's widths (16 experts) and a small shape with 64 experts; that the fork ran; and
 /// in recorded steps (eager, captured, replayed, new inputs each step) the same bits as the op
@@ -3227,15 +3185,8 @@ fn moe_shared_fork() {
     if gpu_tc_fused("moe_shared_fork").is_none() {
         return;
     }
-    // (g: no fork, the reference of the rows form; fk: the rows form; fb: the cuBLAS form)
-    let g = &CudaBackend::new(0).expect("second backend");
-    g.set_path(Path::SharedFork, false);
-    let fk = &CudaBackend::new(0).expect("third backend");
-    fk.set_path(Path::SharedFork, true);
-    fk.set_shared_fork_blas(false);
-    let fb = &CudaBackend::new(0).expect("fourth backend");
+    let fb = &CudaBackend::new(0).expect("second backend");
     fb.set_path(Path::SharedFork, true);
-    fb.set_shared_fork_blas(true);
     let c = cpu();
     let mut r = rng(47);
     let mut rep = Report::new("moe_shared_fork");
@@ -3251,7 +3202,7 @@ fn moe_shared_fork() {
         let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
         let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let six = |b: &CudaBackend| ([up(b, 0), up(b, 1), up(b, 2)], [up(b, 3), up(b, 4), up(b, 5)]);
-        let ((gex, gsh), (fex, fsh), (bex, bsh)) = (six(g), six(fk), six(fb));
+        let (bex, bsh) = six(fb);
         let cu = |i: usize| c.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let (cex, csh) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
         let p = MoeParams {
@@ -3279,21 +3230,16 @@ fn moe_shared_fork() {
                 let ran = run_moe_shared(b, &bx, xr, &bl, lr, ex, sh, &p, &bo, o, fused);
                 (ran, b.path_launches(Path::SharedFork) > before, get(b, &bo, o))
             };
-            let (fran, forked, got) = run(fk, (&fex, &fsh), true);
-            let (bran, bforked, gotb) = run(fb, (&bex, &bsh), true);
-            let (_, _, want) = run(g, (&gex, &gsh), true);
+            let (ran, forked, gotb) = run(fb, (&bex, &bsh), true);
             let (_, _, chain) = run(fb, (&bex, &bsh), false);
-            for (form, ran, forked) in [("rows", fran, forked), ("cuBLAS", bran, bforked)] {
-                eprintln!(
-                    "  {lab} ({form}): fused path {}, fork {}",
-                    if ran { "taken" } else { "declined" },
-                    if forked { "taken" } else { "not taken" }
-                );
-                if !ran || !forked {
-                    rep.failures.push(format!("{lab} ({form}): moe_shared returned {ran}, fork taken: {forked} (both expected)"));
-                }
+            eprintln!(
+                "  {lab}: fused path {}, fork {}",
+                if ran { "taken" } else { "declined" },
+                if forked { "taken" } else { "not taken" }
+            );
+            if !ran || !forked {
+                rep.failures.push(format!("{lab}: moe_shared returned {ran}, fork taken: {forked} (both expected)"));
             }
-            exact(&mut rep, &format!("{lab} rows fork vs no fork"), &["out"], &[got], &[want]);
             let (cx, cl, co) = (buf(c, &x), buf(c, &lg), c.alloc(o.end()).unwrap());
             poison(c, &co, o.end());
             run_moe_shared(c, &cx, xr, &cl, lr, &cex, &csh, &p, &co, o, true);
@@ -3303,38 +3249,37 @@ fn moe_shared_fork() {
             add_shared_f64(&mut f64_out, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, Glu::SwiGlu);
             rep.check(&format!("{lab} cuBLAS fork vs f64"), &gotb, &f64_out, 6.5e-2, 1e-3);
         }
-        // Recorded steps: the fork and its join inside a graph, both forms.
+        // Recorded steps: the fork and its join inside a graph.
         let n = *ns.last().unwrap();
         let xr = Rows::packed(n, hdim);
         let lr = Rows::packed(n, ne);
-        for (form, b, ex, sh) in [("rows", fk, &fex, &fsh), ("cuBLAS", fb, &bex, &bsh)] {
-            let (bx, bl, bo, eo) =
-                (b.alloc(xr.end()).unwrap(), b.alloc(lr.end()).unwrap(), b.alloc(xr.end()).unwrap(), b.alloc(xr.end()).unwrap());
-            let key = 0x5f_f0_u64 ^ r.random::<u64>();
-            let before = b.path_launches(Path::SharedFork);
-            let (rec0, rep0) = (b.step_counts().recorded, b.step_counts().replayed);
-            for step in 0..4 {
-                b.write(&bx, 0, &randn(&mut r, xr.end(), 1.0)).unwrap();
-                b.write(&bl, 0, &randn(&mut r, lr.end(), 2.0)).unwrap();
-                let run = |out: &CudaBuf| run_moe_shared(b, &bx, xr, &bl, lr, ex, sh, &p, out, xr, true);
-                if !b.graph_begin(key, n) {
+        let (b, ex, sh) = (fb, &bex, &bsh);
+        let (bx, bl, bo, eo) =
+            (b.alloc(xr.end()).unwrap(), b.alloc(lr.end()).unwrap(), b.alloc(xr.end()).unwrap(), b.alloc(xr.end()).unwrap());
+        let key = 0x5f_f0_u64 ^ r.random::<u64>();
+        let before = b.path_launches(Path::SharedFork);
+        let (rec0, rep0) = (b.step_counts().recorded, b.step_counts().replayed);
+        for step in 0..4 {
+            b.write(&bx, 0, &randn(&mut r, xr.end(), 1.0)).unwrap();
+            b.write(&bl, 0, &randn(&mut r, lr.end(), 2.0)).unwrap();
+            let run = |out: &CudaBuf| run_moe_shared(b, &bx, xr, &bl, lr, ex, sh, &p, out, xr, true);
+            if !b.graph_begin(key, n) {
+                run(&bo);
+                if !b.graph_end() {
                     run(&bo);
-                    if !b.graph_end() {
-                        run(&bo);
-                    }
                 }
-                run(&eo);
-                exact(&mut rep, &format!("H={hdim} n={n} {form}: recorded step {step}"), &["out"], &[get(b, &bo, xr)], &[get(b, &eo, xr)]);
             }
-            // (the first step eager, the second captured: both took the fork, and every eager op)
-            if b.path_launches(Path::SharedFork) < before + 6 {
-                rep.failures.push(format!("H={hdim} {form}: the recorded steps did not take Path::SharedFork"));
-            }
-            // (and the capture with the fork worked: one recording, two replays)
-            let (rec, rpl) = (b.step_counts().recorded - rec0, b.step_counts().replayed - rep0);
-            if (rec, rpl) != (1, 2) {
-                rep.failures.push(format!("H={hdim} {form}: {rec} recordings and {rpl} replays of the forked step (1 and 2 expected)"));
-            }
+            run(&eo);
+            exact(&mut rep, &format!("H={hdim} n={n}: recorded step {step}"), &["out"], &[get(b, &bo, xr)], &[get(b, &eo, xr)]);
+        }
+        // (the first step eager, the second captured: both took the fork, and every eager op)
+        if b.path_launches(Path::SharedFork) < before + 6 {
+            rep.failures.push(format!("H={hdim}: the recorded steps did not take Path::SharedFork"));
+        }
+        // (and the capture with the fork worked: one recording, two replays)
+        let (rec, rpl) = (b.step_counts().recorded - rec0, b.step_counts().replayed - rep0);
+        if (rec, rpl) != (1, 2) {
+            rep.failures.push(format!("H={hdim}: {rec} recordings and {rpl} replays of the forked step (1 and 2 expected)"));
         }
     }
     rep.finish();
@@ -3533,8 +3478,8 @@ fn moe_f16_prompt() {
 /// 64-row block and inside a 128-group; and from a 16-row tiled copy of the experts (made on the
 /// device by `tile16_q8`, checked byte for byte against the host's `tile16`); and with every
 /// block's tile found from the counts first (`set_rows_early(false)`; by default the experts'
-/// first tiles go by block index, their first loads before the PDL wait); and in stream-K form
-/// (`Path::RowsSk`). (With `TS_CUDA_MOE_ROWS=0` all of them run `mmq_q8_16`.)
+/// first tiles go by block index, their first loads before the PDL wait). (With
+/// `TS_CUDA_MOE_ROWS=0` all of them run `mmq_q8_16`.)
 #[test]
 fn moe_rows_exact() {
     if gpu_tc_fused("moe_rows_exact").is_none() {
@@ -3663,17 +3608,6 @@ fn moe_rows_exact() {
             b.set_rows_tail_later(true);
             b.set_rows_tail(16);
             b.set_rows_r(1);
-        }
-        // The stream-K form (Path::RowsSk: one wave of blocks, units split between two blocks
-        // finished from the first one's sums): the same bits, and the path taken.
-        for (b, w, kind) in [(tiled, &tw, "tiled"), (rowmaj, &gw, "row-major")] {
-            b.set_path(Path::RowsSk, true);
-            let before = b.path_launches(Path::RowsSk);
-            sets.push((format!("stream-K, {kind}"), run(b, w, o)));
-            if b.path_launches(Path::RowsSk) == before {
-                rep.failures.push(format!("{lab}: stream-K ({kind}) did not take Path::RowsSk"));
-            }
-            b.set_path(Path::RowsSk, false);
         }
         if declined > 0 {
             rep.failures.push(format!("{lab}: moe_shared declined {declined} times"));

@@ -218,8 +218,6 @@ impl CudaBackend {
             let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
             let per_tok = 4 * nsp * nh * (kl + 2);
             let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
-            // A batch's splits merged in the split launch (Path::SplitMerge): 1, 2 or 4 a token.
-            let merge = in_batch && matches!(nsp, 1 | 2 | 4) && self.clusters() && self.path_on(Path::SplitMerge);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
             let Some(part) = self.scratch(S::Part, (per_tok * chunk).max(PART_MIN_BYTES)) else { return (None, false) };
             // Whether every token's output rows also went out in f16 (`lat_h`, the merge's).
@@ -251,19 +249,6 @@ impl CudaBackend {
                 ];
                 if in_batch {
                     self.took(Path::SplitBatch);
-                }
-                if merge {
-                    // The merged rows straight to out (and their f16 copy to lat_h where given).
-                    self.took(Path::SplitMerge);
-                    let name = match nsp {
-                        1 => "mla_split_tc_hbm1",
-                        2 => "mla_split_tc_hbm2",
-                        _ => "mla_split_tc_hbm4",
-                    };
-                    let head: [A; 10] = std::array::from_fn(|k| args[k]);
-                    let margs: [A; 16] = cat(head, [A::P(out.0.ptr), l(ooff), l(nh * o.stride), l(o.stride), A::P(lat_h), l(t0 * nh * kl)]);
-                    self.launch(name, (nsp as u32, gy as u32, 1), threads, smem as u32, &margs);
-                    continue;
                 }
                 let all: [A; 23] = cat(args, hint);
                 self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &all[..if use_tc { 11 } else { 23 }]);

@@ -359,26 +359,8 @@ enum S {
     /// (`[n, q + kv_a]` f32, [`Path::QkvJoint`]), read by `norm_rope_cache` in place of the
     /// model's `q` and `kv` buffers.
     Qkv,
-    /// The stream-K rows kernel's ([`Path::RowsSk`]) per-block sums of the unit it leaves
-    /// unfinished (`[blocks, 128 threads, 8]` f32).
-    SkPart,
-    /// Its per-block flags (`[blocks]` i32): zero between launches (each is cleared by the
-    /// block that reads it).
-    SkFlags,
-    /// The shared chunks' products on [`Path::SharedFork`]'s side stream
-    /// ([`CudaBackend::shared_rows`]): their lists (as `Cnt`, `Off`, `Perm`), the input in Q8_0
-    /// groups (as `Xq`), gate and up rows (as `G`, `U`), the GLU in Q8_0 groups (as `Hq`) and
-    /// the output rows (as `Y`), one row a (token, chunk) pair. The side's alone until the join.
-    SideCnt,
-    SideOff,
-    SidePerm,
-    SideXq,
-    SideG,
-    SideU,
-    SideHq,
-    SideY,
 }
-const N_SCRATCH: usize = 41;
+const N_SCRATCH: usize = 31;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -402,9 +384,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc_h",
     "mla_split_tc_he",
     "mla_split_tc_hb",
-    "mla_split_tc_hbm1",
-    "mla_split_tc_hbm2",
-    "mla_split_tc_hbm4",
     "mmq_q8_64",
     "mmq_q8_64e",
     "mmq_q8_64_jobs",
@@ -415,7 +394,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows",
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
-    "mmq_q8_rows_sk",
     "mla_out_q8",
     "mla_out_bf16",
     "mla_out_f16",
@@ -779,9 +757,6 @@ fn kernel_names() -> Vec<String> {
         "mla_split_tc_h",
         "mla_split_tc_he",
         "mla_split_tc_hb",
-        "mla_split_tc_hbm1",
-        "mla_split_tc_hbm2",
-        "mla_split_tc_hbm4",
         "mla_prefill_h",
         "mla_prefill_ha",
         "norm_rope_cache_h",
@@ -835,7 +810,6 @@ fn kernel_names() -> Vec<String> {
         "mmq_q8_rows",
         "mmq_q8_rows_r2",
         "mmq_q8_rows_d",
-        "mmq_q8_rows_sk",
         "mmq_sum_splits",
         "mmq_sum_splits_jobs",
         "mmq_sum_splits_q8",
@@ -990,37 +964,16 @@ pub enum Path {
     /// kv_a's 576 rows ride along q's 3,072 (torch's f16 products on the H200: 7.1 µs for the
     /// two against 12.7). On; `TS_CUDA_QKV_JOINT=0` turns it off.
     QkvJoint,
-    /// A decode batch's grouped expert products (the MoE's gate/up and down launches) in
-    /// stream-K form (`mmq_q8_rows_sk`): one wave of blocks, each an equal share of the
-    /// launch's (tile, 64 rows, 128-value group) steps, a unit split between two blocks
-    /// finished by the second from the first one's sums; the same bits as `mmq_q8_rows`. Meant
-    /// to take the rows launches' ragged last wave away (11-15% of their SM time idle under
-    /// Nsight). A block waits for the one before it at its end, so the launch needs its whole
-    /// wave on the device at once: one such launch at a time (one stream, as a backend has).
-    /// Off (`TS_CUDA_ROWS_SK=1` turns it on): measured much slower on the H200 (forty-third
-    /// session, gpu-next146: 64 sequences 7,125 against 9,624; with the shared FFN's fork
-    /// 8,719), though correct (`moe_rows_exact` passed). To be removed.
-    RowsSk,
-    /// With [`Path::SplitBatch`]: a batch's 1, 2 or 4 splits a token merge inside the split
-    /// launch (`mla_split_tc_hbm<CL>`: the splits of a token's head group are one thread-block
-    /// cluster, their partial rows exchanged through distributed shared memory), so no
-    /// `mla_combine_few` launch after it and no partial rows in global memory; the same bits
-    /// (mla_combine_few's arithmetic), the f16 rows for W_uv too where [`Path::LatH`] asks.
-    /// sm_90 and later. Off (`TS_CUDA_SPLIT_MERGE=1` turns it on): measured slower on the H200
-    /// (forty-third session, gpu-next146: 64 sequences at `-d 96` 9,485 against 9,624, at
-    /// `-d 400` 9,033 against 9,202), though the same bits (its tests passed). To be removed.
-    SplitMerge,
     /// A decode batch's MoE with the shared FFN on a second stream, forked right after the FFN
     /// norm and joined before the combine: the shared FFN runs beside the router, routing,
     /// grouping and quantisation launches on the main one, which leave the memory bus nearly
     /// idle for ~12 µs a layer, and the grouped rows launches carry the routed experts only.
-    /// By default on cuBLAS from the shared FFN's row-major f16 copies, as prompts run it
-    /// (`shared_blas`; other bits than the shared chunks in the int8 launches: f16
-    /// activations). `TS_CUDA_SHARED_FORK_BLAS=0`: on the int8 rows kernels, the shared chunks
-    /// alone (`shared_rows`: the same bits as without the fork). On; `TS_CUDA_SHARED_FORK=0`
-    /// turns it off. H200 (forty-third session, gpu-next145/146): 64 sequences 9,807 / 9,791
-    /// against 9,628 / 9,624 (+1.8%), the server 9,503 against 9,349 (+1.6%); the rows form
-    /// lost (9,249, the server 8,915).
+    /// On cuBLAS from the shared FFN's row-major f16 copies, as prompts run it (`shared_blas`;
+    /// other bits than the shared chunks in the int8 launches: f16 activations). On;
+    /// `TS_CUDA_SHARED_FORK=0` turns it off. H200 (forty-third session, gpu-next145/146): 64
+    /// sequences 9,807 / 9,791 against 9,628 / 9,624 (+1.8%), the server 9,503 against 9,349
+    /// (+1.6%). (A rows form, the shared chunks alone on the int8 rows kernels, kept the bits
+    /// but lost: 9,249, the server 8,915; removed, git history has it at 901d341.)
     SharedFork,
     /// A decode batch's cuBLAS products (9-128 rows on the main stream) with each shape's
     /// algorithm chosen by timing at its first eager sight: cuBLASLt's candidates for the
@@ -1044,7 +997,7 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 21] = [
+    const ALL: [Path; 19] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1061,8 +1014,6 @@ impl Path {
         Path::QnopeH,
         Path::HeadBlas,
         Path::QkvJoint,
-        Path::RowsSk,
-        Path::SplitMerge,
         Path::SharedFork,
         Path::BlasTune,
         Path::RouteGroup,
@@ -1087,8 +1038,6 @@ impl Path {
             Path::QnopeH => ("TS_CUDA_QNOPE_H", true),
             Path::HeadBlas => ("TS_CUDA_HEAD_BLAS", true),
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
-            Path::RowsSk => ("TS_CUDA_ROWS_SK", false),
-            Path::SplitMerge => ("TS_CUDA_SPLIT_MERGE", false),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
             Path::RouteGroup => ("TS_CUDA_ROUTE_GROUP", true),
@@ -1111,9 +1060,6 @@ pub(super) struct Fork {
     pub(super) blas: Mutex<CudaBlas>,
     fork_ev: cudarc::driver::CudaEvent,
     join_ev: cudarc::driver::CudaEvent,
-    /// Recorded on the side once it has written what the main stream may read before the
-    /// join ([`CudaBackend::side_mark`]: the rows form's quantised input).
-    mark_ev: cudarc::driver::CudaEvent,
     /// A fork point recorded ahead ([`CudaBackend::fork_ahead`]): the address of the rows
     /// whose write it follows (0: none), for the fork that reads them.
     early: AtomicU64,
@@ -1124,7 +1070,7 @@ impl Fork {
         let side = ctx.new_stream().map_err(|e| dev_err("cannot create a second CUDA stream", e))?;
         let blas = CudaBlas::new(side.clone()).map_err(|e| dev_err("cannot create the second cuBLAS handle", e))?;
         let ev = || ctx.new_event(None).map_err(|e| dev_err("cannot create a CUDA event", e));
-        Ok(Fork { side, blas: Mutex::new(blas), fork_ev: ev()?, join_ev: ev()?, mark_ev: ev()?, early: AtomicU64::new(0) })
+        Ok(Fork { side, blas: Mutex::new(blas), fork_ev: ev()?, join_ev: ev()?, early: AtomicU64::new(0) })
     }
 }
 
@@ -1408,9 +1354,6 @@ pub struct CudaBackend {
     /// ([`Path::NormQ8`]): the grouped MoE on those rows takes them instead of quantising
     /// again. Set by that op, cleared by the next one, taken by the MoE.
     norm_xq: Mutex<Option<NormXq>>,
-    /// The stream-K rows kernel's blocks an SM ([`Path::RowsSk`]) by its dynamic shared memory
-    /// in bytes, as the driver gave them (asked once per size, not on every launch).
-    sk_per_sm: Mutex<Vec<(usize, usize)>>,
     /// [`Path::SharedFork`]'s second stream, its cuBLAS handle and the fork / join events; made
     /// when the path is on at start (the default; `TS_CUDA_SHARED_FORK=0` turns it off) or
     /// turned on by `set_path`.
@@ -1418,11 +1361,6 @@ pub struct CudaBackend {
     /// [`Path::BlasTune`]'s cuBLASLt handle, workspace and chosen algorithms; made when the
     /// path is turned on (at start with `TS_CUDA_BLAS_TUNE=1`, or by `set_path`).
     lt: std::sync::OnceLock<lt::Lt>,
-    /// With [`Path::SharedFork`]: the side's shared FFN on cuBLAS from its f16 copies (the
-    /// default; other bits than the shared chunks in the int8 launches), or with
-    /// `TS_CUDA_SHARED_FORK_BLAS=0` on the int8 rows kernels on the shared chunks (the same
-    /// bits as without the fork; measured slower).
-    shared_fork_blas: AtomicBool,
     /// With [`Path::SharedFork`]: the fork point recorded right after a decode batch's FFN
     /// norm ([`CudaBackend::fork_ahead`]), before the router's product, so that the side does
     /// not wait for it. On; `TS_CUDA_FORK_AHEAD=0`: the fork point at the MoE op's start.
@@ -1842,10 +1780,8 @@ impl CudaBackend {
             pre_route: AtomicBool::new(std::env::var("TS_CUDA_PRE_ROUTE").map_or(true, |v| v != "0")),
             routed: Mutex::new(None),
             norm_xq: Mutex::new(None),
-            sk_per_sm: Mutex::new(Vec::new()),
             fork,
             lt: std::sync::OnceLock::new(),
-            shared_fork_blas: AtomicBool::new(std::env::var("TS_CUDA_SHARED_FORK_BLAS").map_or(true, |v| v != "0")),
             fork_ahead_on: std::env::var("TS_CUDA_FORK_AHEAD").map_or(true, |v| v != "0"),
             took_fork_ahead: AtomicU64::new(0),
             pre_routed: AtomicU64::new(0),
@@ -2047,13 +1983,6 @@ impl CudaBackend {
         self.moe_blas.store(on, Ordering::Relaxed);
     }
 
-    /// [`CudaBackend::shared_fork_blas`]: with [`Path::SharedFork`], the side's shared FFN on
-    /// cuBLAS from its f16 copies (other bits) instead of the int8 rows kernels (the same bits
-    /// as without the fork).
-    pub fn set_shared_fork_blas(&self, on: bool) {
-        self.shared_fork_blas.store(on, Ordering::Relaxed);
-    }
-
     /// Prompt MoEs on `mmh_*` ([`CudaBackend::mmh_mode`]: 0 off, 1 f16 copies, 2 Q8_0, 3
     /// copies where made); weights uploaded after this get (or do not get) the row-major f16
     /// stack copies modes 1 and 3 read. False where it cannot run here.
@@ -2210,33 +2139,6 @@ impl CudaBackend {
         match fk.fork_ev.record(&self.stream) {
             Ok(()) => fk.early.store(rows, Ordering::Relaxed),
             Err(e) => self.fail(format!("cuda stream fork point: {e:?}")),
-        }
-    }
-
-    /// Inside a side section: records the side's mark (what the side enqueued so far), which
-    /// [`CudaBackend::main_waits_mark`] lets the main stream wait for before the join. False
-    /// outside a side section or after a failure (recorded).
-    pub(super) fn side_mark(&self) -> bool {
-        let Some(fk) = self.side_now() else { return false };
-        match fk.mark_ev.record(&fk.side) {
-            Ok(()) => true,
-            Err(e) => {
-                self.fail(format!("cuda side stream mark: {e:?}"));
-                false
-            }
-        }
-    }
-
-    /// The main stream waits for the side's mark ([`CudaBackend::side_mark`]); false after a
-    /// failure (recorded).
-    pub(super) fn main_waits_mark(&self) -> bool {
-        let Some(fk) = self.fork.get() else { return false };
-        match self.stream.wait(&fk.mark_ev) {
-            Ok(()) => true,
-            Err(e) => {
-                self.fail(format!("cuda stream wait for the side's mark: {e:?}"));
-                false
-            }
         }
     }
 

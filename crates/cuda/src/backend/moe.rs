@@ -37,7 +37,6 @@ impl CudaBackend {
         // the combine; the routed experts then as without a shared FFN (prompts).
         let (mut add, mut add_n) = (0, 0);
         let mut joiner = None;
-        let mut side_xq = None;
         let blas = self.moe_blas.load(Ordering::Relaxed);
         let copies = |s: &Experts<'_, CudaWeight>| match [s.gate.half_rm(), s.up.half_rm(), s.down.half_rm()] {
             [Some(cg), Some(cu), Some(cd)] => Some((cg, cu, cd, s.gate.ne(1))),
@@ -46,9 +45,7 @@ impl CudaBackend {
         // Decode batches whose routed experts take the 16-token int8 tiles, with
         // Path::SharedFork: the shared FFN on the side stream, beside the routing and the routed
         // products (which use none of its scratch), joined before the combine (`joiner`;
-        // dropped on an early return, it joins there). On cuBLAS from the f16 copies (the
-        // default), or with TS_CUDA_SHARED_FORK_BLAS=0 on the rows kernels as the shared chunks
-        // alone (shared_rows: the same bits as without the fork, measured slower). Either's
+        // dropped on an early return, it joins there), on cuBLAS from the f16 copies. Its
         // scratch is sized before the fork (a slot that grows is zeroed on the main stream).
         // (and only where the launches with the shared chunks would take those tiles too: with
         // few experts the chunks can tip the tile choice to the prompt paths, which the routed
@@ -58,7 +55,6 @@ impl CudaBackend {
             && self.moe_tile_tokens(n * k, ne) == 16
             && self.moe_tile_tokens(n * (k + nsh_all), ne + nsh_all) == 16
             && self.path_on(Path::SharedFork);
-        let on_blas = self.shared_fork_blas.load(Ordering::Relaxed);
         // (the input rows' address: a fork point recorded ahead for them serves, fork_open)
         let x_rows = x.0.ptr + 4 * xr.off as u64;
         let shared = match shared {
@@ -67,7 +63,7 @@ impl CudaBackend {
                 (add, add_n) = (ys, 1);
                 None
             }
-            Some(s) if fork && on_blas && blas && copies(s).is_some() => {
+            Some(s) if fork && blas && copies(s).is_some() => {
                 let ahead = self.scratch_holds(&Self::shared_blas_sizes(n, hdim, s.gate.ne(1))).then_some(x_rows);
                 if self.shared_blas_scratch(n, hdim, s.gate.ne(1)).is_none() {
                     return;
@@ -82,25 +78,6 @@ impl CudaBackend {
                     self.took(Path::SharedFork);
                 }
                 (add, add_n) = (ys, 1);
-                None
-            }
-            Some(s) if fork && !on_blas => {
-                let nsh = s.gate.ne(1) / ff;
-                let ahead = self.scratch_holds(&Self::shared_rows_sizes(n, nsh, hdim, ff)).then_some(x_rows);
-                if self.shared_rows_scratch(n, nsh, hdim, ff).is_none() {
-                    return;
-                }
-                let side = self.fork_open(ahead).map(|(_, j)| {
-                    joiner = Some(j);
-                    self.side_section()
-                });
-                let Some((ys, xq, marked)) = self.shared_rows(x, xr, experts, s, (nsh, ff), act) else { return };
-                if side.is_some() {
-                    self.took(Path::SharedFork);
-                }
-                // (the side's quantised input serves the routed products too, after its mark)
-                side_xq = marked.then_some(xq);
-                (add, add_n) = (ys, nsh);
                 None
             }
             other => other,
@@ -123,7 +100,7 @@ impl CudaBackend {
         // input's quantisation in one launch, unless the input comes quantised already (then
         // block 0 alone). `rg_xq`: the quantised input it leaves (None: the steps below make it).
         let mut rg_xq = None;
-        let rg = bn == 16 && warp_route && n <= GRAPH_MAX_TOKENS && ne_all <= 512 && side_xq.is_none() && self.path_on(Path::RouteGroup);
+        let rg = bn == 16 && warp_route && n <= GRAPH_MAX_TOKENS && ne_all <= 512 && self.path_on(Path::RouteGroup);
         if rg {
             let rows = (x.0.ptr, xr.off, xr.stride, n, hdim);
             let ahead = self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()).take().filter(|a| a.rows == rows).map(|a| a.xq);
@@ -243,17 +220,14 @@ impl CudaBackend {
                 return;
             }
         }
-        // x's groups as the norm's launch before wrote them (Path::NormQ8), or as the side
-        // stream wrote them (Path::SharedFork's rows form, once the main stream has waited for
-        // its mark: the same launch on the same rows), else quantised here.
-        // (or as Path::RouteGroup's launch left them)
+        // x's groups as Path::RouteGroup's launch left them, or as the norm's launch before
+        // wrote them (Path::NormQ8), else quantised here.
         let xq = match rg_xq {
             Some(xq) => xq,
             None => {
                 let ahead = self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()).take();
                 match ahead.filter(|a| a.rows == (x.0.ptr, xr.off, xr.stride, n, hdim)) {
                     Some(a) => a.xq,
-                    None if side_xq.is_some() && self.main_waits_mark() => side_xq.unwrap_or_default(),
                     None => {
                         let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
                         self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
@@ -380,100 +354,10 @@ impl CudaBackend {
         true
     }
 
-    /// [`CudaBackend::shared_rows`]' scratch (`Side*`) for `n` tokens, `nsh` chunks of `ff`
-    /// rows and `hdim`-wide rows, grown where needed (before the fork, as
-    /// [`CudaBackend::shared_blas_scratch`] says why).
-    #[allow(clippy::type_complexity)]
-    pub(super) fn shared_rows_scratch(
-        &self,
-        n: usize,
-        nsh: usize,
-        hdim: usize,
-        ff: usize,
-    ) -> Option<(u64, u64, u64, u64, u64, u64, u64, u64)> {
-        let z = Self::shared_rows_sizes(n, nsh, hdim, ff).map(|(s, b)| self.scratch(s, b));
-        Some((z[0]?, z[1]?, z[2]?, z[3]?, z[4]?, z[5]?, z[6]?, z[7]?))
-    }
-
-    /// [`CudaBackend::shared_rows_scratch`]'s slots and their bytes.
-    pub(super) fn shared_rows_sizes(n: usize, nsh: usize, hdim: usize, ff: usize) -> [(S, usize); 8] {
-        let pairs = n * nsh;
-        let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
-        [
-            (S::SideCnt, 4 * nsh),
-            (S::SideOff, 4 * nsh),
-            (S::SidePerm, 4 * pairs),
-            (S::SideXq, n * hg * 144),
-            (S::SideG, 4 * pairs * ff),
-            (S::SideU, 4 * pairs * ff),
-            (S::SideHq, pairs * fg * 144),
-            (S::SideY, 4 * pairs * hdim),
-        ]
-    }
-
-    /// A decode batch's shared FFN as its `nsh` chunks of `ff` rows on the grouped int8 rows
-    /// kernels, alone (what `moe_mmq` does with them among the routed experts, as experts
-    /// `E..`): the pairs p = t * nsh + c grouped by chunk (`moe_group` with no routed slots),
-    /// the input quantised, gate and up (one launch where the routed stacks pair them), the GLU
-    /// quantised, down. Returns the `n * nsh` output rows (`[t * nsh + c, hdim]`), for
-    /// `moe_combine` to add after the routed slots: each row has the bits of its slot's row
-    /// in the launches with the routed experts (the same kernels on the same rows and the same
-    /// input groups; a token's result never depends on the other tokens of its tile), and the
-    /// combine sums them in the same order. Also returns the quantised input rows and whether
-    /// the side marked them done ([`CudaBackend::side_mark`], right after their launch: the
-    /// routed products may read them once the main stream has waited for the mark). None
-    /// after a failure. Called inside a side section ([`Path::SharedFork`]); its scratch
-    /// (`Side*`) sized before the fork.
-    pub(super) fn shared_rows(
-        &self,
-        x: &CudaBuf,
-        xr: Rows,
-        experts: &Experts<'_, CudaWeight>,
-        s: &Experts<'_, CudaWeight>,
-        (nsh, ff): (usize, usize),
-        act: i32,
-    ) -> Option<(u64, u64, bool)> {
-        let (n, hdim) = (xr.n, xr.width);
-        let (cnt, off, perm, xq, g, u, hq, y) = self.shared_rows_scratch(n, nsh, hdim, ff)?;
-        let pairs = n * nsh;
-        let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
-        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
-        let marked = self.side_mark();
-        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(0), i(n), i(0), i(nsh), i(0), A::P(cnt), A::P(off), A::P(perm)]);
-        let tiles = (pairs.div_ceil(16) + nsh) as u32;
-        // (every expert of these lists is a shared chunk: e_sh 0)
-        let groups = |w: &CudaWeight, stride: usize| {
-            Some(MmqGroups {
-                cnt,
-                off,
-                perm,
-                n_exp: nsh,
-                sh: Some((w.mem.ptr, w.row_bytes, stride, 0)),
-                pair: None,
-                pair_tiled: 0,
-                pairs,
-                tokens: n,
-            })
-        };
-        let (gate, up) = (experts.gate, experts.up);
-        let gx = ff.div_ceil(64) as u32;
-        // (moe_mmq's choice of one launch or two, on the same routed stacks' layouts)
-        if self.moe_gu && (gate.row_bytes, gate.mat_bytes()) == (up.row_bytes, up.mat_bytes()) {
-            let gr = groups(s.gate, ff * s.gate.row_bytes).map(|mut m| {
-                m.pair = Some((up.mem.ptr, s.up.mem.ptr, u));
-                m.pair_tiled = up.tiled_ptr();
-                m
-            });
-            self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, nsh, (g, 0, ff), (1, 0), 16);
-        } else {
-            self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(s.gate, ff * s.gate.row_bytes), nsh, (g, 0, ff), (1, 0), 16);
-            self.mmq_launch(up, ff, hg, xq, (gx, tiles, 1), 0, groups(s.up, ff * s.up.row_bytes), nsh, (u, 0, ff), (1, 0), 16);
-        }
-        self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
-        let dn = groups(s.down, ff / 128 * 144);
-        self.mmq_launch(experts.down, hdim, fg, hq, (hdim.div_ceil(64) as u32, tiles, 1), 0, dn, 1, (y, 0, hdim), (1, 0), 16);
-        Some((y, xq, marked))
-    }
+    // (The rows form of Path::SharedFork, shared_rows: the shared chunks alone on the int8 rows
+    // kernels on the side stream, TS_CUDA_SHARED_FORK_BLAS=0, the same bits as without the
+    // fork; measured 64 sequences 9,249 against 9,628 without the fork on the H200,
+    // gpu-next145, and was removed; git history has it, commit 901d341.)
 
     /// [`CudaBackend::shared_blas`]'s scratch (`Xh`, `Gu`, `Hs`, `Ys`) for `n` rows of `hdim`
     /// and `sf` shared rows, grown where needed. A fork asks first: a slot that grows is zeroed
@@ -524,8 +408,7 @@ impl CudaBackend {
     /// `sel_e < 0` left out) plus its `ks - k` shared rows unweighted (`moe_combine`; a
     /// four-columns-a-thread variant measured +0.3% on prompts and ±0 at 64 sequences, dropped).
     /// `add` = (rows, rows a token) (pointer 0: none): `n` x that many rows of `hdim` f32 added
-    /// last, in order (the shared FFN's: one from [`CudaBackend::shared_blas`], or each shared
-    /// chunk's from [`CudaBackend::shared_rows`], which then sum as the slots past k would).
+    /// last, in order (the shared FFN's: one from [`CudaBackend::shared_blas`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_combine(
         &self,

@@ -338,22 +338,6 @@ impl CudaBackend {
         );
     }
 
-    /// How many `mmq_q8_rows_sk` blocks of `smem` bytes of dynamic shared memory an SM holds at
-    /// once (0 where the driver does not say): the stream-K wave's blocks per SM. Asked of the
-    /// driver once per size. `TS_CUDA_ROWS_SK_PER_SM=n` (a measurement knob) takes fewer: at
-    /// most n (never more than fit, or the wave's blocks could wait on one not yet placed).
-    fn sk_per_sm(&self, smem: usize) -> usize {
-        let mut c = self.sk_per_sm.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&(_, b)) = c.iter().find(|(s, _)| *s == smem) {
-            return b;
-        }
-        let fit = self.funcs["mmq_q8_rows_sk"].occupancy_max_active_blocks_per_multiprocessor(128, smem, None).map_or(0, |b| b as usize);
-        let cap = std::env::var("TS_CUDA_ROWS_SK_PER_SM").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
-        let b = cap.map_or(fit, |n| n.min(fit));
-        c.push((smem, b));
-        b
-    }
-
     /// One `mmq_q8` launch (see kernels/mmq.cu): `experts` the grouped expert product's lists
     /// ([`MmqGroups`]), `None` for the dense one (`grid.2 / nsplit` matrices of `n` tokens);
     /// `out` = (pointer, offset, row stride); `split` = (nsplit, elements between the splits'
@@ -383,25 +367,6 @@ impl CudaBackend {
         let rows = bn == 16
             && rows_smem <= self.smem_max
             && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
-        // Grouped rows in stream-K form (Path::RowsSk): one wave of blocks, as many as the
-        // device holds at once, each an equal share of the launch's steps (the blocks, the
-        // scratch for their sums and their flags; launched at the end, with the rows kernels'
-        // arguments).
-        // (Not on a side stream: its blocks' sums and flags are one scratch, and its wave must
-        // be the only one of its kind on the device.)
-        let sk = if rows && cnt != 0 && self.path_on(Path::RowsSk) && self.side_now().is_none() {
-            let nb = self.sk_per_sm(rows_smem) * self.sm_count;
-            if nb > 0 {
-                let (Some(part), Some(flags)) = (self.scratch(S::SkPart, nb * 128 * 8 * 4), self.scratch(S::SkFlags, nb * 4)) else {
-                    return;
-                };
-                Some((nb, part, flags))
-            } else {
-                None
-            }
-        } else {
-            None
-        };
         // Grouped rows with R row sets a warp: 64*R rows a block, so fewer blocks along x.
         let rr = match self.rows_r.load(Ordering::Relaxed) {
             _ if !rows || cnt == 0 => 1,
@@ -491,12 +456,6 @@ impl CudaBackend {
             i(tail0),
             i(tail1),
         ];
-        if let Some((nb, part, flags)) = sk {
-            self.took(Path::RowsSk);
-            let all: [A; 33] = cat(args, [A::P(part), A::P(flags)]);
-            self.launch("mmq_q8_rows_sk", (nb as u32, 1, 1), 128, rows_smem as u32, &all);
-            return;
-        }
         // (The mmq_q8 tiles take the common arguments only.)
         let na = if rows { args.len() } else { 25 };
         // (mmq_q8_64ws: the 4 multiplying warps and a producer warp)
