@@ -103,28 +103,11 @@ extern "C" __global__ void moe_route_quant(const float* logits, i64 loff, i64 ls
                          drow);
 }
 
-// A decode batch's routing, its grouping by expert and the MoE input's quantisation in one
-// launch (Path::RouteGroup), where they were three dependent launches (moe_route_warp,
-// moe_group, quant_q8_groups) between the router's product and the gate/up: block 0 routes
-// every token (a warp a token, in turn), then after a barrier groups the pairs (moe_group's
-// body: its writes of sel_e are the block's own, seen after the barrier); blocks 1.. quantise
-// the input (a warp a group; none when the input comes quantised). The same bodies, so the
-// same bits. 1,024 threads a block: block 0's 32 warps route 64 tokens two each.
-extern "C" __global__ void __launch_bounds__(1024)
-    moe_route_group_quant(const float* logits, i64 loff, i64 lstride, int n, int E, int k, int gating, int norm_topk,
-                          float scale, int* sel_e, float* sel_w, int nsh, int* cnt, int* off, int* perm,
-                          const float* src, i64 soff, i64 sstride, int kdim, u8* dst, i64 drow) { PDL_ENTRY();
-    const int wpb = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    if (blockIdx.x == 0) {
-        for (int t = warp; t < n; t += wpb)
-            route_warp_body(t, logits, loff, lstride, n, E, k, gating, norm_topk, scale, sel_e, sel_w);
-        __syncthreads();
-        moe_group_body(sel_e, n, k, nsh, E, cnt, off, perm);
-    } else {
-        quant_group_body((i64)(blockIdx.x - 1) * wpb + warp, src, nullptr, soff, sstride, n, kdim, 0, nullptr, 0, 1,
-                         dst, drow);
-    }
-}
+// (The routing, grouping and input quantisation of a decode batch's MoE in one launch,
+// Path::RouteGroup / moe_route_group_quant: block 0 routed every token, a warp two at 64, then
+// grouped; the other blocks quantised. The same bits (route_group_exact passed), but 64
+// sequences 9,453 against 9,835 without it and 128 15,628 against ~16,785 on the H200
+// (gpu-next150). Removed; git history has it, commit a63dc44.)
 
 #if __CUDA_ARCH__ >= 800
 // Scale s (0..3) of a group header read as 4 packed f16.

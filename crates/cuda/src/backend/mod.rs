@@ -798,7 +798,6 @@ fn kernel_names() -> Vec<String> {
         "moe_down_sh_bf16",
         "quant_q8_groups",
         "moe_route_quant",
-        "moe_route_group_quant",
         "moe_gateup_sh_q8q",
         "mmq_q8_64",
         "mmq_q8_64e",
@@ -986,18 +985,10 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
-    /// A decode batch's MoE on the 16-token int8 rows kernels: the routing (plain top-k, a
-    /// warp a token), the grouping of its pairs by expert and the input's quantisation in one
-    /// launch (`moe_route_group_quant`: block 0 routes every token, then groups; the other
-    /// blocks quantise) instead of three dependent ones (`moe_route_warp`, `moe_group`,
-    /// `quant_q8_groups`). The same bodies: the same bits (test `route_group_exact`). Up to
-    /// [`GRAPH_MAX_TOKENS`] tokens (block 0 routes them 32 at a time). `TS_CUDA_ROUTE_GROUP=0`
-    /// turns it off.
-    RouteGroup,
 }
 
 impl Path {
-    const ALL: [Path; 19] = [
+    const ALL: [Path; 18] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1016,7 +1007,6 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
-        Path::RouteGroup,
     ];
 
     /// Its environment variable and its default.
@@ -1040,7 +1030,6 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
-            Path::RouteGroup => ("TS_CUDA_ROUTE_GROUP", true),
         }
     }
 

@@ -96,44 +96,8 @@ impl CudaBackend {
         // of ceil(cnt/bn) <= pairs/bn + experts.
         let bn = self.moe_tile_tokens(pairs, ne_all);
         let (hg, fg) = (hdim.div_ceil(128), ff.div_ceil(128));
-        // Path::RouteGroup (16-token tiles, plain top-k): the routing, the grouping and the
-        // input's quantisation in one launch, unless the input comes quantised already (then
-        // block 0 alone). `rg_xq`: the quantised input it leaves (None: the steps below make it).
-        let mut rg_xq = None;
-        let rg = bn == 16 && warp_route && n <= GRAPH_MAX_TOKENS && ne_all <= 512 && self.path_on(Path::RouteGroup);
-        if rg {
-            let rows = (x.0.ptr, xr.off, xr.stride, n, hdim);
-            let ahead = self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()).take().filter(|a| a.rows == rows).map(|a| a.xq);
-            let (xq, nq) = match ahead {
-                Some(xq) => (xq, 0),
-                None => {
-                    let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
-                    (xq, (n * hg).div_ceil(32))
-                }
-            };
-            let mut args = [A::I(0); 21];
-            args[..9].copy_from_slice(&Self::route_lead(logits, lr, p));
-            args[9..].copy_from_slice(&[
-                A::P(sel_e),
-                A::P(sel_w),
-                i(nsh),
-                A::P(cnt),
-                A::P(off),
-                A::P(perm),
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                i(hdim),
-                A::P(xq),
-                l(hg * 144),
-            ]);
-            self.launch("moe_route_group_quant", (1 + nq as u32, 1, 1), 1024, 0, &args);
-            self.took(Path::RouteGroup);
-            rg_xq = Some(xq);
-        } else {
-            self.route(logits, lr, p, warp_route, sel_e, sel_w);
-            self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
-        }
+        self.route(logits, lr, p, warp_route, sel_e, sel_w);
+        self.launch("moe_group", (1, 1, 1), 1024, 0, &[A::P(sel_e), i(n), i(k), i(nsh), i(ne), A::P(cnt), A::P(off), A::P(perm)]);
         if self.moe_counts {
             self.print_moe_counts(cnt, ne_all);
         }
@@ -220,20 +184,14 @@ impl CudaBackend {
                 return;
             }
         }
-        // x's groups as Path::RouteGroup's launch left them, or as the norm's launch before
-        // wrote them (Path::NormQ8), else quantised here.
-        let xq = match rg_xq {
-            Some(xq) => xq,
+        // x's groups as the norm's launch before wrote them (Path::NormQ8), else quantised here.
+        let ahead = self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let xq = match ahead.filter(|a| a.rows == (x.0.ptr, xr.off, xr.stride, n, hdim)) {
+            Some(a) => a.xq,
             None => {
-                let ahead = self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()).take();
-                match ahead.filter(|a| a.rows == (x.0.ptr, xr.off, xr.stride, n, hdim)) {
-                    Some(a) => a.xq,
-                    None => {
-                        let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
-                        self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
-                        xq
-                    }
-                }
+                let Some(xq) = self.scratch(S::Xq, n * hg * 144) else { return };
+                self.quant_groups(x.0.ptr, 0, xr.off, xr.stride, n, hdim, 0, xq);
+                xq
             }
         };
         let Some(hq) = self.scratch(S::Hq, pairs * fg * 144) else { return };
