@@ -1399,12 +1399,6 @@ pub struct CudaBackend {
     /// 32 sequences 4,696 -> 4,693 (the same), the server with 64 clients 6,617 -> 6,677 (before
     /// them, 64 the same and 32 lost). `TS_CUDA_ROWS_R=1|2` ([`CudaBackend::set_rows_r`]).
     rows_r: AtomicUsize,
-    /// The same for the MoE's down launch alone (and its gate and up where they run apart,
-    /// `TS_CUDA_MOE_GU=0`; the gate/up pair keeps `rows_r`'s rule), where
-    /// set: `TS_CUDA_ROWS_R_DN=1|2`, a measurement knob (0, unset: `rows_r`'s rule). At 64
-    /// sequences the down launch's 1,024 blocks of 128 rows are ~1.55 waves of the 660 block
-    /// places; one row set makes 2,048 blocks, ~3.1 waves. The same bits.
-    rows_r_dn: AtomicUsize,
     /// Grouped products on the rows kernels with each expert's first tile at block y = expert,
     /// its first weight loads issued before the PDL wait (`mmq_rows_impl`'s `early`), where the
     /// batch gives at least two (token, slot) pairs an expert; `TS_CUDA_ROWS_EARLY=0` or
@@ -1798,11 +1792,6 @@ impl CudaBackend {
             mmq_ws: major >= 9 && std::env::var("TS_CUDA_MMQ_WS").is_ok_and(|v| v == "1"),
             mmq_rows_dense: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
             rows_r: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R").as_deref() {
-                Ok("1") => 1,
-                Ok("2") => 2,
-                _ => 0,
-            }),
-            rows_r_dn: AtomicUsize::new(match std::env::var("TS_CUDA_ROWS_R_DN").as_deref() {
                 Ok("1") => 1,
                 Ok("2") => 2,
                 _ => 0,

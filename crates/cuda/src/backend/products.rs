@@ -368,11 +368,10 @@ impl CudaBackend {
             && rows_smem <= self.smem_max
             && if cnt != 0 { self.moe_rows.load(Ordering::Relaxed) } else { n <= self.mmq_rows_dense.load(Ordering::Relaxed) };
         // Grouped rows with R row sets a warp: 64*R rows a block, so fewer blocks along x.
-        // (TS_CUDA_ROWS_R_DN: the down launch's own count, a measurement knob)
-        let r_dn = self.rows_r_dn.load(Ordering::Relaxed);
+        // (The down launch with its own count, TS_CUDA_ROWS_R_DN=1: 64 sequences 9,775 / 9,772
+        // against 9,882 / 9,885, 128 16,687 against 16,780 on the H200, gpu-next151; removed.)
         let rr = match self.rows_r.load(Ordering::Relaxed) {
             _ if !rows || cnt == 0 => 1,
-            _ if w2 == 0 && r_dn > 0 => r_dn,
             0 if pairs >= 5 * ne => 2,
             0 => 1,
             r => r,
