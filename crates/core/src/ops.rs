@@ -472,9 +472,10 @@ pub trait Backend: Send + Sync {
     fn join_products(&self, weights: &mut [&mut Self::Weight]) {
         let _ = weights;
     }
-    /// A hint that `weights` (up to four) are read soon, after the next attention: a backend may
+    /// A hint that `weights` (up to seven) are read soon, after the next attention: a backend may
     /// start bringing them closer (the CUDA backend: into L2, from a one-token attention kernel,
-    /// which leaves the memory bus mostly idle). Changes no result. Default: nothing.
+    /// which leaves the memory bus mostly idle; a routed expert stack's first experts from a
+    /// decode batch's norm, `TS_CUDA_XPF`). Changes no result. Default: nothing.
     fn prefetch_hint(&self, _weights: &[&Self::Weight]) {}
     /// The attention's output side of an MLA layer in one op: [`Backend::mla_attention`] of `q`
     /// into `lat`, the per-head value product `av = lat · W_uv` ([`Backend::matmul_grouped`] over

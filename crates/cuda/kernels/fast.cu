@@ -568,12 +568,23 @@ __device__ void mla_split_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, 
 // (latency-bound, most of its blocks idle at short contexts), so that the MoE that follows finds
 // its shared experts and router in L2. Weights are never written: before the PDL wait.
 #define PF_CHUNK 65536
+#ifndef L2PF_LAST
+#define L2PF_LAST 0
+#endif
 __device__ __forceinline__ void l2_prefetch_part(const u8* p, i64 bytes, i64 c0, i64 step) {
 #if __CUDA_ARCH__ >= 900
     for (i64 c = c0; c * PF_CHUNK < bytes; c += step) {
         const i64 off = c * PF_CHUNK;
         const unsigned sz = (unsigned)min((i64)PF_CHUNK, bytes - off);
+#if L2PF_LAST
+        // (TS_CUDA_DEFINES=L2PF_LAST=1, a measurement: the lines kept past streaming traffic
+        // until a plain load reads them, which sets them back to evict_normal)
+        u64 pol;
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p + off), "r"(sz), "l"(pol) : "memory");
+#else
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(sz) : "memory");
+#endif
     }
 #endif
 }

@@ -71,7 +71,9 @@ extern "C" __global__ void add_rms_norm_q8(float* x, i64 xoff, i64 xstride, cons
 // bits as add_rms_norm (or rms_norm) then f16_rows, one dependent step fewer.
 extern "C" __global__ void add_rms_norm_h(float* x, i64 xoff, i64 xstride, const float* d, i64 doff, i64 dstride,
                                           const float* w, int has_w, float eps, float* out, i64 ooff, i64 ostride,
-                                          int width, u16* xh) {
+                                          int width, u16* xh, const u8* pf0, i64 pb0, const u8* pf1, i64 pb1,
+                                          const u8* pf2, i64 pb2, const u8* pf3, i64 pb3) {
+    l2_prefetch4(pf0, pb0, pf1, pb1, pf2, pb2, pf3, pb3);  // CudaBackend::xpf (TS_CUDA_XPF_AT=0)
     float* xr = x + xoff + blockIdx.x * xstride;
     float* orow = out + ooff + blockIdx.x * ostride;
     if (d) {

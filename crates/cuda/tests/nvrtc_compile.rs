@@ -95,7 +95,8 @@ fn kernels_compile_for_sm_75() {
 /// and of the split MLA decode (the old settings: `MS_SLD=32`, unpadded score rows;
 /// `MLA_SM_BRANCHLESS=0`, the softmax with branches; `MS_QK_U=2`, the score loop unrolled twice;
 /// `MS_ST2=0` and `MP_ST2=0`, single-float partial and prompt output stores; and the measurement
-/// define `MO_MU=4`, the merge's splits in flight) compile too.
+/// define `MO_MU=4`, the merge's splits in flight; `L2PF_LAST=1`, the L2 prefetches with
+/// evict_last) compile too.
 #[test]
 fn measurement_defines_compile_for_sm_90() {
     if !ts_cuda::kernels::nvrtc_available() {
@@ -120,6 +121,7 @@ fn measurement_defines_compile_for_sm_90() {
             "-DMMQ_ROWS_NA=0",
             "-DMS_NB_B=1",
             "-DMS_KFIRST=0",
+            "-DL2PF_LAST=1",
         ],
     ) {
         panic!("{log}");

@@ -1048,7 +1048,14 @@ impl<B: Backend> DeepSeek2<B> {
                     QProj::Plain { wq } => wq,
                     QProj::LowRank { wq_a, .. } => wq_a,
                 };
-                be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.wo]);
+                // ... and the routed experts' gate and up, which a decode batch reads first
+                // after its routing (a backend may ask for their first experts' bytes).
+                match &l.ffn {
+                    Ffn::Moe { gate_exps, up_exps, down_exps, .. } => {
+                        be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.wo, gate_exps, up_exps, down_exps])
+                    }
+                    Ffn::Dense(_) => be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.wo]),
+                }
             }
             // q (or its low-rank first half) and kv_a read the same input: one op, with the
             // residual add and the norm before it (one op again where the backend can).
@@ -1095,8 +1102,12 @@ impl<B: Backend> DeepSeek2<B> {
             }
             // The MoE's weights known before its routing (router, shared experts) are read right
             // after the attention: a backend may fetch them while it runs.
-            if let Ffn::Moe { router, shared: Some(f), .. } = &l.ffn {
-                be.prefetch_hint(&[router, &f.gate, &f.up, &f.down]);
+            match &l.ffn {
+                Ffn::Moe { router, shared: Some(f), gate_exps, up_exps, down_exps } => {
+                    be.prefetch_hint(&[router, &f.gate, &f.up, &f.down, gate_exps, up_exps, down_exps])
+                }
+                Ffn::Moe { router, gate_exps, up_exps, down_exps, .. } => be.prefetch_hint(&[router, gate_exps, up_exps, down_exps]),
+                Ffn::Dense(_) => {}
             }
             // A MoE layer's routing: its parameters, and the router logits of h ([n, E]) with the
             // norm where the backend can (and the routing itself, for the MoE op below).

@@ -1369,6 +1369,17 @@ pub struct CudaBackend {
     /// [`Backend::prefetch_hint`]'s regions: 0 (default) ignored; 1 asked into L2 by the
     /// attention kernel; 2 by the norm's too. `TS_CUDA_L2PF` (measured slower, docs/PERF.md).
     l2pf: u8,
+    /// Bytes of a decode batch's routed gate and up stacks (half each, their tiled copies'
+    /// first experts: the gate/up launch's first blocks) asked into L2 by an earlier launch of
+    /// the layer, while its attention leaves the memory bus idle: `TS_CUDA_XPF` (MB, default 0,
+    /// a measurement). `TS_CUDA_XPF_AT`: 0 the layer's first norm (`add_rms_norm_h`), 1 the
+    /// FFN norm (`add_rms_norm`). `TS_CUDA_DEFINES=L2PF_LAST=1` asks with L2::evict_last.
+    xpf: usize,
+    /// The same for the down stack's first experts (`TS_CUDA_XPF_DN`, MB, default 0).
+    xpf_dn: usize,
+    xpf_at: u8,
+    /// The regions [`Backend::prefetch_hint`] named for `xpf` (taken by the launch `xpf_at` names).
+    xpf_hint: Mutex<[(u64, usize); 4]>,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -1778,6 +1789,10 @@ impl CudaBackend {
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            xpf: env_usize("TS_CUDA_XPF").unwrap_or(0) << 20,
+            xpf_dn: env_usize("TS_CUDA_XPF_DN").unwrap_or(0) << 20,
+            xpf_at: env_usize("TS_CUDA_XPF_AT").unwrap_or(0) as u8,
+            xpf_hint: Mutex::new([(0, 0); 4]),
             paths: Path::ALL.map(|p| (AtomicBool::new(p.env_on()), AtomicU64::new(0))),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
@@ -2338,6 +2353,14 @@ impl CudaBackend {
     fn take_hint(&self, use_them: bool) -> [A; 8] {
         let h = std::mem::take(&mut *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()));
         let h = if use_them { h } else { [(0, 0); 4] };
+        [A::P(h[0].0), l(h[0].1), A::P(h[1].0), l(h[1].1), A::P(h[2].0), l(h[2].1), A::P(h[3].0), l(h[3].1)]
+    }
+
+    /// The `xpf` regions as a kernel's 8 trailing arguments, taken either way; zeros unless
+    /// `at` is the launch `xpf_at` names.
+    fn take_xpf(&self, at: u8) -> [A; 8] {
+        let h = std::mem::take(&mut *self.xpf_hint.lock().unwrap_or_else(|e| e.into_inner()));
+        let h = if at == self.xpf_at { h } else { [(0, 0); 4] };
         [A::P(h[0].0), l(h[0].1), A::P(h[1].0), l(h[1].1), A::P(h[2].0), l(h[2].1), A::P(h[3].0), l(h[3].1)]
     }
 

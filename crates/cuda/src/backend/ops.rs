@@ -1069,12 +1069,24 @@ impl Backend for CudaBackend {
 
     fn prefetch_hint(&self, weights: &[&CudaWeight]) {
         let mut h = [(0u64, 0usize); 4];
+        let mut x = [(0u64, 0usize); 4];
+        // Routed expert stacks (a tiled copy) go to `xpf`'s regions: the first bytes of each.
+        let (stacks, plain): (Vec<&CudaWeight>, Vec<&CudaWeight>) = weights.iter().partition(|w| w.tiled.is_some());
         if self.l2pf > 0 {
-            for (slot, w) in h.iter_mut().zip(weights) {
+            for (slot, w) in h.iter_mut().zip(&plain) {
                 *slot = (w.mem.ptr, w.mem.bytes / 16 * 16);
             }
         }
+        // (gate and up: half of xpf each; down, the third: xpf_dn)
+        if self.xpf + self.xpf_dn > 0 {
+            for (i, (slot, w)) in x.iter_mut().zip(&stacks).enumerate() {
+                let t = w.tiled.as_ref().expect("partitioned on tiled");
+                let want = if i < 2 { self.xpf / 2 } else { self.xpf_dn };
+                *slot = (if want > 0 { t.ptr } else { 0 }, want.min(t.bytes) / 16 * 16);
+            }
+        }
         *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()) = h;
+        *self.xpf_hint.lock().unwrap_or_else(|e| e.into_inner()) = x;
     }
 
     fn mla_attention_out(
@@ -1408,6 +1420,8 @@ impl Backend for CudaBackend {
         // Backend::prefetch_hint's regions go with a one-row norm (a decode layer's start) under
         // TS_CUDA_L2PF=2 (taken either way): one block's bulk prefetches, a measurement.
         let hint = self.take_hint(xr.n == 1 && self.l2pf >= 2);
+        let xpf = self.take_xpf(1);
+        let hint = if xr.n > 1 && self.xpf_at == 1 { xpf } else { hint };
         let args: [A; 21] = cat(add_norm_args((x, xr), (delta.0.ptr, dr), w, eps, (out, o)), hint);
         self.launch("add_rms_norm", (xr.n as u32, 1, 1), block, 0, &args);
     }
