@@ -726,7 +726,11 @@ __device__ __forceinline__ void mla_merge_add(float (&r)[4], float4 v, float f, 
 }
 extern "C" __global__ void __launch_bounds__(128) mla_combine_few(const float* part, int nsp, int nh, int kl,
                                                                  const int* pos, float* out, i64 ooff, i64 o_tok,
-                                                                 i64 o_head, u16* oh, i64 ohoff) { PDL_ENTRY();
+                                                                 i64 o_head, u16* oh, i64 ohoff, const u8* pf0, i64 pb0,
+                                                                 const u8* pf1, i64 pb1, const u8* pf2, i64 pb2,
+                                                                 const u8* pf3, i64 pb3) {
+    l2_prefetch4(pf0, pb0, pf1, pb1, pf2, pb2, pf3, pb3);  // CudaBackend::xpf (TS_CUDA_XPF_AT=2)
+    PDL_ENTRY();
     const int t = blockIdx.x / nh, h = blockIdx.x % nh;
     const int nact = mla_merge_active(pos[t] + 1, nsp);
     const int stride = kl + 2;

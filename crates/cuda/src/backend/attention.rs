@@ -266,6 +266,7 @@ impl CudaBackend {
                     self.took(Path::CombineFew);
                     let hargs = [A::P(lat_h), l(t0 * nh * kl)];
                     let args: [A; 11] = cat(cargs, hargs);
+                    let args: [A; 19] = cat(args, self.take_xpf(2, n));
                     self.launch("mla_combine_few", ((nc * nh) as u32, 1, 1), (kl / 4) as u32, 0, &args);
                     continue;
                 }

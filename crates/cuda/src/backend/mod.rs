@@ -1373,12 +1373,14 @@ pub struct CudaBackend {
     /// first experts: the gate/up launch's first blocks) asked into L2 by an earlier launch of
     /// the layer, while its attention leaves the memory bus idle: `TS_CUDA_XPF` (MB, default 0,
     /// a measurement). `TS_CUDA_XPF_AT`: 0 the layer's first norm (`add_rms_norm_h`), 1 the
-    /// FFN norm (`add_rms_norm`). `TS_CUDA_DEFINES=L2PF_LAST=1` asks with L2::evict_last.
+    /// FFN norm (`add_rms_norm`), 2 the attention's merge (`mla_combine_few`); several digits
+    /// (in launch order: 0, 2, 1) share the bytes, in order. `TS_CUDA_DEFINES=L2PF_LAST=1` asks
+    /// with L2::evict_last.
     xpf: usize,
     /// The same for the down stack's first experts (`TS_CUDA_XPF_DN`, MB, default 0).
     xpf_dn: usize,
-    xpf_at: u8,
-    /// The regions [`Backend::prefetch_hint`] named for `xpf` (taken by the launch `xpf_at` names).
+    xpf_at: Vec<u8>,
+    /// The regions [`Backend::prefetch_hint`] named for `xpf` (taken by the launches `xpf_at` names).
     xpf_hint: Mutex<[(u64, usize); 4]>,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
@@ -1789,9 +1791,12 @@ impl CudaBackend {
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
-            xpf: env_usize("TS_CUDA_XPF").unwrap_or(0) << 20,
+            xpf: env_usize("TS_CUDA_XPF").unwrap_or(32) << 20,
             xpf_dn: env_usize("TS_CUDA_XPF_DN").unwrap_or(0) << 20,
-            xpf_at: env_usize("TS_CUDA_XPF_AT").unwrap_or(0) as u8,
+            xpf_at: std::env::var("TS_CUDA_XPF_AT")
+                .ok()
+                .map(|v| v.bytes().filter(|b| (b'0'..=b'2').contains(b)).map(|b| b - b'0').collect())
+                .unwrap_or_else(|| vec![1]),
             xpf_hint: Mutex::new([(0, 0); 4]),
             paths: Path::ALL.map(|p| (AtomicBool::new(p.env_on()), AtomicU64::new(0))),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
@@ -2356,11 +2361,30 @@ impl CudaBackend {
         [A::P(h[0].0), l(h[0].1), A::P(h[1].0), l(h[1].1), A::P(h[2].0), l(h[2].1), A::P(h[3].0), l(h[3].1)]
     }
 
-    /// The `xpf` regions as a kernel's 8 trailing arguments, taken either way; zeros unless
-    /// `at` is the launch `xpf_at` names.
-    fn take_xpf(&self, at: u8) -> [A; 8] {
-        let h = std::mem::take(&mut *self.xpf_hint.lock().unwrap_or_else(|e| e.into_inner()));
-        let h = if at == self.xpf_at { h } else { [(0, 0); 4] };
+    /// The `xpf` regions as a kernel's 8 trailing arguments: launch `at`'s share of them if
+    /// `xpf_at` names it (the last one named takes them away), else zeros.
+    /// Only decode batches (`n` rows: the grouped int8 rows kernels read the tiled copies).
+    fn take_xpf(&self, at: u8, n: usize) -> [A; 8] {
+        let mut g = self.xpf_hint.lock().unwrap_or_else(|e| e.into_inner());
+        let none = [A::P(0), l(0), A::P(0), l(0), A::P(0), l(0), A::P(0), l(0)];
+        let Some(p) = self.xpf_at.iter().position(|&a| a == at) else { return none };
+        if !(GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) {
+            *g = [(0, 0); 4];
+            return none;
+        }
+        let parts = self.xpf_at.len();
+        let mut h = *g;
+        if p + 1 == parts {
+            *g = [(0, 0); 4];
+        }
+        drop(g);
+        for r in h.iter_mut() {
+            // share p of `parts`, in 64 KB pieces (the prefetch's chunk)
+            let chunks = r.1.div_ceil(1 << 16);
+            let (c0, c1) = (chunks * p / parts, chunks * (p + 1) / parts);
+            let (b0, b1) = ((c0 << 16).min(r.1), (c1 << 16).min(r.1));
+            *r = if b1 > b0 && r.0 != 0 { (r.0 + b0 as u64, b1 - b0) } else { (0, 0) };
+        }
         [A::P(h[0].0), l(h[0].1), A::P(h[1].0), l(h[1].1), A::P(h[2].0), l(h[2].1), A::P(h[3].0), l(h[3].1)]
     }
 

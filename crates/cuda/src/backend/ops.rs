@@ -1420,8 +1420,7 @@ impl Backend for CudaBackend {
         // Backend::prefetch_hint's regions go with a one-row norm (a decode layer's start) under
         // TS_CUDA_L2PF=2 (taken either way): one block's bulk prefetches, a measurement.
         let hint = self.take_hint(xr.n == 1 && self.l2pf >= 2);
-        let xpf = self.take_xpf(1);
-        let hint = if xr.n > 1 && self.xpf_at == 1 { xpf } else { hint };
+        let hint = if xr.n > 1 { self.take_xpf(1, xr.n) } else { hint };
         let args: [A; 21] = cat(add_norm_args((x, xr), (delta.0.ptr, dr), w, eps, (out, o)), hint);
         self.launch("add_rms_norm", (xr.n as u32, 1, 1), block, 0, &args);
     }

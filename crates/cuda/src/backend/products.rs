@@ -830,7 +830,7 @@ impl CudaBackend {
             (d.0.ptr, dr)
         });
         let norm: [A; 14] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [A::P(xh)]);
-        let args: [A; 22] = cat(norm, self.take_xpf(0));
+        let args: [A; 22] = cat(norm, self.take_xpf(0, xr.n));
         let k = xr.width;
         self.launch("add_rms_norm_h", (xr.n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
     }
