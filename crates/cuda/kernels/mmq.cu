@@ -80,8 +80,13 @@ __device__ __forceinline__ void quant_group_body(i64 gid, const float* src, cons
     }
     quant_group_store(v, lane, dst + (i64)row * drow + (i64)g * MMQ_GB);
 }
+// pf0/pb0: a weight region asked into L2 before the PDL wait (CudaBackend::xpf_glu: the down
+// stack's first experts, from the GLU's quantisation between a decode batch's gate/up and down).
 extern "C" __global__ void quant_q8_groups(const float* src, const float* src2, i64 off, i64 stride, int n, int k,
-                                           int act, const float* rw, int rk, int rks, u8* dst, i64 drow) { PDL_ENTRY();
+                                           int act, const float* rw, int rk, int rks, u8* dst, i64 drow,
+                                           const u8* pf0, i64 pb0) {
+    if (pf0) l2_prefetch4(pf0, pb0, nullptr, 0, nullptr, 0, nullptr, 0);
+    PDL_ENTRY();
     quant_group_body((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), src, src2, off, stride, n, k, act, rw,
                      rk, rks, dst, drow);
 }

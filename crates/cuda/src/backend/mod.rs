@@ -1380,6 +1380,12 @@ pub struct CudaBackend {
     /// The same for the down stack's first experts (`TS_CUDA_XPF_DN`, MB, default 0).
     xpf_dn: usize,
     xpf_at: Vec<u8>,
+    /// Bytes of a decode batch's routed down stack (its tiled copy's first experts: the down
+    /// launch's first blocks) asked into L2 by the GLU's quantisation launch before it, while
+    /// the gate/up launch's last blocks leave the bus part idle: `TS_CUDA_XPF_GLU` (MB, default
+    /// 0). `xpf_glu_hint`: the region for the next `quant_q8_groups` launch (taken by it).
+    xpf_glu: usize,
+    xpf_glu_hint: Mutex<Option<(u64, usize)>>,
     /// The regions [`Backend::prefetch_hint`] named for `xpf` (taken by the launches `xpf_at` names).
     xpf_hint: Mutex<[(u64, usize); 4]>,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -1793,6 +1799,8 @@ impl CudaBackend {
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             xpf: env_usize("TS_CUDA_XPF").unwrap_or(32) << 20,
             xpf_dn: env_usize("TS_CUDA_XPF_DN").unwrap_or(0) << 20,
+            xpf_glu: env_usize("TS_CUDA_XPF_GLU").unwrap_or(0) << 20,
+            xpf_glu_hint: Mutex::new(None),
             xpf_at: std::env::var("TS_CUDA_XPF_AT")
                 .ok()
                 .map(|v| v.bytes().filter(|b| (b'0'..=b'2').contains(b)).map(|b| b - b'0').collect())
@@ -2359,6 +2367,18 @@ impl CudaBackend {
         let h = std::mem::take(&mut *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()));
         let h = if use_them { h } else { [(0, 0); 4] };
         [A::P(h[0].0), l(h[0].1), A::P(h[1].0), l(h[1].1), A::P(h[2].0), l(h[2].1), A::P(h[3].0), l(h[3].1)]
+    }
+
+    /// `xpf_glu`'s region of the routed down stack `down` for the next `quant_q8_groups`
+    /// launch, if this is a decode batch of `n` rows and the stack has a tiled copy.
+    pub(super) fn xpf_glu_set(&self, down: &CudaWeight, n: usize) {
+        let r = match &down.tiled {
+            Some(t) if self.xpf_glu > 0 && (GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) => {
+                Some((t.ptr, self.xpf_glu.min(t.bytes) / 16 * 16))
+            }
+            _ => None,
+        };
+        *self.xpf_glu_hint.lock().unwrap_or_else(|e| e.into_inner()) = r;
     }
 
     /// The `xpf` regions as a kernel's 8 trailing arguments: launch `at`'s share of them if

@@ -216,6 +216,7 @@ impl CudaBackend {
                 m
             });
             self.mmq_launch(gate, ff, hg, xq, (2 * gx, tiles, 1), 0, gr, ks, (g, 0, ff), (1, 0), bn);
+            self.xpf_glu_set(experts.down, n);
             self.quant_groups(g, u, 0, ff, pairs, ff, act, hq);
         } else {
             self.mmq_launch(gate, ff, hg, xq, (gx, tiles, 1), 0, groups(sg), ks, (g, 0, ff), (1, 0), bn);

@@ -329,12 +329,28 @@ impl CudaBackend {
         dst: u64,
     ) {
         let ngroups = k.div_ceil(128);
+        let pf = self.xpf_glu_hint.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or((0, 0));
         self.launch(
             "quant_q8_groups",
             ((n * ngroups).div_ceil(8) as u32, 1, 1),
             256,
             0,
-            &[A::P(src), A::P(src2), l(off), l(stride), i(n), i(k), A::I(act), A::P(rw.0), i(rw.1), i(rw.2), A::P(dst), l(ngroups * 144)],
+            &[
+                A::P(src),
+                A::P(src2),
+                l(off),
+                l(stride),
+                i(n),
+                i(k),
+                A::I(act),
+                A::P(rw.0),
+                i(rw.1),
+                i(rw.2),
+                A::P(dst),
+                l(ngroups * 144),
+                A::P(pf.0),
+                l(pf.1),
+            ],
         );
     }
 
