@@ -85,6 +85,48 @@ extern "C" __global__ void add_rms_norm_h(float* x, i64 xoff, i64 xstride, const
     for (int i = threadIdx.x; i < width; i += blockDim.x) hr[i] = f2h_sat(orow[i]);
 }
 
+// A MoE's combine (moe_combine) and the next layer's first norm (add_rms_norm_h with the
+// combine's rows as its delta) in one launch (Path::CombineNorm): block r sums token r's slot
+// rows (moe_comb_elem, the combine's body), writes them to the MoE's output rows c (as the
+// combine does), adds them into x and norms the row into out and its f16 rows xh. Rows of up to
+// NORM_PER * blockDim values (the norm's register path: each thread's elements as there). The
+// same bits as the two launches, one dependent step fewer.
+extern "C" __global__ void add_rms_norm_h_comb(float* x, i64 xoff, i64 xstride, const float* w, int has_w, float eps,
+                                               float* out, i64 ooff, i64 ostride, int width, u16* xh,
+                                               const float* y, int k, int ks, const int* sel_e, const float* sel_w,
+                                               const float* add, int add_n, float* c, i64 coff, i64 cstride,
+                                               const u8* pf0, i64 pb0, const u8* pf1, i64 pb1, const u8* pf2,
+                                               i64 pb2, const u8* pf3, i64 pb3) {
+    l2_prefetch4(pf0, pb0, pf1, pb1, pf2, pb2, pf3, pb3);  // CudaBackend::xpf (TS_CUDA_XPF_AT=0)
+    __shared__ float part[32];
+    const int bd = blockDim.x, tid = threadIdx.x;
+    const i64 t = blockIdx.x;
+    float wv[NORM_PER];
+    norm_load_w(w, has_w, width, wv);
+    PDL_ENTRY();
+    float* xr = x + xoff + t * xstride;
+    float* cr = c + coff + t * cstride;
+    float v[NORM_PER];
+#pragma unroll
+    for (int q = 0; q < NORM_PER; q++) {
+        const int i = tid + q * bd;
+        if (i < width) {
+            const float d = moe_comb_elem(y, k, ks, width, sel_e, sel_w, add, add_n, t, i);
+            cr[i] = d;
+            v[q] = xr[i] + d;
+        } else {
+            v[q] = 0.f;
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < NORM_PER; q++)
+        if (tid + q * bd < width) xr[tid + q * bd] = v[q];
+    float* orow = out + ooff + t * ostride;
+    norm_store(v, wv, has_w, block_rms_inv(norm_ss(v, width), part, width, eps), width, orow);
+    u16* hr = xh + t * width;
+    for (int i = tid; i < width; i += bd) hr[i] = f2h_sat(orow[i]);
+}
+
 // dst = rope(src): per row, pairs of the first 2*half values rotated (as rope_rows), the rest of
 // the row (width - 2*half values) copied. One thread per (row, pair or copied column).
 extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstride, float* dst, i64 doff, i64 dstride,

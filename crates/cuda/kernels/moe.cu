@@ -245,20 +245,25 @@ MOE_H16(bf16, T_BF16)
 // y[t*ks+j] for the shared slots k <= j < ks (moe_group's pairs). Overwrites every element.
 // add (or null): add_n rows of width a token added last, in order (the shared FFN's rows from
 // another launch: CudaBackend::shared_blas's, add_n 1).
+// Element i of token t's sum (moe_combine's and add_rms_norm_h_comb's: one body, the same bits).
+__device__ __forceinline__ float moe_comb_elem(const float* y, int k, int ks, i64 width, const int* sel_e,
+                                               const float* sel_w, const float* add, int add_n, i64 t, i64 i) {
+    float s = 0.f;
+    for (int j = 0; j < k; j++) {
+        i64 q = t * k + j;
+        if (sel_e[q] >= 0) s += sel_w[q] * y[(t * ks + j) * width + i];
+    }
+    for (int j = k; j < ks; j++) s += y[(t * ks + j) * width + i];
+    if (add)
+        for (int j = 0; j < add_n; j++) s += add[(t * add_n + j) * width + i];
+    return s;
+}
 extern "C" __global__ void moe_combine(const float* y, int k, int ks, i64 width, i64 ntok, const int* sel_e,
                                        const float* sel_w, float* out, i64 ooff, i64 ostride, const float* add,
                                        int add_n) { PDL_ENTRY();
     i64 total = ntok * width;
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
         i64 t = idx / width, i = idx % width;
-        float s = 0.f;
-        for (int j = 0; j < k; j++) {
-            i64 q = t * k + j;
-            if (sel_e[q] >= 0) s += sel_w[q] * y[(t * ks + j) * width + i];
-        }
-        for (int j = k; j < ks; j++) s += y[(t * ks + j) * width + i];
-        if (add)
-            for (int j = 0; j < add_n; j++) s += add[(t * add_n + j) * width + i];
-        out[ooff + t * ostride + i] = s;
+        out[ooff + t * ostride + i] = moe_comb_elem(y, k, ks, width, sel_e, sel_w, add, add_n, t, i);
     }
 }

@@ -2570,6 +2570,91 @@ fn run_moe_shared<B: Backend>(
     false
 }
 
+/// A decode batch's MoE combine held for the next layer's first norm (`Path::CombineNorm`:
+/// `add_rms_norm_h_comb`, the combine's sums, the residual add, the norm and its f16 rows for
+/// cuBLAS in one launch): the MoE's output, x, the norm's rows and the products after it bit for
+/// bit as with the path off (the combine's own launch, then `add_rms_norm_h`), at V2-Lite's
+/// widths and a small shape, with the shared FFN forked and not; that the path ran when on;
+/// and a held combine is enqueued by anything else that comes first (here a read).
+#[test]
+fn combine_norm_exact() {
+    if gpu_tc_fused("combine_norm_exact").is_none() {
+        return;
+    }
+    let b = &CudaBackend::new(0).expect("second backend");
+    let mut r = rng(61);
+    let mut rep = Report::new("combine_norm_exact");
+    type Case = (usize, usize, usize, usize, usize, &'static [usize]);
+    let cases: [Case; 2] = [(2048, 1408, 64, 6, 2, &[9, 64, 128]), (256, 128, 64, 6, 2, &[16, 64])];
+    for (hdim, ff, ne, k, nsh, ns) in cases {
+        let sf = nsh * ff;
+        let ty = GgmlType::Q8_0;
+        let shapes: [Vec<usize>; 7] = [
+            vec![hdim, ff, ne],
+            vec![hdim, ff, ne],
+            vec![ff, hdim, ne],
+            vec![hdim, sf],
+            vec![hdim, sf],
+            vec![sf, hdim],
+            vec![hdim, 576],
+        ];
+        let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
+        let up = |i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let (ex, sh, wj) = ([up(0), up(1), up(2)], [up(3), up(4), up(5)], up(6));
+        let p = MoeParams {
+            n_experts: ne,
+            k,
+            gating: Gating::Softmax,
+            norm_topk: false,
+            scale: 1.0,
+            n_group: 1,
+            topk_group: 1,
+            glu: Glu::SwiGlu,
+        };
+        let nw = randn(&mut r, hdim, 1.0);
+        for &n in ns {
+            let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
+            let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
+            let o = Rows::packed(n, hdim);
+            let jr = Rows { off: 1, n, width: 576, stride: 576 + 2 };
+            let (x, lg, res) = (randn(&mut r, xr.end(), 1.0), randn(&mut r, lr.end(), 2.0), randn(&mut r, o.end(), 1.0));
+            for fork in [true, false] {
+                b.set_path(Path::SharedFork, fork);
+                let lab = format!("H={hdim} E={ne} n={n} fork {fork}");
+                let runs: Vec<[Vec<f32>; 4]> = [true, false]
+                    .iter()
+                    .map(|&on| {
+                        b.set_path(Path::CombineNorm, on);
+                        let (bx, bl, bo, bres, bh) =
+                            (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap(), buf(b, &res), b.alloc(o.end()).unwrap());
+                        let bj = buf(b, &vec![0f32; jr.end()]);
+                        poison(b, &bo, o.end());
+                        let norm = norm_weight(b, &nw);
+                        let before = b.path_launches(Path::CombineNorm);
+                        run_moe_shared(b, &bx, xr, &bl, lr, &ex, &sh, &p, &bo, o, true);
+                        b.add_rms_norm_matmul_many((&bres, o), (&bo, o), Some(&norm), 1e-6, (&bh, o), &[(&wj, &bj, jr)]);
+                        let took = b.path_launches(Path::CombineNorm) - before;
+                        if took != u64::from(on) {
+                            rep.failures.push(format!("{lab}: Path::CombineNorm taken {took} times with the path {on}"));
+                        }
+                        [get(b, &bo, o), get(b, &bres, o), get(b, &bh, o), get(b, &bj, jr)]
+                    })
+                    .collect();
+                exact(&mut rep, &lab, &["moe out", "x", "norm", "product"], &runs[0], &runs[1]);
+                // A held combine read before any norm: enqueued by the read.
+                b.set_path(Path::CombineNorm, true);
+                let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
+                poison(b, &bo, o.end());
+                run_moe_shared(b, &bx, xr, &bl, lr, &ex, &sh, &p, &bo, o, true);
+                exact(&mut rep, &format!("{lab}: read while held"), &["moe out"], &[get(b, &bo, o)], &[runs[1][0].clone()]);
+            }
+        }
+    }
+    b.set_path(Path::SharedFork, true);
+    b.set_path(Path::CombineNorm, true);
+    rep.finish();
+}
+
 /// The one-token Q8_0 decode MoE in one launch (`moe_sh_q8_one`: down warps that wait on
 /// per-slot counters) against the two launches (`set_moe_one(false)` on a second backend): bit
 /// for bit, on several launches in a row (the counters must be back at zero after each), and

@@ -768,6 +768,7 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm",
         "add_rms_norm_q8",
         "add_rms_norm_h",
+        "add_rms_norm_h_comb",
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
@@ -985,10 +986,18 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
+    /// A decode batch's MoE combine (`moe_combine`) deferred to the next layer's first norm
+    /// (`add_rms_norm_h_comb`: the combine's sums, written to the MoE's output rows as before,
+    /// then the residual add, the norm and its f16 rows, one launch): one dependent launch a
+    /// layer fewer, the same bits. The backend holds the combine's operands
+    /// ([`CudaBackend::pend_comb`]) and enqueues the plain combine before anything else that
+    /// could read or overwrite them (every kernel launch, cuBLAS product, copy, fork, capture end
+    /// or synchronisation). `TS_CUDA_COMBINE_NORM=0` turns it off.
+    CombineNorm,
 }
 
 impl Path {
-    const ALL: [Path; 18] = [
+    const ALL: [Path; 19] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1007,6 +1016,7 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
+        Path::CombineNorm,
     ];
 
     /// Its environment variable and its default.
@@ -1030,6 +1040,7 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
+            Path::CombineNorm => ("TS_CUDA_COMBINE_NORM", true),
         }
     }
 
@@ -1038,6 +1049,24 @@ impl Path {
         let (var, default) = self.env();
         std::env::var(var).map_or(default, |v| v != "0")
     }
+}
+
+/// `moe_combine`'s operands ([`Path::CombineNorm`]): the slot rows `y` (`ks` a token, the
+/// first `k` routed with `sel_e` / `sel_w`), `add_n` more rows a token at `add` (0: none), for
+/// `n` tokens of `width` values, into rows `o` of the buffer at `out`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PendComb {
+    pub(super) y: u64,
+    pub(super) k: usize,
+    pub(super) ks: usize,
+    pub(super) width: usize,
+    pub(super) n: usize,
+    pub(super) sel_e: u64,
+    pub(super) sel_w: u64,
+    pub(super) out: u64,
+    pub(super) o: Rows,
+    pub(super) add: u64,
+    pub(super) add_n: usize,
 }
 
 /// A second stream for work that may run beside the main one's ([`Path::SharedFork`]): work
@@ -1380,6 +1409,9 @@ pub struct CudaBackend {
     /// The same for the down stack's first experts (`TS_CUDA_XPF_DN`, MB, default 0).
     xpf_dn: usize,
     xpf_at: Vec<u8>,
+    /// A decode batch's MoE combine not yet enqueued ([`Path::CombineNorm`]): the next layer's
+    /// first norm takes it into its launch, anything else enqueues it first ([`CudaBackend::flush_comb`]).
+    pend_comb: Mutex<Option<PendComb>>,
     /// Bytes of a decode batch's routed down stack (its tiled copy's first experts: the down
     /// launch's first blocks) asked into L2 by the GLU's quantisation launch before it, while
     /// the gate/up launch's last blocks leave the bus part idle: `TS_CUDA_XPF_GLU` (MB, default
@@ -1801,6 +1833,7 @@ impl CudaBackend {
             xpf_dn: env_usize("TS_CUDA_XPF_DN").unwrap_or(0) << 20,
             xpf_glu: env_usize("TS_CUDA_XPF_GLU").unwrap_or(0) << 20,
             xpf_glu_hint: Mutex::new(None),
+            pend_comb: Mutex::new(None),
             xpf_at: std::env::var("TS_CUDA_XPF_AT")
                 .ok()
                 .map(|v| v.bytes().filter(|b| (b'0'..=b'2').contains(b)).map(|b| b - b'0').collect())
@@ -1937,6 +1970,7 @@ impl CudaBackend {
     }
 
     fn read_mem(&self, m: &DevMem) -> Result<Vec<u8>> {
+        self.flush_comb();
         let mut v = vec![0u8; m.bytes];
         self.stream.synchronize().map_err(|e| dev_err("synchronize", e))?;
         unsafe { drv::memcpy_dtoh_sync(&mut v, m.ptr) }.map_err(|e| dev_err("device-to-host copy", e))?;
@@ -2132,6 +2166,7 @@ impl CudaBackend {
     /// a slot that grows is zeroed on the main stream after that point). The side then starts
     /// right after those rows were written, not after everything enqueued since.
     pub(super) fn fork_open(&self, ahead: Option<u64>) -> Option<(&Fork, Joiner<'_>)> {
+        self.flush_comb();
         let fk = self.fork.get().filter(|_| self.path_on(Path::SharedFork))?;
         let early = fk.early.swap(0, Ordering::Relaxed);
         let r = if ahead.is_some_and(|a| a != 0 && a == early) {
@@ -2328,6 +2363,7 @@ impl CudaBackend {
 
     fn upload_bytes(&self, mem: &DevMem, off: usize, src: &[u8]) -> Result<()> {
         assert!(off + src.len() <= mem.bytes);
+        self.flush_comb();
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
         // Pageable host memory is staged before the call returns, so `src` may go right after.
         unsafe { drv::memcpy_htod_async(mem.ptr + off as u64, src, self.stream.cu_stream()) }.map_err(|e| dev_err("host-to-device copy", e))
@@ -2379,6 +2415,29 @@ impl CudaBackend {
             _ => None,
         };
         *self.xpf_glu_hint.lock().unwrap_or_else(|e| e.into_inner()) = r;
+    }
+
+    /// Enqueues a deferred MoE combine ([`Path::CombineNorm`]) on the main stream, if one is
+    /// held: called before every launch, product, copy, fork, capture end and synchronisation.
+    pub(super) fn flush_comb(&self) {
+        let p = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = p {
+            let args = [
+                A::P(p.y),
+                i(p.k),
+                i(p.ks),
+                l(p.width),
+                l(p.n),
+                A::P(p.sel_e),
+                A::P(p.sel_w),
+                A::P(p.out),
+                l(p.o.off),
+                l(p.o.stride),
+                A::P(p.add),
+                i(p.add_n),
+            ];
+            self.launch_on(&self.stream, "moe_combine", Self::grid1(p.n * p.width), 256, 0, &args);
+        }
     }
 
     /// The `xpf` regions as a kernel's 8 trailing arguments: launch `at`'s share of them if
@@ -2441,6 +2500,7 @@ impl CudaBackend {
 
     /// The first `n` values of the module's `__device__` variable `sym` (after the stream's work).
     fn read_global<T: Copy + Default>(&self, sym: &str, n: usize) -> std::result::Result<Vec<T>, String> {
+        self.flush_comb();
         let g = self.module.get_global(sym, &self.stream).map_err(|e| format!("{sym}: {e:?}"))?;
         let (ptr, _sync) = g.device_ptr(&self.stream);
         let mut v = vec![T::default(); n];
@@ -2487,6 +2547,7 @@ impl CudaBackend {
 
     /// [`CudaBackend::launch`] on `stream`.
     fn launch_on(&self, stream: &CudaStream, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
+        self.flush_comb();
         let Some(f) = self.funcs.get(name) else {
             self.fail(format!("kernel {name} is not loaded"));
             return;

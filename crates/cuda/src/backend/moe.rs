@@ -227,6 +227,14 @@ impl CudaBackend {
         if let Some(j) = joiner.as_mut() {
             j.join();
         }
+        // A decode batch's combine may wait for the next layer's first norm (Path::CombineNorm).
+        if (GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) && self.fused && self.path_on(Path::CombineNorm) {
+            out.check(o);
+            let p = PendComb { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n };
+            let old = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner()).replace(p);
+            debug_assert!(old.is_none(), "a held combine is enqueued before the next MoE's launches");
+            return;
+        }
         self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, (add, add_n));
     }
 

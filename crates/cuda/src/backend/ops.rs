@@ -196,6 +196,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload_batch(&self, meta: &BatchMeta, batch: &mut CudaBatch) -> Result<()> {
+        self.flush_comb();
         let n = meta.len();
         if n > batch.max_tokens {
             return Err(BackendError::Unsupported(format!("batch of {n} tokens exceeds the {} it was sized for", batch.max_tokens)));
@@ -332,6 +333,7 @@ impl Backend for CudaBackend {
     }
 
     fn argmax_rows(&self, x: &CudaBuf, xr: Rows, out: &mut [u32]) -> Result<()> {
+        self.flush_comb();
         x.check(xr);
         assert_eq!(out.len(), xr.n);
         if xr.n == 0 {
@@ -352,6 +354,7 @@ impl Backend for CudaBackend {
     }
 
     fn argmax_rows_queued(&self, x: &CudaBuf, xr: Rows) -> Result<()> {
+        self.flush_comb();
         x.check(xr);
         if xr.n == 0 || xr.width > i32::MAX as usize {
             return Err(BackendError::Unsupported(format!("queued arg-max over {} rows of {} values", xr.n, xr.width)));
@@ -392,6 +395,7 @@ impl Backend for CudaBackend {
     }
 
     fn argmax_collect(&self, out: &mut [u32]) -> Result<()> {
+        self.flush_comb();
         let mut q = self.argq.lock().unwrap_or_else(|e| e.into_inner());
         let Some((k, n)) = q.pending.pop_front() else {
             return Err(BackendError::Unsupported("no queued arg-max to collect".into()));
@@ -868,6 +872,7 @@ impl Backend for CudaBackend {
     /// hold scratch pointers); an allocation during capture spoils it (the step runs eagerly).
     /// `TS_CUDA_GRAPHS=0` turns recording off.
     fn graph_begin(&self, key: u64, n_tokens: usize) -> bool {
+        self.flush_comb();
         if n_tokens == 0 || n_tokens > self.graph_max || !self.graphs_on {
             return false;
         }
@@ -911,6 +916,7 @@ impl Backend for CudaBackend {
     }
 
     fn graph_end(&self) -> bool {
+        self.flush_comb();
         let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         let Some(key) = gs.capturing.take() else {
             gs.counts.eager += 1;
@@ -1626,6 +1632,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.flush_comb();
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
         let r = self.stream.synchronize().map_err(|e| dev_err("cuda stream", e));
         self.take_error()?;

@@ -630,6 +630,7 @@ impl CudaBackend {
         (m, n, k): (usize, usize, usize),
         batch: i32,
     ) {
+        self.flush_comb();
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = blas.lock().unwrap_or_else(|e| e.into_inner());
         let r = unsafe {
@@ -845,10 +846,49 @@ impl CudaBackend {
             d.check(dr);
             (d.0.ptr, dr)
         });
+        let k = xr.width;
+        let block = k.next_power_of_two().clamp(32, 256);
+        // A MoE combine held for this norm (Path::CombineNorm): its rows are the delta.
+        let comb = {
+            let mut g = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner());
+            match *g {
+                Some(p) if d.0 == p.out && d.1 == p.o && p.n == xr.n && p.width == k && k <= 8 * block && w.is_some() => g.take(),
+                _ => None,
+            }
+        };
+        if let Some(p) = comb {
+            let w = w.expect("checked above");
+            let args = [
+                A::P(x.0.ptr),
+                l(xr.off),
+                l(xr.stride),
+                A::P(w.mem.ptr),
+                i(1),
+                A::F(eps),
+                A::P(out.0.ptr),
+                l(o.off),
+                l(o.stride),
+                i(k),
+                A::P(xh),
+                A::P(p.y),
+                i(p.k),
+                i(p.ks),
+                A::P(p.sel_e),
+                A::P(p.sel_w),
+                A::P(p.add),
+                i(p.add_n),
+                A::P(p.out),
+                l(p.o.off),
+                l(p.o.stride),
+            ];
+            self.took(Path::CombineNorm);
+            let args: [A; 29] = cat(args, self.take_xpf(0, xr.n));
+            self.launch("add_rms_norm_h_comb", (xr.n as u32, 1, 1), block as u32, 0, &args);
+            return;
+        }
         let norm: [A; 14] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [A::P(xh)]);
         let args: [A; 22] = cat(norm, self.take_xpf(0, xr.n));
-        let k = xr.width;
-        self.launch("add_rms_norm_h", (xr.n as u32, 1, 1), k.next_power_of_two().clamp(32, 256) as u32, 0, &args);
+        self.launch("add_rms_norm_h", (xr.n as u32, 1, 1), block as u32, 0, &args);
     }
 
     /// Whether a decode batch's absorbed query (`absorb` = W_uk with its rows of q and of the
