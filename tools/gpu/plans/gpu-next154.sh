@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Forty-fifth session, third call (slimmed to ~4.5 minutes after refusals). The op test of the new
-# Path::CombineNorm (a decode batch's MoE combine in the next layer's first norm,
+# Forty-fifth session, third call (slimmed to ~4.5 minutes after refusals). The op test of the
+# new Path::CombineNorm (a decode batch's MoE combine in the next layer's first norm,
 # `add_rms_norm_h_comb`; the same bits). Then at 64 sequences (hash 7a3b5e11379cb707 must stay):
-# both new defaults off, the expert prefetch alone (32 MB from the FFN norm), both on; the
-# prefetch from the attention's merge instead (24 MB, TS_CUDA_XPF_AT=2); the down stack's first
-# experts from the GLU's quantisation (TS_CUDA_XPF_GLU, MB); 128 sequences (hash
-# 2c61c9f742128756); the server with both off and on.
+# both new defaults off, both on, the expert prefetch alone (32 MB from the FFN norm), and the
+# prefetch from the attention's merge instead (24 MB, TS_CUDA_XPF_AT=2); the server on the
+# defaults.
 #   tools/gpu/plans/gpu-next154.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60
 set -u
 B=$1
