@@ -2589,15 +2589,8 @@ fn combine_norm_exact() {
     for (hdim, ff, ne, k, nsh, ns) in cases {
         let sf = nsh * ff;
         let ty = GgmlType::Q8_0;
-        let shapes: [Vec<usize>; 7] = [
-            vec![hdim, ff, ne],
-            vec![hdim, ff, ne],
-            vec![ff, hdim, ne],
-            vec![hdim, sf],
-            vec![hdim, sf],
-            vec![sf, hdim],
-            vec![hdim, 576],
-        ];
+        let shapes: [Vec<usize>; 7] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim], vec![hdim, 576]];
         let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
         let up = |i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let (ex, sh, wj) = ([up(0), up(1), up(2)], [up(3), up(4), up(5)], up(6));
