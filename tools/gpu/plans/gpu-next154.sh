@@ -11,11 +11,13 @@ B=$1
 OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=150
-ops_tests 150 2 combine_norm_exact
+q8_bg
+wait
 OFF="TS_CUDA_XPF=0 TS_CUDA_COMBINE_NORM=0"
 # (in order of need: a call cut short by the device budget still returns what ran)
 bpd 64 "-d 96" "$OFF" ""
 stamp "== server"
 serve64 "" 30 "--row-multiple 4"
+ops_tests 150 2 combine_norm_exact
 bpd 64 "-d 96" "TS_CUDA_COMBINE_NORM=0" "TS_CUDA_XPF=24 TS_CUDA_XPF_AT=2" "$OFF" ""
 stamp "== done"
