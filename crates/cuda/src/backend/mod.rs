@@ -992,7 +992,9 @@ pub enum Path {
     /// layer fewer, the same bits. The backend holds the combine's operands
     /// ([`CudaBackend::pend_comb`]) and enqueues the plain combine before anything else that
     /// could read or overwrite them (every kernel launch, cuBLAS product, copy, fork, capture end
-    /// or synchronisation). `TS_CUDA_COMBINE_NORM=0` turns it off.
+    /// or synchronisation). Off (`TS_CUDA_COMBINE_NORM=1` turns it on): written in the
+    /// forty-fifth session, whose device time ran out before its test (`combine_norm_exact`)
+    /// or a measurement could run (plan gpu-next155).
     CombineNorm,
 }
 
@@ -1040,7 +1042,7 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
-            Path::CombineNorm => ("TS_CUDA_COMBINE_NORM", true),
+            Path::CombineNorm => ("TS_CUDA_COMBINE_NORM", false),
         }
     }
 
@@ -1412,6 +1414,8 @@ pub struct CudaBackend {
     /// A decode batch's MoE combine not yet enqueued ([`Path::CombineNorm`]): the next layer's
     /// first norm takes it into its launch, anything else enqueues it first ([`CudaBackend::flush_comb`]).
     pend_comb: Mutex<Option<PendComb>>,
+    /// Whether `pend_comb` may hold one (set with it; `flush_comb` locks only then).
+    comb_held: AtomicBool,
     /// Bytes of a decode batch's routed down stack (its tiled copy's first experts: the down
     /// launch's first blocks) asked into L2 by the GLU's quantisation launch before it, while
     /// the gate/up launch's last blocks leave the bus part idle: `TS_CUDA_XPF_GLU` (MB, default
@@ -1834,6 +1838,7 @@ impl CudaBackend {
             xpf_glu: env_usize("TS_CUDA_XPF_GLU").unwrap_or(0) << 20,
             xpf_glu_hint: Mutex::new(None),
             pend_comb: Mutex::new(None),
+            comb_held: AtomicBool::new(false),
             xpf_at: std::env::var("TS_CUDA_XPF_AT")
                 .ok()
                 .map(|v| v.bytes().filter(|b| (b'0'..=b'2').contains(b)).map(|b| b - b'0').collect())
@@ -2420,6 +2425,9 @@ impl CudaBackend {
     /// Enqueues a deferred MoE combine ([`Path::CombineNorm`]) on the main stream, if one is
     /// held: called before every launch, product, copy, fork, capture end and synchronisation.
     pub(super) fn flush_comb(&self) {
+        if !self.comb_held.swap(false, Ordering::AcqRel) {
+            return;
+        }
         let p = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(p) = p {
             let args = [

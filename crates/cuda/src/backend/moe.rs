@@ -232,6 +232,7 @@ impl CudaBackend {
             out.check(o);
             let p = PendComb { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n };
             let old = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner()).replace(p);
+            self.comb_held.store(true, Ordering::Release);
             debug_assert!(old.is_none(), "a held combine is enqueued before the next MoE's launches");
             return;
         }
