@@ -2570,6 +2570,12 @@ fn run_moe_shared<B: Backend>(
     false
 }
 
+/// V2-Lite's routing (softmax top-k with no renormalisation, one group) and SwiGLU experts,
+/// for `ne` experts and `k` slots a token.
+fn softmax_moe(ne: usize, k: usize) -> MoeParams {
+    MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: false, scale: 1.0, n_group: 1, topk_group: 1, glu: Glu::SwiGlu }
+}
+
 /// A decode batch's MoE combine held for the next layer's first norm (`Path::CombineNorm`:
 /// `add_rms_norm_h_comb`, the combine's sums, the residual add, the norm and its f16 rows for
 /// cuBLAS in one launch): the MoE's output, x, the norm's rows and the products after it bit for
@@ -2594,16 +2600,7 @@ fn combine_norm_exact() {
         let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
         let up = |i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let (ex, sh, wj) = ([up(0), up(1), up(2)], [up(3), up(4), up(5)], up(6));
-        let p = MoeParams {
-            n_experts: ne,
-            k,
-            gating: Gating::Softmax,
-            norm_topk: false,
-            scale: 1.0,
-            n_group: 1,
-            topk_group: 1,
-            glu: Glu::SwiGlu,
-        };
+        let p = softmax_moe(ne, k);
         let nw = randn(&mut r, hdim, 1.0);
         for &n in ns {
             let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
@@ -3283,16 +3280,7 @@ fn moe_shared_fork() {
         let (bex, bsh) = six(fb);
         let cu = |i: usize| c.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let (cex, csh) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
-        let p = MoeParams {
-            n_experts: ne,
-            k,
-            gating: Gating::Softmax,
-            norm_topk: false,
-            scale: 1.0,
-            n_group: 1,
-            topk_group: 1,
-            glu: Glu::SwiGlu,
-        };
+        let p = softmax_moe(ne, k);
         for &n in ns {
             let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
             let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
