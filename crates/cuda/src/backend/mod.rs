@@ -1402,8 +1402,8 @@ pub struct CudaBackend {
     l2pf: u8,
     /// Bytes of a decode batch's routed gate and up stacks (half each, their tiled copies'
     /// first experts: the gate/up launch's first blocks) asked into L2 by an earlier launch of
-    /// the layer, while its attention leaves the memory bus idle: `TS_CUDA_XPF` (MB, default 0,
-    /// a measurement). `TS_CUDA_XPF_AT`: 0 the layer's first norm (`add_rms_norm_h`), 1 the
+    /// the layer, while the bus is idle: `TS_CUDA_XPF` (MB, default 32: +1.0% / +0.0% at 64
+    /// sequences on two H200s, the same bits, docs/PERF.md; 0 off). `TS_CUDA_XPF_AT` (default 1): 0 the layer's first norm (`add_rms_norm_h`), 1 the
     /// FFN norm (`add_rms_norm`), 2 the attention's merge (`mla_combine_few`); several digits
     /// (in launch order: 0, 2, 1) share the bytes, in order. `TS_CUDA_DEFINES=L2PF_LAST=1` asks
     /// with L2::evict_last.
@@ -2430,21 +2430,7 @@ impl CudaBackend {
         }
         let p = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(p) = p {
-            let args = [
-                A::P(p.y),
-                i(p.k),
-                i(p.ks),
-                l(p.width),
-                l(p.n),
-                A::P(p.sel_e),
-                A::P(p.sel_w),
-                A::P(p.out),
-                l(p.o.off),
-                l(p.o.stride),
-                A::P(p.add),
-                i(p.add_n),
-            ];
-            self.launch_on(&self.stream, "moe_combine", Self::grid1(p.n * p.width), 256, 0, &args);
+            self.launch_comb(p);
         }
     }
 

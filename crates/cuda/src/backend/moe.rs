@@ -228,15 +228,15 @@ impl CudaBackend {
             j.join();
         }
         // A decode batch's combine may wait for the next layer's first norm (Path::CombineNorm).
+        let p = PendComb { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n };
         if (GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) && self.fused && self.path_on(Path::CombineNorm) {
             out.check(o);
-            let p = PendComb { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n };
             let old = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner()).replace(p);
             self.comb_held.store(true, Ordering::Release);
             debug_assert!(old.is_none(), "a held combine is enqueued before the next MoE's launches");
             return;
         }
-        self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, (add, add_n));
+        self.launch_comb(p);
     }
 
     /// `TS_CUDA_MOE_COUNTS=1` (a measurement mode: it waits for the device): one line on stderr
@@ -389,13 +389,27 @@ impl CudaBackend {
         o: Rows,
         (add, add_n): (u64, usize),
     ) {
-        self.launch(
-            "moe_combine",
-            Self::grid1(n * hdim),
-            256,
-            0,
-            &[A::P(y), i(k), i(ks), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride), A::P(add), i(add_n)],
-        );
+        self.launch_comb(PendComb { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n });
+    }
+
+    /// `moe_combine`'s launch on the main stream (the MoE's combine, or a held one enqueued by
+    /// [`CudaBackend::flush_comb`]).
+    pub(super) fn launch_comb(&self, p: PendComb) {
+        let args = [
+            A::P(p.y),
+            i(p.k),
+            i(p.ks),
+            l(p.width),
+            l(p.n),
+            A::P(p.sel_e),
+            A::P(p.sel_w),
+            A::P(p.out),
+            l(p.o.off),
+            l(p.o.stride),
+            A::P(p.add),
+            i(p.add_n),
+        ];
+        self.launch_on(&self.stream, "moe_combine", Self::grid1(p.n * p.width), 256, 0, &args);
     }
 
     /// [`Backend::moe_shared`] for f16/bf16 experts (checked by the caller), after the routing:
