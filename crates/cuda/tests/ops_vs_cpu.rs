@@ -2576,6 +2576,22 @@ fn softmax_moe(ne: usize, k: usize) -> MoeParams {
     MoeParams { n_experts: ne, k, gating: Gating::Softmax, norm_topk: false, scale: 1.0, n_group: 1, topk_group: 1, glu: Glu::SwiGlu }
 }
 
+/// The weight shapes of a MoE with a shared FFN and two dense products after it: the routed
+/// gate, up and down stacks (`ne` experts of `ff`), the shared gate, up and down (width `sf`),
+/// then `[hdim, jobs[0]]` and `[hdim, jobs[1]]`.
+fn moe_shared_shapes(hdim: usize, ff: usize, ne: usize, sf: usize, jobs: [usize; 2]) -> [Vec<usize>; 8] {
+    [
+        vec![hdim, ff, ne],
+        vec![hdim, ff, ne],
+        vec![ff, hdim, ne],
+        vec![hdim, sf],
+        vec![hdim, sf],
+        vec![sf, hdim],
+        vec![hdim, jobs[0]],
+        vec![hdim, jobs[1]],
+    ]
+}
+
 /// A decode batch's MoE combine held for the next layer's first norm (`Path::CombineNorm`:
 /// `add_rms_norm_h_comb`, the combine's sums, the residual add, the norm and its f16 rows for
 /// cuBLAS in one launch): the MoE's output, x, the norm's rows and the products after it bit for
@@ -2597,16 +2613,7 @@ fn combine_norm_exact() {
     for (hdim, ff, ne, k, nsh, ns) in cases {
         let sf = nsh * ff;
         let ty = GgmlType::Q8_0;
-        let shapes: [Vec<usize>; 8] = [
-            vec![hdim, ff, ne],
-            vec![hdim, ff, ne],
-            vec![ff, hdim, ne],
-            vec![hdim, sf],
-            vec![hdim, sf],
-            vec![sf, hdim],
-            vec![hdim, jw[0]],
-            vec![hdim, jw[1]],
-        ];
+        let shapes = moe_shared_shapes(hdim, ff, ne, sf, jw);
         let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
         let up = |i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let (ex, sh, wj) = ([up(0), up(1), up(2)], [up(3), up(4), up(5)], [up(6), up(7)]);
@@ -3724,16 +3731,7 @@ fn fused_recorded_steps_replay() {
     let (hdim, ff, ne, k, nsh) = (256usize, 128usize, 16usize, 4usize, 2usize);
     let sf = nsh * ff;
     let ty = GgmlType::Q8_0;
-    let shapes: [Vec<usize>; 8] = [
-        vec![hdim, ff, ne],
-        vec![hdim, ff, ne],
-        vec![ff, hdim, ne],
-        vec![hdim, sf],
-        vec![hdim, sf],
-        vec![sf, hdim],
-        vec![hdim, 96],
-        vec![hdim, 40],
-    ];
+    let shapes = moe_shared_shapes(hdim, ff, ne, sf, [96, 40]);
     let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3).0).collect();
     let upl = |b: &CudaBackend| -> Vec<CudaWeight> {
         shapes.iter().zip(&ws).map(|(s, w)| b.upload_weight(&td("w", ty, s, w), WeightUse::Matmul).unwrap()).collect()

@@ -1076,17 +1076,17 @@ impl Backend for CudaBackend {
     fn prefetch_hint(&self, weights: &[&CudaWeight]) {
         let mut h = [(0u64, 0usize); 4];
         let mut x = [(0u64, 0usize); 4];
-        // Routed expert stacks (a tiled copy) go to `xpf`'s regions: the first bytes of each.
-        let (stacks, plain): (Vec<&CudaWeight>, Vec<&CudaWeight>) = weights.iter().partition(|w| w.tiled.is_some());
+        // Routed expert stacks (a tiled copy) go to `xpf`'s regions, the first bytes of each
+        // (gate and up: half of xpf each; down, the third: xpf_dn); the others to `l2pf`'s.
+        let plain = weights.iter().filter(|w| w.tiled.is_none());
+        let stacks = weights.iter().filter_map(|w| w.tiled.as_ref());
         if self.l2pf > 0 {
-            for (slot, w) in h.iter_mut().zip(&plain) {
+            for (slot, w) in h.iter_mut().zip(plain) {
                 *slot = (w.mem.ptr, w.mem.bytes / 16 * 16);
             }
         }
-        // (gate and up: half of xpf each; down, the third: xpf_dn)
         if self.xpf + self.xpf_dn > 0 {
-            for (i, (slot, w)) in x.iter_mut().zip(&stacks).enumerate() {
-                let t = w.tiled.as_ref().expect("partitioned on tiled");
+            for (i, (slot, t)) in x.iter_mut().zip(stacks).enumerate() {
                 let want = if i < 2 { self.xpf / 2 } else { self.xpf_dn };
                 *slot = (if want > 0 { t.ptr } else { 0 }, want.min(t.bytes) / 16 * 16);
             }

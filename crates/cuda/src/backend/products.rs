@@ -848,7 +848,8 @@ impl CudaBackend {
         });
         let k = xr.width;
         let block = k.next_power_of_two().clamp(32, 256);
-        // A MoE combine held for this norm (Path::CombineNorm): its rows are the delta.
+        // A MoE combine held for this norm (Path::CombineNorm): its rows are the delta. (Rows of
+        // up to 8 values a thread: the norm's register path, NORM_PER in kernels/common.cuh.)
         let comb = {
             let mut g = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner());
             match *g {
