@@ -1052,9 +1052,9 @@ impl<B: Backend> DeepSeek2<B> {
                 // after its routing (a backend may ask for their first experts' bytes).
                 match &l.ffn {
                     Ffn::Moe { gate_exps, up_exps, down_exps, .. } => {
-                        be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.wo, gate_exps, up_exps, down_exps])
+                        be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.w_uv, &l.wo, gate_exps, up_exps, down_exps])
                     }
-                    Ffn::Dense(_) => be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.wo]),
+                    Ffn::Dense(_) => be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.w_uv, &l.wo]),
                 }
             }
             // q (or its low-rank first half) and kv_a read the same input: one op, with the

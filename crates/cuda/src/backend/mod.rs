@@ -284,6 +284,39 @@ fn l(v: usize) -> A {
     A::L(v as i64)
 }
 /// A count from the environment variable `name`, if it is set and parses.
+/// [`CudaBackend::apf`]'s regions from the f16 row-major copies (device pointer, bytes) of a
+/// [`Backend::prefetch_hint`] list's leading weights, by their place in it (an attention's list
+/// names q or q_a, kv_a, W_uk, W_uv, W_o first): the first three for the layer's first norm
+/// (`[0]`), the output side's two for the attention's merge (`[1]`) with `mode` 1, for the first
+/// norm with 2, for neither with 3. Copies side by side for one launch join into one region
+/// (unless capped); each region holds at most `cap` bytes (0: no cap), a multiple of 16; four
+/// regions a launch at most. None if there are no copies.
+fn apf_regions(mode: u8, cap: usize, copies: impl Iterator<Item = (u64, usize)>) -> Option<[[(u64, usize); 4]; 2]> {
+    let mut a = [[(0u64, 0usize); 4]; 2];
+    let mut used = [0usize; 2];
+    let mut any = false;
+    for (idx, (ptr, bytes)) in copies.take(5).enumerate() {
+        let site = match (mode, idx < 3) {
+            (_, true) | (2, false) => 0,
+            (1, false) => 1,
+            _ => continue,
+        };
+        any = true;
+        let bytes = if cap > 0 { bytes.min(cap) } else { bytes };
+        let (regs, nr) = (&mut a[site], &mut used[site]);
+        if *nr > 0 && cap == 0 && regs[*nr - 1].0 + regs[*nr - 1].1 as u64 == ptr {
+            regs[*nr - 1].1 += bytes;
+        } else if *nr < regs.len() {
+            regs[*nr] = (ptr, bytes);
+            *nr += 1;
+        }
+    }
+    for r in a.iter_mut().flatten() {
+        r.1 = r.1 / 16 * 16;
+    }
+    any.then_some(a)
+}
+
 fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -1424,6 +1457,21 @@ pub struct CudaBackend {
     xpf_glu_hint: Mutex<Option<(u64, usize)>>,
     /// The regions [`Backend::prefetch_hint`] named for `xpf` (taken by the launches `xpf_at` names).
     xpf_hint: Mutex<[(u64, usize); 4]>,
+    /// A decode batch's attention weights asked into L2 ahead of their cuBLAS products: the
+    /// f16 row-major copies of the leading weights of a [`Backend::prefetch_hint`] list that
+    /// have one (the model names q / kv_a, W_uk, W_uv, W_o, in the order it reads them; side by
+    /// side copies join into one region; [`apf_regions`]). Why: at 9-128 rows those products are latency-bound
+    /// (7-27% of DRAM under Nsight, thirty-ninth session), each block's K loop one DRAM trip a
+    /// stage; lines already in L2 shorten every trip. `TS_CUDA_APF` (default 0, off until
+    /// measured): 1 the layer's first norm (`add_rms_norm_h`, `add_rms_norm_h_comb`) asks for
+    /// all but the last two regions and the attention's merge (`mla_combine_few`) for the last
+    /// two (W_uv, W_o: the output side); 2 the first norm asks for all; 3 the first norm asks
+    /// for all but the last two, the merge for none. `TS_CUDA_APF_MB` caps each region (MB,
+    /// its first bytes; default 0: whole). Launch slots left free by `xpf` only (four a launch).
+    apf: u8,
+    apf_mb: usize,
+    /// `apf`'s regions for the first norm ([0]) and the merge ([1]), each taken by its launch.
+    apf_hint: Mutex<[[(u64, usize); 4]; 2]>,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -1844,6 +1892,9 @@ impl CudaBackend {
                 .map(|v| v.bytes().filter(|b| (b'0'..=b'2').contains(b)).map(|b| b - b'0').collect())
                 .unwrap_or_else(|| vec![1]),
             xpf_hint: Mutex::new([(0, 0); 4]),
+            apf: env_usize("TS_CUDA_APF").unwrap_or(0).min(3) as u8,
+            apf_mb: env_usize("TS_CUDA_APF_MB").unwrap_or(0) << 20,
+            apf_hint: Mutex::new([[(0, 0); 4]; 2]),
             paths: Path::ALL.map(|p| (AtomicBool::new(p.env_on()), AtomicU64::new(0))),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
@@ -2434,12 +2485,35 @@ impl CudaBackend {
         }
     }
 
-    /// The `xpf` regions as a kernel's 8 trailing arguments: launch `at`'s share of them if
-    /// `xpf_at` names it (the last one named takes them away), else zeros.
-    /// Only decode batches (`n` rows: the grouped int8 rows kernels read the tiled copies).
+    /// The L2 prefetch regions of launch `at` (0 the layer's first norm, 1 the FFN norm, 2 the
+    /// attention's merge) of a batch of `n` rows as a kernel's 8 trailing arguments (pointer,
+    /// bytes) x 4: its share of `xpf`'s, then `apf`'s for it in the slots left (zeros: none).
     fn take_xpf(&self, at: u8, n: usize) -> [A; 8] {
+        let mut h = self.xpf_regions(at, n);
+        let site = match at {
+            0 => Some(0),
+            2 => Some(1),
+            _ => None,
+        };
+        if let Some(site) = site.filter(|_| self.apf > 0) {
+            let a = std::mem::take(&mut self.apf_hint.lock().unwrap_or_else(|e| e.into_inner())[site]);
+            if (GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) && self.dense_blas_rows(n) {
+                let mut free = h.iter_mut().filter(|r| r.0 == 0);
+                for r in a.into_iter().filter(|r| r.0 != 0) {
+                    let Some(slot) = free.next() else { break };
+                    *slot = r;
+                }
+            }
+        }
+        [A::P(h[0].0), l(h[0].1), A::P(h[1].0), l(h[1].1), A::P(h[2].0), l(h[2].1), A::P(h[3].0), l(h[3].1)]
+    }
+
+    /// The `xpf` regions of launch `at`: its share of them if `xpf_at` names it (the last one
+    /// named takes them away), else none. Only decode batches (`n` rows: the grouped int8 rows
+    /// kernels read the tiled copies).
+    fn xpf_regions(&self, at: u8, n: usize) -> [(u64, usize); 4] {
         let mut g = self.xpf_hint.lock().unwrap_or_else(|e| e.into_inner());
-        let none = [A::P(0), l(0), A::P(0), l(0), A::P(0), l(0), A::P(0), l(0)];
+        let none = [(0, 0); 4];
         let Some(p) = self.xpf_at.iter().position(|&a| a == at) else { return none };
         if !(GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) {
             *g = [(0, 0); 4];
@@ -2458,7 +2532,7 @@ impl CudaBackend {
             let (b0, b1) = ((c0 << 16).min(r.1), (c1 << 16).min(r.1));
             *r = if b1 > b0 && r.0 != 0 { (r.0 + b0 as u64, b1 - b0) } else { (0, 0) };
         }
-        [A::P(h[0].0), l(h[0].1), A::P(h[1].0), l(h[1].1), A::P(h[2].0), l(h[2].1), A::P(h[3].0), l(h[3].1)]
+        h
     }
 
     /// Device pointer of scratch slot `s`, grown to at least `bytes` (zeroed when it grows,
@@ -2737,5 +2811,31 @@ mod tests {
             })
             .collect();
         assert!(missing.is_empty(), "kernels listed but not built: {missing:?}");
+    }
+    /// `TS_CUDA_APF`'s regions: the first three copies for the first norm, the last two for the
+    /// merge (mode 1), all for the norm (2), the norm's only (3); copies side by side joined
+    /// (q and kv_a's joint copy), capped regions not joined; none from an empty list.
+    #[test]
+    fn apf_regions_by_place() {
+        // q and kv_a side by side, then W_uk, W_uv, W_o elsewhere, then a sixth ignored.
+        let (q, kv, uk, uv, o) = ((1 << 20, 1000), ((1 << 20) + 1000, 500), (1 << 24, 64), (1 << 25, 32), (1 << 26, 96));
+        let list = [q, kv, uk, uv, o, (1 << 27, 16)];
+        let r = super::apf_regions(1, 0, list.into_iter()).unwrap();
+        assert_eq!(r[0], [(1 << 20, 1488), (1 << 24, 64), (0, 0), (0, 0)], "joined, then rounded down to 16");
+        assert_eq!(r[1], [(1 << 25, 32), (1 << 26, 96), (0, 0), (0, 0)]);
+        let r = super::apf_regions(2, 0, list.into_iter()).unwrap();
+        assert_eq!(r[0], [(1 << 20, 1488), (1 << 24, 64), (1 << 25, 32), (1 << 26, 96)]);
+        assert_eq!(r[1], [(0, 0); 4]);
+        let r = super::apf_regions(3, 0, list.into_iter()).unwrap();
+        assert_eq!(r[0], [(1 << 20, 1488), (1 << 24, 64), (0, 0), (0, 0)]);
+        assert_eq!(r[1], [(0, 0); 4]);
+        let r = super::apf_regions(1, 256, list.into_iter()).unwrap();
+        assert_eq!(r[0], [(1 << 20, 256), ((1 << 20) + 1000, 256), (1 << 24, 64), (0, 0)]);
+        assert_eq!(r[1], [(1 << 25, 32), (1 << 26, 96), (0, 0), (0, 0)]);
+        // Two copies (a list cut short by a weight without one): both the norm's.
+        let r = super::apf_regions(1, 0, [q, uk].into_iter()).unwrap();
+        assert_eq!(r[0], [(1 << 20, 992), (1 << 24, 64), (0, 0), (0, 0)]);
+        assert_eq!(r[1], [(0, 0); 4]);
+        assert!(super::apf_regions(1, 0, std::iter::empty()).is_none());
     }
 }

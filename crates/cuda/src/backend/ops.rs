@@ -1093,6 +1093,15 @@ impl Backend for CudaBackend {
         }
         *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()) = h;
         *self.xpf_hint.lock().unwrap_or_else(|e| e.into_inner()) = x;
+        if self.apf > 0 {
+            // A list whose first weight has no f16 row-major copy (the MoE's, which starts with
+            // the router, in f32, and is named between the first norm and the merge) leaves the
+            // regions in place.
+            let copies = weights.iter().map_while(|w| w.half.as_ref().filter(|_| w.half_rm)).map(|m| (m.ptr, m.bytes));
+            if let Some(a) = apf_regions(self.apf, self.apf_mb, copies) {
+                *self.apf_hint.lock().unwrap_or_else(|e| e.into_inner()) = a;
+            }
+        }
     }
 
     fn mla_attention_out(
