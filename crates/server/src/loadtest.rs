@@ -65,12 +65,34 @@ pub struct LoadtestReport {
     pub elapsed: Duration,
     /// Time to first token, sorted.
     pub ttfts: Vec<Duration>,
+    /// The server's own count of generated tokens (`turbospark_completion_tokens_total` on its
+    /// `/metrics`) from [`steady_start`] into the run to the deadline, and those seconds: the
+    /// rate while every client keeps a request running, without the first prompts' wave and
+    /// the drain after the deadline (when fewer and fewer requests are left). None from servers
+    /// without that counter.
+    pub steady: Option<(u64, Duration)>,
+}
+
+/// When the steady window starts: a tenth of the duration in (at least 1 s, at most 10 s), so
+/// that the clients' first prompts are behind it.
+pub fn steady_start(duration: Duration) -> Duration {
+    (duration / 10).clamp(Duration::from_secs(1), Duration::from_secs(10)).min(duration / 2)
+}
+
+/// `turbospark_completion_tokens_total` in a Prometheus text page, if present.
+fn completion_tokens(page: &str) -> Option<u64> {
+    page.lines().find_map(|l| l.strip_prefix("turbospark_completion_tokens_total ")).and_then(|v| v.trim().parse::<f64>().ok()).map(|v| v as u64)
 }
 
 impl LoadtestReport {
     /// Aggregate generated tokens per second.
     pub fn tokens_per_second(&self) -> f64 {
         self.tokens as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Generated tokens per second in the steady window (see [`LoadtestReport::steady`]).
+    pub fn steady_tokens_per_second(&self) -> Option<f64> {
+        self.steady.map(|(t, d)| t as f64 / d.as_secs_f64().max(1e-9))
     }
 
     /// The `q`-quantile (0..=1) of time to first token (nearest rank).
@@ -99,6 +121,12 @@ impl LoadtestReport {
             self.prompt_tokens,
             self.cached_tokens,
         );
+        if let (Some(r), Some((t, d))) = (self.steady_tokens_per_second(), self.steady) {
+            s.push_str(&format!(
+                "\nsteady: {t} tokens in {:.2} s = {r:.1} tok/s (the server's count, from the first prompts' end to the deadline: every client running)",
+                d.as_secs_f64()
+            ));
+        }
         for e in &self.error_samples {
             s.push_str(&format!("\nerror: {e}"));
         }
@@ -241,6 +269,19 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
                 res
             }));
         }
+        // The steady window, read from the server's counter (none if it has no such counter).
+        let (w0, w1) = (start + steady_start(o.duration), deadline);
+        let steady = tokio::spawn(async move {
+            let count = || async {
+                let r = client::request(addr, "GET", "/metrics", None).await.ok().filter(|r| r.status == 200)?;
+                completion_tokens(&r.text().await.ok()?)
+            };
+            tokio::time::sleep_until(w0.into()).await;
+            let (c0, t0) = (count().await?, Instant::now());
+            tokio::time::sleep_until(w1.into()).await;
+            let (c1, t1) = (count().await?, Instant::now());
+            Some((c1.saturating_sub(c0), t1 - t0))
+        });
         let mut rep = LoadtestReport { clients: o.clients, ..Default::default() };
         for t in tasks {
             let outs = t.await.context("a client task panicked")?;
@@ -264,6 +305,7 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
             }
         }
         rep.elapsed = start.elapsed();
+        rep.steady = steady.await.ok().flatten();
         rep.ttfts.sort();
         Ok(rep)
     })
@@ -279,6 +321,21 @@ mod tests {
         assert_eq!(r.ttft_quantile(0.5), Some(Duration::from_millis(50)));
         assert_eq!(r.ttft_quantile(0.99), Some(Duration::from_millis(99)));
         assert_eq!(LoadtestReport::default().ttft_quantile(0.5), None);
+    }
+
+    #[test]
+    fn steady_window_and_counter() {
+        assert_eq!(steady_start(Duration::from_secs(30)), Duration::from_secs(3));
+        assert_eq!(steady_start(Duration::from_secs(300)), Duration::from_secs(10));
+        assert_eq!(steady_start(Duration::from_secs(5)), Duration::from_secs(1));
+        assert_eq!(steady_start(Duration::from_secs(1)), Duration::from_millis(500));
+        let page = "# HELP turbospark_completion_tokens_total Tokens generated.\n# TYPE turbospark_completion_tokens_total counter\nturbospark_completion_tokens_total 12345\nturbospark_steps_total 7\n";
+        assert_eq!(completion_tokens(page), Some(12345));
+        assert_eq!(completion_tokens("turbospark_steps_total 7\n"), None);
+        let r = LoadtestReport { steady: Some((5000, Duration::from_millis(500))), ..Default::default() };
+        assert_eq!(r.steady_tokens_per_second(), Some(10_000.0));
+        assert!(r.summary().contains("steady: 5000 tokens in 0.50 s = 10000.0 tok/s"), "{}", r.summary());
+        assert!(!LoadtestReport::default().summary().contains("steady"));
     }
 
     #[test]
