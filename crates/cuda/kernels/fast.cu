@@ -762,6 +762,109 @@ extern "C" __global__ void __launch_bounds__(128) mla_combine_few(const float* p
     }
 }
 
+// mla_combine_few and the value product in one launch (Path::CombineUv), for a decode batch
+// whose W_uv runs on cuBLAS otherwise (values_out_blas): block (h, y) merges tokens
+// MCU_TB*y .. of head h and multiplies their rows by head h's W_uv.
+//  * The merge: 64 threads a token, 8 outputs each, mla_combine_few's arithmetic (the same
+//    weights, split order and rounding), so lat (f32, at out) and its f16 rows (at oh, when
+//    given) get mla_combine_few's bits. The f16 rows also go to shared memory.
+//  * The product: av[t, h*V + c] = sum_k W_uv[h][c][k] * lat_h[t, h, k] on the f16 tensor cores
+//    (m16n8k16, the batch's <= 8 tokens as rows g of the A tile, its rows g + 8 zeros; W_uv's
+//    f16 row-major copy as B), f32 accumulation, rounded to f16 into avh (rows of nh * V halves
+//    from avoff: the layout of values_out_blas's cuBLAS product, which W_o then reads). cuBLAS's
+//    values in another summation order. Warp w owns av columns 8w .. 8w + 7 (2 * MCU_TB warps
+//    of one n8 tile each: V = 128); its 16 loads of W rows (8 KB, one 16-byte load a lane for
+//    each 32-value step) go out before the PDL wait (weights are never written).
+//  * Inside each 32-value step lane t's 16 bytes (values 8t .. 8t + 7 of the step, of its W row
+//    and of its lat row alike) feed logical k {2t, 2t+1, 2t+8, 2t+9} of two m16n8k16, values
+//    8t .. 8t+3 the first, 8t+4 .. 8t+7 the second: one permutation of k for A and B, so every
+//    product is summed once.
+// Shapes: kl = MCU_KL, V = MCU_V, nsp <= 8; pos, part, out, oh, avh are the chunk's (token 0 of
+// the chunk first, as mla_combine_few's). Why a block per (head, 8 tokens): the merge's ~1 L2
+// round trip for all 8 tokens at once; W_uv's 128 KB of head h read by n / 8 blocks (from L2
+// after the first); 16 x 8 = 128 blocks at 64 tokens.
+#ifndef MCU_TB
+#define MCU_TB 8
+#endif
+#define MCU_KL 512
+#define MCU_V 128
+// Shared row stride in halves: 1,088 bytes, 64 mod 128, so the two rows of an LDS.128 phase
+// (lanes g, g + 1) fall in different banks.
+#define MCU_XS (MCU_KL + 32)
+static_assert(MCU_TB * 16 == MCU_V, "one n8 tile a warp: 2 * MCU_TB warps x 8 columns = V");
+extern "C" __global__ void __launch_bounds__(64 * MCU_TB, 1)
+    mla_combine_uv(const float* part, int nsp, int nh, const int* pos, int n, float* out, i64 ooff, i64 o_tok,
+                   i64 o_head, u16* oh, i64 ohoff, const u16* wuv, u16* avh, i64 avoff, const u8* pf0, i64 pb0,
+                   const u8* pf1, i64 pb1, const u8* pf2, i64 pb2, const u8* pf3, i64 pb3) {
+    l2_prefetch4(pf0, pb0, pf1, pb1, pf2, pb2, pf3, pb3);  // CudaBackend::xpf / apf, as mla_combine_few
+    pdl_trigger();
+#if __CUDA_ARCH__ >= 800
+    __shared__ __align__(16) u16 xs[MCU_TB * MCU_XS];
+    const int h = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    // The warp's W rows: column c0 + g of av, 16 bytes at 8 * t4 of each 32-value step.
+    const int c0 = warp * 8;
+    const u16* wr = wuv + ((i64)h * MCU_V + c0 + g) * MCU_KL + 8 * t4;
+    uint4 wv[MCU_KL / 32];
+#pragma unroll
+    for (int kc = 0; kc < MCU_KL / 32; kc++) wv[kc] = __ldg((const uint4*)(wr + 32 * kc));
+    pdl_wait();
+    // The merge: token tt of the block, outputs i .. i + 7.
+    const int tt = tid >> 6, i = 8 * (tid & 63), t = blockIdx.y * MCU_TB + tt;
+    uint4 hv = make_uint4(0u, 0u, 0u, 0u);
+    if (t < n) {
+        const int nact = mla_merge_active(pos[t] + 1, nsp);
+        const int stride = MCU_KL + 2;
+        const i64 sstride = (i64)nh * stride;
+        const float* pp = part + ((i64)t * nsp * nh + h) * stride;
+        float f[8];
+        const float inv =
+            mla_merge_weights(nact, [&](int s) { return pp[s * sstride]; }, [&](int s) { return pp[s * sstride + 1]; }, f);
+        float ra[4], rb[4];
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            if (s < nact) {
+                const float* v = pp + s * sstride + 2 + i;
+                const float2 v0 = *(const float2*)v, v1 = *(const float2*)(v + 2);
+                const float2 v2 = *(const float2*)(v + 4), v3 = *(const float2*)(v + 6);
+                mla_merge_add(ra, make_float4(v0.x, v0.y, v1.x, v1.y), f[s], s);
+                mla_merge_add(rb, make_float4(v2.x, v2.y, v3.x, v3.y), f[s], s);
+            }
+        }
+        float* o = out + ooff + t * o_tok + h * o_head + i;
+        float r[8];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            r[c] = ra[c] * inv;
+            r[4 + c] = rb[c] * inv;
+            o[c] = r[c];
+            o[4 + c] = r[4 + c];
+        }
+        hv = make_uint4((u32)f2h_sat(r[0]) | (u32)f2h_sat(r[1]) << 16, (u32)f2h_sat(r[2]) | (u32)f2h_sat(r[3]) << 16,
+                        (u32)f2h_sat(r[4]) | (u32)f2h_sat(r[5]) << 16, (u32)f2h_sat(r[6]) | (u32)f2h_sat(r[7]) << 16);
+        if (oh) *(uint4*)(oh + ohoff + ((i64)t * nh + h) * MCU_KL + i) = hv;
+    }
+    *(uint4*)(xs + tt * MCU_XS + i) = hv;  // (zeros past the chunk's tokens)
+    __syncthreads();
+    // The product: A rows g = tokens (lat_h from shared memory), B = the warp's W rows.
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const u16* xr = xs + g * MCU_XS + 8 * t4;
+#pragma unroll
+    for (int kc = 0; kc < MCU_KL / 32; kc++) {
+        const uint4 x = *(const uint4*)(xr + 32 * kc);
+        const u32 a0[4] = {x.x, 0u, x.y, 0u}, b0[2] = {wv[kc].x, wv[kc].y};
+        mma_f16(acc, a0, b0);
+        const u32 a1[4] = {x.z, 0u, x.w, 0u}, b1[2] = {wv[kc].z, wv[kc].w};
+        mma_f16(acc, a1, b1);
+    }
+    // acc[0], acc[1]: token g's columns c0 + 2 t4, + 1 (acc[2], acc[3]: the zero rows g + 8).
+    const int tg = blockIdx.y * MCU_TB + g;
+    if (g < MCU_TB && tg < n)
+        *(u32*)(avh + avoff + (i64)tg * nh * MCU_V + h * MCU_V + c0 + 2 * t4) = (u32)f2h_sat(acc[0]) | (u32)f2h_sat(acc[1]) << 16;
+#else
+    pdl_wait();
+#endif
+}
+
 // ---- f32 GEMV (the MoE router, kept in f32) ------------------------------------------------------
 // Hand-written because the router matrix (E x H, f32) has few rows: one warp per row leaves most
 // of the card idle and serialises the row's loads. Here 4 warps share a row (a quarter of k each,

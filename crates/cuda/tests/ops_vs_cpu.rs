@@ -2996,6 +2996,89 @@ fn norm_q8_batch_exact() {
     rep.finish();
 }
 
+/// A decode batch's attention merge with the value product in its launch (`mla_combine_uv`,
+/// [`Path::CombineUv`]) against the cuBLAS chain it replaces (`mla_combine_few`, then W_uv and
+/// W_o on cuBLAS from the merge's f16 rows): the attention's rows (lat) bit for bit, x and the
+/// norm's rows within an f16 rounding of the value rows (another summation order than
+/// cuBLAS's). V2-Lite's shapes; 9 tokens (a block of 8 and one of 1), 24, 64 and 128 (the
+/// merge in more than one chunk of the partial rows' scratch), contexts that take the split.
+#[test]
+fn combine_uv_close() {
+    if gpu_tc_fused("combine_uv_close").is_none() {
+        return;
+    }
+    let backend = |uv: bool| {
+        let b = CudaBackend::new(0).expect("another backend");
+        b.set_path(Path::DenseBlasBatch, true);
+        b.set_path(Path::LatH, true);
+        b.set_path(Path::CombineUv, uv);
+        b
+    };
+    let (on, off) = (&backend(true), &backend(false));
+    let mut r = rng(56);
+    let mut rep = Report::new("combine_uv");
+    let (nh, kl, rd, hd, slot_len) = (16, 512, 64, 2048, 512u32);
+    let w = kl + rd;
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+    let mut cases = 0;
+    for n in [9usize, 24, 64, 128] {
+        for hist in [100u32, 300] {
+            // Sequences of different lengths, so that their splits' counts differ.
+            let lens: Vec<u32> = (0..n).map(|s| hist - (s as u32 * 7) % 40).collect();
+            let toks: Vec<TokenMeta> =
+                (0..n).flat_map(|s| (0..=lens[s]).map(move |pos| TokenMeta { token: 0, pos, slot: s as u32 })).collect();
+            let cache_rows = randn(&mut r, toks.len() * w, 1.0);
+            let (q, x, nw) = (randn(&mut r, n * nh * w, 0.5), randn(&mut r, n * hd, 1.0), randn(&mut r, hd, 1.0));
+            let mut outs = Vec::new();
+            for b in [on, off] {
+                let cache = b.alloc_latent_cache(n * slot_len as usize, w, kl, nh).unwrap();
+                fill_cache(b, &cache, &cache_rows, w, &toks, slot_len);
+                let step: Vec<TokenMeta> = (0..n).map(|s| TokenMeta { token: 1, pos: lens[s], slot: s as u32 }).collect();
+                let bt = batch(b, &BatchMeta { tokens: step, outputs: vec![], slot_len });
+                let uv = b.upload_weight(&td("w_uv", GgmlType::Q8_0, &[kl, 128, nh], &uvb), WeightUse::Matmul).unwrap();
+                let wo = b.upload_weight(&td("wo", GgmlType::Q8_0, &[nh * 128, hd], &wob), WeightUse::Matmul).unwrap();
+                let norm = norm_weight(b, &nw);
+                let (gq, gx) = (buf(b, &q), buf(b, &x));
+                let (lr, avr, xr) = (Rows::packed(n * nh, kl), Rows::packed(n * nh, 128), Rows::packed(n, hd));
+                let (lat, av, y, out) =
+                    (b.alloc(lr.end()).unwrap(), b.alloc(avr.end()).unwrap(), b.alloc(xr.end()).unwrap(), b.alloc(xr.end()).unwrap());
+                poison(b, &out, xr.end());
+                poison(b, &lat, lr.end());
+                b.mla_attention_out(
+                    (&gq, Rows::packed(n * nh, w)),
+                    &cache,
+                    &bt,
+                    &p,
+                    (&uv, &wo),
+                    (&lat, lr, &av, avr, Rows::packed(n, nh * 128)),
+                    (&gx, xr, &y),
+                    Some(&norm),
+                    1e-6,
+                    &out,
+                    xr,
+                    None,
+                );
+                outs.push([get(b, &lat, lr), get(b, &gx, xr), get(b, &out, xr)]);
+            }
+            cases += 1;
+            let lab = format!("n={n} pos={hist}");
+            rep.check(&format!("{lab} lat (exact)"), &outs[0][0], &outs[1][0], 0.0, 0.0);
+            rep.check(&format!("{lab} x"), &outs[0][1], &outs[1][1], 2e-3, 1e-3);
+            rep.check(&format!("{lab} out"), &outs[0][2], &outs[1][2], 2e-3, 1e-3);
+        }
+    }
+    if on.path_launches(Path::CombineUv) < cases || off.path_launches(Path::CombineUv) != 0 {
+        rep.failures.push(format!(
+            "CombineUv ran {} / {} times in {cases} cases (on / off)",
+            on.path_launches(Path::CombineUv),
+            off.path_launches(Path::CombineUv)
+        ));
+    }
+    rep.finish();
+}
+
 /// One-token `moe_shared` on two GPU backends set up two ways, three rounds a case
 /// ((hdim, ff, experts, k, shared chunks, gating, norm_topk, scale)): bit for bit against each
 /// other (the launches' counters and flags must be back at zero after each), and within the Q8

@@ -81,7 +81,10 @@ pub fn steady_start(duration: Duration) -> Duration {
 
 /// `turbospark_completion_tokens_total` in a Prometheus text page, if present.
 fn completion_tokens(page: &str) -> Option<u64> {
-    page.lines().find_map(|l| l.strip_prefix("turbospark_completion_tokens_total ")).and_then(|v| v.trim().parse::<f64>().ok()).map(|v| v as u64)
+    page.lines()
+        .find_map(|l| l.strip_prefix("turbospark_completion_tokens_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
 }
 
 impl LoadtestReport {

@@ -454,6 +454,10 @@ const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
 /// latent and value rows' Q8_0 copies, the split weights and a reduction area (the kernel's
 /// layout).
 const MO_VD: usize = 128;
+/// Tokens a block of `mla_combine_uv` (kernels/fast.cu, MCU_TB): 64 threads each.
+const MCU_TB: usize = 8;
+/// The value rows `mla_combine_uv` makes a head (MCU_V).
+const MCU_V: usize = 128;
 /// Slots (routed + shared experts a token) the decode MoE kernels take (`MOE_SH_MAX_SLOTS` in
 /// kernels/fused.cu).
 const MOE_SH_MAX_SLOTS: usize = 64;
@@ -797,6 +801,7 @@ fn kernel_names() -> Vec<String> {
         "cache_write_h",
         "mla_combine",
         "mla_combine_few",
+        "mla_combine_uv",
         "gemv_f32_split",
         "add_rms_norm",
         "add_rms_norm_q8",
@@ -1029,10 +1034,20 @@ pub enum Path {
     /// forty-fifth session, whose device time ran out before its test (`combine_norm_exact`)
     /// or a measurement could run (plan gpu-next155).
     CombineNorm,
+    /// A decode batch's attention merge and its value product in one launch (`mla_combine_uv`:
+    /// a block per (head, 8 tokens) merges the tokens' splits as `mla_combine_few` does, the
+    /// same lat / lat_h bits, then multiplies their f16 rows by the head's W_uv on the f16
+    /// tensor cores into the f16 value rows W_o's cuBLAS product reads), where W_uv would run
+    /// on cuBLAS ([`CudaBackend::values_out_blas`]): one launch a layer fewer, and no cuBLAS
+    /// launch (which waits for the merge to end and is waited for in full) between the merge
+    /// and W_o. cuBLAS's values in another summation order. Off (`TS_CUDA_COMBINE_UV=1` turns
+    /// it on): written in the forty-sixth session without a device (test
+    /// `combine_uv_close`; plan gpu-next156).
+    CombineUv,
 }
 
 impl Path {
-    const ALL: [Path; 19] = [
+    const ALL: [Path; 20] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1052,6 +1067,7 @@ impl Path {
         Path::SharedFork,
         Path::BlasTune,
         Path::CombineNorm,
+        Path::CombineUv,
     ];
 
     /// Its environment variable and its default.
@@ -1076,6 +1092,7 @@ impl Path {
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
             Path::CombineNorm => ("TS_CUDA_COMBINE_NORM", false),
+            Path::CombineUv => ("TS_CUDA_COMBINE_UV", false),
         }
     }
 

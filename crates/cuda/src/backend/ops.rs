@@ -659,7 +659,7 @@ impl Backend for CudaBackend {
     }
 
     fn mla_attention(&self, q: &CudaBuf, qr: Rows, cache: &CudaCache, batch: &CudaBatch, p: &MlaParams, out: &CudaBuf, o: Rows) {
-        self.mla_attention_run(q, qr, cache, batch, p, out, o, false, 0);
+        self.mla_attention_run(q, qr, cache, batch, p, out, o, false, 0, None);
     }
 
     fn moe(
@@ -1207,7 +1207,19 @@ impl Backend for CudaBackend {
             } else {
                 0
             };
-            let (_, lat_h_done) = self.mla_attention_run(q, qr, cache, batch, p, lat, lr, false, lat_h);
+            // ... and the value product too (Path::CombineUv): W_uv's f16 copy and the value
+            // rows values_out_blas would write (its scratch, the same size, so the same slot).
+            let uv = match w_uv.half_rm() {
+                Some(uh) if lat_h != 0 && self.path_on(Path::CombineUv) && (lr.width, w_uv.ne(1)) == (512, MCU_V) => {
+                    let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+                    match self.scratch(S::AvH, 2 * avo.n * avo.width) {
+                        Some(avh) => Some((uh, avh)),
+                        None => return,
+                    }
+                }
+                _ => None,
+            };
+            let (_, lat_h_done, uv_done) = self.mla_attention_run(q, qr, cache, batch, p, lat, lr, false, lat_h, uv);
             // (Held through the norm's launch, which may read W_o's partials from the Part
             // scratch; dropped before the router's product, which takes it itself.)
             let op = sq.then(|| self.scratch_op.lock().unwrap_or_else(|e| e.into_inner()));
@@ -1224,7 +1236,14 @@ impl Backend for CudaBackend {
                 // (the norm sums partials on its register path only: rows of <= 8 x 256 values)
                 let ys = if nq8 && hd <= 8 * 256 { SplitSum::Leave } else { SplitSum::Plain };
                 y_parts = self.mmq_dense(wo, gv, vq, (xr.n, xr.n, 1), y, xr, ys);
-            } else if !self.values_out_blas((lat, lr), (w_uv, wo), (avr, avo), (y, xr), (lat_h_done && lat_h != 0).then_some(lat_h)) {
+            } else if !self.values_out_blas(
+                (lat, lr),
+                (w_uv, wo),
+                (avr, avo),
+                (y, xr),
+                (lat_h_done && lat_h != 0).then_some(lat_h),
+                uv_done,
+            ) {
                 self.matmul_grouped(lat, lr, w_uv, av, avr);
                 self.matmul(av, avo, wo, y, xr);
             }
@@ -1276,7 +1295,7 @@ impl Backend for CudaBackend {
             self.mo_att_done.fetch_add(1, Ordering::Relaxed);
             (0, 0)
         } else {
-            self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true, 0).0.unwrap_or((0, 0))
+            self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true, 0, None).0.unwrap_or((0, 0))
         };
         let att = if short {
             [

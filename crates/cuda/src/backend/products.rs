@@ -1035,8 +1035,9 @@ impl CudaBackend {
     /// `av = lat · W_uv` per head written in f16 (scratch `AvH`, packed `[n, heads * v]`, as
     /// f16_rows would round `av`), then `y = av · W_o` from it; `av` itself is left unwritten
     /// (the chain's scratch, Backend::mla_attention_out). `lat_h`: `lat` already in f16 (packed
-    /// rows, f16_rows' bits; the attention's merge wrote them), else converted here. False
-    /// (nothing done) unless [`CudaBackend::values_out_blas_ok`].
+    /// rows, f16_rows' bits; the attention's merge wrote them), else converted here. `av_done`:
+    /// the merge also wrote the f16 value rows (`mla_combine_uv`, [`Path::CombineUv`]), so only
+    /// W_o's product is left. False (nothing done) unless [`CudaBackend::values_out_blas_ok`].
     pub(super) fn values_out_blas(
         &self,
         (lat, lr): (&CudaBuf, Rows),
@@ -1044,6 +1045,7 @@ impl CudaBackend {
         (avr, avo): (Rows, Rows),
         (y, xr): (&CudaBuf, Rows),
         lat_h: Option<u64>,
+        av_done: bool,
     ) -> bool {
         if !self.values_out_blas_ok((lat, lr), (w_uv, wo), (avr, avo), xr) {
             return false;
@@ -1055,6 +1057,15 @@ impl CudaBackend {
         lat.check(lr);
         y.check(xr);
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
+        if av_done {
+            self.took(Path::LatH);
+            if !self.bind_ctx() {
+                return true;
+            }
+            let Some(avh) = self.scratch(S::AvH, 2 * n * nh * v) else { return true };
+            self.gemm_h16((oh, nh * v, 0), (avh, nh * v, 0), (y.0.ptr + 4 * xr.off as u64, xr.stride, 0), (xr.width, n, nh * v), 1);
+            return true;
+        }
         let xh = match lat_h {
             Some(p) => {
                 self.took(Path::LatH);
