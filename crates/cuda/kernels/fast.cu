@@ -865,6 +865,74 @@ extern "C" __global__ void __launch_bounds__(64 * MCU_TB, 1)
 #endif
 }
 
+// A decode batch's absorbed query on the f16 tensor cores (Path::AbsorbMma), in place of W_uk's
+// cuBLAS product (grouped_h16) after norm_rope_cache wrote q_nope's f16 rows:
+// out[ooff + (t * nh + h) * ostride + c] = sum_k W_uk[h][c][k] * xh[(t * nh + h) * MAB_K + k],
+// c < MAB_M, f32 (cuBLAS's values, another summation order). Block (h, y): tokens 16y .. 16y + 15
+// as the A tile's rows (g, g + 8), W_uk's f16 row-major copy (MAB_M rows of MAB_K halves a head)
+// as B; warp w owns columns 32w .. 32w + 31 (4 n8 tiles: 16 warps, 512 columns), its W rows
+// (16 KB) loaded before the PDL wait (weights are never written). k inside each 32-value step in
+// mla_combine_uv's order (lane t's 16 bytes feed logical k {2t, 2t+1, 2t+8, 2t+9} of two
+// m16n8k16). Why: cuBLAS's batched product runs without programmatic dependent launch, so it
+// starts only once norm_rope_cache has ended and the split attention after it waits for its end;
+// here the weights' trip overlaps norm_rope_cache and the next kernel's start overlaps this one.
+#define MAB_K 128
+#define MAB_M 512
+extern "C" __global__ void __launch_bounds__(512, 1)
+    mla_absorb_h(const u16* xh, int n, int nh, const u16* wuk, float* out, i64 ooff, i64 ostride) {
+    pdl_trigger();
+#if __CUDA_ARCH__ >= 800
+    const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int c0 = warp * 32;
+    uint4 wv[4][MAB_K / 32];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int kc = 0; kc < MAB_K / 32; kc++)
+            wv[nt][kc] = __ldg((const uint4*)(wuk + ((i64)h * MAB_M + c0 + nt * 8 + g) * MAB_K + 32 * kc + 8 * t4));
+    pdl_wait();
+    const int ta = blockIdx.y * 16 + g, tb = ta + 8;  // the tokens of rows g and g + 8
+    uint4 xa[MAB_K / 32], xb[MAB_K / 32];
+#pragma unroll
+    for (int kc = 0; kc < MAB_K / 32; kc++) {
+        xa[kc] = ta < n ? *(const uint4*)(xh + ((i64)ta * nh + h) * MAB_K + 32 * kc + 8 * t4) : make_uint4(0u, 0u, 0u, 0u);
+        xb[kc] = tb < n ? *(const uint4*)(xh + ((i64)tb * nh + h) * MAB_K + 32 * kc + 8 * t4) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float acc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[nt][c] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < MAB_K / 32; kc++) {
+        const u32 a0[4] = {xa[kc].x, xb[kc].x, xa[kc].y, xb[kc].y}, a1[4] = {xa[kc].z, xb[kc].z, xa[kc].w, xb[kc].w};
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const u32 b0[2] = {wv[nt][kc].x, wv[nt][kc].y}, b1[2] = {wv[nt][kc].z, wv[nt][kc].w};
+            mma_f16(acc[nt], a0, b0);
+            mma_f16(acc[nt], a1, b1);
+        }
+    }
+    // acc[nt][0..1]: token ta's columns c0 + 8 nt + 2 t4, + 1; acc[nt][2..3]: token tb's.
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++) {
+        const int c = c0 + nt * 8 + 2 * t4;
+        if (ta < n) {
+            float* o = out + ooff + ((i64)ta * nh + h) * ostride + c;
+            o[0] = acc[nt][0];
+            o[1] = acc[nt][1];
+        }
+        if (tb < n) {
+            float* o = out + ooff + ((i64)tb * nh + h) * ostride + c;
+            o[0] = acc[nt][2];
+            o[1] = acc[nt][3];
+        }
+    }
+#else
+    pdl_wait();
+#endif
+}
+
 // ---- f32 GEMV (the MoE router, kept in f32) ------------------------------------------------------
 // Hand-written because the router matrix (E x H, f32) has few rows: one warp per row leaves most
 // of the card idle and serialises the row's loads. Here 4 warps share a row (a quarter of k each,

@@ -1757,7 +1757,7 @@ fn qkv_joint_batch() {
         b.read_cache(&gc, &mut cv).unwrap();
         [get(b, &gx, rx), get(b, &gh, rx), get(b, &gqm, rqm), cv]
     };
-    for (n, with_delta) in [(24usize, true), (24, false), (3, true)] {
+    for (n, with_delta) in [(24usize, true), (24, false), (3, true), (40, true), (9, false)] {
         let meta = BatchMeta { tokens: seq_meta(n, r.random_range(0..slot_len - n as u32), 1, 100, &mut r), outputs: vec![], slot_len };
         let gb = batch(g, &meta);
         let (x, d) = (randn(&mut r, n * h, 1.0), randn(&mut r, n * h, 1.0));
@@ -1773,6 +1773,24 @@ fn qkv_joint_batch() {
         exact(&mut rep, &lab, &["x", "h"], &outs[0][..2], &outs[1][..2]);
         rep.check(&format!("{lab} absorbed query"), &outs[0][2], &outs[1][2], 1e-5, 0.0);
         rep.check(&format!("{lab} cache"), &outs[0][3], &outs[1][3], 1e-5, 0.0);
+        // W_uk's product on mla_absorb_h (Path::AbsorbMma), joint and not: cuBLAS's values in
+        // another summation order; everything else the same bits.
+        for joint in [true, false] {
+            g.set_path(Path::QkvJoint, joint);
+            g.set_path(Path::AbsorbMma, true);
+            let before = g.path_launches(Path::AbsorbMma);
+            let got = run(g, &gw, &gb, n, &x, with_delta.then_some(&d[..]));
+            g.set_path(Path::AbsorbMma, false);
+            let want = &outs[usize::from(!joint)];
+            let lab = format!("{lab} joint={joint} AbsorbMma");
+            if g.path_launches(Path::AbsorbMma) - before != u64::from(n > 8) {
+                rep.failures.push(format!("{lab}: {} launches", g.path_launches(Path::AbsorbMma) - before));
+            }
+            exact(&mut rep, &lab, &["x", "h"], &got[..2], &want[..2]);
+            rep.check(&format!("{lab} absorbed query"), &got[2], &want[2], 1e-4, 1e-4);
+            exact(&mut rep, &lab, &["cache"], &got[3..], &want[3..]);
+        }
+        g.set_path(Path::QkvJoint, true);
     }
     // Recorded steps: the step's buffers fixed (a recording holds their pointers), new rows in
     // them each step.

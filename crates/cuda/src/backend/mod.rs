@@ -802,6 +802,7 @@ fn kernel_names() -> Vec<String> {
         "mla_combine",
         "mla_combine_few",
         "mla_combine_uv",
+        "mla_absorb_h",
         "gemv_f32_split",
         "add_rms_norm",
         "add_rms_norm_q8",
@@ -1044,10 +1045,17 @@ pub enum Path {
     /// it on): written in the forty-sixth session without a device (test
     /// `combine_uv_close`; plan gpu-next156).
     CombineUv,
+    /// A decode batch's absorbed query (W_uk's product from q_nope's f16 rows, after
+    /// `norm_rope_cache`) on `mla_absorb_h` (f16 tensor cores, a block per (head, 16 tokens),
+    /// W_uk's rows loaded before the PDL wait) in place of cuBLAS's batched product, which runs
+    /// without programmatic dependent launch. cuBLAS's values in another summation order. Off
+    /// (`TS_CUDA_ABSORB_MMA=1` turns it on): written in the forty-sixth session without a
+    /// device (test `qkv_joint_batch`; plan gpu-next156).
+    AbsorbMma,
 }
 
 impl Path {
-    const ALL: [Path; 20] = [
+    const ALL: [Path; 21] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1068,6 +1076,7 @@ impl Path {
         Path::BlasTune,
         Path::CombineNorm,
         Path::CombineUv,
+        Path::AbsorbMma,
     ];
 
     /// Its environment variable and its default.
@@ -1093,6 +1102,7 @@ impl Path {
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
             Path::CombineNorm => ("TS_CUDA_COMBINE_NORM", false),
             Path::CombineUv => ("TS_CUDA_COMBINE_UV", false),
+            Path::AbsorbMma => ("TS_CUDA_ABSORB_MMA", false),
         }
     }
 

@@ -1577,10 +1577,7 @@ impl Backend for CudaBackend {
                 if self.norm_rope_cache(&op, Some((qs, src, xh))) {
                     self.took(Path::QnopeH);
                     self.took(Path::DenseBlasBatch);
-                    if !self.bind_ctx() {
-                        return;
-                    }
-                    self.grouped_h16(xh, wk, heads, ng, qd, dst);
+                    self.absorb_h16(xh, wk, heads, ng, qd, dst);
                     return;
                 }
                 drop(op_lock);

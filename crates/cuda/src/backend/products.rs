@@ -796,6 +796,20 @@ impl CudaBackend {
     /// `g` matrices of `w` (its row-major f16 copy) times the packed f16 rows `xh` of `ng`
     /// tokens (row `t * g + j` for matrix j) on cuBLAS, one strided-batched product, into `o`'s
     /// rows of `out` (row `t * g + j`). The context must be current on this thread.
+    /// A decode batch's absorbed query (W_uk's product of `ng` tokens x `g` heads) from q_nope's
+    /// f16 rows `xh`: on `mla_absorb_h` where [`Path::AbsorbMma`] is on and the shapes are V2's
+    /// (W_uk 128 x 512 a head), else on cuBLAS ([`CudaBackend::grouped_h16`]).
+    pub(super) fn absorb_h16(&self, xh: u64, w: &CudaWeight, g: usize, ng: usize, out: &CudaBuf, o: Rows) {
+        let fits = self.tc && self.path_on(Path::AbsorbMma) && (w.ne(0), w.ne(1), w.ne(2)) == (128, 512, g) && o.width == 512;
+        if let Some(wh) = w.half_rm().filter(|_| fits) {
+            self.took(Path::AbsorbMma);
+            let args = [A::P(xh), i(ng), i(g), A::P(wh), A::P(out.0.ptr), l(o.off), l(o.stride)];
+            self.launch("mla_absorb_h", (g as u32, ng.div_ceil(16) as u32, 1), 512, 0, &args);
+        } else if self.bind_ctx() {
+            self.grouped_h16(xh, w, g, ng, out, o);
+        }
+    }
+
     pub(super) fn grouped_h16(&self, xh: u64, w: &CudaWeight, g: usize, ng: usize, out: &CudaBuf, o: Rows) {
         let (k, m) = (w.ne(0), w.ne(1));
         let Some(wh) = w.half_rm() else { return };
@@ -1000,8 +1014,8 @@ impl CudaBackend {
         // q_nope's f16 rows for W_uk (the norm's f16 rows are read by now: the same stream).
         let Some(nh) = self.scratch(S::XBf16, 2 * src.width * src.n) else { return true };
         let jop = Nrc { joint: Some(JointRows { ptr: rows, ld, kv_off: m0 }), ..*op };
-        if self.norm_rope_cache(&jop, Some((qs, src, nh))) && self.bind_ctx() {
-            self.grouped_h16(nh, wk, heads, n, qd, dst);
+        if self.norm_rope_cache(&jop, Some((qs, src, nh))) {
+            self.absorb_h16(nh, wk, heads, n, qd, dst);
         }
         true
     }
