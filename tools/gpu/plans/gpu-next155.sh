@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Written in the forty-fifth session, not yet run (its device time ran out). ~8 minutes.
+# Written in the forty-fifth session, never run: superseded by gpu-next156.sh (forty-sixth session), which runs its tests and measurements with the new switches.
 # 1. The op test of Path::CombineNorm (a decode batch's MoE combine held for the next layer's
 #    first norm, `add_rms_norm_h_comb`; the same bits as the path off), and the tests whose ops
 #    it touches (the MoE with the fork, the attention's output side then the MoE, recorded

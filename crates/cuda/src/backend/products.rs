@@ -796,11 +796,17 @@ impl CudaBackend {
     /// `g` matrices of `w` (its row-major f16 copy) times the packed f16 rows `xh` of `ng`
     /// tokens (row `t * g + j` for matrix j) on cuBLAS, one strided-batched product, into `o`'s
     /// rows of `out` (row `t * g + j`). The context must be current on this thread.
-    /// A decode batch's absorbed query (W_uk's product of `ng` tokens x `g` heads) from q_nope's
-    /// f16 rows `xh`: on `mla_absorb_h` where [`Path::AbsorbMma`] is on and the shapes are V2's
-    /// (W_uk 128 x 512 a head), else on cuBLAS ([`CudaBackend::grouped_h16`]).
+    /// The absorbed query (W_uk's product of `ng` tokens x `g` heads) from q_nope's f16 rows
+    /// `xh`: on `mla_absorb_h` for a decode batch where [`Path::AbsorbMma`] is on and the shapes
+    /// are V2's (W_uk 128 x 512 a head), else on cuBLAS ([`CudaBackend::grouped_h16`]).
     pub(super) fn absorb_h16(&self, xh: u64, w: &CudaWeight, g: usize, ng: usize, out: &CudaBuf, o: Rows) {
-        let fits = self.tc && self.path_on(Path::AbsorbMma) && (w.ne(0), w.ne(1), w.ne(2)) == (128, 512, g) && o.width == 512;
+        // (decode batches only: a prompt's thousands of tokens would read each head's 128 KB
+        // of W_uk once a 16 tokens, where cuBLAS's tiles read it a few times)
+        let fits = self.tc
+            && self.path_on(Path::AbsorbMma)
+            && ng <= GRAPH_MAX_TOKENS
+            && (w.ne(0), w.ne(1), w.ne(2)) == (128, 512, g)
+            && o.width == 512;
         if let Some(wh) = w.half_rm().filter(|_| fits) {
             self.took(Path::AbsorbMma);
             let args = [A::P(xh), i(ng), i(g), A::P(wh), A::P(out.0.ptr), l(o.off), l(o.stride)];
