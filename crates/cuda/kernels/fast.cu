@@ -805,8 +805,10 @@ extern "C" __global__ void __launch_bounds__(64 * MCU_TB, 1)
     const int c0 = warp * 8;
     const u16* wr = wuv + ((i64)h * MCU_V + c0 + g) * MCU_KL + 8 * t4;
     uint4 wv[MCU_KL / 32];
+    if (n > 0) {  // (a branch of their own, so that ptxas keeps the wait after the loads: dense_h16c_body)
 #pragma unroll
-    for (int kc = 0; kc < MCU_KL / 32; kc++) wv[kc] = __ldg((const uint4*)(wr + 32 * kc));
+        for (int kc = 0; kc < MCU_KL / 32; kc++) wv[kc] = ldw16_pre(wr + 32 * kc);
+    }
     pdl_wait();
     // The merge: token tt of the block, outputs i .. i + 7.
     const int tt = tid >> 6, i = 8 * (tid & 63), t = blockIdx.y * MCU_TB + tt;
@@ -885,11 +887,13 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int c0 = warp * 32;
     uint4 wv[4][MAB_K / 32];
+    if (n > 0) {  // (a branch of their own, so that ptxas keeps the wait after the loads: dense_h16c_body)
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-        for (int kc = 0; kc < MAB_K / 32; kc++)
-            wv[nt][kc] = __ldg((const uint4*)(wuk + ((i64)h * MAB_M + c0 + nt * 8 + g) * MAB_K + 32 * kc + 8 * t4));
+            for (int kc = 0; kc < MAB_K / 32; kc++)
+                wv[nt][kc] = ldw16_pre(wuk + ((i64)h * MAB_M + c0 + nt * 8 + g) * MAB_K + 32 * kc + 8 * t4);
+    }
     pdl_wait();
     const int ta = blockIdx.y * 16 + g, tb = ta + 8;  // the tokens of rows g and g + 8
     uint4 xa[MAB_K / 32], xb[MAB_K / 32];

@@ -919,6 +919,14 @@ __device__ __forceinline__ float dot8f(const float* w, float4 a, float4 b) {
 }
 
 template <int T>
+// GU_SH_EARLY (1; a measurement define, TS_CUDA_DEFINES=GU_SH_EARLY=0 for the old code): the
+// decode MoE gate/up kernels' shared-slot blocks issue their first weight loads in a branch of
+// their own before the PDL wait. Written as straight-line code (loads, then the wait) ptxas
+// scheduled the wait (ACQBULK) above every load, so the shared slots' loads waited for the
+// routing kernel after all (static SASS, sm_90 and sm_90a, forty-sixth session).
+#ifndef GU_SH_EARLY
+#define GU_SH_EARLY 1
+#endif
 __device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim,
                                        const int* sel_e, const float* sel_w, int k, const u8* Sg, const u8* Su,
                                        int nsh, const float* x, i64 xoff, i64 xstride, int act, float* out,
@@ -955,11 +963,13 @@ __device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes
         wu = Wu + e * mat_bytes + (i64)rr * row_bytes;
         load(lane);
     } else {
-        // The shared experts' weights are known before the previous kernel ends.
+        // The shared experts' weights are known before the previous kernel ends. (The loads in
+        // a branch of their own: in one basic block with the wait, ptxas scheduled the wait
+        // first, ACQBULK before every load, so they did wait for the routing; common.cuh.)
         const i64 srow = (i64)(s - k) * m + rr;
         wg = Sg + srow * row_bytes;
         wu = Su + srow * row_bytes;
-        load(lane);
+        if (GU_SH_EARLY ? n8 > 0 : true) load(lane);
         pdl_wait();
     }
     if (row >= m) return;
@@ -1141,12 +1151,16 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
             load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
         }
     } else {
-        // The shared experts' weights are known before the previous kernel ends.
+        // The shared experts' weights are known before the previous kernel ends. (The loads in
+        // a branch of their own: in one basic block with the wait, ptxas scheduled the wait
+        // first, ACQBULK before every load, so they did wait for the routing; common.cuh.)
         Wtg = Sg + (i64)(s - k) * m * row_bytes;
         Wtu = Su + (i64)(s - k) * m * row_bytes;
         rstride = row_bytes;
-        load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
-        load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
+        if (GU_SH_EARLY ? np > 0 : true) {
+            load_q8_4w(Wtg + (i64)row0 * row_bytes, lane, np, 32, qg, dg);
+            load_q8_4w(Wtu + (i64)row0 * row_bytes, lane, np, 32, qu, du);
+        }
         pdl_wait();
         pdl_trigger();
         mo_wait_flag(ready);
