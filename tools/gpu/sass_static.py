@@ -13,6 +13,13 @@ Usage: tools/gpu/sass_static.py [-D NAME=VAL ...] KERNEL [KERNEL ...]   (SASS_DU
        SASS_ARCH=sm_90a: the build H100/H200 get, with the wgmma kernels)
 e.g.   tools/gpu/sass_static.py mmq_q8_64 mmq_q8_rows
        tools/gpu/sass_static.py -D MMQ_ROWS_PAD=0 mmq_q8_rows
+       tools/gpu/sass_static.py --pdl [KERNEL ...]   (every kernel without names)
+
+--pdl: for each kernel, where its first griddepcontrol.wait (SASS ACQBULK) falls and how many
+global loads, copies and prefetches (LDG, LDGSTS, CCTL, bulk prefetches) come before it. A kernel
+meant to load its weights before the PDL wait must show them there: ptxas may schedule the wait
+above loads of the same basic block (it did in moe_gateup_sh_q8q's shared slots; a branch of
+their own keeps them first, common.cuh's ldw16_pre).
 """
 import collections, ctypes, glob, os, re, subprocess, sys, tempfile
 
@@ -67,12 +74,35 @@ def opcode(ins):
     return o.split('.')[0]
 
 
+def functions(sass):
+    """(name, instructions) of every function in nvdisasm's listing."""
+    starts = [(i, l.strip()[len('.text.'):-1]) for i, l in enumerate(sass) if l.startswith('.text.')]
+    for j, (st, fn) in enumerate(starts):
+        end = starts[j + 1][0] if j + 1 < len(starts) else len(sass)
+        yield fn, [m.group(1).strip() for l in sass[st:end] if (m := re.match(r'\s*/\*[0-9a-f]+\*/\s+(.*?);', l))]
+
+
+def pdl_report(sass, names):
+    for fn, ins in functions(sass):
+        if names and fn not in names:
+            continue
+        acq = next((i for i, s in enumerate(ins) if opcode(s) == 'ACQBULK'), None)
+        if acq is None:
+            print(f'{fn}: no griddepcontrol.wait')
+            continue
+        pre = sum(1 for s in ins[:acq] if opcode(s) in ('LDG', 'LDGSTS', 'CCTL', 'UBLKPF', 'UTMAPF'))
+        print(f'{fn}: wait at instruction {acq} of {len(ins)}, {pre} loads / prefetches before it')
+
+
 def main():
     args, defines = sys.argv[1:], []
+    pdl = bool(args) and args[0] == '--pdl'
+    if pdl:
+        args = args[1:]
     while args and args[0] == '-D':
         defines.append(args[1])
         args = args[2:]
-    if not args:
+    if not args and not pdl:
         sys.exit(__doc__)
     nvd = os.environ.get('NVDISASM') or next(iter(glob.glob('/tmp/nvd/nvidia/cu13/bin/nvdisasm')), 'nvdisasm')
     cubin, log = compile_cubin(defines)
@@ -84,6 +114,9 @@ def main():
         f.write(cubin)
         f.flush()
         sass = subprocess.run([nvd, '-c', f.name], capture_output=True, text=True, check=True).stdout.splitlines()
+    if pdl:
+        pdl_report(sass, set(args))
+        return
     for fn in args:
         try:
             start = next(i for i, l in enumerate(sass) if l.strip() == f'.text.{fn}:')

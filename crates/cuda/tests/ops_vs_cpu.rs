@@ -1791,6 +1791,19 @@ fn qkv_joint_batch() {
             exact(&mut rep, &lab, &["cache"], &got[3..], &want[3..]);
         }
         g.set_path(Path::QkvJoint, true);
+        // The joint product on dense_h16c_4 (Path::DenseMma): cuBLAS's values in another order,
+        // so the cache rows and the absorbed query close, x and h the same bits.
+        g.set_path(Path::DenseMma, true);
+        let before = g.path_launches(Path::DenseMma);
+        let got = run(g, &gw, &gb, n, &x, with_delta.then_some(&d[..]));
+        g.set_path(Path::DenseMma, false);
+        let lab = format!("{lab} DenseMma");
+        if g.path_launches(Path::DenseMma) - before != u64::from(n > 8) {
+            rep.failures.push(format!("{lab}: {} launches", g.path_launches(Path::DenseMma) - before));
+        }
+        exact(&mut rep, &lab, &["x", "h"], &got[..2], &outs[0][..2]);
+        rep.check(&format!("{lab} absorbed query"), &got[2], &outs[0][2], 1e-4, 1e-4);
+        rep.check(&format!("{lab} cache"), &got[3], &outs[0][3], 1e-4, 1e-4);
     }
     // Recorded steps: the step's buffers fixed (a recording holds their pointers), new rows in
     // them each step.
@@ -3025,14 +3038,16 @@ fn combine_uv_close() {
     if gpu_tc_fused("combine_uv_close").is_none() {
         return;
     }
-    let backend = |uv: bool| {
+    let backend = |uv: bool, mma: bool| {
         let b = CudaBackend::new(0).expect("another backend");
         b.set_path(Path::DenseBlasBatch, true);
         b.set_path(Path::LatH, true);
         b.set_path(Path::CombineUv, uv);
+        b.set_path(Path::DenseMma, mma);
         b
     };
-    let (on, off) = (&backend(true), &backend(false));
+    // (mm: W_o on dense_h16c_8 too, Path::DenseMma, up to 64 tokens)
+    let (on, off, mm) = (&backend(true, false), &backend(false, false), &backend(true, true));
     let mut r = rng(56);
     let mut rep = Report::new("combine_uv");
     let (nh, kl, rd, hd, slot_len) = (16, 512, 64, 2048, 512u32);
@@ -3040,7 +3055,7 @@ fn combine_uv_close() {
     let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
     let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
     let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
-    let mut cases = 0;
+    let (mut cases, mut small) = (0, 0u64);
     for n in [9usize, 24, 64, 128] {
         for hist in [100u32, 300] {
             // Sequences of different lengths, so that their splits' counts differ.
@@ -3050,7 +3065,7 @@ fn combine_uv_close() {
             let cache_rows = randn(&mut r, toks.len() * w, 1.0);
             let (q, x, nw) = (randn(&mut r, n * nh * w, 0.5), randn(&mut r, n * hd, 1.0), randn(&mut r, hd, 1.0));
             let mut outs = Vec::new();
-            for b in [on, off] {
+            for b in [on, off, mm] {
                 let cache = b.alloc_latent_cache(n * slot_len as usize, w, kl, nh).unwrap();
                 fill_cache(b, &cache, &cache_rows, w, &toks, slot_len);
                 let step: Vec<TokenMeta> = (0..n).map(|s| TokenMeta { token: 1, pos: lens[s], slot: s as u32 }).collect();
@@ -3085,7 +3100,18 @@ fn combine_uv_close() {
             rep.check(&format!("{lab} lat (exact)"), &outs[0][0], &outs[1][0], 0.0, 0.0);
             rep.check(&format!("{lab} x"), &outs[0][1], &outs[1][1], 2e-3, 1e-3);
             rep.check(&format!("{lab} out"), &outs[0][2], &outs[1][2], 2e-3, 1e-3);
+            rep.check(&format!("{lab} DenseMma lat (exact)"), &outs[2][0], &outs[1][0], 0.0, 0.0);
+            rep.check(&format!("{lab} DenseMma x"), &outs[2][1], &outs[1][1], 2e-3, 1e-3);
+            rep.check(&format!("{lab} DenseMma out"), &outs[2][2], &outs[1][2], 2e-3, 1e-3);
+            small += u64::from(n <= 64);
         }
+    }
+    if mm.path_launches(Path::DenseMma) != small || on.path_launches(Path::DenseMma) != 0 {
+        rep.failures.push(format!(
+            "DenseMma ran {} times in {small} cases of <= 64 tokens ({} while off)",
+            mm.path_launches(Path::DenseMma),
+            on.path_launches(Path::DenseMma)
+        ));
     }
     if on.path_launches(Path::CombineUv) < cases || off.path_launches(Path::CombineUv) != 0 {
         rep.failures.push(format!(

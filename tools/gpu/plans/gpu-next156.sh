@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
 # Written in the forty-sixth session (no device was lent), not yet run. ~9 minutes. It takes over
-# gpu-next155 (never run) and adds the session's three switches.
-# 1. The op tests of the new paths (and of the ops they touch):
-#    combine_norm_exact (Path::CombineNorm, the same bits), combine_uv_close (Path::CombineUv:
-#    the merge and W_uv in one launch, lat bit for bit, x / out close), qkv_joint_batch (with
-#    Path::AbsorbMma: W_uk on mla_absorb_h), norm_q8_batch_exact, moe_shared_fork,
-#    recorded_steps_replay.
-# 2. 64 sequences at -d 96, one round: the defaults; each switch alone; the three together; and
-#    the attention's weights asked into L2 (TS_CUDA_APF=1: q / kv_a and W_uk from the layer's
-#    first norm, W_uv and W_o from the merge; =2: all from the first norm). CombineNorm and APF
-#    keep the hash 7a3b5e11379cb707; CombineUv and AbsorbMma change it (another summation order).
-# Then gpu-next157.sh: a second round, 128 and 32 sequences, the server.
+# gpu-next155 (never run): the op tests of every path written without a device, then the one
+# change that is on by default and untested on a GPU.
+# 1. Op tests: combine_norm_exact (Path::CombineNorm, the same bits), combine_uv_close
+#    (Path::CombineUv, the merge and W_uv in one launch; with Path::DenseMma, W_o on
+#    dense_h16c_8), qkv_joint_batch (Path::AbsorbMma; Path::DenseMma on the joint q / kv_a
+#    product), fused_moe_shared / moe_residual_exact / pre_routed_moe_exact (the decode MoE
+#    gate/up, whose shared slots now load before the PDL wait: GU_SH_EARLY), norm_q8_batch_exact,
+#    moe_shared_fork, recorded_steps_replay.
+# 2. One token: tg128 and tg64 at 16k with GU_SH_EARLY (the default now) against
+#    TS_CUDA_DEFINES=GU_SH_EARLY=0 (the old SASS, the wait before the shared slots' loads), twice;
+#    the same hashes (db10d2fd9a926913 / efeed109b1480c9a) both ways.
+# Then gpu-next157.sh (64 sequences), gpu-next158.sh (server, knobs), gpu-next159.sh (bf16).
 #   tools/gpu/plans/gpu-next156.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60
 set -u
 B=$1
 OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=150
-ops_tests 330 2 combine_norm_exact combine_uv_close qkv_joint_batch norm_q8_batch_exact moe_shared_fork recorded_steps_replay
-stamp "== 64 sequences"
-ALL="TS_CUDA_COMBINE_NORM=1 TS_CUDA_COMBINE_UV=1 TS_CUDA_ABSORB_MMA=1"
-bpd 64 "-d 96" "" "TS_CUDA_COMBINE_NORM=1" "TS_CUDA_COMBINE_UV=1" "TS_CUDA_ABSORB_MMA=1" "TS_CUDA_APF=1" "TS_CUDA_APF=2" \
-  "$ALL" "$ALL TS_CUDA_APF=1"
+ops_tests 330 2 combine_norm_exact combine_uv_close qkv_joint_batch fused_moe_shared moe_residual_exact \
+  pre_routed_moe_exact norm_q8_batch_exact moe_shared_fork recorded_steps_replay
+stamp "== one token: the gate/up's shared slots before the wait"
+OLD="TS_CUDA_DEFINES=GU_SH_EARLY=0"
+for r in 1 2; do
+  b "" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+  b "$OLD" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+done
+b "" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash
+b "$OLD" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash
 stamp "== done"

@@ -430,6 +430,8 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_out_q8",
     "mla_out_bf16",
     "mla_out_f16",
+    "dense_h16c_8",
+    "dense_h16c_4",
 ];
 /// The f16 prompt products (kernels/mmq.cu, `MMF_INST`, `MMF_GU_INST`): (plain kernel, gate-up-GLU
 /// kernel, stages in flight), the first whose shared memory the device gives. Both take 256
@@ -454,6 +456,10 @@ const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
 /// latent and value rows' Q8_0 copies, the split weights and a reduction area (the kernel's
 /// layout).
 const MO_VD: usize = 128;
+/// The most tokens `dense_h16c_<cs>` takes (kernels/mmq.cu, DH_MAXN), and its partial rows'
+/// stride in floats (DH_CSS).
+const DH_MAXN: usize = 64;
+const DH_CSS: usize = 136;
 /// Tokens a block of `mla_combine_uv` (kernels/fast.cu, MCU_TB): 64 threads each.
 const MCU_TB: usize = 8;
 /// The value rows `mla_combine_uv` makes a head (MCU_V).
@@ -803,6 +809,8 @@ fn kernel_names() -> Vec<String> {
         "mla_combine_few",
         "mla_combine_uv",
         "mla_absorb_h",
+        "dense_h16c_8",
+        "dense_h16c_4",
         "gemv_f32_split",
         "add_rms_norm",
         "add_rms_norm_q8",
@@ -1052,10 +1060,18 @@ pub enum Path {
     /// (`TS_CUDA_ABSORB_MMA=1` turns it on): written in the forty-sixth session without a
     /// device (test `qkv_joint_batch`; plan gpu-next156).
     AbsorbMma,
+    /// A decode batch's (9-64 rows) q and kv_a product (side by side, [`Path::QkvJoint`]) and
+    /// W_o's product on `dense_h16c_<cs>` (kernels/mmq.cu: a cluster of 4 or 8 blocks splits K,
+    /// each warp's weight rows loaded before the PDL wait, f16 tensor cores, the parts summed
+    /// in rank order through distributed shared memory) in place of cuBLAS, which runs without
+    /// programmatic dependent launch. V2-Lite's K (2,048) only. cuBLAS's values in another
+    /// summation order. Off (`TS_CUDA_DENSE_MMA=1` turns it on): written in the forty-sixth
+    /// session without a device (tests `qkv_joint_batch`, `combine_uv_close`; plan gpu-next156).
+    DenseMma,
 }
 
 impl Path {
-    const ALL: [Path; 21] = [
+    const ALL: [Path; 22] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1077,6 +1093,7 @@ impl Path {
         Path::CombineNorm,
         Path::CombineUv,
         Path::AbsorbMma,
+        Path::DenseMma,
     ];
 
     /// Its environment variable and its default.
@@ -1103,6 +1120,7 @@ impl Path {
             Path::CombineNorm => ("TS_CUDA_COMBINE_NORM", false),
             Path::CombineUv => ("TS_CUDA_COMBINE_UV", false),
             Path::AbsorbMma => ("TS_CUDA_ABSORB_MMA", false),
+            Path::DenseMma => ("TS_CUDA_DENSE_MMA", false),
         }
     }
 

@@ -816,6 +816,27 @@ impl CudaBackend {
         }
     }
 
+    /// A decode batch's dense f16 product `out[t * ldo + r] = W[r] . X[t]` (W: `m` rows of `k`
+    /// halves at `w`; X: `n` packed rows of `k` halves at `xh`; `out` the byte address of float
+    /// 0) on `dense_h16c_<cs>` ([`Path::DenseMma`]) where it fits; false (nothing done)
+    /// otherwise.
+    pub(super) fn dense_mma(&self, w: u64, m: usize, k: usize, xh: u64, n: usize, out: u64, ldo: usize) -> bool {
+        // (V2-Lite's K = 2,048: in 8 parts of 256 up to 2,048 rows, 4 of 512 above, so that a
+        // warp's rows stay at 4-8 KB)
+        if !(self.path_on(Path::DenseMma) && self.clusters() && k == 2048 && (GEMV_MAX_TOKENS + 1..=DH_MAXN).contains(&n)) {
+            return false;
+        }
+        let (name, cs, kc) = if m <= 2048 { ("dense_h16c_8", 8u32, 256) } else { ("dense_h16c_4", 4, 512) };
+        let smem = DH_MAXN / 2 * (kc + 4) * 4 + DH_MAXN * DH_CSS * 4;
+        if smem > self.smem_max || w % 16 != 0 || xh % 16 != 0 || out % 4 != 0 {
+            return false;
+        }
+        self.took(Path::DenseMma);
+        let args = [A::P(w), i(m), A::P(xh), i(n), A::P(out), l(0), l(ldo)];
+        self.launch(name, (cs, m.div_ceil(128) as u32, 1), 512, smem as u32, &args);
+        true
+    }
+
     pub(super) fn grouped_h16(&self, xh: u64, w: &CudaWeight, g: usize, ng: usize, out: &CudaBuf, o: Rows) {
         let (k, m) = (w.ne(0), w.ne(1));
         let Some(wh) = w.half_rm() else { return };
@@ -1016,7 +1037,9 @@ impl CudaBackend {
             return true;
         }
         let (h, f) = (blas_sys::cudaDataType::CUDA_R_16F, blas_sys::cudaDataType::CUDA_R_32F);
-        self.gemm_ex_c((hq, h, k, 0), (xh, h, k, 0), (rows, f, ld, 0), (ld, n, k), 1);
+        if !self.dense_mma(hq, ld, k, xh, n, rows, ld) {
+            self.gemm_ex_c((hq, h, k, 0), (xh, h, k, 0), (rows, f, ld, 0), (ld, n, k), 1);
+        }
         // q_nope's f16 rows for W_uk (the norm's f16 rows are read by now: the same stream).
         let Some(nh) = self.scratch(S::XBf16, 2 * src.width * src.n) else { return true };
         let jop = Nrc { joint: Some(JointRows { ptr: rows, ld, kv_off: m0 }), ..*op };
@@ -1083,7 +1106,7 @@ impl CudaBackend {
                 return true;
             }
             let Some(avh) = self.scratch(S::AvH, 2 * n * nh * v) else { return true };
-            self.gemm_h16((oh, nh * v, 0), (avh, nh * v, 0), (y.0.ptr + 4 * xr.off as u64, xr.stride, 0), (xr.width, n, nh * v), 1);
+            self.wo_h16(oh, avh, (y, xr), nh * v);
             return true;
         }
         let xh = match lat_h {
@@ -1103,8 +1126,17 @@ impl CudaBackend {
         // Head h: C_h[v, n] at avh + h * v halves, rows nh * v apart; lat row j * nh + h.
         let h = blas_sys::cudaDataType::CUDA_R_16F;
         self.gemm_ex_c((uh, h, kl, (v * kl) as i64), (xh, h, kl * nh, kl as i64), (avh, h, nh * v, v as i64), (v, n, kl), nh as i32);
-        self.gemm_h16((oh, nh * v, 0), (avh, nh * v, 0), (y.0.ptr + 4 * xr.off as u64, xr.stride, 0), (xr.width, n, nh * v), 1);
+        self.wo_h16(oh, avh, (y, xr), nh * v);
         true
+    }
+
+    /// W_o's product of a decode batch from the value rows' f16 copy `avh` (`xr.n` packed rows
+    /// of `k` halves) into `y`: on `dense_h16c_8` ([`Path::DenseMma`]) where it fits, else cuBLAS.
+    fn wo_h16(&self, oh: u64, avh: u64, (y, xr): (&CudaBuf, Rows), k: usize) {
+        let c = y.0.ptr + 4 * xr.off as u64;
+        if !self.dense_mma(oh, xr.width, k, avh, xr.n, c, xr.stride) {
+            self.gemm_h16((oh, k, 0), (avh, k, 0), (c, xr.stride, 0), (xr.width, xr.n, k), 1);
+        }
     }
 
     /// `mmq_many`'s products from the quantised input `xq` (`ngroups` groups a row).
