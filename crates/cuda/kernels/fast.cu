@@ -946,7 +946,8 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 // are the same whatever the batch).
 extern "C" __global__ void __launch_bounds__(256)
     gemv_f32_split(const float* W, int m, int k, const float* x, i64 xoff, i64 xstride, float* out, i64 ooff,
-                   i64 ostride, int n) { PDL_ENTRY();
+                   i64 ostride, int n) {
+    pdl_trigger();
     __shared__ float part[8][8];
     xoff += (i64)blockIdx.y * 8 * xstride;
     ooff += (i64)blockIdx.y * 8 * ostride;
@@ -955,13 +956,23 @@ extern "C" __global__ void __launch_bounds__(256)
     const int row = blockIdx.x * 2 + (warp >> 2), quarter = warp & 3;
     const int q4 = k / 16;  // float4s per quarter
     const float4* wr = (const float4*)(W + (i64)min(row, m - 1) * k) + quarter * q4;
+    // The first round's weights before the PDL wait (the whole of a lane's share at k <= 2,048),
+    // in a branch of their own so that ptxas keeps them there (common.cuh, ldw16_pre). The same
+    // loads and sums as in the loop.
+    float4 w0[4];
+    if (lane < q4) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) w0[u] = lane + 32 * u < q4 ? __ldg(wr + lane + 32 * u) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    pdl_wait();
     float acc[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) acc[j] = 0.f;
     for (int i0 = lane; i0 < q4; i0 += 128) {
         float4 w[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) w[u] = i0 + 32 * u < q4 ? wr[i0 + 32 * u] : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int u = 0; u < 4; u++)
+            w[u] = i0 == lane ? w0[u] : i0 + 32 * u < q4 ? wr[i0 + 32 * u] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             if (j < n) {

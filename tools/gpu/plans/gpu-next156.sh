@@ -6,8 +6,9 @@
 #    (Path::CombineUv, the merge and W_uv in one launch; with Path::DenseMma, W_o on
 #    dense_h16c_8), qkv_joint_batch (Path::AbsorbMma; Path::DenseMma on the joint q / kv_a
 #    product), fused_moe_shared / moe_residual_exact / pre_routed_moe_exact (the decode MoE
-#    gate/up, whose shared slots now load before the PDL wait: GU_SH_EARLY), norm_q8_batch_exact,
-#    moe_shared_fork, recorded_steps_replay.
+#    gate/up, whose shared slots now load before the PDL wait: GU_SH_EARLY; the 16-bit down
+#    kernel's first weights before its wait: DN16_EARLY), router_split_exact (the batch router's
+#    weights before its wait), norm_q8_batch_exact, moe_shared_fork, recorded_steps_replay.
 # 2. One token: tg128 and tg64 at 16k with GU_SH_EARLY (the default now) against
 #    TS_CUDA_DEFINES=GU_SH_EARLY=0 (the old SASS, the wait before the shared slots' loads), twice;
 #    the same hashes (db10d2fd9a926913 / efeed109b1480c9a) both ways.
@@ -19,7 +20,7 @@ OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=150
 ops_tests 330 2 combine_norm_exact combine_uv_close qkv_joint_batch fused_moe_shared moe_residual_exact \
-  pre_routed_moe_exact norm_q8_batch_exact moe_shared_fork recorded_steps_replay
+  pre_routed_moe_exact router_split_exact norm_q8_batch_exact moe_shared_fork recorded_steps_replay
 stamp "== one token: the gate/up's shared slots before the wait"
 OLD="TS_CUDA_DEFINES=GU_SH_EARLY=0"
 for r in 1 2; do
