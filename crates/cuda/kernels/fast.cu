@@ -944,6 +944,9 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 // summed through shared memory. Needs k % 128 == 0 and 16-byte aligned rows of x (checked by the
 // host). Tokens 8 a block row: block row y takes tokens 8y .. 8y + 7 of the n (a token's sums
 // are the same whatever the batch).
+#ifndef RS_EARLY
+#define RS_EARLY 1
+#endif
 extern "C" __global__ void __launch_bounds__(256)
     gemv_f32_split(const float* W, int m, int k, const float* x, i64 xoff, i64 xstride, float* out, i64 ooff,
                    i64 ostride, int n) {
@@ -959,12 +962,14 @@ extern "C" __global__ void __launch_bounds__(256)
     // The first round's weights before the PDL wait (the whole of a lane's share at k <= 2,048),
     // in a branch of their own so that ptxas keeps them there (common.cuh, ldw16_pre). The same
     // loads and sums as in the loop.
+    // (RS_EARLY=0, a measurement define: the wait first, as before.)
     float4 w0[4];
+    if (!RS_EARLY) pdl_wait();
     if (lane < q4) {
 #pragma unroll
         for (int u = 0; u < 4; u++) w0[u] = lane + 32 * u < q4 ? __ldg(wr + lane + 32 * u) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    pdl_wait();
+    if (RS_EARLY) pdl_wait();
     float acc[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) acc[j] = 0.f;

@@ -9,7 +9,8 @@
 #    experts from the GLU's quantisation (TS_CUDA_XPF_GLU, never run), APF's third mode and a
 #    cap of 8 MB a region, and the grouped rows kernels asking L2 for their group gi + d as they
 #    load gi (TS_CUDA_DEFINES=MMQ_ROWS_PF=d, d = 2, 3: a CUBIN of its own each, ~60 s at its
-#    first run). The same hash (7a3b5e11379cb707) for every one.
+#    first run), and the batch router's weights after its wait as before (RS_EARLY=0, against
+#    the new default, before it). The same hash (7a3b5e11379cb707) for every one.
 #   tools/gpu/plans/gpu-next158.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60
 set -u
 B=$1
@@ -24,5 +25,5 @@ serve64 "" 30 "--row-multiple 4"
 serve64 "$ALL" 30 "--row-multiple 4"
 stamp "== 64 sequences, knobs"
 bpd 64 "-d 96" "" "TS_CUDA_XPF=24 TS_CUDA_XPF_AT=2" "TS_CUDA_XPF_GLU=12" "TS_CUDA_APF=3" "TS_CUDA_APF=1 TS_CUDA_APF_MB=8"
-bpd 64 "-d 96" "TS_CUDA_DEFINES=MMQ_ROWS_PF=2" "TS_CUDA_DEFINES=MMQ_ROWS_PF=3" ""
+bpd 64 "-d 96" "TS_CUDA_DEFINES=MMQ_ROWS_PF=2" "TS_CUDA_DEFINES=MMQ_ROWS_PF=3" "TS_CUDA_DEFINES=RS_EARLY=0" ""
 stamp "== done"
