@@ -730,6 +730,9 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 // each over half of the slots' pieces, summed in a fixed order: twice the loads in flight of one
 // warp per row, which left the SMs a third full at batch 1.
 #define MOE_SH_MAX_SLOTS 64
+#ifndef DN_PF
+#define DN_PF 0
+#endif
 // The down kernel starts early: moe_gateup_sh_q8q lets it launch only after its own wait for
 // the routing kernel has returned (so the routed experts' ids, sel_e, written two launches back,
 // are final), and the down kernel reads those ids past L1 and issues its first round of weight
@@ -822,6 +825,24 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
             dw[u] = ldw_scale(gp + 2 * (bs[u] & 3));
         }
     }
+#if DN_PF
+    // (DN_PF=r, a measurement define: the next r rounds' weights asked into L2 as well before
+    // the wait, one prefetch a piece, no registers held; the down blocks wait ~9 us for the
+    // gate/up's end at tg32, twenty-ninth session's trace.)
+    if (!SYNC) {
+        for (int r = 1; r <= DN_PF; r++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int P = Pa + lane + 128 * r + 32 * u;
+                if (P < Pb) {
+                    const u8 *gp, *xp;
+                    int qo, b;
+                    locate(P, gp, xp, qo, b);
+                    prefetch_l2(gp + qo);
+                }
+            }
+    }
+#endif
     if (SYNC) {
         // The slots of pieces [Pa, Pb): spin on their counters (acquire), then the warp goes on.
         if (lane == 0 && Pa < Pb) {
