@@ -1720,10 +1720,11 @@ MMFQ_INST_L(mmfq8_gu_s4, 8, 1, 2, 8, 4, true)
 // DH_CS * 32 * KCH; W and X f16 row-major (rows of K halves), f32 sums. It stands in for cuBLAS's
 // product of the same f16 copies (q and kv_a side by side; W_o), which runs without programmatic
 // dependent launch and reaches 7-27% of DRAM at these shapes (thirty-ninth session).
-//  * Grid (DH_CS, ceil(m / 128)), one cluster of DH_CS blocks along x a 128-row block: block s
-//    of a cluster takes K's part s (32 * KCH values). Its 16 warps take 8 rows each, and each
-//    warp loads its rows' part (KCH 16-byte loads a lane, 4-8 KB a warp) before the PDL wait:
-//    with every block resident, the whole matrix is in flight while the kernel before runs.
+//  * Grid (DH_CS, ceil(m / (8 NW))), one cluster of DH_CS blocks along x an 8 NW-row block:
+//    block s of a cluster takes K's part s (32 * KCH values). Its NW warps take 8 rows each, and
+//    each warp loads its rows' part (KCH 16-byte loads a lane, 4-8 KB a warp) before the PDL
+//    wait: with every block resident, the whole matrix is in flight while the kernel before
+//    runs (256-thread blocks of ~100 registers: two an SM, 264 places for 128-228 blocks).
 //  * After the wait the block copies the tokens' part of X (n rows of 32 * KCH halves) into
 //    shared memory (cp.async, one trip) and multiplies on the f16 tensor cores (m16n8k16: tokens
 //    as A's rows, 16 a tile; k in mla_combine_uv's order inside each 32-value step).
@@ -1745,19 +1746,19 @@ __device__ __forceinline__ float4 ld_cluster4(const float* p, unsigned rank) {
 // fragment as its four registers (tile row g = token 2g of the pair rows, row g + 8 = token
 // 2g + 1; lane t's words 4t .. 4t + 1 of a 32-value step, then 4t + 2 .. 4t + 3: the k order of
 // mla_combine_uv) with no register moves. Pair rows of 32 * KCH + 4 words (16 mod 128 bytes: the
-// two pair rows of an LDS.128 phase in other banks); partial rows of 136 floats.
-#define DH_CSS 136
+// two pair rows of an LDS.128 phase in other banks); partial rows of 8 NW + 8 floats (16-byte
+// rows, 8 banks apart).
 #define DH_MAXN 64
-template <int DH_CS, int KCH>
+template <int DH_CS, int KCH, int NW>
 __device__ __forceinline__ void dense_h16c_body(const u16* W, int m, const u16* X, int n, float* out, i64 ooff, i64 ldo) {
 #if __CUDA_ARCH__ >= 900
-    constexpr int KC = 32 * KCH, PS = KC + 4, K = DH_CS * KC;
+    constexpr int KC = 32 * KCH, PS = KC + 4, K = DH_CS * KC, RB = 8 * NW, CSS = RB + 8;
     extern __shared__ __align__(16) u8 dh_sm[];
     u32* xs = (u32*)dh_sm;                                           // DH_MAXN / 2 pair rows of PS words
-    float* cs = (float*)(dh_sm + (size_t)(DH_MAXN / 2) * PS * 4);    // DH_MAXN rows of DH_CSS floats
+    float* cs = (float*)(dh_sm + (size_t)(DH_MAXN / 2) * PS * 4);    // DH_MAXN rows of CSS floats
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const unsigned s = cluster_rank();
-    const int k0 = (int)s * KC, rb = blockIdx.y * 128, r0 = rb + warp * 8;
+    const int k0 = (int)s * KC, rb = blockIdx.y * RB, r0 = rb + warp * 8;
     const u16* wr = W + (i64)min(r0 + g, m - 1) * K + k0 + 8 * t4;
     uint4 wv[KCH];
     // (In a branch of their own, so that ptxas cannot schedule the wait above the loads: in
@@ -1806,18 +1807,18 @@ __device__ __forceinline__ void dense_h16c_body(const u16* W, int m, const u16* 
 #pragma unroll
     for (int i = 0; i < DH_MAXN / 16; i++) {
         if (i < mt) {
-            float* c0 = cs + (16 * i + 2 * g) * DH_CSS + warp * 8 + 2 * t4;
+            float* c0 = cs + (16 * i + 2 * g) * CSS + warp * 8 + 2 * t4;
             *(float2*)c0 = make_float2(acc[i][0], acc[i][1]);
-            *(float2*)(c0 + DH_CSS) = make_float2(acc[i][2], acc[i][3]);
+            *(float2*)(c0 + CSS) = make_float2(acc[i][2], acc[i][3]);
         }
     }
     cluster_arrive();
     cluster_wait();
     // Block s's tokens, 4 rows a thread: the cluster's partials summed in rank order.
     const int tpb = (n + DH_CS - 1) / DH_CS, ta = (int)s * tpb, tb = min(n, ta + tpb);
-    for (int p = tid; p < (tb - ta) * 32; p += blockDim.x) {
-        const int t = ta + (p >> 5), c = 4 * (p & 31);
-        const float* src = cs + t * DH_CSS + c;
+    for (int p = tid; p < (tb - ta) * (RB / 4); p += blockDim.x) {
+        const int t = ta + p / (RB / 4), c = 4 * (p % (RB / 4));
+        const float* src = cs + t * CSS + c;
         float4 r = ld_cluster4(src, 0);
 #pragma unroll
         for (int q = 1; q < DH_CS; q++) {
@@ -1844,14 +1845,15 @@ __device__ __forceinline__ void dense_h16c_body(const u16* W, int m, const u16* 
 #endif
 // (Defined on every architecture, as the module must export them; the bodies are sm_90's. The
 // host launches them only where the device runs clusters.)
-#define DENSE_H16C_INST(NAME, CS, KCH)                                                                          \
-    extern "C" __global__ void DH_CLUSTER_DIMS(CS) __launch_bounds__(512, 1)                                   \
+#define DENSE_H16C_INST(NAME, CS, KCH, NW)                                                                      \
+    extern "C" __global__ void DH_CLUSTER_DIMS(CS) __launch_bounds__(32 * NW, 2)                               \
         NAME(const u16* W, int m, const u16* X, int n, float* out, i64 ooff, i64 ldo) {                         \
         pdl_trigger();                                                                                          \
-        dense_h16c_body<CS, KCH>(W, m, X, n, out, ooff, ldo);                                                   \
+        dense_h16c_body<CS, KCH, NW>(W, m, X, n, out, ooff, ldo);                                               \
         if (__CUDA_ARCH__ < 900) pdl_wait();                                                                    \
     }
-// K = 2,048 (V2-Lite's hidden size and its heads x value width): W_o in 8 parts of 256, q and
-// kv_a (3,648 rows: twice the bytes a row block) in 4 of 512.
-DENSE_H16C_INST(dense_h16c_8, 8, 8)
-DENSE_H16C_INST(dense_h16c_4, 4, 16)
+// K = 2,048 (V2-Lite's hidden size and its heads x value width), 64-row blocks of 8 warps: in
+// clusters of 4 (parts of 512: W_o 128 blocks, q and kv_a 228), the default, or of 8 (parts of
+// 256: 256 and 456 blocks; TS_CUDA_DENSE_MMA_CS=8).
+DENSE_H16C_INST(dense_h16c_4, 4, 16, 8)
+DENSE_H16C_INST(dense_h16c_8, 8, 8, 8)

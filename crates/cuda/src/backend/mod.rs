@@ -456,10 +456,10 @@ const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
 /// latent and value rows' Q8_0 copies, the split weights and a reduction area (the kernel's
 /// layout).
 const MO_VD: usize = 128;
-/// The most tokens `dense_h16c_<cs>` takes (kernels/mmq.cu, DH_MAXN), and its partial rows'
-/// stride in floats (DH_CSS).
+/// The most tokens `dense_h16c_<cs>` takes (kernels/mmq.cu, DH_MAXN), and its weight rows a
+/// block (8 a warp, 8 warps).
 const DH_MAXN: usize = 64;
-const DH_CSS: usize = 136;
+const DH_ROWS: usize = 64;
 /// Tokens a block of `mla_combine_uv` (kernels/fast.cu, MCU_TB): 64 threads each.
 const MCU_TB: usize = 8;
 /// The value rows `mla_combine_uv` makes a head (MCU_V).
@@ -1061,7 +1061,8 @@ pub enum Path {
     /// device (test `qkv_joint_batch`; plan gpu-next156).
     AbsorbMma,
     /// A decode batch's (9-64 rows) q and kv_a product (side by side, [`Path::QkvJoint`]) and
-    /// W_o's product on `dense_h16c_<cs>` (kernels/mmq.cu: a cluster of 4 or 8 blocks splits K,
+    /// W_o's product on `dense_h16c_<cs>` (kernels/mmq.cu: a cluster of 4 blocks, or 8 with
+    /// `TS_CUDA_DENSE_MMA_CS=8`, splits K,
     /// each warp's weight rows loaded before the PDL wait, f16 tensor cores, the parts summed
     /// in rank order through distributed shared memory) in place of cuBLAS, which runs without
     /// programmatic dependent launch. V2-Lite's K (2,048) only. cuBLAS's values in another
@@ -1515,6 +1516,9 @@ pub struct CudaBackend {
     /// its first bytes; default 0: whole). Launch slots left free by `xpf` only (four a launch).
     apf: u8,
     apf_mb: usize,
+    /// [`Path::DenseMma`]'s cluster size: 4 blocks (K in parts of 512, the default) or 8
+    /// (`TS_CUDA_DENSE_MMA_CS=8`: parts of 256, twice the blocks).
+    dense_mma_cs: usize,
     /// `apf`'s regions for the first norm ([0]) and the merge ([1]), each taken by its launch.
     apf_hint: Mutex<[[(u64, usize); 4]; 2]>,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
@@ -1939,6 +1943,7 @@ impl CudaBackend {
             xpf_hint: Mutex::new([(0, 0); 4]),
             apf: env_usize("TS_CUDA_APF").unwrap_or(0).min(3) as u8,
             apf_mb: env_usize("TS_CUDA_APF_MB").unwrap_or(0) << 20,
+            dense_mma_cs: if env_usize("TS_CUDA_DENSE_MMA_CS") == Some(8) { 8 } else { 4 },
             apf_hint: Mutex::new([[(0, 0); 4]; 2]),
             paths: Path::ALL.map(|p| (AtomicBool::new(p.env_on()), AtomicU64::new(0))),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {

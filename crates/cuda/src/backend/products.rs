@@ -821,19 +821,19 @@ impl CudaBackend {
     /// 0) on `dense_h16c_<cs>` ([`Path::DenseMma`]) where it fits; false (nothing done)
     /// otherwise.
     pub(super) fn dense_mma(&self, w: u64, m: usize, k: usize, xh: u64, n: usize, out: u64, ldo: usize) -> bool {
-        // (V2-Lite's K = 2,048: in 8 parts of 256 up to 2,048 rows, 4 of 512 above, so that a
-        // warp's rows stay at 4-8 KB)
+        // (V2-Lite's K = 2,048, in 4 parts of 512 or 8 of 256: a warp's rows 8 or 4 KB)
         if !(self.path_on(Path::DenseMma) && self.clusters() && k == 2048 && (GEMV_MAX_TOKENS + 1..=DH_MAXN).contains(&n)) {
             return false;
         }
-        let (name, cs, kc) = if m <= 2048 { ("dense_h16c_8", 8u32, 256) } else { ("dense_h16c_4", 4, 512) };
-        let smem = DH_MAXN / 2 * (kc + 4) * 4 + DH_MAXN * DH_CSS * 4;
+        let (name, cs) = if self.dense_mma_cs == 8 { ("dense_h16c_8", 8) } else { ("dense_h16c_4", 4) };
+        let kc = k / cs;
+        let smem = DH_MAXN / 2 * (kc + 4) * 4 + DH_MAXN * (DH_ROWS + 8) * 4;
         if smem > self.smem_max || w % 16 != 0 || xh % 16 != 0 || out % 4 != 0 {
             return false;
         }
         self.took(Path::DenseMma);
         let args = [A::P(w), i(m), A::P(xh), i(n), A::P(out), l(0), l(ldo)];
-        self.launch(name, (cs, m.div_ceil(128) as u32, 1), 512, smem as u32, &args);
+        self.launch(name, (cs as u32, m.div_ceil(DH_ROWS) as u32, 1), (DH_ROWS * 4) as u32, smem as u32, &args);
         true
     }
 
