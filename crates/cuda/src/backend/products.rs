@@ -820,7 +820,7 @@ impl CudaBackend {
     /// halves at `w`; X: `n` packed rows of `k` halves at `xh`; `out` the byte address of float
     /// 0) on `dense_h16c_<cs>` ([`Path::DenseMma`]) where it fits; false (nothing done)
     /// otherwise.
-    pub(super) fn dense_mma(&self, w: u64, m: usize, k: usize, xh: u64, n: usize, out: u64, ldo: usize) -> bool {
+    pub(super) fn dense_mma(&self, (w, m, k): (u64, usize, usize), (xh, n): (u64, usize), (out, ldo): (u64, usize)) -> bool {
         // (V2-Lite's K = 2,048, in 4 parts of 512 or 8 of 256: a warp's rows 8 or 4 KB)
         if !(self.path_on(Path::DenseMma) && self.clusters() && k == 2048 && (GEMV_MAX_TOKENS + 1..=DH_MAXN).contains(&n)) {
             return false;
@@ -828,7 +828,7 @@ impl CudaBackend {
         let (name, cs) = if self.dense_mma_cs == 8 { ("dense_h16c_8", 8) } else { ("dense_h16c_4", 4) };
         let kc = k / cs;
         let smem = DH_MAXN / 2 * (kc + 4) * 4 + DH_MAXN * (DH_ROWS + 8) * 4;
-        if smem > self.smem_max || w % 16 != 0 || xh % 16 != 0 || out % 4 != 0 {
+        if smem > self.smem_max || !w.is_multiple_of(16) || !xh.is_multiple_of(16) || !out.is_multiple_of(4) {
             return false;
         }
         self.took(Path::DenseMma);
@@ -1037,7 +1037,7 @@ impl CudaBackend {
             return true;
         }
         let (h, f) = (blas_sys::cudaDataType::CUDA_R_16F, blas_sys::cudaDataType::CUDA_R_32F);
-        if !self.dense_mma(hq, ld, k, xh, n, rows, ld) {
+        if !self.dense_mma((hq, ld, k), (xh, n), (rows, ld)) {
             self.gemm_ex_c((hq, h, k, 0), (xh, h, k, 0), (rows, f, ld, 0), (ld, n, k), 1);
         }
         // q_nope's f16 rows for W_uk (the norm's f16 rows are read by now: the same stream).
@@ -1134,7 +1134,7 @@ impl CudaBackend {
     /// of `k` halves) into `y`: on `dense_h16c_8` ([`Path::DenseMma`]) where it fits, else cuBLAS.
     fn wo_h16(&self, oh: u64, avh: u64, (y, xr): (&CudaBuf, Rows), k: usize) {
         let c = y.0.ptr + 4 * xr.off as u64;
-        if !self.dense_mma(oh, xr.width, k, avh, xr.n, c, xr.stride) {
+        if !self.dense_mma((oh, xr.width, k), (avh, xr.n), (c, xr.stride)) {
             self.gemm_h16((oh, k, 0), (avh, k, 0), (c, xr.stride, 0), (xr.width, xr.n, k), 1);
         }
     }
