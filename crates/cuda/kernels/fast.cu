@@ -724,6 +724,19 @@ __device__ __forceinline__ void mla_merge_add(float (&r)[4], float4 v, float f, 
 #pragma unroll
     for (int c = 0; c < 4; c++) r[c] = s == 0 ? p[c] : __fadd_rn(r[c], p[c]);
 }
+// Token t's (of a chunk's partial rows) merge of head h, as mla_combine_few makes it: pp its
+// split 0's row (m, l, then kl values), sstride the floats from one split's row to the next,
+// nact the active splits, f their weights; returns 1 / the denominator.
+__device__ __forceinline__ float mla_merge_row(const float* part, int nsp, int nh, int kl, const int* pos, int t, int h,
+                                               const float*& pp, i64& sstride, int& nact, float (&f)[8]) {
+    nact = mla_merge_active(pos[t] + 1, nsp);
+    const int stride = kl + 2;
+    sstride = (i64)nh * stride;
+    pp = part + ((i64)t * nsp * nh + h) * stride;
+    const float* q = pp;
+    const i64 ss = sstride;
+    return mla_merge_weights(nact, [&](int s) { return q[s * ss]; }, [&](int s) { return q[s * ss + 1]; }, f);
+}
 extern "C" __global__ void __launch_bounds__(128) mla_combine_few(const float* part, int nsp, int nh, int kl,
                                                                  const int* pos, float* out, i64 ooff, i64 o_tok,
                                                                  i64 o_head, u16* oh, i64 ohoff, const u8* pf0, i64 pb0,
@@ -732,13 +745,11 @@ extern "C" __global__ void __launch_bounds__(128) mla_combine_few(const float* p
     l2_prefetch4(pf0, pb0, pf1, pb1, pf2, pb2, pf3, pb3);  // CudaBackend::xpf (TS_CUDA_XPF_AT=2)
     PDL_ENTRY();
     const int t = blockIdx.x / nh, h = blockIdx.x % nh;
-    const int nact = mla_merge_active(pos[t] + 1, nsp);
-    const int stride = kl + 2;
-    const i64 sstride = (i64)nh * stride;
-    const float* pp = part + ((i64)t * nsp * nh + h) * stride;
+    const float* pp;
+    i64 sstride;
+    int nact;
     float f[8];
-    const float inv =
-        mla_merge_weights(nact, [&](int s) { return pp[s * sstride]; }, [&](int s) { return pp[s * sstride + 1]; }, f);
+    const float inv = mla_merge_row(part, nsp, nh, kl, pos, t, h, pp, sstride, nact, f);
     const int i = 4 * threadIdx.x;
     if (i >= kl) return;
     float r[4];
@@ -814,13 +825,11 @@ extern "C" __global__ void __launch_bounds__(64 * MCU_TB, 1)
     const int tt = tid >> 6, i = 8 * (tid & 63), t = blockIdx.y * MCU_TB + tt;
     uint4 hv = make_uint4(0u, 0u, 0u, 0u);
     if (t < n) {
-        const int nact = mla_merge_active(pos[t] + 1, nsp);
-        const int stride = MCU_KL + 2;
-        const i64 sstride = (i64)nh * stride;
-        const float* pp = part + ((i64)t * nsp * nh + h) * stride;
+        const float* pp;
+        i64 sstride;
+        int nact;
         float f[8];
-        const float inv =
-            mla_merge_weights(nact, [&](int s) { return pp[s * sstride]; }, [&](int s) { return pp[s * sstride + 1]; }, f);
+        const float inv = mla_merge_row(part, nsp, nh, MCU_KL, pos, t, h, pp, sstride, nact, f);
         float ra[4], rb[4];
 #pragma unroll
         for (int s = 0; s < 8; s++) {

@@ -1051,44 +1051,49 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
     __syncthreads();
     const float* hr = h + (i64)t * ks * hstride;
     float acc = 0.f;
-    // Piece P's weights (zeros for a slot without an expert, or past the warp's share).
-    auto wpiece = [&](int P) -> uint4 {
+    // Piece P's weights and activations (zeros for a slot without an expert, whose weights are
+    // not read and whose activations the gate/up kernel wrote as zeros, or past the warp's
+    // share), and a round's sums.
+    // (W: the weights; X: the activations; both where the loop reads them in one go)
+    auto piece = [&](int P, bool W, bool X, uint4& q, float4& a, float4& b) {
         const int s = P / n8, c = P - s * n8;
         if (P < total && (s >= k || es[s] >= 0)) {
-            const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes;
-            return ldw16(gp + (i64)c * 16);
+            if (W) {
+                const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes;
+                q = ldw16(gp + (i64)c * 16);
+            }
+            if (X) {
+                a = *(const float4*)(hr + (i64)s * hstride + 8 * c);
+                b = *(const float4*)(hr + (i64)s * hstride + 8 * c + 4);
+            }
+        } else {
+            if (W) q = make_uint4(0, 0, 0, 0);
+            if (X) a = b = make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        return make_uint4(0, 0, 0, 0);
+    };
+    auto round_sum = [&](const uint4(&q)[4], const float4(&a)[4], const float4(&b)[4]) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float w[8];
+            h16_unpack(T, q[u], w);
+            acc += dot8f(w, a[u], b[u]);
+        }
     };
     int P0 = Pa + lane;
     if (DN16_EARLY) {
         // The first round's weights before the wait (in a branch of their own, so that ptxas
         // keeps them there), then its activations and sums as the loop's.
         uint4 q[4];
+        float4 a[4], b[4];
         if (P0 < total) {
 #pragma unroll
-            for (int u = 0; u < 4; u++) q[u] = wpiece(P0 + 32 * u);
+            for (int u = 0; u < 4; u++) piece(P0 + 32 * u, true, false, q[u], a[u], b[u]);
         }
         pdl_wait();
         if (P0 < total) {
-            float4 a[4], b[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int P = P0 + 32 * u;
-                const int s = P / n8, c = P - s * n8;
-                if (P < total && (s >= k || es[s] >= 0)) {
-                    a[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c);
-                    b[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c + 4);
-                } else {
-                    a[u] = b[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                float w[8];
-                h16_unpack(T, q[u], w);
-                acc += dot8f(w, a[u], b[u]);
-            }
+            for (int u = 0; u < 4; u++) piece(P0 + 32 * u, false, true, q[u], a[u], b[u]);
+            round_sum(q, a, b);
         }
         P0 += 128;
     }
@@ -1096,28 +1101,8 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
         uint4 q[4];
         float4 a[4], b[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int P = P0 + 32 * u;
-            const int s = P / n8, c = P - s * n8;
-            // Slots without an expert (and pieces past the end) add nothing: their activations
-            // are the zeros the gate/up kernel wrote; their weights are not read.
-            if (P < total && (s >= k || es[s] >= 0)) {
-                const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes
-                                     : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes;
-                q[u] = ldw16(gp + (i64)c * 16);
-                a[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c);
-                b[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c + 4);
-            } else {
-                q[u] = make_uint4(0, 0, 0, 0);
-                a[u] = b[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            float w[8];
-            h16_unpack(T, q[u], w);
-            acc += dot8f(w, a[u], b[u]);
-        }
+        for (int u = 0; u < 4; u++) piece(P0 + 32 * u, true, true, q[u], a[u], b[u]);
+        round_sum(q, a, b);
     }
     down_row_finish<WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, 0);
 }

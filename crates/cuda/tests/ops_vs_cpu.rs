@@ -2892,6 +2892,44 @@ fn pre_routed_moe_exact() {
     rep.finish();
 }
 
+/// A decode batch's `mla_attention_out` on `b` (16-row packed buffers fresh for it: lat, av, y,
+/// out, the last two poisoned first, as lat): q's rows `q` (`n * heads` rows of `kl + rope`), x's
+/// rows `x` (`n` of `hd`), the norm's weight, W_uv and W_o, `next` the MoE's router if any.
+/// Returns (lat, x, out) as buffers with their rows.
+#[allow(clippy::too_many_arguments)]
+fn batch_attention_out<'a, B: Backend>(
+    b: &B,
+    (cache, bt, p): (&B::Cache, &B::Batch, &MlaParams),
+    (uv, wo, norm): (&B::Weight, &B::Weight, &B::Weight),
+    (q, x): (&[f32], &[f32]),
+    n: usize,
+    next: Option<MoeNext<'a, B::Weight, B::Buf>>,
+) -> ([B::Buf; 3], Rows, Rows) {
+    let (nh, kl) = (p.n_heads, p.kv_lora);
+    let (w, hd) = (kl + p.rope_dim, x.len() / n);
+    let (gq, gx) = (buf(b, q), buf(b, x));
+    let (lr, avr, xr) = (Rows::packed(n * nh, kl), Rows::packed(n * nh, 128), Rows::packed(n, hd));
+    let (lat, av, y, out) =
+        (b.alloc(lr.end()).unwrap(), b.alloc(avr.end()).unwrap(), b.alloc(xr.end()).unwrap(), b.alloc(xr.end()).unwrap());
+    poison(b, &out, xr.end());
+    poison(b, &lat, lr.end());
+    b.mla_attention_out(
+        (&gq, Rows::packed(n * nh, w)),
+        cache,
+        bt,
+        p,
+        (uv, wo),
+        (&lat, lr, &av, avr, Rows::packed(n, nh * 128)),
+        (&gx, xr, &y),
+        Some(norm),
+        1e-6,
+        &out,
+        xr,
+        next,
+    );
+    ([lat, gx, out], lr, xr)
+}
+
 /// A decode batch's rows quantised by the launch that writes them, in `mla_attention_out`'s batch
 /// chain: the FFN norm writing the MoE's quantised input too (`Path::NormQ8`: `add_rms_norm_q8`,
 /// taken by the grouped MoE instead of its own quantisation) and W_uv's split sum writing W_o's
@@ -2957,29 +2995,14 @@ fn norm_q8_batch_exact() {
                 let up = |i: usize| b.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &bytes[i]), WeightUse::Matmul).unwrap();
                 let (ex, sh) = ([up(0), up(1), up(2)], [up(3), up(4), up(5)]);
                 let norm = norm_weight(b, &nw);
-                let (gq, gx) = (buf(b, &q), buf(b, &x));
-                let (lr, avr, xr) = (Rows::packed(n * nh, kl), Rows::packed(n * nh, 128), Rows::packed(n, hd));
-                let (lat, av, y, out) =
-                    (b.alloc(lr.end()).unwrap(), b.alloc(avr.end()).unwrap(), b.alloc(xr.end()).unwrap(), b.alloc(xr.end()).unwrap());
+                let xr = Rows::packed(n, hd);
                 let (lg, lgr) = (b.alloc(n * ne).unwrap(), Rows::packed(n, ne));
                 let mo = b.alloc(xr.end()).unwrap();
-                for (t, len) in [(&out, xr.end()), (&lg, n * ne), (&mo, xr.end())] {
+                for (t, len) in [(&lg, n * ne), (&mo, xr.end())] {
                     poison(b, t, len);
                 }
-                b.mla_attention_out(
-                    (&gq, Rows::packed(n * nh, w)),
-                    &cache,
-                    &bt,
-                    &p,
-                    (&uv, &wo),
-                    (&lat, lr, &av, avr, Rows::packed(n, nh * 128)),
-                    (&gx, xr, &y),
-                    Some(&norm),
-                    1e-6,
-                    &out,
-                    xr,
-                    Some(MoeNext { router: &router, logits: (&lg, lgr), params: &mp }),
-                );
+                let next = Some(MoeNext { router: &router, logits: (&lg, lgr), params: &mp });
+                let ([_, gx, out], _, _) = batch_attention_out(b, (&cache, &bt, &p), (&uv, &wo, &norm), (&q, &x), n, next);
                 if !run_moe_shared(b, &out, xr, &lg, lgr, &ex, &sh, &mp, &mo, xr, true) {
                     rep.failures.push(format!("n={n}: moe_shared declined"));
                 }
@@ -3073,26 +3096,7 @@ fn combine_uv_close() {
                 let uv = b.upload_weight(&td("w_uv", GgmlType::Q8_0, &[kl, 128, nh], &uvb), WeightUse::Matmul).unwrap();
                 let wo = b.upload_weight(&td("wo", GgmlType::Q8_0, &[nh * 128, hd], &wob), WeightUse::Matmul).unwrap();
                 let norm = norm_weight(b, &nw);
-                let (gq, gx) = (buf(b, &q), buf(b, &x));
-                let (lr, avr, xr) = (Rows::packed(n * nh, kl), Rows::packed(n * nh, 128), Rows::packed(n, hd));
-                let (lat, av, y, out) =
-                    (b.alloc(lr.end()).unwrap(), b.alloc(avr.end()).unwrap(), b.alloc(xr.end()).unwrap(), b.alloc(xr.end()).unwrap());
-                poison(b, &out, xr.end());
-                poison(b, &lat, lr.end());
-                b.mla_attention_out(
-                    (&gq, Rows::packed(n * nh, w)),
-                    &cache,
-                    &bt,
-                    &p,
-                    (&uv, &wo),
-                    (&lat, lr, &av, avr, Rows::packed(n, nh * 128)),
-                    (&gx, xr, &y),
-                    Some(&norm),
-                    1e-6,
-                    &out,
-                    xr,
-                    None,
-                );
+                let ([lat, gx, out], lr, xr) = batch_attention_out(b, (&cache, &bt, &p), (&uv, &wo, &norm), (&q, &x), n, None);
                 outs.push([get(b, &lat, lr), get(b, &gx, xr), get(b, &out, xr)]);
             }
             cases += 1;

@@ -17,8 +17,7 @@ B=$1
 OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=150
-[ -f $V ] || q8_bg
-wait
+q8_ready
 ALL="TS_CUDA_COMBINE_NORM=1 TS_CUDA_COMBINE_UV=1 TS_CUDA_ABSORB_MMA=1 TS_CUDA_DENSE_MMA=1 TS_CUDA_APF=1"
 stamp "== server"
 serve64 "" 30 "--row-multiple 4"

@@ -11,8 +11,7 @@ B=$1
 OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=150
-[ -f $V ] || q8_bg
-wait
+q8_ready
 stamp "== tg128"
 for e in "" "TS_CUDA_DEFINES=DN_PF=1" "TS_CUDA_DEFINES=DN_PF=2" "TS_CUDA_DEFINES=DN_PF=4" ""; do
   b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash

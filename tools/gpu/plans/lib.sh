@@ -90,6 +90,8 @@ trace_tg() {
 }
 # `q8_bg`: the synthetic V2-Lite Q8_0 file at $V, made in the background (`wait` for it).
 q8_bg() { "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1 & }
+# `q8_ready`: the same file, made now unless an earlier plan on this machine left it.
+q8_ready() { [ -f $V ] || "$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1; }
 # `models_bg`: both synthetic V2-Lite files, $V (Q8_0) then $BF (bf16), made in the background
 # (`wait` for them).
 models_bg() {
