@@ -127,3 +127,89 @@ fn measurement_defines_compile_for_sm_90() {
         panic!("{log}");
     }
 }
+
+/// `nvdisasm` for the SASS checks: `$NVDISASM`, else the PyPI wheel's (`nvidia-cuda-nvdisasm`,
+/// `<site-packages>/nvidia/cu13/bin`, beside the NVRTC wheel's `lib` on the loader path).
+fn nvdisasm() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("NVDISASM").map(std::path::PathBuf::from).filter(|p| p.is_file()) {
+        return Some(p);
+    }
+    let dirs = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    dirs.split(':').filter(|d| !d.is_empty()).map(|d| std::path::Path::new(d).join("../bin/nvdisasm")).find(|p| p.is_file())
+}
+
+/// Kernels that load their weights before the PDL wait (the overlap programmatic dependent launch
+/// buys) must still do so in the CUBIN the H100/H200 run (sm_90a): ptxas may schedule
+/// `griddepcontrol.wait` (SASS `ACQBULK`) above loads of the same basic block, and did in the
+/// decode MoE gate/up until the forty-sixth session (their loads now sit in a branch of their
+/// own; `tools/gpu/sass_static.py --pdl` prints the same count for every kernel). Needs NVRTC
+/// and nvdisasm (`.ci/run` installs both); skips loudly without them.
+#[test]
+fn weight_loads_stay_before_the_pdl_wait() {
+    let Some(nvd) = nvdisasm().filter(|_| ts_cuda::kernels::nvrtc_available()) else {
+        eprintln!("\n*** SKIP: NVRTC or nvdisasm missing; the early loads were NOT checked (pip install nvidia-cuda-nvdisasm) ***\n");
+        return;
+    };
+    let cubin = ts_cuda::kernels::compile_cubin("sm_90a").unwrap_or_else(|log| panic!("{log}"));
+    let path = std::env::temp_dir().join(format!("ts-pdl-{}.cubin", std::process::id()));
+    std::fs::write(&path, &cubin).expect("write the CUBIN");
+    let out = std::process::Command::new(&nvd).arg("-c").arg(&path).output().expect("run nvdisasm");
+    let _ = std::fs::remove_file(&path);
+    assert!(out.status.success(), "nvdisasm: {}", String::from_utf8_lossy(&out.stderr));
+    let sass = String::from_utf8_lossy(&out.stdout);
+    // Per function: the loads, copies and prefetches before its first ACQBULK (None: no wait).
+    let mut counts: std::collections::HashMap<String, Option<usize>> = std::collections::HashMap::new();
+    let (mut cur, mut before, mut waited) = (String::new(), 0usize, false);
+    for line in sass.lines() {
+        let l = line.trim();
+        if let Some(name) = l.strip_prefix(".text.").and_then(|n| n.strip_suffix(':')) {
+            cur = name.to_string();
+            (before, waited) = (0, false);
+            counts.insert(cur.clone(), None);
+            continue;
+        }
+        let Some(ins) = l.split_once("*/").map(|(_, r)| r.trim()).filter(|r| r.ends_with(';')) else { continue };
+        let ins = if ins.starts_with('@') { ins.split_once(' ').map_or("", |(_, r)| r) } else { ins };
+        let op = ins.split(|c: char| c == '.' || c.is_whitespace() || c == ';').next().unwrap_or("");
+        if waited || cur.is_empty() {
+            continue;
+        }
+        match op {
+            "ACQBULK" => {
+                waited = true;
+                counts.insert(cur.clone(), Some(before));
+            }
+            "LDG" | "LDGSTS" | "CCTL" | "UBLKPF" => before += 1,
+            _ => {}
+        }
+    }
+    let must = [
+        "moe_gateup_sh_q8q",
+        "moe_gateup_sh_f16",
+        "moe_gateup_sh_bf16",
+        "moe_down_sh_q8",
+        "moe_down_sh_f16_w4",
+        "moe_down_sh_bf16_w4",
+        "mmq_q8_rows",
+        "mmq_q8_rows_r2",
+        "gemv_q8_multi_norm_1",
+        "mla_split_tc_he",
+        "mla_out_q8",
+        "gemv_f32_split",
+        "mla_combine_uv",
+        "mla_absorb_h",
+        "dense_h16c_4",
+        "dense_h16c_8",
+    ];
+    let bad: Vec<String> = must
+        .iter()
+        .filter_map(|k| match counts.get(*k) {
+            Some(Some(n)) if *n > 0 => None,
+            Some(Some(_)) => Some(format!("{k}: no load before its wait")),
+            Some(None) => Some(format!("{k}: no griddepcontrol.wait")),
+            None => Some(format!("{k}: not in the CUBIN")),
+        })
+        .collect();
+    assert!(bad.is_empty(), "weights no longer loaded before the PDL wait:\n{}", bad.join("\n"));
+    eprintln!("early loads before the PDL wait: {} kernels checked", must.len());
+}
