@@ -947,7 +947,7 @@ __device__ __forceinline__ float dot8f(const float* w, float4 a, float4 b) {
 #ifndef GU_SH_EARLY
 #define GU_SH_EARLY 1
 #endif
-// DN16_EARLY (1; a measurement define, TS_CUDA_DEFINES=DN16_EARLY=0 for the old code): the
+// DN16_EARLY (0 until run on a GPU; a measurement define, TS_CUDA_DEFINES=DN16_EARLY=1): the
 // 16-bit decode MoE as the Q8_0 one (moe_down_unit): the gate/up kernel lets the down kernel
 // launch only after its own wait for the routing has returned, so the down kernel may read the
 // routed experts' ids (written two launches back) past L1 and issue its first round of weight
@@ -955,7 +955,7 @@ __device__ __forceinline__ float dot8f(const float* w, float4 a, float4 b) {
 // loads and sums, the same bits. (Q8_0: tg128 +3.3%, gpu-next38; the bf16 down kernel reads
 // 2.0 TB/s where the gate/up reads 3.2, twenty-sixth session.)
 #ifndef DN16_EARLY
-#define DN16_EARLY 1
+#define DN16_EARLY 0
 #endif
 template <int T>
 __device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim,

@@ -6,8 +6,7 @@
 #    (Path::CombineUv, the merge and W_uv in one launch; with Path::DenseMma, W_o on
 #    dense_h16c_8), qkv_joint_batch (Path::AbsorbMma; Path::DenseMma on the joint q / kv_a
 #    product), fused_moe_shared / moe_residual_exact / pre_routed_moe_exact (the decode MoE
-#    gate/up, whose shared slots now load before the PDL wait: GU_SH_EARLY; the 16-bit down
-#    kernel's first weights before its wait: DN16_EARLY), router_split_exact (the batch router's
+#    gate/up, whose shared slots now load before the PDL wait: GU_SH_EARLY), router_split_exact (the batch router's
 #    weights before its wait), norm_q8_batch_exact, moe_shared_fork, recorded_steps_replay.
 # 2. One token: tg128 and tg64 at 16k with GU_SH_EARLY (the default now) against
 #    TS_CUDA_DEFINES=GU_SH_EARLY=0 (the old SASS, the wait before the shared slots' loads), twice;
