@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Written in the forty-sixth session (no device was lent), not yet run; after gpu-next156.sh
+# Written in the forty-sixth session (no device was lent), not yet run; after gpu-next161.sh
 # (it synthesises the model when $V is missing). ~9 minutes.
 # 64 sequences at -d 96, two rounds in opposite orders: the defaults; each new switch alone
 # (CombineNorm, CombineUv, AbsorbMma, DenseMma, APF=1, APF=2); all four paths together, and with
 # APF=1. CombineNorm and APF keep the hash 7a3b5e11379cb707; CombineUv, AbsorbMma and DenseMma
 # change it (cuBLAS's values in another summation order). Then 128 and 32 sequences.
 # Make the winners the defaults (docs/PERF.md, docs/GPU.md's switch table, ARCHITECTURE.md, the
-# Path docs), the three new kernels' paths only if their tests passed in gpu-next156.
+# Path docs), the three new kernels' paths only if their tests passed in gpu-next161.
 #   tools/gpu/plans/gpu-next157.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60
 set -u
 B=$1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Written in the forty-sixth session (no device was lent), not yet run; after gpu-next156/157.
+# Written in the forty-sixth session (no device was lent), not yet run; after gpu-next161/157.
 # ~9 minutes.
 # 1. The server (64 clients, 30 s) with the defaults and with every new path on; its steady
 #    line is the server's own token count from 3 s in to the deadline (all 64 clients running).

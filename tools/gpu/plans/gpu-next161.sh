@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Forty-seventh session: gpu-next156 and the first half of gpu-next157 in one call, for a session
-# whose device time was cut by refused starts (~10 minutes; the call's limit cuts the last lines).
-# In order of worth: the op tests of every path written without a device (two of them, GU_SH_EARLY
-# and RS_EARLY, are on by default), tg128 with and without GU_SH_EARLY (hash db10d2fd9a926913
-# both), one round at 64 sequences -d 96 of every switch (hash 7a3b5e11379cb707 for the same-bits
-# ones), then tg64 at 16k both ways (efeed109b1480c9a).
+# Forty-seventh session: what gpu-next156 ran (never run; removed) and the first half of
+# gpu-next157, in one call of ~10 minutes, for a session whose device time was cut by refused
+# starts (the call's limit cuts the last lines). In order of worth: the op tests of every path
+# written without a device (two of them, GU_SH_EARLY and RS_EARLY, are on by default), tg128
+# with and without GU_SH_EARLY twice (hash db10d2fd9a926913 both), one round at 64 sequences
+# -d 96 of every switch (hash 7a3b5e11379cb707 for the same-bits ones), then tg64 at 16k both
+# ways (efeed109b1480c9a). If an op test fails for GU_SH_EARLY or RS_EARLY, turn that define off
+# first. Then gpu-next157 (its reverse round, 128 / 32), gpu-next158, 159, 160.
 #   tools/gpu/plans/gpu-next161.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60
 set -u
 B=$1

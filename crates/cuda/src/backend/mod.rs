@@ -1041,7 +1041,7 @@ pub enum Path {
     /// could read or overwrite them (every kernel launch, cuBLAS product, copy, fork, capture end
     /// or synchronisation). Off (`TS_CUDA_COMBINE_NORM=1` turns it on): written in the
     /// forty-fifth session, whose device time ran out before its test (`combine_norm_exact`)
-    /// or a measurement could run (plan gpu-next155).
+    /// or a measurement could run (plan gpu-next161).
     CombineNorm,
     /// A decode batch's attention merge and its value product in one launch (`mla_combine_uv`:
     /// a block per (head, 8 tokens) merges the tokens' splits as `mla_combine_few` does, the
@@ -1051,14 +1051,14 @@ pub enum Path {
     /// launch (which waits for the merge to end and is waited for in full) between the merge
     /// and W_o. cuBLAS's values in another summation order. Off (`TS_CUDA_COMBINE_UV=1` turns
     /// it on): written in the forty-sixth session without a device (test
-    /// `combine_uv_close`; plan gpu-next156).
+    /// `combine_uv_close`; plan gpu-next161).
     CombineUv,
     /// A decode batch's absorbed query (W_uk's product from q_nope's f16 rows, after
     /// `norm_rope_cache`) on `mla_absorb_h` (f16 tensor cores, a block per (head, 16 tokens),
     /// W_uk's rows loaded before the PDL wait) in place of cuBLAS's batched product, which runs
     /// without programmatic dependent launch. cuBLAS's values in another summation order. Off
     /// (`TS_CUDA_ABSORB_MMA=1` turns it on): written in the forty-sixth session without a
-    /// device (test `qkv_joint_batch`; plan gpu-next156).
+    /// device (test `qkv_joint_batch`; plan gpu-next161).
     AbsorbMma,
     /// A decode batch's (9-64 rows) q and kv_a product (side by side, [`Path::QkvJoint`]) and
     /// W_o's product on `dense_h16c_<cs>` (kernels/mmq.cu: a cluster of 4 blocks, or 8 with
@@ -1067,7 +1067,7 @@ pub enum Path {
     /// in rank order through distributed shared memory) in place of cuBLAS, which runs without
     /// programmatic dependent launch. V2-Lite's K (2,048) only. cuBLAS's values in another
     /// summation order. Off (`TS_CUDA_DENSE_MMA=1` turns it on): written in the forty-sixth
-    /// session without a device (tests `qkv_joint_batch`, `combine_uv_close`; plan gpu-next156).
+    /// session without a device (tests `qkv_joint_batch`, `combine_uv_close`; plan gpu-next161).
     DenseMma,
 }
 
