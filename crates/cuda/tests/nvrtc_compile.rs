@@ -96,7 +96,10 @@ fn kernels_compile_for_sm_75() {
 /// `MLA_SM_BRANCHLESS=0`, the softmax with branches; `MS_QK_U=2`, the score loop unrolled twice;
 /// `MS_ST2=0` and `MP_ST2=0`, single-float partial and prompt output stores; and the measurement
 /// define `MO_MU=4`, the merge's splits in flight; `L2PF_LAST=1`, the L2 prefetches with
-/// evict_last) compile too.
+/// evict_last; `GU_SH_EARLY=0` and `RS_EARLY=0`, the gate/up's shared slots and the batch
+/// router waiting before their weight loads; `DN16_EARLY=1`, the 16-bit down kernel's early
+/// weights; `DN_PF=2` and `MMQ_ROWS_PF=2`, L2 requests ahead in the down and rows kernels)
+/// compile too.
 #[test]
 fn measurement_defines_compile_for_sm_90() {
     if !ts_cuda::kernels::nvrtc_available() {
@@ -122,6 +125,11 @@ fn measurement_defines_compile_for_sm_90() {
             "-DMS_NB_B=1",
             "-DMS_KFIRST=0",
             "-DL2PF_LAST=1",
+            "-DGU_SH_EARLY=0",
+            "-DRS_EARLY=0",
+            "-DDN16_EARLY=1",
+            "-DDN_PF=2",
+            "-DMMQ_ROWS_PF=2",
         ],
     ) {
         panic!("{log}");
