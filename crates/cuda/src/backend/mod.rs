@@ -1040,8 +1040,9 @@ pub enum Path {
     /// ([`CudaBackend::pend_comb`]) and enqueues the plain combine before anything else that
     /// could read or overwrite them (every kernel launch, cuBLAS product, copy, fork, capture end
     /// or synchronisation). Off (`TS_CUDA_COMBINE_NORM=1` turns it on): written in the
-    /// forty-fifth session, whose device time ran out before its test (`combine_norm_exact`)
-    /// or a measurement could run (plan gpu-next161).
+    /// forty-fifth session; its test (`combine_norm_exact`) passed on an H100 in the
+    /// forty-eighth session, where it measured −4.9% at 64 sequences (7,269 against 7,643
+    /// tok/s, twice, the same hash): a loser, to be removed once an H200 agrees.
     CombineNorm,
     /// A decode batch's attention merge and its value product in one launch (`mla_combine_uv`:
     /// a block per (head, 8 tokens) merges the tokens' splits as `mla_combine_few` does, the
@@ -1050,15 +1051,18 @@ pub enum Path {
     /// on cuBLAS ([`CudaBackend::values_out_blas`]): one launch a layer fewer, and no cuBLAS
     /// launch (which waits for the merge to end and is waited for in full) between the merge
     /// and W_o. cuBLAS's values in another summation order. Off (`TS_CUDA_COMBINE_UV=1` turns
-    /// it on): written in the forty-sixth session without a device (test
-    /// `combine_uv_close`; plan gpu-next161).
+    /// it on): written in the forty-sixth session without a device. Forty-eighth session, H100:
+    /// −0.9% at 64 sequences (7,574 against 7,643); `combine_uv_close`'s values all within
+    /// tolerance, but the path ran in 6 of its 8 cases (the test wants all; it declines above 8
+    /// splits), so that count check fails.
     CombineUv,
     /// A decode batch's absorbed query (W_uk's product from q_nope's f16 rows, after
     /// `norm_rope_cache`) on `mla_absorb_h` (f16 tensor cores, a block per (head, 16 tokens),
     /// W_uk's rows loaded before the PDL wait) in place of cuBLAS's batched product, which runs
     /// without programmatic dependent launch. cuBLAS's values in another summation order. Off
     /// (`TS_CUDA_ABSORB_MMA=1` turns it on): written in the forty-sixth session without a
-    /// device (test `qkv_joint_batch`; plan gpu-next161).
+    /// device. Forty-eighth session, H100: its checks in `qkv_joint_batch` pass (7.8e-7 of the
+    /// rms), −1.5% at 64 sequences (7,528 against 7,643).
     AbsorbMma,
     /// A decode batch's (9-64 rows) q and kv_a product (side by side, [`Path::QkvJoint`]) and
     /// W_o's product on `dense_h16c_<cs>` (kernels/mmq.cu: a cluster of 4 blocks, or 8 with
@@ -1067,7 +1071,10 @@ pub enum Path {
     /// in rank order through distributed shared memory) in place of cuBLAS, which runs without
     /// programmatic dependent launch. V2-Lite's K (2,048) only. cuBLAS's values in another
     /// summation order. Off (`TS_CUDA_DENSE_MMA=1` turns it on): written in the forty-sixth
-    /// session without a device (tests `qkv_joint_batch`, `combine_uv_close`; plan gpu-next161).
+    /// session without a device. Forty-eighth session, H100: −3.5% at 64 sequences (7,377
+    /// against 7,643), and `qkv_joint_batch` fails its absorbed query (7.2e-4 of the rms, allowed
+    /// 1e-4; the kv cache rows 4.5e-5, ~15× a plain reordering's error: a precision loss in the
+    /// kernel is likely). A loser; not to be turned on.
     DenseMma,
 }
 
@@ -1514,6 +1521,8 @@ pub struct CudaBackend {
     /// two (W_uv, W_o: the output side); 2 the first norm asks for all; 3 the first norm asks
     /// for all but the last two, the merge for none. `TS_CUDA_APF_MB` caps each region (MB,
     /// its first bytes; default 0: whole). Launch slots left free by `xpf` only (four a launch).
+    /// Forty-eighth session, H100: `1` gave 7,617 against 7,643 tok/s at 64 sequences (−0.3%,
+    /// the same hash); 2 and 3 not yet run.
     apf: u8,
     apf_mb: usize,
     /// [`Path::DenseMma`]'s cluster size: 4 blocks (K in parts of 512, the default) or 8
