@@ -1802,7 +1802,11 @@ fn qkv_joint_batch() {
             rep.failures.push(format!("{lab}: {} launches", g.path_launches(Path::DenseMma) - before));
         }
         exact(&mut rep, &lab, &["x", "h"], &got[..2], &outs[0][..2]);
-        rep.check(&format!("{lab} absorbed query"), &got[2], &outs[0][2], 1e-4, 1e-4);
+        // (The absorbed query is W_uk times q_nope's f16 rows: q differing by ~4e-5 of its rms
+        // (~1e-3 at these widths) rounds ~10% of those rows' values to the next f16, an ulp of
+        // 0.0156 at |q| ~ 20, which puts ~2.4e-4 of the rms on the absorbed query, its maximum
+        // over 2e5 values ~1e-3. On an H100: 2.8e-4 to 7.2e-4, with the cache rows at 4.5e-5.)
+        rep.check(&format!("{lab} absorbed query"), &got[2], &outs[0][2], 2e-3, 0.0);
         rep.check(&format!("{lab} cache"), &got[3], &outs[0][3], 1e-4, 1e-4);
     }
     // Recorded steps: the step's buffers fixed (a recording holds their pointers), new rows in

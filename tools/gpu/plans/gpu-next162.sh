@@ -4,8 +4,8 @@
 # (never run; removed). ~7.5 minutes.
 # 1. 64 sequences -d 96: the switches that were slower on the H100 (CombineNorm -4.9%, AbsorbMma
 #    -1.5%, CombineUv -0.9%, APF=1 -0.3%) and APF's modes 2 and 3, between two default runs.
-#    Remove the losers (Path, kernel, test, docs) if the H200 agrees. DenseMma is left out: it
-#    fails qkv_joint_batch's tolerance.
+#    Remove the losers (Path, kernel, test, docs) if the H200 agrees. DenseMma is left out
+#    (-3.5% on the H100, the most after CombineNorm; remove it).
 # 2. tg128 and tg64 at 16k with and without GU_SH_EARLY (+0.1% at tg128 on the H100; hashes
 #    db10d2fd9a926913 and efeed109b1480c9a).
 # Then gpu-next158 (the server, the prefetch knobs), 159 (bf16), 160 (DN_PF).
