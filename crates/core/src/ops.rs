@@ -476,8 +476,8 @@ pub trait Backend: Send + Sync {
     /// list names q or q_a, kv_a, W_uk, W_uv, W_o first) are read soon: a
     /// backend may start bringing them closer (the CUDA backend: into L2, from a one-token
     /// attention kernel, which leaves the memory bus mostly idle; a routed expert stack's first
-    /// experts from a decode batch's norm, `TS_CUDA_XPF`; a decode batch's attention weights
-    /// ahead of their products, `TS_CUDA_APF`). Changes no result. Default: nothing.
+    /// experts from a decode batch's attention merge, `TS_CUDA_XPF`). Changes no result.
+    /// Default: nothing.
     fn prefetch_hint(&self, _weights: &[&Self::Weight]) {}
     /// The attention's output side of an MLA layer in one op: [`Backend::mla_attention`] of `q`
     /// into `lat`, the per-head value product `av = lat · W_uv` ([`Backend::matmul_grouped`] over

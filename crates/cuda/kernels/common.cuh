@@ -68,6 +68,8 @@ __device__ __forceinline__ unsigned long long ts_gtimer() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+// Loads meant to be issued before the wait go in a branch of their own: in one basic block with
+// it, ptxas scheduled the wait (ACQBULK) above them (GU_SH_EARLY, fused.cu; static SASS).
 __device__ __forceinline__ void pdl_wait() {
 #ifdef TS_TRACE
     const unsigned long long t0 = ts_gtimer();
@@ -122,18 +124,6 @@ __device__ __forceinline__ uint4 ldw16(const u8* p) {
 #if TS_WNA && __CUDA_ARCH__ >= 700
     uint4 v;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-#else
-    return *(const uint4*)p;
-#endif
-}
-// A 16-byte weight load that stays before the PDL wait: volatile, so the compiler keeps it in
-// program order with the wait (griddepcontrol.wait is volatile too) rather than sinking it to
-// its first use past the wait (it did, in dense_h16c_4, to spare registers); past L1.
-__device__ __forceinline__ uint4 ldw16_pre(const void* p) {
-#if __CUDA_ARCH__ >= 700
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 #else
     return *(const uint4*)p;

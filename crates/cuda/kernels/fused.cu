@@ -85,48 +85,6 @@ extern "C" __global__ void add_rms_norm_h(float* x, i64 xoff, i64 xstride, const
     for (int i = threadIdx.x; i < width; i += blockDim.x) hr[i] = f2h_sat(orow[i]);
 }
 
-// A MoE's combine (moe_combine) and the next layer's first norm (add_rms_norm_h with the
-// combine's rows as its delta) in one launch (Path::CombineNorm): block r sums token r's slot
-// rows (moe_comb_elem, the combine's body), writes them to the MoE's output rows c (as the
-// combine does), adds them into x and norms the row into out and its f16 rows xh. Rows of up to
-// NORM_PER * blockDim values (the norm's register path: each thread's elements as there). The
-// same bits as the two launches, one dependent step fewer.
-extern "C" __global__ void add_rms_norm_h_comb(float* x, i64 xoff, i64 xstride, const float* w, int has_w, float eps,
-                                               float* out, i64 ooff, i64 ostride, int width, u16* xh,
-                                               const float* y, int k, int ks, const int* sel_e, const float* sel_w,
-                                               const float* add, int add_n, float* c, i64 coff, i64 cstride,
-                                               const u8* pf0, i64 pb0, const u8* pf1, i64 pb1, const u8* pf2,
-                                               i64 pb2, const u8* pf3, i64 pb3) {
-    l2_prefetch4(pf0, pb0, pf1, pb1, pf2, pb2, pf3, pb3);  // CudaBackend::xpf (TS_CUDA_XPF_AT=0)
-    __shared__ float part[32];
-    const int bd = blockDim.x, tid = threadIdx.x;
-    const i64 t = blockIdx.x;
-    float wv[NORM_PER];
-    norm_load_w(w, has_w, width, wv);
-    PDL_ENTRY();
-    float* xr = x + xoff + t * xstride;
-    float* cr = c + coff + t * cstride;
-    float v[NORM_PER];
-#pragma unroll
-    for (int q = 0; q < NORM_PER; q++) {
-        const int i = tid + q * bd;
-        if (i < width) {
-            const float d = moe_comb_elem(y, k, ks, width, sel_e, sel_w, add, add_n, t, i);
-            cr[i] = d;
-            v[q] = xr[i] + d;
-        } else {
-            v[q] = 0.f;
-        }
-    }
-#pragma unroll
-    for (int q = 0; q < NORM_PER; q++)
-        if (tid + q * bd < width) xr[tid + q * bd] = v[q];
-    float* orow = out + ooff + t * ostride;
-    norm_store(v, wv, has_w, block_rms_inv(norm_ss(v, width), part, width, eps), width, orow);
-    u16* hr = xh + t * width;
-    for (int i = tid; i < width; i += bd) hr[i] = f2h_sat(orow[i]);
-}
-
 // dst = rope(src): per row, pairs of the first 2*half values rotated (as rope_rows), the rest of
 // the row (width - 2*half values) copied. One thread per (row, pair or copied column).
 extern "C" __global__ void rope_copy_rows(const float* src, i64 soff, i64 sstride, float* dst, i64 doff, i64 dstride,
@@ -730,9 +688,6 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 // each over half of the slots' pieces, summed in a fixed order: twice the loads in flight of one
 // warp per row, which left the SMs a third full at batch 1.
 #define MOE_SH_MAX_SLOTS 64
-#ifndef DN_PF
-#define DN_PF 0
-#endif
 // The down kernel starts early: moe_gateup_sh_q8q lets it launch only after its own wait for
 // the routing kernel has returned (so the routed experts' ids, sel_e, written two launches back,
 // are final), and the down kernel reads those ids past L1 and issues its first round of weight
@@ -825,24 +780,6 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
             dw[u] = ldw_scale(gp + 2 * (bs[u] & 3));
         }
     }
-#if DN_PF
-    // (DN_PF=r, a measurement define: the next r rounds' weights asked into L2 as well before
-    // the wait, one prefetch a piece, no registers held; the down blocks wait ~9 us for the
-    // gate/up's end at tg32, twenty-ninth session's trace.)
-    if (!SYNC) {
-        for (int r = 1; r <= DN_PF; r++)
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int P = Pa + lane + 128 * r + 32 * u;
-                if (P < Pb) {
-                    const u8 *gp, *xp;
-                    int qo, b;
-                    locate(P, gp, xp, qo, b);
-                    prefetch_l2(gp + qo);
-                }
-            }
-    }
-#endif
     if (SYNC) {
         // The slots of pieces [Pa, Pb): spin on their counters (acquire), then the warp goes on.
         if (lane == 0 && Pa < Pb) {
@@ -943,19 +880,21 @@ __device__ __forceinline__ float dot8f(const float* w, float4 a, float4 b) {
 // decode MoE gate/up kernels' shared-slot blocks issue their first weight loads in a branch of
 // their own before the PDL wait. Written as straight-line code (loads, then the wait) ptxas
 // scheduled the wait (ACQBULK) above every load, so the shared slots' loads waited for the
-// routing kernel after all (static SASS, sm_90 and sm_90a, forty-sixth session).
+// routing kernel after all (static SASS, sm_90 and sm_90a, forty-sixth session). Measured on an
+// H100 (forty-eighth / ninth sessions), the same hashes: Q8_0 tg128 618.74 against 617.50, tg64
+// at 16k 478.52 against 476.41, bf16 tg128 442.92 against 435.08 (+1.8%).
 #ifndef GU_SH_EARLY
 #define GU_SH_EARLY 1
 #endif
-// DN16_EARLY (0 until run on a GPU; a measurement define, TS_CUDA_DEFINES=DN16_EARLY=1): the
+// DN16_EARLY (1; a measurement define, TS_CUDA_DEFINES=DN16_EARLY=0 for the old order): the
 // 16-bit decode MoE as the Q8_0 one (moe_down_unit): the gate/up kernel lets the down kernel
 // launch only after its own wait for the routing has returned, so the down kernel may read the
 // routed experts' ids (written two launches back) past L1 and issue its first round of weight
 // loads before its own PDL wait, streaming weights during the gate/up kernel's tail. The same
-// loads and sums, the same bits. (Q8_0: tg128 +3.3%, gpu-next38; the bf16 down kernel reads
-// 2.0 TB/s where the gate/up reads 3.2, twenty-sixth session.)
+// loads and sums, the same bits. Measured: bf16 tg128 444.92 / 444.90 / 445.02 against 442.92 /
+// 443.03 / 442.93 tok/s (+0.45%, hash fc4c0eeac361bb3a; H100, forty-ninth session).
 #ifndef DN16_EARLY
-#define DN16_EARLY 0
+#define DN16_EARLY 1
 #endif
 template <int T>
 __device__ void moe_gateup_sh_h16_impl(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim,

@@ -772,14 +772,6 @@ extern "C" __global__ void __launch_bounds__(160, 2)
 #ifndef MMQ_ROWS_MINB
 #define MMQ_ROWS_MINB 5
 #endif
-// MMQ_ROWS_PF=d (a measurement define, 0 by default; TS_CUDA_DEFINES): the grouped rows kernels'
-// warps ask L2 for their tiled group gi + d (its 2,176 bytes: 18 lanes, one line each) as they
-// load group gi, so that more of each warp's stream is in flight than its registers hold (two
-// groups); the same loads and sums, the same bits. (At 64 sequences the launches read ~3.3 TB/s
-// where a plain stream reads 4.1, with issue slots 35% busy: waiting on memory.)
-#ifndef MMQ_ROWS_PF
-#define MMQ_ROWS_PF 0
-#endif
 // One group of a thread's two rows in the rows kernels (g and g+8 of a 16-row tile): the 4
 // scales of each, its 8 bytes of each 32-value block.
 struct RowsGrp {
@@ -1007,10 +999,6 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     // (Group indices from here on count from g0.)
     auto load = [&](RowsGrp& v, int gi) {
         rows_load(v, pa, pb, tl, min(gi, ng - 1), g, t, lane);
-#if MMQ_ROWS_PF
-        if (tl && gi + MMQ_ROWS_PF < ng && lane < (MMQ_TG + 127) / 128 + 1)
-            prefetch_l2(pa + (i64)(gi + MMQ_ROWS_PF) * MMQ_TG + min(128 * lane, MMQ_TG - 1));
-#endif
     };
     // NBUF groups in flight: group gi in buffer gi % NBUF, reloaded with gi + NBUF once used.
     // R > 1: the warp's row sets that exist walk as one stream of nrs * ng groups (the next
@@ -1715,145 +1703,3 @@ __device__ __forceinline__ void mmfq_impl(const u8* W, i64 row_bytes, i64 mat_by
 MMFQ_INST_L(mmfq8_256s4, 8, 1, 2, 8, 4, false)
 MMFQ_INST_L(mmfq8_gu_s4, 8, 1, 2, 8, 4, true)
 
-// ---- A decode batch's dense f16 products on a cluster's split K (Path::DenseMma) ------------------
-// out[ooff + t * ldo + r] = sum_k W[r][k] * X[t][k] for r < m, t < n (9..64 tokens), k < K =
-// DH_CS * 32 * KCH; W and X f16 row-major (rows of K halves), f32 sums. It stands in for cuBLAS's
-// product of the same f16 copies (q and kv_a side by side; W_o), which runs without programmatic
-// dependent launch and reaches 7-27% of DRAM at these shapes (thirty-ninth session).
-//  * Grid (DH_CS, ceil(m / (8 NW))), one cluster of DH_CS blocks along x an 8 NW-row block:
-//    block s of a cluster takes K's part s (32 * KCH values). Its NW warps take 8 rows each, and
-//    each warp loads its rows' part (KCH 16-byte loads a lane, 4-8 KB a warp) before the PDL
-//    wait: with every block resident, the whole matrix is in flight while the kernel before
-//    runs (256-thread blocks of ~100 registers: two an SM, 264 places for 128-228 blocks).
-//  * After the wait the block copies the tokens' part of X (n rows of 32 * KCH halves) into
-//    shared memory (cp.async, one trip) and multiplies on the f16 tensor cores (m16n8k16: tokens
-//    as A's rows, 16 a tile; k in mla_combine_uv's order inside each 32-value step).
-//  * Its partial sums (n x 128) go to its shared memory; after a cluster barrier, block s sums
-//    its share of the tokens over the cluster's blocks in rank order (distributed shared memory)
-//    and writes them; a second barrier keeps every block's partials until all have read them.
-// The same values as cuBLAS in another summation order.
-#if __CUDA_ARCH__ >= 900
-__device__ __forceinline__ float4 ld_cluster4(const float* p, unsigned rank) {
-    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(ra) : "memory");
-    return v;
-}
-#endif
-// X's part in shared memory by token pairs, 32-bit words interleaved: pair p's row holds word w
-// of token 2p at 2w and of token 2p + 1 at 2w + 1, so that one 16-byte load gives an m16n8k16 A
-// fragment as its four registers (tile row g = token 2g of the pair rows, row g + 8 = token
-// 2g + 1; lane t's words 4t .. 4t + 1 of a 32-value step, then 4t + 2 .. 4t + 3: the k order of
-// mla_combine_uv) with no register moves. Pair rows of 32 * KCH + 4 words (16 mod 128 bytes: the
-// two pair rows of an LDS.128 phase in other banks); partial rows of 8 NW + 8 floats (16-byte
-// rows, 8 banks apart).
-#define DH_MAXN 64
-template <int DH_CS, int KCH, int NW>
-__device__ __forceinline__ void dense_h16c_body(const u16* W, int m, const u16* X, int n, float* out, i64 ooff, i64 ldo) {
-#if __CUDA_ARCH__ >= 900
-    constexpr int KC = 32 * KCH, PS = KC + 4, K = DH_CS * KC, RB = 8 * NW, CSS = RB + 8;
-    extern __shared__ __align__(16) u8 dh_sm[];
-    u32* xs = (u32*)dh_sm;                                           // DH_MAXN / 2 pair rows of PS words
-    float* cs = (float*)(dh_sm + (size_t)(DH_MAXN / 2) * PS * 4);    // DH_MAXN rows of CSS floats
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const unsigned s = cluster_rank();
-    const int k0 = (int)s * KC, rb = blockIdx.y * RB, r0 = rb + warp * 8;
-    const u16* wr = W + (i64)min(r0 + g, m - 1) * K + k0 + 8 * t4;
-    uint4 wv[KCH];
-    // (In a branch of their own, so that ptxas cannot schedule the wait above the loads: in
-    // straight-line code it did, ACQBULK first, which would make them wait for the kernel before.)
-    if (n > 0) {
-#pragma unroll
-        for (int kc = 0; kc < KCH; kc++) wv[kc] = ldw16_pre(wr + 32 * kc);
-    }
-    pdl_wait();
-    const int mt = (n + 15) >> 4;
-    // X's part into shared memory: pairs of rows t < n, zeros past n (to 16 mt rows).
-    constexpr int PW = KC / 8;  // 16-byte pieces a token row (4 words each)
-    for (int c = tid; c < mt * 8 * PW; c += blockDim.x) {
-        const int p = c / PW, w = 4 * (c - p * PW), ta = 2 * p, tb = ta + 1;
-        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-        const uint4 a = ta < n ? *(const uint4*)(X + (i64)ta * K + k0 + 2 * w) : z;
-        const uint4 b = tb < n ? *(const uint4*)(X + (i64)tb * K + k0 + 2 * w) : z;
-        u32* d = xs + p * PS + 2 * w;
-        *(uint4*)d = make_uint4(a.x, b.x, a.y, b.y);
-        *(uint4*)(d + 4) = make_uint4(a.z, b.z, a.w, b.w);
-    }
-    __syncthreads();
-    float acc[DH_MAXN / 16][4];
-#pragma unroll
-    for (int i = 0; i < DH_MAXN / 16; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[i][c] = 0.f;
-    // (k steps outer, token tiles inner: the tiles' accumulators are independent chains, so
-    // consecutive mma's do not wait for each other)
-    const u32* xa = xs + g * PS + 8 * t4;
-#pragma unroll
-    for (int kc = 0; kc < KCH; kc++) {
-        const u32 b0[2] = {wv[kc].x, wv[kc].y}, b1[2] = {wv[kc].z, wv[kc].w};
-#pragma unroll
-        for (int i = 0; i < DH_MAXN / 16; i++) {
-            if (i < mt) {
-                const uint4 a = *(const uint4*)(xa + 8 * i * PS + 32 * kc), b = *(const uint4*)(xa + 8 * i * PS + 32 * kc + 4);
-                const u32 a0[4] = {a.x, a.y, a.z, a.w}, a1[4] = {b.x, b.y, b.z, b.w};
-                mma_f16(acc[i], a0, b0);
-                mma_f16(acc[i], a1, b1);
-            }
-        }
-    }
-    // The partial sums: token 16 i + 2 g (acc[i][0..1]) and 16 i + 2 g + 1 (acc[i][2..3]), block
-    // rows warp * 8 + 2 t4, + 1.
-#pragma unroll
-    for (int i = 0; i < DH_MAXN / 16; i++) {
-        if (i < mt) {
-            float* c0 = cs + (16 * i + 2 * g) * CSS + warp * 8 + 2 * t4;
-            *(float2*)c0 = make_float2(acc[i][0], acc[i][1]);
-            *(float2*)(c0 + CSS) = make_float2(acc[i][2], acc[i][3]);
-        }
-    }
-    cluster_arrive();
-    cluster_wait();
-    // Block s's tokens, 4 rows a thread: the cluster's partials summed in rank order.
-    const int tpb = (n + DH_CS - 1) / DH_CS, ta = (int)s * tpb, tb = min(n, ta + tpb);
-    for (int p = tid; p < (tb - ta) * (RB / 4); p += blockDim.x) {
-        const int t = ta + p / (RB / 4), c = 4 * (p % (RB / 4));
-        const float* src = cs + t * CSS + c;
-        float4 r = ld_cluster4(src, 0);
-#pragma unroll
-        for (int q = 1; q < DH_CS; q++) {
-            const float4 v = ld_cluster4(src, q);
-            r.x += v.x;
-            r.y += v.y;
-            r.z += v.z;
-            r.w += v.w;
-        }
-        float* o = out + ooff + (i64)t * ldo + rb + c;
-        const float rv[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            if (rb + c + j < m) o[j] = rv[j];
-    }
-    cluster_arrive();
-    cluster_wait();
-#endif
-}
-#if __CUDA_ARCH__ >= 900
-#define DH_CLUSTER_DIMS(N) __cluster_dims__(N, 1, 1)
-#else
-#define DH_CLUSTER_DIMS(N)
-#endif
-// (Defined on every architecture, as the module must export them; the bodies are sm_90's. The
-// host launches them only where the device runs clusters.)
-#define DENSE_H16C_INST(NAME, CS, KCH, NW)                                                                      \
-    extern "C" __global__ void DH_CLUSTER_DIMS(CS) __launch_bounds__(32 * NW, 2)                               \
-        NAME(const u16* W, int m, const u16* X, int n, float* out, i64 ooff, i64 ldo) {                         \
-        pdl_trigger();                                                                                          \
-        dense_h16c_body<CS, KCH, NW>(W, m, X, n, out, ooff, ldo);                                               \
-        if (__CUDA_ARCH__ < 900) pdl_wait();                                                                    \
-    }
-// K = 2,048 (V2-Lite's hidden size and its heads x value width), 64-row blocks of 8 warps: in
-// clusters of 4 (parts of 512: W_o 128 blocks, q and kv_a 228), the default, or of 8 (parts of
-// 256: 256 and 456 blocks; TS_CUDA_DENSE_MMA_CS=8).
-DENSE_H16C_INST(dense_h16c_4, 4, 16, 8)
-DENSE_H16C_INST(dense_h16c_8, 8, 8, 8)

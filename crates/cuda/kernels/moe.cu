@@ -245,7 +245,7 @@ MOE_H16(bf16, T_BF16)
 // y[t*ks+j] for the shared slots k <= j < ks (moe_group's pairs). Overwrites every element.
 // add (or null): add_n rows of width a token added last, in order (the shared FFN's rows from
 // another launch: CudaBackend::shared_blas's, add_n 1).
-// Element i of token t's sum (moe_combine's and add_rms_norm_h_comb's: one body, the same bits).
+// Element i of token t's sum (moe_combine's body).
 __device__ __forceinline__ float moe_comb_elem(const float* y, int k, int ks, i64 width, const int* sel_e,
                                                const float* sel_w, const float* add, int add_n, i64 t, i64 i) {
     float s = 0.f;

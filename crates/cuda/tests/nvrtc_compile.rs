@@ -97,9 +97,8 @@ fn kernels_compile_for_sm_75() {
 /// `MS_ST2=0` and `MP_ST2=0`, single-float partial and prompt output stores; and the measurement
 /// define `MO_MU=4`, the merge's splits in flight; `L2PF_LAST=1`, the L2 prefetches with
 /// evict_last; `GU_SH_EARLY=0` and `RS_EARLY=0`, the gate/up's shared slots and the batch
-/// router waiting before their weight loads; `DN16_EARLY=1`, the 16-bit down kernel's early
-/// weights; `DN_PF=2` and `MMQ_ROWS_PF=2`, L2 requests ahead in the down and rows kernels)
-/// compile too.
+/// router waiting before their weight loads; `DN16_EARLY=0`, the 16-bit down kernel waiting
+/// before its first weights) compile too.
 #[test]
 fn measurement_defines_compile_for_sm_90() {
     if !ts_cuda::kernels::nvrtc_available() {
@@ -127,9 +126,7 @@ fn measurement_defines_compile_for_sm_90() {
             "-DL2PF_LAST=1",
             "-DGU_SH_EARLY=0",
             "-DRS_EARLY=0",
-            "-DDN16_EARLY=1",
-            "-DDN_PF=2",
-            "-DMMQ_ROWS_PF=2",
+            "-DDN16_EARLY=0",
         ],
     ) {
         panic!("{log}");
@@ -202,10 +199,8 @@ fn weight_loads_stay_before_the_pdl_wait() {
         "mla_split_tc_he",
         "mla_out_q8",
         "gemv_f32_split",
-        "mla_combine_uv",
-        "mla_absorb_h",
-        "dense_h16c_4",
-        "dense_h16c_8",
+        "moe_down_sh_f16",
+        "moe_down_sh_bf16",
     ];
     let bad: Vec<String> = must
         .iter()

@@ -1773,41 +1773,6 @@ fn qkv_joint_batch() {
         exact(&mut rep, &lab, &["x", "h"], &outs[0][..2], &outs[1][..2]);
         rep.check(&format!("{lab} absorbed query"), &outs[0][2], &outs[1][2], 1e-5, 0.0);
         rep.check(&format!("{lab} cache"), &outs[0][3], &outs[1][3], 1e-5, 0.0);
-        // W_uk's product on mla_absorb_h (Path::AbsorbMma), joint and not: cuBLAS's values in
-        // another summation order; everything else the same bits.
-        for joint in [true, false] {
-            g.set_path(Path::QkvJoint, joint);
-            g.set_path(Path::AbsorbMma, true);
-            let before = g.path_launches(Path::AbsorbMma);
-            let got = run(g, &gw, &gb, n, &x, with_delta.then_some(&d[..]));
-            g.set_path(Path::AbsorbMma, false);
-            let want = &outs[usize::from(!joint)];
-            let lab = format!("{lab} joint={joint} AbsorbMma");
-            if g.path_launches(Path::AbsorbMma) - before != u64::from(n > 8) {
-                rep.failures.push(format!("{lab}: {} launches", g.path_launches(Path::AbsorbMma) - before));
-            }
-            exact(&mut rep, &lab, &["x", "h"], &got[..2], &want[..2]);
-            rep.check(&format!("{lab} absorbed query"), &got[2], &want[2], 1e-4, 1e-4);
-            exact(&mut rep, &lab, &["cache"], &got[3..], &want[3..]);
-        }
-        g.set_path(Path::QkvJoint, true);
-        // The joint product on dense_h16c_4 (Path::DenseMma): cuBLAS's values in another order,
-        // so the cache rows and the absorbed query close, x and h the same bits.
-        g.set_path(Path::DenseMma, true);
-        let before = g.path_launches(Path::DenseMma);
-        let got = run(g, &gw, &gb, n, &x, with_delta.then_some(&d[..]));
-        g.set_path(Path::DenseMma, false);
-        let lab = format!("{lab} DenseMma");
-        if g.path_launches(Path::DenseMma) - before != u64::from(n > 8) {
-            rep.failures.push(format!("{lab}: {} launches", g.path_launches(Path::DenseMma) - before));
-        }
-        exact(&mut rep, &lab, &["x", "h"], &got[..2], &outs[0][..2]);
-        // (The absorbed query is W_uk times q_nope's f16 rows: q differing by ~4e-5 of its rms
-        // (~1e-3 at these widths) rounds ~10% of those rows' values to the next f16, an ulp of
-        // 0.0156 at |q| ~ 20, which puts ~2.4e-4 of the rms on the absorbed query, its maximum
-        // over 2e5 values ~1e-3. On an H100: 2.8e-4 to 7.2e-4, with the cache rows at 4.5e-5.)
-        rep.check(&format!("{lab} absorbed query"), &got[2], &outs[0][2], 2e-3, 0.0);
-        rep.check(&format!("{lab} cache"), &got[3], &outs[0][3], 1e-4, 1e-4);
     }
     // Recorded steps: the step's buffers fixed (a recording holds their pointers), new rows in
     // them each step.
@@ -2627,79 +2592,6 @@ fn moe_shared_shapes(hdim: usize, ff: usize, ne: usize, sf: usize, jobs: [usize;
     ]
 }
 
-/// A decode batch's MoE combine held for the next layer's first norm (`Path::CombineNorm`:
-/// `add_rms_norm_h_comb`, the combine's sums, the residual add, the norm and its f16 rows for
-/// cuBLAS in one launch): the MoE's output, x, the norm's rows and the products after it bit for
-/// bit as with the path off (the combine's own launch, then `add_rms_norm_h`), at V2-Lite's
-/// widths and a small shape, with the shared FFN forked and not; that the path ran when on;
-/// and a held combine is enqueued by anything else that comes first (here a read).
-#[test]
-fn combine_norm_exact() {
-    if gpu_tc_fused("combine_norm_exact").is_none() {
-        return;
-    }
-    let b = &CudaBackend::new(0).expect("second backend");
-    let mut r = rng(61);
-    let mut rep = Report::new("combine_norm_exact");
-    type Case = (usize, usize, usize, usize, usize, &'static [usize]);
-    let cases: [Case; 2] = [(2048, 1408, 64, 6, 2, &[9, 64, 128]), (256, 128, 64, 6, 2, &[16, 64])];
-    // (two products after the norm, as q and kv_a: the norm's f16 launch needs two or more)
-    let jw = [576usize, 256];
-    for (hdim, ff, ne, k, nsh, ns) in cases {
-        let sf = nsh * ff;
-        let ty = GgmlType::Q8_0;
-        let shapes = moe_shared_shapes(hdim, ff, ne, sf, jw);
-        let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3)).collect();
-        let up = |i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
-        let (ex, sh, wj) = ([up(0), up(1), up(2)], [up(3), up(4), up(5)], [up(6), up(7)]);
-        let p = softmax_moe(ne, k);
-        let nw = randn(&mut r, hdim, 1.0);
-        for &n in ns {
-            let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
-            let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
-            let o = Rows::packed(n, hdim);
-            let jr = jw.map(|m| Rows { off: 1, n, width: m, stride: m + 2 });
-            let (x, lg, res) = (randn(&mut r, xr.end(), 1.0), randn(&mut r, lr.end(), 2.0), randn(&mut r, o.end(), 1.0));
-            for fork in [true, false] {
-                b.set_path(Path::SharedFork, fork);
-                let lab = format!("H={hdim} E={ne} n={n} fork {fork}");
-                // Off first: its scratch then fits, so nothing grows (and launches) between the
-                // MoE and the norm with the path on.
-                let runs: Vec<[Vec<f32>; 5]> = [false, true]
-                    .iter()
-                    .map(|&on| {
-                        b.set_path(Path::CombineNorm, on);
-                        let (bx, bl, bo, bres, bh) =
-                            (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap(), buf(b, &res), b.alloc(o.end()).unwrap());
-                        let bj = jr.map(|v| buf(b, &vec![0f32; v.end()]));
-                        poison(b, &bo, o.end());
-                        let norm = norm_weight(b, &nw);
-                        let jobs = [(&wj[0], &bj[0], jr[0]), (&wj[1], &bj[1], jr[1])];
-                        let before = b.path_launches(Path::CombineNorm);
-                        run_moe_shared(b, &bx, xr, &bl, lr, &ex, &sh, &p, &bo, o, true);
-                        b.add_rms_norm_matmul_many((&bres, o), (&bo, o), Some(&norm), 1e-6, (&bh, o), &jobs);
-                        let took = b.path_launches(Path::CombineNorm) - before;
-                        if took != u64::from(on) {
-                            rep.failures.push(format!("{lab}: Path::CombineNorm taken {took} times with the path {on}"));
-                        }
-                        [get(b, &bo, o), get(b, &bres, o), get(b, &bh, o), get(b, &bj[0], jr[0]), get(b, &bj[1], jr[1])]
-                    })
-                    .collect();
-                exact(&mut rep, &lab, &["moe out", "x", "norm", "product 0", "product 1"], &runs[1], &runs[0]);
-                // A held combine read before any norm: enqueued by the read.
-                b.set_path(Path::CombineNorm, true);
-                let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
-                poison(b, &bo, o.end());
-                run_moe_shared(b, &bx, xr, &bl, lr, &ex, &sh, &p, &bo, o, true);
-                exact(&mut rep, &format!("{lab}: read while held"), &["moe out"], &[get(b, &bo, o)], &[runs[0][0].clone()]);
-            }
-        }
-    }
-    b.set_path(Path::SharedFork, true);
-    b.set_path(Path::CombineNorm, false);
-    rep.finish();
-}
-
 /// The one-token Q8_0 decode MoE in one launch (`moe_sh_q8_one`: down warps that wait on
 /// per-slot counters) against the two launches (`set_moe_one(false)` on a second backend): bit
 /// for bit, on several launches in a row (the counters must be back at zero after each), and
@@ -3050,85 +2942,6 @@ fn norm_q8_batch_exact() {
         if gb.path_launches(path) != 0 {
             rep.failures.push(format!("{path:?} off still ran"));
         }
-    }
-    rep.finish();
-}
-
-/// A decode batch's attention merge with the value product in its launch (`mla_combine_uv`,
-/// [`Path::CombineUv`]) against the cuBLAS chain it replaces (`mla_combine_few`, then W_uv and
-/// W_o on cuBLAS from the merge's f16 rows): the attention's rows (lat) bit for bit, x and the
-/// norm's rows within an f16 rounding of the value rows (another summation order than
-/// cuBLAS's). V2-Lite's shapes; 9 tokens (a block of 8 and one of 1), 24, 64 and 128 (the
-/// merge in more than one chunk of the partial rows' scratch), contexts that take the split.
-#[test]
-fn combine_uv_close() {
-    if gpu_tc_fused("combine_uv_close").is_none() {
-        return;
-    }
-    let backend = |uv: bool, mma: bool| {
-        let b = CudaBackend::new(0).expect("another backend");
-        b.set_path(Path::DenseBlasBatch, true);
-        b.set_path(Path::LatH, true);
-        b.set_path(Path::CombineUv, uv);
-        b.set_path(Path::DenseMma, mma);
-        b
-    };
-    // (mm: W_o on dense_h16c_8 too, Path::DenseMma, up to 64 tokens)
-    let (on, off, mm) = (&backend(true, false), &backend(false, false), &backend(true, true));
-    let mut r = rng(56);
-    let mut rep = Report::new("combine_uv");
-    let (nh, kl, rd, hd, slot_len) = (16, 512, 64, 2048, 512u32);
-    let w = kl + rd;
-    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
-    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
-    let (mut cases, mut small) = (0, 0u64);
-    for n in [9usize, 24, 64, 128] {
-        for hist in [100u32, 300] {
-            // Sequences of different lengths, so that their splits' counts differ.
-            let lens: Vec<u32> = (0..n).map(|s| hist - (s as u32 * 7) % 40).collect();
-            let toks: Vec<TokenMeta> =
-                (0..n).flat_map(|s| (0..=lens[s]).map(move |pos| TokenMeta { token: 0, pos, slot: s as u32 })).collect();
-            let cache_rows = randn(&mut r, toks.len() * w, 1.0);
-            let (q, x, nw) = (randn(&mut r, n * nh * w, 0.5), randn(&mut r, n * hd, 1.0), randn(&mut r, hd, 1.0));
-            let mut outs = Vec::new();
-            for b in [on, off, mm] {
-                let cache = b.alloc_latent_cache(n * slot_len as usize, w, kl, nh).unwrap();
-                fill_cache(b, &cache, &cache_rows, w, &toks, slot_len);
-                let step: Vec<TokenMeta> = (0..n).map(|s| TokenMeta { token: 1, pos: lens[s], slot: s as u32 }).collect();
-                let bt = batch(b, &BatchMeta { tokens: step, outputs: vec![], slot_len });
-                let uv = b.upload_weight(&td("w_uv", GgmlType::Q8_0, &[kl, 128, nh], &uvb), WeightUse::Matmul).unwrap();
-                let wo = b.upload_weight(&td("wo", GgmlType::Q8_0, &[nh * 128, hd], &wob), WeightUse::Matmul).unwrap();
-                let norm = norm_weight(b, &nw);
-                let ([lat, gx, out], lr, xr) = batch_attention_out(b, (&cache, &bt, &p), (&uv, &wo, &norm), (&q, &x), n, None);
-                outs.push([get(b, &lat, lr), get(b, &gx, xr), get(b, &out, xr)]);
-            }
-            cases += 1;
-            let lab = format!("n={n} pos={hist}");
-            rep.check(&format!("{lab} lat (exact)"), &outs[0][0], &outs[1][0], 0.0, 0.0);
-            rep.check(&format!("{lab} x"), &outs[0][1], &outs[1][1], 2e-3, 1e-3);
-            rep.check(&format!("{lab} out"), &outs[0][2], &outs[1][2], 2e-3, 1e-3);
-            rep.check(&format!("{lab} DenseMma lat (exact)"), &outs[2][0], &outs[1][0], 0.0, 0.0);
-            rep.check(&format!("{lab} DenseMma x"), &outs[2][1], &outs[1][1], 2e-3, 1e-3);
-            rep.check(&format!("{lab} DenseMma out"), &outs[2][2], &outs[1][2], 2e-3, 1e-3);
-            small += u64::from(n <= 64);
-        }
-    }
-    if mm.path_launches(Path::DenseMma) != small || on.path_launches(Path::DenseMma) != 0 {
-        rep.failures.push(format!(
-            "DenseMma ran {} times in {small} cases of <= 64 tokens ({} while off)",
-            mm.path_launches(Path::DenseMma),
-            on.path_launches(Path::DenseMma)
-        ));
-    }
-    // (The path declines a batch whose splits exceed 8: on an H100 it ran 6 times in the 8
-    // cases, forty-eighth session, every value within tolerance. So: at least once, never off.)
-    if on.path_launches(Path::CombineUv) == 0 || off.path_launches(Path::CombineUv) != 0 {
-        rep.failures.push(format!(
-            "CombineUv ran {} / {} times in {cases} cases (on / off)",
-            on.path_launches(Path::CombineUv),
-            off.path_launches(Path::CombineUv)
-        ));
     }
     rep.finish();
 }

@@ -83,10 +83,7 @@ impl CudaBackend {
     /// [`Backend::mla_attention`]; with `defer`, a one-token step on the split kernels leaves
     /// the merge of its splits to the caller and returns (the partial rows, the split count)
     /// (`mla_out_q8` merges them). None: `out` is written (or the backend failed). Then whether
-    /// every token's rows also went out in f16 at `lat_h` (non-zero: the merge's), and whether
-    /// the merge also made every token's value rows: `uv` = (W_uv's f16 row-major copy, the
-    /// `[n, heads * 128]` f16 rows to write) asks for that where the merge can
-    /// ([`Path::CombineUv`], `mla_combine_uv`).
+    /// every token's rows also went out in f16 at `lat_h` (non-zero: the merge's).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mla_attention_run(
         &self,
@@ -99,8 +96,7 @@ impl CudaBackend {
         o: Rows,
         defer: bool,
         lat_h: u64,
-        uv: Option<(u64, u64)>,
-    ) -> (Option<(u64, usize)>, bool, bool) {
+    ) -> (Option<(u64, usize)>, bool) {
         // Backend::prefetch_hint's regions go with a one-token step's split kernel, and with no
         // other launch (they are taken either way).
         let hint = self.take_hint(batch.tokens.len() == 1);
@@ -113,7 +109,7 @@ impl CudaBackend {
         q.check(qr);
         out.check(o);
         if !self.check_cache_rows(batch, cache.rows, "mla_attention") {
-            return (None, false, false);
+            return (None, false);
         }
         let n = batch.tokens.len();
         let simt = match (w, kl, nh, cache.half) {
@@ -196,7 +192,7 @@ impl CudaBackend {
                     l(o.stride),
                 ],
             );
-            return (None, false, false);
+            return (None, false);
         }
         if let Some((kname, threads)) = split {
             // Decode steps, and batches of several sequences (the server's steps): split over
@@ -224,11 +220,9 @@ impl CudaBackend {
             let per_tok = 4 * nsp * nh * (kl + 2);
             let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(part) = self.scratch(S::Part, (per_tok * chunk).max(PART_MIN_BYTES)) else { return (None, false, false) };
-            // Whether every token's output rows also went out in f16 (`lat_h`, the merge's), and
-            // its value rows (`uv`).
+            let Some(part) = self.scratch(S::Part, (per_tok * chunk).max(PART_MIN_BYTES)) else { return (None, false) };
+            // Whether every token's output rows also went out in f16 (`lat_h`, the merge's).
             let mut all_h = lat_h != 0;
-            let mut all_uv = uv.is_some();
             for t0 in (0..n).step_by(chunk) {
                 let nc = chunk.min(n - t0);
                 let (pos, slot) = (batch.pos_ptr() + 4 * t0 as u64, batch.slot_ptr() + 4 * t0 as u64);
@@ -261,39 +255,12 @@ impl CudaBackend {
                 self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &all[..if use_tc { 11 } else { 23 }]);
                 if direct {
                     all_h = false;
-                    all_uv = false;
                     continue;
                 }
                 if defer && n == 1 {
-                    return (Some((part, nsp)), false, false);
+                    return (Some((part, nsp)), false);
                 }
                 let cargs = [A::P(part), i(nsp), i(nh), i(kl), A::P(pos), A::P(out.0.ptr), l(ooff), l(nh * o.stride), l(o.stride)];
-                if let Some((wuv, avh)) = uv.filter(|_| nsp <= 8 && (kl, nh % 16) == (512, 0) && self.path_on(Path::CombineFew)) {
-                    // The merge and the value product (the same lat and lat_h bits as
-                    // mla_combine_few; av cuBLAS's values in another order): a block per (head,
-                    // 8 tokens).
-                    self.took(Path::CombineUv);
-                    let args = [
-                        A::P(part),
-                        i(nsp),
-                        i(nh),
-                        A::P(pos),
-                        i(nc),
-                        A::P(out.0.ptr),
-                        l(ooff),
-                        l(nh * o.stride),
-                        l(o.stride),
-                        A::P(lat_h),
-                        l(t0 * nh * kl),
-                        A::P(wuv),
-                        A::P(avh),
-                        l(t0 * nh * MCU_V),
-                    ];
-                    let args: [A; 22] = cat(args, self.take_xpf(2, n));
-                    self.launch("mla_combine_uv", (nh as u32, nc.div_ceil(MCU_TB) as u32, 1), (64 * MCU_TB) as u32, 0, &args);
-                    continue;
-                }
-                all_uv = false;
                 if nsp <= 8 && kl % 4 == 0 && kl <= 512 && self.path_on(Path::CombineFew) {
                     // A block per (token, head), a thread per 4 outputs (the same bits); with
                     // `lat_h`, the rows in f16 too (packed [n * nh, kl] halves, f16_rows' bits).
@@ -313,12 +280,12 @@ impl CudaBackend {
                     &cargs,
                 );
             }
-            return (None, all_h, all_uv);
+            return (None, all_h);
         }
         if cache.half {
             // alloc_latent_cache gives f16 only where the kernels above cover every batch.
             self.fail(format!("mla_attention: no kernel reads this f16 cache (queries at offset {} stride {})", qr.off, qr.stride));
-            return (None, false, false);
+            return (None, false);
         }
         self.attention_launch(
             (q, qr.off, nh * qr.stride, qr.stride),
@@ -334,7 +301,7 @@ impl CudaBackend {
             0,
             0.0,
         );
-        (None, false, false)
+        (None, false)
     }
 
     /// Host-side check that every token's cache rows `[slot*slot_len, slot*slot_len + pos]` lie in

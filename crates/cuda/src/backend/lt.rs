@@ -249,7 +249,6 @@ impl CudaBackend {
     /// nothing, where cuBLAS's own call is to run: it won, the shape has no cuBLASLt plan, or
     /// the shape is first seen inside a capture.
     pub(super) fn lt_gemm(&self, key: LtKey, ops: (u64, u64, u64), legacy: &dyn Fn()) -> bool {
-        self.flush_comb();
         let Some(lt) = self.lt.get() else { return false };
         let mut plans = lt.plans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = plans.get(&key) {

@@ -284,39 +284,6 @@ fn l(v: usize) -> A {
     A::L(v as i64)
 }
 /// A count from the environment variable `name`, if it is set and parses.
-/// [`CudaBackend::apf`]'s regions from the f16 row-major copies (device pointer, bytes) of a
-/// [`Backend::prefetch_hint`] list's leading weights, by their place in it (an attention's list
-/// names q or q_a, kv_a, W_uk, W_uv, W_o first): the first three for the layer's first norm
-/// (`[0]`), the output side's two for the attention's merge (`[1]`) with `mode` 1, for the first
-/// norm with 2, for neither with 3. Copies side by side for one launch join into one region
-/// (unless capped); each region holds at most `cap` bytes (0: no cap), a multiple of 16; four
-/// regions a launch at most. None if there are no copies.
-fn apf_regions(mode: u8, cap: usize, copies: impl Iterator<Item = (u64, usize)>) -> Option<[[(u64, usize); 4]; 2]> {
-    let mut a = [[(0u64, 0usize); 4]; 2];
-    let mut used = [0usize; 2];
-    let mut any = false;
-    for (idx, (ptr, bytes)) in copies.take(5).enumerate() {
-        let site = match (mode, idx < 3) {
-            (_, true) | (2, false) => 0,
-            (1, false) => 1,
-            _ => continue,
-        };
-        any = true;
-        let bytes = if cap > 0 { bytes.min(cap) } else { bytes };
-        let (regs, nr) = (&mut a[site], &mut used[site]);
-        if *nr > 0 && cap == 0 && regs[*nr - 1].0 + regs[*nr - 1].1 as u64 == ptr {
-            regs[*nr - 1].1 += bytes;
-        } else if *nr < regs.len() {
-            regs[*nr] = (ptr, bytes);
-            *nr += 1;
-        }
-    }
-    for r in a.iter_mut().flatten() {
-        r.1 = r.1 / 16 * 16;
-    }
-    any.then_some(a)
-}
-
 fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -430,8 +397,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_out_q8",
     "mla_out_bf16",
     "mla_out_f16",
-    "dense_h16c_8",
-    "dense_h16c_4",
 ];
 /// The f16 prompt products (kernels/mmq.cu, `MMF_INST`, `MMF_GU_INST`): (plain kernel, gate-up-GLU
 /// kernel, stages in flight), the first whose shared memory the device gives. Both take 256
@@ -456,14 +421,6 @@ const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
 /// latent and value rows' Q8_0 copies, the split weights and a reduction area (the kernel's
 /// layout).
 const MO_VD: usize = 128;
-/// The most tokens `dense_h16c_<cs>` takes (kernels/mmq.cu, DH_MAXN), and its weight rows a
-/// block (8 a warp, 8 warps).
-const DH_MAXN: usize = 64;
-const DH_ROWS: usize = 64;
-/// Tokens a block of `mla_combine_uv` (kernels/fast.cu, MCU_TB): 64 threads each.
-const MCU_TB: usize = 8;
-/// The value rows `mla_combine_uv` makes a head (MCU_V).
-const MCU_V: usize = 128;
 /// Slots (routed + shared experts a token) the decode MoE kernels take (`MOE_SH_MAX_SLOTS` in
 /// kernels/fused.cu).
 const MOE_SH_MAX_SLOTS: usize = 64;
@@ -807,15 +764,10 @@ fn kernel_names() -> Vec<String> {
         "cache_write_h",
         "mla_combine",
         "mla_combine_few",
-        "mla_combine_uv",
-        "mla_absorb_h",
-        "dense_h16c_8",
-        "dense_h16c_4",
         "gemv_f32_split",
         "add_rms_norm",
         "add_rms_norm_q8",
         "add_rms_norm_h",
-        "add_rms_norm_h_comb",
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
@@ -1033,53 +985,10 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
-    /// A decode batch's MoE combine (`moe_combine`) deferred to the next layer's first norm
-    /// (`add_rms_norm_h_comb`: the combine's sums, written to the MoE's output rows as before,
-    /// then the residual add, the norm and its f16 rows, one launch): one dependent launch a
-    /// layer fewer, the same bits. The backend holds the combine's operands
-    /// ([`CudaBackend::pend_comb`]) and enqueues the plain combine before anything else that
-    /// could read or overwrite them (every kernel launch, cuBLAS product, copy, fork, capture end
-    /// or synchronisation). Off (`TS_CUDA_COMBINE_NORM=1` turns it on): written in the
-    /// forty-fifth session; its test (`combine_norm_exact`) passed on an H100 in the
-    /// forty-eighth session, where it measured −4.9% at 64 sequences (7,269 against 7,643
-    /// tok/s, twice, the same hash): a loser, to be removed once an H200 agrees.
-    CombineNorm,
-    /// A decode batch's attention merge and its value product in one launch (`mla_combine_uv`:
-    /// a block per (head, 8 tokens) merges the tokens' splits as `mla_combine_few` does, the
-    /// same lat / lat_h bits, then multiplies their f16 rows by the head's W_uv on the f16
-    /// tensor cores into the f16 value rows W_o's cuBLAS product reads), where W_uv would run
-    /// on cuBLAS ([`CudaBackend::values_out_blas`]): one launch a layer fewer, and no cuBLAS
-    /// launch (which waits for the merge to end and is waited for in full) between the merge
-    /// and W_o. cuBLAS's values in another summation order. Off (`TS_CUDA_COMBINE_UV=1` turns
-    /// it on): written in the forty-sixth session without a device. Forty-eighth session, H100:
-    /// −0.9% at 64 sequences (7,574 against 7,643); `combine_uv_close`'s values all within
-    /// tolerance; the path ran in 6 of its 8 cases (it declines above 8 splits), so the test
-    /// now asks for at least one launch instead of one a case.
-    CombineUv,
-    /// A decode batch's absorbed query (W_uk's product from q_nope's f16 rows, after
-    /// `norm_rope_cache`) on `mla_absorb_h` (f16 tensor cores, a block per (head, 16 tokens),
-    /// W_uk's rows loaded before the PDL wait) in place of cuBLAS's batched product, which runs
-    /// without programmatic dependent launch. cuBLAS's values in another summation order. Off
-    /// (`TS_CUDA_ABSORB_MMA=1` turns it on): written in the forty-sixth session without a
-    /// device. Forty-eighth session, H100: its checks in `qkv_joint_batch` pass (7.8e-7 of the
-    /// rms), −1.5% at 64 sequences (7,528 against 7,643).
-    AbsorbMma,
-    /// A decode batch's (9-64 rows) q and kv_a product (side by side, [`Path::QkvJoint`]) and
-    /// W_o's product on `dense_h16c_<cs>` (kernels/mmq.cu: a cluster of 4 blocks, or 8 with
-    /// `TS_CUDA_DENSE_MMA_CS=8`, splits K,
-    /// each warp's weight rows loaded before the PDL wait, f16 tensor cores, the parts summed
-    /// in rank order through distributed shared memory) in place of cuBLAS, which runs without
-    /// programmatic dependent launch. V2-Lite's K (2,048) only. cuBLAS's values in another
-    /// summation order. Off (`TS_CUDA_DENSE_MMA=1` turns it on): written in the forty-sixth
-    /// session without a device. Forty-eighth session, H100: −3.5% at 64 sequences (7,377
-    /// against 7,643). Its own outputs (the kv cache rows) were within 4.5e-5 of cuBLAS's rms;
-    /// the absorbed query after them 7.2e-4 (q_nope's f16 rows round differently), over that
-    /// check's old 1e-4 (now 2e-3, with the arithmetic in the test). A loser.
-    DenseMma,
 }
 
 impl Path {
-    const ALL: [Path; 22] = [
+    const ALL: [Path; 18] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1098,10 +1007,6 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
-        Path::CombineNorm,
-        Path::CombineUv,
-        Path::AbsorbMma,
-        Path::DenseMma,
     ];
 
     /// Its environment variable and its default.
@@ -1125,10 +1030,6 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
-            Path::CombineNorm => ("TS_CUDA_COMBINE_NORM", false),
-            Path::CombineUv => ("TS_CUDA_COMBINE_UV", false),
-            Path::AbsorbMma => ("TS_CUDA_ABSORB_MMA", false),
-            Path::DenseMma => ("TS_CUDA_DENSE_MMA", false),
         }
     }
 
@@ -1139,11 +1040,11 @@ impl Path {
     }
 }
 
-/// `moe_combine`'s operands ([`Path::CombineNorm`]): the slot rows `y` (`ks` a token, the
+/// `moe_combine`'s operands: the slot rows `y` (`ks` a token, the
 /// first `k` routed with `sel_e` / `sel_w`), `add_n` more rows a token at `add` (0: none), for
 /// `n` tokens of `width` values, into rows `o` of the buffer at `out`.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct PendComb {
+pub(super) struct CombArgs {
     pub(super) y: u64,
     pub(super) k: usize,
     pub(super) ks: usize,
@@ -1488,20 +1389,18 @@ pub struct CudaBackend {
     l2pf: u8,
     /// Bytes of a decode batch's routed gate and up stacks (half each, their tiled copies'
     /// first experts: the gate/up launch's first blocks) asked into L2 by an earlier launch of
-    /// the layer, while the bus is idle: `TS_CUDA_XPF` (MB, default 32: +1.0% / +0.0% at 64
-    /// sequences on two H200s, the same bits, docs/PERF.md; 0 off). `TS_CUDA_XPF_AT` (default 1): 0 the layer's first norm (`add_rms_norm_h`), 1 the
-    /// FFN norm (`add_rms_norm`), 2 the attention's merge (`mla_combine_few`); several digits
-    /// (in launch order: 0, 2, 1) share the bytes, in order. `TS_CUDA_DEFINES=L2PF_LAST=1` asks
-    /// with L2::evict_last.
+    /// the layer, while the bus is idle: `TS_CUDA_XPF` (MB, default 24; 0 off). `TS_CUDA_XPF_AT`
+    /// (default 2): 0 the layer's first norm (`add_rms_norm_h`), 1 the FFN norm
+    /// (`add_rms_norm`), 2 the attention's merge (`mla_combine_few`); several digits (in launch
+    /// order: 0, 2, 1) share the bytes, in order. `TS_CUDA_DEFINES=L2PF_LAST=1` asks with
+    /// L2::evict_last. Why the merge and 24 MB: at 64 sequences 7,752 against 7,656 tok/s with
+    /// 32 MB from the FFN norm (+1.25%, the same hash; 16 and 32 MB from the merge the same
+    /// within 0.1%) and the server 7,496 against 7,419 (+1.0%) on an H100, forty-ninth session;
+    /// 9,946 against 9,871 on an H200 (gpu-next153). One sequence is not touched (tg128 the same).
     xpf: usize,
     /// The same for the down stack's first experts (`TS_CUDA_XPF_DN`, MB, default 0).
     xpf_dn: usize,
     xpf_at: Vec<u8>,
-    /// A decode batch's MoE combine not yet enqueued ([`Path::CombineNorm`]): the next layer's
-    /// first norm takes it into its launch, anything else enqueues it first ([`CudaBackend::flush_comb`]).
-    pend_comb: Mutex<Option<PendComb>>,
-    /// Whether `pend_comb` may hold one (set with it; `flush_comb` locks only then).
-    comb_held: AtomicBool,
     /// Bytes of a decode batch's routed down stack (its tiled copy's first experts: the down
     /// launch's first blocks) asked into L2 by the GLU's quantisation launch before it, while
     /// the gate/up launch's last blocks leave the bus part idle: `TS_CUDA_XPF_GLU` (MB, default
@@ -1510,26 +1409,6 @@ pub struct CudaBackend {
     xpf_glu_hint: Mutex<Option<(u64, usize)>>,
     /// The regions [`Backend::prefetch_hint`] named for `xpf` (taken by the launches `xpf_at` names).
     xpf_hint: Mutex<[(u64, usize); 4]>,
-    /// A decode batch's attention weights asked into L2 ahead of their cuBLAS products: the
-    /// f16 row-major copies of the leading weights of a [`Backend::prefetch_hint`] list that
-    /// have one (the model names q / kv_a, W_uk, W_uv, W_o, in the order it reads them; side by
-    /// side copies join into one region; [`apf_regions`]). Why: at 9-128 rows those products are latency-bound
-    /// (7-27% of DRAM under Nsight, thirty-ninth session), each block's K loop one DRAM trip a
-    /// stage; lines already in L2 shorten every trip. `TS_CUDA_APF` (default 0, off until
-    /// measured): 1 the layer's first norm (`add_rms_norm_h`, `add_rms_norm_h_comb`) asks for
-    /// all but the last two regions and the attention's merge (`mla_combine_few`) for the last
-    /// two (W_uv, W_o: the output side); 2 the first norm asks for all; 3 the first norm asks
-    /// for all but the last two, the merge for none. `TS_CUDA_APF_MB` caps each region (MB,
-    /// its first bytes; default 0: whole). Launch slots left free by `xpf` only (four a launch).
-    /// Forty-eighth session, H100: `1` gave 7,617 against 7,643 tok/s at 64 sequences (−0.3%,
-    /// the same hash); 2 and 3 not yet run.
-    apf: u8,
-    apf_mb: usize,
-    /// [`Path::DenseMma`]'s cluster size: 4 blocks (K in parts of 512, the default) or 8
-    /// (`TS_CUDA_DENSE_MMA_CS=8`: parts of 256, twice the blocks).
-    dense_mma_cs: usize,
-    /// `apf`'s regions for the first norm ([0]) and the merge ([1]), each taken by its launch.
-    apf_hint: Mutex<[[(u64, usize); 4]; 2]>,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -1939,21 +1818,15 @@ impl CudaBackend {
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
-            xpf: env_usize("TS_CUDA_XPF").unwrap_or(32) << 20,
+            xpf: env_usize("TS_CUDA_XPF").unwrap_or(24) << 20,
             xpf_dn: env_usize("TS_CUDA_XPF_DN").unwrap_or(0) << 20,
             xpf_glu: env_usize("TS_CUDA_XPF_GLU").unwrap_or(0) << 20,
             xpf_glu_hint: Mutex::new(None),
-            pend_comb: Mutex::new(None),
-            comb_held: AtomicBool::new(false),
             xpf_at: std::env::var("TS_CUDA_XPF_AT")
                 .ok()
                 .map(|v| v.bytes().filter(|b| (b'0'..=b'2').contains(b)).map(|b| b - b'0').collect())
-                .unwrap_or_else(|| vec![1]),
+                .unwrap_or_else(|| vec![2]),
             xpf_hint: Mutex::new([(0, 0); 4]),
-            apf: env_usize("TS_CUDA_APF").unwrap_or(0).min(3) as u8,
-            apf_mb: env_usize("TS_CUDA_APF_MB").unwrap_or(0) << 20,
-            dense_mma_cs: if env_usize("TS_CUDA_DENSE_MMA_CS") == Some(8) { 8 } else { 4 },
-            apf_hint: Mutex::new([[(0, 0); 4]; 2]),
             paths: Path::ALL.map(|p| (AtomicBool::new(p.env_on()), AtomicU64::new(0))),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
@@ -2085,7 +1958,6 @@ impl CudaBackend {
     }
 
     fn read_mem(&self, m: &DevMem) -> Result<Vec<u8>> {
-        self.flush_comb();
         let mut v = vec![0u8; m.bytes];
         self.stream.synchronize().map_err(|e| dev_err("synchronize", e))?;
         unsafe { drv::memcpy_dtoh_sync(&mut v, m.ptr) }.map_err(|e| dev_err("device-to-host copy", e))?;
@@ -2281,7 +2153,6 @@ impl CudaBackend {
     /// a slot that grows is zeroed on the main stream after that point). The side then starts
     /// right after those rows were written, not after everything enqueued since.
     pub(super) fn fork_open(&self, ahead: Option<u64>) -> Option<(&Fork, Joiner<'_>)> {
-        self.flush_comb();
         let fk = self.fork.get().filter(|_| self.path_on(Path::SharedFork))?;
         let early = fk.early.swap(0, Ordering::Relaxed);
         let r = if ahead.is_some_and(|a| a != 0 && a == early) {
@@ -2478,7 +2349,6 @@ impl CudaBackend {
 
     fn upload_bytes(&self, mem: &DevMem, off: usize, src: &[u8]) -> Result<()> {
         assert!(off + src.len() <= mem.bytes);
-        self.flush_comb();
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
         // Pageable host memory is staged before the call returns, so `src` may go right after.
         unsafe { drv::memcpy_htod_async(mem.ptr + off as u64, src, self.stream.cu_stream()) }.map_err(|e| dev_err("host-to-device copy", e))
@@ -2532,38 +2402,11 @@ impl CudaBackend {
         *self.xpf_glu_hint.lock().unwrap_or_else(|e| e.into_inner()) = r;
     }
 
-    /// Enqueues a deferred MoE combine ([`Path::CombineNorm`]) on the main stream, if one is
-    /// held: called before every launch, product, copy, fork, capture end and synchronisation.
-    pub(super) fn flush_comb(&self) {
-        if !self.comb_held.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        let p = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(p) = p {
-            self.launch_comb(p);
-        }
-    }
-
     /// The L2 prefetch regions of launch `at` (0 the layer's first norm, 1 the FFN norm, 2 the
     /// attention's merge) of a batch of `n` rows as a kernel's 8 trailing arguments (pointer,
-    /// bytes) x 4: its share of `xpf`'s, then `apf`'s for it in the slots left (zeros: none).
+    /// bytes) x 4: its share of `xpf`'s (zeros: none).
     fn take_xpf(&self, at: u8, n: usize) -> [A; 8] {
-        let mut h = self.xpf_regions(at, n);
-        let site = match at {
-            0 => Some(0),
-            2 => Some(1),
-            _ => None,
-        };
-        if let Some(site) = site.filter(|_| self.apf > 0) {
-            let a = std::mem::take(&mut self.apf_hint.lock().unwrap_or_else(|e| e.into_inner())[site]);
-            if (GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) && self.dense_blas_rows(n) {
-                let mut free = h.iter_mut().filter(|r| r.0 == 0);
-                for r in a.into_iter().filter(|r| r.0 != 0) {
-                    let Some(slot) = free.next() else { break };
-                    *slot = r;
-                }
-            }
-        }
+        let h = self.xpf_regions(at, n);
         [A::P(h[0].0), l(h[0].1), A::P(h[1].0), l(h[1].1), A::P(h[2].0), l(h[2].1), A::P(h[3].0), l(h[3].1)]
     }
 
@@ -2627,7 +2470,6 @@ impl CudaBackend {
 
     /// The first `n` values of the module's `__device__` variable `sym` (after the stream's work).
     fn read_global<T: Copy + Default>(&self, sym: &str, n: usize) -> std::result::Result<Vec<T>, String> {
-        self.flush_comb();
         let g = self.module.get_global(sym, &self.stream).map_err(|e| format!("{sym}: {e:?}"))?;
         let (ptr, _sync) = g.device_ptr(&self.stream);
         let mut v = vec![T::default(); n];
@@ -2674,7 +2516,6 @@ impl CudaBackend {
 
     /// [`CudaBackend::launch`] on `stream`.
     fn launch_on(&self, stream: &CudaStream, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
-        self.flush_comb();
         let Some(f) = self.funcs.get(name) else {
             self.fail(format!("kernel {name} is not loaded"));
             return;
@@ -2870,31 +2711,5 @@ mod tests {
             })
             .collect();
         assert!(missing.is_empty(), "kernels listed but not built: {missing:?}");
-    }
-    /// `TS_CUDA_APF`'s regions: the first three copies for the first norm, the last two for the
-    /// merge (mode 1), all for the norm (2), the norm's only (3); copies side by side joined
-    /// (q and kv_a's joint copy), capped regions not joined; none from an empty list.
-    #[test]
-    fn apf_regions_by_place() {
-        // q and kv_a side by side, then W_uk, W_uv, W_o elsewhere, then a sixth ignored.
-        let (q, kv, uk, uv, o) = ((1 << 20, 1000), ((1 << 20) + 1000, 500), (1 << 24, 64), (1 << 25, 32), (1 << 26, 96));
-        let list = [q, kv, uk, uv, o, (1 << 27, 16)];
-        let r = super::apf_regions(1, 0, list.into_iter()).unwrap();
-        assert_eq!(r[0], [(1 << 20, 1488), (1 << 24, 64), (0, 0), (0, 0)], "joined, then rounded down to 16");
-        assert_eq!(r[1], [(1 << 25, 32), (1 << 26, 96), (0, 0), (0, 0)]);
-        let r = super::apf_regions(2, 0, list.into_iter()).unwrap();
-        assert_eq!(r[0], [(1 << 20, 1488), (1 << 24, 64), (1 << 25, 32), (1 << 26, 96)]);
-        assert_eq!(r[1], [(0, 0); 4]);
-        let r = super::apf_regions(3, 0, list.into_iter()).unwrap();
-        assert_eq!(r[0], [(1 << 20, 1488), (1 << 24, 64), (0, 0), (0, 0)]);
-        assert_eq!(r[1], [(0, 0); 4]);
-        let r = super::apf_regions(1, 256, list.into_iter()).unwrap();
-        assert_eq!(r[0], [(1 << 20, 256), ((1 << 20) + 1000, 256), (1 << 24, 64), (0, 0)]);
-        assert_eq!(r[1], [(1 << 25, 32), (1 << 26, 96), (0, 0), (0, 0)]);
-        // Two copies (a list cut short by a weight without one): both the norm's.
-        let r = super::apf_regions(1, 0, [q, uk].into_iter()).unwrap();
-        assert_eq!(r[0], [(1 << 20, 992), (1 << 24, 64), (0, 0), (0, 0)]);
-        assert_eq!(r[1], [(0, 0); 4]);
-        assert!(super::apf_regions(1, 0, std::iter::empty()).is_none());
     }
 }

@@ -227,16 +227,7 @@ impl CudaBackend {
         if let Some(j) = joiner.as_mut() {
             j.join();
         }
-        // A decode batch's combine may wait for the next layer's first norm (Path::CombineNorm).
-        let p = PendComb { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n };
-        if (GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) && self.fused && self.path_on(Path::CombineNorm) {
-            out.check(o);
-            let old = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner()).replace(p);
-            self.comb_held.store(true, Ordering::Release);
-            debug_assert!(old.is_none(), "a held combine is enqueued before the next MoE's launches");
-            return;
-        }
-        self.launch_comb(p);
+        self.launch_comb(CombArgs { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n });
     }
 
     /// `TS_CUDA_MOE_COUNTS=1` (a measurement mode: it waits for the device): one line on stderr
@@ -389,12 +380,11 @@ impl CudaBackend {
         o: Rows,
         (add, add_n): (u64, usize),
     ) {
-        self.launch_comb(PendComb { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n });
+        self.launch_comb(CombArgs { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n });
     }
 
-    /// `moe_combine`'s launch on the main stream (the MoE's combine, or a held one enqueued by
-    /// [`CudaBackend::flush_comb`]).
-    pub(super) fn launch_comb(&self, p: PendComb) {
+    /// `moe_combine`'s launch on the main stream.
+    pub(super) fn launch_comb(&self, p: CombArgs) {
         let args = [
             A::P(p.y),
             i(p.k),

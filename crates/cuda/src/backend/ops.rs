@@ -196,7 +196,6 @@ impl Backend for CudaBackend {
     }
 
     fn upload_batch(&self, meta: &BatchMeta, batch: &mut CudaBatch) -> Result<()> {
-        self.flush_comb();
         let n = meta.len();
         if n > batch.max_tokens {
             return Err(BackendError::Unsupported(format!("batch of {n} tokens exceeds the {} it was sized for", batch.max_tokens)));
@@ -333,7 +332,6 @@ impl Backend for CudaBackend {
     }
 
     fn argmax_rows(&self, x: &CudaBuf, xr: Rows, out: &mut [u32]) -> Result<()> {
-        self.flush_comb();
         x.check(xr);
         assert_eq!(out.len(), xr.n);
         if xr.n == 0 {
@@ -354,7 +352,6 @@ impl Backend for CudaBackend {
     }
 
     fn argmax_rows_queued(&self, x: &CudaBuf, xr: Rows) -> Result<()> {
-        self.flush_comb();
         x.check(xr);
         if xr.n == 0 || xr.width > i32::MAX as usize {
             return Err(BackendError::Unsupported(format!("queued arg-max over {} rows of {} values", xr.n, xr.width)));
@@ -395,7 +392,6 @@ impl Backend for CudaBackend {
     }
 
     fn argmax_collect(&self, out: &mut [u32]) -> Result<()> {
-        self.flush_comb();
         let mut q = self.argq.lock().unwrap_or_else(|e| e.into_inner());
         let Some((k, n)) = q.pending.pop_front() else {
             return Err(BackendError::Unsupported("no queued arg-max to collect".into()));
@@ -659,7 +655,7 @@ impl Backend for CudaBackend {
     }
 
     fn mla_attention(&self, q: &CudaBuf, qr: Rows, cache: &CudaCache, batch: &CudaBatch, p: &MlaParams, out: &CudaBuf, o: Rows) {
-        self.mla_attention_run(q, qr, cache, batch, p, out, o, false, 0, None);
+        self.mla_attention_run(q, qr, cache, batch, p, out, o, false, 0);
     }
 
     fn moe(
@@ -872,7 +868,6 @@ impl Backend for CudaBackend {
     /// hold scratch pointers); an allocation during capture spoils it (the step runs eagerly).
     /// `TS_CUDA_GRAPHS=0` turns recording off.
     fn graph_begin(&self, key: u64, n_tokens: usize) -> bool {
-        self.flush_comb();
         if n_tokens == 0 || n_tokens > self.graph_max || !self.graphs_on {
             return false;
         }
@@ -916,7 +911,6 @@ impl Backend for CudaBackend {
     }
 
     fn graph_end(&self) -> bool {
-        self.flush_comb();
         let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         let Some(key) = gs.capturing.take() else {
             gs.counts.eager += 1;
@@ -1093,15 +1087,6 @@ impl Backend for CudaBackend {
         }
         *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()) = h;
         *self.xpf_hint.lock().unwrap_or_else(|e| e.into_inner()) = x;
-        if self.apf > 0 {
-            // A list whose first weight has no f16 row-major copy (the MoE's, which starts with
-            // the router, in f32, and is named between the first norm and the merge) leaves the
-            // regions in place.
-            let copies = weights.iter().map_while(|w| w.half.as_ref().filter(|_| w.half_rm)).map(|m| (m.ptr, m.bytes));
-            if let Some(a) = apf_regions(self.apf, self.apf_mb, copies) {
-                *self.apf_hint.lock().unwrap_or_else(|e| e.into_inner()) = a;
-            }
-        }
     }
 
     fn mla_attention_out(
@@ -1207,19 +1192,7 @@ impl Backend for CudaBackend {
             } else {
                 0
             };
-            // ... and the value product too (Path::CombineUv): W_uv's f16 copy and the value
-            // rows values_out_blas would write (its scratch, the same size, so the same slot).
-            let uv = match w_uv.half_rm() {
-                Some(uh) if lat_h != 0 && self.path_on(Path::CombineUv) && (lr.width, w_uv.ne(1)) == (512, MCU_V) => {
-                    let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-                    match self.scratch(S::AvH, 2 * avo.n * avo.width) {
-                        Some(avh) => Some((uh, avh)),
-                        None => return,
-                    }
-                }
-                _ => None,
-            };
-            let (_, lat_h_done, uv_done) = self.mla_attention_run(q, qr, cache, batch, p, lat, lr, false, lat_h, uv);
+            let (_, lat_h_done) = self.mla_attention_run(q, qr, cache, batch, p, lat, lr, false, lat_h);
             // (Held through the norm's launch, which may read W_o's partials from the Part
             // scratch; dropped before the router's product, which takes it itself.)
             let op = sq.then(|| self.scratch_op.lock().unwrap_or_else(|e| e.into_inner()));
@@ -1236,14 +1209,7 @@ impl Backend for CudaBackend {
                 // (the norm sums partials on its register path only: rows of <= 8 x 256 values)
                 let ys = if nq8 && hd <= 8 * 256 { SplitSum::Leave } else { SplitSum::Plain };
                 y_parts = self.mmq_dense(wo, gv, vq, (xr.n, xr.n, 1), y, xr, ys);
-            } else if !self.values_out_blas(
-                (lat, lr),
-                (w_uv, wo),
-                (avr, avo),
-                (y, xr),
-                (lat_h_done && lat_h != 0).then_some(lat_h),
-                uv_done,
-            ) {
+            } else if !self.values_out_blas((lat, lr), (w_uv, wo), (avr, avo), (y, xr), (lat_h_done && lat_h != 0).then_some(lat_h)) {
                 self.matmul_grouped(lat, lr, w_uv, av, avr);
                 self.matmul(av, avo, wo, y, xr);
             }
@@ -1295,7 +1261,7 @@ impl Backend for CudaBackend {
             self.mo_att_done.fetch_add(1, Ordering::Relaxed);
             (0, 0)
         } else {
-            self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true, 0, None).0.unwrap_or((0, 0))
+            self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true, 0).0.unwrap_or((0, 0))
         };
         let att = if short {
             [
@@ -1657,7 +1623,6 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.flush_comb();
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
         let r = self.stream.synchronize().map_err(|e| dev_err("cuda stream", e));
         self.take_error()?;

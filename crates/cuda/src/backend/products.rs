@@ -630,7 +630,6 @@ impl CudaBackend {
         (m, n, k): (usize, usize, usize),
         batch: i32,
     ) {
-        self.flush_comb();
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = blas.lock().unwrap_or_else(|e| e.into_inner());
         let r = unsafe {
@@ -797,44 +796,13 @@ impl CudaBackend {
     /// tokens (row `t * g + j` for matrix j) on cuBLAS, one strided-batched product, into `o`'s
     /// rows of `out` (row `t * g + j`). The context must be current on this thread.
     /// The absorbed query (W_uk's product of `ng` tokens x `g` heads) from q_nope's f16 rows
-    /// `xh`: on `mla_absorb_h` for a decode batch where [`Path::AbsorbMma`] is on and the shapes
-    /// are V2's (W_uk 128 x 512 a head), else on cuBLAS ([`CudaBackend::grouped_h16`]).
+    /// `xh` on cuBLAS ([`CudaBackend::grouped_h16`]). (A tensor-core kernel of its own,
+    /// `mla_absorb_h`, measured −1.5% at 64 sequences on an H100 twice and was removed in the
+    /// forty-ninth session: docs/PERF.md.)
     pub(super) fn absorb_h16(&self, xh: u64, w: &CudaWeight, g: usize, ng: usize, out: &CudaBuf, o: Rows) {
-        // (decode batches only: a prompt's thousands of tokens would read each head's 128 KB
-        // of W_uk once a 16 tokens, where cuBLAS's tiles read it a few times)
-        let fits = self.tc
-            && self.path_on(Path::AbsorbMma)
-            && ng <= GRAPH_MAX_TOKENS
-            && (w.ne(0), w.ne(1), w.ne(2)) == (128, 512, g)
-            && o.width == 512;
-        if let Some(wh) = w.half_rm().filter(|_| fits) {
-            self.took(Path::AbsorbMma);
-            let args = [A::P(xh), i(ng), i(g), A::P(wh), A::P(out.0.ptr), l(o.off), l(o.stride)];
-            self.launch("mla_absorb_h", (g as u32, ng.div_ceil(16) as u32, 1), 512, 0, &args);
-        } else if self.bind_ctx() {
+        if self.bind_ctx() {
             self.grouped_h16(xh, w, g, ng, out, o);
         }
-    }
-
-    /// A decode batch's dense f16 product `out[t * ldo + r] = W[r] . X[t]` (W: `m` rows of `k`
-    /// halves at `w`; X: `n` packed rows of `k` halves at `xh`; `out` the byte address of float
-    /// 0) on `dense_h16c_<cs>` ([`Path::DenseMma`]) where it fits; false (nothing done)
-    /// otherwise.
-    pub(super) fn dense_mma(&self, (w, m, k): (u64, usize, usize), (xh, n): (u64, usize), (out, ldo): (u64, usize)) -> bool {
-        // (V2-Lite's K = 2,048, in 4 parts of 512 or 8 of 256: a warp's rows 8 or 4 KB)
-        if !(self.path_on(Path::DenseMma) && self.clusters() && k == 2048 && (GEMV_MAX_TOKENS + 1..=DH_MAXN).contains(&n)) {
-            return false;
-        }
-        let (name, cs) = if self.dense_mma_cs == 8 { ("dense_h16c_8", 8) } else { ("dense_h16c_4", 4) };
-        let kc = k / cs;
-        let smem = DH_MAXN / 2 * (kc + 4) * 4 + DH_MAXN * (DH_ROWS + 8) * 4;
-        if smem > self.smem_max || !w.is_multiple_of(16) || !xh.is_multiple_of(16) || !out.is_multiple_of(4) {
-            return false;
-        }
-        self.took(Path::DenseMma);
-        let args = [A::P(w), i(m), A::P(xh), i(n), A::P(out), l(0), l(ldo)];
-        self.launch(name, (cs as u32, m.div_ceil(DH_ROWS) as u32, 1), (DH_ROWS * 4) as u32, smem as u32, &args);
-        true
     }
 
     pub(super) fn grouped_h16(&self, xh: u64, w: &CudaWeight, g: usize, ng: usize, out: &CudaBuf, o: Rows) {
@@ -889,45 +857,6 @@ impl CudaBackend {
         });
         let k = xr.width;
         let block = k.next_power_of_two().clamp(32, 256);
-        // A MoE combine held for this norm (Path::CombineNorm): its rows are the delta. (Rows of
-        // up to 8 values a thread: the norm's register path, NORM_PER in kernels/common.cuh.)
-        let comb = {
-            let mut g = self.pend_comb.lock().unwrap_or_else(|e| e.into_inner());
-            match *g {
-                Some(p) if d.0 == p.out && d.1 == p.o && p.n == xr.n && p.width == k && k <= 8 * block && w.is_some() => g.take(),
-                _ => None,
-            }
-        };
-        if let Some(p) = comb {
-            let w = w.expect("checked above");
-            let args = [
-                A::P(x.0.ptr),
-                l(xr.off),
-                l(xr.stride),
-                A::P(w.mem.ptr),
-                i(1),
-                A::F(eps),
-                A::P(out.0.ptr),
-                l(o.off),
-                l(o.stride),
-                i(k),
-                A::P(xh),
-                A::P(p.y),
-                i(p.k),
-                i(p.ks),
-                A::P(p.sel_e),
-                A::P(p.sel_w),
-                A::P(p.add),
-                i(p.add_n),
-                A::P(p.out),
-                l(p.o.off),
-                l(p.o.stride),
-            ];
-            self.took(Path::CombineNorm);
-            let args: [A; 29] = cat(args, self.take_xpf(0, xr.n));
-            self.launch("add_rms_norm_h_comb", (xr.n as u32, 1, 1), block as u32, 0, &args);
-            return;
-        }
         let norm: [A; 14] = cat(add_norm_args((x, xr), d, w, eps, (out, o)), [A::P(xh)]);
         let args: [A; 22] = cat(norm, self.take_xpf(0, xr.n));
         self.launch("add_rms_norm_h", (xr.n as u32, 1, 1), block as u32, 0, &args);
@@ -1037,9 +966,7 @@ impl CudaBackend {
             return true;
         }
         let (h, f) = (blas_sys::cudaDataType::CUDA_R_16F, blas_sys::cudaDataType::CUDA_R_32F);
-        if !self.dense_mma((hq, ld, k), (xh, n), (rows, ld)) {
-            self.gemm_ex_c((hq, h, k, 0), (xh, h, k, 0), (rows, f, ld, 0), (ld, n, k), 1);
-        }
+        self.gemm_ex_c((hq, h, k, 0), (xh, h, k, 0), (rows, f, ld, 0), (ld, n, k), 1);
         // q_nope's f16 rows for W_uk (the norm's f16 rows are read by now: the same stream).
         let Some(nh) = self.scratch(S::XBf16, 2 * src.width * src.n) else { return true };
         let jop = Nrc { joint: Some(JointRows { ptr: rows, ld, kv_off: m0 }), ..*op };
@@ -1078,9 +1005,8 @@ impl CudaBackend {
     /// `av = lat · W_uv` per head written in f16 (scratch `AvH`, packed `[n, heads * v]`, as
     /// f16_rows would round `av`), then `y = av · W_o` from it; `av` itself is left unwritten
     /// (the chain's scratch, Backend::mla_attention_out). `lat_h`: `lat` already in f16 (packed
-    /// rows, f16_rows' bits; the attention's merge wrote them), else converted here. `av_done`:
-    /// the merge also wrote the f16 value rows (`mla_combine_uv`, [`Path::CombineUv`]), so only
-    /// W_o's product is left. False (nothing done) unless [`CudaBackend::values_out_blas_ok`].
+    /// rows, f16_rows' bits; the attention's merge wrote them), else converted here. False
+    /// (nothing done) unless [`CudaBackend::values_out_blas_ok`].
     pub(super) fn values_out_blas(
         &self,
         (lat, lr): (&CudaBuf, Rows),
@@ -1088,7 +1014,6 @@ impl CudaBackend {
         (avr, avo): (Rows, Rows),
         (y, xr): (&CudaBuf, Rows),
         lat_h: Option<u64>,
-        av_done: bool,
     ) -> bool {
         if !self.values_out_blas_ok((lat, lr), (w_uv, wo), (avr, avo), xr) {
             return false;
@@ -1100,15 +1025,6 @@ impl CudaBackend {
         lat.check(lr);
         y.check(xr);
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-        if av_done {
-            self.took(Path::LatH);
-            if !self.bind_ctx() {
-                return true;
-            }
-            let Some(avh) = self.scratch(S::AvH, 2 * n * nh * v) else { return true };
-            self.wo_h16(oh, avh, (y, xr), nh * v);
-            return true;
-        }
         let xh = match lat_h {
             Some(p) => {
                 self.took(Path::LatH);
@@ -1131,12 +1047,10 @@ impl CudaBackend {
     }
 
     /// W_o's product of a decode batch from the value rows' f16 copy `avh` (`xr.n` packed rows
-    /// of `k` halves) into `y`: on `dense_h16c_8` ([`Path::DenseMma`]) where it fits, else cuBLAS.
+    /// of `k` halves) into `y` on cuBLAS.
     fn wo_h16(&self, oh: u64, avh: u64, (y, xr): (&CudaBuf, Rows), k: usize) {
         let c = y.0.ptr + 4 * xr.off as u64;
-        if !self.dense_mma((oh, xr.width, k), (avh, xr.n), (c, xr.stride)) {
-            self.gemm_h16((oh, k, 0), (avh, k, 0), (c, xr.stride, 0), (xr.width, xr.n, k), 1);
-        }
+        self.gemm_h16((oh, k, 0), (avh, k, 0), (c, xr.stride, 0), (xr.width, xr.n, k), 1);
     }
 
     /// `mmq_many`'s products from the quantised input `xq` (`ngroups` groups a row).
