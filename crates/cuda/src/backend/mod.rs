@@ -1040,24 +1040,6 @@ impl Path {
     }
 }
 
-/// `moe_combine`'s operands: the slot rows `y` (`ks` a token, the
-/// first `k` routed with `sel_e` / `sel_w`), `add_n` more rows a token at `add` (0: none), for
-/// `n` tokens of `width` values, into rows `o` of the buffer at `out`.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct CombArgs {
-    pub(super) y: u64,
-    pub(super) k: usize,
-    pub(super) ks: usize,
-    pub(super) width: usize,
-    pub(super) n: usize,
-    pub(super) sel_e: u64,
-    pub(super) sel_w: u64,
-    pub(super) out: u64,
-    pub(super) o: Rows,
-    pub(super) add: u64,
-    pub(super) add_n: usize,
-}
-
 /// A second stream for work that may run beside the main one's ([`Path::SharedFork`]): work
 /// on `side` starts after `fork_ev` (recorded on the main stream) and the main stream goes on
 /// after `join_ev` (recorded on `side`), in eager steps and in recorded graphs alike (a fork
@@ -1395,7 +1377,7 @@ pub struct CudaBackend {
     /// order: 0, 2, 1) share the bytes, in order. `TS_CUDA_DEFINES=L2PF_LAST=1` asks with
     /// L2::evict_last. Why the merge and 24 MB: at 64 sequences 7,752 against 7,656 tok/s with
     /// 32 MB from the FFN norm (+1.25%, the same hash; 16 and 32 MB from the merge the same
-    /// within 0.1%) and the server 7,496 against 7,419 (+1.0%) on an H100, forty-ninth session;
+    /// within 0.15%) and the server 7,496 against 7,419 (+1.0%) on an H100, forty-ninth session;
     /// 9,946 against 9,871 on an H200 (gpu-next153). One sequence is not touched (tg128 the same).
     xpf: usize,
     /// The same for the down stack's first experts (`TS_CUDA_XPF_DN`, MB, default 0).

@@ -227,7 +227,7 @@ impl CudaBackend {
         if let Some(j) = joiner.as_mut() {
             j.join();
         }
-        self.launch_comb(CombArgs { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n });
+        self.moe_combine(y, (k, ks), hdim, n, (sel_e, sel_w), out, o, (add, add_n));
     }
 
     /// `TS_CUDA_MOE_COUNTS=1` (a measurement mode: it waits for the device): one line on stderr
@@ -380,26 +380,11 @@ impl CudaBackend {
         o: Rows,
         (add, add_n): (u64, usize),
     ) {
-        self.launch_comb(CombArgs { y, k, ks, width: hdim, n, sel_e, sel_w, out: out.0.ptr, o, add, add_n });
-    }
-
-    /// `moe_combine`'s launch on the main stream.
-    pub(super) fn launch_comb(&self, p: CombArgs) {
-        let args = [
-            A::P(p.y),
-            i(p.k),
-            i(p.ks),
-            l(p.width),
-            l(p.n),
-            A::P(p.sel_e),
-            A::P(p.sel_w),
-            A::P(p.out),
-            l(p.o.off),
-            l(p.o.stride),
-            A::P(p.add),
-            i(p.add_n),
-        ];
-        self.launch_on(&self.stream, "moe_combine", Self::grid1(p.n * p.width), 256, 0, &args);
+        out.check(o);
+        let args =
+            [A::P(y), i(k), i(ks), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride), A::P(add), i(add_n)];
+        // (on the main stream: after the shared FFN's join, never inside a side section)
+        self.launch_on(&self.stream, "moe_combine", Self::grid1(n * hdim), 256, 0, &args);
     }
 
     /// [`Backend::moe_shared`] for f16/bf16 experts (checked by the caller), after the routing:

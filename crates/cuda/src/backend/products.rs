@@ -797,7 +797,7 @@ impl CudaBackend {
     /// rows of `out` (row `t * g + j`). The context must be current on this thread.
     /// The absorbed query (W_uk's product of `ng` tokens x `g` heads) from q_nope's f16 rows
     /// `xh` on cuBLAS ([`CudaBackend::grouped_h16`]). (A tensor-core kernel of its own,
-    /// `mla_absorb_h`, measured −1.5% at 64 sequences on an H100 twice and was removed in the
+    /// `mla_absorb_h`, measured −1.3% and −1.5% at 64 sequences on an H100 and was removed in the
     /// forty-ninth session: docs/PERF.md.)
     pub(super) fn absorb_h16(&self, xh: u64, w: &CudaWeight, g: usize, ng: usize, out: &CudaBuf, o: Rows) {
         if self.bind_ctx() {
