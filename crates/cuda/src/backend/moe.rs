@@ -380,7 +380,6 @@ impl CudaBackend {
         o: Rows,
         (add, add_n): (u64, usize),
     ) {
-        out.check(o);
         let args =
             [A::P(y), i(k), i(ks), l(hdim), l(n), A::P(sel_e), A::P(sel_w), A::P(out.0.ptr), l(o.off), l(o.stride), A::P(add), i(add_n)];
         // (on the main stream: after the shared FFN's join, never inside a side section)
