@@ -2477,6 +2477,86 @@ fn fused_add_rms_norm_matmul_many() {
     rep.finish();
 }
 
+/// The one-token routing prediction (`gemv_q8_multi_norm_1`'s `route_predict` blocks after a
+/// `route_hint`, `set_xp1`): the norm's row and V2-Lite's q / kv_a products are the same bits
+/// with and without it, and its picks are the top experts of router · (norm ⊙ x) as the host
+/// ranks them in f64 (a pick may differ only where the scores it swaps are within 1e-5 of the
+/// scores' scale apart). Three rounds a case (its block counter must be back at zero each time):
+/// V2-Lite's 64 experts with 6 and 8 picks, V2's 160 with 6, and 3 picks of 64 with a budget
+/// smaller than a matrix.
+#[test]
+fn route_predict_picks() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    if !shared.fused() {
+        return;
+    }
+    let g = &CudaBackend::new(0).expect("second backend");
+    g.set_moe_residual(true);
+    let mut r = rng(51);
+    let mut rep = Report::new("route_predict");
+    let (k, ff) = (2048usize, 64usize);
+    let jobs = [(GgmlType::Q8_0, 3072usize), (GgmlType::Q8_0, 576usize)];
+    let (gws, _) = job_weights(g, &cpu(), &mut r, k, &jobs);
+    let (views, olen) = job_views(&jobs, 1);
+    let nw = randn(&mut r, k, 1.0);
+    let gnw = norm_weight(g, &nw);
+    for (ne, top, mb) in [(64usize, 6usize, 24usize), (64, 8, 32), (160, 6, 24), (64, 3, 1)] {
+        // The router [H, E] (f32) and the FFN norm; small gate / up stacks of E experts (only
+        // their addresses matter: the prefetch reads them, nothing else does).
+        let rw = randn(&mut r, k * ne, 1.0 / (k as f32).sqrt());
+        let rb: Vec<u8> = rw.iter().flat_map(|f| f.to_le_bytes()).collect();
+        let router = g.upload_weight(&td("router", GgmlType::F32, &[k, ne], &rb), WeightUse::Matmul).unwrap();
+        let fw = randn(&mut r, k, 0.05).iter().map(|v| 1.0 + v).collect::<Vec<f32>>();
+        let fnw = norm_weight(g, &fw);
+        let shape = [k, ff, ne];
+        let stack = |r: &mut StdRng| {
+            let (bytes, _) = weight(r, GgmlType::Q8_0, &shape, 0.3);
+            g.upload_weight(&td("w", GgmlType::Q8_0, &shape, &bytes), WeightUse::Expert).unwrap()
+        };
+        let (wg, wu, wd) = (stack(&mut r), stack(&mut r), stack(&mut r));
+        for round in 0..3 {
+            let lab = format!("E={ne} top {top} {mb} MB round {round}");
+            let xr = Rows { off: 3, n: 1, width: k, stride: k + 1 };
+            let x = randn(&mut r, xr.end(), 2.0);
+            let hr = Rows::packed(1, k);
+            let run = |pred: bool| {
+                g.set_xp1(if pred { mb << 20 } else { 0 }, top);
+                let (gx, gh, go) = (buf(g, &x), g.alloc(hr.end()).unwrap(), g.alloc(olen).unwrap());
+                poison(g, &gh, hr.end());
+                poison(g, &go, olen);
+                g.route_hint(&fnw, &router, Experts { gate: &wg, up: &wu, down: &wd }, 6);
+                let gj: Vec<(&CudaWeight, &CudaBuf, Rows)> = gws.iter().zip(&views).map(|(w, &v)| (w, &go, v)).collect();
+                g.rms_norm_matmul_many((&gx, xr), Some(&gnw), 1e-6, (&gh, hr), &gj);
+                let ids = if pred { g.route_pred_ids() } else { Vec::new() };
+                (get(g, &gh, hr), get(g, &go, Rows::packed(1, olen)), ids)
+            };
+            let (h0, o0, _) = run(false);
+            let (h1, o1, ids) = run(true);
+            rep.check(&format!("{lab} h (exact)"), &h1, &h0, 0.0, 0.0);
+            rep.check(&format!("{lab} products (exact)"), &o1, &o0, 0.0, 0.0);
+            // The host's ranking, in f64.
+            let xs = &x[xr.off..xr.off + k];
+            let sc: Vec<f64> = (0..ne).map(|e| (0..k).map(|i| rw[e * k + i] as f64 * (fw[i] as f64 * xs[i] as f64)).sum()).collect();
+            let scale = sc.iter().fold(0f64, |m, v| m.max(v.abs()));
+            let mut order: Vec<usize> = (0..ne).collect();
+            order.sort_by(|&a, &b| sc[b].total_cmp(&sc[a]).then(a.cmp(&b)));
+            if ids.len() < top {
+                rep.failures.push(format!("{lab}: {} picks read back, wanted {top}", ids.len()));
+                continue;
+            }
+            for (t, &e) in ids[..top].iter().enumerate() {
+                let want = order[t];
+                let ok = e as usize == want || (e >= 0 && (e as usize) < ne && (sc[e as usize] - sc[want]).abs() <= 1e-5 * scale);
+                if !ok {
+                    rep.failures.push(format!("{lab}: pick {t} is expert {e}, the host ranks {want} there (scores {:?})", &order[..top]));
+                }
+            }
+        }
+    }
+    rep.finish();
+}
+
 /// `moe_shared_residual` (one token, V2-Lite's expert shapes and a small one; `set_moe_residual`
 /// on a backend of its own): x + moe bit for bit against `moe_shared` into a buffer then `add` on
 /// the same backend with the switch off (where `moe_shared_residual` must decline), and within the

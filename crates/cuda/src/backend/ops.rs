@@ -1034,6 +1034,8 @@ impl Backend for CudaBackend {
         let (_, kv, kvo) = jobs[1];
         let op = Nrc { x: kv, xr: kvo, norm_width, w: kv_w, eps, q: Some(q_rope), batch, rope, cache, joint: None };
         if self.qkv_joint((x, xr), delta, w, (out, o), jobs, &op, absorb) {
+            // (A batch: no prediction; the hint is this layer's only.)
+            *self.route_hint.lock().unwrap_or_else(|e| e.into_inner()) = None;
             return;
         }
         self.norm_matmul_many((x, xr), delta, w, eps, (out, o), &jobs);
@@ -1087,6 +1089,36 @@ impl Backend for CudaBackend {
         }
         *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()) = h;
         *self.xpf_hint.lock().unwrap_or_else(|e| e.into_inner()) = x;
+    }
+
+    fn route_hint(&self, norm: &CudaWeight, router: &CudaWeight, experts: Experts<'_, CudaWeight>, k: usize) {
+        // Taken (or dropped) by the next norm launch; kept only where route_predict can use it:
+        // f32 router rows [E][H] and norm [H], Q8_0 stacks of E matrices.
+        let (h, e) = (router.ne(0), router.ne(1));
+        // (cp.async.bulk.prefetch.L2: sm_90 and later)
+        let ok = self.xp1.load(Ordering::Relaxed) > 0
+            && self.arch.trim_start_matches("sm_").trim_end_matches('a').parse::<u32>().is_ok_and(|v| v >= 90)
+            && router.dtype == GgmlType::F32
+            && norm.dtype == GgmlType::F32
+            && norm.ne(0) * norm.ne(1) == h
+            && h % 128 == 0
+            && (1..=256).contains(&e)
+            && 32 * e <= 9 * h
+            && (1..=8).contains(&k)
+            && [experts.gate, experts.up]
+                .iter()
+                .all(|w| w.dtype == GgmlType::Q8_0 && w.ne(0) == h && w.ne(2) == e && w.mat_bytes() % 16 == 0)
+            && experts.gate.mat_bytes() == experts.up.mat_bytes();
+        *self.route_hint.lock().unwrap_or_else(|e| e.into_inner()) = ok.then(|| RouteHint {
+            router: router.mem.ptr,
+            norm: norm.mem.ptr,
+            width: h,
+            n_experts: e,
+            k,
+            gate: experts.gate.mem.ptr,
+            up: experts.up.mem.ptr,
+            mat: experts.gate.mat_bytes(),
+        });
     }
 
     fn mla_attention_out(
