@@ -276,6 +276,30 @@ __device__ __forceinline__ void nope_h_rows(int t, const float* qn, i64 qnoff, i
 NORM_ROPE_CACHE_INST(norm_rope_cache, float)
 NORM_ROPE_CACHE_INST(norm_rope_cache_h, u16)
 
+// The routing prediction's prefetch (TS_CUDA_XP1; route_predict, below, wrote `ids` in the
+// launch before): the first `bytes` of each picked expert's gate and up matrices asked into L2
+// in 64 KB requests (cp.async.bulk.prefetch.L2, nothing waits for them), chunk c from block
+// c % grid, lane c / grid of its warp 0, so that every SM issues a few. At the block's end, past
+// its PDL wait (the picks come from the previous kernel). ids null: nothing.
+__device__ __forceinline__ void xp1_fetch(const int* ids, int top, const u8* pg, const u8* pu, i64 mat, i64 bytes) {
+#if __CUDA_ARCH__ >= 900
+    if (!ids || threadIdx.x >= 32) return;
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // (every branch waited already; raw: no trace record)
+    const i64 nch = (bytes + PF_CHUNK - 1) / PF_CHUNK;
+    const i64 total = 2 * top * nch;
+    const i64 nb = gridDim.x;
+    for (i64 c = blockIdx.x + nb * threadIdx.x; c < total; c += nb * 32) {
+        const int r = (int)(c / nch);
+        const i64 off = (c - r * nch) * PF_CHUNK;
+        const int e = ids[r >> 1];
+        if (e < 0) continue;
+        const u8* base = ((r & 1) ? pu : pg) + (i64)e * mat;
+        const unsigned sz = (unsigned)min((i64)PF_CHUNK, bytes - off);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(sz) : "memory");
+    }
+#endif
+}
+
 // One decode token's norm_rope_cache (blocks [0, 1 + nqb)) and, beside it in the same launch, the
 // absorbed query's product q_nope[h] . W_uk[h] (gemv_q8_1's body over its (tile, matrix) blocks,
 // numbered after them): both read only what the q/kv_a product wrote, so one dependent launch
@@ -306,10 +330,12 @@ __device__ __forceinline__ void mla_rope_absorb_body(float* x, i64 xoff, i64 xst
              const int* pos, const int* slot, int slot_len, const float* freqs, int half, int mode, float mscale, \
              C* cache, const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh, \
              int nqb, const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, i64 goff, i64 gxgstride, i64 ooff, \
-             i64 ogstride, int gtiles, int lpr) {                                                                 \
+             i64 ogstride, int gtiles, int lpr, const int* pids, int ptop, const u8* ppg, const u8* ppu, i64 pmat,  \
+             i64 pbytes) {                                                                                        \
         mla_rope_absorb_body<C>(x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs, half,     \
                                 mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh, nqb, W,       \
                                 row_bytes, mat_bytes, m, k, goff, gxgstride, ooff, ogstride, gtiles, lpr);        \
+        xp1_fetch(pids, ptop, ppg, ppu, pmat, pbytes);                                                           \
     }
 MLA_ROPE_ABSORB_INST(mla_rope_absorb_1, float)
 MLA_ROPE_ABSORB_INST(mla_rope_absorb_1_h, u16)
@@ -374,11 +400,13 @@ __device__ __forceinline__ void mla_rope_absorb_h16_body(float* x, i64 xoff, i64
              const int* pos, const int* slot, int slot_len, const float* freqs, int half, int mode, float mscale, \
              C* cache, const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh, \
              int nqb, const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, i64 goff, i64 gxgstride, i64 ooff, \
-             i64 ogstride, int gtiles, int lpr) {                                                                 \
+             i64 ogstride, int gtiles, int lpr, const int* pids, int ptop, const u8* ppg, const u8* ppu, i64 pmat,  \
+             i64 pbytes) {                                                                                        \
         mla_rope_absorb_h16_body<T, C>(x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs,    \
                                        half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh,  \
                                        nqb, W, row_bytes, mat_bytes, m, k, goff, gxgstride, ooff, ogstride,       \
                                        gtiles);                                                                   \
+        xp1_fetch(pids, ptop, ppg, ppu, pmat, pbytes);                                                           \
     }
 MLA_ROPE_ABSORB_H16_INST(mla_rope_absorb_bf16_1, T_BF16, float)
 MLA_ROPE_ABSORB_H16_INST(mla_rope_absorb_bf16_1_h, T_BF16, u16)
@@ -565,29 +593,25 @@ GEMVQ_MULTI_INST(8)
 // factor of every score, so s_e = router_e . (w_ffn * v) ranks them as the normed row would.
 // route_predict's blocks come after gemv_q8_multi_norm_1's tiles: each scores its experts (one a
 // warp, the router rows asked into L2 before the PDL wait), the last of them (a counter) picks
-// the top `top` and asks L2 for the first `bytes` of each one's gate and up matrices
-// (cp.async.bulk.prefetch.L2, nothing waits for it), which the MoE reads after its routing, ~20 us
-// later: the attention between leaves the bus mostly idle. A hint only: nothing reads the scores
-// but the pick, nothing reads the pick but the prefetch (and a test, `ids`); the products' results
-// are the same bits with or without the blocks.
+// the top `top` into `ids`. The next launch (mla_rope_absorb_1 and its kinds, xp1_fetch) asks L2
+// for the first bytes of each pick's gate and up matrices, spread over its many blocks, which
+// the MoE reads after its routing ~15 us later: the attention between leaves the bus mostly
+// idle. (Not from the last block itself: one SM's bulk prefetches go out at ~250 GB/s, and ~39
+// MB from one block held every layer ~140 us: tg128 179 against 569 on an H100, fiftieth
+// session.) A hint only: nothing reads the scores but the pick, nothing reads the picks but the
+// prefetch (and a test); the products' results are the same bits with or without the blocks.
 struct PredIn {
     const float* rw;  // router [ne][k] f32
     const float* nw;  // the FFN norm's weights [k] f32
     int ne;           // experts (<= 256)
-    int top;          // experts to fetch (1..8)
-    const u8* pg;     // gate stack: expert e's matrix at pg + e * mat
-    const u8* pu;     // up stack, the same
-    i64 mat;          // bytes of one expert's matrix
-    i64 bytes;        // bytes of each picked matrix to fetch (a multiple of 16, <= mat)
+    int top;          // experts to pick (1..8)
     float* lg;        // [ne] scores (scratch)
-    int* ids;         // [top] the picks, best first (-1: none)
+    int* ids;         // [top] the picks, best first (-1: none); xp1_fetch reads them
     unsigned* done;   // blocks past their scores; zero between launches (the last resets it)
 };
-#define XP1_MAX_TOP 8
 __device__ __noinline__ void route_predict(const NormIn& nm, int k, const PredIn& pr, int pb, int npb) {
     extern __shared__ __align__(16) u8 smq[];
     __shared__ int last;
-    __shared__ int pick[XP1_MAX_TOP];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int epb = (pr.ne + npb - 1) / npb;
     const int e0 = pb * epb, e1 = min(e0 + epb, pr.ne);
@@ -648,7 +672,6 @@ __device__ __noinline__ void route_predict(const NormIn& nm, int k, const PredIn
             }
             const int e = bi < pr.ne ? bi : -1;
             if (lane == 0) {
-                pick[t] = e;
                 pr.ids[t] = e;
                 if (e >= 0) sc[e] = NEG_INF;
             }
@@ -656,33 +679,18 @@ __device__ __noinline__ void route_predict(const NormIn& nm, int k, const PredIn
         }
         if (lane == 0) *pr.done = 0u;
     }
-    __syncthreads();
-#if __CUDA_ARCH__ >= 900
-    // 64 KB requests, the matrices' chunks spread over the block's threads.
-    const i64 nch = (pr.bytes + PF_CHUNK - 1) / PF_CHUNK;
-    const i64 total = 2 * pr.top * nch;
-    for (i64 c = threadIdx.x; c < total; c += blockDim.x) {
-        const int r = (int)(c / nch);
-        const i64 off = (c - r * nch) * PF_CHUNK;
-        const int e = pick[r >> 1];
-        if (e < 0) continue;
-        const u8* base = ((r & 1) ? pr.pu : pr.pg) + (i64)e * pr.mat;
-        const unsigned sz = (unsigned)min((i64)PF_CHUNK, pr.bytes - off);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(sz) : "memory");
-    }
-#endif
 }
 // npb > 0: the last npb blocks are route_predict's (the host sizes the grid ntiles' blocks + npb).
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS) gemv_q8_multi_norm_1(
     const u8* W0, i64 rb0, int m0, float* o0, i64 ooff0, i64 ostr0, const u8* W1, i64 rb1, int m1, float* o1, i64 ooff1,
     i64 ostr1, const u8* W2, i64 rb2, int m2, float* o2, i64 ooff2, i64 ostr2, int t1, int t2, int ntiles, int k,
     int lpr, float* x, i64 xoff, const float* d, i64 doff, const float* w, int has_w, float eps, float* h, i64 hoff,
-    unsigned* done, int npb, const float* prw, const float* pnw, int pne, int ptop, const u8* ppg, const u8* ppu,
-    i64 pmat, i64 pbytes, float* plg, int* pids, unsigned* pdone) {
+    unsigned* done, int npb, const float* prw, const float* pnw, int pne, int ptop, float* plg, int* pids,
+    unsigned* pdone) {
     const int nmain = (int)gridDim.x - npb;
     const NormIn nm{x, xoff, d, doff, w, has_w, eps, h, hoff, done, nmain};
     if ((int)blockIdx.x >= nmain) {
-        route_predict(nm, k, PredIn{prw, pnw, pne, ptop, ppg, ppu, pmat, pbytes, plg, pids, pdone}, blockIdx.x - nmain, npb);
+        route_predict(nm, k, PredIn{prw, pnw, pne, ptop, plg, pids, pdone}, blockIdx.x - nmain, npb);
         return;
     }
     gemv_q8_multi_impl<1, true>(GemvJob{W0, rb0, m0, o0, ooff0, ostr0}, GemvJob{W1, rb1, m1, o1, ooff1, ostr1},

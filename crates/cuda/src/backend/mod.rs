@@ -1421,6 +1421,10 @@ pub struct CudaBackend {
     xp1_top: AtomicUsize,
     /// What [`Backend::route_hint`] named for the next one-token norm launch (taken by it).
     route_hint: Mutex<Option<RouteHint>>,
+    /// The prefetch of the picks that launch's `route_predict` blocks make (`xp1_fetch`'s
+    /// arguments: the picks, how many, the gate and up stacks, bytes a matrix, bytes to fetch
+    /// of each), taken by the one-token `mla_rope_absorb_*` launch after it.
+    pred_fetch: Mutex<Option<(u64, usize, u64, u64, usize, usize)>>,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -1842,6 +1846,7 @@ impl CudaBackend {
             xp1: AtomicUsize::new(env_usize("TS_CUDA_XP1").unwrap_or(0) << 20),
             xp1_top: AtomicUsize::new(env_usize("TS_CUDA_XP1_TOP").unwrap_or(0).min(8)),
             route_hint: Mutex::new(None),
+            pred_fetch: Mutex::new(None),
             paths: Path::ALL.map(|p| (AtomicBool::new(p.env_on()), AtomicU64::new(0))),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),

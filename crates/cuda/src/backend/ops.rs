@@ -1139,6 +1139,8 @@ impl Backend for CudaBackend {
         let (nh, kl, hd) = (p.n_heads, p.kv_lora, xr.width);
         *self.routed.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        // (a prefetch no rope launch took: this layer's only)
+        *self.pred_fetch.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.fork_ahead_clear();
         let rows = self.mla_out.load(Ordering::Relaxed);
         // One token (a decode step) of V2's shapes with Q8_0 value and output weights:
@@ -1596,6 +1598,10 @@ impl Backend for CudaBackend {
         let lpr = (k / 16).next_power_of_two().min(32);
         // Blocks a head: Q8_0 as gemv_q8_1's tiles; 16-bit weights RA_ROWS rows a half-warp.
         let gtiles = if h16 { m.div_ceil(8 * 2 * 4) } else { m.div_ceil(8 * (32 / lpr)).min(self.sm_count * 8) };
+        // The routing prediction's prefetch (xp1_fetch), where the norm launch before made picks.
+        let fetch = self.pred_fetch.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let (ids, top, pg, pu, mat, bytes) = fetch.unwrap_or_default();
+        let fetch = [A::P(ids), i(top), A::P(pg), A::P(pu), l(mat), l(bytes)];
         let args: [A; 36] = cat(
             nrc,
             [
@@ -1621,6 +1627,7 @@ impl Backend for CudaBackend {
             GgmlType::F16 => "mla_rope_absorb_f16_1",
             _ => "mla_rope_absorb_1",
         };
+        let args: [A; 42] = cat(args, fetch);
         self.launch(cache.kernel(name).as_str(), ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
     }
 
