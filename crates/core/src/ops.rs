@@ -479,14 +479,6 @@ pub trait Backend: Send + Sync {
     /// experts from a decode batch's attention merge, `TS_CUDA_XPF`). Changes no result.
     /// Default: nothing.
     fn prefetch_hint(&self, _weights: &[&Self::Weight]) {}
-    /// A hint, named before a layer's first op, of the MoE the layer ends with: its FFN norm's
-    /// weights `norm` (`[H]`), its router (`[H, E]`), its routed stacks, `k` experts a token.
-    /// The routing ranks the experts by `router · (norm ⊙ x_mid)` (after the norm's positive
-    /// 1/rms), where `x_mid` is the residual after the attention; the residual before it ranks
-    /// them nearly the same way, so a backend may score the experts on the layer's input and
-    /// fetch the likely ones' weights while the attention runs (the CUDA backend, one token:
-    /// `TS_CUDA_XP1`). Changes no result. Default: nothing.
-    fn route_hint(&self, _norm: &Self::Weight, _router: &Self::Weight, _experts: Experts<'_, Self::Weight>, _k: usize) {}
     /// The attention's output side of an MLA layer in one op: [`Backend::mla_attention`] of `q`
     /// into `lat`, the per-head value product `av = lat · W_uv` ([`Backend::matmul_grouped`] over
     /// rows `avr`), the output product `y = av · W_o` ([`Backend::matmul`], `av` read as rows

@@ -276,30 +276,6 @@ __device__ __forceinline__ void nope_h_rows(int t, const float* qn, i64 qnoff, i
 NORM_ROPE_CACHE_INST(norm_rope_cache, float)
 NORM_ROPE_CACHE_INST(norm_rope_cache_h, u16)
 
-// The routing prediction's prefetch (TS_CUDA_XP1; route_predict, below, wrote `ids` in the
-// launch before): the first `bytes` of each picked expert's gate and up matrices asked into L2
-// in 64 KB requests (cp.async.bulk.prefetch.L2, nothing waits for them), chunk c from block
-// c % grid, lane c / grid of its warp 0, so that every SM issues a few. At the block's end, past
-// its PDL wait (the picks come from the previous kernel). ids null: nothing.
-__device__ __forceinline__ void xp1_fetch(const int* ids, int top, const u8* pg, const u8* pu, i64 mat, i64 bytes) {
-#if __CUDA_ARCH__ >= 900
-    if (!ids || threadIdx.x >= 32) return;
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // (every branch waited already; raw: no trace record)
-    const i64 nch = (bytes + PF_CHUNK - 1) / PF_CHUNK;
-    const i64 total = 2 * top * nch;
-    const i64 nb = gridDim.x;
-    for (i64 c = blockIdx.x + nb * threadIdx.x; c < total; c += nb * 32) {
-        const int r = (int)(c / nch);
-        const i64 off = (c - r * nch) * PF_CHUNK;
-        const int e = ids[r >> 1];
-        if (e < 0) continue;
-        const u8* base = ((r & 1) ? pu : pg) + (i64)e * mat;
-        const unsigned sz = (unsigned)min((i64)PF_CHUNK, bytes - off);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(sz) : "memory");
-    }
-#endif
-}
-
 // One decode token's norm_rope_cache (blocks [0, 1 + nqb)) and, beside it in the same launch, the
 // absorbed query's product q_nope[h] . W_uk[h] (gemv_q8_1's body over its (tile, matrix) blocks,
 // numbered after them): both read only what the q/kv_a product wrote, so one dependent launch
@@ -330,12 +306,10 @@ __device__ __forceinline__ void mla_rope_absorb_body(float* x, i64 xoff, i64 xst
              const int* pos, const int* slot, int slot_len, const float* freqs, int half, int mode, float mscale, \
              C* cache, const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh, \
              int nqb, const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, i64 goff, i64 gxgstride, i64 ooff, \
-             i64 ogstride, int gtiles, int lpr, const int* pids, int ptop, const u8* ppg, const u8* ppu, i64 pmat,  \
-             i64 pbytes) {                                                                                        \
+             i64 ogstride, int gtiles, int lpr) {                                                                 \
         mla_rope_absorb_body<C>(x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs, half,     \
                                 mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh, nqb, W,       \
                                 row_bytes, mat_bytes, m, k, goff, gxgstride, ooff, ogstride, gtiles, lpr);        \
-        xp1_fetch(pids, ptop, ppg, ppu, pmat, pbytes);                                                           \
     }
 MLA_ROPE_ABSORB_INST(mla_rope_absorb_1, float)
 MLA_ROPE_ABSORB_INST(mla_rope_absorb_1_h, u16)
@@ -400,13 +374,11 @@ __device__ __forceinline__ void mla_rope_absorb_h16_body(float* x, i64 xoff, i64
              const int* pos, const int* slot, int slot_len, const float* freqs, int half, int mode, float mscale, \
              C* cache, const float* q, i64 qoff, i64 qstride, float* qd, i64 qdoff, i64 qdstride, int qw, int qh, \
              int nqb, const u8* W, i64 row_bytes, i64 mat_bytes, int m, int k, i64 goff, i64 gxgstride, i64 ooff, \
-             i64 ogstride, int gtiles, int lpr, const int* pids, int ptop, const u8* ppg, const u8* ppu, i64 pmat,  \
-             i64 pbytes) {                                                                                        \
+             i64 ogstride, int gtiles, int lpr) {                                                                 \
         mla_rope_absorb_h16_body<T, C>(x, xoff, xstride, width, nw, w, has_w, eps, pos, slot, slot_len, freqs,    \
                                        half, mode, mscale, cache, q, qoff, qstride, qd, qdoff, qdstride, qw, qh,  \
                                        nqb, W, row_bytes, mat_bytes, m, k, goff, gxgstride, ooff, ogstride,       \
                                        gtiles);                                                                   \
-        xp1_fetch(pids, ptop, ppg, ppu, pmat, pbytes);                                                           \
     }
 MLA_ROPE_ABSORB_H16_INST(mla_rope_absorb_bf16_1, T_BF16, float)
 MLA_ROPE_ABSORB_H16_INST(mla_rope_absorb_bf16_1_h, T_BF16, u16)
@@ -444,9 +416,6 @@ struct NormIn {
     float* h;
     i64 hoff;
     unsigned* done;
-    // Blocks that take part in the norm and the products (0: the grid; route_predict's blocks
-    // after them do not).
-    int nblk;
 };
 
 // (A measurement define, gemv_q8_multi_impl's norm: see NM_RACY there.)
@@ -480,7 +449,7 @@ __device__ __forceinline__ void multi_norm_row(const NormIn& nm, int k, const fl
     if (tid == 0) {
         if (nm.d) {
             __threadfence();
-            last = atomicAdd(nm.done, 1u) == (nm.nblk ? (unsigned)nm.nblk : gridDim.x) - 1;
+            last = atomicAdd(nm.done, 1u) == gridDim.x - 1;
         } else {
             last = blockIdx.x == 0;
         }
@@ -541,8 +510,7 @@ __device__ void gemv_q8_multi_impl(GemvJob j0, GemvJob j1, GemvJob j2, int t1, i
         quant_rows_smem(x + xoff + tok0 * xstride, xstride, nullptr, nt, k, xq, xd);
     }
     __syncthreads();
-    const int nblk = NORM && nm.nblk ? nm.nblk : (int)gridDim.x;
-    for (int tile = blockIdx.x; tile < ntiles; tile += nblk) {
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         GemvJob jb;
         int r0;
         locate(tile, jb, r0);
@@ -585,116 +553,18 @@ GEMVQ_MULTI_INST(1)
 GEMVQ_MULTI_INST(2)
 GEMVQ_MULTI_INST(4)
 GEMVQ_MULTI_INST(8)
-// ---- The routing predicted from the layer's input (one token; TS_CUDA_XP1) ----------------------
-// A MoE layer routes by the ranking of router . (rms_norm(x_mid) * w_ffn), where x_mid is the
-// residual after the layer's attention. The residual before it, x, ranks the experts
-// nearly the same way: on the synthetic V2-Lite 4.8 of the top 6 agree on average (4.1 at layer
-// 1, 5.3 at layer 26; the CPU, 16 tokens, fiftieth session). The norm's 1/rms is one positive
-// factor of every score, so s_e = router_e . (w_ffn * v) ranks them as the normed row would.
-// route_predict's blocks come after gemv_q8_multi_norm_1's tiles: each scores its experts (one a
-// warp, the router rows asked into L2 before the PDL wait), the last of them (a counter) picks
-// the top `top` into `ids`. The next launch (mla_rope_absorb_1 and its kinds, xp1_fetch) asks L2
-// for the first bytes of each pick's gate and up matrices, spread over its many blocks, which
-// the MoE reads after its routing ~15 us later: the attention between leaves the bus mostly
-// idle. (Not from the last block itself: one SM's bulk prefetches go out at ~250 GB/s, and ~39
-// MB from one block held every layer ~140 us: tg128 179 against 569 on an H100, fiftieth
-// session.) A hint only: nothing reads the scores but the pick, nothing reads the picks but the
-// prefetch (and a test); the products' results are the same bits with or without the blocks.
-struct PredIn {
-    const float* rw;  // router [ne][k] f32
-    const float* nw;  // the FFN norm's weights [k] f32
-    int ne;           // experts (<= 256)
-    int top;          // experts to pick (1..8)
-    float* lg;        // [ne] scores (scratch)
-    int* ids;         // [top] the picks, best first (-1: none); xp1_fetch reads them
-    unsigned* done;   // blocks past their scores; zero between launches (the last resets it)
-};
-__device__ __noinline__ void route_predict(const NormIn& nm, int k, const PredIn& pr, int pb, int npb) {
-    extern __shared__ __align__(16) u8 smq[];
-    __shared__ int last;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int epb = (pr.ne + npb - 1) / npb;
-    const int e0 = pb * epb, e1 = min(e0 + epb, pr.ne);
-#if __CUDA_ARCH__ >= 900
-    // The router rows (never written by a kernel) into L2 while the previous kernel ends.
-    for (int e = e0 + (int)threadIdx.x; e < e1; e += blockDim.x)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pr.rw + (i64)e * k), "r"(k * 4) : "memory");
-#endif
-    pdl_trigger();
-    pdl_wait();
-    // x * w_ffn into shared memory (k floats, then the E scores: the launch's dynamic shared
-    // memory holds k * 9/8 + 4k bytes, and the host keeps 4E <= k * 9/8). The host adds these
-    // blocks only without a delta (d null): with one, the norm's last block writes x = x + d
-    // while they would read it.
-    float* vs = (float*)smq;
-    const float* xr = nm.x + nm.xoff;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) vs[i] = xr[i] * pr.nw[i];
-    __syncthreads();
-    for (int e = e0 + warp; e < e1; e += GQ_WARPS) {
-        const float* wr = pr.rw + (i64)e * k;
-        float s = 0.f;
-        for (int i = lane * 4; i < k; i += 128) {
-            const float4 a = *(const float4*)(wr + i);
-            const float4 b = *(const float4*)(vs + i);
-            s += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-        }
-        s = warp_sum(s);
-        if (lane == 0) pr.lg[e] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(pr.done, 1u) == (unsigned)npb - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    // The scores into shared memory (after vs: k floats), then `top` rounds of a warp arg-max
-    // (the higher score, then the lower index), the winner's score set to -inf each round. (In
-    // shared memory, not registers: this branch must not raise the products' register count.)
-    float* sc = vs + k;
-    for (int e = threadIdx.x; e < pr.ne; e += blockDim.x) {
-        const float v = __ldcg(pr.lg + e);
-        sc[e] = v == v ? v : NEG_INF;  // (a NaN score is never picked)
-    }
-    __syncthreads();
-    if (warp == 0) {
-        for (int t = 0; t < pr.top; t++) {
-            float best = NEG_INF;
-            int bi = 0x7fffffff;
-            for (int e = lane; e < pr.ne; e += 32)
-                if (sc[e] > best) best = sc[e], bi = e;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
-            }
-            const int e = bi < pr.ne ? bi : -1;
-            if (lane == 0) {
-                pr.ids[t] = e;
-                if (e >= 0) sc[e] = NEG_INF;
-            }
-            __syncwarp();
-        }
-        if (lane == 0) *pr.done = 0u;
-    }
-}
-// npb > 0: the last npb blocks are route_predict's (the host sizes the grid ntiles' blocks + npb).
+// (A change here costs more than it looks: the fiftieth session's routing prediction, extra blocks
+// after the tiles behind a branch at the entry, ran tg128 at 568.6 against 617-619 on the same
+// H100 with the branch never taken, inlined (36 B of spills) or as a call (every thread stored
+// the norm's arguments to local memory before the branch). Measure any change to this kernel.)
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS) gemv_q8_multi_norm_1(
     const u8* W0, i64 rb0, int m0, float* o0, i64 ooff0, i64 ostr0, const u8* W1, i64 rb1, int m1, float* o1, i64 ooff1,
     i64 ostr1, const u8* W2, i64 rb2, int m2, float* o2, i64 ooff2, i64 ostr2, int t1, int t2, int ntiles, int k,
     int lpr, float* x, i64 xoff, const float* d, i64 doff, const float* w, int has_w, float eps, float* h, i64 hoff,
-    unsigned* done, int npb, const float* prw, const float* pnw, int pne, int ptop, float* plg, int* pids,
-    unsigned* pdone) {
-    const int nmain = (int)gridDim.x - npb;
-    const NormIn nm{x, xoff, d, doff, w, has_w, eps, h, hoff, done, nmain};
-    if ((int)blockIdx.x >= nmain) {
-        route_predict(nm, k, PredIn{prw, pnw, pne, ptop, plg, pids, pdone}, blockIdx.x - nmain, npb);
-        return;
-    }
+    unsigned* done) {
     gemv_q8_multi_impl<1, true>(GemvJob{W0, rb0, m0, o0, ooff0, ostr0}, GemvJob{W1, rb1, m1, o1, ooff1, ostr1},
-                                GemvJob{W2, rb2, m2, o2, ooff2, ostr2}, t1, t2, ntiles, k, nullptr, 0, 0, 1, lpr, nm);
+                                GemvJob{W2, rb2, m2, o2, ooff2, ostr2}, t1, t2, ntiles, k, nullptr, 0, 0, 1, lpr,
+                                NormIn{x, xoff, d, doff, w, has_w, eps, h, hoff, done});
 }
 
 // The same for 16-bit float weights (Backend::add_rms_norm_matmul_many / rms_norm_matmul_many, one

@@ -1057,11 +1057,6 @@ impl<B: Backend> DeepSeek2<B> {
                     Ffn::Dense(_) => be.prefetch_hint(&[wq, &l.wkv_a, &l.w_uk, &l.w_uv, &l.wo]),
                 }
             }
-            // The routing this layer's MoE will take, nearly as its input ranks the experts: a
-            // backend may fetch the likely ones while the attention runs.
-            if let (Ffn::Moe { router, gate_exps, up_exps, down_exps, .. }, Some(e)) = (&l.ffn, c.moe) {
-                be.route_hint(&l.ffn_norm, router, Experts { gate: gate_exps, up: up_exps, down: down_exps }, e.k);
-            }
             // q (or its low-rank first half) and kv_a read the same input: one op, with the
             // residual add and the norm before it (one op again where the backend can).
             let ra = Rows::packed(n, c.q_lora.unwrap_or(0)); // [n, q_lora]

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Run once, fiftieth session; the code it measured, TS_CUDA_XP1 and route_predict_picks, was removed
+# after: commit 1385276 has it. docs/PERF.md, "The routing predicted from a layer's input".)
 # Fiftieth session: the one-token routing prediction (TS_CUDA_XP1, new, off by default):
 # gemv_q8_multi_norm_1's route_predict blocks score the experts on the layer's input and ask
 # L2 for the likely ones' gate / up while the attention runs. ~8 minutes.

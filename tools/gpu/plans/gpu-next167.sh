@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Run once, fiftieth session; the code it measured, TS_CUDA_XP1 and route_predict_picks, was removed
+# after: commit 1385276 has it. docs/PERF.md, "The routing predicted from a layer's input".)
 # Fiftieth session, second call: the routing prediction's prefetch moved to the next launch's
 # blocks (xp1_fetch in mla_rope_absorb_1: gpu-next166's one-block prefetch held every layer
 # ~140 us), and the base build (eabb231, BASE) beside it: gpu-next166's default tg128 read 569

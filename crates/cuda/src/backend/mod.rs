@@ -359,13 +359,8 @@ enum S {
     /// (`[n, q + kv_a]` f32, [`Path::QkvJoint`]), read by `norm_rope_cache` in place of the
     /// model's `q` and `kv` buffers.
     Qkv,
-    /// The one-token routing prediction's scores (`[E]` f32) and picks (`[8]` i32) and its
-    /// block counter (u32, zero between launches): `gemv_q8_multi_norm_1`'s `route_predict`
-    /// blocks ([`CudaBackend::xp1`]). Nothing but that launch's own prefetch (and a test) reads
-    /// them.
-    Pred,
 }
-const N_SCRATCH: usize = 32;
+const N_SCRATCH: usize = 31;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -624,21 +619,6 @@ fn moe_gateup_args<const T: usize, const N: usize>(
 /// The job table of `gemv_q8_multi_*` for up to 3 jobs sharing an input of width k: (W,
 /// row_bytes, m, out, ooff, ostride) per job (zeros past the last), then the tile bounds t1, t2
 /// and the tile count; with the lanes a row and the tile count.
-/// A MoE layer's routing inputs as [`Backend::route_hint`] names them, for the next one-token
-/// norm launch's `route_predict` blocks: the router (`[E][H]` f32), the FFN norm's weights
-/// (`[H]` f32), the routed gate and up stacks (expert e's matrix at `ptr + e * mat` bytes).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RouteHint {
-    pub router: u64,
-    pub norm: u64,
-    pub width: usize,
-    pub n_experts: usize,
-    pub k: usize,
-    pub gate: u64,
-    pub up: u64,
-    pub mat: usize,
-}
-
 fn multi_jobs(jobs: &[(&CudaWeight, &CudaBuf, Rows)], k: usize) -> ([A; 21], usize, usize) {
     let lpr = (k / 16).next_power_of_two().min(32);
     let (args, total) = multi_job_table(jobs, 8 * (32 / lpr));
@@ -1411,20 +1391,6 @@ pub struct CudaBackend {
     xpf_glu_hint: Mutex<Option<(u64, usize)>>,
     /// The regions [`Backend::prefetch_hint`] named for `xpf` (taken by the launches `xpf_at` names).
     xpf_hint: Mutex<[(u64, usize); 4]>,
-    /// Bytes of the predicted experts' gate and up matrices that one token's first launch of a
-    /// MoE layer (`gemv_q8_multi_norm_1`, its `route_predict` blocks) asks into L2, in all (split
-    /// evenly over the `xp1_top` experts' two matrices, at most each matrix): `TS_CUDA_XP1` (MB,
-    /// 0: off; default 0 until measured). The same bits either way (kernels/fused.cu).
-    xp1: AtomicUsize,
-    /// How many of the predicted ranking's experts are fetched (`TS_CUDA_XP1_TOP`, 1-8, default
-    /// the layer's k).
-    xp1_top: AtomicUsize,
-    /// What [`Backend::route_hint`] named for the next one-token norm launch (taken by it).
-    route_hint: Mutex<Option<RouteHint>>,
-    /// The prefetch of the picks that launch's `route_predict` blocks make (`xp1_fetch`'s
-    /// arguments: the picks, how many, the gate and up stacks, bytes a matrix, bytes to fetch
-    /// of each), taken by the one-token `mla_rope_absorb_*` launch after it.
-    pred_fetch: Mutex<Option<(u64, usize, u64, u64, usize, usize)>>,
     /// Dense Q8_0 products of up to this many tokens take 16-token tiles (more blocks, less
     /// split-K), larger ones 64; `TS_CUDA_MMQ_BN16=n` (default 16) to measure.
     mmq_bn16: AtomicUsize,
@@ -1843,10 +1809,6 @@ impl CudaBackend {
                 .map(|v| v.bytes().filter(|b| (b'0'..=b'2').contains(b)).map(|b| b - b'0').collect())
                 .unwrap_or_else(|| vec![2]),
             xpf_hint: Mutex::new([(0, 0); 4]),
-            xp1: AtomicUsize::new(env_usize("TS_CUDA_XP1").unwrap_or(0) << 20),
-            xp1_top: AtomicUsize::new(env_usize("TS_CUDA_XP1_TOP").unwrap_or(0).min(8)),
-            route_hint: Mutex::new(None),
-            pred_fetch: Mutex::new(None),
             paths: Path::ALL.map(|p| (AtomicBool::new(p.env_on()), AtomicU64::new(0))),
             down_w4: match std::env::var("TS_CUDA_DOWN_WPR").as_deref() {
                 Ok("4") => (true, true),
@@ -2072,35 +2034,6 @@ impl CudaBackend {
     /// recorded after this call.
     pub fn set_norm_mm(&self, on: bool) {
         self.norm_mm.store(on, Ordering::Relaxed);
-    }
-
-    /// The one-token routing prediction's prefetch ([`CudaBackend::xp1`]): `bytes` in all (0:
-    /// off) over the first `top` predicted experts (0: the layer's k); for steps recorded after
-    /// this call.
-    pub fn set_xp1(&self, bytes: usize, top: usize) {
-        self.xp1.store(bytes, Ordering::Relaxed);
-        self.xp1_top.store(top.min(8), Ordering::Relaxed);
-    }
-
-    /// The experts the last one-token routing prediction picked, best first (-1: none), as
-    /// `route_predict` wrote them (the stream synchronised first); empty before any.
-    pub fn route_pred_ids(&self) -> Vec<i32> {
-        let ptr = {
-            let sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            match &sc[S::Pred as usize] {
-                Some(m) => m.ptr,
-                None => return Vec::new(),
-            }
-        };
-        let mut out = vec![0i32; 8];
-        if self.stream.synchronize().is_err() {
-            return Vec::new();
-        }
-        // (scores first: 256 f32, then the 8 picks)
-        if unsafe { drv::memcpy_dtoh_sync(&mut out, ptr + 1024) }.is_err() {
-            return Vec::new();
-        }
-        out
     }
 
     /// One token's attention in `mla_out_q8`'s blocks below this position (`CudaBackend::mo_att`;

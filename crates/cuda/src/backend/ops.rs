@@ -1034,8 +1034,6 @@ impl Backend for CudaBackend {
         let (_, kv, kvo) = jobs[1];
         let op = Nrc { x: kv, xr: kvo, norm_width, w: kv_w, eps, q: Some(q_rope), batch, rope, cache, joint: None };
         if self.qkv_joint((x, xr), delta, w, (out, o), jobs, &op, absorb) {
-            // (A batch: no prediction; the hint is this layer's only.)
-            *self.route_hint.lock().unwrap_or_else(|e| e.into_inner()) = None;
             return;
         }
         self.norm_matmul_many((x, xr), delta, w, eps, (out, o), &jobs);
@@ -1091,36 +1089,6 @@ impl Backend for CudaBackend {
         *self.xpf_hint.lock().unwrap_or_else(|e| e.into_inner()) = x;
     }
 
-    fn route_hint(&self, norm: &CudaWeight, router: &CudaWeight, experts: Experts<'_, CudaWeight>, k: usize) {
-        // Taken (or dropped) by the next norm launch; kept only where route_predict can use it:
-        // f32 router rows [E][H] and norm [H], Q8_0 stacks of E matrices.
-        let (h, e) = (router.ne(0), router.ne(1));
-        // (cp.async.bulk.prefetch.L2: sm_90 and later)
-        let ok = self.xp1.load(Ordering::Relaxed) > 0
-            && self.arch.trim_start_matches("sm_").trim_end_matches('a').parse::<u32>().is_ok_and(|v| v >= 90)
-            && router.dtype == GgmlType::F32
-            && norm.dtype == GgmlType::F32
-            && norm.ne(0) * norm.ne(1) == h
-            && h % 128 == 0
-            && (1..=256).contains(&e)
-            && 32 * e <= 9 * h
-            && (1..=8).contains(&k)
-            && [experts.gate, experts.up]
-                .iter()
-                .all(|w| w.dtype == GgmlType::Q8_0 && w.ne(0) == h && w.ne(2) == e && w.mat_bytes() % 16 == 0)
-            && experts.gate.mat_bytes() == experts.up.mat_bytes();
-        *self.route_hint.lock().unwrap_or_else(|e| e.into_inner()) = ok.then(|| RouteHint {
-            router: router.mem.ptr,
-            norm: norm.mem.ptr,
-            width: h,
-            n_experts: e,
-            k,
-            gate: experts.gate.mem.ptr,
-            up: experts.up.mem.ptr,
-            mat: experts.gate.mat_bytes(),
-        });
-    }
-
     fn mla_attention_out(
         &self,
         (q, qr): (&CudaBuf, Rows),
@@ -1139,8 +1107,6 @@ impl Backend for CudaBackend {
         let (nh, kl, hd) = (p.n_heads, p.kv_lora, xr.width);
         *self.routed.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.norm_xq.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        // (a prefetch no rope launch took: this layer's only)
-        *self.pred_fetch.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.fork_ahead_clear();
         let rows = self.mla_out.load(Ordering::Relaxed);
         // One token (a decode step) of V2's shapes with Q8_0 value and output weights:
@@ -1598,10 +1564,6 @@ impl Backend for CudaBackend {
         let lpr = (k / 16).next_power_of_two().min(32);
         // Blocks a head: Q8_0 as gemv_q8_1's tiles; 16-bit weights RA_ROWS rows a half-warp.
         let gtiles = if h16 { m.div_ceil(8 * 2 * 4) } else { m.div_ceil(8 * (32 / lpr)).min(self.sm_count * 8) };
-        // The routing prediction's prefetch (xp1_fetch), where the norm launch before made picks.
-        let fetch = self.pred_fetch.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let (ids, top, pg, pu, mat, bytes) = fetch.unwrap_or_default();
-        let fetch = [A::P(ids), i(top), A::P(pg), A::P(pu), l(mat), l(bytes)];
         let args: [A; 36] = cat(
             nrc,
             [
@@ -1627,7 +1589,6 @@ impl Backend for CudaBackend {
             GgmlType::F16 => "mla_rope_absorb_f16_1",
             _ => "mla_rope_absorb_1",
         };
-        let args: [A; 42] = cat(args, fetch);
         self.launch(cache.kernel(name).as_str(), ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
     }
 

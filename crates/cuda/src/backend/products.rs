@@ -1074,8 +1074,6 @@ impl CudaBackend {
         jobs: &[(&CudaWeight, &CudaBuf, Rows)],
     ) {
         let k = xr.width;
-        // route_hint's layer, for this launch only.
-        let hint = self.route_hint.lock().unwrap_or_else(|e| e.into_inner()).take();
         // One token, 2 or 3 products of the row, the norm in the product kernels' blocks
         // (kernels/fused.cu: add_rms_norm's block of 256 threads, its register path), else the
         // two ops. The preconditions both kernels share, with each job's shape:
@@ -1182,28 +1180,6 @@ impl CudaBackend {
         }
         let (table, lpr, total) = multi_jobs(jobs, k);
         let args: [A; 33] = cat(cat::<21, 2, 23>(table, [i(k), i(lpr)]), norm);
-        // The routing prediction's blocks (route_predict, kernels/fused.cu: one expert a warp),
-        // without a delta only (with one, the norm's last block rewrites x while they read it);
-        // the next launch (mla_rope_absorb_1, xp1_fetch) fetches their picks.
-        let pred = hint.filter(|r| r.width == k && delta.is_none());
-        let budget = self.xp1.load(Ordering::Relaxed);
-        let mut npb = 0usize;
-        let mut pa = [A::P(0), A::P(0), i(0), i(0), A::P(0), A::P(0), A::P(0)];
-        if let Some(r) = pred {
-            let top = match self.xp1_top.load(Ordering::Relaxed) {
-                0 => r.k,
-                t => t,
-            }
-            .clamp(1, 8);
-            let bytes = (budget / (2 * top)).min(r.mat) / 16 * 16;
-            if let Some(sc) = self.scratch(S::Pred, 1024 + 32 + 16) {
-                npb = r.n_experts.div_ceil(8);
-                pa = [A::P(r.router), A::P(r.norm), i(r.n_experts), i(top), A::P(sc), A::P(sc + 1024), A::P(sc + 1024 + 32)];
-                *self.pred_fetch.lock().unwrap_or_else(|e| e.into_inner()) = Some((sc + 1024, top, r.gate, r.up, r.mat, bytes));
-            }
-        }
-        let args: [A; 41] = cat(cat::<33, 1, 34>(args, [i(npb)]), pa);
-        let grid = total.min(self.sm_count * 8) + npb;
-        self.launch("gemv_q8_multi_norm_1", (grid as u32, 1, 1), 256, (k * 9 / 8 + 4 * k) as u32, &args);
+        self.launch("gemv_q8_multi_norm_1", (total.min(self.sm_count * 8) as u32, 1, 1), 256, (k * 9 / 8 + 4 * k) as u32, &args);
     }
 }
