@@ -71,6 +71,60 @@ pub struct LoadtestReport {
     /// the drain after the deadline (when fewer and fewer requests are left). None from servers
     /// without that counter.
     pub steady: Option<(u64, Duration)>,
+    /// The server's steps in the same window, where its `/metrics` has their counters
+    /// (`turbospark_steps_total`, `_batch_tokens_total`, `_step_seconds_total`,
+    /// `_forward_seconds_total`): how many rows a step carried and how long one took, the two
+    /// factors of the steady rate.
+    pub steady_steps: Option<StepCounts>,
+}
+
+/// Differences of the server's step counters over a window.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepCounts {
+    /// Forward passes (steps).
+    pub steps: f64,
+    /// Tokens the steps fed (decode rows and prompt tokens, without padding).
+    pub batch_tokens: f64,
+    /// Seconds in steps (the forward, sampling and streaming), and in their forward passes.
+    pub step_seconds: f64,
+    pub forward_seconds: f64,
+}
+
+impl StepCounts {
+    /// The counters in a Prometheus text page; None if one is missing.
+    fn parse(page: &str) -> Option<StepCounts> {
+        let get = |name: &str| {
+            page.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        Some(StepCounts {
+            steps: get("turbospark_steps_total")?,
+            batch_tokens: get("turbospark_batch_tokens_total")?,
+            step_seconds: get("turbospark_step_seconds_total")?,
+            forward_seconds: get("turbospark_forward_seconds_total")?,
+        })
+    }
+
+    fn since(self, before: StepCounts) -> StepCounts {
+        StepCounts {
+            steps: self.steps - before.steps,
+            batch_tokens: self.batch_tokens - before.batch_tokens,
+            step_seconds: self.step_seconds - before.step_seconds,
+            forward_seconds: self.forward_seconds - before.forward_seconds,
+        }
+    }
+
+    /// One line: steps, rows a step, milliseconds a step and in its forward pass.
+    fn line(&self) -> Option<String> {
+        (self.steps >= 1.0).then(|| {
+            format!(
+                "{:.0} steps, {:.2} tokens a step, {:.3} ms a step ({:.3} ms in the forward)",
+                self.steps,
+                self.batch_tokens / self.steps,
+                1e3 * self.step_seconds / self.steps,
+                1e3 * self.forward_seconds / self.steps
+            )
+        })
+    }
 }
 
 /// When the steady window starts: a tenth of the duration in (at least 1 s, at most 10 s), so
@@ -129,6 +183,9 @@ impl LoadtestReport {
                 "\nsteady: {t} tokens in {:.2} s = {r:.1} tok/s (the server's count, from the first prompts' end to the deadline: every client running)",
                 d.as_secs_f64()
             ));
+            if let Some(l) = self.steady_steps.as_ref().and_then(StepCounts::line) {
+                s.push_str(&format!("\nsteady steps: {l}"));
+            }
         }
         for e in &self.error_samples {
             s.push_str(&format!("\nerror: {e}"));
@@ -277,13 +334,15 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
         let steady = tokio::spawn(async move {
             let count = || async {
                 let r = client::request(addr, "GET", "/metrics", None).await.ok().filter(|r| r.status == 200)?;
-                completion_tokens(&r.text().await.ok()?)
+                let page = r.text().await.ok()?;
+                Some((completion_tokens(&page)?, StepCounts::parse(&page)))
             };
             tokio::time::sleep_until(w0.into()).await;
-            let (c0, t0) = (count().await?, Instant::now());
+            let ((c0, s0), t0) = (count().await?, Instant::now());
             tokio::time::sleep_until(w1.into()).await;
-            let (c1, t1) = (count().await?, Instant::now());
-            Some((c1.saturating_sub(c0), t1 - t0))
+            let ((c1, s1), t1) = (count().await?, Instant::now());
+            let steps = s1.zip(s0).map(|(a, b)| a.since(b));
+            Some(((c1.saturating_sub(c0), t1 - t0), steps))
         });
         let mut rep = LoadtestReport { clients: o.clients, ..Default::default() };
         for t in tasks {
@@ -308,7 +367,10 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
             }
         }
         rep.elapsed = start.elapsed();
-        rep.steady = steady.await.ok().flatten();
+        (rep.steady, rep.steady_steps) = match steady.await.ok().flatten() {
+            Some((tokens, steps)) => (Some(tokens), steps),
+            None => (None, None),
+        };
         rep.ttfts.sort();
         Ok(rep)
     })
@@ -339,6 +401,25 @@ mod tests {
         assert_eq!(r.steady_tokens_per_second(), Some(10_000.0));
         assert!(r.summary().contains("steady: 5000 tokens in 0.50 s = 10000.0 tok/s"), "{}", r.summary());
         assert!(!LoadtestReport::default().summary().contains("steady"));
+    }
+
+    #[test]
+    fn steady_steps_from_the_counters() {
+        let page = |steps: u64, toks: u64, ss: f64, fs: f64| {
+            format!(
+                "turbospark_steps_total {steps}\nturbospark_steps_chained_total 3\nturbospark_batch_tokens_total {toks}\nturbospark_step_seconds_total {ss}\nturbospark_forward_seconds_total {fs}\n"
+            )
+        };
+        let a = StepCounts::parse(&page(100, 6400, 0.8, 0.75)).unwrap();
+        let b = StepCounts::parse(&page(1100, 69_770, 9.11, 8.96)).unwrap();
+        assert_eq!(a.steps, 100.0);
+        // (`turbospark_steps_total` is not read from `turbospark_steps_chained_total`'s line)
+        assert_eq!(StepCounts::parse("turbospark_steps_chained_total 3\nturbospark_batch_tokens_total 1\nturbospark_step_seconds_total 1\nturbospark_forward_seconds_total 1\n"), None);
+        let d = b.since(a);
+        assert_eq!(d.line().unwrap(), "1000 steps, 63.37 tokens a step, 8.310 ms a step (8.210 ms in the forward)");
+        let r = LoadtestReport { steady: Some((5000, Duration::from_millis(500))), steady_steps: Some(d), ..Default::default() };
+        assert!(r.summary().contains("\nsteady steps: 1000 steps, 63.37 tokens a step"), "{}", r.summary());
+        assert_eq!(StepCounts::default().line(), None);
     }
 
     #[test]

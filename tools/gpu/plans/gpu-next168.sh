@@ -20,7 +20,7 @@ for mt in 128 512; do
   "$B" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 --row-multiple 4 > $O/serve$mt.log 2>&1 &
   sp=$!
   for i in $(seq 1 150); do curl -sf http://127.0.0.1:8089/health >/dev/null && break; sleep 1; done
-  timeout 120 "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration 45 --max-tokens $mt --prompt-ids 32 --temperature 0 | grep -E "^tokens:|^TTFT|^prompts:|^steady:"
+  timeout 120 "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration 45 --max-tokens $mt --prompt-ids 32 --temperature 0 | grep -E "^tokens:|^TTFT|^prompts:|^steady"
   curl -sf http://127.0.0.1:8089/metrics | grep -E "^turbospark_(steps_total|steps_chained_total|batch_tokens_total|step_seconds_total|forward_seconds_total|completion_tokens_total) " | tr '\n' ' '; echo
   kill -INT $sp; (sleep 20; kill -9 $sp 2>/dev/null) & wait $sp 2>/dev/null
 done

@@ -64,7 +64,7 @@ serve64() {
   env $1 "$B" serve --backend cuda -m $V --max-seqs 64 --max-queue 256 -c 1024 --port 8089 ${3:---row-multiple 1} > $O/serve.log 2>&1 &
   local sp=$!
   for i in $(seq 1 150); do curl -sf http://127.0.0.1:8089/health >/dev/null && break; sleep 1; done
-  timeout $(( $2 + 60 )) "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration $2 --max-tokens 128 --prompt-ids 32 --temperature 0 ${4:-} | grep -E "^tokens:|^TTFT|^prompts:|^steady:"
+  timeout $(( $2 + 60 )) "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration $2 --max-tokens 128 --prompt-ids 32 --temperature 0 ${4:-} | grep -E "^tokens:|^TTFT|^prompts:|^steady"
   # Where the server's time went: steps, rows, seconds in steps and in forward passes (the
   # wall time less the step seconds is the engine waiting for requests).
   curl -sf http://127.0.0.1:8089/metrics | grep -E "^turbospark_(steps_total|steps_replayed_total|steps_recorded_total|steps_eager_total|steps_chained_total|batch_tokens_total|step_seconds_total|forward_seconds_total|prompt_tokens_total|completion_tokens_total) " | tr '\n' ' '; echo
