@@ -93,9 +93,7 @@ pub struct StepCounts {
 impl StepCounts {
     /// The counters in a Prometheus text page; None if one is missing.
     fn parse(page: &str) -> Option<StepCounts> {
-        let get = |name: &str| {
-            page.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).and_then(|v| v.trim().parse::<f64>().ok())
-        };
+        let get = |name: &str| metric(page, name);
         Some(StepCounts {
             steps: get("turbospark_steps_total")?,
             batch_tokens: get("turbospark_batch_tokens_total")?,
@@ -133,12 +131,14 @@ pub fn steady_start(duration: Duration) -> Duration {
     (duration / 10).clamp(Duration::from_secs(1), Duration::from_secs(10)).min(duration / 2)
 }
 
+/// The value of the sample `name` (no labels) in a Prometheus text page, if present.
+fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).and_then(|v| v.trim().parse::<f64>().ok())
+}
+
 /// `turbospark_completion_tokens_total` in a Prometheus text page, if present.
 fn completion_tokens(page: &str) -> Option<u64> {
-    page.lines()
-        .find_map(|l| l.strip_prefix("turbospark_completion_tokens_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
+    metric(page, "turbospark_completion_tokens_total").map(|v| v as u64)
 }
 
 impl LoadtestReport {
