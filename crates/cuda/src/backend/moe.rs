@@ -242,7 +242,12 @@ impl CudaBackend {
         s.sort_unstable_by(|a, b| b.cmp(a));
         let total: i32 = s.iter().sum();
         let tiles: i32 = s.iter().map(|v| (v + 127) / 128).sum();
-        eprintln!("moe counts: {total} pairs over {} of {ne} experts, 128-pair tiles {tiles}, largest {:?}", s.len(), &s[..s.len().min(8)]);
+        let tiles16: i32 = s.iter().map(|v| (v + 15) / 16).sum();
+        eprintln!(
+            "moe counts: {total} pairs over {} of {ne} experts, 128-pair tiles {tiles}, 16-pair tiles {tiles16}, largest {:?}",
+            s.len(),
+            &s[..s.len().min(8)]
+        );
     }
 
     /// The routed experts of a prompt-size MoE on `mmh_*` (kernels/mmh.cu), after the routing
