@@ -866,7 +866,7 @@ fn mla_case(
 fn mla_attention_latent_cache() {
     let Some(g) = gpu() else { return };
     // The SIMT kernels at f32 tolerance on a backend of their own that never takes the tensor
-    // cores for decode (by default batches take them from position 64 and single tokens from
+    // cores for decode (by default batches take them from position 32 and single tokens from
     // 2560: TS_CUDA_MLA_LONG_BATCH / TS_CUDA_MLA_LONG); the same cases on the shared backend,
     // as its defaults choose, at the tensor cores' f16 tolerance (mla_split_tensor_cores
     // checks that kernel on its own).
@@ -2872,7 +2872,7 @@ fn norm_q8_batch_exact() {
     let mp = MoeParams::top_k(ne, 6);
     let (mut cases, mut long) = (0, 0u64);
     for n in [24usize, 64] {
-        // (from 64 keys a batch's attention takes the tensor-core split and its merge, which
+        // (from 32 keys a batch's attention takes the tensor-core split and its merge, which
         // writes the f16 rows of Path::LatH; below, the one-split SIMT kernel writes lat itself)
         for hist in [3u32, 40, 100, 300] {
             let toks: Vec<TokenMeta> =

@@ -1205,10 +1205,14 @@ pub struct CudaBackend {
     mla_long: u32,
     /// The same for batches of several tokens (the server's steps), whose one-split SIMT blocks
     /// (one token's 16 heads each, 64 blocks for 64 sequences on 132 SMs) walk every key alone.
-    /// `TS_CUDA_MLA_LONG_BATCH`, 0: never. Default 64: on the H200 at 64 clients (server
+    /// `TS_CUDA_MLA_LONG_BATCH`, 0: never. Default 32: on the H200 at 64 clients (server
     /// contexts of 32-160 tokens) the SIMT attention took 51-56 us a layer, 1.4 ms of an 8.8 ms
-    /// step (trace, gpu-next106), and the tensor cores gave 6,819 -> 7,240 tok/s (gpu-next107);
-    /// below 32 keys (`bench --parallel 64 -n 32`) SIMT wins, 8,459 against 8,067.
+    /// step (trace, gpu-next106), and the tensor cores gave 6,819 -> 7,240 tok/s (gpu-next107)
+    /// with 64. Since the tensor-core path's f16 fusions (its merge and `norm_rope_cache` write
+    /// the f16 rows of the products after them; the SIMT path needs an `f16_rows` launch a
+    /// layer), it wins from 32 keys too (H100, gpu-next171: 64 sequences at contexts 32-64
+    /// 7,961 against 7,714 with 64, the server 7,668 against 7,628); below 32 keys
+    /// (`bench --parallel 64 -n 32`) SIMT still wins, 8,075 against 7,956.
     mla_long_batch: u32,
     /// Key tiles in `mla_split_tc_h`'s cp.async ring, 2..=4 (the kernels are built with
     /// `-DMS_NB=n` when it is not [`MS_NB`]). `TS_CUDA_MS_NB`; a measurement knob.
@@ -1833,7 +1837,7 @@ impl CudaBackend {
             rows_tail_dn: AtomicUsize::new(env_usize("TS_CUDA_ROWS_TAIL_DN").or(env_usize("TS_CUDA_ROWS_TAIL")).unwrap_or(8)),
             rows_tail_later: AtomicBool::new(std::env::var("TS_CUDA_ROWS_TAIL_LATER").map_or(true, |v| v != "0")),
             mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
-            mla_long_batch: std::env::var("TS_CUDA_MLA_LONG_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
+            mla_long_batch: std::env::var("TS_CUDA_MLA_LONG_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
             mla_tc: AtomicU8::new(match std::env::var("TS_CUDA_MLATC").as_deref() {
