@@ -2913,7 +2913,7 @@ fn norm_q8_batch_exact() {
                 rep.check(&format!("n={n} pos={hist} {what}, W_uv and W_o on cuBLAS"), &cc[i], &bb[i], 5e-2, 1e-3);
             }
             exact(&mut rep, &format!("n={n} pos={hist} lat in f16 by the merge"), &["x", "out", "logits", "moe"], cc, dd);
-            long += u64::from(hist >= 64);
+            long += u64::from(hist >= 32);
         }
     }
     // (gb: every case forked, from the norm's fork point but perhaps where the side's scratch
