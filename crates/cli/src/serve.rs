@@ -104,6 +104,13 @@ pub struct ServeArgs {
     /// the cached rows may differ from recomputed ones in the last bits.
     #[arg(long = "no-prompt-cache")]
     pub no_prompt_cache: bool,
+    /// After a step that ended a quarter or more of the running requests, wait up to this many
+    /// milliseconds for as many new requests before the next step, so that clients that come
+    /// straight back (benchmarks, batch jobs) share one step instead of falling a step out of
+    /// phase. The wait ends as soon as they are there; one that runs out pauses waiting for a
+    /// second. 0 turns it off.
+    #[arg(long = "gather-ms", default_value_t = 10.0)]
+    pub gather_ms: f64,
 }
 
 /// Loads the model once, then serves until Ctrl-C.
@@ -113,6 +120,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     if !(a.request_timeout >= 0.0) {
         bail!("--request-timeout must be a number of seconds, 0 for no limit");
+    }
+    if !(a.gather_ms >= 0.0) {
+        bail!("--gather-ms must be a number of milliseconds, 0 for none");
     }
     if a.prefill_chunk == Some(0) {
         bail!("--prefill-chunk must be at least 1");
@@ -132,6 +142,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         request_timeout: (a.request_timeout > 0.0).then(|| std::time::Duration::from_secs_f64(a.request_timeout.min(1e9))),
         chain: !a.no_chain,
         prompt_cache: !a.no_prompt_cache,
+        gather: std::time::Duration::from_secs_f64(a.gather_ms.clamp(0.0, 1000.0) / 1e3),
         ..ServerConfig::default()
     };
     // Slots (plus the pad slot) and the widest forward a step makes; the context comes from

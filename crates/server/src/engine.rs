@@ -35,6 +35,19 @@
 //! [`EngineConfig::chain`] is off in the library's default config): on the H200 the server's
 //! 64 clients got 9,542 tok/s against 9,466-9,480 without (gpu-next148).
 //!
+//! ## Returning clients
+//! Clients that send their next request as soon as one ends (benchmarks, batch jobs, agents)
+//! come back together when their sequences end together, over a millisecond or two. A step
+//! started on the first arrival would carry only it, and the rest would join a step later and
+//! stay a step out of phase with it from then on: at 64 such clients (H100, `loadtest
+//! --max-tokens 128`) the server's steps carried 63.0 rows of 64. So after a step that ended at
+//! least a quarter of the running sequences, the engine waits up to
+//! [`EngineConfig::gather`] (`serve --gather-ms`, 10 ms by default) for as many new requests as
+//! it ended (at most the free slots) before it builds the next step; it goes on as soon as they
+//! are there. A wait that runs out turns waiting off for [`GATHER_BACKOFF`]: clients that do not
+//! come straight back (people) cost at most one wait a second. Never while a step is enqueued
+//! ahead: that one's rows are fixed.
+//!
 //! ## Hostile and slow clients
 //! The engine thread never blocks on a client. Each job's event channel is bounded
 //! ([`EVENT_BUFFER`] events) and written with `try_send`: a client that stops reading (a stalled
@@ -80,7 +93,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
@@ -220,6 +233,9 @@ pub struct EngineConfig {
     /// Reuse a free slot's cache rows for the prompt prefix they already hold (module doc,
     /// "Prompt cache").
     pub prompt_cache: bool,
+    /// Longest wait for returning clients after a step that ended many sequences (module doc,
+    /// "Returning clients"); zero: none.
+    pub gather: Duration,
 }
 
 impl EngineConfig {
@@ -493,7 +509,16 @@ struct Stepper<'m, 't> {
     ahead_batch: BatchMeta,
     /// The next sequence's id.
     next_id: u64,
+    /// [`EngineConfig::gather`], and the sequences the last retirement ended when it ended at
+    /// least a quarter of those running (0: no wait due; module doc, "Returning clients").
+    gather: Duration,
+    returning: usize,
+    /// No wait for returning clients before this (a wait ran out).
+    gather_off_until: Option<Instant>,
 }
+
+/// How long waiting for returning clients stays off after a wait that ran out.
+pub const GATHER_BACKOFF: Duration = Duration::from_secs(1);
 
 impl<'m, 't> Stepper<'m, 't> {
     fn new(model: &'m mut dyn Model, tok: &'t Tokenizer, cfg: EngineConfig, metrics: Arc<Metrics>, occupancy: Arc<AtomicU64>) -> Self {
@@ -541,6 +566,9 @@ impl<'m, 't> Stepper<'m, 't> {
                 slot_len: o.ctx as u32,
             },
             next_id: 0,
+            gather: cfg.gather,
+            returning: 0,
+            gather_off_until: None,
         }
     }
 
@@ -563,6 +591,9 @@ impl<'m, 't> Stepper<'m, 't> {
                     Err(mpsc::TryRecvError::Empty) => break,
                 }
             }
+            if !self.gather_returning(&rx) {
+                return self.fail_all("the server is shutting down");
+            }
             self.admit();
             self.drop_cancelled();
             self.expire();
@@ -572,6 +603,37 @@ impl<'m, 't> Stepper<'m, 't> {
             self.step();
             self.retire();
         }
+    }
+
+    /// After a step that ended many sequences, waits up to [`EngineConfig::gather`] for as many
+    /// new jobs (at most the free slots) before the next step is built (module doc, "Returning
+    /// clients"). False: the server is shutting down.
+    fn gather_returning(&mut self, rx: &mpsc::Receiver<Msg>) -> bool {
+        let expect = std::mem::take(&mut self.returning);
+        let start = Instant::now();
+        if expect == 0 || self.gather.is_zero() || self.ahead || self.gather_off_until.is_some_and(|t| start < t) {
+            return true;
+        }
+        let want = expect.min(self.free.len());
+        let deadline = start + self.gather;
+        let mut waited = false;
+        while self.waiting.len() < want {
+            waited = true;
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(Msg::Job(j)) => self.waiting.push_back(*j),
+                Ok(Msg::Shutdown) | Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.gather_off_until = Some(Instant::now() + GATHER_BACKOFF);
+                    self.metrics.gathers_timed_out.fetch_add(1, Relaxed);
+                    break;
+                }
+            }
+        }
+        if waited {
+            self.metrics.gathers.fetch_add(1, Relaxed);
+            self.metrics.gather_seconds.set(self.metrics.gather_seconds.get() + start.elapsed().as_secs_f64());
+        }
+        true
     }
 
     /// Gives free slots to waiting jobs (dropping jobs whose client already left).
@@ -717,6 +779,11 @@ impl<'m, 't> Stepper<'m, 't> {
         let n = (before - self.active.len()) as u64;
         if n > 0 {
             self.occupancy.fetch_sub(n, Relaxed);
+            // (a quarter or more of the running sequences ended: their clients may come back
+            // together; module doc, "Returning clients")
+            if 4 * n as usize >= before {
+                self.returning = self.returning.max(n as usize);
+            }
         }
         self.update_gauges();
     }
@@ -1300,6 +1367,7 @@ mod tests {
                 chain,
                 warmup: false,
                 prompt_cache: true,
+                gather: Duration::ZERO,
             },
         )
     }
@@ -1316,6 +1384,7 @@ mod tests {
                 chain: false,
                 warmup: false,
                 prompt_cache: true,
+                gather: Duration::ZERO,
             },
         )
     }
@@ -1482,6 +1551,7 @@ mod tests {
                 chain: false,
                 warmup: true,
                 prompt_cache: true,
+                gather: Duration::ZERO,
             };
             let (e, seen, _m) = engine_cfg(n_seqs, cfg);
             let warm: Vec<(usize, usize)> = seen.lock().unwrap().iter().map(|(t, o)| (t.len(), *o)).collect();
@@ -1502,6 +1572,74 @@ mod tests {
         }
     }
 
+    /// Returning clients (module doc): four sequences end in one step while a fifth decodes,
+    /// and their clients come back 0, 10, 20 and 30 ms later. With a wait (of up to 1 s) the four
+    /// new prompts go through in one forward (and the wait is counted); without one each goes in
+    /// at the first step after it arrives. The texts are right either way.
+    #[test]
+    fn returning_clients_share_a_step() {
+        for gather in [Duration::from_secs(1), Duration::ZERO] {
+            let cfg = EngineConfig {
+                max_queue: 8,
+                prefill_chunk: 64,
+                prefill_hold: 0,
+                prefill_wait: 0,
+                row_multiple: 1,
+                chain: false,
+                warmup: false,
+                prompt_cache: true,
+                gather,
+            };
+            let (e, seen, m) = engine_cfg(5, cfg);
+            let (a, mut ra) = job(vec![1, 2, 3], 150);
+            e.submit(a).expect("queued");
+            first_delta(&mut ra);
+            // (submitted within microseconds of each other, while a step of 2 ms runs: admitted
+            // together, so they end together)
+            let wave: Vec<_> = (0..4u32).map(|i| job(vec![100 + 10 * i, 101 + 10 * i], 3)).collect();
+            let mut rxs = Vec::new();
+            for (j, rx) in wave {
+                e.submit(j).expect("queued");
+                rxs.push(rx);
+            }
+            let clients: Vec<_> = rxs
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut rx)| {
+                    let e = e.clone();
+                    std::thread::spawn(move || {
+                        let (text, _, n) = collect(&mut rx);
+                        assert_eq!((text, n), (expect(102 + 10 * i as u32, 3), 3));
+                        std::thread::sleep(Duration::from_millis(10 * i as u64));
+                        let (j, mut rx) = job(vec![300 + 10 * i as u32, 301 + 10 * i as u32], 2);
+                        e.submit(j).expect("queued");
+                        assert_eq!(collect(&mut rx).0, expect(302 + 10 * i as u32, 2));
+                    })
+                })
+                .collect();
+            for c in clients {
+                c.join().expect("client");
+            }
+            assert_eq!(collect(&mut ra).0.len(), expect(5, 149).len());
+            let seen = seen.lock().expect("lock");
+            let step_of = |tok: u32| seen.iter().position(|(toks, _)| toks.iter().any(|t| t.2 == tok && t.1 == 0)).expect("prompt seen");
+            let first_wave: Vec<usize> = (0..4).map(|i| step_of(100 + 10 * i)).collect();
+            assert!(first_wave.iter().all(|&s| s == first_wave[0]), "the first wave went in at steps {first_wave:?}");
+            let second: Vec<usize> = (0..4).map(|i| step_of(300 + 10 * i)).collect();
+            if gather.is_zero() {
+                assert!(second.windows(2).all(|w| w[0] < w[1]), "without a wait: steps {second:?}");
+                assert_eq!(m.gathers.load(Relaxed), 0);
+            } else {
+                assert!(second.iter().all(|&s| s == second[0]), "with a wait: steps {second:?}");
+                // (the second wave's end waits too, for clients that do not come back: that one
+                // runs out)
+                assert!(m.gathers.load(Relaxed) >= 1, "no wait counted");
+            }
+            drop(seen);
+            e.shutdown();
+        }
+    }
+
     #[test]
     fn prefill_hold_batches_prompts() {
         let cfg = EngineConfig {
@@ -1513,6 +1651,7 @@ mod tests {
             chain: false,
             warmup: false,
             prompt_cache: true,
+            gather: Duration::ZERO,
         };
         let (e, seen, _m) = engine_cfg(4, cfg);
         let (a, mut ra) = job(vec![1, 2, 3], 300);
@@ -1681,6 +1820,7 @@ mod tests {
                 chain,
                 warmup: false,
                 prompt_cache: true,
+                gather: Duration::ZERO,
             };
             let (e, _seen, m) = engine_cfg(4, cfg);
             let mut rxs = Vec::new();
@@ -1775,6 +1915,7 @@ mod tests {
             chain: false,
             warmup: false,
             prompt_cache,
+            gather: Duration::ZERO,
         }
     }
 

@@ -109,6 +109,9 @@ pub struct ServerConfig {
     /// [`EngineConfig::prompt_cache`]: a new request reuses a free slot's cache rows for the
     /// prompt prefix they hold (on; `serve --no-prompt-cache` turns it off).
     pub prompt_cache: bool,
+    /// [`EngineConfig::gather`]: the longest wait for returning clients after a step that ended
+    /// many sequences (`serve --gather-ms`, 10 by default there; none in the library's default).
+    pub gather: std::time::Duration,
 }
 
 /// [`ServerConfig::request_timeout`]'s default (`--request-timeout 600`).
@@ -129,6 +132,7 @@ impl Default for ServerConfig {
             chain: false,
             warmup: false,
             prompt_cache: true,
+            gather: std::time::Duration::ZERO,
         }
     }
 }
@@ -145,6 +149,7 @@ impl ServerConfig {
             chain: self.chain,
             warmup: self.warmup,
             prompt_cache: self.prompt_cache,
+            gather: self.gather,
         }
     }
 

@@ -92,6 +92,11 @@ pub struct Metrics {
     pub steps_eager: AtomicU64,
     /// Steps enqueued before the step before them had come back (chained greedy steps).
     pub steps_chained: AtomicU64,
+    /// Waits for returning clients before a step (engine doc, "Returning clients"), those that
+    /// ran out, and the seconds they took.
+    pub gathers: AtomicU64,
+    pub gathers_timed_out: AtomicU64,
+    pub gather_seconds: F64Gauge,
     /// Forward passes that failed (an error or a panic in the model or its backend).
     pub steps_failed: AtomicU64,
     /// Failed forward passes since the last one that ran (0 while the engine works).
@@ -221,6 +226,23 @@ impl Metrics {
             "turbospark_steps_chained_total",
             "Steps enqueued on the device from the step before's greedy picks, before those came back.",
             self.steps_chained.load(Relaxed),
+        );
+        counter(
+            &mut s,
+            "turbospark_gathers_total",
+            "Waits for returning clients after a step that ended many sequences.",
+            self.gathers.load(Relaxed),
+        );
+        counter(
+            &mut s,
+            "turbospark_gathers_timed_out_total",
+            "Of those, the waits that ran out (waiting then pauses for a second).",
+            self.gathers_timed_out.load(Relaxed),
+        );
+        let _ = writeln!(
+            s,
+            "# HELP turbospark_gather_seconds_total Seconds the engine waited for returning clients.\n# TYPE turbospark_gather_seconds_total counter\nturbospark_gather_seconds_total {}",
+            self.gather_seconds.get()
         );
         let _ = writeln!(
             s,
