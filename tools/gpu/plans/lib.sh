@@ -67,7 +67,7 @@ serve64() {
   timeout $(( $2 + 60 )) "$B" loadtest --url http://127.0.0.1:8089 --clients 64 --duration $2 --max-tokens 128 --prompt-ids 32 --temperature 0 ${4:-} | grep -E "^tokens:|^TTFT|^prompts:|^steady"
   # Where the server's time went: steps, rows, seconds in steps and in forward passes (the
   # wall time less the step seconds is the engine waiting for requests).
-  curl -sf http://127.0.0.1:8089/metrics | grep -E "^turbospark_(steps_total|steps_replayed_total|steps_recorded_total|steps_eager_total|steps_chained_total|batch_tokens_total|step_seconds_total|forward_seconds_total|prompt_tokens_total|completion_tokens_total) " | tr '\n' ' '; echo
+  curl -sf http://127.0.0.1:8089/metrics | grep -E "^turbospark_(steps_total|steps_replayed_total|steps_recorded_total|steps_eager_total|steps_chained_total|batch_tokens_total|step_seconds_total|forward_seconds_total|prompt_tokens_total|completion_tokens_total|gathers_total|gathers_timed_out_total|gather_seconds_total) " | tr '\n' ' '; echo
   kill -INT $sp; (sleep 20; kill -9 $sp 2>/dev/null) & wait $sp 2>/dev/null
 }
 # `stamp MSG`: MSG with the seconds since lib.sh was sourced.
