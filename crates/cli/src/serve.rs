@@ -121,7 +121,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if !(a.request_timeout >= 0.0) {
         bail!("--request-timeout must be a number of seconds, 0 for no limit");
     }
-    if !(a.gather_ms >= 0.0) {
+    if a.gather_ms.is_nan() || a.gather_ms < 0.0 {
         bail!("--gather-ms must be a number of milliseconds, 0 for none");
     }
     if a.prefill_chunk == Some(0) {

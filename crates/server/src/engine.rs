@@ -46,7 +46,11 @@
 //! it ended (at most the free slots) before it builds the next step; it goes on as soon as they
 //! are there. A wait that runs out turns waiting off for [`GATHER_BACKOFF`]: clients that do not
 //! come straight back (people) cost at most one wait a second. Never while a step is enqueued
-//! ahead: that one's rows are fixed.
+//! ahead: that one's rows are fixed. Measured (H100, 64 clients, gpu-next173): 64.00 rows a
+//! step against 63.01, 7,769 tok/s against 7,684 (+1.1%), TTFT p50 10 ms against 24; 37 waits
+//! in 20 s, 1.75 ms each on average. (A CPU server of SmolLM2 at 64 clients of 16 tokens on
+//! this 2-core machine: 63.2 generated tokens a step against ~57, its clients slower to come
+//! back: 3 and 5 ms waits often ran out, 10 ms once in 37.)
 //!
 //! ## Hostile and slow clients
 //! The engine thread never blocks on a client. Each job's event channel is bounded
