@@ -165,8 +165,14 @@ fn loadtest_with_token_id_prompts() {
     assert!(text.contains("completed"), "{text}");
     // The steady window, from the server's own token counter.
     assert!(text.lines().any(|l| l.starts_with("steady: ") && l.contains("tok/s")), "{text}");
-    // ... and its steps in that window: tokens a step, milliseconds a step.
-    assert!(text.lines().any(|l| l.starts_with("steady steps: ") && l.contains("tokens a step") && l.contains("ms a step")), "{text}");
+    // ... and its steps in that window: rows and generated tokens a step, milliseconds a step.
+    assert!(
+        text.lines().any(|l| l.starts_with("steady steps: ")
+            && l.contains("rows a step (")
+            && l.contains("tokens generated")
+            && l.contains("ms a step")),
+        "{text}"
+    );
     // "prompts: N tokens, M of them from the server's prompt cache"
     let cached = |t: &str| -> (u64, u64) {
         let l = t.lines().find(|l| l.starts_with("prompts: ")).unwrap_or_else(|| panic!("no prompts line in:\n{t}"));

@@ -111,13 +111,15 @@ impl StepCounts {
         }
     }
 
-    /// One line: steps, rows a step, milliseconds a step and in its forward pass.
-    fn line(&self) -> Option<String> {
+    /// One line: steps, rows a step (prompt rows included) and of them the tokens generated
+    /// (`generated` in the same window), milliseconds a step and in its forward pass.
+    fn line(&self, generated: u64) -> Option<String> {
         (self.steps >= 1.0).then(|| {
             format!(
-                "{:.0} steps, {:.2} tokens a step, {:.3} ms a step ({:.3} ms in the forward)",
+                "{:.0} steps, {:.2} rows a step ({:.2} tokens generated), {:.3} ms a step ({:.3} ms in the forward)",
                 self.steps,
                 self.batch_tokens / self.steps,
+                generated as f64 / self.steps,
                 1e3 * self.step_seconds / self.steps,
                 1e3 * self.forward_seconds / self.steps
             )
@@ -183,7 +185,7 @@ impl LoadtestReport {
                 "\nsteady: {t} tokens in {:.2} s = {r:.1} tok/s (the server's count, from the first prompts' end to the deadline: every client running)",
                 d.as_secs_f64()
             ));
-            if let Some(l) = self.steady_steps.as_ref().and_then(StepCounts::line) {
+            if let Some(l) = self.steady_steps.as_ref().and_then(|c| c.line(t)) {
                 s.push_str(&format!("\nsteady steps: {l}"));
             }
         }
@@ -416,10 +418,13 @@ mod tests {
         // (`turbospark_steps_total` is not read from `turbospark_steps_chained_total`'s line)
         assert_eq!(StepCounts::parse("turbospark_steps_chained_total 3\nturbospark_batch_tokens_total 1\nturbospark_step_seconds_total 1\nturbospark_forward_seconds_total 1\n"), None);
         let d = b.since(a);
-        assert_eq!(d.line().unwrap(), "1000 steps, 63.37 tokens a step, 8.310 ms a step (8.210 ms in the forward)");
+        assert_eq!(
+            d.line(62_980).unwrap(),
+            "1000 steps, 63.37 rows a step (62.98 tokens generated), 8.310 ms a step (8.210 ms in the forward)"
+        );
         let r = LoadtestReport { steady: Some((5000, Duration::from_millis(500))), steady_steps: Some(d), ..Default::default() };
-        assert!(r.summary().contains("\nsteady steps: 1000 steps, 63.37 tokens a step"), "{}", r.summary());
-        assert_eq!(StepCounts::default().line(), None);
+        assert!(r.summary().contains("\nsteady steps: 1000 steps, 63.37 rows a step (5.00 tokens generated)"), "{}", r.summary());
+        assert_eq!(StepCounts::default().line(0), None);
     }
 
     #[test]
