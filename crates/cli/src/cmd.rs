@@ -37,23 +37,53 @@ pub struct SampleOpts {
     /// How many recent tokens --repeat-penalty looks at.
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
+    /// Subtract this from the logit of every token already in the last --repeat-last-n (0 = off).
+    #[arg(long = "presence-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Subtract this times its count from the logit of every token in the last --repeat-last-n
+    /// (0 = off).
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Add BIAS to a token's logit, as TOKEN_ID+BIAS or TOKEN_ID-BIAS (repeatable; llama.cpp's
+    /// form). TOKEN_ID-inf bans the token: `-l 13-inf` never writes id 13. Ids come from
+    /// `turbospark tokenize`.
+    #[arg(short = 'l', long = "logit-bias", value_name = "TOKEN_ID(+|-)BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// Random seed; the same seed gives the same text (default: random).
     #[arg(short = 's', long = "seed")]
     pub seed: Option<u64>,
 }
 
+/// One `--logit-bias` value: `ID+B`, `ID-B` or `ID-inf` (llama.cpp's syntax; `ID=B` also).
+fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
+    let at = s.find(['+', '-', '=']).ok_or_else(|| format!("'{s}' is not TOKEN_ID+BIAS, TOKEN_ID-BIAS or TOKEN_ID-inf"))?;
+    let id = s[..at].trim().parse::<u32>().map_err(|_| format!("'{}' in '{s}' is not a token id", &s[..at]))?;
+    let rest = s[at..].strip_prefix('=').unwrap_or(&s[at..]).trim();
+    let b = match rest {
+        "-inf" | "-Inf" | "-INF" => f32::NEG_INFINITY,
+        _ => rest.parse::<f32>().ok().filter(|b| b.is_finite()).ok_or_else(|| format!("'{rest}' in '{s}' is not a finite bias or -inf"))?,
+    };
+    Ok((id, b))
+}
+
 impl SampleOpts {
-    fn params(&self) -> SamplerParams {
-        SamplerParams {
+    /// The sampler's parameters, for a model of `n_vocab` tokens (every --logit-bias id inside).
+    fn params(&self, n_vocab: usize) -> Result<SamplerParams> {
+        if let Some(&(id, _)) = self.logit_bias.iter().find(|e| e.0 as usize >= n_vocab) {
+            bail!("--logit-bias: token id {id} is outside the vocabulary (0..{n_vocab})");
+        }
+        Ok(SamplerParams {
             temperature: self.temp,
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
             seed: self.seed,
-            ..SamplerParams::default()
-        }
+        })
     }
 }
 
@@ -319,7 +349,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     if ids.len() >= ctx {
         bail!("the prompt is {} tokens but the context holds {ctx} (raise --ctx-size)", ids.len());
     }
-    let mut sampler = Sampler::new(a.s.params());
+    let mut sampler = Sampler::new(a.s.params(l.model.info().n_vocab)?);
     let mut sess = Session::new(l.model.as_mut(), 0);
     let t0 = Instant::now();
     sess.feed(&ids)?;
@@ -359,7 +389,7 @@ fn run_tokens(a: &RunArgs, ids: &[u32]) -> Result<()> {
     if ids.len() + a.n_predict > ctx {
         bail!("{} prompt + {} generated tokens do not fit the context of {ctx} (raise --ctx-size)", ids.len(), a.n_predict);
     }
-    let mut sampler = Sampler::new(a.s.params());
+    let mut sampler = Sampler::new(a.s.params(l.model.info().n_vocab)?);
     let mut sess = Session::new(l.model.as_mut(), 0);
     let t0 = Instant::now();
     sess.feed(ids)?;
@@ -393,7 +423,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let tmpl = ChatTemplate::from_gguf_metadata(l.src.metadata())?;
     let bos_s = tok.bos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
     let eos_s = tok.eos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
-    let mut sampler = Sampler::new(a.s.params());
+    let mut sampler = Sampler::new(a.s.params(l.model.info().n_vocab)?);
     let mut history: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {
         history.push(ChatMessage::new("system", s));
@@ -947,4 +977,20 @@ fn synth_impl(a: &SynthArgs, quant: GgmlType) -> Result<()> {
 /// so the tokenizer must not add a second one.
 fn starts_with_bos(tok: &Tokenizer, text: &str) -> bool {
     tok.bos().and_then(|b| tok.token_str(b)).is_some_and(|b| !b.is_empty() && text.starts_with(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_logit_bias;
+
+    #[test]
+    fn logit_bias_values() {
+        assert_eq!(parse_logit_bias("15043+1"), Ok((15043, 1.0)));
+        assert_eq!(parse_logit_bias("15043-0.5"), Ok((15043, -0.5)));
+        assert_eq!(parse_logit_bias("13-inf"), Ok((13, f32::NEG_INFINITY)));
+        assert_eq!(parse_logit_bias("7=-2"), Ok((7, -2.0)));
+        for bad in ["15043", "x+1", "-3+1", "5+inf", "5+nan", "5+", "5+1e40"] {
+            assert!(parse_logit_bias(bad).is_err(), "{bad}");
+        }
+    }
 }

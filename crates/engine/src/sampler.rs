@@ -1,7 +1,7 @@
 //! Token sampling, llama.cpp style.
 //!
-//! Order of the chain (fixed): repetition/presence/frequency penalties over the last
-//! `repeat_last_n` history tokens → top-k → temperature + softmax → top-p → min-p → draw from a
+//! Order of the chain (fixed): logit biases → repetition/presence/frequency penalties over the
+//! last `repeat_last_n` history tokens → top-k → temperature + softmax → top-p → min-p → draw from a
 //! ChaCha20 RNG. `temperature <= 0` is greedy: the arg-max of the penalised logits, ties going to
 //! the lowest id.
 //!
@@ -34,6 +34,10 @@ pub struct SamplerParams {
     pub frequency_penalty: f32,
     /// RNG seed; `None` seeds from the OS.
     pub seed: Option<u64>,
+    /// `(token id, bias)` pairs added to those tokens' logits before anything else (OpenAI's
+    /// `logit_bias`, llama.cpp's `--logit-bias`). A bias of `-inf` bans the token; ids past the
+    /// vocabulary are ignored; an id listed twice gets both biases. Default empty.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerParams {
@@ -48,6 +52,7 @@ impl Default for SamplerParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -98,12 +103,13 @@ impl Sampler {
     }
 
     /// True when [`sample`](Self::sample) over a history of `history_len` tokens is the plain
-    /// arg-max of the raw logits ([`ts_core::argmax`]): greedy, and no penalty applies. Then a
-    /// backend's on-device arg-max may stand in for the row (see [`take`](Self::take)).
+    /// arg-max of the raw logits ([`ts_core::argmax`]): greedy, no logit bias, and no penalty
+    /// applies. Then a backend's on-device arg-max may stand in for the row (see
+    /// [`take`](Self::take)).
     pub fn is_plain_greedy(&self, history_len: usize) -> bool {
         let p = &self.params;
         let neutral = p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
-        p.temperature <= 0.0 && (neutral || p.repeat_last_n == 0 || history_len == 0)
+        p.temperature <= 0.0 && p.logit_bias.is_empty() && (neutral || p.repeat_last_n == 0 || history_len == 0)
     }
 
     /// Records `id` as picked, when the pick was made elsewhere (the arg-max computed by the
@@ -142,12 +148,21 @@ impl Sampler {
             self.last = Some(best);
             return best;
         }
-        let p = self.params.clone();
+        // (the scalars copied out: `params` also holds the bias list, and cloning it here would
+        // allocate on every call)
+        let p = &self.params;
+        let (temperature, top_k, top_p, min_p) = (p.temperature, p.top_k, p.top_p, p.min_p);
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l })));
+        // (ids still equal indices here: the bias and the penalties index the list by id)
+        for &(id, b) in &self.params.logit_bias {
+            if let Some(c) = self.cand.get_mut(id as usize) {
+                c.1 += b;
+            }
+        }
         self.apply_penalties(history);
 
-        if p.temperature <= 0.0 {
+        if temperature <= 0.0 {
             let best = self.cand.iter().copied().min_by(by_logit_desc).map_or(0, |c| c.0);
             self.last = Some(best);
             return best;
@@ -155,9 +170,9 @@ impl Sampler {
 
         // top-k (then sort the survivors, best first)
         let n = self.cand.len();
-        if p.top_k > 0 && p.top_k < n {
-            self.cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            self.cand.truncate(p.top_k);
+        if top_k > 0 && top_k < n {
+            self.cand.select_nth_unstable_by(top_k - 1, by_logit_desc);
+            self.cand.truncate(top_k);
         }
         self.cand.sort_unstable_by(by_logit_desc);
 
@@ -169,7 +184,7 @@ impl Sampler {
             self.last = Some(id);
             return id;
         }
-        let inv_t = 1.0 / p.temperature;
+        let inv_t = 1.0 / temperature;
         let mut sum = 0.0f32;
         for c in self.cand.iter_mut() {
             let e = ((c.1 - max) * inv_t).exp();
@@ -181,12 +196,12 @@ impl Sampler {
         }
 
         // top-p
-        if p.top_p < 1.0 {
+        if top_p < 1.0 {
             let mut cum = 0.0f32;
             let mut keep = self.cand.len();
             for (i, c) in self.cand.iter().enumerate() {
                 cum += c.1;
-                if cum >= p.top_p {
+                if cum >= top_p {
                     keep = i + 1;
                     break;
                 }
@@ -195,8 +210,8 @@ impl Sampler {
         }
 
         // min-p (relative to the best token, unaffected by renormalisation)
-        if p.min_p > 0.0 {
-            let thresh = self.cand[0].1 * p.min_p;
+        if min_p > 0.0 {
+            let thresh = self.cand[0].1 * min_p;
             let keep = self.cand.iter().take_while(|c| c.1 >= thresh).count();
             self.cand.truncate(keep.max(1));
         }
@@ -249,7 +264,7 @@ impl Sampler {
         }
     }
 
-    /// Log-probabilities (log-softmax of the raw `logits`, before penalties and truncation) of the
+    /// Log-probabilities (log-softmax of the raw `logits`, before biases, penalties and truncation) of the
     /// last sampled token and of the `top_n` most likely tokens (best first, ties by id).
     /// Returns `(NaN, …)` if nothing was sampled yet.
     pub fn logprobs(&mut self, logits: &[f32], top_n: usize) -> (f32, Vec<(u32, f32)>) {
@@ -428,6 +443,37 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_moves_and_bans() {
+        let logits = [2.0, 1.9, -1.0];
+        let mut s = Sampler::new(params(|p| {
+            p.temperature = 0.0;
+            p.logit_bias = vec![(1, 0.2)];
+        }));
+        assert!(!s.is_plain_greedy(0), "a bias must keep the row off the device's arg-max");
+        assert_eq!(s.sample(&logits, &[]), 1);
+        // A ban wins over everything; ids past the vocabulary are ignored.
+        let mut s = Sampler::new(params(|p| {
+            p.temperature = 0.0;
+            p.logit_bias = vec![(0, f32::NEG_INFINITY), (1, f32::NEG_INFINITY), (99, 50.0)];
+        }));
+        assert_eq!(s.sample(&logits, &[]), 2);
+        // Sampled: a banned token never comes; a large bias makes a token all but certain.
+        let mut s = Sampler::new(params(|p| {
+            p.temperature = 1.0;
+            p.top_k = 0;
+            p.top_p = 1.0;
+            p.min_p = 0.0;
+            p.logit_bias = vec![(0, f32::NEG_INFINITY)];
+        }));
+        assert!((0..500).all(|_| s.sample(&logits, &[]) != 0));
+        let mut s = Sampler::new(params(|p| {
+            p.temperature = 1.0;
+            p.logit_bias = vec![(2, 100.0)];
+        }));
+        assert!((0..500).all(|_| s.sample(&logits, &[]) == 2));
+    }
+
+    #[test]
     fn logprobs_are_log_softmax() {
         let logits = [1.0f32, 2.0, 3.0, 3.0];
         let mut s = Sampler::new(SamplerParams::greedy());
@@ -444,7 +490,10 @@ mod tests {
     #[test]
     fn no_realloc_after_first_call() {
         let logits: Vec<f32> = (0..4096).map(|i| (i % 13) as f32).collect();
-        let mut s = Sampler::new(params(|p| p.repeat_penalty = 1.1));
+        let mut s = Sampler::new(params(|p| {
+            p.repeat_penalty = 1.1;
+            p.logit_bias = vec![(3, -1.0), (7, f32::NEG_INFINITY)];
+        }));
         let hist: Vec<u32> = (0..100).collect();
         s.sample(&logits, &hist);
         let (c1, w1) = (s.cand.as_ptr(), s.window.as_ptr());

@@ -4,7 +4,8 @@
 //! Requests are parsed from a `serde_json::Value` by hand rather than derived, so that a field of
 //! the wrong type or out of range is reported as OpenAI does: status 400, `param` naming it.
 //! Unknown fields are ignored (clients send vendor extensions); fields whose meaning we cannot
-//! honour (`n > 1`, `echo`, `best_of > 1`, `suffix`, non-text content) are refused, not ignored.
+//! honour (`n > 1`, `echo`, `best_of > 1`, `suffix`, non-text content, `response_format` other
+//! than text, `tools`, `functions`, `audio`) are refused, not ignored.
 
 use serde_json::{json, Map, Value};
 use ts_engine::{ChatMessage, SamplerParams};
@@ -18,6 +19,8 @@ pub const MAX_STOPS: usize = 16;
 pub const MAX_TOP_LOGPROBS_CHAT: i64 = 20;
 /// Most `logprobs` for completions (OpenAI's limit).
 pub const MAX_LOGPROBS_COMPLETIONS: i64 = 5;
+/// Most `logit_bias` entries per request (OpenAI documents none; this bounds the per-token work).
+pub const MAX_LOGIT_BIAS: usize = 1024;
 
 /// The fields both endpoints share.
 #[derive(Debug, Clone, PartialEq)]
@@ -167,6 +170,7 @@ pub fn parse_common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiE
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         seed: None,
+        logit_bias: Vec::new(),
     };
     if let Some(t) = number(obj, "temperature", 0.0, 2.0)? {
         sampling.temperature = t as f32;
@@ -186,6 +190,8 @@ pub fn parse_common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiE
     if let Some(p) = number(obj, "frequency_penalty", -2.0, 2.0)? {
         sampling.frequency_penalty = p as f32;
     }
+    sampling.logit_bias = logit_bias(obj)?;
+    refuse_unsupported(obj)?;
     if let Some(v) = field(obj, "seed") {
         let seed = match v {
             Value::Number(n) => n.as_u64().or_else(|| n.as_i64().map(|i| i as u64)),
@@ -204,6 +210,76 @@ pub fn parse_common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiE
         integer(obj, "logprobs", 0, MAX_LOGPROBS_COMPLETIONS)?.map(|n| n as usize)
     };
     Ok(Common { model, stream, include_usage, max_tokens: max_tokens.map(|m| m as usize), stop, sampling, top_logprobs })
+}
+
+/// `logit_bias`: an object from token ids (decimal strings) to biases in [-100, 100], added to
+/// those tokens' logits before sampling. -100 bans the token (read as -inf), as OpenAI
+/// documents it ("should result in a ban"); the ids are checked against the vocabulary by the
+/// caller, which knows it. Sorted by id.
+fn logit_bias(obj: &Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let m = match field(obj, "logit_bias") {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(v) => return Err(wrong_type("logit_bias", "an object", v)),
+    };
+    if m.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("'logit_bias' has {} entries; at most {MAX_LOGIT_BIAS} are allowed.", m.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(m.len());
+    for (k, v) in m {
+        let id = k.trim().parse::<u32>().map_err(|_| {
+            ApiError::invalid("logit_bias", format!("Invalid key in 'logit_bias': '{k}' is not a token id (a non-negative integer)."))
+        })?;
+        let p = format!("logit_bias.{k}");
+        let b = v.as_f64().ok_or_else(|| wrong_type(&p, "a number", v))?;
+        if !(-100.0..=100.0).contains(&b) {
+            return Err(ApiError::invalid(p, format!("'logit_bias' for token {id} is {b}, but it must be between -100 and 100.")));
+        }
+        out.push((id, if b <= -100.0 { f32::NEG_INFINITY } else { b as f32 }));
+    }
+    out.sort_by_key(|e| e.0);
+    Ok(out)
+}
+
+/// Refuses the fields that ask for behaviour this server does not have (constrained output,
+/// tool calls, audio), rather than answering as though they had been honoured. Their neutral
+/// values pass: `response_format` of type `text`, empty `tools` / `functions`.
+fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    match field(obj, "response_format") {
+        None => {}
+        Some(Value::Object(o)) => match o.get("type") {
+            Some(Value::String(t)) if t == "text" => {}
+            Some(Value::String(t)) => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!("'response_format' of type '{t}' is not supported: this server has no constrained (JSON or schema) decoding; ask for the format in the prompt instead."),
+                ))
+            }
+            Some(v) => return Err(wrong_type("response_format.type", "a string", v)),
+            None => return Err(ApiError::invalid("response_format.type", "Missing required parameter: 'response_format.type'.")),
+        },
+        Some(v) => return Err(wrong_type("response_format", "an object", v)),
+    }
+    for key in ["tools", "functions"] {
+        match field(obj, key) {
+            None => {}
+            Some(Value::Array(a)) if a.is_empty() => {}
+            Some(Value::Array(_)) => {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("'{key}' is not supported: this server does not produce tool or function calls."),
+                ))
+            }
+            Some(v) => return Err(wrong_type(key, "an array", v)),
+        }
+    }
+    if field(obj, "audio").is_some() {
+        return Err(ApiError::invalid("audio", "'audio' is not supported: this server produces text only."));
+    }
+    Ok(())
 }
 
 /// `messages` as chat messages. Content may be a string, an array of `{"type": "text"}` parts
@@ -514,6 +590,51 @@ mod tests {
         assert_eq!(c.top_logprobs, Some(3));
         let c = parse_common(&obj(r#"{"logprobs": 2}"#), false).expect("valid");
         assert_eq!(c.top_logprobs, Some(2));
+    }
+
+    #[test]
+    fn logit_bias_is_parsed_and_checked() {
+        let c = parse_common(&obj(r#"{"logit_bias": {"50": -100, "7": 2.5, " 9": 0}}"#), true).expect("valid");
+        assert_eq!(c.sampling.logit_bias, vec![(7, 2.5), (9, 0.0), (50, f32::NEG_INFINITY)]);
+        assert!(parse_common(&obj(r#"{"logit_bias": null}"#), true).expect("valid").sampling.logit_bias.is_empty());
+        for (body, param, what) in [
+            (r#"{"logit_bias": [1]}"#, "logit_bias", "expected an object"),
+            (r#"{"logit_bias": {"x": 1}}"#, "logit_bias", "'x' is not a token id"),
+            (r#"{"logit_bias": {"-3": 1}}"#, "logit_bias", "'-3' is not a token id"),
+            (r#"{"logit_bias": {"3": "1"}}"#, "logit_bias.3", "expected a number"),
+            (r#"{"logit_bias": {"3": 101}}"#, "logit_bias.3", "between -100 and 100"),
+        ] {
+            let e = parse_common(&obj(body), false).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert!(e.message.contains(what), "{body}: {}", e.message);
+        }
+        let many: Map<String, Value> = (0..=MAX_LOGIT_BIAS).map(|i| (i.to_string(), json!(1))).collect();
+        let mut o = Map::new();
+        o.insert("logit_bias".into(), Value::Object(many));
+        assert!(parse_common(&o, true).unwrap_err().message.contains("at most"));
+    }
+
+    #[test]
+    fn unsupported_features_are_refused_not_ignored() {
+        for body in [
+            r#"{"response_format": {"type": "text"}}"#,
+            r#"{"tools": [], "tool_choice": "none"}"#,
+            r#"{"functions": null, "user": "u", "metadata": {}}"#,
+        ] {
+            parse_common(&obj(body), true).unwrap_or_else(|e| panic!("{body}: {}", e.message));
+        }
+        for (body, param) in [
+            (r#"{"response_format": {"type": "json_object"}}"#, "response_format"),
+            (r#"{"response_format": {"type": "json_schema", "json_schema": {}}}"#, "response_format"),
+            (r#"{"response_format": {}}"#, "response_format.type"),
+            (r#"{"response_format": "json"}"#, "response_format"),
+            (r#"{"tools": [{"type": "function", "function": {"name": "f"}}]}"#, "tools"),
+            (r#"{"functions": [{"name": "f"}]}"#, "functions"),
+            (r#"{"audio": {"voice": "alloy"}}"#, "audio"),
+        ] {
+            let e = parse_common(&obj(body), true).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+        }
     }
 
     #[test]

@@ -163,6 +163,7 @@ fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(Com
     let obj = api::parse_body(&body)?;
     let c = api::parse_common(&obj, true)?;
     check_model(st, c.model.as_deref())?;
+    check_bias(st, &c)?;
     let msgs = api::parse_messages(&obj)?;
     let tok = &st.tokenizer;
     let bos = tok.bos().and_then(|b| tok.token_str(b)).unwrap_or("");
@@ -193,6 +194,7 @@ fn completions_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Resu
     let obj = api::parse_body(&body)?;
     let c = api::parse_common(&obj, false)?;
     check_model(st, c.model.as_deref())?;
+    check_bias(st, &c)?;
     let tok = &st.tokenizer;
     let ids = match api::parse_prompt(&obj)? {
         Prompt::Text(t) => {
@@ -210,6 +212,18 @@ fn completions_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Resu
         }
     };
     Ok((c, ids))
+}
+
+/// Every `logit_bias` id inside the vocabulary (the parser cannot know its size).
+fn check_bias(st: &AppState, c: &Common) -> Result<(), ApiError> {
+    let nv = st.tokenizer.vocab_size();
+    match c.sampling.logit_bias.iter().find(|e| e.0 as usize >= nv) {
+        Some(&(id, _)) => Err(ApiError::invalid(
+            "logit_bias",
+            format!("Invalid key in 'logit_bias': token id {id} is outside the vocabulary (0..{nv})."),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Length checks, submission, then the answer (streamed or whole).

@@ -238,6 +238,51 @@ fn logprobs_seed_and_penalties() {
     });
 }
 
+/// The id of `text` as one token of the default model.
+fn one_token(text: &str) -> u32 {
+    let path = ts_engine::hub::ensure(&ts_engine::hub::SMOLLM2, &mut |m| eprintln!("hub: {m}")).expect("the default model");
+    let src = ts_formats::open_model(&path).expect("open the model");
+    let tok = ts_engine::tokenizer::Tokenizer::from_gguf_metadata(src.metadata()).expect("tokenizer");
+    let ids = tok.encode(text, false).expect("encode");
+    assert_eq!(ids.len(), 1, "{text:?} is one token: {ids:?}");
+    ids[0]
+}
+
+#[test]
+fn logit_bias_bans_and_forces_tokens() {
+    let addr = server().addr();
+    let paris = one_token(" Paris");
+    rt().block_on(async {
+        let base = json!({"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0});
+        let (st, v) = post(addr, "/v1/completions", &base).await;
+        assert_eq!(st, 200, "{v}");
+        assert!(text_of(&v).starts_with(" Paris"), "greedy picks Paris first: {v}");
+        // -100 bans it, on the whole and on the streamed path; the text changes.
+        let mut banned = base.clone();
+        banned["logit_bias"] = json!({paris.to_string(): -100});
+        let (st, v) = post(addr, "/v1/completions", &banned).await;
+        assert_eq!(st, 200, "{v}");
+        let text = text_of(&v);
+        assert!(!text.contains("Paris"), "banned: {text:?}");
+        banned["stream"] = json!(true);
+        let (st, events) = stream(addr, "/v1/completions", &banned).await;
+        assert_eq!(st, 200);
+        let streamed: String = chunks(&events).iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+        assert_eq!(streamed, text);
+        // +100 forces it, in chat too, every step.
+        let forced = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 3, "temperature": 0.8, "seed": 3,
+                            "logit_bias": {paris.to_string(): 100}});
+        let (st, v) = post(addr, "/v1/chat/completions", &forced).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(text_of(&v), " Paris Paris Paris");
+        // An id outside the vocabulary is refused by name.
+        let mut bad = base.clone();
+        bad["logit_bias"] = json!({"999999": 1});
+        let (st, v) = post(addr, "/v1/completions", &bad).await;
+        assert_error(st, &v, 400, Some("logit_bias"), None, "outside the vocabulary");
+    });
+}
+
 fn assert_error(st: u16, v: &Value, want_status: u16, param: Option<&str>, code: Option<&str>, says: &str) {
     assert_eq!(st, want_status, "{v}");
     let e = &v["error"];
@@ -291,6 +336,10 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         assert_error(st, &v, 400, Some("prompt[0]"), None, "vocabulary");
         let (st, v) = post(addr, "/v1/completions", &json!({"prompt": "x", "n": 3})).await;
         assert_error(st, &v, 400, Some("n"), None, "n");
+        let (st, v) = post(addr, chat, &json!({"messages": user, "response_format": {"type": "json_object"}})).await;
+        assert_error(st, &v, 400, Some("response_format"), None, "not supported");
+        let (st, v) = post(addr, chat, &json!({"messages": user, "tools": [{"type": "function", "function": {"name": "f"}}]})).await;
+        assert_error(st, &v, 400, Some("tools"), None, "tool");
         let big = json!({"prompt": "a".repeat(MAX_BODY + 1000)});
         let (st, v) = post(addr, "/v1/completions", &big).await;
         assert_error(st, &v, 413, None, Some("request_too_large"), "too large");
