@@ -54,6 +54,19 @@ class OpenAIClient(unittest.TestCase):
             model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True) if c.choices)
         self.assertEqual(streamed, text)
 
+    def test_several_choices(self):
+        r = CLIENT.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0.9, seed=11, n=2)
+        self.assertEqual([c.index for c in r.choices], [0, 1])
+        self.assertTrue(all(c.message.content for c in r.choices))
+        parts = {0: [], 1: []}
+        for chunk in CLIENT.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0.9, seed=11, n=2, stream=True
+        ):
+            for c in chunk.choices:
+                if c.delta.content:
+                    parts[c.index].append(c.delta.content)
+        self.assertEqual(["".join(parts[i]) for i in (0, 1)], [c.message.content for c in r.choices])
+
     def test_stop_and_logprobs(self):
         full = CLIENT.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0).choices[0].message.content
         words = full.split()

@@ -4,8 +4,8 @@
 //! Requests are parsed from a `serde_json::Value` by hand rather than derived, so that a field of
 //! the wrong type or out of range is reported as OpenAI does: status 400, `param` naming it.
 //! Unknown fields are ignored (clients send vendor extensions); fields whose meaning we cannot
-//! honour (`n > 1`, `echo`, `best_of > 1`, `suffix`, non-text content, `response_format` other
-//! than text, `tools`, `functions`, `audio`) are refused, not ignored.
+//! honour (`echo`, `best_of > 1`, `suffix`, non-text content, `response_format` other than
+//! text, `tools`, `functions`, `audio`) are refused, not ignored.
 
 use serde_json::{json, Map, Value};
 use ts_engine::{ChatMessage, SamplerParams};
@@ -19,6 +19,8 @@ pub const MAX_STOPS: usize = 16;
 pub const MAX_TOP_LOGPROBS_CHAT: i64 = 20;
 /// Most `logprobs` for completions (OpenAI's limit).
 pub const MAX_LOGPROBS_COMPLETIONS: i64 = 5;
+/// Most choices (`n`) per request: each is a sequence of its own in the engine.
+pub const MAX_CHOICES: usize = 16;
 /// Most `logit_bias` entries per request (OpenAI documents none; this bounds the per-token work).
 pub const MAX_LOGIT_BIAS: usize = 1024;
 
@@ -39,6 +41,8 @@ pub struct Common {
     pub sampling: SamplerParams,
     /// `Some(n)` when log-probabilities were asked for, with `n` alternatives per token.
     pub top_logprobs: Option<usize>,
+    /// Choices to generate (`n`), each a sequence of its own: 1..=[`MAX_CHOICES`].
+    pub n: usize,
 }
 
 /// A completions prompt: text, or token ids.
@@ -155,10 +159,9 @@ pub fn parse_common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiE
         }
         Some(v) => return Err(wrong_type("stop", "a string or an array of strings", v)),
     };
-    if let Some(n) = integer(obj, "n", 1, i64::MAX)? {
-        if n != 1 {
-            return Err(ApiError::invalid("n", format!("'n' is {n}; this server generates one choice per request (n = 1).")));
-        }
+    let n = integer(obj, "n", 1, i64::MAX)?.unwrap_or(1);
+    if n as usize > MAX_CHOICES {
+        return Err(ApiError::invalid("n", format!("'n' is {n}; this server generates at most {MAX_CHOICES} choices per request.")));
     }
     let mut sampling = SamplerParams {
         temperature: 1.0,
@@ -209,7 +212,7 @@ pub fn parse_common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiE
     } else {
         integer(obj, "logprobs", 0, MAX_LOGPROBS_COMPLETIONS)?.map(|n| n as usize)
     };
-    Ok(Common { model, stream, include_usage, max_tokens: max_tokens.map(|m| m as usize), stop, sampling, top_logprobs })
+    Ok(Common { model, stream, include_usage, max_tokens: max_tokens.map(|m| m as usize), stop, sampling, top_logprobs, n: n as usize })
 }
 
 /// `logit_bias`: an object from token ids (decimal strings) to biases in [-100, 100], added to
@@ -449,26 +452,42 @@ pub fn completion_logprobs(lps: &[TokenLogprob], offset: &mut usize) -> Value {
     json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
 }
 
-/// A complete `chat.completion`.
-pub fn chat_response(m: &Meta, text: &str, finish: Finish, logprobs: Option<&[TokenLogprob]>, u: Usage) -> Value {
+/// One finished choice of a whole (not streamed) response.
+#[derive(Debug, Clone, Copy)]
+pub struct Choice<'a> {
+    pub text: &'a str,
+    pub finish: Finish,
+    /// The tokens' log-probabilities, when they were asked for.
+    pub logprobs: Option<&'a [TokenLogprob]>,
+}
+
+/// A complete `chat.completion`, its choices indexed in order.
+pub fn chat_response(m: &Meta, choices: &[Choice<'_>], u: Usage) -> Value {
+    let choices: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": c.logprobs.map(chat_logprobs),
+                "finish_reason": c.finish.as_str(),
+            })
+        })
+        .collect();
     json!({
         "id": m.id,
         "object": "chat.completion",
         "created": m.created,
         "model": m.model,
         "system_fingerprint": crate::FINGERPRINT,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs.map(chat_logprobs),
-            "finish_reason": finish.as_str(),
-        }],
+        "choices": choices,
         "usage": usage(u),
     })
 }
 
-/// One `chat.completion.chunk`.
-pub fn chat_chunk(m: &Meta, delta: Value, finish: Option<Finish>, logprobs: Option<Value>, include_usage: bool) -> Value {
+/// One `chat.completion.chunk`, for choice `index`.
+pub fn chat_chunk(m: &Meta, index: usize, delta: Value, finish: Option<Finish>, logprobs: Option<Value>, include_usage: bool) -> Value {
     let mut v = json!({
         "id": m.id,
         "object": "chat.completion.chunk",
@@ -476,7 +495,7 @@ pub fn chat_chunk(m: &Meta, delta: Value, finish: Option<Finish>, logprobs: Opti
         "model": m.model,
         "system_fingerprint": crate::FINGERPRINT,
         "choices": [{
-            "index": 0,
+            "index": index,
             "delta": delta,
             "logprobs": logprobs,
             "finish_reason": finish.map(Finish::as_str),
@@ -501,27 +520,34 @@ pub fn usage_chunk(m: &Meta, object: &str, u: Usage) -> Value {
     })
 }
 
-/// A complete `text_completion`.
-pub fn completion_response(m: &Meta, text: &str, finish: Finish, logprobs: Option<&[TokenLogprob]>, u: Usage) -> Value {
-    let mut off = 0;
+/// A complete `text_completion`, its choices indexed in order.
+pub fn completion_response(m: &Meta, choices: &[Choice<'_>], u: Usage) -> Value {
+    let choices: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut off = 0;
+            json!({
+                "text": c.text,
+                "index": i,
+                "logprobs": c.logprobs.map(|l| completion_logprobs(l, &mut off)),
+                "finish_reason": c.finish.as_str(),
+            })
+        })
+        .collect();
     json!({
         "id": m.id,
         "object": "text_completion",
         "created": m.created,
         "model": m.model,
         "system_fingerprint": crate::FINGERPRINT,
-        "choices": [{
-            "text": text,
-            "index": 0,
-            "logprobs": logprobs.map(|l| completion_logprobs(l, &mut off)),
-            "finish_reason": finish.as_str(),
-        }],
+        "choices": choices,
         "usage": usage(u),
     })
 }
 
-/// One streamed `text_completion` chunk.
-pub fn completion_chunk(m: &Meta, text: &str, finish: Option<Finish>, logprobs: Option<Value>, include_usage: bool) -> Value {
+/// One streamed `text_completion` chunk, for choice `index`.
+pub fn completion_chunk(m: &Meta, index: usize, text: &str, finish: Option<Finish>, logprobs: Option<Value>, include_usage: bool) -> Value {
     let mut v = json!({
         "id": m.id,
         "object": "text_completion",
@@ -530,7 +556,7 @@ pub fn completion_chunk(m: &Meta, text: &str, finish: Option<Finish>, logprobs: 
         "system_fingerprint": crate::FINGERPRINT,
         "choices": [{
             "text": text,
-            "index": 0,
+            "index": index,
             "logprobs": logprobs,
             "finish_reason": finish.map(Finish::as_str),
         }],
@@ -567,8 +593,12 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         let e = parse_common(&obj(r#"{"stop": [1]}"#), false).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stop[0]"));
-        let e = parse_common(&obj(r#"{"n": 2}"#), false).unwrap_err();
+        let e = parse_common(&obj(r#"{"n": 17}"#), false).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("n"));
+        let e = parse_common(&obj(r#"{"n": 0}"#), false).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n"));
+        assert_eq!(parse_common(&obj(r#"{"n": 3}"#), true).expect("valid").n, 3);
+        assert_eq!(parse_common(&obj(r#"{}"#), true).expect("valid").n, 1);
         let e = parse_common(&obj(r#"{"top_logprobs": 2}"#), true).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("top_logprobs"));
         let e = parse_common(&obj(r#"{"stream": "yes"}"#), true).unwrap_err();

@@ -382,6 +382,11 @@ impl Engine {
         self.n_slots
     }
 
+    /// Most jobs admitted at once (slots + queue): a request of more choices can never run.
+    pub fn capacity(&self) -> usize {
+        self.n_slots + self.max_queue
+    }
+
     /// Jobs submitted and not finished (waiting + active).
     pub fn occupancy(&self) -> u64 {
         self.occupancy.load(Relaxed)
@@ -389,28 +394,42 @@ impl Engine {
 
     /// Queues `job`, or refuses it with 503 when every slot is busy and the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        self.submit_all(vec![job])
+    }
+
+    /// Queues several jobs (a request's choices) together: all are admitted, or none (a 503
+    /// when the slots and queue cannot take them all).
+    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), ApiError> {
+        let k = jobs.len() as u64;
         if let Some(why) = self.metrics.out_of_service() {
-            self.metrics.requests_rejected.fetch_add(1, Relaxed);
+            self.metrics.requests_rejected.fetch_add(k, Relaxed);
             return Err(ApiError::unavailable(format!("the engine is out of service: {why}; the server needs a restart"), "engine_failed"));
         }
         let cap = (self.n_slots + self.max_queue) as u64;
-        let admitted = self.occupancy.fetch_update(Relaxed, Relaxed, |o| (o < cap).then_some(o + 1)).is_ok();
+        let admitted = self.occupancy.fetch_update(Relaxed, Relaxed, |o| (o + k <= cap).then_some(o + k)).is_ok();
         if !admitted {
-            self.metrics.requests_rejected.fetch_add(1, Relaxed);
+            self.metrics.requests_rejected.fetch_add(k, Relaxed);
+            let what = if k == 1 { String::new() } else { format!(" for {k} more sequences") };
             return Err(ApiError::unavailable(
                 format!(
-                    "server busy: all {} slots are generating and {} requests are already waiting (the queue limit); retry later",
+                    "server busy: all {} slots are generating and {} requests are already waiting (the queue limit){what}; retry later",
                     self.n_slots, self.max_queue
                 ),
                 "queue_full",
             ));
         }
-        let sent = self.tx.lock().unwrap_or_else(|e| e.into_inner()).send(Msg::Job(Box::new(job)));
-        if sent.is_err() {
-            self.occupancy.fetch_sub(1, Relaxed);
-            return Err(ApiError::unavailable("the engine has stopped (the server is shutting down)", "engine_stopped"));
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let mut left = k;
+        for job in jobs {
+            if tx.send(Msg::Job(Box::new(job))).is_err() {
+                // (jobs sent before are dropped with the engine; their occupancy with them)
+                self.occupancy.fetch_sub(left, Relaxed);
+                return Err(ApiError::unavailable("the engine has stopped (the server is shutting down)", "engine_stopped"));
+            }
+            left -= 1;
+            self.metrics.requests_accepted.fetch_add(1, Relaxed);
         }
-        self.metrics.requests_accepted.fetch_add(1, Relaxed);
+        drop(tx);
         self.metrics.queue_depth.store(self.occupancy().saturating_sub(self.metrics.active_seqs.load(Relaxed)), Relaxed);
         Ok(())
     }

@@ -13,12 +13,14 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures_util::stream::{BoxStream, SelectAll};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{channel, Receiver};
 use ts_engine::{ChatTemplate, Tokenizer};
 
 use crate::api::{self, Common, Meta, Prompt};
-use crate::engine::{Engine, Event, Finish, Job, TokenLogprob, EVENT_BUFFER};
+use crate::engine::{Engine, Event, Finish, Job, TokenLogprob, Usage, EVENT_BUFFER};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -218,10 +220,9 @@ fn completions_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Resu
 fn check_bias(st: &AppState, c: &Common) -> Result<(), ApiError> {
     let nv = st.tokenizer.vocab_size();
     match c.sampling.logit_bias.iter().find(|e| e.0 as usize >= nv) {
-        Some(&(id, _)) => Err(ApiError::invalid(
-            "logit_bias",
-            format!("Invalid key in 'logit_bias': token id {id} is outside the vocabulary (0..{nv})."),
-        )),
+        Some(&(id, _)) => {
+            Err(ApiError::invalid("logit_bias", format!("Invalid key in 'logit_bias': token id {id} is outside the vocabulary (0..{nv}).")))
+        }
         None => Ok(()),
     }
 }
@@ -263,18 +264,36 @@ async fn generate(st: &Arc<AppState>, kind: Kind, c: Common, prompt: Vec<u32>, a
         Some(m) => m,
         None => ctx - prompt.len(),
     };
-    let (tx, rx) = channel(EVENT_BUFFER);
+    if c.n > st.engine.capacity() {
+        return Err(ApiError::invalid(
+            "n",
+            format!("'n' is {}, but this server runs and queues at most {} sequences at once.", c.n, st.engine.capacity()),
+        ));
+    }
     let n_prompt = prompt.len();
-    st.engine.submit(Job {
-        prompt,
-        sampling: c.sampling.clone(),
-        max_tokens,
-        stop: c.stop.clone(),
-        top_logprobs: c.top_logprobs,
-        events: tx,
-        arrived,
-        deadline: st.request_timeout.and_then(|t| arrived.checked_add(t)),
-    })?;
+    // One sequence a choice; choice i of a seeded request samples with seed + i (so choice 0
+    // is the text the same request with n = 1 gives).
+    let mut rxs = Vec::with_capacity(c.n);
+    let jobs = (0..c.n.max(1))
+        .map(|i| {
+            let (tx, rx) = channel(EVENT_BUFFER);
+            rxs.push(rx);
+            let mut sampling = c.sampling.clone();
+            sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+            Job {
+                prompt: prompt.clone(),
+                sampling,
+                max_tokens,
+                stop: c.stop.clone(),
+                top_logprobs: c.top_logprobs,
+                events: tx,
+                arrived,
+                deadline: st.request_timeout.and_then(|t| arrived.checked_add(t)),
+            }
+        })
+        .collect();
+    st.engine.submit_all(jobs)?;
+    let rx = merge(rxs);
     let n = st.counter.fetch_add(1, Relaxed);
     let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
     let now = unix_now();
@@ -286,22 +305,55 @@ async fn generate(st: &Arc<AppState>, kind: Kind, c: Common, prompt: Vec<u32>, a
     }
 }
 
-async fn whole_response(kind: Kind, meta: Meta, c: Common, mut rx: Receiver<Event>, n_prompt: usize) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut lps: Vec<TokenLogprob> = Vec::new();
-    while let Some(ev) = rx.recv().await {
+/// The events of a request's choices as one stream of `(choice, event)`. Dropping it drops
+/// every choice's receiver, which stops their sequences.
+type Merged = SelectAll<BoxStream<'static, (usize, Event)>>;
+
+fn merge(rxs: Vec<Receiver<Event>>) -> Merged {
+    futures_util::stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) }).map(move |e| (i, e)).boxed()
+    }))
+}
+
+/// A request's usage from its choices' (OpenAI's count for `n` > 1): the prompt once, the
+/// completions summed; cached tokens are those every choice read from the cache.
+fn add_usage(acc: &mut Option<Usage>, u: Usage) {
+    *acc = Some(match *acc {
+        None => u,
+        Some(a) => Usage { prompt: a.prompt, cached: a.cached.min(u.cached), completion: a.completion + u.completion },
+    });
+}
+
+async fn whole_response(kind: Kind, meta: Meta, c: Common, mut rx: Merged, n_prompt: usize) -> Result<Response, ApiError> {
+    let n = c.n.max(1);
+    let mut texts = vec![String::new(); n];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut finishes: Vec<Option<Finish>> = vec![None; n];
+    let mut total = None;
+    while let Some((i, ev)) = rx.next().await {
         match ev {
             Event::Delta { text: t, logprobs } => {
-                text.push_str(&t);
-                lps.extend(logprobs);
+                texts[i].push_str(&t);
+                lps[i].extend(logprobs);
             }
             Event::Done { finish, usage } => {
-                let lp = c.top_logprobs.map(|_| lps.as_slice());
-                let v = match kind {
-                    Kind::Chat => api::chat_response(&meta, &text, finish, lp, usage),
-                    Kind::Completion => api::completion_response(&meta, &text, finish, lp, usage),
-                };
-                return Ok(axum::Json(v).into_response());
+                finishes[i] = Some(finish);
+                add_usage(&mut total, usage);
+                if finishes.iter().all(Option::is_some) {
+                    let choices: Vec<api::Choice<'_>> = (0..n)
+                        .map(|j| api::Choice {
+                            text: &texts[j],
+                            finish: finishes[j].unwrap_or(Finish::Stop),
+                            logprobs: c.top_logprobs.map(|_| lps[j].as_slice()),
+                        })
+                        .collect();
+                    let usage = total.unwrap_or(usage);
+                    let v = match kind {
+                        Kind::Chat => api::chat_response(&meta, &choices, usage),
+                        Kind::Completion => api::completion_response(&meta, &choices, usage),
+                    };
+                    return Ok(axum::Json(v).into_response());
+                }
             }
             Event::Failed(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
             Event::Unavailable(e) => return Err(ApiError::unavailable(e, "timeout")),
@@ -321,10 +373,14 @@ struct StreamState {
     meta: Meta,
     include_usage: bool,
     logprobs: bool,
-    rx: Receiver<Event>,
+    rx: Merged,
     phase: Phase,
-    /// Text offset (characters) for legacy completions logprobs.
-    offset: usize,
+    /// Per choice: text offset (characters) for legacy completions logprobs.
+    offsets: Vec<usize>,
+    /// Choices not yet finished.
+    open: usize,
+    /// The finished choices' usage so far.
+    usage: Option<Usage>,
 }
 
 fn sse(buf: &mut String, v: &Value) {
@@ -334,16 +390,16 @@ fn sse(buf: &mut String, v: &Value) {
 }
 
 impl StreamState {
-    fn delta(&mut self, text: &str, lps: &[TokenLogprob], finish: Option<Finish>) -> Value {
+    fn delta(&mut self, i: usize, text: &str, lps: &[TokenLogprob], finish: Option<Finish>) -> Value {
         match self.kind {
             Kind::Chat => {
                 let lp = self.logprobs.then(|| api::chat_logprobs(lps));
                 let delta = if finish.is_some() && text.is_empty() { json!({}) } else { json!({"content": text}) };
-                api::chat_chunk(&self.meta, delta, finish, lp, self.include_usage)
+                api::chat_chunk(&self.meta, i, delta, finish, lp, self.include_usage)
             }
             Kind::Completion => {
-                let lp = self.logprobs.then(|| api::completion_logprobs(lps, &mut self.offset));
-                api::completion_chunk(&self.meta, text, finish, lp, self.include_usage)
+                let lp = self.logprobs.then(|| api::completion_logprobs(lps, &mut self.offsets[i]));
+                api::completion_chunk(&self.meta, i, text, finish, lp, self.include_usage)
             }
         }
     }
@@ -356,34 +412,40 @@ impl StreamState {
             Phase::Start => {
                 self.phase = Phase::Running;
                 if self.kind == Kind::Chat {
-                    let v = api::chat_chunk(&self.meta, json!({"role": "assistant", "content": ""}), None, None, self.include_usage);
-                    sse(&mut out, &v);
+                    for i in 0..self.offsets.len() {
+                        let v = api::chat_chunk(&self.meta, i, json!({"role": "assistant", "content": ""}), None, None, self.include_usage);
+                        sse(&mut out, &v);
+                    }
                     return Some(Bytes::from(out));
                 }
             }
             Phase::Running => {}
         }
-        match self.rx.recv().await {
-            Some(Event::Delta { text, logprobs }) => {
-                let v = self.delta(&text, &logprobs, None);
+        match self.rx.next().await {
+            Some((i, Event::Delta { text, logprobs })) => {
+                let v = self.delta(i, &text, &logprobs, None);
                 sse(&mut out, &v);
             }
-            Some(Event::Done { finish, usage }) => {
-                let v = self.delta("", &[], Some(finish));
+            Some((i, Event::Done { finish, usage })) => {
+                let v = self.delta(i, "", &[], Some(finish));
                 sse(&mut out, &v);
-                if self.include_usage {
-                    let object = if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
-                    sse(&mut out, &api::usage_chunk(&self.meta, object, usage));
+                add_usage(&mut self.usage, usage);
+                self.open = self.open.saturating_sub(1);
+                if self.open == 0 {
+                    if self.include_usage {
+                        let object = if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+                        sse(&mut out, &api::usage_chunk(&self.meta, object, self.usage.unwrap_or(usage)));
+                    }
+                    out.push_str("data: [DONE]\n\n");
+                    self.phase = Phase::Over;
                 }
-                out.push_str("data: [DONE]\n\n");
-                self.phase = Phase::Over;
             }
-            Some(Event::Failed(e)) => {
+            Some((_, Event::Failed(e))) => {
                 sse(&mut out, &ApiError::internal(format!("generation failed: {e}")).body());
                 out.push_str("data: [DONE]\n\n");
                 self.phase = Phase::Over;
             }
-            Some(Event::Unavailable(e)) => {
+            Some((_, Event::Unavailable(e))) => {
                 sse(&mut out, &ApiError::unavailable(e, "timeout").body());
                 out.push_str("data: [DONE]\n\n");
                 self.phase = Phase::Over;
@@ -398,10 +460,20 @@ impl StreamState {
     }
 }
 
-/// An SSE response; dropping it (client gone) drops `rx`, which stops the sequence.
-fn stream_response(kind: Kind, meta: Meta, c: Common, rx: Receiver<Event>) -> Response {
-    let st =
-        StreamState { kind, meta, include_usage: c.include_usage, logprobs: c.top_logprobs.is_some(), rx, phase: Phase::Start, offset: 0 };
+/// An SSE response; dropping it (client gone) drops `rx`, which stops the sequences.
+fn stream_response(kind: Kind, meta: Meta, c: Common, rx: Merged) -> Response {
+    let n = c.n.max(1);
+    let st = StreamState {
+        kind,
+        meta,
+        include_usage: c.include_usage,
+        logprobs: c.top_logprobs.is_some(),
+        rx,
+        phase: Phase::Start,
+        offsets: vec![0; n],
+        open: n,
+        usage: None,
+    };
     let stream = futures_util::stream::unfold(st, |mut st| async move { st.next().await.map(|b| (Ok::<Bytes, Infallible>(b), st)) });
     Response::builder()
         .status(StatusCode::OK)

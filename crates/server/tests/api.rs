@@ -238,6 +238,76 @@ fn logprobs_seed_and_penalties() {
     });
 }
 
+#[test]
+fn several_choices_a_request() {
+    let addr = server().addr();
+    rt().block_on(async {
+        // Greedy: n copies of the one text; the prompt counted once, the completions summed.
+        let one = json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0});
+        let (st, a) = post(addr, "/v1/completions", &one).await;
+        assert_eq!(st, 200, "{a}");
+        let mut three = one.clone();
+        three["n"] = json!(3);
+        let (st, v) = post(addr, "/v1/completions", &three).await;
+        assert_eq!(st, 200, "{v}");
+        let choices = v["choices"].as_array().expect("choices");
+        assert_eq!(choices.len(), 3);
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!(c["index"], i, "{v}");
+            assert_eq!(c["text"], a["choices"][0]["text"], "{v}");
+        }
+        let (p1, c1) = check_usage(&a["usage"]);
+        let (p3, c3) = check_usage(&v["usage"]);
+        assert_eq!((p3, c3), (p1, 3 * c1));
+        // Seeded: choice i samples with seed + i, so choice 0 is the n = 1 text and the others differ.
+        let seeded = json!({"prompt": "My favourite animal is", "max_tokens": 16, "temperature": 1.0, "seed": 1234});
+        let mut seeded3 = seeded.clone();
+        seeded3["n"] = json!(3);
+        let (_, s1) = post(addr, "/v1/completions", &seeded).await;
+        let (_, s3) = post(addr, "/v1/completions", &seeded3).await;
+        let texts: Vec<&str> = s3["choices"].as_array().expect("choices").iter().map(|c| c["text"].as_str().unwrap_or("")).collect();
+        assert_eq!(texts[0], text_of(&s1));
+        assert!(texts[1] != texts[0] || texts[2] != texts[0], "{texts:?}");
+        let (_, again) = post(addr, "/v1/completions", &seeded3).await;
+        assert_eq!(again["choices"], s3["choices"], "a seeded request repeats");
+        // Streamed chat: each choice's role chunk, deltas and finish under its index; the
+        // joined deltas are the whole response's texts; one usage chunk at the end.
+        let chat =
+            json!({"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8, "temperature": 0.9, "seed": 5, "n": 2});
+        let (st, whole) = post(addr, "/v1/chat/completions", &chat).await;
+        assert_eq!(st, 200, "{whole}");
+        let mut streamed = chat.clone();
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"include_usage": true});
+        let (st, events) = stream(addr, "/v1/chat/completions", &streamed).await;
+        assert_eq!(st, 200);
+        let (mut text, mut roles, mut finishes, mut usage) = (vec![String::new(); 2], [0; 2], [0; 2], None);
+        for c in chunks(&events) {
+            if !c["usage"].is_null() {
+                assert!(usage.is_none(), "one usage chunk");
+                usage = Some(c["usage"].clone());
+            }
+            for ch in c["choices"].as_array().expect("choices") {
+                let i = ch["index"].as_u64().expect("index") as usize;
+                if ch["delta"]["role"] == "assistant" {
+                    roles[i] += 1;
+                }
+                if let Some(t) = ch["delta"]["content"].as_str() {
+                    text[i].push_str(t);
+                }
+                if ch["finish_reason"].is_string() {
+                    finishes[i] += 1;
+                }
+            }
+        }
+        assert_eq!((roles, finishes), ([1, 1], [1, 1]));
+        for (i, t) in text.iter().enumerate() {
+            assert_eq!(t.as_str(), whole["choices"][i]["message"]["content"].as_str().unwrap_or(""), "choice {i}");
+        }
+        assert_eq!(usage.as_ref().map(check_usage), Some(check_usage(&whole["usage"])));
+    });
+}
+
 /// The id of `text` as one token of the default model.
 fn one_token(text: &str) -> u32 {
     let path = ts_engine::hub::ensure(&ts_engine::hub::SMOLLM2, &mut |m| eprintln!("hub: {m}")).expect("the default model");
@@ -334,8 +404,8 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         assert_error(st, &v, 400, Some("prompt"), Some("context_length_exceeded"), "prompt is");
         let (st, v) = post(addr, "/v1/completions", &json!({"prompt": [999_999]})).await;
         assert_error(st, &v, 400, Some("prompt[0]"), None, "vocabulary");
-        let (st, v) = post(addr, "/v1/completions", &json!({"prompt": "x", "n": 3})).await;
-        assert_error(st, &v, 400, Some("n"), None, "n");
+        let (st, v) = post(addr, "/v1/completions", &json!({"prompt": "x", "n": 17})).await;
+        assert_error(st, &v, 400, Some("n"), None, "at most 16 choices");
         let (st, v) = post(addr, chat, &json!({"messages": user, "response_format": {"type": "json_object"}})).await;
         assert_error(st, &v, 400, Some("response_format"), None, "not supported");
         let (st, v) = post(addr, chat, &json!({"messages": user, "tools": [{"type": "function", "function": {"name": "f"}}]})).await;
