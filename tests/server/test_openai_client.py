@@ -12,7 +12,8 @@ import openai
 
 URL = os.environ["TS_SERVER_URL"]
 MODEL = os.environ["TS_MODEL_ID"]
-CLIENT = openai.OpenAI(base_url=URL + "/v1", api_key="not-needed", timeout=60, max_retries=0)
+KEY = os.environ.get("TS_API_KEY", "not-needed")
+CLIENT = openai.OpenAI(base_url=URL + "/v1", api_key=KEY, timeout=60, max_retries=0)
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What is the capital of France?"},
@@ -53,6 +54,15 @@ class OpenAIClient(unittest.TestCase):
         streamed = "".join(c.choices[0].text for c in CLIENT.completions.create(
             model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True) if c.choices)
         self.assertEqual(streamed, text)
+
+    def test_wrong_key_is_refused(self):
+        if "TS_API_KEY" not in os.environ:
+            self.skipTest("the server has no API key")
+        wrong = openai.OpenAI(base_url=URL + "/v1", api_key=KEY + "x", timeout=60, max_retries=0)
+        with self.assertRaises(openai.AuthenticationError) as cm:
+            wrong.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+        self.assertEqual(cm.exception.status_code, 401)
+        self.assertEqual(cm.exception.code, "invalid_api_key")
 
     def test_several_choices(self):
         r = CLIENT.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0.9, seed=11, n=2)

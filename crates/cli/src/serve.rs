@@ -111,6 +111,11 @@ pub struct ServeArgs {
     /// second. 0 turns it off.
     #[arg(long = "gather-ms", default_value_t = 10.0)]
     pub gather_ms: f64,
+    /// Ask every API request for this key (`Authorization: Bearer KEY`, what OpenAI clients send
+    /// as their api_key; or `X-Api-Key: KEY`); others get 401. /health and /metrics stay open.
+    /// Read from the environment when not given, so it stays out of the process list.
+    #[arg(long = "api-key", env = "TURBOSPARK_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 /// Loads the model once, then serves until Ctrl-C.
@@ -126,6 +131,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     if a.prefill_chunk == Some(0) {
         bail!("--prefill-chunk must be at least 1");
+    }
+    let api_key = a.api_key.clone().filter(|k| !k.is_empty());
+    if a.api_key.as_deref() == Some("") {
+        bail!("--api-key (or TURBOSPARK_API_KEY) is empty; give a key, or leave it out for an open server");
+    }
+    if api_key.is_none() && !a.host.is_loopback() {
+        eprintln!("turbospark: warning: listening on {} without --api-key: anyone who can reach this port can use the model", a.host);
     }
     // The forward is sized for the GPU's default chunk unless the CPU is asked for; a CPU chosen
     // by `auto` gets its own default after the load (the forward is then wider than it needs).
@@ -143,6 +155,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         chain: !a.no_chain,
         prompt_cache: !a.no_prompt_cache,
         gather: std::time::Duration::from_secs_f64(a.gather_ms.clamp(0.0, 1000.0) / 1e3),
+        api_key: api_key.map(ts_server::ApiKey),
         ..ServerConfig::default()
     };
     // Slots (plus the pad slot) and the widest forward a step makes; the context comes from
@@ -170,17 +183,19 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         cfg.prefill_chunk = cpu_chunk;
     }
     let t = std::time::Instant::now();
+    let (warmup, keyed) = (cfg.warmup, cfg.api_key.is_some());
     let server = Server::start(bundle, cfg, SocketAddr::new(a.host, a.port))?;
-    if cfg.warmup {
+    if warmup {
         eprintln!("turbospark: warmed up in {:.2}s (--no-warmup skips it)", t.elapsed().as_secs_f64());
     }
     eprintln!(
-        "turbospark: serving {} at {} ({} sequences of {} tokens, backend {}); POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics",
+        "turbospark: serving {} at {} ({} sequences of {} tokens, backend {}{}); POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize; GET /v1/models, /health, /metrics",
         server.model_id(),
         server.url(),
         a.max_seqs,
         ctx,
-        l.backend_name
+        l.backend_name,
+        if keyed { ", API key required" } else { "" }
     );
     // `l.src` (the mapped file) stays alive until the server stops.
     let r = server.wait();
@@ -221,6 +236,9 @@ pub struct LoadtestArgs {
     /// cache either way).
     #[arg(long = "fresh-prompts")]
     pub fresh_prompts: bool,
+    /// The server's API key (`serve --api-key`).
+    #[arg(long = "api-key", env = "TURBOSPARK_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 /// Runs the load test and prints its report.
@@ -238,6 +256,7 @@ pub fn loadtest(a: LoadtestArgs) -> Result<()> {
         temperature: a.temperature,
         prompt_ids: a.prompt_ids.map(|n| n.max(1)),
         fresh_prompts: a.fresh_prompts,
+        api_key: a.api_key.clone(),
     };
     eprintln!(
         "turbospark: loadtest {} with {} streaming clients for {:.1} s (max_tokens {}, {})",

@@ -61,9 +61,26 @@ fn invalid(what: impl Into<String>) -> io::Error {
 /// Sends `method path` with `body` (as `content_type`) to `addr` and reads the status line and
 /// headers.
 pub async fn request(addr: SocketAddr, method: &str, path: &str, body: Option<(&str, &[u8])>) -> io::Result<Response> {
+    request_with(addr, method, path, body, &[]).await
+}
+
+/// [`request`] with more headers (`name`, `value`: no line breaks).
+pub async fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<(&str, &[u8])>,
+    headers: &[(&str, &str)],
+) -> io::Result<Response> {
     let mut s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n");
+    for (k, v) in headers {
+        if [k, v].iter().any(|x| x.contains(['\r', '\n'])) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("header {k:?} holds a line break")));
+        }
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
     if let Some((ct, b)) = body {
         head.push_str(&format!("Content-Type: {ct}\r\nContent-Length: {}\r\n", b.len()));
     }
@@ -108,7 +125,12 @@ pub async fn request(addr: SocketAddr, method: &str, path: &str, body: Option<(&
 
 /// POSTs a JSON value.
 pub async fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> io::Result<Response> {
-    request(addr, "POST", path, Some(("application/json", body.to_string().as_bytes()))).await
+    post_json_with(addr, path, body, &[]).await
+}
+
+/// [`post_json`] with more headers.
+pub async fn post_json_with(addr: SocketAddr, path: &str, body: &serde_json::Value, headers: &[(&str, &str)]) -> io::Result<Response> {
+    request_with(addr, "POST", path, Some(("application/json", body.to_string().as_bytes())), headers).await
 }
 
 impl Response {

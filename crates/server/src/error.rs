@@ -59,6 +59,16 @@ impl ApiError {
     }
 
     /// 500: something failed inside the server.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), kind: "server_error", param: None, code: None }
     }

@@ -40,6 +40,10 @@ pub struct AppState {
     pub counter: AtomicU64,
     /// Longest a generation request may take from arrival (`--request-timeout`); `None`: no limit.
     pub request_timeout: Option<Duration>,
+    /// The key `/v1/*`, `/tokenize` and `/detokenize` ask for (`--api-key`), as
+    /// `Authorization: Bearer KEY` or `X-Api-Key: KEY`; `None`: open. `/health` and `/metrics`
+    /// stay open (probes and scrapers).
+    pub api_key: Option<String>,
 }
 
 fn unix_now() -> u64 {
@@ -48,16 +52,47 @@ fn unix_now() -> u64 {
 
 /// The router over `state`, refusing bodies over `max_body_bytes`.
 pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
-    Router::new()
+    let keyed = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model_one))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .merge(keyed)
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
+}
+
+/// Equal without an early exit at the first differing byte, so the time a refusal takes says
+/// nothing of how much of the key was right (the length is not secret).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// With `--api-key`, a request without the key gets OpenAI's 401 before its handler runs.
+async fn require_key(State(st): State<Arc<AppState>>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let Some(key) = st.api_key.as_deref() else { return next.run(req).await };
+    let h = req.headers();
+    let given = h
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim);
+    let e = match given {
+        Some(g) if same_bytes(g.as_bytes(), key.as_bytes()) => return next.run(req).await,
+        Some(_) => ApiError::unauthorized("Incorrect API key provided."),
+        None => ApiError::unauthorized(
+            "You didn't provide an API key. This server needs one: send it as 'Authorization: Bearer KEY' (the OpenAI clients' api_key).",
+        ),
+    };
+    record(&st, "auth", e.into_response())
 }
 
 fn record(st: &AppState, route: &'static str, r: Response) -> Response {
@@ -67,7 +102,7 @@ fn record(st: &AppState, route: &'static str, r: Response) -> Response {
 
 async fn not_found(State(st): State<Arc<AppState>>, uri: axum::http::Uri, method: axum::http::Method) -> Response {
     let e = ApiError::not_found(format!(
-        "{method} {}: no such route (routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics)",
+        "{method} {}: no such route (routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, POST /detokenize, GET /health, GET /metrics)",
         uri.path()
     ));
     record(&st, "other", e.into_response())
@@ -95,6 +130,72 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     st.metrics.response("metrics", 200);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], st.metrics.render()).into_response()
+}
+
+/// `POST /tokenize` (llama.cpp's server shape): `{"content": TEXT, "add_special": false,
+/// "parse_special": true, "with_pieces": false}` → `{"tokens": [ids]}`, or with pieces
+/// `{"tokens": [{"id": ID, "piece": TEXT}]}` (a piece that is not whole UTF-8 is given as its
+/// bytes). For the ids a `logit_bias` or a token prompt needs.
+async fn tokenize(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let r = (|| -> Result<Value, ApiError> {
+        let obj = api::parse_body(&body.map_err(body_error)?)?;
+        let content = match obj.get("content") {
+            Some(Value::String(s)) => s.as_str(),
+            None | Some(Value::Null) => return Err(ApiError::invalid("content", "Missing required parameter: 'content'.")),
+            Some(_) => return Err(ApiError::invalid("content", "Invalid type for 'content': expected a string.")),
+        };
+        let flag = |k: &str, default: bool| match obj.get(k) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(ApiError::invalid(k, format!("Invalid type for '{k}': expected a boolean."))),
+        };
+        let (add_special, parse_special, pieces) = (flag("add_special", false)?, flag("parse_special", true)?, flag("with_pieces", false)?);
+        let tok = &st.tokenizer;
+        let ids = tok
+            .encode_with(content, add_special, parse_special)
+            .map_err(|e| ApiError::invalid("content", format!("The text could not be tokenised: {e}")))?;
+        let tokens: Vec<Value> = if pieces {
+            ids.iter()
+                .map(|&id| {
+                    let b = tok.token_bytes(id, true);
+                    let piece = match std::str::from_utf8(&b) {
+                        Ok(s) => json!(s),
+                        Err(_) => json!(b.as_ref()),
+                    };
+                    json!({"id": id, "piece": piece})
+                })
+                .collect()
+        } else {
+            ids.iter().map(|&id| json!(id)).collect()
+        };
+        Ok(json!({ "tokens": tokens }))
+    })();
+    record(&st, "tokenize", r.map_or_else(IntoResponse::into_response, |v| axum::Json(v).into_response()))
+}
+
+/// `POST /detokenize`: `{"tokens": [ids]}` → `{"content": TEXT}` (special tokens written out).
+async fn detokenize(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let r = (|| -> Result<Value, ApiError> {
+        let obj = api::parse_body(&body.map_err(body_error)?)?;
+        let nv = st.tokenizer.vocab_size();
+        let ids = match obj.get("tokens") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v.as_u64() {
+                    Some(t) if (t as usize) < nv => Ok(t as u32),
+                    _ => Err(ApiError::invalid(
+                        format!("tokens[{i}]"),
+                        format!("'tokens[{i}]' is {v}, not a token id of this vocabulary (0..{nv})."),
+                    )),
+                })
+                .collect::<Result<Vec<u32>, _>>()?,
+            None | Some(Value::Null) => return Err(ApiError::invalid("tokens", "Missing required parameter: 'tokens'.")),
+            Some(_) => return Err(ApiError::invalid("tokens", "Invalid type for 'tokens': expected an array of token ids.")),
+        };
+        Ok(json!({ "content": st.tokenizer.decode_with(&ids, true) }))
+    })();
+    record(&st, "tokenize", r.map_or_else(IntoResponse::into_response, |v| axum::Json(v).into_response()))
 }
 
 fn model_object(st: &AppState) -> Value {

@@ -76,7 +76,7 @@ impl ModelBundle {
 }
 
 /// Server limits beyond the model's runtime options.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Requests that may wait for a slot when all are busy; more get 503.
     pub max_queue: usize,
@@ -112,6 +112,19 @@ pub struct ServerConfig {
     /// [`EngineConfig::gather`]: the longest wait for returning clients after a step that ended
     /// many sequences (`serve --gather-ms`, 10 by default there; none in the library's default).
     pub gather: std::time::Duration,
+    /// The key the API routes ask for (`serve --api-key`, [`http::AppState::api_key`]); `None`:
+    /// open.
+    pub api_key: Option<ApiKey>,
+}
+
+/// A secret that `Debug` does not print (configurations get logged).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(pub String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
 }
 
 /// [`ServerConfig::request_timeout`]'s default (`--request-timeout 600`).
@@ -133,6 +146,7 @@ impl Default for ServerConfig {
             warmup: false,
             prompt_cache: true,
             gather: std::time::Duration::ZERO,
+            api_key: None,
         }
     }
 }
@@ -191,6 +205,7 @@ impl Server {
             metrics: metrics.clone(),
             counter: AtomicU64::new(0),
             request_timeout: cfg.request_timeout,
+            api_key: cfg.api_key.as_ref().map(|k| k.0.clone()),
         });
         let app = http::router(state, cfg.max_body_bytes);
         let rt = tokio::runtime::Builder::new_multi_thread()

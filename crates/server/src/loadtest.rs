@@ -41,6 +41,8 @@ pub struct LoadtestOptions {
     /// (the request's number first, or ids shifted by it), so that a server's prompt cache has
     /// nothing to reuse; otherwise each client repeats its prompt.
     pub fresh_prompts: bool,
+    /// The server's API key (`serve --api-key`), sent as `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
 }
 
 /// The outcome.
@@ -206,9 +208,10 @@ enum Outcome {
     Failed(String),
 }
 
-async fn one_request(addr: SocketAddr, path: &str, body: &Value) -> Outcome {
+async fn one_request(addr: SocketAddr, path: &str, body: &Value, auth: Option<&str>) -> Outcome {
     let t0 = Instant::now();
-    let resp = match client::post_json(addr, path, body).await {
+    let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
+    let resp = match client::post_json_with(addr, path, body, &headers).await {
         Ok(r) => r,
         Err(e) => return Outcome::Failed(format!("connect/send: {e}")),
     };
@@ -276,6 +279,16 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
         if h.status != 200 {
             bail!("{}: /health answered {}", o.url, h.status);
         }
+        // The key next (one clear error, not a 401 a request).
+        let auth = o.api_key.as_ref().map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> = auth.as_deref().map(|a| ("Authorization", a)).into_iter().collect();
+        let m = client::request_with(addr, "GET", "/v1/models", None, &headers)
+            .await
+            .with_context(|| format!("{}: server not reachable", o.url))?;
+        if m.status == 401 {
+            let why = if o.api_key.is_some() { "refused the API key given" } else { "wants an API key (--api-key or TURBOSPARK_API_KEY)" };
+            bail!("{}: the server {why}", o.url);
+        }
         let (path, base) = if o.chat && o.prompt_ids.is_none() {
             ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": o.prompt}]}))
         } else {
@@ -294,6 +307,7 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
             body["seed"] = json!(c);
             let (prompt_ids, fresh, clients) = (o.prompt_ids, o.fresh_prompts, o.clients);
             let text = o.prompt.clone();
+            let auth = auth.clone();
             tasks.push(tokio::spawn(async move {
                 let mut res = Vec::new();
                 let mut r = 0usize;
@@ -320,7 +334,7 @@ pub fn run(o: &LoadtestOptions) -> Result<LoadtestReport> {
                     }
                     r += 1;
                     let left = hard.saturating_duration_since(Instant::now());
-                    match tokio::time::timeout(left, one_request(addr, path, &body)).await {
+                    match tokio::time::timeout(left, one_request(addr, path, &body, auth.as_deref())).await {
                         Ok(out) => res.push(Some(out)),
                         Err(_) => {
                             res.push(None);
@@ -437,6 +451,7 @@ mod tests {
             prompt: "x".into(),
             prompt_ids: None,
             fresh_prompts: false,
+            api_key: None,
             chat: false,
             temperature: 0.0,
         };

@@ -79,11 +79,14 @@ fn official_openai_python_client() {
     let Some(py) = venv_python() else { return };
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/server/test_openai_client.py");
     assert!(script.is_file(), "{} missing", script.display());
-    let s = start(2, 512, ServerConfig { prefill_chunk: 64, ..ServerConfig::default() });
+    // (keyed: the client's api_key must reach the server as its Authorization header)
+    let key = "ts-test-key";
+    let s = start(2, 512, ServerConfig { prefill_chunk: 64, api_key: Some(ts_server::ApiKey(key.into())), ..ServerConfig::default() });
     let mut c = Command::new(&py);
     c.arg(&script)
         .env("TS_SERVER_URL", s.url())
         .env("TS_MODEL_ID", s.model_id())
+        .env("TS_API_KEY", key)
         .env("NO_PROXY", "127.0.0.1")
         .env_remove("OPENAI_BASE_URL");
     let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("openai-client-test.log");
