@@ -291,6 +291,13 @@ pub trait Backend: Send + Sync {
     fn rope(&self, x: &Self::Buf, xr: Rows, heads_per_token: usize, batch: &Self::Batch, rope: &Self::Rope);
     /// Write row `t` of `src` (`[n_tokens, cache width]`) to cache row `slot * slot_len + pos`.
     fn cache_write(&self, cache: &Self::Cache, src: &Self::Buf, sr: Rows, batch: &Self::Batch);
+    /// Copy cache rows `src .. src + n` over rows `dst .. dst + n` (`width` values a row; the two
+    /// ranges do not overlap), in order with the ops before and after it: a sequence takes
+    /// the rows another one computed for their shared prompt prefix. Default: unsupported.
+    fn cache_copy(&self, cache: &Self::Cache, width: usize, src: usize, dst: usize, n: usize) -> Result<()> {
+        let _ = (cache, width, src, dst, n);
+        Err(BackendError::Unsupported("copying cache rows".into()))
+    }
     /// Causal GQA attention: `q: [n_tokens, n_heads*head_dim]`, caches of
     /// `n_kv_heads*head_dim` / `n_kv_heads*v_dim` wide rows, `out: [n_tokens, n_heads*v_dim]`.
     /// Query head `h` uses kv head `h / (n_heads / n_kv_heads)`.

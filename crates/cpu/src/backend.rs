@@ -790,6 +790,20 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn cache_copy(&self, cache: &CpuBuf, width: usize, src: usize, dst: usize, n: usize) -> Result<()> {
+        let rows = |r: usize| Rows { off: r * width, n, width, stride: width };
+        let (s, d) = (rows(src), rows(dst));
+        let fits = |r: Rows| r.off.checked_add(n * width).is_some_and(|e| e <= cache.0.len());
+        if !(fits(s) && fits(d)) || (src < dst + n && dst < src + n) {
+            return Err(BackendError::Unsupported(format!(
+                "cache copy of {n} rows from row {src} to row {dst} (width {width}) leaves the cache or overlaps"
+            )));
+        }
+        // SAFETY: both ranges lie inside the buffer and do not overlap; ops run one at a time.
+        unsafe { std::ptr::copy_nonoverlapping(cache.0.ptr().add(s.off), cache.0.ptr().add(d.off), n * width) };
+        Ok(())
+    }
+
     fn attention(&self, q: &CpuBuf, qr: Rows, k: &CpuBuf, v: &CpuBuf, batch: &CpuBatch, p: &AttnParams, out: &CpuBuf, o: Rows) {
         let (nh, nkv, hd, vd) = (p.n_heads, p.n_kv_heads, p.head_dim, p.v_dim);
         assert_eq!(qr.width, nh * hd);
@@ -950,6 +964,24 @@ mod tests {
     use super::*;
     use ts_core::WeightUse;
     use ts_formats::TensorData;
+
+    /// `cache_copy` moves whole rows, leaves the rest alone, and refuses ranges that leave the
+    /// cache or overlap.
+    #[test]
+    fn cache_copy_rows() {
+        let be = CpuBackend::new(Some(1)).expect("cpu backend");
+        let (rows, w) = (10, 3);
+        let c = be.alloc_cache(rows, w).expect("cache");
+        let all = Rows { off: 0, n: 1, width: rows * w, stride: rows * w };
+        unsafe { c.row_mut(all, 0) }.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32);
+        be.cache_copy(&c, w, 1, 6, 3).expect("copy");
+        let got = unsafe { c.row(all, 0) }.to_vec();
+        let want: Vec<f32> = (0..rows * w).map(|i| if (18..27).contains(&i) { (i - 15) as f32 } else { i as f32 }).collect();
+        assert_eq!(got, want);
+        assert!(be.cache_copy(&c, w, 0, 8, 3).is_err(), "past the end");
+        assert!(be.cache_copy(&c, w, 2, 4, 3).is_err(), "overlapping");
+        be.cache_copy(&c, w, 2, 9, 0).expect("nothing to copy");
+    }
 
     /// `moe` gives a token the same bits alone and in any batch, for Q8_0 experts: its expert
     /// products see 1-3 rows or 4 and more depending on the batch (the invariant kernels and the

@@ -756,6 +756,43 @@ fn fill_cache<B: Backend>(b: &B, cache: &B::Cache, rows: &[f32], width: usize, t
     b.cache_write(cache, &src, Rows::packed(toks.len(), width), &bb);
 }
 
+/// `cache_copy` (a shared prompt prefix copied from one slot into another) on an f32 cache and
+/// on the f16 MLA latent cache: the copied rows equal the source's bit for bit, every other
+/// row is untouched, the CPU's copy gives the same values, and ranges that leave the cache or
+/// overlap are refused.
+#[test]
+fn cache_copy_exact() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng(61);
+    let (slots, slot_len) = (3usize, 96u32);
+    let rows = slots * slot_len as usize;
+    let toks: Vec<TokenMeta> =
+        (0..slots as u32).flat_map(|sl| (0..slot_len).map(move |p| TokenMeta { token: 0, pos: p, slot: sl })).collect();
+    for (w, f16) in [(576usize, true), (576, false), (96, false)] {
+        let fill: Vec<f32> = randn(&mut r, rows * w, 1.0).into_iter().map(f16_round).collect();
+        let gc = if f16 { g.alloc_latent_cache(rows, w, 512, 16).unwrap() } else { g.alloc_cache(rows, w).unwrap() };
+        let cc = c.alloc_cache(rows, w).unwrap();
+        fill_cache(g, &gc, &fill, w, &toks, slot_len);
+        fill_cache(c, &cc, &fill, w, &toks, slot_len);
+        let n = r.random_range(1..slot_len as usize);
+        let (src, dst) = (0usize, 2 * slot_len as usize);
+        g.cache_copy(&gc, w, src, dst, n).unwrap();
+        c.cache_copy(&cc, w, src, dst, n).unwrap();
+        let mut got = vec![0f32; rows * w];
+        g.read_cache(&gc, &mut got).unwrap();
+        let mut want = fill.clone();
+        want.copy_within(src * w..(src + n) * w, dst * w);
+        assert!(got == want, "f16 {f16} width {w}: {n} rows copied from row {src} to row {dst}");
+        // (the CPU's cache is one of its buffers)
+        assert!(get(c, &cc, Rows::packed(1, rows * w)) == want, "the CPU's copy, width {w}");
+        assert!(g.cache_copy(&gc, w, 0, rows - 2, 3).is_err(), "past the end");
+        assert!(g.cache_copy(&gc, w, 0, 1, 3).is_err(), "overlapping");
+        assert!(g.cache_copy(&gc, w + 1, 0, 10, 3).is_err(), "another width");
+        eprintln!("cache_copy f16 {f16} width {w}: {n} rows exact");
+    }
+}
+
 #[test]
 fn cache_write_and_attention() {
     let Some(g) = gpu() else { return };

@@ -977,6 +977,14 @@ impl<B: Backend> Model for DeepSeek2<B> {
     fn step_counts(&self) -> ts_core::StepCounts {
         self.be.step_counts()
     }
+    fn copy_prefix(&mut self, src: u32, dst: u32, n: usize) -> Result<()> {
+        let (s0, d0) = crate::prefix_rows(&self.opts, src, dst, n)?;
+        let w = self.cfg.cache_width();
+        for l in &self.layers {
+            self.be.cache_copy(&l.cache, w, s0, d0, n)?;
+        }
+        Ok(())
+    }
 
     fn forward_outputs(&mut self, batch: &BatchMeta, mut out: Outputs<'_>) -> Result<()> {
         let c = &self.cfg;

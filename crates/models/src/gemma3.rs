@@ -553,6 +553,16 @@ impl<B: Backend> Model for Gemma3<B> {
     fn step_counts(&self) -> ts_core::StepCounts {
         self.be.step_counts()
     }
+    fn copy_prefix(&mut self, src: u32, dst: u32, n: usize) -> Result<()> {
+        let (s0, d0) = crate::prefix_rows(&self.opts, src, dst, n)?;
+        let c = &self.cfg;
+        let (kw, vw) = (c.n_kv_heads * c.head_dim, c.n_kv_heads * c.v_dim);
+        for l in &self.layers {
+            self.be.cache_copy(&l.k_cache, kw, s0, d0, n)?;
+            self.be.cache_copy(&l.v_cache, vw, s0, d0, n)?;
+        }
+        Ok(())
+    }
 
     fn forward_outputs(&mut self, batch: &BatchMeta, mut out: Outputs<'_>) -> Result<()> {
         let c = &self.cfg;

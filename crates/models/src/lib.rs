@@ -175,6 +175,15 @@ impl<'a> Outputs<'a> {
     }
 }
 
+/// Checks a [`Model::copy_prefix`] request against the options: both slots exist and differ,
+/// `n` fits a slot. Returns the two slots' first cache rows.
+pub(crate) fn prefix_rows(o: &RuntimeOptions, src: u32, dst: u32, n: usize) -> Result<(usize, usize)> {
+    if src == dst || src as usize >= o.n_slots || dst as usize >= o.n_slots || n > o.ctx {
+        return Err(ModelError::Run(format!("copy of {n} rows from slot {src} to slot {dst}: {} slots of {} rows", o.n_slots, o.ctx)));
+    }
+    Ok((src as usize * o.ctx, dst as usize * o.ctx))
+}
+
 /// A loaded model with its cache and scratch, ready to run forwards.
 pub trait Model: Send {
     fn info(&self) -> &ModelInfo;
@@ -195,6 +204,14 @@ pub trait Model: Send {
     /// The ids of the oldest queued arg-max ([`Outputs::queued`]), waiting for them.
     fn argmax_collect(&mut self, _out: &mut [u32]) -> Result<()> {
         Err(ModelError::Run("this model's backend does not queue arg-maxes".into()))
+    }
+    /// Copies the cache rows of positions `0..n` of slot `src` over those of slot `dst`, for
+    /// every layer ([`ts_core::ops::Backend::cache_copy`]): a sequence starting in `dst` then
+    /// reads the rows another one computed for their shared prompt prefix. In order with the
+    /// forwards before and after it. Default: unsupported.
+    fn copy_prefix(&mut self, src: u32, dst: u32, n: usize) -> Result<()> {
+        let _ = (src, dst, n);
+        Err(ModelError::Run("this model cannot copy cache rows between slots".into()))
     }
     /// Its backend's [`ts_core::ops::Backend::step_counts`]: how its forwards ran (replayed,
     /// recorded, op by op). Default: all zero.

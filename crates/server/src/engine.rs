@@ -91,6 +91,16 @@
 //! with the cache or without; on CUDA the rows of generated tokens came from decode kernels and
 //! may differ in the last bits. A failed forward forgets every slot's rows. Off with
 //! [`EngineConfig::prompt_cache`] = false (`serve --no-prompt-cache`).
+//!
+//! ## Shared prefixes
+//! The rows a prompt needs may also be in a running sequence's slot: a request's other choices
+//! (`n` > 1), or clients that send the same long system prompt together. A new job whose
+//! prompt shares at least [`MIN_SHARED`] more tokens with a running sequence's computed rows
+//! than with any free slot takes a free slot and has those rows copied into it
+//! ([`Model::copy_prefix`], in order with the steps; `turbospark_prompt_tokens_copied_total`).
+//! A job whose prompt shares [`MIN_SHARED`] tokens or more with a sequence still computing its
+//! own prompt, more than any slot holds now, waits (later jobs go ahead of it) until that
+//! prompt is done, then copies it: `n` choices compute their prompt once. A model that cannot copy ([`Model::copy_prefix`] fails) turns copying off.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -538,10 +548,26 @@ struct Stepper<'m, 't> {
     returning: usize,
     /// No wait for returning clients before this (a wait ran out).
     gather_off_until: Option<Instant>,
+    /// Prefixes are copied from running sequences' slots (module doc, "Shared prefixes"):
+    /// with the prompt cache, until the model fails a copy.
+    copy_prefixes: bool,
 }
 
 /// How long waiting for returning clients stays off after a wait that ran out.
 pub const GATHER_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The fewest prompt tokens a copy from a running sequence must add to what a free slot holds
+/// (module doc, "Shared prefixes"); a job waits for a prompt being computed only if it shares
+/// as many.
+pub const MIN_SHARED: usize = 16;
+
+/// How many of `prompt`'s first tokens the rows of `s`'s slot hold computed (its prompt, then
+/// its generated tokens fed back, up to `n_past`).
+fn rows_shared(s: &Seq<'_>, prompt: &[u32]) -> usize {
+    let p = s.n_past.min(s.job.prompt.len());
+    let held = s.job.prompt[..p].iter().chain(&s.generated[..(s.n_past - p).min(s.generated.len())]);
+    held.zip(prompt).take_while(|(a, b)| a == b).count()
+}
 
 impl<'m, 't> Stepper<'m, 't> {
     fn new(model: &'m mut dyn Model, tok: &'t Tokenizer, cfg: EngineConfig, metrics: Arc<Metrics>, occupancy: Arc<AtomicU64>) -> Self {
@@ -592,6 +618,7 @@ impl<'m, 't> Stepper<'m, 't> {
             gather: cfg.gather,
             returning: 0,
             gather_off_until: None,
+            copy_prefixes: cfg.prompt_cache,
         }
     }
 
@@ -661,14 +688,24 @@ impl<'m, 't> Stepper<'m, 't> {
 
     /// Gives free slots to waiting jobs (dropping jobs whose client already left).
     fn admit(&mut self) {
-        while !self.free.is_empty() {
-            let Some(job) = self.waiting.pop_front() else { break };
-            if job.events.is_closed() {
+        // (jobs waiting for a shared prompt to be computed stay, in order; the rest go ahead)
+        let mut i = 0;
+        while !self.free.is_empty() && i < self.waiting.len() {
+            if self.waiting[i].events.is_closed() {
+                self.waiting.remove(i);
                 self.metrics.cancelled.fetch_add(1, Relaxed);
                 self.occupancy.fetch_sub(1, Relaxed);
                 continue;
             }
-            let Some((slot, cached)) = self.take_slot(&job.prompt) else { break };
+            if self.awaits_shared(&self.waiting[i].prompt) {
+                i += 1;
+                continue;
+            }
+            let Some(job) = self.waiting.remove(i) else { break };
+            let Some((slot, cached)) = self.take_slot(&job.prompt) else {
+                self.waiting.insert(i, job);
+                break;
+            };
             self.metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Relaxed);
             self.metrics.prompt_tokens_cached.fetch_add(cached as u64, Relaxed);
             let sampler = Sampler::new(job.sampling.clone());
@@ -698,16 +735,36 @@ impl<'m, 't> Stepper<'m, 't> {
         self.update_gauges();
     }
 
+    /// Whether a job of `prompt` should wait for a running sequence that is still computing a
+    /// prompt sharing at least [`MIN_SHARED`] tokens with it, and more than any slot holds now
+    /// (module doc, "Shared prefixes").
+    fn awaits_shared(&self, prompt: &[u32]) -> bool {
+        if !self.copy_prefixes {
+            return false;
+        }
+        let limit = prompt.len().saturating_sub(1);
+        let common = |t: &[u32]| t.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(limit);
+        let coming = self.active.iter().filter(|s| !s.done && !s.decoding()).map(|s| common(&s.job.prompt)).max().unwrap_or(0);
+        if coming < MIN_SHARED {
+            return false;
+        }
+        let held = self.active.iter().filter(|s| !s.done).map(|s| rows_shared(s, prompt).min(limit));
+        let free = self.free.iter().map(|&f| common(&self.slot_tokens[f as usize]));
+        coming > held.chain(free).max().unwrap_or(0)
+    }
+
     /// A free slot for `prompt`, and how many of its first tokens the slot's cache rows already
     /// hold (module doc, "Prompt cache"): the free slot whose last sequence shares the longest
     /// prefix with it (the most recently freed of equals), at most all but the prompt's last
     /// token, whose logits the step must compute. Where no slot shares a token: one that holds
     /// nothing (the most recently freed), else the one freed longest ago, so that the rows most
-    /// likely to serve again stay.
+    /// likely to serve again stay. Where a running sequence's rows share [`MIN_SHARED`] tokens
+    /// more, they are copied into that slot (module doc, "Shared prefixes").
     fn take_slot(&mut self, prompt: &[u32]) -> Option<(u32, usize)> {
         if !self.prompt_cache {
             return self.free.pop().map(|s| (s, 0));
         }
+        let limit = prompt.len().saturating_sub(1);
         let common = |t: &[u32]| t.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let mut best: Option<(usize, usize)> = None; // (index in free, common prefix)
         for (i, &slot) in self.free.iter().enumerate().rev() {
@@ -717,12 +774,34 @@ impl<'m, 't> Stepper<'m, 't> {
             }
         }
         let (mut i, c) = best?;
-        if c == 0 {
+        let c = c.min(limit);
+        // A running sequence's rows that share more (the most of them)?
+        let src = match self.copy_prefixes {
+            true => self.active.iter().filter(|s| !s.done).map(|s| (s.slot, rows_shared(s, prompt).min(limit))).max_by_key(|&(_, m)| m),
+            false => None,
+        };
+        let copy = src.filter(|&(_, m)| m >= c + MIN_SHARED);
+        if c == 0 || copy.is_some() {
             i = self.free.iter().rposition(|&s| self.slot_tokens[s as usize].is_empty()).unwrap_or(0);
         }
         // (`remove`, not `swap_remove`: the order of `free` is the order the slots were freed in)
         let slot = self.free.remove(i);
-        Some((slot, c.min(prompt.len().saturating_sub(1))))
+        if let Some((from, m)) = copy {
+            match self.model.copy_prefix(from, slot, m) {
+                Ok(()) => {
+                    self.metrics.prompt_tokens_copied.fetch_add(m as u64, Relaxed);
+                    return Some((slot, m));
+                }
+                Err(e) => {
+                    // (the slot's own rows may be half overwritten: they serve nothing now)
+                    self.slot_tokens[slot as usize].clear();
+                    self.copy_prefixes = false;
+                    tracing::warn!("copying cache rows between slots failed ({e}); shared prefixes are computed again from now on");
+                    return Some((slot, 0));
+                }
+            }
+        }
+        Some((slot, c))
     }
 
     fn update_gauges(&self) {
@@ -1310,6 +1389,12 @@ mod tests {
         }
         fn chains_argmax(&self) -> bool {
             self.chains
+        }
+        fn copy_prefix(&mut self, src: u32, dst: u32, n: usize) -> ts_models::Result<()> {
+            let rows = &self.slots[src as usize];
+            assert!(src != dst && n <= rows.len(), "copy of {n} rows from slot {src}, which holds {}", rows.len());
+            self.slots[dst as usize] = rows[..n].to_vec();
+            Ok(())
         }
         fn argmax_collect(&mut self, out: &mut [u32]) -> ts_models::Result<()> {
             let ids = self.queue.pop_front().expect("a queued arg-max to collect");
@@ -1983,6 +2068,64 @@ mod tests {
         assert_eq!(got, [0, 19, 24, 0]);
         assert_eq!(cached, 43);
         assert!(without.iter().all(|(_, c)| *c == 0) && none == 0);
+    }
+
+    /// Shared prefixes (module doc): jobs submitted together with one prompt (a request's `n`
+    /// choices) compute it once, the others wait for it and copy its rows; a job whose prompt
+    /// shares a long prefix with a running sequence's rows copies them. The texts are those an
+    /// engine without the prompt cache gives (the mock's tokens hash their slot's whole history,
+    /// so a wrong copy would show), with and without chained steps.
+    #[test]
+    fn shared_prefixes_are_computed_once() {
+        for chain in [false, true] {
+            let run = |cache: bool| {
+                let cfg = EngineConfig { chain, ..cache_cfg(cache) };
+                let (e, seen, m) = engine_mock(4, cfg, Arc::default(), true);
+                let p: Vec<u32> = (100..140).collect(); // 40 tokens, five chunks of 8
+                let mut rxs = Vec::new();
+                let jobs = (0..3)
+                    .map(|_| {
+                        let (j, rx) = job(p.clone(), 6);
+                        rxs.push(rx);
+                        j
+                    })
+                    .collect();
+                e.submit_all(jobs).unwrap();
+                let mut out: Vec<(String, usize)> = rxs.iter_mut().map(|rx| collect_usage(rx)).map(|(t, u)| (t, u.cached)).collect();
+                // A prompt that shares 30 tokens with a running sequence's rows: it copies them.
+                let (j, mut long) = job((1..60).collect(), 40);
+                e.submit(j).unwrap();
+                let first = first_delta(&mut long);
+                let mut q: Vec<u32> = (1..31).collect();
+                q.extend([900, 901, 902]);
+                let (j, mut rx) = job(q, 4);
+                e.submit(j).unwrap();
+                let (t, u) = collect_usage(&mut rx);
+                out.push((t, u.cached));
+                let (rest, _) = collect_usage(&mut long);
+                out.push((first + &rest, 0));
+                e.shutdown();
+                let prompt_rows = seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .flat_map(|(t, _)| t.iter())
+                    .filter(|t| t.2 >= 100 && t.2 < 140)
+                    .count();
+                (out, m.prompt_tokens_copied.load(Relaxed), prompt_rows)
+            };
+            let (with, copied, rows) = run(true);
+            let (without, none, rows_all) = run(false);
+            for (k, ((a, _), (b, _))) in with.iter().zip(&without).enumerate() {
+                assert_eq!(a, b, "chain {chain}, request {k}: the same text with copies as without");
+            }
+            let got: Vec<usize> = with.iter().map(|(_, c)| *c).collect();
+            assert_eq!(got[..4], [0, 39, 39, 30], "chain {chain}: cached tokens");
+            assert_eq!(copied, 39 + 39 + 30, "chain {chain}");
+            assert_eq!(none, 0);
+            // The 40-token prompt went through the model once (and its last token twice more).
+            assert_eq!((rows, rows_all), (40 + 2, 3 * 40), "chain {chain}: prompt rows fed");
+        }
     }
 
     /// The prompt cache with chained steps (a step enqueued ahead for a sequence that then ends

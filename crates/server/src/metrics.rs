@@ -71,6 +71,8 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     /// Of which found in their slot's cache and not computed again (the prompt cache).
     pub prompt_tokens_cached: AtomicU64,
+    /// Of those, copied from another sequence's slot (a prefix it shares with one running).
+    pub prompt_tokens_copied: AtomicU64,
     /// Tokens generated (sampled, end-of-generation tokens excluded).
     pub completion_tokens: AtomicU64,
     /// Requests waiting for a cache slot.
@@ -188,6 +190,12 @@ impl Metrics {
             "turbospark_prompt_tokens_cached_total",
             "Prompt tokens read from a slot's cache (the prompt cache) instead of computed.",
             self.prompt_tokens_cached.load(Relaxed),
+        );
+        counter(
+            &mut s,
+            "turbospark_prompt_tokens_copied_total",
+            "Of the cached prompt tokens, those copied from a running sequence's slot (a shared prefix).",
+            self.prompt_tokens_copied.load(Relaxed),
         );
         counter(&mut s, "turbospark_completion_tokens_total", "Tokens generated.", self.completion_tokens.load(Relaxed));
         gauge(&mut s, "turbospark_queue_depth", "Requests waiting for a cache slot.", self.queue_depth.load(Relaxed) as f64);

@@ -308,6 +308,38 @@ fn several_choices_a_request() {
     });
 }
 
+/// A request's `n` choices compute their shared prompt once: the others copy its rows
+/// (engine.rs, "Shared prefixes"), and their greedy texts are the text of one choice alone.
+#[test]
+fn choices_copy_their_prompt() {
+    let addr = server().addr();
+    rt().block_on(async {
+        let prompt = "Once upon a time, in a small village at the edge of a vast and quiet forest, there lived an old clockmaker who";
+        let one = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+        let (st, a) = post(addr, "/v1/completions", &one).await;
+        assert_eq!(st, 200, "{a}");
+        let (p, _) = check_usage(&a["usage"]);
+        assert!(p > 20, "a prompt long enough to share: {p} tokens");
+        let before = metric(addr, "turbospark_prompt_tokens_cached_total").await;
+        let mut four = one.clone();
+        four["n"] = json!(4);
+        four["prompt"] = json!(format!("{prompt} made"));
+        let (st, v) = post(addr, "/v1/completions", &four).await;
+        assert_eq!(st, 200, "{v}");
+        let texts: Vec<&str> = v["choices"].as_array().expect("choices").iter().map(|c| c["text"].as_str().unwrap_or("")).collect();
+        assert!(texts.iter().all(|t| *t == texts[0]), "{texts:?}");
+        let mut alone = one.clone();
+        alone["prompt"] = four["prompt"].clone();
+        alone["seed"] = json!(1);
+        let (_, b) = post(addr, "/v1/completions", &alone).await;
+        assert_eq!(texts[0], text_of(&b));
+        // (each choice after the first reads the prompt from a running choice's rows, or from a
+        // free slot's when the slots were busy with other tests until the first had ended)
+        let saved = metric(addr, "turbospark_prompt_tokens_cached_total").await - before;
+        assert!(saved >= 3.0 * p as f64, "three choices skip the prompt: {saved} tokens not computed");
+    });
+}
+
 /// The id of `text` as one token of the default model.
 fn one_token(text: &str) -> u32 {
     let path = ts_engine::hub::ensure(&ts_engine::hub::SMOLLM2, &mut |m| eprintln!("hub: {m}")).expect("the default model");

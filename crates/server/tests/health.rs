@@ -28,6 +28,9 @@ impl Model for Failing {
     fn options(&self) -> RuntimeOptions {
         self.inner.options()
     }
+    fn copy_prefix(&mut self, src: u32, dst: u32, n: usize) -> ts_models::Result<()> {
+        self.inner.copy_prefix(src, dst, n)
+    }
     fn forward_outputs(&mut self, batch: &BatchMeta, out: Outputs<'_>) -> ts_models::Result<()> {
         if self.fail.load(Relaxed) {
             return Err(ModelError::Run("CUDA_ERROR_LAUNCH_FAILED (injected)".into()));

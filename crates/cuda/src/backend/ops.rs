@@ -29,6 +29,32 @@ impl Backend for CudaBackend {
         Ok(CudaCache { mem: self.alloc_mem(bytes, &format!("KV cache of {rows} rows x {width}"))?, rows, width, half: false })
     }
 
+    fn cache_copy(&self, cache: &CudaCache, width: usize, src: usize, dst: usize, n: usize) -> Result<()> {
+        let vb = if cache.half { 2 } else { 4 };
+        let end = |r: usize| r.checked_add(n).is_some_and(|e| e <= cache.rows);
+        if width != cache.width || !(end(src) && end(dst)) || (src < dst + n && dst < src + n) {
+            return Err(BackendError::Unsupported(format!(
+                "cache copy of {n} rows from row {src} to row {dst} (width {width}) in a cache of {} x {}",
+                cache.rows, cache.width
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let row = (width * vb) as u64;
+        // (on the stream, in order with the steps before and after it; never inside a recording:
+        // the engine copies between steps)
+        unsafe {
+            drv::memcpy_dtod_async(
+                cache.mem.ptr + dst as u64 * row,
+                cache.mem.ptr + src as u64 * row,
+                n * row as usize,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| dev_err("device-to-device cache copy", e))
+    }
+
     fn cache_value_bytes(&self, cache: &CudaCache) -> usize {
         if cache.half {
             2
