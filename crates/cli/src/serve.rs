@@ -116,6 +116,11 @@ pub struct ServeArgs {
     /// Read from the environment when not given, so it stays out of the process list.
     #[arg(long = "api-key", env = "TURBOSPARK_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Let browser pages from this origin (e.g. http://localhost:3000) call the API and read
+    /// the answers (CORS); repeatable, `*` for any origin. Without it no CORS headers are sent,
+    /// so other sites' pages in a browser cannot read this server's answers.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
 }
 
 /// Loads the model once, then serves until Ctrl-C.
@@ -131,6 +136,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     if a.prefill_chunk == Some(0) {
         bail!("--prefill-chunk must be at least 1");
+    }
+    if let Some(bad) =
+        a.cors_origin.iter().find(|o| *o != "*" && (!(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/')))
+    {
+        bail!("--cors-origin {bad:?}: give an origin as a browser sends it (scheme://host[:port], no path), or *");
     }
     let api_key = a.api_key.clone().filter(|k| !k.is_empty());
     if a.api_key.as_deref() == Some("") {
@@ -156,6 +166,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         prompt_cache: !a.no_prompt_cache,
         gather: std::time::Duration::from_secs_f64(a.gather_ms.clamp(0.0, 1000.0) / 1e3),
         api_key: api_key.map(ts_server::ApiKey),
+        cors_origins: a.cors_origin.clone(),
         ..ServerConfig::default()
     };
     // Slots (plus the pad slot) and the widest forward a step makes; the context comes from

@@ -50,8 +50,31 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// The router over `state`, refusing bodies over `max_body_bytes`.
-pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+/// The CORS policy for `origins` (`serve --cors-origin`): none when empty (browsers then keep
+/// other sites' pages from reading the answers); `*` allows every origin. Preflights are
+/// answered here, before the key check (browsers send them without credentials).
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| axum::http::HeaderValue::from_str(o).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+            .allow_headers(Any)
+            .max_age(Duration::from_secs(600)),
+    )
+}
+
+/// The router over `state`, refusing bodies over `max_body_bytes`, with the CORS policy for
+/// `cors_origins` (none when empty).
+pub fn router(state: Arc<AppState>, max_body_bytes: usize, cors_origins: &[String]) -> Router {
     let keyed = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -60,13 +83,17 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_key));
-    Router::new()
+    let app = Router::new()
         .merge(keyed)
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(state)
+        .with_state(state);
+    match cors(cors_origins) {
+        Some(c) => app.layer(c),
+        None => app,
+    }
 }
 
 /// Equal without an early exit at the first differing byte, so the time a refusal takes says

@@ -115,6 +115,9 @@ pub struct ServerConfig {
     /// The key the API routes ask for (`serve --api-key`, [`http::AppState::api_key`]); `None`:
     /// open.
     pub api_key: Option<ApiKey>,
+    /// Origins whose browser pages may read the answers (`serve --cors-origin`; `*`: any);
+    /// empty: no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 /// A secret that `Debug` does not print (configurations get logged).
@@ -147,6 +150,7 @@ impl Default for ServerConfig {
             prompt_cache: true,
             gather: std::time::Duration::ZERO,
             api_key: None,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -207,7 +211,7 @@ impl Server {
             request_timeout: cfg.request_timeout,
             api_key: cfg.api_key.as_ref().map(|k| k.0.clone()),
         });
-        let app = http::router(state, cfg.max_body_bytes);
+        let app = http::router(state, cfg.max_body_bytes, &cfg.cors_origins);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.http_threads.max(1))
             .thread_name("ts-http")

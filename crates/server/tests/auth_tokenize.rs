@@ -72,3 +72,39 @@ fn the_key_guards_the_api_and_tokenize_round_trips() {
     });
     s.shutdown().expect("shutdown");
 }
+
+/// `serve --cors-origin`: preflights from the named origin are answered (before the key check),
+/// its pages may read the answers; other origins, and every origin on a server without the
+/// flag, get no CORS headers.
+#[test]
+fn cors_only_for_the_named_origins() {
+    let ui = "http://localhost:3000";
+    let s = start(1, 256, ServerConfig { api_key: Some(ApiKey(KEY.into())), cors_origins: vec![ui.into()], ..ServerConfig::default() });
+    let open = start(1, 256, ServerConfig::default());
+    rt().block_on(async {
+        let preflight = |origin: &'static str| {
+            [
+                ("Origin", origin),
+                ("Access-Control-Request-Method", "POST"),
+                ("Access-Control-Request-Headers", "authorization,content-type"),
+            ]
+        };
+        let acao = |r: &client::Response| r.header("access-control-allow-origin").map(str::to_string);
+        let r = client::request_with(s.addr(), "OPTIONS", "/v1/chat/completions", None, &preflight(ui)).await.expect("preflight");
+        assert!(r.status < 300, "preflight answered: {}", r.status);
+        assert_eq!(acao(&r).as_deref(), Some(ui));
+        let r = client::request_with(s.addr(), "OPTIONS", "/v1/chat/completions", None, &preflight("http://evil.example"))
+            .await
+            .expect("preflight");
+        assert_eq!(acao(&r), None, "another origin");
+        let bearer = format!("Bearer {KEY}");
+        let body = json!({"prompt": "Hi", "max_tokens": 1});
+        let r =
+            client::post_json_with(s.addr(), "/v1/completions", &body, &[("Origin", ui), ("Authorization", &bearer)]).await.expect("post");
+        assert_eq!((r.status, acao(&r).as_deref()), (200, Some(ui)));
+        let r = client::post_json_with(open.addr(), "/v1/completions", &body, &[("Origin", ui)]).await.expect("post");
+        assert_eq!((r.status, acao(&r)), (200, None), "no CORS without --cors-origin");
+    });
+    s.shutdown().expect("shutdown");
+    open.shutdown().expect("shutdown");
+}
