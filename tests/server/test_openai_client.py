@@ -64,6 +64,23 @@ class OpenAIClient(unittest.TestCase):
         self.assertEqual(cm.exception.status_code, 401)
         self.assertEqual(cm.exception.code, "invalid_api_key")
 
+    def test_json_mode(self):
+        import json
+        r = CLIENT.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Describe a cat as a JSON object with its name and age."}],
+            max_tokens=200,
+            temperature=0,
+            response_format={"type": "json_object"},
+        )
+        c = r.choices[0]
+        if c.finish_reason == "stop":
+            self.assertIsInstance(json.loads(c.message.content), dict)
+        with self.assertRaises(openai.BadRequestError):
+            CLIENT.chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=5, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}
+            )
+
     def test_several_choices(self):
         r = CLIENT.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0.9, seed=11, n=2)
         self.assertEqual([c.index for c in r.choices], [0, 1])

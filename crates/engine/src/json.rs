@@ -46,11 +46,17 @@ enum Lex {
     None,
     /// Inside a string (`key`: an object key, followed by `:`); `esc`: 0 none, 1 after `\`,
     /// 2..=5 hex digits of `\u` still to come (5 = four).
-    Str { key: bool, esc: u8 },
+    Str {
+        key: bool,
+        esc: u8,
+    },
     /// A number: the part being read.
     Num(Num),
     /// `true`, `false` or `null`: which, and how many bytes matched.
-    Lit { word: u8, at: u8 },
+    Lit {
+        word: u8,
+        at: u8,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -431,9 +437,26 @@ mod tests {
             assert!(accepts(good), "{good}");
         }
         for bad in [
-            "[]", "1", "{\"a\" 1}", "{\"a\":}", "{,}", "{\"a\":1,}", "{\"a\":01}", "{\"a\":1.}", "{\"a\":.5}", "{\"a\":tru}",
-            "{\"a\":\"x\ny\"}", "{\"a\":\"\\q\"}", "{\"a\":\"\\u12G4\"}", "{\"a\":[1}", "{\"a\":{]}", "{} {}", "{}x", "{\"a\":-}",
-            "{\"a\":1e}", "{'a':1}",
+            "[]",
+            "1",
+            "{\"a\" 1}",
+            "{\"a\":}",
+            "{,}",
+            "{\"a\":1,}",
+            "{\"a\":01}",
+            "{\"a\":1.}",
+            "{\"a\":.5}",
+            "{\"a\":tru}",
+            "{\"a\":\"x\ny\"}",
+            "{\"a\":\"\\q\"}",
+            "{\"a\":\"\\u12G4\"}",
+            "{\"a\":[1}",
+            "{\"a\":{]}",
+            "{} {}",
+            "{}x",
+            "{\"a\":-}",
+            "{\"a\":1e}",
+            "{'a':1}",
         ] {
             assert!(!accepts(bad), "{bad}");
         }
@@ -539,7 +562,11 @@ mod tests {
             let src = ts_formats::open_model(&path).expect("open");
             let tok = crate::Tokenizer::from_gguf_metadata(src.metadata()).expect("tokenizer");
             let t0 = std::time::Instant::now();
-            let v = JsonVocab::new(tok.vocab_size(), |id| if tok.is_eog(id) { Vec::new() } else { tok.token_bytes(id, false).into_owned() }, tok.eog_tokens());
+            let v = JsonVocab::new(
+                tok.vocab_size(),
+                |id| if tok.is_eog(id) { Vec::new() } else { tok.token_bytes(id, false).into_owned() },
+                tok.eog_tokens(),
+            );
             let built = t0.elapsed();
             let raw = vec![0f32; tok.vocab_size()];
             let mut out = raw.clone();

@@ -4,8 +4,8 @@
 //! Requests are parsed from a `serde_json::Value` by hand rather than derived, so that a field of
 //! the wrong type or out of range is reported as OpenAI does: status 400, `param` naming it.
 //! Unknown fields are ignored (clients send vendor extensions); fields whose meaning we cannot
-//! honour (`echo`, `best_of > 1`, `suffix`, non-text content, `response_format` other than
-//! text, `tools`, `functions`, `audio`) are refused, not ignored.
+//! honour (`echo`, `best_of > 1`, `suffix`, non-text content, a `json_schema`
+//! `response_format`, `tools`, `functions`, `audio`) are refused, not ignored.
 
 use serde_json::{json, Map, Value};
 use ts_engine::{ChatMessage, SamplerParams};
@@ -43,6 +43,9 @@ pub struct Common {
     pub top_logprobs: Option<usize>,
     /// Choices to generate (`n`), each a sequence of its own: 1..=[`MAX_CHOICES`].
     pub n: usize,
+    /// `response_format` `{"type": "json_object"}`: the output is constrained to one JSON
+    /// object (`ts_engine::json`).
+    pub json: bool,
 }
 
 /// A completions prompt: text, or token ids.
@@ -194,7 +197,7 @@ pub fn parse_common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiE
         sampling.frequency_penalty = p as f32;
     }
     sampling.logit_bias = logit_bias(obj)?;
-    refuse_unsupported(obj)?;
+    let json = refuse_unsupported(obj)?;
     if let Some(v) = field(obj, "seed") {
         let seed = match v {
             Value::Number(n) => n.as_u64().or_else(|| n.as_i64().map(|i| i as u64)),
@@ -212,7 +215,17 @@ pub fn parse_common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiE
     } else {
         integer(obj, "logprobs", 0, MAX_LOGPROBS_COMPLETIONS)?.map(|n| n as usize)
     };
-    Ok(Common { model, stream, include_usage, max_tokens: max_tokens.map(|m| m as usize), stop, sampling, top_logprobs, n: n as usize })
+    Ok(Common {
+        model,
+        stream,
+        include_usage,
+        max_tokens: max_tokens.map(|m| m as usize),
+        stop,
+        sampling,
+        top_logprobs,
+        n: n as usize,
+        json,
+    })
 }
 
 /// `logit_bias`: an object from token ids (decimal strings) to biases in [-100, 100], added to
@@ -247,18 +260,21 @@ fn logit_bias(obj: &Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
     Ok(out)
 }
 
-/// Refuses the fields that ask for behaviour this server does not have (constrained output,
-/// tool calls, audio), rather than answering as though they had been honoured. Their neutral
-/// values pass: `response_format` of type `text`, empty `tools` / `functions`.
-fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
+/// Refuses the fields that ask for behaviour this server does not have (schema-constrained
+/// output, tool calls, audio), rather than answering as though they had been honoured. Their
+/// neutral values pass: `response_format` of type `text`, empty `tools` / `functions`. Returns
+/// whether JSON mode (`response_format` `json_object`) is asked for.
+fn refuse_unsupported(obj: &Map<String, Value>) -> Result<bool, ApiError> {
+    let mut json = false;
     match field(obj, "response_format") {
         None => {}
         Some(Value::Object(o)) => match o.get("type") {
             Some(Value::String(t)) if t == "text" => {}
+            Some(Value::String(t)) if t == "json_object" => json = true,
             Some(Value::String(t)) => {
                 return Err(ApiError::invalid(
                     "response_format",
-                    format!("'response_format' of type '{t}' is not supported: this server has no constrained (JSON or schema) decoding; ask for the format in the prompt instead."),
+                    format!("'response_format' of type '{t}' is not supported: this server constrains output to JSON syntax ('json_object'), not to a schema; describe the schema in the prompt and use 'json_object'."),
                 ))
             }
             Some(v) => return Err(wrong_type("response_format.type", "a string", v)),
@@ -282,7 +298,7 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     if field(obj, "audio").is_some() {
         return Err(ApiError::invalid("audio", "'audio' is not supported: this server produces text only."));
     }
-    Ok(())
+    Ok(json)
 }
 
 /// `messages` as chat messages. Content may be a string, an array of `{"type": "text"}` parts
@@ -648,13 +664,13 @@ mod tests {
     fn unsupported_features_are_refused_not_ignored() {
         for body in [
             r#"{"response_format": {"type": "text"}}"#,
+            r#"{"response_format": {"type": "json_object"}}"#,
             r#"{"tools": [], "tool_choice": "none"}"#,
             r#"{"functions": null, "user": "u", "metadata": {}}"#,
         ] {
             parse_common(&obj(body), true).unwrap_or_else(|e| panic!("{body}: {}", e.message));
         }
         for (body, param) in [
-            (r#"{"response_format": {"type": "json_object"}}"#, "response_format"),
             (r#"{"response_format": {"type": "json_schema", "json_schema": {}}}"#, "response_format"),
             (r#"{"response_format": {}}"#, "response_format.type"),
             (r#"{"response_format": "json"}"#, "response_format"),

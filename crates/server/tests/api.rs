@@ -340,6 +340,45 @@ fn choices_copy_their_prompt() {
     });
 }
 
+/// JSON mode (`response_format` `json_object`): the text is one JSON object, ended as soon as
+/// the object closes (`finish_reason` "stop"), the same streamed as whole; a text cut by
+/// `max_tokens` is a prefix of one.
+#[test]
+fn json_mode_gives_one_object() {
+    let addr = server().addr();
+    rt().block_on(async {
+        let ask = "Give me a JSON object describing a cat with its name and age.";
+        for (temperature, seed) in [(0.0, 0), (0.9, 7), (1.2, 8)] {
+            let req = json!({"messages": [{"role": "user", "content": ask}], "max_tokens": 200, "temperature": temperature, "seed": seed,
+                             "response_format": {"type": "json_object"}});
+            let (st, v) = post(addr, "/v1/chat/completions", &req).await;
+            assert_eq!(st, 200, "{v}");
+            let text = text_of(&v);
+            let mut g = ts_engine::json::JsonState::new();
+            assert!(g.feed(text.as_bytes()), "a JSON prefix: {text:?}");
+            if v["choices"][0]["finish_reason"] == "stop" {
+                let parsed: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+                assert!(parsed.is_object(), "{text}");
+                assert!(g.done());
+            } else {
+                assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+            }
+            let mut streamed = req.clone();
+            streamed["stream"] = json!(true);
+            let (st, events) = stream(addr, "/v1/chat/completions", &streamed).await;
+            assert_eq!(st, 200);
+            let joined: String = chunks(&events).iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+            assert_eq!(joined, text, "temperature {temperature}");
+        }
+        // Completions too, even from a prompt that is not about JSON; a short budget cuts it.
+        let req =
+            json!({"prompt": "The capital of France is", "max_tokens": 5, "temperature": 0, "response_format": {"type": "json_object"}});
+        let (st, v) = post(addr, "/v1/completions", &req).await;
+        assert_eq!(st, 200, "{v}");
+        assert!(ts_engine::json::JsonState::new().feed(text_of(&v).as_bytes()), "{v}");
+    });
+}
+
 /// The id of `text` as one token of the default model.
 fn one_token(text: &str) -> u32 {
     let path = ts_engine::hub::ensure(&ts_engine::hub::SMOLLM2, &mut |m| eprintln!("hub: {m}")).expect("the default model");
@@ -438,7 +477,7 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         assert_error(st, &v, 400, Some("prompt[0]"), None, "vocabulary");
         let (st, v) = post(addr, "/v1/completions", &json!({"prompt": "x", "n": 17})).await;
         assert_error(st, &v, 400, Some("n"), None, "at most 16 choices");
-        let (st, v) = post(addr, chat, &json!({"messages": user, "response_format": {"type": "json_object"}})).await;
+        let (st, v) = post(addr, chat, &json!({"messages": user, "response_format": {"type": "json_schema", "json_schema": {}}})).await;
         assert_error(st, &v, 400, Some("response_format"), None, "not supported");
         let (st, v) = post(addr, chat, &json!({"messages": user, "tools": [{"type": "function", "function": {"name": "f"}}]})).await;
         assert_error(st, &v, 400, Some("tools"), None, "tool");
