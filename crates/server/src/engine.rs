@@ -2151,7 +2151,7 @@ mod tests {
                     })
                     .collect();
                 e.submit_all(jobs).unwrap();
-                let mut out: Vec<(String, usize)> = rxs.iter_mut().map(|rx| collect_usage(rx)).map(|(t, u)| (t, u.cached)).collect();
+                let mut out: Vec<(String, usize)> = rxs.iter_mut().map(collect_usage).map(|(t, u)| (t, u.cached)).collect();
                 // A prompt that shares 30 tokens with a running sequence's rows: it copies them.
                 let (j, mut long) = job((1..60).collect(), 40);
                 e.submit(j).unwrap();
