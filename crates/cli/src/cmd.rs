@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rayon::prelude::*;
 use ts_engine::hub;
+use ts_engine::json::{JsonState, JsonVocab};
 use ts_engine::sampler::{Sampler, SamplerParams};
 use ts_engine::session::Session;
 use ts_engine::tokenizer::{StreamDecoder, Tokenizer};
@@ -105,6 +106,11 @@ pub struct RunArgs {
     /// Wrap the prompt as one user turn with the model's chat template (for instruct models).
     #[arg(long)]
     pub chat: bool,
+    /// JSON mode: only tokens that keep the output one JSON object are sampled, and generation
+    /// ends when the object closes (the server's `response_format` `json_object`). Ask for JSON
+    /// in the prompt too: the model still chooses what goes in it.
+    #[arg(long)]
+    pub json: bool,
     /// Prompt as token ids (e.g. 1,2,3) instead of text; the generated ids are printed as a JSON
     /// array. Works with models that have no tokenizer (synthetic ones).
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "file", "chat"])]
@@ -261,9 +267,47 @@ fn generate(
     ignore_eos: bool,
     out: &mut dyn Write,
 ) -> Result<(usize, f64)> {
+    generate_json(sess, tok, sampler, n, ignore_eos, None, out)
+}
+
+/// [`generate`], in JSON mode with `json` (`run --json`): each pick from the logits masked to
+/// the tokens that keep the text one JSON object, until it closes.
+fn generate_json(
+    sess: &mut Session,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    n: usize,
+    ignore_eos: bool,
+    json: Option<&JsonVocab>,
+    out: &mut dyn Write,
+) -> Result<(usize, f64)> {
     let mut dec = StreamDecoder::new(tok);
     let t0 = Instant::now();
     let mut count = 0;
+    if let Some(v) = json {
+        let (mut state, mut row, mut walk) = (JsonState::new(), vec![0f32; sess.logits.len()], Vec::new());
+        while count < n {
+            if sess.pos >= sess.ctx() {
+                eprintln!("\nturbospark: context full ({} tokens)", sess.ctx());
+                break;
+            }
+            v.mask(&state, &sess.logits, &mut row, &mut walk);
+            let id = sampler.sample(&row, &sess.tokens);
+            if tok.is_eog(id) || !state.feed(&tok.token_bytes(id, false)) {
+                break;
+            }
+            count += 1;
+            out.write_all(dec.push(id).as_bytes())?;
+            out.flush()?;
+            if state.done() {
+                break;
+            }
+            sess.feed(&[id])?;
+        }
+        out.write_all(dec.flush().as_bytes())?;
+        out.flush()?;
+        return Ok((count, t0.elapsed().as_secs_f64()));
+    }
     // A plain greedy sampler takes the backend's arg-max (`Session::feed_for`): one id comes back
     // per token instead of the logits row.
     let mut picked: Option<u32> = None;
@@ -355,10 +399,22 @@ pub fn run(a: RunArgs) -> Result<()> {
     sess.feed(&ids)?;
     let pp = t0.elapsed().as_secs_f64();
     let mut stdout = std::io::stdout().lock();
-    if !a.chat {
+    // (the raw prompt is echoed before its continuation, but not in JSON mode: the output is
+    // then the object alone, for a pipe)
+    if !a.chat && !a.json {
         stdout.write_all(prompt.as_bytes())?;
     }
-    let (n, tg) = generate(&mut sess, &tok, &mut sampler, a.n_predict, a.ignore_eos, &mut stdout)?;
+    let json = a.json.then(|| {
+        JsonVocab::new(
+            tok.vocab_size(),
+            |id| if tok.is_eog(id) { Vec::new() } else { tok.token_bytes(id, false).into_owned() },
+            tok.eog_tokens(),
+        )
+    });
+    if json.as_ref().is_some_and(|v| !v.usable()) {
+        bail!("--json: this model's tokens cannot write JSON");
+    }
+    let (n, tg) = generate_json(&mut sess, &tok, &mut sampler, a.n_predict, a.ignore_eos, json.as_ref(), &mut stdout)?;
     writeln!(stdout)?;
     if n == 0 && !a.chat {
         eprintln!("turbospark: the model ended its turn at once; for an instruct model try `--chat` (or `turbospark chat`)");
