@@ -164,7 +164,15 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 /// `{"tokens": [{"id": ID, "piece": TEXT}]}` (a piece that is not whole UTF-8 is given as its
 /// bytes). For the ids a `logit_bias` or a token prompt needs.
 async fn tokenize(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let r = (|| -> Result<Value, ApiError> {
+    let st2 = st.clone();
+    let r = tokio::task::spawn_blocking(move || tokenize_inner(&st2, body))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("tokenising failed: {e}"))));
+    record(&st, "tokenize", r.map_or_else(IntoResponse::into_response, |v| axum::Json(v).into_response()))
+}
+
+fn tokenize_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    {
         let obj = api::parse_body(&body.map_err(body_error)?)?;
         let content = match obj.get("content") {
             Some(Value::String(s)) => s.as_str(),
@@ -196,8 +204,7 @@ async fn tokenize(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesReje
             ids.iter().map(|&id| json!(id)).collect()
         };
         Ok(json!({ "tokens": tokens }))
-    })();
-    record(&st, "tokenize", r.map_or_else(IntoResponse::into_response, |v| axum::Json(v).into_response()))
+    }
 }
 
 /// `POST /detokenize`: `{"tokens": [ids]}` → `{"content": TEXT}` (special tokens written out).
@@ -312,9 +319,12 @@ fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(Com
 
 async fn completions(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
-    let r = match completions_inner(&st, body) {
-        Ok((c, ids)) => generate(&st, Kind::Completion, c, ids, arrived).await,
-        Err(e) => Err(e),
+    // (tokenising a long prompt blocks: off the async workers, as for chat)
+    let st2 = st.clone();
+    let r = match tokio::task::spawn_blocking(move || completions_inner(&st2, body)).await {
+        Ok(Ok((c, ids))) => generate(&st, Kind::Completion, c, ids, arrived).await,
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(ApiError::internal(format!("preparing the prompt failed: {e}"))),
     };
     record(&st, "completions", r.unwrap_or_else(IntoResponse::into_response))
 }
