@@ -172,39 +172,37 @@ async fn tokenize(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesReje
 }
 
 fn tokenize_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
-    {
-        let obj = api::parse_body(&body.map_err(body_error)?)?;
-        let content = match obj.get("content") {
-            Some(Value::String(s)) => s.as_str(),
-            None | Some(Value::Null) => return Err(ApiError::invalid("content", "Missing required parameter: 'content'.")),
-            Some(_) => return Err(ApiError::invalid("content", "Invalid type for 'content': expected a string.")),
-        };
-        let flag = |k: &str, default: bool| match obj.get(k) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(_) => Err(ApiError::invalid(k, format!("Invalid type for '{k}': expected a boolean."))),
-        };
-        let (add_special, parse_special, pieces) = (flag("add_special", false)?, flag("parse_special", true)?, flag("with_pieces", false)?);
-        let tok = &st.tokenizer;
-        let ids = tok
-            .encode_with(content, add_special, parse_special)
-            .map_err(|e| ApiError::invalid("content", format!("The text could not be tokenised: {e}")))?;
-        let tokens: Vec<Value> = if pieces {
-            ids.iter()
-                .map(|&id| {
-                    let b = tok.token_bytes(id, true);
-                    let piece = match std::str::from_utf8(&b) {
-                        Ok(s) => json!(s),
-                        Err(_) => json!(b.as_ref()),
-                    };
-                    json!({"id": id, "piece": piece})
-                })
-                .collect()
-        } else {
-            ids.iter().map(|&id| json!(id)).collect()
-        };
-        Ok(json!({ "tokens": tokens }))
-    }
+    let obj = api::parse_body(&body.map_err(body_error)?)?;
+    let content = match obj.get("content") {
+        Some(Value::String(s)) => s.as_str(),
+        None | Some(Value::Null) => return Err(ApiError::invalid("content", "Missing required parameter: 'content'.")),
+        Some(_) => return Err(ApiError::invalid("content", "Invalid type for 'content': expected a string.")),
+    };
+    let flag = |k: &str, default: bool| match obj.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(k, format!("Invalid type for '{k}': expected a boolean."))),
+    };
+    let (add_special, parse_special, pieces) = (flag("add_special", false)?, flag("parse_special", true)?, flag("with_pieces", false)?);
+    let tok = &st.tokenizer;
+    let ids = tok
+        .encode_with(content, add_special, parse_special)
+        .map_err(|e| ApiError::invalid("content", format!("The text could not be tokenised: {e}")))?;
+    let tokens: Vec<Value> = if pieces {
+        ids.iter()
+            .map(|&id| {
+                let b = tok.token_bytes(id, true);
+                let piece = match std::str::from_utf8(&b) {
+                    Ok(s) => json!(s),
+                    Err(_) => json!(b.as_ref()),
+                };
+                json!({"id": id, "piece": piece})
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(json!({ "tokens": tokens }))
 }
 
 /// `POST /detokenize`: `{"tokens": [ids]}` → `{"content": TEXT}` (special tokens written out).
