@@ -62,7 +62,7 @@ fn valid(rng: &mut Rng, stream: bool) -> (&'static str, Value) {
     let max_tokens = 1 + rng.below(12);
     let prompt = PROMPTS[rng.below(PROMPTS.len() as u64) as usize];
     let temperature = if rng.below(2) == 0 { 0.0 } else { 0.8 };
-    if rng.below(2) == 0 {
+    let (path, mut body) = if rng.below(2) == 0 {
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": temperature, "stream": stream, "seed": rng.below(100)}),
@@ -72,7 +72,15 @@ fn valid(rng: &mut Rng, stream: bool) -> (&'static str, Value) {
             "/v1/completions",
             json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": stream, "stop": ["\n\n"]}),
         )
+    };
+    // (now and then several choices, JSON mode, a logit bias)
+    match rng.below(8) {
+        0 => body["n"] = json!(1 + rng.below(3)),
+        1 => body["response_format"] = json!({"type": "json_object"}),
+        2 => body["logit_bias"] = json!({(rng.below(1000)).to_string(): -100, "13": 2.5}),
+        _ => {}
     }
+    (path, body)
 }
 
 /// One invalid request: (path, raw body, expected status).
