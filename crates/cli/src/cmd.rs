@@ -291,7 +291,7 @@ fn generate_json(
                 eprintln!("\nturbospark: context full ({} tokens)", sess.ctx());
                 break;
             }
-            v.mask(&state, &sess.logits, &mut row, &mut walk);
+            v.mask(&(), &state, &sess.logits, &mut row, &mut walk);
             let id = sampler.sample(&row, &sess.tokens);
             if tok.is_eog(id) || !state.feed(&tok.token_bytes(id, false)) {
                 break;

@@ -288,6 +288,37 @@ impl JsonState {
     }
 }
 
+/// A byte-level recogniser [`JsonVocab::mask`] can walk a vocabulary with: its state is
+/// copied for each token tried, so it must be small and `Copy`. `Cx` is what every step reads
+/// and no state owns (a compiled schema; nothing for [`JsonState`]).
+pub trait Grammar: Copy {
+    type Cx: ?Sized;
+    /// One byte; false when the grammar refuses it (the state is then undefined).
+    fn step(&mut self, cx: &Self::Cx, b: u8) -> bool;
+    /// The value is complete: only end-of-generation may follow.
+    fn done(&self) -> bool;
+    /// Inside a string whose bytes are free (not after `\`, not a key or an enumerated
+    /// value): a token without `"`, `\` or control bytes leaves the state as it is.
+    fn plain_string(&self) -> bool;
+    /// Feeds `bytes`; false at the first byte the grammar refuses.
+    fn feed(&mut self, cx: &Self::Cx, bytes: &[u8]) -> bool {
+        bytes.iter().all(|&b| self.step(cx, b))
+    }
+}
+
+impl Grammar for JsonState {
+    type Cx = ();
+    fn step(&mut self, _: &(), b: u8) -> bool {
+        JsonState::step(self, b)
+    }
+    fn done(&self) -> bool {
+        JsonState::done(self)
+    }
+    fn plain_string(&self) -> bool {
+        matches!(self.lex, Lex::Str { esc: 0, .. })
+    }
+}
+
 /// A vocabulary's token bytes in sorted order, for [`JsonVocab::mask`].
 #[derive(Debug, Clone)]
 pub struct JsonVocab {
@@ -326,7 +357,7 @@ impl Sorted {
     }
 
     /// Copies `raw[id]` to `out[id]` for every token `state` takes (see [`JsonVocab::mask`]).
-    fn walk(&self, state: &JsonState, raw: &[f32], out: &mut [f32], states: &mut Vec<JsonState>) {
+    fn walk<G: Grammar>(&self, cx: &G::Cx, state: &G, raw: &[f32], out: &mut [f32], states: &mut Vec<G>) {
         let n = raw.len().min(out.len());
         // states[k]: the state after the current token's first k bytes; `dead`: the shortest
         // prefix of it that failed (tokens sharing it fail too).
@@ -344,7 +375,7 @@ impl Sorted {
             let mut ok = true;
             for (k, &b) in t.iter().enumerate().skip(lcp) {
                 let mut s = states[k];
-                if !s.step(b) {
+                if !s.step(cx, b) {
                     dead = k + 1;
                     ok = false;
                     break;
@@ -379,15 +410,15 @@ impl JsonVocab {
     pub fn usable(&self) -> bool {
         let raw = vec![0f32; self.n_vocab];
         let mut out = vec![0f32; self.n_vocab];
-        self.mask(&JsonState::new(), &raw, &mut out, &mut Vec::new());
+        self.mask(&(), &JsonState::new(), &raw, &mut out, &mut Vec::new());
         out.iter().any(|v| v.is_finite())
     }
 
     /// Writes `raw`'s logits to `out` for the tokens `state` can take, `-inf` for the others:
     /// those whose bytes break the syntax, control tokens, and end-of-generation before the
-    /// object is closed (after it, everything else). `states` is scratch (kept between calls,
+    /// value is complete (after it, everything else). `states` is scratch (kept between calls,
     /// it stops allocating once it holds the longest token's states).
-    pub fn mask(&self, state: &JsonState, raw: &[f32], out: &mut [f32], states: &mut Vec<JsonState>) {
+    pub fn mask<G: Grammar>(&self, cx: &G::Cx, state: &G, raw: &[f32], out: &mut [f32], states: &mut Vec<G>) {
         out.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
         let n = raw.len().min(out.len());
         if state.done() {
@@ -398,15 +429,15 @@ impl JsonVocab {
             }
             return;
         }
-        if state.lex == (Lex::Str { key: false, esc: 0 }) || state.lex == (Lex::Str { key: true, esc: 0 }) {
+        if state.plain_string() {
             for &id in &self.plain {
                 if (id as usize) < n {
                     out[id as usize] = raw[id as usize];
                 }
             }
-            self.rest.walk(state, raw, out, states);
+            self.rest.walk(cx, state, raw, out, states);
         } else {
-            self.all.walk(state, raw, out, states);
+            self.all.walk(cx, state, raw, out, states);
         }
     }
 }
@@ -534,7 +565,7 @@ mod tests {
         let raw = vec![1f32; pieces.len()];
         let allowed = |s: &JsonState| {
             let mut m = vec![0f32; pieces.len()];
-            v.mask(s, &raw, &mut m, &mut Vec::new());
+            v.mask(&(), s, &raw, &mut m, &mut Vec::new());
             (0..pieces.len()).filter(|&i| m[i] == 1.0).collect::<Vec<_>>()
         };
         assert_eq!(allowed(&JsonState::new()), [0, 2]); // `{`, `{"`
@@ -576,7 +607,7 @@ mod tests {
                 assert!(s.feed(prefix.as_bytes()));
                 let t = std::time::Instant::now();
                 for _ in 0..20 {
-                    v.mask(&s, &raw, &mut out, &mut states);
+                    v.mask(&(), &s, &raw, &mut out, &mut states);
                 }
                 let per = t.elapsed() / 20;
                 let allowed = out.iter().filter(|x| x.is_finite()).count();

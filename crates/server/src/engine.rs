@@ -1227,7 +1227,7 @@ impl<'m, 't> Stepper<'m, 't> {
                 (usize::MAX, _, _) => s.sampler.take(argmax[s.out_row]),
                 // (JSON mode: the row with every token that breaks the syntax at -inf)
                 (j, Some(js), Some(v)) => {
-                    v.mask(&js.state, &logits[j * nv..(j + 1) * nv], &mut js.row, &mut js.walk);
+                    v.mask(&(), &js.state, &logits[j * nv..(j + 1) * nv], &mut js.row, &mut js.walk);
                     s.sampler.sample(&js.row, &s.generated)
                 }
                 (j, _, _) => s.sampler.sample(&logits[j * nv..(j + 1) * nv], &s.generated),
