@@ -76,10 +76,29 @@ class OpenAIClient(unittest.TestCase):
         c = r.choices[0]
         if c.finish_reason == "stop":
             self.assertIsInstance(json.loads(c.message.content), dict)
-        with self.assertRaises(openai.BadRequestError):
+        schema = {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+            "additionalProperties": False,
+        }
+        r = CLIENT.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Describe a cat."}],
+            max_tokens=80,
+            temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "cat", "strict": True, "schema": schema}},
+        )
+        c = r.choices[0]
+        if c.finish_reason == "stop":
+            obj = json.loads(c.message.content)
+            self.assertEqual(sorted(obj), ["age", "name"])
+            self.assertIsInstance(obj["age"], int)
+        with self.assertRaises(openai.BadRequestError) as cm:
             CLIENT.chat.completions.create(
                 model=MODEL, messages=MESSAGES, max_tokens=5, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}
             )
+        self.assertIn("root must be an object", str(cm.exception))
 
     def test_several_choices(self):
         r = CLIENT.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0.9, seed=11, n=2)

@@ -8,7 +8,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rayon::prelude::*;
 use ts_engine::hub;
-use ts_engine::json::{JsonState, JsonVocab};
+use ts_engine::json::{Grammar, JsonState, JsonVocab};
+use ts_engine::json_schema::Schema;
 use ts_engine::sampler::{Sampler, SamplerParams};
 use ts_engine::session::Session;
 use ts_engine::tokenizer::{StreamDecoder, Tokenizer};
@@ -111,6 +112,12 @@ pub struct RunArgs {
     /// in the prompt too: the model still chooses what goes in it.
     #[arg(long)]
     pub json: bool,
+    /// JSON mode with a schema: the output is a JSON document of the JSON Schema in FILE (the
+    /// server's `response_format` `json_schema`; the subset `ts_engine::json_schema` supports:
+    /// objects whose properties are all written, arrays, strings, numbers, integers, booleans,
+    /// null, enums). Implies --json.
+    #[arg(long = "json-schema", value_name = "FILE")]
+    pub json_schema: Option<PathBuf>,
     /// Prompt as token ids (e.g. 1,2,3) instead of text; the generated ids are printed as a JSON
     /// array. Works with models that have no tokenizer (synthetic ones).
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "file", "chat"])]
@@ -270,44 +277,64 @@ fn generate(
     generate_json(sess, tok, sampler, n, ignore_eos, None, out)
 }
 
-/// [`generate`], in JSON mode with `json` (`run --json`): each pick from the logits masked to
-/// the tokens that keep the text one JSON object, until it closes.
+/// JSON mode's generation loop: each pick from the logits masked to the tokens that keep the
+/// text in `state`'s grammar, until the document is complete.
+#[allow(clippy::too_many_arguments)]
+fn constrained<G: Grammar>(
+    sess: &mut Session,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    n: usize,
+    v: &JsonVocab,
+    cx: &G::Cx,
+    mut state: G,
+    out: &mut dyn Write,
+    t0: Instant,
+) -> Result<(usize, f64)> {
+    let mut dec = StreamDecoder::new(tok);
+    let (mut count, mut row, mut walk) = (0, vec![0f32; sess.logits.len()], Vec::new());
+    while count < n {
+        if sess.pos >= sess.ctx() {
+            eprintln!("\nturbospark: context full ({} tokens)", sess.ctx());
+            break;
+        }
+        v.mask(cx, &state, &sess.logits, &mut row, &mut walk);
+        let id = sampler.sample(&row, &sess.tokens);
+        if tok.is_eog(id) || !state.feed(cx, &tok.token_bytes(id, false)) {
+            break;
+        }
+        count += 1;
+        out.write_all(dec.push(id).as_bytes())?;
+        out.flush()?;
+        if state.done() {
+            break;
+        }
+        sess.feed(&[id])?;
+    }
+    out.write_all(dec.flush().as_bytes())?;
+    out.flush()?;
+    Ok((count, t0.elapsed().as_secs_f64()))
+}
+
+/// [`generate`], in JSON mode with `json` (`run --json`, `--json-schema`): the vocabulary and,
+/// with a schema, the schema.
 fn generate_json(
     sess: &mut Session,
     tok: &Tokenizer,
     sampler: &mut Sampler,
     n: usize,
     ignore_eos: bool,
-    json: Option<&JsonVocab>,
+    json: Option<(&JsonVocab, Option<&Schema>)>,
     out: &mut dyn Write,
 ) -> Result<(usize, f64)> {
-    let mut dec = StreamDecoder::new(tok);
     let t0 = Instant::now();
-    let mut count = 0;
-    if let Some(v) = json {
-        let (mut state, mut row, mut walk) = (JsonState::new(), vec![0f32; sess.logits.len()], Vec::new());
-        while count < n {
-            if sess.pos >= sess.ctx() {
-                eprintln!("\nturbospark: context full ({} tokens)", sess.ctx());
-                break;
-            }
-            v.mask(&(), &state, &sess.logits, &mut row, &mut walk);
-            let id = sampler.sample(&row, &sess.tokens);
-            if tok.is_eog(id) || !state.feed(&tok.token_bytes(id, false)) {
-                break;
-            }
-            count += 1;
-            out.write_all(dec.push(id).as_bytes())?;
-            out.flush()?;
-            if state.done() {
-                break;
-            }
-            sess.feed(&[id])?;
-        }
-        out.write_all(dec.flush().as_bytes())?;
-        out.flush()?;
-        return Ok((count, t0.elapsed().as_secs_f64()));
+    match json {
+        Some((v, None)) => return constrained(sess, tok, sampler, n, v, &(), JsonState::new(), out, t0),
+        Some((v, Some(schema))) => return constrained(sess, tok, sampler, n, v, schema, schema.start(), out, t0),
+        None => {}
     }
+    let mut dec = StreamDecoder::new(tok);
+    let mut count = 0;
     // A plain greedy sampler takes the backend's arg-max (`Session::feed_for`): one id comes back
     // per token instead of the logits row.
     let mut picked: Option<u32> = None;
@@ -374,6 +401,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         (Some(_), Some(_)) => bail!("give the prompt either as an argument or with -f, not both"),
         (None, None) => bail!("no prompt: turbospark run \"your prompt\" (or -f FILE)"),
     };
+    let schema = match &a.json_schema {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("--json-schema {}", f.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("--json-schema {}: not JSON", f.display()))?;
+            Some(Schema::compile(&v).with_context(|| format!("--json-schema {}", f.display()))?)
+        }
+        None => None,
+    };
     let mut l = load::load(&a.m, Some(&hub::SMOLLM2), 1)?;
     let tok = tokenizer_of(&l)?;
     let ids = if a.chat {
@@ -401,10 +436,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     // (the raw prompt is echoed before its continuation, but not in JSON mode: the output is
     // then the object alone, for a pipe)
-    if !a.chat && !a.json {
+    if !a.chat && !a.json && a.json_schema.is_none() {
         stdout.write_all(prompt.as_bytes())?;
     }
-    let json = a.json.then(|| {
+    let json = (a.json || schema.is_some()).then(|| {
         JsonVocab::new(
             tok.vocab_size(),
             |id| if tok.is_eog(id) { Vec::new() } else { tok.token_bytes(id, false).into_owned() },
@@ -414,7 +449,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     if json.as_ref().is_some_and(|v| !v.usable()) {
         bail!("--json: this model's tokens cannot write JSON");
     }
-    let (n, tg) = generate_json(&mut sess, &tok, &mut sampler, a.n_predict, a.ignore_eos, json.as_ref(), &mut stdout)?;
+    let json = json.as_ref().map(|v| (v, schema.as_ref()));
+    let (n, tg) = generate_json(&mut sess, &tok, &mut sampler, a.n_predict, a.ignore_eos, json, &mut stdout)?;
     writeln!(stdout)?;
     if n == 0 && !a.chat {
         eprintln!("turbospark: the model ended its turn at once; for an instruct model try `--chat` (or `turbospark chat`)");

@@ -16,8 +16,24 @@
 
 /// Deepest nesting of objects and arrays.
 pub const MAX_DEPTH: u32 = 64;
-/// Most whitespace bytes in a row between tokens of the JSON text.
+/// Most whitespace bytes in a row between tokens of the JSON text, of which at most one line
+/// break (`\n` or `\r`): indentation, not blank lines (a constrained model otherwise likes
+/// to pad its answer with them).
 pub const MAX_WS: u8 = 32;
+
+/// One whitespace byte `b` of a run whose count so far is `ws` (its high bit: a line break
+/// seen); false when the run is over its limits ([`MAX_WS`]).
+pub(crate) fn ws_run(ws: &mut u8, b: u8) -> bool {
+    let brk = matches!(b, b'\n' | b'\r');
+    if *ws & 0x7f >= MAX_WS || brk && *ws & 0x80 != 0 {
+        return false;
+    }
+    *ws += 1;
+    if brk {
+        *ws |= 0x80;
+    }
+    true
+}
 
 /// What comes next, outside a string, number or literal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,11 +225,7 @@ impl JsonState {
             Lex::None => {}
         }
         if is_ws(b) {
-            if self.expect == Expect::Done || self.ws >= MAX_WS {
-                return false;
-            }
-            self.ws += 1;
-            return true;
+            return self.expect != Expect::Done && ws_run(&mut self.ws, b);
         }
         self.ws = 0;
         match self.expect {
@@ -528,7 +540,9 @@ mod tests {
             let at = r.random_range(0..b.len());
             b[at] = alphabet[r.random_range(0..alphabet.len())];
             let Ok(m) = String::from_utf8(b) else { continue };
-            if m.ends_with(is_ws_char) || m.contains("\\u") {
+            // (nor two line breaks in one run of whitespace: allowed by JSON, not here)
+            let two_breaks = m.split(|c: char| !c.is_ascii_whitespace()).any(|run| run.matches(['\n', '\r']).count() > 1);
+            if m.ends_with(is_ws_char) || m.contains("\\u") || two_breaks {
                 continue;
             }
             let parsed = serde_json::from_str::<serde_json::Value>(&m);
@@ -553,6 +567,7 @@ mod tests {
         assert!(prefix_ok(&deep));
         assert!(!prefix_ok(&format!("{deep}[")));
         assert!(prefix_ok(&format!("{{{}", " ".repeat(MAX_WS as usize))));
+        assert!(prefix_ok("{\n    \"a\":\n 1") && !prefix_ok("{\n\n") && !prefix_ok("{ \r\n"), "one line break a run");
         assert!(!prefix_ok(&format!("{{{}", " ".repeat(MAX_WS as usize + 1))));
         assert!(prefix_ok(&format!("{{\"{}\"", " ".repeat(500))), "whitespace inside strings is text");
     }

@@ -10,7 +10,7 @@
 //! * `properties` (every one is written, in the order of the schema's keys as serde_json reads
 //!   them: sorted), `required` (each must be among the properties), `additionalProperties`
 //!   (none are written, which any setting allows);
-//! * `items` (arrays of any length), `enum` and `const` of strings, booleans and null;
+//! * `items`, `minItems`, `maxItems`; `enum` and `const` of strings, booleans and null;
 //! * annotations (`description`, `title`, `default`, `examples`, `$schema`, `$id`, `strict`).
 //!
 //! The root must be an object, as OpenAI asks. [`SchemaState`] recognises the output byte by
@@ -20,7 +20,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::json::{Grammar, MAX_WS};
+use crate::json::{ws_run, Grammar};
 
 /// Deepest nesting of values a schema may describe.
 pub const MAX_FRAMES: usize = 12;
@@ -42,10 +42,16 @@ pub struct Schema {
 enum Node {
     /// Exactly these properties, in this order: the key as JSON text (`"name"`), the value's node.
     Object(Vec<(Vec<u8>, u16)>),
-    /// Any number of values of the node.
-    Array(u16),
+    /// Values of the node, `min ..= max` of them.
+    Array {
+        item: u16,
+        min: u16,
+        max: u16,
+    },
     String,
-    Number { integer: bool },
+    Number {
+        integer: bool,
+    },
     /// One of these JSON texts, none a prefix of another (strings, true, false, null).
     Enum(Vec<Vec<u8>>),
     /// One of these nodes, told apart by the first byte.
@@ -53,14 +59,15 @@ enum Node {
 }
 
 const ANNOTATIONS: [&str; 8] = ["description", "title", "default", "examples", "$schema", "$id", "strict", "$comment"];
-const HANDLED: [&str; 7] = ["type", "properties", "required", "additionalProperties", "items", "enum", "const"];
+const HANDLED: [&str; 9] = ["type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum", "const"];
 
 impl Schema {
     /// Compiles `schema` (see the module doc for what is supported).
     pub fn compile(schema: &Value) -> Result<Schema, SchemaError> {
         let mut s = Schema { nodes: Vec::new() };
         let obj = schema.as_object().ok_or_else(|| SchemaError("the schema must be a JSON object".into()))?;
-        let is_object = obj.get("type").and_then(Value::as_str) == Some("object") || (obj.get("type").is_none() && obj.contains_key("properties"));
+        let is_object =
+            obj.get("type").and_then(Value::as_str) == Some("object") || (obj.get("type").is_none() && obj.contains_key("properties"));
         if !is_object {
             return Err(SchemaError("the schema's root must be an object (\"type\": \"object\")".into()));
         }
@@ -85,7 +92,9 @@ impl Schema {
             return err(format!("expected a schema object, got {v}"));
         };
         if let Some(k) = o.keys().find(|k| !HANDLED.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str())) {
-            return err(format!("'{k}' is not supported (supported: type, properties, required, items, enum, const, additionalProperties)"));
+            return err(format!(
+                "'{k}' is not supported (supported: type, properties, required, items, minItems, maxItems, enum, const, additionalProperties)"
+            ));
         }
         if let Some(c) = o.get("const") {
             return self.enumeration(std::slice::from_ref(c), at);
@@ -128,10 +137,23 @@ impl Schema {
             let id = match *t {
                 "object" => self.object(o, at, depth)?,
                 "array" => {
-                    let Some(items) = o.get("items") else { return err("an array needs 'items' (arrays of any value are not supported)".into()) };
-                    let slot = self.push(Node::Array(0));
+                    let Some(items) = o.get("items") else {
+                        return err("an array needs 'items' (arrays of any value are not supported)".into());
+                    };
+                    let bound = |k: &str, default: u64| match o.get(k) {
+                        None => Ok(default),
+                        Some(v) => v
+                            .as_u64()
+                            .map(|n| n.min(u16::MAX as u64))
+                            .ok_or_else(|| SchemaError(format!("{at}: '{k}' must be a non-negative integer"))),
+                    };
+                    let (min, max) = (bound("minItems", 0)? as u16, bound("maxItems", u16::MAX as u64)? as u16);
+                    if min > max {
+                        return err(format!("minItems {min} is above maxItems {max}"));
+                    }
+                    let slot = self.push(Node::Array { item: 0, min, max });
                     let item = self.node(items, &format!("{at}.items"), depth + 1)?;
-                    self.nodes[slot as usize] = Node::Array(item);
+                    self.nodes[slot as usize] = Node::Array { item, min, max };
                     slot
                 }
                 "string" => self.push(Node::String),
@@ -244,12 +266,8 @@ fn is_ws(b: u8) -> bool {
 }
 
 impl SchemaState {
-    fn ws(&mut self) -> bool {
-        if self.ws >= MAX_WS {
-            return false;
-        }
-        self.ws += 1;
-        true
+    fn ws(&mut self, b: u8) -> bool {
+        ws_run(&mut self.ws, b)
     }
 
     fn push(&mut self, node: u16) -> bool {
@@ -297,7 +315,7 @@ impl Grammar for SchemaState {
             let f = &mut self.frames[top];
             match &cx.nodes[f.node as usize] {
                 Node::String => match f.phase {
-                    OPEN if ws => return self.ws(),
+                    OPEN if ws => return self.ws(b),
                     OPEN => {
                         f.phase = IN;
                         f.sub = 0;
@@ -331,7 +349,7 @@ impl Grammar for SchemaState {
                     let integer = *integer;
                     if f.phase == OPEN {
                         if ws {
-                            return self.ws();
+                            return self.ws(b);
                         }
                         f.phase = IN;
                         f.sub = match b {
@@ -368,7 +386,7 @@ impl Grammar for SchemaState {
                 Node::Enum(vals) => {
                     if f.phase == OPEN {
                         if ws {
-                            return self.ws();
+                            return self.ws(b);
                         }
                         f.phase = IN;
                         f.at = 0;
@@ -398,11 +416,11 @@ impl Grammar for SchemaState {
                 }
                 Node::Union(kids) => {
                     if ws {
-                        return self.ws();
+                        return self.ws(b);
                     }
                     let pick = kids.iter().copied().find(|&k| match &cx.nodes[k as usize] {
                         Node::Object(_) => b == b'{',
-                        Node::Array(_) => b == b'[',
+                        Node::Array { .. } => b == b'[',
                         Node::String => b == b'"',
                         Node::Number { .. } => b == b'-' || b.is_ascii_digit(),
                         Node::Enum(v) => v.iter().any(|t| t.first() == Some(&b)),
@@ -413,8 +431,8 @@ impl Grammar for SchemaState {
                     continue;
                 }
                 Node::Object(props) => match f.phase {
-                    OPEN | COLON | AFTER | LAST if ws => return self.ws(),
-                    KEY if f.at == 0 && ws => return self.ws(),
+                    OPEN | COLON | AFTER | LAST if ws => return self.ws(b),
+                    KEY if f.at == 0 && ws => return self.ws(b),
                     OPEN => {
                         if b != b'{' {
                             return false;
@@ -453,28 +471,33 @@ impl Grammar for SchemaState {
                         return b == b'}' && self.pop();
                     }
                 },
-                Node::Array(item) => {
-                    let item = *item;
+                Node::Array { item, min, max } => {
+                    // (`i`: the items so far)
+                    let (item, min, max) = (*item, *min, *max);
                     match f.phase {
-                        _ if ws => return self.ws(),
+                        _ if ws => return self.ws(b),
                         OPEN => {
                             f.phase = FIRST;
                             return b == b'[';
                         }
-                        FIRST if b == b']' => return self.pop(),
+                        FIRST if b == b']' => return min == 0 && self.pop(),
                         FIRST | NEXT => {
+                            if f.i >= max {
+                                return false;
+                            }
                             f.phase = AFTER;
+                            f.i += 1;
                             if !self.push(item) {
                                 return false;
                             }
                             continue;
                         }
                         _ => match b {
-                            b',' => {
+                            b',' if f.i < max => {
                                 f.phase = NEXT;
                                 return true;
                             }
-                            b']' => return self.pop(),
+                            b']' => return f.i >= min && self.pop(),
                             _ => return false,
                         },
                     }
@@ -552,6 +575,13 @@ om","score":1,"tags":[]}"#,
         ] {
             assert!(!accepts(&s, bad), "{bad}");
         }
+        // Array bounds.
+        let s2 = Schema::compile(
+            &json!({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2}}}),
+        )
+        .unwrap();
+        assert!(accepts(&s2, r#"{"a":[1]}"#) && accepts(&s2, r#"{"a":[1, 2]}"#));
+        assert!(!accepts(&s2, r#"{"a":[]}"#) && !accepts(&s2, r#"{"a":[1,2,3]}"#));
         // Empty objects, nested arrays, a number ending at its parent's closer.
         let s = Schema::compile(&json!({"type": "object", "properties": {"e": {"type": "object"}, "m": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}})).unwrap();
         assert!(accepts(&s, r#"{"e":{},"m":[[1,2],[],[3]]}"#));

@@ -4,13 +4,14 @@
 //! Requests are parsed from a `serde_json::Value` by hand rather than derived, so that a field of
 //! the wrong type or out of range is reported as OpenAI does: status 400, `param` naming it.
 //! Unknown fields are ignored (clients send vendor extensions); fields whose meaning we cannot
-//! honour (`echo`, `best_of > 1`, `suffix`, non-text content, a `json_schema`
-//! `response_format`, `tools`, `functions`, `audio`) are refused, not ignored.
+//! honour (`echo`, `best_of > 1`, `suffix`, non-text content, a `json_schema` with keywords
+//! outside `ts_engine::json_schema`'s subset, `tools`, `functions`, `audio`) are refused, not
+//! ignored.
 
 use serde_json::{json, Map, Value};
 use ts_engine::{ChatMessage, SamplerParams};
 
-use crate::engine::{Finish, TokenLogprob, TopLogprob, Usage};
+use crate::engine::{Finish, JsonMode, TokenLogprob, TopLogprob, Usage};
 use crate::error::ApiError;
 
 /// Most stop strings per request.
@@ -43,9 +44,9 @@ pub struct Common {
     pub top_logprobs: Option<usize>,
     /// Choices to generate (`n`), each a sequence of its own: 1..=[`MAX_CHOICES`].
     pub n: usize,
-    /// `response_format` `{"type": "json_object"}`: the output is constrained to one JSON
-    /// object (`ts_engine::json`).
-    pub json: bool,
+    /// `response_format` `json_object` (one JSON object, `ts_engine::json`) or `json_schema`
+    /// (JSON of that schema, `ts_engine::json_schema`).
+    pub json: Option<JsonMode>,
 }
 
 /// A completions prompt: text, or token ids.
@@ -260,21 +261,39 @@ fn logit_bias(obj: &Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
     Ok(out)
 }
 
-/// Refuses the fields that ask for behaviour this server does not have (schema-constrained
-/// output, tool calls, audio), rather than answering as though they had been honoured. Their
-/// neutral values pass: `response_format` of type `text`, empty `tools` / `functions`. Returns
-/// whether JSON mode (`response_format` `json_object`) is asked for.
-fn refuse_unsupported(obj: &Map<String, Value>) -> Result<bool, ApiError> {
-    let mut json = false;
+/// Refuses the fields that ask for behaviour this server does not have (tool calls, audio),
+/// rather than answering as though they had been honoured. Their neutral values pass:
+/// `response_format` of type `text`, empty `tools` / `functions`. Returns the JSON mode that
+/// `response_format` asks for, if any.
+fn refuse_unsupported(obj: &Map<String, Value>) -> Result<Option<JsonMode>, ApiError> {
+    let mut json = None;
     match field(obj, "response_format") {
         None => {}
         Some(Value::Object(o)) => match o.get("type") {
             Some(Value::String(t)) if t == "text" => {}
-            Some(Value::String(t)) if t == "json_object" => json = true,
+            Some(Value::String(t)) if t == "json_object" => json = Some(JsonMode::Object),
+            Some(Value::String(t)) if t == "json_schema" => {
+                let p = "response_format.json_schema";
+                let js = match o.get("json_schema") {
+                    Some(Value::Object(js)) => js,
+                    None | Some(Value::Null) => return Err(ApiError::invalid(p, format!("Missing required parameter: '{p}'."))),
+                    Some(v) => return Err(wrong_type(p, "an object", v)),
+                };
+                let schema = match js.get("schema") {
+                    Some(v @ Value::Object(_)) => v,
+                    None | Some(Value::Null) => {
+                        return Err(ApiError::invalid(format!("{p}.schema"), format!("Missing required parameter: '{p}.schema'.")))
+                    }
+                    Some(v) => return Err(wrong_type(&format!("{p}.schema"), "an object", v)),
+                };
+                let compiled = ts_engine::json_schema::Schema::compile(schema)
+                    .map_err(|e| ApiError::invalid(format!("{p}.schema"), format!("This schema cannot be enforced: {e}.")))?;
+                json = Some(JsonMode::Schema(std::sync::Arc::new(compiled)));
+            }
             Some(Value::String(t)) => {
                 return Err(ApiError::invalid(
                     "response_format",
-                    format!("'response_format' of type '{t}' is not supported: this server constrains output to JSON syntax ('json_object'), not to a schema; describe the schema in the prompt and use 'json_object'."),
+                    format!("'response_format' of type '{t}' is not supported (text, json_object and json_schema are)."),
                 ))
             }
             Some(v) => return Err(wrong_type("response_format.type", "a string", v)),
@@ -671,7 +690,12 @@ mod tests {
             parse_common(&obj(body), true).unwrap_or_else(|e| panic!("{body}: {}", e.message));
         }
         for (body, param) in [
-            (r#"{"response_format": {"type": "json_schema", "json_schema": {}}}"#, "response_format"),
+            (r#"{"response_format": {"type": "json_schema", "json_schema": {}}}"#, "response_format.json_schema.schema"),
+            (
+                r#"{"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"type": "string", "format": "date"}}}}}}"#,
+                "response_format.json_schema.schema",
+            ),
+            (r#"{"response_format": {"type": "xml"}}"#, "response_format"),
             (r#"{"response_format": {}}"#, "response_format.type"),
             (r#"{"response_format": "json"}"#, "response_format"),
             (r#"{"tools": [{"type": "function", "function": {"name": "f"}}]}"#, "tools"),

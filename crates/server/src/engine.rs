@@ -53,9 +53,10 @@
 //! back: 3 and 5 ms waits often ran out, 10 ms once in 37.)
 //!
 //! ## JSON mode
-//! A [`Job::json`] sequence (`response_format` `{"type": "json_object"}`) samples from its
-//! logits row with every token that would break JSON syntax at `-inf` (`ts_engine::json`: a
-//! recogniser of one JSON object over the tokens' bytes, walked over the vocabulary in byte
+//! A [`Job::json`] sequence (`response_format` `json_object` or `json_schema`) samples from its
+//! logits row with every token that would break the syntax (or the schema) at `-inf`
+//! (`ts_engine::json`: a recogniser of one JSON object over the tokens' bytes, or
+//! `ts_engine::json_schema`'s of a schema's documents, walked over the vocabulary in byte
 //! order each step: ~30 µs for SmolLM2's 49k tokens, ~0.1 ms inside a string, ~0.2-0.8 ms for
 //! Gemma 3's 262k, on this CPU), and ends with "stop" as soon as the object closes. Its rows
 //! always come back whole (never as a device arg-max) and never chain. The vocabulary is sorted
@@ -122,7 +123,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 use ts_core::{BatchMeta, TokenMeta, TOKEN_FROM_ARGMAX};
-use ts_engine::json::{JsonState, JsonVocab};
+use ts_engine::json::{Grammar, JsonState, JsonVocab};
+use ts_engine::json_schema::{Schema, SchemaState};
 use ts_engine::{Sampler, SamplerParams, StreamDecoder, Tokenizer};
 use ts_models::{Model, Outputs};
 
@@ -208,6 +210,15 @@ fn try_send(tx: &Sender<Event>, ev: Event) -> Result<(), bool> {
     }
 }
 
+/// What JSON mode constrains the text to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JsonMode {
+    /// One JSON object (`response_format` `json_object`).
+    Object,
+    /// A document of this schema (`response_format` `json_schema`).
+    Schema(Arc<Schema>),
+}
+
 /// A generation request, ready for the engine: prompt tokens and how to sample.
 #[derive(Debug)]
 pub struct Job {
@@ -221,9 +232,10 @@ pub struct Job {
     pub stop: Vec<String>,
     /// `Some(n)`: report the chosen token's log-probability and the `n` most likely ones.
     pub top_logprobs: Option<usize>,
-    /// JSON mode: every token keeps the text one JSON object, and the sequence ends when the
-    /// object does (module doc, "JSON mode"). Needs [`Engine::json_ready`].
-    pub json: bool,
+    /// JSON mode: every token keeps the text one JSON object (or a document of the schema),
+    /// and the sequence ends when it is complete (module doc, "JSON mode"). Needs
+    /// [`Engine::json_ready`].
+    pub json: Option<JsonMode>,
     /// Where events go (a bounded channel, see [`EVENT_BUFFER`]). When its receiver is dropped,
     /// or it is full, the sequence stops.
     pub events: Sender<Event>,
@@ -523,9 +535,48 @@ struct Seq<'t> {
 
 /// A JSON-mode sequence's grammar state and scratch (see [`Seq::json`]).
 struct JsonSeq {
-    state: JsonState,
+    grammar: JsonGrammar,
     row: Vec<f32>,
-    walk: Vec<JsonState>,
+}
+
+/// The grammar of a [`JsonMode`], with its state and the mask's walk scratch.
+enum JsonGrammar {
+    Object(JsonState, Vec<JsonState>),
+    Schema(Arc<Schema>, SchemaState, Vec<SchemaState>),
+}
+
+impl JsonSeq {
+    fn new(mode: &JsonMode, n_vocab: usize) -> JsonSeq {
+        let grammar = match mode {
+            JsonMode::Object => JsonGrammar::Object(JsonState::new(), Vec::with_capacity(64)),
+            JsonMode::Schema(s) => JsonGrammar::Schema(s.clone(), s.start(), Vec::with_capacity(64)),
+        };
+        JsonSeq { grammar, row: vec![0.0; n_vocab] }
+    }
+
+    /// `raw` masked into `row` (see [`JsonVocab::mask`]).
+    fn mask(&mut self, v: &JsonVocab, raw: &[f32]) -> &[f32] {
+        match &mut self.grammar {
+            JsonGrammar::Object(st, walk) => v.mask(&(), st, raw, &mut self.row, walk),
+            JsonGrammar::Schema(sc, st, walk) => v.mask(&**sc, st, raw, &mut self.row, walk),
+        }
+        &self.row
+    }
+
+    /// Feeds a picked token's bytes: false if the grammar refuses them.
+    fn feed(&mut self, bytes: &[u8]) -> bool {
+        match &mut self.grammar {
+            JsonGrammar::Object(st, _) => st.feed(bytes),
+            JsonGrammar::Schema(sc, st, _) => Grammar::feed(st, sc, bytes),
+        }
+    }
+
+    fn done(&self) -> bool {
+        match &self.grammar {
+            JsonGrammar::Object(st, _) => st.done(),
+            JsonGrammar::Schema(_, st, _) => st.done(),
+        }
+    }
 }
 
 impl Seq<'_> {
@@ -753,11 +804,7 @@ impl<'m, 't> Stepper<'m, 't> {
             self.metrics.prompt_tokens_cached.fetch_add(cached as u64, Relaxed);
             let sampler = Sampler::new(job.sampling.clone());
             let stop = StopMatcher::new(job.stop.clone());
-            let json = (job.json && self.json_vocab.is_some()).then(|| JsonSeq {
-                state: JsonState::new(),
-                row: vec![0.0; self.n_vocab],
-                walk: Vec::with_capacity(64),
-            });
+            let json = job.json.as_ref().filter(|_| self.json_vocab.is_some()).map(|m| JsonSeq::new(m, self.n_vocab));
             self.next_id += 1;
             self.active.push(Seq {
                 id: self.next_id,
@@ -1226,10 +1273,7 @@ impl<'m, 't> Stepper<'m, 't> {
             s.picked = match (s.full_row, &mut s.json, json_vocab) {
                 (usize::MAX, _, _) => s.sampler.take(argmax[s.out_row]),
                 // (JSON mode: the row with every token that breaks the syntax at -inf)
-                (j, Some(js), Some(v)) => {
-                    v.mask(&(), &js.state, &logits[j * nv..(j + 1) * nv], &mut js.row, &mut js.walk);
-                    s.sampler.sample(&js.row, &s.generated)
-                }
+                (j, Some(js), Some(v)) => s.sampler.sample(js.mask(v, &logits[j * nv..(j + 1) * nv]), &s.generated),
                 (j, _, _) => s.sampler.sample(&logits[j * nv..(j + 1) * nv], &s.generated),
             };
         };
@@ -1336,7 +1380,7 @@ fn sample_one(s: &mut Seq<'_>, row: &[f32], tok: &Tokenizer, metrics: &Metrics, 
     metrics.completion_tokens.fetch_add(1, Relaxed);
     // JSON mode: the object closed (or, were the mask ever to let a wrong token through, the
     // text left the grammar) ends the sequence after this token's text.
-    let json_over = s.json.as_mut().is_some_and(|js| !js.state.feed(&tok.token_bytes(id, false)) || js.state.done());
+    let json_over = s.json.as_mut().is_some_and(|js| !js.feed(&tok.token_bytes(id, false)) || js.done());
     let piece = s.dec.push(id);
     out.clear();
     let stopped = s.stop.push(&piece, out);
@@ -1615,7 +1659,7 @@ mod tests {
             max_tokens,
             stop: Vec::new(),
             top_logprobs: None,
-            json: false,
+            json: None,
             events: tx,
             arrived: Instant::now(),
             deadline: None,

@@ -400,7 +400,7 @@ async fn generate(st: &Arc<AppState>, kind: Kind, c: Common, prompt: Vec<u32>, a
         Some(m) => m,
         None => ctx - prompt.len(),
     };
-    if c.json && !st.engine.json_ready() {
+    if c.json.is_some() && !st.engine.json_ready() {
         return Err(ApiError::invalid(
             "response_format",
             "JSON mode needs a vocabulary that can write JSON, and this model's tokens cannot (it has no tokenizer).",
@@ -428,7 +428,7 @@ async fn generate(st: &Arc<AppState>, kind: Kind, c: Common, prompt: Vec<u32>, a
                 max_tokens,
                 stop: c.stop.clone(),
                 top_logprobs: c.top_logprobs,
-                json: c.json,
+                json: c.json.clone(),
                 events: tx,
                 arrived,
                 deadline: st.request_timeout.and_then(|t| arrived.checked_add(t)),
