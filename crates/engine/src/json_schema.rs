@@ -588,6 +588,123 @@ om","score":1,"tags":[]}"#,
         assert!(!accepts(&s, r#"{"e":{"a":1},"m":[]}"#));
     }
 
+    /// What a document must be for `schema` (a reference for the test below, on serde_json's
+    /// reading of the text; the schemas are those `random_schema` makes).
+    fn valid(v: &Value, schema: &Value) -> bool {
+        if let Some(e) = schema.get("enum") {
+            return e.as_array().is_some_and(|e| e.contains(v));
+        }
+        let types: Vec<&str> = match &schema["type"] {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+            _ => vec![],
+        };
+        types.iter().any(|t| match *t {
+            "object" => v.as_object().is_some_and(|o| {
+                let props = schema["properties"].as_object().cloned().unwrap_or_default();
+                o.len() == props.len() && props.iter().all(|(k, ps)| o.get(k).is_some_and(|x| valid(x, ps)))
+            }),
+            "array" => v.as_array().is_some_and(|a| {
+                let (min, max) = (schema["minItems"].as_u64().unwrap_or(0), schema["maxItems"].as_u64().unwrap_or(u64::MAX));
+                (min..=max).contains(&(a.len() as u64)) && a.iter().all(|x| valid(x, &schema["items"]))
+            }),
+            "string" => v.is_string(),
+            "integer" => v.is_i64() || v.is_u64(),
+            "number" => v.is_number(),
+            "boolean" => v.is_boolean(),
+            "null" => v.is_null(),
+            _ => false,
+        })
+    }
+
+    fn random_schema(r: &mut rand_chacha::ChaCha20Rng, depth: u32) -> Value {
+        use rand::Rng;
+        match r.random_range(0..if depth >= 3 { 7 } else { 9 }) {
+            0 => json!({"type": "string"}),
+            1 => json!({"type": "integer"}),
+            2 => json!({"type": "number"}),
+            3 => json!({"type": "boolean"}),
+            4 => json!({"type": ["string", "null"]}),
+            5 => json!({"enum": ["a", "ab", "b\"q", true, null]}),
+            6 => json!({"type": ["integer", "boolean"]}),
+            7 => {
+                let (min, max) = (r.random_range(0..2u64), r.random_range(2..4u64));
+                json!({"type": "array", "items": random_schema(r, depth + 1), "minItems": min, "maxItems": max})
+            }
+            _ => {
+                let props: Map<String, Value> = (0..r.random_range(0..4)).map(|i| (format!("k{i}"), random_schema(r, depth + 1))).collect();
+                json!({"type": "object", "properties": props})
+            }
+        }
+    }
+
+    fn random_doc(r: &mut rand_chacha::ChaCha20Rng, schema: &Value) -> Value {
+        use rand::Rng;
+        if let Some(e) = schema["enum"].as_array() {
+            return e[r.random_range(0..e.len())].clone();
+        }
+        let t = match &schema["type"] {
+            Value::Array(a) => a[r.random_range(0..a.len())].as_str().unwrap_or("null").to_string(),
+            t => t.as_str().unwrap_or("null").to_string(),
+        };
+        match t.as_str() {
+            "object" => Value::Object(
+                schema["properties"]
+                    .as_object()
+                    .map(|p| p.iter().map(|(k, s)| (k.clone(), random_doc(r, s))).collect())
+                    .unwrap_or_default(),
+            ),
+            "array" => {
+                let n = r.random_range(schema["minItems"].as_u64().unwrap_or(0)..=schema["maxItems"].as_u64().unwrap_or(3));
+                Value::Array((0..n).map(|_| random_doc(r, &schema["items"])).collect())
+            }
+            "string" => json!(["", "x y", "q\"t", "tab\t", "é✓"][r.random_range(0..5)]),
+            "integer" => json!(r.random_range(-500i64..500)),
+            "number" => json!(r.random_range(-1e4f64..1e4) / 3.0),
+            "boolean" => json!(r.random_bool(0.5)),
+            _ => Value::Null,
+        }
+    }
+
+    /// Random schemas and random documents of them: each document is accepted (compact and
+    /// pretty), and each with one byte changed is accepted exactly when it is still a document
+    /// of the schema by the reference above (mutants outside what the two can compare left
+    /// out: trailing whitespace, two line breaks in a run, `\u` escapes, `-0`, numbers beyond
+    /// f64).
+    #[test]
+    fn agrees_with_a_reference_validator() {
+        use rand::{Rng, SeedableRng};
+        let mut r = rand_chacha::ChaCha20Rng::seed_from_u64(9);
+        let alphabet = b"{}[]\":,019.-+eEtrufalsnkxab ";
+        let (mut compared, mut valid_mutants) = (0, 0);
+        for i in 0..3000 {
+            let props: Map<String, Value> = (0..r.random_range(1..4)).map(|k| (format!("k{k}"), random_schema(&mut r, 1))).collect();
+            let schema = json!({"type": "object", "properties": props});
+            let compiled = Schema::compile(&schema).unwrap_or_else(|e| panic!("{schema}: {e}"));
+            let doc = random_doc(&mut r, &schema);
+            assert!(valid(&doc, &schema), "{doc} of {schema}");
+            let text = if i % 2 == 0 { serde_json::to_string(&doc) } else { serde_json::to_string_pretty(&doc) }.expect("serialise");
+            assert!(accepts(&compiled, &text), "{text} of {schema}");
+            let mut b = text.into_bytes();
+            let at = r.random_range(0..b.len());
+            b[at] = alphabet[r.random_range(0..alphabet.len())];
+            let Ok(m) = String::from_utf8(b) else { continue };
+            let two_breaks = m.split(|c: char| !c.is_ascii_whitespace()).any(|run| run.matches(['\n', '\r']).count() > 1);
+            if m.ends_with(|c: char| c.is_ascii_whitespace()) || m.contains("\\u") || m.contains("-0") || two_breaks {
+                continue;
+            }
+            let parsed = serde_json::from_str::<Value>(&m);
+            if parsed.as_ref().is_err_and(|e| e.to_string().contains("out of range")) {
+                continue;
+            }
+            let theirs = parsed.is_ok_and(|v| valid(&v, &schema));
+            assert_eq!(accepts(&compiled, &m), theirs, "{m} of {schema}");
+            compared += 1;
+            valid_mutants += theirs as usize;
+        }
+        assert!(compared > 2000 && valid_mutants > 100, "{compared} compared, {valid_mutants} valid");
+    }
+
     #[test]
     fn masks_keep_to_the_schema() {
         use crate::json::JsonVocab;
