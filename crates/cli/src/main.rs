@@ -50,6 +50,12 @@ enum Command {
     /// List the models that `-m NAME` can fetch, and whether they are cached.
     Models,
     /// OpenAI-compatible HTTP server (chat/completions, streaming) with continuous batching.
+    ///
+    /// Routes: POST /v1/chat/completions, /v1/completions (streamed or not), /tokenize,
+    /// /detokenize; GET /v1/models, /health, /metrics. Requests may ask for several choices
+    /// (`n`), a `logit_bias`, log-probabilities, and JSON output (`response_format`
+    /// `json_object`, or `json_schema` with a schema whose every token is enforced); a field the
+    /// server cannot honour is refused with a 400 that names it.
     Serve(serve::ServeArgs),
     /// Concurrent streaming clients against a local server: aggregate tok/s, TTFT p50/p99, errors.
     Loadtest(serve::LoadtestArgs),
