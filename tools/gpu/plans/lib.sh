@@ -128,3 +128,20 @@ trace_wave() {
   python3 "$(dirname "${BASH_SOURCE[0]}")/../steps.py" $O/trw.csv 24 $O/seq_wave.txt | head -$1
   rm -f $O/trw.csv
 }
+# `choices ARGS`: a CUDA server of $V (8 sequences, serve ARGS) asked for 4 greedy choices of one
+# 600-id prompt, twice: each answer's time, usage and whether the choices' texts agree, then
+# the prompt-cache counters (a request's choices share their prompt: engine.rs, "Shared
+# prefixes").
+choices() {
+  "$B" serve --backend cuda -m $V --max-seqs 8 -c 1024 --port 8090 --no-warmup $1 > $O/serve_n.log 2>&1 &
+  local sp=$!
+  for i in $(seq 1 150); do curl -sf http://127.0.0.1:8090/health >/dev/null && break; sleep 1; done
+  local ids; ids=$(python3 -c "print(','.join(str(1 + (i * 7) % 1000) for i in range(600)))")
+  for k in 1 2; do
+    curl -s -o $O/n4.json -w "n=4 %{time_total} s\n" http://127.0.0.1:8090/v1/completions -H 'Content-Type: application/json' \
+      -d "{\"prompt\": [$ids], \"max_tokens\": 16, \"temperature\": 0, \"n\": 4}"
+    python3 -c "import json; d=json.load(open('$O/n4.json')); print(' usage', d.get('usage'), 'texts equal:', len(set(c['text'] for c in d['choices'])) == 1)"
+  done
+  curl -sf http://127.0.0.1:8090/metrics | grep -E "^turbospark_prompt_tokens_(copied|cached)_total " | tr '\n' ' '; echo
+  kill -INT $sp; (sleep 20; kill -9 $sp 2>/dev/null) & wait $sp 2>/dev/null
+}
