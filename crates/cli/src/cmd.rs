@@ -439,13 +439,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     if !a.chat && !a.json && a.json_schema.is_none() {
         stdout.write_all(prompt.as_bytes())?;
     }
-    let json = (a.json || schema.is_some()).then(|| {
-        JsonVocab::new(
-            tok.vocab_size(),
-            |id| if tok.is_eog(id) { Vec::new() } else { tok.token_bytes(id, false).into_owned() },
-            tok.eog_tokens(),
-        )
-    });
+    let json = (a.json || schema.is_some()).then(|| JsonVocab::for_tokenizer(&tok));
     if json.as_ref().is_some_and(|v| !v.usable()) {
         bail!("--json: this model's tokens cannot write JSON");
     }

@@ -417,6 +417,16 @@ impl JsonVocab {
         }
     }
 
+    /// From a tokenizer: each token's decoded bytes (control tokens and end-of-generation give
+    /// none: they never take part in the text), and its end-of-generation ids.
+    pub fn for_tokenizer(tok: &crate::Tokenizer) -> JsonVocab {
+        JsonVocab::new(
+            tok.vocab_size(),
+            |id| if tok.is_eog(id) { Vec::new() } else { tok.token_bytes(id, false).into_owned() },
+            tok.eog_tokens(),
+        )
+    }
+
     /// Whether the first byte of a JSON object is some token's (false for a vocabulary
     /// without the bytes JSON needs, such as a synthetic model's).
     pub fn usable(&self) -> bool {
@@ -608,11 +618,7 @@ mod tests {
             let src = ts_formats::open_model(&path).expect("open");
             let tok = crate::Tokenizer::from_gguf_metadata(src.metadata()).expect("tokenizer");
             let t0 = std::time::Instant::now();
-            let v = JsonVocab::new(
-                tok.vocab_size(),
-                |id| if tok.is_eog(id) { Vec::new() } else { tok.token_bytes(id, false).into_owned() },
-                tok.eog_tokens(),
-            );
+            let v = JsonVocab::for_tokenizer(&tok);
             let built = t0.elapsed();
             let raw = vec![0f32; tok.vocab_size()];
             let mut out = raw.clone();
