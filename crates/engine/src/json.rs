@@ -611,7 +611,7 @@ mod tests {
     /// What a mask costs on the shipped vocabularies (`cargo test --release -p ts-engine
     /// json_mask_speed -- --ignored --nocapture`).
     #[test]
-    #[ignore]
+    #[ignore = "a benchmark, not a check: prints what a mask costs on the shipped vocabularies"]
     fn json_mask_speed() {
         for name in ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"] {
             let Some(path) = crate::tokenizer::test_model_path(name) else { continue };
