@@ -83,7 +83,7 @@ impl Rows {
     /// Re-split each row into `k` sub-rows of `width / k` (e.g. a row of all heads -> one row per head).
     /// Requires `width % k == 0` and packed rows (`stride == width`).
     pub fn split(self, k: usize) -> Self {
-        debug_assert!(self.width % k == 0 && (self.stride == self.width || self.n <= 1));
+        debug_assert!(self.width.is_multiple_of(k) && (self.stride == self.width || self.n <= 1));
         let w = self.width / k;
         Rows { off: self.off, n: self.n * k, width: w, stride: w }
     }

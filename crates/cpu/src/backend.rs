@@ -146,6 +146,10 @@ pub struct CpuBatch {
 
 pub struct CpuRope(RopeSpec);
 
+/// [`CpuBackend`]'s queued arg-maxes: (ids waiting to be handed out, the last arg-max's ids,
+/// spent id lists kept for reuse).
+type ArgQueue = (std::collections::VecDeque<Vec<u32>>, Vec<u32>, Vec<Vec<u32>>);
+
 /// The CPU backend. `threads` threads including the caller's (default: all cores).
 pub struct CpuBackend {
     pool: Pool,
@@ -170,7 +174,7 @@ pub struct CpuBackend {
     /// [`ts_core::TOKEN_FROM_ARGMAX`] tokens stand for. The CPU twin of the CUDA backend's
     /// chained steps (nothing overlaps here: the point is the same semantics). `.2`: id lists
     /// collected, kept for reuse (a warm chain allocates nothing).
-    argq: Mutex<(std::collections::VecDeque<Vec<u32>>, Vec<u32>, Vec<Vec<u32>>)>,
+    argq: Mutex<ArgQueue>,
 }
 
 impl CpuBackend {
@@ -757,7 +761,7 @@ impl Backend for CpuBackend {
 
     fn rope(&self, x: &CpuBuf, xr: Rows, heads_per_token: usize, batch: &CpuBatch, rope: &CpuRope) {
         let spec = &rope.0;
-        assert!(spec.dim <= xr.width && spec.dim % 2 == 0);
+        assert!(spec.dim <= xr.width && spec.dim.is_multiple_of(2));
         assert_eq!(xr.n, batch.meta.len() * heads_per_token, "rope: rows != tokens * heads");
         x.check(xr);
         let half = spec.dim / 2;
@@ -1030,9 +1034,9 @@ mod tests {
             (0..m).map(|i| unsafe { ob.row(Rows::packed(m, hdim), i) }.to_vec()).collect()
         };
         let all = run(&(0..n).collect::<Vec<_>>());
-        for r in 0..n {
+        for (r, among) in all.iter().enumerate() {
             let alone = run(&[r]);
-            assert!(alone[0].iter().zip(&all[r]).all(|(a, b)| a.to_bits() == b.to_bits()), "token {r}: alone vs among {n}");
+            assert!(alone[0].iter().zip(among).all(|(a, b)| a.to_bits() == b.to_bits()), "token {r}: alone vs among {n}");
         }
         let pair = run(&[2, 5]);
         assert!(pair[1].iter().zip(&all[5]).all(|(a, b)| a.to_bits() == b.to_bits()), "token 5 in a pair vs among {n}");

@@ -486,17 +486,17 @@ fn gemm_with(
                 let wr = &wdata[i * wrb..(i + 1) * wrb];
                 match g {
                     1 => {
-                        let r = dot_group::<1>(path, w, wr, acts, arb, &act_scales, sc_per_row, j, k);
+                        let r = dot_group::<1>(path, w, wr, acts, arb, act_scales, sc_per_row, j, k);
                         out[j * out_stride + i] = r[0];
                     }
                     2 => {
-                        let r = dot_group::<2>(path, w, wr, acts, arb, &act_scales, sc_per_row, j, k);
+                        let r = dot_group::<2>(path, w, wr, acts, arb, act_scales, sc_per_row, j, k);
                         for (t, v) in r.into_iter().enumerate() {
                             out[(j + t) * out_stride + i] = v;
                         }
                     }
                     _ => {
-                        let r = dot_group::<4>(path, w, wr, acts, arb, &act_scales, sc_per_row, j, k);
+                        let r = dot_group::<4>(path, w, wr, acts, arb, act_scales, sc_per_row, j, k);
                         for (t, v) in r.into_iter().enumerate() {
                             out[(j + t) * out_stride + i] = v;
                         }

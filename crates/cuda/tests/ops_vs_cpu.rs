@@ -802,7 +802,8 @@ fn cache_write_and_attention() {
     let slot_len = 2048u32;
     let slots = 3usize;
     // (n_heads, n_kv_heads, head_dim, v_dim, window, softcap)
-    let cases: &[(usize, usize, usize, usize, Option<u32>, Option<f32>)] = &[
+    type Case = (usize, usize, usize, usize, Option<u32>, Option<f32>);
+    let cases: &[Case] = &[
         (8, 2, 64, 64, None, None),
         (4, 4, 128, 128, None, None),
         (6, 1, 256, 256, Some(16), Some(30.0)),
@@ -2433,7 +2434,8 @@ fn fused_add_rms_norm_matmul_many() {
     use GgmlType::{BF16, F16, Q8_0};
     // (k, n, [(type, m)]): V2-Lite's q + kv_a, three jobs, the narrowest fused width, a width
     // past the fused kernel's (5120: V2's; the two ops), two rows (the two ops), a mixed set.
-    let sets: Vec<(usize, usize, Vec<(GgmlType, usize)>)> = vec![
+    type Set = (usize, usize, Vec<(GgmlType, usize)>);
+    let sets: Vec<Set> = vec![
         (2048, 1, vec![(Q8_0, 3072), (Q8_0, 576)]),
         (2048, 1, vec![(Q8_0, 1536), (Q8_0, 576), (Q8_0, 97)]),
         (256, 1, vec![(Q8_0, 64), (Q8_0, 33)]),

@@ -103,16 +103,23 @@ const EOG_TEXTS: &[&str] = &[
     "<|call|>",
 ];
 
+/// Special token texts of one length → (id, is_control_or_unknown).
+type ByText = HashMap<Box<str>, (u32, bool)>;
+
+/// What a vocabulary builder returns: the tokenizer, each id's bytes, and whether each id is a
+/// control or unknown token.
+type Built = (tokenizers::Tokenizer, Vec<Box<[u8]>>, Vec<bool>);
+
 /// Special tokens, bucketed by first byte, then by length (longest first).
 #[derive(Debug, Default)]
 struct SpecialMatcher {
     /// `buckets[b]` = list of (length, text → (id, is_control_or_unknown)), longest first.
-    buckets: Vec<Vec<(usize, HashMap<Box<str>, (u32, bool)>)>>,
+    buckets: Vec<Vec<(usize, ByText)>>,
 }
 
 impl SpecialMatcher {
     fn new(items: impl Iterator<Item = (String, u32, bool)>) -> Self {
-        let mut buckets: Vec<BTreeMap<usize, HashMap<Box<str>, (u32, bool)>>> = vec![BTreeMap::new(); 256];
+        let mut buckets: Vec<BTreeMap<usize, ByText>> = vec![BTreeMap::new(); 256];
         for (text, id, control) in items {
             let Some(&b) = text.as_bytes().first() else { continue };
             // First occurrence of a text wins.
@@ -662,11 +669,7 @@ impl Tokenizer {
     }
 }
 
-fn build_gpt2(
-    md: &BTreeMap<String, Value>,
-    tokens: &[String],
-    types: &[i32],
-) -> Result<(tokenizers::Tokenizer, Vec<Box<[u8]>>, Vec<bool>)> {
+fn build_gpt2(md: &BTreeMap<String, Value>, tokens: &[String], types: &[i32]) -> Result<Built> {
     let pre = get_str(md, "tokenizer.ggml.pre")?.unwrap_or("default");
     let (regexes, ignore_merges) = pre_tokenizer_regexes(pre).ok_or_else(|| TokenizerError::UnknownPre(pre.to_string()))?;
     let merges_raw = string_array(md, "tokenizer.ggml.merges")?
@@ -731,12 +734,7 @@ fn build_gpt2(
     Ok((hf, pieces, hidden))
 }
 
-fn build_spm(
-    md: &BTreeMap<String, Value>,
-    tokens: &[String],
-    types: &[i32],
-    unk: Option<u32>,
-) -> Result<(tokenizers::Tokenizer, Vec<Box<[u8]>>, Vec<bool>)> {
+fn build_spm(md: &BTreeMap<String, Value>, tokens: &[String], types: &[i32], unk: Option<u32>) -> Result<Built> {
     let n = tokens.len();
     let scores: Vec<f32> = match get_array(md, "tokenizer.ggml.scores")? {
         None => return Err(meta_err("tokenizer.ggml.scores", "missing (required for llama vocabularies)")),

@@ -185,13 +185,11 @@ fn greedy_agreement(model: &mut dyn Model, p: &Value) -> (usize, usize) {
     let want = ids(&p["greedy"]["ids"]);
     let mut lg = vec![0f32; nv];
     prefill(model, &toks, |i| i == toks.len() - 1, |_, row| lg.copy_from_slice(row));
-    let mut pos = toks.len() as u32;
     let mut got = Vec::new();
-    for _ in 0..want.len() {
+    for pos in (toks.len() as u32..).take(want.len()) {
         let t = argmax(&lg) as u32;
         got.push(t);
         model.forward(&BatchMeta::sequence(&[t], pos, CTX as u32, false), &mut lg).unwrap();
-        pos += 1;
     }
     let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
     (agree, want.len())

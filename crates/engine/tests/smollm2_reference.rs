@@ -107,13 +107,11 @@ fn greedy_agreement(model: &mut dyn Model, p: &Value) -> (usize, usize) {
     let want = ids(&p["greedy"]["ids"]);
     let mut lg = vec![0f32; nv];
     model.forward(&BatchMeta::sequence(&toks, 0, 128, false), &mut lg).unwrap();
-    let mut pos = toks.len() as u32;
     let mut got = Vec::new();
-    for _ in 0..want.len() {
+    for pos in (toks.len() as u32..).take(want.len()) {
         let t = argmax(&lg) as u32;
         got.push(t);
         model.forward(&BatchMeta::sequence(&[t], pos, 128, false), &mut lg).unwrap();
-        pos += 1;
     }
     let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
     (agree, want.len())

@@ -940,7 +940,7 @@ mod tests {
     #[test]
     fn q8_k_known_block() {
         let mut b = 0.25f32.to_le_bytes().to_vec();
-        b.extend((0..256).map(|i| (i as i32 - 128) as i8 as u8));
+        b.extend((0..256).map(|i| (i - 128) as i8 as u8));
         b.extend([0u8; 32]);
         let y = deq(Q8K, &b, 256);
         for i in 0..256 {

@@ -10,10 +10,13 @@ use ts_formats::{GgmlType, TensorData, TensorSource};
 
 use crate::{ModelError, Result};
 
+/// A load's progress hook: (bytes uploaded so far, total bytes of the source's tensors).
+pub(crate) type ProgressHook = Box<dyn FnMut(u64, u64)>;
+
 thread_local! {
     /// Progress hook for loads on this thread: called with (bytes uploaded so far, total bytes of
     /// the source's tensors). Set by [`crate::load_with_progress`]; families need not know.
-    pub(crate) static PROGRESS: RefCell<Option<Box<dyn FnMut(u64, u64)>>> = RefCell::new(None);
+    pub(crate) static PROGRESS: RefCell<Option<ProgressHook>> = RefCell::new(None);
     /// Quantise float weight matrices to this type as they load (`--quant`). Set by
     /// [`crate::load_with_progress`]; families need not know.
     pub(crate) static REQUANT: Cell<Option<GgmlType>> = const { Cell::new(None) };

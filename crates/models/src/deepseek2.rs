@@ -439,7 +439,7 @@ impl DeepSeek2Config {
                 return Err(m.err(format!("{what} = {v} is out of range")));
             }
         }
-        if self.rope_dim % 2 != 0 {
+        if !self.rope_dim.is_multiple_of(2) {
             return Err(m.err(format!("rope dimension {} must be even", self.rope_dim)));
         }
         if self.n_dense_lead > self.n_layers {

@@ -303,10 +303,10 @@ impl Gemma3Config {
                 return Err(m.err(format!("{what} = {v} is out of range")));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(m.err(format!("{} heads are not a multiple of {} kv heads", self.n_heads, self.n_kv_heads)));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(m.err(format!("head dim {} must be even for rope", self.head_dim)));
         }
         if !(self.eps > 0.0 && self.eps < 1.0) {
@@ -786,15 +786,15 @@ mod tests {
     fn unknown_variants_are_errors_naming_the_key() {
         let mut src = Mem { meta: gguf_meta(6), tensors: vec![] };
         src.meta.insert("gemma3.rope.scaling.type".into(), Value::String("yarn".into()));
-        let e = Gemma3Config::read(&src).err().expect("must refuse").to_string();
+        let e = Gemma3Config::read(&src).expect_err("must refuse").to_string();
         assert!(e.contains("gemma3.rope.scaling.type") && e.contains("yarn"), "{e}");
         let mut src = Mem { meta: gguf_meta(6), tensors: vec![] };
         src.meta.insert("gemma3.attention.sliding_window_pattern".into(), Value::String("x".into()));
-        let e = Gemma3Config::read(&src).err().expect("must refuse").to_string();
+        let e = Gemma3Config::read(&src).expect_err("must refuse").to_string();
         assert!(e.contains("gemma3.attention.sliding_window_pattern"), "{e}");
         let mut src = Mem { meta: gguf_meta(6), tensors: vec![] };
         src.meta.remove("gemma3.attention.sliding_window");
-        let e = Gemma3Config::read(&src).err().expect("must refuse").to_string();
+        let e = Gemma3Config::read(&src).expect_err("must refuse").to_string();
         assert!(e.contains("gemma3.attention.sliding_window"), "{e}");
         // Linear scaling applies to the global layers only.
         let mut src = Mem { meta: gguf_meta(6), tensors: vec![] };

@@ -128,10 +128,10 @@ impl LlamaConfig {
                 return Err(m.err(format!("{what} = {v} is out of range")));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(m.err(format!("{} heads are not a multiple of {} kv heads", self.n_heads, self.n_kv_heads)));
         }
-        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
             return Err(m.err(format!("rope dimension {} must be even and at most the head dim {}", self.rope_dim, self.head_dim)));
         }
         if !(self.eps > 0.0 && self.eps < 1.0) || !(self.rope_theta > 0.0) || !(self.rope_linear > 0.0) {

@@ -411,7 +411,8 @@ pub fn synth_spec(spec: &SynthSpec, quant: GgmlType, seed: u64, out: &Path, form
         return Err(err(format!("an HF folder holds F32, F16 or BF16 weights, not {}", quant.name())));
     }
     let s = spec;
-    if s.rope_dim % 2 != 0 || s.n_heads == 0 || s.n_layers == 0 || (s.n_experts > 0 && (s.n_used == 0 || s.n_used > s.n_experts)) {
+    if !s.rope_dim.is_multiple_of(2) || s.n_heads == 0 || s.n_layers == 0 || (s.n_experts > 0 && (s.n_used == 0 || s.n_used > s.n_experts))
+    {
         return Err(err(format!("inconsistent geometry: {s:?}")));
     }
     let tensors = plan(s, format);
@@ -526,7 +527,7 @@ fn safetensors_header(tensors: &[Planned], dtypes: &[GgmlType]) -> Result<String
         off += bytes;
     }
     let mut h = serde_json::Value::Object(m).to_string();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(' ');
     }
     Ok(h)

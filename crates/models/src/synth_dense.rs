@@ -119,7 +119,7 @@ impl DensePreset {
                 "ffn_down" => T::Q6K,
                 _ => T::Q4K,
             },
-            DensePreset::Gemma3_270m => match (what, l % 2 == 0) {
+            DensePreset::Gemma3_270m => match (what, l.is_multiple_of(2)) {
                 ("attn_v", true) => T::Q8_0,
                 ("ffn_down", true) => T::Q6K,
                 ("attn_output", _) | ("ffn_down", false) => T::Q4K,

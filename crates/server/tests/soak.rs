@@ -210,8 +210,8 @@ fn soak_random_valid_invalid_and_abandoned_requests() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
         // Warm-up, then the idle baseline.
-        for i in 0..3 {
-            let (st, v) = post(addr, "/v1/completions", &json!({"prompt": PROMPTS[i], "max_tokens": 8})).await;
+        for prompt in &PROMPTS[..3] {
+            let (st, v) = post(addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 8})).await;
             assert_eq!(st, 200, "{v}");
         }
         let rss0 = rss_kib();
