@@ -42,6 +42,13 @@
 //! quants do not fit that scheme (see `avx2::tile_kernel`): its blocks hold |q| and q, and the
 //! kernel moves q's sign onto the activations (1.37x the 8-row kernel: 32 → 44 GMAC/s).
 //!
+//! Where the CPU has AVX-VNNI ([`vnni_available`]), the tiled and small-batch kernels run a
+//! copy of themselves that forms each four-byte i32 sum with one `vpdpbusd` instead of
+//! `maddubs` + `madd` (+ adds): the same exact integers and the same float steps, so the same
+//! bits (test `vnni_kernels_match_avx2_bit_for_bit`). On the dev machine (Sapphire Rapids):
+//! Q8_0's tiled rate 47.5 → 62.2 GMAC/s (single thread, 64 × 128), the other types within the
+//! benchmark's noise; `TS_CPU_VNNI=0` turns it off.
+//!
 //! Products of one to three activation rows with Q4_0, Q5_0, Q4_1, Q5_1 or Q8_0 weights
 //! (decode) take `avx2::gemm_invariant`: the tiled kernel's per-row arithmetic (per block two
 //! exact integer half-sums, the same FMA chains, the same final add) on raw weight rows, four a
@@ -200,7 +207,8 @@ pub fn gemm_mode(
 ) {
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
-        return gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Avx2, invariant);
+        let path = if vnni_available() { Path::Vnni } else { Path::Avx2 };
+        return gemm_impl(w, wdata, m, k, acts, n, out, out_stride, path, invariant);
     }
     let _ = invariant;
     gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Scalar, false)
@@ -212,11 +220,38 @@ pub fn gemm_scalar(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n
     gemm_impl(w, wdata, m, k, acts, n, out, out_stride, Path::Scalar, false)
 }
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Path {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// [`Path::Avx2`] with the tiled kernels' AVX-VNNI copies ([`vnni_available`]): the same bits.
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
+}
+
+impl Path {
+    /// The x86 SIMD kernels (AVX2, with or without VNNI).
+    fn simd(self) -> bool {
+        self != Path::Scalar
+    }
+}
+
+/// True when the tiled kernels may use AVX-VNNI (`vpdpbusd`; Intel from Alder Lake and
+/// Sapphire Rapids, AMD from Zen 4): detected once, and off with `TS_CPU_VNNI=0` (for
+/// comparisons). The results are the same bits either way.
+pub fn vnni_available() -> bool {
+    static VNNI: OnceLock<bool> = OnceLock::new();
+    *VNNI.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            simd_available() && is_x86_feature_detected!("avxvnni") && std::env::var("TS_CPU_VNNI").map_or(true, |v| v != "0")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
 }
 
 /// Bytes of weight rows processed against all activation groups before moving on (fits L2).
@@ -335,14 +370,20 @@ fn gemm_with(
     // Fewer rows than the tiled kernel takes, for the types that have it: the tiled kernel's
     // per-row arithmetic without its unpacking (a row gives the same bits in any batch).
     #[cfg(target_arch = "x86_64")]
-    if path == Path::Avx2 && n < TILED_MIN_ROWS && avx2::invariant_supported(w) {
-        // SAFETY: Avx2 only after detection; sizes checked above and inside.
-        unsafe { avx2::gemm_invariant(w, wdata, m, k, acts, n, out, out_stride) };
+    if path.simd() && n < TILED_MIN_ROWS && avx2::invariant_supported(w) {
+        // SAFETY: Avx2 (Vnni) only after detection; sizes checked above and inside.
+        unsafe {
+            if path == Path::Vnni {
+                avx2::gemm_invariant_vnni(w, wdata, m, k, acts, n, out, out_stride)
+            } else {
+                avx2::gemm_invariant(w, wdata, m, k, acts, n, out, out_stride)
+            }
+        };
         return;
     }
     // (`invariant`: small batches of the types without that kernel take the tiled one below.)
     #[cfg(target_arch = "x86_64")]
-    if path == Path::Avx2 && (n >= TILED_MIN_ROWS || invariant) && avx2::tiled_supported(w) {
+    if path.simd() && (n >= TILED_MIN_ROWS || invariant) && avx2::tiled_supported(w) {
         let (nb, ng, at) = (k / 32, n.div_ceil(4), act_type(w));
         packed.clear();
         packed.resize(ng * nb * avx2::ACT_WORDS, V32::default());
@@ -356,7 +397,13 @@ fn gemm_with(
             unsafe { avx2::act_pack(at, rows, nb, dst as *mut std::arch::x86_64::__m256i) };
         }
         // SAFETY: Avx2 only after detection; sizes checked above and inside.
-        unsafe { avx2::gemm_tiled(w, wdata, m, k, n, packed, out, out_stride, tile) };
+        unsafe {
+            if path == Path::Vnni {
+                avx2::gemm_tiled_vnni(w, wdata, m, k, n, packed, out, out_stride, tile)
+            } else {
+                avx2::gemm_tiled(w, wdata, m, k, n, packed, out, out_stride, tile)
+            }
+        };
         return;
     }
     let chunk = (WEIGHT_CHUNK_BYTES / wrb.max(1)).clamp(1, m);
@@ -366,13 +413,13 @@ fn gemm_with(
     match path {
         // SAFETY: Avx2 is only chosen after detection; acts holds n whole rows (checked above).
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { avx2::act_scales_into(act_type(w), &acts[..n * arb], act_scales) },
+        Path::Avx2 | Path::Vnni => unsafe { avx2::act_scales_into(act_type(w), &acts[..n * arb], act_scales) },
         _ => {}
     }
     let act_scales: &[f32] = act_scales;
     let sc_per_row = act_scales.len() / n;
     #[cfg(target_arch = "x86_64")]
-    if path == Path::Avx2 && n == 1 {
+    if path.simd() && n == 1 {
         if let Some(kern) = avx2::x4_kernel(w) {
             let row = |i: usize| wdata[i * wrb..(i + 1) * wrb].as_ptr();
             // The four rows of a call are a quarter of the matrix apart ([`quarter_rows`]).
@@ -392,9 +439,9 @@ fn gemm_with(
     // Prompt kernel for Q4_0/Q5_0/Q4_1/Q5_1: groups of four activation rows with their scales
     // (and, for Q8_0, quant sums) interleaved per block (see `min_2x4`, `signed_2x4`).
     #[cfg(target_arch = "x86_64")]
-    let k2x4 = if path == Path::Avx2 && n >= 4 { avx2::k2x4_kernel(w) } else { None };
+    let k2x4 = if path.simd() && n >= 4 { avx2::k2x4_kernel(w) } else { None };
     #[cfg(target_arch = "x86_64")]
-    let kx8 = if path == Path::Avx2 && n >= 8 { avx2::kx8_kernel(w) } else { None };
+    let kx8 = if path.simd() && n >= 8 { avx2::kx8_kernel(w) } else { None };
     #[cfg(not(target_arch = "x86_64"))]
     let k2x4: Option<fn()> = None;
     let nb = k / 32;
@@ -530,7 +577,7 @@ fn dot_group<const R: usize>(
             std::array::from_fn(|t| scalar::vec_dot(w, wr, &acts[(j0 + t) * arb..(j0 + t + 1) * arb], k))
         }
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => {
+        Path::Avx2 | Path::Vnni => {
             let a: [*const u8; R] = std::array::from_fn(|t| acts[(j0 + t) * arb..(j0 + t + 1) * arb].as_ptr());
             let sc = if spr > 0 { Some(std::array::from_fn(|t| scales[(j0 + t) * spr..(j0 + t + 1) * spr].as_ptr())) } else { None };
             // SAFETY: Avx2 is only chosen after detection; every row slice was bounds-checked,
@@ -1841,95 +1888,6 @@ mod avx2 {
     pub const KIND_Q6: u8 = 1;
     pub const KIND_Q8: u8 = 2;
 
-    /// The micro-kernel: [`TILE_ROWS`] unpacked weight rows (`wt`: entry (b, i) at
-    /// `wt + (b·TILE_ROWS + i)·E`, E = [`entry_words`]) against G packed groups of four
-    /// activation rows (`a[g]`: [`act_pack`] words), over nb blocks. Returns per (weight row,
-    /// group) an accumulator whose lanes 2r and 2r + 1 hold the dot with the group's row r
-    /// (the caller adds them).
-    ///
-    /// Per weight row and block, each 8-byte chunk of the weight quants is broadcast and
-    /// multiplied (`maddubs`: unsigned weight × signed activation → i16 pair sums) against the
-    /// chunk vector of four activation rows; the four chunk products add up in 16 bits (sums of
-    /// 8 products ≤ 8·31·127 < 2^15) and one `madd` widens them, so one convert, one multiply
-    /// and two FMAs serve four activation rows. Q6_K (quants ≤ 63) adds only the two chunks of
-    /// each 16-element half in 16 bits and widens each half with `madd` by its sub-block scale.
-    /// Per (weight row, activation row) the arithmetic is one FMA chain over the blocks,
-    /// independent of the other rows in the call, so callers may repeat rows to fill a tile.
-    ///
-    /// Q8_0 ([`KIND_Q8`]): the signed quants (−128..127) fit no unsigned `maddubs` operand, and
-    /// the usual fix of the unsigned types, q + 128 with an offset term, would give pair sums up
-    /// to 2·255·127 = 64770 (saturated). So, as in ggml's `mul_sum_i8_pairs`, the weight enters
-    /// as |q| (≤ 128) and its sign moves onto the activation chunk (`sign(y, q)`: byte-wise, and
-    /// q's broadcast chunk lines up with every activation row's chunk, so this fits the
-    /// broadcast design at one `sign` per `maddubs`). A pair sum is then ≤ 2·128·127 = 32512 <
-    /// 2^15 but two of them may not be added in 16 bits, so each `maddubs` result is widened by
-    /// its own `madd` and the four are added in 32 bits: 4 sign + 4 maddubs + 4 madd + 3 add
-    /// against 4 maddubs + 3 add + 1 madd (and no offset FMA) for the other types. Measured on
-    /// the dev machine (single thread, 64 weight x 128 activation rows): 44 GMAC/s, against
-    /// 32 for the earlier 8-row kernel; computing |q| from the broadcast q with `sign` instead
-    /// of loading it (37) and two groups per call (41) were slower. The alternatives all need
-    /// more multiplies: sign-extended i16 with `madd` only (8 madds and 7 adds, twice the
-    /// activation loads) or q + 128 split into two 4-bit halves (8 maddubs, 2 madds, offset).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn tile_kernel<const G: usize, const KIND: u8>(
-        wt: *const __m256i,
-        a: [*const __m256i; G],
-        nb: usize,
-    ) -> [[__m256; G]; TILE_ROWS] {
-        let ew = if KIND == KIND_Q6 { 5 } else { 3 };
-        let mut acc = [[_mm256_setzero_ps(); G]; TILE_ROWS];
-        let ones = _mm256_set1_epi16(1);
-        for b in 0..nb {
-            for i in 0..TILE_ROWS {
-                let e = wt.add((b * TILE_ROWS + i) * ew);
-                let wq = e as *const i64;
-                let wc: [__m256i; 4] = std::array::from_fn(|c| _mm256_set1_epi64x(wq.add(c).read()));
-                let dw = _mm256_castsi256_ps(_mm256_load_si256(e.add(1)));
-                if KIND == KIND_Q8 {
-                    let ws = e.add(2) as *const i64;
-                    let sc: [__m256i; 4] = std::array::from_fn(|c| _mm256_set1_epi64x(ws.add(c).read()));
-                    for g in 0..G {
-                        let y = a[g].add(b * ACT_WORDS);
-                        let p: [__m256i; 4] = std::array::from_fn(|c| {
-                            let ys = _mm256_sign_epi8(_mm256_load_si256(y.add(c)), sc[c]);
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(wc[c], ys), ones)
-                        });
-                        let p = _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]));
-                        let da = _mm256_castsi256_ps(_mm256_load_si256(y.add(4)));
-                        acc[i][g] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[i][g]);
-                    }
-                    continue;
-                }
-                let cw = _mm256_castsi256_ps(_mm256_load_si256(e.add(2)));
-                for g in 0..G {
-                    let y = a[g].add(b * ACT_WORDS);
-                    let lo = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(wc[0], _mm256_load_si256(y)),
-                        _mm256_maddubs_epi16(wc[1], _mm256_load_si256(y.add(1))),
-                    );
-                    let hi = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(wc[2], _mm256_load_si256(y.add(2))),
-                        _mm256_maddubs_epi16(wc[3], _mm256_load_si256(y.add(3))),
-                    );
-                    let p = if KIND == KIND_Q6 {
-                        _mm256_add_epi32(
-                            _mm256_madd_epi16(lo, _mm256_load_si256(e.add(3))),
-                            _mm256_madd_epi16(hi, _mm256_load_si256(e.add(4))),
-                        )
-                    } else {
-                        _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones)
-                    };
-                    let da = _mm256_castsi256_ps(_mm256_load_si256(y.add(4)));
-                    let s = _mm256_castsi256_ps(_mm256_load_si256(y.add(5)));
-                    acc[i][g] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[i][g]);
-                    acc[i][g] = _mm256_fmadd_ps(cw, s, acc[i][g]);
-                }
-            }
-        }
-        acc
-    }
-
     /// Lanes 2r and 2r + 1 of `v` added, for r in 0..4.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -1948,187 +1906,338 @@ mod avx2 {
         matches!(w, Q4_0 | Q5_0 | Q4_1 | Q5_1 | Q8_0)
     }
 
-    /// One activation row (`a`: raw quantised blocks, [`act_type`]) against four weight rows,
-    /// nb blocks: lanes [e0, o0, e2, o2 | e1, o1, e3, o3], e_t + o_t being weight row t's dot.
-    ///
-    /// The same arithmetic as [`tile_kernel`] gives the pair (weight row, activation row): per
-    /// block, the exact integer sums over the elements {0-3, 8-11, 16-19, 24-27} (e) and the
-    /// others (o) (there the lanes 2r and 2r + 1 of the chunk-broadcast `maddubs`; here a whole
-    /// row's `maddubs` + `madd` and two lane folds: integers, so the grouping does not matter),
-    /// then per lane one `fma(d_w·d_a, sum, acc)` and, but for Q8_0, `fma(c, S, acc)` with
-    /// [`unpack_row`]'s offset c and [`act_pack`]'s S (Q4_1/Q5_1: c = m, S = the Q8_1 block's s
-    /// on e and 0 on o; Q4_0/Q5_0: c = −8d / −16d, S = d_a·Σy over elements 0..16 on e and
-    /// 16..32 on o), blocks in order. So a row's result is the same bits alone (1-3 rows) as among
-    /// four or more (the tiled kernel): the server's batch invariance without padding.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn invariant_x4<const W: u8>(rows: [*const u8; 4], a: *const u8, nb: usize) -> __m256 {
-        use GgmlType::*;
-        let w = match W {
-            0 => Q4_0,
-            1 => Q5_0,
-            2 => Q4_1,
-            3 => Q5_1,
-            _ => Q8_0,
-        };
-        let ones = _mm256_set1_epi16(1);
-        let ones8 = _mm256_set1_epi8(1);
-        let x10 = _mm256_set1_epi8(0x10);
-        let mut acc = _mm256_setzero_ps();
-        let min = matches!(w, Q4_1 | Q5_1);
-        let (wbs, abs) = match w {
-            Q4_0 => (18, 34),
-            Q5_0 => (22, 34),
-            Q4_1 => (20, 36),
-            Q5_1 => (24, 36),
-            _ => (34, 34),
-        };
-        let centre = match w {
-            Q4_0 => -8.0,
-            Q5_0 => -16.0,
-            _ => 0.0,
-        };
-        for b in 0..nb {
-            let ab = a.add(b * abs);
-            // The activation block's f16 d (and Q8_1's s) as f32, [d, s] repeated.
-            let ds = _mm256_cvtph_ps(_mm_set1_epi32(u32_at(ab)));
-            let y = ld256(ab.add(if min { 4 } else { 2 }));
-            let wb = [rows[0].add(b * wbs), rows[1].add(b * wbs), rows[2].add(b * wbs), rows[3].add(b * wbs)];
-            // Per weight row: 8 i32 lanes, lane L = the products of elements 4L..4L+3; folded to
-            // [L0+L4, L1+L5, L2+L6, L3+L7]. (Plain loops, not closures: a closure is not compiled
-            // with this function's target features, and its intrinsics then become calls.)
-            let mut h = [_mm_setzero_si128(); 4];
-            for t in 0..4 {
-                let q = match w {
-                    Q4_0 => nibbles(wb[t].add(2)),
-                    Q5_0 => _mm256_or_si256(nibbles(wb[t].add(6)), _mm256_and_si256(bits_to_bytes(wb[t].add(2)), x10)),
-                    Q4_1 => nibbles(wb[t].add(4)),
-                    Q5_1 => _mm256_or_si256(nibbles(wb[t].add(8)), _mm256_and_si256(bits_to_bytes(wb[t].add(4)), x10)),
-                    _ => ld256(wb[t].add(2)),
-                };
-                let v = if w == Q8_0 {
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q)), ones)
-                } else {
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones)
-                };
-                h[t] = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-            }
-            let x = _mm256_set_m128i(h[1], h[0]);
-            let z = _mm256_set_m128i(h[3], h[2]);
-            // [e, o, e, o] per 128-bit half, then rows (0, 2 | 1, 3) side by side.
-            let x = _mm256_add_epi32(x, _mm256_shuffle_epi32::<0b01_00_11_10>(x));
-            let z = _mm256_add_epi32(z, _mm256_shuffle_epi32::<0b01_00_11_10>(z));
-            let p = _mm256_unpacklo_epi64(x, z);
-            // The weight rows' f16 d (and the min types' m) in the lane order of p:
-            // [d0 m0 d2 m2 d1 m1 d3 m3] (other types: the u16 after d is not read as a value).
-            let dm = _mm256_cvtph_ps(_mm_setr_epi32(u32_at(wb[0]), u32_at(wb[2]), u32_at(wb[1]), u32_at(wb[3])));
-            let dw = _mm256_moveldup_ps(dm);
-            let da = _mm256_moveldup_ps(ds);
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc);
-            if min {
-                let sa = _mm256_blend_ps::<0b1010_1010>(_mm256_movehdup_ps(ds), _mm256_setzero_ps());
-                acc = _mm256_fmadd_ps(_mm256_movehdup_ps(dm), sa, acc);
-            } else if w != Q8_0 {
-                // act_pack's S: d_a times the quant sums of elements 0..16 and 16..32 (lanes 0, 4).
-                let v = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones);
-                let v = _mm256_hadd_epi32(v, v);
-                let v = _mm256_hadd_epi32(v, v);
-                let sv = _mm256_mul_ps(da, _mm256_cvtepi32_ps(v));
-                let sa = _mm256_permutevar8x32_ps(sv, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(centre)), sa, acc);
-            }
-        }
-        acc
-    }
-
-    /// Weight rows 0..m of `w` ([`invariant_supported`]) against `n` activation rows (raw
-    /// quantised rows, [`act_type`]), out[r·out_stride + i]: each pair with the arithmetic
-    /// [`gemm_tiled`] gives it, bit for bit ([`invariant_x4`]). Four weight rows a call, a
-    /// quarter of the matrix apart (four long streams for the prefetchers, as the n = 1 kernels).
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm_invariant(w: GgmlType, wdata: &[u8], m: usize, k: usize, acts: &[u8], n: usize, out: &mut [f32], out_stride: usize) {
-        let wrb = w.row_bytes(k).expect("whole blocks");
-        let arb = act_type(w).row_bytes(k).expect("whole blocks");
-        let nb = k / 32;
-        assert!(invariant_supported(w) && wdata.len() >= m * wrb && acts.len() >= n * arb);
-        let call = |rows: [usize; 4], cnt: usize| {
-            let ptrs = rows.map(|i| wdata[i * wrb..(i + 1) * wrb].as_ptr());
-            for r in 0..n {
-                let a = acts[r * arb..(r + 1) * arb].as_ptr();
-                let v: [f32; 8] = std::mem::transmute(match w {
-                    GgmlType::Q4_0 => invariant_x4::<0>(ptrs, a, nb),
-                    GgmlType::Q5_0 => invariant_x4::<1>(ptrs, a, nb),
-                    GgmlType::Q4_1 => invariant_x4::<2>(ptrs, a, nb),
-                    GgmlType::Q5_1 => invariant_x4::<3>(ptrs, a, nb),
-                    _ => invariant_x4::<4>(ptrs, a, nb),
-                });
-                // Weight row t's two lanes added, as pair_sums does.
-                let dots = [v[0] + v[1], v[4] + v[5], v[2] + v[3], v[6] + v[7]];
-                for t in 0..cnt {
-                    out[r * out_stride + rows[t]] = dots[t];
-                }
-            }
-        };
-        super::quarter_rows(m, call);
-    }
-
-    /// The tiled prompt GEMM over weight rows 0..m and activation rows 0..n (see
-    /// [`super::gemm`] for the layout), given the activation rows packed by [`act_pack`] per
-    /// group of four (group g at word g·nb·ACT_WORDS of `packed`) and `tile` scratch of at least
-    /// nb·TILE_ROWS·[`entry_words`] words.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm_tiled(
-        w: GgmlType,
-        wdata: &[u8],
-        m: usize,
-        k: usize,
-        n: usize,
-        packed: &[V32],
-        out: &mut [f32],
-        out_stride: usize,
-        tile: &mut [V32],
-    ) {
-        let wrb = w.row_bytes(k).expect("whole blocks");
-        let nb = k / 32;
-        let ng = n.div_ceil(4);
-        let ew = entry_words(w);
-        assert!(packed.len() >= ng * nb * ACT_WORDS && tile.len() >= nb * TILE_ROWS * ew && wdata.len() >= m * wrb);
-        let tp = tile.as_mut_ptr() as *mut __m256i;
-        let pp = packed.as_ptr() as *const __m256i;
-        let mut i0 = 0;
-        while i0 < m {
-            // A short last tile repeats its last row (per-row arithmetic is independent).
-            for t in 0..TILE_ROWS {
-                let i = (i0 + t).min(m - 1);
-                unpack_row(w, wdata[i * wrb..(i + 1) * wrb].as_ptr(), nb, tp.add(t * ew), TILE_ROWS * ew);
-            }
-            let rows = TILE_ROWS.min(m - i0);
-            let mut store = |g: usize, acc: &[__m256]| {
-                for t in 0..rows {
-                    let v = pair_sums(acc[t]);
-                    for r in 0..4.min(n - 4 * g) {
-                        out[(4 * g + r) * out_stride + i0 + t] = v[r];
+    /// The tiled kernels, stamped out twice by [`tiled_kernels!`]: for AVX2 (`maddubs` + `madd`,
+    /// [`tile_kernel`], [`gemm_tiled`], [`gemm_invariant`]) and for AVX-VNNI (`vpdpbusd`: the
+    /// same four-byte i32 sums in one instruction; [`tile_kernel_vnni`], [`gemm_tiled_vnni`],
+    /// [`gemm_invariant_vnni`]). Every integer lane is an exact sum either way (no 16-bit
+    /// saturation on the AVX2 side: see [`tile_kernel`]), and the float steps are the same, so
+    /// the two give the same bits (test `vnni_kernels_match_avx2_bit_for_bit`). Two copies,
+    /// not one generic function, because a function's target features are fixed: a VNNI
+    /// instruction may run only where it was detected, and the AVX2 copy must not let the
+    /// compiler use VNNI forms on its own.
+    macro_rules! tiled_kernels {
+        ($feat:literal, $vnni:literal, $tile_kernel:ident, $invariant_x4:ident, $gemm_invariant:ident, $gemm_tiled:ident) => {
+            /// The micro-kernel: [`TILE_ROWS`] unpacked weight rows (`wt`: entry (b, i) at
+            /// `wt + (b·TILE_ROWS + i)·E`, E = [`entry_words`]) against G packed groups of four
+            /// activation rows (`a[g]`: [`act_pack`] words), over nb blocks. Returns per (weight row,
+            /// group) an accumulator whose lanes 2r and 2r + 1 hold the dot with the group's row r
+            /// (the caller adds them).
+            ///
+            /// Per weight row and block, each 8-byte chunk of the weight quants is broadcast and
+            /// multiplied (`maddubs`: unsigned weight × signed activation → i16 pair sums) against the
+            /// chunk vector of four activation rows; the four chunk products add up in 16 bits (sums of
+            /// 8 products ≤ 8·31·127 < 2^15) and one `madd` widens them, so one convert, one multiply
+            /// and two FMAs serve four activation rows. Q6_K (quants ≤ 63) adds only the two chunks of
+            /// each 16-element half in 16 bits and widens each half with `madd` by its sub-block scale.
+            /// Per (weight row, activation row) the arithmetic is one FMA chain over the blocks,
+            /// independent of the other rows in the call, so callers may repeat rows to fill a tile.
+            ///
+            /// Q8_0 ([`KIND_Q8`]): the signed quants (−128..127) fit no unsigned `maddubs` operand, and
+            /// the usual fix of the unsigned types, q + 128 with an offset term, would give pair sums up
+            /// to 2·255·127 = 64770 (saturated). So, as in ggml's `mul_sum_i8_pairs`, the weight enters
+            /// as |q| (≤ 128) and its sign moves onto the activation chunk (`sign(y, q)`: byte-wise, and
+            /// q's broadcast chunk lines up with every activation row's chunk, so this fits the
+            /// broadcast design at one `sign` per `maddubs`). A pair sum is then ≤ 2·128·127 = 32512 <
+            /// 2^15 but two of them may not be added in 16 bits, so each `maddubs` result is widened by
+            /// its own `madd` and the four are added in 32 bits: 4 sign + 4 maddubs + 4 madd + 3 add
+            /// against 4 maddubs + 3 add + 1 madd (and no offset FMA) for the other types. Measured on
+            /// the dev machine (single thread, 64 weight x 128 activation rows): 44 GMAC/s, against
+            /// 32 for the earlier 8-row kernel; computing |q| from the broadcast q with `sign` instead
+            /// of loading it (37) and two groups per call (41) were slower. The alternatives all need
+            /// more multiplies: sign-extended i16 with `madd` only (8 madds and 7 adds, twice the
+            /// activation loads) or q + 128 split into two 4-bit halves (8 maddubs, 2 madds, offset).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $tile_kernel<const G: usize, const KIND: u8>(
+                wt: *const __m256i,
+                a: [*const __m256i; G],
+                nb: usize,
+            ) -> [[__m256; G]; TILE_ROWS] {
+                let ew = if KIND == KIND_Q6 { 5 } else { 3 };
+                let mut acc = [[_mm256_setzero_ps(); G]; TILE_ROWS];
+                let ones = _mm256_set1_epi16(1);
+                for b in 0..nb {
+                    for i in 0..TILE_ROWS {
+                        let e = wt.add((b * TILE_ROWS + i) * ew);
+                        let wq = e as *const i64;
+                        let wc: [__m256i; 4] = std::array::from_fn(|c| _mm256_set1_epi64x(wq.add(c).read()));
+                        let dw = _mm256_castsi256_ps(_mm256_load_si256(e.add(1)));
+                        if KIND == KIND_Q8 {
+                            let ws = e.add(2) as *const i64;
+                            let sc: [__m256i; 4] = std::array::from_fn(|c| _mm256_set1_epi64x(ws.add(c).read()));
+                            for g in 0..G {
+                                let y = a[g].add(b * ACT_WORDS);
+                                let p = if $vnni {
+                                    // The same i32 lanes: each the exact sum of its four byte products.
+                                    let ys0 = _mm256_sign_epi8(_mm256_load_si256(y), sc[0]);
+                                    let ys1 = _mm256_sign_epi8(_mm256_load_si256(y.add(1)), sc[1]);
+                                    let ys2 = _mm256_sign_epi8(_mm256_load_si256(y.add(2)), sc[2]);
+                                    let ys3 = _mm256_sign_epi8(_mm256_load_si256(y.add(3)), sc[3]);
+                                    let z = _mm256_setzero_si256();
+                                    _mm256_add_epi32(
+                                        _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(z, wc[0], ys0), wc[1], ys1),
+                                        _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(z, wc[2], ys2), wc[3], ys3),
+                                    )
+                                } else {
+                                    let p: [__m256i; 4] = std::array::from_fn(|c| {
+                                        let ys = _mm256_sign_epi8(_mm256_load_si256(y.add(c)), sc[c]);
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(wc[c], ys), ones)
+                                    });
+                                    _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]))
+                                };
+                                let da = _mm256_castsi256_ps(_mm256_load_si256(y.add(4)));
+                                acc[i][g] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[i][g]);
+                            }
+                            continue;
+                        }
+                        let cw = _mm256_castsi256_ps(_mm256_load_si256(e.add(2)));
+                        for g in 0..G {
+                            let y = a[g].add(b * ACT_WORDS);
+                            let lo = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(wc[0], _mm256_load_si256(y)),
+                                _mm256_maddubs_epi16(wc[1], _mm256_load_si256(y.add(1))),
+                            );
+                            let hi = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(wc[2], _mm256_load_si256(y.add(2))),
+                                _mm256_maddubs_epi16(wc[3], _mm256_load_si256(y.add(3))),
+                            );
+                            let p = if $vnni && KIND != KIND_Q6 {
+                                let z = _mm256_setzero_si256();
+                                _mm256_add_epi32(
+                                    _mm256_dpbusd_avx_epi32(
+                                        _mm256_dpbusd_avx_epi32(z, wc[0], _mm256_load_si256(y)),
+                                        wc[1],
+                                        _mm256_load_si256(y.add(1)),
+                                    ),
+                                    _mm256_dpbusd_avx_epi32(
+                                        _mm256_dpbusd_avx_epi32(z, wc[2], _mm256_load_si256(y.add(2))),
+                                        wc[3],
+                                        _mm256_load_si256(y.add(3)),
+                                    ),
+                                )
+                            } else if KIND == KIND_Q6 {
+                                _mm256_add_epi32(
+                                    _mm256_madd_epi16(lo, _mm256_load_si256(e.add(3))),
+                                    _mm256_madd_epi16(hi, _mm256_load_si256(e.add(4))),
+                                )
+                            } else {
+                                _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones)
+                            };
+                            let da = _mm256_castsi256_ps(_mm256_load_si256(y.add(4)));
+                            let s = _mm256_castsi256_ps(_mm256_load_si256(y.add(5)));
+                            acc[i][g] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[i][g]);
+                            acc[i][g] = _mm256_fmadd_ps(cw, s, acc[i][g]);
+                        }
                     }
                 }
-            };
-            let grp = |g: usize| pp.add(g * nb * ACT_WORDS);
-            let mut g = 0;
-            // One group per call: two groups' accumulators spilled to the stack (~10% slower).
-            while g < ng {
-                let acc = match w {
-                    GgmlType::Q6K => tile_kernel::<1, KIND_Q6>(tp, [grp(g)], nb),
-                    GgmlType::Q8_0 => tile_kernel::<1, KIND_Q8>(tp, [grp(g)], nb),
-                    _ => tile_kernel::<1, KIND_GENERIC>(tp, [grp(g)], nb),
-                };
-                let col: [__m256; TILE_ROWS] = std::array::from_fn(|t| acc[t][0]);
-                store(g, &col);
-                g += 1;
+                acc
             }
-            i0 += TILE_ROWS;
-        }
+
+            /// One activation row (`a`: raw quantised blocks, [`act_type`]) against four weight rows,
+            /// nb blocks: lanes [e0, o0, e2, o2 | e1, o1, e3, o3], e_t + o_t being weight row t's dot.
+            ///
+            /// The same arithmetic as [`tile_kernel`] gives the pair (weight row, activation row): per
+            /// block, the exact integer sums over the elements {0-3, 8-11, 16-19, 24-27} (e) and the
+            /// others (o) (there the lanes 2r and 2r + 1 of the chunk-broadcast `maddubs`; here a whole
+            /// row's `maddubs` + `madd` and two lane folds: integers, so the grouping does not matter),
+            /// then per lane one `fma(d_w·d_a, sum, acc)` and, but for Q8_0, `fma(c, S, acc)` with
+            /// [`unpack_row`]'s offset c and [`act_pack`]'s S (Q4_1/Q5_1: c = m, S = the Q8_1 block's s
+            /// on e and 0 on o; Q4_0/Q5_0: c = −8d / −16d, S = d_a·Σy over elements 0..16 on e and
+            /// 16..32 on o), blocks in order. So a row's result is the same bits alone (1-3 rows) as among
+            /// four or more (the tiled kernel): the server's batch invariance without padding.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn $invariant_x4<const W: u8>(rows: [*const u8; 4], a: *const u8, nb: usize) -> __m256 {
+                use GgmlType::*;
+                let w = match W {
+                    0 => Q4_0,
+                    1 => Q5_0,
+                    2 => Q4_1,
+                    3 => Q5_1,
+                    _ => Q8_0,
+                };
+                let ones = _mm256_set1_epi16(1);
+                let ones8 = _mm256_set1_epi8(1);
+                let x10 = _mm256_set1_epi8(0x10);
+                let mut acc = _mm256_setzero_ps();
+                let min = matches!(w, Q4_1 | Q5_1);
+                let (wbs, abs) = match w {
+                    Q4_0 => (18, 34),
+                    Q5_0 => (22, 34),
+                    Q4_1 => (20, 36),
+                    Q5_1 => (24, 36),
+                    _ => (34, 34),
+                };
+                let centre = match w {
+                    Q4_0 => -8.0,
+                    Q5_0 => -16.0,
+                    _ => 0.0,
+                };
+                for b in 0..nb {
+                    let ab = a.add(b * abs);
+                    // The activation block's f16 d (and Q8_1's s) as f32, [d, s] repeated.
+                    let ds = _mm256_cvtph_ps(_mm_set1_epi32(u32_at(ab)));
+                    let y = ld256(ab.add(if min { 4 } else { 2 }));
+                    let wb = [rows[0].add(b * wbs), rows[1].add(b * wbs), rows[2].add(b * wbs), rows[3].add(b * wbs)];
+                    // Per weight row: 8 i32 lanes, lane L = the products of elements 4L..4L+3; folded to
+                    // [L0+L4, L1+L5, L2+L6, L3+L7]. (Plain loops, not closures: a closure is not compiled
+                    // with this function's target features, and its intrinsics then become calls.)
+                    let mut h = [_mm_setzero_si128(); 4];
+                    for t in 0..4 {
+                        let q = match w {
+                            Q4_0 => nibbles(wb[t].add(2)),
+                            Q5_0 => _mm256_or_si256(nibbles(wb[t].add(6)), _mm256_and_si256(bits_to_bytes(wb[t].add(2)), x10)),
+                            Q4_1 => nibbles(wb[t].add(4)),
+                            Q5_1 => _mm256_or_si256(nibbles(wb[t].add(8)), _mm256_and_si256(bits_to_bytes(wb[t].add(4)), x10)),
+                            _ => ld256(wb[t].add(2)),
+                        };
+                        let v = if $vnni {
+                            let z = _mm256_setzero_si256();
+                            if w == Q8_0 {
+                                _mm256_dpbusd_avx_epi32(z, _mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q))
+                            } else {
+                                _mm256_dpbusd_avx_epi32(z, q, y)
+                            }
+                        } else if w == Q8_0 {
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q)), ones)
+                        } else {
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones)
+                        };
+                        h[t] = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+                    }
+                    let x = _mm256_set_m128i(h[1], h[0]);
+                    let z = _mm256_set_m128i(h[3], h[2]);
+                    // [e, o, e, o] per 128-bit half, then rows (0, 2 | 1, 3) side by side.
+                    let x = _mm256_add_epi32(x, _mm256_shuffle_epi32::<0b01_00_11_10>(x));
+                    let z = _mm256_add_epi32(z, _mm256_shuffle_epi32::<0b01_00_11_10>(z));
+                    let p = _mm256_unpacklo_epi64(x, z);
+                    // The weight rows' f16 d (and the min types' m) in the lane order of p:
+                    // [d0 m0 d2 m2 d1 m1 d3 m3] (other types: the u16 after d is not read as a value).
+                    let dm = _mm256_cvtph_ps(_mm_setr_epi32(u32_at(wb[0]), u32_at(wb[2]), u32_at(wb[1]), u32_at(wb[3])));
+                    let dw = _mm256_moveldup_ps(dm);
+                    let da = _mm256_moveldup_ps(ds);
+                    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc);
+                    if min {
+                        let sa = _mm256_blend_ps::<0b1010_1010>(_mm256_movehdup_ps(ds), _mm256_setzero_ps());
+                        acc = _mm256_fmadd_ps(_mm256_movehdup_ps(dm), sa, acc);
+                    } else if w != Q8_0 {
+                        // act_pack's S: d_a times the quant sums of elements 0..16 and 16..32 (lanes 0, 4).
+                        let v = if $vnni {
+                            _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ones8, y)
+                        } else {
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones)
+                        };
+                        let v = _mm256_hadd_epi32(v, v);
+                        let v = _mm256_hadd_epi32(v, v);
+                        let sv = _mm256_mul_ps(da, _mm256_cvtepi32_ps(v));
+                        let sa = _mm256_permutevar8x32_ps(sv, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+                        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(centre)), sa, acc);
+                    }
+                }
+                acc
+            }
+
+            /// Weight rows 0..m of `w` ([`invariant_supported`]) against `n` activation rows (raw
+            /// quantised rows, [`act_type`]), out[r·out_stride + i]: each pair with the arithmetic
+            /// [`gemm_tiled`] gives it, bit for bit ([`invariant_x4`]). Four weight rows a call, a
+            /// quarter of the matrix apart (four long streams for the prefetchers, as the n = 1 kernels).
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $gemm_invariant(
+                w: GgmlType,
+                wdata: &[u8],
+                m: usize,
+                k: usize,
+                acts: &[u8],
+                n: usize,
+                out: &mut [f32],
+                out_stride: usize,
+            ) {
+                let wrb = w.row_bytes(k).expect("whole blocks");
+                let arb = act_type(w).row_bytes(k).expect("whole blocks");
+                let nb = k / 32;
+                assert!(invariant_supported(w) && wdata.len() >= m * wrb && acts.len() >= n * arb);
+                let call = |rows: [usize; 4], cnt: usize| {
+                    let ptrs = rows.map(|i| wdata[i * wrb..(i + 1) * wrb].as_ptr());
+                    for r in 0..n {
+                        let a = acts[r * arb..(r + 1) * arb].as_ptr();
+                        let v: [f32; 8] = std::mem::transmute(match w {
+                            GgmlType::Q4_0 => $invariant_x4::<0>(ptrs, a, nb),
+                            GgmlType::Q5_0 => $invariant_x4::<1>(ptrs, a, nb),
+                            GgmlType::Q4_1 => $invariant_x4::<2>(ptrs, a, nb),
+                            GgmlType::Q5_1 => $invariant_x4::<3>(ptrs, a, nb),
+                            _ => $invariant_x4::<4>(ptrs, a, nb),
+                        });
+                        // Weight row t's two lanes added, as pair_sums does.
+                        let dots = [v[0] + v[1], v[4] + v[5], v[2] + v[3], v[6] + v[7]];
+                        for t in 0..cnt {
+                            out[r * out_stride + rows[t]] = dots[t];
+                        }
+                    }
+                };
+                super::quarter_rows(m, call);
+            }
+
+            /// The tiled prompt GEMM over weight rows 0..m and activation rows 0..n (see
+            /// [`super::gemm`] for the layout), given the activation rows packed by [`act_pack`] per
+            /// group of four (group g at word g·nb·ACT_WORDS of `packed`) and `tile` scratch of at least
+            /// nb·TILE_ROWS·[`entry_words`] words.
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $gemm_tiled(
+                w: GgmlType,
+                wdata: &[u8],
+                m: usize,
+                k: usize,
+                n: usize,
+                packed: &[V32],
+                out: &mut [f32],
+                out_stride: usize,
+                tile: &mut [V32],
+            ) {
+                let wrb = w.row_bytes(k).expect("whole blocks");
+                let nb = k / 32;
+                let ng = n.div_ceil(4);
+                let ew = entry_words(w);
+                assert!(packed.len() >= ng * nb * ACT_WORDS && tile.len() >= nb * TILE_ROWS * ew && wdata.len() >= m * wrb);
+                let tp = tile.as_mut_ptr() as *mut __m256i;
+                let pp = packed.as_ptr() as *const __m256i;
+                let mut i0 = 0;
+                while i0 < m {
+                    // A short last tile repeats its last row (per-row arithmetic is independent).
+                    for t in 0..TILE_ROWS {
+                        let i = (i0 + t).min(m - 1);
+                        unpack_row(w, wdata[i * wrb..(i + 1) * wrb].as_ptr(), nb, tp.add(t * ew), TILE_ROWS * ew);
+                    }
+                    let rows = TILE_ROWS.min(m - i0);
+                    let mut store = |g: usize, acc: &[__m256]| {
+                        for t in 0..rows {
+                            let v = pair_sums(acc[t]);
+                            for r in 0..4.min(n - 4 * g) {
+                                out[(4 * g + r) * out_stride + i0 + t] = v[r];
+                            }
+                        }
+                    };
+                    let grp = |g: usize| pp.add(g * nb * ACT_WORDS);
+                    let mut g = 0;
+                    // One group per call: two groups' accumulators spilled to the stack (~10% slower).
+                    while g < ng {
+                        let acc = match w {
+                            GgmlType::Q6K => $tile_kernel::<1, KIND_Q6>(tp, [grp(g)], nb),
+                            GgmlType::Q8_0 => $tile_kernel::<1, KIND_Q8>(tp, [grp(g)], nb),
+                            _ => $tile_kernel::<1, KIND_GENERIC>(tp, [grp(g)], nb),
+                        };
+                        let col: [__m256; TILE_ROWS] = std::array::from_fn(|t| acc[t][0]);
+                        store(g, &col);
+                        g += 1;
+                    }
+                    i0 += TILE_ROWS;
+                }
+            }
+        };
     }
+    tiled_kernels!("avx2,fma,f16c", false, tile_kernel, invariant_x4, gemm_invariant, gemm_tiled);
+    tiled_kernels!("avx2,fma,f16c,avxvnni", true, tile_kernel_vnni, invariant_x4_vnni, gemm_invariant_vnni, gemm_tiled_vnni);
 }
 
 #[cfg(test)]
@@ -2405,6 +2514,55 @@ mod tests {
                                     );
                                 }
                             }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The tiled kernels' AVX-VNNI copies give the AVX2 kernels' bits: every tiled type, 1 to
+    /// 13 activation rows (the invariant kernel below four, the tiled one from four, and with
+    /// `invariant` the tiled one at every n), random rows and saturated ones (weights at both
+    /// ends of their range, activations at ±127). Skips (passes) where the CPU has no VNNI.
+    #[test]
+    fn vnni_kernels_match_avx2_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !(simd_available() && is_x86_feature_detected!("avxvnni")) {
+                eprintln!("vnni_kernels_match_avx2_bit_for_bit: no AVX-VNNI on this CPU, skipped");
+                return;
+            }
+            let mut rng = Rng(41);
+            for w in [Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, Q4K, Q5K, Q6K] {
+                let k = if w.block_size() == 256 { 512 } else { 192 };
+                let m = 11;
+                let mut wv = random_vals(&mut rng, m * k, true);
+                // Two saturated rows: ±1 patterns (the quants at their ends), and a sign pattern.
+                for i in 0..k {
+                    wv[i] = if (i * 7 + i / 3) % 2 == 0 { 1.0 } else { -1.0 };
+                    wv[k + i] = if i % 3 == 0 { -2.5 } else { 2.5 };
+                }
+                let wdata = quantize_rows(w, &wv);
+                let arb = act_type(w).row_bytes(k).unwrap();
+                let nmax = 13;
+                let mut x = random_vals(&mut rng, nmax * k, true);
+                for i in 0..k {
+                    x[i] = wv[i].signum();
+                    x[k + i] = -3.0 * wv[i].signum();
+                }
+                let mut acts = vec![0u8; nmax * arb];
+                for j in 0..nmax {
+                    quantize_act(w, &x[j * k..(j + 1) * k], &mut acts[j * arb..(j + 1) * arb]);
+                }
+                for n in 1..=nmax {
+                    for invariant in [false, true] {
+                        let mut a = vec![f32::NAN; n * m];
+                        let mut b = vec![f32::NAN; n * m];
+                        gemm_impl(w, &wdata, m, k, &acts[..n * arb], n, &mut a, m, Path::Avx2, invariant);
+                        gemm_impl(w, &wdata, m, k, &acts[..n * arb], n, &mut b, m, Path::Vnni, invariant);
+                        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                            assert_eq!(x.to_bits(), y.to_bits(), "{} n={n} invariant={invariant}: element {i}: {x} vs {y}", w.name());
                         }
                     }
                 }
