@@ -45,9 +45,11 @@
 //! Where the CPU has AVX-VNNI ([`vnni_available`]), the tiled and small-batch kernels run a
 //! copy of themselves that forms each four-byte i32 sum with one `vpdpbusd` instead of
 //! `maddubs` + `madd` (+ adds): the same exact integers and the same float steps, so the same
-//! bits (test `vnni_kernels_match_avx2_bit_for_bit`). On the dev machine (Sapphire Rapids):
-//! Q8_0's tiled rate 47.5 → 62.2 GMAC/s (single thread, 64 × 128), the other types within the
-//! benchmark's noise; `TS_CPU_VNNI=0` turns it off.
+//! bits (test `vnni_kernels_match_avx2_bit_for_bit`). Q8_0's tiled kernel there drops the sign
+//! trick too: the activations are packed as y + 128 (unsigned) against the signed quants, and
+//! each lane starts from −128·Σq, unpacked with the weights. On the dev machine (Sapphire
+//! Rapids, shared): Q8_0's tiled rate 44-47 → 73-77 GMAC/s (single thread, 64 × 128, best
+//! runs), the other types within the benchmark's noise; `TS_CPU_VNNI=0` turns it off.
 //!
 //! Products of one to three activation rows with Q4_0, Q5_0, Q4_1, Q5_1 or Q8_0 weights
 //! (decode) take `avx2::gemm_invariant`: the tiled kernel's per-row arithmetic (per block two
@@ -394,7 +396,7 @@ fn gemm_with(
             let dst = packed[g * nb * avx2::ACT_WORDS..(g + 1) * nb * avx2::ACT_WORDS].as_mut_ptr();
             // SAFETY: Avx2 only after detection; whole activation rows (bounds checked by the
             // slicing); the group's nb·ACT_WORDS words lie inside `packed` (sized above).
-            unsafe { avx2::act_pack(at, rows, nb, dst as *mut std::arch::x86_64::__m256i) };
+            unsafe { avx2::act_pack(at, rows, nb, dst as *mut std::arch::x86_64::__m256i, path == Path::Vnni && w == GgmlType::Q8_0) };
         }
         // SAFETY: Avx2 only after detection; sizes checked above and inside.
         unsafe {
@@ -1706,6 +1708,10 @@ mod avx2 {
     ///
     /// Q8_0 differs: word 0 holds |q| (unsigned, ≤ 128: −128 becomes the byte 0x80), word 1 the
     /// scale d, word 2 the signed quants q themselves (no offset: the quants are not centred).
+    /// With `vnni` (the AVX-VNNI kernels, whose activations come biased by 128, see
+    /// [`act_pack`]): word 0 the signed quants q, word 2 the i32 correction −128·Σq over the
+    /// bytes each `vpdpbusd` lane meets, [e, o] repeated (e: the quants 8c..8c+4 of every
+    /// 8-byte chunk c, o: 8c+4..8c+8), so that Σ (y + 128)·q − 128·Σq = Σ y·q exactly.
     ///
     /// so that the block's dot with an activation block is scale·d_a·Σ q·y (Q6_K: Σ sc·q·y per
     /// half) + c_lo·S_lo + c_hi·S_hi, S = the activation's d_a·Σ y over the half (Q8_1: the
@@ -1713,7 +1719,7 @@ mod avx2 {
     /// module table): Q4_0/Q5_0: scale d, offsets −8d / −16d; Q4_1/Q5_1: scale d, offset m;
     /// Q4_K/Q5_K: scale d·sc_j, offset −dmin·m_j; Q6_K: scale d, offsets −32·d·sc per half.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn unpack_row(w: GgmlType, row: *const u8, nb: usize, out: *mut __m256i, stride: usize) {
+    pub unsafe fn unpack_row(w: GgmlType, row: *const u8, nb: usize, out: *mut __m256i, stride: usize, vnni: bool) {
         use GgmlType::*;
         let put = |b: usize, q: __m256i, sc: __m256, off: __m256| {
             let e = out.add(b * stride);
@@ -1723,6 +1729,23 @@ mod avx2 {
         };
         let x10 = _mm256_set1_epi8(0x10);
         match w {
+            Q8_0 if vnni => {
+                let ones8 = _mm256_set1_epi8(1);
+                let ones16 = _mm256_set1_epi16(1);
+                for b in 0..nb {
+                    let wb = row.add(b * 34);
+                    let q = ld256(wb.add(2));
+                    let e = out.add(b * stride);
+                    // Lane j: Σ q[4j..4j+4]; then the even lanes' sum and the odd lanes' sum in
+                    // every lane pair (j even is the first half of chunk j / 2).
+                    let v = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+                    let v = _mm256_add_epi32(v, _mm256_shuffle_epi32::<0b01_00_11_10>(v));
+                    let v = _mm256_add_epi32(v, _mm256_permute2x128_si256::<1>(v, v));
+                    _mm256_store_si256(e, q);
+                    _mm256_store_si256(e.add(1), _mm256_castps_si256(f16x8(wb)));
+                    _mm256_store_si256(e.add(2), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<7>(v)));
+                }
+            }
             Q8_0 => {
                 for b in 0..nb {
                     let wb = row.add(b * 34);
@@ -1828,8 +1851,12 @@ mod avx2 {
     /// * word 4: f32 [d_0, d_0, d_1, d_1, d_2, d_2, d_3, d_3] (row scale; Q8K: the super-block's);
     /// * word 5: f32 [S_lo 0, S_hi 0, S_lo 1, S_hi 1, …], the offset partners of [`unpack_row`]:
     ///   d·Σy per 16-element half (Q8_0; Q8K from the stored bsums) or the stored s and 0 (Q8_1).
+    ///
+    /// With `bias` (Q8_0 weights on the AVX-VNNI kernels) words 0..4 hold y + 128 as unsigned
+    /// bytes (y ^ 0x80), the operand `vpdpbusd` takes unsigned ([`unpack_row`]'s correction).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn act_pack(at: GgmlType, rows: [*const u8; 4], nb: usize, out: *mut __m256i) {
+    pub unsafe fn act_pack(at: GgmlType, rows: [*const u8; 4], nb: usize, out: *mut __m256i, bias: bool) {
+        let flip = _mm256_set1_epi8(if bias { -128 } else { 0 });
         let ones8 = _mm256_set1_epi8(1);
         let ones16 = _mm256_set1_epi16(1);
         for b in 0..nb {
@@ -1845,10 +1872,10 @@ mod avx2 {
             let hi01 = _mm256_unpackhi_epi64(y[0], y[1]); // r0c1 r1c1 | r0c3 r1c3
             let lo23 = _mm256_unpacklo_epi64(y[2], y[3]);
             let hi23 = _mm256_unpackhi_epi64(y[2], y[3]);
-            _mm256_store_si256(o, _mm256_permute2x128_si256::<0x20>(lo01, lo23));
-            _mm256_store_si256(o.add(1), _mm256_permute2x128_si256::<0x20>(hi01, hi23));
-            _mm256_store_si256(o.add(2), _mm256_permute2x128_si256::<0x31>(lo01, lo23));
-            _mm256_store_si256(o.add(3), _mm256_permute2x128_si256::<0x31>(hi01, hi23));
+            _mm256_store_si256(o, _mm256_xor_si256(_mm256_permute2x128_si256::<0x20>(lo01, lo23), flip));
+            _mm256_store_si256(o.add(1), _mm256_xor_si256(_mm256_permute2x128_si256::<0x20>(hi01, hi23), flip));
+            _mm256_store_si256(o.add(2), _mm256_xor_si256(_mm256_permute2x128_si256::<0x31>(lo01, lo23), flip));
+            _mm256_store_si256(o.add(3), _mm256_xor_si256(_mm256_permute2x128_si256::<0x31>(hi01, hi23), flip));
             let mut ds = [0f32; 8];
             let mut ss = [0f32; 8];
             for r in 0..4 {
@@ -1968,15 +1995,18 @@ mod avx2 {
                             for g in 0..G {
                                 let y = a[g].add(b * ACT_WORDS);
                                 let p = if $vnni {
-                                    // The same i32 lanes: each the exact sum of its four byte products.
-                                    let ys0 = _mm256_sign_epi8(_mm256_load_si256(y), sc[0]);
-                                    let ys1 = _mm256_sign_epi8(_mm256_load_si256(y.add(1)), sc[1]);
-                                    let ys2 = _mm256_sign_epi8(_mm256_load_si256(y.add(2)), sc[2]);
-                                    let ys3 = _mm256_sign_epi8(_mm256_load_si256(y.add(3)), sc[3]);
+                                    // The same i32 lanes, each an exact sum: the biased activations
+                                    // (y + 128, unsigned) times the signed quants, from the
+                                    // correction −128·Σq (unpack_row with `vnni`, act_pack with `bias`).
                                     let z = _mm256_setzero_si256();
+                                    let corr = _mm256_load_si256(e.add(2));
+                                    let y0 = _mm256_load_si256(y);
+                                    let y1 = _mm256_load_si256(y.add(1));
+                                    let y2 = _mm256_load_si256(y.add(2));
+                                    let y3 = _mm256_load_si256(y.add(3));
                                     _mm256_add_epi32(
-                                        _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(z, wc[0], ys0), wc[1], ys1),
-                                        _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(z, wc[2], ys2), wc[3], ys3),
+                                        _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(corr, y0, wc[0]), y1, wc[1]),
+                                        _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(z, y2, wc[2]), y3, wc[3]),
                                     )
                                 } else {
                                     let p: [__m256i; 4] = std::array::from_fn(|c| {
@@ -2207,7 +2237,7 @@ mod avx2 {
                     // A short last tile repeats its last row (per-row arithmetic is independent).
                     for t in 0..TILE_ROWS {
                         let i = (i0 + t).min(m - 1);
-                        unpack_row(w, wdata[i * wrb..(i + 1) * wrb].as_ptr(), nb, tp.add(t * ew), TILE_ROWS * ew);
+                        unpack_row(w, wdata[i * wrb..(i + 1) * wrb].as_ptr(), nb, tp.add(t * ew), TILE_ROWS * ew, $vnni);
                     }
                     let rows = TILE_ROWS.min(m - i0);
                     let mut store = |g: usize, acc: &[__m256]| {
@@ -2543,7 +2573,13 @@ mod tests {
                     wv[i] = if (i * 7 + i / 3) % 2 == 0 { 1.0 } else { -1.0 };
                     wv[k + i] = if i % 3 == 0 { -2.5 } else { 2.5 };
                 }
-                let wdata = quantize_rows(w, &wv);
+                let mut wdata = quantize_rows(w, &wv);
+                if w == Q8_0 {
+                    // −128, which ggml's quantiser never writes but a file may hold.
+                    for i in [2, 5, 34 + 2, 34 * 7 + 20] {
+                        wdata[i] = 0x80;
+                    }
+                }
                 let arb = act_type(w).row_bytes(k).unwrap();
                 let nmax = 13;
                 let mut x = random_vals(&mut rng, nmax * k, true);
