@@ -240,7 +240,7 @@ impl Path {
 }
 
 /// True when the tiled kernels may use AVX-VNNI (`vpdpbusd`; Intel from Alder Lake and
-/// Sapphire Rapids, AMD from Zen 4): detected once, and off with `TS_CPU_VNNI=0` (for
+/// Sapphire Rapids, AMD from Zen 5): detected once, and off with `TS_CPU_VNNI=0` (for
 /// comparisons). The results are the same bits either way.
 pub fn vnni_available() -> bool {
     static VNNI: OnceLock<bool> = OnceLock::new();
