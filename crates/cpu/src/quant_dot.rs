@@ -1990,8 +1990,13 @@ mod avx2 {
                         let wc: [__m256i; 4] = std::array::from_fn(|c| _mm256_set1_epi64x(wq.add(c).read()));
                         let dw = _mm256_castsi256_ps(_mm256_load_si256(e.add(1)));
                         if KIND == KIND_Q8 {
+                            // The signs' chunks (AVX2 only: the VNNI copy's word 2 is its correction).
                             let ws = e.add(2) as *const i64;
-                            let sc: [__m256i; 4] = std::array::from_fn(|c| _mm256_set1_epi64x(ws.add(c).read()));
+                            let sc: [__m256i; 4] = if $vnni {
+                                [_mm256_setzero_si256(); 4]
+                            } else {
+                                std::array::from_fn(|c| _mm256_set1_epi64x(ws.add(c).read()))
+                            };
                             for g in 0..G {
                                 let y = a[g].add(b * ACT_WORDS);
                                 let p = if $vnni {
