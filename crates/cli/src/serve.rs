@@ -101,7 +101,9 @@ pub struct ServeArgs {
     /// system prompt, a retried request) and computes only the rest, as llama.cpp's server does;
     /// `usage.prompt_tokens_details.cached_tokens` says how many tokens that saved. The text is
     /// the same either way where the backend's kernels are batch invariant (the CPU); on CUDA
-    /// the cached rows may differ from recomputed ones in the last bits.
+    /// the cached rows may differ from recomputed ones in the last bits. Without the cache
+    /// nothing computed for one request serves another, but a request's `n` choices still
+    /// compute their shared prompt once.
     #[arg(long = "no-prompt-cache")]
     pub no_prompt_cache: bool,
     /// After a step that ended a quarter or more of the running requests, wait up to this many

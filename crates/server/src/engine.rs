@@ -111,9 +111,13 @@
 //! ([`Model::copy_prefix`], in order with the steps; `turbospark_prompt_tokens_copied_total`).
 //! A job whose prompt shares [`MIN_SHARED`] tokens or more with a sequence still computing its
 //! own prompt, more than any slot holds now, waits (later jobs go ahead of it) until that
-//! prompt is done, then copies it: `n` choices compute their prompt once. A model that cannot
-//! copy ([`Model::copy_prefix`] fails) turns copying off. (CPU, SmolLM2: 4 choices over a
-//! 563-token prompt in 2.21 s against 8.60 s computing it four times.)
+//! prompt is done, then copies it: `n` choices compute their prompt once. Without the prompt
+//! cache, only a request's own choices share ([`Job::group`]): nothing computed for one
+//! request serves another. A model that cannot copy ([`Model::copy_prefix`] fails) turns
+//! copying off. (CPU, SmolLM2: 4 choices over a 563-token prompt in 2.21 s against 8.60 s
+//! computing it four times.) On CUDA the choices' texts also agree that way: computed four
+//! times, in prompt chunks that split the copies at other places, their rows differ in the
+//! last bits, and greedy texts can part (H200, a random-weight V2-Lite: after 9-15 tokens).
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -246,6 +250,10 @@ pub struct Job {
     /// When the request must be over: a running sequence then finishes with
     /// [`Finish::Length`], a waiting one gets [`Event::Unavailable`]. `None`: no limit.
     pub deadline: Option<Instant>,
+    /// The request this job is one choice of: [`Engine::submit_all`] gives the jobs it queues
+    /// together (a request's `n` choices) one non-zero id of their own, and they share their
+    /// computed prompt even without the prompt cache (module doc, "Shared prefixes"). Give 0.
+    pub group: u64,
 }
 
 /// Engine sizing beyond what the model's [`ts_models::RuntimeOptions`] says.
@@ -361,6 +369,8 @@ pub struct Engine {
     max_queue: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
     json_ready: bool,
+    /// The last [`Job::group`] given.
+    groups: AtomicU64,
 }
 
 impl Engine {
@@ -414,6 +424,7 @@ impl Engine {
             max_queue: cfg.max_queue,
             json_ready,
             thread: Mutex::new(Some(thread)),
+            groups: AtomicU64::new(0),
         }))
     }
 
@@ -448,9 +459,13 @@ impl Engine {
     }
 
     /// Queues several jobs (a request's choices) together: all are admitted, or none (a 503
-    /// when the slots and queue cannot take them all).
-    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), ApiError> {
+    /// when the slots and queue cannot take them all). Two or more get one [`Job::group`].
+    pub fn submit_all(&self, mut jobs: Vec<Job>) -> Result<(), ApiError> {
         let k = jobs.len() as u64;
+        if k > 1 {
+            let g = self.groups.fetch_add(1, Relaxed) + 1;
+            jobs.iter_mut().for_each(|j| j.group = g);
+        }
         if let Some(why) = self.metrics.out_of_service() {
             self.metrics.requests_rejected.fetch_add(k, Relaxed);
             return Err(ApiError::unavailable(format!("the engine is out of service: {why}; the server needs a restart"), "engine_failed"));
@@ -638,7 +653,8 @@ struct Stepper<'m, 't> {
     /// No wait for returning clients before this (a wait ran out).
     gather_off_until: Option<Instant>,
     /// Prefixes are copied from running sequences' slots (module doc, "Shared prefixes"):
-    /// with the prompt cache, until the model fails a copy.
+    /// until the model fails a copy (from any running sequence with the prompt cache, else
+    /// from the job's own request's: [`Stepper::may_share`]).
     copy_prefixes: bool,
     /// The vocabulary for JSON mode's masks (None: the model's tokens cannot write JSON).
     json_vocab: Option<Arc<JsonVocab>>,
@@ -709,7 +725,7 @@ impl<'m, 't> Stepper<'m, 't> {
             gather: cfg.gather,
             returning: 0,
             gather_off_until: None,
-            copy_prefixes: cfg.prompt_cache,
+            copy_prefixes: true,
             json_vocab: None,
         }
     }
@@ -789,12 +805,12 @@ impl<'m, 't> Stepper<'m, 't> {
                 self.occupancy.fetch_sub(1, Relaxed);
                 continue;
             }
-            if self.awaits_shared(&self.waiting[i].prompt) {
+            if self.awaits_shared(&self.waiting[i].prompt, self.waiting[i].group) {
                 i += 1;
                 continue;
             }
             let Some(job) = self.waiting.remove(i) else { break };
-            let Some((slot, cached)) = self.take_slot(&job.prompt) else {
+            let Some((slot, cached)) = self.take_slot(&job.prompt, job.group) else {
                 self.waiting.insert(i, job);
                 break;
             };
@@ -829,20 +845,27 @@ impl<'m, 't> Stepper<'m, 't> {
         self.update_gauges();
     }
 
-    /// Whether a job of `prompt` should wait for a running sequence that is still computing a
-    /// prompt sharing at least [`MIN_SHARED`] tokens with it, and more than any slot holds now
-    /// (module doc, "Shared prefixes").
-    fn awaits_shared(&self, prompt: &[u32]) -> bool {
+    /// Whether running sequence `s`'s rows may be copied for a job of `group`: any sequence's
+    /// with the prompt cache, else only those of the job's own request (its other choices).
+    fn may_share(&self, s: &Seq<'_>, group: u64) -> bool {
+        !s.done && (self.prompt_cache || (group != 0 && s.job.group == group))
+    }
+
+    /// Whether a job of `prompt` (of `group`) should wait for a running sequence that is still
+    /// computing a prompt sharing at least [`MIN_SHARED`] tokens with it, and more than any slot
+    /// holds now (module doc, "Shared prefixes").
+    fn awaits_shared(&self, prompt: &[u32], group: u64) -> bool {
         if !self.copy_prefixes {
             return false;
         }
         let limit = prompt.len().saturating_sub(1);
         let common = |t: &[u32]| t.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(limit);
-        let coming = self.active.iter().filter(|s| !s.done && !s.decoding()).map(|s| common(&s.job.prompt)).max().unwrap_or(0);
+        let sources = || self.active.iter().filter(|s| self.may_share(s, group));
+        let coming = sources().filter(|s| !s.decoding()).map(|s| common(&s.job.prompt)).max().unwrap_or(0);
         if coming < MIN_SHARED {
             return false;
         }
-        let held = self.active.iter().filter(|s| !s.done).map(|s| rows_shared(s, prompt).min(limit));
+        let held = sources().map(|s| rows_shared(s, prompt).min(limit));
         let free = self.free.iter().map(|&f| common(&self.slot_tokens[f as usize]));
         coming > held.chain(free).max().unwrap_or(0)
     }
@@ -853,11 +876,10 @@ impl<'m, 't> Stepper<'m, 't> {
     /// token, whose logits the step must compute. Where no slot shares a token: one that holds
     /// nothing (the most recently freed), else the one freed longest ago, so that the rows most
     /// likely to serve again stay. Where a running sequence's rows share [`MIN_SHARED`] tokens
-    /// more, they are copied into that slot (module doc, "Shared prefixes").
-    fn take_slot(&mut self, prompt: &[u32]) -> Option<(u32, usize)> {
-        if !self.prompt_cache {
-            return self.free.pop().map(|s| (s, 0));
-        }
+    /// more, they are copied into that slot (module doc, "Shared prefixes"). Without the
+    /// prompt cache free slots hold nothing ([`Stepper::retire`]), and only `group`'s running
+    /// sequences may be copied.
+    fn take_slot(&mut self, prompt: &[u32], group: u64) -> Option<(u32, usize)> {
         let limit = prompt.len().saturating_sub(1);
         let common = |t: &[u32]| t.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let mut best: Option<(usize, usize)> = None; // (index in free, common prefix)
@@ -871,7 +893,12 @@ impl<'m, 't> Stepper<'m, 't> {
         let c = c.min(limit);
         // A running sequence's rows that share more (the most of them)?
         let src = match self.copy_prefixes {
-            true => self.active.iter().filter(|s| !s.done).map(|s| (s.slot, rows_shared(s, prompt).min(limit))).max_by_key(|&(_, m)| m),
+            true => self
+                .active
+                .iter()
+                .filter(|s| self.may_share(s, group))
+                .map(|s| (s.slot, rows_shared(s, prompt).min(limit)))
+                .max_by_key(|&(_, m)| m),
             false => None,
         };
         let copy = src.filter(|&(_, m)| m >= c + MIN_SHARED);
@@ -1661,6 +1688,7 @@ mod tests {
             events: tx,
             arrived: Instant::now(),
             deadline: None,
+            group: 0,
         };
         (j, rx)
     }
@@ -2173,28 +2201,34 @@ mod tests {
     }
 
     /// Shared prefixes (module doc): jobs submitted together with one prompt (a request's `n`
-    /// choices) compute it once, the others wait for it and copy its rows; a job whose prompt
-    /// shares a long prefix with a running sequence's rows copies them. The texts are those an
-    /// engine without the prompt cache gives (the mock's tokens hash their slot's whole history,
-    /// so a wrong copy would show), with and without chained steps.
+    /// choices) compute it once, the others wait for it and copy its rows, with the prompt cache
+    /// or without; a job whose prompt shares a long prefix with another request's running
+    /// sequence copies its rows with the prompt cache only. The texts are those of an engine
+    /// without the cache given the jobs one by one (the mock's tokens hash their slot's whole
+    /// history, so a wrong copy would show), with and without chained steps.
     #[test]
     fn shared_prefixes_are_computed_once() {
         for chain in [false, true] {
-            let run = |cache: bool| {
+            let run = |cache: bool, together: bool| {
                 let cfg = EngineConfig { chain, ..cache_cfg(cache) };
                 let (e, seen, m) = engine_mock(4, cfg, Arc::default(), true);
                 let p: Vec<u32> = (100..140).collect(); // 40 tokens, five chunks of 8
                 let mut rxs = Vec::new();
-                let jobs = (0..3)
+                let jobs: Vec<Job> = (0..3)
                     .map(|_| {
                         let (j, rx) = job(p.clone(), 6);
                         rxs.push(rx);
                         j
                     })
                     .collect();
-                e.submit_all(jobs).unwrap();
+                if together {
+                    e.submit_all(jobs).unwrap();
+                } else {
+                    jobs.into_iter().for_each(|j| e.submit(j).unwrap());
+                }
                 let mut out: Vec<(String, usize)> = rxs.iter_mut().map(collect_usage).map(|(t, u)| (t, u.cached)).collect();
-                // A prompt that shares 30 tokens with a running sequence's rows: it copies them.
+                // A prompt that shares 30 tokens with a running sequence's rows: it copies them
+                // (with the prompt cache).
                 let (j, mut long) = job((1..60).collect(), 40);
                 e.submit(j).unwrap();
                 let first = first_delta(&mut long);
@@ -2216,17 +2250,20 @@ mod tests {
                     .count();
                 (out, m.prompt_tokens_copied.load(Relaxed), prompt_rows)
             };
-            let (with, copied, rows) = run(true);
-            let (without, none, rows_all) = run(false);
-            for (k, ((a, _), (b, _))) in with.iter().zip(&without).enumerate() {
-                assert_eq!(a, b, "chain {chain}, request {k}: the same text with copies as without");
+            let (reference, none, rows_all) = run(false, false);
+            assert_eq!((none, rows_all), (0, 3 * 40), "chain {chain}: one by one, without the cache, nothing is shared");
+            for cache in [true, false] {
+                let (got, copied, rows) = run(cache, true);
+                for (k, ((a, _), (b, _))) in got.iter().zip(&reference).enumerate() {
+                    assert_eq!(a, b, "chain {chain}, cache {cache}, request {k}: the same text with copies as without");
+                }
+                let cached: Vec<usize> = got.iter().map(|(_, c)| *c).collect();
+                let other = if cache { 30 } else { 0 };
+                assert_eq!(cached[..4], [0, 39, 39, other], "chain {chain}, cache {cache}: cached tokens");
+                assert_eq!(copied, 39 + 39 + other as u64, "chain {chain}, cache {cache}");
+                // The 40-token prompt went through the model once (and its last token twice more).
+                assert_eq!(rows, 40 + 2, "chain {chain}, cache {cache}: prompt rows fed");
             }
-            let got: Vec<usize> = with.iter().map(|(_, c)| *c).collect();
-            assert_eq!(got[..4], [0, 39, 39, 30], "chain {chain}: cached tokens");
-            assert_eq!(copied, 39 + 39 + 30, "chain {chain}");
-            assert_eq!(none, 0);
-            // The 40-token prompt went through the model once (and its last token twice more).
-            assert_eq!((rows, rows_all), (40 + 2, 3 * 40), "chain {chain}: prompt rows fed");
         }
     }
 

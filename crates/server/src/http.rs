@@ -432,6 +432,7 @@ async fn generate(st: &Arc<AppState>, kind: Kind, c: Common, prompt: Vec<u32>, a
                 events: tx,
                 arrived,
                 deadline: st.request_timeout.and_then(|t| arrived.checked_add(t)),
+                group: 0,
             }
         })
         .collect();

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Fifty-fourth session, gpu-next180 cut to ~4 minutes for a short budget: the forty-fifth
+# session's build (OLD, fd32527) against this one (BIN), alternating, at `--parallel 64 -n 32
+# -r 2 -d 96`, then this build with the expert prefetch as the forty-fifth session left it and
+# with the router's loads after the PDL wait.
+#   tools/gpu/plans/gpu-next181.sh BIN OLD 2>&1 | tee $OUT/log.txt | tail -40
+set -u
+B=$1
+OLD=$2
+source "$(dirname "$0")/lib.sh"
+export TS_RUN_LIMIT=120
+q8_ready
+p64() { b "$1" "$2" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash -d 96; }
+stamp "== old against new, -d 96"
+p64 "" "$B"
+p64 "" "$OLD"
+p64 "" "$B"
+p64 "" "$OLD"
+stamp "== this build's knobs"
+p64 "TS_CUDA_XPF=32 TS_CUDA_XPF_AT=1" "$B"
+p64 "TS_CUDA_DEFINES=RS_EARLY=0" "$B"
+p64 "" "$B"
+stamp "== done"
