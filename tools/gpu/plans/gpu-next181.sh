@@ -11,16 +11,15 @@ OLD=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=120
 q8_ready
-p64() { b "$1" "$2" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash -d 96; }
 stamp "== old against new, -d 96"
-p64 "" "$B"
-p64 "" "$OLD"
-p64 "" "$B"
-p64 "" "$OLD"
+p64_best ""
+p64_best "" "$OLD"
+p64_best ""
+p64_best "" "$OLD"
 stamp "== this build's knobs"
-p64 "TS_CUDA_XPF=32 TS_CUDA_XPF_AT=1" "$B"
-p64 "TS_CUDA_DEFINES=RS_EARLY=0" "$B"
-p64 "" "$B"
+p64_best "TS_CUDA_XPF=32 TS_CUDA_XPF_AT=1"
+p64_best "TS_CUDA_DEFINES=RS_EARLY=0"
+p64_best ""
 # (time left: a request's 4 choices without the prompt cache, which now share their prompt)
 if [ $(( $(date +%s) - T0 )) -lt 230 ]; then stamp "== choices without the prompt cache"; choices "--no-prompt-cache"; fi
 stamp "== done"

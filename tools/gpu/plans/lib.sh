@@ -145,3 +145,26 @@ choices() {
   curl -sf http://127.0.0.1:8090/metrics | grep -E "^turbospark_prompt_tokens_(copied|cached)_total " | tr '\n' ' '; echo
   kill -INT $sp; (sleep 20; kill -9 $sp 2>/dev/null) & wait $sp 2>/dev/null
 }
+# `p64_best ENV [BIN]`: `--parallel 64 -n 32 -r 2 --hash -d 96` of BIN (default $B) under ENV
+# ("" = the defaults); for $B it keeps the best ENV so far in $best / $bestv and the defaults'
+# best figure in $base. `serve_best`: those, then `serve64` with the defaults and with $best for
+# 40 s each if $best beat the defaults by 0.8% or more.
+best=""; bestv=0; base=0
+p64_best() {
+  local out v bin=${2:-$B}
+  out=$(b "$1" "$bin" bench --backend cuda -m $V -p 0 -n 32 --parallel 64 -r 2 --hash -d 96)
+  echo "$out"
+  [ "$bin" = "$B" ] || return 0
+  v=$(echo "$out" | grep -E "^tg32 x64" | sed -E 's/.*\| ([0-9.]+) .*/\1/')
+  [ -z "$v" ] && return 0
+  if [ -z "$1" ]; then base=$(python3 -c "print(max($base, $v))")
+  elif python3 -c "import sys; sys.exit(0 if $v > $bestv else 1)"; then best=$1; bestv=$v; fi
+}
+serve_best() {
+  stamp "best: '$best' $bestv against the defaults' $base"
+  if python3 -c "import sys; sys.exit(0 if $bestv > 1.008 * $base else 1)"; then
+    stamp "== server"
+    serve64 "" 40 "--row-multiple 4"
+    serve64 "$best" 40 "--row-multiple 4"
+  fi
+}
