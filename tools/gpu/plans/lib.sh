@@ -6,6 +6,12 @@ export TURBOSPARK_HOME=${TURBOSPARK_HOME:-/tmp/tsh}
 V=/tmp/v2lite-q8_0.gguf
 BF=/tmp/v2lite-bf16.gguf
 O=${OUT:-/tmp}
+# Which card this is (the same kind of card has read ~2% apart at 64 sequences between
+# sessions: the uuid says whether two calls' figures came from one card), once a call.
+if [ -z "${TS_CARD_SHOWN:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then
+  export TS_CARD_SHOWN=1
+  echo "card: $(nvidia-smi --query-gpu=name,uuid,clocks.max.sm,clocks.max.memory,clocks.sm,temperature.gpu,power.limit --format=csv,noheader 2>&1 | head -1)"
+fi
 # (Each run is cut off after $TS_RUN_LIMIT seconds, default 240, so that a hung kernel costs one
 # run, not the whole device call.)
 b() { local e=$1; shift; echo "-- ${e:-default} $*"; env $e timeout ${TS_RUN_LIMIT:-240} "$@" 2>&1 | grep -E "^\| .*(pp|tg)|hash|rror" | sed -E 's/.*\| (pp|tg)/\1/'; }
