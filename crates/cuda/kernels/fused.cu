@@ -692,19 +692,16 @@ __device__ __forceinline__ void moe_slot_of_block(int k, int nsh, int* t, int* s
 // each over half of the slots' pieces, summed in a fixed order: twice the loads in flight of one
 // warp per row, which left the SMs a third full at batch 1.
 #define MOE_SH_MAX_SLOTS 64
-// DN_PIPE (0; a measurement define, TS_CUDA_DEFINES=DN_PIPE=1): the one-token decode MoE's down
-// kernels (moe_down_sh_q8 / _w4, moe_down_sh_<t> / _w4) ask for the next round of a warp's
-// weights before they sum the round they hold, so a warp has one dependent DRAM trip after its
-// PDL wait where it had one a round (three at V2-Lite's shapes). The same loads and sums in the
-// same order, so the same bits. More registers (a second round of weights): measure it with
-// GQ_DOWN_MIN_BLOCKS / GQ_DOWN16_MIN_BLOCKS at 3 as well.
-#ifndef DN_PIPE
-#define DN_PIPE 0
-#endif
-// Blocks an SM the Q8_0 down kernels are compiled for (GQ_MIN_BLOCKS, 4, unless set).
-#ifndef GQ_DOWN_MIN_BLOCKS
-#define GQ_DOWN_MIN_BLOCKS GQ_MIN_BLOCKS
-#endif
+// (DN_PIPE: the one-token down kernels asking for a warp's next round of weights before summing
+// the round they hold, the same bits, measured on an H100 (fifty-fifth session, gpu-next182):
+// Q8_0 tg128 550.3 / 550.2 against 631.1 / 630.8 at 3 blocks an SM (80 registers; 3 blocks
+// alone: 631.2), 579.1 at 4 with spills; bf16 436.0 / 436.1 against 452.4 / 452.3; tg64 at 16k
+// 437.2 against 487.2. Its static SASS issues the next round's weight loads before the sums,
+// as meant, but each piece in a branch of its own with the piece's place computed twice (once
+// for the weights, once for the activations: 278 IMAD), and the loop's register moves (q =
+// next) wait for the next round's weights before the following round's activations are asked
+// for: a DRAM trip and then an L2 trip a round, where the plain loop pays one trip for both.
+// Removed; git history has it, commit 9c50214.)
 // The down kernel starts early: moe_gateup_sh_q8q lets it launch only after its own wait for
 // the routing kernel has returned (so the routed experts' ids, sel_e, written two launches back,
 // are final), and the down kernel reads those ids past L1 and issues its first round of weight
@@ -778,65 +775,6 @@ __device__ __forceinline__ void moe_down_unit(int bx, int t, const u8* Wd, i64 r
     float acc = 0.f;
     auto ldx = [&](const u8* p) -> uint4 { return SYNC ? __ldcg((const uint4*)p) : *(const uint4*)p; };
     auto ldd = [&](const u8* p) -> u16 { return SYNC ? __ldcg((const unsigned short*)p) : *(const u16*)p; };
-#if DN_PIPE
-    if constexpr (!SYNC) {
-        // DN_PIPE: the next round's weights are asked for before this round's sums (see the
-        // define): a round's 4 pieces of weights (q, dw) and activations (x, dx), zeros past Pb.
-        auto ldw_round = [&](int P0, uint4(&q)[4], float(&dw)[4]) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int P = P0 + 32 * u;
-                q[u] = make_uint4(0u, 0u, 0u, 0u);
-                dw[u] = 0.f;
-                if (P < Pb) {
-                    const u8 *gp, *xp;
-                    int qo, b;
-                    locate(P, gp, xp, qo, b);
-                    q[u] = ldw16(gp + qo);
-                    dw[u] = ldw_scale(gp + 2 * (b & 3));
-                }
-            }
-        };
-        auto ldx_round = [&](int P0, uint4(&x)[4], float(&dx)[4]) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int P = P0 + 32 * u;
-                x[u] = make_uint4(0u, 0u, 0u, 0u);
-                dx[u] = 0.f;
-                if (P < Pb) {
-                    const u8 *gp, *xp;
-                    int qo, b;
-                    locate(P, gp, xp, qo, b);
-                    x[u] = ldx(xp + qo);
-                    dx[u] = h2f(ldd(xp + 2 * (b & 3)));
-                }
-            }
-        };
-        uint4 q[4];
-        float dw[4];
-        int P0 = Pa + lane;
-        if (P0 < Pb) ldw_round(P0, q, dw);  // (in a branch of its own: ptxas keeps it before the wait)
-        pdl_wait();
-        for (; P0 < Pb; P0 += 128) {
-            uint4 x[4], qn[4];
-            float dx[4], dwn[4];
-            ldx_round(P0, x, dx);
-            const bool more = P0 + 128 < Pb;
-            if (more) ldw_round(P0 + 128, qn, dwn);
-#pragma unroll
-            for (int u = 0; u < 4; u++) acc += (float)dot16v(q[u], x[u]) * (dw[u] * dx[u]);
-            if (more) {
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    q[u] = qn[u];
-                    dw[u] = dwn[u];
-                }
-            }
-        }
-        down_row_finish<DOWN_WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, radd);
-        return;
-    }
-#endif
     {
     // The first round's weights before the wait (the activations come from the gate/up kernel);
     // the same loads and sums as below.
@@ -926,14 +864,14 @@ __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes,
 }
 // Two warps a row (the default) or four (TS_CUDA_DOWN_WPR=4: a warp's 11 rounds of loads at
 // V2-Lite's shapes become 6, in 2 dependent batches instead of 3; another summation order).
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_DOWN_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
                    const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
                    i64 ostride, int radd) {
     moe_down_sh_q8_impl<2>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
                            ostride, radd);
 }
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_DOWN_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8_w4(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
                       const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
                       i64 ostride, int radd) {
@@ -1095,36 +1033,6 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
         }
     };
     int P0 = Pa + lane;
-#if DN_PIPE
-    if (DN16_EARLY) {
-        // DN_PIPE: the next round's weights asked for before this round's sums (see the define).
-        uint4 q[4];
-        float4 a[4], b[4];
-        if (P0 < total) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) piece(P0 + 32 * u, true, false, q[u], a[u], b[u]);
-        }
-        pdl_wait();
-        for (; P0 < total; P0 += 128) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) piece(P0 + 32 * u, false, true, q[u], a[u], b[u]);
-            uint4 qn[4];
-            float4 na, nb;
-            const bool more = P0 + 128 < total;
-            if (more) {
-#pragma unroll
-                for (int u = 0; u < 4; u++) piece(P0 + 128 + 32 * u, true, false, qn[u], na, nb);
-            }
-            round_sum(q, a, b);
-            if (more) {
-#pragma unroll
-                for (int u = 0; u < 4; u++) q[u] = qn[u];
-            }
-        }
-        down_row_finish<WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, 0);
-        return;
-    }
-#endif
     if (DN16_EARLY) {
         // The first round's weights before the wait (in a branch of their own, so that ptxas
         // keeps them there), then its activations and sums as the loop's.

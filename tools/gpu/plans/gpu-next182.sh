@@ -5,6 +5,8 @@
 # defaults and against 3 blocks alone (the occupancy's own effect). Q8_0 tg128 and tg64 at 16k,
 # bf16 tg128, the runs alternating; then the fused MoE op test under the define. ~6 minutes
 # (the two files are made first: ~2 minutes on a fresh machine).
+# Ran once (H100): DN_PIPE lost 12.8% at tg128 and was removed (docs/PERF.md, fifty-fifth session);
+# the plan needs commit 9c50214's kernels.
 #   tools/gpu/plans/gpu-next182.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60
 set -u
 B=$1
