@@ -3259,9 +3259,7 @@ fn blas_tune() {
 /// beside the routing and the routed experts' int8 launches and joined before the combine, on
 /// cuBLAS from the f16 copies: within 1e-4 of the same backend's chain (the routed experts by
 /// `moe`, the shared FFN as dense products on cuBLAS: the same f16 operands), and within the
-/// fused path's bars of the CPU and of f64. Then the same fork on the int8 tiles from the Q8_0
-/// weights (`Path::SharedQ8`, a third backend): within the same bars of the CPU and f64 (its
-/// activations in 8 bits, as the CPU's), and that it ran.
+/// fused path's bars of the CPU and of f64.
 ///
 /// At V2-Lite's widths (16 experts) and a small shape with 64 experts; that the fork ran; and
 /// in recorded steps (eager, captured, replayed, new inputs each step) the same bits as the op
@@ -3273,9 +3271,6 @@ fn moe_shared_fork() {
     }
     let fb = &CudaBackend::new(0).expect("second backend");
     fb.set_path(Path::SharedFork, true);
-    let qb = &CudaBackend::new(0).expect("third backend");
-    qb.set_path(Path::SharedFork, true);
-    qb.set_path(Path::SharedQ8, true);
     let c = cpu();
     let mut r = rng(47);
     let mut rep = Report::new("moe_shared_fork");
@@ -3292,7 +3287,6 @@ fn moe_shared_fork() {
         let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let six = |b: &CudaBackend| ([up(b, 0), up(b, 1), up(b, 2)], [up(b, 3), up(b, 4), up(b, 5)]);
         let (bex, bsh) = six(fb);
-        let (qex, qsh) = six(qb);
         let cu = |i: usize| c.upload_weight(&td("w", ty, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
         let (cex, csh) = ([cu(0), cu(1), cu(2)], [cu(3), cu(4), cu(5)]);
         let p = softmax_moe(ne, k);
@@ -3307,76 +3301,60 @@ fn moe_shared_fork() {
             let run = |b: &CudaBackend, (ex, sh): (&[CudaWeight; 3], &[CudaWeight; 3]), fused: bool| {
                 let (bx, bl, bo) = (buf(b, &x), buf(b, &lg), b.alloc(o.end()).unwrap());
                 poison(b, &bo, o.end());
-                let before = (b.path_launches(Path::SharedFork), b.path_launches(Path::SharedQ8));
+                let before = b.path_launches(Path::SharedFork);
                 let ran = run_moe_shared(b, &bx, xr, &bl, lr, ex, sh, &p, &bo, o, fused);
-                let after = (b.path_launches(Path::SharedFork), b.path_launches(Path::SharedQ8));
-                (ran, after.0 > before.0, after.1 > before.1, get(b, &bo, o))
+                (ran, b.path_launches(Path::SharedFork) > before, get(b, &bo, o))
             };
-            let (ran, forked, _, gotb) = run(fb, (&bex, &bsh), true);
-            let (_, _, _, chain) = run(fb, (&bex, &bsh), false);
-            let (qran, qforked, q8, gotq) = run(qb, (&qex, &qsh), true);
+            let (ran, forked, gotb) = run(fb, (&bex, &bsh), true);
+            let (_, _, chain) = run(fb, (&bex, &bsh), false);
             eprintln!(
-                "  {lab}: fused path {}, fork {}; int8 fork {}",
+                "  {lab}: fused path {}, fork {}",
                 if ran { "taken" } else { "declined" },
-                if forked { "taken" } else { "not taken" },
-                if qran && qforked && q8 { "taken" } else { "not taken" }
+                if forked { "taken" } else { "not taken" }
             );
             if !ran || !forked {
                 rep.failures.push(format!("{lab}: moe_shared returned {ran}, fork taken: {forked} (both expected)"));
             }
-            if !qran || !qforked || !q8 {
-                rep.failures.push(format!("{lab}: int8 fork: moe_shared returned {qran}, fork {qforked}, SharedQ8 {q8} (all expected)"));
-            }
             let (cx, cl, co) = (buf(c, &x), buf(c, &lg), c.alloc(o.end()).unwrap());
             poison(c, &co, o.end());
             run_moe_shared(c, &cx, xr, &cl, lr, &cex, &csh, &p, &co, o, true);
-            let cpu_out = get(c, &co, o);
             rep.check(&format!("{lab} cuBLAS fork vs the chain (cuBLAS)"), &gotb, &chain, 1e-4, 1e-4);
-            rep.check(&format!("{lab} cuBLAS fork vs cpu"), &gotb, &cpu_out, 0.25, 1e-3);
-            rep.check(&format!("{lab} int8 fork vs cpu"), &gotq, &cpu_out, 0.25, 1e-3);
+            rep.check(&format!("{lab} cuBLAS fork vs cpu"), &gotb, &get(c, &co, o), 0.25, 1e-3);
             let mut f64_out = moe_f64(&x, xr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
             add_shared_f64(&mut f64_out, &x, xr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, Glu::SwiGlu);
             rep.check(&format!("{lab} cuBLAS fork vs f64"), &gotb, &f64_out, 6.5e-2, 1e-3);
-            rep.check(&format!("{lab} int8 fork vs f64"), &gotq, &f64_out, 6.5e-2, 1e-3);
         }
-        // Recorded steps: the fork and its join inside a graph (both forms).
-        for (b, ex, sh, path) in [(fb, &bex, &bsh, Path::SharedFork), (qb, &qex, &qsh, Path::SharedQ8)] {
-            let n = *ns.last().unwrap();
-            let xr = Rows::packed(n, hdim);
-            let lr = Rows::packed(n, ne);
-            let (bx, bl, bo, eo) =
-                (b.alloc(xr.end()).unwrap(), b.alloc(lr.end()).unwrap(), b.alloc(xr.end()).unwrap(), b.alloc(xr.end()).unwrap());
-            let key = 0x5f_f0_u64 ^ r.random::<u64>();
-            let before = b.path_launches(path);
-            let (rec0, rep0) = (b.step_counts().recorded, b.step_counts().replayed);
-            for step in 0..4 {
-                b.write(&bx, 0, &randn(&mut r, xr.end(), 1.0)).unwrap();
-                b.write(&bl, 0, &randn(&mut r, lr.end(), 2.0)).unwrap();
-                let run = |out: &CudaBuf| run_moe_shared(b, &bx, xr, &bl, lr, ex, sh, &p, out, xr, true);
-                if !b.graph_begin(key, n) {
+        // Recorded steps: the fork and its join inside a graph.
+        let n = *ns.last().unwrap();
+        let xr = Rows::packed(n, hdim);
+        let lr = Rows::packed(n, ne);
+        let (b, ex, sh) = (fb, &bex, &bsh);
+        let (bx, bl, bo, eo) =
+            (b.alloc(xr.end()).unwrap(), b.alloc(lr.end()).unwrap(), b.alloc(xr.end()).unwrap(), b.alloc(xr.end()).unwrap());
+        let key = 0x5f_f0_u64 ^ r.random::<u64>();
+        let before = b.path_launches(Path::SharedFork);
+        let (rec0, rep0) = (b.step_counts().recorded, b.step_counts().replayed);
+        for step in 0..4 {
+            b.write(&bx, 0, &randn(&mut r, xr.end(), 1.0)).unwrap();
+            b.write(&bl, 0, &randn(&mut r, lr.end(), 2.0)).unwrap();
+            let run = |out: &CudaBuf| run_moe_shared(b, &bx, xr, &bl, lr, ex, sh, &p, out, xr, true);
+            if !b.graph_begin(key, n) {
+                run(&bo);
+                if !b.graph_end() {
                     run(&bo);
-                    if !b.graph_end() {
-                        run(&bo);
-                    }
                 }
-                run(&eo);
-                exact(
-                    &mut rep,
-                    &format!("H={hdim} n={n} {path:?}: recorded step {step}"),
-                    &["out"],
-                    &[get(b, &bo, xr)],
-                    &[get(b, &eo, xr)],
-                );
             }
-            // (the first step eager, the second captured: both took the fork, and every eager op)
-            if b.path_launches(path) < before + 6 {
-                rep.failures.push(format!("H={hdim}: the recorded steps did not take Path::{path:?}"));
-            }
-            // (and the capture with the fork worked: one recording, two replays)
-            let (rec, rpl) = (b.step_counts().recorded - rec0, b.step_counts().replayed - rep0);
-            if (rec, rpl) != (1, 2) {
-                rep.failures.push(format!("H={hdim} {path:?}: {rec} recordings and {rpl} replays of the forked step (1 and 2 expected)"));
-            }
+            run(&eo);
+            exact(&mut rep, &format!("H={hdim} n={n}: recorded step {step}"), &["out"], &[get(b, &bo, xr)], &[get(b, &eo, xr)]);
+        }
+        // (the first step eager, the second captured: both took the fork, and every eager op)
+        if b.path_launches(Path::SharedFork) < before + 6 {
+            rep.failures.push(format!("H={hdim}: the recorded steps did not take Path::SharedFork"));
+        }
+        // (and the capture with the fork worked: one recording, two replays)
+        let (rec, rpl) = (b.step_counts().recorded - rec0, b.step_counts().replayed - rep0);
+        if (rec, rpl) != (1, 2) {
+            rep.failures.push(format!("H={hdim}: {rec} recordings and {rpl} replays of the forked step (1 and 2 expected)"));
         }
     }
     rep.finish();

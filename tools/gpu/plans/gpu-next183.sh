@@ -4,6 +4,8 @@
 # 35 MB of f16 copies, beside the routed experts' stream). First its op test (moe_shared_fork:
 # both forms against the CPU and f64, recorded steps bit for bit), then 64 sequences at -d 96
 # alternating, then the server for it if it gains 0.8% or more. ~4-6 minutes with the file made.
+# Ran once (H100): correct, but -6.7%; Path::SharedQ8 was removed (docs/PERF.md, fifty-fifth
+# session); the plan needs commit 7f5155a's build.
 #   tools/gpu/plans/gpu-next183.sh BIN OPS 2>&1 | tee $OUT/log.txt | tail -60
 set -u
 B=$1

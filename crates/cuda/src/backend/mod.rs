@@ -974,13 +974,6 @@ pub enum Path {
     /// (+1.6%). (A rows form, the shared chunks alone on the int8 rows kernels, kept the bits
     /// but lost: 9,249, the server 8,915; removed, git history has it at 901d341.)
     SharedFork,
-    /// With [`Path::SharedFork`]: the side stream's shared FFN on the int8 64-token tiles
-    /// (`mmq_q8_64*`, dense: gate and up in one launch, then the GLU's quantisation, then down)
-    /// straight from its Q8_0 weights, where the cuBLAS form reads their f16 copies: 18 MB a
-    /// V2-Lite layer instead of 35, beside the routed experts' stream. The activations in 8
-    /// bits as the routed experts' (other bits than the cuBLAS form). Off;
-    /// `TS_CUDA_SHARED_Q8=1` turns it on (written in the fifty-fifth session, not yet measured).
-    SharedQ8,
     /// A decode batch's cuBLAS products (9-128 rows on the main stream) with each shape's
     /// algorithm chosen by timing at its first eager sight: cuBLASLt's candidates for the
     /// shape and cuBLAS's own call, run on the step's own operands (`lt.rs`). Other bits where
@@ -995,7 +988,7 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 19] = [
+    const ALL: [Path; 18] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1013,7 +1006,6 @@ impl Path {
         Path::HeadBlas,
         Path::QkvJoint,
         Path::SharedFork,
-        Path::SharedQ8,
         Path::BlasTune,
     ];
 
@@ -1037,7 +1029,6 @@ impl Path {
             Path::HeadBlas => ("TS_CUDA_HEAD_BLAS", true),
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
-            Path::SharedQ8 => ("TS_CUDA_SHARED_Q8", false),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
         }
     }

@@ -63,12 +63,9 @@ impl CudaBackend {
                 (add, add_n) = (ys, 1);
                 None
             }
-            Some(s) if fork && ((blas && copies(s).is_some()) || self.shared_q8_ok(s)) => {
-                // (Path::SharedQ8: from the Q8_0 weights on the int8 tiles, else cuBLAS)
-                let q8 = self.shared_q8_ok(s);
-                let sf = s.gate.ne(1);
-                let ahead = self.scratch_holds(&Self::shared_blas_sizes(n, hdim, sf)).then_some(x_rows);
-                if self.shared_blas_scratch(n, hdim, sf).is_none() {
+            Some(s) if fork && blas && copies(s).is_some() => {
+                let ahead = self.scratch_holds(&Self::shared_blas_sizes(n, hdim, s.gate.ne(1))).then_some(x_rows);
+                if self.shared_blas_scratch(n, hdim, s.gate.ne(1)).is_none() {
                     return;
                 }
                 // (a fork that fails, recorded, leaves the shared FFN on the main stream)
@@ -76,13 +73,9 @@ impl CudaBackend {
                     joiner = Some(j);
                     self.side_section()
                 });
-                let ys = if q8 { self.shared_q8(x, xr, s, act) } else { copies(s).and_then(|c| self.shared_blas(x, xr, c, act)) };
-                let Some(ys) = ys else { return };
+                let Some(ys) = copies(s).and_then(|c| self.shared_blas(x, xr, c, act)) else { return };
                 if side.is_some() {
                     self.took(Path::SharedFork);
-                    if q8 {
-                        self.took(Path::SharedQ8);
-                    }
                 }
                 (add, add_n) = (ys, 1);
                 None
@@ -329,6 +322,14 @@ impl CudaBackend {
     // kernels on the side stream, TS_CUDA_SHARED_FORK_BLAS=0, the same bits as without the
     // fork; measured 64 sequences 9,249 against 9,628 without the fork on the H200,
     // gpu-next145, and was removed; git history has it, commit 901d341.)
+    // (The int8 64-token tile form, Path::SharedQ8 / shared_q8: the side stream's shared FFN
+    // from its Q8_0 weights, 18 MB a V2-Lite layer against the f16 copies' 35, in four
+    // launches (quantisation, gate and up as one pair launch, the GLU's quantisation, down).
+    // Correct (moe_shared_fork: 2e-5 to 4e-4 of the rms from the CPU) but 64 sequences 7,374 /
+    // 7,363 against 7,903 / 7,896 (-6.7%) on an H100, gpu-next183, 7,552 with the fork point at
+    // the op: the tiles' long blocks hold SM places the routed experts' launch needs, where
+    // cuBLAS's few short ones finish within the routing's idle window. Removed; git history has
+    // it, commit 7f5155a.)
 
     /// [`CudaBackend::shared_blas`]'s scratch (`Xh`, `Gu`, `Hs`, `Ys`) for `n` rows of `hdim`
     /// and `sf` shared rows, grown where needed. A fork asks first: a slot that grows is zeroed
@@ -338,66 +339,9 @@ impl CudaBackend {
         Some((z[0]?, z[1]?, z[2]?, z[3]?))
     }
 
-    /// [`CudaBackend::shared_blas_scratch`]'s slots and their bytes (wide enough for
-    /// [`CudaBackend::shared_q8`]'s 8-bit rows too: 144 bytes a 128 values).
+    /// [`CudaBackend::shared_blas_scratch`]'s slots and their bytes.
     pub(super) fn shared_blas_sizes(n: usize, hdim: usize, sf: usize) -> [(S, usize); 4] {
-        let q8 = |k: usize| n * k.div_ceil(128) * 144;
-        [(S::Xh, (2 * n * hdim).max(q8(hdim))), (S::Gu, 8 * n * sf), (S::Hs, (2 * n * sf).max(q8(sf))), (S::Ys, 4 * n * hdim)]
-    }
-
-    /// Whether [`CudaBackend::shared_q8`] takes this shared FFN: [`Path::SharedQ8`] on and its
-    /// three weights Q8_0 in the device's group layout, gate and up alike.
-    fn shared_q8_ok(&self, s: &Experts<'_, CudaWeight>) -> bool {
-        self.path_on(Path::SharedQ8)
-            && [s.gate, s.up, s.down].iter().all(|w| w.dtype == GgmlType::Q8_0)
-            && s.gate.row_bytes == s.up.row_bytes
-            && s.gate.ne(1) == s.up.ne(1)
-    }
-
-    /// The shared FFN of a decode batch from its Q8_0 weights on the int8 64-token tiles
-    /// ([`Path::SharedQ8`]): x quantised to 8 bits (`quant_q8_groups`, as the routed experts'
-    /// input), gate and up in one dense launch (the pair form: the grid's upper half takes up),
-    /// the GLU quantised, down; returns its f32 output rows (n x hdim, for `moe_combine` to
-    /// add), None after a failure. No split K: the partials' scratch belongs to the main
-    /// stream, and this runs on the side one (scratch `Xh`, `Gu`, `Hs`, `Ys` only, as
-    /// [`CudaBackend::shared_blas`]).
-    pub(super) fn shared_q8(&self, x: &CudaBuf, xr: Rows, s: &Experts<'_, CudaWeight>, act: i32) -> Option<u64> {
-        let (n, hdim, sf) = (xr.n, xr.width, s.gate.ne(1));
-        let (xq, gu, hs, ys) = self.shared_blas_scratch(n, hdim, sf)?;
-        if !self.bind_ctx() {
-            return None;
-        }
-        let (hg, fg) = (hdim.div_ceil(128), sf.div_ceil(128));
-        // (quant_q8_groups launched here, not through quant_groups_w: that takes the routed
-        // GLU's prefetch hint, which is the main stream's)
-        let quant = |src: u64, src2: u64, (off, stride): (usize, usize), k: usize, act: i32, dst: u64| {
-            let ng = k.div_ceil(128);
-            let args = [
-                A::P(src),
-                A::P(src2),
-                l(off),
-                l(stride),
-                i(n),
-                i(k),
-                A::I(act),
-                A::P(0),
-                i(0),
-                i(1),
-                A::P(dst),
-                l(ng * 144),
-                A::P(0),
-                l(0),
-            ];
-            self.launch("quant_q8_groups", ((n * ng).div_ceil(8) as u32, 1, 1), 256, 0, &args);
-        };
-        quant(x.0.ptr, 0, (xr.off, xr.stride), hdim, 0, xq);
-        let up_rows = gu + 4 * (n * sf) as u64;
-        let pair = MmqGroups { pair: Some((s.up.mem.ptr, 0, up_rows)), ..MmqGroups::NONE };
-        let ty = n.div_ceil(64) as u32;
-        self.mmq_launch(s.gate, sf, hg, xq, (2 * sf.div_ceil(64) as u32, ty, 1), n, Some(pair), 1, (gu, 0, sf), (1, 0), 64);
-        quant(gu, up_rows, (0, sf), sf, act, hs);
-        self.mmq_launch(s.down, hdim, fg, hs, (hdim.div_ceil(64) as u32, ty, 1), n, None, 1, (ys, 0, hdim), (1, 0), 64);
-        Some(ys)
+        [(S::Xh, 2 * n * hdim), (S::Gu, 8 * n * sf), (S::Hs, 2 * n * sf), (S::Ys, 4 * n * hdim)]
     }
 
     /// The shared FFN of a prompt-size MoE on cuBLAS, from the row-major f16 copies `(gate, up,
