@@ -1305,7 +1305,8 @@ pub struct CudaBackend {
     load_left: AtomicU64,
     /// The decode MoE's down products with four warps a row, (Q8_0, f16/bf16): by default for
     /// f16/bf16 only (one warp a row before; bf16 tg128 413 -> 435 tok/s on the H200), not for
-    /// Q8_0 (two warps; four measured 583 -> 568). `TS_CUDA_DOWN_WPR=4` for both, `=1` for
+    /// Q8_0 (two warps; four measured 583 -> 568, and again in the fifty-fifth session on an
+    /// H100: 610.1 / 609.8 against 629.8 / 631.2). `TS_CUDA_DOWN_WPR=4` for both, `=1` for
     /// neither, to compare: each choice is another summation order.
     down_w4: (bool, bool),
     /// Decode paths switched at run time, each with its count of launches ([`Path`]).
