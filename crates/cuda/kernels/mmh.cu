@@ -293,6 +293,17 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     mmh_impl<false, true>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
 
+// The output head of a decode batch on mmh8_dn (Path::HeadMmh): its n rows as one expert's
+// token list, cnt[0] = n, off[0] = 0, perm[j] = j (j < n). One block.
+extern "C" __global__ void head_list(int n, int* cnt, int* off, int* perm) {
+    PDL_ENTRY();
+    for (int j = threadIdx.x; j < n; j += blockDim.x) perm[j] = j;
+    if (threadIdx.x == 0) {
+        cnt[0] = n;
+        off[0] = 0;
+    }
+}
+
 // xs[j] = xh[perm[j] / in_div] for the pairs j < (the experts' total) in expert order, rows of
 // `pieces` 16-byte pieces (the gate/up input of mmh_gu).
 extern "C" __global__ void moe_gather_h(const uint4* xh, const int* perm, const int* cnt, const int* off, int n_exp,

@@ -2232,6 +2232,60 @@ fn dense_jobs_exact() {
     rep.finish();
 }
 
+/// A decode batch's output head on the Hopper MoE kernel ([`Path::HeadMmh`], `mmh8_dn`): Q8_0
+/// products of more than 8,192 rows (multiples of 256) for 9 to 128 rows of x (with a stride of
+/// their own) against the default path (cuBLAS on the f16 copy: the same f16 operands summed in
+/// another order), the CPU and f64; that the path ran where the Hopper kernels are, and that it
+/// declined (the default path's figures) where they are not.
+#[test]
+fn head_mmh() {
+    let Some(g) = gpu_tc_fused("head_mmh") else { return };
+    let on = &CudaBackend::new(0).expect("second backend");
+    on.set_path(Path::HeadMmh, true);
+    let c = cpu();
+    let mut r = rng(59);
+    let mut rep = Report::new("head_mmh");
+    for &(k, m) in &[(2048usize, 8448usize), (256, 12288)] {
+        let shape = [k, m];
+        let (bytes, deq) = weight(&mut r, GgmlType::Q8_0, &shape, 0.5);
+        let t = td("w", GgmlType::Q8_0, &shape, &bytes);
+        let (wn, wd, wc) = (
+            on.upload_weight(&t, WeightUse::Matmul).unwrap(),
+            g.upload_weight(&t, WeightUse::Matmul).unwrap(),
+            c.upload_weight(&t, WeightUse::Matmul).unwrap(),
+        );
+        for n in [9usize, 40, 64, 128] {
+            let xr = Rows { off: 3, n, width: k, stride: k + 5 };
+            let o = Rows::packed(n, m);
+            let x = randn(&mut r, xr.end(), 1.0);
+            let run = |b: &CudaBackend, w: &CudaWeight| {
+                let (xb, ob) = (buf(b, &x), b.alloc(o.end()).unwrap());
+                poison(b, &ob, o.end());
+                b.matmul(&xb, xr, w, &ob, o);
+                get(b, &ob, o)
+            };
+            let before = on.path_launches(Path::HeadMmh);
+            let (got, blas) = (run(on, &wn), run(g, &wd));
+            let took = on.path_launches(Path::HeadMmh) > before;
+            let cpu_out = {
+                let (xb, ob) = (buf(c, &x), c.alloc(o.end()).unwrap());
+                c.matmul(&xb, xr, &wc, &ob, o);
+                get(c, &ob, o)
+            };
+            let exact = matmul_f64(&deq, m, k, &x, xr);
+            let lab = format!("k={k} m={m} n={n}");
+            eprintln!("  {lab}: HeadMmh {}", if took { "taken" } else { "declined" });
+            if took != on.hopper_kernels() {
+                rep.failures.push(format!("{lab}: HeadMmh taken {took}, Hopper kernels {}", on.hopper_kernels()));
+            }
+            rep.check(&format!("{lab} vs the default path"), &got, &blas, 1e-4, 1e-4);
+            rep.check(&format!("{lab} vs cpu"), &got, &cpu_out, 6e-2, 1e-3);
+            rep.check(&format!("{lab} vs f64"), &got, &exact, 5e-3, 1e-3);
+        }
+    }
+    rep.finish();
+}
+
 /// Decode batches' dense Q8_0 products on cuBLAS in f16 ([`Path::DenseBlasBatch`], from the
 /// row-major f16 copies made at upload): `matmul`, the per-head `matmul_grouped` and
 /// `matmul_many` of 9 to 128 rows (rows of x with a stride of their own) against the CPU, and

@@ -826,6 +826,7 @@ fn kernel_names() -> Vec<String> {
         "mmh_dn",
         "mmh8_gu",
         "mmh8_dn",
+        "head_list",
         "moe_gather_h",
         "mla_prefill",
     ]
@@ -957,6 +958,13 @@ pub enum Path {
     /// 64 sequences 9,325 / 9,330 against 9,394 / 9,388, 128 sequences 15,404 against 15,719,
     /// the server 8,593 against 8,647).
     HeadBlas,
+    /// A decode batch's output head (a Q8_0 product of more than 8,192 rows, a multiple of
+    /// 256) on the prompt MoE's Hopper kernel (`mmh8_dn`: TMA, the Q8_0 rows turned into f16 in
+    /// shared memory, wgmma) as one expert's token list (`head_list`), where
+    /// [`Path::HeadBlas`] runs cuBLAS on the f16 copy: 223 MB read for V2-Lite against 419. The
+    /// same f16 operands, another summation order. Off; `TS_CUDA_HEAD_MMH=1` turns it on
+    /// (written in the fifty-fifth session, not yet measured).
+    HeadMmh,
     /// With [`Path::DenseBlasFused`]: a decode batch's q and kv_a products as one cuBLAS product
     /// (their f16 copies side by side, `Backend::join_products`) into scratch `Qkv`, which
     /// `norm_rope_cache` reads (`Backend::norm_qkv_rope_cache`): one launch a layer fewer, and
@@ -988,7 +996,7 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 18] = [
+    const ALL: [Path; 19] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1004,6 +1012,7 @@ impl Path {
         Path::LatH,
         Path::QnopeH,
         Path::HeadBlas,
+        Path::HeadMmh,
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
@@ -1027,6 +1036,7 @@ impl Path {
             Path::LatH => ("TS_CUDA_LAT_H", true),
             Path::QnopeH => ("TS_CUDA_QNOPE_H", true),
             Path::HeadBlas => ("TS_CUDA_HEAD_BLAS", true),
+            Path::HeadMmh => ("TS_CUDA_HEAD_MMH", false),
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
@@ -2006,6 +2016,12 @@ impl CudaBackend {
     /// of the expert weights uploaded from now on (with it, row-major copies of 2-D ones only).
     pub fn set_moe_blas(&self, on: bool) {
         self.moe_blas.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the Hopper kernels (`mmh_*`: wgmma fed by TMA, sm_90a) loaded and fit this
+    /// card's shared memory: the prompt MoE's `mmh` paths and [`Path::HeadMmh`] need them.
+    pub fn hopper_kernels(&self) -> bool {
+        self.mmh
     }
 
     /// Prompt MoEs on `mmh_*` ([`CudaBackend::mmh_mode`]: 0 off, 1 f16 copies, 2 Q8_0, 3

@@ -245,6 +245,9 @@ impl CudaBackend {
         // (Path::HeadBlas off: a decode batch's products of more than 8,192 rows, the output
         // head, keep the int8 tiles, which read the Q8_0 bytes, half the f16 copy's.)
         let head_int8 = g == 1 && m > 8192 && ng <= GRAPH_MAX_TOKENS && !self.path_on(Path::HeadBlas);
+        if g == 1 && m > 8192 && ng <= GRAPH_MAX_TOKENS && self.path_on(Path::HeadMmh) && self.head_mmh(x, xr, w, out, o) {
+            return;
+        }
         if w.half_rm().is_some() && !head_int8 && self.dense_blas_take(ng) {
             // Prompts and decode batches (Path::DenseBlasBatch) from the row-major f16 copy on
             // cuBLAS, the activation rows in f16.
@@ -535,6 +538,43 @@ impl CudaBackend {
     /// (reported).
     pub(super) fn tma_u8(&self, ptr: u64, row_bytes: usize, rows: usize, box_x: u32, box_rows: u32) -> Option<drv_sys::CUtensorMap> {
         self.tma_2d(ptr, (row_bytes, 1, rows), (box_x, box_rows), false)
+    }
+
+    /// A decode batch's output head on `mmh8_dn` ([`Path::HeadMmh`]): `out` rows = `w` times
+    /// the rows `xr` (in f16), its `m` rows in tiles of 256, the batch as one expert's list of
+    /// at most 128 tokens (`head_list` into the MoE's `Cnt`, `Off` and `Perm` scratch, unused
+    /// between layers' MoEs). False (nothing launched) where the shapes or the output's layout
+    /// do not fit. The caller holds `scratch_op`.
+    pub(super) fn head_mmh(&self, x: &CudaBuf, xr: Rows, w: &CudaWeight, out: &CudaBuf, o: Rows) -> bool {
+        let (n, k, m) = (xr.n, xr.width, w.ne(1));
+        if !self.mmh
+            || w.dtype != GgmlType::Q8_0
+            || !m.is_multiple_of(256)
+            || !k.is_multiple_of(128)
+            || n > MMH_BM
+            || o.stride != m
+            || o.n != n
+        {
+            return false;
+        }
+        out.check(o);
+        let (Some(cnt), Some(off), Some(perm)) = (self.scratch(S::Cnt, 4), self.scratch(S::Off, 4), self.scratch(S::Perm, 4 * n)) else {
+            return false;
+        };
+        let Some(xh) = self.f16_input(x, xr) else { return false };
+        let (Some(th), Some(dq), Some(ds)) = (
+            self.tma_f16(xh, k, n, MMH_BM as u32),
+            self.tma_u8(w.mem.ptr, w.row_bytes, m, 64, 256),
+            self.tma_u8(w.mem.ptr, w.row_bytes, m, 16, 256),
+        ) else {
+            return false;
+        };
+        self.launch("head_list", (1, 1, 1), 128, 0, &[i(n), A::P(cnt), A::P(off), A::P(perm)]);
+        let y = out.0.ptr + 4 * o.off as u64;
+        let args = [A::T(&th), A::T(&dq), A::T(&ds), A::P(cnt), A::P(off), A::P(perm), i(1), i(m), i(k), A::P(y)];
+        self.launch("mmh8_dn", ((m / 256) as u32, 1, 1), 384, MMH8_SMEM as u32, &args);
+        self.took(Path::HeadMmh);
+        true
     }
 
     /// The activation rows `xr` of `x` in f16 (`f16_rows`, packed rows, the `XBf16` scratch) for
