@@ -962,8 +962,11 @@ pub enum Path {
     /// 256) on the prompt MoE's Hopper kernel (`mmh8_dn`: TMA, the Q8_0 rows turned into f16 in
     /// shared memory, wgmma) as one expert's token list (`head_list`), where
     /// [`Path::HeadBlas`] runs cuBLAS on the f16 copy: 223 MB read for V2-Lite against 419. The
-    /// same f16 operands, another summation order. Off; `TS_CUDA_HEAD_MMH=1` turns it on
-    /// (written in the fifty-fifth session, not yet measured).
+    /// same f16 operands, another summation order. Off; `TS_CUDA_HEAD_MMH=1` turns it on.
+    /// Measured on an H100 (fifty-fifth session, gpu-next186): 64 sequences 7,906.5 / 7,906.8
+    /// against 7,921.8 / 7,923.5 (−0.2%, the same picks): half the bytes, but 400 blocks of one
+    /// an SM make 3.03 waves, the last of 4 blocks. Kept as a knob for the H200 and for a
+    /// wave-shaped grid.
     HeadMmh,
     /// With [`Path::DenseBlasFused`]: a decode batch's q and kv_a products as one cuBLAS product
     /// (their f16 copies side by side, `Backend::join_products`) into scratch `Qkv`, which
