@@ -244,8 +244,9 @@ impl CudaBackend {
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         // (Path::HeadBlas off: a decode batch's products of more than 8,192 rows, the output
         // head, keep the int8 tiles, which read the Q8_0 bytes, half the f16 copy's.)
-        let head_int8 = g == 1 && m > 8192 && ng <= GRAPH_MAX_TOKENS && !self.path_on(Path::HeadBlas);
-        if g == 1 && m > 8192 && ng <= GRAPH_MAX_TOKENS && self.path_on(Path::HeadMmh) && self.head_mmh(x, xr, w, out, o) {
+        let head = g == 1 && m > 8192 && ng <= GRAPH_MAX_TOKENS;
+        let head_int8 = head && !self.path_on(Path::HeadBlas);
+        if head && self.path_on(Path::HeadMmh) && self.head_mmh(x, xr, w, out, o) {
             return;
         }
         if w.half_rm().is_some() && !head_int8 && self.dense_blas_take(ng) {
