@@ -772,6 +772,16 @@ extern "C" __global__ void __launch_bounds__(160, 2)
 #ifndef MMQ_ROWS_MINB
 #define MMQ_ROWS_MINB 5
 #endif
+// MMQ_DN_PF=B (a measurement define, 0 = off): in a grouped launch of single matrices (the
+// MoE's down product, no W2), the first B blocks of the launch's order that take their tile
+// before the PDL wait (`early`) also ask the rest of their tiled weights into L2
+// (cp.async.bulk.prefetch.L2, one request a 16-row tile) before they wait. Those blocks land
+// while the launch before (the GLU's quantisation, itself waiting on gate/up) still runs: in
+// gate/up's ragged tail (~11% of its SM time idle, PERF.md thirty-seventh session), where the
+// memory bus has room. The same loads and sums after the wait, so the same bits.
+#ifndef MMQ_DN_PF
+#define MMQ_DN_PF 0
+#endif
 // One group of a thread's two rows in the rows kernels (g and g+8 of a 16-row tile): the 4
 // scales of each, its 8 bytes of each 32-value block.
 struct RowsGrp {
@@ -1040,6 +1050,21 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     if (pre) {
         matrix();
         first_loads();
+#if MMQ_DN_PF && __CUDA_ARCH__ >= 900
+        // (W2 is null for a launch of single matrices; rows_pair_half kept it as passed)
+        if (!DENSE && tl && W2 == nullptr && lane == 0 && blockIdx.y * gridDim.x + blockIdx.x < MMQ_DN_PF) {
+#pragma unroll
+            for (int s2 = 0; s2 < R; s2++) {
+                const int rs0 = r0 + s2 * MMQ_BM;
+                if ((s2 > 0 && sub >= 0) || rs0 >= m) continue;
+                const int skip = s2 == 0 ? NBUF : 0;  // groups already in registers
+                if (ngroups <= skip) continue;
+                const u8* p = Wtl + (i64)e * tl_mat_bytes + ((i64)(rs0 >> 4) * ngroups + skip) * MMQ_TG;
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)((ngroups - skip) * MMQ_TG))
+                             : "memory");
+            }
+        }
+#endif
     }
     pdl_wait();
     // (Grouped: the expert's count and list offset read together, one trip to L2 for both

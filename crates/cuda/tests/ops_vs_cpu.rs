@@ -276,8 +276,12 @@ fn argmax_rows_exact() {
     let c = cpu();
     let mut r = rng(21);
     let mut cases = 0;
-    for &(n, w) in &[(1usize, 7usize), (3, 1024), (5, 1025), (64, 102_400), (17, 262_144), (2, 1)] {
-        let stride = w + 3;
+    // (rows, width, aligned): aligned views (row starts and stride multiples of 4 values) take
+    // the float4 form, batches of 8 rows or more in its wide chunks (Path::ArgmaxVec).
+    let shapes = [(1usize, 7usize, false), (3, 1024, false), (5, 1025, false), (64, 102_400, false), (17, 262_144, false), (2, 1, false)];
+    let aligned = [(64usize, 102_400usize, true), (9, 8_196, true), (8, 12, true), (1, 102_400, true), (3, 1_028, true), (128, 4_096, true)];
+    for &(n, w, al) in shapes.iter().chain(aligned.iter()) {
+        let (off, stride) = if al { (4, w + 4 * (n % 2)) } else { (2, w + 3) };
         let len = n * stride + 5;
         let mut a = randn(&mut r, len, 3.0);
         // Salt: quantised values make exact ties common; a few specials per row.
@@ -285,7 +289,7 @@ fn argmax_rows_exact() {
             *v = (*v * 4.0).round() / 4.0;
         }
         for j in 0..n {
-            let row = &mut a[2 + j * stride..2 + j * stride + w];
+            let row = &mut a[off + j * stride..off + j * stride + w];
             match j % 5 {
                 0 => row[r.random_range(0..w)] = f32::NAN,
                 1 => row.iter_mut().for_each(|v| *v = if *v > 0.0 { -0.0 } else { *v }),
@@ -298,14 +302,14 @@ fn argmax_rows_exact() {
                 }
             }
         }
-        let view = Rows { off: 2, n, width: w, stride };
+        let view = Rows { off, n, width: w, stride };
         let (gx, cx) = (buf(g, &a), buf(c, &a));
         let (mut gi, mut ci) = (vec![u32::MAX; n], vec![u32::MAX; n]);
         g.argmax_rows(&gx, view, &mut gi).expect("gpu argmax");
         c.argmax_rows(&cx, view, &mut ci).expect("cpu argmax");
-        assert_eq!(gi, ci, "argmax of {n} rows of {w}");
+        assert_eq!(gi, ci, "argmax of {n} rows of {w} (aligned: {al})");
         for j in 0..n {
-            assert_eq!(ci[j], ts_core::argmax(&a[2 + j * stride..2 + j * stride + w]));
+            assert_eq!(ci[j], ts_core::argmax(&a[off + j * stride..off + j * stride + w]));
         }
         cases += n;
     }
