@@ -772,15 +772,26 @@ extern "C" __global__ void __launch_bounds__(160, 2)
 #ifndef MMQ_ROWS_MINB
 #define MMQ_ROWS_MINB 5
 #endif
-// MMQ_DN_PF=B (a measurement define, 0 = off): in a grouped launch of single matrices (the
-// MoE's down product, no W2), the first B blocks of the launch's order that take their tile
-// before the PDL wait (`early`) also ask the rest of their tiled weights into L2
-// (cp.async.bulk.prefetch.L2, one request a 16-row tile) before they wait. Those blocks land
-// while the launch before (the GLU's quantisation, itself waiting on gate/up) still runs: in
-// gate/up's ragged tail (~11% of its SM time idle, PERF.md thirty-seventh session), where the
-// memory bus has room. The same loads and sums after the wait, so the same bits.
+// MMQ_DN_PF=B: in a grouped launch of single matrices (the MoE's down product, no W2), the
+// first B blocks of the launch's order that take their tile before the PDL wait (`early`) also
+// ask the rest of their tiled weights into L2 (cp.async.bulk.prefetch.L2, one request a 16-row
+// tile: 128 blocks are the first 8 experts' down rows, ~24 MB) before they wait. Those blocks
+// land while the launch before (the GLU's quantisation, itself waiting on gate/up) still runs:
+// in gate/up's ragged tail (~11% of its SM time idle, PERF.md thirty-seventh session), where
+// the memory bus has room; once the wait returns, their loads find L2. The same loads and sums
+// after the wait, so the same bits. Measured on an H100 (fifty-sixth session, gpu-next188 and
+// the sweep after it; 64 sequences at -d 96, alternating, the same hash): B = 64 / 96 / 128 /
+// 192 / 256: 7,934 / 7,937 / 7,940 / 7,925 / 7,901 tok/s, and 7,929 / 7,935 / 7,935 / 7,926 /
+// 7,897 in the second round, against 7,888 / 7,885 / 7,894 / 7,898 with B = 0 (+0.5-0.6% at
+// 128). The GLU launch asking 24 MB of the down stack itself (TS_CUDA_XPF_GLU=24) read 7,865 /
+// 7,875 in the same call. MMQ_GU_PF=B (a measurement define, 0 by default): the same for the
+// gate/up pair launches (W2 set), whose first experts the expert prefetch (CudaBackend::xpf)
+// already asks for from the attention's merge.
 #ifndef MMQ_DN_PF
-#define MMQ_DN_PF 0
+#define MMQ_DN_PF 128
+#endif
+#ifndef MMQ_GU_PF
+#define MMQ_GU_PF 0
 #endif
 // One group of a thread's two rows in the rows kernels (g and g+8 of a 16-row tile): the 4
 // scales of each, its 8 bytes of each 32-value block.
@@ -1050,9 +1061,10 @@ __device__ __forceinline__ void mmq_rows_impl(const u8* W, i64 row_bytes, i64 ma
     if (pre) {
         matrix();
         first_loads();
-#if MMQ_DN_PF && __CUDA_ARCH__ >= 900
+#if (MMQ_DN_PF || MMQ_GU_PF) && __CUDA_ARCH__ >= 900
         // (W2 is null for a launch of single matrices; rows_pair_half kept it as passed)
-        if (!DENSE && tl && W2 == nullptr && lane == 0 && blockIdx.y * gridDim.x + blockIdx.x < MMQ_DN_PF) {
+        const int pf_blocks = W2 == nullptr ? MMQ_DN_PF : MMQ_GU_PF;
+        if (!DENSE && tl && lane == 0 && (int)(blockIdx.y * gridDim.x + blockIdx.x) < pf_blocks) {
 #pragma unroll
             for (int s2 = 0; s2 < R; s2++) {
                 const int rs0 = r0 + s2 * MMQ_BM;
