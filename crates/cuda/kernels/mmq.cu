@@ -772,26 +772,33 @@ extern "C" __global__ void __launch_bounds__(160, 2)
 #ifndef MMQ_ROWS_MINB
 #define MMQ_ROWS_MINB 5
 #endif
-// MMQ_DN_PF=B: in a grouped launch of single matrices (the MoE's down product, no W2), the
-// first B blocks of the launch's order that take their tile before the PDL wait (`early`) also
-// ask the rest of their tiled weights into L2 (cp.async.bulk.prefetch.L2, one request a 16-row
-// tile: 128 blocks are the first 8 experts' down rows, ~24 MB) before they wait. Those blocks
-// land while the launch before (the GLU's quantisation, itself waiting on gate/up) still runs:
-// in gate/up's ragged tail (~11% of its SM time idle, PERF.md thirty-seventh session), where
-// the memory bus has room; once the wait returns, their loads find L2. The same loads and sums
-// after the wait, so the same bits. Measured on an H100 (fifty-sixth session, gpu-next188 and
-// the sweep after it; 64 sequences at -d 96, alternating, the same hash): B = 64 / 96 / 128 /
-// 192 / 256: 7,934 / 7,937 / 7,940 / 7,925 / 7,901 tok/s, and 7,929 / 7,935 / 7,935 / 7,926 /
-// 7,897 in the second round, against 7,888 / 7,885 / 7,894 / 7,898 with B = 0 (+0.5-0.6% at
-// 128). The GLU launch asking 24 MB of the down stack itself (TS_CUDA_XPF_GLU=24) read 7,865 /
-// 7,875 in the same call. MMQ_GU_PF=B (a measurement define, 0 by default): the same for the
-// gate/up pair launches (W2 set), whose first experts the expert prefetch (CudaBackend::xpf)
-// already asks for from the attention's merge.
+// MMQ_GU_PF=B / MMQ_DN_PF=B: in a grouped launch, the first B blocks of the launch's order
+// that take their tile before the PDL wait (`early`) also ask the rest of their tiled weights
+// into L2 (cp.async.bulk.prefetch.L2, one request a 16-row tile) before they wait. GU: the
+// gate/up pair launches (W2 set; 128 blocks are the first ~6 experts' gate and up rows, ~36
+// MB); DN: launches of single matrices (the down product; 128 blocks are the first 8 experts'
+// down rows, ~24 MB). Those blocks land while the launches before still run: for gate/up the
+// router's, routing's and quantisation's small launches (~12 µs a layer with the memory bus
+// nearly idle), for the down the GLU's quantisation waiting on gate/up's ragged tail (~11% of
+// its SM time idle, PERF.md thirty-seventh session). Once the wait returns their loads find L2.
+// The same loads and sums after the wait, so the same bits (every figure below had the
+// 64-sequence hash 0a9cb67b57a58e7a).
+// Measured on H100s (fifty-sixth session, 64 sequences at -d 96, alternating in one call):
+//   DN alone (gpu-next188 and a sweep): B = 64 / 96 / 128 / 192 / 256: 7,934 / 7,937 / 7,940 /
+//   7,925 / 7,901 tok/s and 7,929 / 7,935 / 7,935 / 7,926 / 7,897, against 7,888 / 7,885 /
+//   7,894 / 7,898 with B = 0 (+0.5-0.6% at 128); the GLU launch asking 24 MB of the down stack
+//   itself (TS_CUDA_XPF_GLU=24) 7,865 / 7,875.
+//   GU on top of DN = 128 (gpu-next189, another H100): GU = 64: 8,037 / 8,038; GU = 128:
+//   8,139 / 8,142, then 8,137; GU = 256: 8,036; 384: 7,880; against 7,927 / 7,932 with GU = 0
+//   (+2.7% at 128) and 7,887 / 7,890 with DN = 0 too. The server (64 clients, 40-45 s):
+//   7,920.5 tok/s with both against 7,710.5 with DN only and 7,702.6 with neither (+2.7%).
+//   GU = 128 with the expert prefetch from the merge off (TS_CUDA_XPF=0): 8,153 (one run): the
+//   two ask for the same first experts' gate/up rows.
 #ifndef MMQ_DN_PF
 #define MMQ_DN_PF 128
 #endif
 #ifndef MMQ_GU_PF
-#define MMQ_GU_PF 0
+#define MMQ_GU_PF 128
 #endif
 // One group of a thread's two rows in the rows kernels (g and g+8 of a 16-row tile): the 4
 // scales of each, its 8 bytes of each 32-value block.
