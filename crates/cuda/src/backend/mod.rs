@@ -1005,6 +1005,8 @@ pub enum Path {
     /// 832 blocks, four 16-byte loads in flight a thread, where the scalar form ran 3,200 blocks
     /// of 2,048 values (the H200's 64-row trace, fifty-fourth session: 31 µs a step). The same
     /// picks (the max of keys is exact). On; `TS_CUDA_ARGMAX_VEC=0` is the scalar form.
+    /// Measured on an H100 (fifty-sixth session, gpu-next188): 64 sequences 7,888 / 7,885 on
+    /// against 7,883 / 7,891 off, so the trace's 31 µs were mostly not the kernel's reading.
     ArgmaxVec,
 }
 
