@@ -279,7 +279,8 @@ fn argmax_rows_exact() {
     // (rows, width, aligned): aligned views (row starts and stride multiples of 4 values) take
     // the float4 form, batches of 8 rows or more in its wide chunks (Path::ArgmaxVec).
     let shapes = [(1usize, 7usize, false), (3, 1024, false), (5, 1025, false), (64, 102_400, false), (17, 262_144, false), (2, 1, false)];
-    let aligned = [(64usize, 102_400usize, true), (9, 8_196, true), (8, 12, true), (1, 102_400, true), (3, 1_028, true), (128, 4_096, true)];
+    let aligned =
+        [(64usize, 102_400usize, true), (9, 8_196, true), (8, 12, true), (1, 102_400, true), (3, 1_028, true), (128, 4_096, true)];
     for &(n, w, al) in shapes.iter().chain(aligned.iter()) {
         let (off, stride) = if al { (4, w + 4 * (n % 2)) } else { (2, w + 3) };
         let len = n * stride + 5;

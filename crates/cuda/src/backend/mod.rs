@@ -2382,7 +2382,7 @@ impl CudaBackend {
     fn enqueue_argmax(&self, x: &CudaBuf, xr: Rows, host: u64) -> Option<u64> {
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         // Keys of `chunk` values per block (8-byte aligned, after the ids).
-        let vec = self.path_on(Path::ArgmaxVec) && xr.off % 4 == 0 && xr.stride % 4 == 0 && xr.width % 4 == 0;
+        let vec = self.path_on(Path::ArgmaxVec) && xr.off.is_multiple_of(4) && xr.stride.is_multiple_of(4) && xr.width.is_multiple_of(4);
         let chunk = if vec && xr.n >= 8 { ARGMAX_CHUNK_WIDE } else { ARGMAX_CHUNK };
         let chunks = xr.width.div_ceil(chunk).max(1);
         let ids_bytes = (4 * xr.n).next_multiple_of(8);
