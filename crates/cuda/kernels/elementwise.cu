@@ -153,50 +153,22 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, unsigned i) {
 // one SM's bandwidth, ~38 us a decode token): argmax_part reduces `chunk` values per block to one
 // key (grid: chunks x rows), argmax_final the row's keys (one warp per row). The max of keys is
 // exact and order-free, so any split gives the same pick.
-// vec (the host's choice: row starts, stride, width and chunk all multiples of 4 values): the
-// values as float4, four loads of 16 bytes in flight a thread (a batch's 64 rows of 102,400
-// logits in 8,192-value chunks: 832 blocks, one wave), else one float at a time.
 extern "C" __global__ void argmax_part(const float* x, i64 off, i64 stride, int width, int chunk,
-                                       unsigned long long* part, int vec) { PDL_ENTRY();
+                                       unsigned long long* part) { PDL_ENTRY();
     __shared__ unsigned long long sp[32];
     const float* xr = x + off + blockIdx.y * stride;
     const int lo = blockIdx.x * chunk, hi = min(width, lo + chunk);
     unsigned long long best = 0;  // below the key of every value (-inf's is 0x007fffff << 32)
-    if (vec) {
-        const float4* x4 = (const float4*)(xr + lo);
-        const int n4 = (hi - lo) >> 2;
-        for (int j0 = threadIdx.x; j0 < n4; j0 += 4 * blockDim.x) {
-            float4 v[4];
+    for (int i0 = lo + threadIdx.x; i0 < hi; i0 += 4 * blockDim.x) {
+        float v[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) v[u] = j0 + u * (int)blockDim.x < n4 ? x4[j0 + u * blockDim.x] : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int u = 0; u < 4; u++) v[u] = i0 + u * (int)blockDim.x < hi ? xr[i0 + u * blockDim.x] : 0.f;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int j = j0 + u * blockDim.x;
-                if (j < n4) {
-                    const unsigned i = (unsigned)(lo + 4 * j);
-                    unsigned long long k = argmax_key(v[u].x, i);
-                    best = k > best ? k : best;
-                    k = argmax_key(v[u].y, i + 1);
-                    best = k > best ? k : best;
-                    k = argmax_key(v[u].z, i + 2);
-                    best = k > best ? k : best;
-                    k = argmax_key(v[u].w, i + 3);
-                    best = k > best ? k : best;
-                }
-            }
-        }
-    } else {
-        for (int i0 = lo + threadIdx.x; i0 < hi; i0 += 4 * blockDim.x) {
-            float v[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) v[u] = i0 + u * (int)blockDim.x < hi ? xr[i0 + u * blockDim.x] : 0.f;
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int i = i0 + u * blockDim.x;
-                if (i < hi) {
-                    unsigned long long k = argmax_key(v[u], (unsigned)i);
-                    best = k > best ? k : best;
-                }
+        for (int u = 0; u < 4; u++) {
+            const int i = i0 + u * blockDim.x;
+            if (i < hi) {
+                unsigned long long k = argmax_key(v[u], (unsigned)i);
+                best = k > best ? k : best;
             }
         }
     }

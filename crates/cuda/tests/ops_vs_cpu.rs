@@ -276,8 +276,8 @@ fn argmax_rows_exact() {
     let c = cpu();
     let mut r = rng(21);
     let mut cases = 0;
-    // (rows, width, aligned): aligned views (row starts and stride multiples of 4 values) take
-    // the float4 form, batches of 8 rows or more in its wide chunks (Path::ArgmaxVec).
+    // (rows, width, aligned): aligned views have row starts and strides that are multiples of
+    // 4 values, as the model's logit rows do; the others start and step off that grid.
     let shapes = [(1usize, 7usize, false), (3, 1024, false), (5, 1025, false), (64, 102_400, false), (17, 262_144, false), (2, 1, false)];
     let aligned =
         [(64usize, 102_400usize, true), (9, 8_196, true), (8, 12, true), (1, 102_400, true), (3, 1_028, true), (128, 4_096, true)];

@@ -450,10 +450,10 @@ const MMQ_SMEM: usize = mmq_smem(64, 1, 3);
 /// size for both, so the first decode step (run at open) allocates it for good.
 const PART_MIN_BYTES: usize = 16 << 20;
 /// Values per block of the arg-max's first pass (`argmax_part`): a 102,400-wide row in 50 blocks.
+/// (A float4 form in 8,192-value chunks, one wave of 832 blocks at 64 rows, `Path::ArgmaxVec`,
+/// read the same on an H100 in the fifty-sixth session: 7,888 / 7,885 tok/s at 64 sequences
+/// against 7,883 / 7,891 without. Removed; git history has it, commit b75e77b.)
 const ARGMAX_CHUNK: usize = 2048;
-/// The same for batches of 8 rows or more on the float4 form ([`Path::ArgmaxVec`]): a
-/// 102,400-wide row in 13 blocks, so 64 rows make one wave of 832.
-const ARGMAX_CHUNK_WIDE: usize = 8192;
 /// Dynamic shared memory of `mla_split_tc` (the 16 query rows, one tile of `kt` keys, the scores
 /// of two dim halves) and of `mla_split_tc_h` with `nb` key tiles in its cp.async ring (`MS_NB`
 /// in kernels/mla_prefill.cu: the next `nb - 1` stream in while one is used). A tile is
@@ -999,19 +999,10 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
-    /// The arg-max's first pass (`argmax_part`) reading float4s, in chunks of
-    /// [`ARGMAX_CHUNK_WIDE`] values for batches of 8 rows or more, where the row starts, stride
-    /// and width allow (multiples of 4 values): a 64-row batch's 26 MB of logits in one wave of
-    /// 832 blocks, four 16-byte loads in flight a thread, where the scalar form ran 3,200 blocks
-    /// of 2,048 values (the H200's 64-row trace, fifty-fourth session: 31 µs a step). The same
-    /// picks (the max of keys is exact). On; `TS_CUDA_ARGMAX_VEC=0` is the scalar form.
-    /// Measured on an H100 (fifty-sixth session, gpu-next188): 64 sequences 7,888 / 7,885 on
-    /// against 7,883 / 7,891 off, so the trace's 31 µs were mostly not the kernel's reading.
-    ArgmaxVec,
 }
 
 impl Path {
-    const ALL: [Path; 20] = [
+    const ALL: [Path; 19] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1031,7 +1022,6 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
-        Path::ArgmaxVec,
     ];
 
     /// Its environment variable and its default.
@@ -1056,7 +1046,6 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
-            Path::ArgmaxVec => ("TS_CUDA_ARGMAX_VEC", true),
         }
     }
 
@@ -2381,22 +2370,17 @@ impl CudaBackend {
     /// `host`: the device address of mapped host memory that gets the ids too (0: none).
     fn enqueue_argmax(&self, x: &CudaBuf, xr: Rows, host: u64) -> Option<u64> {
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
-        // Keys of `chunk` values per block (8-byte aligned, after the ids).
-        let vec = self.path_on(Path::ArgmaxVec) && xr.off.is_multiple_of(4) && xr.stride.is_multiple_of(4) && xr.width.is_multiple_of(4);
-        let chunk = if vec && xr.n >= 8 { ARGMAX_CHUNK_WIDE } else { ARGMAX_CHUNK };
-        let chunks = xr.width.div_ceil(chunk).max(1);
+        // Keys of ARGMAX_CHUNK values per block (8-byte aligned, after the ids).
+        let chunks = xr.width.div_ceil(ARGMAX_CHUNK).max(1);
         let ids_bytes = (4 * xr.n).next_multiple_of(8);
         let ids = self.scratch(S::Ids, ids_bytes + 8 * chunks * xr.n)?;
         let part = ids + ids_bytes as u64;
-        if vec {
-            self.took(Path::ArgmaxVec);
-        }
         self.launch(
             "argmax_part",
             (chunks as u32, xr.n as u32, 1),
             256,
             0,
-            &[A::P(x.0.ptr), l(xr.off), l(xr.stride), i(xr.width), i(chunk.min(xr.width.max(1))), A::P(part), i(vec as usize)],
+            &[A::P(x.0.ptr), l(xr.off), l(xr.stride), i(xr.width), i(ARGMAX_CHUNK.min(xr.width.max(1))), A::P(part)],
         );
         self.launch("argmax_final", (xr.n as u32, 1, 1), 32, 0, &[A::P(part), i(chunks), i(xr.width), A::P(ids), A::P(host)]);
         Some(ids)
