@@ -794,6 +794,11 @@ extern "C" __global__ void __launch_bounds__(160, 2)
 //   7,920.5 tok/s with both against 7,710.5 with DN only and 7,702.6 with neither (+2.7%).
 //   GU = 128 with the expert prefetch from the merge off (TS_CUDA_XPF=0): 8,153 (one run): the
 //   two ask for the same first experts' gate/up rows.
+// Fifty-seventh session (H100, alternating in one call): GU = 96 / 160 / 192: 8,106 / 8,154 /
+//   8,134 against 8,144 at 128 (160 within noise: 128 stays). The merge's prefetch off: 8,180 /
+//   8,183 / 8,191 against 8,144 / 8,148 / 8,144 at 64 sequences, but slower at 16-32 rows, so it
+//   now serves batches of up to 32 rows only (CudaBackend::xpf_rows). Both off: 7,895; 32
+//   sequences 4,299 against 4,268 with both off, 128 sequences 13,438 against 13,099 (+2.6%).
 #ifndef MMQ_DN_PF
 #define MMQ_DN_PF 128
 #endif

@@ -1401,6 +1401,13 @@ pub struct CudaBackend {
     /// within 0.15%) and the server 7,496 against 7,419 (+1.0%) on an H100, forty-ninth session;
     /// 9,946 against 9,871 on an H200 (gpu-next153). One sequence is not touched (tg128 the same).
     xpf: usize,
+    /// The largest decode batch (rows) that `xpf` serves: `TS_CUDA_XPF_ROWS` (default 32).
+    /// Larger batches get the same first experts into L2 from the gate/up launch's own first
+    /// blocks (`MMQ_GU_PF` in kernels/mmq.cu), so the merge's ask only adds work there. H100,
+    /// fifty-seventh session, `-d 96`, prefetch off against on: 16 rows -0.8% / -0.75%, 24
+    /// -0.15%, 32 -0.5%; 48 +0.3%, 64 +0.44% / +0.58% / +0.44%, 128 +0.8%; the server (64
+    /// clients) 8,037 against 7,978 tok/s (+0.74%). The same hashes.
+    xpf_rows: usize,
     /// The same for the down stack's first experts (`TS_CUDA_XPF_DN`, MB, default 0).
     xpf_dn: usize,
     xpf_at: Vec<u8>,
@@ -1822,6 +1829,7 @@ impl CudaBackend {
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             xpf: env_usize("TS_CUDA_XPF").unwrap_or(24) << 20,
+            xpf_rows: env_usize("TS_CUDA_XPF_ROWS").unwrap_or(32),
             xpf_dn: env_usize("TS_CUDA_XPF_DN").unwrap_or(0) << 20,
             xpf_glu: env_usize("TS_CUDA_XPF_GLU").unwrap_or(0) << 20,
             xpf_glu_hint: Mutex::new(None),
@@ -2421,12 +2429,12 @@ impl CudaBackend {
 
     /// The `xpf` regions of launch `at`: its share of them if `xpf_at` names it (the last one
     /// named takes them away), else none. Only decode batches (`n` rows: the grouped int8 rows
-    /// kernels read the tiled copies).
+    /// kernels read the tiled copies) of up to `xpf_rows` rows.
     fn xpf_regions(&self, at: u8, n: usize) -> [(u64, usize); 4] {
         let mut g = self.xpf_hint.lock().unwrap_or_else(|e| e.into_inner());
         let none = [(0, 0); 4];
         let Some(p) = self.xpf_at.iter().position(|&a| a == at) else { return none };
-        if !(GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS).contains(&n) {
+        if !(GEMV_MAX_TOKENS + 1..=GRAPH_MAX_TOKENS.min(self.xpf_rows)).contains(&n) {
             *g = [(0, 0); 4];
             return none;
         }
