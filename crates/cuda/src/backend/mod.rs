@@ -1406,7 +1406,8 @@ pub struct CudaBackend {
     /// blocks (`MMQ_GU_PF` in kernels/mmq.cu), so the merge's ask only adds work there. H100,
     /// fifty-seventh session, `-d 96`, prefetch off against on: 16 rows -0.8% / -0.75%, 24
     /// -0.15%, 32 -0.5%; 48 +0.3%, 64 +0.44% / +0.58% / +0.44%, 128 +0.8%; the server (64
-    /// clients) 8,037 against 7,978 tok/s (+0.74%). The same hashes.
+    /// clients) 8,037 against 7,978 tok/s (+0.74%); this default against 128 on another H100,
+    /// 64 rows: 8,016 / 8,019 against 7,969 / 7,978. The same hashes.
     xpf_rows: usize,
     /// The same for the down stack's first experts (`TS_CUDA_XPF_DN`, MB, default 0).
     xpf_dn: usize,
