@@ -1409,6 +1409,11 @@ pub struct CudaBackend {
     /// clients) 8,037 against 7,978 tok/s (+0.74%); this default against 128 on another H100,
     /// 64 rows: 8,016 / 8,019 against 7,969 / 7,978. The same hashes.
     xpf_rows: usize,
+    /// Bytes into each of the gate and up stacks' tiled copies where `xpf`'s regions start:
+    /// `TS_CUDA_XPF_SKIP` (MB, default 0). A measurement knob: the gate/up launch's own first
+    /// 128 blocks (`MMQ_GU_PF`) ask for about the first 18 MB of each (V2-Lite's first ~6
+    /// experts), so the merge may ask for the experts after them instead.
+    xpf_skip: usize,
     /// The same for the down stack's first experts (`TS_CUDA_XPF_DN`, MB, default 0).
     xpf_dn: usize,
     xpf_at: Vec<u8>,
@@ -1831,6 +1836,7 @@ impl CudaBackend {
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             xpf: env_usize("TS_CUDA_XPF").unwrap_or(24) << 20,
             xpf_rows: env_usize("TS_CUDA_XPF_ROWS").unwrap_or(32),
+            xpf_skip: env_usize("TS_CUDA_XPF_SKIP").unwrap_or(0) << 20,
             xpf_dn: env_usize("TS_CUDA_XPF_DN").unwrap_or(0) << 20,
             xpf_glu: env_usize("TS_CUDA_XPF_GLU").unwrap_or(0) << 20,
             xpf_glu_hint: Mutex::new(None),

@@ -1107,8 +1107,9 @@ impl Backend for CudaBackend {
         }
         if self.xpf + self.xpf_dn > 0 {
             for (i, (slot, t)) in x.iter_mut().zip(stacks).enumerate() {
-                let want = if i < 2 { self.xpf / 2 } else { self.xpf_dn };
-                *slot = (if want > 0 { t.ptr } else { 0 }, want.min(t.bytes) / 16 * 16);
+                let (want, skip) = if i < 2 { (self.xpf / 2, self.xpf_skip.min(t.bytes)) } else { (self.xpf_dn, 0) };
+                let bytes = want.min(t.bytes - skip) / 16 * 16;
+                *slot = (if bytes > 0 { t.ptr + skip as u64 } else { 0 }, bytes);
             }
         }
         *self.l2_hint.lock().unwrap_or_else(|e| e.into_inner()) = h;
