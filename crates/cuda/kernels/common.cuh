@@ -444,6 +444,12 @@ __device__ __forceinline__ void ldsm4_t(u32* r, const void* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p)));
 }
+// As ldsm4_t from a shared-space address.
+__device__ __forceinline__ void ldsm4_ts(u32* r, u32 a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 // c += a * b: m16n8k32 int8 -> int32, and m16n8k16 f16 -> f32.
 __device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"

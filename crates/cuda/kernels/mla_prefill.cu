@@ -30,6 +30,17 @@
 #ifndef MP_ST2
 #define MP_ST2 1
 #endif
+// MLA_LDSM_S: the MLA tensor-core kernels' ldmatrix from shared-space addresses, each
+// fragment's row address computed once and the dim steps as constant offsets, and the score
+// loop's step count known at compile time (qk_scores_n). The generic pointers cost a window
+// conversion and 64-bit adds at every ldmatrix, and the loop's runtime bound a branch and a
+// WARPSYNC a step (static SASS of mla_split_tc_he, sm_90a: 1,168 instructions in its tile loop,
+// 102 of them HMMA). The same loads and multiplies in the same order: the same bits. What
+// mmq.cu's MMQ_LDSM_S gained there (pp512 +3%, 64 sequences +0.7%). Written without a device
+// (fifty-seventh session); off until measured: TS_CUDA_DEFINES=MLA_LDSM_S=1.
+#ifndef MLA_LDSM_S
+#define MLA_LDSM_S 0
+#endif
 #define MP_RG 4
 #define MP_W 576
 #define MP_V 512
@@ -88,6 +99,26 @@ __device__ __forceinline__ void qk_scores(float (*s)[4], const u16* Q, const u16
     }
 }
 
+// As qk_scores over the NK dim steps of 16 from kk0 (MLA_LDSM_S): Q and K as shared-space
+// addresses with the steps as constant offsets, no runtime bound.
+template <int NK, int U, int NT = 2>
+__device__ __forceinline__ void qk_scores_n(float (*s)[4], const u16* Q, const u16* K, int kk0, int li, int lr) {
+    const u32 qa = smem_addr(Q + ((li & 1) * 8 + lr) * MP_LD + kk0 + (li >> 1) * 8);
+    const u32 ka = smem_addr(K + ((li >> 1) * 8 + lr) * MP_LD + kk0 + (li & 1) * 8);
+#pragma unroll U
+    for (int st = 0; st < NK; st++) {
+        u32 a[4];
+        ldsm4_s(a, qa + 32 * st);
+#pragma unroll
+        for (int h = 0; h < NT / 2; h++) {
+            u32 b[4];
+            ldsm4_s(b, ka + 2 * h * 16 * MP_LD + 32 * st);
+            mma_f16(s[2 * h], a, b);
+            mma_f16(s[2 * h + 1], a, b + 2);
+        }
+    }
+}
+
 // The scaled scores this thread holds for the online softmax of a 32-key tile (columns
 // {8i + 2t, 8i + 2t + 1 : i < 4} of rows g and g+8, the A-fragment layout of P), -inf from
 // column `valid` on, into p0 / p1 with their maxima mx0 / mx1. S: rows of ld floats; a score is
@@ -124,12 +155,19 @@ __device__ __forceinline__ void gather_scores(const float* S, int ld, int sstrid
 // (KS k16 fragments of P: 2 for a 32-key tile, 4 for a 64-key one.)
 template <int NJ, int KS = 2>
 __device__ __forceinline__ void pv_accumulate(float (*o)[4], const u32 (*pa)[4], const u16* V, int li, int lr) {
+#if MLA_LDSM_S
+    const u32 va = smem_addr(V + ((li & 1) * 8 + lr) * MP_LD + (li >> 1) * 8);
+#endif
 #pragma unroll
     for (int ks = 0; ks < KS; ks++)
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             u32 b[4];
+#if MLA_LDSM_S
+            ldsm4_ts(b, va + 2 * (ks * 16 * MP_LD + j * 16));
+#else
             ldsm4_t(b, V + (ks * 16 + (li & 1) * 8 + lr) * MP_LD + j * 16 + (li >> 1) * 8);
+#endif
             mma_f16(o[2 * j], pa[ks], b);
             mma_f16(o[2 * j + 1], pa[ks], b + 2);
         }
@@ -294,7 +332,11 @@ __device__ __forceinline__ void mla_prefill_impl(const float* q, i64 qoff, i64 q
         const u16* Kt = Ks + b * MP_KT * MP_LD;
         // Scores of keys [k0 + 16*half, +16) for this warp's 16 rows: two n8 tiles.
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#if MLA_LDSM_S
+        qk_scores_n<MP_W / 16, 4>(s, Qw, Kt + half * 16 * MP_LD, 0, li, lr);
+#else
         qk_scores<4>(s, Qw, Kt + half * 16 * MP_LD, 0, MP_W, li, lr);
+#endif
         store_scores(Sw, MP_KT, half * 16, g, t, s);
         __syncthreads();
         // Online softmax over the tile's 32 keys (those up to this row group's position).
@@ -571,7 +613,11 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         float s[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#if MLA_LDSM_S
+        qk_scores_n<MP_W / 32, MS_QK_U, NT>(s, Qs, Ks + kh * (MS_T / 2) * MP_LD, dh * (MP_W / 2), li, lr);
+#else
         qk_scores<MS_QK_U, NT>(s, Qs, Ks + kh * (MS_T / 2) * MP_LD, dh * (MP_W / 2), (dh + 1) * (MP_W / 2), li, lr);
+#endif
         float* Sw = Ss + dh * 16 * MS_SLD;
         store_scores<NT>(Sw, MS_SLD, kh * (MS_T / 2), g, t4, s);
         __syncthreads();
