@@ -31,13 +31,16 @@
 #define MP_ST2 1
 #endif
 // MLA_LDSM_S: the MLA tensor-core kernels' ldmatrix from shared-space addresses, each
-// fragment's row address computed once and the dim steps as constant offsets, and the score
-// loop's step count known at compile time (qk_scores_n). The generic pointers cost a window
-// conversion and 64-bit adds at every ldmatrix, and the loop's runtime bound a branch and a
-// WARPSYNC a step (static SASS of mla_split_tc_he, sm_90a: 1,168 instructions in its tile loop,
-// 102 of them HMMA). The same loads and multiplies in the same order: the same bits. What
-// mmq.cu's MMQ_LDSM_S gained there (pp512 +3%, 64 sequences +0.7%). Written without a device
-// (fifty-seventh session); off until measured: TS_CUDA_DEFINES=MLA_LDSM_S=1.
+// fragment's row address computed once and the dim steps as constant offsets, the score loop's
+// step count known at compile time (qk_scores_n), and the split kernels' key-tile copies by a
+// thread map whose addresses are constant offsets (no division by the row's 72 pieces). The
+// generic pointers cost a window conversion and 64-bit adds at every ldmatrix, the loop's
+// runtime bound a branch and a WARPSYNC a step, the copies a division and 64-bit products
+// each. Static SASS (sm_90a): mla_split_tc_hb 2,680 -> 1,792 instructions, mla_split_tc_he
+// 3,176 -> 2,024; the prompt kernels' tile loops 793 -> 659. The same loads, copies and
+// multiplies in the same order: the same bits. mmq.cu's MMQ_LDSM_S gained pp512 +3% and 64
+// sequences +0.7% the same way. Written without a device (fifty-seventh session); off until
+// measured: TS_CUDA_DEFINES=MLA_LDSM_S=1 (tools/gpu/plans/gpu-next193.sh).
 #ifndef MLA_LDSM_S
 #define MLA_LDSM_S 0
 #endif
@@ -529,15 +532,37 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     // the last tile, so that waiting for all but NB - 1 groups always means tile `it` landed.
     // (Bulk copies of a row each, on the ring slot's mbarrier, were measured in gpu-next82 and
     // gpu-next88: +0.2% and -0.1%; removed.)
+#if MLA_LDSM_S
+    // (MLA_LDSM_S: warp w copies the tile's rows 8w..8w+7, lane l their 16-byte pieces l, l + 32
+    // and, for l < 8, l + 64, so that every address is a constant offset from the thread's
+    // first, with no division; the same bytes to the same places. Rows past j1 are zero-filled
+    // from row k0, which exists.)
+    static_assert(MS_T == 32 && MS_THREADS == 128 && MP_W == 576, "the copy's thread map: 4 warps x 8 rows, 72 pieces a row");
+    const u32 cp_s0 = smem_addr(Kb) + 2 * (8 * warp * MP_LD) + 16 * lane;
+#endif
     auto issue = [&](int it) {
         const int k0 = j0 + it * MS_T;
         if (k0 < j1) {
+#if MLA_LDSM_S
+            const u32 d = cp_s0 + (it % NB) * (2 * MS_T * MP_LD);
+            const C* tb = cache + (base + k0) * MP_W;
+            const C* s0 = tb + 8 * warp * MP_W + 8 * lane;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const bool in = k0 + 8 * warp + i < j1;
+                const C* src = in ? s0 + i * MP_W : tb + 8 * lane;
+#pragma unroll
+                for (int c = 0; c < 3; c++)
+                    if (c < 2 || lane < 8) cp_async16_zs(d + 2 * i * MP_LD + 512 * c, src + 256 * c, in ? 16 : 0);
+            }
+#else
             u16* K = Kb + (it % NB) * MS_T * MP_LD;
             for (int idx = tid; idx < MS_T * (MP_W / 8); idx += MS_THREADS) {
                 const int r = idx / (MP_W / 8), c8 = idx - r * (MP_W / 8);
                 const bool in = k0 + r < j1;
                 cp_async16_z(K + r * MP_LD + 8 * c8, cache + (base + (in ? k0 + r : j0)) * MP_W + 8 * c8, in ? 16 : 0);
             }
+#endif
         }
         cp_commit();
     };
