@@ -5,7 +5,9 @@
 #     compile time; static SASS: mla_split_tc_he's tile loop 1,168 -> 572 instructions);
 #  2. H200 only: the server with the defaults, 45 s (issue 6's figure);
 #  3. alternating, defaults against MLA_LDSM_S=1 (the same bits: the hashes must agree): tg64
-#     at 16k (issue 5), 64 sequences at -d 96 twice (the batch split kernel), pp2048;
+#     at 16k (issue 5; also with two split blocks an SM, 264 splits: with half the instructions
+#     the old verdict, -8% in the twenty-ninth session, may turn), 64 sequences at -d 96 twice
+#     (the batch split kernel), pp2048;
 #  4. while the call is young: 64 sequences with the merge asking for the gate/up experts after
 #     the launch's own first blocks' (TS_CUDA_XPF_ROWS=128 TS_CUDA_XPF_SKIP=18, XPF 8 / 16 MB),
 #     and Path::HeadMmh (-0.2% on an H100 in the fifty-fifth session, never run on an H200).
@@ -27,7 +29,7 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
 fi
 if [ $ok = 1 ]; then
   stamp "== tg64 at 16k"
-  for e in "" "$L"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
+  for e in "" "$L" "$L TS_CUDA_MS_NB=2 TS_CUDA_MLA_SPLITS=264"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done
   stamp "== 64 sequences, -d 96"
   for r in 1 2; do p64_best ""; p64_best "$L"; done
   stamp "== pp2048"
