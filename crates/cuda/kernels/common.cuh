@@ -391,11 +391,7 @@ __device__ __forceinline__ void cp_async16(void* s, const void* g) {
 __device__ __forceinline__ void cp_async16_s(u32 s, const void* g) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g));
 }
-// As cp_async16, copying only the first `bytes` (0 or 16) and zero-filling the rest.
-__device__ __forceinline__ void cp_async16_z(void* s, const void* g, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(bytes));
-}
-// As cp_async16_z to a shared-space address.
+// As cp_async16_s, copying only the first `bytes` (0 or 16) and zero-filling the rest.
 __device__ __forceinline__ void cp_async16_zs(u32 s, const void* g, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(bytes));
 }
@@ -426,25 +422,14 @@ __device__ __forceinline__ void mbar_wait(u32 a, u32 parity) {
         : "memory");
 }
 #endif
-// Four 8x8 b16 matrices (8 rows of 16 bytes each; lane l gives the address of row l % 8 of
-// matrix l / 8), plain and transposed.
-__device__ __forceinline__ void ldsm4(u32* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-// As ldsm4 from a shared-space address (32-bit address arithmetic, no window conversion).
+// Four 8x8 b16 matrices (8 rows of 16 bytes each; lane l gives the shared-space address of row
+// l % 8 of matrix l / 8), plain and transposed. Shared-space (smem_addr) addresses, not generic
+// pointers: 32-bit address arithmetic and no window conversion at every load.
 __device__ __forceinline__ void ldsm4_s(u32* r, u32 a) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
-__device__ __forceinline__ void ldsm4_t(u32* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-// As ldsm4_t from a shared-space address.
 __device__ __forceinline__ void ldsm4_ts(u32* r, u32 a) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -30,20 +30,17 @@
 #ifndef MP_ST2
 #define MP_ST2 1
 #endif
-// MLA_LDSM_S: the MLA tensor-core kernels' ldmatrix from shared-space addresses, each
-// fragment's row address computed once and the dim steps as constant offsets, the score loop's
-// step count known at compile time (qk_scores_n), and the split kernels' key-tile copies by a
+// The MLA tensor-core kernels read their ldmatrix fragments from shared-space addresses, each
+// fragment's row address computed once and the dim steps as constant offsets; the score loop's
+// step count is known at compile time (qk_scores), and the split kernels copy key tiles by a
 // thread map whose addresses are constant offsets (no division by the row's 72 pieces). The
-// generic pointers cost a window conversion and 64-bit adds at every ldmatrix, the loop's
-// runtime bound a branch and a WARPSYNC a step, the copies a division and 64-bit products
-// each. Static SASS (sm_90a): mla_split_tc_hb 2,680 -> 1,792 instructions, mla_split_tc_he
-// 3,176 -> 2,024; the prompt kernels' tile loops 793 -> 659. The same loads, copies and
-// multiplies in the same order: the same bits. mmq.cu's MMQ_LDSM_S gained pp512 +3% and 64
-// sequences +0.7% the same way. Written without a device (fifty-seventh session); off until
-// measured: TS_CUDA_DEFINES=MLA_LDSM_S=1 (tools/gpu/plans/gpu-next193.sh).
-#ifndef MLA_LDSM_S
-#define MLA_LDSM_S 0
-#endif
+// generic pointers cost a window conversion and 64-bit adds at every ldmatrix, a runtime loop
+// bound a branch and a WARPSYNC a step, the copies a division and 64-bit products each. Static
+// SASS (sm_90a): mla_split_tc_hb 2,680 -> 1,792 instructions, mla_split_tc_he 3,176 -> 2,024;
+// the prompt kernels' tile loops 793 -> 659. The same bits. Measured against the generic form
+// (MLA_LDSM_S, fifty-eighth session, H100, gpu-next193): tg64 at 16k 487.7 -> 496.1 (+1.7%),
+// 64 sequences 8,189 / 8,183 -> 8,240 / 8,233 (+0.6%), pp2048 41,695 -> 43,224 (+3.7%),
+// pp512 +0.5-0.9%, tg128 -0.1 to -0.5% (634.2 / 634.5 against 633.5 / 631.5); same hashes.
 #define MP_RG 4
 #define MP_W 576
 #define MP_V 512
@@ -84,28 +81,11 @@ __device__ __forceinline__ void store_scores(float* S, int ld, int c0, int g, in
     }
 }
 
-// s (NT m16n8 f32 tiles) = Q K^T over dims [kk0, kk1) for 16 query rows at Q and 8 NT keys at K
-// (rows of MP_LD halves), U dim steps of 16 unrolled.
-template <int U, int NT = 2>
-__device__ __forceinline__ void qk_scores(float (*s)[4], const u16* Q, const u16* K, int kk0, int kk1, int li, int lr) {
-#pragma unroll U
-    for (int kk = kk0; kk < kk1; kk += 16) {
-        u32 a[4];
-        ldsm4(a, Q + ((li & 1) * 8 + lr) * MP_LD + kk + (li >> 1) * 8);
-#pragma unroll
-        for (int h = 0; h < NT / 2; h++) {
-            u32 b[4];
-            ldsm4(b, K + (h * 16 + (li >> 1) * 8 + lr) * MP_LD + kk + (li & 1) * 8);
-            mma_f16(s[2 * h], a, b);
-            mma_f16(s[2 * h + 1], a, b + 2);
-        }
-    }
-}
-
-// As qk_scores over the NK dim steps of 16 from kk0 (MLA_LDSM_S): Q and K as shared-space
-// addresses with the steps as constant offsets, no runtime bound.
+// s (NT m16n8 f32 tiles) = Q K^T over the NK dim steps of 16 from kk0 for 16 query rows at Q and
+// 8 NT keys at K (rows of MP_LD halves), U steps unrolled: Q and K as shared-space addresses
+// with the steps as constant offsets, no runtime bound.
 template <int NK, int U, int NT = 2>
-__device__ __forceinline__ void qk_scores_n(float (*s)[4], const u16* Q, const u16* K, int kk0, int li, int lr) {
+__device__ __forceinline__ void qk_scores(float (*s)[4], const u16* Q, const u16* K, int kk0, int li, int lr) {
     const u32 qa = smem_addr(Q + ((li & 1) * 8 + lr) * MP_LD + kk0 + (li >> 1) * 8);
     const u32 ka = smem_addr(K + ((li >> 1) * 8 + lr) * MP_LD + kk0 + (li & 1) * 8);
 #pragma unroll U
@@ -158,19 +138,13 @@ __device__ __forceinline__ void gather_scores(const float* S, int ld, int sstrid
 // (KS k16 fragments of P: 2 for a 32-key tile, 4 for a 64-key one.)
 template <int NJ, int KS = 2>
 __device__ __forceinline__ void pv_accumulate(float (*o)[4], const u32 (*pa)[4], const u16* V, int li, int lr) {
-#if MLA_LDSM_S
     const u32 va = smem_addr(V + ((li & 1) * 8 + lr) * MP_LD + (li >> 1) * 8);
-#endif
 #pragma unroll
     for (int ks = 0; ks < KS; ks++)
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             u32 b[4];
-#if MLA_LDSM_S
             ldsm4_ts(b, va + 2 * (ks * 16 * MP_LD + j * 16));
-#else
-            ldsm4_t(b, V + (ks * 16 + (li & 1) * 8 + lr) * MP_LD + j * 16 + (li >> 1) * 8);
-#endif
             mma_f16(o[2 * j], pa[ks], b);
             mma_f16(o[2 * j + 1], pa[ks], b + 2);
         }
@@ -335,11 +309,7 @@ __device__ __forceinline__ void mla_prefill_impl(const float* q, i64 qoff, i64 q
         const u16* Kt = Ks + b * MP_KT * MP_LD;
         // Scores of keys [k0 + 16*half, +16) for this warp's 16 rows: two n8 tiles.
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#if MLA_LDSM_S
-        qk_scores_n<MP_W / 16, 4>(s, Qw, Kt + half * 16 * MP_LD, 0, li, lr);
-#else
-        qk_scores<4>(s, Qw, Kt + half * 16 * MP_LD, 0, MP_W, li, lr);
-#endif
+        qk_scores<MP_W / 16, 4>(s, Qw, Kt + half * 16 * MP_LD, 0, li, lr);
         store_scores(Sw, MP_KT, half * 16, g, t, s);
         __syncthreads();
         // Online softmax over the tile's 32 keys (those up to this row group's position).
@@ -527,23 +497,20 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     };
     place(pos[tok], slot[tok]);
     // An f16 cache's tiles go straight to shared memory (cp.async, 16 bytes a copy, 72 a row;
-    // rows past j1 zero-filled from row j0, which exists), a ring of NB buffers: the next
+    // rows past j1 zero-filled), a ring of NB buffers: the next
     // NB - 1 tiles stream in while one is used. One commit group per tile slot, empty past
     // the last tile, so that waiting for all but NB - 1 groups always means tile `it` landed.
     // (Bulk copies of a row each, on the ring slot's mbarrier, were measured in gpu-next82 and
     // gpu-next88: +0.2% and -0.1%; removed.)
-#if MLA_LDSM_S
-    // (MLA_LDSM_S: warp w copies the tile's rows 8w..8w+7, lane l their 16-byte pieces l, l + 32
+    // (Warp w copies the tile's rows 8w..8w+7, lane l their 16-byte pieces l, l + 32
     // and, for l < 8, l + 64, so that every address is a constant offset from the thread's
     // first, with no division; the same bytes to the same places. Rows past j1 are zero-filled
     // from row k0, which exists.)
     static_assert(MS_T == 32 && MS_THREADS == 128 && MP_W == 576, "the copy's thread map: 4 warps x 8 rows, 72 pieces a row");
     const u32 cp_s0 = smem_addr(Kb) + 2 * (8 * warp * MP_LD) + 16 * lane;
-#endif
     auto issue = [&](int it) {
         const int k0 = j0 + it * MS_T;
         if (k0 < j1) {
-#if MLA_LDSM_S
             const u32 d = cp_s0 + (it % NB) * (2 * MS_T * MP_LD);
             const C* tb = cache + (base + k0) * MP_W;
             const C* s0 = tb + 8 * warp * MP_W + 8 * lane;
@@ -555,14 +522,6 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
                 for (int c = 0; c < 3; c++)
                     if (c < 2 || lane < 8) cp_async16_zs(d + 2 * i * MP_LD + 512 * c, src + 256 * c, in ? 16 : 0);
             }
-#else
-            u16* K = Kb + (it % NB) * MS_T * MP_LD;
-            for (int idx = tid; idx < MS_T * (MP_W / 8); idx += MS_THREADS) {
-                const int r = idx / (MP_W / 8), c8 = idx - r * (MP_W / 8);
-                const bool in = k0 + r < j1;
-                cp_async16_z(K + r * MP_LD + 8 * c8, cache + (base + (in ? k0 + r : j0)) * MP_W + 8 * c8, in ? 16 : 0);
-            }
-#endif
         }
         cp_commit();
     };
@@ -638,11 +597,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         float s[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#if MLA_LDSM_S
-        qk_scores_n<MP_W / 32, MS_QK_U, NT>(s, Qs, Ks + kh * (MS_T / 2) * MP_LD, dh * (MP_W / 2), li, lr);
-#else
-        qk_scores<MS_QK_U, NT>(s, Qs, Ks + kh * (MS_T / 2) * MP_LD, dh * (MP_W / 2), (dh + 1) * (MP_W / 2), li, lr);
-#endif
+        qk_scores<MP_W / 32, MS_QK_U, NT>(s, Qs, Ks + kh * (MS_T / 2) * MP_LD, dh * (MP_W / 2), li, lr);
         float* Sw = Ss + dh * 16 * MS_SLD;
         store_scores<NT>(Sw, MS_SLD, kh * (MS_T / 2), g, t4, s);
         __syncthreads();
