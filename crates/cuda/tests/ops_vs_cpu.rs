@@ -2829,6 +2829,80 @@ fn mla_split_early_exact() {
     rep.finish();
 }
 
+/// The one-token split in two groups of four warps (`Path::SplitG2`, `mla_split_tc_he2`)
+/// against the one-group early split (`mla_split_tc_he`) on another backend and against the
+/// CPU (f32 cache of the same f16-rounded rows is not what the GPU reads, so the CPU check is at
+/// the tensor cores' tolerance): 16 and 128 heads, histories from 5 positions (one tile a split,
+/// group 1 idle, no early copies) to 16,500 (four tiles a split at 132 splits). Group 1 rounds its
+/// probabilities to f16 against its own running max and the states meet in another order, so
+/// close, not the same bits; the two-group kernel must have run for each case.
+#[test]
+fn mla_split_two_groups_close() {
+    let Some(shared) = gpu() else { return };
+    if !shared.tensor_cores() {
+        eprintln!("mla_split_two_groups_close: no tensor cores, skipped");
+        return;
+    }
+    let g2 = &CudaBackend::new(0).expect("second backend");
+    let g1 = &CudaBackend::new(0).expect("third backend");
+    for g in [g2, g1] {
+        g.set_mla_tensor_cores(Some(true));
+        g.set_path(Path::SplitEarly, true);
+    }
+    g2.set_path(Path::SplitG2, true);
+    g1.set_path(Path::SplitG2, false);
+    let c = cpu();
+    let mut r = rng(59);
+    let mut rep = Report::new("mla_split_two_groups");
+    let (kl, rd) = (512usize, 64usize);
+    let w = kl + rd;
+    let slot_len = 17_408u32;
+    let rows = 2 * slot_len as usize;
+    for &(nh, long) in &[(16usize, 5u32), (16, 40), (16, 3000), (16, 9000), (16, 16_500), (128, 2100), (128, 12_000)] {
+        let (toks, all, hist) = mla_tokens(1, long, false, &mut r);
+        let data = randn(&mut r, all.len() * w, 1.0);
+        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+        let qr = Rows { off: 4, n: nh, width: w, stride: w + 8 };
+        let o = Rows { off: 1, n: nh, width: kl, stride: kl + 3 };
+        let meta = BatchMeta { tokens: toks, outputs: vec![], slot_len };
+        let q = randn(&mut r, qr.end(), 0.5);
+        let lab = format!("heads={nh} hist={hist:?}");
+        let mut outs = Vec::new();
+        for g in [g2, g1] {
+            let gh = g.alloc_latent_cache(rows, w, kl, nh).unwrap();
+            if !gh.is_f16() {
+                rep.failures.push(format!("{lab}: alloc_latent_cache gave an f32 cache on a tensor-core GPU"));
+                continue;
+            }
+            fill_cache(g, &gh, &data, w, &all, slot_len);
+            let (gb, gq) = (batch(g, &meta), buf(g, &q));
+            let go = g.alloc(o.end()).unwrap();
+            poison(g, &go, o.end());
+            g.synchronize().unwrap();
+            let before = g.path_launches(Path::SplitG2);
+            g.mla_attention(&gq, qr, &gh, &gb, &p, &go, o);
+            let took = g.path_launches(Path::SplitG2) - before;
+            let want = u64::from(std::ptr::eq(g, g2));
+            if took != want {
+                rep.failures.push(format!("{lab}: the two-group split ran {took} times, not {want}"));
+            }
+            outs.push(get(g, &go, o));
+        }
+        let cc = c.alloc_cache(rows, w).unwrap();
+        fill_cache(c, &cc, &data, w, &all, slot_len);
+        let (cb, cq) = (batch(c, &meta), buf(c, &q));
+        let co = c.alloc(o.end()).unwrap();
+        c.mla_attention(&cq, qr, &cc, &cb, &p, &co, o);
+        let want = get(c, &co, o);
+        if outs.len() == 2 {
+            rep.check(&format!("{lab} two groups vs one"), &outs[0], &outs[1], 5e-3, 5e-3);
+            rep.check(&format!("{lab} two groups vs cpu"), &outs[0], &want, 3e-2, 1e-2);
+            rep.check(&format!("{lab} one group vs cpu"), &outs[1], &want, 3e-2, 1e-2);
+        }
+    }
+    rep.finish();
+}
+
 /// A decode token's attention output side, then its MoE (`moe_shared`, 64 Q8_0 experts, top 6,
 /// two shared chunks), with the MoE routed ahead in the router's launch (`pre_route`: that
 /// kernel also quantises the normed row and routes the logits; the MoE skips moe_route_quant)

@@ -383,6 +383,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc",
     "mla_split_tc_h",
     "mla_split_tc_he",
+    "mla_split_tc_he2",
     "mla_split_tc_hb",
     "mmq_q8_64",
     "mmq_q8_64e",
@@ -463,6 +464,9 @@ const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 40 * 4;
 const fn ms_smem_h(nb: usize) -> usize {
     (16 + nb * 32) * 584 * 2 + 2 * 16 * 40 * 4
 }
+/// `mla_split_tc_he2`'s ([`Path::SplitG2`]): the 16 query rows, four key tiles (two a group
+/// of four warps) and a score buffer a group.
+const MS_SMEM_G2: usize = (16 + 4 * 32) * 584 * 2 + 2 * 2 * 16 * 40 * 4;
 /// Dynamic shared memory of `mla_prefill` / `mla_prefill_h` (kernels/mla_prefill.cu): the 64
 /// query rows of 4 row groups, one 32-key tile, the scores of 4 row groups.
 const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
@@ -759,6 +763,7 @@ fn kernel_names() -> Vec<String> {
         "mla_split_tc",
         "mla_split_tc_h",
         "mla_split_tc_he",
+        "mla_split_tc_he2",
         "mla_split_tc_hb",
         "mla_prefill_h",
         "mla_prefill_ha",
@@ -885,6 +890,12 @@ pub enum Path {
     /// `TS_CUDA_MS_EARLY=0` turns it off (H200, tg64 at 16k: 485.5 / 486.0 against 484.1, the
     /// same hash).
     SplitEarly,
+    /// The early split of one token in two groups of four warps (`mla_split_tc_he2`: each group
+    /// every other key tile with its own online softmax, group 1's state merged into group 0's
+    /// at the end), two warps a scheduler where `mla_split_tc_he` has one. Close to
+    /// `mla_split_tc_he`, not the same bits (test `mla_split_two_groups_close`). Off;
+    /// `TS_CUDA_MS_G2=1` turns it on (written in the fifty-eighth session, to be measured).
+    SplitG2,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of a decode batch whose products run
     /// on the int8 tensor cores: the norm and the input's quantisation in one launch
     /// (`add_rms_norm_q8`, the same bits as `add_rms_norm` then `quant_q8_groups`). Off
@@ -1002,10 +1013,11 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 19] = [
+    const ALL: [Path; 20] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
+        Path::SplitG2,
         Path::NormQ8,
         Path::SumQ8,
         Path::DenseJobs,
@@ -1030,6 +1042,7 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
+            Path::SplitG2 => ("TS_CUDA_MS_G2", false),
             Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),
