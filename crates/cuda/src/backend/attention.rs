@@ -142,7 +142,7 @@ impl CudaBackend {
             self.took(Path::SplitEarly);
         }
         let in_batch = use_tc && cache.half && n > 1 && self.path_on(Path::SplitBatch);
-        let g2 = early && self.path_on(Path::SplitG2) && MS_SMEM_G2 <= self.smem_max;
+        let g2 = early && self.path_on(Path::SplitG2) && self.ms_g2;
         if g2 {
             self.took(Path::SplitG2);
         }

@@ -383,7 +383,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc",
     "mla_split_tc_h",
     "mla_split_tc_he",
-    "mla_split_tc_he2",
     "mla_split_tc_hb",
     "mmq_q8_64",
     "mmq_q8_64e",
@@ -1165,6 +1164,8 @@ pub struct CudaBackend {
     sm_count: usize,
     /// Dynamic shared memory the fast paths may use per block (0: fast paths off).
     smem_max: usize,
+    /// Whether `mla_split_tc_he2` got its `MS_SMEM_G2` bytes of shared memory ([`Path::SplitG2`]).
+    ms_g2: bool,
     /// CUDA graphs of whole forward steps (see [`Backend::graph_begin`]).
     graphs: Mutex<GraphState>,
     graphs_on: bool,
@@ -1742,6 +1743,11 @@ impl CudaBackend {
             && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM)].iter().all(|(n, b)| {
                 funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32).is_ok()
             });
+        // The two-group split ([`Path::SplitG2`]) asks for more than the fast paths' cap.
+        let ms_g2 = MS_SMEM_G2 <= optin
+            && funcs["mla_split_tc_he2"]
+                .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, MS_SMEM_G2 as i32)
+                .is_ok();
         // Blocks of the one-launch decode MoE the card holds at once (it needs them all resident).
         let moe_one_cap =
             funcs["moe_sh_q8_one"].occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_or(0, |b| b as usize * sm_count);
@@ -1771,6 +1777,7 @@ impl CudaBackend {
             error: Mutex::new(None),
             sm_count,
             smem_max,
+            ms_g2,
             graphs: Mutex::new(GraphState::default()),
             graphs_on: std::env::var("TS_CUDA_GRAPHS").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             graph_max: std::env::var("TS_CUDA_GRAPH_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(GRAPH_MAX_TOKENS),
