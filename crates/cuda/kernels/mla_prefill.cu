@@ -472,7 +472,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     // rounded by the threads (one buffer).
     constexpr bool F16 = sizeof(C) == 2;
     constexpr int NB = F16 ? NBT : 1;
-    static_assert(!KFIRST || (F16 && !EARLY), "KFIRST: the f16 cache's batch kernel");
+    static_assert(!KFIRST || F16, "KFIRST: an f16 cache's kernels");
     extern __shared__ __align__(16) u8 ms_sm[];
     u16* Qs = (u16*)ms_sm;                         // [16][MP_LD]
     u16* Kb = Qs + 16 * MP_LD;                     // NB x [MS_T][MP_LD]
@@ -532,9 +532,11 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     bool issued = false;
     int p2 = 0, s2 = 0;
     if constexpr (EARLY) {
-        if (j0 < j1 && j0 + (NB - 1) * MS_T <= end - 1) {
+        // (KFIRST: all NB tiles; otherwise NB - 1, the loop issuing each next one at its top.)
+        constexpr int NE = KFIRST ? NB : NB - 1;
+        if (j0 < j1 && j0 + NE * MS_T <= end - 1) {
 #pragma unroll
-            for (int it = 0; it < NB - 1; it++) issue(it);
+            for (int it = 0; it < NE; it++) issue(it);
             issued = true;
         }
         pdl_wait();
@@ -547,7 +549,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         }
         return;
     }
-    if constexpr (KFIRST) {
+    if constexpr (KFIRST && !EARLY) {
 #pragma unroll
         for (int it = 0; it < NB; it++) issue(it);
     }
@@ -610,6 +612,12 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         pv_accumulate<8, MS_T / 16>(o, pa, Ks + warp * 128, li, lr);
     };
     if constexpr (KFIRST) {
+        if constexpr (EARLY) {
+            if (!issued) {
+#pragma unroll
+                for (int it = 0; it < NB; it++) issue(it);
+            }
+        }
         const int ntile = (j1 - j0 + MS_T - 1) / MS_T;
         for (int it = 0; it < ntile; it++) {
             // NB + it groups committed: tile it has landed when at most NB - 1 are pending.
@@ -675,7 +683,12 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     }
 MLA_SPLIT_TC_INST(mla_split_tc, float, false, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_h, u16, false, MS_NB, false)
-MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true, MS_NB, false)
+// MS_EARLY_ALL (a measurement define, off): the early kernel issues all NB tiles of its ring
+// before its wait (the batch kernel's KFIRST loop) instead of NB - 1. The same copies: the same bits.
+#ifndef MS_EARLY_ALL
+#define MS_EARLY_ALL 0
+#endif
+MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true, MS_NB, (MS_EARLY_ALL != 0))
 MLA_SPLIT_TC_INST(mla_split_tc_hb, u16, false, MS_NB_B, (MS_KFIRST != 0))
 // (A batch's 1, 2 or 4 splits a token merged inside the split launch in a thread-block cluster, Path::SplitMerge / mla_split_tc_hbm<CL>: no mla_combine_few launch, the same bits; measured 64 sequences 9,485 against 9,624 at -d 96 and 9,033 against 9,202 at -d 400 on the H200, gpu-next146, and was removed; git history has it, commit 901d341.)
 
@@ -744,12 +757,16 @@ __device__ __forceinline__ void mla_split_tc_g2_impl(const float* q, i64 qoff, i
         }
         cp_commit();
     };
-    // The group's first tile before the wait where none of its rows is the token's own (end - 1).
-    bool issued = false;
-    if (j0 + (grp + 1) * MS_T <= end - 1) {
-        issue(0);
-        issued = true;
-    }
+    // The group's tiles of its two buffers before the wait, those none of whose rows is the
+    // token's own (end - 1): at 16k and 132 splits, the split's four tiles all in flight while
+    // the previous kernel ends.
+    int issued = 0;
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        if (issued == k && j0 + (2 * k + grp + 1) * MS_T <= end - 1) {
+            issue(k);
+            issued++;
+        }
     pdl_wait();
     const int p2 = __ldcg(pos + tok), s2 = __ldcg(slot + tok);
     {
@@ -770,7 +787,7 @@ __device__ __forceinline__ void mla_split_tc_g2_impl(const float* q, i64 qoff, i
     }
     if (p2 + 1 != end || s2 != sl) {
         if (issued) cp_wait<0>();
-        issued = false;
+        issued = 0;
         place(p2, s2);
     }
     if (j0 >= j1) {
@@ -780,8 +797,7 @@ __device__ __forceinline__ void mla_split_tc_g2_impl(const float* q, i64 qoff, i
         }
         return;
     }
-    if (!issued) issue(0);
-    issue(1);
+    for (int k = issued; k < 2; k++) issue(k);
     __syncthreads();  // the query in shared memory for both groups
     const int kh = wg & 1, dh = wg >> 1;
     const int lr = lane & 7, li = lane >> 3;
@@ -793,7 +809,8 @@ __device__ __forceinline__ void mla_split_tc_g2_impl(const float* q, i64 qoff, i
     constexpr int NT = MS_T / 16;
     const int ntile = (j1 - j0 + MS_T - 1) / MS_T, nk = (ntile - grp + 1) >> 1;
     for (int k = 0; k < nk; k++) {
-        // 2 + k groups committed (3 + k after a reissue): local tile k has landed at most 1 pending.
+        // Local tiles 0..k + 1 committed last (after any drained early groups): tile k has
+        // landed when at most 1 group is pending.
         cp_wait<1>();
         bar_named<128>(1 + grp);
         const u16* Ks = Kb + (2 * grp + (k & 1)) * MS_T * MP_LD;
