@@ -472,7 +472,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     // rounded by the threads (one buffer).
     constexpr bool F16 = sizeof(C) == 2;
     constexpr int NB = F16 ? NBT : 1;
-    static_assert(!KFIRST || F16, "KFIRST: an f16 cache's kernels");
+    static_assert(!KFIRST || (F16 && !EARLY), "KFIRST: the f16 cache's batch kernel");
     extern __shared__ __align__(16) u8 ms_sm[];
     u16* Qs = (u16*)ms_sm;                         // [16][MP_LD]
     u16* Kb = Qs + 16 * MP_LD;                     // NB x [MS_T][MP_LD]
@@ -532,11 +532,9 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     bool issued = false;
     int p2 = 0, s2 = 0;
     if constexpr (EARLY) {
-        // (KFIRST: all NB tiles; otherwise NB - 1, the loop issuing each next one at its top.)
-        constexpr int NE = KFIRST ? NB : NB - 1;
-        if (j0 < j1 && j0 + NE * MS_T <= end - 1) {
+        if (j0 < j1 && j0 + (NB - 1) * MS_T <= end - 1) {
 #pragma unroll
-            for (int it = 0; it < NE; it++) issue(it);
+            for (int it = 0; it < NB - 1; it++) issue(it);
             issued = true;
         }
         pdl_wait();
@@ -549,7 +547,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         }
         return;
     }
-    if constexpr (KFIRST && !EARLY) {
+    if constexpr (KFIRST) {
 #pragma unroll
         for (int it = 0; it < NB; it++) issue(it);
     }
@@ -612,12 +610,6 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         pv_accumulate<8, MS_T / 16>(o, pa, Ks + warp * 128, li, lr);
     };
     if constexpr (KFIRST) {
-        if constexpr (EARLY) {
-            if (!issued) {
-#pragma unroll
-                for (int it = 0; it < NB; it++) issue(it);
-            }
-        }
         const int ntile = (j1 - j0 + MS_T - 1) / MS_T;
         for (int it = 0; it < ntile; it++) {
             // NB + it groups committed: tile it has landed when at most NB - 1 are pending.
@@ -683,184 +675,16 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     }
 MLA_SPLIT_TC_INST(mla_split_tc, float, false, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_h, u16, false, MS_NB, false)
-// MS_EARLY_ALL (a measurement define, off): the early kernel issues all NB tiles of its ring
-// before its wait (the batch kernel's KFIRST loop) instead of NB - 1. The same copies: the same bits.
-#ifndef MS_EARLY_ALL
-#define MS_EARLY_ALL 0
-#endif
-MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true, MS_NB, (MS_EARLY_ALL != 0))
+MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_hb, u16, false, MS_NB_B, (MS_KFIRST != 0))
+// (One token's split in two groups of four warps, Path::SplitG2 / mla_split_tc_he2: each group
+// every other tile with its own online softmax and 2-tile ring, group 1's state merged into
+// group 0's through shared memory at the end; two warps a scheduler with half the chain each.
+// Measured on an H100 in the fifty-eighth session, tg64 at 16k: 487.4 / 487.3 against 487.4 /
+// 487.3 (the trace: 14.54 us a layer against 14.86), and with both of a group's tiles issued
+// before the wait 476.4 / 476.6 against 487.2 / 486.8 (-2.2%); 66 splits 484.0 against 475.4
+// one-group. Halving the tile chain does not shorten the launch: it is not the compute chain
+// that holds it. Also measured then: the early kernel issuing all 3 ring tiles before its
+// wait (MS_EARLY_ALL), 486.9 / 486.4, neutral. Both removed; git history has them, commit
+// e1fa830.)
 // (A batch's 1, 2 or 4 splits a token merged inside the split launch in a thread-block cluster, Path::SplitMerge / mla_split_tc_hbm<CL>: no mla_combine_few launch, the same bits; measured 64 sequences 9,485 against 9,624 at -d 96 and 9,033 against 9,202 at -d 400 on the H200, gpu-next146, and was removed; git history has it, commit 901d341.)
-
-// ---- The one-token split in two groups of four warps (Path::SplitG2, mla_split_tc_he2) ----------
-// mla_split_tc_he's job with 256 threads: two groups of four warps, each mla_split_tc_he's
-// four-warp tile step over every other tile of the split (group r: tiles r, r + 2, ...) with
-// its own online softmax, its own score buffer, its own two ring buffers and its own named
-// barrier; at the end group 1's state (o, m, l) goes through shared memory and group 0 merges
-// it into its own, as mla_combine merges splits, then stores the partial row. Why: at 16k a
-// split block holds 4 tiles and runs them as one latency chain at one warp a scheduler (Nsight,
-// twenty-seventh session: 80% of cycles no warp eligible, DRAM 13% busy); two groups put two
-// warps on each scheduler with half the chain each, where more splits (264: two blocks an SM,
-// each with a 2-tile ring) doubled the partial rows to merge. Not the same bits as
-// mla_split_tc_he: group 1's probabilities are rounded to f16 against its own running max, and
-// the two states meet in another order (test mla_split_two_groups_close).
-#define MS2_THREADS 256
-template <int NSTEP>
-__device__ __forceinline__ void bar_named(int id) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(NSTEP) : "memory");
-}
-__device__ __forceinline__ void mla_split_tc_g2_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const u16* cache,
-                                                     const int* pos, const int* slot, int slot_len, int nh, float scale,
-                                                     float* part) {
-#if __CUDA_ARCH__ >= 800
-    extern __shared__ __align__(16) u8 ms_sm[];
-    u16* Qs = (u16*)ms_sm;                        // [16][MP_LD]
-    u16* Kb = Qs + 16 * MP_LD;                    // 4 x [MS_T][MP_LD]: group r's ring is buffers 2r, 2r + 1
-    float* Ss0 = (float*)(Kb + 4 * MS_T * MP_LD);  // 2 groups x [2 dim halves][16][MS_SLD]
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int grp = warp >> 2, wg = warp & 3;  // the group, the warp within it
-    const int g = lane >> 2, t4 = lane & 3;
-    const int hg = nh >> 4;
-    const int tok = blockIdx.y / hg, h0 = (blockIdx.y - tok * hg) * 16;
-    const int sp = blockIdx.x, nsp = gridDim.x;
-    const int stride = MP_V + 2;
-    float* prow = part + (((i64)tok * nsp + sp) * nh + h0) * stride;
-    int end = 0, j0 = 0, j1 = 0, sl = 0;
-    i64 base = 0;
-    auto place = [&](int p, int s) {
-        end = p + 1;
-        sl = s;
-        const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
-        j0 = sp * chunk;
-        j1 = min(end, j0 + chunk);
-        base = (i64)sl * slot_len;
-    };
-    place(pos[tok], slot[tok]);
-    // The group's local tile k is the split's tile 2k + grp, in its buffer 2 grp + (k & 1); the
-    // copy's thread map is mla_split_tc_impl's with the warp within the group.
-    static_assert(MS_T == 32 && MP_W == 576, "the copy's thread map: 4 warps x 8 rows, 72 pieces a row");
-    const u32 cp_s0 = smem_addr(Kb) + 2 * (8 * wg * MP_LD + 2 * grp * MS_T * MP_LD) + 16 * lane;
-    auto issue = [&](int k) {
-        const int k0 = j0 + (2 * k + grp) * MS_T;
-        if (k0 < j1) {
-            const u32 d = cp_s0 + (k & 1) * (2 * MS_T * MP_LD);
-            const u16* tb = cache + (base + k0) * MP_W;
-            const u16* s0 = tb + 8 * wg * MP_W + 8 * lane;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const bool in = k0 + 8 * wg + i < j1;
-                const u16* src = in ? s0 + i * MP_W : tb + 8 * lane;
-#pragma unroll
-                for (int c = 0; c < 3; c++)
-                    if (c < 2 || lane < 8) cp_async16_zs(d + 2 * i * MP_LD + 512 * c, src + 256 * c, in ? 16 : 0);
-            }
-        }
-        cp_commit();
-    };
-    // The group's tiles of its two buffers before the wait, those none of whose rows is the
-    // token's own (end - 1): at 16k and 132 splits, the split's four tiles all in flight while
-    // the previous kernel ends.
-    int issued = 0;
-#pragma unroll
-    for (int k = 0; k < 2; k++)
-        if (issued == k && j0 + (2 * k + grp + 1) * MS_T <= end - 1) {
-            issue(k);
-            issued++;
-        }
-    pdl_wait();
-    const int p2 = __ldcg(pos + tok), s2 = __ldcg(slot + tok);
-    {
-        static_assert(16 * (MP_W / 4) == 9 * MS2_THREADS, "the query: 9 float4 a thread");
-        float4 v[9];
-#pragma unroll
-        for (int u = 0; u < 9; u++) {
-            const int idx = tid + u * MS2_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-            v[u] = *(const float4*)(q + qoff + (i64)tok * q_tok + (i64)(h0 + r) * q_head + 4 * c4);
-        }
-#pragma unroll
-        for (int u = 0; u < 9; u++) {
-            const int idx = tid + u * MS2_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-            u32* d = (u32*)(Qs + r * MP_LD + 4 * c4);
-            d[0] = pack_h(v[u].x, v[u].y);
-            d[1] = pack_h(v[u].z, v[u].w);
-        }
-    }
-    if (p2 + 1 != end || s2 != sl) {
-        if (issued) cp_wait<0>();
-        issued = 0;
-        place(p2, s2);
-    }
-    if (j0 >= j1) {
-        if (tid < 16) {
-            prow[tid * stride] = NEG_INF;
-            prow[tid * stride + 1] = 0.f;
-        }
-        return;
-    }
-    for (int k = issued; k < 2; k++) issue(k);
-    __syncthreads();  // the query in shared memory for both groups
-    const int kh = wg & 1, dh = wg >> 1;
-    const int lr = lane & 7, li = lane >> 3;
-    float* Ss = Ss0 + grp * (2 * 16 * MS_SLD);
-    float o[16][4];
-#pragma unroll
-    for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
-    constexpr int NT = MS_T / 16;
-    const int ntile = (j1 - j0 + MS_T - 1) / MS_T, nk = (ntile - grp + 1) >> 1;
-    for (int k = 0; k < nk; k++) {
-        // Local tiles 0..k + 1 committed last (after any drained early groups): tile k has
-        // landed when at most 1 group is pending.
-        cp_wait<1>();
-        bar_named<128>(1 + grp);
-        const u16* Ks = Kb + (2 * grp + (k & 1)) * MS_T * MP_LD;
-        const int k0 = j0 + (2 * k + grp) * MS_T;
-        float s[NT][4];
-#pragma unroll
-        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        qk_scores<MP_W / 32, MS_QK_U, NT>(s, Qs, Ks + kh * (MS_T / 2) * MP_LD, dh * (MP_W / 2), li, lr);
-        store_scores<NT>(Ss + dh * 16 * MS_SLD, MS_SLD, kh * (MS_T / 2), g, t4, s);
-        bar_named<128>(1 + grp);
-        float p0[MS_T / 4], p1[MS_T / 4], mx0, mx1;
-        gather_scores<2, MS_T / 8>(Ss, MS_SLD, 16 * MS_SLD, g, t4, j1 - k0, scale, p0, p1, mx0, mx1);
-        u32 pa[MS_T / 16][4];
-        mla_softmax_tile<16, MS_T / 4>(p0, p1, mx0, mx1, m0, m1, l0, l1, o, pa);
-        pv_accumulate<8, MS_T / 16>(o, pa, Ks + wg * 128, li, lr);
-        bar_named<128>(1 + grp);  // this buffer and Ss free
-        issue(k + 2);
-    }
-    // Group 1's state to group 0 through the key buffers (both groups are past their last tile,
-    // and no copy is in flight: the last issues were past j1), thread by thread in the same
-    // fragment layout: a float4 a store, consecutive threads consecutive float4.
-    __syncthreads();
-    float4* X = (float4*)Kb;
-    const int gt = tid & 127;
-    if (grp == 1) {
-#pragma unroll
-        for (int i = 0; i < 16; i++) X[i * 128 + gt] = make_float4(o[i][0], o[i][1], o[i][2], o[i][3]);
-        X[16 * 128 + gt] = make_float4(m0, m1, l0, l1);
-    }
-    __syncthreads();
-    if (grp == 1) return;
-    const float4 ml = X[16 * 128 + gt];
-    const float n0 = fmaxf(m0, ml.x), n1 = fmaxf(m1, ml.y);
-    // (A group with no key yet has max -inf, sum 0 and outputs 0: its weight 0, no exp of -inf - -inf.)
-    const float a0 = m0 == NEG_INF ? 0.f : expf(m0 - n0), a1 = m1 == NEG_INF ? 0.f : expf(m1 - n1);
-    const float b0 = ml.x == NEG_INF ? 0.f : expf(ml.x - n0), b1 = ml.y == NEG_INF ? 0.f : expf(ml.y - n1);
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-        const float4 v = X[i * 128 + gt];
-        o[i][0] = o[i][0] * a0 + v.x * b0;
-        o[i][1] = o[i][1] * a0 + v.y * b0;
-        o[i][2] = o[i][2] * a1 + v.z * b1;
-        o[i][3] = o[i][3] * a1 + v.w * b1;
-    }
-    ms_store_partial(o, n0, n1, l0 * a0 + ml.z * b0, l1 * a1 + ml.w * b1, prow, stride, 2);
-#endif
-}
-extern "C" __global__ void __launch_bounds__(MS2_THREADS)
-    mla_split_tc_he2(const float* q, i64 qoff, i64 q_tok, i64 q_head, const u16* cache, const int* pos, const int* slot,
-                     int slot_len, int nh, float scale, float* part) {
-    pdl_trigger();
-    mla_split_tc_g2_impl(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part);
-}

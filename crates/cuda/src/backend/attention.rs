@@ -142,19 +142,8 @@ impl CudaBackend {
             self.took(Path::SplitEarly);
         }
         let in_batch = use_tc && cache.half && n > 1 && self.path_on(Path::SplitBatch);
-        let g2 = early && self.path_on(Path::SplitG2) && self.ms_g2;
-        if g2 {
-            self.took(Path::SplitG2);
-        }
-        let ms_smem = if in_batch {
-            ms_smem_h(self.ms_nb_b)
-        } else if g2 {
-            MS_SMEM_G2
-        } else {
-            ms_smem
-        };
+        let ms_smem = if in_batch { ms_smem_h(self.ms_nb_b) } else { ms_smem };
         let split = match (use_tc, cache.half, early) {
-            (true, true, true) if g2 => Some(("mla_split_tc_he2", 256u32)),
             (true, true, true) => Some(("mla_split_tc_he", 128u32)),
             (true, true, false) if in_batch => Some(("mla_split_tc_hb", 128u32)),
             (true, true, false) => Some(("mla_split_tc_h", 128u32)),

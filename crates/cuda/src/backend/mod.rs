@@ -463,9 +463,6 @@ const MS_SMEM: usize = (16 + 32) * 584 * 2 + 2 * 16 * 40 * 4;
 const fn ms_smem_h(nb: usize) -> usize {
     (16 + nb * 32) * 584 * 2 + 2 * 16 * 40 * 4
 }
-/// `mla_split_tc_he2`'s ([`Path::SplitG2`]): the 16 query rows, four key tiles (two a group
-/// of four warps) and a score buffer a group.
-const MS_SMEM_G2: usize = (16 + 4 * 32) * 584 * 2 + 2 * 2 * 16 * 40 * 4;
 /// Dynamic shared memory of `mla_prefill` / `mla_prefill_h` (kernels/mla_prefill.cu): the 64
 /// query rows of 4 row groups, one 32-key tile, the scores of 4 row groups.
 const MP_SMEM: usize = (64 + 32) * 584 * 2 + 4 * 16 * 32 * 4;
@@ -762,7 +759,6 @@ fn kernel_names() -> Vec<String> {
         "mla_split_tc",
         "mla_split_tc_h",
         "mla_split_tc_he",
-        "mla_split_tc_he2",
         "mla_split_tc_hb",
         "mla_prefill_h",
         "mla_prefill_ha",
@@ -889,12 +885,6 @@ pub enum Path {
     /// `TS_CUDA_MS_EARLY=0` turns it off (H200, tg64 at 16k: 485.5 / 486.0 against 484.1, the
     /// same hash).
     SplitEarly,
-    /// The early split of one token in two groups of four warps (`mla_split_tc_he2`: each group
-    /// every other key tile with its own online softmax, group 1's state merged into group 0's
-    /// at the end), two warps a scheduler where `mla_split_tc_he` has one. Close to
-    /// `mla_split_tc_he`, not the same bits (test `mla_split_two_groups_close`). Off;
-    /// `TS_CUDA_MS_G2=1` turns it on (written in the fifty-eighth session, to be measured).
-    SplitG2,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of a decode batch whose products run
     /// on the int8 tensor cores: the norm and the input's quantisation in one launch
     /// (`add_rms_norm_q8`, the same bits as `add_rms_norm` then `quant_q8_groups`). Off
@@ -1012,11 +1002,10 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 20] = [
+    const ALL: [Path; 19] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
-        Path::SplitG2,
         Path::NormQ8,
         Path::SumQ8,
         Path::DenseJobs,
@@ -1041,7 +1030,6 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
-            Path::SplitG2 => ("TS_CUDA_MS_G2", false),
             Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),
@@ -1164,8 +1152,6 @@ pub struct CudaBackend {
     sm_count: usize,
     /// Dynamic shared memory the fast paths may use per block (0: fast paths off).
     smem_max: usize,
-    /// Whether `mla_split_tc_he2` got its `MS_SMEM_G2` bytes of shared memory ([`Path::SplitG2`]).
-    ms_g2: bool,
     /// CUDA graphs of whole forward steps (see [`Backend::graph_begin`]).
     graphs: Mutex<GraphState>,
     graphs_on: bool,
@@ -1743,11 +1729,6 @@ impl CudaBackend {
             && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM)].iter().all(|(n, b)| {
                 funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32).is_ok()
             });
-        // The two-group split ([`Path::SplitG2`]) asks for more than the fast paths' cap.
-        let ms_g2 = MS_SMEM_G2 <= optin
-            && funcs["mla_split_tc_he2"]
-                .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, MS_SMEM_G2 as i32)
-                .is_ok();
         // Blocks of the one-launch decode MoE the card holds at once (it needs them all resident).
         let moe_one_cap =
             funcs["moe_sh_q8_one"].occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_or(0, |b| b as usize * sm_count);
@@ -1777,7 +1758,6 @@ impl CudaBackend {
             error: Mutex::new(None),
             sm_count,
             smem_max,
-            ms_g2,
             graphs: Mutex::new(GraphState::default()),
             graphs_on: std::env::var("TS_CUDA_GRAPHS").map_or(true, |v| v != "0") && std::env::var_os("TS_CUDA_PROFILE").is_none(),
             graph_max: std::env::var("TS_CUDA_GRAPH_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(GRAPH_MAX_TOKENS),
