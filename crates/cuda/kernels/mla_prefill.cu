@@ -422,12 +422,6 @@ static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: MS_T..=MS_T + 8")
 #ifndef MS_ST2
 #define MS_ST2 1
 #endif
-// MS_QMAP: the split kernels' query copy by a thread map of constant offsets (see the copy in
-// mla_split_tc_impl); the same bits. A measurement define while it is measured
-// (TS_CUDA_DEFINES=MS_QMAP=0 is the old map; written in the fifty-eighth session).
-#ifndef MS_QMAP
-#define MS_QMAP 1
-#endif
 // A split's partial rows (the thread's fragment o of the 16 rows' 512 values; m / l of rows g
 // and g + 8) at rows (16 of them, ld floats apart): m and l at [0] and [1] (warp 0's lanes that
 // hold them), the values from [voff]. voff is even and the rows 8-byte aligned: two floats a
@@ -560,14 +554,16 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     // All 18 of a thread's query loads in flight before any is converted: one trip to L2 after
     // the wait instead of the five the compiler's unroll by 4 left (gpu-next87 / 88: tg64 at 16k
     // 545.8 / 546.6 against 539.4 / 539.2 / 538.5, the same hash). Thread t holds row t / 8,
-    // float4 columns t % 8 + 8u (MS_QMAP; the same values to the same places), so that every
-    // load and store is a constant offset from the thread's first: the map by idx = t + 128u
-    // divided by the row's 144 float4 at each u and took 64-bit products, ~560 instructions a
-    // warp after the wait where this takes ~220 (static SASS, mla_split_tc_he).
+    // float4 columns t % 8 + 8u, so that every load and store is a constant offset from the
+    // thread's first: the map by idx = t + 128u divided by the row's 144 float4 at each u and
+    // took 64-bit products, ~560 instructions a warp after the wait where this takes ~220
+    // (static SASS, mla_split_tc_he: 2,024 -> 1,696). The same values to the same places.
+    // Measured on an H100 (fifty-eighth session, gpu-next199): 16k 487.9 / 488.2 against 487.0
+    // / 488.0, 64 sequences 8,062.7 against 8,057.2, the same hashes: within the noise, kept as
+    // the simpler form.
     {
         static_assert(16 * (MP_W / 4) == 18 * MS_THREADS, "the query: 18 float4 a thread");
         float4 v[18];
-#if MS_QMAP
         static_assert(MS_THREADS == 16 * 8 && MP_W / 4 == 18 * 8, "the query's map: 8 threads a row");
         const int qr = tid >> 3, qc = tid & 7;
         const float* qp = q + qoff + (i64)tok * q_tok + (i64)(h0 + qr) * q_head + 4 * qc;
@@ -579,20 +575,6 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
             d[16 * u] = pack_h(v[u].x, v[u].y);
             d[16 * u + 1] = pack_h(v[u].z, v[u].w);
         }
-#else
-#pragma unroll
-        for (int u = 0; u < 18; u++) {
-            const int idx = tid + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-            v[u] = *(const float4*)(q + qoff + (i64)tok * q_tok + (i64)(h0 + r) * q_head + 4 * c4);
-        }
-#pragma unroll
-        for (int u = 0; u < 18; u++) {
-            const int idx = tid + u * MS_THREADS, r = idx / (MP_W / 4), c4 = idx - r * (MP_W / 4);
-            u32* d = (u32*)(Qs + r * MP_LD + 4 * c4);
-            d[0] = pack_h(v[u].x, v[u].y);
-            d[1] = pack_h(v[u].z, v[u].w);
-        }
-#endif
     }
     if constexpr (EARLY) {
         if (p2 + 1 != end || s2 != sl) {
