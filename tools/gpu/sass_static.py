@@ -9,7 +9,8 @@ Needs libnvrtc.so.13 (pip install nvidia-cuda-nvrtc==13.0.88; its lib folder on 
 and nvdisasm (pip download --no-deps nvidia-cuda-nvdisasm; unzip; nvidia/cu13/bin/nvdisasm, or
 set NVDISASM).
 
-Usage: tools/gpu/sass_static.py [-D NAME=VAL ...] KERNEL [KERNEL ...]   (SASS_DUMP=1: print the loop too;
+Usage: tools/gpu/sass_static.py [-D NAME=VAL ...] KERNEL [KERNEL ...]   (SASS_DUMP=1: print the loop too,
+       SASS_DUMP=all: the whole function, numbered, with where its PDL wait falls;
        SASS_ARCH=sm_90a: the build H100/H200 get, with the wgmma kernels)
 e.g.   tools/gpu/sass_static.py mmq_q8_64 mmq_q8_rows
        tools/gpu/sass_static.py -D MMQ_ROWS_PAD=0 mmq_q8_rows
@@ -137,7 +138,13 @@ def main():
         r = res.get(fn, {})
         print(f"{fn}: {r.get('regs', '?')} registers, {r.get('spill', '?')} B spilled; {len(ins)} instructions, "
               f"{what} {len(body)}: " + ', '.join(f'{k} {v}' for k, v in c.most_common(24)))
-        if os.environ.get('SASS_DUMP'):
+        if os.environ.get('SASS_DUMP') == 'all':
+            # The whole function, numbered, with where its PDL wait falls: what runs before the
+            # wait and what after it (the part on the chain of dependent launches).
+            acq = next((i for i, s in enumerate(ins) if opcode(s) == 'ACQBULK'), None)
+            print(f'{fn}: PDL wait at instruction {acq}; the hot {what} is {lo}..{hi}')
+            print('\n'.join(f'{i} {s}' for i, s in enumerate(ins)))
+        elif os.environ.get('SASS_DUMP'):
             print('\n'.join(body))
 
 
