@@ -14,7 +14,6 @@ B=$1
 OPS=$2
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=200
-young() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
 ops_tests 120 1 argmax_rows_exact
 stamp "== 64 sequences, -d 96"
 for r in 1 2; do

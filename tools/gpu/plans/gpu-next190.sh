@@ -14,7 +14,6 @@ set -u
 B=$1
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=200
-young() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
 q8_ready
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   stamp "== server, 64 clients, 45 s (H200: issue 6's figure)"

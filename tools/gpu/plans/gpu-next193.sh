@@ -17,7 +17,6 @@ B=$1
 OPS=${OPS:-.dev/ops}
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=200
-young() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
 L="TS_CUDA_DEFINES=MLA_LDSM_S=1"
 stamp "== op tests, MLA_LDSM_S=1"
 TS_CUDA_DEFINES=MLA_LDSM_S=1 ops_tests 240 4 mla cache_write_and_attention

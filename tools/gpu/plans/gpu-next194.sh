@@ -12,7 +12,6 @@ B=$1
 OPS=${OPS:-.dev/ops}
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=200
-young() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
 G="TS_CUDA_MS_G2=1"
 stamp "== op tests"
 ops_tests 240 4 mla_split

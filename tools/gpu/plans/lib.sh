@@ -78,6 +78,8 @@ serve64() {
 }
 # `stamp MSG`: MSG with the seconds since lib.sh was sourced.
 T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+# `young SECONDS`: true while fewer than SECONDS have passed since lib.sh was sourced.
+young() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
 # `op_log LIMIT THREADS LOG PATTERN ENV FILTER...`: ops_vs_cpu (with --nocapture) under ENV settings
 # ("" = none) for at most LIMIT seconds, its output in $O/LOG, then its exit status and the lines
 # matching PATTERN (besides failures and the summary).
