@@ -15,10 +15,7 @@ B=$1
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=200
 q8_ready
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-  stamp "== server, 64 clients, 45 s (H200: issue 6's figure)"
-  serve64 "" 45 "--row-multiple 4"
-fi
+issue6_server
 stamp "== 64 sequences, -d 96"
 OFF="TS_CUDA_DEFINES=MMQ_GU_PF=0,MMQ_DN_PF=0"
 # (a 64-sequence run took ~48 s on an H100 in the fifty-sixth session, the model's load included:

@@ -13,7 +13,7 @@ source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=200
 q8_ready
 h200=0
-nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
+is_h200 && h200=1
 if [ $h200 = 1 ]; then
   stamp "== server, 64 clients, 45 s (H200: issue 6's figure)"
   serve64 "" 45 "--row-multiple 4"

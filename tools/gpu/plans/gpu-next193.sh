@@ -22,10 +22,7 @@ stamp "== op tests, MLA_LDSM_S=1"
 TS_CUDA_DEFINES=MLA_LDSM_S=1 ops_tests 240 4 mla cache_write_and_attention
 if grep -q "test result: ok" $O/ops.txt && ! grep -qE "FAIL|panicked" $O/ops.txt; then ok=1; else ok=0; fi
 q8_ready
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-  stamp "== server, 64 clients, 45 s (H200: issue 6's figure)"
-  serve64 "" 45 "--row-multiple 4"
-fi
+issue6_server
 if [ $ok = 1 ]; then
   stamp "== tg64 at 16k"
   for e in "" "$L" "$L TS_CUDA_MS_NB=2 TS_CUDA_MLA_SPLITS=264"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done

@@ -26,8 +26,5 @@ if [ $ok = 1 ]; then
 else
   stamp "MS_G2 failed its op tests: not timed"
 fi
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && young 400; then
-  stamp "== server, 64 clients, 45 s (H200: issue 6's figure)"
-  serve64 "" 45 "--row-multiple 4"
-fi
+young 400 && issue6_server
 stamp "== done"

@@ -23,8 +23,5 @@ q8_ready
 L=(""); [ $ok = 1 ] && L+=("$G"); [ $okE = 1 ] && L+=("$E")
 stamp "== tg64 at 16k"
 for r in 1 2; do for e in "${L[@]}"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done; done
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-  stamp "== server, 64 clients, 45 s (H200: issue 6's figure)"
-  serve64 "" 45 "--row-multiple 4"
-fi
+issue6_server
 stamp "== done"

@@ -13,7 +13,7 @@ export TS_RUN_LIMIT=200
 stamp "== op tests"
 ops_tests 150 4 mla cache_write_and_attention
 q8_ready
-h200=0; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
+h200=0; is_h200 && h200=1
 stamp "== server, 64 clients, 45 s"
 serve64 "" 45 "--row-multiple 4"
 [ $h200 = 1 ] && serve64 "" 45 "--row-multiple 4"

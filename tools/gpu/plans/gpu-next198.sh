@@ -10,10 +10,7 @@ B=$1
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=200
 q8_ready
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-  stamp "== server, 64 clients, 45 s (H200: issue 6's figure)"
-  serve64 "" 45 "--row-multiple 4"
-fi
+issue6_server
 stamp "== tg64 at 16k"
 for r in 1 2; do for e in "" "TS_CUDA_MLA_OUT=512"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done; done
 stamp "== tg128"

@@ -78,6 +78,15 @@ serve64() {
 }
 # `stamp MSG`: MSG with the seconds since lib.sh was sourced.
 T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+# `is_h200`: true on an H200 (the card issues 5 and 6 name).
+is_h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
+# `issue6_server`: on an H200 only, the server with the defaults, 64 clients for 45 s (issue 6's
+# figure, as PERF.md records it).
+issue6_server() {
+  is_h200 || return 0
+  stamp "== server, 64 clients, 45 s (H200: issue 6's figure)"
+  serve64 "" 45 "--row-multiple 4"
+}
 # `young SECONDS`: true while fewer than SECONDS have passed since lib.sh was sourced.
 young() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
 # `op_log LIMIT THREADS LOG PATTERN ENV FILTER...`: ops_vs_cpu (with --nocapture) under ENV settings
