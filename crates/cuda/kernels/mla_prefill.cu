@@ -683,147 +683,6 @@ MLA_SPLIT_TC_INST(mla_split_tc, float, false, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_h, u16, false, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_hb, u16, false, MS_NB_B, (MS_KFIRST != 0))
-
-// ---- One token's splits merged in the split launch's own tail (Path::SplitTail,
-// mla_split_tc_het). At 16k the merge in mla_out_q8 read every split of a head in each of the
-// head's 8 blocks: 271 KB from L2 a block, 34.7 MB a layer, ~6 us of its 12.4 (Nsight, H100,
-// fifty-eighth session). Here each of the split blocks, once every block of the launch has
-// stored its partial rows, merges a 64-column slice of one head (16 heads x 8 slices = 128
-// units over the nsp blocks): 4.3 MB a layer in all, read once. The merged, normalised rows go
-// to lat (kl floats a head, lstride apart), which mla_out_q8 / mla_out_<t> read with part null,
-// and which the plain decode takes as its output.
-//
-// The grid barrier: a sense-reversing counter pair in L2 (bar[0] arrivals, bar[1] the
-// generation; zero at allocation, arrivals back at zero after each launch). It needs every
-// block of the launch resident at once: the host takes this kernel only for one row group
-// (gridDim.y == 1) of at most one block an SM (nsp <= the SM count; a block fits an SM, or the
-// launch fails). A dependent launch cannot hold the SMs the late blocks need: it starts only
-// once every block of this one has executed its pdl_trigger (at entry), that is, once all are
-// resident. The merge's order (warp w sums splits w, w + 4, ..; the warps' sums added in warp
-// order) is fixed, so the bits do not depend on arrival order; they differ from mla_combine's
-// and mo_merge's (another order of the same sums). Off by default: measured slower on an H100
-// (fifty-ninth session): tg64 at 16k 480.0 / 480.7 against 494.9 / 496.1, the split launch 19.7
-// us a layer against 14.9 and mla_out_q8 6.1 against 9.0 (its blocks find no SM for their
-// weight loads until every split block has passed the barrier).
-#define MT_MU 33  // a thread's split rows in flight: 4 warps x 33 = 132 splits in one trip
-__device__ __forceinline__ void ms_tail_merge(const float* part, int nsp, int nh, int end, float* lat, i64 loff,
-                                              i64 lstride, unsigned* bar, float* sm) {
-    constexpr int W = MS_THREADS / 32;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    __threadfence();  // this thread's partial-row stores, before the block's arrival
-    __syncthreads();
-    if (tid == 0) {
-        unsigned gen, g2;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
-        if (atomicAdd(bar, 1u) == gridDim.x * gridDim.y - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1u) : "memory");
-        } else {
-            do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g2) : "l"(bar + 1) : "memory");
-            } while (g2 == gen);
-        }
-        __threadfence();
-    }
-    __syncthreads();
-    constexpr int stride = MP_V + 2;
-    const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
-    const int nact = min(nsp, (end + chunk - 1) / chunk);
-    const i64 sstride = (i64)nh * stride;
-    float* fw = sm;                                   // MLA_MAX_SPLITS split weights
-    float* red = fw + MLA_MAX_SPLITS;                 // 2 x W
-    float2* wacc = (float2*)(red + 2 * W);            // W x 32: the warps' sums
-    static_assert(MLA_MAX_SPLITS <= 2 * MS_THREADS, "ms_tail_merge: a thread reads at most two splits' (m, l)");
-    const int units = nh * (MP_V / 64);
-    for (int u = blockIdx.x; u < units; u += nsp) {
-        const int h = u >> 3, c0 = (u & 7) * 64;
-        const float* pp = part + (i64)h * stride;  // split s's row of head h at pp + s * sstride
-        float m0 = NEG_INF, l0 = 0.f, m1 = NEG_INF, l1 = 0.f;
-        if (tid < nact) {
-            m0 = __ldcg(pp + tid * sstride);
-            l0 = __ldcg(pp + tid * sstride + 1);
-        }
-        if (tid + MS_THREADS < nact) {
-            m1 = __ldcg(pp + (tid + MS_THREADS) * sstride);
-            l1 = __ldcg(pp + (tid + MS_THREADS) * sstride + 1);
-        }
-        // The slice's values of the first W * MT_MU splits, loaded with the (m, l) pairs (a
-        // split's values start 2 floats past a multiple of 514: 8-byte loads).
-        const float* vp = pp + 2 + c0 + 2 * lane;
-        float2 v[MT_MU];
-#pragma unroll
-        for (int k = 0; k < MT_MU; k++) {
-            const int s = warp + W * k;
-            v[k] = s < nact ? __ldcg((const float2*)(vp + s * sstride)) : make_float2(0.f, 0.f);
-        }
-        float M = warp_max(fmaxf(m0, m1));
-        if (lane == 0) red[warp] = M;
-        __syncthreads();
-        M = red[0];
-#pragma unroll
-        for (int w = 1; w < W; w++) M = fmaxf(M, red[w]);
-        float L = 0.f;
-        if (tid < nact) {
-            const float f = expf(m0 - M);
-            fw[tid] = f;
-            L = l0 * f;
-        }
-        if (tid + MS_THREADS < nact) {
-            const float f = expf(m1 - M);
-            fw[tid + MS_THREADS] = f;
-            L += l1 * f;
-        }
-        L = warp_sum(L);
-        if (lane == 0) red[W + warp] = L;
-        __syncthreads();
-        float2 a = make_float2(0.f, 0.f);
-#pragma unroll
-        for (int k = 0; k < MT_MU; k++) {
-            const int s = warp + W * k;
-            if (s < nact) {
-                const float f = fw[s];
-                a.x += v[k].x * f;
-                a.y += v[k].y * f;
-            }
-        }
-        for (int s = warp + W * MT_MU; s < nact; s += W) {  // more than 132 splits
-            const float2 t = __ldcg((const float2*)(vp + s * sstride));
-            const float f = fw[s];
-            a.x += t.x * f;
-            a.y += t.y * f;
-        }
-        wacc[warp * 32 + lane] = a;
-        __syncthreads();
-        if (warp == 0) {
-            float den = red[W];
-            float2 r = wacc[lane];
-#pragma unroll
-            for (int w = 1; w < W; w++) {
-                den += red[W + w];
-                r.x += wacc[w * 32 + lane].x;
-                r.y += wacc[w * 32 + lane].y;
-            }
-            const float inv = 1.0f / den;
-            float* o = lat + loff + (i64)h * lstride + c0 + 2 * lane;
-            o[0] = r.x * inv;
-            o[1] = r.y * inv;
-        }
-        __syncthreads();  // fw, red and wacc are the next unit's
-    }
-}
-extern "C" __global__ void __launch_bounds__(MS_THREADS)
-    mla_split_tc_het(const float* q, i64 qoff, i64 q_tok, i64 q_head, const u16* cache, const int* pos, const int* slot,
-                     int slot_len, int nh, float scale, float* part, float* lat, i64 loff, i64 lstride, unsigned* bar) {
-    pdl_trigger();
-    mla_split_tc_impl<u16, true, MS_NB, false>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part);
-#if __CUDA_ARCH__ >= 800
-    cp_wait<0>();  // (a block that returned early may hold empty groups; the shared memory is the merge's now)
-    extern __shared__ __align__(16) u8 ms_sm[];
-    // (After the impl's PDL wait: the position is this step's.)
-    ms_tail_merge(part, gridDim.x, nh, __ldcg(pos) + 1, lat, loff, lstride, bar, (float*)ms_sm);
-#endif
-}
 // (One token's split in two groups of four warps, Path::SplitG2 / mla_split_tc_he2: each group
 // every other tile with its own online softmax and 2-tile ring, group 1's state merged into
 // group 0's through shared memory at the end; two warps a scheduler with half the chain each.
@@ -834,4 +693,11 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS)
 // that holds it. Also measured then: the early kernel issuing all 3 ring tiles before its
 // wait (MS_EARLY_ALL), 486.9 / 486.4, neutral. Both removed; git history has them, commit
 // e1fa830.)
+// (One token's splits merged in the split launch's own tail, Path::SplitTail / mla_split_tc_het:
+// after a grid barrier in L2, each block merged a 64-column slice of one head, 4.3 MB of L2
+// reads a layer instead of mla_out_q8's 34.7 MB at 16k. Measured on an H100 in the fifty-ninth
+// session: tg64 at 16k 480.0 / 480.7 against 494.9 / 496.1, 4k -2.2%; the split launch 19.7 us
+// a layer against 14.9, mla_out_q8 6.1 against 9.0. No split block leaves before the barrier,
+// so mla_out_q8's blocks, which do not fit beside one, load their weights only after the whole
+// launch. Removed; git history has it, commit 870b971.)
 // (A batch's 1, 2 or 4 splits a token merged inside the split launch in a thread-block cluster, Path::SplitMerge / mla_split_tc_hbm<CL>: no mla_combine_few launch, the same bits; measured 64 sequences 9,485 against 9,624 at -d 96 and 9,033 against 9,202 at -d 400 on the H200, gpu-next146, and was removed; git history has it, commit 901d341.)

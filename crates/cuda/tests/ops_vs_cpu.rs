@@ -2785,8 +2785,6 @@ fn mla_split_early_exact() {
     }
     ge.set_path(Path::SplitEarly, true);
     gd.set_path(Path::SplitEarly, false);
-    // (The merge in the split launch's tail has other bits: mla_split_tail checks it.)
-    ge.set_path(Path::SplitTail, false);
     let mut r = rng(53);
     let mut rep = Report::new("mla_split_early");
     let (kl, rd) = (512usize, 64usize);
@@ -2827,64 +2825,6 @@ fn mla_split_early_exact() {
         if outs.len() == 2 {
             rep.check(&format!("{lab} early vs after the wait (exact)"), &outs[0], &outs[1], 0.0, 0.0);
         }
-    }
-    rep.finish();
-}
-
-/// One token's split MLA decode merging its splits in the split launch's own tail
-/// (`Path::SplitTail`, `mla_split_tc_het`: a grid barrier, then 64-column slices of a head over
-/// the blocks) against the same backend's `mla_combine` after `mla_split_tc_he`: the same sums
-/// in another order (within 1e-5), histories from 5 positions (one split with keys) to 16,000;
-/// taken exactly when on, for one token of 16 heads only. Each case also runs 40 times more
-/// back to back: the barrier's counters must come back to the same bits every time.
-#[test]
-fn mla_split_tail() {
-    let Some(shared) = gpu() else { return };
-    if !shared.tensor_cores() {
-        eprintln!("mla_split_tail: no tensor cores, skipped");
-        return;
-    }
-    let g = &CudaBackend::new(0).expect("second backend");
-    g.set_mla_tensor_cores(Some(true));
-    g.set_path(Path::SplitEarly, true);
-    let mut r = rng(59);
-    let mut rep = Report::new("mla_split_tail");
-    let (kl, rd) = (512usize, 64usize);
-    let w = kl + rd;
-    let slot_len = 16384u32;
-    let rows = 2 * slot_len as usize;
-    for &(nh, n, long) in &[(16usize, 1usize, 5u32), (16, 1, 300), (16, 1, 4000), (16, 1, 9000), (16, 1, 16000), (16, 3, 2500), (128, 1, 2100)] {
-        let (toks, all, hist) = mla_tokens(n, long, false, &mut r);
-        let data = randn(&mut r, all.len() * w, 1.0);
-        let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-        let qr = Rows { off: 4, n: n * nh, width: w, stride: w + 8 };
-        let o = Rows { off: 1, n: n * nh, width: kl, stride: kl + 3 };
-        let meta = BatchMeta { tokens: toks, outputs: vec![], slot_len };
-        let q = randn(&mut r, qr.end(), 0.5);
-        let lab = format!("heads={nh} n={n} hist={hist:?}");
-        let gh = g.alloc_latent_cache(rows, w, kl, nh).unwrap();
-        fill_cache(g, &gh, &data, w, &all, slot_len);
-        let (gb, gq) = (batch(g, &meta), buf(g, &q));
-        let go = g.alloc(o.end()).unwrap();
-        let mut outs = Vec::new();
-        for on in [false, true] {
-            g.set_path(Path::SplitTail, on);
-            poison(g, &go, o.end());
-            g.synchronize().unwrap();
-            let before = g.path_launches(Path::SplitTail);
-            g.mla_attention(&gq, qr, &gh, &gb, &p, &go, o);
-            let took = g.path_launches(Path::SplitTail) - before;
-            let want = u64::from(on && n == 1 && nh == 16);
-            if took != want {
-                rep.failures.push(format!("{lab}: the tail merge ran {took} times, not {want}"));
-            }
-            outs.push(get(g, &go, o));
-        }
-        rep.check(&format!("{lab} tail merge vs mla_combine"), &outs[1], &outs[0], 1e-5, 1e-5);
-        for _ in 0..40 {
-            g.mla_attention(&gq, qr, &gh, &gb, &p, &go, o);
-        }
-        rep.check(&format!("{lab} tail merge, 41st launch (exact)"), &get(g, &go, o), &outs[1], 0.0, 0.0);
     }
     rep.finish();
 }

@@ -217,8 +217,6 @@ impl CudaBackend {
                 (if use_tc && n * nh == 16 { self.sm_count } else { 2 * self.sm_count }) / n
             };
             let nsp = if self.mla_splits > 0 { self.mla_splits } else { auto }.clamp(1, MLA_MAX_SPLITS);
-            // One token's splits merged by the split launch itself (Path::SplitTail).
-            let tail = early && nh == 16 && nsp <= self.sm_count && self.path_on(Path::SplitTail);
             let per_tok = 4 * nsp * nh * (kl + 2);
             let chunk = (PART_MIN_BYTES / per_tok).clamp(1, n);
             let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
@@ -252,16 +250,6 @@ impl CudaBackend {
                 ];
                 if in_batch {
                     self.took(Path::SplitBatch);
-                }
-                if tail {
-                    // The split blocks merge their splits themselves into `out` (the kernel's
-                    // grid barrier needs them all resident: one row group, nsp <= the SM count).
-                    let Some(bar) = self.scratch(S::SplitBar, 8) else { return (None, false) };
-                    self.took(Path::SplitTail);
-                    let targs: [A; 4] = [A::P(out.0.ptr), l(ooff), l(o.stride), A::P(bar)];
-                    let all: [A; 15] = std::array::from_fn(|i| if i < 11 { args[i] } else { targs[i - 11] });
-                    self.launch("mla_split_tc_het", (nsp as u32, 1, 1), threads, smem as u32, &all[..]);
-                    return (None, false);
                 }
                 let all: [A; 23] = cat(args, hint);
                 self.launch(kname, (nsp as u32, gy as u32, 1), threads, smem as u32, &all[..if use_tc { 11 } else { 23 }]);

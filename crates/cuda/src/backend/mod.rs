@@ -359,12 +359,8 @@ enum S {
     /// (`[n, q + kv_a]` f32, [`Path::QkvJoint`]), read by `norm_rope_cache` in place of the
     /// model's `q` and `kv` buffers.
     Qkv,
-    /// The grid barrier of one token's split launch that merges its own splits
-    /// (`mla_split_tc_het`, [`Path::SplitTail`]): two u32s, arrivals (zero between launches)
-    /// and a generation.
-    SplitBar,
 }
-const N_SCRATCH: usize = 32;
+const N_SCRATCH: usize = 31;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -387,7 +383,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc",
     "mla_split_tc_h",
     "mla_split_tc_he",
-    "mla_split_tc_het",
     "mla_split_tc_hb",
     "mmq_q8_64",
     "mmq_q8_64e",
@@ -764,7 +759,6 @@ fn kernel_names() -> Vec<String> {
         "mla_split_tc",
         "mla_split_tc_h",
         "mla_split_tc_he",
-        "mla_split_tc_het",
         "mla_split_tc_hb",
         "mla_prefill_h",
         "mla_prefill_ha",
@@ -891,18 +885,6 @@ pub enum Path {
     /// `TS_CUDA_MS_EARLY=0` turns it off (H200, tg64 at 16k: 485.5 / 486.0 against 484.1, the
     /// same hash).
     SplitEarly,
-    /// With [`Path::SplitEarly`], one token of one 16-head row group on at most one split block
-    /// an SM: the split blocks merge the splits themselves once all have stored their partial
-    /// rows (`mla_split_tc_het`: a grid barrier, then 128 slices of 64 columns of a head over the
-    /// blocks), so `mla_out_q8` / `mla_out_<t>` read merged rows instead of each of a head's
-    /// blocks merging all its splits (34.7 MB of L2 reads a layer at 16k). Another order of the
-    /// same sums: other bits than `mla_combine`'s. Off (`TS_CUDA_MS_TAIL=1` turns it on):
-    /// measured slower on an H100 (fifty-ninth session, gpu-next200): tg64 at 16k 480.0 / 480.7
-    /// against 494.9 / 496.1, at 4k 528.2 against 539.8; the split launch 19.7 us a layer
-    /// against 14.9, `mla_out_q8` 6.1 against 9.0. No split block leaves before the barrier, so
-    /// `mla_out_q8`'s blocks (124 KB, beside no 136 KB split block) find no SM to load their
-    /// weights on until the whole launch ends.
-    SplitTail,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of a decode batch whose products run
     /// on the int8 tensor cores: the norm and the input's quantisation in one launch
     /// (`add_rms_norm_q8`, the same bits as `add_rms_norm` then `quant_q8_groups`). Off
@@ -1020,11 +1002,10 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 20] = [
+    const ALL: [Path; 19] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
-        Path::SplitTail,
         Path::NormQ8,
         Path::SumQ8,
         Path::DenseJobs,
@@ -1049,7 +1030,6 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
-            Path::SplitTail => ("TS_CUDA_MS_TAIL", false),
             Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),
