@@ -891,7 +891,8 @@ pub enum Path {
     /// the attention in its own blocks), up to 256 W_o rows a block: `mla_out_q8g`, W_o's pieces
     /// loaded to registers before the PDL wait instead of to shared memory (86 KB a block in
     /// place of 122), so that a block fits beside a long context's split block and loads its
-    /// weights during the split. The same bits. On; `TS_CUDA_MO_WOG=0` turns it off.
+    /// weights during the split. The same bits. Off until measured (`TS_CUDA_MO_WOG=1` turns it
+    /// on; plan gpu-next201).
     OutWoReg,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of a decode batch whose products run
     /// on the int8 tensor cores: the norm and the input's quantisation in one launch
@@ -1039,7 +1040,7 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
-            Path::OutWoReg => ("TS_CUDA_MO_WOG", true),
+            Path::OutWoReg => ("TS_CUDA_MO_WOG", false),
             Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),
