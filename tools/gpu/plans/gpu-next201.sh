@@ -8,6 +8,7 @@
 #  2. alternating, defaults / WOG=1 / WOG=1 CARVE=1: tg64 at 16k twice; tg64 at 4k and tg128 once;
 #  3. the 16k trace with WOG=1. On an H200, issue 6's server figure first (then the
 #     16k runs once, not twice).
+# TS_PLAN_SHORT=1: steps 1 and 2 without tg128 (~3.5 minutes).
 #   OPS=.dev/ops tools/gpu/plans/gpu-next201.sh .dev/turbospark 2>&1 | tee $OUT/log.txt | tail -40
 set -u
 B=$1
@@ -24,6 +25,7 @@ stamp "== tg64 at 16k"
 for r in 1 $(is_h200 || echo 2); do for e in "$W0" "$W1" "$CV"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 16384 -r 1 --hash; done; done
 stamp "== tg64 at 4k"
 for e in "$W0" "$W1" "$CV"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 64 -d 4096 -r 1 --hash; done
+[ -n "${TS_PLAN_SHORT:-}" ] && { stamp "== done (short)"; exit 0; }
 stamp "== tg128"
 for e in "$W0" "$W1" "$CV"; do b "$e" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash; done
 stamp "== trace at 16k (WOG=1)"
