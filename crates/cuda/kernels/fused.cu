@@ -1838,14 +1838,12 @@ MLA_OUT_H16(f16, T_F16)
 // ---- mla_out_q8 (described above, at "The MLA decode's output side in one launch"). Its merge
 // spread over a cluster of a head's 8 blocks (each merging 64 columns and sending them to the
 // others through distributed shared memory) was measured in gpu-next87: tg64 at 16k 510.7
-// against 539.4, and removed.
-// WOG (mla_out_q8g; Path::OutWoReg, the merge and lat forms only, R <= 256): the block's W_o
-// pieces go to registers before the wait (8 rows a thread: 8 x 16 quants and a scale), not to
-// shared memory, which then holds 86 KB in place of 122: a block fits beside a 136 KB split
-// block (mla_split_tc_he), so at long contexts its weight loads run during the split rather
-// than after the split blocks leave. The same products in the same order: the same bits.
-#define MO_WOG_K 8
-template <bool WOG>
+// against 539.4, and removed. W_o's pieces loaded to registers before the wait instead of
+// shared memory (mla_out_q8g, Path::OutWoReg: 86 KB a block instead of 122, so that a block fits
+// beside a 136 KB split block and loads its weights during the split; the same bits) was
+// measured in the fifty-ninth session on an H100: tg64 at 16k 488.1 / 488.5 against 488.3 /
+// 489.2, with the largest shared-memory carveout asked for the split kernels and it 479.4 /
+// 482.0; removed (commit df31e0a has it).
 __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, const float* lat, i64 loff, i64 lstride,
                                                 const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes,
                                                 i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R, float* outp,
@@ -1856,8 +1854,8 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r0 = c * R, nr = min(R, H - r0);
     u8* suv = smo;                                     // MO_VD rows of uv_row_bytes
-    u8* so = suv + MO_VD * uv_row_bytes;               // R rows of 144 bytes (none with WOG)
-    float* wsum = (float*)(so + (WOG ? 0 : (i64)R * 144));  // MO_WARPS x kl: the warps' merge sums
+    u8* so = suv + MO_VD * uv_row_bytes;               // R rows of 144 bytes
+    float* wsum = (float*)(so + (i64)R * 144);         // MO_WARPS x kl: the warps' merge sums
     i8* latq = (i8*)(wsum + MO_WARPS * kl);            // kl quants
     float* latd = (float*)(latq + kl);                 // kl / 32 scales
     i8* vq = (i8*)(latd + kl / 32);                    // MO_VD quants
@@ -1868,30 +1866,11 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
         const u8* g = Wuv + (i64)h * uv_mat_bytes;
         const int n16 = (int)(MO_VD * uv_row_bytes / 16);
         for (int i = tid; i < n16; i += MO_THREADS) cp16_any(suv + 16 * i, g + 16 * (i64)i);
-        if (!WOG) {
-            for (int i = tid; i < nr * 9; i += MO_THREADS) {
-                const int r = i / 9, j = i - r * 9;
-                cp16_any(so + r * 144 + 16 * j, Wo + (i64)(r0 + r) * o_row_bytes + (i64)h * 144 + 16 * j);
-            }
+        for (int i = tid; i < nr * 9; i += MO_THREADS) {
+            const int r = i / 9, j = i - r * 9;
+            cp16_any(so + r * 144 + 16 * j, Wo + (i64)(r0 + r) * o_row_bytes + (i64)h * 144 + 16 * j);
         }
         cp_commit_any();
-    }
-    // WOG: lane group g8 of warp w, rows 4w + g8 + 32k (the output loop's), piece lane & 7.
-    uint4 wq[WOG ? MO_WOG_K : 1];
-    float wd[WOG ? MO_WOG_K : 1];
-    if constexpr (WOG) {
-        const int sub = lane & 7, b = sub >> 1;
-#pragma unroll
-        for (int k = 0; k < MO_WOG_K; k++) {
-            const int rr = 4 * warp + (lane >> 3) + 32 * k;
-            wq[k] = make_uint4(0u, 0u, 0u, 0u);
-            wd[k] = 0.f;
-            if (rr < nr) {
-                const u8* gp = Wo + (i64)(r0 + rr) * o_row_bytes + (i64)h * 144;
-                wq[k] = *(const uint4*)(gp + 16 + 32 * b + 16 * (sub & 1));
-                wd[k] = h2f(((const u16*)gp)[b]);
-            }
-        }
     }
     // Positions come from the batch upload, which no kernel of the step writes.
     const int end = pos[0] + 1;
@@ -1952,18 +1931,6 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     }
     __syncthreads();
     // Output rows: 8 lanes a row (the head's 8 pieces), 32 rows a pass of the block.
-    if constexpr (WOG) {
-#pragma unroll
-        for (int k = 0; k < MO_WOG_K; k++) {
-            const int rr0 = warp * 4 + 32 * k, rr = rr0 + g8;
-            if (rr0 >= nr) break;
-            float acc = 0.f;
-            if (rr < nr) acc = (float)dot16(wq[k], vq + 16 * sub) * (wd[k] * vdd[sub >> 1]);
-            acc = group_sum(acc, 8);
-            if (sub == 0 && rr < nr) outp[(i64)h * H + r0 + rr] = acc;
-        }
-        return;
-    }
 #pragma unroll 4
     for (int rr0 = warp * 4; rr0 < nr; rr0 += 4 * MO_WARPS) {
         const int rr = rr0 + g8;
@@ -1983,15 +1950,7 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS)
                const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
                float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
                float scale) {
-    mla_out_q8_body<false>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes,
-                           H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
-}
-extern "C" __global__ void __launch_bounds__(MO_THREADS)
-    mla_out_q8g(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
-                const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
-                float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
-                float scale) {
-    mla_out_q8_body<true>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes,
-                          H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
+    mla_out_q8_body(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes, H,
+                    R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
 }
 

@@ -1987,23 +1987,7 @@ fn fused_mla_attention_out() {
         let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, 64], 1.0 / (hd as f32).sqrt());
         g.set_mla_out(rows);
         g.set_norm_router(true);
-        g.set_path(Path::OutWoReg, true);
-        let before = g.path_launches(Path::OutWoReg);
         let (fx, fo, fl, _) = run_mla_out_of(g, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
-        // W_o's pieces in registers (mla_out_q8g: no attention in the block, an f32 cache)
-        // against shared memory (mla_out_q8): the same bits.
-        if g.path_launches(Path::OutWoReg) != before + 1 {
-            rep.failures.push(format!("heads={nh} pos={hist}: mla_out_q8g did not run"));
-        }
-        g.set_path(Path::OutWoReg, false);
-        let (sx, so, sl, _) = run_mla_out_of(g, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
-        exact(
-            &mut rep,
-            &format!("heads={nh} H={hd} pos={hist} W_o in registers vs shared memory"),
-            &["x", "out", "logits"],
-            &[fx.clone(), fo.clone(), fl.clone()],
-            &[sx, so, sl],
-        );
         g.set_norm_router(false);
         let (nx, no, nl, _) = run_mla_out_of(g, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         exact(

@@ -395,7 +395,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
     "mla_out_q8",
-    "mla_out_q8g",
     "mla_out_bf16",
     "mla_out_f16",
 ];
@@ -775,7 +774,6 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
-        "mla_out_q8g",
         "mla_out_bf16",
         "mla_out_f16",
         "moe_sh_q8_one",
@@ -887,13 +885,6 @@ pub enum Path {
     /// `TS_CUDA_MS_EARLY=0` turns it off (H200, tg64 at 16k: 485.5 / 486.0 against 484.1, the
     /// same hash).
     SplitEarly,
-    /// `mla_attention_out` of one token after a split kernel (the merge or the merged rows, not
-    /// the attention in its own blocks), up to 256 W_o rows a block: `mla_out_q8g`, W_o's pieces
-    /// loaded to registers before the PDL wait instead of to shared memory (86 KB a block in
-    /// place of 122), so that a block fits beside a long context's split block and loads its
-    /// weights during the split. The same bits. Off until measured (`TS_CUDA_MO_WOG=1` turns it
-    /// on; plan gpu-next201).
-    OutWoReg,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of a decode batch whose products run
     /// on the int8 tensor cores: the norm and the input's quantisation in one launch
     /// (`add_rms_norm_q8`, the same bits as `add_rms_norm` then `quant_q8_groups`). Off
@@ -1011,11 +1002,10 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 20] = [
+    const ALL: [Path; 19] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
-        Path::OutWoReg,
         Path::NormQ8,
         Path::SumQ8,
         Path::DenseJobs,
@@ -1040,7 +1030,6 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
-            Path::OutWoReg => ("TS_CUDA_MO_WOG", false),
             Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),
@@ -1711,15 +1700,6 @@ impl CudaBackend {
                 .is_err()
             {
                 smem_max = smem_max.min(48 * 1024);
-            }
-        }
-        // TS_CUDA_CARVE=1 (a measurement switch, read at open): the one-token split kernels and
-        // `mla_out_q8g` ask for the largest shared-memory carveout. An SM's L1 / shared split is
-        // set when a block is placed on it idle, by that block's kernel; a split block alone
-        // (136 KB) may get a split with no room for `mla_out_q8g`'s 86 KB beside it.
-        if std::env::var("TS_CUDA_CARVE").is_ok_and(|v| v == "1") {
-            for n in ["mla_split_tc_he", "mla_split_tc_h", "mla_out_q8g"] {
-                let _ = funcs[n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
             }
         }
         // The f16 prompt kernels: the most stages whose shared memory the device gives (their own

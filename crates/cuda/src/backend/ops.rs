@@ -1337,17 +1337,11 @@ impl Backend for CudaBackend {
                 ),
             );
         } else {
-            // The merge or lat forms with W_o's pieces in registers (Path::OutWoReg): a block
-            // fits beside a split block, so its weights load during the split.
-            let wog = !short && rows <= 256 && self.path_on(Path::OutWoReg);
-            if wog {
-                self.took(Path::OutWoReg);
-            }
             self.launch(
-                if wog { "mla_out_q8g" } else { "mla_out_q8" },
+                "mla_out_q8",
                 (hd.div_ceil(rows) as u32, nh as u32, 1),
                 256,
-                mla_out_smem(kl, w_uv.row_bytes, if wog { 0 } else { rows }) as u32,
+                mla_out_smem(kl, w_uv.row_bytes, rows) as u32,
                 &cat::<16, 7, 23>(
                     [
                         A::P(part),
