@@ -1395,12 +1395,15 @@ __device__ __forceinline__ float2 mo_attend(const float* qh, float scale, const 
 // mo_merge's first part: head h's split rows in part (pp, sstride floats
 // apart), how many of the nsp splits hold keys (returned), each one's weight exp(m_s - M) into
 // fw, and each warp's share of L (the weighted sum of the splits' l) into red[MO_WARPS + warp].
+// HP: rows of m, l and kl / 2 f16 pairs of values already divided by l (mla_split_tc_hep), so
+// a split's weight is l_s exp(m_s - M).
+template <bool HP = false>
 __device__ __forceinline__ int mo_split_weights(const float* part, int nsp, int nh, int kl, int h, int end, float* fw,
                                                 float* red, const float*& pp, i64& sstride) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int chunk = ((end + nsp - 1) / nsp + MLA_T - 1) / MLA_T * MLA_T;
     const int nact = min(nsp, (end + chunk - 1) / chunk);
-    const int stride = kl + 2;
+    const int stride = HP ? kl / 2 + 2 : kl + 2;
     sstride = (i64)nh * stride;
     pp = part + (i64)h * stride;
     float ms = NEG_INF, ls = 0.f;
@@ -1417,7 +1420,7 @@ __device__ __forceinline__ int mo_split_weights(const float* part, int nsp, int 
     float L = 0.f;
     if (tid < nact) {
         const float f = expf(ms - M);
-        fw[tid] = f;
+        fw[tid] = HP ? ls * f : f;
         L = ls * f;
     }
     L = warp_sum(L);
@@ -1432,6 +1435,9 @@ __device__ __forceinline__ int mo_split_weights(const float* part, int nsp, int 
 // order), or (part null) the merged row the split kernel wrote at lat + loff + h * lstride.
 // Returns this thread's two values 2 tid, 2 tid + 1 (zeros past kl). wsum: MO_WARPS x kl floats;
 // fw: MLA_MAX_SPLITS; red: 2 x MO_WARPS.
+// HP: the split rows as mla_split_tc_hep writes them (mo_split_weights<true>): lane reads the
+// f16 pair at the same values as the float2 it reads otherwise.
+template <bool HP = false>
 __device__ __forceinline__ float2 mo_merge(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, int nh,
                                            int kl, int h, int end, float* wsum, float* fw, float* red) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1440,7 +1446,7 @@ __device__ __forceinline__ float2 mo_merge(const float* part, int nsp, const flo
     if (part) {
         const float* pp;
         i64 sstride;
-        const int nact = mo_split_weights(part, nsp, nh, kl, h, end, fw, red, pp, sstride);
+        const int nact = mo_split_weights<HP>(part, nsp, nh, kl, h, end, fw, red, pp, sstride);
         // Warp w: splits w, w + MO_WARPS, ...; lane: the float2 at 2 * lane + 64 * j (kl / 64 of
         // them; a split's row starts 2 floats past a multiple of kl + 2, so 8-byte loads).
         const int nj = kl >> 6;
@@ -1455,9 +1461,15 @@ __device__ __forceinline__ float2 mo_merge(const float* part, int nsp, const flo
                 const int s = s0 + u * MO_WARPS;
                 f[u] = s < nact ? fw[s] : 0.f;
 #pragma unroll
-                for (int j = 0; j < MO_KL / 64; j++)
-                    v[u][j] = s < nact && j < nj ? *(const float2*)(pp + s * sstride + 2 + 2 * lane + 64 * j)
-                                                 : make_float2(0.f, 0.f);
+                for (int j = 0; j < MO_KL / 64; j++) {
+                    if constexpr (HP) {
+                        const u32 w = s < nact && j < nj ? ((const u32*)(pp + s * sstride + 2))[lane + 32 * j] : 0u;
+                        v[u][j] = make_float2(h2f((u16)w), h2f((u16)(w >> 16)));
+                    } else {
+                        v[u][j] = s < nact && j < nj ? *(const float2*)(pp + s * sstride + 2 + 2 * lane + 64 * j)
+                                                     : make_float2(0.f, 0.f);
+                    }
+                }
             }
 #pragma unroll
             for (int u = 0; u < MO_MU; u++)
@@ -1844,6 +1856,7 @@ MLA_OUT_H16(f16, T_F16)
 // measured in the fifty-ninth session on an H100: tg64 at 16k 488.1 / 488.5 against 488.3 /
 // 489.2, with the largest shared-memory carveout asked for the split kernels and it 479.4 /
 // 482.0; removed (commit df31e0a has it).
+template <bool HP>
 __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, const float* lat, i64 loff, i64 lstride,
                                                 const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes,
                                                 i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R, float* outp,
@@ -1881,7 +1894,7 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     if (q) {
         lv = mo_attend(q + qoff + (i64)h * q_head, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
     } else {
-        lv = mo_merge(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
+        lv = mo_merge<HP>(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
     }
     // lat_h to Q8_0: 16 lanes a 32-value block (ggml's quantize_row_q8_0, the scale f16-rounded).
     {
@@ -1950,7 +1963,16 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS)
                const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
                float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
                float scale) {
-    mla_out_q8_body(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes, H,
-                    R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
+    mla_out_q8_body<false>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes,
+                           H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
+}
+// The same after mla_split_tc_hep (Path::HalfParts): its f16 partial rows.
+extern "C" __global__ void __launch_bounds__(MO_THREADS)
+    mla_out_q8p(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
+                const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
+                float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
+                float scale) {
+    mla_out_q8_body<true>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes,
+                          H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
 }
 

@@ -426,6 +426,9 @@ static_assert(MS_SLD >= MS_T && MS_SLD <= MS_SLD_MAX, "MS_SLD: MS_T..=MS_T + 8")
 // and g + 8) at rows (16 of them, ld floats apart): m and l at [0] and [1] (warp 0's lanes that
 // hold them), the values from [voff]. voff is even and the rows 8-byte aligned: two floats a
 // store (MS_ST2; full 32-byte sectors where single floats at stride 2 fill half of each).
+// HP (Path::HalfParts, mla_split_tc_hep): the values divided by the row's l and stored as f16
+// pairs (one u32 a pair, from float [voff] on: half the bytes), for mo_merge<true>.
+template <bool HP = false>
 __device__ __forceinline__ void ms_store_partial(const float (&o)[16][4], float m0, float m1, float l0, float l1,
                                                  float* rows, int ld, int voff) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -436,6 +439,19 @@ __device__ __forceinline__ void ms_store_partial(const float (&o)[16][4], float 
         r0[1] = l0;
         r1[0] = m1;
         r1[1] = l1;
+    }
+    if constexpr (HP) {
+        // (l >= 1 for a split with keys: its largest score contributes exp(0).)
+        const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+        u32* h0 = (u32*)(r0 + voff);
+        u32* h1 = (u32*)(r1 + voff);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int c = warp * 64 + 4 * i + t4;  // the pair of values warp * 128 + 8i + 2 t4
+            h0[c] = pack_h(o[i][0] * i0, o[i][1] * i0);
+            h1[c] = pack_h(o[i][2] * i1, o[i][3] * i1);
+        }
+        return;
     }
 #pragma unroll
     for (int i = 0; i < 16; i++) {
@@ -463,7 +479,7 @@ __device__ __forceinline__ void ms_store_partial(const float (&o)[16][4], float 
 // groups: the same bits. One token a launch (the host's rule): in a batch, another token of the
 // same sequence has its row written by the same previous kernel, and only the block's own
 // token's row is kept out of the early tiles.
-template <typename C, bool EARLY, int NBT, bool KFIRST>
+template <typename C, bool EARLY, int NBT, bool KFIRST, bool HP = false>
 __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache,
                                                   const int* pos, const int* slot, int slot_len, int nh, float scale,
                                                   float* part) {
@@ -482,7 +498,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     const int hg = nh >> 4;
     const int tok = blockIdx.y / hg, h0 = (blockIdx.y - tok * hg) * 16;
     const int sp = blockIdx.x, nsp = gridDim.x;
-    const int stride = MP_V + 2;
+    const int stride = HP ? MP_V / 2 + 2 : MP_V + 2;  // floats a partial row (HP: m, l, 256 f16 pairs)
     float* prow = part + (((i64)tok * nsp + sp) * nh + h0) * stride;  // head h0 + r at prow + r*stride
     // This split's keys [j0, j1) of the context [0, end), and the slot's first cache row.
     int end = 0, sl = 0, j0 = 0, j1 = 0;
@@ -667,7 +683,7 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
         }
     }
     // (a partial row is 514 floats from an 8-byte aligned buffer: its values 8-byte aligned)
-    ms_store_partial(o, m0, m1, l0, l1, prow, stride, 2);
+    ms_store_partial<HP>(o, m0, m1, l0, l1, prow, stride, 2);
 #endif
 }
 #define MLA_SPLIT_TC_INST(NAME, C, EARLY, NB, KFIRST)                                                       \
@@ -683,6 +699,13 @@ MLA_SPLIT_TC_INST(mla_split_tc, float, false, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_h, u16, false, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true, MS_NB, false)
 MLA_SPLIT_TC_INST(mla_split_tc_hb, u16, false, MS_NB_B, (MS_KFIRST != 0))
+// The early kernel leaving f16 partial rows divided by l (Path::HalfParts; mla_out_q8p merges them).
+extern "C" __global__ void __launch_bounds__(MS_THREADS)
+    mla_split_tc_hep(const float* q, i64 qoff, i64 q_tok, i64 q_head, const u16* cache, const int* pos, const int* slot,
+                     int slot_len, int nh, float scale, float* part) {
+    pdl_trigger();
+    mla_split_tc_impl<u16, true, MS_NB, false, true>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part);
+}
 // (One token's split in two groups of four warps, Path::SplitG2 / mla_split_tc_he2: each group
 // every other tile with its own online softmax and 2-tile ring, group 1's state merged into
 // group 0's through shared memory at the end; two warps a scheduler with half the chain each.

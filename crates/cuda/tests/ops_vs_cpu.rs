@@ -2013,6 +2013,49 @@ fn fused_mla_attention_out() {
     rep.finish();
 }
 
+/// One token's attention output after the early tensor-core split with its partial rows divided
+/// by their softmax sums and stored as f16 (`Path::HalfParts`: `mla_split_tc_hep`, merged by
+/// `mla_out_q8p`) against the f32 rows (`mla_split_tc_he`, `mla_out_q8`) on the same backend:
+/// the rows rounded to f16 (within 5e-3 of the rms), taken exactly when on, at contexts past
+/// the tensor-core split's threshold (2,560).
+#[test]
+fn mla_out_half_parts() {
+    let Some(shared) = gpu() else { return };
+    if !shared.tensor_cores() {
+        eprintln!("mla_out_half_parts: no tensor cores, skipped");
+        return;
+    }
+    let g = &CudaBackend::new(0).expect("second backend");
+    g.set_mla_out(256);
+    g.set_path(Path::SplitEarly, true);
+    let mut r = rng(61);
+    let mut rep = Report::new("mla_out_half_parts");
+    let (nh, kl, rd, hd) = (16usize, 512usize, 64usize, 2048usize);
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    for hist in [2600u32, 4000] {
+        let cache_rows = randn(&mut r, (hist as usize + 1) * (kl + rd), 1.0);
+        let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+        let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+        let (q, x, nw) = (randn(&mut r, nh * (kl + rd), 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+        let mut res = Vec::new();
+        for on in [false, true] {
+            g.set_path(Path::HalfParts, on);
+            let before = g.path_launches(Path::HalfParts);
+            let (fx, fo, _, _) =
+                run_mla_out_of(g, GgmlType::Q8_0, true, &p, hist, &cache_rows, (&uvb, &wob), (&q[..], &x[..], &nw[..]), None, None);
+            let took = g.path_launches(Path::HalfParts) - before;
+            if took != u64::from(on) {
+                rep.failures.push(format!("pos={hist}: the f16 partial rows were taken {took} times with the path {on}"));
+            }
+            res.push((fx, fo));
+        }
+        rep.check(&format!("pos={hist} x: f16 partial rows vs f32"), &res[1].0, &res[0].0, 5e-3, 5e-3);
+        rep.check(&format!("pos={hist} out: f16 partial rows vs f32"), &res[1].1, &res[0].1, 5e-3, 5e-3);
+    }
+    g.set_path(Path::HalfParts, false);
+    rep.finish();
+}
+
 /// The same op with f16 / bf16 W_uv and W_o: on the GPU for one token `mla_out_<t>` (clusters of
 /// 8 blocks a head: the merge, the value rows with gemv_h16's arithmetic, the output's per-head
 /// rows; `set_path(Path::Out16, true)`), then the norm with the router and the routing in one launch, against

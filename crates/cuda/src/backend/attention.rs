@@ -81,8 +81,10 @@ impl Nrc<'_> {
 
 impl CudaBackend {
     /// [`Backend::mla_attention`]; with `defer`, a one-token step on the split kernels leaves
-    /// the merge of its splits to the caller and returns (the partial rows, the split count)
-    /// (`mla_out_q8` merges them). None: `out` is written (or the backend failed). Then whether
+    /// the merge of its splits to the caller and returns (the partial rows, the split count,
+    /// whether they are f16 rows divided by l: `half`, asked by a caller that can merge them,
+    /// and taken by the early tensor-core kernel, [`Path::HalfParts`]) (`mla_out_q8` /
+    /// `mla_out_q8p` merge them). None: `out` is written (or the backend failed). Then whether
     /// every token's rows also went out in f16 at `lat_h` (non-zero: the merge's).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mla_attention_run(
@@ -95,8 +97,9 @@ impl CudaBackend {
         out: &CudaBuf,
         o: Rows,
         defer: bool,
+        half: bool,
         lat_h: u64,
-    ) -> (Option<(u64, usize)>, bool) {
+    ) -> (Option<(u64, usize, bool)>, bool) {
         // Backend::prefetch_hint's regions go with a one-token step's split kernel, and with no
         // other launch (they are taken either way).
         let hint = self.take_hint(batch.tokens.len() == 1);
@@ -143,7 +146,10 @@ impl CudaBackend {
         }
         let in_batch = use_tc && cache.half && n > 1 && self.path_on(Path::SplitBatch);
         let ms_smem = if in_batch { ms_smem_h(self.ms_nb_b) } else { ms_smem };
+        // f16 partial rows for a caller that merges them (one token, deferred).
+        let hp = early && defer && half && n == 1 && self.path_on(Path::HalfParts);
         let split = match (use_tc, cache.half, early) {
+            (true, true, true) if hp => Some(("mla_split_tc_hep", 128u32)),
             (true, true, true) => Some(("mla_split_tc_he", 128u32)),
             (true, true, false) if in_batch => Some(("mla_split_tc_hb", 128u32)),
             (true, true, false) => Some(("mla_split_tc_h", 128u32)),
@@ -258,7 +264,10 @@ impl CudaBackend {
                     continue;
                 }
                 if defer && n == 1 {
-                    return (Some((part, nsp)), false);
+                    if hp {
+                        self.took(Path::HalfParts);
+                    }
+                    return (Some((part, nsp, hp)), false);
                 }
                 let cargs = [A::P(part), i(nsp), i(nh), i(kl), A::P(pos), A::P(out.0.ptr), l(ooff), l(nh * o.stride), l(o.stride)];
                 if nsp <= 8 && kl % 4 == 0 && kl <= 512 && self.path_on(Path::CombineFew) {

@@ -383,6 +383,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mla_split_tc",
     "mla_split_tc_h",
     "mla_split_tc_he",
+    "mla_split_tc_hep",
     "mla_split_tc_hb",
     "mmq_q8_64",
     "mmq_q8_64e",
@@ -395,6 +396,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows_r2",
     "mmq_q8_rows_d",
     "mla_out_q8",
+    "mla_out_q8p",
     "mla_out_bf16",
     "mla_out_f16",
 ];
@@ -759,6 +761,7 @@ fn kernel_names() -> Vec<String> {
         "mla_split_tc",
         "mla_split_tc_h",
         "mla_split_tc_he",
+        "mla_split_tc_hep",
         "mla_split_tc_hb",
         "mla_prefill_h",
         "mla_prefill_ha",
@@ -774,6 +777,7 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm_parts",
         "add_rms_norm_parts_router",
         "mla_out_q8",
+        "mla_out_q8p",
         "mla_out_bf16",
         "mla_out_f16",
         "moe_sh_q8_one",
@@ -885,6 +889,13 @@ pub enum Path {
     /// `TS_CUDA_MS_EARLY=0` turns it off (H200, tg64 at 16k: 485.5 / 486.0 against 484.1, the
     /// same hash).
     SplitEarly,
+    /// With [`Path::SplitEarly`], one token's split kernel before `mla_out_q8`: the partial rows
+    /// divided by their softmax sums and stored as f16 (`mla_split_tc_hep`, half the bytes),
+    /// merged by `mla_out_q8p`, whose 8 blocks a head each read all of the head's splits (at
+    /// 16k, 34.7 MB of L2 reads a layer in f32). The rows rounded to f16: other bits. Off
+    /// (`TS_CUDA_HALF_PARTS=1` turns it on); written in the fifty-ninth session without a
+    /// device, not yet measured (plan gpu-next202).
+    HalfParts,
     /// `add_rms_norm_matmul_many` / `rms_norm_matmul_many` of a decode batch whose products run
     /// on the int8 tensor cores: the norm and the input's quantisation in one launch
     /// (`add_rms_norm_q8`, the same bits as `add_rms_norm` then `quant_q8_groups`). Off
@@ -1002,10 +1013,11 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 19] = [
+    const ALL: [Path; 20] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
+        Path::HalfParts,
         Path::NormQ8,
         Path::SumQ8,
         Path::DenseJobs,
@@ -1030,6 +1042,7 @@ impl Path {
             Path::Absorb16 => ("TS_CUDA_ABSORB16", true),
             Path::Out16 => ("TS_CUDA_OUT16", true),
             Path::SplitEarly => ("TS_CUDA_MS_EARLY", true),
+            Path::HalfParts => ("TS_CUDA_HALF_PARTS", false),
             Path::NormQ8 => ("TS_CUDA_NORM_Q8", false),
             Path::SumQ8 => ("TS_CUDA_SUM_Q8", false),
             Path::DenseJobs => ("TS_CUDA_DENSE_JOBS", true),

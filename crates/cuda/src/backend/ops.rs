@@ -681,7 +681,7 @@ impl Backend for CudaBackend {
     }
 
     fn mla_attention(&self, q: &CudaBuf, qr: Rows, cache: &CudaCache, batch: &CudaBatch, p: &MlaParams, out: &CudaBuf, o: Rows) {
-        self.mla_attention_run(q, qr, cache, batch, p, out, o, false, 0);
+        self.mla_attention_run(q, qr, cache, batch, p, out, o, false, false, 0);
     }
 
     fn moe(
@@ -1219,7 +1219,7 @@ impl Backend for CudaBackend {
             } else {
                 0
             };
-            let (_, lat_h_done) = self.mla_attention_run(q, qr, cache, batch, p, lat, lr, false, lat_h);
+            let (_, lat_h_done) = self.mla_attention_run(q, qr, cache, batch, p, lat, lr, false, false, lat_h);
             // (Held through the norm's launch, which may read W_o's partials from the Part
             // scratch; dropped before the router's product, which takes it itself.)
             let op = sq.then(|| self.scratch_op.lock().unwrap_or_else(|e| e.into_inner()));
@@ -1279,16 +1279,17 @@ impl Backend for CudaBackend {
             && qr.off % 2 == 0
             && qr.stride % 2 == 0
             && batch.tokens[0].pos < self.mo_att.load(Ordering::Relaxed);
-        let (part, nsp) = if short {
+        let (part, nsp, hp) = if short {
             q.check(qr);
             self.take_hint(false);
             if !self.check_cache_rows(batch, cache.rows, "mla_attention_out") {
                 return;
             }
             self.mo_att_done.fetch_add(1, Ordering::Relaxed);
-            (0, 0)
+            (0, 0, false)
         } else {
-            self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true, 0).0.unwrap_or((0, 0))
+            // (mla_out_q8p merges f16 partial rows; mla_out_<t> only f32 ones.)
+            self.mla_attention_run(q, qr, cache, batch, p, lat, lr, true, !h16, 0).0.unwrap_or((0, 0, false))
         };
         let att = if short {
             [
@@ -1338,7 +1339,7 @@ impl Backend for CudaBackend {
             );
         } else {
             self.launch(
-                "mla_out_q8",
+                if hp { "mla_out_q8p" } else { "mla_out_q8" },
                 (hd.div_ceil(rows) as u32, nh as u32, 1),
                 256,
                 mla_out_smem(kl, w_uv.row_bytes, rows) as u32,
