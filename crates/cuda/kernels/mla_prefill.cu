@@ -440,6 +440,7 @@ __device__ __forceinline__ void ms_store_partial(const float (&o)[16][4], float 
         r1[0] = m1;
         r1[1] = l1;
     }
+#if __CUDA_ARCH__ >= 800  // (pack_h: sm_80 on, as every caller)
     if constexpr (HP) {
         // (l >= 1 for a split with keys: its largest score contributes exp(0).)
         const float i0 = 1.0f / l0, i1 = 1.0f / l1;
@@ -453,6 +454,7 @@ __device__ __forceinline__ void ms_store_partial(const float (&o)[16][4], float 
         }
         return;
     }
+#endif
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         const int c = voff + warp * 128 + 8 * i + 2 * t4;
