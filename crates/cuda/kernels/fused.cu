@@ -1958,21 +1958,16 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
         if (sub == 0 && rr < nr) outp[(i64)h * H + r0 + rr] = acc;
     }
 }
-extern "C" __global__ void __launch_bounds__(MO_THREADS)
-    mla_out_q8(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
-               const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
-               float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
-               float scale) {
-    mla_out_q8_body<false>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes,
-                           H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
-}
-// The same after mla_split_tc_hep (Path::HalfParts): its f16 partial rows.
-extern "C" __global__ void __launch_bounds__(MO_THREADS)
-    mla_out_q8p(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,
-                const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,
-                float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,
-                float scale) {
-    mla_out_q8_body<true>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo, o_row_bytes,
-                          H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);
-}
+// mla_out_q8 merges f32 partial rows; mla_out_q8p those of mla_split_tc_hep (Path::HalfParts).
+#define MLA_OUT_Q8_INST(NAME, HP)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(MO_THREADS)                                                           \
+        NAME(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,      \
+             const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,           \
+             float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,       \
+             float scale) {                                                                                            \
+        mla_out_q8_body<HP>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo,          \
+                            o_row_bytes, H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);                   \
+    }
+MLA_OUT_Q8_INST(mla_out_q8, false)
+MLA_OUT_Q8_INST(mla_out_q8p, true)
 
