@@ -44,6 +44,17 @@ fn gpu() -> Option<&'static CudaBackend> {
     .as_ref()
 }
 
+/// The shared backend when its GPU has the tensor cores a test needs; else None, with a line
+/// saying that `name` was skipped.
+fn tc_gpu(name: &str) -> Option<&'static CudaBackend> {
+    let g = gpu()?;
+    if !g.tensor_cores() {
+        eprintln!("{name}: no tensor cores, skipped");
+        return None;
+    }
+    Some(g)
+}
+
 /// The shared GPU backend when it has int8 tensor cores and the fused kernels; else None, with a
 /// line saying that `test` was skipped.
 fn gpu_tc_fused(test: &str) -> Option<&'static CudaBackend> {
@@ -698,9 +709,7 @@ fn dense_q8_pair(a: &CudaBackend, b: &CudaBackend, r: &mut StdRng, (k, m, gr, nt
 /// none, which must still write zeros).
 #[test]
 fn mmq_rows_dense_exact() {
-    let Some(g) = gpu() else { return };
-    if !g.tensor_cores() {
-        eprintln!("mmq_rows_dense_exact: no tensor cores, skipped");
+    if tc_gpu("mmq_rows_dense_exact").is_none() {
         return;
     }
     let rows = &CudaBackend::new(0).expect("second backend");
@@ -959,9 +968,7 @@ fn mla_attention_latent_cache() {
 /// prefill kernel: within 1e-2 of the rms).
 #[test]
 fn mla_split_tensor_cores() {
-    let Some(shared) = gpu() else { return };
-    if !shared.tensor_cores() {
-        eprintln!("mla_split_tc: no tensor cores, skipped");
+    if tc_gpu("mla_split_tc").is_none() {
         return;
     }
     let g = &CudaBackend::new(0).expect("second backend");
@@ -1056,9 +1063,7 @@ fn mla_combine_few_exact() {
 /// tiles: more than the ring holds), with and without the merge's few-splits kernel.
 #[test]
 fn mla_split_batch_exact() {
-    let Some(shared) = gpu() else { return };
-    if !shared.tensor_cores() {
-        eprintln!("mla_split_batch_exact: no tensor cores, skipped");
+    if tc_gpu("mla_split_batch_exact").is_none() {
         return;
     }
     let g = &CudaBackend::new(0).expect("own backend");
@@ -2020,9 +2025,7 @@ fn fused_mla_attention_out() {
 /// the tensor-core split's threshold (2,560).
 #[test]
 fn mla_out_half_parts() {
-    let Some(shared) = gpu() else { return };
-    if !shared.tensor_cores() {
-        eprintln!("mla_out_half_parts: no tensor cores, skipped");
+    if tc_gpu("mla_out_half_parts").is_none() {
         return;
     }
     let g = &CudaBackend::new(0).expect("second backend");
@@ -2816,9 +2819,7 @@ fn short_attention_in_mla_out() {
 /// to 9,000; the early kernel must have run for each single token and for no batch.
 #[test]
 fn mla_split_early_exact() {
-    let Some(shared) = gpu() else { return };
-    if !shared.tensor_cores() {
-        eprintln!("mla_split_early_exact: no tensor cores, skipped");
+    if tc_gpu("mla_split_early_exact").is_none() {
         return;
     }
     let ge = &CudaBackend::new(0).expect("second backend");
