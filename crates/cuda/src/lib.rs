@@ -11,4 +11,6 @@
 pub mod backend;
 pub mod kernels;
 
-pub use backend::{CudaBackend, CudaBatch, CudaBuf, CudaCache, CudaRope, CudaWeight, Path, GEMV_MAX_TOKENS, GRAPH_MAX_TOKENS};
+pub use backend::{
+    CudaBackend, CudaBatch, CudaBuf, CudaCache, CudaRope, CudaWeight, Path, GEMV_MAX_TOKENS, GRAPH_MAX_TOKENS, MLA_LONG_DEFAULT,
+};

@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ts_core::*;
 use ts_cpu::{CpuBackend, CpuWeight};
-use ts_cuda::{CudaBackend, CudaBatch, CudaBuf, CudaRope, CudaWeight, Path};
+use ts_cuda::{CudaBackend, CudaBatch, CudaBuf, CudaRope, CudaWeight, Path, MLA_LONG_DEFAULT};
 use ts_formats::quant;
 
 static GPU: OnceLock<Option<CudaBackend>> = OnceLock::new();
@@ -919,7 +919,7 @@ fn mla_attention_latent_cache() {
     let Some(g) = gpu() else { return };
     // The SIMT kernels at f32 tolerance on a backend of their own that never takes the tensor
     // cores for decode (by default batches take them from position 32 and single tokens from
-    // 2560: TS_CUDA_MLA_LONG_BATCH / TS_CUDA_MLA_LONG); the same cases on the shared backend,
+    // 192: TS_CUDA_MLA_LONG_BATCH / TS_CUDA_MLA_LONG); the same cases on the shared backend,
     // as its defaults choose, at the tensor cores' f16 tolerance (mla_split_tensor_cores
     // checks that kernel on its own).
     let simt = &CudaBackend::new(0).expect("second backend");
@@ -1959,7 +1959,7 @@ fn experts3<W>(w: &[W; 3]) -> Experts<'_, W> {
 /// `mla_out_q8`, the merge of the context splits and the W_uv and W_o products in one kernel,
 /// then `add_rms_norm_parts`) against the same GPU's plain chain (merge, the two Q8_0 GEMVs,
 /// add_rms_norm: `set_mla_out(0)`) and the CPU's: V2-Lite's shapes at short and long histories
-/// (16 heads from 2,560 positions take the tensor-core split), other W_o row tiles, and a small
+/// (16 heads from 192 positions take the tensor-core split), other W_o row tiles, and a small
 /// shape (4 heads, kv_lora 128, a W_o of 1,000 rows).
 #[test]
 fn fused_mla_attention_out() {
@@ -2006,7 +2006,7 @@ fn fused_mla_attention_out() {
         let (px, po, pl, _) = run_mla_out_of(g, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         let (cx, co, cl, _) = run_mla_out_of(c, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
         // The tensor-core split rounds queries, keys and probabilities to f16.
-        let tol = if nh == 16 && hist >= 2560 { 2e-2 } else { 5e-3 };
+        let tol = if nh == 16 && hist >= MLA_LONG_DEFAULT { 2e-2 } else { 5e-3 };
         let lab = format!("heads={nh} kv_lora={kl} H={hd} rows={rows} pos={hist}");
         rep.check(&format!("{lab} x vs gpu chain"), &fx, &px, 2e-3, 1e-3);
         rep.check(&format!("{lab} out vs gpu chain"), &fo, &po, 2e-3, 1e-3);
@@ -2023,7 +2023,7 @@ fn fused_mla_attention_out() {
 /// `mla_out_q8p`) against the f32 rows (`mla_split_tc_he`, `mla_out_q8`) on the same backend:
 /// the rows rounded to f16 (within 5e-3 of the rms; measured on an H100 at most 1.2e-3 for x
 /// and 3.0e-3 for the normed output), taken exactly when on, at contexts past the tensor-core
-/// split's threshold (2,560).
+/// split's threshold (192, `TS_CUDA_MLA_LONG`).
 #[test]
 fn mla_out_half_parts() {
     if tc_gpu("mla_out_half_parts").is_none() {
@@ -2036,7 +2036,7 @@ fn mla_out_half_parts() {
     let mut rep = Report::new("mla_out_half_parts");
     let (nh, kl, rd, hd) = (16usize, 512usize, 64usize, 2048usize);
     let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
-    for hist in [2600u32, 4000] {
+    for hist in [300u32, 2600, 4000] {
         let cache_rows = randn(&mut r, (hist as usize + 1) * (kl + rd), 1.0);
         let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
         let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
@@ -2064,7 +2064,7 @@ fn mla_out_half_parts() {
 /// 8 blocks a head: the merge, the value rows with gemv_h16's arithmetic, the output's per-head
 /// rows; `set_path(Path::Out16, true)`), then the norm with the router and the routing in one launch, against
 /// the same GPU's plain chain (merge, the two 16-bit GEMVs, add_rms_norm, the router's product)
-/// and the CPU's. V2-Lite's shapes at short and long histories (the tensor-core split from 2,560)
+/// and the CPU's. V2-Lite's shapes at short and long histories (the tensor-core split from 192)
 /// and a small shape (4 heads, kv_lora 128, a W_o of 1,000 rows).
 #[test]
 fn fused_mla_attention_out_h16() {
@@ -2095,7 +2095,7 @@ fn fused_mla_attention_out_h16() {
             g.set_path(Path::Out16, false);
             let (px, po, pl, _) = run_mla_out_of(g, ty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
             let (cx, co, cl, _) = run_mla_out_of(c, ty, false, &p, hist, &cache_rows, (&uvb, &wob), args, Some(&rb), None);
-            let tol = if nh == 16 && hist >= 2560 { 2e-2 } else { 5e-3 };
+            let tol = if nh == 16 && hist >= MLA_LONG_DEFAULT { 2e-2 } else { 5e-3 };
             rep.check(&format!("{lab} x vs gpu chain"), &fx, &px, 2e-3, 1e-3);
             rep.check(&format!("{lab} out vs gpu chain"), &fo, &po, 2e-3, 1e-3);
             rep.check(&format!("{lab} router logits vs gpu chain"), &fl, &pl, 2e-3, 1e-3);

@@ -862,6 +862,11 @@ fn kernel_names() -> Vec<String> {
 /// Tokens per matrix up to which matmuls use the GEMV kernels instead of cuBLAS.
 pub const GEMV_MAX_TOKENS: usize = 8;
 
+/// The default of `TS_CUDA_MLA_LONG` (`CudaBackend::mla_long`): the position from which one
+/// token's 16-head MLA decode takes the tensor-core split instead of the SIMT one. The same as
+/// `TS_CUDA_MO_ATT`'s default, below which `mla_out_q8` / `mla_out_<t>` attend themselves.
+pub const MLA_LONG_DEFAULT: u32 = 192;
+
 /// Steps of up to this many tokens are recorded as CUDA graphs (decode, and the batched decode
 /// of up to this many sequences); longer ones (prompts) are launched eagerly.
 pub const GRAPH_MAX_TOKENS: usize = 128;
@@ -1228,11 +1233,15 @@ pub struct CudaBackend {
     /// MLA latent caches in f16 where the kernels allow (`alloc_latent_cache`);
     /// `TS_CUDA_MLA_F16=0` keeps them f32, to compare.
     mla_f16: bool,
-    /// The 16-head MLA decode takes the tensor-core split kernel once a batch's furthest position
-    /// reaches this (the SIMT one is faster at short contexts, bound by its shared-memory reads
-    /// at long ones); 0: never. `TS_CUDA_MLA_LONG`; the step's graph key holds the choice
-    /// ([`Backend::graph_class`]). Default 2560: on the H200 with the f16 cache, tg64 from 2048
-    /// SIMT 527 vs tensor cores 492 tok/s, from 3072 459 vs 487.
+    /// The 16-head MLA decode of one token takes the tensor-core split kernel once its position
+    /// reaches this (below it, the SIMT split); 0: never. `TS_CUDA_MLA_LONG`; the step's graph
+    /// key holds the choice ([`Backend::graph_class`]). Default [`MLA_LONG_DEFAULT`], 192.
+    /// From the seventh session to the sixtieth it was 2560 (the H200's tg64 at 2048 then: SIMT
+    /// 527 against tensor cores 492). Since the early split, its shared-space ldmatrix and its
+    /// f16 partial rows ([`Path::HalfParts`]), the tensor cores win from the first position past
+    /// the attention inside `mla_out_q8`: H100, tg64 Q8_0 from 192 590.9 against 583.3, 512
+    /// 581.5 / 573.4, 1024 565.8 / 538.7, 2048 550.9 / 521.4; bf16 from 192 422.8 / 419.9,
+    /// 1024 397.1 / 389.2.
     mla_long: u32,
     /// The same for batches of several tokens (the server's steps), whose one-split SIMT blocks
     /// (one token's 16 heads each, 64 blocks for 64 sequences on 132 SMs) walk every key alone.
@@ -1883,7 +1892,7 @@ impl CudaBackend {
             rows_tail: AtomicUsize::new(env_usize("TS_CUDA_ROWS_TAIL").unwrap_or(8)),
             rows_tail_dn: AtomicUsize::new(env_usize("TS_CUDA_ROWS_TAIL_DN").or(env_usize("TS_CUDA_ROWS_TAIL")).unwrap_or(8)),
             rows_tail_later: AtomicBool::new(std::env::var("TS_CUDA_ROWS_TAIL_LATER").map_or(true, |v| v != "0")),
-            mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(2560),
+            mla_long: std::env::var("TS_CUDA_MLA_LONG").ok().and_then(|v| v.parse().ok()).unwrap_or(MLA_LONG_DEFAULT),
             mla_long_batch: std::env::var("TS_CUDA_MLA_LONG_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
             rope_absorb: std::env::var("TS_CUDA_RA").map_or(true, |v| v != "0"),
             mla_pfa: AtomicBool::new(std::env::var("TS_CUDA_MLA_PFA").map_or(true, |v| v != "0")),
