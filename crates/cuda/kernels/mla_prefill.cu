@@ -688,26 +688,21 @@ __device__ __forceinline__ void mla_split_tc_impl(const float* q, i64 qoff, i64 
     ms_store_partial<HP>(o, m0, m1, l0, l1, prow, stride, 2);
 #endif
 }
-#define MLA_SPLIT_TC_INST(NAME, C, EARLY, NB, KFIRST)                                                       \
+// HP: the partial rows as f16 pairs divided by l (Path::HalfParts; mla_out_q8p merges them).
+#define MLA_SPLIT_TC_INST(NAME, C, EARLY, NB, KFIRST, HP)                                                      \
     extern "C" __global__ void __launch_bounds__(MS_THREADS)                                                   \
         NAME(const float* q, i64 qoff, i64 q_tok, i64 q_head, const C* cache, const int* pos, const int* slot, \
              int slot_len, int nh, float scale, float* part) {                                                 \
         pdl_trigger();                                                                                         \
         if (!EARLY) pdl_wait();                                                                                \
-        mla_split_tc_impl<C, EARLY, NB, KFIRST>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, \
-                                                part);                                                         \
+        mla_split_tc_impl<C, EARLY, NB, KFIRST, HP>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh,    \
+                                                    scale, part);                                              \
     }
-MLA_SPLIT_TC_INST(mla_split_tc, float, false, MS_NB, false)
-MLA_SPLIT_TC_INST(mla_split_tc_h, u16, false, MS_NB, false)
-MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true, MS_NB, false)
-MLA_SPLIT_TC_INST(mla_split_tc_hb, u16, false, MS_NB_B, (MS_KFIRST != 0))
-// The early kernel leaving f16 partial rows divided by l (Path::HalfParts; mla_out_q8p merges them).
-extern "C" __global__ void __launch_bounds__(MS_THREADS)
-    mla_split_tc_hep(const float* q, i64 qoff, i64 q_tok, i64 q_head, const u16* cache, const int* pos, const int* slot,
-                     int slot_len, int nh, float scale, float* part) {
-    pdl_trigger();
-    mla_split_tc_impl<u16, true, MS_NB, false, true>(q, qoff, q_tok, q_head, cache, pos, slot, slot_len, nh, scale, part);
-}
+MLA_SPLIT_TC_INST(mla_split_tc, float, false, MS_NB, false, false)
+MLA_SPLIT_TC_INST(mla_split_tc_h, u16, false, MS_NB, false, false)
+MLA_SPLIT_TC_INST(mla_split_tc_he, u16, true, MS_NB, false, false)
+MLA_SPLIT_TC_INST(mla_split_tc_hb, u16, false, MS_NB_B, (MS_KFIRST != 0), false)
+MLA_SPLIT_TC_INST(mla_split_tc_hep, u16, true, MS_NB, false, true)
 // (One token's split in two groups of four warps, Path::SplitG2 / mla_split_tc_he2: each group
 // every other tile with its own online softmax and 2-tile ring, group 1's state merged into
 // group 0's through shared memory at the end; two warps a scheduler with half the chain each.
