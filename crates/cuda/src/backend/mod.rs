@@ -1226,7 +1226,10 @@ pub struct CudaBackend {
     /// One token of V2's MLA shapes (f16 cache) at a position below this: `mla_out_q8`'s blocks
     /// attend themselves (`mo_attend`: each of a head's blocks reads the head's keys) instead of
     /// the split kernel's launch before it (`TS_CUDA_MO_ATT=n`, 0 = never). Part of the step's
-    /// graph key ([`Backend::graph_class`]).
+    /// graph key ([`Backend::graph_class`]). Default 192 (as [`MLA_LONG_DEFAULT`]);
+    /// measured again once the tensor-core split had become cheaper (H100, sixty-first
+    /// session): 128 (with `MLA_LONG=128`) the same as 192 from position 128, 256 −2.7% from
+    /// 192, and 0 with the split from position 1 −3.7% at tg128 (one launch more a layer).
     mo_att: AtomicU32,
     /// One-token attentions done that way (for the tests: [`CudaBackend::short_attentions`]).
     mo_att_done: AtomicU64,
