@@ -1861,7 +1861,7 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
                                                 const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes,
                                                 i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R, float* outp,
                                                 const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot,
-                                                int slot_len, float scale) {
+                                                int slot_len, float scale, const u8* rpf, i64 rpf_bytes) {
     extern __shared__ __align__(16) u8 smo[];
     const int c = blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1885,6 +1885,19 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
         }
         cp_commit_any();
     }
+#if __CUDA_ARCH__ >= 900
+    // The next launch's rows asked into L2 (Path::RouterPf: the routing cluster's f32 router
+    // rows, which it loads only once this launch's blocks leave): block b asks for its slice,
+    // a 16-byte multiple (rpf_bytes is one), with one bulk prefetch.
+    if (rpf && tid == 0) {
+        const i64 nb = (i64)gridDim.x * gridDim.y, b = blockIdx.x + (i64)gridDim.x * blockIdx.y;
+        const i64 per = ((rpf_bytes + nb - 1) / nb + 15) & ~(i64)15, off = b * per;
+        if (off < rpf_bytes) {
+            const unsigned sz = (unsigned)min(per, rpf_bytes - off);
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(rpf + off), "r"(sz) : "memory");
+        }
+    }
+#endif
     // Positions come from the batch upload, which no kernel of the step writes.
     const int end = pos[0] + 1;
     pdl_trigger();
@@ -1964,9 +1977,9 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
         NAME(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,      \
              const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,           \
              float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,       \
-             float scale) {                                                                                            \
+             float scale, const u8* rpf, i64 rpf_bytes) {                                                              \
         mla_out_q8_body<HP>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo,          \
-                            o_row_bytes, H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);                   \
+                            o_row_bytes, H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale, rpf, rpf_bytes);   \
     }
 MLA_OUT_Q8_INST(mla_out_q8, false)
 MLA_OUT_Q8_INST(mla_out_q8p, true)

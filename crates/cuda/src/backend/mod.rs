@@ -1017,10 +1017,17 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
+    /// One decode token's `mla_out_q8` / `mla_out_q8p` blocks ask the next launch's f32 router
+    /// rows into L2 (one bulk prefetch a block, before their PDL wait; 512 KB a layer for
+    /// V2-Lite). The routing cluster after it (`add_rms_norm_parts_router_route`) is placed only
+    /// as `mla_out_q8`'s blocks leave (its 1,024-thread blocks do not fit beside them), so its
+    /// loads of those rows, before its own wait, could not overlap anything and came from DRAM.
+    /// The same bits. `TS_CUDA_ROUTER_PF=1` turns it on (off until measured on a GPU).
+    RouterPf,
 }
 
 impl Path {
-    const ALL: [Path; 20] = [
+    const ALL: [Path; 21] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1041,6 +1048,7 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
+        Path::RouterPf,
     ];
 
     /// Its environment variable and its default.
@@ -1066,6 +1074,7 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
+            Path::RouterPf => ("TS_CUDA_ROUTER_PF", false),
         }
     }
 
