@@ -862,6 +862,82 @@ __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes,
     moe_down_unit<DOWN_WPR>(blockIdx.x, blockIdx.y, Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq,
                             hrow, out, ooff, ostride, red, es, nullptr, 0, radd);
 }
+// ---- moe_down_sh_q8c (Path::DownCopy): moe_down_sh_q8 with every weight of the block copied
+// into shared memory before its PDL wait. The down launch's blocks are placed while the gate/up
+// launch still runs (beside its blocks on the SMs that hold two, then as its blocks leave), ~12
+// us before their release on an H100; moe_down_sh_q8 issues only its first round of weights
+// then (4 of a lane's 11 pieces, in registers), and the rest after the wait, from DRAM. Here a
+// warp copies all the 144-byte groups its pieces read (cp.async, no registers held) into its own
+// region of shared memory, so the bytes stream during the gate/up's tail and the work after the
+// wait is the activations (from L2) and the sums. (The L2 prefetches of the same rows, DN_PF in
+// the twenty-fourth and forty-ninth sessions, lost: the gate/up's 49 MB stream through the 50 MB
+// L2 beside them. Shared memory holds what it is given.) A warp's pieces, sums and order as
+// moe_down_sh_q8 (two warps a row): the same bits. Dynamic shared memory: GQ_WARPS regions of
+// wg = ceil(ceil(total / 2) / 8) + 1 groups (total = the row's pieces, (k + nsh) * kdim / 16).
+// Needs kdim % 128 == 0 and 16-byte aligned rows and matrices.
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
+    moe_down_sh_q8c(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
+                    const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
+                    i64 ostride, int radd) {
+#if __CUDA_ARCH__ >= 800
+    pdl_trigger();
+    extern __shared__ __align__(16) u8 sdc[];
+    __shared__ float red[GQ_WARPS];
+    __shared__ int es[MOE_SH_MAX_SLOTS];
+    const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int ks = k + nsh;
+    const int np = kdim >> 4, total = ks * np, gpr = np >> 3;
+    const int wg = ((total + 1) / 2 + 7) / 8 + 1;
+    const DownShare d = down_share<2>(blockIdx.x, m, total);
+    const int row = d.row, Pa = d.Pa, Pb = d.Pb;
+    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
+    __syncthreads();
+    const u8* sw = sdc + (i64)warp * wg * 144;
+    const int G0 = Pa >> 3;
+    if (Pa < Pb) {
+        const u32 sa = smem_addr(sw);
+        const int n16 = (((Pb + 7) >> 3) - G0) * 9;
+        for (int c = lane; c < n16; c += 32) {
+            const int gl = c / 9, j = c - 9 * gl, G = G0 + gl, s = G / gpr, gi = G - s * gpr;
+            const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes
+                                 : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes;
+            cp_async16_s(sa + 16 * c, gp + (i64)gi * 144 + 16 * j);
+        }
+    }
+    cp_commit();
+    pdl_wait();
+    cp_async_wait_all();
+    __syncwarp();
+    const u8* hr = hq + (i64)t * ks * hrow;
+    float acc = 0.f;
+    for (int P0 = Pa + lane; P0 < Pb; P0 += 128) {
+        uint4 q[4], x[4];
+        float dw[4], dx[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int P = P0 + 32 * u;
+            if (P < Pb) {
+                const int s = P / np, p = P - s * np, b = p >> 1;
+                const u8* ws = sw + ((P >> 3) - G0) * 144;
+                const u8* xp = hr + (i64)s * hrow + (i64)(b >> 2) * 144;
+                const int qo = 16 + 32 * (b & 3) + 16 * (p & 1);
+                q[u] = *(const uint4*)(ws + qo);
+                dw[u] = h2f(*(const u16*)(ws + 2 * (b & 3)));
+                x[u] = *(const uint4*)(xp + qo);
+                dx[u] = h2f(*(const u16*)(xp + 2 * (b & 3)));
+            } else {
+                q[u] = make_uint4(0u, 0u, 0u, 0u);
+                x[u] = q[u];
+                dw[u] = 0.f;
+                dx[u] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc += (float)dot16v(q[u], x[u]) * (dw[u] * dx[u]);
+    }
+    down_row_finish<2>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, radd);
+#endif
+}
 // Two warps a row (the default) or four (TS_CUDA_DOWN_WPR=4: a warp's 11 rounds of loads at
 // V2-Lite's shapes become 6, in 2 dependent batches instead of 3; another summation order).
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)

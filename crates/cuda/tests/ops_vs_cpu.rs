@@ -3160,6 +3160,88 @@ fn add_shared_f64(out: &mut [f32], x: &[f32], xr: Rows, w: [&[f32]; 3], hdim: us
     }
 }
 
+/// `moe_down_sh_q8c` (Path::DownCopy: every weight group of a down block copied into shared
+/// memory before its wait) gives the same bits as `moe_down_sh_q8`, on V2-Lite's shapes (64
+/// experts, two shared chunks) and smaller ones with three shared chunks and a sigmoid gating,
+/// 1 to 8 tokens; and `mla_out_q8` asking the router rows into L2 (Path::RouterPf) changes no
+/// bit of the routed MoE after it. A backend of its own (the paths are switched on it).
+#[test]
+fn down_copy_exact() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let g = &CudaBackend::new(0).expect("second backend");
+    let mut r = rng(53);
+    let mut rep = Report::new("down copy");
+    let cases = [
+        (2048usize, 1408usize, 64usize, 6usize, Gating::Softmax, false, 1.0f32, 2usize, &[1usize, 2, 8][..]),
+        (256, 128, 16, 4, Gating::Softmax, false, 1.0, 2, &[1, 3, 8][..]),
+        (512, 256, 32, 5, Gating::Sigmoid, true, 2.5, 3, &[1, 5][..]),
+    ];
+    for (hdim, ff, ne, k, gating, norm_topk, scale, nsh, ns) in cases {
+        let sf = nsh * ff;
+        let shapes: [Vec<usize>; 6] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
+        let gu = |i: usize| g.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap();
+        let (gex, gsh) = ([gu(0), gu(1), gu(2)], [gu(3), gu(4), gu(5)]);
+        let p = MoeParams { n_experts: ne, k, gating, norm_topk, scale, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
+        for &n in ns {
+            let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
+            let x = randn(&mut r, xr.end(), 1.0);
+            let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
+            let lg = randn(&mut r, lr.end(), 2.0);
+            let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
+            let (gx, gl, out) = (buf(g, &x), buf(g, &lg), g.alloc(o.end()).unwrap());
+            let mut res = Vec::new();
+            for on in [false, true] {
+                g.set_path(Path::DownCopy, on);
+                poison(g, &out, o.end());
+                let before = g.path_launches(Path::DownCopy);
+                assert!(run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &out, o, true), "moe_shared declined");
+                res.push(get(g, &out, o));
+                let took = g.path_launches(Path::DownCopy) > before;
+                if took != on {
+                    rep.failures.push(format!("H={hdim} n={n}: DownCopy taken {took} with it {on}"));
+                }
+            }
+            rep.check(&format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} {gating:?} n={n} (exact)"), &res[1], &res[0], 0.0, 0.0);
+        }
+    }
+    g.set_path(Path::DownCopy, false);
+    // Path::RouterPf: the attention's output side, the routing made ahead and the MoE.
+    let (nh, kl, rd, hd, ff, ne, nsh) = (16, 512, 64, 2048, 1408, 64, 2);
+    let (w, sf) = (kl + rd, nsh * ff);
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    let shapes: [Vec<usize>; 6] = [vec![hd, ff, ne], vec![hd, ff, ne], vec![ff, hd, ne], vec![hd, sf], vec![hd, sf], vec![sf, hd]];
+    let bytes: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
+    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &[kl, 128, nh], 1.0 / (kl as f32).sqrt());
+    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &[nh * 128, hd], 1.0 / ((nh * 128) as f32).sqrt());
+    let (rb, _) = weight(&mut r, GgmlType::F32, &[hd, ne], 2.0 / (hd as f32).sqrt());
+    let mp = MoeParams { ..MoeParams::top_k(ne, 6) };
+    for hist in [3u32, 300] {
+        let cache_rows = randn(&mut r, (hist as usize + 1) * w, 1.0);
+        let (q, x, nw) = (randn(&mut r, nh * w, 0.5), randn(&mut r, hd, 1.0), randn(&mut r, hd, 1.0));
+        let moe = Some((&shapes[..], &bytes[..], &mp, false));
+        let mut res = Vec::new();
+        for on in [false, true] {
+            g.set_path(Path::RouterPf, on);
+            let before = g.path_launches(Path::RouterPf);
+            let (ax, ao, al, am) =
+                run_mla_out_of(g, GgmlType::Q8_0, false, &p, hist, &cache_rows, (&uvb, &wob), (&q, &x, &nw), Some(&rb), moe);
+            let took = g.path_launches(Path::RouterPf) > before;
+            if took != on {
+                rep.failures.push(format!("pos={hist}: RouterPf taken {took} with it {on}"));
+            }
+            res.push([ax, ao, al, am]);
+        }
+        let [bx, bo, bl, bm] = res.pop().unwrap();
+        let [ax, ao, al, am] = res.pop().unwrap();
+        exact(&mut rep, &format!("router prefetch pos={hist}"), &["x", "out", "logits", "moe"], &[bx, bo, bl, bm], &[ax, ao, al, am]);
+    }
+    g.set_path(Path::RouterPf, false);
+    rep.finish();
+}
+
 #[test]
 fn fused_moe_shared() {
     let Some(g) = gpu() else { return };

@@ -377,6 +377,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "moe_gateup_sh_q8q",
     "moe_down_sh_q8",
     "moe_down_sh_q8_w4",
+    "moe_down_sh_q8c",
     "mla_prefill",
     "mla_prefill_h",
     "mla_prefill_ha",
@@ -797,6 +798,7 @@ fn kernel_names() -> Vec<String> {
         "gemv_h16_multi_norm_bf16_1",
         "moe_down_sh_q8",
         "moe_down_sh_q8_w4",
+        "moe_down_sh_q8c",
         "moe_down_sh_f16_w4",
         "moe_down_sh_bf16_w4",
         "moe_gateup_sh_f16",
@@ -1024,10 +1026,18 @@ pub enum Path {
     /// loads of those rows, before its own wait, could not overlap anything and came from DRAM.
     /// The same bits. `TS_CUDA_ROUTER_PF=1` turns it on (off until measured on a GPU).
     RouterPf,
+    /// The one-token (up to 8 tokens) Q8_0 MoE's down products on `moe_down_sh_q8c`: each warp
+    /// copies every weight group its pieces read into shared memory (cp.async, ~51 KB a block for
+    /// V2-Lite) before its PDL wait, while the gate/up launch still runs, instead of one round of
+    /// 4 pieces in registers. The same pieces, sums and order: the same bits. With it the gate/up
+    /// and down kernels ask for the largest shared-memory carveout (an SM's split is set by the
+    /// first block placed on it while idle, and a gate/up block uses none), unless
+    /// `TS_CUDA_DC_CARVE=0`. `TS_CUDA_DOWN_COPY=1` turns it on (off until measured on a GPU).
+    DownCopy,
 }
 
 impl Path {
-    const ALL: [Path; 21] = [
+    const ALL: [Path; 22] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1049,6 +1059,7 @@ impl Path {
         Path::SharedFork,
         Path::BlasTune,
         Path::RouterPf,
+        Path::DownCopy,
     ];
 
     /// Its environment variable and its default.
@@ -1075,6 +1086,7 @@ impl Path {
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
             Path::RouterPf => ("TS_CUDA_ROUTER_PF", false),
+            Path::DownCopy => ("TS_CUDA_DOWN_COPY", false),
         }
     }
 
@@ -1768,6 +1780,14 @@ impl CudaBackend {
         // Blocks of the one-launch decode MoE the card holds at once (it needs them all resident).
         let moe_one_cap =
             funcs["moe_sh_q8_one"].occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_or(0, |b| b as usize * sm_count);
+        // Path::DownCopy: the one-token gate/up and down kernels ask for the largest shared-memory
+        // carveout, so that down blocks (~51 KB each) fit beside gate/up blocks on an SM whose
+        // split a gate/up block set (a hint; refused, it changes nothing).
+        if Path::DownCopy.env_on() && std::env::var("TS_CUDA_DC_CARVE").map_or(true, |v| v != "0") {
+            for n in ["moe_gateup_sh_q8q", "moe_down_sh_q8c"] {
+                let _ = funcs[n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
+            }
+        }
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }

@@ -654,12 +654,26 @@ impl CudaBackend {
         // Two rounds of weights before the wait with the activations staged in shared memory
         // (moe_down_sh_q8s) measured slower on the H200: tg128 671.9 against 709.5 (docs/PERF.md,
         // session 26); dropped.
+        let args = cat::<15, 1, 16>(moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o), [A::I(radd as i32)]);
+        // Every weight group of a block copied into shared memory before the wait
+        // (Path::DownCopy; kernels/fused.cu has the layout): GQ_WARPS regions of wg groups.
+        let wg = (ks * ff / 16).div_ceil(2).div_ceil(8) + 1;
+        let dc_smem = 8 * wg * 144;
+        let copy = !self.down_w4.0
+            && self.path_on(Path::DownCopy)
+            && dc_smem <= self.smem_max
+            && [dw, shared.down].iter().all(|w| w.mem.ptr % 16 == 0 && w.row_bytes % 16 == 0 && w.mat_bytes() % 16 == 0);
+        if copy {
+            self.took(Path::DownCopy);
+            self.launch("moe_down_sh_q8c", (hdim.div_ceil(4) as u32, n as u32, 1), 256, dc_smem as u32, &args);
+            return true;
+        }
         self.launch(
             if self.down_w4.0 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
             (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),
             256,
             0,
-            &cat::<15, 1, 16>(moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o), [A::I(radd as i32)]),
+            &args,
         );
         true
     }
