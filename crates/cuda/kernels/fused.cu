@@ -1136,6 +1136,73 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
     down_row_finish<WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, 0);
 }
 
+// Path::DownCopy for f16 / bf16 experts (moe_down_sh_<t>_c): moe_down_sh_h16_impl<T, 4> with a
+// warp's weight pieces [Pa, Pb) all copied into its own region of shared memory (16 bytes a
+// piece, in piece order) before the PDL wait; after it the activations and the sums of the same
+// pieces in the same order: the same bits. Dynamic shared memory: GQ_WARPS regions of
+// ceil(ks * kdim / 8 / 4) pieces.
+template <int T>
+__device__ void moe_down_sh_h16c_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k,
+                                      const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh, const float* h,
+                                      i64 hstride, float* out, i64 ooff, i64 ostride) {
+#if __CUDA_ARCH__ >= 800
+    pdl_trigger();
+    extern __shared__ __align__(16) u8 sdc[];
+    __shared__ int es[MOE_SH_MAX_SLOTS];
+    __shared__ float red[GQ_WARPS];
+    const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int ks = k + nsh;
+    const int n8 = kdim >> 3, per = (ks * n8 + 3) / 4;
+    const DownShare d = down_share<4>(blockIdx.x, m, ks * n8);
+    const int row = d.row, Pa = d.Pa, total = d.Pb;
+    // (The ids before the wait need DN16_EARLY's gate/up, which lets this launch start only once
+    // its own wait for the routing has returned.)
+    if (!DN16_EARLY) pdl_wait();
+    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? __ldcg(sel_e + t * k + threadIdx.x) : 0;
+    __syncthreads();
+    const u8* sw = sdc + (i64)warp * per * 16;
+    {
+        const u32 sa = smem_addr(sw);
+        for (int P = Pa + lane; P < total; P += 32) {
+            const int s = P / n8, c = P - s * n8;
+            if (s >= k || es[s] >= 0) {
+                const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes;
+                cp_async16_s(sa + 16 * (P - Pa), gp + (i64)c * 16);
+            }
+        }
+    }
+    cp_commit();
+    pdl_wait();
+    cp_async_wait_all();
+    __syncwarp();
+    const float* hr = h + (i64)t * ks * hstride;
+    float acc = 0.f;
+    for (int P0 = Pa + lane; P0 < total; P0 += 128) {
+        uint4 q[4];
+        float4 a[4], b[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int P = P0 + 32 * u, s = P / n8, c = P - s * n8;
+            if (P < total && (s >= k || es[s] >= 0)) {
+                q[u] = *(const uint4*)(sw + 16 * (P - Pa));
+                a[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c);
+                b[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c + 4);
+            } else {
+                q[u] = make_uint4(0, 0, 0, 0);
+                a[u] = b[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float w[8];
+            h16_unpack(T, q[u], w);
+            acc += dot8f(w, a[u], b[u]);
+        }
+    }
+    down_row_finish<4>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, 0);
+#endif
+}
+
 #define MOE_SH_H16(name, T)                                                                                     \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_gateup_sh_##name(           \
         const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,              \
@@ -1155,6 +1222,12 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
         i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
         moe_down_sh_h16_impl<T, 4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride, \
                                    out, ooff, ostride);                                                          \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_DOWN16_MIN_BLOCKS) moe_down_sh_##name##_c(       \
+        const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e, const u8* Sd,      \
+        i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
+        moe_down_sh_h16c_impl<T>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride,   \
+                                 out, ooff, ostride);                                                            \
     }
 MOE_SH_H16(f16, T_F16)
 MOE_SH_H16(bf16, T_BF16)

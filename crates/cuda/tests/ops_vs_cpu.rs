@@ -3160,10 +3160,10 @@ fn add_shared_f64(out: &mut [f32], x: &[f32], xr: Rows, w: [&[f32]; 3], hdim: us
     }
 }
 
-/// `moe_down_sh_q8c` (Path::DownCopy: every weight group of a down block copied into shared
-/// memory before its wait) gives the same bits as `moe_down_sh_q8`, on V2-Lite's shapes (64
-/// experts, two shared chunks) and smaller ones with three shared chunks and a sigmoid gating,
-/// 1 to 8 tokens; and `mla_out_q8` asking the router rows into L2 (Path::RouterPf) changes no
+/// `moe_down_sh_q8c` and `moe_down_sh_<t>_c` (Path::DownCopy: every weight piece of a down
+/// block copied into shared memory before its wait) give the same bits as `moe_down_sh_q8` and
+/// `moe_down_sh_<t>_w4`, Q8_0, bf16 and f16, on V2-Lite's shapes (64 experts, two shared chunks)
+/// and smaller ones with three shared chunks and a sigmoid gating, 1 to 8 tokens; and `mla_out_q8` asking the router rows into L2 (Path::RouterPf) changes no
 /// bit of the routed MoE after it. A backend of its own (the paths are switched on it).
 #[test]
 fn down_copy_exact() {
@@ -3177,16 +3177,18 @@ fn down_copy_exact() {
         (256, 128, 16, 4, Gating::Softmax, false, 1.0, 2, &[1, 3, 8][..]),
         (512, 256, 32, 5, Gating::Sigmoid, true, 2.5, 3, &[1, 5][..]),
     ];
-    for (hdim, ff, ne, k, gating, norm_topk, scale, nsh, ns) in cases {
+    let types = [GgmlType::Q8_0, GgmlType::BF16, GgmlType::F16];
+    for ((hdim, ff, ne, k, gating, norm_topk, scale, nsh, ns), ty) in cases.iter().flat_map(|c| types.iter().map(move |t| (*c, *t))) {
         let sf = nsh * ff;
         let shapes: [Vec<usize>; 6] =
             [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
-        let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
-        let gu = |i: usize| g.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap();
+        let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, ty, s, 0.3).0).collect();
+        let gu = |i: usize| g.upload_weight(&td("w", ty, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap();
         let (gex, gsh) = ([gu(0), gu(1), gu(2)], [gu(3), gu(4), gu(5)]);
         let p = MoeParams { n_experts: ne, k, gating, norm_topk, scale, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
         for &n in ns {
-            let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
+            // (the 16-bit kernels read the input as float4: a 16-byte aligned view)
+            let xr = if ty == GgmlType::Q8_0 { Rows { off: 2, n, width: hdim, stride: hdim + 2 } } else { Rows { off: 4, n, width: hdim, stride: hdim + 4 } };
             let x = randn(&mut r, xr.end(), 1.0);
             let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
             let lg = randn(&mut r, lr.end(), 2.0);
@@ -3201,10 +3203,11 @@ fn down_copy_exact() {
                 res.push(get(g, &out, o));
                 let took = g.path_launches(Path::DownCopy) > before;
                 if took != on {
-                    rep.failures.push(format!("H={hdim} n={n}: DownCopy taken {took} with it {on}"));
+                    rep.failures.push(format!("{} H={hdim} n={n}: DownCopy taken {took} with it {on}", ty.name()));
                 }
             }
-            rep.check(&format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} {gating:?} n={n} (exact)"), &res[1], &res[0], 0.0, 0.0);
+            let lab = format!("{} H={hdim} ff={ff} E={ne} k={k} shared={nsh} {gating:?} n={n} (exact)", ty.name());
+            rep.check(&lab, &res[1], &res[0], 0.0, 0.0);
         }
     }
     g.set_path(Path::DownCopy, false);

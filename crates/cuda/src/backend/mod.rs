@@ -378,6 +378,8 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "moe_down_sh_q8",
     "moe_down_sh_q8_w4",
     "moe_down_sh_q8c",
+    "moe_down_sh_f16_c",
+    "moe_down_sh_bf16_c",
     "mla_prefill",
     "mla_prefill_h",
     "mla_prefill_ha",
@@ -799,6 +801,8 @@ fn kernel_names() -> Vec<String> {
         "moe_down_sh_q8",
         "moe_down_sh_q8_w4",
         "moe_down_sh_q8c",
+        "moe_down_sh_f16_c",
+        "moe_down_sh_bf16_c",
         "moe_down_sh_f16_w4",
         "moe_down_sh_bf16_w4",
         "moe_gateup_sh_f16",
@@ -1026,10 +1030,11 @@ pub enum Path {
     /// loads of those rows, before its own wait, could not overlap anything and came from DRAM.
     /// The same bits. `TS_CUDA_ROUTER_PF=1` turns it on (off until measured on a GPU).
     RouterPf,
-    /// The one-token (up to 8 tokens) Q8_0 MoE's down products on `moe_down_sh_q8c`: each warp
-    /// copies every weight group its pieces read into shared memory (cp.async, ~51 KB a block for
-    /// V2-Lite) before its PDL wait, while the gate/up launch still runs, instead of one round of
-    /// 4 pieces in registers. The same pieces, sums and order: the same bits. With it the gate/up
+    /// The one-token (up to 8 tokens) MoE's down products on `moe_down_sh_q8c` (Q8_0) or
+    /// `moe_down_sh_<t>_c` (f16 / bf16, four warps a row): each warp copies every weight piece
+    /// it reads into shared memory (cp.async, ~51 KB a block for V2-Lite's Q8_0, 45 KB for bf16)
+    /// before its PDL wait, while the gate/up launch still runs, instead of one round of 4
+    /// pieces in registers. The same pieces, sums and order: the same bits. With it the gate/up
     /// and down kernels ask for the largest shared-memory carveout (an SM's split is set by the
     /// first block placed on it while idle, and a gate/up block uses none), unless
     /// `TS_CUDA_DC_CARVE=0`. `TS_CUDA_DOWN_COPY=1` turns it on (off until measured on a GPU).
@@ -1784,7 +1789,7 @@ impl CudaBackend {
         // carveout, so that down blocks (~51 KB each) fit beside gate/up blocks on an SM whose
         // split a gate/up block set (a hint; refused, it changes nothing).
         if Path::DownCopy.env_on() && std::env::var("TS_CUDA_DC_CARVE").map_or(true, |v| v != "0") {
-            for n in ["moe_gateup_sh_q8q", "moe_down_sh_q8c"] {
+            for n in ["moe_gateup_sh_q8q", "moe_down_sh_q8c", "moe_gateup_sh_f16", "moe_gateup_sh_bf16", "moe_down_sh_f16_c", "moe_down_sh_bf16_c"] {
                 let _ = funcs[n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
             }
         }

@@ -437,18 +437,22 @@ impl CudaBackend {
         // Staging the activations in shared memory with every weight piece of a lane in flight
         // (moe_down_sh_<t>_s) measured slower on the H200: bf16 tg128 492.4 against 515.5
         // (docs/PERF.md, session 26); dropped.
+        let args = moe_down_args(experts.down, shared.down, (hdim, ff, k, nsh), sel_e, (g, ff), out, o);
+        // Every weight piece of a block copied into shared memory before the wait
+        // (Path::DownCopy): GQ_WARPS regions of a warp's ceil(ks * ff / 8 / 4) pieces.
+        let dc_smem = 8 * (ks * ff / 8).div_ceil(4) * 16;
+        if self.down_w4.1 && self.path_on(Path::DownCopy) && dc_smem <= self.smem_max {
+            self.took(Path::DownCopy);
+            let name = KName::of(format_args!("moe_down_sh_{tn}_c"));
+            self.launch(name.as_str(), (hdim.div_ceil(2) as u32, n as u32, 1), 256, dc_smem as u32, &args);
+            return;
+        }
         let (name, rows) = if self.down_w4.1 {
             (KName::of(format_args!("moe_down_sh_{tn}_w4")), 2)
         } else {
             (KName::of(format_args!("moe_down_sh_{tn}")), 8)
         };
-        self.launch(
-            name.as_str(),
-            (hdim.div_ceil(rows) as u32, n as u32, 1),
-            256,
-            0,
-            &moe_down_args(experts.down, shared.down, (hdim, ff, k, nsh), sel_e, (g, ff), out, o),
-        );
+        self.launch(name.as_str(), (hdim.div_ceil(rows) as u32, n as u32, 1), 256, 0, &args);
     }
 
     /// The router: expert ids and weights of every (token, slot) pair into `sel_e`/`sel_w`:
