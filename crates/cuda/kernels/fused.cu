@@ -862,82 +862,6 @@ __device__ __forceinline__ void moe_down_sh_q8_impl(const u8* Wd, i64 row_bytes,
     moe_down_unit<DOWN_WPR>(blockIdx.x, blockIdx.y, Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq,
                             hrow, out, ooff, ostride, red, es, nullptr, 0, radd);
 }
-// ---- moe_down_sh_q8c (Path::DownCopy): moe_down_sh_q8 with every weight of the block copied
-// into shared memory before its PDL wait. The down launch's blocks are placed while the gate/up
-// launch still runs (beside its blocks on the SMs that hold two, then as its blocks leave), ~12
-// us before their release on an H100; moe_down_sh_q8 issues only its first round of weights
-// then (4 of a lane's 11 pieces, in registers), and the rest after the wait, from DRAM. Here a
-// warp copies all the 144-byte groups its pieces read (cp.async, no registers held) into its own
-// region of shared memory, so the bytes stream during the gate/up's tail and the work after the
-// wait is the activations (from L2) and the sums. (The L2 prefetches of the same rows, DN_PF in
-// the twenty-fourth and forty-ninth sessions, lost: the gate/up's 49 MB stream through the 50 MB
-// L2 beside them. Shared memory holds what it is given.) A warp's pieces, sums and order as
-// moe_down_sh_q8 (two warps a row): the same bits. Dynamic shared memory: GQ_WARPS regions of
-// wg = ceil(ceil(total / 2) / 8) + 1 groups (total = the row's pieces, (k + nsh) * kdim / 16).
-// Needs kdim % 128 == 0 and 16-byte aligned rows and matrices.
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
-    moe_down_sh_q8c(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
-                    const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
-                    i64 ostride, int radd) {
-#if __CUDA_ARCH__ >= 800
-    pdl_trigger();
-    extern __shared__ __align__(16) u8 sdc[];
-    __shared__ float red[GQ_WARPS];
-    __shared__ int es[MOE_SH_MAX_SLOTS];
-    const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int ks = k + nsh;
-    const int np = kdim >> 4, total = ks * np, gpr = np >> 3;
-    const int wg = ((total + 1) / 2 + 7) / 8 + 1;
-    const DownShare d = down_share<2>(blockIdx.x, m, total);
-    const int row = d.row, Pa = d.Pa, Pb = d.Pb;
-    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? max(__ldcg(sel_e + t * k + threadIdx.x), 0) : 0;
-    __syncthreads();
-    const u8* sw = sdc + (i64)warp * wg * 144;
-    const int G0 = Pa >> 3;
-    if (Pa < Pb) {
-        const u32 sa = smem_addr(sw);
-        const int n16 = (((Pb + 7) >> 3) - G0) * 9;
-        for (int c = lane; c < n16; c += 32) {
-            const int gl = c / 9, j = c - 9 * gl, G = G0 + gl, s = G / gpr, gi = G - s * gpr;
-            const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes
-                                 : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes;
-            cp_async16_s(sa + 16 * c, gp + (i64)gi * 144 + 16 * j);
-        }
-    }
-    cp_commit();
-    pdl_wait();
-    cp_async_wait_all();
-    __syncwarp();
-    const u8* hr = hq + (i64)t * ks * hrow;
-    float acc = 0.f;
-    for (int P0 = Pa + lane; P0 < Pb; P0 += 128) {
-        uint4 q[4], x[4];
-        float dw[4], dx[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int P = P0 + 32 * u;
-            if (P < Pb) {
-                const int s = P / np, p = P - s * np, b = p >> 1;
-                const u8* ws = sw + ((P >> 3) - G0) * 144;
-                const u8* xp = hr + (i64)s * hrow + (i64)(b >> 2) * 144;
-                const int qo = 16 + 32 * (b & 3) + 16 * (p & 1);
-                q[u] = *(const uint4*)(ws + qo);
-                dw[u] = h2f(*(const u16*)(ws + 2 * (b & 3)));
-                x[u] = *(const uint4*)(xp + qo);
-                dx[u] = h2f(*(const u16*)(xp + 2 * (b & 3)));
-            } else {
-                q[u] = make_uint4(0u, 0u, 0u, 0u);
-                x[u] = q[u];
-                dw[u] = 0.f;
-                dx[u] = 0.f;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) acc += (float)dot16v(q[u], x[u]) * (dw[u] * dx[u]);
-    }
-    down_row_finish<2>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, radd);
-#endif
-}
 // Two warps a row (the default) or four (TS_CUDA_DOWN_WPR=4: a warp's 11 rounds of loads at
 // V2-Lite's shapes become 6, in 2 dependent batches instead of 3; another summation order).
 extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
@@ -1136,73 +1060,6 @@ __device__ void moe_down_sh_h16_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes,
     down_row_finish<WPR>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, 0);
 }
 
-// Path::DownCopy for f16 / bf16 experts (moe_down_sh_<t>_c): moe_down_sh_h16_impl<T, 4> with a
-// warp's weight pieces [Pa, Pb) all copied into its own region of shared memory (16 bytes a
-// piece, in piece order) before the PDL wait; after it the activations and the sums of the same
-// pieces in the same order: the same bits. Dynamic shared memory: GQ_WARPS regions of
-// ceil(ks * kdim / 8 / 4) pieces.
-template <int T>
-__device__ void moe_down_sh_h16c_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k,
-                                      const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh, const float* h,
-                                      i64 hstride, float* out, i64 ooff, i64 ostride) {
-#if __CUDA_ARCH__ >= 800
-    pdl_trigger();
-    extern __shared__ __align__(16) u8 sdc[];
-    __shared__ int es[MOE_SH_MAX_SLOTS];
-    __shared__ float red[GQ_WARPS];
-    const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int ks = k + nsh;
-    const int n8 = kdim >> 3, per = (ks * n8 + 3) / 4;
-    const DownShare d = down_share<4>(blockIdx.x, m, ks * n8);
-    const int row = d.row, Pa = d.Pa, total = d.Pb;
-    // (The ids before the wait need DN16_EARLY's gate/up, which lets this launch start only once
-    // its own wait for the routing has returned.)
-    if (!DN16_EARLY) pdl_wait();
-    if (threadIdx.x < ks) es[threadIdx.x] = (int)threadIdx.x < k ? __ldcg(sel_e + t * k + threadIdx.x) : 0;
-    __syncthreads();
-    const u8* sw = sdc + (i64)warp * per * 16;
-    {
-        const u32 sa = smem_addr(sw);
-        for (int P = Pa + lane; P < total; P += 32) {
-            const int s = P / n8, c = P - s * n8;
-            if (s >= k || es[s] >= 0) {
-                const u8* gp = s < k ? Wd + es[s] * mat_bytes + (i64)row * row_bytes : Sd + (i64)row * srow_bytes + (i64)(s - k) * row_bytes;
-                cp_async16_s(sa + 16 * (P - Pa), gp + (i64)c * 16);
-            }
-        }
-    }
-    cp_commit();
-    pdl_wait();
-    cp_async_wait_all();
-    __syncwarp();
-    const float* hr = h + (i64)t * ks * hstride;
-    float acc = 0.f;
-    for (int P0 = Pa + lane; P0 < total; P0 += 128) {
-        uint4 q[4];
-        float4 a[4], b[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int P = P0 + 32 * u, s = P / n8, c = P - s * n8;
-            if (P < total && (s >= k || es[s] >= 0)) {
-                q[u] = *(const uint4*)(sw + 16 * (P - Pa));
-                a[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c);
-                b[u] = *(const float4*)(hr + (i64)s * hstride + 8 * c + 4);
-            } else {
-                q[u] = make_uint4(0, 0, 0, 0);
-                a[u] = b[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            float w[8];
-            h16_unpack(T, q[u], w);
-            acc += dot8f(w, a[u], b[u]);
-        }
-    }
-    down_row_finish<4>(acc, red, d, m, out + ooff + (i64)t * ostride + d.row0, 0);
-#endif
-}
-
 #define MOE_SH_H16(name, T)                                                                                     \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS) moe_gateup_sh_##name(           \
         const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,              \
@@ -1222,12 +1079,6 @@ __device__ void moe_down_sh_h16c_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes
         i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
         moe_down_sh_h16_impl<T, 4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride, \
                                    out, ooff, ostride);                                                          \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_DOWN16_MIN_BLOCKS) moe_down_sh_##name##_c(       \
-        const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e, const u8* Sd,      \
-        i64 srow_bytes, int nsh, const float* h, i64 hstride, float* out, i64 ooff, i64 ostride) {               \
-        moe_down_sh_h16c_impl<T>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, h, hstride,   \
-                                 out, ooff, ostride);                                                            \
     }
 MOE_SH_H16(f16, T_F16)
 MOE_SH_H16(bf16, T_BF16)
@@ -2010,7 +1861,7 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
                                                 const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes,
                                                 i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R, float* outp,
                                                 const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot,
-                                                int slot_len, float scale, const u8* rpf, i64 rpf_bytes) {
+                                                int slot_len, float scale) {
     extern __shared__ __align__(16) u8 smo[];
     const int c = blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -2034,19 +1885,6 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
         }
         cp_commit_any();
     }
-#if __CUDA_ARCH__ >= 900
-    // The next launch's rows asked into L2 (Path::RouterPf: the routing cluster's f32 router
-    // rows, which it loads only once this launch's blocks leave): block b asks for its slice,
-    // a 16-byte multiple (rpf_bytes is one), with one bulk prefetch.
-    if (rpf && tid == 0) {
-        const i64 nb = (i64)gridDim.x * gridDim.y, b = blockIdx.x + (i64)gridDim.x * blockIdx.y;
-        const i64 per = ((rpf_bytes + nb - 1) / nb + 15) & ~(i64)15, off = b * per;
-        if (off < rpf_bytes) {
-            const unsigned sz = (unsigned)min(per, rpf_bytes - off);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(rpf + off), "r"(sz) : "memory");
-        }
-    }
-#endif
     // Positions come from the batch upload, which no kernel of the step writes.
     const int end = pos[0] + 1;
     pdl_trigger();
@@ -2126,9 +1964,9 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
         NAME(const float* part, int nsp, const float* lat, i64 loff, i64 lstride, const int* pos, int nh, int kl,      \
              const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R,           \
              float* outp, const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot, int slot_len,       \
-             float scale, const u8* rpf, i64 rpf_bytes) {                                                              \
+             float scale) {                                                                                            \
         mla_out_q8_body<HP>(part, nsp, lat, loff, lstride, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo,          \
-                            o_row_bytes, H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale, rpf, rpf_bytes);   \
+                            o_row_bytes, H, R, outp, q, qoff, q_head, cache, slot, slot_len, scale);                   \
     }
 MLA_OUT_Q8_INST(mla_out_q8, false)
 MLA_OUT_Q8_INST(mla_out_q8p, true)

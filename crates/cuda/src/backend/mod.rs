@@ -377,9 +377,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "moe_gateup_sh_q8q",
     "moe_down_sh_q8",
     "moe_down_sh_q8_w4",
-    "moe_down_sh_q8c",
-    "moe_down_sh_f16_c",
-    "moe_down_sh_bf16_c",
     "mla_prefill",
     "mla_prefill_h",
     "mla_prefill_ha",
@@ -800,9 +797,6 @@ fn kernel_names() -> Vec<String> {
         "gemv_h16_multi_norm_bf16_1",
         "moe_down_sh_q8",
         "moe_down_sh_q8_w4",
-        "moe_down_sh_q8c",
-        "moe_down_sh_f16_c",
-        "moe_down_sh_bf16_c",
         "moe_down_sh_f16_w4",
         "moe_down_sh_bf16_w4",
         "moe_gateup_sh_f16",
@@ -1023,26 +1017,10 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
-    /// One decode token's `mla_out_q8` / `mla_out_q8p` blocks ask the next launch's f32 router
-    /// rows into L2 (one bulk prefetch a block, before their PDL wait; 512 KB a layer for
-    /// V2-Lite). The routing cluster after it (`add_rms_norm_parts_router_route`) is placed only
-    /// as `mla_out_q8`'s blocks leave (its 1,024-thread blocks do not fit beside them), so its
-    /// loads of those rows, before its own wait, could not overlap anything and came from DRAM.
-    /// The same bits. `TS_CUDA_ROUTER_PF=1` turns it on (off until measured on a GPU).
-    RouterPf,
-    /// The one-token (up to 8 tokens) MoE's down products on `moe_down_sh_q8c` (Q8_0) or
-    /// `moe_down_sh_<t>_c` (f16 / bf16, four warps a row): each warp copies every weight piece
-    /// it reads into shared memory (cp.async, ~51 KB a block for V2-Lite's Q8_0, 45 KB for bf16)
-    /// before its PDL wait, while the gate/up launch still runs, instead of one round of 4
-    /// pieces in registers. The same pieces, sums and order: the same bits. With it the gate/up
-    /// and down kernels ask for the largest shared-memory carveout (an SM's split is set by the
-    /// first block placed on it while idle, and a gate/up block uses none), unless
-    /// `TS_CUDA_DC_CARVE=0`. `TS_CUDA_DOWN_COPY=1` turns it on (off until measured on a GPU).
-    DownCopy,
 }
 
 impl Path {
-    const ALL: [Path; 22] = [
+    const ALL: [Path; 20] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1063,8 +1041,6 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
-        Path::RouterPf,
-        Path::DownCopy,
     ];
 
     /// Its environment variable and its default.
@@ -1090,8 +1066,6 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
-            Path::RouterPf => ("TS_CUDA_ROUTER_PF", false),
-            Path::DownCopy => ("TS_CUDA_DOWN_COPY", false),
         }
     }
 
@@ -1785,14 +1759,6 @@ impl CudaBackend {
         // Blocks of the one-launch decode MoE the card holds at once (it needs them all resident).
         let moe_one_cap =
             funcs["moe_sh_q8_one"].occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_or(0, |b| b as usize * sm_count);
-        // Path::DownCopy: the one-token gate/up and down kernels ask for the largest shared-memory
-        // carveout, so that down blocks (~51 KB each) fit beside gate/up blocks on an SM whose
-        // split a gate/up block set (a hint; refused, it changes nothing).
-        if Path::DownCopy.env_on() && std::env::var("TS_CUDA_DC_CARVE").map_or(true, |v| v != "0") {
-            for n in ["moe_gateup_sh_q8q", "moe_down_sh_q8c", "moe_gateup_sh_f16", "moe_gateup_sh_bf16", "moe_down_sh_f16_c", "moe_down_sh_bf16_c"] {
-                let _ = funcs[n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
-            }
-        }
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(BackendError::Device("libcublas.so.13 could not be loaded (needed for prefill matmuls)".into()));
         }

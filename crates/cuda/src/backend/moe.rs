@@ -437,22 +437,18 @@ impl CudaBackend {
         // Staging the activations in shared memory with every weight piece of a lane in flight
         // (moe_down_sh_<t>_s) measured slower on the H200: bf16 tg128 492.4 against 515.5
         // (docs/PERF.md, session 26); dropped.
-        let args = moe_down_args(experts.down, shared.down, (hdim, ff, k, nsh), sel_e, (g, ff), out, o);
-        // Every weight piece of a block copied into shared memory before the wait
-        // (Path::DownCopy): GQ_WARPS regions of a warp's ceil(ks * ff / 8 / 4) pieces.
-        let dc_smem = 8 * (ks * ff / 8).div_ceil(4) * 16;
-        if self.down_w4.1 && self.path_on(Path::DownCopy) && dc_smem <= self.smem_max {
-            self.took(Path::DownCopy);
-            let name = KName::of(format_args!("moe_down_sh_{tn}_c"));
-            self.launch(name.as_str(), (hdim.div_ceil(2) as u32, n as u32, 1), 256, dc_smem as u32, &args);
-            return;
-        }
         let (name, rows) = if self.down_w4.1 {
             (KName::of(format_args!("moe_down_sh_{tn}_w4")), 2)
         } else {
             (KName::of(format_args!("moe_down_sh_{tn}")), 8)
         };
-        self.launch(name.as_str(), (hdim.div_ceil(rows) as u32, n as u32, 1), 256, 0, &args);
+        self.launch(
+            name.as_str(),
+            (hdim.div_ceil(rows) as u32, n as u32, 1),
+            256,
+            0,
+            &moe_down_args(experts.down, shared.down, (hdim, ff, k, nsh), sel_e, (g, ff), out, o),
+        );
     }
 
     /// The router: expert ids and weights of every (token, slot) pair into `sel_e`/`sel_w`:
@@ -657,27 +653,18 @@ impl CudaBackend {
         self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
         // Two rounds of weights before the wait with the activations staged in shared memory
         // (moe_down_sh_q8s) measured slower on the H200: tg128 671.9 against 709.5 (docs/PERF.md,
-        // session 26); dropped.
-        let args = cat::<15, 1, 16>(moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o), [A::I(radd as i32)]);
-        // Every weight group of a block copied into shared memory before the wait
-        // (Path::DownCopy; kernels/fused.cu has the layout): GQ_WARPS regions of wg groups.
-        let wg = (ks * ff / 16).div_ceil(2).div_ceil(8) + 1;
-        let dc_smem = 8 * wg * 144;
-        let copy = !self.down_w4.0
-            && self.path_on(Path::DownCopy)
-            && dc_smem <= self.smem_max
-            && [dw, shared.down].iter().all(|w| w.mem.ptr % 16 == 0 && w.row_bytes % 16 == 0 && w.mat_bytes() % 16 == 0);
-        if copy {
-            self.took(Path::DownCopy);
-            self.launch("moe_down_sh_q8c", (hdim.div_ceil(4) as u32, n as u32, 1), 256, dc_smem as u32, &args);
-            return true;
-        }
+        // session 26); dropped. All of a block's weights copied into shared memory before the
+        // wait (moe_down_sh_q8c, ~51 KB a block; the same bits) measured slower on an H100 in the
+        // sixty-second session: tg128 559.1 / 560.8 against 631.1 / 629.4, 589.4 without the
+        // largest carveout asked; the down blocks, placed at the gate/up's start, slowed it from
+        // 20.6 to 28.7-30.1 µs while the down itself took 8.9-11.2 against 11.0. Removed;
+        // commit 1c95b8b has it (and the bf16 twin, −5.3%).
         self.launch(
             if self.down_w4.0 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
             (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),
             256,
             0,
-            &args,
+            &cat::<15, 1, 16>(moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o), [A::I(radd as i32)]),
         );
         true
     }

@@ -1304,34 +1304,6 @@ impl Backend for CudaBackend {
         } else {
             [A::P(0), l(0), l(0), A::P(0), A::P(0), A::I(0), A::F(0.0)]
         };
-        // With `next` a few-row f32 matrix of the row's width (the MoE router): the norm and
-        // that product in one launch (add_rms_norm_parts_router, the same bits as the two).
-        let fused_next = next.as_ref().filter(|m| {
-            self.norm_router.load(Ordering::Relaxed)
-                && m.router.dtype == GgmlType::F32
-                && m.router.ne(0) == hd
-                && hd % 128 == 0
-                && m.logits.1.n == 1
-                && m.logits.1.width == m.router.ne(1)
-        });
-        // The MoE's routing too (pre_route): plain top-k, the router's rows being the experts, at
-        // most 64 of them (one cluster of 8 blocks, sm_90 on).
-        let pre = fused_next.is_some_and(|m| {
-            self.pre_route.load(Ordering::Relaxed)
-                && self.clusters()
-                && warp_route(m.params)
-                && m.params.n_experts == m.router.ne(1)
-                && m.params.n_experts <= 64
-                && m.params.k > 0
-        });
-        // The routing cluster's router rows asked into L2 by mla_out_q8's blocks (Path::RouterPf).
-        let rpf = match fused_next {
-            Some(m) if pre && !h16 && self.path_on(Path::RouterPf) && m.router.mem.ptr % 16 == 0 => {
-                self.took(Path::RouterPf);
-                [A::P(m.router.mem.ptr), l(m.router.mem.bytes / 16 * 16)]
-            }
-            _ => [A::P(0), l(0)],
-        };
         // Held from here to the routing's record (`routed`), so that no other op's launches come
         // between this one's on the stream.
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
@@ -1371,32 +1343,39 @@ impl Backend for CudaBackend {
                 (hd.div_ceil(rows) as u32, nh as u32, 1),
                 256,
                 mla_out_smem(kl, w_uv.row_bytes, rows) as u32,
-                &cat::<23, 2, 25>(
-                    cat::<16, 7, 23>(
-                        [
-                            A::P(part),
-                            i(nsp),
-                            A::P(lat.0.ptr),
-                            l(lr.off),
-                            l(lr.stride),
-                            A::P(batch.pos_ptr()),
-                            i(nh),
-                            i(kl),
-                            A::P(w_uv.mem.ptr),
-                            l(w_uv.row_bytes),
-                            l(w_uv.mat_bytes()),
-                            A::P(wo.mem.ptr),
-                            l(wo.row_bytes),
-                            i(hd),
-                            i(rows),
-                            A::P(ho),
-                        ],
-                        att,
-                    ),
-                    rpf,
+                &cat::<16, 7, 23>(
+                    [
+                        A::P(part),
+                        i(nsp),
+                        A::P(lat.0.ptr),
+                        l(lr.off),
+                        l(lr.stride),
+                        A::P(batch.pos_ptr()),
+                        i(nh),
+                        i(kl),
+                        A::P(w_uv.mem.ptr),
+                        l(w_uv.row_bytes),
+                        l(w_uv.mat_bytes()),
+                        A::P(wo.mem.ptr),
+                        l(wo.row_bytes),
+                        i(hd),
+                        i(rows),
+                        A::P(ho),
+                    ],
+                    att,
                 ),
             );
         }
+        // With `next` a few-row f32 matrix of the row's width (the MoE router): the norm and
+        // that product in one launch (add_rms_norm_parts_router, the same bits as the two).
+        let fused_next = next.as_ref().filter(|m| {
+            self.norm_router.load(Ordering::Relaxed)
+                && m.router.dtype == GgmlType::F32
+                && m.router.ne(0) == hd
+                && hd % 128 == 0
+                && m.logits.1.n == 1
+                && m.logits.1.width == m.router.ne(1)
+        });
         // add_rms_norm_parts' arguments, which the router's kernel extends.
         let norm = [
             A::P(x.0.ptr),
@@ -1413,6 +1392,15 @@ impl Backend for CudaBackend {
         ];
         if let Some(&MoeNext { router: nw, logits: (nb, nr), params: mp }) = fused_next {
             nb.check(nr);
+            // The MoE's routing too (pre_route): plain top-k, the router's
+            // rows being the experts.
+            // rows being the experts, at most 64 of them (one cluster of 8 blocks, sm_90 on).
+            let pre = self.pre_route.load(Ordering::Relaxed)
+                && self.clusters()
+                && warp_route(mp)
+                && mp.n_experts == nw.ne(1)
+                && mp.n_experts <= 64
+                && mp.k > 0;
             let router = [A::P(nw.mem.ptr), i(nw.ne(1)), A::P(nb.0.ptr), l(nr.off)];
             if pre {
                 let (Some(se), Some(sw)) = (self.scratch(S::PreE, 4 * mp.k), self.scratch(S::PreW, 4 * mp.k)) else { return };
@@ -1424,7 +1412,9 @@ impl Backend for CudaBackend {
                 // slower on the H200: tg128 675.3 against 709.9; docs/PERF.md, session 27.)
                 // (At 512 threads a block with the router's rows in shared memory, so that its
                 // cluster fits beside mla_out_q8's blocks: tg128 623.5 against 709.1 on the H200,
-                // docs/PERF.md, session 30; dropped.)
+                // docs/PERF.md, session 30; dropped. Its router rows asked into L2 by mla_out_q8's
+                // blocks before their wait: tg128 629.2 against 631.1 / 629.4 on an H100, sixty-
+                // second session, noise; removed, commit 1c95b8b has it.)
                 self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
                 *self.routed.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(Routed { logits: (nb.0.ptr, nr.off), input: (out.0.ptr, o.off), p: *mp });
