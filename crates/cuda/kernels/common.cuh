@@ -466,21 +466,3 @@ __device__ __forceinline__ void cp_wait_all_any() {
     cp_async_wait_all();
 #endif
 }
-// Thread-block clusters (sm_90): the block's rank in its cluster, a store into another block's
-// shared memory (distributed shared memory), and the cluster barrier's two halves.
-#if __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-// A store of v into block `rank`'s copy of the shared word at p (distributed shared memory).
-__device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
-    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-#endif

@@ -1134,18 +1134,13 @@ __device__ __forceinline__ void gu_row_dot(const u8* wg, const u8* wu, const u8*
 }
 // ready (moe_sh_q8_one): the flag its block 0 sets once sel_e, sel_w and xq are written; null
 // (moe_gateup_sh_q8q): they come from the previous kernel.
-// CL (moe_gateup_sh_q8w, sm_90): the unit's 8 warps are the 8 one-warp blocks of a cluster
-// (warp = the block's rank); each stores its 4 GLU values into rank 0's glu through distributed
-// shared memory, and rank 0 quantises the 32 after the cluster barrier: the same values and
-// the same quantisation, so the same bits.
-template <bool CL = false>
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
                                                     int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr) {
     const int ks = k + nsh;
     const int P = t * ks + s;
-    const int warp = CL ? (int)(blockIdx.x & 7) : (int)(threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpw = GU_ROWS / GQ_WARPS;
     const int row0 = bx * GU_ROWS + warp * rpw;
     const int np = 2 * (kdim >> 5);
@@ -1185,34 +1180,15 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         mo_wait_flag(ready);
     }
     const u8* xr = xq + (i64)t * xrow;
-#if __CUDA_ARCH__ >= 900
-    // (every block of the cluster runs, the first phase of the barrier, before any stores into
-    // rank 0's shared memory)
-    if (CL) cluster_wait();
-#endif
     for (int i = 0; i < rpw; i++) {
         const int row = row0 + i;
         float g = 0.f, u = 0.f;
         if (!zero) gu_row_dot(Wtg + (i64)row * rstride, Wtu + (i64)row * rstride, xr, np, lane, i == 0, qg, dg, qu, du, g, u);
         // act(g) * u (0 for a slot without an expert), times the router weight below, as
         // quant_q8_groups' weighted form rounds it.
-        const float v = zero ? 0.f : act_fn(act == 0 ? 1 : 2, g) * u;
-#if __CUDA_ARCH__ >= 900
-        if (CL) {
-            if (lane == 0) st_cluster(&glu[warp * rpw + i], 0, v);
-            continue;
-        }
-#endif
-        if (lane == 0) glu[warp * rpw + i] = v;
+        if (lane == 0) glu[warp * rpw + i] = zero ? 0.f : act_fn(act == 0 ? 1 : 2, g) * u;
     }
-#if __CUDA_ARCH__ >= 900
-    if (CL) {
-        cluster_arrive();
-        cluster_wait();
-        if (warp != 0) return;
-    } else
-#endif
-        __syncthreads();
+    __syncthreads();
     if (warp == 0) {
         float v = glu[lane];
         v *= wsl;
@@ -1232,30 +1208,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_slot_of_block(k, nsh, &t, &s);
     moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
                               xrow, act, hq, hrow, glu);
-}
-// moe_gateup_sh_q8q with each unit's 8 warps as a cluster of 8 one-warp blocks
-// (Path::GuCluster; grid (8 * units, tokens * slots)): 2,816 blocks for V2-Lite, 21-22 an SM,
-// where moe_gateup_sh_q8q's 352 eight-warp blocks leave 88 SMs with 3 and 44 with 2 (Nsight,
-// sixty-second session: the SMs with 3 set the launch's end). 24 blocks an SM at most (80
-// registers, as moe_gateup_sh_q8q's), so the grid is resident in one wave. The same loads,
-// sums and quantisation: the same bits.
-#if __CUDA_ARCH__ >= 900
-#define GUW_CLUSTER_DIMS __cluster_dims__(8, 1, 1)
-#else
-#define GUW_CLUSTER_DIMS
-#endif
-extern "C" __global__ void GUW_CLUSTER_DIMS __launch_bounds__(32, 24)
-    moe_gateup_sh_q8w(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
-                      const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
-                      u8* hq, i64 hrow) {
-#if __CUDA_ARCH__ >= 900
-    __shared__ float glu[GU_ROWS];
-    cluster_arrive_relaxed();
-    int t, s;
-    moe_slot_of_block(k, nsh, &t, &s);
-    moe_gateup_q8q_unit<true>(blockIdx.x >> 3, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh,
-                              xq, xrow, act, hq, hrow, glu);
-#endif
 }
 // ---- The decode MoE in one launch (one token): moe_gateup_sh_q8q's units, then moe_down_sh_q8's
 // units, each down warp starting as soon as the slots it reads are done ---------------------------
@@ -1712,7 +1664,20 @@ extern "C" __global__ void __launch_bounds__(NP_THREADS)
 // layer). The same barrier orders every block's reads of x before block 0 writes it.
 // Needs width % 128 == 0, width <= NP_PER * NP_THREADS, m <= 64, rk <= 32, exactly 8 blocks.
 #if __CUDA_ARCH__ >= 900
-// (cluster_rank, st_cluster and the cluster barrier: common.cuh)
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// A store of v into block `rank`'s copy of the shared word at p (distributed shared memory).
+__device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 #define RR_CLUSTER_DIMS __cluster_dims__(RR_CLUSTER, 1, 1)
 #else
 #define RR_CLUSTER_DIMS

@@ -3160,61 +3160,6 @@ fn add_shared_f64(out: &mut [f32], x: &[f32], xr: Rows, w: [&[f32]; 3], hdim: us
     }
 }
 
-/// `moe_gateup_sh_q8w` (Path::GuCluster: each 32-row gate/up unit's 8 warps as a cluster of 8
-/// one-warp blocks, the GLU values quantised in rank 0's shared memory) gives the same bits as
-/// `moe_gateup_sh_q8q`: the whole MoE's output, on V2-Lite's shapes (64 experts, two shared
-/// chunks) and smaller ones with three shared chunks and a sigmoid gating, 1 to 8 tokens. A
-/// backend of its own (the path is switched on it); sm_90 only (clusters).
-#[test]
-fn gu_cluster_exact() {
-    let Some(shared) = gpu() else { return };
-    fused_banner(shared);
-    let g = &CudaBackend::new(0).expect("second backend");
-    if !g.clusters() {
-        eprintln!("*** SKIP gu_cluster_exact: no thread-block clusters on this device ***");
-        return;
-    }
-    let mut r = rng(59);
-    let mut rep = Report::new("gate/up in clusters");
-    let cases = [
-        (2048usize, 1408usize, 64usize, 6usize, Gating::Softmax, false, 1.0f32, 2usize, &[1usize, 2, 8][..]),
-        (256, 128, 16, 4, Gating::Softmax, false, 1.0, 2, &[1, 3, 8][..]),
-        (512, 256, 32, 5, Gating::Sigmoid, true, 2.5, 3, &[1, 5][..]),
-    ];
-    for (hdim, ff, ne, k, gating, norm_topk, scale, nsh, ns) in cases {
-        let sf = nsh * ff;
-        let shapes: [Vec<usize>; 6] =
-            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
-        let ws: Vec<Vec<u8>> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3).0).collect();
-        let gu = |i: usize| g.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i]), WeightUse::Matmul).unwrap();
-        let (gex, gsh) = ([gu(0), gu(1), gu(2)], [gu(3), gu(4), gu(5)]);
-        let p = MoeParams { n_experts: ne, k, gating, norm_topk, scale, n_group: 1, topk_group: 1, glu: Glu::SwiGlu };
-        for &n in ns {
-            let xr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
-            let x = randn(&mut r, xr.end(), 1.0);
-            let lr = Rows { off: 1, n, width: ne, stride: ne + 3 };
-            let lg = randn(&mut r, lr.end(), 2.0);
-            let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
-            let (gx, gl, out) = (buf(g, &x), buf(g, &lg), g.alloc(o.end()).unwrap());
-            let mut res = Vec::new();
-            for on in [false, true] {
-                g.set_path(Path::GuCluster, on);
-                poison(g, &out, o.end());
-                let before = g.path_launches(Path::GuCluster);
-                assert!(run_moe_shared(g, &gx, xr, &gl, lr, &gex, &gsh, &p, &out, o, true), "moe_shared declined");
-                res.push(get(g, &out, o));
-                let took = g.path_launches(Path::GuCluster) > before;
-                if took != on {
-                    rep.failures.push(format!("H={hdim} n={n}: GuCluster taken {took} with it {on}"));
-                }
-            }
-            rep.check(&format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} {gating:?} n={n} (exact)"), &res[1], &res[0], 0.0, 0.0);
-        }
-    }
-    g.set_path(Path::GuCluster, false);
-    rep.finish();
-}
-
 #[test]
 fn fused_moe_shared() {
     let Some(g) = gpu() else { return };

@@ -797,7 +797,6 @@ fn kernel_names() -> Vec<String> {
         "gemv_h16_multi_norm_bf16_1",
         "moe_down_sh_q8",
         "moe_down_sh_q8_w4",
-        "moe_gateup_sh_q8w",
         "moe_down_sh_f16_w4",
         "moe_down_sh_bf16_w4",
         "moe_gateup_sh_f16",
@@ -1018,18 +1017,10 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
-    /// The one-token (up to 8 tokens) Q8_0 MoE's gate/up on `moe_gateup_sh_q8w`: each 32-row
-    /// unit's 8 warps as a cluster of 8 one-warp blocks (2,816 blocks for V2-Lite, 21-22 an SM)
-    /// instead of one 8-warp block (352 blocks at 3 an SM, which leave 44 of 132 SMs with 2:
-    /// Nsight on an H100, sixty-second session, SM active cycles 28.2k / 35.0k / 38.2k min / avg
-    /// / max). The 32 GLU values meet in rank 0's shared memory for their quantisation: the same
-    /// bits. Off; `TS_CUDA_GU_CLUSTER=1` turns it on (written after the device time was spent;
-    /// not yet measured).
-    GuCluster,
 }
 
 impl Path {
-    const ALL: [Path; 21] = [
+    const ALL: [Path; 20] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1050,7 +1041,6 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
-        Path::GuCluster,
     ];
 
     /// Its environment variable and its default.
@@ -1076,7 +1066,6 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
-            Path::GuCluster => ("TS_CUDA_GU_CLUSTER", false),
         }
     }
 

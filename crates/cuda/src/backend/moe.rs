@@ -649,14 +649,11 @@ impl CudaBackend {
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
         // (Each warp's rows 2 and 3 staged in shared memory by cp.async with row 0's loads,
         // three blocks an SM: tg128 650.9 against 709.1 on the H200, docs/PERF.md, session 30;
-        // dropped.)
-        if self.path_on(Path::GuCluster) && self.clusters() {
-            // Each unit's 8 warps as a cluster of 8 one-warp blocks (moe_gateup_sh_q8w).
-            self.took(Path::GuCluster);
-            self.launch("moe_gateup_sh_q8w", (8 * ff.div_ceil(32) as u32, (n * ks) as u32, 1), 32, 0, &gu);
-        } else {
-            self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
-        }
+        // dropped. Each unit's 8 warps as a cluster of 8 one-warp blocks, to even out the 2-3
+        // blocks an SM, measured slower on an H100 in the sixty-third session: tg128 562.8 /
+        // 564.6 against 619.8 / 620.2; the cluster placement left some SMs without a block and
+        // the launch took 34.6 us against 26.5; commit 483bb0c has it.)
+        self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
         // Two rounds of weights before the wait with the activations staged in shared memory
         // (moe_down_sh_q8s) measured slower on the H200: tg128 671.9 against 709.5 (docs/PERF.md,
         // session 26); dropped. All of a block's weights copied into shared memory before the
