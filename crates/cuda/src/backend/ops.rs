@@ -1308,6 +1308,26 @@ impl Backend for CudaBackend {
         // between this one's on the stream.
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         let Some(ho) = self.scratch(S::Ho, 4 * nh * hd) else { return };
+        // The arguments both output kernels open with (kernels/fused.cu): the partial rows and
+        // their count, the latent rows, the positions, the shapes, W_uv and W_o. The Q8_0
+        // kernel then takes its block's W_o rows before `ho`; the 16-bit one (a cluster of 8
+        // blocks a head) has no such argument.
+        let head: [A; 14] = [
+            A::P(part),
+            i(nsp),
+            A::P(lat.0.ptr),
+            l(lr.off),
+            l(lr.stride),
+            A::P(batch.pos_ptr()),
+            i(nh),
+            i(kl),
+            A::P(w_uv.mem.ptr),
+            l(w_uv.row_bytes),
+            l(w_uv.mat_bytes()),
+            A::P(wo.mem.ptr),
+            l(wo.row_bytes),
+            i(hd),
+        ];
         if h16 {
             self.took(Path::Out16);
             let name = if w_uv.dtype == GgmlType::BF16 { "mla_out_bf16" } else { "mla_out_f16" };
@@ -1316,26 +1336,7 @@ impl Backend for CudaBackend {
                 (MH_CLUSTER as u32, nh as u32, 1),
                 256,
                 mla_out_h16_smem(kl, hd) as u32,
-                &cat::<15, 7, 22>(
-                    [
-                        A::P(part),
-                        i(nsp),
-                        A::P(lat.0.ptr),
-                        l(lr.off),
-                        l(lr.stride),
-                        A::P(batch.pos_ptr()),
-                        i(nh),
-                        i(kl),
-                        A::P(w_uv.mem.ptr),
-                        l(w_uv.row_bytes),
-                        l(w_uv.mat_bytes()),
-                        A::P(wo.mem.ptr),
-                        l(wo.row_bytes),
-                        i(hd),
-                        A::P(ho),
-                    ],
-                    att,
-                ),
+                &cat::<15, 7, 22>(cat(head, [A::P(ho)]), att),
             );
         } else {
             self.launch(
@@ -1343,27 +1344,7 @@ impl Backend for CudaBackend {
                 (hd.div_ceil(rows) as u32, nh as u32, 1),
                 256,
                 mla_out_smem(kl, w_uv.row_bytes, rows) as u32,
-                &cat::<16, 7, 23>(
-                    [
-                        A::P(part),
-                        i(nsp),
-                        A::P(lat.0.ptr),
-                        l(lr.off),
-                        l(lr.stride),
-                        A::P(batch.pos_ptr()),
-                        i(nh),
-                        i(kl),
-                        A::P(w_uv.mem.ptr),
-                        l(w_uv.row_bytes),
-                        l(w_uv.mat_bytes()),
-                        A::P(wo.mem.ptr),
-                        l(wo.row_bytes),
-                        i(hd),
-                        i(rows),
-                        A::P(ho),
-                    ],
-                    att,
-                ),
+                &cat::<16, 7, 23>(cat(head, [i(rows), A::P(ho)]), att),
             );
         }
         // With `next` a few-row f32 matrix of the row's width (the MoE router): the norm and
