@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# For the sixty-fifth session (~6 minutes), on an H200 only: issue 6's figure (the server, 64
-# clients, 45 s, the defaults), then tg128 (issue 5's) and tg64 at 16k, then with time left the
-# server again with 192 gate/up blocks asking their rows into L2 before their wait, not 128
-# (`MMQ_GU_PF`, chosen on H100s' 50 MB of L2; the H200 has 60). On any other card it stops at
-# once: gpu-next220.sh's other-card checks passed on an H100 this session (GPU.md).
+# For the next session with an H200 (written in the sixty-fifth; ~6 minutes), on an H200 only:
+# issue 6's figure (the server, 64 clients, 45 s, the defaults), then tg128 (issue 5's) and tg64
+# at 16k, then with time left the server again with 192 gate/up blocks asking their rows into L2
+# before their wait, not 128 (`MMQ_GU_PF`, chosen on H100s' 50 MB of L2; the H200 has 60). On
+# any other card it stops at once: gpu-next220.sh's other-card checks passed on an H100 in the
+# sixty-fifth session (GPU.md).
 #   tools/gpu/plans/gpu-next221.sh .dev/turbospark 2>&1 | tee $OUT/log.txt | tail -40
 set -u
 B=$1
