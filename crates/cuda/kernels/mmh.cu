@@ -78,6 +78,24 @@ __device__ __forceinline__ void wgmma_ss_64x256(float (&d)[128], u64 da, u64 db)
         : "l"(da), "l"(db)
         : "memory");
 }
+// The same with 200 weight rows (B^T 200 x 16; d[4c..4c+3] for n8 columns c < 25): the output
+// head's tiles (mmh8_dn200).
+__device__ __forceinline__ void wgmma_ss_64x200(float (&d)[100], u64 da, u64 db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n200k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99}, "
+        "%100, %101, 1, 1, 1, 0, 0;\n"
+        : WG8(0), WG8(8), WG8(16), WG8(24), WG8(32), WG8(40), WG8(48), WG8(56), WG8(64), WG8(72), WG8(80), WG8(88),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99])
+        : "l"(da), "l"(db)
+        : "memory");
+}
 #undef WG8
 #endif
 
@@ -109,15 +127,18 @@ __device__ __forceinline__ void q8x4_h2(u32 w, u32 d2, u32& lo, u32& hi) {
 // stage's raw rows into f16 (the 128-byte swizzle by hand: 16-byte chunk c of row r at chunk
 // c ^ (r % 8)), fence them to the async proxy and arrive on the stage's conv barrier, which the
 // multiplying warpgroups wait for besides the copies' full barrier.
-template <bool GLU, bool Q8>
+// BN: weight rows a tile, 256 (every launch but one) or 200 (mmh8_dn200, the output head: Q8
+// and not GLU only; its rows fill the first 200 of the 256-row stage layout).
+template <bool GLU, bool Q8, int BN = 256>
 __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, const TmaMap* tbs, const TmaMap* tb2,
                                          const TmaMap* tb2s, const int* cnt, const int* off, const int* perm, int n_exp,
                                          int m, int k, void* out, i64 ostride, int act) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(BN == 256 || (BN == 200 && Q8 && !GLU), "200-row tiles only for mmh8_dn200");
     constexpr int NST = Q8 ? 3 : MMH_NST;
-    constexpr int RAWQ = 256 * 64, RAWS = 256 * 16;
+    constexpr int RAWQ = 256 * 64, RAWS = 256 * 16;  // the raw rows' room (BN <= 256 of them)
     constexpr int STAGE = MMH_STAGE + (Q8 ? RAWQ + RAWS : 0);
-    constexpr u32 TX = MMH_A_BYTES + (Q8 ? RAWQ + RAWS : MMH_B_BYTES);
+    constexpr u32 TX = MMH_A_BYTES + (Q8 ? BN * (64 + 16) : MMH_B_BYTES);
     extern __shared__ __align__(1024) u8 mmh_sm[];
     __shared__ __align__(8) u64 full_bar[NST], conv_bar[NST], empty_bar[NST];
     __shared__ int tile_e, tile_start;
@@ -135,7 +156,7 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
     const int e = tile_e;
     if (e < 0) return;  // past the last tile (uniform over the block)
     const int start = tile_start, nt = min(128, cnt[e] - start), row0 = off[e] + start;
-    const int n0 = blockIdx.x * (GLU ? 128 : 256);  // the tile's first weight row of the expert
+    const int n0 = blockIdx.x * (GLU ? 128 : BN);  // the tile's first weight row of the expert
     const int nk = k >> 6;
     const u32 base = (smem_addr(mmh_sm) + 1023u) & ~1023u;
     const int wg = tid >> 7, lane = tid & 31, warp = (tid & 127) >> 5;
@@ -179,7 +200,7 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
                     mbar_wait(smem_addr(&full_bar[st]), (s / NST) & 1);
                     const u32 sb = base + (u32)(st * STAGE) + MMH_A_BYTES, rq = sb + MMH_B_BYTES, rs = rq + RAWQ;
                     const u32 hs = 2 * (2 * (s & 1) + (q >> 1));  // this lane's scale in the header
-                    for (int i = cw; i < 32; i += 3) {
+                    for (int i = cw; i < BN / 8; i += 3) {
                         const int r = i * 8 + (lane >> 2);
                         uint4 w;
                         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -224,16 +245,19 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
         }
         return;
     }
-    float d[128];
+    float d[BN / 2];
 #pragma unroll
-    for (int i = 0; i < 128; i++) d[i] = 0.f;
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.f;
     for (int s = 0; s < nk; s++) {
         const int st = s % NST;
         ready(s);
         const u32 sa = base + (u32)(st * STAGE) + (u32)(c * 64 * 128), sb = base + (u32)(st * STAGE) + MMH_A_BYTES;
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_ss_64x256(d, mmh_desc(sa + kk * 32), mmh_desc(sb + kk * 32));
+        for (int kk = 0; kk < 4; kk++) {
+            if constexpr (BN == 256) wgmma_ss_64x256(d, mmh_desc(sa + kk * 32), mmh_desc(sb + kk * 32));
+            else wgmma_ss_64x200(d, mmh_desc(sa + kk * 32), mmh_desc(sb + kk * 32));
+        }
         wg_commit();
         wg_wait<1>();  // the previous stage's wgmma are done with its shared memory
         if (s > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(s - 1) % NST]));
@@ -257,7 +281,7 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
         } else {
             float2* o = (float2*)((float*)out + (i64)perm[row0 + r] * ostride + n0 + cb);
 #pragma unroll
-            for (int q = 0; q < 32; q++) o[4 * q] = make_float2(d[4 * q + 2 * h], d[4 * q + 2 * h + 1]);
+            for (int q = 0; q < BN / 8; q++) o[4 * q] = make_float2(d[4 * q + 2 * h], d[4 * q + 2 * h + 1]);
         }
     }
 #endif
@@ -291,6 +315,16 @@ extern "C" __global__ void __launch_bounds__(384, 1)
             const int* cnt, const int* off, const int* perm, int n_exp, int hdim, int ff, float* y) {
     PDL_ENTRY();
     mmh_impl<false, true>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
+}
+
+// The same in tiles of 200 weight rows (grid: hdim / 200): the output head where 256-row tiles
+// leave a ragged last wave (CudaBackend::head_mmh: V2-Lite's 102,400 rows are 400 tiles of 256 on
+// 132 SMs, 4.00 waves' time for 3.03 waves' work; 512 tiles of 200 are 3.88).
+extern "C" __global__ void __launch_bounds__(384, 1)
+    mmh8_dn200(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tdq, const __grid_constant__ TmaMap tds,
+               const int* cnt, const int* off, const int* perm, int n_exp, int hdim, int ff, float* y) {
+    PDL_ENTRY();
+    mmh_impl<false, true, 200>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
 
 // The output head of a decode batch on mmh8_dn (Path::HeadMmh): its n rows as one expert's

@@ -565,6 +565,21 @@ fn add_norm_args((x, xr): (&CudaBuf, Rows), (d, dr): (u64, Rows), w: Option<&Cud
     ]
 }
 
+/// Weight rows a tile of [`Path::HeadMmh`]'s launch for a head of `m` rows on `sm` SMs at one
+/// block an SM: `forced` (200 or 256) where it divides `m`, else (`forced` 0) whichever of 256 and
+/// 200 dividing `m` spends fewer tile-rows of time over its whole waves (256 on a tie: the
+/// kernel the prompt MoE runs); 0 where neither divides `m` (the path declines). The kernels'
+/// time a tile grows with its rows (each stage's rows are turned into f16 by the same three
+/// warps), so a ragged last wave of 256-row tiles costs a whole wave.
+fn head_tile(m: usize, sm: usize, forced: usize) -> usize {
+    let cost = |bn: usize| m.div_ceil(bn).div_ceil(sm.max(1)) * bn;
+    match forced {
+        0 => [256, 200].into_iter().filter(|&bn| m.is_multiple_of(bn)).min_by_key(|&bn| cost(bn)).unwrap_or(0),
+        bn if m.is_multiple_of(bn) => bn,
+        _ => 0,
+    }
+}
+
 /// [`CudaBackend::tc_batch_splits`] for `sm` SMs, `n` tokens, at most `kps` keys a split at
 /// one block an SM (0: no such wave), the batch's last position `max_pos`.
 fn tc_batch_splits(sm: usize, n: usize, kps: usize, max_pos: Option<u32>) -> usize {
@@ -833,6 +848,7 @@ fn kernel_names() -> Vec<String> {
         "mmh_dn",
         "mmh8_gu",
         "mmh8_dn",
+        "mmh8_dn200",
         "head_list",
         "moe_gather_h",
         "mla_prefill",
@@ -980,7 +996,7 @@ pub enum Path {
     /// the server 8,593 against 8,647).
     HeadBlas,
     /// A decode batch's output head (a Q8_0 product of more than 8,192 rows, a multiple of
-    /// 256) on the prompt MoE's Hopper kernel (`mmh8_dn`: TMA, the Q8_0 rows turned into f16 in
+    /// 256 or 200: `head_bn`) on the prompt MoE's Hopper kernel (`mmh8_dn`: TMA, the Q8_0 rows turned into f16 in
     /// shared memory, wgmma) as one expert's token list (`head_list`), where
     /// [`Path::HeadBlas`] runs cuBLAS on the f16 copy: 223 MB read for V2-Lite against 419. The
     /// same f16 operands, another summation order. Off; `TS_CUDA_HEAD_MMH=1` turns it on.
@@ -1321,6 +1337,11 @@ pub struct CudaBackend {
     /// The `mmh_*` kernels (kernels/mmh.cu: wgmma with both operands from shared memory, fed by
     /// TMA from a producer warpgroup) can run here: an sm_90a build that got their shared memory.
     mmh: bool,
+    /// Weight rows a tile of [`Path::HeadMmh`]'s launch: 0 (the default) picks 256 (`mmh8_dn`)
+    /// or 200 (`mmh8_dn200`), whichever spends fewer tile-rows of time over whole waves of one
+    /// block an SM (V2-Lite's 102,400 rows on 132 SMs: 400 tiles of 256 are 4 waves of 256 rows,
+    /// 512 of 200 are 4 of 200); `TS_CUDA_HEAD_BN=256|200` forces one where the rows divide.
+    head_bn: usize,
     /// Prompt MoEs on `mmh_*` where it can run, with the shared FFN on cuBLAS
     /// ([`CudaBackend::moe_blas`]): 0 off, 1 from row-major f16 copies of the expert stacks
     /// made at upload (where memory allows, as the other copies; `mmh_gu`, `mmh_dn`), 2
@@ -1753,7 +1774,7 @@ impl CudaBackend {
         let mmh = arch == "sm_90a"
             && MMH_SMEM <= optin
             && MMH8_SMEM <= optin
-            && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM)].iter().all(|(n, b)| {
+            && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM), ("mmh8_dn200", MMH8_SMEM)].iter().all(|(n, b)| {
                 funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32).is_ok()
             });
         // Blocks of the one-launch decode MoE the card holds at once (it needs them all resident).
@@ -1822,6 +1843,7 @@ impl CudaBackend {
             mmfq8,
             moe_blas: AtomicBool::new(std::env::var("TS_CUDA_MOE_BLAS").map_or(true, |v| v != "0")),
             mmh,
+            head_bn: env_usize("TS_CUDA_HEAD_BN").filter(|b| [200, 256].contains(b)).unwrap_or(0),
             mmh_mode: AtomicU8::new(match std::env::var("TS_CUDA_MMH").as_deref() {
                 Ok("0") => 0,
                 Ok("f16") => 1,
@@ -2730,13 +2752,30 @@ mod tests {
         assert_eq!(super::tc_batch_splits(132, 32, 128, Some(512)), 8);
     }
 
+    /// The output head's tiles: V2-Lite's 102,400 rows on 132 SMs take 200 (4 waves of 200 rows,
+    /// not 4 of 256); a head that fills whole waves of 256 keeps 256; a forced size that does not
+    /// divide the rows, or rows that neither divides, decline.
+    #[test]
+    fn head_tiles() {
+        use super::head_tile;
+        assert_eq!(head_tile(102_400, 132, 0), 200);
+        assert_eq!(head_tile(102_400, 132, 256), 256);
+        assert_eq!(head_tile(256 * 132, 132, 0), 256);
+        assert_eq!(head_tile(8_448, 132, 0), 256);
+        assert_eq!(head_tile(6_400, 132, 0), 200);
+        assert_eq!(head_tile(6_400, 132, 256), 256);
+        assert_eq!(head_tile(8_448, 132, 200), 0);
+        assert_eq!(head_tile(1_000, 132, 0), 200);
+        assert_eq!(head_tile(1_032, 132, 0), 0);
+    }
+
     /// Every kernel given more shared memory at start, or asked its occupancy, is one the
     /// backend loads (`funcs[name]` would otherwise panic in `CudaBackend::new`, found only on a
     /// GPU).
     #[test]
     fn big_smem_kernels_are_loaded() {
         let names = super::kernel_names();
-        for k in super::BIG_SMEM_KERNELS.iter().chain(&["moe_sh_q8_one", "mmh_gu", "mmh_dn", "mmh8_gu", "mmh8_dn"]) {
+        for k in super::BIG_SMEM_KERNELS.iter().chain(&["moe_sh_q8_one", "mmh_gu", "mmh_dn", "mmh8_gu", "mmh8_dn", "mmh8_dn200"]) {
             assert!(names.iter().any(|n| n == k), "{k} is not in kernel_names()");
         }
     }

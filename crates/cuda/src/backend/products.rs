@@ -541,16 +541,17 @@ impl CudaBackend {
         self.tma_2d(ptr, (row_bytes, 1, rows), (box_x, box_rows), false)
     }
 
-    /// A decode batch's output head on `mmh8_dn` ([`Path::HeadMmh`]): `out` rows = `w` times
-    /// the rows `xr` (in f16), its `m` rows in tiles of 256, the batch as one expert's list of
-    /// at most 128 tokens (`head_list` into the MoE's `Cnt`, `Off` and `Perm` scratch, unused
-    /// between layers' MoEs). False (nothing launched) where the shapes or the output's layout
-    /// do not fit. The caller holds `scratch_op`.
+    /// A decode batch's output head on `mmh8_dn` or `mmh8_dn200` ([`Path::HeadMmh`]): `out`
+    /// rows = `w` times the rows `xr` (in f16), its `m` rows in tiles of `head_tile` rows, the
+    /// batch as one expert's list of at most 128 tokens (`head_list` into the MoE's `Cnt`, `Off`
+    /// and `Perm` scratch, unused between layers' MoEs). False (nothing launched) where the
+    /// shapes or the output's layout do not fit. The caller holds `scratch_op`.
     pub(super) fn head_mmh(&self, x: &CudaBuf, xr: Rows, w: &CudaWeight, out: &CudaBuf, o: Rows) -> bool {
         let (n, k, m) = (xr.n, xr.width, w.ne(1));
+        let bn = head_tile(m, self.sm_count, self.head_bn);
         if !self.mmh
             || w.dtype != GgmlType::Q8_0
-            || !m.is_multiple_of(256)
+            || bn == 0
             || !k.is_multiple_of(128)
             || n > MMH_BM
             || o.stride != m
@@ -565,15 +566,16 @@ impl CudaBackend {
         let Some(xh) = self.f16_input(x, xr) else { return false };
         let (Some(th), Some(dq), Some(ds)) = (
             self.tma_f16(xh, k, n, MMH_BM as u32),
-            self.tma_u8(w.mem.ptr, w.row_bytes, m, 64, 256),
-            self.tma_u8(w.mem.ptr, w.row_bytes, m, 16, 256),
+            self.tma_u8(w.mem.ptr, w.row_bytes, m, 64, bn as u32),
+            self.tma_u8(w.mem.ptr, w.row_bytes, m, 16, bn as u32),
         ) else {
             return false;
         };
         self.launch("head_list", (1, 1, 1), 128, 0, &[i(n), A::P(cnt), A::P(off), A::P(perm)]);
         let y = out.0.ptr + 4 * o.off as u64;
         let args = [A::T(&th), A::T(&dq), A::T(&ds), A::P(cnt), A::P(off), A::P(perm), i(1), i(m), i(k), A::P(y)];
-        self.launch("mmh8_dn", ((m / 256) as u32, 1, 1), 384, MMH8_SMEM as u32, &args);
+        let kernel = if bn == 200 { "mmh8_dn200" } else { "mmh8_dn" };
+        self.launch(kernel, ((m / bn) as u32, 1, 1), 384, MMH8_SMEM as u32, &args);
         self.took(Path::HeadMmh);
         true
     }
