@@ -30,6 +30,9 @@ struct __align__(64) TmaMap {
     u64 v[16];
 };
 #define MMH_NST 4
+#ifndef MMH_HELP
+#define MMH_HELP 0
+#endif
 #define MMH_A_BYTES (128 * 128)
 #define MMH_B_BYTES (256 * 128)
 #define MMH_STAGE (MMH_A_BYTES + MMH_B_BYTES)
@@ -143,11 +146,17 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
     __shared__ __align__(8) u64 full_bar[NST], conv_bar[NST], empty_bar[NST];
     __shared__ int tile_e, tile_start;
     const int tid = threadIdx.x;
-    if (tid < 32) mmq_find_tile<128>(cnt, n_exp, tid, tile_e, tile_start);
+    if (tid < 32) {
+        mmq_find_tile<128>(cnt, n_exp, tid, tile_e, tile_start);
+        if (Q8 && MMH_HELP) __syncwarp();  // (thread 0 reads the tile below)
+    }
     if (tid == 0) {
+        // Every converting thread (Q8): the producer's warps 1-3, and with MMH_HELP in a tile of
+        // 64 or fewer pairs the second multiplying warpgroup too (`help` below).
+        const int convs = (Q8 && MMH_HELP && tile_e >= 0 && cnt[tile_e] - tile_start <= 64) ? 224 : 96;
         for (int s = 0; s < NST; s++) {
             mbar_init(smem_addr(&full_bar[s]), 1);
-            mbar_init(smem_addr(&conv_bar[s]), 96);  // every converting thread (Q8)
+            mbar_init(smem_addr(&conv_bar[s]), convs);
             mbar_init(smem_addr(&empty_bar[s]), 8);  // lane 0 of each consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -160,6 +169,42 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
     const int nk = k >> 6;
     const u32 base = (smem_addr(mmh_sm) + 1023u) & ~1023u;
     const int wg = tid >> 7, lane = tid & 31, warp = (tid & 127) >> 5;
+    // MMH_HELP: in a tile of 64 or fewer pairs the idle second multiplying warpgroup turns rows
+    // into f16 beside the producer's three warps (seven warps, conv barrier counts 224).
+    const bool help = Q8 && MMH_HELP && nt <= 64;
+    // Stage s's raw rows (once its copies have landed) into the stage's swizzled f16 tile: groups
+    // of 8 rows first, first + step, ..., fenced to the async proxy; then the stage's conv
+    // barrier arrived on (every converting thread).
+    auto convert = [&](int s, int first, int step) {
+        const int st = s % NST, q = lane & 3;
+        mbar_wait(smem_addr(&full_bar[st]), (s / NST) & 1);
+        const u32 sb = base + (u32)(st * STAGE) + MMH_A_BYTES, rq = sb + MMH_B_BYTES, rs = rq + RAWQ;
+        const u32 hs = 2 * (2 * (s & 1) + (q >> 1));  // this lane's scale in the header
+        for (int i = first; i < BN / 8; i += step) {
+            const int r = i * 8 + (lane >> 2);
+            uint4 w;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+                         : "r"(rq + (u32)(r * 64 + q * 16)));
+            u32 dd;
+            asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(dd) : "r"(rs + (u32)(r * 16) + hs));
+            const u32 d2 = dd | (dd << 16);
+            u32 o[8];
+            q8x4_h2(w.x, d2, o[0], o[1]);
+            q8x4_h2(w.y, d2, o[2], o[3]);
+            q8x4_h2(w.z, d2, o[4], o[5]);
+            q8x4_h2(w.w, d2, o[6], o[7]);
+            const u32 rb = sb + (u32)(r * 128), sw = (u32)(r & 7);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(rb + (((2u * q) ^ sw) << 4)), "r"(o[0]), "r"(o[1]),
+                         "r"(o[2]), "r"(o[3])
+                         : "memory");
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(rb + (((2u * q + 1) ^ sw) << 4)), "r"(o[4]),
+                         "r"(o[5]), "r"(o[6]), "r"(o[7])
+                         : "memory");
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        mbar_arrive(smem_addr(&conv_bar[st]));
+    };
     if (wg == 0) {
         if constexpr (Q8) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
         else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -193,39 +238,8 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
             }
         }
         if constexpr (Q8) {
-            if (warp > 0) {
-                const int cw = warp - 1, q = lane & 3;
-                for (int s = 0; s < nk; s++) {
-                    const int st = s % NST;
-                    mbar_wait(smem_addr(&full_bar[st]), (s / NST) & 1);
-                    const u32 sb = base + (u32)(st * STAGE) + MMH_A_BYTES, rq = sb + MMH_B_BYTES, rs = rq + RAWQ;
-                    const u32 hs = 2 * (2 * (s & 1) + (q >> 1));  // this lane's scale in the header
-                    for (int i = cw; i < BN / 8; i += 3) {
-                        const int r = i * 8 + (lane >> 2);
-                        uint4 w;
-                        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                                     : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
-                                     : "r"(rq + (u32)(r * 64 + q * 16)));
-                        u32 dd;
-                        asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(dd) : "r"(rs + (u32)(r * 16) + hs));
-                        const u32 d2 = dd | (dd << 16);
-                        u32 o[8];
-                        q8x4_h2(w.x, d2, o[0], o[1]);
-                        q8x4_h2(w.y, d2, o[2], o[3]);
-                        q8x4_h2(w.z, d2, o[4], o[5]);
-                        q8x4_h2(w.w, d2, o[6], o[7]);
-                        const u32 rb = sb + (u32)(r * 128), sw = (u32)(r & 7);
-                        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(rb + (((2u * q) ^ sw) << 4)), "r"(o[0]),
-                                     "r"(o[1]), "r"(o[2]), "r"(o[3])
-                                     : "memory");
-                        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(rb + (((2u * q + 1) ^ sw) << 4)), "r"(o[4]),
-                                     "r"(o[5]), "r"(o[6]), "r"(o[7])
-                                     : "memory");
-                    }
-                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    mbar_arrive(smem_addr(&conv_bar[st]));
-                }
-            }
+            if (warp > 0)
+                for (int s = 0; s < nk; s++) convert(s, warp - 1, help ? 7 : 3);
         }
         return;
     }
@@ -239,6 +253,13 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
         mbar_wait(smem_addr(&full_bar[st]), (s / NST) & 1);
     };
     if (c * 64 >= nt) {  // no pairs for this warpgroup: release the stages as they come
+        if (help) {  // (after turning their share of the rows into f16)
+            for (int s = 0; s < nk; s++) {
+                convert(s, 3 + warp, 7);
+                if (lane == 0) mbar_arrive(smem_addr(&empty_bar[s % NST]));
+            }
+            return;
+        }
         for (int s = 0; s < nk; s++) {
             ready(s);
             if (s > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(s - 1) % NST]));

@@ -1774,9 +1774,13 @@ impl CudaBackend {
         let mmh = arch == "sm_90a"
             && MMH_SMEM <= optin
             && MMH8_SMEM <= optin
-            && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM), ("mmh8_dn200", MMH8_SMEM)].iter().all(|(n, b)| {
-                funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32).is_ok()
-            });
+            && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM), ("mmh8_dn200", MMH8_SMEM)]
+                .iter()
+                .all(|(n, b)| {
+                    funcs[*n]
+                        .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32)
+                        .is_ok()
+                });
         // Blocks of the one-launch decode MoE the card holds at once (it needs them all resident).
         let moe_one_cap =
             funcs["moe_sh_q8_one"].occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_or(0, |b| b as usize * sm_count);

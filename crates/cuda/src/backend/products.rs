@@ -549,14 +549,7 @@ impl CudaBackend {
     pub(super) fn head_mmh(&self, x: &CudaBuf, xr: Rows, w: &CudaWeight, out: &CudaBuf, o: Rows) -> bool {
         let (n, k, m) = (xr.n, xr.width, w.ne(1));
         let bn = head_tile(m, self.sm_count, self.head_bn);
-        if !self.mmh
-            || w.dtype != GgmlType::Q8_0
-            || bn == 0
-            || !k.is_multiple_of(128)
-            || n > MMH_BM
-            || o.stride != m
-            || o.n != n
-        {
+        if !self.mmh || w.dtype != GgmlType::Q8_0 || bn == 0 || !k.is_multiple_of(128) || n > MMH_BM || o.stride != m || o.n != n {
             return false;
         }
         out.check(o);
