@@ -414,9 +414,10 @@ const MMFQ_STAGE: usize = 256 * 144 + 64 * 288;
 /// and 256 weight rows of 128 bytes, plus 1 KB to align the first stage to 1,024 bytes (the
 /// 128-byte swizzle's period).
 const MMH_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
-/// Dynamic shared memory of the `mmh8_*` kernels: three stages, each with the raw Q8_0 rows (256
-/// rows of 64 quants and of a 16-byte group header) beside the f16 ones made from them.
-const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
+/// Dynamic shared memory of the `mmh8_*` kernels: four stages of copies (128 pair rows of 128
+/// bytes, 256 raw Q8_0 rows of 64 quants and a 16-byte group header: `MMH8_NR`) and two of the
+/// f16 weight rows made from them (256 of 128 bytes: `MMH8_NF`), plus 1 KB to align.
+const MMH8_SMEM: usize = 4 * (128 * 128 + 256 * (64 + 16)) + 2 * 256 * 128 + 1024;
 /// `mla_out_q8` (kernels/fused.cu): value rows a head (V2's v_head_dim), heads it takes (the
 /// norm adds one row per head), and its dynamic shared memory for `kl` latent values, W_uv rows
 /// of `uv_row_bytes` and `r` rows of W_o: the W_uv and W_o slices, the 8 warps' merge sums, the
