@@ -235,10 +235,10 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
 // their group headers (16-byte boxes, the four f16 scales first); the rest as mmh_impl. BN:
 // weight rows a tile, 256, or 200 (mmh8_dn200, the output head; not GLU).
 // The copies run ahead of the conversion, in two rings:
-// - MMH8_NR stages of copies (TMA): 16 KB of pair rows, 16 KB of raw quants and 4 KB of headers
-//   (room for 256 rows; BN of them used);
-// - MMH8_NF stages of the f16 weight rows (32 KB), written from the raw rows by the converting
-//   warps (q8x4_h2; the 128-byte swizzle by hand: 16-byte chunk c of row r at chunk c ^ (r % 8)).
+// - NR stages of copies (TMA): 16 KB of pair rows, 16 KB of raw quants and 4 KB of headers (room
+//   for 256 rows; BN of them used);
+// - NF stages of the f16 weight rows (32 KB), written from the raw rows by the converting warps
+//   (q8x4_h2; the 128-byte swizzle by hand: 16-byte chunk c of row r at chunk c ^ (r % 8)).
 // Barriers: full[NR] (a stage's copies landed); rfree[NR] (its raw rows turned into f16 and its
 // pair rows multiplied: lane 0 of each converting warp and of the 8 multiplying warps); conv[NF]
 // (an f16 stage written, fenced to the async proxy: every converting thread); bfree[NF] (its
@@ -246,23 +246,46 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
 // copies up to NR stages ahead; warps 1-3 convert, and in a tile of 64 or fewer pairs the idle
 // second multiplying warpgroup too (seven warps; MMH8_HELP=0: three); warpgroups 1 and 2 wait for
 // both rings, issue 4 wgmma a stage and release the previous stage once its wgmma are done.
-// (Until the sixty-ninth session the three rows shared three stages, so a stage's copies waited
-// for the multiply of the stage two back: ~2 stages in flight, the V2-Lite output head at ~1.5
-// TB/s on an H100.)
+// The MoE's kernels keep three of each (MMH8_NR_MOE, MMH8_NF_MOE: the copies of stage s wait
+// for the multiply of stage s - 3, as when the rows shared three stages; full 128-pair tiles
+// want the third f16 stage: pp2048 on mmh8 -1.3% with 4 + 2, H100, sixty-ninth session); the
+// output head's launch takes four of copies and two of f16 rows (MMH8_NR_HEAD, MMH8_NF_HEAD).
+// The idle warpgroup's conversion took the head's launch from 182 to 160 us on an H100, the
+// fourth copy stage to 157 (gpu-next222, 223).
 #ifndef MMH8_HELP
 #define MMH8_HELP 1
 #endif
-#define MMH8_NR 4
-#define MMH8_NF 2
+#ifndef MMH8_NR_MOE
+#define MMH8_NR_MOE 3
+#endif
+#ifndef MMH8_NF_MOE
+#define MMH8_NF_MOE 3
+#endif
+#ifndef MMH8_NR_HEAD
+#define MMH8_NR_HEAD 4
+#endif
+#ifndef MMH8_NF_HEAD
+#define MMH8_NF_HEAD 2
+#endif
+// Measurement probes, off (wrong results when on): MMH8_PROBE=1 skips the group headers' copies
+// (scale 1), 2 the conversion (the f16 stage as it was), 4 the wgmma; bits add.
+#ifndef MMH8_PROBE
+#define MMH8_PROBE 0
+#endif
+// Dynamic shared memory the host gives every mmh8 launch (MMH8_SMEM in backend/mod.rs: four
+// stages of copies and two of f16 rows, the larger of the two defaults' layouts).
+#define MMH8_SMEM_BYTES (4 * (MMH_A_BYTES + 256 * 80) + 2 * MMH_B_BYTES + 1024)
 #define MMH8_RAW (256 * (64 + 16))
-template <bool GLU, int BN>
+template <bool GLU, int BN, int NR, int NF>
 __device__ __forceinline__ void mmh8_impl(const TmaMap* ta, const TmaMap* tq, const TmaMap* ts, const TmaMap* tq2,
                                           const TmaMap* ts2, const int* cnt, const int* off, const int* perm, int n_exp,
                                           int m, int k, void* out, i64 ostride, int act) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(BN == 256 || (BN == 200 && !GLU), "200-row tiles only for mmh8_dn200");
-    constexpr int NR = MMH8_NR, NF = MMH8_NF, RAWQ = 256 * 64, RAWS = 256 * 16;
-    constexpr u32 TX = MMH_A_BYTES + BN * (64 + 16);
+    static_assert(NR * (MMH_A_BYTES + MMH8_RAW) + NF * MMH_B_BYTES + 1024 <= MMH8_SMEM_BYTES, "rings past MMH8_SMEM");
+    static_assert(NR >= 2 && NF >= 2, "two stages of each ring at least");
+    constexpr int RAWQ = 256 * 64, RAWS = 256 * 16;
+    constexpr u32 TX = MMH_A_BYTES + BN * ((MMH8_PROBE & 1) ? 64 : 64 + 16);
     extern __shared__ __align__(1024) u8 mmh_sm[];
     __shared__ __align__(8) u64 full_bar[NR], rfree_bar[NR], conv_bar[NF], bfree_bar[NF];
     __shared__ int tile_e, tile_start;
@@ -303,14 +326,15 @@ __device__ __forceinline__ void mmh8_impl(const TmaMap* ta, const TmaMap* tq, co
         if (s >= NF) mbar_wait(smem_addr(&bfree_bar[sf]), ((s / NF) - 1) & 1);
         const u32 sb = b0 + (u32)(sf * MMH_B_BYTES), rq = r0 + (u32)(sr * MMH8_RAW), rs = rq + RAWQ;
         const u32 hs = 2 * (2 * (s & 1) + (q >> 1));  // this lane's scale in the header
-        for (int i = first; i < BN / 8; i += step) {
+        for (int i = first; i < ((MMH8_PROBE & 2) ? 0 : BN / 8); i += step) {
             const int r = i * 8 + (lane >> 2);
             uint4 w;
             asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                          : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
                          : "r"(rq + (u32)(r * 64 + q * 16)));
             u32 dd;
-            asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(dd) : "r"(rs + (u32)(r * 16) + hs));
+            if (MMH8_PROBE & 1) dd = 0x3C00u;
+            else asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(dd) : "r"(rs + (u32)(r * 16) + hs));
             const u32 d2 = dd | (dd << 16);
             u32 o[8];
             q8x4_h2(w.x, d2, o[0], o[1]);
@@ -344,11 +368,13 @@ __device__ __forceinline__ void mmh8_impl(const TmaMap* ta, const TmaMap* tq, co
                 if constexpr (GLU) {
                     tma_2d(rq, tq, fb, xq, wr);
                     tma_2d(rq + RAWQ / 2, tq2, fb, xq, wr);
-                    tma_2d(rs, ts, fb, xs, wr);
-                    tma_2d(rs + RAWS / 2, ts2, fb, xs, wr);
+                    if (!(MMH8_PROBE & 1)) {
+                        tma_2d(rs, ts, fb, xs, wr);
+                        tma_2d(rs + RAWS / 2, ts2, fb, xs, wr);
+                    }
                 } else {
                     tma_2d(rq, tq, fb, xq, wr);
-                    tma_2d(rs, ts, fb, xs, wr);
+                    if (!(MMH8_PROBE & 1)) tma_2d(rs, ts, fb, xs, wr);
                 }
             }
         } else if (warp > 0) {
@@ -381,7 +407,7 @@ __device__ __forceinline__ void mmh8_impl(const TmaMap* ta, const TmaMap* tq, co
         const u32 sa = a0 + (u32)(sr * MMH_A_BYTES) + (u32)(c * 64 * 128), sb = b0 + (u32)(sf * MMH_B_BYTES);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_ss<BN>(d, mmh_desc(sa + kk * 32), mmh_desc(sb + kk * 32));
+        for (int kk = 0; kk < ((MMH8_PROBE & 4) ? 0 : 4); kk++) wgmma_ss<BN>(d, mmh_desc(sa + kk * 32), mmh_desc(sb + kk * 32));
         wg_commit();
         wg_wait<1>();  // the previous stage's wgmma are done with its shared memory
         if (s > 0 && lane == 0) {
@@ -408,20 +434,20 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     PDL_ENTRY();
     mmh_impl<false>(&ta, &td, &td, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
-// Q8_0 weights (the repacked rows: groups of 144 bytes), the same grids, MMH8_NR * (16 + 20 KB) +
-// MMH8_NF * 32 KB + 1024 bytes of dynamic shared memory (MMH8_SMEM on the host).
+// Q8_0 weights (the repacked rows: groups of 144 bytes), the same grids, MMH8_SMEM_BYTES of
+// dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(384, 1)
     mmh8_gu(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tgq, const __grid_constant__ TmaMap tgs,
             const __grid_constant__ TmaMap tuq, const __grid_constant__ TmaMap tus, const int* cnt, const int* off, int n_exp,
             int ff, int hdim, u16* hs, int act) {
     PDL_ENTRY();
-    mmh8_impl<true, 256>(&ta, &tgq, &tgs, &tuq, &tus, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
+    mmh8_impl<true, 256, MMH8_NR_MOE, MMH8_NF_MOE>(&ta, &tgq, &tgs, &tuq, &tus, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
 }
 extern "C" __global__ void __launch_bounds__(384, 1)
     mmh8_dn(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tdq, const __grid_constant__ TmaMap tds,
             const int* cnt, const int* off, const int* perm, int n_exp, int hdim, int ff, float* y) {
     PDL_ENTRY();
-    mmh8_impl<false, 256>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
+    mmh8_impl<false, 256, MMH8_NR_MOE, MMH8_NF_MOE>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
 
 // The same in tiles of 200 weight rows (grid: hdim / 200): the output head where 256-row tiles
@@ -431,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     mmh8_dn200(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tdq, const __grid_constant__ TmaMap tds,
                const int* cnt, const int* off, const int* perm, int n_exp, int hdim, int ff, float* y) {
     PDL_ENTRY();
-    mmh8_impl<false, 200>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
+    mmh8_impl<false, 200, MMH8_NR_HEAD, MMH8_NF_HEAD>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
 
 // The output head of a decode batch on mmh8_dn (Path::HeadMmh): its n rows as one expert's

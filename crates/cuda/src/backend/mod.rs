@@ -414,9 +414,10 @@ const MMFQ_STAGE: usize = 256 * 144 + 64 * 288;
 /// and 256 weight rows of 128 bytes, plus 1 KB to align the first stage to 1,024 bytes (the
 /// 128-byte swizzle's period).
 const MMH_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
-/// Dynamic shared memory of the `mmh8_*` kernels: four stages of copies (128 pair rows of 128
-/// bytes, 256 raw Q8_0 rows of 64 quants and a 16-byte group header: `MMH8_NR`) and two of the
-/// f16 weight rows made from them (256 of 128 bytes: `MMH8_NF`), plus 1 KB to align.
+/// Dynamic shared memory of the `mmh8_*` kernels (`MMH8_SMEM_BYTES` in kernels/mmh.cu): room for
+/// four stages of copies (128 pair rows of 128 bytes, 256 raw Q8_0 rows of 64 quants and a
+/// 16-byte group header) and two of the f16 weight rows made from them (256 of 128 bytes), plus
+/// 1 KB to align; the MoE's launches use three and three (less), the output head's four and two.
 const MMH8_SMEM: usize = 4 * (128 * 128 + 256 * (64 + 16)) + 2 * 256 * 128 + 1024;
 /// `mla_out_q8` (kernels/fused.cu): value rows a head (V2's v_head_dim), heads it takes (the
 /// norm adds one row per head), and its dynamic shared memory for `kl` latent values, W_uv rows
