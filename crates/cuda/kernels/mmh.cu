@@ -30,6 +30,14 @@ struct __align__(64) TmaMap {
     u64 v[16];
 };
 #define MMH_NST 4
+// In an mmh8 tile of 64 or fewer pairs the idle second multiplying warpgroup turns rows into f16
+// beside the producer's three warps (`help` in mmh_impl); MMH_HELP=0 leaves it idle. H100,
+// sixty-ninth session: the output head's mmh8_dn200 launch 182 -> 160 us (Nsight, gpu-next222,
+// 223); in a two-ring form of these kernels (measured, slower, not kept) prompts on mmh8 read
+// pp512 27,869 against 26,808 and pp2048 37,895 against 37,629 with it.
+#ifndef MMH_HELP
+#define MMH_HELP 1
+#endif
 #define MMH_A_BYTES (128 * 128)
 #define MMH_B_BYTES (256 * 128)
 #define MMH_STAGE (MMH_A_BYTES + MMH_B_BYTES)
@@ -117,12 +125,178 @@ __device__ __forceinline__ void q8x4_h2(u32 w, u32 d2, u32& lo, u32& hi) {
 }
 #endif
 
-// A tile's output: thread (warp, lane) of multiplying warpgroup c holds pair rows r = c*64 +
-// warp*16 + lane/4 (+8) and weight rows 8q + 2(lane%4) (+1) of n8 column q; GLU: hs rows by
-// pair (the gate in columns 0-127 of the tile, the up in 128-255), else y rows by perm[pair].
-template <bool GLU, int BN>
-__device__ __forceinline__ void mmh_store(const float (&d)[BN / 2], int c, int warp, int lane, int nt, int row0, int n0,
-                                          const int* perm, void* out, i64 ostride, int act) {
+// The tile loop of the four kernels (see the file's head). ta: the pairs' rows (k values each);
+// f16 weights (Q8 false): tb the weight rows (tb2 the up rows for GLU); Q8_0 weights (Q8): tb /
+// tb2 their quants (64-byte boxes), tbs / tb2s their group headers (16-byte boxes, the four f16
+// scales first); m: weight rows an expert (ff for gate/up, hdim for down); out: hs (u16, GLU) or
+// y (f32), row stride ostride.
+// Q8: three stages of 16 KB of pair rows, 32 KB of f16 weight rows and the raw 16 + 4 KB they
+// come from; warp 0 of the producer warpgroup issues the copies, warps 1-3 turn each landed
+// stage's raw rows into f16 (the 128-byte swizzle by hand: 16-byte chunk c of row r at chunk
+// c ^ (r % 8)), fence them to the async proxy and arrive on the stage's conv barrier, which the
+// multiplying warpgroups wait for besides the copies' full barrier. In a tile of 64 or fewer
+// pairs (`help`, MMH_HELP) the second multiplying warpgroup converts too: seven warps.
+// (Copies in a ring of their own, four or three stages ahead of two or three of f16 rows, were
+// measured in the sixty-ninth session and not kept: the output head's launch 160 -> 157 us, but
+// prompts on mmh8 2.5-3.5% slower at either depth, gpu-next223, 224. Nsight on the head's launch
+// with parts left out: 156 us whole, 147 without the group headers' copies, 146 without the
+// conversion, 149 without the wgmma, 121 with only the pair rows' and quants' copies: the TMA
+// copies of 64- and 16-byte boxes over rows 2,304 bytes apart hold it at ~1.7 TB/s.)
+// BN: weight rows a tile, 256 (every launch but one) or 200 (mmh8_dn200, the output head: Q8
+// and not GLU only; its rows fill the first 200 of the 256-row stage layout).
+template <bool GLU, bool Q8, int BN = 256>
+__device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, const TmaMap* tbs, const TmaMap* tb2,
+                                         const TmaMap* tb2s, const int* cnt, const int* off, const int* perm, int n_exp,
+                                         int m, int k, void* out, i64 ostride, int act) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(BN == 256 || (BN == 200 && Q8 && !GLU), "200-row tiles only for mmh8_dn200");
+    constexpr int NST = Q8 ? 3 : MMH_NST;
+    constexpr int RAWQ = 256 * 64, RAWS = 256 * 16;  // the raw rows' room (BN <= 256 of them)
+    constexpr int STAGE = MMH_STAGE + (Q8 ? RAWQ + RAWS : 0);
+    constexpr u32 TX = MMH_A_BYTES + (Q8 ? BN * (64 + 16) : MMH_B_BYTES);
+    extern __shared__ __align__(1024) u8 mmh_sm[];
+    __shared__ __align__(8) u64 full_bar[NST], conv_bar[NST], empty_bar[NST];
+    __shared__ int tile_e, tile_start;
+    const int tid = threadIdx.x;
+    if (tid < 32) {
+        mmq_find_tile<128>(cnt, n_exp, tid, tile_e, tile_start);
+        if (Q8 && MMH_HELP) __syncwarp();  // (thread 0 reads the tile below)
+    }
+    if (tid == 0) {
+        // Every converting thread (Q8): the producer's warps 1-3, and with MMH_HELP in a tile of
+        // 64 or fewer pairs the second multiplying warpgroup too (`help` below).
+        const int convs = (Q8 && MMH_HELP && tile_e >= 0 && cnt[tile_e] - tile_start <= 64) ? 224 : 96;
+        for (int s = 0; s < NST; s++) {
+            mbar_init(smem_addr(&full_bar[s]), 1);
+            mbar_init(smem_addr(&conv_bar[s]), convs);
+            mbar_init(smem_addr(&empty_bar[s]), 8);  // lane 0 of each consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int e = tile_e;
+    if (e < 0) return;  // past the last tile (uniform over the block)
+    const int start = tile_start, nt = min(128, cnt[e] - start), row0 = off[e] + start;
+    const int n0 = blockIdx.x * (GLU ? 128 : BN);  // the tile's first weight row of the expert
+    const int nk = k >> 6;
+    const u32 base = (smem_addr(mmh_sm) + 1023u) & ~1023u;
+    const int wg = tid >> 7, lane = tid & 31, warp = (tid & 127) >> 5;
+    // (MMH_HELP: seven converting warps in a tile of 64 or fewer pairs; conv barrier count 224)
+    const bool help = Q8 && MMH_HELP && nt <= 64;
+    // Stage s's raw rows (once its copies have landed) into the stage's swizzled f16 tile: groups
+    // of 8 rows first, first + step, ..., fenced to the async proxy; then the stage's conv
+    // barrier arrived on (every converting thread).
+    auto convert = [&](int s, int first, int step) {
+        const int st = s % NST, q = lane & 3;
+        mbar_wait(smem_addr(&full_bar[st]), (s / NST) & 1);
+        const u32 sb = base + (u32)(st * STAGE) + MMH_A_BYTES, rq = sb + MMH_B_BYTES, rs = rq + RAWQ;
+        const u32 hs = 2 * (2 * (s & 1) + (q >> 1));  // this lane's scale in the header
+        for (int i = first; i < BN / 8; i += step) {
+            const int r = i * 8 + (lane >> 2);
+            uint4 w;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+                         : "r"(rq + (u32)(r * 64 + q * 16)));
+            u32 dd;
+            asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(dd) : "r"(rs + (u32)(r * 16) + hs));
+            const u32 d2 = dd | (dd << 16);
+            u32 o[8];
+            q8x4_h2(w.x, d2, o[0], o[1]);
+            q8x4_h2(w.y, d2, o[2], o[3]);
+            q8x4_h2(w.z, d2, o[4], o[5]);
+            q8x4_h2(w.w, d2, o[6], o[7]);
+            const u32 rb = sb + (u32)(r * 128), sw = (u32)(r & 7);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(rb + (((2u * q) ^ sw) << 4)), "r"(o[0]), "r"(o[1]),
+                         "r"(o[2]), "r"(o[3])
+                         : "memory");
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(rb + (((2u * q + 1) ^ sw) << 4)), "r"(o[4]),
+                         "r"(o[5]), "r"(o[6]), "r"(o[7])
+                         : "memory");
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        mbar_arrive(smem_addr(&conv_bar[st]));
+    };
+    if (wg == 0) {
+        if constexpr (Q8) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int s = 0; s < nk; s++) {
+                const int st = s % NST;
+                const u32 fb = smem_addr(&full_bar[st]);
+                if (s >= NST) mbar_wait(smem_addr(&empty_bar[st]), ((s / NST) - 1) & 1);
+                mbar_expect_tx(fb, TX);
+                const u32 sa = base + (u32)(st * STAGE), sb = sa + MMH_A_BYTES;
+                tma_2d(sa, ta, fb, s * 64, row0);
+                const int wr = e * m + n0;
+                if constexpr (Q8) {
+                    const int xq = (s >> 1) * 144 + 16 + (s & 1) * 64, xs = (s >> 1) * 144;
+                    const u32 rq = sb + MMH_B_BYTES, rs = rq + RAWQ;
+                    if constexpr (GLU) {
+                        tma_2d(rq, tb, fb, xq, wr);
+                        tma_2d(rq + RAWQ / 2, tb2, fb, xq, wr);
+                        tma_2d(rs, tbs, fb, xs, wr);
+                        tma_2d(rs + RAWS / 2, tb2s, fb, xs, wr);
+                    } else {
+                        tma_2d(rq, tb, fb, xq, wr);
+                        tma_2d(rs, tbs, fb, xs, wr);
+                    }
+                } else if constexpr (GLU) {
+                    tma_2d(sb, tb, fb, s * 64, wr);
+                    tma_2d(sb + MMH_B_BYTES / 2, tb2, fb, s * 64, wr);
+                } else {
+                    tma_2d(sb, tb, fb, s * 64, wr);
+                }
+            }
+        }
+        if constexpr (Q8) {
+            if (warp > 0)
+                for (int s = 0; s < nk; s++) convert(s, warp - 1, help ? 7 : 3);
+        }
+        return;
+    }
+    if constexpr (Q8) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    else asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1;
+    // Stage s is ready to multiply: its copies have landed and (Q8) its weights are f16.
+    auto ready = [&](int s) {
+        const int st = s % NST;
+        if constexpr (Q8) mbar_wait(smem_addr(&conv_bar[st]), (s / NST) & 1);
+        mbar_wait(smem_addr(&full_bar[st]), (s / NST) & 1);
+    };
+    if (c * 64 >= nt) {  // no pairs for this warpgroup: release the stages as they come
+        if (help) {  // (after turning their share of the rows into f16)
+            for (int s = 0; s < nk; s++) {
+                convert(s, 3 + warp, 7);
+                if (lane == 0) mbar_arrive(smem_addr(&empty_bar[s % NST]));
+            }
+            return;
+        }
+        for (int s = 0; s < nk; s++) {
+            ready(s);
+            if (s > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(s - 1) % NST]));
+        }
+        return;
+    }
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.f;
+    for (int s = 0; s < nk; s++) {
+        const int st = s % NST;
+        ready(s);
+        const u32 sa = base + (u32)(st * STAGE) + (u32)(c * 64 * 128), sb = base + (u32)(st * STAGE) + MMH_A_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            if constexpr (BN == 256) wgmma_ss_64x256(d, mmh_desc(sa + kk * 32), mmh_desc(sb + kk * 32));
+            else wgmma_ss_64x200(d, mmh_desc(sa + kk * 32), mmh_desc(sb + kk * 32));
+        }
+        wg_commit();
+        wg_wait<1>();  // the previous stage's wgmma are done with its shared memory
+        if (s > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(s - 1) % NST]));
+    }
+    wg_wait<0>();
+    // Thread (warp, lane) holds pair rows r = c*64 + warp*16 + lane/4 (+8) and weight rows
+    // 8q + 2(lane%4) (+1) of n8 column q.
     const int rb = c * 64 + warp * 16 + (lane >> 2), cb = 2 * (lane & 3);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -142,281 +316,6 @@ __device__ __forceinline__ void mmh_store(const float (&d)[BN / 2], int c, int w
             for (int q = 0; q < BN / 8; q++) o[4 * q] = make_float2(d[4 * q + 2 * h], d[4 * q + 2 * h + 1]);
         }
     }
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// d += A B^T for a tile of BN (256 or 200) weight rows.
-template <int BN>
-__device__ __forceinline__ void wgmma_ss(float (&d)[BN / 2], u64 da, u64 db) {
-    if constexpr (BN == 256) wgmma_ss_64x256(d, da, db);
-    else wgmma_ss_64x200(d, da, db);
-}
-#endif
-
-// The tile loop of the f16 kernels (see the file's head). ta: the pairs' rows (k values each);
-// tb the weight rows (tb2 the up rows for GLU); m: weight rows an expert (ff for gate/up, hdim
-// for down); out: hs (u16, GLU) or y (f32), row stride ostride.
-template <bool GLU>
-__device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, const TmaMap* tb2, const int* cnt, const int* off,
-                                         const int* perm, int n_exp, int m, int k, void* out, i64 ostride, int act) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int NST = MMH_NST;
-    extern __shared__ __align__(1024) u8 mmh_sm[];
-    __shared__ __align__(8) u64 full_bar[NST], empty_bar[NST];
-    __shared__ int tile_e, tile_start;
-    const int tid = threadIdx.x;
-    if (tid < 32) mmq_find_tile<128>(cnt, n_exp, tid, tile_e, tile_start);
-    if (tid == 0) {
-        for (int s = 0; s < NST; s++) {
-            mbar_init(smem_addr(&full_bar[s]), 1);
-            mbar_init(smem_addr(&empty_bar[s]), 8);  // lane 0 of each consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    const int e = tile_e;
-    if (e < 0) return;  // past the last tile (uniform over the block)
-    const int start = tile_start, nt = min(128, cnt[e] - start), row0 = off[e] + start;
-    const int n0 = blockIdx.x * (GLU ? 128 : 256);  // the tile's first weight row of the expert
-    const int nk = k >> 6;
-    const u32 base = (smem_addr(mmh_sm) + 1023u) & ~1023u;
-    const int wg = tid >> 7, lane = tid & 31, warp = (tid & 127) >> 5;
-    if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int s = 0; s < nk; s++) {
-                const int st = s % NST;
-                const u32 fb = smem_addr(&full_bar[st]);
-                if (s >= NST) mbar_wait(smem_addr(&empty_bar[st]), ((s / NST) - 1) & 1);
-                mbar_expect_tx(fb, MMH_STAGE);
-                const u32 sa = base + (u32)(st * MMH_STAGE), sb = sa + MMH_A_BYTES;
-                tma_2d(sa, ta, fb, s * 64, row0);
-                const int wr = e * m + n0;
-                if constexpr (GLU) {
-                    tma_2d(sb, tb, fb, s * 64, wr);
-                    tma_2d(sb + MMH_B_BYTES / 2, tb2, fb, s * 64, wr);
-                } else {
-                    tma_2d(sb, tb, fb, s * 64, wr);
-                }
-            }
-        }
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1;
-    if (c * 64 >= nt) {  // no pairs for this warpgroup: release the stages as they come
-        for (int s = 0; s < nk; s++) {
-            mbar_wait(smem_addr(&full_bar[s % NST]), (s / NST) & 1);
-            if (s > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(s - 1) % NST]));
-        }
-        return;
-    }
-    float d[128];
-#pragma unroll
-    for (int i = 0; i < 128; i++) d[i] = 0.f;
-    for (int s = 0; s < nk; s++) {
-        const int st = s % NST;
-        mbar_wait(smem_addr(&full_bar[st]), (s / NST) & 1);
-        const u32 sa = base + (u32)(st * MMH_STAGE) + (u32)(c * 64 * 128), sb = base + (u32)(st * MMH_STAGE) + MMH_A_BYTES;
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_ss_64x256(d, mmh_desc(sa + kk * 32), mmh_desc(sb + kk * 32));
-        wg_commit();
-        wg_wait<1>();  // the previous stage's wgmma are done with its shared memory
-        if (s > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(s - 1) % NST]));
-    }
-    wg_wait<0>();
-    mmh_store<GLU, 256>(d, c, warp, lane, nt, row0, n0, perm, out, ostride, act);
-#endif
-}
-
-// The tile loop of the Q8_0 kernels (mmh8_*: the repacked rows, groups of 144 bytes). ta: the
-// pairs' rows; tq / tq2 the weight rows' quants (64-byte boxes; the up rows' for GLU), ts / ts2
-// their group headers (16-byte boxes, the four f16 scales first); the rest as mmh_impl. BN:
-// weight rows a tile, 256, or 200 (mmh8_dn200, the output head; not GLU).
-// The copies run ahead of the conversion, in two rings:
-// - NR stages of copies (TMA): 16 KB of pair rows, 16 KB of raw quants and 4 KB of headers (room
-//   for 256 rows; BN of them used);
-// - NF stages of the f16 weight rows (32 KB), written from the raw rows by the converting warps
-//   (q8x4_h2; the 128-byte swizzle by hand: 16-byte chunk c of row r at chunk c ^ (r % 8)).
-// Barriers: full[NR] (a stage's copies landed); rfree[NR] (its raw rows turned into f16 and its
-// pair rows multiplied: lane 0 of each converting warp and of the 8 multiplying warps); conv[NF]
-// (an f16 stage written, fenced to the async proxy: every converting thread); bfree[NF] (its
-// wgmma done: lane 0 of the 8 multiplying warps). Warp 0 of the producer warpgroup issues the
-// copies up to NR stages ahead; warps 1-3 convert, and in a tile of 64 or fewer pairs the idle
-// second multiplying warpgroup too (seven warps; MMH8_HELP=0: three); warpgroups 1 and 2 wait for
-// both rings, issue 4 wgmma a stage and release the previous stage once its wgmma are done.
-// The MoE's kernels keep three of each (MMH8_NR_MOE, MMH8_NF_MOE: the copies of stage s wait
-// for the multiply of stage s - 3, as when the rows shared three stages; full 128-pair tiles
-// want the third f16 stage: pp2048 on mmh8 -1.3% with 4 + 2, H100, sixty-ninth session); the
-// output head's launch takes four of copies and two of f16 rows (MMH8_NR_HEAD, MMH8_NF_HEAD).
-// The idle warpgroup's conversion took the head's launch from 182 to 160 us on an H100, the
-// fourth copy stage to 157 (gpu-next222, 223).
-#ifndef MMH8_HELP
-#define MMH8_HELP 1
-#endif
-#ifndef MMH8_NR_MOE
-#define MMH8_NR_MOE 3
-#endif
-#ifndef MMH8_NF_MOE
-#define MMH8_NF_MOE 3
-#endif
-#ifndef MMH8_NR_HEAD
-#define MMH8_NR_HEAD 4
-#endif
-#ifndef MMH8_NF_HEAD
-#define MMH8_NF_HEAD 2
-#endif
-// Measurement probes, off (wrong results when on): MMH8_PROBE=1 skips the group headers' copies
-// (scale 1), 2 the conversion (the f16 stage as it was), 4 the wgmma; bits add.
-#ifndef MMH8_PROBE
-#define MMH8_PROBE 0
-#endif
-// Dynamic shared memory the host gives every mmh8 launch (MMH8_SMEM in backend/mod.rs: four
-// stages of copies and two of f16 rows, the larger of the two defaults' layouts).
-#define MMH8_SMEM_BYTES (4 * (MMH_A_BYTES + 256 * 80) + 2 * MMH_B_BYTES + 1024)
-#define MMH8_RAW (256 * (64 + 16))
-template <bool GLU, int BN, int NR, int NF>
-__device__ __forceinline__ void mmh8_impl(const TmaMap* ta, const TmaMap* tq, const TmaMap* ts, const TmaMap* tq2,
-                                          const TmaMap* ts2, const int* cnt, const int* off, const int* perm, int n_exp,
-                                          int m, int k, void* out, i64 ostride, int act) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    static_assert(BN == 256 || (BN == 200 && !GLU), "200-row tiles only for mmh8_dn200");
-    static_assert(NR * (MMH_A_BYTES + MMH8_RAW) + NF * MMH_B_BYTES + 1024 <= MMH8_SMEM_BYTES, "rings past MMH8_SMEM");
-    static_assert(NR >= 2 && NF >= 2, "two stages of each ring at least");
-    constexpr int RAWQ = 256 * 64, RAWS = 256 * 16;
-    constexpr u32 TX = MMH_A_BYTES + BN * ((MMH8_PROBE & 1) ? 64 : 64 + 16);
-    extern __shared__ __align__(1024) u8 mmh_sm[];
-    __shared__ __align__(8) u64 full_bar[NR], rfree_bar[NR], conv_bar[NF], bfree_bar[NF];
-    __shared__ int tile_e, tile_start;
-    const int tid = threadIdx.x;
-    if (tid < 32) {
-        mmq_find_tile<128>(cnt, n_exp, tid, tile_e, tile_start);
-        __syncwarp();  // (thread 0 reads the tile below)
-    }
-    if (tid == 0) {
-        // converting warps: 7 where the second multiplying warpgroup has no pairs (`help`)
-        const int cw = (MMH8_HELP && tile_e >= 0 && cnt[tile_e] - tile_start <= 64) ? 7 : 3;
-        for (int s = 0; s < NR; s++) {
-            mbar_init(smem_addr(&full_bar[s]), 1);
-            mbar_init(smem_addr(&rfree_bar[s]), cw + 8);
-        }
-        for (int s = 0; s < NF; s++) {
-            mbar_init(smem_addr(&conv_bar[s]), 32 * cw);
-            mbar_init(smem_addr(&bfree_bar[s]), 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    const int e = tile_e;
-    if (e < 0) return;  // past the last tile (uniform over the block)
-    const int start = tile_start, nt = min(128, cnt[e] - start), row0 = off[e] + start;
-    const int n0 = blockIdx.x * (GLU ? 128 : BN);  // the tile's first weight row of the expert
-    const int nk = k >> 6;
-    const u32 base = (smem_addr(mmh_sm) + 1023u) & ~1023u;
-    const u32 a0 = base, b0 = a0 + NR * MMH_A_BYTES, r0 = b0 + NF * MMH_B_BYTES;  // the rings
-    const int wg = tid >> 7, lane = tid & 31, warp = (tid & 127) >> 5;
-    const bool help = MMH8_HELP && nt <= 64;
-    // Stage s's raw rows into its f16 slot (once the copies have landed and the slot's last
-    // wgmma are done): groups of 8 rows first, first + step, ...; then the conv and rfree
-    // arrivals.
-    auto convert = [&](int s, int first, int step) {
-        const int sr = s % NR, sf = s % NF, q = lane & 3;
-        mbar_wait(smem_addr(&full_bar[sr]), (s / NR) & 1);
-        if (s >= NF) mbar_wait(smem_addr(&bfree_bar[sf]), ((s / NF) - 1) & 1);
-        const u32 sb = b0 + (u32)(sf * MMH_B_BYTES), rq = r0 + (u32)(sr * MMH8_RAW), rs = rq + RAWQ;
-        const u32 hs = 2 * (2 * (s & 1) + (q >> 1));  // this lane's scale in the header
-        for (int i = first; i < ((MMH8_PROBE & 2) ? 0 : BN / 8); i += step) {
-            const int r = i * 8 + (lane >> 2);
-            uint4 w;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
-                         : "r"(rq + (u32)(r * 64 + q * 16)));
-            u32 dd;
-            if (MMH8_PROBE & 1) dd = 0x3C00u;
-            else asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(dd) : "r"(rs + (u32)(r * 16) + hs));
-            const u32 d2 = dd | (dd << 16);
-            u32 o[8];
-            q8x4_h2(w.x, d2, o[0], o[1]);
-            q8x4_h2(w.y, d2, o[2], o[3]);
-            q8x4_h2(w.z, d2, o[4], o[5]);
-            q8x4_h2(w.w, d2, o[6], o[7]);
-            const u32 rb = sb + (u32)(r * 128), sw = (u32)(r & 7);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(rb + (((2u * q) ^ sw) << 4)), "r"(o[0]), "r"(o[1]),
-                         "r"(o[2]), "r"(o[3])
-                         : "memory");
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(rb + (((2u * q + 1) ^ sw) << 4)), "r"(o[4]),
-                         "r"(o[5]), "r"(o[6]), "r"(o[7])
-                         : "memory");
-        }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        mbar_arrive(smem_addr(&conv_bar[sf]));
-        __syncwarp();  // the warp's raw reads are done
-        if (lane == 0) mbar_arrive(smem_addr(&rfree_bar[sr]));
-    };
-    if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-        if (tid == 0) {
-            for (int s = 0; s < nk; s++) {
-                const int sr = s % NR;
-                const u32 fb = smem_addr(&full_bar[sr]);
-                if (s >= NR) mbar_wait(smem_addr(&rfree_bar[sr]), ((s / NR) - 1) & 1);
-                mbar_expect_tx(fb, TX);
-                tma_2d(a0 + (u32)(sr * MMH_A_BYTES), ta, fb, s * 64, row0);
-                const int wr = e * m + n0, xq = (s >> 1) * 144 + 16 + (s & 1) * 64, xs = (s >> 1) * 144;
-                const u32 rq = r0 + (u32)(sr * MMH8_RAW), rs = rq + RAWQ;
-                if constexpr (GLU) {
-                    tma_2d(rq, tq, fb, xq, wr);
-                    tma_2d(rq + RAWQ / 2, tq2, fb, xq, wr);
-                    if (!(MMH8_PROBE & 1)) {
-                        tma_2d(rs, ts, fb, xs, wr);
-                        tma_2d(rs + RAWS / 2, ts2, fb, xs, wr);
-                    }
-                } else {
-                    tma_2d(rq, tq, fb, xq, wr);
-                    if (!(MMH8_PROBE & 1)) tma_2d(rs, ts, fb, xs, wr);
-                }
-            }
-        } else if (warp > 0) {
-            for (int s = 0; s < nk; s++) convert(s, warp - 1, help ? 7 : 3);
-        }
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-    const int c = wg - 1;
-    if (c * 64 >= nt) {  // no pairs for this warpgroup: (help) convert, and release the stages
-        for (int s = 0; s < nk; s++) {
-            if (help) convert(s, 3 + warp, 7);
-            else mbar_wait(smem_addr(&conv_bar[s % NF]), (s / NF) & 1);
-            // (stage s's copies were issued and its f16 slot's previous wgmma are done, so
-            // these arrivals count toward stage s's phases)
-            if (lane == 0) {
-                mbar_arrive(smem_addr(&rfree_bar[s % NR]));
-                mbar_arrive(smem_addr(&bfree_bar[s % NF]));
-            }
-        }
-        return;
-    }
-    float d[BN / 2];
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++) d[i] = 0.f;
-    for (int s = 0; s < nk; s++) {
-        const int sr = s % NR, sf = s % NF;
-        mbar_wait(smem_addr(&conv_bar[sf]), (s / NF) & 1);
-        mbar_wait(smem_addr(&full_bar[sr]), (s / NR) & 1);
-        const u32 sa = a0 + (u32)(sr * MMH_A_BYTES) + (u32)(c * 64 * 128), sb = b0 + (u32)(sf * MMH_B_BYTES);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < ((MMH8_PROBE & 4) ? 0 : 4); kk++) wgmma_ss<BN>(d, mmh_desc(sa + kk * 32), mmh_desc(sb + kk * 32));
-        wg_commit();
-        wg_wait<1>();  // the previous stage's wgmma are done with its shared memory
-        if (s > 0 && lane == 0) {
-            mbar_arrive(smem_addr(&rfree_bar[(s - 1) % NR]));
-            mbar_arrive(smem_addr(&bfree_bar[(s - 1) % NF]));
-        }
-    }
-    wg_wait<0>();
-    mmh_store<GLU, BN>(d, c, warp, lane, nt, row0, n0, perm, out, ostride, act);
 #endif
 }
 // f16 weights. Grid: (ff / 128, expert tiles' upper bound = pairs / 128 + experts), 384 threads,
@@ -425,29 +324,29 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     mmh_gu(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tg, const __grid_constant__ TmaMap tu,
            const int* cnt, const int* off, int n_exp, int ff, int hdim, u16* hs, int act) {
     PDL_ENTRY();
-    mmh_impl<true>(&ta, &tg, &tu, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
+    mmh_impl<true, false>(&ta, &tg, nullptr, &tu, nullptr, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
 }
 // Grid: (hdim / 256, the same tiles).
 extern "C" __global__ void __launch_bounds__(384, 1)
     mmh_dn(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap td, const int* cnt, const int* off,
            const int* perm, int n_exp, int hdim, int ff, float* y) {
     PDL_ENTRY();
-    mmh_impl<false>(&ta, &td, &td, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
+    mmh_impl<false, false>(&ta, &td, nullptr, &td, nullptr, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
-// Q8_0 weights (the repacked rows: groups of 144 bytes), the same grids, MMH8_SMEM_BYTES of
-// dynamic shared memory.
+// Q8_0 weights (the repacked rows: groups of 144 bytes), the same grids, 3 * (MMH_STAGE + 20 KB)
+// + 1024 bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(384, 1)
     mmh8_gu(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tgq, const __grid_constant__ TmaMap tgs,
             const __grid_constant__ TmaMap tuq, const __grid_constant__ TmaMap tus, const int* cnt, const int* off, int n_exp,
             int ff, int hdim, u16* hs, int act) {
     PDL_ENTRY();
-    mmh8_impl<true, 256, MMH8_NR_MOE, MMH8_NF_MOE>(&ta, &tgq, &tgs, &tuq, &tus, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
+    mmh_impl<true, true>(&ta, &tgq, &tgs, &tuq, &tus, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
 }
 extern "C" __global__ void __launch_bounds__(384, 1)
     mmh8_dn(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tdq, const __grid_constant__ TmaMap tds,
             const int* cnt, const int* off, const int* perm, int n_exp, int hdim, int ff, float* y) {
     PDL_ENTRY();
-    mmh8_impl<false, 256, MMH8_NR_MOE, MMH8_NF_MOE>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
+    mmh_impl<false, true>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
 
 // The same in tiles of 200 weight rows (grid: hdim / 200): the output head where 256-row tiles
@@ -457,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     mmh8_dn200(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tdq, const __grid_constant__ TmaMap tds,
                const int* cnt, const int* off, const int* perm, int n_exp, int hdim, int ff, float* y) {
     PDL_ENTRY();
-    mmh8_impl<false, 200, MMH8_NR_HEAD, MMH8_NF_HEAD>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
+    mmh_impl<false, true, 200>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
 
 // The output head of a decode batch on mmh8_dn (Path::HeadMmh): its n rows as one expert's

@@ -414,11 +414,9 @@ const MMFQ_STAGE: usize = 256 * 144 + 64 * 288;
 /// and 256 weight rows of 128 bytes, plus 1 KB to align the first stage to 1,024 bytes (the
 /// 128-byte swizzle's period).
 const MMH_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
-/// Dynamic shared memory of the `mmh8_*` kernels (`MMH8_SMEM_BYTES` in kernels/mmh.cu): room for
-/// four stages of copies (128 pair rows of 128 bytes, 256 raw Q8_0 rows of 64 quants and a
-/// 16-byte group header) and two of the f16 weight rows made from them (256 of 128 bytes), plus
-/// 1 KB to align; the MoE's launches use three and three (less), the output head's four and two.
-const MMH8_SMEM: usize = 4 * (128 * 128 + 256 * (64 + 16)) + 2 * 256 * 128 + 1024;
+/// Dynamic shared memory of the `mmh8_*` kernels: three stages, each with the raw Q8_0 rows (256
+/// rows of 64 quants and of a 16-byte group header) beside the f16 ones made from them.
+const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
 /// `mla_out_q8` (kernels/fused.cu): value rows a head (V2's v_head_dim), heads it takes (the
 /// norm adds one row per head), and its dynamic shared memory for `kl` latent values, W_uv rows
 /// of `uv_row_bytes` and `r` rows of W_o: the W_uv and W_o slices, the 8 warps' merge sums, the
@@ -998,14 +996,16 @@ pub enum Path {
     /// the server 8,593 against 8,647).
     HeadBlas,
     /// A decode batch's output head (a Q8_0 product of more than 8,192 rows, a multiple of
-    /// 256 or 200: `head_bn`) on the prompt MoE's Hopper kernel (`mmh8_dn`: TMA, the Q8_0 rows turned into f16 in
-    /// shared memory, wgmma) as one expert's token list (`head_list`), where
-    /// [`Path::HeadBlas`] runs cuBLAS on the f16 copy: 223 MB read for V2-Lite against 419. The
-    /// same f16 operands, another summation order. Off; `TS_CUDA_HEAD_MMH=1` turns it on.
-    /// Measured on an H100 (fifty-fifth session, gpu-next186): 64 sequences 7,906.5 / 7,906.8
-    /// against 7,921.8 / 7,923.5 (−0.2%, the same picks): half the bytes, but 400 blocks of one
-    /// an SM make 3.03 waves, the last of 4 blocks. Kept as a knob for the H200 and for a
-    /// wave-shaped grid.
+    /// 256 or 200: `head_tile`) on the prompt MoE's Hopper kernel (`mmh8_dn`, or `mmh8_dn200`
+    /// in tiles of 200 rows: TMA, the Q8_0 rows turned into f16 in shared memory, wgmma) as one
+    /// expert's token list (`head_list`), where [`Path::HeadBlas`] runs cuBLAS on the f16 copy:
+    /// 223 MB read for V2-Lite against 419. The same f16 operands, another summation order.
+    /// Off; `TS_CUDA_HEAD_MMH=1` turns it on. H100, fifty-fifth session: 64 sequences −0.2%
+    /// (400 tiles of 256 rows at one block an SM, 3.03 waves). Sixty-ninth (gpu-next222, 223):
+    /// 512 tiles of 200 rows and seven converting warps (`MMH_HELP`), the launch 182 → 160 µs
+    /// (Nsight; 237 MB, ~1.5 TB/s: held by the TMA copies of narrow boxes), 64 sequences
+    /// 8,081 / 8,071 and 8,089 / 8,081 against 8,066 / 8,067 (+0.1-0.2%, the same picks). Kept
+    /// off until measured on an H200, where cuBLAS's f16 copy reads at the card's higher rate.
     HeadMmh,
     /// With [`Path::DenseBlasFused`]: a decode batch's q and kv_a products as one cuBLAS product
     /// (their f16 copies side by side, `Backend::join_products`) into scratch `Qkv`, which
