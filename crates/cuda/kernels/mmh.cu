@@ -138,10 +138,11 @@ __device__ __forceinline__ void q8x4_h2(u32 w, u32 d2, u32& lo, u32& hi) {
 // pairs (`help`, MMH_HELP) the second multiplying warpgroup converts too: seven warps.
 // (Copies in a ring of their own, four or three stages ahead of two or three of f16 rows, were
 // measured in the sixty-ninth session and not kept: the output head's launch 160 -> 157 us, but
-// prompts on mmh8 2.5-3.5% slower at either depth, gpu-next223, 224. Nsight on the head's launch
-// with parts left out: 156 us whole, 147 without the group headers' copies, 146 without the
-// conversion, 149 without the wgmma, 121 with only the pair rows' and quants' copies: the TMA
-// copies of 64- and 16-byte boxes over rows 2,304 bytes apart hold it at ~1.7 TB/s.)
+// like for like (both without MMH_HELP) prompts on mmh8 2.5-3.6% slower, gpu-next223, 224.
+// Nsight on the head's launch with parts left out: 156 us whole, 147 without the group headers'
+// copies, 146 without the conversion, 149 without the wgmma, 121 with only the pair rows' and
+// quants' copies; 237 MB from DRAM in every form, so the TMA copies of 64- and 16-byte boxes
+// over rows 2,304 bytes apart hold it: 1.5 TB/s whole, 2.0 with the copies alone.)
 // BN: weight rows a tile, 256 (every launch but one) or 200 (mmh8_dn200, the output head: Q8
 // and not GLU only; its rows fill the first 200 of the 256-row stage layout).
 template <bool GLU, bool Q8, int BN = 256>
