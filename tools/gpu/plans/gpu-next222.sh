@@ -16,30 +16,15 @@ OPS=${OPS:-.dev/ops_vs_cpu}
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=100
 q8_bg
-if is_h200; then
-  wait
-  stamp "== synthesised"
-  issue6_server
-  stamp "== tg128"
-  b "" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
-fi
+h200_first tg128
 stamp "== op tests"
 op_log 100 2 ops.txt "HeadMmh|" "" head_mmh moe_f16_prompt
 stamp "== op tests, MMH_HELP=1"
 op_log 100 2 ops-help.txt "HeadMmh|" "TS_CUDA_DEFINES=MMH_HELP=1" head_mmh moe_f16_prompt
 wait
 stamp "== the head launch alone (Nsight Compute, graphs off, 64 sequences)"
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 for e in "TS_CUDA_HEAD_BN=256" "TS_CUDA_HEAD_BN=200" "TS_CUDA_HEAD_BN=200 TS_CUDA_DEFINES=MMH_HELP=1"; do
-  if [ -n "$NCU" ] && young 330; then
-    echo "-- $e"
-    env $e TS_CUDA_GRAPHS=0 TS_CUDA_HEAD_MMH=1 timeout 100 "$NCU" --kernel-name regex:mmh8_dn \
-      --launch-count 100 --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
-      "$B" bench --backend cuda -m $V -p 0 -n 6 --parallel 64 -r 1 -d 96 2>/dev/null > $O/ncu.csv
-    # (the header's metric columns, then the last three launches: the decode steps' heads)
-    grep -m1 '"ID"' $O/ncu.csv | tr ',' '\n' | tail -3 | tr '\n' ' '; echo
-    grep -E "mmh8_dn" $O/ncu.csv | awk -F'","' '{print $5, $(NF-2), $(NF-1), $NF}' | tail -3
-  fi
+  young 330 && ncu_head "$B" $e
 done
 stamp "== 64 sequences, -d 96"
 for r in 1 2; do

@@ -17,36 +17,12 @@ OPS=${OPS:-.dev/ops_vs_cpu}
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=100
 q8_bg
-if is_h200; then
-  wait
-  stamp "== synthesised"
-  issue6_server
-fi
-stamp "== op tests"
-op_log 120 2 ops.txt "HeadMmh|" "" head_mmh moe_f16_prompt
-wait
+h200_first
+mmh_ops
 stamp "== the head launch alone (Nsight Compute, graphs off, 64 sequences)"
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-ncu_head() {
-  local bin=$1; shift
-  echo "-- $bin $*"
-  env "$@" TS_CUDA_GRAPHS=0 TS_CUDA_HEAD_MMH=1 timeout 100 "$NCU" --kernel-name regex:mmh8_dn \
-    --launch-count 100 --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
-    "$bin" bench --backend cuda -m $V -p 0 -n 6 --parallel 64 -r 1 -d 96 2>/dev/null > $O/ncu.csv
-  python3 - $O/ncu.csv <<'PY'
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-h = next((r for r in rows if r and r[0] == "ID"), None)
-got = [dict(zip(h, r)) for r in rows if h and len(r) == len(h) and r[0].isdigit()]
-for d in got[:2] + got[-3:]:
-    print(d.get("Kernel Name"), d.get("Grid Size"), "ns", d.get("gpu__time_duration.sum"), "bytes", d.get("dram__bytes_read.sum"))
-PY
-}
-if [ -n "$NCU" ]; then
-  ncu_head "$B" TS_CUDA_HEAD_BN=200
-  ncu_head "$OLD" TS_CUDA_HEAD_BN=200
-  ncu_head "$B" TS_CUDA_HEAD_BN=256
-fi
+ncu_head "$B" TS_CUDA_HEAD_BN=200
+ncu_head "$OLD" TS_CUDA_HEAD_BN=200
+ncu_head "$B" TS_CUDA_HEAD_BN=256
 stamp "== 64 sequences, -d 96"
 for r in 1 2; do
   [ $r = 2 ] && ! young 420 && break

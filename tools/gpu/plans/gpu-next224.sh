@@ -16,35 +16,12 @@ OPS=${OPS:-.dev/ops_vs_cpu}
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=100
 q8_bg
-if is_h200; then
-  wait
-  stamp "== synthesised"
-  issue6_server
-fi
-stamp "== op tests"
-op_log 120 2 ops.txt "HeadMmh|" "" head_mmh moe_f16_prompt
-wait
+h200_first
+mmh_ops
 stamp "== the head launch alone (Nsight Compute, graphs off, 64 sequences)"
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-ncu_head() {
-  local bin=$1; shift
-  echo "-- $bin $*"
-  env "$@" TS_CUDA_GRAPHS=0 TS_CUDA_HEAD_MMH=1 timeout 100 "$NCU" --kernel-name regex:mmh8_dn \
-    --launch-count 100 --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
-    "$bin" bench --backend cuda -m $V -p 0 -n 6 --parallel 64 -r 1 -d 96 2>/dev/null > $O/ncu.csv
-  python3 - $O/ncu.csv <<'PY'
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-h = next((r for r in rows if r and r[0] == "ID"), None)
-got = [dict(zip(h, r)) for r in rows if h and len(r) == len(h) and r[0].isdigit()]
-for d in got[:2] + got[-2:]:
-    print(d.get("Kernel Name"), d.get("Grid Size"), "ns", d.get("gpu__time_duration.sum"), "bytes", d.get("dram__bytes_read.sum"))
-PY
-}
-if [ -n "$NCU" ]; then
-  ncu_head "$B"
-  for p in 1 2 4 7; do young 260 && ncu_head "$B" TS_CUDA_DEFINES=MMH8_PROBE=$p; done
-fi
+export NCU_LAST=2
+ncu_head "$B"
+for p in 1 2 4 7; do young 260 && ncu_head "$B" TS_CUDA_DEFINES=MMH8_PROBE=$p; done
 stamp "== prompts, the MoE on mmh8"
 for r in 1 2; do
   for bin in "$OLD" "$B"; do

@@ -11,13 +11,9 @@ set -u
 B=$1
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=100
-q8_ready
-stamp "== synthesised"
-if is_h200; then
-  issue6_server
-  stamp "== tg128"
-  b "" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
-fi
+q8_bg
+h200_first tg128
+wait
 stamp "== prompts on mmh8, MMH_HELP 1 (default) against 0"
 for r in 1 2; do
   young 420 || break

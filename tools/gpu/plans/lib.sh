@@ -185,3 +185,45 @@ serve_best() {
     serve64 "$best" 40 "--row-multiple 4"
   fi
 }
+# `h200_first [tg128]`: on an H200 only, after the file from `q8_bg` is made, issue 6's server
+# figure (and with the word tg128 issue 5's one-token figure too); elsewhere nothing (the file
+# may still be in the making: `wait` for it).
+h200_first() {
+  is_h200 || return 0
+  wait
+  stamp "== synthesised"
+  issue6_server
+  if [ "${1:-}" = tg128 ]; then
+    stamp "== tg128"
+    b "" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+  fi
+}
+# `ncu_head BIN [ENV...]`: the output head's launch on mmh8 alone (`TS_CUDA_HEAD_MMH=1`, graphs
+# off, under ENV settings): Nsight Compute's time and DRAM bytes of the `mmh8_dn*` launches of a
+# 64-sequence bench at -d 96 (the first two: the prompt MoE's on mmh8 where no f16 copies were
+# made; the last ${NCU_LAST:-3}: the decode steps' heads).
+ncu_head() {
+  local bin=$1; shift
+  local ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [ -n "$ncu" ] || { echo "ncu not found"; return 0; }
+  echo "-- $bin $*"
+  env "$@" TS_CUDA_GRAPHS=0 TS_CUDA_HEAD_MMH=1 timeout 100 "$ncu" --kernel-name regex:mmh8_dn \
+    --launch-count 100 --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
+    "$bin" bench --backend cuda -m $V -p 0 -n 6 --parallel 64 -r 1 -d 96 2>/dev/null > $O/ncu.csv
+  python3 - $O/ncu.csv ${NCU_LAST:-3} <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+h = next((r for r in rows if r and r[0] == "ID"), None)
+got = [dict(zip(h, r)) for r in rows if h and len(r) == len(h) and r[0].isdigit()]
+for d in got[:2] + got[-int(sys.argv[2]):]:
+    print(d.get("Kernel Name"), d.get("Grid Size"), "ns", d.get("gpu__time_duration.sum"), "bytes", d.get("dram__bytes_read.sum"))
+PY
+}
+# `mmh_ops`: the op tests of the Hopper MoE kernels and of the output head on them (head_mmh,
+# moe_f16_prompt; at most 120 s, the log in $O/ops.txt) while the file from `q8_bg` is made;
+# then waits for the file.
+mmh_ops() {
+  stamp "== op tests"
+  op_log 120 2 ops.txt "HeadMmh|" "" head_mmh moe_f16_prompt
+  wait
+}
