@@ -2287,10 +2287,10 @@ fn dense_jobs_exact() {
 /// A decode batch's output head on the Hopper MoE kernel ([`Path::HeadMmh`]): Q8_0 products of
 /// more than 8,192 rows, in tiles of 256 (`mmh8_dn`: 8,448 and 12,288 rows) and of 200
 /// (`mmh8_dn200`: 12,800 rows, 64 tiles of 200 against 50 of 256 on a card of 64 or more SMs,
-/// one wave either way), for 9 to 128 rows of x (with a stride of
-/// their own) against the default path (cuBLAS on the f16 copy: the same f16 operands summed in
-/// another order), the CPU and f64; that the path ran where the Hopper kernels are, and that it
-/// declined (the default path's figures) where they are not.
+/// one wave either way), for 9 to 128 rows of x (with a stride of their own) against the
+/// default path (cuBLAS on the f16 copy: the same f16 operands summed in another order), the
+/// CPU and f64; that the path ran where the Hopper kernels are, and that it declined (the
+/// default path's figures) where they are not.
 #[test]
 fn head_mmh() {
     let Some(g) = gpu_tc_fused("head_mmh") else { return };

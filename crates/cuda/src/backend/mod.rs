@@ -569,8 +569,8 @@ fn add_norm_args((x, xr): (&CudaBuf, Rows), (d, dr): (u64, Rows), w: Option<&Cud
 /// block an SM: `forced` (200 or 256) where it divides `m`, else (`forced` 0) whichever of 256 and
 /// 200 dividing `m` spends fewer tile-rows of time over its whole waves (256 on a tie: the
 /// kernel the prompt MoE runs); 0 where neither divides `m` (the path declines). The kernels'
-/// time a tile grows with its rows (each stage's rows are turned into f16 by the same three
-/// warps), so a ragged last wave of 256-row tiles costs a whole wave.
+/// time a tile grows with its rows (each stage's rows are copied and turned into f16 by the
+/// same warps), so a ragged last wave of 256-row tiles costs a whole wave.
 fn head_tile(m: usize, sm: usize, forced: usize) -> usize {
     let cost = |bn: usize| m.div_ceil(bn).div_ceil(sm.max(1)) * bn;
     match forced {
