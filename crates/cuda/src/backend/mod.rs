@@ -49,8 +49,8 @@ mod ops;
 mod products;
 
 use attention::{JointRows, Nrc};
-pub use layout::tile16;
 use layout::*;
+pub use layout::{head_tiles, tile16};
 
 /// One device allocation; freed (stream-ordered) on drop.
 struct DevMem {
@@ -140,6 +140,10 @@ pub struct CudaWeight {
     half: Option<DevMem>,
     /// `half` is row-major (`shape[0]` halves a row, matrix after matrix), not tiled.
     half_rm: bool,
+    /// A second copy of an output head's Q8_0 rows for [`Path::HeadMmh`] with
+    /// [`Path::HeadTiles`] ([`head_tiles`]): per tile of `head_tile` rows, per 64 values, the
+    /// tile's quants then its scales, one contiguous run the kernel fetches with one bulk copy.
+    head_tiles: Option<DevMem>,
 }
 
 impl WeightInfo for CudaWeight {
@@ -153,7 +157,7 @@ impl WeightInfo for CudaWeight {
         self.mem.bytes
     }
     fn copy_bytes(&self) -> usize {
-        self.tiled.as_ref().map_or(0, |t| t.bytes) + self.half.as_ref().map_or(0, |t| t.bytes)
+        [&self.tiled, &self.half, &self.head_tiles].iter().map(|m| m.as_ref().map_or(0, |t| t.bytes)).sum()
     }
 }
 
@@ -565,6 +569,11 @@ fn add_norm_args((x, xr): (&CudaBuf, Rows), (d, dr): (u64, Rows), w: Option<&Cud
     ]
 }
 
+/// A decode batch's product of more rows than this (and one matrix) is taken for the output
+/// head: the head paths ([`Path::HeadBlas`], [`Path::HeadMmh`]) and the head's tiled copy
+/// ([`CudaWeight::head_tiles`]).
+const HEAD_ROWS: usize = 8192;
+
 /// Weight rows a tile of [`Path::HeadMmh`]'s launch for a head of `m` rows on `sm` SMs at one
 /// block an SM: `forced` (200 or 256) where it divides `m`, else (`forced` 0) whichever of 256 and
 /// 200 dividing `m` spends fewer tile-rows of time over its whole waves (256 on a tie: the
@@ -849,6 +858,9 @@ fn kernel_names() -> Vec<String> {
         "mmh8_gu",
         "mmh8_dn",
         "mmh8_dn200",
+        "mmh8_ht200",
+        "mmh8_ht256",
+        "head_tiles_q8",
         "head_list",
         "moe_gather_h",
         "mla_prefill",
@@ -1007,6 +1019,14 @@ pub enum Path {
     /// 8,081 / 8,071 and 8,089 / 8,081 against 8,066 / 8,067 (+0.1-0.2%, the same picks). Kept
     /// off until measured on an H200, where cuBLAS's f16 copy reads at the card's higher rate.
     HeadMmh,
+    /// With [`Path::HeadMmh`]: the head's Q8_0 rows also uploaded as a tiled copy
+    /// ([`CudaWeight::head_tiles`], made at upload while `HeadMmh` is on: +223 MB for V2-Lite),
+    /// which `mmh8_ht200` / `mmh8_ht256` fetch one bulk copy a stage (13.6 KB for 200 rows)
+    /// where `mmh8_dn*` take TMA boxes of 64 and 16 bytes from rows 2,304 bytes apart (Nsight on
+    /// an H100, sixty-ninth session: those copies alone hold the head launch at 2.0 TB/s). On
+    /// with `HeadMmh`; `TS_CUDA_HEAD_TILES=0` keeps the boxes. Written without a device: its op
+    /// test and speed wait for the next call (tools/gpu/plans/gpu-next225.sh).
+    HeadTiles,
     /// With [`Path::DenseBlasFused`]: a decode batch's q and kv_a products as one cuBLAS product
     /// (their f16 copies side by side, `Backend::join_products`) into scratch `Qkv`, which
     /// `norm_rope_cache` reads (`Backend::norm_qkv_rope_cache`): one launch a layer fewer, and
@@ -1038,7 +1058,7 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 20] = [
+    const ALL: [Path; 21] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1056,6 +1076,7 @@ impl Path {
         Path::QnopeH,
         Path::HeadBlas,
         Path::HeadMmh,
+        Path::HeadTiles,
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
@@ -1081,6 +1102,7 @@ impl Path {
             Path::QnopeH => ("TS_CUDA_QNOPE_H", true),
             Path::HeadBlas => ("TS_CUDA_HEAD_BLAS", true),
             Path::HeadMmh => ("TS_CUDA_HEAD_MMH", false),
+            Path::HeadTiles => ("TS_CUDA_HEAD_TILES", true),
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
@@ -1776,13 +1798,19 @@ impl CudaBackend {
         let mmh = arch == "sm_90a"
             && MMH_SMEM <= optin
             && MMH8_SMEM <= optin
-            && [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM), ("mmh8_dn200", MMH8_SMEM)]
-                .iter()
-                .all(|(n, b)| {
-                    funcs[*n]
-                        .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32)
-                        .is_ok()
-                });
+            && [
+                ("mmh_gu", MMH_SMEM),
+                ("mmh_dn", MMH_SMEM),
+                ("mmh8_gu", MMH8_SMEM),
+                ("mmh8_dn", MMH8_SMEM),
+                ("mmh8_dn200", MMH8_SMEM),
+                ("mmh8_ht200", MMH8_SMEM),
+                ("mmh8_ht256", MMH8_SMEM),
+            ]
+            .iter()
+            .all(|(n, b)| {
+                funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32).is_ok()
+            });
         // Blocks of the one-launch decode MoE the card holds at once (it needs them all resident).
         let moe_one_cap =
             funcs["moe_sh_q8_one"].occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_or(0, |b| b as usize * sm_count);
@@ -2028,6 +2056,12 @@ impl CudaBackend {
     /// the `q8_to_f16` kernel.
     pub fn half_bytes(&self, w: &CudaWeight) -> Result<Option<Vec<u8>>> {
         w.half.as_ref().map(|m| self.read_mem(m)).transpose()
+    }
+
+    /// A weight's device rows and its output-head tiled copy read back
+    /// ([`CudaWeight::head_tiles`]), if it has one; for the test of the `head_tiles_q8` kernel.
+    pub fn head_tile_bytes(&self, w: &CudaWeight) -> Result<(Vec<u8>, Option<Vec<u8>>)> {
+        Ok((self.read_mem(&w.mem)?, w.head_tiles.as_ref().map(|m| self.read_mem(m)).transpose()?))
     }
 
     fn read_mem(&self, m: &DevMem) -> Result<Vec<u8>> {
@@ -2758,6 +2792,34 @@ mod tests {
         assert_eq!(super::tc_batch_splits(132, 32, 128, Some(512)), 8);
     }
 
+    /// The head's tiled copy: each (tile, stage) run holds the tile's rows' 64 quants of the
+    /// stage, then their two scales; rows past the matrix are zeros; the size is
+    /// `head_tiles_bytes`.
+    #[test]
+    fn head_tiles_place_every_stage() {
+        let (rb, rows, bn) = (2 * 144, 5, 4);
+        let data: Vec<u8> = (0..rows * rb).map(|i| (i * 7 % 251) as u8 | 1).collect();
+        let t = super::head_tiles(&data, rb, rows, bn);
+        assert_eq!(t.len(), super::head_tiles_bytes(rb, rows, bn));
+        let stages = 4;
+        for tile in 0..2 {
+            for s in 0..stages {
+                let run = &t[(tile * stages + s) * bn * super::HEAD_TILE_ROW..][..bn * super::HEAD_TILE_ROW];
+                for r in 0..bn {
+                    let row = tile * bn + r;
+                    let (q, d) = (&run[64 * r..][..64], &run[64 * bn + 4 * r..][..4]);
+                    if row < rows {
+                        let g = &data[row * rb + s / 2 * 144..];
+                        assert_eq!(q, &g[16 + 64 * (s % 2)..][..64], "quants row {row} stage {s}");
+                        assert_eq!(d, &g[4 * (s % 2)..][..4], "scales row {row} stage {s}");
+                    } else {
+                        assert!(q.iter().chain(d).all(|&b| b == 0), "padding row {row} stage {s}");
+                    }
+                }
+            }
+        }
+    }
+
     /// The output head's tiles: V2-Lite's 102,400 rows on 132 SMs take 200 (4 waves of 200 rows,
     /// not 4 of 256); a head that fills whole waves of 256 keeps 256; a forced size that does not
     /// divide the rows, or rows that neither divides, decline.
@@ -2781,7 +2843,16 @@ mod tests {
     #[test]
     fn big_smem_kernels_are_loaded() {
         let names = super::kernel_names();
-        for k in super::BIG_SMEM_KERNELS.iter().chain(&["moe_sh_q8_one", "mmh_gu", "mmh_dn", "mmh8_gu", "mmh8_dn", "mmh8_dn200"]) {
+        for k in super::BIG_SMEM_KERNELS.iter().chain(&[
+            "moe_sh_q8_one",
+            "mmh_gu",
+            "mmh_dn",
+            "mmh8_gu",
+            "mmh8_dn",
+            "mmh8_dn200",
+            "mmh8_ht200",
+            "mmh8_ht256",
+        ]) {
             assert!(names.iter().any(|n| n == k), "{k} is not in kernel_names()");
         }
     }

@@ -113,6 +113,7 @@ impl Backend for CudaBackend {
                 tiled: None,
                 half: None,
                 half_rm: false,
+                head_tiles: None,
             });
         }
         let data = repack(t.dtype, t.data, ne0);
@@ -191,7 +192,35 @@ impl Backend for CudaBackend {
         } else {
             None
         };
-        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled, half, half_rm })
+        // The output head's tiled copy for Path::HeadMmh (with Path::HeadTiles): a 2-D Q8_0
+        // matrix of more than HEAD_ROWS rows whose rows the head's tiles divide. Without room
+        // the head keeps the row-major rows (the same bits, only slower).
+        let bn = head_tile(rows, self.sm_count, self.head_bn);
+        let head_tiles = if usage == WeightUse::Matmul
+            && t.dtype == GgmlType::Q8_0
+            && t.shape.len() == 2
+            && rows > HEAD_ROWS
+            && ne0 % 128 == 0
+            && bn != 0
+            && self.mmh
+            && self.path_on(Path::HeadMmh)
+            && self.path_on(Path::HeadTiles)
+        {
+            match self.alloc_mem(head_tiles_bytes(row_bytes, rows, bn), &format!("tensor '{}' (head tiles)", t.name)) {
+                Ok(ht) => {
+                    let total = rows.div_ceil(bn) * bn * (row_bytes / 144 * 2);
+                    let blocks = total.div_ceil(256).min(65_536) as u32;
+                    let args = [A::P(mem.ptr), A::P(ht.ptr), l(rows), l(row_bytes / 144), i(bn), l(total)];
+                    self.launch("head_tiles_q8", (blocks, 1, 1), 256, 0, &args);
+                    Some(ht)
+                }
+                Err(BackendError::OutOfMemory { .. }) => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled, half, half_rm, head_tiles })
     }
 
     fn upload_rope(&self, spec: &RopeSpec) -> Result<CudaRope> {

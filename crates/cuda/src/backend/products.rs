@@ -244,7 +244,7 @@ impl CudaBackend {
         let _op = self.scratch_op.lock().unwrap_or_else(|e| e.into_inner());
         // (Path::HeadBlas off: a decode batch's products of more than 8,192 rows, the output
         // head, keep the int8 tiles, which read the Q8_0 bytes, half the f16 copy's.)
-        let head = g == 1 && m > 8192 && ng <= GRAPH_MAX_TOKENS;
+        let head = g == 1 && m > HEAD_ROWS && ng <= GRAPH_MAX_TOKENS;
         let head_int8 = head && !self.path_on(Path::HeadBlas);
         if head && self.path_on(Path::HeadMmh) && self.head_mmh(x, xr, w, out, o) {
             return;
@@ -541,8 +541,9 @@ impl CudaBackend {
         self.tma_2d(ptr, (row_bytes, 1, rows), (box_x, box_rows), false)
     }
 
-    /// A decode batch's output head on `mmh8_dn` or `mmh8_dn200` ([`Path::HeadMmh`]): `out`
-    /// rows = `w` times the rows `xr` (in f16), its `m` rows in tiles of `head_tile` rows, the
+    /// A decode batch's output head on `mmh8_dn` or `mmh8_dn200` ([`Path::HeadMmh`]), or from
+    /// the head's tiled copy on `mmh8_ht200` / `mmh8_ht256` where it has one ([`Path::HeadTiles`]):
+    /// `out` rows = `w` times the rows `xr` (in f16), its `m` rows in tiles of `head_tile` rows, the
     /// batch as one expert's list of at most 128 tokens (`head_list` into the MoE's `Cnt`, `Off`
     /// and `Perm` scratch, unused between layers' MoEs). False (nothing launched) where the
     /// shapes or the output's layout do not fit. The caller holds `scratch_op`.
@@ -557,18 +558,24 @@ impl CudaBackend {
             return false;
         };
         let Some(xh) = self.f16_input(x, xr) else { return false };
-        let (Some(th), Some(dq), Some(ds)) = (
-            self.tma_f16(xh, k, n, MMH_BM as u32),
-            self.tma_u8(w.mem.ptr, w.row_bytes, m, 64, bn as u32),
-            self.tma_u8(w.mem.ptr, w.row_bytes, m, 16, bn as u32),
-        ) else {
-            return false;
-        };
-        self.launch("head_list", (1, 1, 1), 128, 0, &[i(n), A::P(cnt), A::P(off), A::P(perm)]);
+        let Some(th) = self.tma_f16(xh, k, n, MMH_BM as u32) else { return false };
         let y = out.0.ptr + 4 * o.off as u64;
-        let args = [A::T(&th), A::T(&dq), A::T(&ds), A::P(cnt), A::P(off), A::P(perm), i(1), i(m), i(k), A::P(y)];
-        let kernel = if bn == 200 { "mmh8_dn200" } else { "mmh8_dn" };
-        self.launch(kernel, ((m / bn) as u32, 1, 1), 384, MMH8_SMEM as u32, &args);
+        let grid = ((m / bn) as u32, 1, 1);
+        if let Some(t) = w.head_tiles.as_ref().filter(|_| self.path_on(Path::HeadTiles)) {
+            self.launch("head_list", (1, 1, 1), 128, 0, &[i(n), A::P(cnt), A::P(off), A::P(perm)]);
+            let args = [A::T(&th), A::P(t.ptr), A::P(cnt), A::P(off), A::P(perm), i(1), i(m), i(k), A::P(y)];
+            self.launch(if bn == 200 { "mmh8_ht200" } else { "mmh8_ht256" }, grid, 384, MMH8_SMEM as u32, &args);
+            self.took(Path::HeadTiles);
+        } else {
+            let (Some(dq), Some(ds)) =
+                (self.tma_u8(w.mem.ptr, w.row_bytes, m, 64, bn as u32), self.tma_u8(w.mem.ptr, w.row_bytes, m, 16, bn as u32))
+            else {
+                return false;
+            };
+            self.launch("head_list", (1, 1, 1), 128, 0, &[i(n), A::P(cnt), A::P(off), A::P(perm)]);
+            let args = [A::T(&th), A::T(&dq), A::T(&ds), A::P(cnt), A::P(off), A::P(perm), i(1), i(m), i(k), A::P(y)];
+            self.launch(if bn == 200 { "mmh8_dn200" } else { "mmh8_dn" }, grid, 384, MMH8_SMEM as u32, &args);
+        }
         self.took(Path::HeadMmh);
         true
     }
