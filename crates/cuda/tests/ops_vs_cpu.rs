@@ -2319,7 +2319,7 @@ fn head_mmh() {
             rep.failures.push(format!("m={m}: head tiles made {}, Hopper kernels {}", tiles.is_some(), on.hopper_kernels()));
         }
         if let Some(tiles) = tiles {
-            let bn = if m % 256 == 0 { 256 } else { 200 };
+            let bn = on.head_tile_rows(m);
             if tiles != ts_cuda::backend::head_tiles(&rows_dev, rows_dev.len() / m, m, bn) {
                 rep.failures.push(format!("m={m}: head_tiles_q8 differs from the CPU layout (tiles of {bn})"));
             }

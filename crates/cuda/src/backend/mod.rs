@@ -2134,6 +2134,12 @@ impl CudaBackend {
         self.mmh
     }
 
+    /// Weight rows a tile of [`Path::HeadMmh`]'s launch for a head of `m` rows on this card
+    /// (`head_tile`: 256 or 200; 0 where neither divides `m`).
+    pub fn head_tile_rows(&self, m: usize) -> usize {
+        head_tile(m, self.sm_count, self.head_bn)
+    }
+
     /// Prompt MoEs on `mmh_*` ([`CudaBackend::mmh_mode`]: 0 off, 1 f16 copies, 2 Q8_0, 3
     /// copies where made); weights uploaded after this get (or do not get) the row-major f16
     /// stack copies modes 1 and 3 read. False where it cannot run here.

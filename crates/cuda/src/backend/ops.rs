@@ -195,7 +195,7 @@ impl Backend for CudaBackend {
         // The output head's tiled copy for Path::HeadMmh (with Path::HeadTiles): a 2-D Q8_0
         // matrix of more than HEAD_ROWS rows whose rows the head's tiles divide. Without room
         // the head keeps the row-major rows (the same bits, only slower).
-        let bn = head_tile(rows, self.sm_count, self.head_bn);
+        let bn = self.head_tile_rows(rows);
         let head_tiles = if usage == WeightUse::Matmul
             && t.dtype == GgmlType::Q8_0
             && t.shape.len() == 2

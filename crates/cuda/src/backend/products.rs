@@ -549,7 +549,7 @@ impl CudaBackend {
     /// shapes or the output's layout do not fit. The caller holds `scratch_op`.
     pub(super) fn head_mmh(&self, x: &CudaBuf, xr: Rows, w: &CudaWeight, out: &CudaBuf, o: Rows) -> bool {
         let (n, k, m) = (xr.n, xr.width, w.ne(1));
-        let bn = head_tile(m, self.sm_count, self.head_bn);
+        let bn = self.head_tile_rows(m);
         if !self.mmh || w.dtype != GgmlType::Q8_0 || bn == 0 || !k.is_multiple_of(128) || n > MMH_BM || o.stride != m || o.n != n {
             return false;
         }
