@@ -421,6 +421,17 @@ const MMH_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
 /// Dynamic shared memory of the `mmh8_*` kernels: three stages, each with the raw Q8_0 rows (256
 /// rows of 64 quants and of a 16-byte group header) beside the f16 ones made from them.
 const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
+/// The Hopper MoE and output-head kernels (kernels/mmh.cu) with the dynamic shared memory each
+/// is given at start; `CudaBackend::mmh` is whether all got it.
+const MMH_KERNELS: [(&str, usize); 7] = [
+    ("mmh_gu", MMH_SMEM),
+    ("mmh_dn", MMH_SMEM),
+    ("mmh8_gu", MMH8_SMEM),
+    ("mmh8_dn", MMH8_SMEM),
+    ("mmh8_dn200", MMH8_SMEM),
+    ("mmh8_ht200", MMH8_SMEM),
+    ("mmh8_ht256", MMH8_SMEM),
+];
 /// `mla_out_q8` (kernels/fused.cu): value rows a head (V2's v_head_dim), heads it takes (the
 /// norm adds one row per head), and its dynamic shared memory for `kl` latent values, W_uv rows
 /// of `uv_row_bytes` and `r` rows of W_o: the W_uv and W_o slices, the 8 warps' merge sums, the
@@ -1798,17 +1809,7 @@ impl CudaBackend {
         let mmh = arch == "sm_90a"
             && MMH_SMEM <= optin
             && MMH8_SMEM <= optin
-            && [
-                ("mmh_gu", MMH_SMEM),
-                ("mmh_dn", MMH_SMEM),
-                ("mmh8_gu", MMH8_SMEM),
-                ("mmh8_dn", MMH8_SMEM),
-                ("mmh8_dn200", MMH8_SMEM),
-                ("mmh8_ht200", MMH8_SMEM),
-                ("mmh8_ht256", MMH8_SMEM),
-            ]
-            .iter()
-            .all(|(n, b)| {
+            && MMH_KERNELS.iter().all(|(n, b)| {
                 funcs[*n].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *b as i32).is_ok()
             });
         // Blocks of the one-launch decode MoE the card holds at once (it needs them all resident).
@@ -2849,16 +2850,7 @@ mod tests {
     #[test]
     fn big_smem_kernels_are_loaded() {
         let names = super::kernel_names();
-        for k in super::BIG_SMEM_KERNELS.iter().chain(&[
-            "moe_sh_q8_one",
-            "mmh_gu",
-            "mmh_dn",
-            "mmh8_gu",
-            "mmh8_dn",
-            "mmh8_dn200",
-            "mmh8_ht200",
-            "mmh8_ht256",
-        ]) {
+        for k in super::BIG_SMEM_KERNELS.iter().chain(&["moe_sh_q8_one"]).chain(super::MMH_KERNELS.iter().map(|(n, _)| n)) {
             assert!(names.iter().any(|n| n == k), "{k} is not in kernel_names()");
         }
     }
