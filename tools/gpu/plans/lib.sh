@@ -115,12 +115,14 @@ models_bg() {
   ("$B" synth --preset deepseek-v2-lite --quant q8_0 -o $V >/dev/null 2>&1
    "$B" synth --preset deepseek-v2-lite --quant bf16 -o $BF >/dev/null 2>&1) &
 }
+# `ncu_path`: Nsight Compute's command line tool on this machine (empty where there is none).
+ncu_path() { command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1; }
 # `ncu_stalls REGEX BENCH_ARGS...`: Nsight Compute on the 31st launch of the kernels matching REGEX
 # in a bench of $V (graphs off): its duration and, by reason, the cycles a warp spends stalled per
 # issued instruction (the reasons that are not zero), with its instructions and active cycles.
 ncu_stalls() {
   local re=$1; shift
-  local ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  local ncu=$(ncu_path)
   TS_CUDA_GRAPHS=0 timeout 120 "$ncu" --kernel-name "regex:$re" --launch-skip 30 --launch-count 1 \
     --section SpeedOfLight --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__cycles_active.avg" \
     "$B" bench --backend cuda -m $V "$@" 2>&1 | grep -E "$re|Duration|Elapsed|stalled|inst_executed|cycles_active|ERR|rror" | grep -vE " 0$| 0\.0?0?$" | head -60
@@ -204,7 +206,7 @@ h200_first() {
 # where no f16 copies were made; the last ${NCU_LAST:-3}: the decode steps' heads).
 ncu_head() {
   local bin=$1; shift
-  local ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  local ncu=$(ncu_path)
   [ -n "$ncu" ] || { echo "ncu not found"; return 0; }
   echo "-- $bin $*"
   env "$@" TS_CUDA_GRAPHS=0 TS_CUDA_HEAD_MMH=1 timeout 100 "$ncu" --kernel-name "regex:mmh8_(dn|ht)" \

@@ -561,19 +561,23 @@ impl CudaBackend {
         let Some(th) = self.tma_f16(xh, k, n, MMH_BM as u32) else { return false };
         let y = out.0.ptr + 4 * o.off as u64;
         let grid = ((m / bn) as u32, 1, 1);
-        if let Some(t) = w.head_tiles.as_ref().filter(|_| self.path_on(Path::HeadTiles)) {
-            self.launch("head_list", (1, 1, 1), 128, 0, &[i(n), A::P(cnt), A::P(off), A::P(perm)]);
-            let args = [A::T(&th), A::P(t.ptr), A::P(cnt), A::P(off), A::P(perm), i(1), i(m), i(k), A::P(y)];
+        // The tiled copy where there is one, else the row-major rows through two TMA maps.
+        let tiles = w.head_tiles.as_ref().filter(|_| self.path_on(Path::HeadTiles));
+        let maps = match tiles {
+            Some(_) => None,
+            None => match (self.tma_u8(w.mem.ptr, w.row_bytes, m, 64, bn as u32), self.tma_u8(w.mem.ptr, w.row_bytes, m, 16, bn as u32)) {
+                (Some(dq), Some(ds)) => Some((dq, ds)),
+                _ => return false,
+            },
+        };
+        self.launch("head_list", (1, 1, 1), 128, 0, &[i(n), A::P(cnt), A::P(off), A::P(perm)]);
+        let rest = [A::P(cnt), A::P(off), A::P(perm), i(1), i(m), i(k), A::P(y)];
+        if let Some(t) = tiles {
+            let args: [A; 9] = cat([A::T(&th), A::P(t.ptr)], rest);
             self.launch(if bn == 200 { "mmh8_ht200" } else { "mmh8_ht256" }, grid, 384, MMH8_SMEM as u32, &args);
             self.took(Path::HeadTiles);
-        } else {
-            let (Some(dq), Some(ds)) =
-                (self.tma_u8(w.mem.ptr, w.row_bytes, m, 64, bn as u32), self.tma_u8(w.mem.ptr, w.row_bytes, m, 16, bn as u32))
-            else {
-                return false;
-            };
-            self.launch("head_list", (1, 1, 1), 128, 0, &[i(n), A::P(cnt), A::P(off), A::P(perm)]);
-            let args = [A::T(&th), A::T(&dq), A::T(&ds), A::P(cnt), A::P(off), A::P(perm), i(1), i(m), i(k), A::P(y)];
+        } else if let Some((dq, ds)) = &maps {
+            let args: [A; 10] = cat([A::T(&th), A::T(dq), A::T(ds)], rest);
             self.launch(if bn == 200 { "mmh8_dn200" } else { "mmh8_dn" }, grid, 384, MMH8_SMEM as u32, &args);
         }
         self.took(Path::HeadMmh);
