@@ -193,8 +193,12 @@ impl Backend for CudaBackend {
             None
         };
         // The output head's tiled copy for Path::HeadMmh (with Path::HeadTiles): a 2-D Q8_0
-        // matrix of more than HEAD_ROWS rows whose rows the head's tiles divide. Without room
-        // the head keeps the row-major rows (the same bits, only slower).
+        // matrix of more than HEAD_ROWS rows whose rows the head's tiles divide, where the copy
+        // budget has room (`tile_fits`, like every second layout). Without room the head keeps
+        // the row-major rows (the same bits, only slower). (The head is uploaded first: on a card
+        // whose budget cannot hold every copy, its 223 MB drop one of the last layers' copies, so
+        // a like-for-like comparison with the tiles off needs a budget that holds them all; on an
+        // H100, TS_CUDA_MOE_TILED=0: seventieth session.)
         let bn = self.head_tile_rows(rows);
         let head_tiles = if usage == WeightUse::Matmul
             && t.dtype == GgmlType::Q8_0
@@ -205,6 +209,7 @@ impl Backend for CudaBackend {
             && self.mmh
             && self.path_on(Path::HeadMmh)
             && self.path_on(Path::HeadTiles)
+            && self.tile_fits(head_tiles_bytes(row_bytes, rows, bn))
         {
             match self.alloc_mem(head_tiles_bytes(row_bytes, rows, bn), &format!("tensor '{}' (head tiles)", t.name)) {
                 Ok(ht) => {
