@@ -60,13 +60,6 @@ __device__ __forceinline__ void tma_2d(u32 dst, const TmaMap* map, u32 bar, int 
         "l"((u64)map), "r"(x), "r"(y), "r"(bar)
         : "memory");
 }
-// `bytes` (a multiple of 16) from global `src` into shared memory at `dst` (both 16-byte
-// aligned) as one bulk copy, completing `bar`'s transaction bytes.
-__device__ __forceinline__ void bulk_1d(u32 dst, const void* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"((u64)src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
 // wgmma shared-memory descriptor: K-major rows of 128 bytes with the 128-byte swizzle, groups of
 // 8 rows 1,024 bytes apart (the tile's base 1,024-byte aligned). Adding 32 bytes to the address
 // moves 16 k values along.
@@ -146,25 +139,22 @@ __device__ __forceinline__ void q8x4_h2(u32 w, u32 d2, u32& lo, u32& hi) {
 // Nsight on the head's launch with parts left out: 156 us whole, 147 without the group headers'
 // copies, 146 without the conversion, 149 without the wgmma, 121 with only the pair rows' and
 // quants' copies; 237 MB from DRAM in every form, so the TMA copies of 64- and 16-byte boxes
-// over rows 2,304 bytes apart hold it: 1.5 TB/s whole, 2.0 with the copies alone.)
-// BN: weight rows a tile, 256 (every launch but the head's) or 200 (the output head's
-// mmh8_dn200 / mmh8_ht200: Q8 and not GLU only; its rows fill the first 200 of the 256-row
-// stage layout). TILED (the head's mmh8_ht*): the weight rows come from the head's tiled copy
-// `wt` (CudaWeight::head_tiles): a stage of a tile is one run of BN rows' 64 quants, then their
-// two f16 scales (HT_ROW = 68 bytes a row), fetched with one bulk copy into the raw area.
-#define HT_ROW 68
-template <bool GLU, bool Q8, int BN = 256, bool TILED = false>
+// over rows 2,304 bytes apart hold it: 1.5 TB/s whole, 2.0 with the copies alone. A tiled copy
+// of the head made at upload, each stage's quants and scales one 13.6 KB bulk copy, was measured
+// in the seventieth session and removed: the launch 159 -> 145 us, 224 MB at 1.54 TB/s, the same
+// bits, but 64 sequences level like for like (gpu-next225, 226) for 223 MB more.)
+// BN: weight rows a tile, 256 (every launch but one) or 200 (mmh8_dn200, the output head: Q8
+// and not GLU only; its rows fill the first 200 of the 256-row stage layout).
+template <bool GLU, bool Q8, int BN = 256>
 __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, const TmaMap* tbs, const TmaMap* tb2,
-                                         const TmaMap* tb2s, const u8* wt, const int* cnt, const int* off, const int* perm,
-                                         int n_exp, int m, int k, void* out, i64 ostride, int act) {
+                                         const TmaMap* tb2s, const int* cnt, const int* off, const int* perm, int n_exp,
+                                         int m, int k, void* out, i64 ostride, int act) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    static_assert(BN == 256 || (BN == 200 && Q8 && !GLU), "200-row tiles only for the output head");
-    static_assert(!TILED || (Q8 && !GLU), "tiled rows only for the output head");
+    static_assert(BN == 256 || (BN == 200 && Q8 && !GLU), "200-row tiles only for mmh8_dn200");
     constexpr int NST = Q8 ? 3 : MMH_NST;
     constexpr int RAWQ = 256 * 64, RAWS = 256 * 16;  // the raw rows' room (BN <= 256 of them)
-    static_assert(BN * HT_ROW <= RAWQ + RAWS, "a tiled stage fits the raw area");
     constexpr int STAGE = MMH_STAGE + (Q8 ? RAWQ + RAWS : 0);
-    constexpr u32 TX = MMH_A_BYTES + (Q8 ? BN * (TILED ? HT_ROW : 64 + 16) : MMH_B_BYTES);
+    constexpr u32 TX = MMH_A_BYTES + (Q8 ? BN * (64 + 16) : MMH_B_BYTES);
     extern __shared__ __align__(1024) u8 mmh_sm[];
     __shared__ __align__(8) u64 full_bar[NST], conv_bar[NST], empty_bar[NST];
     __shared__ int tile_e, tile_start;
@@ -209,9 +199,7 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
                          : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
                          : "r"(rq + (u32)(r * 64 + q * 16)));
             u32 dd;
-            // (this lane's block scale; tiled: row r's two for the stage follow the tile's quants)
-            const u32 sa = TILED ? rq + (u32)(BN * 64 + r * 4 + (q >> 1) * 2) : rs + (u32)(r * 16) + hs;
-            asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(dd) : "r"(sa));
+            asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(dd) : "r"(rs + (u32)(r * 16) + hs));
             const u32 d2 = dd | (dd << 16);
             u32 o[8];
             q8x4_h2(w.x, d2, o[0], o[1]);
@@ -249,8 +237,6 @@ __device__ __forceinline__ void mmh_impl(const TmaMap* ta, const TmaMap* tb, con
                         tma_2d(rq + RAWQ / 2, tb2, fb, xq, wr);
                         tma_2d(rs, tbs, fb, xs, wr);
                         tma_2d(rs + RAWS / 2, tb2s, fb, xs, wr);
-                    } else if constexpr (TILED) {
-                        bulk_1d(rq, wt + ((i64)(wr / BN) * nk + s) * (BN * HT_ROW), BN * HT_ROW, fb);
                     } else {
                         tma_2d(rq, tb, fb, xq, wr);
                         tma_2d(rs, tbs, fb, xs, wr);
@@ -339,14 +325,14 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     mmh_gu(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tg, const __grid_constant__ TmaMap tu,
            const int* cnt, const int* off, int n_exp, int ff, int hdim, u16* hs, int act) {
     PDL_ENTRY();
-    mmh_impl<true, false>(&ta, &tg, nullptr, &tu, nullptr, nullptr, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
+    mmh_impl<true, false>(&ta, &tg, nullptr, &tu, nullptr, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
 }
 // Grid: (hdim / 256, the same tiles).
 extern "C" __global__ void __launch_bounds__(384, 1)
     mmh_dn(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap td, const int* cnt, const int* off,
            const int* perm, int n_exp, int hdim, int ff, float* y) {
     PDL_ENTRY();
-    mmh_impl<false, false>(&ta, &td, nullptr, &td, nullptr, nullptr, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
+    mmh_impl<false, false>(&ta, &td, nullptr, &td, nullptr, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
 // Q8_0 weights (the repacked rows: groups of 144 bytes), the same grids, 3 * (MMH_STAGE + 20 KB)
 // + 1024 bytes of dynamic shared memory.
@@ -355,13 +341,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
             const __grid_constant__ TmaMap tuq, const __grid_constant__ TmaMap tus, const int* cnt, const int* off, int n_exp,
             int ff, int hdim, u16* hs, int act) {
     PDL_ENTRY();
-    mmh_impl<true, true>(&ta, &tgq, &tgs, &tuq, &tus, nullptr, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
+    mmh_impl<true, true>(&ta, &tgq, &tgs, &tuq, &tus, cnt, off, nullptr, n_exp, ff, hdim, hs, ff, act);
 }
 extern "C" __global__ void __launch_bounds__(384, 1)
     mmh8_dn(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tdq, const __grid_constant__ TmaMap tds,
             const int* cnt, const int* off, const int* perm, int n_exp, int hdim, int ff, float* y) {
     PDL_ENTRY();
-    mmh_impl<false, true>(&ta, &tdq, &tds, &tdq, &tds, nullptr, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
+    mmh_impl<false, true>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
 
 // The same in tiles of 200 weight rows (grid: hdim / 200): the output head where 256-row tiles
@@ -371,47 +357,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     mmh8_dn200(const __grid_constant__ TmaMap ta, const __grid_constant__ TmaMap tdq, const __grid_constant__ TmaMap tds,
                const int* cnt, const int* off, const int* perm, int n_exp, int hdim, int ff, float* y) {
     PDL_ENTRY();
-    mmh_impl<false, true, 200>(&ta, &tdq, &tds, &tdq, &tds, nullptr, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
-}
-
-// The output head from its tiled copy (Path::HeadTiles; CudaWeight::head_tiles, made by
-// head_tiles_q8): tiles of 200 or 256 rows (grid: hdim / 200 or / 256), each stage's rows one
-// bulk copy where mmh8_dn* take 400 TMA box rows of 64 and 16 bytes from rows 2,304 bytes apart.
-extern "C" __global__ void __launch_bounds__(384, 1)
-    mmh8_ht200(const __grid_constant__ TmaMap ta, const u8* wt, const int* cnt, const int* off, const int* perm, int n_exp,
-               int hdim, int ff, float* y) {
-    PDL_ENTRY();
-    mmh_impl<false, true, 200, true>(&ta, nullptr, nullptr, nullptr, nullptr, wt, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
-}
-extern "C" __global__ void __launch_bounds__(384, 1)
-    mmh8_ht256(const __grid_constant__ TmaMap ta, const u8* wt, const int* cnt, const int* off, const int* perm, int n_exp,
-               int hdim, int ff, float* y) {
-    PDL_ENTRY();
-    mmh_impl<false, true, 256, true>(&ta, nullptr, nullptr, nullptr, nullptr, wt, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
-}
-
-// The head's tiled copy (CudaWeight::head_tiles; the CPU reference is backend/layout.rs's
-// head_tiles): unit i = (tile, stage s, row r of the tile) copies row tile * bn + r's 64
-// quants of stage s (bytes 16 + 64 (s % 2).. of group s / 2) and its two scales (header bytes
-// 4 (s % 2)..) into the stage's run of bn * HT_ROW bytes; rows past `rows` are zeros.
-extern "C" __global__ void head_tiles_q8(const u8* src, u8* dst, i64 rows, i64 ng, int bn, i64 total) {
-    PDL_ENTRY();
-    const i64 stages = 2 * ng;
-    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
-        const i64 r = i % bn, ts = i / bn, s = ts % stages, row = (ts / stages) * bn + r;
-        u8* run = dst + ts * bn * HT_ROW;
-        uint4* q = (uint4*)(run + r * 64);
-        u32 sc = 0;
-        if (row < rows) {
-            const u8* g = src + row * ng * 144 + (s >> 1) * 144;
-            const uint4* qs = (const uint4*)(g + 16 + 64 * (s & 1));
-            for (int j = 0; j < 4; j++) q[j] = qs[j];
-            sc = *(const u32*)(g + 4 * (s & 1));
-        } else {
-            for (int j = 0; j < 4; j++) q[j] = make_uint4(0, 0, 0, 0);
-        }
-        *(u32*)(run + bn * 64 + r * 4) = sc;
-    }
+    mmh_impl<false, true, 200>(&ta, &tdq, &tds, &tdq, &tds, cnt, off, perm, n_exp, hdim, ff, y, hdim, 0);
 }
 
 // The output head of a decode batch on mmh8_dn (Path::HeadMmh): its n rows as one expert's

@@ -201,15 +201,15 @@ h200_first() {
   fi
 }
 # `ncu_head BIN [ENV...]`: the output head's launch on mmh8 alone (`TS_CUDA_HEAD_MMH=1`, graphs
-# off, under ENV settings): Nsight Compute's time and DRAM bytes of the `mmh8_dn*` and
-# `mmh8_ht*` launches of a 64-sequence bench at -d 96 (the first two: the prompt MoE's on mmh8
-# where no f16 copies were made; the last ${NCU_LAST:-3}: the decode steps' heads).
+# off, under ENV settings): Nsight Compute's time and DRAM bytes of the `mmh8_dn*` launches of a
+# 64-sequence bench at -d 96 (the first two: the prompt MoE's on mmh8 where no f16 copies were
+# made; the last ${NCU_LAST:-3}: the decode steps' heads).
 ncu_head() {
   local bin=$1; shift
   local ncu=$(ncu_path)
   [ -n "$ncu" ] || { echo "ncu not found"; return 0; }
   echo "-- $bin $*"
-  env "$@" TS_CUDA_GRAPHS=0 TS_CUDA_HEAD_MMH=1 timeout 100 "$ncu" --kernel-name "regex:mmh8_(dn|ht)" \
+  env "$@" TS_CUDA_GRAPHS=0 TS_CUDA_HEAD_MMH=1 timeout 100 "$ncu" --kernel-name regex:mmh8_dn \
     --launch-count 100 --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
     "$bin" bench --backend cuda -m $V -p 0 -n 6 --parallel 64 -r 1 -d 96 2>/dev/null > $O/ncu.csv
   python3 - $O/ncu.csv ${NCU_LAST:-3} <<'PY'

@@ -1,6 +1,5 @@
 //! The device layouts of weights: Q8_0 and other blocks regrouped for 16-byte loads at upload
-//! (`repack`), the 16-row tiled copy of expert stacks (`tile16`), the output head's tiled copy
-//! (`head_tiles`), and their byte sizes.
+//! (`repack`), the 16-row tiled copy of expert stacks (`tile16`), and their byte sizes.
 
 use super::*;
 
@@ -91,37 +90,6 @@ pub fn tile16(data: &[u8], rb: usize, rows: usize) -> Vec<u8> {
                     }
                 }
             }
-        }
-    }
-    out
-}
-
-/// Bytes a row takes in one stage (64 values) of the output head's tiled copy: 64 quants and
-/// the two f16 scales of its two blocks (`HT_ROW` in kernels/mmh.cu).
-pub(super) const HEAD_TILE_ROW: usize = 68;
-
-/// Bytes of the output head's tiled copy of `rows` Q8_0 rows of `rb` device bytes in tiles of
-/// `bn` rows ([`CudaWeight::head_tiles`]).
-pub(super) fn head_tiles_bytes(rb: usize, rows: usize, bn: usize) -> usize {
-    rows.div_ceil(bn) * bn * (rb / 144) * 2 * HEAD_TILE_ROW
-}
-
-/// The output head's tiled copy ([`CudaWeight::head_tiles`]) of `rows` Q8_0 rows of `rb` bytes
-/// in the device layout (groups of 144 bytes: 4 f16 scales, 8 pad bytes, 128 quants): per tile
-/// of `bn` rows, per stage `s` of 64 values (half a group), the `bn` rows' 64 quants (bytes
-/// `16 + 64 * (s % 2)..` of group `s / 2`), then their two scales (header bytes `4 * (s % 2)..`),
-/// so that one stage of a tile is one contiguous run of `bn * 68` bytes (`mmh8_ht*` fetch it
-/// with one bulk copy). Rows past `rows` are zeros. The CPU reference of the `head_tiles_q8`
-/// kernel, which makes the copy on the device at load.
-pub fn head_tiles(data: &[u8], rb: usize, rows: usize, bn: usize) -> Vec<u8> {
-    let stages = rb / 144 * 2;
-    let mut out = vec![0u8; head_tiles_bytes(rb, rows, bn)];
-    for row in 0..rows {
-        let (tile, r) = (row / bn, row % bn);
-        for s in 0..stages {
-            let (src, run) = (&data[row * rb + s / 2 * 144..], (tile * stages + s) * bn * HEAD_TILE_ROW);
-            out[run + 64 * r..][..64].copy_from_slice(&src[16 + 64 * (s % 2)..][..64]);
-            out[run + 64 * bn + 4 * r..][..4].copy_from_slice(&src[4 * (s % 2)..][..4]);
         }
     }
     out

@@ -49,8 +49,8 @@ mod ops;
 mod products;
 
 use attention::{JointRows, Nrc};
+pub use layout::tile16;
 use layout::*;
-pub use layout::{head_tiles, tile16};
 
 /// One device allocation; freed (stream-ordered) on drop.
 struct DevMem {
@@ -140,10 +140,6 @@ pub struct CudaWeight {
     half: Option<DevMem>,
     /// `half` is row-major (`shape[0]` halves a row, matrix after matrix), not tiled.
     half_rm: bool,
-    /// A second copy of an output head's Q8_0 rows for [`Path::HeadMmh`] with
-    /// [`Path::HeadTiles`] ([`head_tiles`]): per tile of `head_tile` rows, per 64 values, the
-    /// tile's quants then its scales, one contiguous run the kernel fetches with one bulk copy.
-    head_tiles: Option<DevMem>,
 }
 
 impl WeightInfo for CudaWeight {
@@ -157,7 +153,7 @@ impl WeightInfo for CudaWeight {
         self.mem.bytes
     }
     fn copy_bytes(&self) -> usize {
-        [&self.tiled, &self.half, &self.head_tiles].iter().map(|m| m.as_ref().map_or(0, |t| t.bytes)).sum()
+        self.tiled.as_ref().map_or(0, |t| t.bytes) + self.half.as_ref().map_or(0, |t| t.bytes)
     }
 }
 
@@ -423,14 +419,12 @@ const MMH_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
 const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
 /// The Hopper MoE and output-head kernels (kernels/mmh.cu) with the dynamic shared memory each
 /// is given at start; `CudaBackend::mmh` is whether all got it.
-const MMH_KERNELS: [(&str, usize); 7] = [
+const MMH_KERNELS: [(&str, usize); 5] = [
     ("mmh_gu", MMH_SMEM),
     ("mmh_dn", MMH_SMEM),
     ("mmh8_gu", MMH8_SMEM),
     ("mmh8_dn", MMH8_SMEM),
     ("mmh8_dn200", MMH8_SMEM),
-    ("mmh8_ht200", MMH8_SMEM),
-    ("mmh8_ht256", MMH8_SMEM),
 ];
 /// `mla_out_q8` (kernels/fused.cu): value rows a head (V2's v_head_dim), heads it takes (the
 /// norm adds one row per head), and its dynamic shared memory for `kl` latent values, W_uv rows
@@ -581,8 +575,7 @@ fn add_norm_args((x, xr): (&CudaBuf, Rows), (d, dr): (u64, Rows), w: Option<&Cud
 }
 
 /// A decode batch's product of more rows than this (and one matrix) is taken for the output
-/// head: the head paths ([`Path::HeadBlas`], [`Path::HeadMmh`]) and the head's tiled copy
-/// ([`CudaWeight::head_tiles`]).
+/// head: the head paths ([`Path::HeadBlas`], [`Path::HeadMmh`]).
 const HEAD_ROWS: usize = 8192;
 
 /// Weight rows a tile of [`Path::HeadMmh`]'s launch for a head of `m` rows on `sm` SMs at one
@@ -869,9 +862,6 @@ fn kernel_names() -> Vec<String> {
         "mmh8_gu",
         "mmh8_dn",
         "mmh8_dn200",
-        "mmh8_ht200",
-        "mmh8_ht256",
-        "head_tiles_q8",
         "head_list",
         "moe_gather_h",
         "mla_prefill",
@@ -1030,14 +1020,6 @@ pub enum Path {
     /// 8,081 / 8,071 and 8,089 / 8,081 against 8,066 / 8,067 (+0.1-0.2%, the same picks). Kept
     /// off until measured on an H200, where cuBLAS's f16 copy reads at the card's higher rate.
     HeadMmh,
-    /// With [`Path::HeadMmh`]: the head's Q8_0 rows also uploaded as a tiled copy
-    /// ([`CudaWeight::head_tiles`], made at upload while `HeadMmh` is on: +223 MB for V2-Lite),
-    /// which `mmh8_ht200` / `mmh8_ht256` fetch one bulk copy a stage (13.6 KB for 200 rows)
-    /// where `mmh8_dn*` take TMA boxes of 64 and 16 bytes from rows 2,304 bytes apart (Nsight on
-    /// an H100, sixty-ninth session: those copies alone hold the head launch at 2.0 TB/s). On
-    /// with `HeadMmh`; `TS_CUDA_HEAD_TILES=0` keeps the boxes. Written without a device: its op
-    /// test and speed wait for the next call (tools/gpu/plans/gpu-next225.sh).
-    HeadTiles,
     /// With [`Path::DenseBlasFused`]: a decode batch's q and kv_a products as one cuBLAS product
     /// (their f16 copies side by side, `Backend::join_products`) into scratch `Qkv`, which
     /// `norm_rope_cache` reads (`Backend::norm_qkv_rope_cache`): one launch a layer fewer, and
@@ -1069,7 +1051,7 @@ pub enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 21] = [
+    const ALL: [Path; 20] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1087,7 +1069,6 @@ impl Path {
         Path::QnopeH,
         Path::HeadBlas,
         Path::HeadMmh,
-        Path::HeadTiles,
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
@@ -1113,7 +1094,6 @@ impl Path {
             Path::QnopeH => ("TS_CUDA_QNOPE_H", true),
             Path::HeadBlas => ("TS_CUDA_HEAD_BLAS", true),
             Path::HeadMmh => ("TS_CUDA_HEAD_MMH", false),
-            Path::HeadTiles => ("TS_CUDA_HEAD_TILES", true),
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
@@ -2059,12 +2039,6 @@ impl CudaBackend {
         w.half.as_ref().map(|m| self.read_mem(m)).transpose()
     }
 
-    /// A weight's device rows and its output-head tiled copy read back
-    /// ([`CudaWeight::head_tiles`]), if it has one; for the test of the `head_tiles_q8` kernel.
-    pub fn head_tile_bytes(&self, w: &CudaWeight) -> Result<(Vec<u8>, Option<Vec<u8>>)> {
-        Ok((self.read_mem(&w.mem)?, w.head_tiles.as_ref().map(|m| self.read_mem(m)).transpose()?))
-    }
-
     fn read_mem(&self, m: &DevMem) -> Result<Vec<u8>> {
         let mut v = vec![0u8; m.bytes];
         self.stream.synchronize().map_err(|e| dev_err("synchronize", e))?;
@@ -2797,34 +2771,6 @@ mod tests {
         // 32 sequences: 4 splits up to 512 keys, then 8.
         assert_eq!(super::tc_batch_splits(132, 32, 128, Some(511)), 4);
         assert_eq!(super::tc_batch_splits(132, 32, 128, Some(512)), 8);
-    }
-
-    /// The head's tiled copy: each (tile, stage) run holds the tile's rows' 64 quants of the
-    /// stage, then their two scales; rows past the matrix are zeros; the size is
-    /// `head_tiles_bytes`.
-    #[test]
-    fn head_tiles_place_every_stage() {
-        let (rb, rows, bn) = (2 * 144, 5, 4);
-        let data: Vec<u8> = (0..rows * rb).map(|i| (i * 7 % 251) as u8 | 1).collect();
-        let t = super::head_tiles(&data, rb, rows, bn);
-        assert_eq!(t.len(), super::head_tiles_bytes(rb, rows, bn));
-        let stages = 4;
-        for tile in 0..2 {
-            for s in 0..stages {
-                let run = &t[(tile * stages + s) * bn * super::HEAD_TILE_ROW..][..bn * super::HEAD_TILE_ROW];
-                for r in 0..bn {
-                    let row = tile * bn + r;
-                    let (q, d) = (&run[64 * r..][..64], &run[64 * bn + 4 * r..][..4]);
-                    if row < rows {
-                        let g = &data[row * rb + s / 2 * 144..];
-                        assert_eq!(q, &g[16 + 64 * (s % 2)..][..64], "quants row {row} stage {s}");
-                        assert_eq!(d, &g[4 * (s % 2)..][..4], "scales row {row} stage {s}");
-                    } else {
-                        assert!(q.iter().chain(d).all(|&b| b == 0), "padding row {row} stage {s}");
-                    }
-                }
-            }
-        }
     }
 
     /// The output head's tiles: V2-Lite's 102,400 rows on 132 SMs take 200 (4 waves of 200 rows,

@@ -113,7 +113,6 @@ impl Backend for CudaBackend {
                 tiled: None,
                 half: None,
                 half_rm: false,
-                head_tiles: None,
             });
         }
         let data = repack(t.dtype, t.data, ne0);
@@ -192,40 +191,7 @@ impl Backend for CudaBackend {
         } else {
             None
         };
-        // The output head's tiled copy for Path::HeadMmh (with Path::HeadTiles): a 2-D Q8_0
-        // matrix of more than HEAD_ROWS rows whose rows the head's tiles divide, where the copy
-        // budget has room (`tile_fits`, like every second layout). Without room the head keeps
-        // the row-major rows (the same bits, only slower). (The head is uploaded first: on a card
-        // whose budget cannot hold every copy, its 223 MB drop one of the last layers' copies, so
-        // a like-for-like comparison with the tiles off needs a budget that holds them all; on an
-        // H100, TS_CUDA_MOE_TILED=0: seventieth session.)
-        let bn = self.head_tile_rows(rows);
-        let head_tiles = if usage == WeightUse::Matmul
-            && t.dtype == GgmlType::Q8_0
-            && t.shape.len() == 2
-            && rows > HEAD_ROWS
-            && ne0 % 128 == 0
-            && bn != 0
-            && self.mmh
-            && self.path_on(Path::HeadMmh)
-            && self.path_on(Path::HeadTiles)
-            && self.tile_fits(head_tiles_bytes(row_bytes, rows, bn))
-        {
-            match self.alloc_mem(head_tiles_bytes(row_bytes, rows, bn), &format!("tensor '{}' (head tiles)", t.name)) {
-                Ok(ht) => {
-                    let total = rows.div_ceil(bn) * bn * (row_bytes / 144 * 2);
-                    let blocks = total.div_ceil(256).min(65_536) as u32;
-                    let args = [A::P(mem.ptr), A::P(ht.ptr), l(rows), l(row_bytes / 144), i(bn), l(total)];
-                    self.launch("head_tiles_q8", (blocks, 1, 1), 256, 0, &args);
-                    Some(ht)
-                }
-                Err(BackendError::OutOfMemory { .. }) => None,
-                Err(e) => return Err(e),
-            }
-        } else {
-            None
-        };
-        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled, half, half_rm, head_tiles })
+        Ok(CudaWeight { dtype: t.dtype, shape: t.shape.to_vec(), mem, row_bytes, tiled, half, half_rm })
     }
 
     fn upload_rope(&self, spec: &RopeSpec) -> Result<CudaRope> {

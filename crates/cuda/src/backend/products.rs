@@ -541,12 +541,13 @@ impl CudaBackend {
         self.tma_2d(ptr, (row_bytes, 1, rows), (box_x, box_rows), false)
     }
 
-    /// A decode batch's output head on `mmh8_dn` or `mmh8_dn200` ([`Path::HeadMmh`]), or from
-    /// the head's tiled copy on `mmh8_ht200` / `mmh8_ht256` where it has one ([`Path::HeadTiles`]):
-    /// `out` rows = `w` times the rows `xr` (in f16), its `m` rows in tiles of `head_tile` rows, the
+    /// A decode batch's output head on `mmh8_dn` or `mmh8_dn200` ([`Path::HeadMmh`]): `out`
+    /// rows = `w` times the rows `xr` (in f16), its `m` rows in tiles of `head_tile` rows, the
     /// batch as one expert's list of at most 128 tokens (`head_list` into the MoE's `Cnt`, `Off`
     /// and `Perm` scratch, unused between layers' MoEs). False (nothing launched) where the
-    /// shapes or the output's layout do not fit. The caller holds `scratch_op`.
+    /// shapes or the output's layout do not fit. The caller holds `scratch_op`. (A tiled copy of
+    /// the head read one bulk copy a stage, seventieth session: the launch 159 -> 145 us on an
+    /// H100, the 64-sequence step level like for like, +223 MB; removed.)
     pub(super) fn head_mmh(&self, x: &CudaBuf, xr: Rows, w: &CudaWeight, out: &CudaBuf, o: Rows) -> bool {
         let (n, k, m) = (xr.n, xr.width, w.ne(1));
         let bn = self.head_tile_rows(m);
@@ -558,28 +559,18 @@ impl CudaBackend {
             return false;
         };
         let Some(xh) = self.f16_input(x, xr) else { return false };
-        let Some(th) = self.tma_f16(xh, k, n, MMH_BM as u32) else { return false };
-        let y = out.0.ptr + 4 * o.off as u64;
-        let grid = ((m / bn) as u32, 1, 1);
-        // The tiled copy where there is one, else the row-major rows through two TMA maps.
-        let tiles = w.head_tiles.as_ref().filter(|_| self.path_on(Path::HeadTiles));
-        let maps = match tiles {
-            Some(_) => None,
-            None => match (self.tma_u8(w.mem.ptr, w.row_bytes, m, 64, bn as u32), self.tma_u8(w.mem.ptr, w.row_bytes, m, 16, bn as u32)) {
-                (Some(dq), Some(ds)) => Some((dq, ds)),
-                _ => return false,
-            },
+        let (Some(th), Some(dq), Some(ds)) = (
+            self.tma_f16(xh, k, n, MMH_BM as u32),
+            self.tma_u8(w.mem.ptr, w.row_bytes, m, 64, bn as u32),
+            self.tma_u8(w.mem.ptr, w.row_bytes, m, 16, bn as u32),
+        ) else {
+            return false;
         };
         self.launch("head_list", (1, 1, 1), 128, 0, &[i(n), A::P(cnt), A::P(off), A::P(perm)]);
-        let rest = [A::P(cnt), A::P(off), A::P(perm), i(1), i(m), i(k), A::P(y)];
-        if let Some(t) = tiles {
-            let args: [A; 9] = cat([A::T(&th), A::P(t.ptr)], rest);
-            self.launch(if bn == 200 { "mmh8_ht200" } else { "mmh8_ht256" }, grid, 384, MMH8_SMEM as u32, &args);
-            self.took(Path::HeadTiles);
-        } else if let Some((dq, ds)) = &maps {
-            let args: [A; 10] = cat([A::T(&th), A::T(dq), A::T(ds)], rest);
-            self.launch(if bn == 200 { "mmh8_dn200" } else { "mmh8_dn" }, grid, 384, MMH8_SMEM as u32, &args);
-        }
+        let y = out.0.ptr + 4 * o.off as u64;
+        let args = [A::T(&th), A::T(&dq), A::T(&ds), A::P(cnt), A::P(off), A::P(perm), i(1), i(m), i(k), A::P(y)];
+        let kernel = if bn == 200 { "mmh8_dn200" } else { "mmh8_dn" };
+        self.launch(kernel, ((m / bn) as u32, 1, 1), 384, MMH8_SMEM as u32, &args);
         self.took(Path::HeadMmh);
         true
     }
