@@ -419,13 +419,8 @@ const MMH_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
 const MMH8_SMEM: usize = 3 * ((128 + 256) * 128 + 256 * (64 + 16)) + 1024;
 /// The Hopper MoE and output-head kernels (kernels/mmh.cu) with the dynamic shared memory each
 /// is given at start; `CudaBackend::mmh` is whether all got it.
-const MMH_KERNELS: [(&str, usize); 5] = [
-    ("mmh_gu", MMH_SMEM),
-    ("mmh_dn", MMH_SMEM),
-    ("mmh8_gu", MMH8_SMEM),
-    ("mmh8_dn", MMH8_SMEM),
-    ("mmh8_dn200", MMH8_SMEM),
-];
+const MMH_KERNELS: [(&str, usize); 5] =
+    [("mmh_gu", MMH_SMEM), ("mmh_dn", MMH_SMEM), ("mmh8_gu", MMH8_SMEM), ("mmh8_dn", MMH8_SMEM), ("mmh8_dn200", MMH8_SMEM)];
 /// `mla_out_q8` (kernels/fused.cu): value rows a head (V2's v_head_dim), heads it takes (the
 /// norm adds one row per head), and its dynamic shared memory for `kl` latent values, W_uv rows
 /// of `uv_row_bytes` and `r` rows of W_o: the W_uv and W_o slices, the 8 warps' merge sums, the
