@@ -7,13 +7,7 @@ set -u
 B=$1
 source "$(dirname "$0")/lib.sh"
 export TS_RUN_LIMIT=100
-if ! is_h200; then
-  stamp "== not an H200: nothing to measure here"
-  exit 0
-fi
-q8_ready
-stamp "== synthesised"
-issue6_server
-stamp "== tg128"
-young 300 && b "" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+is_h200 || { stamp "== not an H200: nothing to measure here"; exit 0; }
+q8_bg
+h200_first tg128
 stamp "== done"
