@@ -2106,7 +2106,7 @@ impl CudaBackend {
 
     /// Weight rows a tile of [`Path::HeadMmh`]'s launch for a head of `m` rows on this card
     /// (`head_tile`: 256 or 200; 0 where neither divides `m`).
-    pub fn head_tile_rows(&self, m: usize) -> usize {
+    fn head_tile_rows(&self, m: usize) -> usize {
         head_tile(m, self.sm_count, self.head_bn)
     }
 
