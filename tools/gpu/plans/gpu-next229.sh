@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# For a session after the seventy-first (gpu-next227's H200 steps, which it replaces): on an H200, issue 6's figure (the server, 64
-# clients, 45 s, the defaults) then tg128 (issue 5's), ~4 minutes; on any other card the one op
-# test the session's full `ops_vs_cpu` run on an H100 did not reach in its 150 s
-# (`pre_routed_moe_exact`), at most 120 s.
+# For a session after the seventy-first (it replaces gpu-next227's H200 steps): on an H200,
+# issue 6's figure (the server, 64 clients, 45 s, the defaults) then tg128 (issue 5's), ~4
+# minutes; on any other card the one op test the seventy-first session's full `ops_vs_cpu` run
+# on an H100 did not reach in its 150 s (`pre_routed_moe_exact`), at most 120 s.
 #   tools/gpu/plans/gpu-next229.sh .dev/turbospark > $OUT/log.txt 2>&1
 set -u
 B=$1
