@@ -1137,8 +1137,7 @@ __device__ __forceinline__ void gu_row_dot(const u8* wg, const u8* wu, const u8*
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
-                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr,
-                                                    u8* qloc = nullptr) {
+                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr) {
     const int ks = k + nsh;
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1194,9 +1193,7 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
         float v = glu[lane];
         v *= wsl;
         // (bx & 3: this block's Q8_0 block within its 128-value group)
-        // (qloc, moe_sh_q8_sk: the block's own shared words, as block 0 of a group.)
-        if (qloc) quant_block32_store(v, lane, qloc, 0);
-        else quant_block32_store(v, lane, hq + (i64)P * hrow + (i64)(bx >> 2) * 144, bx & 3);
+        quant_block32_store(v, lane, hq + (i64)P * hrow + (i64)(bx >> 2) * 144, bx & 3);
     }
 }
 // Eight warps of four rows each: 16 warps of two rows (two blocks an SM, so 264 of the 352
@@ -1281,131 +1278,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
         __syncthreads();  // the shared words are the next item's
     }
     pdl_wait();  // a block with no item still waits (it must not end before its predecessor)
-}
-
-// ---- The one-token decode MoE in one launch by split K (Path::MoeSplitK) ----------------------
-// moe_gateup_sh_q8q's grid and units: block (bx, y) computes the 32 GLU values of rows
-// [32 bx, 32 bx + 32) of slot s (moe_slot_of_block) and quantises them (times the slot's router
-// weight) into its own shared memory: the same Q8_0 block moe_down_sh_q8 would read as input
-// block bx. Then, instead of a down launch that waits for the whole gate/up grid, the block
-// multiplies that one input block into every output row: for each row r of the slot's down
-// matrix, its Q8_0 block bx (32 quants, one scale) . the block, a partial sum of y[r] over K.
-// The ks * m / 32 blocks' partials of each row go into acc, a row of int64 fixed-point values
-// (MSK_FRAC fraction bits) by red.add: integer sums do not depend on their order, so the result
-// is the same bits whichever order the blocks run in (f32 atomics would not be). The last block
-// to finish (a ticket in done[0], after each thread's fence) turns acc into floats, adds them
-// to the residual row (radd) or stores them, and zeroes acc and the ticket for the next launch.
-// A partial that is not finite sets done[1] and the row comes out NaN, as a float sum would.
-// What it saves against the two launches (gate/up then down): the down launch's ramp, its wait
-// for the gate/up grid's last block and its own tail; what it costs: 2,048 reds a block and the
-// last block's conversion (docs/PERF.md, seventy-second session). One token (t = 0) only.
-// MSK_PF (a measurement define, 0): each block first asks L2 for its down rows' 32-byte pieces
-// (prefetch.global.L2; routed slots after the PDL wait, which the unit's own wait then finds
-// passed), so their DRAM trip overlaps the gate/up stream.
-#ifndef MSK_FRAC
-#define MSK_FRAC 28
-#endif
-#ifndef MSK_PF
-#define MSK_PF 0
-#endif
-// MSK_KO (a knockout define, wrong results: only for timing): 1 skips the reds (the loads and
-// products stay), 2 skips the whole down share (the gate/up units alone).
-#ifndef MSK_KO
-#define MSK_KO 0
-#endif
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
-    moe_sh_q8_sk(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
-                 const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
-                 const u8* Wd, i64 drow_bytes, i64 dmat_bytes, int hdim, const u8* Sd, i64 srow_bytes, float* out,
-                 i64 ooff, long long* acc, unsigned* done, int radd) {
-    __shared__ float glu[GU_ROWS];
-    __shared__ __align__(16) u8 qb[48];  // the unit's input block: scale at 0, quants at 16
-    __shared__ unsigned last;
-    int t, s;
-    moe_slot_of_block(k, nsh, &t, &s);
-    const int bx = blockIdx.x, j = bx & 3;
-    const i64 go = (i64)(bx >> 2) * 144;
-    // The slot's down rows: block bx of row r at Wb + r * rs + go (scale at 2j, quants at 16 + 32j).
-    auto down_base = [&](bool& zero) -> const u8* {
-        if (s < k) {
-            const int e = sel_e[t * k + s];
-            zero = e < 0;
-            return Wd + (i64)max(e, 0) * dmat_bytes;
-        }
-        zero = false;
-        return Sd + (i64)(s - k) * drow_bytes;
-    };
-    const i64 rs = s < k ? drow_bytes : srow_bytes;
-    if (MSK_PF) {
-        if (s < k) pdl_wait();
-        bool z;
-        const u8* Wb = down_base(z);
-        if (!z)
-            for (int r = threadIdx.x; r < hdim; r += GQ_THREADS)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(Wb + (i64)r * rs + go + 16 + 32 * j));
-    }
-    moe_gateup_q8q_unit(bx, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq, xrow, act,
-                        nullptr, 0, glu, nullptr, qb);
-    __syncthreads();
-    bool zero;
-    const u8* Wb = down_base(zero);
-    long long* at = acc + (i64)t * hdim;
-    bool bad = false;
-    float ko = 0.f;
-    if (!zero && MSK_KO != 2) {
-        const uint4 xa = *(const uint4*)(qb + 16), xb = *(const uint4*)(qb + 32);
-        const float dx = h2f(*(const u16*)qb);
-        for (int r0 = threadIdx.x; r0 < hdim; r0 += 4 * GQ_THREADS) {
-            uint4 wa[4], wb[4];
-            float dw[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int r = r0 + u * GQ_THREADS;
-                wa[u] = wb[u] = make_uint4(0u, 0u, 0u, 0u);
-                dw[u] = 0.f;
-                if (r < hdim) {
-                    const u8* p = Wb + (i64)r * rs + go;
-                    wa[u] = ldw16(p + 16 + 32 * j);
-                    wb[u] = ldw16(p + 32 + 32 * j);
-                    dw[u] = ldw_scale(p + 2 * j);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int r = r0 + u * GQ_THREADS;
-                if (r < hdim) {
-                    const float v = (float)(dot16v(wa[u], xa) + dot16v(wb[u], xb)) * (dw[u] * dx);
-                    if (MSK_KO) {
-                        ko += v;
-                        continue;
-                    }
-                    bad |= !(fabsf(v) < (float)(1 << 24));  // also NaN; 1,024 blocks stay under 2^63
-                    const long long q = __float2ll_rn(v * (float)(1ll << MSK_FRAC));
-                    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(at + r), "l"(q) : "memory");
-                }
-            }
-        }
-    }
-    if (MSK_KO && ko == 1234.5f) bad = true;  // (keeps the knocked-out products' loads)
-    if (bad) atomicOr(done + 1, 1u);
-    __threadfence();  // this thread's reds before the ticket
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const bool nan = __ldcg(done + 1) != 0u;
-    for (int r = threadIdx.x; r < hdim; r += GQ_THREADS) {
-        const long long a = (long long)atomicExch((unsigned long long*)(at + r), 0ull);
-        const float v = nan ? __int_as_float(0x7fc00000) : (float)((double)a * (1.0 / (double)(1ll << MSK_FRAC)));
-        float* o = out + ooff + r;
-        *o = radd ? *o + v : v;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        done[0] = 0u;
-        done[1] = 0u;
-    }
 }
 
 // ---- The MLA decode's output side in one launch (Backend::mla_attention_out, one token) ---------

@@ -190,7 +190,6 @@ fn weight_loads_stay_before_the_pdl_wait() {
     }
     let must = [
         "moe_gateup_sh_q8q",
-        "moe_sh_q8_sk",
         "moe_gateup_sh_f16",
         "moe_gateup_sh_bf16",
         "moe_down_sh_q8",

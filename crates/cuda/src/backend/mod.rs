@@ -359,13 +359,8 @@ enum S {
     /// (`[n, q + kv_a]` f32, [`Path::QkvJoint`]), read by `norm_rope_cache` in place of the
     /// model's `q` and `kv` buffers.
     Qkv,
-    /// The one-token split-K MoE's output row in fixed point (`moe_sh_q8_sk`: `hdim` int64s of
-    /// 2^-28, [`Path::MoeSplitK`]) and its two words (the blocks' ticket, a non-finite flag);
-    /// zero between launches (its last block resets them).
-    SkAcc,
-    SkDone,
 }
-const N_SCRATCH: usize = 33;
+const N_SCRATCH: usize = 31;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -809,7 +804,6 @@ fn kernel_names() -> Vec<String> {
         "mla_out_bf16",
         "mla_out_f16",
         "moe_sh_q8_one",
-        "moe_sh_q8_sk",
         "rope_copy_rows",
         "norm_rope_cache",
         "mla_rope_absorb_1",
@@ -1049,19 +1043,10 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
-    /// The one-token Q8_0 decode MoE in one launch by split K (`moe_sh_q8_sk`): each gate/up
-    /// block (32 GLU values of one slot, quantised in its shared memory as one Q8_0 input block
-    /// of the down product) multiplies its block into every output row itself and adds the
-    /// partials by integer red.add into a fixed-point row (2^-28; order-free, so the same bits
-    /// whatever order the blocks run in); the last block adds the row to the residual. No down
-    /// launch: no wait for the gate/up grid's last block, no second ramp and tail. Another
-    /// summation order than `moe_down_sh_q8`: other bits. Off; `TS_CUDA_MOE_SPLITK=1` turns it
-    /// on (written in the seventy-second session, to be measured).
-    MoeSplitK,
 }
 
 impl Path {
-    const ALL: [Path; 21] = [
+    const ALL: [Path; 20] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1082,7 +1067,6 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
-        Path::MoeSplitK,
     ];
 
     /// Its environment variable and its default.
@@ -1108,7 +1092,6 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
-            Path::MoeSplitK => ("TS_CUDA_MOE_SPLITK", false),
         }
     }
 

@@ -646,32 +646,13 @@ impl CudaBackend {
             self.launch("moe_sh_q8_one", (items.min(cap) as u32, 1, 1), 256, 0, &args);
             return true;
         }
-        // One token, Path::MoeSplitK: the down product by split K inside the gate/up launch,
-        // each block's partials summed in fixed point (moe_sh_q8_sk), no down launch.
-        if n == 1 && self.path_on(Path::MoeSplitK) && ks * ff / 32 <= 1024 {
-            let Some(acc) = self.scratch(S::SkAcc, 8 * hdim) else { return true };
-            let Some(done) = self.scratch(S::SkDone, 8) else { return true };
-            self.took(Path::MoeSplitK);
-            let head: [A; 15] = moe_gateup_args(&experts, &shared, (ff, hdim, k, nsh), (sel_e, sel_w), [A::P(xq), l(xrow), A::I(act)]);
-            let args: [A; 26] = cat(
-                head,
-                [
-                    A::P(dw.mem.ptr),
-                    l(dw.row_bytes),
-                    l(dw.mat_bytes()),
-                    i(hdim),
-                    A::P(shared.down.mem.ptr),
-                    l(shared.down.row_bytes),
-                    A::P(out.0.ptr),
-                    l(o.off),
-                    A::P(acc),
-                    A::P(done),
-                    A::I(radd as i32),
-                ],
-            );
-            self.launch("moe_sh_q8_sk", ((ff / 32) as u32, ks as u32, 1), 256, 0, &args);
-            return true;
-        }
+        // (The down product by split K inside the gate/up launch, no down launch: each block
+        // multiplied its 32 quantised GLU values into every output row and added the partials by
+        // integer reds into a fixed-point row, the same bits run to run; Path::MoeSplitK,
+        // moe_sh_q8_sk. Correct, but slower on an H100 in the seventy-second session: tg128
+        // 505.9 / 507.1 against 629.6 / 629.5, the launch 46.4 us a layer against 20.6 + 11.0
+        // for the two; 720,896 64-bit reds a layer on 16 KB, and down rows read one a lane.
+        // Removed; commit b8e1a00 has it, docs/PERF.md the figures.)
         // Gate/up with the GLU output quantised in the kernel (32 rows per block).
         // (Each warp's rows 2 and 3 staged in shared memory by cp.async with row 0's loads,
         // three blocks an SM: tg128 650.9 against 709.1 on the H200, docs/PERF.md, session 30;
