@@ -6,6 +6,8 @@
 # the file is made, then tg128 with the path off / on / on with MSK_PF=1 (the down rows asked
 # into L2 first), alternating, and a trace of each form (~7 minutes on an H100).
 #   tools/gpu/plans/gpu-next230.sh .dev/turbospark > $OUT/log.txt 2>&1
+# (Ran once, from 030dda0, on an H100: the path lost 20% and was removed; commit b8e1a00 has it,
+# so this plan runs only on that commit's binaries. docs/PERF.md, seventy-second session.)
 set -u
 B=$1
 OPS=${OPS:-.dev/ops_vs_cpu}
