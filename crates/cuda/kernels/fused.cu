@@ -878,6 +878,131 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
     moe_down_sh_q8_impl<4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
                            ostride, radd);
 }
+// ---- One token's Q8_0 down product by (row tile, slot): Path::DownSlot -------------------------
+// moe_down_sh_q8 gives a block 4 output rows and reads them from all ks slots' matrices: ks short
+// runs of ~6 KB a block, and it reads at ~2.3-2.5 TB/s where the gate/up launch, whose blocks
+// read 2 runs of 17 KB, reads faster. Here block (x, s) takes 8 * RW consecutive rows of slot s
+// alone (one run of 8 * RW rows, as a gate/up block reads), a warp RW rows; its first U pieces a
+// lane (V2-Lite: 88 pieces a row, 3 a lane, so all of them) are asked for before the PDL wait.
+// Each warp's row sums go to the slot's partial row (parts: [ks, m] f32 a token); the last of a
+// row tile's ks blocks (its ticket word in tick, zero between launches: that block resets it)
+// adds the tile's ks partial rows in slot order, and the residual when radd, so the bits do not
+// depend on the order the blocks run in (another summation order than moe_down_sh_q8's).
+template <int RW, int U>
+__device__ __forceinline__ void moe_down_slot_q8_impl(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k,
+                                                      const int* sel_e, const u8* Sd, i64 srow_bytes, int nsh,
+                                                      const u8* hq, i64 hrow, float* out, i64 ooff, i64 ostride,
+                                                      int radd, float* parts, unsigned* tick) {
+    pdl_trigger();
+    __shared__ unsigned last;
+    const int s = blockIdx.y, t = blockIdx.z, ks = k + nsh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int TR = GQ_WARPS * RW;
+    const int r0 = blockIdx.x * TR + warp * RW;
+    const int np = 2 * (kdim >> 5);
+    // (The ids were written two launches back: past L1, before the wait, as moe_down_unit.)
+    const int e = s < k ? max(__ldcg(sel_e + t * k + s), 0) : 0;
+    const u8* wb[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const i64 row = min(r0 + r, m - 1);
+        wb[r] = s < k ? Wd + e * mat_bytes + row * row_bytes : Sd + row * srow_bytes + (i64)(s - k) * row_bytes;
+    }
+    const u8* xr = hq + ((i64)t * ks + s) * hrow;
+    // Piece p (16 quants: half of block p / 2): its quants' and its scale's offsets in a row.
+    auto place = [](int p, int& qo, int& so) {
+        const int b = p >> 1, go = (b >> 2) * 144;
+        qo = go + 16 + 32 * (b & 3) + 16 * (p & 1);
+        so = go + 2 * (b & 3);
+    };
+    float acc[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) acc[r] = 0.f;
+    auto round = [&](int p0, bool early) {
+        uint4 q[RW][U], x[U];
+        float dw[RW][U], dx[U];
+        if (early) {
+            // The weights in a branch of their own, so that ptxas keeps them above the wait.
+            if (p0 < np) {
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    int qo, so;
+                    place(p0 + 32 * u, qo, so);
+#pragma unroll
+                    for (int r = 0; r < RW; r++) {
+                        q[r][u] = p0 + 32 * u < np ? ldw16(wb[r] + qo) : make_uint4(0u, 0u, 0u, 0u);
+                        dw[r][u] = p0 + 32 * u < np ? ldw_scale(wb[r] + so) : 0.f;
+                    }
+                }
+            }
+            pdl_wait();
+            if (p0 >= np) return;
+        } else {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int qo, so;
+                place(p0 + 32 * u, qo, so);
+#pragma unroll
+                for (int r = 0; r < RW; r++) {
+                    q[r][u] = p0 + 32 * u < np ? ldw16(wb[r] + qo) : make_uint4(0u, 0u, 0u, 0u);
+                    dw[r][u] = p0 + 32 * u < np ? ldw_scale(wb[r] + so) : 0.f;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int qo, so;
+            place(p0 + 32 * u, qo, so);
+            x[u] = p0 + 32 * u < np ? *(const uint4*)(xr + qo) : make_uint4(0u, 0u, 0u, 0u);
+            dx[u] = p0 + 32 * u < np ? h2f(*(const u16*)(xr + so)) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < RW; r++) acc[r] += (float)dot16v(q[r][u], x[u]) * (dw[r][u] * dx[u]);
+    };
+    round(lane, true);
+    for (int p0 = lane + 32 * U; p0 < np; p0 += 32 * U) round(p0, false);
+    float* pr = parts + (i64)t * ks * m + (i64)s * m;
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && r0 + r < m) pr[r0 + r] = v;
+    }
+    // The row tile's ticket: the last of its ks blocks adds the partial rows.
+    __syncthreads();
+    unsigned* tk = tick + (i64)t * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(tk, 1u) == (unsigned)(ks - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int row = blockIdx.x * TR + threadIdx.x;
+    if (threadIdx.x < TR && row < m) {
+        const float* p0 = parts + (i64)t * ks * m + row;
+        float v = __ldcg(p0);
+        for (int j = 1; j < ks; j++) v += __ldcg(p0 + (i64)j * m);
+        float* o = out + ooff + (i64)t * ostride + row;
+        *o = radd ? *o + v : v;
+    }
+    if (threadIdx.x == 0) *tk = 0u;
+}
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
+    moe_down_slot_q8(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
+                     const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
+                     i64 ostride, int radd, float* parts, unsigned* tick) {
+    moe_down_slot_q8_impl<1, 4>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
+                                ostride, radd, parts, tick);
+}
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MIN_BLOCKS)
+    moe_down_slot_q8_r2(const u8* Wd, i64 row_bytes, i64 mat_bytes, int m, int kdim, int k, const int* sel_e,
+                        const u8* Sd, i64 srow_bytes, int nsh, const u8* hq, i64 hrow, float* out, i64 ooff,
+                        i64 ostride, int radd, float* parts, unsigned* tick) {
+    moe_down_slot_q8_impl<2, 3>(Wd, row_bytes, mat_bytes, m, kdim, k, sel_e, Sd, srow_bytes, nsh, hq, hrow, out, ooff,
+                                ostride, radd, parts, tick);
+}
 // ---- MoE decode with the shared experts folded in, f16/bf16 experts (Backend::moe_shared) --------
 // The same slots and block order as moe_gateup_sh_q8q / moe_down_sh_q8, for 16-bit float weights
 // with 16-byte aligned rows of a multiple of 8 values and f32 activations (16-byte aligned): a

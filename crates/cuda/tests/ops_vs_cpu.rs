@@ -2684,6 +2684,85 @@ fn moe_residual_exact() {
     rep.finish();
 }
 
+/// [`Path::DownSlot`] (`moe_down_slot_q8`, `_r2`: the Q8_0 decode MoE's down product by (row
+/// tile, slot), each tile's last block adding the slots' partial rows): V2-Lite's expert shapes
+/// and three small ones (one with three rounds of pieces a lane), one and three tokens, both row counts a warp, three rounds each (each
+/// launch must leave its tickets zeroed for the next). Into a buffer and into the residual,
+/// against the two launches on a backend with the path off (another summation order: within the
+/// fused kernels' bar) and against f64; the same bits when run again; and the path counted where
+/// taken.
+#[test]
+fn moe_down_slot() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    let on = &CudaBackend::new(0).expect("second backend");
+    on.set_path(Path::DownSlot, true);
+    let off = &CudaBackend::new(0).expect("third backend");
+    off.set_path(Path::DownSlot, false);
+    let mut r = rng(74);
+    let mut rep = Report::new("moe_down_slot");
+    let mut runs = 0u64;
+    for &(hdim, ff, ne, k, nsh) in
+        &[(2048usize, 1408usize, 64usize, 6usize, 2usize), (512, 256, 16, 4, 1), (288, 640, 8, 8, 3), (256, 4352, 8, 4, 1)]
+    {
+        let sf = nsh * ff;
+        let shapes: [Vec<usize>; 6] =
+            [vec![hdim, ff, ne], vec![hdim, ff, ne], vec![ff, hdim, ne], vec![hdim, sf], vec![hdim, sf], vec![sf, hdim]];
+        let ws: Vec<(Vec<u8>, Vec<f32>)> = shapes.iter().map(|s| weight(&mut r, GgmlType::Q8_0, s, 0.3)).collect();
+        let up = |b: &CudaBackend, i: usize| b.upload_weight(&td("w", GgmlType::Q8_0, &shapes[i], &ws[i].0), WeightUse::Matmul).unwrap();
+        let (ke, ks) = ([up(on, 0), up(on, 1), up(on, 2)], [up(on, 3), up(on, 4), up(on, 5)]);
+        let (fe, fs) = ([up(off, 0), up(off, 1), up(off, 2)], [up(off, 3), up(off, 4), up(off, 5)]);
+        let p = MoeParams::top_k(ne, k);
+        for (round, &(n, rw)) in [(1usize, 1usize), (1, 2), (3, 1), (3, 2)].iter().enumerate() {
+            on.set_down_slot_rw(rw);
+            let hr = Rows { off: 2, n, width: hdim, stride: hdim + 2 };
+            let o = Rows { off: 1, n, width: hdim, stride: hdim + 1 };
+            let lr = Rows::packed(n, ne);
+            let (h, x, lg) = (randn(&mut r, hr.end(), 1.0), randn(&mut r, o.end(), 1.0), randn(&mut r, n * ne, 2.0));
+            let lab = format!("H={hdim} ff={ff} E={ne} k={k} shared={nsh} n={n} rows a warp {rw} round {round}");
+            // Into a buffer: on twice, off once.
+            let mut outs = Vec::new();
+            for (b, e, s) in [(on, &ke, &ks), (on, &ke, &ks), (off, &fe, &fs)] {
+                let (bh, bl, bo) = (buf(b, &h), buf(b, &lg), b.alloc(o.end()).unwrap());
+                poison(b, &bo, o.end());
+                if !b.moe_shared(&bh, hr, &bl, lr, experts3(e), experts3(s), &p, &bo, o) {
+                    rep.failures.push(format!("{lab}: moe_shared declined"));
+                }
+                outs.push(get(b, &bo, o));
+            }
+            rep.check(&format!("{lab} by slot again (exact)"), &outs[0], &outs[1], 0.0, 0.0);
+            rep.check(&format!("{lab} by slot vs by rows"), &outs[0], &outs[2], 5e-3, 1e-3);
+            let mut exact = moe_f64(&h, hr, &lg, lr, [&ws[0].1, &ws[1].1, &ws[2].1], hdim, ff, &p);
+            add_shared_f64(&mut exact, &h, hr, [&ws[3].1, &ws[4].1, &ws[5].1], hdim, sf, p.glu);
+            rep.check(&format!("{lab} by slot vs f64"), &outs[0], &exact, 6.5e-2, 1e-3);
+            runs += 2;
+            // Into the residual (one token: the only place it is taken): on against off.
+            if n == 1 {
+                let full = Rows::packed(1, o.end());
+                let mut xs = Vec::new();
+                for (b, e, s) in [(on, &ke, &ks), (off, &fe, &fs)] {
+                    b.set_moe_residual(true);
+                    let (bh, bl, bx) = (buf(b, &h), buf(b, &lg), buf(b, &x));
+                    if !b.moe_shared_residual(&bh, hr, &bl, lr, experts3(e), experts3(s), &p, &bx, o) {
+                        rep.failures.push(format!("{lab}: moe_shared_residual declined"));
+                    }
+                    xs.push(get(b, &bx, full));
+                }
+                rep.check(&format!("{lab} x + moe, by slot vs by rows"), &xs[0], &xs[1], 5e-3, 1e-3);
+                runs += 1;
+            }
+        }
+    }
+    if on.path_launches(Path::DownSlot) != runs || off.path_launches(Path::DownSlot) != 0 {
+        rep.failures.push(format!(
+            "by-slot launches: {} with the path on (expected {runs}), {} with it off",
+            on.path_launches(Path::DownSlot),
+            off.path_launches(Path::DownSlot)
+        ));
+    }
+    rep.finish();
+}
+
 /// Routed experts plus a shared FFN on one backend: `moe_shared` when `try_fused` and the backend
 /// takes it, else moe + the shared FFN with plain ops + add. Returns whether moe_shared ran.
 #[allow(clippy::too_many_arguments)]
