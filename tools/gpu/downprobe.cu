@@ -16,6 +16,8 @@
 //   b_slotr / q_slotr  the same, the partials added by red.add.u64 into a fixed-point row
 //                   (2^-28, order-free bits; what a real kernel would need to sum the slots).
 //   stream          the same 8 matrices read by plain 16-byte loads, 8 in flight (the ceiling).
+//   stream N        N bf16 matrices (5.8 MB each) the same way, N = 1 to 16: what a launch of
+//                   that many bytes costs, back to back (its fixed cost and its marginal rate).
 //   nvcc -O3 -arch=sm_90 -o /tmp/downprobe tools/gpu/downprobe.cu && /tmp/downprobe
 #include <cstdio>
 #include <cstdint>
@@ -210,8 +212,8 @@ __global__ void __launch_bounds__(256, 4) q_slot(const u8* W, const int* sel, co
 }
 
 // ---- the ceiling: the same 8 matrices, plain 16-byte loads, 8 in flight a thread ----
-__global__ void __launch_bounds__(256) stream(const u8* W, const int* sel, i64 mat, float* out) {
-    const unsigned words = (unsigned)(mat / 16), n = S * words, step = gridDim.x * blockDim.x;
+__global__ void __launch_bounds__(256) stream(const u8* W, const int* sel, i64 mat, float* out, int ns = S) {
+    const unsigned words = (unsigned)(mat / 16), n = ns * words, step = gridDim.x * blockDim.x;
     unsigned acc = 0;
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 8 * step) {
         uint4 v[8];
@@ -284,6 +286,19 @@ int main() {
     rep("q8 cur (3 blocks/SM)", qb, timeit([&](int it) { q_cur<3><<<M / 4, 256>>>(Wq, sel + it * S, hq, out); }));
     rep("q8 slot (stores)", qb, timeit([&](int it) { q_slot<false><<<dim3(M / 8, S), 256>>>(Wq, sel + it * S, hq, out, fx); }));
     rep("q8 slot (red.u64)", qb, timeit([&](int it) { q_slot<true><<<dim3(M / 8, S), 256>>>(Wq, sel + it * S, hq, out, fx); }));
+    // Launch it of the size sweep reads experts 16 it + j mod 64 (j < 16): 4 launches cycle
+    // through all 64.
+    std::vector<int> h16(NIT * 16);
+    for (int it = 0; it < NIT; it++)
+        for (int j = 0; j < 16; j++) h16[it * 16 + j] = (16 * it + j) % E;
+    int* sel16;
+    CK(cudaMalloc(&sel16, NIT * 16 * 4));
+    CK(cudaMemcpy(sel16, h16.data(), NIT * 16 * 4, cudaMemcpyHostToDevice));
+    for (int ns : {1, 2, 4, 8, 16}) {
+        char name[32];
+        snprintf(name, sizeof name, "stream %d (%.1f MB)", ns, ns * B_MAT / 1e6);
+        rep(name, (double)ns * B_MAT, timeit([&](int it) { stream<<<sms * 8, 256>>>(Wb, sel16 + it * 16, B_MAT, out, ns); }));
+    }
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     return 0;

@@ -193,8 +193,6 @@ fn weight_loads_stay_before_the_pdl_wait() {
         "moe_gateup_sh_f16",
         "moe_gateup_sh_bf16",
         "moe_down_sh_q8",
-        "moe_down_slot_q8",
-        "moe_down_slot_q8_r2",
         "mmq_q8_rows",
         "mmq_q8_rows_r2",
         "gemv_q8_multi_norm_1",

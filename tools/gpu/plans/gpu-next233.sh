@@ -7,6 +7,8 @@
 # tests moe_down_slot and moe_residual_exact, then tg128 with the path off / on / on with 2 rows
 # a warp, alternating, and a trace of off and on (~7 minutes on an H100, ~10 on an H200).
 #   tools/gpu/plans/gpu-next233.sh .dev/turbospark > $OUT/log.txt 2>&1
+# (Ran once, from 6415321, on an H100: the path lost 6.2% (1.4% with 2 rows a warp) and was
+# removed, so this plan runs only on that commit's binaries. docs/PERF.md, seventy-third session.)
 set -u
 B=$1
 OPS=${OPS:-.dev/ops_vs_cpu}

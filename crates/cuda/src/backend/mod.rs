@@ -359,14 +359,8 @@ enum S {
     /// (`[n, q + kv_a]` f32, [`Path::QkvJoint`]), read by `norm_rope_cache` in place of the
     /// model's `q` and `kv` buffers.
     Qkv,
-    /// One token's Q8_0 down product by (row tile, slot) ([`Path::DownSlot`],
-    /// `moe_down_slot_q8`): its slots' partial rows (`[n, k + n_shared, hdim]` f32) and its row
-    /// tiles' tickets (u32s, `n` times the tiles; zero between launches: each tile's last block
-    /// resets its word).
-    DownPart,
-    DownTick,
 }
-const N_SCRATCH: usize = 33;
+const N_SCRATCH: usize = 31;
 
 /// Fast-path kernels that take more than the default 48 KiB of dynamic shared memory.
 const BIG_SMEM_KERNELS: &[&str] = &[
@@ -810,8 +804,6 @@ fn kernel_names() -> Vec<String> {
         "mla_out_bf16",
         "mla_out_f16",
         "moe_sh_q8_one",
-        "moe_down_slot_q8",
-        "moe_down_slot_q8_r2",
         "rope_copy_rows",
         "norm_rope_cache",
         "mla_rope_absorb_1",
@@ -1051,17 +1043,10 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
-    /// One token's Q8_0 down product by (row tile, slot) (`moe_down_slot_q8`): a block reads 8
-    /// (`TS_CUDA_DOWN_SLOT_RW=2`: 16) consecutive rows of one slot's matrix, one run of bytes as
-    /// the gate/up blocks read, where `moe_down_sh_q8`'s block reads its 4 rows from all the
-    /// slots' matrices (ks short runs); each tile's last block adds the slots' partial rows in
-    /// slot order (and the residual). Another summation order: other bits. Off;
-    /// `TS_CUDA_DOWN_SLOT=1` turns it on (written in the seventy-third session, to be measured).
-    DownSlot,
 }
 
 impl Path {
-    const ALL: [Path; 21] = [
+    const ALL: [Path; 20] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1082,7 +1067,6 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
-        Path::DownSlot,
     ];
 
     /// Its environment variable and its default.
@@ -1108,7 +1092,6 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
-            Path::DownSlot => ("TS_CUDA_DOWN_SLOT", false),
         }
     }
 
@@ -1400,8 +1383,6 @@ pub struct CudaBackend {
     /// H100: 610.1 / 609.8 against 629.8 / 631.2). `TS_CUDA_DOWN_WPR=4` for both, `=1` for
     /// neither, to compare: each choice is another summation order.
     down_w4: (bool, bool),
-    /// [`Path::DownSlot`]'s rows a warp (`TS_CUDA_DOWN_SLOT_RW`: 1, the default, or 2).
-    down_slot_rw: AtomicUsize,
     /// Decode paths switched at run time, each with its count of launches ([`Path`]).
     paths: [(AtomicBool, AtomicU64); Path::ALL.len()],
     /// The Q8_0 decode MoE of one token in one launch (`moe_sh_q8_one`) on at most this many
@@ -1929,7 +1910,6 @@ impl CudaBackend {
                 Ok("1" | "2") => (false, false),
                 _ => (false, true),
             },
-            down_slot_rw: AtomicUsize::new(if std::env::var("TS_CUDA_DOWN_SLOT_RW").as_deref() == Ok("2") { 2 } else { 1 }),
             mmq_bn16: AtomicUsize::new(std::env::var("TS_CUDA_MMQ_BN16").ok().and_then(|v| v.parse().ok()).unwrap_or(16)),
             mmq_split: (
                 std::env::var("TS_CUDA_MMQ_SPLIT_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize).max(1),
@@ -2189,11 +2169,6 @@ impl CudaBackend {
     /// launch (`CudaBackend::moe_residual`).
     pub fn set_moe_residual(&self, on: bool) {
         self.moe_residual.store(on, Ordering::Relaxed);
-    }
-
-    /// [`Path::DownSlot`]'s rows a warp: 1 or 2 (others are taken as 1).
-    pub fn set_down_slot_rw(&self, rw: usize) {
-        self.down_slot_rw.store(if rw == 2 { 2 } else { 1 }, Ordering::Relaxed);
     }
 
     /// Chained steps without copies between them (`CudaBackend::batch_fill`); for arg-max slots

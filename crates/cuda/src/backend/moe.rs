@@ -669,26 +669,13 @@ impl CudaBackend {
         // largest carveout asked; the down blocks, placed at the gate/up's start, slowed it from
         // 20.6 to 28.7-30.1 µs while the down itself took 8.9-11.2 against 11.0. Removed;
         // commit 1c95b8b has it (and the bf16 twin, −5.3%).
-        // Path::DownSlot: the down product by (row tile, slot), each tile's last block adding
-        // the slots' partial rows (moe_down_slot_q8).
-        if self.path_on(Path::DownSlot) && !self.down_w4.0 {
-            let rw = self.down_slot_rw.load(Ordering::Relaxed);
-            let tiles = hdim.div_ceil(8 * rw);
-            let Some(parts) = self.scratch(S::DownPart, 4 * n * ks * hdim) else { return true };
-            let Some(tick) = self.scratch(S::DownTick, 4 * n * tiles) else { return true };
-            self.took(Path::DownSlot);
-            self.launch(
-                if rw == 2 { "moe_down_slot_q8_r2" } else { "moe_down_slot_q8" },
-                (tiles as u32, ks as u32, n as u32),
-                256,
-                0,
-                &cat::<15, 3, 18>(
-                    moe_down_args(dw, shared.down, (hdim, ff, k, nsh), sel_e, (hq, hrow), out, o),
-                    [A::I(radd as i32), A::P(parts), A::P(tick)],
-                ),
-            );
-            return true;
-        }
+        // (The down product by (row tile, slot), each block one run of 8 or 16 rows of one slot's
+        // matrix and each tile's last block adding the slots' partial rows, measured slower on an
+        // H100 in the seventy-third session: tg128 591.9 (8 rows) and 622.3 (16) against 631.3,
+        // the launch 14.4 µs a layer against 11.0. A probe (tools/gpu/downprobe.cu, launches
+        // back to back) read the down weights by rows at 2.16 TB/s, by slot at 2.24 and as a
+        // plain stream at 2.40: the read pattern costs ~10%; a 26 MB launch alone stays far
+        // from the card's 3.35. Path::DownSlot, moe_down_slot_q8; commit 6415321 has it.)
         self.launch(
             if self.down_w4.0 { "moe_down_sh_q8_w4" } else { "moe_down_sh_q8" },
             (hdim.div_ceil(if self.down_w4.0 { 2 } else { 4 }) as u32, n as u32, 1),
