@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # For the seventy-third session (it replaces gpu-next229): on any card first the down-pattern
 # probe (tools/gpu/downprobe.cu, compiled by the device's nvcc, while the model is made): do the
-# one-token down kernels' reads (8 short runs a block) cap the bandwidth, and would blocks by
-# (row tile, slot) read faster? Then on an H200 issue 6's figure (the server, 64 clients, 45 s,
-# the defaults) and tg128 (issue 5's), ~4 minutes; on any other card the op test
-# `pre_routed_moe_exact`, at most 120 s.
+# one-token down kernels' reads (8 short runs a block) cap the bandwidth, would blocks by (row
+# tile, slot) read faster, and what does a plain stream of 5.8-92 MB cost a launch? Then on an
+# H200 issue 6's figure (the server, 64 clients, 45 s, the defaults) and tg128 (issue 5's), ~4
+# minutes; on any other card the op test `pre_routed_moe_exact`, at most 120 s.
 #   tools/gpu/plans/gpu-next232.sh .dev/turbospark > $OUT/log.txt 2>&1
 set -u
 B=$1
