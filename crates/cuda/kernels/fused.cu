@@ -1683,16 +1683,13 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 #define RR_CLUSTER_DIMS
 #endif
 #define RR_CLUSTER 8
-// RR_MINB (1; a measurement define, TS_CUDA_DEFINES=RR_MINB=2): the routing launch's blocks
-// at two an SM, 32 registers a thread instead of 52, so that a block fits beside an
-// `mla_out_q8` block (128 registers x 256 threads) and can be placed, and load its router
-// rows, before that launch ends (at 52 its cluster is placed only once 8 SMs of a GPC are free
-// of them: its blocks waited 0.24-0.41 µs at their release, other launches' 2-10).
-#ifndef RR_MINB
-#define RR_MINB 1
-#endif
+// (Two blocks an SM, 32 registers a thread instead of 52 (40 bytes spilled), so that a block
+// would fit beside an mla_out_q8 block and be placed before that launch ends: measured slower
+// on an H100 in the seventy-third session, tg128 603.5 / 603.5 against 634.4 / 635.9, 16k
+// 491.4 against 509.9; its blocks still waited only 0.05 µs at their release, and the launch
+// took 9.47 µs against 7.47. The define RR_MINB is gone; commit 48e928f has it.)
 // (Defined on every architecture, as the module must export it; the body is sm_90's.)
-extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS, RR_MINB)
+extern "C" __global__ void RR_CLUSTER_DIMS __launch_bounds__(NP_THREADS)
     add_rms_norm_parts_router_route(float* x, i64 xoff, const float* parts, i64 pstride, int np, const float* w,
                                     int has_w, float eps, float* out, i64 ooff, int width, const float* R, int m,
                                     float* lg, i64 loff, int rk, int gating, int norm_topk, float scale, int* sel_e,

@@ -7,6 +7,8 @@
 # clients, 45 s) and tg128. On any card: tg128 with RR_MINB 1 / 2, alternating, two traces, and
 # tg64 at 16k each way (~6 minutes on an H100, ~9 on an H200).
 #   tools/gpu/plans/gpu-next234.sh .dev/turbospark > $OUT/log.txt 2>&1
+# (Ran once, from 48e928f, on an H100: RR_MINB=2 lost 4.9% and the define was removed, so this
+# plan's second half runs only on that commit's binaries. docs/PERF.md, seventy-third session.)
 set -u
 B=$1
 source "$(dirname "$0")/lib.sh"
