@@ -1861,12 +1861,113 @@ MLA_OUT_H16(f16, T_F16)
 // measured in the fifty-ninth session on an H100: tg64 at 16k 488.1 / 488.5 against 488.3 /
 // 489.2, with the largest shared-memory carveout asked for the split kernels and it 479.4 /
 // 482.0; removed (commit df31e0a has it).
-template <bool HP>
+//
+// mla_out_q8_ra (Path::RaOut, one token at a short context, V2's shapes): mla_rope_absorb_1_h's
+// work for head h inside mla_out_q8's blocks, so that the decode chain has one launch a layer
+// fewer. The 8 blocks of head h are one cluster. Each block, after the PDL wait: quantises
+// q_nope[h] (quant_rows_smem, as gemv_q8_impl), normalises and ropes the token's latent row and
+// writes it to the cache (norm_rope_cache_body's block 0, the same sums; every block writes the
+// same values, and x is not written: other blocks still read it), ropes q_pe[h] (the query rope
+// items' formulas), and computes rows [64c, 64c + 64) of the absorbed query W_uk[h] . q_nope[h]
+// (gemv_q8_impl's arithmetic at 8 lanes a row; its weights loaded before the wait), which it
+// stores into every block's query row (distributed shared memory). After the cluster barrier
+// each block attends with that row (mo_attend). The same values as mla_rope_absorb_1_h then
+// mla_out_q8: the same bits. Needs k = 128 (one 144-byte group a W_uk row), m = kl = 512,
+// a 576-wide f16 cache, qw = 2 * half = 64, nw <= NORM_PER * MO_THREADS, half <= MO_THREADS.
+struct RaArgs {
+    const float* x;   // the latent row (kv_a's output): nw values, then the rope part
+    i64 xoff;
+    int width;        // cache row width (576)
+    int nw;           // normed values (kv_lora)
+    const float* w;   // kv norm weights
+    int has_w;
+    float eps;
+    const float* freqs;
+    int half;
+    int mode;
+    float mscale;
+    const float* q;   // q_pe of head h at q + qoff + h * qstride, q_nope at q + goff + h * gxgstride
+    i64 qoff;
+    i64 qstride;
+    int qw;
+    const u8* Wuk;    // W_uk[h]: 512 rows of 128 values, uk_mat_bytes apart
+    i64 uk_row_bytes;
+    i64 uk_mat_bytes;
+    i64 goff;
+    i64 gxgstride;
+};
+#define RA_ROWS (MO_KL / MH_CLUSTER)
+#if __CUDA_ARCH__ >= 900
+// After the PDL wait: head h's 576-value query row into qs (see above); wq / wd: this thread's
+// W_uk pieces (rows 64c + 32 ps + 4 warp + lane / 8, piece lane % 8), wv: the norm weights.
+__device__ __forceinline__ void ra_query(const RaArgs& ra, const uint4* wq, const float* wd, const float* wv,
+                                         const int* pos, const int* slot, int slot_len, u16* cache, float* qs, i8* xq,
+                                         float* xd, float* part) {
+    const int c = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, bd = MO_THREADS;
+    quant_rows_smem(ra.q + ra.goff + (i64)h * ra.gxgstride, 0, nullptr, 1, 128, xq, xd);
+    // The latent row (norm_rope_cache_body's block 0 on its register path).
+    const float* xr = ra.x + ra.xoff;
+    const float* rr = xr + ra.nw;
+    const float p = (float)pos[0];
+    float v[NORM_PER];
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < ra.nw ? xr[tid + k * bd] : 0.f;
+    const int a = ra.mode == 0 ? 2 * tid : tid, b = ra.mode == 0 ? 2 * tid + 1 : tid + ra.half;
+    float r0 = 0.f, r1 = 0.f;
+    if (tid < ra.half) {
+        r0 = rr[a];
+        r1 = rr[b];
+    }
+    // q_pe[h]'s rope items (j < half: one pair each), as the query rope blocks compute them.
+    float y0 = 0.f, y1 = 0.f;
+    if (tid < ra.half) {
+        const float* srow = ra.q + ra.qoff + (i64)h * ra.qstride;
+        const float x0 = srow[a], x1 = srow[b];
+        float sn, cs;
+        sincosf(p * ra.freqs[tid], &sn, &cs);
+        sn *= ra.mscale;
+        cs *= ra.mscale;
+        qs[MO_KL + a] = x0 * cs - x1 * sn;
+        qs[MO_KL + b] = x0 * sn + x1 * cs;
+        // the latent row's rope pair: the same angle
+        y0 = r0 * cs - r1 * sn;
+        y1 = r0 * sn + r1 * cs;
+    }
+    u16* crow = cache + ((i64)slot[0] * slot_len + pos[0]) * ra.width;
+    const float inv = block_rms_inv(norm_ss(v, ra.nw), part, ra.nw, ra.eps);
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++)
+        if (tid + k * bd < ra.nw) {
+            float e = v[k] * inv;
+            e = ra.has_w ? e * wv[k] : e;
+            cache_st(crow + tid + k * bd, e);
+        }
+    if (tid < ra.half) {
+        cache_st(crow + ra.nw + a, y0);
+        cache_st(crow + ra.nw + b, y1);
+    }
+    // (block_rms_inv's barrier: xq and xd are complete.) The absorbed query's rows.
+    const int sub = lane & 7, g8 = lane >> 3;
+#pragma unroll
+    for (int ps = 0; ps < RA_ROWS / 32; ps++) {
+        const int row = RA_ROWS * c + 32 * ps + 4 * warp + g8;
+        float acc = (float)dot16(wq[ps], xq + 16 * sub) * (wd[ps] * xd[sub >> 1]);
+        acc = group_sum(acc, 8);
+        if (ps == 0) cluster_wait();  // every block of the cluster runs: its shared memory is there
+        if (sub == 0)
+            for (int r = 0; r < MH_CLUSTER; r++) st_cluster(&qs[row], r, acc);
+    }
+    cluster_arrive();
+    cluster_wait();
+}
+#endif
+template <bool HP, bool RA = false>
 __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, const float* lat, i64 loff, i64 lstride,
                                                 const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes,
                                                 i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R, float* outp,
                                                 const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot,
-                                                int slot_len, float scale) {
+                                                int slot_len, float scale, const RaArgs& ra = RaArgs{}) {
     extern __shared__ __align__(16) u8 smo[];
     const int c = blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1890,13 +1991,37 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
         }
         cp_commit_any();
     }
+#if __CUDA_ARCH__ >= 900
+    __shared__ __align__(16) float ra_qs[RA ? MO_KL + 64 : 1];
+    __shared__ __align__(16) i8 ra_xq[RA ? 128 : 1];
+    __shared__ float ra_xd[RA ? 4 : 1];
+    __shared__ float ra_part[RA ? 32 : 1];
+    uint4 ra_wq[RA ? RA_ROWS / 32 : 1];
+    float ra_wd[RA ? RA_ROWS / 32 : 1], ra_wv[RA ? NORM_PER : 1];
+    if (RA) {
+        cluster_arrive_relaxed();
+        const int sub = lane & 7, b = sub >> 1;
+#pragma unroll
+        for (int ps = 0; ps < RA_ROWS / 32; ps++) {
+            const u8* gp = ra.Wuk + (i64)h * ra.uk_mat_bytes + (i64)(RA_ROWS * c + 32 * ps + 4 * warp + (lane >> 3)) * ra.uk_row_bytes;
+            ra_wq[ps] = *(const uint4*)(gp + 16 + 32 * (b & 3) + 16 * (sub & 1));
+            ra_wd[ps] = h2f(((const u16*)gp)[b & 3]);
+        }
+        norm_load_w(ra.w, ra.has_w, ra.nw, ra_wv);
+    }
+#endif
     // Positions come from the batch upload, which no kernel of the step writes.
     const int end = pos[0] + 1;
     pdl_trigger();
     pdl_wait();
     const int i = 2 * tid;
     float2 lv = make_float2(0.f, 0.f);
-    if (q) {
+    if (RA) {
+#if __CUDA_ARCH__ >= 900
+        ra_query(ra, ra_wq, ra_wd, ra_wv, pos, slot, slot_len, (u16*)cache, ra_qs, ra_xq, ra_xd, ra_part);
+        lv = mo_attend(ra_qs, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
+#endif
+    } else if (q) {
         lv = mo_attend(q + qoff + (i64)h * q_head, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
     } else {
         lv = mo_merge<HP>(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
@@ -1975,4 +2100,16 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     }
 MLA_OUT_Q8_INST(mla_out_q8, false)
 MLA_OUT_Q8_INST(mla_out_q8p, true)
+// mla_out_q8 with mla_rope_absorb_1_h's work in front (described above mla_out_q8_body).
+extern "C" __global__ void MH_CLUSTER_DIMS __launch_bounds__(MO_THREADS)
+    mla_out_q8_ra(const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo,
+                  i64 o_row_bytes, int H, int R, float* outp, u16* cache, const int* slot, int slot_len, float scale,
+                  const float* x, i64 xoff, int width, int nw, const float* w, int has_w, float eps, const float* freqs,
+                  int half, int mode, float mscale, const float* q, i64 qoff, i64 qstride, int qw, const u8* Wuk,
+                  i64 uk_row_bytes, i64 uk_mat_bytes, i64 goff, i64 gxgstride) {
+    const RaArgs ra{x, xoff, width, nw, w, has_w, eps, freqs, half, mode, mscale, q, qoff, qstride, qw, Wuk,
+                    uk_row_bytes, uk_mat_bytes, goff, gxgstride};
+    mla_out_q8_body<false, true>(nullptr, 0, nullptr, 0, 0, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo,
+                                 o_row_bytes, H, R, outp, nullptr, 0, 0, cache, slot, slot_len, scale, ra);
+}
 

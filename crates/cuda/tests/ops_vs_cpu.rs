@@ -2815,6 +2815,110 @@ fn short_attention_in_mla_out() {
     rep.finish();
 }
 
+/// One decode token's rope, cache write and absorbed query (`mla_rope_cache_write` with a Q8_0
+/// W_uk) done by the next `mla_attention_out`'s blocks (`Path::RaOut`, `mla_out_q8_ra`) against a
+/// second backend that launches `mla_rope_absorb_1_h` and `mla_out_q8` (the path off): the
+/// residual, the normed output and the cache the same bits. V2-Lite's shapes, histories from 0
+/// to 191 positions (the attention inside the output launch), Q8_0 W_uv and W_o; the first
+/// backend must have taken the path once a step, the second never. Then with the short
+/// attention off (`set_mo_att(0)`): the held launch is made as it was (the same bits again).
+#[test]
+fn ra_in_mla_out_exact() {
+    let Some(shared) = gpu() else { return };
+    fused_banner(shared);
+    if !shared.clusters() {
+        eprintln!("ra_in_mla_out_exact: no thread-block clusters on this device (sm_90 needed); skipped");
+        return;
+    }
+    let ga = &CudaBackend::new(0).expect("second backend");
+    let gb = &CudaBackend::new(0).expect("third backend");
+    ga.set_path(Path::RaOut, true);
+    gb.set_path(Path::RaOut, false);
+    let mut r = rng(74);
+    let mut rep = Report::new("ra_in_mla_out");
+    let (nh, nope, rd, kl, hd) = (16usize, 128usize, 64usize, 512usize, 2048usize);
+    let (w, qk, slot_len) = (kl + rd, nope + rd, 1024u32);
+    let p = MlaParams { n_heads: nh, kv_lora: kl, rope_dim: rd, scale: 0.1147 };
+    let freqs: Vec<f32> = (0..rd / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / rd as f32)).collect();
+    let spec = RopeSpec { mode: RopeMode::Normal, dim: rd, freqs, mscale: 1.0 };
+    let (uks, uvs, wos) = ([nope, kl, nh], [kl, 128, nh], [nh * 128, hd]);
+    let (ukb, _) = weight(&mut r, GgmlType::Q8_0, &uks, 0.5);
+    let (uvb, _) = weight(&mut r, GgmlType::Q8_0, &uvs, 1.0 / (kl as f32).sqrt());
+    let (wob, _) = weight(&mut r, GgmlType::Q8_0, &wos, 1.0 / ((nh * 128) as f32).sqrt());
+    let (knv, onv) = (randn(&mut r, kl, 1.0), randn(&mut r, hd, 1.0));
+    for mo_att in [u32::MAX, 0] {
+        for hist in [0u32, 1, 5, 33, 100, 191] {
+            let prior: Vec<TokenMeta> = (0..hist).map(|pos| TokenMeta { token: 0, pos, slot: 1 }).collect();
+            let fill = randn(&mut r, hist as usize * w, 1.0);
+            let (kv, q, x) = (randn(&mut r, w, 1.0), randn(&mut r, nh * qk, 1.0), randn(&mut r, hd, 1.0));
+            let lab = format!("hist={hist} mo_att={mo_att}");
+            let mut outs = Vec::new();
+            for g in [ga, gb] {
+                g.set_mo_att(mo_att);
+                let cache = g.alloc_latent_cache(2 * slot_len as usize, w, kl, nh).unwrap();
+                if !prior.is_empty() {
+                    fill_cache(g, &cache, &fill, w, &prior, slot_len);
+                }
+                let bt = batch(g, &BatchMeta { tokens: vec![TokenMeta { token: 1, pos: hist, slot: 1 }], outputs: vec![], slot_len });
+                let up = |name: &str, s: &[usize], b: &[u8]| g.upload_weight(&td(name, GgmlType::Q8_0, s, b), WeightUse::Matmul).unwrap();
+                let (wk, uv, wo) = (up("w_uk", &uks, &ukb), up("w_uv", &uvs, &uvb), up("wo", &wos, &wob));
+                let (kn, on, rope) = (norm_weight(g, &knv), norm_weight(g, &onv), g.upload_rope(&spec).unwrap());
+                let (gkv, gq, gx) = (buf(g, &kv), buf(g, &q), buf(g, &x));
+                let (qr, qdr) = (Rows::packed(nh, qk), Rows::packed(nh, w));
+                let gqd = g.alloc(qdr.end()).unwrap();
+                let (lr, avr) = (Rows::packed(nh, kl), Rows::packed(nh, 128));
+                let (lat, av, y, out) =
+                    (g.alloc(lr.end()).unwrap(), g.alloc(avr.end()).unwrap(), g.alloc(hd).unwrap(), g.alloc(hd).unwrap());
+                poison(g, &out, hd);
+                g.synchronize().unwrap();
+                let before = g.path_launches(Path::RaOut);
+                let qt = (&gq, qr.cols(nope, rd), &gqd, qdr.cols(kl, rd), nh);
+                g.mla_rope_cache_write(
+                    &gkv,
+                    Rows::packed(1, w),
+                    kl,
+                    Some(&kn),
+                    1e-6,
+                    qt,
+                    Some((&wk, qr.cols(0, nope), qdr.cols(0, kl))),
+                    &bt,
+                    &rope,
+                    &cache,
+                );
+                let xr = Rows::packed(1, hd);
+                g.mla_attention_out(
+                    (&gqd, qdr),
+                    &cache,
+                    &bt,
+                    &p,
+                    (&uv, &wo),
+                    (&lat, lr, &av, avr, Rows::packed(1, nh * 128)),
+                    (&gx, xr, &y),
+                    Some(&on),
+                    1e-6,
+                    &out,
+                    xr,
+                    None,
+                );
+                g.synchronize().unwrap();
+                let took = g.path_launches(Path::RaOut) - before;
+                let want = u64::from(std::ptr::eq(g, ga) && mo_att > hist);
+                if took != want {
+                    rep.failures.push(format!("{lab}: Path::RaOut taken {took} times, not {want}"));
+                }
+                let mut cv = vec![0f32; 2 * slot_len as usize * w];
+                g.read_cache(&cache, &mut cv).unwrap();
+                let row = (slot_len + hist) as usize * w;
+                outs.push(vec![get(g, &gx, xr), get(g, &out, xr), cv[row..row + w].to_vec()]);
+            }
+            exact(&mut rep, &lab, &["x", "out", "cache row"], &outs[0], &outs[1]);
+        }
+    }
+    ga.set_mo_att(192);
+    gb.set_mo_att(192);
+    rep.finish();
+}
+
 /// The tensor-core split MLA decode over an f16 cache issuing its first key tiles before its PDL
 /// wait (`Path::SplitEarly`, `mla_split_tc_he`) against `mla_split_tc_h` on another backend: the
 /// same copies, so bit for bit. Decode and batched-decode sizes, 16 and 128 heads, histories

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the seventy-fourth session: the MoE routers in a persisting L2 window
+# (Replaced by gpu-next237 before it ran.) For the seventy-fourth session: the MoE routers in a persisting L2 window
 # (TS_CUDA_L2_ROUTER=1: every layer's f32 router rows, 13.6 MB for V2-Lite, in one allocation
 # that the one-token routing launch reads through a persisting access-policy window, so that
 # each token's routing finds them in L2 instead of DRAM). On an H200 first issue 6's figure
