@@ -1972,8 +1972,11 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     const int c = blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r0 = c * R, nr = min(R, H - r0);
-    u8* suv = smo;                                     // MO_VD rows of uv_row_bytes
-    u8* so = suv + MO_VD * uv_row_bytes;               // R rows of 144 bytes
+    // (RA: W_uv[h]'s rows [16c, 16c + 16) only; the block computes those rows of v_h and sends
+    // them to the cluster's other blocks.)
+    constexpr int UV_ROWS = RA ? MO_VD / MH_CLUSTER : MO_VD;
+    u8* suv = smo;                                     // UV_ROWS rows of uv_row_bytes
+    u8* so = suv + UV_ROWS * uv_row_bytes;             // R rows of 144 bytes
     float* wsum = (float*)(so + (i64)R * 144);         // MO_WARPS x kl: the warps' merge sums
     i8* latq = (i8*)(wsum + MO_WARPS * kl);            // kl quants
     float* latd = (float*)(latq + kl);                 // kl / 32 scales
@@ -1982,8 +1985,8 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     float* fw = vdd + MO_VD / 32;                      // MLA_MAX_SPLITS split weights
     float* red = fw + MLA_MAX_SPLITS;                  // 2 x MO_WARPS
     {
-        const u8* g = Wuv + (i64)h * uv_mat_bytes;
-        const int n16 = (int)(MO_VD * uv_row_bytes / 16);
+        const u8* g = Wuv + (i64)h * uv_mat_bytes + (RA ? (i64)(UV_ROWS * c) * uv_row_bytes : 0);
+        const int n16 = (int)(UV_ROWS * uv_row_bytes / 16);
         for (int i = tid; i < n16; i += MO_THREADS) cp16_any(suv + 16 * i, g + 16 * (i64)i);
         for (int i = tid; i < nr * 9; i += MO_THREADS) {
             const int r = i / 9, j = i - r * 9;
@@ -2046,9 +2049,16 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     // warp w's lane group g has rows 32p + 4w + g. The value rows go to the o phase through
     // shared memory quantised: first the floats (in wsum, free now).
     const int np = kl >> 4, sub = lane & 7, g8 = lane >> 3;
+#if __CUDA_ARCH__ >= 900
+    __shared__ float ra_v[RA ? MO_VD : 1];
+    float* vf = RA ? ra_v : wsum;
+#else
     float* vf = wsum;
+#endif
 #pragma unroll
-    for (int ps = 0; ps < MO_VD / (4 * MO_WARPS); ps++) {
+    for (int ps = 0; ps < UV_ROWS / (4 * MO_WARPS) + (RA ? 1 : 0); ps++) {
+        // (RA: 16 rows, warps 0-3 a pass; each row's value goes to every block of the cluster.)
+        if (RA && warp >= UV_ROWS / 4) break;
         const int row = 32 * ps + 4 * warp + g8;
         const u8* wr = suv + row * uv_row_bytes;
         float acc = 0.f;
@@ -2063,9 +2073,25 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
             }
         }
         acc = group_sum(acc, 8);
+#if __CUDA_ARCH__ >= 900
+        if (RA) {
+            if (sub == 0)
+                for (int r = 0; r < MH_CLUSTER; r++) st_cluster(&vf[UV_ROWS * c + row], r, acc);
+            continue;
+        }
+#endif
         if (sub == 0) vf[row] = acc;
     }
+#if __CUDA_ARCH__ >= 900
+    if (RA) {
+        cluster_arrive();
+        cluster_wait();
+    } else {
+        __syncthreads();
+    }
+#else
     __syncthreads();
+#endif
     if (warp < MO_VD / 32) {
         const float v = vf[32 * warp + lane];
         const float d = warp_max(fabsf(v)) / 127.f, id = d != 0.f ? 1.0f / d : 0.f;

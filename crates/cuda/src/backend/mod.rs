@@ -442,7 +442,11 @@ const fn mla_out_smem(kl: usize, uv_row_bytes: usize, r: usize) -> usize {
 const MH_CLUSTER: usize = 8;
 /// `mla_out_q8_ra`'s static shared memory beside `mla_out_smem`'s (kernels/fused.cu): the
 /// query row (576 floats), q_nope's quants and scales, a reduction area; rounded up.
-const MLA_OUT_RA_SMEM: usize = 4 * 576 + 128 + 16 + 4 * 32 + 64;
+const MLA_OUT_RA_SMEM: usize = 4 * 576 + 128 + 16 + 4 * 32 + 4 * 128 + 64;
+/// `mla_out_q8_ra`'s dynamic shared memory: `mla_out_smem`'s with 16 of W_uv's 128 rows.
+const fn mla_out_ra_smem(kl: usize, uv_row_bytes: usize, r: usize) -> usize {
+    mla_out_smem(kl, uv_row_bytes, r) - (MO_VD - MO_VD / MH_CLUSTER) * uv_row_bytes
+}
 const fn mla_out_h16_smem(kl: usize, hd: usize) -> usize {
     MO_VD / MH_CLUSTER * 2 * kl + hd / MH_CLUSTER * 2 * MO_VD + 4 * (8 * kl + kl + MO_VD + 256 + 16)
 }

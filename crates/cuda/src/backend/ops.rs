@@ -1344,7 +1344,7 @@ impl Backend for CudaBackend {
                 &cat::<15, 7, 22>(cat(head, [A::P(ho)]), att),
             );
         } else if let Some(ra) =
-            (short && hd.div_ceil(rows) == MH_CLUSTER && mla_out_smem(kl, w_uv.row_bytes, rows) + MLA_OUT_RA_SMEM <= self.smem_max)
+            (short && hd.div_ceil(rows) == MH_CLUSTER && mla_out_ra_smem(kl, w_uv.row_bytes, rows) + MLA_OUT_RA_SMEM <= self.smem_max)
                 .then(|| self.take_ra())
                 .flatten()
         {
@@ -1353,7 +1353,7 @@ impl Backend for CudaBackend {
             let tail = [A::P(cache.mem.ptr), A::P(batch.slot_ptr()), A::I(batch.slot_len as i32), A::F(p.scale)];
             let head9: [A; 9] = head[5..14].try_into().expect("nine of the head's arguments");
             let args: [A; 35] = cat(cat::<11, 4, 15>(cat::<9, 2, 11>(head9, [i(rows), A::P(ho)]), tail), ra.ra);
-            self.launch("mla_out_q8_ra", (MH_CLUSTER as u32, nh as u32, 1), 256, mla_out_smem(kl, w_uv.row_bytes, rows) as u32, &args);
+            self.launch("mla_out_q8_ra", (MH_CLUSTER as u32, nh as u32, 1), 256, mla_out_ra_smem(kl, w_uv.row_bytes, rows) as u32, &args);
         } else {
             self.flush_ra();
             self.launch(
