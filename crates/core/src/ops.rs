@@ -124,10 +124,6 @@ pub enum WeightUse {
     Embedding,
     /// A vector applied element-wise (norm weights).
     Vector,
-    /// A MoE router: a small `Matmul` matrix (`[hidden, n_experts]`) that every token's routing
-    /// reads in full. Used exactly as `Matmul`; a backend may keep all of them together, where
-    /// its cache can hold them between tokens (the CUDA backend's persisting L2 window).
-    Router,
 }
 
 /// The expert matrices of one MoE layer: 3-D weights `[in, out, n_experts]` (GGML order).

@@ -1871,8 +1871,11 @@ MLA_OUT_H16(f16, T_F16)
 // items' formulas), and computes rows [64c, 64c + 64) of the absorbed query W_uk[h] . q_nope[h]
 // (gemv_q8_impl's arithmetic at 8 lanes a row; its weights loaded before the wait), which it
 // stores into every block's query row (distributed shared memory). After the cluster barrier
-// each block attends with that row (mo_attend). The same values as mla_rope_absorb_1_h then
-// mla_out_q8: the same bits. Needs k = 128 (one 144-byte group a W_uk row), m = kl = 512,
+// each block attends with that row (mo_attend), and then computes rows [16c, 16c + 16) of v_h
+// (its W_uv rows only, as mla_out_<t> splits them) and sends them to the others. The same values
+// as mla_rope_absorb_1_h then mla_out_q8: the same bits. (With all of W_uv[h] in every block,
+// 124 KB, one block an SM, it ran tg128 at 520.5 against 629.7 on an H100, seventy-fourth
+// session: the launch took 18.95 µs against 10.3 for the two, its clusters placed late.) Needs k = 128 (one 144-byte group a W_uk row), m = kl = 512,
 // a 576-wide f16 cache, qw = 2 * half = 64, nw <= NORM_PER * MO_THREADS, half <= MO_THREADS.
 struct RaArgs {
     const float* x;   // the latent row (kv_a's output): nw values, then the rope part

@@ -770,9 +770,9 @@ impl<B: Backend> DeepSeek2<B> {
                     // The router runs in f32 (as the reference does), whatever the file stores.
                     let rt = b.raw(&n("ffn_gate_inp"), &[h, ne])?;
                     let router = if rt.dtype == GgmlType::F32 {
-                        b.upload(&rt, WeightUse::Router)?
+                        b.upload(&rt, WeightUse::Matmul)?
                     } else {
-                        upload_f32(&b, rt.name, &[h, ne], &to_f32(&b, &rt)?, WeightUse::Router)?
+                        upload_f32(&b, rt.name, &[h, ne], &to_f32(&b, &rt)?, WeightUse::Matmul)?
                     };
                     let (gate_exps, up_exps, down_exps) = match layout {
                         Layout::Hf => (

@@ -8,6 +8,9 @@
 # tg128 default / RA_OUT / L2_ROUTER alternating (the hashes must match), Nsight's DRAM bytes of
 # the routing launch each way of L2_ROUTER, and traces (~6 minutes on an H100, ~9 on an H200).
 #   tools/gpu/plans/gpu-next237.sh .dev/turbospark > $OUT/log.txt 2>&1
+# (Ran once, from fe45030, on an H100: RA_OUT lost 17% in that form and L2_ROUTER gained
+# nothing, and was removed, so this plan's L2_ROUTER runs only on commit 10038ce's binaries.
+# docs/PERF.md, seventy-fourth session.)
 set -u
 B=$1
 OPS=${OPS:-.dev/ops_vs_cpu}

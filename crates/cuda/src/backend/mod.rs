@@ -1070,9 +1070,14 @@ pub enum Path {
     /// One token's `mla_rope_cache_write` with a Q8_0 W_uk (`mla_rope_absorb_1_h`) held back
     /// and done by the blocks of the next `mla_attention_out` where that one attends at a short
     /// context (`mla_out_q8_ra`: clusters of a head's 8 blocks, each computing 64 rows of the
-    /// absorbed query and sending them to the others; the same bits): one dependent launch a
-    /// layer fewer. Where the output launch cannot take it, the held launch is made as it was,
-    /// before any other. Off until measured; `TS_CUDA_RA_OUT=1` turns it on.
+    /// absorbed query and 16 of v_h and sending them to the others; the same bits): one
+    /// dependent launch a layer fewer. Where the output launch cannot take it, the held launch
+    /// is made as it was, before any other. The latent rows (`x`) are not normalised in place
+    /// then (the blocks of other heads still read them): only the cache gets the normed rows,
+    /// and the deepseek2 family reads nothing else. Off; `TS_CUDA_RA_OUT=1` turns it on. Its first form
+    /// (all of W_uv[h] in every block: 124 KB, one block an SM) ran tg128 at 520.5 against
+    /// 629.7 on an H100 (seventy-fourth session: the launch 18.95 µs against 10.3 for the two
+    /// it replaces, its clusters placed late); this form (~68 KB a block) is not yet measured.
     RaOut,
 }
 
@@ -1484,17 +1489,6 @@ pub struct CudaBackend {
     /// [`Backend::prefetch_hint`]'s regions: 0 (default) ignored; 1 asked into L2 by the
     /// attention kernel; 2 by the norm's too. `TS_CUDA_L2PF` (measured slower, docs/PERF.md).
     l2pf: u8,
-    /// MoE routers ([`WeightUse::Router`], f32) side by side in one allocation, which the
-    /// one-token routing launch (`add_rms_norm_parts_router_route`) reads through a persisting
-    /// L2 access-policy window, so that each token's routing finds them on chip
-    /// (`TS_CUDA_L2_ROUTER=1`; off by default until measured faster): the capacity in bytes
-    /// (the device's largest persisting L2 size and window), None when off.
-    router_l2: Option<usize>,
-    /// The routers' allocation ([`CudaBackend::router_l2`] bytes) and the bytes placed in it
-    /// (each router at a 256-byte boundary); None before the first router or when off.
-    router_arena: Mutex<Option<(DevMem, usize)>>,
-    /// The window the routing launch names: the arena's pointer and its placed bytes (0: none).
-    router_win: (AtomicU64, AtomicUsize),
     /// Bytes of a decode batch's routed gate and up stacks (half each, their tiled copies'
     /// first experts: the gate/up launch's first blocks) asked into L2 by an earlier launch of
     /// the layer, while the bus is idle: `TS_CUDA_XPF` (MB, default 24; 0 off). `TS_CUDA_XPF_AT`
@@ -1797,12 +1791,6 @@ impl CudaBackend {
         }
         use drv_sys::CUdevice_attribute as DA;
         let sm_count = ctx.attribute(DA::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(1).max(1) as usize;
-        // The most L2 a context may set aside for persisting lines, and the largest window.
-        let persist_l2 = [DA::CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, DA::CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE]
-            .map(|a| ctx.attribute(a).unwrap_or(0).max(0) as usize)
-            .into_iter()
-            .min()
-            .unwrap_or(0);
         let optin = ctx.attribute(DA::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).unwrap_or(48 * 1024).max(0) as usize;
         let mut smem_max = optin.min(FAST_SMEM_MAX);
         for n in BIG_SMEM_KERNELS {
@@ -1947,9 +1935,6 @@ impl CudaBackend {
             norm_mm16: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM16").map_or(true, |v| v != "0")),
             // Off unless asked: measured slower (tg128 600 against 631 without it, gpu-next59).
             l2pf: std::env::var("TS_CUDA_L2PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
-            router_l2: (std::env::var("TS_CUDA_L2_ROUTER").as_deref() == Ok("1") && persist_l2 > 0).then_some(persist_l2),
-            router_arena: Mutex::new(None),
-            router_win: (AtomicU64::new(0), AtomicUsize::new(0)),
             xpf: env_usize("TS_CUDA_XPF").unwrap_or(24) << 20,
             xpf_rows: env_usize("TS_CUDA_XPF_ROWS").unwrap_or(32),
             xpf_skip: env_usize("TS_CUDA_XPF_SKIP").unwrap_or(0) << 20,
@@ -2493,33 +2478,6 @@ impl CudaBackend {
         }
     }
 
-    /// `bytes` of the routers' allocation ([`CudaBackend::router_l2`]) for one more router, the
-    /// allocation made at the first; None when off, full, or out of memory (the router then
-    /// gets an allocation of its own, read as any other weight). Each router widens the window
-    /// and the context's persisting L2 set-aside to the bytes placed.
-    fn router_view(&self, bytes: usize) -> Option<DevMem> {
-        let cap = self.router_l2?;
-        let mut arena = self.router_arena.lock().unwrap_or_else(|e| e.into_inner());
-        if arena.is_none() {
-            *arena = Some((self.alloc_mem(cap, "the MoE routers' L2 window").ok()?, 0));
-        }
-        let (mem, used) = arena.as_mut()?;
-        if *used + bytes > cap {
-            return None;
-        }
-        let view = mem.view(*used, bytes);
-        *used = (*used + bytes).next_multiple_of(256).min(cap);
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: a plain driver call on the bound context; a failure leaves the window as a hint.
-        let r = unsafe { drv_sys::cuCtxSetLimit(drv_sys::CUlimit::CU_LIMIT_PERSISTING_L2_CACHE_SIZE, *used) };
-        if r != drv_sys::CUresult::CUDA_SUCCESS {
-            eprintln!("warning: persisting L2 of {} bytes for the MoE routers: {r:?}", *used);
-        }
-        self.router_win.0.store(mem.ptr, Ordering::Relaxed);
-        self.router_win.1.store(*used, Ordering::Relaxed);
-        Some(view)
-    }
-
     fn upload_bytes(&self, mem: &DevMem, off: usize, src: &[u8]) -> Result<()> {
         assert!(off + src.len() <= mem.bytes);
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
@@ -2687,17 +2645,6 @@ impl CudaBackend {
         }
     }
 
-    /// [`CudaBackend::launch`] with the routers' persisting L2 window
-    /// ([`CudaBackend::router_l2`]) where there is one.
-    fn launch_router(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
-        let win = (self.router_win.0.load(Ordering::Relaxed), self.router_win.1.load(Ordering::Relaxed));
-        let win = (win.1 > 0).then_some(win);
-        match self.side_now() {
-            Some(fk) => self.launch_ex(&fk.side, name, grid, block, smem, args, win),
-            None => self.launch_ex(&self.stream, name, grid, block, smem, args, win),
-        }
-    }
-
     /// The held `mla_rope_cache_write` ([`Path::RaOut`]), taken for `mla_out_q8_ra`; None if
     /// none is held.
     fn take_ra(&self) -> Option<PendingRa> {
@@ -2721,22 +2668,10 @@ impl CudaBackend {
 
     /// [`CudaBackend::launch`] on `stream`.
     fn launch_on(&self, stream: &CudaStream, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
-        self.launch_ex(stream, name, grid, block, smem, args, None);
-    }
-
-    /// [`CudaBackend::launch_on`], with `win` (pointer, bytes) as the launch's persisting L2
-    /// access-policy window when given.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_ex(
-        &self,
-        stream: &CudaStream,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
-        args: &[A],
-        win: Option<(u64, usize)>,
-    ) {
+        // A held launch (Path::RaOut) goes first: it was enqueued before this one.
+        if self.pending_ra.1.load(Ordering::Relaxed) {
+            self.flush_ra();
+        }
         let Some(f) = self.funcs.get(name) else {
             self.fail(format!("kernel {name} is not loaded"));
             return;
@@ -2763,25 +2698,9 @@ impl CudaBackend {
         }
         // Programmatic dependent launch: the kernel may start while the previous one finishes
         // (each kernel waits with `pdl_wait` before it touches what others write; common.cuh).
-        let mut attrs: [drv_sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-        let mut na = 0;
-        if self.pdl {
-            attrs[na].id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attrs[na].value.programmaticStreamSerializationAllowed = 1;
-            na += 1;
-        }
-        // A persisting window: the lines it reads stay in L2's set-aside part between launches.
-        if let Some((ptr, bytes)) = win {
-            attrs[na].id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW;
-            attrs[na].value.accessPolicyWindow = drv_sys::CUaccessPolicyWindow {
-                base_ptr: ptr as *mut std::ffi::c_void,
-                num_bytes: bytes,
-                hitRatio: 1.0,
-                hitProp: drv_sys::CUaccessProperty::CU_ACCESS_PROPERTY_PERSISTING,
-                missProp: drv_sys::CUaccessProperty::CU_ACCESS_PROPERTY_STREAMING,
-            };
-            na += 1;
-        }
+        let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
         let cfg = drv_sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -2791,8 +2710,8 @@ impl CudaBackend {
             blockDimZ: 1,
             sharedMemBytes: smem,
             hStream: stream.cu_stream(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: na as u32,
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
         };
         let ev = |s: &CudaStream| s.record_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)).ok();
         let e0 = if self.profile.is_some() { ev(stream) } else { None };

@@ -117,11 +117,7 @@ impl Backend for CudaBackend {
         }
         let data = repack(t.dtype, t.data, ne0);
         let row_bytes = dev_row_bytes(t.dtype, ne0);
-        let routed = if usage == WeightUse::Router && t.dtype == GgmlType::F32 { self.router_view(data.len()) } else { None };
-        let mem = match routed {
-            Some(m) => m,
-            None => self.alloc_mem(data.len(), &format!("tensor '{}'", t.name))?,
-        };
+        let mem = self.alloc_mem(data.len(), &format!("tensor '{}'", t.name))?;
         self.upload_bytes(&mem, 0, &data)?;
         let stack = t.dtype == GgmlType::Q8_0 && t.shape.len() == 3 && t.shape[2] > 1;
         let tile = stack
@@ -1412,8 +1408,11 @@ impl Backend for CudaBackend {
                 // cluster fits beside mla_out_q8's blocks: tg128 623.5 against 709.1 on the H200,
                 // docs/PERF.md, session 30; dropped. Its router rows asked into L2 by mla_out_q8's
                 // blocks before their wait: tg128 629.2 against 631.1 / 629.4 on an H100, sixty-
-                // second session, noise; removed, commit 1c95b8b has it.)
-                self.launch_router("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
+                // second session, noise; removed, commit 1c95b8b has it. Every layer's router rows
+                // in one allocation read through a persisting L2 access-policy window: tg128 628.6
+                // / 628.9 against 629.7 / 629.8 on an H100, seventy-fourth session; removed,
+                // commit 10038ce has it.)
+                self.launch("add_rms_norm_parts_router_route", (8, 1, 1), 1024, 0, &args);
                 *self.routed.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(Routed { logits: (nb.0.ptr, nr.off), input: (out.0.ptr, o.off), p: *mp });
                 return;
