@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the seventy-fourth session (it replaces gpu-next236): two switches of one-token decode.
+# For the seventy-fourth session: two switches of one-token decode.
 # `TS_CUDA_RA_OUT=1` (Path::RaOut): the rope, cache write and absorbed query of a short-context
 # token done inside the output launch (mla_out_q8_ra, clusters of a head's 8 blocks), one
 # dependent launch a layer fewer, the same bits. `TS_CUDA_L2_ROUTER=1`: the MoE routers in a
