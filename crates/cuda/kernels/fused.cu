@@ -1875,8 +1875,9 @@ MLA_OUT_H16(f16, T_F16)
 // (its W_uv rows only, as mla_out_<t> splits them) and sends them to the others. The same values
 // as mla_rope_absorb_1_h then mla_out_q8: the same bits. (With all of W_uv[h] in every block,
 // 124 KB, one block an SM, it ran tg128 at 520.5 against 629.7 on an H100, seventy-fourth
-// session: the launch took 18.95 µs against 10.3 for the two, its clusters placed late.) Needs k = 128 (one 144-byte group a W_uk row), m = kl = 512,
-// a 576-wide f16 cache, qw = 2 * half = 64, nw <= NORM_PER * MO_THREADS, half <= MO_THREADS.
+// session: the launch took 18.95 µs against 10.3 for the two, its clusters placed late.)
+// Needs k = 128 (one 144-byte group a W_uk row), m = kl = 512, a 576-wide f16 cache,
+// qw = 2 * half = 64, nw <= NORM_PER * MO_THREADS, half <= MO_THREADS.
 struct RaArgs {
     const float* x;   // the latent row (kv_a's output): nw values, then the rope part
     i64 xoff;

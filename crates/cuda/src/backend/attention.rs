@@ -38,10 +38,7 @@ impl Nrc<'_> {
     /// The launch's block size, query-rope block count and arguments (kernels/fused.cu).
     pub(super) fn args(&self) -> (u32, usize, [A; 24]) {
         let &Nrc { x, xr, norm_width, w, eps, q, batch, rope, cache, joint } = self;
-        let mode = match rope.mode {
-            RopeMode::Normal => 0,
-            RopeMode::Neox => 1,
-        };
+        let mode = rope_mode(rope);
         let block = norm_width.next_power_of_two().clamp(32, 256) as u32;
         // The query's rope items (heads x (width - half) per token) in blocks of about two per
         // thread, beside the latent row's block.

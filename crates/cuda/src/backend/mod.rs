@@ -268,6 +268,15 @@ enum MmhWeights {
     Q8([(u64, usize); 3]),
 }
 
+/// The kernels' rope `mode` argument: 0 rotates consecutive pairs (2i, 2i + 1), 1 NeoX's
+/// halves (i, i + dim / 2).
+fn rope_mode(rope: &CudaRope) -> i32 {
+    match rope.mode {
+        RopeMode::Normal => 0,
+        RopeMode::Neox => 1,
+    }
+}
+
 /// A kernel argument.
 #[derive(Clone, Copy)]
 enum A {

@@ -599,10 +599,7 @@ impl Backend for CudaBackend {
         assert_eq!(xr.n, batch.tokens.len() * heads_per_token, "rope: rows != tokens * heads");
         x.check(xr);
         let half = rope.dim / 2;
-        let mode = match rope.mode {
-            RopeMode::Normal => 0,
-            RopeMode::Neox => 1,
-        };
+        let mode = rope_mode(rope);
         self.launch(
             "rope_rows",
             Self::grid1(xr.n * half),
@@ -1351,7 +1348,6 @@ impl Backend for CudaBackend {
             let args: [A; 35] = cat(cat::<11, 4, 15>(cat::<9, 2, 11>(head9, [i(rows), A::P(ho)]), tail), ra.ra);
             self.launch("mla_out_q8_ra", (MH_CLUSTER as u32, nh as u32, 1), 256, mla_out_ra_smem(kl, w_uv.row_bytes, rows) as u32, &args);
         } else {
-            self.flush_ra();
             self.launch(
                 if hp { "mla_out_q8p" } else { "mla_out_q8" },
                 (hd.div_ceil(rows) as u32, nh as u32, 1),
@@ -1464,10 +1460,7 @@ impl Backend for CudaBackend {
         src.check(sr);
         dst.check(dr);
         let half = rope.dim / 2;
-        let mode = match rope.mode {
-            RopeMode::Normal => 0,
-            RopeMode::Neox => 1,
-        };
+        let mode = rope_mode(rope);
         self.launch(
             "rope_copy_rows",
             Self::grid1(sr.n * (sr.width - half)),
@@ -1627,10 +1620,6 @@ impl Backend for CudaBackend {
             && batch.tokens.len() == 1
             && batch.tokens[0].pos < self.mo_att.load(Ordering::Relaxed);
         if hold {
-            let mode = match rope.mode {
-                RopeMode::Normal => 0,
-                RopeMode::Neox => 1,
-            };
             let ra = [
                 A::P(x.0.ptr),
                 l(xr.off),
@@ -1641,7 +1630,7 @@ impl Backend for CudaBackend {
                 A::F(eps),
                 A::P(rope.freqs.ptr),
                 i(rope.dim / 2),
-                A::I(mode),
+                A::I(rope_mode(rope)),
                 A::F(rope.mscale),
                 A::P(qs.0.ptr),
                 l(qr.off),
