@@ -1860,127 +1860,25 @@ MLA_OUT_H16(f16, T_F16)
 // beside a 136 KB split block and loads its weights during the split; the same bits) was
 // measured in the fifty-ninth session on an H100: tg64 at 16k 488.1 / 488.5 against 488.3 /
 // 489.2, with the largest shared-memory carveout asked for the split kernels and it 479.4 /
-// 482.0; removed (commit df31e0a has it).
-//
-// mla_out_q8_ra (Path::RaOut, one token at a short context, V2's shapes): mla_rope_absorb_1_h's
-// work for head h inside mla_out_q8's blocks, so that the decode chain has one launch a layer
-// fewer. The 8 blocks of head h are one cluster. Each block, after the PDL wait: quantises
-// q_nope[h] (quant_rows_smem, as gemv_q8_impl), normalises and ropes the token's latent row and
-// writes it to the cache (norm_rope_cache_body's block 0, the same sums; every block writes the
-// same values, and x is not written: other blocks still read it), ropes q_pe[h] (the query rope
-// items' formulas), and computes rows [64c, 64c + 64) of the absorbed query W_uk[h] . q_nope[h]
-// (gemv_q8_impl's arithmetic at 8 lanes a row; its weights loaded before the wait), which it
-// stores into every block's query row (distributed shared memory). After the cluster barrier
-// each block attends with that row (mo_attend), and then computes rows [16c, 16c + 16) of v_h
-// (its W_uv rows only, as mla_out_<t> splits them) and sends them to the others. The same values
-// as mla_rope_absorb_1_h then mla_out_q8: the same bits. (With all of W_uv[h] in every block,
-// 124 KB, one block an SM, it ran tg128 at 520.5 against 629.7 on an H100, seventy-fourth
-// session: the launch took 18.95 µs against 10.3 for the two, its clusters placed late.)
-// Needs k = 128 (one 144-byte group a W_uk row), m = kl = 512, a 576-wide f16 cache,
-// qw = 2 * half = 64, nw <= NORM_PER * MO_THREADS, half <= MO_THREADS.
-struct RaArgs {
-    const float* x;   // the latent row (kv_a's output): nw values, then the rope part
-    i64 xoff;
-    int width;        // cache row width (576)
-    int nw;           // normed values (kv_lora)
-    const float* w;   // kv norm weights
-    int has_w;
-    float eps;
-    const float* freqs;
-    int half;
-    int mode;
-    float mscale;
-    const float* q;   // q_pe of head h at q + qoff + h * qstride, q_nope at q + goff + h * gxgstride
-    i64 qoff;
-    i64 qstride;
-    int qw;
-    const u8* Wuk;    // W_uk[h]: 512 rows of 128 values, uk_mat_bytes apart
-    i64 uk_row_bytes;
-    i64 uk_mat_bytes;
-    i64 goff;
-    i64 gxgstride;
-};
-#define RA_ROWS (MO_KL / MH_CLUSTER)
-#if __CUDA_ARCH__ >= 900
-// After the PDL wait: head h's 576-value query row into qs (see above); wq / wd: this thread's
-// W_uk pieces (rows 64c + 32 ps + 4 warp + lane / 8, piece lane % 8), wv: the norm weights.
-__device__ __forceinline__ void ra_query(const RaArgs& ra, const uint4* wq, const float* wd, const float* wv,
-                                         const int* pos, const int* slot, int slot_len, u16* cache, float* qs, i8* xq,
-                                         float* xd, float* part) {
-    const int c = blockIdx.x, h = blockIdx.y;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, bd = MO_THREADS;
-    quant_rows_smem(ra.q + ra.goff + (i64)h * ra.gxgstride, 0, nullptr, 1, 128, xq, xd);
-    // The latent row (norm_rope_cache_body's block 0 on its register path).
-    const float* xr = ra.x + ra.xoff;
-    const float* rr = xr + ra.nw;
-    const float p = (float)pos[0];
-    float v[NORM_PER];
-#pragma unroll
-    for (int k = 0; k < NORM_PER; k++) v[k] = tid + k * bd < ra.nw ? xr[tid + k * bd] : 0.f;
-    const int a = ra.mode == 0 ? 2 * tid : tid, b = ra.mode == 0 ? 2 * tid + 1 : tid + ra.half;
-    float r0 = 0.f, r1 = 0.f;
-    if (tid < ra.half) {
-        r0 = rr[a];
-        r1 = rr[b];
-    }
-    // q_pe[h]'s rope items (j < half: one pair each), as the query rope blocks compute them.
-    float y0 = 0.f, y1 = 0.f;
-    if (tid < ra.half) {
-        const float* srow = ra.q + ra.qoff + (i64)h * ra.qstride;
-        const float x0 = srow[a], x1 = srow[b];
-        float sn, cs;
-        sincosf(p * ra.freqs[tid], &sn, &cs);
-        sn *= ra.mscale;
-        cs *= ra.mscale;
-        qs[MO_KL + a] = x0 * cs - x1 * sn;
-        qs[MO_KL + b] = x0 * sn + x1 * cs;
-        // the latent row's rope pair: the same angle
-        y0 = r0 * cs - r1 * sn;
-        y1 = r0 * sn + r1 * cs;
-    }
-    u16* crow = cache + ((i64)slot[0] * slot_len + pos[0]) * ra.width;
-    const float inv = block_rms_inv(norm_ss(v, ra.nw), part, ra.nw, ra.eps);
-#pragma unroll
-    for (int k = 0; k < NORM_PER; k++)
-        if (tid + k * bd < ra.nw) {
-            float e = v[k] * inv;
-            e = ra.has_w ? e * wv[k] : e;
-            cache_st(crow + tid + k * bd, e);
-        }
-    if (tid < ra.half) {
-        cache_st(crow + ra.nw + a, y0);
-        cache_st(crow + ra.nw + b, y1);
-    }
-    // (block_rms_inv's barrier: xq and xd are complete.) The absorbed query's rows.
-    const int sub = lane & 7, g8 = lane >> 3;
-#pragma unroll
-    for (int ps = 0; ps < RA_ROWS / 32; ps++) {
-        const int row = RA_ROWS * c + 32 * ps + 4 * warp + g8;
-        float acc = (float)dot16(wq[ps], xq + 16 * sub) * (wd[ps] * xd[sub >> 1]);
-        acc = group_sum(acc, 8);
-        if (ps == 0) cluster_wait();  // every block of the cluster runs: its shared memory is there
-        if (sub == 0)
-            for (int r = 0; r < MH_CLUSTER; r++) st_cluster(&qs[row], r, acc);
-    }
-    cluster_arrive();
-    cluster_wait();
-}
-#endif
-template <bool HP, bool RA = false>
+// 482.0; removed (commit df31e0a has it). One token's rope, cache write and absorbed query done
+// by this launch's blocks at a short context (mla_out_q8_ra, Path::RaOut: a head's 8 blocks one
+// cluster, 64 absorbed rows a block sent to the others; one dependent launch a layer fewer, the
+// same bits) was measured on H100s in the seventy-fourth and seventy-fifth sessions: tg128 520.5
+// against 629.7 with all of W_uv[h] in every block (124 KB, one block an SM), 609.6 against
+// 631.9 with W_uv split over the cluster (~68 KB a block); its clusters were placed only at
+// their release, and the launch before it grew by 1.6 µs. Removed (commit 10038ce has it).
+template <bool HP>
 __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, const float* lat, i64 loff, i64 lstride,
                                                 const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes,
                                                 i64 uv_mat_bytes, const u8* Wo, i64 o_row_bytes, int H, int R, float* outp,
                                                 const float* q, i64 qoff, i64 q_head, const u16* cache, const int* slot,
-                                                int slot_len, float scale, const RaArgs& ra = RaArgs{}) {
+                                                int slot_len, float scale) {
     extern __shared__ __align__(16) u8 smo[];
     const int c = blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r0 = c * R, nr = min(R, H - r0);
-    // (RA: W_uv[h]'s rows [16c, 16c + 16) only; the block computes those rows of v_h and sends
-    // them to the cluster's other blocks.)
-    constexpr int UV_ROWS = RA ? MO_VD / MH_CLUSTER : MO_VD;
-    u8* suv = smo;                                     // UV_ROWS rows of uv_row_bytes
-    u8* so = suv + UV_ROWS * uv_row_bytes;             // R rows of 144 bytes
+    u8* suv = smo;                                     // MO_VD rows of uv_row_bytes
+    u8* so = suv + MO_VD * uv_row_bytes;               // R rows of 144 bytes
     float* wsum = (float*)(so + (i64)R * 144);         // MO_WARPS x kl: the warps' merge sums
     i8* latq = (i8*)(wsum + MO_WARPS * kl);            // kl quants
     float* latd = (float*)(latq + kl);                 // kl / 32 scales
@@ -1989,8 +1887,8 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     float* fw = vdd + MO_VD / 32;                      // MLA_MAX_SPLITS split weights
     float* red = fw + MLA_MAX_SPLITS;                  // 2 x MO_WARPS
     {
-        const u8* g = Wuv + (i64)h * uv_mat_bytes + (RA ? (i64)(UV_ROWS * c) * uv_row_bytes : 0);
-        const int n16 = (int)(UV_ROWS * uv_row_bytes / 16);
+        const u8* g = Wuv + (i64)h * uv_mat_bytes;
+        const int n16 = (int)(MO_VD * uv_row_bytes / 16);
         for (int i = tid; i < n16; i += MO_THREADS) cp16_any(suv + 16 * i, g + 16 * (i64)i);
         for (int i = tid; i < nr * 9; i += MO_THREADS) {
             const int r = i / 9, j = i - r * 9;
@@ -1998,37 +1896,13 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
         }
         cp_commit_any();
     }
-#if __CUDA_ARCH__ >= 900
-    __shared__ __align__(16) float ra_qs[RA ? MO_KL + 64 : 1];
-    __shared__ __align__(16) i8 ra_xq[RA ? 128 : 1];
-    __shared__ float ra_xd[RA ? 4 : 1];
-    __shared__ float ra_part[RA ? 32 : 1];
-    uint4 ra_wq[RA ? RA_ROWS / 32 : 1];
-    float ra_wd[RA ? RA_ROWS / 32 : 1], ra_wv[RA ? NORM_PER : 1];
-    if (RA) {
-        cluster_arrive_relaxed();
-        const int sub = lane & 7, b = sub >> 1;
-#pragma unroll
-        for (int ps = 0; ps < RA_ROWS / 32; ps++) {
-            const u8* gp = ra.Wuk + (i64)h * ra.uk_mat_bytes + (i64)(RA_ROWS * c + 32 * ps + 4 * warp + (lane >> 3)) * ra.uk_row_bytes;
-            ra_wq[ps] = *(const uint4*)(gp + 16 + 32 * (b & 3) + 16 * (sub & 1));
-            ra_wd[ps] = h2f(((const u16*)gp)[b & 3]);
-        }
-        norm_load_w(ra.w, ra.has_w, ra.nw, ra_wv);
-    }
-#endif
     // Positions come from the batch upload, which no kernel of the step writes.
     const int end = pos[0] + 1;
     pdl_trigger();
     pdl_wait();
     const int i = 2 * tid;
     float2 lv = make_float2(0.f, 0.f);
-    if (RA) {
-#if __CUDA_ARCH__ >= 900
-        ra_query(ra, ra_wq, ra_wd, ra_wv, pos, slot, slot_len, (u16*)cache, ra_qs, ra_xq, ra_xd, ra_part);
-        lv = mo_attend(ra_qs, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
-#endif
-    } else if (q) {
+    if (q) {
         lv = mo_attend(q + qoff + (i64)h * q_head, scale, cache + (i64)slot[0] * slot_len * 576, end, wsum, red);
     } else {
         lv = mo_merge<HP>(part, nsp, lat, loff, lstride, nh, kl, h, end, wsum, fw, red);
@@ -2053,16 +1927,9 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     // warp w's lane group g has rows 32p + 4w + g. The value rows go to the o phase through
     // shared memory quantised: first the floats (in wsum, free now).
     const int np = kl >> 4, sub = lane & 7, g8 = lane >> 3;
-#if __CUDA_ARCH__ >= 900
-    __shared__ float ra_v[RA ? MO_VD : 1];
-    float* vf = RA ? ra_v : wsum;
-#else
     float* vf = wsum;
-#endif
 #pragma unroll
-    for (int ps = 0; ps < UV_ROWS / (4 * MO_WARPS) + (RA ? 1 : 0); ps++) {
-        // (RA: 16 rows, warps 0-3 a pass; each row's value goes to every block of the cluster.)
-        if (RA && warp >= UV_ROWS / 4) break;
+    for (int ps = 0; ps < MO_VD / (4 * MO_WARPS); ps++) {
         const int row = 32 * ps + 4 * warp + g8;
         const u8* wr = suv + row * uv_row_bytes;
         float acc = 0.f;
@@ -2077,25 +1944,9 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
             }
         }
         acc = group_sum(acc, 8);
-#if __CUDA_ARCH__ >= 900
-        if (RA) {
-            if (sub == 0)
-                for (int r = 0; r < MH_CLUSTER; r++) st_cluster(&vf[UV_ROWS * c + row], r, acc);
-            continue;
-        }
-#endif
         if (sub == 0) vf[row] = acc;
     }
-#if __CUDA_ARCH__ >= 900
-    if (RA) {
-        cluster_arrive();
-        cluster_wait();
-    } else {
-        __syncthreads();
-    }
-#else
     __syncthreads();
-#endif
     if (warp < MO_VD / 32) {
         const float v = vf[32 * warp + lane];
         const float d = warp_max(fabsf(v)) / 127.f, id = d != 0.f ? 1.0f / d : 0.f;
@@ -2130,16 +1981,4 @@ __device__ __forceinline__ void mla_out_q8_body(const float* part, int nsp, cons
     }
 MLA_OUT_Q8_INST(mla_out_q8, false)
 MLA_OUT_Q8_INST(mla_out_q8p, true)
-// mla_out_q8 with mla_rope_absorb_1_h's work in front (described above mla_out_q8_body).
-extern "C" __global__ void MH_CLUSTER_DIMS __launch_bounds__(MO_THREADS)
-    mla_out_q8_ra(const int* pos, int nh, int kl, const u8* Wuv, i64 uv_row_bytes, i64 uv_mat_bytes, const u8* Wo,
-                  i64 o_row_bytes, int H, int R, float* outp, u16* cache, const int* slot, int slot_len, float scale,
-                  const float* x, i64 xoff, int width, int nw, const float* w, int has_w, float eps, const float* freqs,
-                  int half, int mode, float mscale, const float* q, i64 qoff, i64 qstride, int qw, const u8* Wuk,
-                  i64 uk_row_bytes, i64 uk_mat_bytes, i64 goff, i64 gxgstride) {
-    const RaArgs ra{x, xoff, width, nw, w, has_w, eps, freqs, half, mode, mscale, q, qoff, qstride, qw, Wuk,
-                    uk_row_bytes, uk_mat_bytes, goff, gxgstride};
-    mla_out_q8_body<false, true>(nullptr, 0, nullptr, 0, 0, pos, nh, kl, Wuv, uv_row_bytes, uv_mat_bytes, Wo,
-                                 o_row_bytes, H, R, outp, nullptr, 0, 0, cache, slot, slot_len, scale, ra);
-}
 

@@ -6,7 +6,9 @@
 # ra_in_mla_out_exact, tg128 default / TS_CUDA_RA_OUT=1 alternating (the hashes must match), a
 # trace with it on (~4 minutes on an H100).
 #   tools/gpu/plans/gpu-next238.sh .dev/turbospark > $OUT/log.txt 2>&1
-# (Not yet run: the seventy-fourth session's starts after gpu-next237 found no machine.)
+# (Ran once, in the seventy-fifth session, from 05ac5fe on an H100: tg128 609.6 / 609.5 against
+# 631.8 / 632.0, the same hash; the path was removed, so this plan runs only on that commit's
+# binaries. docs/PERF.md, seventy-fifth session.)
 set -u
 B=$1
 OPS=${OPS:-.dev/ops_vs_cpu}

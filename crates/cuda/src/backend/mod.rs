@@ -406,7 +406,6 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "mmq_q8_rows_d",
     "mla_out_q8",
     "mla_out_q8p",
-    "mla_out_q8_ra",
     "mla_out_bf16",
     "mla_out_f16",
 ];
@@ -449,13 +448,6 @@ const fn mla_out_smem(kl: usize, uv_row_bytes: usize, r: usize) -> usize {
 /// `2 kl` bytes, `hd / 8` W_o rows of 256 bytes, the warps' merge sums, the latent and value
 /// rows, the split weights and a reduction area (the kernel's layout).
 const MH_CLUSTER: usize = 8;
-/// `mla_out_q8_ra`'s static shared memory beside `mla_out_smem`'s (kernels/fused.cu): the
-/// query row (576 floats), q_nope's quants and scales, a reduction area; rounded up.
-const MLA_OUT_RA_SMEM: usize = 4 * 576 + 128 + 16 + 4 * 32 + 4 * 128 + 64;
-/// `mla_out_q8_ra`'s dynamic shared memory: `mla_out_smem`'s with 16 of W_uv's 128 rows.
-const fn mla_out_ra_smem(kl: usize, uv_row_bytes: usize, r: usize) -> usize {
-    mla_out_smem(kl, uv_row_bytes, r) - (MO_VD - MO_VD / MH_CLUSTER) * uv_row_bytes
-}
 const fn mla_out_h16_smem(kl: usize, hd: usize) -> usize {
     MO_VD / MH_CLUSTER * 2 * kl + hd / MH_CLUSTER * 2 * MO_VD + 4 * (8 * kl + kl + MO_VD + 256 + 16)
 }
@@ -522,21 +514,6 @@ struct NormXq {
     rows: (u64, usize, usize, usize, usize),
     xq: u64,
 }
-
-/// A one-token `mla_rope_cache_write` held for the next output launch ([`Path::RaOut`]): its own
-/// launch (kernel, blocks, shared bytes, arguments), made as it is before any other launch if
-/// that one cannot take it, and the arguments `mla_out_q8_ra` takes for it (kernels/fused.cu,
-/// `RaArgs`).
-struct PendingRa {
-    name: KName,
-    blocks: u32,
-    smem: u32,
-    args: [A; 36],
-    ra: [A; 20],
-}
-// SAFETY: its arguments are pointers, integers and floats (never `A::T`, whose pointee lives
-// only for one launch call).
-unsafe impl Send for PendingRa {}
 
 /// A one-token routing made ahead of its MoE ([`CudaBackend::pre_route`]): the logits' and the
 /// input row's places (pointer, offset in floats) and the parameters it used.
@@ -833,7 +810,6 @@ fn kernel_names() -> Vec<String> {
         "add_rms_norm_parts_router",
         "mla_out_q8",
         "mla_out_q8p",
-        "mla_out_q8_ra",
         "mla_out_bf16",
         "mla_out_f16",
         "moe_sh_q8_one",
@@ -1076,22 +1052,10 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
-    /// One token's `mla_rope_cache_write` with a Q8_0 W_uk (`mla_rope_absorb_1_h`) held back
-    /// and done by the blocks of the next `mla_attention_out` where that one attends at a short
-    /// context (`mla_out_q8_ra`: clusters of a head's 8 blocks, each computing 64 rows of the
-    /// absorbed query and 16 of v_h and sending them to the others; the same bits): one
-    /// dependent launch a layer fewer. Where the output launch cannot take it, the held launch
-    /// is made as it was, before any other. The latent rows (`x`) are not normalised in place
-    /// then (the blocks of other heads still read them): only the cache gets the normed rows,
-    /// and the deepseek2 family reads nothing else. Off; `TS_CUDA_RA_OUT=1` turns it on. Its first form
-    /// (all of W_uv[h] in every block: 124 KB, one block an SM) ran tg128 at 520.5 against
-    /// 629.7 on an H100 (seventy-fourth session: the launch 18.95 µs against 10.3 for the two
-    /// it replaces, its clusters placed late); this form (~68 KB a block) is not yet measured.
-    RaOut,
 }
 
 impl Path {
-    const ALL: [Path; 21] = [
+    const ALL: [Path; 20] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1112,7 +1076,6 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
-        Path::RaOut,
     ];
 
     /// Its environment variable and its default.
@@ -1138,7 +1101,6 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
-            Path::RaOut => ("TS_CUDA_RA_OUT", false),
         }
     }
 
@@ -1465,9 +1427,6 @@ pub struct CudaBackend {
     /// input and parameters are these: stream order is `scratch_op` order, so the scratch still
     /// holds them).
     routed: Mutex<Option<Routed>>,
-    /// The held `mla_rope_cache_write` ([`Path::RaOut`]), and whether there is one (read by
-    /// every launch, which makes it first).
-    pending_ra: (Mutex<Option<PendingRa>>, AtomicBool),
     /// The last `mla_attention_out` of a decode batch wrote its output rows' Q8_0 groups too
     /// ([`Path::NormQ8`]): the grouped MoE on those rows takes them instead of quantising
     /// again. Set by that op, cleared by the next one, taken by the MoE.
@@ -1933,7 +1892,6 @@ impl CudaBackend {
             norm_mm: AtomicBool::new(std::env::var("TS_CUDA_NORM_MM").map_or(true, |v| v != "0")),
             pre_route: AtomicBool::new(std::env::var("TS_CUDA_PRE_ROUTE").map_or(true, |v| v != "0")),
             routed: Mutex::new(None),
-            pending_ra: (Mutex::new(None), AtomicBool::new(false)),
             norm_xq: Mutex::new(None),
             fork,
             lt: std::sync::OnceLock::new(),
@@ -2654,33 +2612,8 @@ impl CudaBackend {
         }
     }
 
-    /// The held `mla_rope_cache_write` ([`Path::RaOut`]), taken for `mla_out_q8_ra`; None if
-    /// none is held.
-    fn take_ra(&self) -> Option<PendingRa> {
-        let p = self.pending_ra.0.lock().unwrap_or_else(|e| e.into_inner()).take();
-        self.pending_ra.1.store(false, Ordering::Relaxed);
-        p
-    }
-
-    /// Hold `p` for the next output launch ([`Path::RaOut`]).
-    fn hold_ra(&self, p: PendingRa) {
-        *self.pending_ra.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
-        self.pending_ra.1.store(true, Ordering::Relaxed);
-    }
-
-    /// Make the held `mla_rope_cache_write`'s own launch, if one is held.
-    fn flush_ra(&self) {
-        if let Some(p) = self.take_ra() {
-            self.launch_on(&self.stream, p.name.as_str(), (p.blocks, 1, 1), 256, p.smem, &p.args);
-        }
-    }
-
     /// [`CudaBackend::launch`] on `stream`.
     fn launch_on(&self, stream: &CudaStream, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) {
-        // A held launch (Path::RaOut) goes first: it was enqueued before this one.
-        if self.pending_ra.1.load(Ordering::Relaxed) {
-            self.flush_ra();
-        }
         let Some(f) = self.funcs.get(name) else {
             self.fail(format!("kernel {name} is not loaded"));
             return;

@@ -934,7 +934,6 @@ impl Backend for CudaBackend {
     }
 
     fn graph_end(&self) -> bool {
-        self.flush_ra();
         let mut gs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         let Some(key) = gs.capturing.take() else {
             gs.counts.eager += 1;
@@ -1336,17 +1335,6 @@ impl Backend for CudaBackend {
                 mla_out_h16_smem(kl, hd) as u32,
                 &cat::<15, 7, 22>(cat(head, [A::P(ho)]), att),
             );
-        } else if let Some(ra) =
-            (short && hd.div_ceil(rows) == MH_CLUSTER && mla_out_ra_smem(kl, w_uv.row_bytes, rows) + MLA_OUT_RA_SMEM <= self.smem_max)
-                .then(|| self.take_ra())
-                .flatten()
-        {
-            // The held rope and absorbed query in this launch's blocks (Path::RaOut).
-            self.took(Path::RaOut);
-            let tail = [A::P(cache.mem.ptr), A::P(batch.slot_ptr()), A::I(batch.slot_len as i32), A::F(p.scale)];
-            let head9: [A; 9] = head[5..14].try_into().expect("nine of the head's arguments");
-            let args: [A; 35] = cat(cat::<11, 4, 15>(cat::<9, 2, 11>(head9, [i(rows), A::P(ho)]), tail), ra.ra);
-            self.launch("mla_out_q8_ra", (MH_CLUSTER as u32, nh as u32, 1), 256, mla_out_ra_smem(kl, w_uv.row_bytes, rows) as u32, &args);
         } else {
             self.launch(
                 if hp { "mla_out_q8p" } else { "mla_out_q8" },
@@ -1609,43 +1597,7 @@ impl Backend for CudaBackend {
             GgmlType::F16 => "mla_rope_absorb_f16_1",
             _ => "mla_rope_absorb_1",
         };
-        let blocks = (1 + qblocks + gtiles * heads) as u32;
-        // Held for the output launch (Path::RaOut: mla_out_q8_ra's shapes, kernels/fused.cu).
-        let hold = !h16
-            && self.path_on(Path::RaOut)
-            && self.clusters()
-            && (k, m, wk.row_bytes) == (128, 512, 144)
-            && cache.half
-            && (xr.width, norm_width, rope.dim, qr.width) == (576, 512, 64, 64)
-            && batch.tokens.len() == 1
-            && batch.tokens[0].pos < self.mo_att.load(Ordering::Relaxed);
-        if hold {
-            let ra = [
-                A::P(x.0.ptr),
-                l(xr.off),
-                i(xr.width),
-                i(norm_width),
-                A::P(w.map_or(0, |w| w.mem.ptr)),
-                A::I(w.is_some() as i32),
-                A::F(eps),
-                A::P(rope.freqs.ptr),
-                i(rope.dim / 2),
-                A::I(rope_mode(rope)),
-                A::F(rope.mscale),
-                A::P(qs.0.ptr),
-                l(qr.off),
-                l(qr.stride),
-                i(qr.width),
-                A::P(wk.mem.ptr),
-                l(wk.row_bytes),
-                l(wk.mat_bytes()),
-                l(src.off),
-                l(src.stride),
-            ];
-            self.hold_ra(PendingRa { name: cache.kernel(name), blocks, smem: smem as u32, args, ra });
-            return;
-        }
-        self.launch(cache.kernel(name).as_str(), (blocks, 1, 1), 256, smem as u32, &args);
+        self.launch(cache.kernel(name).as_str(), ((1 + qblocks + gtiles * heads) as u32, 1, 1), 256, smem as u32, &args);
     }
 
     fn moe_shared(
@@ -1680,7 +1632,6 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| dev_err("cuda context", e))?;
-        self.flush_ra();
         let r = self.stream.synchronize().map_err(|e| dev_err("cuda stream", e));
         self.take_error()?;
         r
