@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Written in the seventy-fifth session after gpu-next238 (where Path::RaOut's W_uv-split form
-# lost 3.5% and the path was removed); no machine came after it, so it is the next plan. On an H200 first issue 6's figure (the server, 64 clients, 45 s, the
-# defaults) and tg128. On any card: the placement probe (tools/gpu/placeprobe.cu: are a PDL
+# lost 3.5% and the path was removed); no machine came after it, so it is the next plan. On
+# an H200 first issue 6's figure (the server, 64 clients, 45 s, the defaults) and tg128. On any card: the placement probe (tools/gpu/placeprobe.cu: are a PDL
 # secondary's blocks placed while the primary runs, cluster or not?), the gate/up probe
 # (tools/gpu/gateprobe.cu: the one-token gate/up's read pattern against a plain stream, and its
 # units claimed from a counter), then the build without RaOut: the op tests around the output
