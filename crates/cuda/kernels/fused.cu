@@ -1133,11 +1133,14 @@ __device__ __forceinline__ void gu_row_dot(const u8* wg, const u8* wu, const u8*
     u = warp_sum(u);
 }
 // ready (moe_sh_q8_one): the flag its block 0 sets once sel_e, sel_w and xq are written; null
-// (moe_gateup_sh_q8q): they come from the previous kernel.
+// (moe_gateup_sh_q8q): they come from the previous kernel. waited (moe_gateup_sh_q8d): this
+// block has passed its PDL wait already (a second wait would return at once, but block 0's
+// would add a second trace record), and sel_e / sel_w are its shared-memory copies.
 __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const u8* Wg, const u8* Wu, i64 row_bytes,
                                                     i64 mat_bytes, int m, int kdim, const int* sel_e, const float* sel_w,
                                                     int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow,
-                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr) {
+                                                    int act, u8* hq, i64 hrow, float* glu, const unsigned* ready = nullptr,
+                                                    bool waited = false) {
     const int ks = k + nsh;
     const int P = t * ks + s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1151,8 +1154,10 @@ __device__ __forceinline__ void moe_gateup_q8q_unit(int bx, int t, int s, const 
     float wsl = 1.f;
     bool zero = false;
     if (s < k) {
-        pdl_wait();  // the routed experts' ids come from the previous kernel
-        pdl_trigger();
+        if (!waited) {
+            pdl_wait();  // the routed experts' ids come from the previous kernel
+            pdl_trigger();
+        }
         mo_wait_flag(ready);
         const int e = sel_e[t * k + s];
         zero = e < 0;
@@ -1208,6 +1213,60 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
     moe_slot_of_block(k, nsh, &t, &s);
     moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
                               xrow, act, hq, hrow, glu);
+}
+// moe_gateup_sh_q8q for one token with its routed units claimed from a counter (Path::GuDyn):
+// the launch's 32-row units go to whichever blocks are free, not by block index, so that an SM
+// that was given three blocks does not set the launch's end while others ran two (the
+// sixty-second session's Nsight: 88 SMs ran 3 of the 352 blocks, 44 ran 2). Block b < nsh * ux
+// (ux = m / 32 units a slot) computes shared unit b as moe_gateup_sh_q8q's block b does (its
+// weights loaded before the PDL wait). Then, past its wait, every block copies the k expert ids
+// and weights into shared memory while its thread 0 claims a routed unit c (slot c / ux, rows
+// block c % ux) by atomicAdd on *ctr, and goes on claiming (the next claim asked for while the
+// current unit is read) until a claim passes the last unit. Each unit is computed as
+// moe_gateup_q8q_unit computes it in either kernel: the same bits. Every block ends with
+// exactly one claim past the last unit, so the claims number k * ux + gridDim.x; the block
+// whose claim is the last of them (no other block claims after it) resets *ctr to zero for the
+// next launch. Claims are made only past the wait: the previous launch's reset is then
+// complete (the wait returns once every earlier kernel has ended). Needs one token,
+// m % 32 == 0 and k <= MOE_SH_MAX_SLOTS.
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
+    moe_gateup_sh_q8d(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
+                      const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
+                      u8* hq, i64 hrow, unsigned* ctr) {
+    __shared__ float glu[GU_ROWS];
+    __shared__ int se[MOE_SH_MAX_SLOTS];
+    __shared__ float sw[MOE_SH_MAX_SLOTS];
+    __shared__ unsigned next;
+    const int ux = m / GU_ROWS;
+    const unsigned nshared = (unsigned)(nsh * ux), nrouted = (unsigned)(k * ux);
+    if (blockIdx.x >= nshared) {
+        pdl_wait();
+        pdl_trigger();
+    } else {
+        // (Its PDL wait inside, after the weights' loads.)
+        moe_gateup_q8q_unit(blockIdx.x % ux, 0, k + blockIdx.x / ux, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w,
+                                  k, Sg, Su, nsh, xq, xrow, act, hq, hrow, glu);
+    }
+    if (threadIdx.x < k) {
+        se[threadIdx.x] = sel_e[threadIdx.x];
+        sw[threadIdx.x] = sel_w[threadIdx.x];
+    }
+    if (threadIdx.x == 0) next = atomicAdd(ctr, 1u);
+    __syncthreads();
+    for (;;) {
+        const unsigned c = next;
+        if (c >= nrouted) {
+            if (threadIdx.x == 0 && c == nrouted + gridDim.x - 1) *ctr = 0u;
+            break;
+        }
+        // Every thread has read `next` (and the last unit's warp 0 has used glu: the barrier
+        // inside moe_gateup_q8q_unit came before its store, the one below after it).
+        __syncthreads();
+        if (threadIdx.x == 0) next = atomicAdd(ctr, 1u);
+        moe_gateup_q8q_unit((int)(c % ux), 0, (int)(c / ux), Wg, Wu, row_bytes, mat_bytes, m, kdim, se, sw, k, Sg, Su,
+                                  nsh, xq, xrow, act, hq, hrow, glu, nullptr, true);
+        __syncthreads();
+    }
 }
 // ---- The decode MoE in one launch (one token): moe_gateup_sh_q8q's units, then moe_down_sh_q8's
 // units, each down warp starting as soon as the slots it reads are done ---------------------------

@@ -190,6 +190,9 @@ fn weight_loads_stay_before_the_pdl_wait() {
     }
     let must = [
         "moe_gateup_sh_q8q",
+        // (Not moe_gateup_sh_q8d: its blocks without a shared unit wait first, having nothing
+        // to load, and ptxas puts that wait first; its shared units run moe_gateup_q8q_unit's
+        // early loads, as moe_gateup_sh_q8q's do, which `sass_static.py SASS_DUMP=all` shows.)
         "moe_gateup_sh_f16",
         "moe_gateup_sh_bf16",
         "moe_down_sh_q8",

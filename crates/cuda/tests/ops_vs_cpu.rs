@@ -2759,6 +2759,34 @@ fn moe_one_launch_exact() {
     rep.finish();
 }
 
+/// The one-token Q8_0 decode MoE's gate/up with its routed units claimed from a counter
+/// (`Path::GuDyn`, `moe_gateup_sh_q8d`) against a block a unit (`moe_gateup_sh_q8q`, the path off
+/// on a second backend): bit for bit, three launches a case in a row (the counter must be back
+/// at zero after each), and within the Q8 bars of the CPU. V2-Lite's shapes (352 units on fewer
+/// blocks, so blocks claim more than one), a small one (a block a unit), and a wide one (~4 a
+/// block).
+#[test]
+fn gu_dyn_exact() {
+    let Some(g) = gpu() else { return };
+    let g2 = &CudaBackend::new(0).expect("second backend");
+    g.set_path(Path::GuDyn, true);
+    g2.set_path(Path::GuDyn, false);
+    let mut rep = Report::new("gu_dyn");
+    let cases = [
+        (2048, 1408, 16, 6, 2, Gating::Softmax, false, 1.0),
+        (256, 128, 16, 4, 1, Gating::Softmax, false, 1.0),
+        (256, 4096, 8, 6, 2, Gating::Softmax, false, 1.0),
+    ];
+    let before = (g.path_launches(Path::GuDyn), g2.path_launches(Path::GuDyn));
+    moe_pair_exact(&mut rep, (g, g2), &cases, "claimed units vs a block a unit", 41);
+    let took = (g.path_launches(Path::GuDyn) - before.0, g2.path_launches(Path::GuDyn) - before.1);
+    if took != (9, 0) {
+        rep.failures.push(format!("Path::GuDyn taken {} / {} times, not 9 / 0", took.0, took.1));
+    }
+    g.set_path(Path::GuDyn, false);
+    rep.finish();
+}
+
 /// One decode token's attention inside `mla_out_q8`'s blocks, or `mla_out_bf16`'s (`mo_attend`,
 /// short contexts: no split kernel) against the split kernels over the same f16 latent cache
 /// (`set_mo_att(0)`) and against the CPU's chain over an f32 one: V2-Lite's shapes, positions

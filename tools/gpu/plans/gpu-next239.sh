@@ -4,9 +4,10 @@
 # an H200 first issue 6's figure (the server, 64 clients, 45 s, the defaults) and tg128. On any
 # card: the placement probe (tools/gpu/placeprobe.cu: are a PDL secondary's blocks placed while
 # the primary runs, cluster or not?), the gate/up probe (tools/gpu/gateprobe.cu: the one-token
-# gate/up's read pattern against a plain stream, and its units claimed from a counter), then
-# the build without RaOut: the op tests around the output launch and tg128 (hash
-# db10d2fd9a926913). ~3 minutes on an H100.
+# gate/up's read pattern against a plain stream, and its units claimed from a counter), op
+# tests (gu_dyn_exact, and those around the output launch, which lost RaOut), then tg128
+# default / TS_CUDA_GU_DYN=1 at 2 and 1 blocks an SM alternating (the hashes must match:
+# db10d2fd9a926913) and a trace with it on. ~5 minutes on an H100.
 #   tools/gpu/plans/gpu-next239.sh .dev/turbospark > $OUT/log.txt 2>&1
 set -u
 B=$1
@@ -21,9 +22,17 @@ stamp "== gateprobe"
 /usr/local/cuda/bin/nvcc -O3 -arch=sm_90 -o /tmp/gateprobe tools/gpu/gateprobe.cu 2>&1 | grep -v "^$" | head -5
 timeout 90 /tmp/gateprobe
 stamp "== op tests"
-op_log 100 3 ops.txt "" "" fused_mla short_attention_in_mla_out
+op_log 120 3 ops.txt "" "" gu_dyn_exact fused_mla short_attention_in_mla_out
 h200_first tg128
 wait
-stamp "== tg128"
-is_h200 || b "" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+GD="TS_CUDA_GU_DYN=1"
+stamp "== tg128: default / GU_DYN (2 an SM) / GU_DYN (1 an SM)"
+for r in 1 2; do
+  young 420 || break
+  b "" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+  b "$GD" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+  b "$GD TS_CUDA_GU_DYN_PER_SM=1" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+done
+stamp "== trace (tg32): GU_DYN"
+young 500 && (export $GD; trace_tg 9)
 stamp "== done"

@@ -342,7 +342,8 @@ enum S {
     Sync,
     /// Counts of blocks done reading the residual (u32s; zero between launches: the last block
     /// writes the residual and resets its word): word 0 `add_rms_norm_parts_router`'s, word 1
-    /// `gemv_q8_multi_norm_1`'s.
+    /// `gemv_q8_multi_norm_1`'s; word 2 `moe_gateup_sh_q8d`'s unit claims ([`Path::GuDyn`],
+    /// reset by the block that makes the last claim).
     NormSync,
     /// The one-token MoE's routing made ahead, in the norm's launch ([`CudaBackend::pre_route`]):
     /// its k expert ids (i32), their weights (f32), its input row in Q8_0 groups. Written by
@@ -384,6 +385,7 @@ const BIG_SMEM_KERNELS: &[&str] = &[
     "gemv_q8_multi_4",
     "gemv_q8_multi_8",
     "moe_gateup_sh_q8q",
+    "moe_gateup_sh_q8d",
     "moe_down_sh_q8",
     "moe_down_sh_q8_w4",
     "mla_prefill",
@@ -838,6 +840,7 @@ fn kernel_names() -> Vec<String> {
         "quant_q8_groups",
         "moe_route_quant",
         "moe_gateup_sh_q8q",
+        "moe_gateup_sh_q8d",
         "mmq_q8_64",
         "mmq_q8_64e",
         "mmq_q8_64_jobs",
@@ -1052,10 +1055,16 @@ pub enum Path {
     /// 9,612 against 9,628, the same hash, so cuBLAS's own call won every shape; the server
     /// 9,330 against 9,349). Kept off, as a knob for other cards and shapes.
     BlasTune,
+    /// The one-token Q8_0 MoE's gate/up with its routed 32-row units claimed from a counter by
+    /// `TS_CUDA_GU_DYN_PER_SM` blocks an SM (default 2; `moe_gateup_sh_q8d`) instead of a block
+    /// a unit (`moe_gateup_sh_q8q`): the units go to whichever blocks are free, however the
+    /// blocks were placed (Nsight, sixty-second session: 88 SMs ran 3 of the 352 blocks and 44
+    /// ran 2). The same bits. Off (`TS_CUDA_GU_DYN=1` turns it on) until measured.
+    GuDyn,
 }
 
 impl Path {
-    const ALL: [Path; 20] = [
+    const ALL: [Path; 21] = [
         Path::Absorb16,
         Path::Out16,
         Path::SplitEarly,
@@ -1076,6 +1085,7 @@ impl Path {
         Path::QkvJoint,
         Path::SharedFork,
         Path::BlasTune,
+        Path::GuDyn,
     ];
 
     /// Its environment variable and its default.
@@ -1101,6 +1111,7 @@ impl Path {
             Path::QkvJoint => ("TS_CUDA_QKV_JOINT", true),
             Path::SharedFork => ("TS_CUDA_SHARED_FORK", true),
             Path::BlasTune => ("TS_CUDA_BLAS_TUNE", false),
+            Path::GuDyn => ("TS_CUDA_GU_DYN", false),
         }
     }
 
@@ -1401,6 +1412,9 @@ pub struct CudaBackend {
     /// either way.
     moe_one: AtomicUsize,
     moe_one_cap: usize,
+    /// [`Path::GuDyn`]'s blocks an SM (`TS_CUDA_GU_DYN_PER_SM`, default 2, at most 3: the
+    /// kernel's occupancy).
+    gu_dyn_per_sm: usize,
     /// With `moe_one`: the routing and the input's quantisation in its block 0, not in
     /// `moe_route_quant` before it (`TS_CUDA_MOE_ONE_ROUTE=0`); the same bits.
     moe_one_route: bool,
@@ -1886,6 +1900,7 @@ impl CudaBackend {
                 None => 0,
             }),
             moe_one_cap,
+            gu_dyn_per_sm: std::env::var("TS_CUDA_GU_DYN_PER_SM").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(2).clamp(1, 3),
             moe_one_route: std::env::var("TS_CUDA_MOE_ONE_ROUTE").map_or(true, |v| v != "0"),
             l2_hint: Mutex::new([(0, 0); 4]),
             norm_router: AtomicBool::new(std::env::var("TS_CUDA_NORM_ROUTER").map_or(true, |v| v != "0")),

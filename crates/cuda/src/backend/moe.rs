@@ -660,7 +660,15 @@ impl CudaBackend {
         // blocks an SM, measured slower on an H100 in the sixty-third session: tg128 562.8 /
         // 564.6 against 619.8 / 620.2; the cluster placement left some SMs without a block and
         // the launch took 34.6 us against 26.5; commit 483bb0c has it.)
-        self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
+        if n == 1 && k <= MOE_SH_MAX_SLOTS && self.path_on(Path::GuDyn) {
+            // The routed units claimed from a counter (word 2 of NormSync, zero between launches).
+            let Some(sync) = self.scratch(S::NormSync, 16) else { return true };
+            let blocks = (self.gu_dyn_per_sm * self.sm_count).min(ks * ff / 32);
+            self.took(Path::GuDyn);
+            self.launch("moe_gateup_sh_q8d", (blocks as u32, 1, 1), 256, 0, &cat::<17, 1, 18>(gu, [A::P(sync + 8)]));
+        } else {
+            self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
+        }
         // Two rounds of weights before the wait with the activations staged in shared memory
         // (moe_down_sh_q8s) measured slower on the H200: tg128 671.9 against 709.5 (docs/PERF.md,
         // session 26); dropped. All of a block's weights copied into shared memory before the
