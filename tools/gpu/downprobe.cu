@@ -18,50 +18,20 @@
 //   stream          the same 8 matrices read by plain 16-byte loads, 8 in flight (the ceiling).
 //   stream N        N bf16 matrices (5.8 MB each) the same way, N = 1 to 16: what a launch of
 //                   that many bytes costs, back to back (its fixed cost and its marginal rate).
-//   nvcc -O3 -arch=sm_90 -o /tmp/downprobe tools/gpu/downprobe.cu && /tmp/downprobe
-#include <cstdio>
+//   nvcc -O3 -arch=sm_90 -o /tmp/downprobe tools/gpu/downprobe.cu && /tmp/downprobe   (with probe.cuh beside it)
 #include <cstdint>
 #include <vector>
-#include <cuda_runtime.h>
+#include "probe.cuh"
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
-
-typedef unsigned char u8;
-typedef long long i64;
 constexpr int M = 2048, K = 1408, E = 64, S = 8, NIT = 64;
 constexpr i64 B_ROW = K * 2, B_MAT = (i64)M * B_ROW;            // bf16
 constexpr i64 Q_ROW = (K / 128) * 144, Q_MAT = (i64)M * Q_ROW;  // Q8_0 in groups of 4 blocks
 
-__device__ __forceinline__ uint4 ldw16(const u8* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ unsigned short ldw_u16(const u8* p) {
-    unsigned short v;
-    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ __forceinline__ float bdot(uint4 q, float4 a, float4 b) {
     auto lo = [](unsigned w) { return __uint_as_float(w << 16); };
     auto hi = [](unsigned w) { return __uint_as_float(w & 0xffff0000u); };
     return lo(q.x) * a.x + hi(q.x) * a.y + lo(q.y) * a.z + hi(q.y) * a.w + lo(q.z) * b.x + hi(q.z) * b.y +
            lo(q.w) * b.z + hi(q.w) * b.w;
-}
-__device__ __forceinline__ int dot16(uint4 q, uint4 x) {
-    int s = __dp4a((int)q.x, (int)x.x, 0);
-    s = __dp4a((int)q.y, (int)x.y, s);
-    s = __dp4a((int)q.z, (int)x.z, s);
-    return __dp4a((int)q.w, (int)x.w, s);
-}
-__device__ __forceinline__ float h2f(unsigned short u) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u));
-    return f;
 }
 __device__ __forceinline__ void red_fixed(unsigned long long* a, float v) {
     const long long q = __float2ll_rn(v * 268435456.f);
@@ -228,22 +198,6 @@ __global__ void __launch_bounds__(256) stream(const u8* W, const int* sel, i64 m
     if (acc == 0x12345678u) out[0] = 1.f;
 }
 
-template <typename L>
-static float timeit(L launch) {
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    for (int it = 0; it < NIT; it++) launch(it);
-    cudaEventRecord(a);
-    for (int r = 0; r < 3; r++)
-        for (int it = 0; it < NIT; it++) launch(it);
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0.f;
-    cudaEventElapsedTime(&ms, a, b);
-    return ms * 1000.f / (3 * NIT);
-}
-
 int main() {
     int dev = 0, sms = 0;
     cudaDeviceProp pr;
@@ -276,16 +230,16 @@ int main() {
     auto rep = [&](const char* name, double bytes, float us) {
         printf("%-28s %8.2f us  %6.3f TB/s\n", name, us, bytes / us * 1e-6);
     };
-    rep("bf16 stream", bb, timeit([&](int it) { stream<<<sms * 8, 256>>>(Wb, sel + it * S, B_MAT, out); }));
-    rep("bf16 cur (4 blocks/SM)", bb, timeit([&](int it) { b_cur<4><<<M / 2, 256>>>(Wb, sel + it * S, h, out); }));
-    rep("bf16 cur (3 blocks/SM)", bb, timeit([&](int it) { b_cur<3><<<M / 2, 256>>>(Wb, sel + it * S, h, out); }));
-    rep("bf16 slot (stores)", bb, timeit([&](int it) { b_slot<false><<<dim3(M / 8, S), 256>>>(Wb, sel + it * S, h, out, fx); }));
-    rep("bf16 slot (red.u64)", bb, timeit([&](int it) { b_slot<true><<<dim3(M / 8, S), 256>>>(Wb, sel + it * S, h, out, fx); }));
-    rep("q8 stream", qb, timeit([&](int it) { stream<<<sms * 8, 256>>>(Wq, sel + it * S, Q_MAT, out); }));
-    rep("q8 cur (4 blocks/SM)", qb, timeit([&](int it) { q_cur<4><<<M / 4, 256>>>(Wq, sel + it * S, hq, out); }));
-    rep("q8 cur (3 blocks/SM)", qb, timeit([&](int it) { q_cur<3><<<M / 4, 256>>>(Wq, sel + it * S, hq, out); }));
-    rep("q8 slot (stores)", qb, timeit([&](int it) { q_slot<false><<<dim3(M / 8, S), 256>>>(Wq, sel + it * S, hq, out, fx); }));
-    rep("q8 slot (red.u64)", qb, timeit([&](int it) { q_slot<true><<<dim3(M / 8, S), 256>>>(Wq, sel + it * S, hq, out, fx); }));
+    rep("bf16 stream", bb, timeit(NIT, [&](int k) { stream<<<sms * 8, 256>>>(Wb, sel + (k % NIT) * S, B_MAT, out); }));
+    rep("bf16 cur (4 blocks/SM)", bb, timeit(NIT, [&](int k) { b_cur<4><<<M / 2, 256>>>(Wb, sel + (k % NIT) * S, h, out); }));
+    rep("bf16 cur (3 blocks/SM)", bb, timeit(NIT, [&](int k) { b_cur<3><<<M / 2, 256>>>(Wb, sel + (k % NIT) * S, h, out); }));
+    rep("bf16 slot (stores)", bb, timeit(NIT, [&](int k) { b_slot<false><<<dim3(M / 8, S), 256>>>(Wb, sel + (k % NIT) * S, h, out, fx); }));
+    rep("bf16 slot (red.u64)", bb, timeit(NIT, [&](int k) { b_slot<true><<<dim3(M / 8, S), 256>>>(Wb, sel + (k % NIT) * S, h, out, fx); }));
+    rep("q8 stream", qb, timeit(NIT, [&](int k) { stream<<<sms * 8, 256>>>(Wq, sel + (k % NIT) * S, Q_MAT, out); }));
+    rep("q8 cur (4 blocks/SM)", qb, timeit(NIT, [&](int k) { q_cur<4><<<M / 4, 256>>>(Wq, sel + (k % NIT) * S, hq, out); }));
+    rep("q8 cur (3 blocks/SM)", qb, timeit(NIT, [&](int k) { q_cur<3><<<M / 4, 256>>>(Wq, sel + (k % NIT) * S, hq, out); }));
+    rep("q8 slot (stores)", qb, timeit(NIT, [&](int k) { q_slot<false><<<dim3(M / 8, S), 256>>>(Wq, sel + (k % NIT) * S, hq, out, fx); }));
+    rep("q8 slot (red.u64)", qb, timeit(NIT, [&](int k) { q_slot<true><<<dim3(M / 8, S), 256>>>(Wq, sel + (k % NIT) * S, hq, out, fx); }));
     // Launch it of the size sweep reads experts 16 it + j mod 64 (j < 16): 4 launches cycle
     // through all 64.
     std::vector<int> h16(NIT * 16);
@@ -297,7 +251,7 @@ int main() {
     for (int ns : {1, 2, 4, 8, 16}) {
         char name[32];
         snprintf(name, sizeof name, "stream %d (%.1f MB)", ns, ns * B_MAT / 1e6);
-        rep(name, (double)ns * B_MAT, timeit([&](int it) { stream<<<sms * 8, 256>>>(Wb, sel16 + it * 16, B_MAT, out, ns); }));
+        rep(name, (double)ns * B_MAT, timeit(NIT, [&](int k) { stream<<<sms * 8, 256>>>(Wb, sel16 + (k % NIT) * 16, B_MAT, out, ns); }));
     }
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());

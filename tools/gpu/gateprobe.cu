@@ -18,47 +18,16 @@
 //              to whichever blocks are free, however the blocks were placed.
 //   stream     the same 16 (12) matrices read by plain 16-byte loads, 8 in flight (the ceiling).
 // It also prints how `cur`'s blocks were spread over the SMs when launched alone.
-//   nvcc -O3 -arch=sm_90 -o /tmp/gateprobe tools/gpu/gateprobe.cu && /tmp/gateprobe
+//   nvcc -O3 -arch=sm_90 -o /tmp/gateprobe tools/gpu/gateprobe.cu && /tmp/gateprobe   (with probe.cuh beside it)
 // Written by hand: a micro-benchmark of one kernel's read pattern, nothing a crate offers.
-#include <cstdio>
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <vector>
-#include <cuda_runtime.h>
+#include "probe.cuh"
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e_)); return 1; } } while (0)
-
-typedef unsigned char u8;
-typedef long long i64;
 constexpr int M = 1408, K = 2048, E = 64, S = 8, SR = 6, NIT = 64, UNITS = M / 32;
 constexpr i64 Q_ROW = (K / 128) * 144, Q_MAT = (i64)M * Q_ROW;
-constexpr int NP = 2 * (K / 32);  // 16-byte quant pieces a row
 
-__device__ __forceinline__ uint4 ldw16(const u8* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ unsigned short ldw_u16(const u8* p) {
-    unsigned short v;
-    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ int dot16(uint4 q, uint4 x) {
-    int s = __dp4a((int)q.x, (int)x.x, 0);
-    s = __dp4a((int)q.y, (int)x.y, s);
-    s = __dp4a((int)q.z, (int)x.z, s);
-    return __dp4a((int)q.w, (int)x.w, s);
-}
-__device__ __forceinline__ float h2f(unsigned short u) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u));
-    return f;
-}
 __device__ __forceinline__ unsigned smid() {
     unsigned r;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
@@ -156,22 +125,6 @@ __global__ void __launch_bounds__(256) stream(const u8* Wg, const u8* Wu, const 
     if (acc == 0x12345678u) out[0] = 1.f;
 }
 
-// Launch k = 0 .. 4 NIT - 1 (NIT of warm-up, then 3 NIT timed): µs a launch.
-template <typename L>
-static float timeit(L launch) {
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    for (int k = 0; k < NIT; k++) launch(k);
-    cudaEventRecord(a);
-    for (int k = NIT; k < 4 * NIT; k++) launch(k);
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0.f;
-    cudaEventElapsedTime(&ms, a, b);
-    return ms * 1000.f / (3 * NIT);
-}
-
 int main() {
     cudaDeviceProp pr;
     CK(cudaGetDeviceProperties(&pr, 0));
@@ -201,17 +154,17 @@ int main() {
     };
     const double all = 2.0 * S * Q_MAT, routed = 2.0 * SR * Q_MAT;
     printf("a launch: %.1f MB (8 slots), %.1f MB (6 routed)\n", all / 1e6, routed / 1e6);
-    rep("stream (8 slots)", all, timeit([&](int k) { stream<<<sms * 8, 256>>>(Wg, Wu, sel + (k % NIT) * S, out, S); }));
-    rep("stream (6 routed)", routed, timeit([&](int k) { stream<<<sms * 8, 256>>>(Wg, Wu, sel + (k % NIT) * S, out, SR); }));
+    rep("stream (8 slots)", all, timeit(NIT, [&](int k) { stream<<<sms * 8, 256>>>(Wg, Wu, sel + (k % NIT) * S, out, S); }));
+    rep("stream (6 routed)", routed, timeit(NIT, [&](int k) { stream<<<sms * 8, 256>>>(Wg, Wu, sel + (k % NIT) * S, out, SR); }));
     rep("cur (352 blocks)", all,
-        timeit([&](int k) { cur<<<S * UNITS, 256>>>(Wg, Wu, sel + (k % NIT) * S, xq, out, 0, nullptr); }));
+        timeit(NIT, [&](int k) { cur<<<S * UNITS, 256>>>(Wg, Wu, sel + (k % NIT) * S, xq, out, 0, nullptr); }));
     rep("cur6 (264 blocks)", routed,
-        timeit([&](int k) { cur<<<SR * UNITS, 256>>>(Wg, Wu, sel + (k % NIT) * S, xq, out, S - SR, nullptr); }));
+        timeit(NIT, [&](int k) { cur<<<SR * UNITS, 256>>>(Wg, Wu, sel + (k % NIT) * S, xq, out, S - SR, nullptr); }));
     for (int per : {1, 2, 3}) {
         CK(cudaMemset(ctr, 0, 4 * NIT * 4));
         char name[40];
         snprintf(name, sizeof name, "dyn %d an SM (%d blocks)", per, per * sms);
-        rep(name, all, timeit([&](int k) { dyn<<<per * sms, 256>>>(Wg, Wu, sel + (k % NIT) * S, xq, out, ctr + k); }));
+        rep(name, all, timeit(NIT, [&](int k) { dyn<<<per * sms, 256>>>(Wg, Wu, sel + (k % NIT) * S, xq, out, ctr + k); }));
     }
     // Where cur's blocks ran, launched alone.
     cur<<<S * UNITS, 256>>>(Wg, Wu, sel, xq, out, 0, sm);

@@ -5,7 +5,7 @@
 // weights during the launch before. The seventy-third session's RR_MINB made the routing blocks
 // fit beside mla_out_q8's and they were still placed late. This probe asks whether being a
 // cluster is what holds them.
-//   nvcc -O3 -arch=sm_90 -o /tmp/placeprobe tools/gpu/placeprobe.cu && /tmp/placeprobe
+//   nvcc -O3 -arch=sm_90 -o /tmp/placeprobe tools/gpu/placeprobe.cu && /tmp/placeprobe   (with probe.cuh beside it)
 // The primary is shaped like mla_out_q8: 128 blocks of 256 threads with 124 KB of dynamic shared
 // memory (one a SM), which trigger their dependents at entry and then spin for SPIN_NS. The
 // secondary (launched with programmatic stream serialisation) records each block's entry time,
@@ -13,20 +13,9 @@
 // last block's end: the secondary's first and last block entries (negative: placed while the
 // primary ran) and its first release; medians of REPS runs.
 // Written by hand: a micro-benchmark of the card's block scheduler, nothing a crate offers.
-#include <cstdio>
-#include <cstdlib>
 #include <algorithm>
 #include <vector>
-#include <cuda_runtime.h>
-
-#define CK(x)                                                                      \
-    do {                                                                           \
-        cudaError_t e_ = (x);                                                      \
-        if (e_ != cudaSuccess) {                                                   \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));\
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "probe.cuh"
 
 constexpr int PRIM_BLOCKS = 128, PRIM_THREADS = 256, PRIM_SMEM = 124 * 1024, REPS = 9;
 constexpr unsigned long long SPIN_NS = 20000;
