@@ -1,8 +1,8 @@
 // How far is the one-token MoE gate/up launch from a plain stream of its bytes? (docs/PERF.md,
 // seventy-fifth session.) The seventy-third session's downprobe put the down launches within
 // 10% (Q8_0) and 1% (bf16) of a plain stream. The gate/up (`moe_gateup_sh_q8q`) takes 20.6 µs
-// from its release on an H100 where a plain launch of all its bytes would take ~18.3 and of its
-// routed slots' alone ~14.4 (its shared slots load before its PDL wait), and Nsight (sixty-second
+// from its release on an H100 where a plain launch of all its bytes would take ~19.2 and of its
+// routed slots' alone ~15.0 (its shared slots load before its PDL wait), and Nsight (sixty-second
 // session) found its SMs uneven: 88 run 3 of its blocks and 44 run 2. This probe reads the
 // gate and up stacks as the kernel lays them out (64 experts of 1,408 rows of K = 2,048 in Q8_0:
 // rows of 16 groups of 144 bytes, a group being 16 bytes of scales then 4 x 32 quants), 8 slots
