@@ -4,10 +4,13 @@
 # an H200 first issue 6's figure (the server, 64 clients, 45 s, the defaults) and tg128. On any
 # card: the placement probe (tools/gpu/placeprobe.cu: are a PDL secondary's blocks placed while
 # the primary runs, cluster or not?), the gate/up probe (tools/gpu/gateprobe.cu: the one-token
-# gate/up's read pattern against a plain stream, and its units claimed from a counter), op
-# tests (gu_dyn_exact, and those around the output launch, which lost RaOut), then tg128
-# default / TS_CUDA_GU_DYN=1 at 2 and 1 blocks an SM alternating (the hashes must match:
-# db10d2fd9a926913) and a trace with it on. ~5 minutes on an H100.
+# gate/up's read pattern against a plain stream, and its units claimed from a counter), the
+# persistent-kernel probe (tools/gpu/megaprobe.cu, written in the seventy-sixth session: 26
+# MoE layers in one cooperative launch, grid barriers between phases, with and without the
+# attention's weights streamed into shared memory a layer ahead), op tests (gu_dyn_exact, and
+# those around the output launch, which lost RaOut), then tg128 default / TS_CUDA_GU_DYN=1 at
+# 2 and 1 blocks an SM alternating (the hashes must match: db10d2fd9a926913) and a trace with
+# it on. ~5 minutes on an H100.
 #   tools/gpu/plans/gpu-next239.sh .dev/turbospark > $OUT/log.txt 2>&1
 set -u
 B=$1
@@ -21,6 +24,9 @@ timeout 60 /tmp/placeprobe
 stamp "== gateprobe"
 /usr/local/cuda/bin/nvcc -O3 -arch=sm_90 -o /tmp/gateprobe tools/gpu/gateprobe.cu 2>&1 | grep -v "^$" | head -5
 timeout 90 /tmp/gateprobe
+stamp "== megaprobe"
+/usr/local/cuda/bin/nvcc -O3 -arch=sm_90a -o /tmp/megaprobe tools/gpu/megaprobe.cu 2>&1 | grep -v "^$" | grep -v "warning #\|Remark" | head -5
+timeout 90 /tmp/megaprobe
 stamp "== op tests"
 op_log 120 3 ops.txt "" "" gu_dyn_exact fused_mla short_attention_in_mla_out
 h200_first tg128
