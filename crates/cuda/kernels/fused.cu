@@ -1268,6 +1268,91 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
         __syncthreads();
     }
 }
+// moe_gateup_sh_q8q for one token with the routed slots' rows read from the experts' 16-row
+// tiled copies (Path::GuTile; CudaWeight::tiled, the layout of mmq.cu's MMQ_TG groups), which
+// have no pad bytes: 2,176 bytes for 16 rows' 128-value group where the row-major layout the
+// kernel reads otherwise has 16 x 144, 5.6% fewer bytes a routed slot. The grid, the slot order
+// and the shared slots' units (row-major, their weights loaded before the PDL wait) are
+// moe_gateup_sh_q8q's. A routed unit's 32 rows are tiles 2 bx and 2 bx + 1 of gate and up: warp
+// w reads matrix w / 4 (gate, up), tile 2 bx + (w / 2) % 2 and half w % 2 of the groups. In a
+// group, lane l = 4 r + c loads quant chunks 8 + 32 u + l (u = block 0..3: bytes 8c..8c+8 of
+// block u of rows r and r + 8, interleaved by words) and lanes 0-7 the scale chunk of rows l
+// and l + 8; the rows' scales reach the other lanes by shuffles. Each lane sums its two rows'
+// dp4a products times their scales; the four lanes of a row, then the two halves (through
+// shared memory, part: 128 floats) are added, and warp 0 applies the GLU and quantises the 32
+// values times the slot's weight, as moe_gateup_q8q_unit does. Another summation order than the
+// row-major kernel's: close to it, not the same bits. Needs n = 1, kdim % 128 == 0, m % 32 == 0.
+#define GU_TG 2176  // MMQ_TG (mmq.cu): bytes of a tile's group
+__device__ __forceinline__ void moe_gateup_q8t_unit(int bx, int s, const u8* Tg, const u8* Tu, i64 tmat, int kdim,
+                                                    const int* sel_e, const float* sel_w, const u8* xq, int act, u8* hq,
+                                                    i64 hrow, float* part) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+    pdl_wait();  // the routed experts' ids come from the previous kernel
+    pdl_trigger();
+    const int e = sel_e[s];
+    const bool zero = e < 0;
+    const float wsl = zero ? 0.f : sel_w[s];
+    const int ng = kdim >> 7, mat = warp >> 2, tile = 2 * bx + ((warp >> 1) & 1), half = warp & 1;
+    const int gb = (ng * half) >> 1, ge = (ng * (half + 1)) >> 1;
+    float a0 = 0.f, a1 = 0.f;
+    if (!zero) {
+        const u8* tp = (mat ? Tu : Tg) + (i64)e * tmat + (i64)tile * ng * GU_TG;
+#pragma unroll 2
+        for (int gi = gb; gi < ge; gi++) {
+            const u8* gp = tp + (i64)gi * GU_TG;
+            uint4 q[4];
+            uint4 sc = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int u = 0; u < 4; u++) q[u] = ldw16(gp + 16 * (8 + 32 * u + lane));
+            if (lane < 8) sc = ldw16(gp + 16 * lane);
+            // Row r's four scales (words x, y of lane r's chunk), row r + 8's (z, w).
+            const u32 s01 = __shfl_sync(0xffffffffu, sc.x, r), s23 = __shfl_sync(0xffffffffu, sc.y, r);
+            const u32 t01 = __shfl_sync(0xffffffffu, sc.z, r), t23 = __shfl_sync(0xffffffffu, sc.w, r);
+            const u8* xg = xq + (i64)gi * 144;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const uint2 xv = *(const uint2*)(xg + 16 + 32 * u + 8 * c);
+                const float dx = h2f(((const u16*)xg)[u]);
+                const int ia = dp4a((int)q[u].z, (int)xv.y, dp4a((int)q[u].x, (int)xv.x, 0));
+                const int ib = dp4a((int)q[u].w, (int)xv.y, dp4a((int)q[u].y, (int)xv.x, 0));
+                const u32 wa = u < 2 ? s01 : s23, wb = u < 2 ? t01 : t23;
+                const float da = h2f((u16)((u & 1) ? wa >> 16 : wa & 0xffffu));
+                const float db = h2f((u16)((u & 1) ? wb >> 16 : wb & 0xffffu));
+                a0 += (float)ia * (da * dx);
+                a1 += (float)ib * (db * dx);
+            }
+        }
+    }
+    a0 += __shfl_xor_sync(0xffffffffu, a0, 1);
+    a1 += __shfl_xor_sync(0xffffffffu, a1, 1);
+    a0 += __shfl_xor_sync(0xffffffffu, a0, 2);
+    a1 += __shfl_xor_sync(0xffffffffu, a1, 2);
+    const int row = 16 * ((warp >> 1) & 1) + r;  // of the unit's 32
+    if (c == 0) {
+        part[(mat * 32 + row) * 2 + half] = a0;
+        part[(mat * 32 + row + 8) * 2 + half] = a1;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const float g = part[lane * 2] + part[lane * 2 + 1], u = part[(32 + lane) * 2] + part[(32 + lane) * 2 + 1];
+        float v = zero ? 0.f : act_fn(act == 0 ? 1 : 2, g) * u;
+        v *= wsl;
+        quant_block32_store(v, lane, hq + (i64)s * hrow + (i64)(bx >> 2) * 144, bx & 3);
+    }
+}
+extern "C" __global__ void __launch_bounds__(GQ_THREADS, GQ_MOE_MIN_BLOCKS)
+    moe_gateup_sh_q8t(const u8* Wg, const u8* Wu, i64 row_bytes, i64 mat_bytes, int m, int kdim, const int* sel_e,
+                      const float* sel_w, int k, const u8* Sg, const u8* Su, int nsh, const u8* xq, i64 xrow, int act,
+                      u8* hq, i64 hrow, const u8* Tg, const u8* Tu, i64 tmat) {
+    __shared__ float glu[2 * 2 * GU_ROWS];
+    int t, s;
+    moe_slot_of_block(k, nsh, &t, &s);
+    if (s < k)
+        moe_gateup_q8t_unit(blockIdx.x, s, Tg, Tu, tmat, kdim, sel_e, sel_w, xq, act, hq, hrow, glu);
+    else
+        moe_gateup_q8q_unit(blockIdx.x, t, s, Wg, Wu, row_bytes, mat_bytes, m, kdim, sel_e, sel_w, k, Sg, Su, nsh, xq,
+                            xrow, act, hq, hrow, glu);
+}
 // ---- The decode MoE in one launch (one token): moe_gateup_sh_q8q's units, then moe_down_sh_q8's
 // units, each down warp starting as soon as the slots it reads are done ---------------------------
 // Work items: the ks * m/32 gate/up units (moe_slot_of's order: the shared slots first, whose

@@ -190,6 +190,7 @@ fn weight_loads_stay_before_the_pdl_wait() {
     }
     let must = [
         "moe_gateup_sh_q8q",
+        "moe_gateup_sh_q8t",
         // (Not moe_gateup_sh_q8d: its blocks without a shared unit wait first, having nothing
         // to load, and ptxas puts that wait first; its shared units run moe_gateup_q8q_unit's
         // early loads, as moe_gateup_sh_q8q's do, which `sass_static.py SASS_DUMP=all` shows.)

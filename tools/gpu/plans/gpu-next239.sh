@@ -9,8 +9,10 @@
 # MoE layers in one cooperative launch, grid barriers between phases, with and without the
 # attention's weights streamed into shared memory a layer ahead), op tests (gu_dyn_exact, and
 # those around the output launch, which lost RaOut), then tg128 default / TS_CUDA_GU_DYN=1 at
-# 2 and 1 blocks an SM alternating (the hashes must match: db10d2fd9a926913) and a trace with
-# it on. ~5 minutes on an H100.
+# 2 and 1 blocks an SM alternating (the hashes must match: db10d2fd9a926913) and
+# TS_CUDA_GU_TILE=1 (gate/up's routed rows from the tiled copies, written in the seventy-sixth
+# session: another summation order, so another hash), and a trace with GU_DYN on. ~6 minutes on
+# an H100.
 #   tools/gpu/plans/gpu-next239.sh .dev/turbospark > $OUT/log.txt 2>&1
 set -u
 B=$1
@@ -28,16 +30,17 @@ stamp "== megaprobe"
 /usr/local/cuda/bin/nvcc -O3 -arch=sm_90a -o /tmp/megaprobe tools/gpu/megaprobe.cu 2>&1 | grep -v "^$" | grep -v "warning #\|Remark" | head -5
 timeout 90 /tmp/megaprobe
 stamp "== op tests"
-op_log 120 3 ops.txt "" "" gu_dyn_exact fused_mla short_attention_in_mla_out
+op_log 120 3 ops.txt "" "" gu_dyn_exact gu_tile_close fused_mla short_attention_in_mla_out
 h200_first tg128
 wait
 GD="TS_CUDA_GU_DYN=1"
-stamp "== tg128: default / GU_DYN (2 an SM) / GU_DYN (1 an SM)"
+stamp "== tg128: default / GU_DYN (2 an SM) / GU_DYN (1 an SM) / GU_TILE"
 for r in 1 2; do
   young 420 || break
   b "" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
   b "$GD" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
   b "$GD TS_CUDA_GU_DYN_PER_SM=1" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
+  b "TS_CUDA_GU_TILE=1" "$B" bench --backend cuda -m $V -p 0 -n 128 -r 3 --hash
 done
 stamp "== trace (tg32): GU_DYN"
 young 500 && (export $GD; trace_tg 9)

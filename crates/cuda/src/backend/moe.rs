@@ -666,6 +666,13 @@ impl CudaBackend {
             let blocks = (self.gu_dyn_per_sm * self.sm_count).min(ks * ff / 32);
             self.took(Path::GuDyn);
             self.launch("moe_gateup_sh_q8d", (blocks as u32, 1, 1), 256, 0, &cat::<17, 1, 18>(gu, [A::P(sync + 8)]));
+        } else if let (true, Some(tg), Some(tu)) =
+            (n == 1 && hdim.is_multiple_of(128) && self.path_on(Path::GuTile), &experts.gate.tiled, &experts.up.tiled)
+        {
+            // The routed slots' rows from the tiled copies (no pad bytes).
+            self.took(Path::GuTile);
+            let tail = [A::P(tg.ptr), A::P(tu.ptr), l(experts.gate.tiled_mat_bytes())];
+            self.launch("moe_gateup_sh_q8t", (ff.div_ceil(32) as u32, ks as u32, 1), 256, 0, &cat::<17, 3, 20>(gu, tail));
         } else {
             self.launch("moe_gateup_sh_q8q", (ff.div_ceil(32) as u32, (n * ks) as u32, 1), 256, 0, &gu);
         }
