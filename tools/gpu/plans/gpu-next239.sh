@@ -11,7 +11,7 @@
 # those around the output launch, which lost RaOut), then tg128 default / TS_CUDA_GU_DYN=1 at
 # 2 and 1 blocks an SM alternating (the hashes must match: db10d2fd9a926913) and
 # TS_CUDA_GU_TILE=1 (gate/up's routed rows from the tiled copies, written in the seventy-sixth
-# session: another summation order, so another hash), and a trace with GU_DYN on. ~6 minutes on
+# session: another summation order, so another hash), and a trace with each on. ~6 minutes on
 # an H100.
 #   tools/gpu/plans/gpu-next239.sh .dev/turbospark > $OUT/log.txt 2>&1
 set -u
@@ -44,4 +44,6 @@ for r in 1 2; do
 done
 stamp "== trace (tg32): GU_DYN"
 young 500 && (export $GD; trace_tg 9)
+stamp "== trace (tg32): GU_TILE"
+young 520 && (export TS_CUDA_GU_TILE=1; trace_tg 9)
 stamp "== done"
