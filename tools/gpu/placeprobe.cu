@@ -25,8 +25,6 @@ __device__ __forceinline__ unsigned long long gtime() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // t[0..PRIM_BLOCKS): each primary block's end.
 __global__ void __launch_bounds__(PRIM_THREADS, 1) primary(unsigned long long* t) {

@@ -1,12 +1,22 @@
-// What the probes share (tools/gpu/downprobe.cu, gateprobe.cu, placeprobe.cu): an error check,
-// weight loads past L1 as the kernels make them (common.cuh's ldw16), the int8 and warp sums,
-// and the timing of launches back to back. Included by those files only; they are compiled by
+// What the probes share (tools/gpu/downprobe.cu, gateprobe.cu, placeprobe.cu, syncprobe.cu,
+// megaprobe.cu): an error check, weight loads past L1 as the kernels make them (common.cuh's
+// ldw16), the int8 and warp sums, PDL and release / acquire primitives, and the timing of
+// launches back to back. Included by those files only; they are compiled by
 // nvcc on the device machine (each file's header says how).
 #pragma once
 #include <cstdio>
 #include <cuda_runtime.h>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e_)); return 1; } } while (0)
+#include <cstdlib>
+
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        cudaError_t e_ = (x);                                                              \
+        if (e_ != cudaSuccess) {                                                           \
+            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
 
 typedef unsigned char u8;
 typedef long long i64;
@@ -30,6 +40,19 @@ __device__ __forceinline__ int dot16(uint4 q, uint4 x) {
     s = __dp4a((int)q.y, (int)x.y, s);
     s = __dp4a((int)q.z, (int)x.z, s);
     return __dp4a((int)q.w, (int)x.w, s);
+}
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ float h2f(unsigned short u) {
     float f;

@@ -4,7 +4,7 @@
 // whole previous grid), this measures the step each way with the same trivial work. Each step
 // reads what the previous step's blocks wrote (past L1), reduces it in the block, and writes one
 // value a block.
-//   nvcc -O3 -arch=sm_90 -o /tmp/syncprobe tools/gpu/syncprobe.cu && /tmp/syncprobe
+//   nvcc -O3 -arch=sm_90 -o /tmp/syncprobe tools/gpu/syncprobe.cu && /tmp/syncprobe   (with probe.cuh beside it)
 // Probes (microseconds a step, the median of 5 replays of 256 steps):
 //   graph B        256 launches of a B-block kernel in a CUDA graph, plain stream order;
 //   pdl B          the same launches with programmatic dependent launch (each kernel triggers
@@ -17,36 +17,11 @@
 //                  barrier.cluster arrive.release / wait.acquire our routing launch uses), each
 //                  block reading a value from the next block's shared memory.
 // Written by hand: a micro-benchmark of the card's synchronisation, nothing a crate offers.
-#include <cstdio>
-#include <cstdlib>
 #include <algorithm>
 #include <vector>
-#include <cuda_runtime.h>
-
-#define CK(x)                                                                      \
-    do {                                                                           \
-        cudaError_t e = (x);                                                       \
-        if (e != cudaSuccess) {                                                    \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "probe.cuh"
 
 constexpr int THREADS = 256, STEPS = 256, REPS = 5, FAN = 8;
-
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 
 // The block's sum of v (every thread's), in thread 0.
 __device__ __forceinline__ float block_sum(float v) {
