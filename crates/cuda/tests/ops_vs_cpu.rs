@@ -2767,24 +2767,8 @@ fn moe_one_launch_exact() {
 /// block).
 #[test]
 fn gu_dyn_exact() {
-    let Some(g) = gpu() else { return };
-    let g2 = &CudaBackend::new(0).expect("second backend");
-    g.set_path(Path::GuDyn, true);
-    g2.set_path(Path::GuDyn, false);
-    let mut rep = Report::new("gu_dyn");
-    let cases = [
-        (2048, 1408, 16, 6, 2, Gating::Softmax, false, 1.0),
-        (256, 128, 16, 4, 1, Gating::Softmax, false, 1.0),
-        (256, 4096, 8, 6, 2, Gating::Softmax, false, 1.0),
-    ];
-    let before = (g.path_launches(Path::GuDyn), g2.path_launches(Path::GuDyn));
-    moe_pair_exact(&mut rep, (g, g2), &cases, "claimed units vs a block a unit", 41, 0.0);
-    let took = (g.path_launches(Path::GuDyn) - before.0, g2.path_launches(Path::GuDyn) - before.1);
-    if took != (9, 0) {
-        rep.failures.push(format!("Path::GuDyn taken {} / {} times, not 9 / 0", took.0, took.1));
-    }
-    g.set_path(Path::GuDyn, false);
-    rep.finish();
+    let small = (256, 128, 16, 4, 1, Gating::Softmax, false, 1.0);
+    moe_path_pair(Path::GuDyn, "gu_dyn", small, "claimed units vs a block a unit", 41, 0.0);
 }
 
 /// The one-token Q8_0 decode MoE's gate/up reading its routed slots from the experts' tiled
@@ -2795,23 +2779,34 @@ fn gu_dyn_exact() {
 /// a wide one; the path must be taken for every launch.
 #[test]
 fn gu_tile_close() {
+    let small = (128, 128, 16, 4, 1, Gating::Softmax, false, 1.0);
+    moe_path_pair(Path::GuTile, "gu_tile", small, "tiled rows vs row-major", 43, 1e-2);
+}
+
+/// `moe_pair_exact` of V2-Lite's shapes, `small` and a wide one with `path` on (first backend)
+/// and off (a second), which must be taken for each of the 9 launches on the first and none on
+/// the second.
+fn moe_path_pair(
+    path: Path,
+    name: &'static str,
+    small: (usize, usize, usize, usize, usize, Gating, bool, f32),
+    what: &str,
+    seed: u64,
+    close: f64,
+) {
     let Some(g) = gpu() else { return };
     let g2 = &CudaBackend::new(0).expect("second backend");
-    g.set_path(Path::GuTile, true);
-    g2.set_path(Path::GuTile, false);
-    let mut rep = Report::new("gu_tile");
-    let cases = [
-        (2048, 1408, 16, 6, 2, Gating::Softmax, false, 1.0),
-        (128, 128, 16, 4, 1, Gating::Softmax, false, 1.0),
-        (256, 4096, 8, 6, 2, Gating::Softmax, false, 1.0),
-    ];
-    let before = (g.path_launches(Path::GuTile), g2.path_launches(Path::GuTile));
-    moe_pair_exact(&mut rep, (g, g2), &cases, "tiled rows vs row-major", 43, 1e-2);
-    let took = (g.path_launches(Path::GuTile) - before.0, g2.path_launches(Path::GuTile) - before.1);
+    g.set_path(path, true);
+    g2.set_path(path, false);
+    let mut rep = Report::new(name);
+    let cases = [(2048, 1408, 16, 6, 2, Gating::Softmax, false, 1.0), small, (256, 4096, 8, 6, 2, Gating::Softmax, false, 1.0)];
+    let before = (g.path_launches(path), g2.path_launches(path));
+    moe_pair_exact(&mut rep, (g, g2), &cases, what, seed, close);
+    let took = (g.path_launches(path) - before.0, g2.path_launches(path) - before.1);
     if took != (9, 0) {
-        rep.failures.push(format!("Path::GuTile taken {} / {} times, not 9 / 0", took.0, took.1));
+        rep.failures.push(format!("{path:?} taken {} / {} times, not 9 / 0", took.0, took.1));
     }
-    g.set_path(Path::GuTile, false);
+    g.set_path(path, false);
     rep.finish();
 }
 
