@@ -37,6 +37,9 @@
 //   pipe2     pipe, and each layer's shared experts (19.5 MB) asked into L2 by one
 //             cp.async.bulk.prefetch.L2 a matrix a block as its attention begins, so that
 //             DRAM streams during the attention's dependent steps too;
+//   late      the same slices copied only as their layer begins (a slice an mbarrier, so each
+//             phase waits for its own): what one launch of a layer's attention side could do
+//             without the MoE before it, its weights streaming while its steps resolve;
 //   bytes     pipe without the grid barriers (only each block's own): the stream alone;
 //   sync      chain without the weights: the barriers, staging and attention alone.
 // Measured: gate/up experts drawn from 16 routed (+ 2 shared) a layer (every layer its own
@@ -98,7 +101,7 @@ __host__ __device__ inline Smem smem_layout(int nb) {
     s.sw = s.sel + SLOTS * 4;             // f32, SLOTS
     s.red = s.sw + SLOTS * 4;             // f32, 32
     s.mbar = (s.red + 32 * 4 + 7) / 8 * 8;
-    s.total = s.mbar + 8;
+    s.total = s.mbar + 5 * 8;  // an mbarrier a slice
     return s;
 }
 
@@ -234,22 +237,23 @@ __device__ __forceinline__ void bulk(u8* dst, const u8* src, unsigned bytes, u64
                      : "memory");
 }
 
-// Thread 0: layer lw's slices of block b into shared memory, completing one phase of mbar.
+// Thread 0: layer lw's slices of block b into shared memory, slice i (q / kv_a, W_uk, W_uv, W_o,
+// router) completing one phase of mbar[i], so that each phase waits for its own slice only.
 __device__ void prefetch(const Layer& lw, u8* sm, const Smem& L, u64* mbar) {
     const int nb = gridDim.x, b = blockIdx.x;
     const int q0 = lo(QKV, b, nb), q1 = lo(QKV, b + 1, nb), a0 = lo(ABS, b, nb), a1 = lo(ABS, b + 1, nb);
     const int u0 = lo(UV, b, nb), u1 = lo(UV, b + 1, nb), o0 = lo(H, b, nb), o1 = lo(H, b + 1, nb);
     const int r0 = lo(NEXP * RCH, b, nb), r1 = lo(NEXP * RCH, b + 1, nb);
-    const unsigned bq = (q1 - q0) * rb(H), ba = (a1 - a0) * rb(NOPE), bu = (u1 - u0) * rb(LAT), bo = (o1 - o0) * rb(H),
-                   br = (r1 - r0) * 1024;
+    const unsigned n[5] = {(unsigned)((q1 - q0) * rb(H)), (unsigned)((a1 - a0) * rb(NOPE)), (unsigned)((u1 - u0) * rb(LAT)),
+                           (unsigned)((o1 - o0) * rb(H)), (unsigned)((r1 - r0) * 1024)};
+    u8* dst[5] = {sm + L.qkv, sm + L.abs, sm + L.uv, sm + L.wo, sm + L.rt};
+    const u8* src[5] = {lw.qkv + q0 * rb(H), lw.abs + a0 * rb(NOPE), lw.uv + u0 * rb(LAT), lw.wo + o0 * rb(H),
+                        (const u8*)lw.router + (i64)r0 * 1024};
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sa(mbar)), "r"(bq + ba + bu + bo + br)
-                 : "memory");
-    bulk(sm + L.qkv, lw.qkv + q0 * rb(H), bq, mbar);
-    bulk(sm + L.abs, lw.abs + a0 * rb(NOPE), ba, mbar);
-    bulk(sm + L.uv, lw.uv + u0 * rb(LAT), bu, mbar);
-    bulk(sm + L.wo, lw.wo + o0 * rb(H), bo, mbar);
-    bulk(sm + L.rt, (const u8*)lw.router + (i64)r0 * 1024, br, mbar);
+    for (int i = 0; i < 5; i++) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sa(mbar + i)), "r"(n[i]) : "memory");
+        bulk(dst[i], src[i], n[i], mbar + i);
+    }
 }
 
 __device__ __forceinline__ void mbar_wait(u64* mbar, unsigned parity) {
@@ -271,7 +275,7 @@ __device__ void prefetch_shared_l2(const Layer& lw) {
         if (n[k]) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(srcs[k]), "r"(n[k]) : "memory");
 }
 
-template <bool PIPE, bool BAR, bool W, bool SHPF>
+template <bool PIPE, bool BAR, bool W, bool SHPF, bool LATE = false>
 __global__ void __launch_bounds__(THREADS, 1) mega(const Layer* layers, const u8* head, Act a, int ctx) {
     extern __shared__ __align__(128) u8 sm[];
     const Smem L = smem_layout(gridDim.x);
@@ -286,7 +290,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega(const Layer* layers, const u8
     const int gw = b * WARPS + warp, nw = nb * WARPS;
     constexpr bool G = !PIPE;  // where the first five phases read their weights
     if (PIPE && threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sa(mbar)) : "memory");
+        for (int i = 0; i < 5; i++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sa(mbar + i)) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -300,6 +304,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega(const Layer* layers, const u8
         // qkv
         stage([&](int i) { return __ldcg(x + i); }, H, true, xq, xd, nullptr, red);
         if (SHPF && threadIdx.x == 0) prefetch_shared_l2(lw);
+        if (LATE && W && threadIdx.x == 0 && l > 0) prefetch(lw, sm, L, mbar);
         if (PIPE && W) mbar_wait(mbar, l & 1);
         {
             const int r0 = lo(QKV, b, nb), r1 = lo(QKV, b + 1, nb);
@@ -319,6 +324,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega(const Layer* layers, const u8
         stage([&](int i) { return __ldcg(a.y1 + (i / NOPE) * 192 + i % NOPE); }, NH * NOPE, false, xq, xd, nullptr, red);
         {
             const int r0 = lo(ABS, b, nb), r1 = lo(ABS, b + 1, nb);
+            if (PIPE && W) mbar_wait(mbar + 1, l & 1);
             const u8* base = PIPE ? sm + L.abs - r0 * rb(NOPE) : lw.abs;
             for (int r4 = r0 + warp * 4; r4 < r1; r4 += WARPS * 4) {
                 const int r = r4 + (lane >> 3);
@@ -392,6 +398,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega(const Layer* layers, const u8
                 return v;
             };
             stage(merged, (hB - hA + 1) * LAT, false, xq, xd, nullptr, red);
+            if (PIPE && W) mbar_wait(mbar + 2, l & 1);
             const u8* base = PIPE ? sm + L.uv - r0 * rb(LAT) : lw.uv;
             for (int r = r0 + warp * 4; r < r1; r += WARPS * 4) {
                 float o[4];
@@ -407,6 +414,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega(const Layer* layers, const u8
         stage([&](int i) { return __ldcg(a.y4 + i); }, UV, false, xq, xd, nullptr, red);
         {
             const int r0 = lo(H, b, nb), r1 = lo(H, b + 1, nb);
+            if (PIPE && W) mbar_wait(mbar + 3, l & 1);
             const u8* base = PIPE ? sm + L.wo - r0 * rb(H) : lw.wo;
             for (int r = r0 + warp * 2; r < r1; r += WARPS * 2) {
                 float o[2];
@@ -423,6 +431,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega(const Layer* layers, const u8
         stage([&](int i) { return __ldcg(x2 + i); }, H, true, xq, xd, xf, red);
         {
             const int u0 = lo(NEXP * RCH, b, nb), u1 = lo(NEXP * RCH, b + 1, nb);
+            if (PIPE && W) mbar_wait(mbar + 4, l & 1);
             const float* base = PIPE ? (const float*)(sm + L.rt) - (i64)u0 * 256 : lw.router;
             for (int u = u0 + warp; u < u1; u += WARPS) {
                 float acc = 0.f;
@@ -440,7 +449,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega(const Layer* layers, const u8
         }
         gbar<BAR>(a.bar, nbar++);
         // gateup: the next layer's slices go into shared memory while the MoE streams
-        if (PIPE && W && threadIdx.x == 0 && l + 1 < NL) prefetch(layers[l + 1], sm, L, mbar);
+        if (PIPE && !LATE && W && threadIdx.x == 0 && l + 1 < NL) prefetch(layers[l + 1], sm, L, mbar);
         if (warp == 0) {
             float v0 = 0.f, v1 = 0.f;
             for (int c = 0; c < RCH; c++) {
@@ -636,6 +645,7 @@ int main() {
         {"chain", (const void*)mega<false, true, true, false>},
         {"pipe", (const void*)mega<true, true, true, false>},
         {"pipe2", (const void*)mega<true, true, true, true>},
+        {"late", (const void*)mega<true, true, true, false, true>},
         {"bytes", (const void*)mega<true, false, true, false>},
         {"sync", (const void*)mega<false, true, false, false>},
     };
